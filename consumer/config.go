@@ -1,0 +1,191 @@
+package consumer
+
+import (
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"time"
+)
+
+// Config configures a Runner. The zero value of every field except Name is a
+// usable default; WithDefaults fills them in and NewRunner validates the result.
+type Config struct {
+	// Name names the consumer. It is the scope of deduplication records:
+	// two runners with the same Name deduplicate against each other, runners
+	// with different names (different services reading the same topic) do
+	// not. Required.
+	Name string
+
+	// Concurrency is the number of batches handled at the same time, each in
+	// its own goroutine and transaction. Messages with the same
+	// PartitionKey (or, without one, the same deduplication key) always go to
+	// the same goroutine, in delivery order. Defaults to 4.
+	Concurrency int
+
+	// BatchSize is the largest number of messages handled in one database
+	// transaction (a savepoint per message, so one failing handler does not
+	// undo the others). Larger batches raise throughput; 1 gives one
+	// transaction per message. Defaults to 1.
+	BatchSize int
+
+	// HandlerTimeout bounds one handler call; its context is cancelled when
+	// it passes, and the message is retried. Defaults to 30 s.
+	HandlerTimeout time.Duration
+
+	// KeyFunc returns a message's deduplication key. An error or an empty key
+	// routes the message to the dead-letter destination with ErrMissingKey.
+	// Defaults to the message's Key, else its ID.
+	KeyFunc func(*Message) (string, error)
+
+	// Retry is the retry policy for failed handlers and failed transactions.
+	// See RetryPolicy for its defaults.
+	Retry RetryPolicy
+
+	// MaxMessageBytes is the largest body accepted; larger messages are
+	// dead-lettered with ErrOversized. Defaults to 4 MiB. Negative means no
+	// limit.
+	MaxMessageBytes int
+
+	// DrainTimeout bounds how long Run keeps handling messages already
+	// received after its context is cancelled. Messages not settled by then
+	// are left unacknowledged and return to the broker. Defaults to 30 s.
+	DrainTimeout time.Duration
+
+	// Logger receives the runner's logs. Defaults to a logger that discards
+	// everything.
+	Logger *slog.Logger
+}
+
+// Default values used by Config.WithDefaults.
+const (
+	DefaultConcurrency     = 4
+	DefaultBatchSize       = 1
+	DefaultHandlerTimeout  = 30 * time.Second
+	DefaultMaxMessageBytes = 4 << 20
+	DefaultDrainTimeout    = 30 * time.Second
+)
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.HandlerTimeout == 0 {
+		c.HandlerTimeout = DefaultHandlerTimeout
+	}
+	if c.KeyFunc == nil {
+		c.KeyFunc = DefaultKey
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	c.Retry = c.Retry.WithDefaults()
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Name == "":
+		return &ConfigError{Field: "Name", Reason: "required (it scopes deduplication records)"}
+	case len(c.Name) > 200:
+		return &ConfigError{Field: "Name", Reason: "longer than 200 bytes"}
+	case c.Concurrency < 1:
+		return &ConfigError{Field: "Concurrency", Reason: "must be at least 1"}
+	case c.BatchSize < 1:
+		return &ConfigError{Field: "BatchSize", Reason: "must be at least 1"}
+	case c.HandlerTimeout < 0:
+		return &ConfigError{Field: "HandlerTimeout", Reason: "must not be negative"}
+	case c.DrainTimeout < 0:
+		return &ConfigError{Field: "DrainTimeout", Reason: "must not be negative"}
+	}
+	return c.Retry.validate()
+}
+
+// DefaultKey is the default Config.KeyFunc: the message's Key, else its ID.
+func DefaultKey(m *Message) (string, error) {
+	if m.Key != "" {
+		return m.Key, nil
+	}
+	return m.ID, nil
+}
+
+// RetryPolicy says how often and how fast a failing message is retried before
+// it is dead-lettered. The delay before attempt n+1 is
+// InitialBackoff × Multiplier^(n-1), capped at MaxBackoff, with ±Jitter
+// applied.
+type RetryPolicy struct {
+	// MaxAttempts is the number of attempts after which a failing message is
+	// dead-lettered with ErrMaxAttempts. Defaults to 5.
+	MaxAttempts int
+	// InitialBackoff is the delay before the second attempt. Defaults to
+	// 200 ms.
+	InitialBackoff time.Duration
+	// MaxBackoff caps the delay. Defaults to 30 s.
+	MaxBackoff time.Duration
+	// Multiplier grows the delay between attempts. Defaults to 2.
+	Multiplier float64
+	// Jitter is the fraction of the delay drawn at random, in [0, 1), so
+	// that retries of many messages spread out. Defaults to 0.2; a negative
+	// value disables jitter.
+	Jitter float64
+}
+
+// WithDefaults returns a copy of p with every zero field set to its default.
+func (p RetryPolicy) WithDefaults() RetryPolicy {
+	if p.MaxAttempts == 0 {
+		p.MaxAttempts = 5
+	}
+	if p.InitialBackoff == 0 {
+		p.InitialBackoff = 200 * time.Millisecond
+	}
+	if p.MaxBackoff == 0 {
+		p.MaxBackoff = 30 * time.Second
+	}
+	if p.Multiplier == 0 {
+		p.Multiplier = 2
+	}
+	if p.Jitter == 0 {
+		p.Jitter = 0.2
+	}
+	return p
+}
+
+func (p RetryPolicy) validate() error {
+	switch {
+	case p.MaxAttempts < 1:
+		return &ConfigError{Field: "Retry.MaxAttempts", Reason: "must be at least 1"}
+	case p.InitialBackoff < 0 || p.MaxBackoff < 0:
+		return &ConfigError{Field: "Retry", Reason: "backoff must not be negative"}
+	case p.MaxBackoff < p.InitialBackoff:
+		return &ConfigError{Field: "Retry.MaxBackoff", Reason: "smaller than InitialBackoff"}
+	case p.Multiplier < 1:
+		return &ConfigError{Field: "Retry.Multiplier", Reason: "must be at least 1"}
+	case p.Jitter >= 1:
+		return &ConfigError{Field: "Retry.Jitter", Reason: "must be below 1"}
+	}
+	return nil
+}
+
+// Backoff returns the delay before the attempt that follows attempt (1-based).
+func (p RetryPolicy) Backoff(attempt int) time.Duration {
+	if attempt < 1 {
+		attempt = 1
+	}
+	d := float64(p.InitialBackoff) * math.Pow(p.Multiplier, float64(attempt-1))
+	if d > float64(p.MaxBackoff) || math.IsInf(d, 0) {
+		d = float64(p.MaxBackoff)
+	}
+	if p.Jitter > 0 {
+		d *= 1 + p.Jitter*(2*rand.Float64()-1)
+	}
+	return time.Duration(d)
+}

@@ -1,0 +1,47 @@
+// Package consumer runs message-queue workers whose effects happen exactly
+// once, although every broker delivers at least once.
+//
+// A worker is one handler function and a Source (a broker adapter from
+// sources/...). The Runner receives messages, and for each one:
+//
+//   - on the transactional path (Transactional, with a dedup.TxStore such as
+//     dedup/pgdedup), records the message's key in the same database
+//     transaction as the handler's writes, commits, and only then
+//     acknowledges;
+//   - on the lease path (Leased, with a dedup.LeaseStore such as
+//     dedup/redisdedup), claims the key with a token-guarded lease, runs the
+//     handler while refreshing the lease, marks the key done, and only then
+//     acknowledges.
+//
+// A redelivered message whose key is already recorded is acknowledged without
+// running the handler. Two deliveries of one key at the same moment never run
+// the handler twice: on the transactional path the second waits on the
+// record's row lock for the first one's outcome; on the lease path it finds
+// the lease held and is retried later.
+//
+// # Failures
+//
+// A handler error or panic rolls back the handler's writes and its record (or
+// releases its lease) and the message is retried with backoff
+// (RetryPolicy) until RetryPolicy.MaxAttempts, then dead-lettered with the
+// reason. Input that can never succeed goes to the dead-letter route at once:
+// no key (ErrMissingKey), an undecodable body (ErrMalformed), a body over
+// Config.MaxMessageBytes (ErrOversized), the same key with a different payload
+// (ErrPayloadMismatch), or a handler error wrapped with Permanent. Failures of
+// the database or the broker are retried without counting against the
+// message. Nothing is acknowledged before its effect is durable: a failed
+// commit (ErrCommit) acknowledges nothing.
+//
+// # Stopping
+//
+// Cancelling the context passed to Runner.Run stops receiving; messages already
+// received are finished, committed and acknowledged within
+// Config.DrainTimeout, and the rest return to the broker.
+//
+// # Remaining duplicate window
+//
+// The transactional path has none. The lease path has one: a crash after the
+// effect and before the key is marked done repeats the effect once the lease
+// expires. Forward DedupKey(ctx) to the downstream system as an idempotency
+// key to close it.
+package consumer

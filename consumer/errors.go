@@ -1,0 +1,136 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// Sentinel errors. Match them with errors.Is; the dead-letter reason a source
+// records wraps one of them.
+var (
+	// ErrClosed is returned by a Source used after Close.
+	ErrClosed = errors.New("idemq: source closed")
+	// ErrMissingKey reports a message without a deduplication key. It is
+	// routed to the dead-letter destination without retries.
+	ErrMissingKey = errors.New("idemq: message has no deduplication key")
+	// ErrMalformed reports a body that cannot be decoded (see JSON and
+	// TxJSON). It is routed to the dead-letter destination without retries.
+	ErrMalformed = errors.New("idemq: malformed message body")
+	// ErrOversized reports a body larger than Config.MaxMessageBytes. It is
+	// routed to the dead-letter destination without retries.
+	ErrOversized = errors.New("idemq: message body too large")
+	// ErrPayloadMismatch reports a key that was processed before with a
+	// different payload. It is routed to the dead-letter destination as
+	// poison; the stored effect is left alone. It is dedup.ErrPayloadMismatch.
+	ErrPayloadMismatch = dedup.ErrPayloadMismatch
+	// ErrMaxAttempts wraps the last error of a message that failed
+	// RetryPolicy.MaxAttempts times and was dead-lettered.
+	ErrMaxAttempts = errors.New("idemq: retries exhausted")
+	// ErrHandlerPanic is matched by the error of a handler that panicked.
+	ErrHandlerPanic = errors.New("idemq: handler panicked")
+	// ErrInvalidConfig is matched by every *ConfigError.
+	ErrInvalidConfig = errors.New("idemq: invalid configuration")
+)
+
+// ConfigError reports an invalid configuration field.
+type ConfigError struct {
+	Field  string
+	Reason string
+}
+
+// Error implements error.
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("idemq: invalid configuration: %s: %s", e.Field, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrInvalidConfig) true.
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+
+// PanicError is the error of a handler that panicked. The transaction is
+// rolled back and the message retried like any failure.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+// Error implements error.
+func (e *PanicError) Error() string { return fmt.Sprintf("idemq: handler panicked: %v", e.Value) }
+
+// Is makes errors.Is(err, ErrHandlerPanic) true.
+func (e *PanicError) Is(target error) bool { return target == ErrHandlerPanic }
+
+// permanentError marks an error that retrying cannot fix.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// Permanent wraps err so that the runner dead-letters the message at once
+// instead of retrying it. Use it for input that can never succeed (an unknown
+// account, a validation failure). Permanent(nil) returns nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+// IsPermanent reports whether err, or an error it wraps, was marked with
+// Permanent or is one of the input errors that are never retried
+// (ErrMissingKey, ErrMalformed, ErrOversized, ErrPayloadMismatch).
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p) ||
+		errors.Is(err, ErrMissingKey) || errors.Is(err, ErrMalformed) ||
+		errors.Is(err, ErrOversized) || errors.Is(err, ErrPayloadMismatch)
+}
+
+// retryAfterError asks for a retry after a given delay.
+type retryAfterError struct {
+	delay time.Duration
+	err   error
+}
+
+func (e *retryAfterError) Error() string {
+	return fmt.Sprintf("retry after %s: %v", e.delay, e.err)
+}
+func (e *retryAfterError) Unwrap() error { return e.err }
+
+// RetryAfter wraps err so that the runner retries the message after delay
+// instead of after the policy's backoff. The attempt still counts towards
+// RetryPolicy.MaxAttempts. RetryAfter(d, nil) returns nil.
+func RetryAfter(delay time.Duration, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &retryAfterError{delay: delay, err: err}
+}
+
+// retryDelay returns the delay requested with RetryAfter, if any.
+func retryDelay(err error) (time.Duration, bool) {
+	var r *retryAfterError
+	if errors.As(err, &r) {
+		return r.delay, true
+	}
+	return 0, false
+}
+
+// DeadLetterError is the reason handed to Source.DeadLetter. It carries the
+// attempt count and the final error, which wraps the sentinel that explains
+// the route (ErrMaxAttempts, ErrMissingKey, ErrPayloadMismatch, ...).
+type DeadLetterError struct {
+	Key      string
+	Attempts int
+	Err      error
+}
+
+// Error implements error.
+func (e *DeadLetterError) Error() string {
+	return fmt.Sprintf("idemq: dead-lettered after %d attempt(s): %v", e.Attempts, e.Err)
+}
+
+// Unwrap returns the final error.
+func (e *DeadLetterError) Unwrap() error { return e.Err }

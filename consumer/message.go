@@ -1,0 +1,74 @@
+package consumer
+
+import (
+	"context"
+	"time"
+)
+
+// Message is one delivery of a broker message.
+//
+// Sources fill it; handlers read it. A handler must not modify a Message or
+// keep it after returning. The same broker message delivered twice yields two
+// Message values with the same ID (and Key) but, for example, a higher Attempt.
+type Message struct {
+	// ID is the broker's identifier of the message: stable across
+	// redeliveries where the broker gives one (SQS MessageId, AMQP
+	// message-id property); Kafka sources use topic/partition/offset.
+	ID string
+	// Key is the deduplication key the source found in the message (an
+	// idempotency header or attribute), or empty. Config.KeyFunc decides
+	// the key the runner records; by default it is Key, else ID.
+	Key string
+	// Body is the payload.
+	Body []byte
+	// Headers holds the message's headers or string attributes.
+	Headers map[string]string
+	// PartitionKey orders messages: messages with the same non-empty
+	// PartitionKey are handled one after another, in delivery order, by
+	// one runner (Kafka message key, SQS MessageGroupId, ...).
+	PartitionKey string
+	// Topic is the topic or queue the message was received from.
+	Topic string
+	// Attempt is the delivery count, starting at 1.
+	Attempt int
+	// Redelivered reports that the broker delivered the message before.
+	Redelivered bool
+	// ReceivedAt is when the source received the message.
+	ReceivedAt time.Time
+	// Raw is the broker's native message (for example a kafka.Message, an
+	// SQS types.Message or an amqp091.Delivery); each source documents its
+	// type. Read-only.
+	Raw any
+	// Handle is bookkeeping owned by the Source that produced the message
+	// (receipt handles, delivery tags, offsets). Nothing else may touch it.
+	Handle any
+}
+
+type ctxKey int
+
+const (
+	ctxKeyDedupKey ctxKey = iota + 1
+	ctxKeyToken
+)
+
+// DedupKey returns the deduplication key the runner recorded for the message
+// being handled in ctx. Effects that leave the process (webhooks, payment
+// APIs, emails) should forward it to the downstream system, for example as an
+// Idempotency-Key header, so that the downstream deduplicates too. It is the
+// same on every attempt.
+func DedupKey(ctx context.Context) (string, bool) {
+	k, ok := ctx.Value(ctxKeyDedupKey).(string)
+	return k, ok
+}
+
+// LeaseToken returns the token of the lease held for the message being
+// handled in ctx (lease path only). It changes on every attempt; use DedupKey
+// for idempotency keys.
+func LeaseToken(ctx context.Context) (string, bool) {
+	k, ok := ctx.Value(ctxKeyToken).(string)
+	return k, ok
+}
+
+func withDedupKey(ctx context.Context, key string) context.Context {
+	return context.WithValue(ctx, ctxKeyDedupKey, key)
+}

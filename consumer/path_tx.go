@@ -1,0 +1,135 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// TxHandler handles one message inside a database transaction. Everything it
+// writes through tx commits together with the message's processed record, or
+// not at all. It must not commit or roll back tx, and must not keep it after
+// returning. Returning an error rolls back its writes and retries the message
+// (see Permanent and RetryAfter).
+type TxHandler[Tx any] func(ctx context.Context, tx Tx, msg *Message) error
+
+// ErrCommit wraps the error of a failed commit. None of the transaction's
+// messages is acknowledged; they are retried, and those whose commit did
+// happen after all are recognised as duplicates.
+var ErrCommit = errors.New("idemq: commit failed")
+
+// Transactional returns the path for effects in a database: for each batch the
+// runner begins a transaction, records every message's key in it through
+// store, runs the handler of each new key under its own savepoint, commits,
+// and only then acknowledges. A key already recorded is acknowledged without
+// running the handler. A failing handler's writes and record are rolled back
+// to its savepoint, so its retry runs it again, while the rest of the batch
+// commits.
+//
+// There is no duplicate window on this path: the record and the effect commit
+// together, and a concurrent delivery of the same key waits on the record's
+// row lock for the first transaction's outcome.
+func Transactional[Tx any](store dedup.TxStore[Tx], h TxHandler[Tx]) Path {
+	return &txPath[Tx]{store: store, h: h}
+}
+
+type txPath[Tx any] struct {
+	store dedup.TxStore[Tx]
+	h     TxHandler[Tx]
+}
+
+func (p *txPath[Tx]) process(ctx context.Context, r *Runner, batch []*job) {
+	if err := p.run(ctx, r, batch); err != nil {
+		// The transaction as a whole failed: nothing in it is durable.
+		for _, j := range batch {
+			if j.out == outAck || j.out == outNone {
+				j.set(outRetryInfra, err)
+				j.delay = r.cfg.Retry.Backoff(1)
+			}
+		}
+		if errors.Is(err, ErrCommit) {
+			r.stats.commitFailures.Add(1)
+		}
+		r.log.Warn("transaction failed; its messages will be retried", LogKeyCount, len(batch), LogKeyError, err)
+	}
+}
+
+// run processes batch in one transaction. On a nil return every job has its
+// final outcome; on an error, jobs marked outAck are not durable.
+func (p *txPath[Tx]) run(ctx context.Context, r *Runner, batch []*job) error {
+	tx, err := p.store.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("idemq: begin: %w", err)
+	}
+	defer p.store.Rollback(context.WithoutCancel(ctx), tx) //nolint:errcheck // safe after commit
+
+	recs := make([]dedup.Record, len(batch))
+	for i, j := range batch {
+		recs[i] = dedup.Record{Key: j.key, PayloadHash: j.hash}
+	}
+	claims, err := p.store.Claim(ctx, tx, r.cfg.Name, recs)
+	if err != nil {
+		return fmt.Errorf("idemq: claim: %w", err)
+	}
+	if len(claims) != len(batch) {
+		return fmt.Errorf("idemq: claim returned %d results for %d keys", len(claims), len(batch))
+	}
+
+	fresh := 0
+	for i, j := range batch {
+		switch c := claims[i]; c.State {
+		case dedup.StateDone:
+			j.set(outDuplicate, nil)
+		case dedup.StateMismatch:
+			j.set(outDeadLetter, &dedup.MismatchError{Scope: r.cfg.Name, Key: j.key, Stored: c.StoredHash, Received: j.hash})
+		case dedup.StateNew:
+			fresh++
+		default:
+			return fmt.Errorf("idemq: claim of key %q returned state %v", j.key, c.State)
+		}
+	}
+	if fresh == 0 {
+		return nil // duplicates and poison only: nothing to commit
+	}
+
+	// One new message needs no savepoint: its failure rolls back everything.
+	savepoints := fresh > 1
+	opened, committed := false, 0
+	for i, j := range batch {
+		if claims[i].State != dedup.StateNew {
+			continue
+		}
+		if savepoints {
+			if err := p.store.Savepoint(ctx, tx, opened); err != nil {
+				return fmt.Errorf("idemq: savepoint: %w", err)
+			}
+			opened = true
+		}
+		err := r.call(ctx, j, func(ctx context.Context) error { return p.h(ctx, tx, j.msg) })
+		if err == nil {
+			j.set(outAck, nil)
+			committed++
+			continue
+		}
+		failure(j, err)
+		r.log.Debug("handler failed", LogKeyKey, j.key, LogKeyAttempt, j.msg.Attempt, LogKeyError, err)
+		if !savepoints {
+			return nil // deferred rollback undoes the record and the handler's writes
+		}
+		if err := p.store.RollbackToSavepoint(ctx, tx); err != nil {
+			return fmt.Errorf("idemq: rollback to savepoint: %w", err)
+		}
+		if err := p.store.Unclaim(ctx, tx, r.cfg.Name, j.key); err != nil {
+			return fmt.Errorf("idemq: unclaim: %w", err)
+		}
+	}
+	if committed == 0 {
+		return nil
+	}
+	if err := p.store.Commit(ctx, tx); err != nil {
+		return fmt.Errorf("%w: %w", ErrCommit, err)
+	}
+	return nil
+}

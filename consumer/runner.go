@@ -1,0 +1,385 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// Log attribute keys used by the runner.
+const (
+	LogKeyConsumer = "consumer"
+	LogKeyKey      = "key"
+	LogKeyID       = "message_id"
+	LogKeyTopic    = "topic"
+	LogKeyAttempt  = "attempt"
+	LogKeyError    = "err"
+	LogKeyDelay    = "delay"
+	LogKeyCount    = "count"
+	LogKeyStored   = "stored_hash"
+	LogKeyReceived = "received_hash"
+)
+
+// ErrRunning is returned by Run when the Runner is already running.
+var ErrRunning = errors.New("idemq: runner already running")
+
+// Path is the way a Runner turns messages into effects: Transactional for
+// effects in a database transaction, Leased for effects outside one. A Path
+// is built once and used by one Runner.
+type Path interface {
+	// process decides the outcome of every job in batch. It must not return
+	// before every job has an outcome, and it must only report outAck for a
+	// job whose effect is durable.
+	process(ctx context.Context, r *Runner, batch []*job)
+}
+
+// outcome is what the runner does with a message once its path is done.
+type outcome int
+
+const (
+	outNone       outcome = iota // not settled: left to the broker
+	outAck                       // effect durable now (handler ran and committed)
+	outDuplicate                 // effect was durable before; acknowledge
+	outRetry                     // handler failed; retry with backoff or dead-letter
+	outRetryInfra                // store or broker trouble; retry, never dead-letter
+	outDeadLetter                // poison; dead-letter now
+)
+
+// job is one message moving through a Runner.
+type job struct {
+	msg  *Message
+	key  string
+	hash dedup.Hash
+
+	out   outcome
+	err   error
+	delay time.Duration // for outRetryInfra, or from RetryAfter
+}
+
+func (j *job) set(o outcome, err error) { j.out, j.err = o, err }
+
+// Runner receives messages from a Source, hands each to its Path, and settles
+// it: acknowledge after the effect is durable, retry with backoff, or
+// dead-letter. Create one with NewRunner; a Runner runs once at a time.
+type Runner struct {
+	src  Source
+	path Path
+	cfg  Config
+	log  *slog.Logger
+
+	running atomic.Bool
+	stats   counters
+}
+
+// NewRunner returns a Runner that reads from src and applies path. It validates
+// cfg (after WithDefaults) and returns a *ConfigError for invalid fields.
+func NewRunner(src Source, path Path, cfg Config) (*Runner, error) {
+	if src == nil {
+		return nil, &ConfigError{Field: "Source", Reason: "nil"}
+	}
+	if path == nil {
+		return nil, &ConfigError{Field: "Path", Reason: "nil"}
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Runner{
+		src:  src,
+		path: path,
+		cfg:  cfg,
+		log:  cfg.Logger.With(LogKeyConsumer, cfg.Name),
+	}, nil
+}
+
+// Config returns the runner's configuration with defaults applied.
+func (r *Runner) Config() Config { return r.cfg }
+
+// Run receives and handles messages until ctx is done, then stops receiving,
+// finishes the messages already received (committing and acknowledging them)
+// within Config.DrainTimeout, and returns nil. Messages not settled by then stay
+// unacknowledged and return to the broker. Run returns an error only if the
+// source is closed underneath it (ErrClosed) or the Runner is already running.
+//
+// Run does not close the source; close it after Run returns.
+func (r *Runner) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer r.running.Store(false)
+
+	// Work outlives ctx during the drain, and is cancelled when the drain
+	// times out.
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+
+	lanes := make([]chan *job, r.cfg.Concurrency)
+	var wg sync.WaitGroup
+	for i := range lanes {
+		lanes[i] = make(chan *job, r.cfg.BatchSize)
+		wg.Go(func() { r.lane(workCtx, lanes[i]) })
+	}
+
+	err := r.receive(ctx, lanes)
+	for _, l := range lanes {
+		close(l)
+	}
+
+	drained := make(chan struct{})
+	go func() { wg.Wait(); close(drained) }()
+	timer := time.NewTimer(r.cfg.DrainTimeout)
+	defer timer.Stop()
+	select {
+	case <-drained:
+	case <-timer.C:
+		r.log.Warn("drain timed out; unsettled messages return to the broker")
+		cancelWork()
+		<-drained
+	}
+	return err
+}
+
+// receive pulls messages from the source and dispatches them to lanes until
+// ctx is done.
+func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
+	max := r.cfg.BatchSize * r.cfg.Concurrency
+	failures := 0
+	for ctx.Err() == nil {
+		msgs, err := r.src.Receive(ctx, max)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, ErrClosed) {
+				return err
+			}
+			failures++
+			r.stats.receiveFailures.Add(1)
+			delay := r.cfg.Retry.Backoff(failures)
+			r.log.Warn("receive failed", LogKeyError, err, LogKeyDelay, delay)
+			sleep(ctx, delay)
+			continue
+		}
+		failures = 0
+		for _, m := range msgs {
+			r.stats.received.Add(1)
+			j := &job{msg: m}
+			lanes[r.laneOf(j)] <- j
+		}
+	}
+	return nil
+}
+
+// laneOf picks the lane of a job: by partition key, else by deduplication key,
+// so that ordered messages and duplicates of one key are handled serially.
+func (r *Runner) laneOf(j *job) int {
+	if r.cfg.Concurrency == 1 {
+		return 0
+	}
+	s := j.msg.PartitionKey
+	if s == "" {
+		s, _ = r.cfg.KeyFunc(j.msg)
+	}
+	h := fnv.New32a()
+	h.Write([]byte(s))
+	return int(h.Sum32() % uint32(r.cfg.Concurrency))
+}
+
+// lane handles the jobs of one lane in batches of up to BatchSize.
+func (r *Runner) lane(ctx context.Context, in <-chan *job) {
+	batch := make([]*job, 0, r.cfg.BatchSize)
+	for j := range in {
+		batch = append(batch[:0], j)
+	fill:
+		for len(batch) < r.cfg.BatchSize {
+			select {
+			case j, ok := <-in:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, j)
+			default:
+				break fill
+			}
+		}
+		if ctx.Err() != nil {
+			continue // drain timed out: leave the rest to the broker
+		}
+		r.handle(ctx, batch)
+	}
+}
+
+// handle validates a batch, runs its path and settles every message.
+func (r *Runner) handle(ctx context.Context, batch []*job) {
+	live := make([]*job, 0, len(batch))
+	leaders := make(map[string]*job, len(batch))
+	var followers []*job
+	for _, j := range batch {
+		if err := r.prepare(j); err != nil {
+			j.set(outDeadLetter, err)
+			continue
+		}
+		if leaders[j.key] != nil {
+			// The same key twice in one batch: settle it after its leader.
+			followers = append(followers, j)
+			continue
+		}
+		leaders[j.key] = j
+		live = append(live, j)
+	}
+	if len(live) > 0 {
+		r.path.process(ctx, r, live)
+	}
+	for _, f := range followers {
+		l := leaders[f.key]
+		switch {
+		case l.out != outAck && l.out != outDuplicate:
+			f.set(outRetryInfra, fmt.Errorf("idemq: duplicate of key %q in the same batch is retried after its first copy: %w", f.key, errDuplicateUnsettled))
+		case f.hash != l.hash:
+			f.set(outDeadLetter, &dedup.MismatchError{Scope: r.cfg.Name, Key: f.key, Stored: l.hash, Received: f.hash})
+		default:
+			f.set(outDuplicate, nil)
+		}
+	}
+	r.settle(ctx, batch)
+}
+
+var errDuplicateUnsettled = errors.New("first copy not settled")
+
+// prepare computes a job's key and digest and rejects bad input.
+func (r *Runner) prepare(j *job) error {
+	if max := r.cfg.MaxMessageBytes; max > 0 && len(j.msg.Body) > max {
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrOversized, len(j.msg.Body), max)
+	}
+	key, err := r.cfg.KeyFunc(j.msg)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrMissingKey, err)
+	}
+	if key == "" {
+		return ErrMissingKey
+	}
+	j.key = key
+	j.hash = dedup.HashPayload(j.msg.Body)
+	return nil
+}
+
+// settle acknowledges, retries or dead-letters every job of a batch.
+func (r *Runner) settle(ctx context.Context, batch []*job) {
+	var acks []*Message
+	for _, j := range batch {
+		switch j.out {
+		case outAck:
+			r.stats.handled.Add(1)
+			acks = append(acks, j.msg)
+		case outDuplicate:
+			r.stats.duplicates.Add(1)
+			r.log.Debug("duplicate acknowledged", LogKeyKey, j.key, LogKeyID, j.msg.ID, LogKeyAttempt, j.msg.Attempt)
+			acks = append(acks, j.msg)
+		case outRetry, outRetryInfra:
+			r.retry(ctx, j)
+		case outDeadLetter:
+			r.deadLetter(ctx, j, j.err)
+		case outNone:
+		}
+	}
+	if len(acks) == 0 {
+		return
+	}
+	if err := r.src.Ack(ctx, acks); err != nil {
+		// Harmless for correctness: the effect is committed, and the
+		// redelivery is recognised as a duplicate.
+		r.stats.ackFailures.Add(uint64(len(acks)))
+		r.log.Warn("ack failed after commit; redeliveries will be deduplicated",
+			LogKeyCount, len(acks), LogKeyError, err)
+	}
+}
+
+func (r *Runner) retry(ctx context.Context, j *job) {
+	m := j.msg
+	var delay time.Duration
+	switch {
+	case j.out == outRetryInfra:
+		// Not the message's fault: never dead-letter for it.
+		delay = j.delay
+		if delay <= 0 {
+			delay = r.cfg.Retry.Backoff(1)
+		}
+	case m.Attempt >= r.cfg.Retry.MaxAttempts:
+		r.deadLetter(ctx, j, fmt.Errorf("%w after %d attempts: %w", ErrMaxAttempts, m.Attempt, j.err))
+		return
+	default:
+		var asked bool
+		if delay, asked = retryDelay(j.err); !asked {
+			delay = r.cfg.Retry.Backoff(m.Attempt)
+		}
+	}
+	r.stats.retried.Add(1)
+	r.log.Info("message will be retried", LogKeyKey, j.key, LogKeyID, m.ID, LogKeyTopic, m.Topic,
+		LogKeyAttempt, m.Attempt, LogKeyDelay, delay, LogKeyError, j.err)
+	if err := r.src.Retry(ctx, m, delay); err != nil {
+		r.stats.settleFailures.Add(1)
+		r.log.Warn("retry failed; the broker will redeliver", LogKeyID, m.ID, LogKeyError, err)
+	}
+}
+
+func (r *Runner) deadLetter(ctx context.Context, j *job, cause error) {
+	m := j.msg
+	reason := &DeadLetterError{Key: j.key, Attempts: m.Attempt, Err: cause}
+	r.stats.deadLettered.Add(1)
+	if errors.Is(cause, ErrPayloadMismatch) {
+		r.stats.mismatches.Add(1)
+	}
+	attrs := []any{LogKeyKey, j.key, LogKeyID, m.ID, LogKeyTopic, m.Topic, LogKeyAttempt, m.Attempt, LogKeyError, cause}
+	var mm *dedup.MismatchError
+	if errors.As(cause, &mm) {
+		attrs = append(attrs, LogKeyStored, mm.Stored.String(), LogKeyReceived, mm.Received.String())
+	}
+	r.log.Error("message dead-lettered", attrs...)
+	if err := r.src.DeadLetter(ctx, m, reason); err != nil {
+		r.stats.settleFailures.Add(1)
+		r.log.Error("dead-letter failed; the broker will redeliver", LogKeyID, m.ID, LogKeyError, err)
+	}
+}
+
+// call runs a handler with the key in its context, the handler timeout, and
+// panic recovery.
+func (r *Runner) call(ctx context.Context, j *job, fn func(ctx context.Context) error) (err error) {
+	ctx = withDedupKey(ctx, j.key)
+	if r.cfg.HandlerTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, r.cfg.HandlerTimeout)
+		defer cancel()
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return fn(ctx)
+}
+
+// failure classifies a handler error into an outcome.
+func failure(j *job, err error) {
+	if IsPermanent(err) {
+		j.set(outDeadLetter, err)
+		return
+	}
+	j.set(outRetry, err)
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

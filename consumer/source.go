@@ -1,0 +1,47 @@
+package consumer
+
+import (
+	"context"
+	"time"
+)
+
+// Source is a broker adapter: it receives messages and settles them. The
+// Runner calls Receive from one goroutine and the settling methods (Ack,
+// Retry, DeadLetter) from several, so implementations must be safe for
+// concurrent use.
+//
+// Every method that settles a message receives Message values that this Source
+// returned from Receive. The Runner settles each received message exactly once
+// (Ack, Retry or DeadLetter), unless the process stops first; a message that
+// is never settled must come back from the broker (at-least-once delivery).
+type Source interface {
+	// Receive blocks until at least one message is available, then returns
+	// up to max messages. It returns ctx.Err() (possibly wrapped) when ctx is
+	// done, and a non-nil error for broker failures; the Runner retries
+	// those with backoff. Receive must not acknowledge anything.
+	Receive(ctx context.Context, max int) ([]*Message, error)
+
+	// Ack acknowledges messages whose effect is durable. After Ack returns
+	// nil the broker must not deliver them again (except through a
+	// broker-side failure, which deduplication absorbs). A failed Ack is
+	// harmless: the message is redelivered and recognised as a duplicate.
+	// Sources with cumulative acknowledgement (Kafka offsets) must never
+	// acknowledge a message that has not itself been passed to Ack.
+	Ack(ctx context.Context, msgs []*Message) error
+
+	// Retry hands msg back for redelivery no sooner than delay from now,
+	// with Attempt increased. The message must not be lost if the process
+	// stops before the delay elapses.
+	Retry(ctx context.Context, msg *Message, delay time.Duration) error
+
+	// DeadLetter moves msg to the source's dead-letter destination together
+	// with reason (and the attempt count), then acknowledges it. Until the
+	// dead-letter write is durable, the original must stay unacknowledged.
+	DeadLetter(ctx context.Context, msg *Message, reason error) error
+
+	// Close stops receiving and releases the connection. Messages received
+	// but not acknowledged return to the broker. Close is safe to call more
+	// than once and concurrently with the other methods, which then fail
+	// with ErrClosed.
+	Close() error
+}

@@ -1,0 +1,57 @@
+package consumer
+
+import "sync/atomic"
+
+// Stats counts what a Runner did since it was created. Every field only
+// grows.
+type Stats struct {
+	// Received is the number of messages received from the source.
+	Received uint64
+	// Handled is the number of messages whose handler ran and whose effect
+	// became durable (committed, or marked done on the lease path).
+	Handled uint64
+	// Duplicates is the number of messages acknowledged without running the
+	// handler because their key was already processed.
+	Duplicates uint64
+	// Retried is the number of messages handed back for a later attempt.
+	Retried uint64
+	// DeadLettered is the number of messages sent to the dead-letter route.
+	DeadLettered uint64
+	// Mismatches is the number of dead-lettered messages whose key was
+	// processed before with a different payload.
+	Mismatches uint64
+	// AckFailures is the number of messages whose acknowledgement failed
+	// after their effect was durable. Their redeliveries are deduplicated.
+	AckFailures uint64
+	// CommitFailures is the number of transactions whose commit failed; none
+	// of their messages was acknowledged.
+	CommitFailures uint64
+	// SettleFailures is the number of Retry or DeadLetter calls that failed;
+	// those messages return through the broker.
+	SettleFailures uint64
+	// ReceiveFailures is the number of failed Receive calls.
+	ReceiveFailures uint64
+}
+
+type counters struct {
+	received, handled, duplicates, retried, deadLettered, mismatches atomic.Uint64
+	ackFailures, commitFailures, settleFailures, receiveFailures     atomic.Uint64
+}
+
+// Stats returns a snapshot of the runner's counters. It is safe to call at any
+// time from any goroutine.
+func (r *Runner) Stats() Stats {
+	c := &r.stats
+	return Stats{
+		Received:        c.received.Load(),
+		Handled:         c.handled.Load(),
+		Duplicates:      c.duplicates.Load(),
+		Retried:         c.retried.Load(),
+		DeadLettered:    c.deadLettered.Load(),
+		Mismatches:      c.mismatches.Load(),
+		AckFailures:     c.ackFailures.Load(),
+		CommitFailures:  c.commitFailures.Load(),
+		SettleFailures:  c.settleFailures.Load(),
+		ReceiveFailures: c.receiveFailures.Load(),
+	}
+}

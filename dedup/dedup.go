@@ -1,0 +1,210 @@
+package dedup
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// DefaultRetention is how long a processed record is kept when a store's
+// configuration does not say otherwise. Redeliveries and producer retries
+// arriving later than this are no longer recognised.
+const DefaultRetention = 72 * time.Hour
+
+// Hash is the SHA-256 digest of a message payload. Records store it so that
+// the same key arriving with a different payload is reported instead of being
+// silently treated as a duplicate.
+type Hash [sha256.Size]byte
+
+// HashPayload returns the SHA-256 digest of body.
+func HashPayload(body []byte) Hash { return sha256.Sum256(body) }
+
+// String returns the digest as lowercase hex.
+func (h Hash) String() string { return hex.EncodeToString(h[:]) }
+
+// Short returns the first 12 hex digits of the digest, for logs.
+func (h Hash) Short() string { return hex.EncodeToString(h[:6]) }
+
+// IsZero reports whether h is the zero value (no digest).
+func (h Hash) IsZero() bool { return h == Hash{} }
+
+// HashFromBytes converts a stored digest back into a Hash. It fails unless b
+// is exactly sha256.Size bytes long.
+func HashFromBytes(b []byte) (Hash, error) {
+	var h Hash
+	if len(b) != len(h) {
+		return h, fmt.Errorf("dedup: stored payload hash has %d bytes, want %d", len(b), len(h))
+	}
+	copy(h[:], b)
+	return h, nil
+}
+
+// Record is one message to be claimed: its deduplication key and the digest
+// of its payload.
+type Record struct {
+	Key         string
+	PayloadHash Hash
+}
+
+// State is the outcome of a claim.
+type State int
+
+const (
+	// StateNew means the caller now owns the key: the effect has not happened
+	// and the caller must perform it (and record it, or release the claim).
+	StateNew State = iota + 1
+	// StateDone means the key was processed before with the same payload:
+	// the message is a duplicate and can be acknowledged without running
+	// the effect.
+	StateDone
+	// StateMismatch means the key was processed before with a different
+	// payload. It is an error, never a duplicate: see ErrPayloadMismatch.
+	StateMismatch
+	// StateInProgress means another worker holds a live lease on the key
+	// (lease path only). The caller must neither run the effect nor
+	// acknowledge the message; it retries later.
+	StateInProgress
+)
+
+// String returns the state's name.
+func (s State) String() string {
+	switch s {
+	case StateNew:
+		return "new"
+	case StateDone:
+		return "done"
+	case StateMismatch:
+		return "mismatch"
+	case StateInProgress:
+		return "in-progress"
+	}
+	return fmt.Sprintf("State(%d)", int(s))
+}
+
+// Claim is the answer of a store for one key.
+type Claim struct {
+	Key   string
+	State State
+	// StoredHash is the payload digest already recorded for the key. It is
+	// set for StateDone, StateMismatch and, where the store knows it,
+	// StateInProgress.
+	StoredHash Hash
+	// ProcessedAt is when the stored record was written (zero for StateNew).
+	ProcessedAt time.Time
+}
+
+// Entry is what a store holds for one key, as returned by Inspect methods.
+type Entry struct {
+	Scope       string
+	Key         string
+	PayloadHash Hash
+	ProcessedAt time.Time
+	ExpiresAt   time.Time
+	// InProgress is true while a lease is held and the effect is not marked done.
+	InProgress bool
+	// LeaseUntil is when the current lease expires (lease path only).
+	LeaseUntil time.Time
+}
+
+// ErrPayloadMismatch reports a key that was already processed with a
+// different payload. Match it with errors.Is; the concrete error is a
+// *MismatchError carrying both digests.
+var ErrPayloadMismatch = errors.New("dedup: same key processed before with a different payload")
+
+// ErrLeaseLost reports that a lease operation was refused because the caller's
+// token no longer owns the key: the lease expired and another worker claimed
+// it, or it was released. The caller must stop and must not mark the effect
+// done.
+var ErrLeaseLost = errors.New("dedup: lease lost")
+
+// ErrNotFound is returned by Inspect methods when no record exists for a key.
+var ErrNotFound = errors.New("dedup: no record for key")
+
+// MismatchError is the error for StateMismatch. It matches ErrPayloadMismatch.
+type MismatchError struct {
+	Scope    string
+	Key      string
+	Stored   Hash
+	Received Hash
+}
+
+// Error implements error.
+func (e *MismatchError) Error() string {
+	return fmt.Sprintf("dedup: key %q in scope %q was processed with payload %s, received payload %s",
+		e.Key, e.Scope, e.Stored.Short(), e.Received.Short())
+}
+
+// Is makes errors.Is(err, ErrPayloadMismatch) true.
+func (e *MismatchError) Is(target error) bool { return target == ErrPayloadMismatch }
+
+// TxStore is the database side of the transactional path: it records
+// processed keys inside the same transaction as the handler's own writes.
+// Tx is the transaction type handlers receive (pgx.Tx for pgdedup, *sql.Tx
+// for sqldedup).
+//
+// The runner drives one transaction per batch:
+//
+//	Begin → Claim(all keys) → for each new key: Savepoint → handler →
+//	(RollbackToSavepoint + Unclaim on failure) → Commit
+//
+// Implementations must be safe for concurrent use by multiple goroutines;
+// each transaction is used by one goroutine at a time.
+type TxStore[Tx any] interface {
+	// Begin starts a transaction.
+	Begin(ctx context.Context) (Tx, error)
+	// Commit commits tx. An error means the commit did not happen or its
+	// outcome is unknown: the caller must not acknowledge anything recorded
+	// in tx.
+	Commit(ctx context.Context, tx Tx) error
+	// Rollback rolls tx back. It is safe to call after Commit.
+	Rollback(ctx context.Context, tx Tx) error
+	// Savepoint opens the savepoint that guards one message of a batch. When
+	// releasePrevious is true, the savepoint opened by the previous call is
+	// released first (drivers send both in one round trip where they can).
+	Savepoint(ctx context.Context, tx Tx, releasePrevious bool) error
+	// RollbackToSavepoint undoes everything done in tx since the last
+	// Savepoint call.
+	RollbackToSavepoint(ctx context.Context, tx Tx) error
+	// Claim records recs in tx under scope and reports, in the order of recs,
+	// whether each key is new, already done or a payload mismatch. Keys are
+	// locked in ascending key order, so concurrent batches cannot deadlock on
+	// them. If another transaction holds an uncommitted claim on a key, Claim
+	// waits for it to finish: a commit makes the key StateDone (or
+	// StateMismatch), a rollback makes it StateNew for this caller. recs must
+	// not contain a key twice.
+	Claim(ctx context.Context, tx Tx, scope string, recs []Record) ([]Claim, error)
+	// Unclaim removes the record of key written by Claim in tx, after its
+	// handler failed, so that a retry runs the handler again.
+	Unclaim(ctx context.Context, tx Tx, scope, key string) error
+}
+
+// LeaseStore is the store of the lease path, for effects that cannot join a
+// database transaction (emails, webhooks, third-party APIs). Every state
+// change after Claim is guarded by the token the claim was made with, so a
+// worker whose lease expired can neither extend it, mark it done nor release
+// it once another worker owns the key.
+//
+// Implementations must be safe for concurrent use.
+type LeaseStore interface {
+	// Claim takes the lease on key for the given duration if nobody holds
+	// it and it is not done. It returns StateNew when the caller now holds
+	// the lease, StateDone or StateMismatch when the key was completed
+	// before, and StateInProgress when another token holds a live lease.
+	Claim(ctx context.Context, scope string, rec Record, token string, lease time.Duration) (Claim, error)
+	// Refresh extends a lease held by token. It returns ErrLeaseLost when
+	// token no longer holds the key.
+	Refresh(ctx context.Context, scope, key, token string, lease time.Duration) error
+	// Complete marks key done under token, keeping the record for retention.
+	// It returns ErrLeaseLost when token no longer holds the key; the caller
+	// must then treat the outcome as unknown.
+	Complete(ctx context.Context, scope, key, token string, retention time.Duration) error
+	// Release drops the lease held by token after a failed effect, so that a
+	// retry may claim the key at once. Releasing a lease that token no longer
+	// holds is not an error and changes nothing.
+	Release(ctx context.Context, scope, key, token string) error
+	// Inspect returns what the store holds for key, or ErrNotFound.
+	Inspect(ctx context.Context, scope, key string) (Entry, error)
+}

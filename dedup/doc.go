@@ -1,0 +1,19 @@
+// Package dedup defines what idemq needs from a deduplication store and the
+// types every store shares: records, payload digests, claim states and errors.
+//
+// There are two kinds of store, one per delivery path:
+//
+//   - TxStore records a processed key in the same database transaction as the
+//     handler's business mutation. The record and the effect commit together,
+//     so there is no duplicate window. Implementations: dedup/pgdedup
+//     (PostgreSQL through pgx v5) and dedup/sqldedup (database/sql).
+//
+//   - LeaseStore guards effects that cannot join a transaction with a
+//     token-checked lease: claim, refresh, complete, release. A crash after the
+//     effect and before Complete lets the effect repeat once the lease expires;
+//     the key handed to the handler lets the downstream system close that
+//     window. Implementation: dedup/redisdedup.
+//
+// Every store runs the conformance suite in dedup/deduptest against a real
+// server.
+package dedup

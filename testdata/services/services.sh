@@ -1,0 +1,647 @@
+#!/usr/bin/env bash
+# services.sh - installs and runs the real services that idemq's tests use,
+# bound to 127.0.0.1 on fixed ports:
+#
+#   postgres   PostgreSQL (Debian cluster "15 main")    127.0.0.1:5432
+#   redis      Redis (no persistence)                   127.0.0.1:6379
+#   rabbitmq   RabbitMQ                                 127.0.0.1:5672
+#   kafka      Apache Kafka, KRaft, jars from Maven     127.0.0.1:9092 (controller 9093)
+#   elasticmq  ElasticMQ (SQS API), jars from Maven     127.0.0.1:9324
+#
+# Usage:
+#   services.sh up      [svc...]   start what does not answer yet (default: all five)
+#   services.sh down    [svc...]   stop what this script started (default: all five)
+#   services.sh start   <svc...>   same as up
+#   services.sh stop    <svc...>   stop a service this script started
+#   services.sh restart <svc...>   stop, then start again on the same port and data dir
+#   services.sh status  [svc...]   print whether each service answers
+#   services.sh env                print `export VAR=value` lines for the tests
+#
+# A service that already answers on its port (checked at protocol level) is used
+# as it is and never stopped by this script. State - data directories, logs, pid
+# files, downloaded jars and the env file - lives in
+# ${IDEMQ_SERVICES_DIR:-$HOME/.cache/idemq/services}, never in the repository.
+# IDEMQ_SERVICES_TIMEOUT (seconds, default 180) bounds each readiness wait.
+# Installing packages needs root (or password-less sudo).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+STATE_DIR="${IDEMQ_SERVICES_DIR:-${HOME:-/root}/.cache/idemq/services}"
+TIMEOUT="${IDEMQ_SERVICES_TIMEOUT:-180}"
+export DEBIAN_FRONTEND=noninteractive
+
+ALL_SERVICES=(postgres redis rabbitmq kafka elasticmq)
+
+PG_VERSION=15
+PG_CLUSTER=main
+PG_PORT=5432
+PG_DATABASE=idemq_test
+REDIS_PORT=6379
+AMQP_PORT=5672
+KAFKA_PORT=9092
+KAFKA_CONTROLLER_PORT=9093
+SQS_PORT=9324
+
+KAFKA_HEAP="-Xms512m -Xmx512m"
+ELASTICMQ_HEAP="-Xms64m -Xmx256m"
+
+log() { printf 'services: %s\n' "$*" >&2; }
+die() {
+	printf 'services: error: %s\n' "$*" >&2
+	exit 1
+}
+
+now() { date +%s; }
+
+# as_root runs a command as root, through password-less sudo when needed.
+as_root() {
+	if [ "$(id -u)" = 0 ]; then
+		"$@"
+	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+		sudo -n "$@"
+	else
+		die "need root (or password-less sudo) to run: $*"
+	fi
+}
+
+APT_UPDATED=
+apt_install() {
+	local aptlog="$STATE_DIR/apt.log"
+	log "installing $* (apt-get; log: $aptlog)"
+	if [ -z "$APT_UPDATED" ]; then
+		if ! as_root apt-get -q -o DPkg::Lock::Timeout=300 update >>"$aptlog" 2>&1; then
+			tail -n 20 "$aptlog" >&2
+			die "apt-get update failed"
+		fi
+		APT_UPDATED=1
+	fi
+	if ! as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+		-o DPkg::Lock::Timeout=300 --no-install-recommends "$@" >>"$aptlog" 2>&1; then
+		tail -n 30 "$aptlog" >&2
+		die "apt-get install $* failed"
+	fi
+}
+
+log_tail() {
+	local f
+	for f in "$@"; do
+		if [ -f "$f" ]; then
+			printf -- '----- last lines of %s -----\n' "$f" >&2
+			tail -n 40 "$f" >&2
+		fi
+	done
+}
+
+# ---------------------------------------------------------------------------
+# Protocol-level checks. Each succeeds only when the service really answers.
+# They use bash's /dev/tcp so that they work before any client is installed.
+
+# pg_ready: a PostgreSQL server accepts connections on PG_PORT.
+pg_ready() {
+	if command -v pg_isready >/dev/null 2>&1; then
+		pg_isready -q -h 127.0.0.1 -p "$PG_PORT" -t 2 >/dev/null 2>&1
+		return
+	fi
+	# SSLRequest: the server answers 'S' or 'N'.
+	local r
+	r=$(timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/$PG_PORT &&
+		printf '\x00\x00\x00\x08\x04\xd2\x16\x2f' >&3 && head -c 1 <&3" 2>/dev/null) || return 1
+	[ "$r" = S ] || [ "$r" = N ]
+}
+
+# redis_ready: PING answers +PONG.
+redis_ready() {
+	local r
+	r=$(timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/$REDIS_PORT &&
+		printf 'PING\r\n' >&3 && head -n 1 <&3" 2>/dev/null) || return 1
+	[ "${r%$'\r'}" = "+PONG" ]
+}
+
+# amqp_ready: the AMQP 0-9-1 protocol header is answered with a
+# Connection.Start method frame (frame type 1 on channel 0, class 10 method 10).
+amqp_ready() {
+	local r
+	r=$(timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/$AMQP_PORT &&
+		printf 'AMQP\x00\x00\x09\x01' >&3 && od -An -tx1 -N11 <&3" 2>/dev/null | tr -d ' \n') || return 1
+	[ "${r:0:6}" = "010000" ] && [ "${r:14:8}" = "000a000a" ]
+}
+
+# kafka_ready: a Metadata v4 request (all topics) is answered and the answer
+# lists at least one broker, i.e. the broker is registered and unfenced.
+kafka_ready() {
+	local r
+	# size=20 | api_key=3 api_version=4 correlation_id=7 client_id="idemq" |
+	# topics=null (-1) allow_auto_topic_creation=false
+	r=$(timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/$KAFKA_PORT &&
+		printf '\x00\x00\x00\x14\x00\x03\x00\x04\x00\x00\x00\x07\x00\x05idemq\xff\xff\xff\xff\x00' >&3 &&
+		od -An -tx1 -N16 <&3" 2>/dev/null | tr -d ' \n') || return 1
+	# bytes 4-7: correlation id, 8-11: throttle time, 12-15: number of brokers
+	[ "${#r}" = 32 ] && [ "${r:8:8}" = "00000007" ] && [ "${r:24:8}" != "00000000" ]
+}
+
+# sqs_ready: an SQS ListQueues call (AWS JSON 1.0 protocol) returns HTTP 200.
+sqs_ready() {
+	local r
+	r=$(timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/$SQS_PORT &&
+		printf 'POST / HTTP/1.1\r\nHost: 127.0.0.1:$SQS_PORT\r\nContent-Type: application/x-amz-json-1.0\r\nX-Amz-Target: AmazonSQS.ListQueues\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}' >&3 &&
+		head -n 1 <&3" 2>/dev/null) || return 1
+	[[ "$r" == "HTTP/1."?" 200"* ]]
+}
+
+ready() {
+	case "$1" in
+	postgres) pg_ready ;;
+	redis) redis_ready ;;
+	rabbitmq) amqp_ready ;;
+	kafka) kafka_ready ;;
+	elasticmq) sqs_ready ;;
+	esac
+}
+
+# ---------------------------------------------------------------------------
+# Pid bookkeeping: $STATE_DIR/<svc>/pid holds the pid of the server process
+# this script started. A pid counts only while that process is alive and its
+# command line still looks like the service (pids get reused).
+
+svc_dir() { printf '%s/%s' "$STATE_DIR" "$1"; }
+
+cmd_pattern() {
+	case "$1" in
+	postgres) echo 'postgres' ;;
+	redis) echo 'redis-server' ;;
+	rabbitmq) echo 'beam' ;;
+	kafka) echo 'kafka\.Kafka' ;;
+	elasticmq) echo 'org\.elasticmq\.server\.Main' ;;
+	esac
+}
+
+# our_pid prints the recorded pid if that process is alive and is the service.
+our_pid() {
+	local f pid
+	f="$(svc_dir "$1")/pid"
+	[ -s "$f" ] || return 1
+	pid=$(cat "$f")
+	[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+	tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -Eq "$(cmd_pattern "$1")" || return 1
+	echo "$pid"
+}
+
+record_pid() { echo "$2" >"$(svc_dir "$1")/pid"; }
+forget_pid() { rm -f "$(svc_dir "$1")/pid"; }
+
+# wait_gone waits until pid has exited; after $2 seconds it sends SIGKILL.
+wait_gone() {
+	local pid=$1 limit=$2 start
+	start=$(now)
+	while kill -0 "$pid" 2>/dev/null; do
+		if [ $(($(now) - start)) -ge "$limit" ]; then
+			log "pid $pid still alive after ${limit}s; sending SIGKILL"
+			kill -KILL "$pid" 2>/dev/null || true
+			sleep 1
+			return
+		fi
+		sleep 0.2
+	done
+}
+
+# wait_ready polls the service's readiness check until it succeeds, the
+# process this script started dies, or TIMEOUT runs out.
+wait_ready() {
+	local svc=$1 start pid
+	shift
+	start=$(now)
+	while ! ready "$svc"; do
+		pid=$(cat "$(svc_dir "$svc")/pid" 2>/dev/null || true)
+		if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
+			log_tail "$@"
+			die "$svc: the server process (pid $pid) exited before it was ready"
+		fi
+		if [ $(($(now) - start)) -ge "$TIMEOUT" ]; then
+			log_tail "$@"
+			die "$svc: not ready after ${TIMEOUT}s (raise IDEMQ_SERVICES_TIMEOUT to wait longer)"
+		fi
+		sleep 0.5
+	done
+}
+
+# Java services: jars come from Maven through a tiny pom, into the state dir.
+ensure_java() {
+	command -v java >/dev/null 2>&1 || apt_install openjdk-17-jre-headless
+	command -v mvn >/dev/null 2>&1 || apt_install maven
+}
+
+# fetch_jars <svc>: copy the runtime classpath of testdata/services/<svc>/pom.xml
+# into $STATE_DIR/<svc>/lib, once per pom content.
+fetch_jars() {
+	local svc=$1 dir sum
+	dir=$(svc_dir "$svc")
+	sum=$(sha256sum "$HERE/$svc/pom.xml" | cut -c1-16)
+	if [ -f "$dir/lib/.complete" ] && [ "$(cat "$dir/lib/.complete")" = "$sum" ]; then
+		return
+	fi
+	ensure_java
+	log "$svc: fetching jars with mvn (log: $dir/mvn.log)"
+	rm -rf "$dir/lib.tmp"
+	cp "$HERE/$svc/pom.xml" "$dir/pom.xml"
+	if ! (cd "$dir" && mvn -B -q -f "$dir/pom.xml" dependency:copy-dependencies \
+		-DincludeScope=runtime -DoutputDirectory="$dir/lib.tmp") >"$dir/mvn.log" 2>&1; then
+		log_tail "$dir/mvn.log"
+		die "$svc: mvn dependency:copy-dependencies failed"
+	fi
+	echo "$sum" >"$dir/lib.tmp/.complete"
+	rm -rf "$dir/lib"
+	mv "$dir/lib.tmp" "$dir/lib"
+}
+
+# launch_detached <svc> <logfile> <command...>: start a process in its own
+# session so that it outlives this script, and record its pid.
+launch_detached() {
+	local svc=$1 logfile=$2
+	shift 2
+	# Without job control the child is no process-group leader, so setsid
+	# execs in place and $! is the server's own pid.
+	setsid nohup "$@" >>"$logfile" 2>&1 </dev/null 9>&- &
+	record_pid "$svc" "$!"
+}
+
+# ---------------------------------------------------------------------------
+# PostgreSQL: the Debian cluster "15 main", configured for loopback and trust.
+
+PG_CONF_DIR=/etc/postgresql/$PG_VERSION/$PG_CLUSTER
+PG_LOG=/var/log/postgresql/postgresql-$PG_VERSION-$PG_CLUSTER.log
+
+pg_data_dir() {
+	local d
+	d=$(pg_conftool -s "$PG_VERSION" "$PG_CLUSTER" show data_directory 2>/dev/null || true)
+	echo "${d:-/var/lib/postgresql/$PG_VERSION/$PG_CLUSTER}"
+}
+
+postgres_launch() {
+	if [ ! -x "/usr/lib/postgresql/$PG_VERSION/bin/postgres" ] || ! command -v pg_ctlcluster >/dev/null 2>&1; then
+		apt_install "postgresql-$PG_VERSION" postgresql-client-common
+	fi
+	if [ ! -d "$PG_CONF_DIR" ]; then
+		as_root pg_createcluster "$PG_VERSION" "$PG_CLUSTER" >>"$(svc_dir postgres)/setup.log" 2>&1 ||
+			die "postgres: pg_createcluster $PG_VERSION $PG_CLUSTER failed"
+	fi
+	as_root install -D -m 644 "$HERE/postgres/idemq.conf" "$PG_CONF_DIR/conf.d/idemq.conf"
+	if ! cmp -s "$HERE/postgres/pg_hba.conf" "$PG_CONF_DIR/pg_hba.conf"; then
+		[ -f "$PG_CONF_DIR/pg_hba.conf.orig" ] || as_root cp -p "$PG_CONF_DIR/pg_hba.conf" "$PG_CONF_DIR/pg_hba.conf.orig"
+		as_root install -m 640 -o postgres -g postgres "$HERE/postgres/pg_hba.conf" "$PG_CONF_DIR/pg_hba.conf"
+	fi
+	as_root install -d -m 2775 -o postgres -g postgres /run/postgresql
+	if ! as_root pg_ctlcluster "$PG_VERSION" "$PG_CLUSTER" start >>"$(svc_dir postgres)/setup.log" 2>&1 9>&-; then
+		log_tail "$(svc_dir postgres)/setup.log" "$PG_LOG"
+		die "postgres: pg_ctlcluster $PG_VERSION $PG_CLUSTER start failed"
+	fi
+	local pidfile
+	pidfile="$(pg_data_dir)/postmaster.pid"
+	if [ -s "$pidfile" ]; then
+		record_pid postgres "$(head -n 1 "$pidfile")"
+	fi
+}
+
+postgres_wait() { wait_ready postgres "$PG_LOG"; }
+
+# postgres_after creates the test database if it is missing.
+postgres_after() {
+	command -v psql >/dev/null 2>&1 || return 0
+	local have
+	if ! have=$(psql -X -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -tAc \
+		"SELECT 1 FROM pg_database WHERE datname = '$PG_DATABASE'" 2>&1); then
+		log "postgres: warning: cannot query the server as user postgres: $have"
+		return 0
+	fi
+	if [ "$have" != 1 ]; then
+		psql -X -q -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -c "CREATE DATABASE $PG_DATABASE" ||
+			die "postgres: CREATE DATABASE $PG_DATABASE failed"
+		log "postgres: created database $PG_DATABASE"
+	fi
+}
+
+postgres_stop() {
+	local pid=$1
+	as_root pg_ctlcluster "$PG_VERSION" "$PG_CLUSTER" stop -m fast >>"$(svc_dir postgres)/setup.log" 2>&1 ||
+		kill -TERM "$pid" 2>/dev/null || true
+	wait_gone "$pid" 60
+}
+
+# ---------------------------------------------------------------------------
+# Redis: no persistence, data dir and log in the state dir.
+
+redis_launch() {
+	command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+	local dir
+	dir=$(svc_dir redis)
+	mkdir -p "$dir/data"
+	rm -f "$dir/redis.pid"
+	redis-server --daemonize yes --bind 127.0.0.1 --port "$REDIS_PORT" \
+		--save '' --appendonly no --dir "$dir/data" \
+		--pidfile "$dir/redis.pid" --logfile "$dir/redis.log" 9>&- ||
+		{
+			log_tail "$dir/redis.log"
+			die "redis: redis-server failed to start"
+		}
+	local i
+	for i in $(seq 1 50); do
+		[ -s "$dir/redis.pid" ] && break
+		sleep 0.1
+	done
+	[ -s "$dir/redis.pid" ] && record_pid redis "$(cat "$dir/redis.pid")"
+}
+
+redis_wait() { wait_ready redis "$(svc_dir redis)/redis.log"; }
+redis_after() { :; }
+
+redis_stop() {
+	kill -TERM "$1" 2>/dev/null || true
+	wait_gone "$1" 30
+}
+
+# ---------------------------------------------------------------------------
+# RabbitMQ: Debian's package, started by hand (no init system), loopback only.
+
+rabbit_node() { echo "rabbit@$(hostname -s)"; }
+rabbit_pidfile() { echo "/var/lib/rabbitmq/mnesia/$(rabbit_node).pid"; }
+rabbit_log() { echo "/var/log/rabbitmq/$(rabbit_node).log"; }
+
+# The Erlang node name uses the host name, which must resolve.
+ensure_hostname_resolves() {
+	local h s
+	h=$(hostname)
+	s=$(hostname -s)
+	if ! getent hosts "$s" >/dev/null 2>&1 || ! getent hosts "$h" >/dev/null 2>&1; then
+		log "rabbitmq: adding '$h' to /etc/hosts (the Erlang node name needs it)"
+		if [ "$h" = "$s" ]; then
+			echo "127.0.0.1 $h" | as_root tee -a /etc/hosts >/dev/null
+		else
+			echo "127.0.0.1 $h $s" | as_root tee -a /etc/hosts >/dev/null
+		fi
+	fi
+}
+
+rabbitmq_launch() {
+	ensure_hostname_resolves
+	command -v rabbitmq-server >/dev/null 2>&1 || apt_install rabbitmq-server
+	local f
+	for f in rabbitmq.conf rabbitmq-env.conf; do
+		if ! cmp -s "$HERE/rabbitmq/$f" "/etc/rabbitmq/$f"; then
+			as_root install -D -m 644 "$HERE/rabbitmq/$f" "/etc/rabbitmq/$f"
+		fi
+	done
+	local dir
+	dir=$(svc_dir rabbitmq)
+	as_root rm -f "$(rabbit_pidfile)"
+	if ! as_root rabbitmq-server -detached >>"$dir/rabbitmq.out" 2>&1 9>&-; then
+		log_tail "$dir/rabbitmq.out" "$(rabbit_log)"
+		die "rabbitmq: rabbitmq-server -detached failed"
+	fi
+}
+
+rabbitmq_wait() {
+	local dir
+	dir=$(svc_dir rabbitmq)
+	if ! as_root rabbitmqctl wait --timeout "$TIMEOUT" "$(rabbit_pidfile)" >>"$dir/rabbitmq.out" 2>&1; then
+		log_tail "$dir/rabbitmq.out" "$(rabbit_log)"
+		die "rabbitmq: rabbitmqctl wait failed"
+	fi
+	[ -s "$(rabbit_pidfile)" ] && record_pid rabbitmq "$(cat "$(rabbit_pidfile)")"
+	wait_ready rabbitmq "$dir/rabbitmq.out" "$(rabbit_log)"
+}
+
+# rabbitmq_after enables every stable feature flag (quorum queues among them)
+# on a node this script started; fresh nodes have them all already.
+rabbitmq_after() {
+	our_pid rabbitmq >/dev/null || return 0
+	as_root rabbitmqctl -q enable_feature_flag all >>"$(svc_dir rabbitmq)/rabbitmq.out" 2>&1 ||
+		log "rabbitmq: warning: enable_feature_flag all failed"
+}
+
+rabbitmq_stop() {
+	as_root rabbitmqctl -q shutdown >>"$(svc_dir rabbitmq)/rabbitmq.out" 2>&1 ||
+		kill -TERM "$1" 2>/dev/null || true
+	wait_gone "$1" 60
+}
+
+# ---------------------------------------------------------------------------
+# Apache Kafka: one KRaft node (broker + controller), jars from Maven.
+
+kafka_launch() {
+	fetch_jars kafka
+	local dir
+	dir=$(svc_dir kafka)
+	mkdir -p "$dir/data"
+	sed -e "s|@DATA_DIR@|$dir/data|g" -e "s|@PORT@|$KAFKA_PORT|g" \
+		-e "s|@CONTROLLER_PORT@|$KAFKA_CONTROLLER_PORT|g" \
+		"$HERE/kafka/server.properties" >"$dir/server.properties"
+	local java_opts=(-Dlog4j2.configurationFile="$HERE/kafka/log4j2.xml" -cp "$dir/lib/*")
+	if [ ! -f "$dir/data/meta.properties" ]; then
+		local cluster_id
+		cluster_id=$(java "${java_opts[@]}" kafka.tools.StorageTool random-uuid 2>>"$dir/format.log") ||
+			{
+				log_tail "$dir/format.log"
+				die "kafka: StorageTool random-uuid failed"
+			}
+		if ! java "${java_opts[@]}" kafka.tools.StorageTool format -t "$cluster_id" \
+			-c "$dir/server.properties" >>"$dir/format.log" 2>&1; then
+			log_tail "$dir/format.log"
+			die "kafka: formatting the storage failed"
+		fi
+		log "kafka: formatted storage (cluster id $cluster_id)"
+	fi
+	# shellcheck disable=SC2086 # KAFKA_HEAP holds several options
+	launch_detached kafka "$dir/kafka.log" java $KAFKA_HEAP -server \
+		-XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35 \
+		-XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
+		"${java_opts[@]}" kafka.Kafka "$dir/server.properties"
+}
+
+kafka_wait() { wait_ready kafka "$(svc_dir kafka)/kafka.log"; }
+kafka_after() { :; }
+
+kafka_stop() {
+	kill -TERM "$1" 2>/dev/null || true
+	wait_gone "$1" 60
+}
+
+# ---------------------------------------------------------------------------
+# ElasticMQ: SQS-compatible server, jars from Maven, in-memory queues.
+
+elasticmq_launch() {
+	fetch_jars elasticmq
+	local dir
+	dir=$(svc_dir elasticmq)
+	# shellcheck disable=SC2086 # ELASTICMQ_HEAP holds several options
+	launch_detached elasticmq "$dir/elasticmq.log" java $ELASTICMQ_HEAP \
+		-XX:+UseSerialGC -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
+		-Dconfig.file="$HERE/elasticmq/elasticmq.conf" \
+		-cp "$dir/lib/*" org.elasticmq.server.Main
+}
+
+elasticmq_wait() { wait_ready elasticmq "$(svc_dir elasticmq)/elasticmq.log"; }
+elasticmq_after() { :; }
+
+elasticmq_stop() {
+	kill -TERM "$1" 2>/dev/null || true
+	wait_gone "$1" 30
+}
+
+# ---------------------------------------------------------------------------
+# Commands
+
+env_lines() {
+	cat <<EOF
+export TEST_DATABASE_URL='postgres://postgres@127.0.0.1:$PG_PORT/$PG_DATABASE?sslmode=disable'
+export TEST_REDIS_URL='redis://127.0.0.1:$REDIS_PORT/0'
+export TEST_AMQP_URL='amqp://guest:guest@127.0.0.1:$AMQP_PORT/'
+export TEST_KAFKA_BROKERS='127.0.0.1:$KAFKA_PORT'
+export TEST_SQS_ENDPOINT='http://127.0.0.1:$SQS_PORT'
+EOF
+}
+
+write_env() {
+	env_lines >"$STATE_DIR/env.tmp"
+	mv "$STATE_DIR/env.tmp" "$STATE_DIR/env"
+}
+
+svc_fn() { echo "${1}_$2"; }
+
+cmd_up() {
+	local svc pending=() t0 start
+	t0=$(now)
+	for svc in "$@"; do
+		mkdir -p "$(svc_dir "$svc")"
+		if ready "$svc"; then
+			if our_pid "$svc" >/dev/null; then
+				log "$svc: running (pid $(our_pid "$svc"))"
+			else
+				log "$svc: something already answers on its port; using it"
+			fi
+			"$(svc_fn "$svc" after)"
+			continue
+		fi
+		if our_pid "$svc" >/dev/null; then
+			log "$svc: started earlier (pid $(our_pid "$svc")), waiting for it"
+		else
+			forget_pid "$svc"
+			log "$svc: starting"
+			"$(svc_fn "$svc" launch)"
+		fi
+		pending+=("$svc")
+	done
+	for svc in "${pending[@]}"; do
+		start=$(now)
+		"$(svc_fn "$svc" wait)"
+		"$(svc_fn "$svc" after)"
+		log "$svc: ready (pid $(our_pid "$svc" || echo '?'); waited $(($(now) - start))s)"
+	done
+	write_env
+	log "up: $* ready in $(($(now) - t0))s; env: $STATE_DIR/env"
+}
+
+cmd_stop() {
+	local svc pid
+	for svc in "$@"; do
+		if pid=$(our_pid "$svc"); then
+			log "$svc: stopping pid $pid"
+			"$(svc_fn "$svc" stop)" "$pid"
+			forget_pid "$svc"
+			log "$svc: stopped"
+		elif ready "$svc"; then
+			die "$svc: answers on its port but was not started by this script; not stopping it"
+		else
+			forget_pid "$svc"
+			log "$svc: not running"
+		fi
+	done
+}
+
+cmd_down() {
+	local svc pid i
+	for ((i = $# ; i > 0 ; i--)); do
+		svc=${!i}
+		if pid=$(our_pid "$svc"); then
+			log "$svc: stopping pid $pid"
+			"$(svc_fn "$svc" stop)" "$pid"
+			log "$svc: stopped"
+		elif ready "$svc"; then
+			log "$svc: not started by this script; leaving it running"
+		fi
+		forget_pid "$svc"
+	done
+}
+
+cmd_status() {
+	local svc rc=0
+	for svc in "$@"; do
+		if ready "$svc"; then
+			if our_pid "$svc" >/dev/null; then
+				echo "$svc: up (pid $(our_pid "$svc"), started by services.sh)"
+			else
+				echo "$svc: up (not started by services.sh)"
+			fi
+		else
+			echo "$svc: down"
+			rc=1
+		fi
+	done
+	return $rc
+}
+
+check_services() {
+	local svc known
+	for svc in "$@"; do
+		for known in "${ALL_SERVICES[@]}"; do
+			[ "$svc" = "$known" ] && continue 2
+		done
+		die "unknown service '$svc' (known: ${ALL_SERVICES[*]})"
+	done
+}
+
+usage() {
+	sed -n '11,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+	exit 2
+}
+
+main() {
+	[ $# -ge 1 ] || usage
+	local cmd=$1
+	shift
+	case "$cmd" in
+	env)
+		mkdir -p "$STATE_DIR"
+		write_env
+		env_lines
+		return
+		;;
+	up | down | status) [ $# -gt 0 ] || set -- "${ALL_SERVICES[@]}" ;;
+	start | stop | restart) [ $# -gt 0 ] || usage ;;
+	-h | --help | help) usage ;;
+	*)
+		log "unknown command '$cmd'"
+		usage
+		;;
+	esac
+	check_services "$@"
+	mkdir -p "$STATE_DIR"
+	if [ "$cmd" = status ]; then
+		cmd_status "$@"
+		return
+	fi
+	# One invocation at a time: parallel test packages may restart services.
+	exec 9>"$STATE_DIR/.lock"
+	if ! flock -w 900 9; then
+		die "another services.sh holds $STATE_DIR/.lock"
+	fi
+	case "$cmd" in
+	up | start) cmd_up "$@" ;;
+	down) cmd_down "$@" ;;
+	stop) cmd_stop "$@" ;;
+	restart)
+		cmd_stop "$@"
+		cmd_up "$@"
+		;;
+	esac
+}
+
+main "$@"
