@@ -437,11 +437,13 @@ kafka_launch() {
 	local java_opts=(-Dlog4j2.configurationFile="$HERE/kafka/log4j2.xml" -cp "$dir/lib/*")
 	if [ ! -f "$dir/data/meta.properties" ]; then
 		local cluster_id
-		cluster_id=$(java "${java_opts[@]}" kafka.tools.StorageTool random-uuid 2>>"$dir/format.log") ||
-			{
-				log_tail "$dir/format.log"
-				die "kafka: StorageTool random-uuid failed"
-			}
+		# The tool may log to stdout too; the id is the line of 22 base64url characters.
+		cluster_id=$(java "${java_opts[@]}" kafka.tools.StorageTool random-uuid 2>>"$dir/format.log" |
+			grep -E '^[A-Za-z0-9_-]{22}$' | tail -n 1) || true
+		if [ -z "$cluster_id" ]; then
+			log_tail "$dir/format.log"
+			die "kafka: StorageTool random-uuid printed no cluster id"
+		fi
 		if ! java "${java_opts[@]}" kafka.tools.StorageTool format -t "$cluster_id" \
 			-c "$dir/server.properties" >>"$dir/format.log" 2>&1; then
 			log_tail "$dir/format.log"
