@@ -1,0 +1,39 @@
+// Package pgdedup is the PostgreSQL store of idemq's transactional path
+// (github.com/jackc/pgx/v5). It implements dedup.TxStore[pgx.Tx], so a
+// handler receives the pgx.Tx that also records its message:
+//
+//	store, err := pgdedup.New(pool, pgdedup.Config{})
+//	...
+//	runner, err := consumer.NewRunner(src, consumer.Transactional(store, handle), consumer.Config{Name: "billing"})
+//
+// # Guarantees
+//
+// A message's record (scope, key, payload hash, processed and expiry time) is
+// inserted in the same transaction as the handler's writes: both commit or
+// neither does, and a message is acknowledged only after the commit. The
+// primary key (scope, key) makes a concurrent claim of the same key wait on
+// the first transaction and then see its outcome, so the handler never runs
+// twice for one key. Keys of a batch are inserted in ascending order, so
+// concurrent batches cannot deadlock on records (handlers that lock business
+// rows in different orders can still deadlock; PostgreSQL aborts one
+// transaction and its messages are retried). A key is looked up through the
+// primary key index: the cost of a duplicate check does not grow with the
+// table.
+//
+// Use the default READ COMMITTED isolation: a claim must see the commit it
+// waited for.
+//
+// # Retention
+//
+// Records expire after Config.Retention (72 h by default). An expired record
+// no longer deduplicates; RunJanitor deletes expired records in small
+// batches, skipping rows that are locked, under an advisory lock so that one
+// process cleans at a time.
+//
+// # Schema
+//
+// Migrate applies the embedded, numbered migrations (see Migrations and the
+// migrations directory, plain SQL with goose annotations) for the configured
+// schema and table. Schema and table names are validated as plain identifiers
+// and quoted; configuration cannot inject SQL.
+package pgdedup

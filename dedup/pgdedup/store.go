@@ -1,0 +1,240 @@
+package pgdedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// DB is what the store needs from a database handle. *pgxpool.Pool and
+// *pgx.Conn satisfy it; a pool is the right choice for a Runner with
+// Concurrency above 1.
+type DB interface {
+	DBTX
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// DBTX is what the *Tx functions need: pgx.Tx, *pgx.Conn and *pgxpool.Pool
+// all satisfy it (as does sqlc's generated DBTX).
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Config configures a Store.
+type Config struct {
+	// Schema holds the table. It must be a plain SQL identifier
+	// ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes). Defaults to "public".
+	Schema string
+	// Table is the name of the processed-message table, a plain SQL
+	// identifier of at most 50 bytes. Defaults to "processed_messages".
+	Table string
+	// Retention is how long a record is kept: a redelivery later than this
+	// is no longer recognised, and the janitor deletes the record. Defaults
+	// to 72 h.
+	Retention time.Duration
+	// CleanupInterval is how often RunJanitor deletes expired records.
+	// Defaults to 1 min.
+	CleanupInterval time.Duration
+	// CleanupBatchSize is the number of expired records deleted per
+	// transaction, so that cleanup never holds many locks for long.
+	// Defaults to 1000.
+	CleanupBatchSize int
+	// Logger receives the janitor's logs. Defaults to a logger that
+	// discards everything.
+	Logger *slog.Logger
+}
+
+// Defaults used by Config.WithDefaults.
+const (
+	DefaultSchema           = "public"
+	DefaultTable            = "processed_messages"
+	DefaultCleanupInterval  = time.Minute
+	DefaultCleanupBatchSize = 1000
+)
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.Schema == "" {
+		c.Schema = DefaultSchema
+	}
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	if c.Retention == 0 {
+		c.Retention = dedup.DefaultRetention
+	}
+	if c.CleanupInterval == 0 {
+		c.CleanupInterval = DefaultCleanupInterval
+	}
+	if c.CleanupBatchSize == 0 {
+		c.CleanupBatchSize = DefaultCleanupBatchSize
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// ErrInvalidConfig is matched by the errors New returns for a bad Config.
+var ErrInvalidConfig = errors.New("pgdedup: invalid configuration")
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+func validIdent(field, s string, max int) error {
+	if !identRE.MatchString(s) || len(s) > max {
+		return fmt.Errorf("%w: %s %q is not a plain SQL identifier of at most %d bytes", ErrInvalidConfig, field, s, max)
+	}
+	return nil
+}
+
+// Store is the PostgreSQL deduplication store of the transactional path. It
+// implements dedup.TxStore[pgx.Tx]. It is safe for concurrent use.
+type Store struct {
+	db  DB
+	cfg Config
+	q   queries
+}
+
+var _ dedup.TxStore[pgx.Tx] = (*Store)(nil)
+
+// New returns a Store over db. It validates cfg; it does not touch the
+// database (call Migrate, or apply the SQL of Migrations yourself).
+func New(db DB, cfg Config) (*Store, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: nil DB", ErrInvalidConfig)
+	}
+	cfg = cfg.WithDefaults()
+	if err := validIdent("Schema", cfg.Schema, 63); err != nil {
+		return nil, err
+	}
+	if err := validIdent("Table", cfg.Table, 50); err != nil {
+		return nil, err
+	}
+	if cfg.Retention < time.Second {
+		return nil, fmt.Errorf("%w: Retention %s is below 1s", ErrInvalidConfig, cfg.Retention)
+	}
+	if cfg.CleanupInterval < 0 || cfg.CleanupBatchSize < 1 {
+		return nil, fmt.Errorf("%w: CleanupInterval must not be negative and CleanupBatchSize must be positive", ErrInvalidConfig)
+	}
+	return &Store{db: db, cfg: cfg, q: newQueries(cfg.Schema, cfg.Table)}, nil
+}
+
+// Config returns the store's configuration with defaults applied.
+func (s *Store) Config() Config { return s.cfg }
+
+// Begin implements dedup.TxStore. It starts a READ COMMITTED transaction
+// (the default), which Claim relies on to see concurrent commits.
+func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(ctx) }
+
+// Commit implements dedup.TxStore. pgx.ErrTxCommitRollback (the transaction
+// had failed and was rolled back) is returned as an error like any other.
+func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) }
+
+// Rollback implements dedup.TxStore; it is safe after Commit.
+func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error {
+	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return err
+	}
+	return nil
+}
+
+// Savepoint implements dedup.TxStore, releasing the previous savepoint in
+// the same round trip.
+func (s *Store) Savepoint(ctx context.Context, tx pgx.Tx, releasePrevious bool) error {
+	sql := "SAVEPOINT idemq_msg"
+	if releasePrevious {
+		sql = "RELEASE SAVEPOINT idemq_msg; SAVEPOINT idemq_msg"
+	}
+	_, err := tx.Exec(ctx, sql)
+	return err
+}
+
+// RollbackToSavepoint implements dedup.TxStore.
+func (s *Store) RollbackToSavepoint(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT idemq_msg")
+	return err
+}
+
+// Claim implements dedup.TxStore. New keys are inserted in ascending key
+// order in one statement, so concurrent batches lock them in the same order.
+// A key held by a concurrent uncommitted transaction makes the statement wait
+// for that transaction's outcome. An expired record (older than Retention,
+// not yet deleted by the janitor) counts as absent and is claimed anew.
+func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, error) {
+	return s.claim(ctx, tx, scope, recs)
+}
+
+// Unclaim implements dedup.TxStore.
+func (s *Store) Unclaim(ctx context.Context, tx pgx.Tx, scope, key string) error {
+	_, err := tx.Exec(ctx, s.q.unclaim, scope, key)
+	return err
+}
+
+// MarkProcessedTx records key as processed in a transaction the caller owns,
+// for code that runs its own transactions instead of a Runner:
+//
+//	tx, _ := pool.Begin(ctx)
+//	defer tx.Rollback(ctx)
+//	state, err := store.MarkProcessedTx(ctx, tx, "billing", key, body)
+//	if err != nil { return err }             // includes *dedup.MismatchError
+//	if state == dedup.StateDone { return nil } // duplicate: skip the effect
+//	... business writes in tx ...
+//	return tx.Commit(ctx)
+//
+// It returns dedup.StateNew when the caller must perform the effect in tx,
+// dedup.StateDone for a duplicate, and a *dedup.MismatchError (matching
+// dedup.ErrPayloadMismatch) when key was processed with another payload.
+func (s *Store) MarkProcessedTx(ctx context.Context, tx pgx.Tx, scope, key string, payload []byte) (dedup.State, error) {
+	rec := dedup.Record{Key: key, PayloadHash: dedup.HashPayload(payload)}
+	claims, err := s.claim(ctx, tx, scope, []dedup.Record{rec})
+	if err != nil {
+		return 0, err
+	}
+	c := claims[0]
+	if c.State == dedup.StateMismatch {
+		return c.State, &dedup.MismatchError{Scope: scope, Key: key, Stored: c.StoredHash, Received: rec.PayloadHash}
+	}
+	return c.State, nil
+}
+
+// Inspect returns the record of key in scope, or dedup.ErrNotFound.
+func (s *Store) Inspect(ctx context.Context, scope, key string) (dedup.Entry, error) {
+	return s.InspectTx(ctx, s.db, scope, key)
+}
+
+// InspectTx is Inspect inside the caller's transaction or connection.
+func (s *Store) InspectTx(ctx context.Context, db DBTX, scope, key string) (dedup.Entry, error) {
+	e := dedup.Entry{Scope: scope, Key: key}
+	var hash []byte
+	err := db.QueryRow(ctx, s.q.inspect, scope, key).Scan(&hash, &e.ProcessedAt, &e.ExpiresAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return e, dedup.ErrNotFound
+	}
+	if err != nil {
+		return e, fmt.Errorf("pgdedup: inspect %q: %w", key, err)
+	}
+	if e.PayloadHash, err = dedup.HashFromBytes(hash); err != nil {
+		return e, err
+	}
+	return e, nil
+}
+
+// Purge deletes the record of key in scope, so that its next delivery runs
+// the handler again. It reports whether a record existed.
+func (s *Store) Purge(ctx context.Context, scope, key string) (bool, error) {
+	tag, err := s.db.Exec(ctx, s.q.unclaim, scope, key)
+	if err != nil {
+		return false, fmt.Errorf("pgdedup: purge %q: %w", key, err)
+	}
+	return tag.RowsAffected() > 0, nil
+}
