@@ -1,0 +1,397 @@
+package pgdedup_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/testenv"
+)
+
+// newStore returns a migrated store in a fresh schema and its pool.
+func newStore(t *testing.T, cfg pgdedup.Config) (*pgdedup.Store, *pgxpool.Pool) {
+	t.Helper()
+	url := testenv.DatabaseURL(t)
+	cfg.Schema = testenv.Schema(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := pgdedup.New(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return store, pool
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func rec(key, body string) dedup.Record {
+	return dedup.Record{Key: key, PayloadHash: dedup.HashPayload([]byte(body))}
+}
+
+// claimCommit claims recs in a new transaction and commits it.
+func claimCommit(t *testing.T, s *pgdedup.Store, scope string, recs ...dedup.Record) []dedup.Claim {
+	t.Helper()
+	ctx := testCtx(t)
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Rollback(ctx, tx)
+	cs, err := s.Claim(ctx, tx, scope, recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+func states(cs []dedup.Claim) string {
+	parts := make([]string, len(cs))
+	for i, c := range cs {
+		parts[i] = c.Key + "=" + c.State.String()
+	}
+	return strings.Join(parts, " ")
+}
+
+func TestNewRejectsNonIdentifiers(t *testing.T) {
+	bad := []pgdedup.Config{
+		{Table: `processed_messages; DROP TABLE accounts; --`},
+		{Table: `"quoted"`},
+		{Schema: `public.other`},
+		{Schema: `1abc`},
+		{Table: strings.Repeat("t", 51)},
+		{Retention: time.Millisecond},
+		{CleanupBatchSize: -1},
+	}
+	for _, cfg := range bad {
+		_, err := pgdedup.New(&pgxpool.Pool{}, cfg)
+		if !errors.Is(err, pgdedup.ErrInvalidConfig) {
+			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", cfg, err)
+		}
+	}
+	if _, err := pgdedup.New(nil, pgdedup.Config{}); !errors.Is(err, pgdedup.ErrInvalidConfig) {
+		t.Errorf("New(nil) = %v, want ErrInvalidConfig", err)
+	}
+	if _, err := pgdedup.New(&pgxpool.Pool{}, pgdedup.Config{Schema: "Tenant_1", Table: "Seen"}); err != nil {
+		t.Errorf("New with mixed-case identifiers: %v", err)
+	}
+}
+
+func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
+	store, pool := newStore(t, pgdedup.Config{Table: "Mixed_Case"})
+	ctx := testCtx(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Go(func() { errs <- store.Migrate(ctx) })
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent Migrate: %v", err)
+		}
+	}
+	var n int
+	schema := store.Config().Schema
+	err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "Mixed_Case_migrations"}.Sanitize()).Scan(&n)
+	if err != nil || n != 1 {
+		t.Fatalf("migrations applied = %d, %v; want 1", n, err)
+	}
+	var idx int
+	err = pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname = 'Mixed_Case_expires_at_idx'`, schema).Scan(&idx)
+	if err != nil || idx != 1 {
+		t.Fatalf("expiry index = %d, %v; want 1", idx, err)
+	}
+	sql, err := store.MigrationSQL()
+	if err != nil || !strings.Contains(sql, `"Mixed_Case"`) || strings.Contains(sql, "EXISTS processed_messages") {
+		t.Fatalf("MigrationSQL not rendered for the configured table: %v\n%s", err, sql)
+	}
+}
+
+func TestClaimStates(t *testing.T) {
+	store, _ := newStore(t, pgdedup.Config{})
+	got := claimCommit(t, store, "s", rec("b", "1"), rec("a", "1"))
+	if states(got) != "b=new a=new" {
+		t.Fatalf("first claim: %s", states(got))
+	}
+	got = claimCommit(t, store, "s", rec("a", "1"), rec("c", "1"), rec("b", "other"))
+	if states(got) != "a=done c=new b=mismatch" {
+		t.Fatalf("second claim: %s", states(got))
+	}
+	if got[2].StoredHash != dedup.HashPayload([]byte("1")) {
+		t.Fatalf("mismatch does not report the stored hash")
+	}
+	// Scopes are independent.
+	if got := claimCommit(t, store, "other-scope", rec("a", "1")); got[0].State != dedup.StateNew {
+		t.Fatalf("claim in another scope: %s", states(got))
+	}
+}
+
+func TestClaimRollbackLeavesNoRecord(t *testing.T) {
+	store, _ := newStore(t, pgdedup.Config{})
+	ctx := testCtx(t)
+	tx, err := store.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Claim(ctx, tx, "s", []dedup.Record{rec("k", "x")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Rollback(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Inspect(ctx, "s", "k"); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("Inspect after rollback = %v, want ErrNotFound", err)
+	}
+}
+
+func TestUnclaimAfterSavepointRollback(t *testing.T) {
+	store, _ := newStore(t, pgdedup.Config{})
+	ctx := testCtx(t)
+	tx, err := store.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Rollback(ctx, tx)
+	if _, err := store.Claim(ctx, tx, "s", []dedup.Record{rec("keep", "x"), rec("drop", "y")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Savepoint(ctx, tx, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Savepoint(ctx, tx, true); err != nil {
+		t.Fatal(err)
+	}
+	// A failing statement aborts the transaction up to the savepoint.
+	if _, err := tx.Exec(ctx, "SELECT 1/0"); err == nil {
+		t.Fatal("division by zero succeeded")
+	}
+	if err := store.RollbackToSavepoint(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Unclaim(ctx, tx, "s", "drop"); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Commit(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Inspect(ctx, "s", "keep"); err != nil {
+		t.Fatalf("kept record: %v", err)
+	}
+	if _, err := store.Inspect(ctx, "s", "drop"); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("unclaimed record: %v, want ErrNotFound", err)
+	}
+}
+
+// TestConcurrentClaimWaitsForOutcome: a second transaction claiming a key
+// held by an uncommitted first one waits, then sees the first's outcome.
+func TestConcurrentClaimWaitsForOutcome(t *testing.T) {
+	for _, commit := range []bool{true, false} {
+		t.Run(fmt.Sprintf("commit=%v", commit), func(t *testing.T) {
+			store, _ := newStore(t, pgdedup.Config{})
+			ctx := testCtx(t)
+			first, err := store.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer store.Rollback(ctx, first)
+			if _, err := store.Claim(ctx, first, "s", []dedup.Record{rec("k", "x")}); err != nil {
+				t.Fatal(err)
+			}
+
+			result := make(chan dedup.Claim, 1)
+			go func() {
+				tx, err := store.Begin(ctx)
+				if err != nil {
+					t.Error(err)
+					result <- dedup.Claim{}
+					return
+				}
+				defer store.Rollback(ctx, tx)
+				cs, err := store.Claim(ctx, tx, "s", []dedup.Record{rec("k", "x")})
+				if err != nil {
+					t.Error(err)
+					result <- dedup.Claim{}
+					return
+				}
+				result <- cs[0]
+			}()
+			select {
+			case c := <-result:
+				t.Fatalf("second claim returned %v while the first transaction is open", c.State)
+			case <-time.After(300 * time.Millisecond):
+			}
+			if commit {
+				err = store.Commit(ctx, first)
+			} else {
+				err = store.Rollback(ctx, first)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := dedup.StateNew
+			if commit {
+				want = dedup.StateDone
+			}
+			if c := <-result; c.State != want {
+				t.Fatalf("second claim = %v, want %v", c.State, want)
+			}
+		})
+	}
+}
+
+// TestCrossedBatchesDoNotDeadlock: batches with the same keys in opposite
+// order lock them in one order.
+func TestCrossedBatchesDoNotDeadlock(t *testing.T) {
+	store, _ := newStore(t, pgdedup.Config{})
+	ctx := testCtx(t)
+	keys := make([]dedup.Record, 50)
+	for i := range keys {
+		keys[i] = rec(fmt.Sprintf("k%03d", i), "x")
+	}
+	reversed := make([]dedup.Record, len(keys))
+	for i := range keys {
+		reversed[len(keys)-1-i] = keys[i]
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	newCount := 0
+	for w := range 8 {
+		batch := keys
+		if w%2 == 1 {
+			batch = reversed
+		}
+		wg.Go(func() {
+			tx, err := store.Begin(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer store.Rollback(ctx, tx)
+			cs, err := store.Claim(ctx, tx, "s", batch)
+			if err != nil {
+				t.Errorf("claim: %v", err)
+				return
+			}
+			if err := store.Commit(ctx, tx); err != nil {
+				t.Errorf("commit: %v", err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, c := range cs {
+				if c.State == dedup.StateNew {
+					newCount++
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if newCount != len(keys) {
+		t.Fatalf("%d keys claimed as new across 8 batches, want %d (each exactly once)", newCount, len(keys))
+	}
+}
+
+func TestExpiredRecordIsClaimedAgainAndCleanedUp(t *testing.T) {
+	store, pool := newStore(t, pgdedup.Config{CleanupBatchSize: 2})
+	ctx := testCtx(t)
+	claimCommit(t, store, "s", rec("old1", "x"), rec("old2", "x"), rec("old3", "x"), rec("fresh", "x"))
+	table := pgx.Identifier{store.Config().Schema, "processed_messages"}.Sanitize()
+	if _, err := pool.Exec(ctx, `UPDATE `+table+` SET expires_at = now() - interval '1 second' WHERE key LIKE 'old%'`); err != nil {
+		t.Fatal(err)
+	}
+	if got := claimCommit(t, store, "s", rec("old1", "new payload")); got[0].State != dedup.StateNew {
+		t.Fatalf("claim of an expired key = %v, want new", got[0].State)
+	}
+	n, err := store.Cleanup(ctx)
+	if err != nil || n != 2 {
+		t.Fatalf("Cleanup = %d, %v; want 2 (old2, old3)", n, err)
+	}
+	for key, want := range map[string]error{"old1": nil, "old2": dedup.ErrNotFound, "fresh": nil} {
+		if _, err := store.Inspect(ctx, "s", key); !errors.Is(err, want) {
+			t.Errorf("Inspect(%s) = %v, want %v", key, err, want)
+		}
+	}
+}
+
+func TestCleanupSkipsLockedRows(t *testing.T) {
+	store, pool := newStore(t, pgdedup.Config{})
+	ctx := testCtx(t)
+	claimCommit(t, store, "s", rec("a", "x"), rec("b", "x"))
+	table := pgx.Identifier{store.Config().Schema, "processed_messages"}.Sanitize()
+	if _, err := pool.Exec(ctx, `UPDATE `+table+` SET expires_at = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+table+` WHERE key = 'a' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n, err := store.Cleanup(cctx)
+	if err != nil || n != 1 {
+		t.Fatalf("Cleanup with a locked row = %d, %v; want 1 without waiting", n, err)
+	}
+}
+
+func TestMarkProcessedTx(t *testing.T) {
+	store, _ := newStore(t, pgdedup.Config{})
+	ctx := testCtx(t)
+	mark := func(body string) (dedup.State, error) {
+		tx, err := store.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		st, err := store.MarkProcessedTx(ctx, tx, "own", "order-1", []byte(body))
+		if err == nil {
+			err = tx.Commit(ctx)
+		}
+		return st, err
+	}
+	if st, err := mark("a"); st != dedup.StateNew || err != nil {
+		t.Fatalf("first = %v, %v", st, err)
+	}
+	if st, err := mark("a"); st != dedup.StateDone || err != nil {
+		t.Fatalf("second = %v, %v", st, err)
+	}
+	var mm *dedup.MismatchError
+	if _, err := mark("b"); !errors.As(err, &mm) || !errors.Is(err, dedup.ErrPayloadMismatch) {
+		t.Fatalf("different payload = %v, want *MismatchError", err)
+	}
+	e, err := store.Inspect(ctx, "own", "order-1")
+	if err != nil || e.PayloadHash != dedup.HashPayload([]byte("a")) || !e.ExpiresAt.After(e.ProcessedAt) {
+		t.Fatalf("Inspect = %+v, %v", e, err)
+	}
+	if ok, err := store.Purge(ctx, "own", "order-1"); !ok || err != nil {
+		t.Fatalf("Purge = %v, %v", ok, err)
+	}
+}
