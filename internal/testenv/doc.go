@@ -1,0 +1,27 @@
+// Package testenv tells tests where the real services they need are running:
+// PostgreSQL, Redis, RabbitMQ, Apache Kafka and an SQS-compatible server
+// (ElasticMQ).
+//
+// Each address getter (DatabaseURL, RedisURL, AMQPURL, KafkaBrokers,
+// SQSEndpoint) resolves its service in this order:
+//
+//  1. the environment variable (TEST_DATABASE_URL, TEST_REDIS_URL,
+//     TEST_AMQP_URL, TEST_KAFKA_BROKERS, TEST_SQS_ENDPOINT), used as given;
+//  2. the env file that testdata/services/services.sh writes into its state
+//     directory (${IDEMQ_SERVICES_DIR:-$HOME/.cache/idemq/services}/env),
+//     if the address there answers;
+//  3. the default loopback address, if it answers;
+//  4. a container started through testcontainers-go, when a Docker engine
+//     answers (once per test process, on the same fixed loopback port;
+//     testcontainers' reaper removes it when the process ends);
+//  5. otherwise the test fails with a message that says to run
+//     `make services`. A missing service is never a silent skip.
+//
+// Restart, Stop and Start run services.sh to bounce one service on the same
+// port and data directory, for reconnect tests. Schema and SchemaURL give
+// each test its own PostgreSQL schema, dropped when the test ends, so that
+// test packages running in parallel against one database do not collide.
+//
+// The package is for idemq's own tests; it lives under internal/ so that no
+// user imports it.
+package testenv
