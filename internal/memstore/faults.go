@@ -1,0 +1,96 @@
+package memstore
+
+import "fmt"
+
+// Op names an operation a Fault can fail.
+type Op int
+
+// Operations that can fail.
+const (
+	// OpBegin fails Begin.
+	OpBegin Op = iota + 1
+	// OpClaim fails Claim before it claims anything.
+	OpClaim
+	// OpCommit fails Commit: the transaction is rolled back, or, with
+	// Fault.Applied, committed although Commit returns the error.
+	OpCommit
+)
+
+// String returns the operation's name.
+func (o Op) String() string {
+	switch o {
+	case OpBegin:
+		return "begin"
+	case OpClaim:
+		return "claim"
+	case OpCommit:
+		return "commit"
+	}
+	return fmt.Sprintf("Op(%d)", int(o))
+}
+
+// Fault scripts failures of an operation.
+type Fault struct {
+	// Op is the operation that fails.
+	Op Op
+	// Err is the error returned (wrapped). Defaults to ErrInjected.
+	Err error
+	// Times is how many calls of Op fail. Zero means 1; negative means
+	// every call until ClearFaults.
+	Times int
+	// Applied, for OpCommit, makes the commit happen although Commit returns
+	// the error: the outcome a client sees when the connection drops after
+	// the server committed. The caller must then not acknowledge, and the
+	// redelivery must be recognised as a duplicate.
+	Applied bool
+}
+
+// activeFault is an injected Fault with the calls it still fails.
+type activeFault struct {
+	Fault
+	remaining int // < 0: unlimited
+}
+
+func (f *activeFault) err() error {
+	if f.Err != nil {
+		return f.Err
+	}
+	return ErrInjected
+}
+
+// Inject schedules f. Faults for the same Op are used in the order they were
+// injected. Safe for concurrent use.
+func (s *Store) Inject(f Fault) {
+	n := f.Times
+	if n == 0 {
+		n = 1
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = append(s.faults, &activeFault{Fault: f, remaining: n})
+}
+
+// ClearFaults removes every scheduled fault.
+func (s *Store) ClearFaults() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = nil
+}
+
+// takeFault returns the first fault scheduled for op and uses up one of its
+// calls, or returns nil. s.mu is held.
+func (s *Store) takeFault(op Op) *activeFault {
+	for i, f := range s.faults {
+		if f.Op != op {
+			continue
+		}
+		if f.remaining > 0 {
+			f.remaining--
+			if f.remaining == 0 {
+				s.faults = append(s.faults[:i:i], s.faults[i+1:]...)
+			}
+		}
+		return f
+	}
+	return nil
+}
