@@ -1,0 +1,25 @@
+// Package deduptest is the conformance suite that every idemq deduplication
+// store runs against a real server: RunTxStore for the stores of the
+// transactional path (dedup.TxStore, such as dedup/pgdedup) and
+// RunLeaseStore for the stores of the lease path (dedup.LeaseStore, such as
+// dedup/redisdedup).
+//
+// A store's test calls the suite with a constructor:
+//
+//	func TestConformance(t *testing.T) {
+//		deduptest.RunLeaseStore(t, func(t *testing.T) dedup.LeaseStore {
+//			return newStore(t) // a store on the real server, closed with t.Cleanup
+//		})
+//	}
+//
+// The suite checks the properties the runner relies on: duplicate detection,
+// a concurrent claim race with exactly one winner, expiry (of leases and of
+// retained records), payload mismatch, release of a failed attempt, token
+// guards on the lease path and savepoint semantics on the transactional path.
+// Every subtest runs in parallel with the others, on its own scope with
+// unique keys, so several packages can share one server; each is bounded by
+// a deadline, so a store that blocks fails instead of hanging.
+//
+// The suite waits for expiry by polling with a deadline and asserts on
+// outcomes, never on durations, so a slow machine makes it slower, not flaky.
+package deduptest

@@ -1,0 +1,71 @@
+// Package redisdedup is the Redis store of idemq's lease path: a
+// dedup.LeaseStore for effects that cannot join a database transaction
+// (emails, SMS, webhooks, payment vendors), built on go-redis v9.
+//
+//	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+//	store, err := redisdedup.New(rdb, redisdedup.Config{})
+//	...
+//	path := consumer.Leased(store, handler, consumer.LeaseOptions{Lease: 30 * time.Second})
+//
+// New accepts a redis.UniversalClient, so a single node, a Sentinel-managed
+// primary (redis.NewFailoverClient) and a Cluster (redis.NewClusterClient)
+// all work. It needs Redis 6.2 or newer, or a compatible server.
+//
+// # Data model
+//
+// Each key is one Redis hash named Prefix + "{" + scope + ":" + key + "}"
+// (for example "idemq:{notify:order-42}"). The braces are a Cluster hash tag,
+// so everything about one key lives in one slot; ':', '{', '}' and '%' in the
+// scope, and '}' and '%' in the key, are percent-escaped so that no two
+// (scope, key) pairs share a name. One read tells the whole state:
+//
+//	absent                          new: nobody holds or completed the key
+//	s=p t=<token> h=<hash> c=<ms>   in progress: token holds a lease; the key's TTL is the lease
+//	s=d t=<token> h=<hash> d=<ms>   done: the TTL is the retention; r holds an optional result
+//
+// Every operation is one Lua script, so it is atomic, and every change after
+// the claim compares the caller's token first (compare-and-set): a worker
+// whose lease expired can neither extend it, mark it done nor release it once
+// another token holds the key. The payload digest is stored at claim time, so
+// the same key with a different payload is reported as a mismatch both while
+// the first copy is in progress and after it is done. Times come from the
+// Redis server's clock, so workers' clocks do not matter.
+//
+// Claim, Refresh, Complete and Release are idempotent for one token: go-redis
+// retries a command whose reply was lost on the network, and the retry finds
+// the state the first try wrote and reports the same outcome.
+//
+// # Guarantee
+//
+// While Redis keeps its data, an effect guarded by this store runs at most
+// once at a time per key (a second delivery finds the lease held and is
+// retried later, never run concurrently), a key marked done is never run
+// again within its retention, and a failed attempt leaves the key free for its
+// retry.
+//
+// # Remaining duplicate window
+//
+// The lease path cannot make the effect and the "done" mark atomic. If the
+// worker crashes, hangs past its lease without refreshing, or loses Redis
+// after the effect happened and before Complete reached Redis, the key is
+// still in progress; when the lease expires, the redelivered message claims
+// it again and the effect runs a second time. The window in which a crash
+// causes a repeat is one Complete round trip (well under a millisecond on a
+// local network); the repeat happens up to one lease after the crash. The
+// tests of consumer.Leased demonstrate it (TestLeaseCrashWindow).
+//
+// Close the window downstream: the runner hands the handler a stable key,
+// consumer.DedupKey(ctx), the same on every attempt. Send it to the
+// downstream system as its idempotency key (sinks/webhook sends it as an
+// Idempotency-Key header), and the repetition is absorbed there.
+//
+// Redis durability widens the window. Without persistence (no AOF, no RDB), a
+// Redis restart forgets every lease and every done record: messages
+// redelivered afterwards run their effects again (with the same key, so a
+// downstream that deduplicates still absorbs them). With appendonly yes and
+// appendfsync everysec, up to a second of writes can be lost in a crash.
+// Replication is asynchronous: after a Sentinel or Cluster failover, writes the
+// old primary had not yet replicated are lost in the same way. Effects that
+// must never repeat belong on the transactional path, or must carry the key
+// downstream.
+package redisdedup

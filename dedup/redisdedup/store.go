@@ -1,0 +1,326 @@
+package redisdedup
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// Default values used by Config.WithDefaults.
+const (
+	DefaultPrefix         = "idemq:"
+	DefaultMaxResultBytes = 4 << 10
+)
+
+// Sentinel errors of the store. Match them with errors.Is.
+var (
+	// ErrInvalidConfig is matched by the errors of New for an unusable
+	// client or Config.
+	ErrInvalidConfig = errors.New("redisdedup: invalid configuration")
+	// ErrInvalidArgument is matched by the errors of calls with an empty
+	// key or token, a non-positive duration or an oversized result. Such a
+	// call does not reach Redis.
+	ErrInvalidArgument = errors.New("redisdedup: invalid argument")
+)
+
+// Config configures a Store. The zero value is usable.
+type Config struct {
+	// Prefix starts the name of every Redis key the store writes, so that
+	// several applications can share one Redis. It must not contain '{' or
+	// '}': the store's own hash tag follows it. Defaults to "idemq:".
+	Prefix string
+
+	// MaxResultBytes is the largest result CompleteWithResult accepts.
+	// Results live in Redis memory for the whole retention, so keep them
+	// small: a downstream id, a status. Defaults to 4096 (4 KiB).
+	MaxResultBytes int
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.MaxResultBytes == 0 {
+		c.MaxResultBytes = DefaultMaxResultBytes
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case strings.ContainsAny(c.Prefix, "{}"):
+		return fmt.Errorf("%w: Prefix %q contains '{' or '}'", ErrInvalidConfig, c.Prefix)
+	case c.MaxResultBytes < 0:
+		return fmt.Errorf("%w: MaxResultBytes must not be negative", ErrInvalidConfig)
+	}
+	return nil
+}
+
+// Store is a dedup.LeaseStore in Redis. It is safe for concurrent use by
+// multiple goroutines and by many processes sharing one Redis: every
+// operation is a single atomic script on one key.
+type Store struct {
+	rdb redis.UniversalClient
+	cfg Config
+}
+
+var _ dedup.LeaseStore = (*Store)(nil)
+
+// New returns a Store that keeps its records in rdb: a *redis.Client, a
+// Sentinel failover client or a *redis.ClusterClient. It validates cfg after
+// WithDefaults and does not contact Redis. The caller keeps ownership of rdb
+// and closes it after the last use of the Store.
+func New(rdb redis.UniversalClient, cfg Config) (*Store, error) {
+	if rdb == nil {
+		return nil, fmt.Errorf("%w: nil Redis client", ErrInvalidConfig)
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Store{rdb: rdb, cfg: cfg}, nil
+}
+
+// Config returns the store's configuration with defaults applied.
+func (s *Store) Config() Config { return s.cfg }
+
+// Claim takes the lease on rec.Key in scope for token, for the given
+// duration (rounded up to a whole millisecond), if the key is neither held
+// nor done. It reports:
+//
+//   - StateNew: token now holds the lease. A repeated Claim by the token that
+//     already holds the lease extends it and reports StateNew again.
+//   - StateDone: the key was completed with the same payload digest.
+//   - StateMismatch: the key is held or done with a different payload
+//     digest, which Claim.StoredHash carries.
+//   - StateInProgress: another token holds a live lease.
+//
+// Claim.ProcessedAt is the completion time for StateDone, the time of the
+// holder's claim for StateInProgress, and the time of whichever applies for
+// StateMismatch (server clock, millisecond precision).
+func (s *Store) Claim(ctx context.Context, scope string, rec dedup.Record, token string, lease time.Duration) (dedup.Claim, error) {
+	ms, err := checkArgs(rec.Key, token, "lease", lease)
+	if err != nil {
+		return dedup.Claim{}, fmt.Errorf("redisdedup: claim: %w", err)
+	}
+	res, err := claimScript.Run(ctx, s.rdb, []string{s.RedisKey(scope, rec.Key)}, token, rec.PayloadHash.String(), ms).Slice()
+	if err != nil {
+		return dedup.Claim{}, fmt.Errorf("redisdedup: claim %q: %w", rec.Key, err)
+	}
+	if len(res) != 4 {
+		return dedup.Claim{}, fmt.Errorf("redisdedup: claim %q: unexpected reply %v", rec.Key, res)
+	}
+	state, _ := res[0].(string)
+	storedHex, _ := res[1].(string)
+	at, _ := res[2].(int64)
+
+	c := dedup.Claim{Key: rec.Key}
+	switch state {
+	case "new":
+		c.State = dedup.StateNew
+		return c, nil
+	case "done":
+		c.State = dedup.StateDone
+	case "mismatch":
+		c.State = dedup.StateMismatch
+	case "busy":
+		c.State = dedup.StateInProgress
+	default:
+		return dedup.Claim{}, fmt.Errorf("redisdedup: claim %q: unexpected state %q", rec.Key, state)
+	}
+	if c.StoredHash, err = parseHash(storedHex); err != nil {
+		return dedup.Claim{}, fmt.Errorf("redisdedup: claim %q: %w", rec.Key, err)
+	}
+	if at > 0 {
+		c.ProcessedAt = time.UnixMilli(at)
+	}
+	return c, nil
+}
+
+// Refresh extends the lease token holds on key to the given duration from
+// now. It returns an error matching dedup.ErrLeaseLost when token no longer
+// holds the key (the lease expired, was released, or the key is done).
+func (s *Store) Refresh(ctx context.Context, scope, key, token string, lease time.Duration) error {
+	ms, err := checkArgs(key, token, "lease", lease)
+	if err != nil {
+		return fmt.Errorf("redisdedup: refresh: %w", err)
+	}
+	n, err := refreshScript.Run(ctx, s.rdb, []string{s.RedisKey(scope, key)}, token, ms).Int64()
+	if err != nil {
+		return fmt.Errorf("redisdedup: refresh %q: %w", key, err)
+	}
+	if n != 1 {
+		return fmt.Errorf("redisdedup: refresh %q: %w", key, dedup.ErrLeaseLost)
+	}
+	return nil
+}
+
+// Complete marks key done under token and keeps the record for retention
+// (rounded up to a whole millisecond). It returns an error matching
+// dedup.ErrLeaseLost when token does not hold the key; the effect's outcome
+// must then be treated as unknown. Completing a key token already completed
+// succeeds again without changing it.
+func (s *Store) Complete(ctx context.Context, scope, key, token string, retention time.Duration) error {
+	return s.complete(ctx, scope, key, token, retention, nil, false)
+}
+
+// CompleteWithResult is Complete that also stores result (at most
+// Config.MaxResultBytes) with the record, for Result to return to later
+// deliveries of the key: a downstream id, a status. Larger results fail with
+// ErrInvalidArgument before reaching Redis.
+func (s *Store) CompleteWithResult(ctx context.Context, scope, key, token string, retention time.Duration, result []byte) error {
+	if len(result) > s.cfg.MaxResultBytes {
+		return fmt.Errorf("redisdedup: complete %q: %w: result has %d bytes, limit %d",
+			key, ErrInvalidArgument, len(result), s.cfg.MaxResultBytes)
+	}
+	return s.complete(ctx, scope, key, token, retention, result, true)
+}
+
+func (s *Store) complete(ctx context.Context, scope, key, token string, retention time.Duration, result []byte, withResult bool) error {
+	ms, err := checkArgs(key, token, "retention", retention)
+	if err != nil {
+		return fmt.Errorf("redisdedup: complete: %w", err)
+	}
+	args := []any{token, ms, "0"}
+	if withResult {
+		args = []any{token, ms, "1", result}
+	}
+	n, err := completeScript.Run(ctx, s.rdb, []string{s.RedisKey(scope, key)}, args...).Int64()
+	if err != nil {
+		return fmt.Errorf("redisdedup: complete %q: %w", key, err)
+	}
+	if n != 1 {
+		return fmt.Errorf("redisdedup: complete %q: %w", key, dedup.ErrLeaseLost)
+	}
+	return nil
+}
+
+// Release deletes the lease token holds on key after a failed effect, so
+// that a retry can claim the key at once. If token does not hold the key
+// (its lease expired, another token holds it, or it is done), Release changes
+// nothing and returns nil.
+func (s *Store) Release(ctx context.Context, scope, key, token string) error {
+	if key == "" || token == "" {
+		return fmt.Errorf("redisdedup: release: %w: empty key or token", ErrInvalidArgument)
+	}
+	if err := releaseScript.Run(ctx, s.rdb, []string{s.RedisKey(scope, key)}, token).Err(); err != nil {
+		return fmt.Errorf("redisdedup: release %q: %w", key, err)
+	}
+	return nil
+}
+
+// Inspect returns what the store holds for key in scope: the payload digest,
+// whether a lease is in progress (and until when), when the key was claimed
+// or completed, and when the record expires. It returns an error matching
+// dedup.ErrNotFound if the key is neither held nor done.
+func (s *Store) Inspect(ctx context.Context, scope, key string) (dedup.Entry, error) {
+	res, err := inspectScript.Run(ctx, s.rdb, []string{s.RedisKey(scope, key)}).Slice()
+	if errors.Is(err, redis.Nil) {
+		return dedup.Entry{}, fmt.Errorf("redisdedup: inspect %q: %w", key, dedup.ErrNotFound)
+	}
+	if err != nil {
+		return dedup.Entry{}, fmt.Errorf("redisdedup: inspect %q: %w", key, err)
+	}
+	if len(res) != 6 {
+		return dedup.Entry{}, fmt.Errorf("redisdedup: inspect %q: unexpected reply %v", key, res)
+	}
+	state, _ := res[0].(string)
+	storedHex, _ := res[1].(string)
+	claimed, _ := res[2].(int64)
+	done, _ := res[3].(int64)
+	ttl, _ := res[4].(int64)
+	now, _ := res[5].(int64)
+
+	e := dedup.Entry{Scope: scope, Key: key}
+	if e.PayloadHash, err = parseHash(storedHex); err != nil {
+		return dedup.Entry{}, fmt.Errorf("redisdedup: inspect %q: %w", key, err)
+	}
+	var expires time.Time
+	if ttl >= 0 {
+		expires = time.UnixMilli(now + ttl)
+	}
+	switch state {
+	case "p":
+		e.InProgress = true
+		e.ProcessedAt = time.UnixMilli(claimed)
+		e.LeaseUntil = expires
+		e.ExpiresAt = expires
+	case "d":
+		e.ProcessedAt = time.UnixMilli(done)
+		e.ExpiresAt = expires
+	default:
+		return dedup.Entry{}, fmt.Errorf("redisdedup: inspect %q: unexpected state %q", key, state)
+	}
+	return e, nil
+}
+
+// Result returns the result stored with key by CompleteWithResult, or nil if
+// the key was completed without one. It returns an error matching
+// dedup.ErrNotFound unless the key is done.
+func (s *Store) Result(ctx context.Context, scope, key string) ([]byte, error) {
+	vals, err := s.rdb.HMGet(ctx, s.RedisKey(scope, key), "s", "r").Result()
+	if err != nil {
+		return nil, fmt.Errorf("redisdedup: result %q: %w", key, err)
+	}
+	if state, _ := vals[0].(string); state != "d" {
+		return nil, fmt.Errorf("redisdedup: result %q: %w", key, dedup.ErrNotFound)
+	}
+	r, ok := vals[1].(string)
+	if !ok {
+		return nil, nil
+	}
+	return []byte(r), nil
+}
+
+// RedisKey returns the name of the Redis hash that holds key in scope, for
+// operators inspecting Redis by hand (see the package documentation for its
+// layout). The name embeds a Cluster hash tag covering scope and key.
+func (s *Store) RedisKey(scope, key string) string {
+	var b strings.Builder
+	b.Grow(len(s.cfg.Prefix) + len(scope) + len(key) + 3)
+	b.WriteString(s.cfg.Prefix)
+	b.WriteByte('{')
+	scopeEscaper.WriteString(&b, scope) //nolint:errcheck // strings.Builder never fails
+	b.WriteByte(':')
+	keyEscaper.WriteString(&b, key) //nolint:errcheck // strings.Builder never fails
+	b.WriteByte('}')
+	return b.String()
+}
+
+// The escaped scope contains no ':', so the first ':' after '{' ends it; the
+// escaped key contains no '}', so the hash tag spans scope and key. '%' is
+// escaped in both, which makes the encoding injective.
+var (
+	scopeEscaper = strings.NewReplacer("%", "%25", ":", "%3A", "{", "%7B", "}", "%7D")
+	keyEscaper   = strings.NewReplacer("%", "%25", "}", "%7D")
+)
+
+// checkArgs validates the common arguments and converts d to milliseconds,
+// rounding up.
+func checkArgs(key, token, what string, d time.Duration) (int64, error) {
+	switch {
+	case key == "":
+		return 0, fmt.Errorf("%w: empty key", ErrInvalidArgument)
+	case token == "":
+		return 0, fmt.Errorf("%w: empty token", ErrInvalidArgument)
+	case d <= 0:
+		return 0, fmt.Errorf("%w: %s %v is not positive", ErrInvalidArgument, what, d)
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond), nil
+}
+
+func parseHash(s string) (dedup.Hash, error) {
+	b, err := hex.DecodeString(s)
+	if err != nil {
+		return dedup.Hash{}, fmt.Errorf("stored payload hash %q: %w", s, err)
+	}
+	return dedup.HashFromBytes(b)
+}
