@@ -241,7 +241,7 @@ fetch_jars() {
 	fi
 	ensure_java
 	log "$svc: fetching jars with mvn (log: $dir/mvn.log)"
-	rm -rf "$dir/lib.tmp"
+	rm -rf "${dir:?}/lib.tmp"
 	cp "$HERE/$svc/pom.xml" "$dir/pom.xml"
 	if ! (cd "$dir" && mvn -B -q -f "$dir/pom.xml" dependency:copy-dependencies \
 		-DincludeScope=runtime -DoutputDirectory="$dir/lib.tmp") >"$dir/mvn.log" 2>&1; then
@@ -249,7 +249,7 @@ fetch_jars() {
 		die "$svc: mvn dependency:copy-dependencies failed"
 	fi
 	echo "$sum" >"$dir/lib.tmp/.complete"
-	rm -rf "$dir/lib"
+	rm -rf "${dir:?}/lib"
 	mv "$dir/lib.tmp" "$dir/lib"
 }
 
