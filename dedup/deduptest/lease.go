@@ -138,11 +138,19 @@ func leasePayloadMismatch(t *testing.T, s dedup.LeaseStore) {
 	tok := newToken()
 	wantState(t, claim(ctx, t, s, scope, rec("k", h1), tok, longLease), dedup.StateNew)
 
-	// While in progress.
+	// While in progress, a store may report the mismatch at once (it knows
+	// the holder's payload) or report the key in progress (the retry then
+	// sees the mismatch once the key is done). Either way the second payload
+	// does not run.
 	c := claim(ctx, t, s, scope, rec("k", h2), newToken(), longLease)
-	wantState(t, c, dedup.StateMismatch)
-	if c.StoredHash != h1 {
-		t.Fatalf("mismatch while in progress: StoredHash %s, want %s", c.StoredHash.Short(), h1.Short())
+	switch c.State {
+	case dedup.StateMismatch:
+		if c.StoredHash != h1 {
+			t.Fatalf("mismatch while in progress: StoredHash %s, want %s", c.StoredHash.Short(), h1.Short())
+		}
+	case dedup.StateInProgress:
+	default:
+		t.Fatalf("claim with another payload while in progress: state %v, want mismatch or in progress", c.State)
 	}
 
 	// After done.

@@ -304,3 +304,19 @@ func TestManyKeysManyWorkers(t *testing.T) {
 		}
 	}
 }
+
+// The payload digest is stored at claim time, so this store reports a
+// mismatch while the first payload is still in progress (the conformance
+// suite also allows "in progress" there).
+func TestMismatchWhileInProgress(t *testing.T) {
+	s, _ := newStore(t, redisdedup.Config{})
+	ctx := testContext(t)
+	scope, h1, h2 := unique("mm"), dedup.HashPayload([]byte("one")), dedup.HashPayload([]byte("two"))
+	if _, err := s.Claim(ctx, scope, dedup.Record{Key: "k", PayloadHash: h1}, token(), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Claim(ctx, scope, dedup.Record{Key: "k", PayloadHash: h2}, token(), time.Minute)
+	if err != nil || c.State != dedup.StateMismatch || c.StoredHash != h1 || c.ProcessedAt.IsZero() {
+		t.Fatalf("claim with another payload while in progress = %+v, %v; want mismatch with the first hash", c, err)
+	}
+}

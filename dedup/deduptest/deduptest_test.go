@@ -1,0 +1,33 @@
+package deduptest_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/deduptest"
+	"github.com/idemq/idemq/internal/memstore"
+)
+
+// The suites check themselves against the in-memory reference store; the
+// real stores run them in their own packages against their servers.
+
+func TestTxStoreSuiteOnMemstore(t *testing.T) {
+	deduptest.RunTxStore(t, func(t *testing.T, retention time.Duration) dedup.TxStore[*memstore.Tx] {
+		s, err := memstore.New(memstore.Config{Retention: retention})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	})
+}
+
+func TestLeaseStoreSuiteOnMemstore(t *testing.T) {
+	deduptest.RunLeaseStore(t, func(t *testing.T) dedup.LeaseStore {
+		s, err := memstore.New(memstore.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Leases()
+	})
+}

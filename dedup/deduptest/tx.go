@@ -1,0 +1,416 @@
+package deduptest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// RunTxStore runs the conformance suite of the transactional path against the
+// stores newStore returns. newStore is called once per subtest with the
+// retention the store must apply (at least one second; the expiry subtest uses two) and must return a
+// store on the real server, ready to use (migrated), whose cleanup is
+// registered with t.Cleanup. Subtests run in parallel, each on its own scope;
+// the concurrent ones hold up to 9 transactions open at once, so the store's
+// connection pool must allow a few connections.
+func RunTxStore[Tx any](t *testing.T, newStore func(t *testing.T, retention time.Duration) dedup.TxStore[Tx]) {
+	t.Helper()
+	tests := []struct {
+		name      string
+		retention time.Duration
+		fn        func(t *testing.T, s dedup.TxStore[Tx])
+	}{
+		{"DuplicateAcrossTransactions", time.Hour, txDuplicates[Tx]},
+		{"RollbackLeavesNoRecord", time.Hour, txRollback[Tx]},
+		{"PayloadMismatch", time.Hour, txMismatch[Tx]},
+		{"UnclaimReleases", time.Hour, txUnclaim[Tx]},
+		{"Savepoints", time.Hour, txSavepoints[Tx]},
+		{"ConcurrentClaimRace", time.Hour, txRace[Tx]},
+		{"ConcurrentClaimRaceWinnerRollsBack", time.Hour, txRaceRollback[Tx]},
+		{"NoDeadlockAcrossKeyOrders", time.Hour, txKeyOrders[Tx]},
+		{"RetentionExpiry", txRetention, txExpiry[Tx]},
+		{"ScopesAndKeysAreSeparate", time.Hour, txScopes[Tx]},
+		{"LargeBatch", time.Hour, txLargeBatch[Tx]},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.fn(t, newStore(t, tc.retention))
+		})
+	}
+}
+
+// txRetention is the retention of the expiry subtest.
+const txRetention = 2 * time.Second
+
+// txHold is how long a winning transaction keeps its claim open before it
+// ends, so that the concurrent claims really wait for it.
+const txHold = 100 * time.Millisecond
+
+// inTx runs fn in a new transaction and commits it if commit is true, else
+// rolls it back. It fails t on any store error.
+func inTx[Tx any](ctx context.Context, t *testing.T, s dedup.TxStore[Tx], commit bool, fn func(tx Tx)) {
+	t.Helper()
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatalf("Begin: %v", err)
+	}
+	defer s.Rollback(context.WithoutCancel(ctx), tx) //nolint:errcheck // safe after Commit
+	fn(tx)
+	if !commit {
+		if err := s.Rollback(ctx, tx); err != nil {
+			t.Fatalf("Rollback: %v", err)
+		}
+		return
+	}
+	if err := s.Commit(ctx, tx); err != nil {
+		t.Fatalf("Commit: %v", err)
+	}
+}
+
+// claimIn claims recs in tx and checks that the answer has one claim per
+// record, in the order of recs.
+func claimIn[Tx any](ctx context.Context, t *testing.T, s dedup.TxStore[Tx], tx Tx, scope string, recs ...dedup.Record) []dedup.Claim {
+	t.Helper()
+	cs, err := s.Claim(ctx, tx, scope, recs)
+	if err != nil {
+		t.Fatalf("Claim: %v", err)
+	}
+	if len(cs) != len(recs) {
+		t.Fatalf("Claim of %d records returned %d claims", len(recs), len(cs))
+	}
+	for i := range recs {
+		if cs[i].Key != recs[i].Key {
+			t.Fatalf("Claim result %d is for key %q, want %q (results must follow the order of the records)", i, cs[i].Key, recs[i].Key)
+		}
+	}
+	return cs
+}
+
+// claimCommitted claims recs in a transaction of its own and commits.
+func claimCommitted[Tx any](ctx context.Context, t *testing.T, s dedup.TxStore[Tx], scope string, recs ...dedup.Record) []dedup.Claim {
+	t.Helper()
+	var cs []dedup.Claim
+	inTx(ctx, t, s, true, func(tx Tx) { cs = claimIn(ctx, t, s, tx, scope, recs...) })
+	return cs
+}
+
+// peek claims recs in a transaction that it rolls back, to see their state
+// without recording anything.
+func peek[Tx any](ctx context.Context, t *testing.T, s dedup.TxStore[Tx], scope string, recs ...dedup.Record) []dedup.Claim {
+	t.Helper()
+	var cs []dedup.Claim
+	inTx(ctx, t, s, false, func(tx Tx) { cs = claimIn(ctx, t, s, tx, scope, recs...) })
+	return cs
+}
+
+// wantStates compares the states of cs with want, one per claim.
+func wantStates(t *testing.T, what string, cs []dedup.Claim, want ...dedup.State) {
+	t.Helper()
+	for i, c := range cs {
+		if c.State != want[i] {
+			t.Fatalf("%s: key %q is %v, want %v (all: %s)", what, c.Key, c.State, want[i], describe(cs))
+		}
+	}
+}
+
+func describe(cs []dedup.Claim) string {
+	s := ""
+	for i, c := range cs {
+		if i > 0 {
+			s += " "
+		}
+		s += fmt.Sprintf("%s=%v", c.Key, c.State)
+	}
+	return s
+}
+
+const (
+	sNew      = dedup.StateNew
+	sDone     = dedup.StateDone
+	sMismatch = dedup.StateMismatch
+)
+
+func txDuplicates[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+	ctx := testContext(t)
+	scope, h := newScope(t), payload("a")
+	wantStates(t, "first claim", claimCommitted(ctx, t, s, scope, rec("b", h), rec("a", h)), sNew, sNew)
+
+	cs := claimCommitted(ctx, t, s, scope, rec("c", h), rec("a", h), rec("b", h))
+	wantStates(t, "second claim", cs, sNew, sDone, sDone)
+	for _, c := range cs[1:] {
+		if c.StoredHash != h || c.ProcessedAt.IsZero() {
+			t.Fatalf("duplicate %q: StoredHash %s, ProcessedAt %v; want the recorded hash and a time", c.Key, c.StoredHash.Short(), c.ProcessedAt)
+		}
+	}
+	wantStates(t, "third claim", peek(ctx, t, s, scope, rec("a", h), rec("b", h), rec("c", h)), sDone, sDone, sDone)
+}
+
+func txRollback[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+	ctx := testContext(t)
+	scope, h := newScope(t), payload("a")
+	// A failed handler's transaction rolls back: its retry is new again.
+	for range 3 {
+		wantStates(t, "claim after rollback", peek(ctx, t, s, scope, rec("k", h)), sNew)
+	}
+	wantStates(t, "claim that commits", claimCommitted(ctx, t, s, scope, rec("k", h)), sNew)
+	wantStates(t, "claim after commit", peek(ctx, t, s, scope, rec("k", h)), sDone)
+}
+
+func txMismatch[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+	ctx := testContext(t)
+	scope, h1, h2 := newScope(t), payload("one"), payload("two")
+	claimCommitted(ctx, t, s, scope, rec("k", h1))
+
+	cs := claimCommitted(ctx, t, s, scope, rec("k", h2), rec("other", h2))
+	wantStates(t, "different payload", cs, sMismatch, sNew)
+	if cs[0].StoredHash != h1 {
+		t.Fatalf("mismatch: StoredHash %s, want %s", cs[0].StoredHash.Short(), h1.Short())
+	}
+	// The mismatch changed nothing: the original payload is still done.
+	wantStates(t, "original payload", peek(ctx, t, s, scope, rec("k", h1)), sDone)
+}
+
+func txUnclaim[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+	ctx := testContext(t)
+	scope, h := newScope(t), payload("a")
+	inTx(ctx, t, s, true, func(tx Tx) {
+		wantStates(t, "claim", claimIn(ctx, t, s, tx, scope, rec("a", h), rec("b", h)), sNew, sNew)
+		if err := s.Unclaim(ctx, tx, scope, "a"); err != nil {
+			t.Fatalf("Unclaim: %v", err)
+		}
+	})
+	wantStates(t, "after unclaim and commit", peek(ctx, t, s, scope, rec("a", h), rec("b", h)), sNew, sDone)
+}
+
+// txSavepoints drives a batch the way the runner does: claim every key, then
+// one savepoint per message; a failed message is rolled back to its
+// savepoint and unclaimed, and the rest of the batch commits.
+func txSavepoints[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+	ctx := testContext(t)
+	scope, h := newScope(t), payload("a")
+	sp := func(tx Tx, releasePrevious bool) {
+		t.Helper()
+		if err := s.Savepoint(ctx, tx, releasePrevious); err != nil {
+			t.Fatalf("Savepoint(release previous %v): %v", releasePrevious, err)
+		}
+	}
+	inTx(ctx, t, s, true, func(tx Tx) {
+		wantStates(t, "batch claim", claimIn(ctx, t, s, tx, scope, rec("a", h), rec("b", h), rec("c", h)), sNew, sNew, sNew)
+		sp(tx, false) // a: handler succeeds
+		sp(tx, true)  // b: handler fails
+		if err := s.RollbackToSavepoint(ctx, tx); err != nil {
+			t.Fatalf("RollbackToSavepoint: %v", err)
+		}
+		if err := s.Unclaim(ctx, tx, scope, "b"); err != nil {
+			t.Fatalf("Unclaim after RollbackToSavepoint: %v", err)
+		}
+		sp(tx, true) // c: handler succeeds
+	})
+	wantStates(t, "after the batch", peek(ctx, t, s, scope, rec("a", h), rec("b", h), rec("c", h)), sDone, sNew, sDone)
+
+	// A claim made after a savepoint is undone by rolling back to it.
+	inTx(ctx, t, s, true, func(tx Tx) {
+		sp(tx, false)
+		wantStates(t, "claim inside a savepoint", claimIn(ctx, t, s, tx, scope, rec("d", h)), sNew)
+		if err := s.RollbackToSavepoint(ctx, tx); err != nil {
+			t.Fatalf("RollbackToSavepoint: %v", err)
+		}
+		sp(tx, true)
+		wantStates(t, "claim after rolling back to the savepoint", claimIn(ctx, t, s, tx, scope, rec("e", h)), sNew)
+	})
+	wantStates(t, "after the savepoint rollback", peek(ctx, t, s, scope, rec("d", h), rec("e", h)), sNew, sDone)
+}
+
+// txContend lets n goroutines claim recs in their own transactions at once.
+// decide is called with each goroutine's claims while its transaction is
+// open and says whether to commit it. The winner of a key holds it for
+// txHold before deciding, so the others really wait.
+func txContend[Tx any](ctx context.Context, t *testing.T, s dedup.TxStore[Tx], scope string, n int,
+	recsOf func(i int) []dedup.Record, decide func(cs []dedup.Claim) bool) [][]dedup.Claim {
+	t.Helper()
+	results, errs := make([][]dedup.Claim, n), make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			results[i], errs[i] = contendOne(ctx, s, scope, recsOf(i), decide)
+		})
+	}
+	close(start)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("concurrent transactions: %v", err)
+	}
+	return results
+}
+
+func contendOne[Tx any](ctx context.Context, s dedup.TxStore[Tx], scope string, recs []dedup.Record, decide func([]dedup.Claim) bool) ([]dedup.Claim, error) {
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("Begin: %w", err)
+	}
+	defer s.Rollback(context.WithoutCancel(ctx), tx) //nolint:errcheck // safe after Commit
+	cs, err := s.Claim(ctx, tx, scope, recs)
+	if err != nil {
+		return nil, fmt.Errorf("Claim: %w", err)
+	}
+	if len(cs) != len(recs) {
+		return nil, fmt.Errorf("Claim of %d records returned %d claims", len(recs), len(cs))
+	}
+	for _, c := range cs {
+		if c.State == dedup.StateNew {
+			time.Sleep(txHold)
+			break
+		}
+	}
+	if decide(cs) {
+		if err := s.Commit(ctx, tx); err != nil {
+			return nil, fmt.Errorf("Commit: %w", err)
+		}
+		return cs, nil
+	}
+	if err := s.Rollback(ctx, tx); err != nil {
+		return nil, fmt.Errorf("Rollback: %w", err)
+	}
+	return cs, nil
+}
+
+// tally counts the states of key k in the results of txContend.
+func tally(results [][]dedup.Claim, k int) map[dedup.State]int {
+	m := make(map[dedup.State]int)
+	for _, cs := range results {
+		m[cs[k].State]++
+	}
+	return m
+}
+
+const raceGoroutines = 8
+
+func txRace[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+	ctx := testContext(t)
+	scope, h := newScope(t), payload("a")
+	results := txContend(ctx, t, s, scope, raceGoroutines,
+		func(int) []dedup.Record { return []dedup.Record{rec("k", h)} },
+		func([]dedup.Claim) bool { return true })
+	if got := tally(results, 0); got[sNew] != 1 || got[sDone] != raceGoroutines-1 {
+		t.Fatalf("%d transactions claiming one key: %v, want exactly one new and the rest done", raceGoroutines, got)
+	}
+}
+
+func txRaceRollback[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+	ctx := testContext(t)
+	scope, h := newScope(t), payload("a")
+	var rolledBack atomic.Bool
+	results := txContend(ctx, t, s, scope, raceGoroutines,
+		func(int) []dedup.Record { return []dedup.Record{rec("k", h)} },
+		func(cs []dedup.Claim) bool {
+			// The first winner's handler fails: its transaction rolls
+			// back, and exactly one waiter must get the key instead.
+			return cs[0].State != dedup.StateNew || !rolledBack.CompareAndSwap(false, true)
+		})
+	if got := tally(results, 0); got[sNew] != 2 || got[sDone] != raceGoroutines-2 {
+		t.Fatalf("%d transactions claiming one key, the first winner rolling back: %v, want exactly two new (the rolled-back winner and its successor) and the rest done",
+			raceGoroutines, got)
+	}
+	wantStates(t, "after the race", peek(ctx, t, s, scope, rec("k", h)), sDone)
+}
+
+func txKeyOrders[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+	ctx := testContext(t)
+	scope, h := newScope(t), payload("a")
+	keys := []string{"k1", "k2", "k3", "k4", "k5"}
+	orders := make([][]string, raceGoroutines)
+	for i := range orders {
+		orders[i] = append([]string(nil), keys...)
+		rand.Shuffle(len(keys), func(a, b int) { orders[i][a], orders[i][b] = orders[i][b], orders[i][a] })
+	}
+	results := txContend(ctx, t, s, scope, raceGoroutines,
+		func(i int) []dedup.Record {
+			recs := make([]dedup.Record, len(keys))
+			for j, k := range orders[i] {
+				recs[j] = rec(k, h)
+			}
+			return recs
+		},
+		func([]dedup.Claim) bool { return true })
+	wins := make(map[string]int)
+	for _, cs := range results {
+		for _, c := range cs {
+			if c.State == dedup.StateNew {
+				wins[c.Key]++
+			} else if c.State != dedup.StateDone {
+				t.Fatalf("key %q: state %v, want new or done", c.Key, c.State)
+			}
+		}
+	}
+	for _, k := range keys {
+		if wins[k] != 1 {
+			t.Fatalf("batches claiming the same keys in different orders: %q won %d times, want once (all wins: %v)", k, wins[k], wins)
+		}
+	}
+}
+
+func txExpiry[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+	ctx := testContext(t)
+	scope, h := newScope(t), payload("a")
+	claimCommitted(ctx, t, s, scope, rec("k", h))
+	wantStates(t, "right after commit", peek(ctx, t, s, scope, rec("k", h)), sDone)
+
+	var last []dedup.Claim
+	if !eventually(ctx, txRetention+expiryGrace, func() bool {
+		last = peek(ctx, t, s, scope, rec("k", h))
+		return last[0].State == dedup.StateNew
+	}) {
+		t.Fatalf("record with retention %v was never forgotten: %s", txRetention, describe(last))
+	}
+	wantStates(t, "claim after expiry", claimCommitted(ctx, t, s, scope, rec("k", h)), sNew)
+	wantStates(t, "claim after the new record", peek(ctx, t, s, scope, rec("k", h)), sDone)
+}
+
+func txScopes[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+	ctx := testContext(t)
+	base, h := newScope(t), payload("a")
+	pairs := []struct{ scope, key string }{
+		{base + ":x", "y"},
+		{base, "x:y"},
+		{base + "-other", "x:y"},
+		{base, "ключ ✓ '\"; --"},
+	}
+	for _, p := range pairs {
+		wantStates(t, "first claim", claimCommitted(ctx, t, s, p.scope, rec(p.key, h)), sNew)
+	}
+	for _, p := range pairs {
+		wantStates(t, "second claim", peek(ctx, t, s, p.scope, rec(p.key, h)), sDone)
+	}
+	wantStates(t, "fresh scope", peek(ctx, t, s, base+"-fresh", rec("x:y", h)), sNew)
+}
+
+func txLargeBatch[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+	ctx := testContext(t)
+	scope, h := newScope(t), payload("a")
+	const n = 500
+	recs := make([]dedup.Record, n)
+	for i := range recs {
+		recs[i] = rec(fmt.Sprintf("k%04d", (i*7919)%n), h) // a permutation, not sorted
+	}
+	wantAll := func(st dedup.State) []dedup.State {
+		out := make([]dedup.State, n)
+		for i := range out {
+			out[i] = st
+		}
+		return out
+	}
+	wantStates(t, "first batch", claimCommitted(ctx, t, s, scope, recs[:n/2]...), wantAll(sNew)...)
+	cs := peek(ctx, t, s, scope, recs...)
+	wantStates(t, "second batch, first half", cs[:n/2], wantAll(sDone)...)
+	wantStates(t, "second batch, second half", cs[n/2:], wantAll(sNew)...)
+}
