@@ -1,0 +1,187 @@
+package sqssource
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// SQS limits that bound the configuration.
+const (
+	// MaxBatch is the largest number of entries SQS accepts in one
+	// ReceiveMessage, DeleteMessageBatch or ChangeMessageVisibilityBatch
+	// call.
+	MaxBatch = 10
+	// MaxWaitTime is the longest long-polling wait SQS accepts.
+	MaxWaitTime = 20 * time.Second
+	// MaxVisibility is the longest visibility timeout SQS accepts, and the
+	// longest a message may stay invisible counting from its receipt.
+	MaxVisibility = 12 * time.Hour
+)
+
+// Default values used by Config.WithDefaults.
+const (
+	DefaultVisibilityTimeout = 30 * time.Second
+	DefaultWaitTime          = MaxWaitTime
+	DefaultMaxReceivers      = 4
+	DefaultMaxExtension      = 15 * time.Minute
+	DefaultRequestTimeout    = 30 * time.Second
+	DefaultDeleteAttempts    = 3
+	DefaultReleaseTimeout    = 5 * time.Second
+)
+
+// Config configures a Source. QueueURL is required; every other field has a
+// usable zero value that WithDefaults fills in.
+type Config struct {
+	// QueueURL is the URL of the queue to consume, as returned by
+	// GetQueueUrl or CreateQueue. Required.
+	QueueURL string
+
+	// DeadLetterQueueURL is the queue that DeadLetter sends poison messages
+	// to, with the reason in the message attributes AttrReason,
+	// AttrAttempts, AttrSourceQueue and AttrMessageID, before it deletes the
+	// original. It must be a FIFO queue if and only if QueueURL is one.
+	//
+	// When it is empty, dead-lettering is left to the queue's redrive
+	// policy: DeadLetter makes the message visible again at once and SQS
+	// moves it to the policy's dead-letter queue once its receive count
+	// passes maxReceiveCount. The reason is then only logged. New fails with
+	// ErrNoDeadLetterRoute when the queue has no redrive policy either.
+	// Defaults to empty (redrive policy).
+	DeadLetterQueueURL string
+
+	// KeyAttribute names a string message attribute that carries the
+	// message's deduplication key (for example "Idempotency-Key"), set by
+	// producers that may send one logical message more than once. Messages
+	// without it fall back to MessageDeduplicationId on FIFO queues and to
+	// the MessageId (through consumer.DefaultKey) on standard queues.
+	// Defaults to empty (no attribute).
+	KeyAttribute string
+
+	// VisibilityTimeout is how long a received message stays hidden from
+	// other receivers before the heartbeat extends it. It is sent with every
+	// ReceiveMessage call, overriding the queue's setting, and must be a
+	// whole number of seconds between 1 s and 12 h. Defaults to 30 s.
+	VisibilityTimeout time.Duration
+
+	// WaitTime is the long-polling wait of ReceiveMessage, a whole number
+	// of seconds up to 20 s. Defaults to 20 s.
+	WaitTime time.Duration
+
+	// MaxReceivers bounds the ReceiveMessage calls that one Receive makes in
+	// parallel when it is asked for more than 10 messages (one call per 10).
+	// The first call long-polls; the others do not wait, so a quiet queue
+	// costs one request per WaitTime and a busy one fills the batch in one
+	// round trip. Defaults to 4.
+	MaxReceivers int
+
+	// RelaxedFIFOOrder lets Receive hand out several messages of one
+	// MessageGroupId before the first of them is settled, so that the runner
+	// may handle them in one transaction: more throughput per group, but a
+	// message that fails and is retried is overtaken by the later messages
+	// of its group that were already received. When false, Receive hands out
+	// a group's next message only once the previous one is settled, and
+	// Retry returns the group's later messages to the queue, so a group's
+	// order holds across failures too. Ignored on standard queues. Defaults
+	// to false.
+	RelaxedFIFOOrder bool
+
+	// HeartbeatInterval is how often the visibility of in-flight messages
+	// (received and not yet settled) is extended: every tick, each message
+	// that has been in flight for at least half an interval since its last
+	// extension is made invisible for another VisibilityTimeout, with one
+	// ChangeMessageVisibilityBatch call per 10 messages. It must be at most
+	// half of VisibilityTimeout. A negative value disables the heartbeat: a
+	// message still in flight when its visibility timeout passes is
+	// delivered again, to this or another consumer, while the first
+	// delivery is still being handled (the transactional path still applies
+	// its effect once). Defaults to VisibilityTimeout / 3.
+	HeartbeatInterval time.Duration
+
+	// MaxExtension is the hard limit of the heartbeat: a message is never
+	// kept invisible for longer than this since it was received, so a stuck
+	// handler cannot hide a message for ever. Past it, the message becomes
+	// visible again when its current visibility timeout ends. At most 12 h
+	// (the SQS limit). Defaults to 15 min.
+	MaxExtension time.Duration
+
+	// RequestTimeout bounds each SQS call made to settle or extend messages,
+	// and, on top of WaitTime, each ReceiveMessage call. Defaults to 30 s.
+	RequestTimeout time.Duration
+
+	// DeleteAttempts is how many times Ack sends the entries of a
+	// DeleteMessageBatch that failed for a reason other than the caller's
+	// (the SDK's own retries of a failed request come on top). Defaults
+	// to 3.
+	DeleteAttempts int
+
+	// ReleaseTimeout bounds how long Close spends making the messages still
+	// in flight visible again, so that other consumers get them at once
+	// instead of after their visibility timeout. Negative disables the
+	// release. Defaults to 5 s.
+	ReleaseTimeout time.Duration
+
+	// Logger receives the source's logs. Defaults to a logger that discards
+	// everything.
+	Logger *slog.Logger
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.VisibilityTimeout == 0 {
+		c.VisibilityTimeout = DefaultVisibilityTimeout
+	}
+	if c.WaitTime == 0 {
+		c.WaitTime = DefaultWaitTime
+	}
+	if c.MaxReceivers == 0 {
+		c.MaxReceivers = DefaultMaxReceivers
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = c.VisibilityTimeout / 3
+	}
+	if c.MaxExtension == 0 {
+		c.MaxExtension = DefaultMaxExtension
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if c.DeleteAttempts == 0 {
+		c.DeleteAttempts = DefaultDeleteAttempts
+	}
+	if c.ReleaseTimeout == 0 {
+		c.ReleaseTimeout = DefaultReleaseTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// heartbeat reports whether the heartbeat is enabled.
+func (c Config) heartbeat() bool { return c.HeartbeatInterval > 0 }
+
+func (c Config) validate() error {
+	wholeSeconds := func(d time.Duration) bool { return d%time.Second == 0 }
+	switch {
+	case c.QueueURL == "":
+		return configError("QueueURL", "required")
+	case c.DeadLetterQueueURL == c.QueueURL:
+		return configError("DeadLetterQueueURL", "is the consumed queue itself")
+	case c.VisibilityTimeout < time.Second || c.VisibilityTimeout > MaxVisibility || !wholeSeconds(c.VisibilityTimeout):
+		return configError("VisibilityTimeout", fmt.Sprintf("%s is not a whole number of seconds between 1s and 12h", c.VisibilityTimeout))
+	case c.WaitTime < 0 || c.WaitTime > MaxWaitTime || !wholeSeconds(c.WaitTime):
+		return configError("WaitTime", fmt.Sprintf("%s is not a whole number of seconds up to 20s", c.WaitTime))
+	case c.MaxReceivers < 1:
+		return configError("MaxReceivers", "must be at least 1")
+	case c.heartbeat() && c.HeartbeatInterval > c.VisibilityTimeout/2:
+		return configError("HeartbeatInterval", fmt.Sprintf("%s is more than half of VisibilityTimeout %s", c.HeartbeatInterval, c.VisibilityTimeout))
+	case c.MaxExtension <= 0 || c.MaxExtension > MaxVisibility:
+		return configError("MaxExtension", fmt.Sprintf("%s is not above 0 and at most 12h", c.MaxExtension))
+	case c.RequestTimeout < 0:
+		return configError("RequestTimeout", "must not be negative")
+	case c.DeleteAttempts < 1:
+		return configError("DeleteAttempts", "must be at least 1")
+	}
+	return nil
+}

@@ -1,0 +1,103 @@
+// Package sqssource is the Amazon SQS source of idemq
+// (github.com/aws/aws-sdk-go-v2/service/sqs). Plug a *Source into a
+// consumer.Runner and every message's effect happens once, although SQS
+// delivers at least once:
+//
+//	client, err := sqssource.NewClient(ctx, "") // default AWS configuration chain
+//	src, err := sqssource.New(ctx, client, sqssource.Config{
+//		QueueURL:           "https://sqs.eu-west-1.amazonaws.com/123456789012/orders",
+//		DeadLetterQueueURL: "https://sqs.eu-west-1.amazonaws.com/123456789012/orders-dlq",
+//	})
+//	defer src.Close()
+//	runner, err := consumer.NewRunner(src, consumer.Transactional(store, handle), consumer.Config{Name: "billing"})
+//	err = runner.Run(ctx)
+//
+// # What it does
+//
+//   - Receive long-polls ReceiveMessage (up to 10 messages a call, up to
+//     Config.MaxReceivers calls in parallel when the runner asks for more)
+//     and requests ApproximateReceiveCount, MessageGroupId and
+//     MessageDeduplicationId.
+//   - Ack deletes with DeleteMessageBatch. The runner calls it only after
+//     the transaction that recorded the messages committed; entries that fail
+//     are sent again when that can help, and nothing else is ever deleted.
+//   - A heartbeat extends the visibility timeout of every message that is in
+//     flight (received and not yet settled) with ChangeMessageVisibilityBatch,
+//     up to Config.MaxExtension, so that no other worker receives a message
+//     while it waits for its turn or its handler runs (see
+//     Config.HeartbeatInterval).
+//   - Retry changes the visibility timeout to the backoff delay. The next
+//     receive raises ApproximateReceiveCount, which is Message.Attempt.
+//   - DeadLetter sends the message to Config.DeadLetterQueueURL with the
+//     reason as message attributes (AttrReason, AttrAttempts, ...) and then
+//     deletes it; or, without that URL, leaves it to the queue's redrive
+//     policy (see Source.DeadLetter for both).
+//   - Close releases the messages still in flight (visibility 0), so other
+//     workers get them at once.
+//
+// # Deduplication keys
+//
+// The key the runner records is, in this order: the string message attribute
+// named by Config.KeyAttribute (a business or idempotency key set by the
+// producer), the MessageDeduplicationId on FIFO queues, else the MessageId
+// (Message.ID, through consumer.DefaultKey). The MessageId is stable across
+// redeliveries; the receipt handle changes on every receive and is never a
+// key. A producer that may send one logical message twice to a standard queue
+// gets two MessageIds: give such messages a KeyAttribute.
+//
+// On FIFO queues Message.PartitionKey is the MessageGroupId.
+//
+// # Guarantees
+//
+// With the runner's transactional path, every message's effect is applied
+// once: a redelivery (after a crash between commit and delete, a failed
+// delete, an expired visibility timeout, or SQS's own at-least-once delivery)
+// finds its key recorded and is deleted without running the handler, and two
+// deliveries handled at the same moment by two workers serialize on the
+// record's row lock. The heartbeat only avoids that wasted work; the
+// guarantee does not depend on it. Nothing is deleted before its transaction
+// committed, and a message that is never settled comes back after its
+// visibility timeout.
+//
+// # Remaining duplicate window
+//
+// The transactional path has none for the handler's effects. What remains:
+//
+//   - Keys are remembered for the dedup store's retention (72 h by default).
+//     A message whose visibility keeps lapsing past that (for example one
+//     retried for days) is no longer recognised; keep retention above the
+//     queue's MessageRetentionPeriod (up to 14 days) to close this.
+//   - Dead letters sent to Config.DeadLetterQueueURL: a crash or failure
+//     between the send and the delete of the original sends a second copy
+//     when the original comes back (a FIFO dead-letter queue drops it within
+//     its 5-minute deduplication interval).
+//   - On the lease path, the window documented by consumer.Leased.
+//
+// # Attempts
+//
+// Message.Attempt is ApproximateReceiveCount: it counts receives, not handler
+// failures. A message released by Close, or received again after its
+// visibility lapsed (heartbeat disabled, or past MaxExtension), counts one
+// more attempt.
+//
+// # Ordering on FIFO queues
+//
+// Order is kept per MessageGroupId, across failures too: Receive hands out a
+// group's next message only after the previous one was settled, and when a
+// message is retried, the later messages of its group that SQS had already
+// delivered are made visible again, so SQS delivers them after it. Distinct
+// groups are handled in parallel. Config.RelaxedFIFOOrder trades this for
+// throughput within a group.
+//
+// # ElasticMQ and other emulators
+//
+// The package is tested against ElasticMQ 1.7 through the AWS JSON protocol:
+// ReceiveMessage with long polling, DeleteMessageBatch,
+// ChangeMessageVisibility(Batch), FIFO queues with MessageGroupId and
+// MessageDeduplicationId, redrive policies and ApproximateReceiveCount behave
+// as on SQS. Differences seen: ElasticMQ renders a redrive policy's
+// maxReceiveCount as a JSON number where SQS renders a string (both are
+// accepted), and it refuses an old receipt handle once a message has been
+// received again, where SQS often still accepts it (the package treats both
+// outcomes as success or as a harmless failed delete).
+package sqssource

@@ -1,0 +1,123 @@
+package sqssource
+
+import (
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// heartbeat extends the visibility of in-flight messages every
+// Config.HeartbeatInterval until Close.
+//
+// The runner does not tell a source when a handler starts or ends, but the
+// source knows that a message is in flight from the moment ReceiveMessage
+// returns it until Ack, Retry or DeadLetter settles it (or Close releases
+// it). That span covers the time a message waits in the runner for its turn,
+// its handler, and its commit. So on every tick each in-flight message whose
+// visibility timeout started at least half an interval ago is made invisible
+// for another VisibilityTimeout from now, ten messages per
+// ChangeMessageVisibilityBatch call. With an interval of at most half the
+// visibility timeout, a message is extended at the latest 1.5 intervals
+// after its timeout started, while at least a quarter of it is left.
+//
+// The hard limit is Config.MaxExtension, counted from the receive: the last
+// extension only reaches that limit, and afterwards the message is left to
+// become visible again, so a stuck handler cannot hide a message for ever.
+// A message whose receipt handle SQS refuses (it was received again, or
+// deleted) is no longer extended either.
+func (s *Source) heartbeat() {
+	t := time.NewTicker(s.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.closeCtx.Done():
+			return
+		case now := <-t.C:
+			s.extend(now)
+		}
+	}
+}
+
+// extend extends every in-flight message that is due, as of now.
+func (s *Source) extend(now time.Time) {
+	for chunk := range slices.Chunk(s.due(now), MaxBatch) {
+		if s.closeCtx.Err() != nil {
+			return
+		}
+		s.extendBatch(chunk)
+	}
+}
+
+// due returns the in-flight messages that need an extension now, and stops
+// extending those past MaxExtension.
+func (s *Source) due(now time.Time) []*handle {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var due []*handle
+	for h := range s.inflight {
+		switch {
+		case h.done:
+		case now.Sub(h.receivedAt) >= s.cfg.MaxExtension:
+			h.done = true
+			s.stats.expired.Add(1)
+			s.log.Warn("message in flight longer than MaxExtension; no longer extended, it becomes visible again",
+				consumer.LogKeyID, h.id, "in_flight", now.Sub(h.receivedAt).Round(time.Millisecond))
+		case now.Sub(h.extendedAt) >= s.cfg.HeartbeatInterval/2:
+			due = append(due, h)
+		}
+	}
+	return due
+}
+
+// extendBatch extends up to 10 messages with one call. It holds visMu
+// exclusively so that no Retry or DeadLetter changes the visibility of one
+// of them meanwhile, and skips those settled since due picked them.
+func (s *Source) extendBatch(hs []*handle) {
+	s.visMu.Lock()
+	defer s.visMu.Unlock()
+
+	s.mu.Lock()
+	live := hs[:0]
+	for _, h := range hs {
+		if _, ok := s.inflight[h]; ok {
+			live = append(live, h)
+		}
+	}
+	s.mu.Unlock()
+	if len(live) == 0 {
+		return
+	}
+
+	start := time.Now()
+	visibility := func(h *handle) time.Duration {
+		return min(s.cfg.VisibilityTimeout, h.receivedAt.Add(s.cfg.MaxExtension).Sub(start))
+	}
+	ok, err := s.changeVisibility(s.closeCtx, live, visibility)
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, h := range ok {
+		h.extendedAt = start
+	}
+	s.stats.extended.Add(uint64(len(ok)))
+	if err == nil {
+		return
+	}
+	var be *BatchError
+	if !errors.As(err, &be) {
+		s.stats.extendFailures.Add(uint64(len(live)))
+		s.log.Warn("extending visibility failed; retried on the next tick", consumer.LogKeyCount, len(live), consumer.LogKeyError, err)
+		return
+	}
+	s.stats.extendFailures.Add(uint64(len(be.Entries)))
+	for _, e := range be.Entries {
+		for _, h := range live {
+			if h.id == e.MessageID && e.SenderFault {
+				h.done = true // receipt handle invalid: deleted or received again
+			}
+		}
+	}
+	s.log.Warn("extending visibility failed for some messages", consumer.LogKeyCount, len(be.Entries), consumer.LogKeyError, be)
+}
