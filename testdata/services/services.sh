@@ -412,9 +412,15 @@ rabbitmq_wait() {
 # rabbitmq_after enables every stable feature flag (quorum queues among them)
 # on a node this script started; fresh nodes have them all already.
 rabbitmq_after() {
-	our_pid rabbitmq >/dev/null || return 0
-	as_root rabbitmqctl -q enable_feature_flag all >>"$(svc_dir rabbitmq)/rabbitmq.out" 2>&1 ||
+	local pid dir
+	pid=$(our_pid rabbitmq) || return 0
+	dir=$(svc_dir rabbitmq)
+	[ "$(cat "$dir/flags-enabled" 2>/dev/null)" = "$pid" ] && return 0
+	if as_root rabbitmqctl -q enable_feature_flag all >>"$dir/rabbitmq.out" 2>&1; then
+		echo "$pid" >"$dir/flags-enabled"
+	else
 		log "rabbitmq: warning: enable_feature_flag all failed"
+	fi
 }
 
 rabbitmq_stop() {
