@@ -98,12 +98,17 @@ func Run(t *testing.T, h Harness) {
 		return
 	}
 	s := &suite{h: h, stress: os.Getenv(StressEnv) == "1"}
-	for _, tc := range s.tests() {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			tc.run(t)
-		})
-	}
+	// The parallel tests finish before the restart test starts: a broker
+	// restart would disturb them.
+	t.Run("Parallel", func(t *testing.T) {
+		for _, tc := range s.tests() {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				tc.run(t)
+			})
+		}
+	})
+	t.Run("Restart", s.testRestart)
 }
 
 func (h Harness) validate(t *testing.T) bool {
@@ -149,6 +154,12 @@ type testCase struct {
 func (s *suite) tests() []testCase {
 	return []testCase{
 		{"PublishReceiveAck", s.testPublishReceiveAck},
+		{"CloseRedelivers", s.testCloseRedelivers},
+		{"Retry", s.testRetry},
+		{"DeadLetter", s.testDeadLetter},
+		{"RunnerAcksAfterCommit", s.testRunnerAcksAfterCommit},
+		{"CompetingConsumers", s.testCompetingConsumers},
+		{"OrderedByPartitionKey", s.testOrderedByPartitionKey},
 		{"CancelAndClose", s.testCancelAndClose},
 	}
 }
