@@ -1,0 +1,331 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/sinks"
+)
+
+// Default values used by Config.WithDefaults.
+const (
+	DefaultMethod        = http.MethodPost
+	DefaultContentType   = "application/json"
+	DefaultKeyHeader     = "Idempotency-Key"
+	DefaultTimeout       = 10 * time.Second
+	DefaultMaxRetryAfter = time.Hour
+)
+
+// errorBodyBytes is how much of a failed response's body an error quotes;
+// drainBytes is how much of any response is read so the connection can be
+// reused.
+const (
+	errorBodyBytes = 512
+	drainBytes     = 64 << 10
+)
+
+// ErrInvalidConfig is matched by the errors of New for an unusable Config.
+var ErrInvalidConfig = errors.New("webhook: invalid configuration")
+
+// Config configures a Sink.
+type Config struct {
+	// URL is the endpoint every request goes to (http or https). Required.
+	URL string
+
+	// Method is the HTTP method. Defaults to POST.
+	Method string
+
+	// Header holds headers sent with every request, such as Authorization.
+	// Content-Type and the key header are set by the sink. Defaults to none.
+	Header http.Header
+
+	// ContentType is the Content-Type of the body. Defaults to
+	// "application/json".
+	ContentType string
+
+	// KeyHeader is the header that carries the idempotency key. Defaults
+	// to "Idempotency-Key".
+	KeyHeader string
+
+	// Timeout bounds one attempt, from sending the request to reading the
+	// response headers; a timed-out attempt is retried. Defaults to 10 s.
+	Timeout time.Duration
+
+	// MaxRetryAfter caps the delay a Retry-After response header can ask
+	// for, so that a misbehaving server cannot park a message for days.
+	// Defaults to 1 h.
+	MaxRetryAfter time.Duration
+
+	// Client sends the requests. Defaults to a client that does not follow
+	// redirects: a 3xx answer is a permanent failure, because following it
+	// could turn a POST into a GET and drop the body. A custom client keeps
+	// its own redirect policy.
+	Client *http.Client
+
+	// Logger receives one debug record per attempt (key, status, duration).
+	// Defaults to a logger that discards everything.
+	Logger *slog.Logger
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.Method == "" {
+		c.Method = DefaultMethod
+	}
+	if c.ContentType == "" {
+		c.ContentType = DefaultContentType
+	}
+	if c.KeyHeader == "" {
+		c.KeyHeader = DefaultKeyHeader
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.MaxRetryAfter == 0 {
+		c.MaxRetryAfter = DefaultMaxRetryAfter
+	}
+	if c.Client == nil {
+		c.Client = &http.Client{
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+func (c Config) validate() (*url.URL, error) {
+	if c.URL == "" {
+		return nil, fmt.Errorf("%w: URL is required", ErrInvalidConfig)
+	}
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		return nil, fmt.Errorf("%w: URL: %w", ErrInvalidConfig, err)
+	}
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, fmt.Errorf("%w: URL %q: scheme must be http or https", ErrInvalidConfig, u.Redacted())
+	case u.Host == "":
+		return nil, fmt.Errorf("%w: URL %q has no host", ErrInvalidConfig, u.Redacted())
+	case c.Method == http.MethodGet || c.Method == http.MethodHead || strings.ContainsAny(c.Method, " \t\r\n"):
+		return nil, fmt.Errorf("%w: Method %q cannot carry an effect", ErrInvalidConfig, c.Method)
+	case http.CanonicalHeaderKey(c.KeyHeader) == "Content-Type" || strings.ContainsAny(c.KeyHeader, " :\t\r\n"):
+		return nil, fmt.Errorf("%w: KeyHeader %q is not usable", ErrInvalidConfig, c.KeyHeader)
+	case c.Timeout < 0:
+		return nil, fmt.Errorf("%w: Timeout must not be negative", ErrInvalidConfig)
+	case c.MaxRetryAfter < 0:
+		return nil, fmt.Errorf("%w: MaxRetryAfter must not be negative", ErrInvalidConfig)
+	}
+	return u, nil
+}
+
+// Sink sends webhooks for the lease path. Every attempt of one message
+// carries the same idempotency key, consumer.DedupKey(ctx), in
+// Config.KeyHeader, so the receiver can deduplicate the repeats the lease
+// path cannot rule out. A Sink is safe for concurrent use.
+type Sink struct {
+	cfg      Config
+	endpoint string // scheme://host/path, without query or user info, for errors and logs
+}
+
+var _ sinks.Sender[Request] = (*Sink)(nil)
+
+// New returns a Sink for cfg after WithDefaults, or an error matching
+// ErrInvalidConfig. It does not contact the endpoint.
+func New(cfg Config) (*Sink, error) {
+	cfg = cfg.WithDefaults()
+	u, err := cfg.validate()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Header = cfg.Header.Clone()
+	return &Sink{cfg: cfg, endpoint: u.Scheme + "://" + u.Host + u.Path}, nil
+}
+
+// Config returns the sink's configuration with defaults applied.
+func (s *Sink) Config() Config { return s.cfg }
+
+// Request is one webhook call.
+type Request struct {
+	// Body is the request body.
+	Body []byte
+	// Header holds extra headers for this call; they override
+	// Config.Header. Content-Type and the key header are set by the sink.
+	Header http.Header
+	// Key is the idempotency key. Leave it empty inside a Runner: the sink
+	// then sends consumer.DedupKey(ctx), which is the same on every attempt.
+	// Set it only outside a Runner, and only to a value as stable as that.
+	Key string
+}
+
+// Send performs one attempt of req. It returns:
+//
+//   - nil for a 2xx answer;
+//   - an error wrapped with consumer.RetryAfter for 408, 409, 425, 429 and
+//     5xx answers with a Retry-After header (capped at Config.MaxRetryAfter),
+//     and a plain error for those answers without one, for transport errors
+//     and for timeouts: the runner retries them with backoff;
+//   - an error wrapped with consumer.Permanent for any other answer (other
+//     4xx, an unfollowed 3xx) and for a missing key (sinks.ErrNoKey): the
+//     runner dead-letters the message.
+//
+// Errors for answers carry a *StatusError (use errors.As). Send never
+// retries by itself and never changes the key.
+func (s *Sink) Send(ctx context.Context, req Request) error {
+	key, err := sinks.Key(ctx, req.Key)
+	if err != nil {
+		return fmt.Errorf("webhook: %w", err)
+	}
+	actx := ctx
+	if s.cfg.Timeout > 0 {
+		var cancel context.CancelFunc
+		actx, cancel = context.WithTimeout(ctx, s.cfg.Timeout)
+		defer cancel()
+	}
+	hr, err := http.NewRequestWithContext(actx, s.cfg.Method, s.cfg.URL, bytes.NewReader(req.Body))
+	if err != nil {
+		return consumer.Permanent(fmt.Errorf("webhook: building the request: %w", err))
+	}
+	for k, vs := range s.cfg.Header {
+		hr.Header[http.CanonicalHeaderKey(k)] = vs
+	}
+	for k, vs := range req.Header {
+		hr.Header[http.CanonicalHeaderKey(k)] = vs
+	}
+	hr.Header.Set("Content-Type", s.cfg.ContentType)
+	hr.Header.Set(s.cfg.KeyHeader, key)
+
+	start := time.Now()
+	resp, err := s.cfg.Client.Do(hr)
+	if err != nil {
+		s.cfg.Logger.DebugContext(ctx, "webhook attempt failed", "key", key, "url", s.endpoint,
+			"duration", time.Since(start), "err", err)
+		if ctx.Err() != nil {
+			// The runner gave up on this attempt (lease lost, handler
+			// timeout, shutdown); the error says why.
+			return fmt.Errorf("webhook: %s %s (key %q): %w", s.cfg.Method, s.endpoint, key, context.Cause(ctx))
+		}
+		return fmt.Errorf("webhook: %s %s (key %q): %w", s.cfg.Method, s.endpoint, key, err)
+	}
+	defer resp.Body.Close()
+	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, errorBodyBytes))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainBytes))
+	s.cfg.Logger.DebugContext(ctx, "webhook attempt", "key", key, "url", s.endpoint,
+		"status", resp.StatusCode, "duration", time.Since(start))
+
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		return nil
+	}
+	serr := &StatusError{
+		Method:     s.cfg.Method,
+		URL:        s.endpoint,
+		Key:        key,
+		StatusCode: resp.StatusCode,
+		Body:       strings.ToValidUTF8(string(snippet), "\uFFFD"),
+	}
+	return Classify(serr, resp.Header, time.Now(), s.cfg.MaxRetryAfter)
+}
+
+// Handler returns a consumer.Handler that sends each message's body as it is,
+// with the message's idempotency key. Use sinks.Handler or consumer.JSON to
+// build the body from the message instead.
+func (s *Sink) Handler() consumer.Handler {
+	return func(ctx context.Context, msg *consumer.Message) error {
+		return s.Send(ctx, Request{Body: msg.Body})
+	}
+}
+
+// StatusError is the error of a webhook answered with a status other than
+// 2xx. Send wraps it with consumer.Permanent or consumer.RetryAfter as
+// Classify decides; errors.As finds it through those wrappers.
+type StatusError struct {
+	Method     string
+	URL        string // scheme, host and path, without query or user info
+	Key        string // the idempotency key sent
+	StatusCode int
+	Body       string // the start of the response body
+	// Retryable reports whether the status is retried (408, 409, 425, 429,
+	// 5xx) rather than dead-lettered.
+	Retryable bool
+	// RetryAfter is the delay the server asked for in Retry-After, capped,
+	// or zero.
+	RetryAfter time.Duration
+}
+
+// Error implements error.
+func (e *StatusError) Error() string {
+	msg := fmt.Sprintf("webhook: %s %s (key %q): %d %s", e.Method, e.URL, e.Key, e.StatusCode, http.StatusText(e.StatusCode))
+	if e.Body != "" {
+		msg += ": " + strings.TrimSpace(e.Body)
+	}
+	return msg
+}
+
+// Retryable reports whether an HTTP status means "try again later" for an
+// effect with an idempotency key: 408 Request Timeout, 409 Conflict (the
+// receiver is still processing a request with the same key), 425 Too Early,
+// 429 Too Many Requests and every 5xx. Every other non-2xx status is
+// permanent.
+func Retryable(status int) bool {
+	switch status {
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
+		return true
+	}
+	return status >= 500
+}
+
+// Classify sets e.Retryable and e.RetryAfter from e.StatusCode and the
+// response header h, and returns e wrapped the way the runner understands:
+// with consumer.RetryAfter for a retryable status with a positive
+// Retry-After (capped at maxDelay when it is positive), unwrapped for a retryable status without one,
+// and with consumer.Permanent otherwise. It is exported for other HTTP-based
+// sinks (SMS or payment vendors) that want the same classification.
+func Classify(e *StatusError, h http.Header, now time.Time, maxDelay time.Duration) error {
+	e.Retryable = Retryable(e.StatusCode)
+	if !e.Retryable {
+		return consumer.Permanent(e)
+	}
+	if d, ok := ParseRetryAfter(h.Get("Retry-After"), now); ok && d > 0 {
+		if maxDelay > 0 && d > maxDelay {
+			d = maxDelay
+		}
+		e.RetryAfter = d
+		return consumer.RetryAfter(d, e)
+	}
+	return e
+}
+
+// ParseRetryAfter parses a Retry-After header value, either delay-seconds or
+// an HTTP-date, into a delay from now. It reports false for an empty or
+// malformed value; a date in the past gives a zero delay.
+func ParseRetryAfter(v string, now time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if secs < 0 {
+			return 0, false
+		}
+		if secs > int64(24*365*time.Hour/time.Second) {
+			secs = int64(24 * 365 * time.Hour / time.Second)
+		}
+		return time.Duration(secs) * time.Second, true
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false
+	}
+	return max(t.Sub(now), 0), true
+}
