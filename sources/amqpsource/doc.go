@@ -1,0 +1,102 @@
+// Package amqpsource is the RabbitMQ source of idemq (AMQP 0.9.1, through
+// github.com/rabbitmq/amqp091-go): it consumes one queue with manual
+// acknowledgements and implements consumer.Source.
+//
+//	src, err := amqpsource.New(ctx, amqpsource.Config{
+//		URL:      "amqp://guest:guest@127.0.0.1:5672/",
+//		Queue:    "orders",
+//		Prefetch: amqpsource.PrefetchFor(runnerConfig),
+//	})
+//	...
+//	defer src.Close()
+//	r, err := consumer.NewRunner(src, consumer.Transactional(store, handler), runnerConfig)
+//	...
+//	err = r.Run(ctx)
+//
+// # Guarantees
+//
+//   - Ack after commit. A delivery is acknowledged only when the Runner
+//     calls Ack, which it does after the transaction that recorded it has
+//     committed. Acknowledgements are grouped into one multiple-ack where the
+//     oldest unacknowledged deliveries of the channel are all being
+//     acknowledged; a multiple-ack never covers a delivery that was not passed
+//     to Ack.
+//   - Prefetch bounds the work in flight: Config.Prefetch is the channel's
+//     QoS; PrefetchFor sizes it from the Runner's Concurrency and BatchSize.
+//   - Nothing is lost on a dropped connection. When the connection or the
+//     channel dies, the broker requeues every unacknowledged delivery and
+//     redelivers it with Redelivered set; the deduplication record makes the
+//     redelivery a no-op if its effect had committed. The Source reconnects
+//     with exponential backoff (Config.ReconnectDelay, MaxReconnectDelay) and
+//     resumes consuming. Delivery tags belong to one channel: each
+//     Message.Handle remembers the channel session that issued its tag, and
+//     settlements of a dead session send nothing (ErrStaleDelivery) instead of
+//     acknowledging an unrelated delivery that reuses the number on the new
+//     channel. Deliveries of a dead session still buffered in the client are
+//     dropped before Receive returns them.
+//   - Nothing is lost on Close: deliveries received or buffered but not
+//     acknowledged return to the queue when the connection closes.
+//   - Delayed retry without losing the message. Retry publishes a copy to a
+//     durable retry queue whose message TTL is the delay (rounded up to a
+//     fixed ladder, 100 ms to 1 h, then whole hours, so never early) and
+//     whose dead-letter route leads back to the queue; the original is
+//     acknowledged only after the broker confirmed the copy. The copy carries
+//     HeaderRetries, from which Message.Attempt is computed.
+//   - Dead letters carry their reason. DeadLetter publishes a copy to
+//     Config.DeadLetterExchange / DeadLetterRoutingKey (default: the queue
+//     "<queue>.dlq" through the default exchange) with HeaderReason,
+//     HeaderAttempts, HeaderQueue, HeaderKey and HeaderDeadLetteredAt, and
+//     acknowledges the original only after the broker confirmed the copy. If
+//     the destination does not exist the broker returns the copy (it is
+//     published with the mandatory flag) and the message is parked in a retry
+//     queue for Config.UnroutableDelay: never dropped, never a hot loop.
+//   - Deduplication key: the Config.KeyHeader header (default
+//     "idempotency-key"), else the message-id property. A message with
+//     neither is dead-lettered with ErrMissingKey (Source.Key, used as
+//     consumer.Config.KeyFunc, gives the typed *MissingKeyError), unless
+//     Config.BodyHashKey opts into the body's SHA-256 as the key, which is
+//     weaker (identical bodies are one message; a resend with a changed body
+//     is not recognised).
+//   - Attempt counts every delivery the Source can know of: 1 + the retry
+//     trips (HeaderRetries) + the broker's x-delivery-count (quorum queues,
+//     which count deliveries returned unsettled). A quorum queue's
+//     x-delivery-limit is respected: deliveries that keep coming back
+//     unsettled (a consumer crashing on them) are dead-lettered by the
+//     broker through the queue's own dead-letter arguments; Config.Declare
+//     sets them to the same destination and a limit of 20 by default.
+//
+// # Reconnecting: why not the client's own recovery
+//
+// amqp091-go v1.16 offers automatic connection recovery (amqp091.Config
+// Recovery). The Source does not use it, and New rejects a configuration that
+// enables it. Recovery reopens channels under the same *amqp091.Channel value,
+// where delivery tags start again at 1: a tag held from before the drop would
+// then acknowledge a different, unprocessed delivery, losing it. The Source
+// would have to learn of every recovery before any ack races it, and the
+// notifications are asynchronous; its recovery also logs through a
+// package-global logger and is marked experimental. A small reconnect loop
+// that builds a new connection and channel, and lets the old ones die with
+// their tags, makes that mistake impossible by construction.
+//
+// # Remaining duplicate window
+//
+// The source delivers at least once; duplicates reach the Runner, which
+// absorbs them, and the handler's effect still happens once on the
+// transactional path. Deliveries are repeated when: the process stops or the
+// connection drops after the commit and before the ack reaches the broker
+// (acks are not confirmed by AMQP 0.9.1); a channel dies between a retry or
+// dead-letter copy's confirm and the original's ack (both come back); a
+// producer publishes the same key twice. A redelivery later than the dedup
+// store's retention is no longer recognised.
+//
+// Broker-side: retry queues are classic queues by default, whose TTL
+// dead-lettering is at-most-once, so a broker crash at the moment a retry
+// copy expires can lose that copy. Set Config.RetryQueueArgs to quorum queues
+// with "x-dead-letter-strategy": "at-least-once" to close that window.
+//
+// # Order
+//
+// RabbitMQ delivers a queue in order to one consumer, but retries,
+// redeliveries and competing consumers reorder messages; Message.PartitionKey
+// is not set.
+package amqpsource

@@ -1,0 +1,147 @@
+package amqpsource
+
+import (
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"strconv"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/dedup"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// handle is Message.Handle for this source: the delivery tag and the channel
+// session it is valid on. A tag means nothing on any other channel, so a
+// handle whose session died is never acknowledged.
+type handle struct {
+	src     *Source
+	sess    *session
+	tag     uint64
+	attempt int
+	d       amqp.Delivery
+}
+
+// bodyHashPrefix starts keys derived from the body (Config.BodyHashKey).
+const bodyHashPrefix = "sha256:"
+
+// toMessage converts a delivery into a consumer.Message.
+func (s *Source) toMessage(sess *session, d amqp.Delivery, now time.Time) *consumer.Message {
+	retries, _ := intHeader(d.Headers[HeaderRetries])
+	count, _ := intHeader(d.Headers[headerDeliveryCount])
+	key, _ := stringHeader(d.Headers[s.cfg.KeyHeader])
+	switch {
+	case key != "":
+	case d.MessageId != "":
+		key = d.MessageId
+	case s.cfg.BodyHashKey:
+		h := dedup.HashPayload(d.Body)
+		key = bodyHashPrefix + hex.EncodeToString(h[:])
+	}
+	attempt := 1 + int(max(retries, 0)) + int(max(count, 0))
+	return &consumer.Message{
+		ID:          d.MessageId,
+		Key:         key,
+		Body:        d.Body,
+		Headers:     stringHeaders(d.Headers),
+		Topic:       s.cfg.Queue,
+		Attempt:     attempt,
+		Redelivered: d.Redelivered || retries > 0,
+		ReceivedAt:  now,
+		Raw:         d,
+		Handle:      &handle{src: s, sess: sess, tag: d.DeliveryTag, attempt: attempt, d: d},
+	}
+}
+
+// stringHeaders returns the headers whose values have a string form. Nested
+// tables and arrays (x-death) are left out; they remain in Message.Raw.
+func stringHeaders(t amqp.Table) map[string]string {
+	if len(t) == 0 {
+		return nil
+	}
+	m := make(map[string]string, len(t))
+	for k, v := range t {
+		if s, ok := stringHeader(v); ok {
+			m[k] = s
+		}
+	}
+	return m
+}
+
+// stringHeader formats a scalar header value.
+func stringHeader(v any) (string, bool) {
+	switch v := v.(type) {
+	case string:
+		return v, true
+	case []byte:
+		return string(v), true
+	case bool:
+		return strconv.FormatBool(v), true
+	case time.Time:
+		return v.UTC().Format(time.RFC3339), true
+	case int8, int16, int32, int64, int, uint8, uint16, uint32, uint64, float32, float64:
+		return fmt.Sprint(v), true
+	case amqp.Decimal:
+		return fmt.Sprintf("%de-%d", v.Value, v.Scale), true
+	}
+	return "", false
+}
+
+// intHeader reads an integer header value, whatever integer type the
+// publisher's client library chose.
+func intHeader(v any) (int64, bool) {
+	switch v := v.(type) {
+	case int8:
+		return int64(v), true
+	case int16:
+		return int64(v), true
+	case int32:
+		return int64(v), true
+	case int64:
+		return v, true
+	case int:
+		return int64(v), true
+	case uint8:
+		return int64(v), true
+	case uint16:
+		return int64(v), true
+	case uint32:
+		return int64(v), true
+	case uint64:
+		return int64(min(v, 1<<62)), true
+	case string:
+		n, err := strconv.ParseInt(v, 10, 64)
+		return n, err == nil
+	case []byte:
+		n, err := strconv.ParseInt(string(v), 10, 64)
+		return n, err == nil
+	}
+	return 0, false
+}
+
+// copyOf returns a persistent publishing with d's body and properties and a
+// copy of its headers, without the broker's per-copy x-delivery-count (a new
+// copy starts its own count) and without the user-id property (the broker
+// refuses a user-id other than the connection's user).
+func copyOf(d amqp.Delivery) amqp.Publishing {
+	h := make(amqp.Table, len(d.Headers)+6)
+	maps.Copy(h, d.Headers)
+	delete(h, headerDeliveryCount)
+	return amqp.Publishing{
+		Headers:         h,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		Priority:        d.Priority,
+		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		MessageId:       d.MessageId,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		AppId:           d.AppId,
+		Body:            d.Body,
+	}
+}

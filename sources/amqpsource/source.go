@@ -1,0 +1,563 @@
+package amqpsource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// Log attribute keys used by the source, besides the consumer.LogKey* ones.
+const (
+	LogKeyQueue      = "queue"
+	LogKeyGeneration = "channel_generation"
+	LogKeyRetryQueue = "retry_queue"
+)
+
+// maxReasonBytes caps the dead-letter reason header.
+const maxReasonBytes = 4096
+
+// Source consumes one RabbitMQ queue with manual acknowledgements. It
+// implements consumer.Source and is safe for concurrent use: the Runner calls
+// Receive from one goroutine and Ack, Retry and DeadLetter from several.
+//
+// Message.Raw is the amqp091.Delivery; do not settle it through its
+// Acknowledger. Message.Handle holds the delivery tag and the channel session
+// it belongs to.
+type Source struct {
+	cfg Config
+	log *slog.Logger
+
+	// in carries deliveries from the session forwarder to Receive.
+	in      chan inbound
+	closing chan struct{}
+	once    sync.Once
+	wg      sync.WaitGroup
+
+	mu  sync.Mutex
+	gen uint64 // generation of the newest session
+
+	stats struct {
+		reconnects, staleDropped, staleSettles, unroutable atomic.Uint64
+	}
+}
+
+type inbound struct {
+	sess *session
+	d    amqp.Delivery
+}
+
+var _ consumer.Source = (*Source)(nil)
+
+// New validates cfg (after WithDefaults), connects to the broker, declares
+// cfg.Declare if set, and starts consuming cfg.Queue. It fails if the first
+// connection cannot be made; after that the Source reconnects by itself until
+// Close. ctx bounds only this first connection.
+func New(ctx context.Context, cfg Config) (*Source, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	s := &Source{
+		cfg:     cfg,
+		log:     cfg.Logger.With(LogKeyQueue, cfg.Queue),
+		in:      make(chan inbound, cfg.Prefetch),
+		closing: make(chan struct{}),
+	}
+	first, err := s.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.wg.Add(1)
+	go s.supervise(first)
+	return s, nil
+}
+
+// Config returns the source's configuration with defaults applied.
+func (s *Source) Config() Config { return s.cfg }
+
+// Stats counts what a Source did since New. Every field only grows.
+type Stats struct {
+	// Reconnects is the number of times the connection or channel dropped
+	// and consumption resumed on a new one.
+	Reconnects uint64
+	// StaleDropped is the number of deliveries of a dead channel dropped
+	// before Receive returned them; the broker redelivers them.
+	StaleDropped uint64
+	// StaleSettles is the number of Ack, Retry and DeadLetter calls for
+	// messages of a dead channel, which sent nothing; the broker redelivers
+	// those messages and deduplication absorbs them.
+	StaleSettles uint64
+	// Unroutable is the number of dead-letter copies the broker returned
+	// because the dead-letter destination does not exist.
+	Unroutable uint64
+}
+
+// Stats returns a snapshot of the source's counters. It is safe to call at
+// any time from any goroutine.
+func (s *Source) Stats() Stats {
+	return Stats{
+		Reconnects:   s.stats.reconnects.Load(),
+		StaleDropped: s.stats.staleDropped.Load(),
+		StaleSettles: s.stats.staleSettles.Load(),
+		Unroutable:   s.stats.unroutable.Load(),
+	}
+}
+
+// Receive blocks until at least one delivery is available, then returns up
+// to max messages without waiting for more. It returns ctx.Err() when ctx is
+// done and consumer.ErrClosed after Close. While the connection is down it
+// waits for the reconnect. Deliveries of a channel that died before they were
+// returned are dropped: the broker redelivers them.
+func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, error) {
+	if max < 1 {
+		max = 1
+	}
+	var out []*consumer.Message
+	for len(out) == 0 {
+		select {
+		case <-s.closing:
+			return nil, consumer.ErrClosed
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case in := <-s.in:
+			if m := s.accept(in, time.Now()); m != nil {
+				out = append(out, m)
+			}
+		}
+	}
+	now := time.Now()
+	for len(out) < max {
+		select {
+		case in := <-s.in:
+			if m := s.accept(in, now); m != nil {
+				out = append(out, m)
+			}
+		default:
+			return out, nil
+		}
+	}
+	return out, nil
+}
+
+func (s *Source) accept(in inbound, now time.Time) *consumer.Message {
+	if !in.sess.alive() {
+		s.stats.staleDropped.Add(1)
+		return nil
+	}
+	return s.toMessage(in.sess, in.d, now)
+}
+
+// Ack acknowledges msgs on the channel each was delivered on, after their
+// effects are durable. Where the oldest unacknowledged deliveries of a channel
+// are all in msgs, they go out as one multiple-ack; a multiple-ack never
+// covers a delivery that was not passed to Ack. Messages of a channel that has
+// died since are not acknowledged (their tags are invalid); Ack then returns
+// an error matching ErrStaleDelivery, which is harmless: the broker redelivers
+// them and deduplication absorbs the redelivery.
+func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
+	if s.isClosing() {
+		return consumer.ErrClosed
+	}
+	type group struct {
+		sess *session
+		tags []uint64
+	}
+	var groups []group
+	var errs []error
+	for _, m := range msgs {
+		h, err := s.handleOf(m)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		i := 0
+		for i < len(groups) && groups[i].sess != h.sess {
+			i++
+		}
+		if i == len(groups) {
+			groups = append(groups, group{sess: h.sess})
+		}
+		groups[i].tags = append(groups[i].tags, h.tag)
+	}
+	for _, g := range groups {
+		if err := g.sess.ack(g.tags); err != nil {
+			if errors.Is(err, ErrStaleDelivery) {
+				s.stats.staleSettles.Add(uint64(len(g.tags)))
+			}
+			errs = append(errs, fmt.Errorf("amqpsource: ack %d message(s) of channel generation %d: %w", len(g.tags), g.sess.gen, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Retry publishes a copy of msg to the retry queue whose delay is the
+// smallest of the ladder (100 ms … 1 h, then whole hours) not shorter than
+// delay, waits for the broker's confirm, and only then acknowledges msg. The
+// retry queue's message TTL dead-letters the copy back to the source queue,
+// where it arrives with Attempt one higher. Retry queues are durable and
+// declared on first use.
+//
+// If the copy cannot be published, msg is not acknowledged: it stays with
+// this consumer until its channel closes (at the latest on Close) and then
+// returns to the queue. If the channel dies between the confirm and the
+// acknowledgement, both the copy and the original come back; deduplication
+// runs the handler at most once for them.
+func (s *Source) Retry(ctx context.Context, msg *consumer.Message, delay time.Duration) error {
+	if s.isClosing() {
+		return consumer.ErrClosed
+	}
+	h, err := s.handleOf(msg)
+	if err != nil {
+		return err
+	}
+	if err := s.retry(ctx, h, h.attempt, delay); err != nil {
+		if errors.Is(err, ErrStaleDelivery) {
+			s.stats.staleSettles.Add(1)
+		}
+		return err
+	}
+	return nil
+}
+
+func (s *Source) retry(ctx context.Context, h *handle, attempt int, delay time.Duration) error {
+	bucket := retryBucket(delay)
+	queue := s.cfg.RetryQueuePrefix + bucketName(bucket)
+	p := copyOf(h.d)
+	p.Headers[HeaderRetries] = int64(max(attempt, 1))
+
+	ctx, cancel := publishContext(ctx, s.cfg.PublishTimeout)
+	defer cancel()
+	declare := func(ch *amqp.Channel) error {
+		args := amqp.Table{
+			"x-message-ttl":             bucket.Milliseconds(),
+			"x-dead-letter-exchange":    "",
+			"x-dead-letter-routing-key": s.cfg.Queue,
+		}
+		for k, v := range s.cfg.RetryQueueArgs {
+			args[k] = v
+		}
+		if _, err := ch.QueueDeclare(queue, true, false, false, false, args); err != nil {
+			return fmt.Errorf("amqpsource: declare retry queue %q: %w", queue, err)
+		}
+		return nil
+	}
+	if err := h.sess.publish(ctx, "", queue, p, declare); err != nil {
+		return fmt.Errorf("amqpsource: retry: %w", err)
+	}
+	if err := h.sess.ack([]uint64{h.tag}); err != nil {
+		return fmt.Errorf("amqpsource: retry: copy is in %q but the original was not acknowledged: %w", queue, err)
+	}
+	return nil
+}
+
+// DeadLetter publishes a copy of msg to Config.DeadLetterExchange with
+// routing key Config.DeadLetterRoutingKey, with the reason in the
+// HeaderReason header and the attempt count, queue, key and time in the other
+// Header* headers, waits for the broker's confirm, and only then acknowledges
+// msg.
+//
+// If the broker returns the copy as unroutable (the dead-letter queue does
+// not exist), msg goes to the retry queue for Config.UnroutableDelay instead,
+// so it is neither lost nor looped hot, and DeadLetter returns an error
+// matching ErrUnroutable. If the copy cannot be published at all, msg is not
+// acknowledged and returns to the queue when its channel closes.
+func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason error) error {
+	if s.isClosing() {
+		return consumer.ErrClosed
+	}
+	h, err := s.handleOf(msg)
+	if err != nil {
+		return err
+	}
+	if reason == nil {
+		reason = errors.New("no reason given")
+	}
+	attempts, key := h.attempt, msg.Key
+	var dl *consumer.DeadLetterError
+	if errors.As(reason, &dl) {
+		attempts = max(dl.Attempts, 1)
+		if dl.Key != "" {
+			key = dl.Key
+		}
+	}
+	p := copyOf(h.d)
+	p.Headers[HeaderReason] = truncate(reason.Error(), maxReasonBytes)
+	p.Headers[HeaderAttempts] = int64(attempts)
+	p.Headers[HeaderQueue] = s.cfg.Queue
+	p.Headers[HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
+	if key != "" {
+		p.Headers[HeaderKey] = key
+	}
+
+	pctx, cancel := publishContext(ctx, s.cfg.PublishTimeout)
+	defer cancel()
+	err = h.sess.publish(pctx, s.cfg.DeadLetterExchange, s.cfg.DeadLetterRoutingKey, p, nil)
+	switch {
+	case errors.Is(err, ErrUnroutable):
+		s.stats.unroutable.Add(1)
+		s.log.Error("dead-letter destination does not exist; message parked in a retry queue",
+			"exchange", s.cfg.DeadLetterExchange, "routing_key", s.cfg.DeadLetterRoutingKey,
+			consumer.LogKeyDelay, s.cfg.UnroutableDelay, consumer.LogKeyID, msg.ID)
+		if perr := s.retry(ctx, h, attempts, s.cfg.UnroutableDelay); perr != nil {
+			return errors.Join(fmt.Errorf("amqpsource: dead-letter: %w", err), perr)
+		}
+		return fmt.Errorf("amqpsource: dead-letter: %w; parked for %s", err, s.cfg.UnroutableDelay)
+	case err != nil:
+		if errors.Is(err, ErrStaleDelivery) {
+			s.stats.staleSettles.Add(1)
+		}
+		return fmt.Errorf("amqpsource: dead-letter: %w", err)
+	}
+	if err := h.sess.ack([]uint64{h.tag}); err != nil {
+		return fmt.Errorf("amqpsource: dead-letter: copy published but the original was not acknowledged: %w", err)
+	}
+	return nil
+}
+
+// Key is a consumer.Config.KeyFunc for this source: the message's key (the
+// Config.KeyHeader header, else the message-id property, else, with
+// Config.BodyHashKey, the body's digest), or a *MissingKeyError that the
+// runner routes to the dead-letter destination without retries. Using it
+// instead of the default KeyFunc only makes the dead-letter reason clearer.
+func (s *Source) Key(m *consumer.Message) (string, error) {
+	if m.Key != "" {
+		return m.Key, nil
+	}
+	return "", &MissingKeyError{Queue: s.cfg.Queue, KeyHeader: s.cfg.KeyHeader}
+}
+
+// Close stops consuming and closes the connection. Messages received but not
+// acknowledged, including those buffered in the client and not yet returned by
+// Receive, go back to the queue (the broker requeues a closed channel's
+// unacknowledged deliveries). Close is safe to call more than once and
+// concurrently with the other methods, which then fail with
+// consumer.ErrClosed. It waits for a connection attempt in progress, at most
+// Config.DialTimeout.
+func (s *Source) Close() error {
+	s.once.Do(func() {
+		close(s.closing)
+		s.wg.Wait()
+	})
+	return nil
+}
+
+func (s *Source) isClosing() bool {
+	select {
+	case <-s.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *Source) handleOf(m *consumer.Message) (*handle, error) {
+	if m == nil {
+		return nil, fmt.Errorf("%w: nil message", ErrForeignMessage)
+	}
+	h, ok := m.Handle.(*handle)
+	if !ok || h.src != s {
+		return nil, fmt.Errorf("%w: message %q", ErrForeignMessage, m.ID)
+	}
+	return h, nil
+}
+
+// dial opens a connection and a consuming channel, declares the topology if
+// configured, and starts consuming.
+func (s *Source) dial(ctx context.Context) (*session, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	conn, err := s.connect(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("amqpsource: connect: %w", err)
+	}
+	sess := &session{
+		conn:       conn,
+		connClosed: conn.NotifyClose(make(chan *amqp.Error, 1)),
+		dead:       make(chan struct{}),
+	}
+	fail := func(what string, err error) (*session, error) {
+		sess.deadOnce.Do(func() { close(sess.dead) })
+		_ = conn.Close()
+		return nil, fmt.Errorf("amqpsource: %s: %w", what, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fail("connect", err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return fail("open channel", err)
+	}
+	sess.ch = ch
+	sess.chClosed = ch.NotifyClose(make(chan *amqp.Error, 1))
+	sess.cancelled = ch.NotifyCancel(make(chan string, 1))
+	if s.cfg.Declare != nil {
+		if err := declareTopology(ch, s.cfg); err != nil {
+			return fail("declare topology", err)
+		}
+	}
+	if err := ch.Qos(s.cfg.Prefetch, 0, false); err != nil {
+		return fail("set prefetch", err)
+	}
+	sess.deliveries, err = ch.Consume(s.cfg.Queue, s.cfg.ConsumerTag, false, false, false, false, nil)
+	if err != nil {
+		return fail(fmt.Sprintf("consume queue %q", s.cfg.Queue), err)
+	}
+	s.mu.Lock()
+	s.gen++
+	sess.gen = s.gen
+	s.mu.Unlock()
+	return sess, nil
+}
+
+// connect dials the broker. Unless Config.AMQP.Dial is set, the TCP dial and
+// the handshake are bounded by DialTimeout and abandoned when ctx is done.
+func (s *Source) connect(ctx context.Context) (*amqp.Connection, error) {
+	ac := s.cfg.AMQP
+	if ac.Dial != nil {
+		return amqp.DialConfig(s.cfg.URL, ac)
+	}
+	var stops []func() bool
+	ac.Dial = func(network, addr string) (net.Conn, error) {
+		d := net.Dialer{Timeout: s.cfg.DialTimeout}
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		// Heartbeats start after the handshake; until then a deadline keeps
+		// a dead server from stalling the dial. The client clears it once
+		// the connection is open.
+		if err := c.SetDeadline(time.Now().Add(s.cfg.DialTimeout)); err != nil {
+			_ = c.Close()
+			return nil, err
+		}
+		stops = append(stops, context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) }))
+		return c, nil
+	}
+	conn, err := amqp.DialConfig(s.cfg.URL, ac)
+	for _, stop := range stops {
+		stop()
+	}
+	return conn, err
+}
+
+// supervise forwards deliveries of the current session and, when it dies,
+// reconnects with backoff until Close.
+func (s *Source) supervise(sess *session) {
+	defer s.wg.Done()
+	backoff := consumer.RetryPolicy{
+		MaxAttempts:    1,
+		InitialBackoff: s.cfg.ReconnectDelay,
+		MaxBackoff:     s.cfg.MaxReconnectDelay,
+		Multiplier:     2,
+		Jitter:         0.2,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-s.closing
+		cancel()
+	}()
+	failures := 0
+	for {
+		if sess != nil {
+			cause := s.forward(sess)
+			sess.kill()
+			if s.isClosing() {
+				return
+			}
+			s.stats.reconnects.Add(1)
+			s.log.Warn("connection lost; unacknowledged deliveries return to the queue; reconnecting",
+				LogKeyGeneration, sess.gen, consumer.LogKeyError, cause)
+			sess = nil
+		}
+		failures++
+		if !sleep(s.closing, backoff.Backoff(failures)) {
+			return
+		}
+		next, err := s.dial(ctx)
+		if err != nil {
+			if s.isClosing() {
+				return
+			}
+			s.log.Warn("reconnect failed", consumer.LogKeyAttempt, failures, consumer.LogKeyError, err)
+			continue
+		}
+		s.log.Info("reconnected", LogKeyGeneration, next.gen, consumer.LogKeyAttempt, failures)
+		failures = 0
+		sess = next
+	}
+}
+
+var errDeliveriesClosed = errors.New("amqpsource: delivery channel closed")
+
+// forward hands sess's deliveries to Receive until the session dies or the
+// source closes, and returns why it stopped.
+func (s *Source) forward(sess *session) error {
+	for {
+		select {
+		case <-s.closing:
+			return nil
+		case e := <-sess.connClosed:
+			return closeCause("connection", e)
+		case e := <-sess.chClosed:
+			return closeCause("channel", e)
+		case tag := <-sess.cancelled:
+			return fmt.Errorf("amqpsource: broker cancelled consumer %q (queue deleted?)", tag)
+		case d, ok := <-sess.deliveries:
+			if !ok {
+				return errDeliveriesClosed
+			}
+			sess.track(d.DeliveryTag)
+			select {
+			case s.in <- inbound{sess: sess, d: d}:
+			case <-s.closing:
+				return nil
+			case e := <-sess.connClosed:
+				return closeCause("connection", e)
+			case e := <-sess.chClosed:
+				return closeCause("channel", e)
+			}
+		}
+	}
+}
+
+func closeCause(what string, e *amqp.Error) error {
+	if e == nil {
+		return fmt.Errorf("amqpsource: %s closed", what)
+	}
+	return fmt.Errorf("amqpsource: %s closed: %w", what, e)
+}
+
+// sleep waits d or until stop is closed; it reports whether d elapsed.
+func sleep(stop <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-stop:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// truncate cuts s to at most n bytes on a rune boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
