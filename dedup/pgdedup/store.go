@@ -133,8 +133,16 @@ func New(db DB, cfg Config) (*Store, error) {
 func (s *Store) Config() Config { return s.cfg }
 
 // Begin implements dedup.TxStore. It starts a READ COMMITTED transaction
-// (the default), which Claim relies on to see concurrent commits.
-func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(ctx) }
+// (the default), which Claim relies on to see concurrent commits. The
+// returned pgx.Tx sends the savepoint that guards each message of a batch in
+// the same round trip as the handler's first statement.
+func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &pipeTx{Tx: tx}, nil
+}
 
 // Commit implements dedup.TxStore. pgx.ErrTxCommitRollback (the transaction
 // had failed and was rolled back) is returned as an error like any other.
@@ -148,12 +156,17 @@ func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-// Savepoint implements dedup.TxStore, releasing the previous savepoint in
-// the same round trip.
+// Savepoint implements dedup.TxStore, releasing the previous savepoint. On a
+// transaction from Begin both statements are deferred until the handler's
+// first statement and sent with it.
 func (s *Store) Savepoint(ctx context.Context, tx pgx.Tx, releasePrevious bool) error {
-	sql := "SAVEPOINT idemq_msg"
+	if p, ok := tx.(*pipeTx); ok {
+		p.openSavepoint(releasePrevious)
+		return nil
+	}
+	sql := sqlSavepoint
 	if releasePrevious {
-		sql = "RELEASE SAVEPOINT idemq_msg; SAVEPOINT idemq_msg"
+		sql = sqlReleaseSavepoint + "; " + sqlSavepoint
 	}
 	_, err := tx.Exec(ctx, sql)
 	return err
@@ -161,7 +174,10 @@ func (s *Store) Savepoint(ctx context.Context, tx pgx.Tx, releasePrevious bool) 
 
 // RollbackToSavepoint implements dedup.TxStore.
 func (s *Store) RollbackToSavepoint(ctx context.Context, tx pgx.Tx) error {
-	_, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT idemq_msg")
+	if p, ok := tx.(*pipeTx); ok {
+		return p.rollbackToSavepoint(ctx)
+	}
+	_, err := tx.Exec(ctx, sqlRollbackTo)
 	return err
 }
 
