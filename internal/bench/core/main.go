@@ -279,16 +279,21 @@ func newSliceSource(msgs []*consumer.Message) *sliceSource {
 }
 
 func (s *sliceSource) Receive(ctx context.Context, max int) ([]*consumer.Message, error) {
-	s.mu.Lock()
-	n := min(max, len(s.pending))
-	out := s.pending[:n:n]
-	s.pending = s.pending[n:]
-	s.mu.Unlock()
-	if n == 0 {
-		<-ctx.Done()
-		return nil, ctx.Err()
+	for {
+		s.mu.Lock()
+		n := min(max, len(s.pending))
+		out := s.pending[:n:n]
+		s.pending = s.pending[n:]
+		s.mu.Unlock()
+		if n > 0 {
+			return out, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Millisecond): // retried messages come back later
+		}
 	}
-	return out, nil
 }
 
 func (s *sliceSource) settle(n int) {
