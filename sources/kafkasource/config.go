@@ -1,0 +1,367 @@
+package kafkasource
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// Header names this package reads and writes.
+const (
+	// DefaultKeyHeader is the header read for the deduplication key when
+	// Config.KeyHeader is empty.
+	DefaultKeyHeader = "idempotency-key"
+	// HeaderReason holds the dead-letter reason (the error text) on a
+	// dead-lettered copy.
+	HeaderReason = "idemq-reason"
+	// HeaderAttempts holds the number of attempts on a dead-lettered copy,
+	// in decimal.
+	HeaderAttempts = "idemq-attempts"
+	// HeaderOriginTopic holds the topic a dead-lettered copy was consumed
+	// from.
+	HeaderOriginTopic = "idemq-origin-topic"
+	// HeaderOriginPartition holds the partition a dead-lettered copy was
+	// consumed from, in decimal.
+	HeaderOriginPartition = "idemq-origin-partition"
+	// HeaderOriginOffset holds the offset of the original message, in
+	// decimal. Topic, partition and offset together identify it; use them to
+	// deduplicate the dead-letter topic, which is written at least once.
+	HeaderOriginOffset = "idemq-origin-offset"
+	// HeaderGroup holds the consumer group that dead-lettered the copy.
+	HeaderGroup = "idemq-group"
+	// HeaderKey holds the deduplication key of a dead-lettered copy, when
+	// the runner computed one.
+	HeaderKey = "idemq-key"
+	// HeaderDeadLetteredAt holds when the copy was dead-lettered (RFC 3339
+	// with nanoseconds, UTC).
+	HeaderDeadLetteredAt = "idemq-dead-lettered-at"
+)
+
+// DefaultDeadLetterSuffix is appended to a topic's name to name its
+// dead-letter topic when Config.DeadLetterTopic is empty.
+const DefaultDeadLetterSuffix = ".dlq"
+
+// Ordering says which messages the runner handles one after another.
+type Ordering int
+
+const (
+	// OrderByKey makes the Kafka message key the PartitionKey: messages with
+	// the same key are handled in offset order, messages with different keys
+	// (even in the same partition) concurrently. Messages without a key are
+	// not ordered. This is the default.
+	OrderByKey Ordering = iota
+	// OrderByPartition makes "topic/partition" the PartitionKey: every
+	// partition is handled strictly in offset order, so a runner handles at
+	// most as many partitions concurrently as its Concurrency.
+	OrderByPartition
+)
+
+// String returns the ordering's name.
+func (o Ordering) String() string {
+	switch o {
+	case OrderByKey:
+		return "OrderByKey"
+	case OrderByPartition:
+		return "OrderByPartition"
+	}
+	return fmt.Sprintf("Ordering(%d)", int(o))
+}
+
+// Config configures a Source. Brokers, Topics and GroupID are required; every
+// other zero field is replaced by its default in WithDefaults.
+type Config struct {
+	// Brokers are the bootstrap addresses (host:port) of the Kafka cluster.
+	// Required.
+	Brokers []string
+
+	// Topics are the topics consumed. Required: at least one.
+	Topics []string
+
+	// GroupID is the consumer group. Every Source with the same GroupID
+	// shares the topics' partitions, and committed offsets belong to it.
+	// Required.
+	GroupID string
+
+	// Dialer opens every connection of the reader, of the dead-letter
+	// writer and of CreateTopics: set its TLS and SASLMechanism fields for a
+	// secured cluster, ClientID to name the client, DialFunc to route
+	// connections (for example to an in-process broker). Its Resolver is not
+	// used by the dead-letter writer. Defaults to kafka.DefaultDialer
+	// (plaintext, 10 s dial timeout).
+	Dialer *kafka.Dialer
+
+	// StartOffset is where the group starts reading a partition that has no
+	// committed offset: kafka.FirstOffset (the oldest retained message) or
+	// kafka.LastOffset (only messages produced from now on; older ones are
+	// skipped, never processed). Defaults to kafka.FirstOffset.
+	StartOffset int64
+
+	// KeyHeader is the message header holding the deduplication key
+	// (Message.Key). When a message lacks it, Message.Key is empty and the
+	// runner's default key is Message.ID (topic/partition/offset); see the
+	// package documentation for what that fallback does not catch.
+	// Defaults to DefaultKeyHeader ("idempotency-key").
+	KeyHeader string
+
+	// KeyFunc, when set, computes Message.Key from the Kafka message instead
+	// of KeyHeader (for example from a field of the body). An empty result
+	// means "no key", as a missing header does. It is called from one
+	// goroutine. Defaults to nil.
+	KeyFunc func(kafka.Message) string
+
+	// Ordering chooses the PartitionKey: the Kafka message key
+	// (OrderByKey) or the partition (OrderByPartition). Defaults to
+	// OrderByKey.
+	Ordering Ordering
+
+	// MaxInFlight bounds the messages fetched and not yet settled (handed
+	// out by Receive, waiting for a retry, or held behind a retried message
+	// of the same key). When it is reached, fetching pauses. Keep it at
+	// least 2 × BatchSize × Concurrency of the runner, or lanes go idle.
+	// Defaults to 1000.
+	MaxInFlight int
+
+	// QueueCapacity is the capacity of kafka-go's internal queue of
+	// prefetched messages. Defaults to 100.
+	QueueCapacity int
+
+	// MinBytes is the least data a fetch waits for (up to MaxWait) before
+	// the broker answers. Defaults to 1.
+	MinBytes int
+
+	// MaxBytes is the most data one fetch returns. The broker still returns
+	// a single record batch larger than this, so it does not cap the
+	// message size. Defaults to 1 MiB.
+	MaxBytes int
+
+	// MaxWait is how long a fetch waits for MinBytes. Defaults to 1 s.
+	MaxWait time.Duration
+
+	// IsolationLevel is kafka.ReadCommitted to skip messages of aborted
+	// producer transactions, or kafka.ReadUncommitted. Defaults to
+	// kafka.ReadUncommitted (the zero value).
+	IsolationLevel kafka.IsolationLevel
+
+	// SessionTimeout is how long the group coordinator waits without a
+	// heartbeat before it evicts a member and gives its partitions to the
+	// others. It bounds how long a crashed consumer's partitions stall. The
+	// broker refuses values outside group.min.session.timeout.ms (6 s by
+	// default) and group.max.session.timeout.ms. Defaults to 30 s.
+	SessionTimeout time.Duration
+
+	// HeartbeatInterval is how often the member heartbeats; it is also how
+	// soon a member learns that a rebalance started. Must be below
+	// SessionTimeout. Defaults to 3 s.
+	HeartbeatInterval time.Duration
+
+	// RebalanceTimeout is how long the coordinator waits for every member to
+	// rejoin during a rebalance. Defaults to 30 s.
+	RebalanceTimeout time.Duration
+
+	// JoinGroupBackoff is the delay before rejoining the group after an
+	// error. Defaults to 5 s.
+	JoinGroupBackoff time.Duration
+
+	// CommitTimeout bounds one synchronous offset commit when the caller's
+	// context has no earlier deadline. Defaults to 10 s.
+	CommitTimeout time.Duration
+
+	// DeadLetterTopic is the topic every dead-lettered message is written
+	// to. Defaults to "" : each topic's own "<topic>.dlq"
+	// (DefaultDeadLetterSuffix). The topic must exist unless the cluster
+	// creates topics automatically; CreateTopics creates both.
+	DeadLetterTopic string
+
+	// DeadLetterTimeout bounds one dead-letter write when the caller's
+	// context has no earlier deadline. Defaults to 10 s.
+	DeadLetterTimeout time.Duration
+
+	// DeadLetterRetryDelay is how long a message whose dead-letter write
+	// failed waits before it is handed out again (it stays uncommitted
+	// meanwhile, so nothing is lost and its partition is not blocked for
+	// good). Defaults to 5 s.
+	DeadLetterRetryDelay time.Duration
+
+	// Logger receives the source's logs (rebalances, skipped stale
+	// commits, failed commits and dead-letter writes) and kafka-go's own
+	// logs (at Debug, errors at Warn). Defaults to a logger that discards
+	// everything.
+	Logger *slog.Logger
+}
+
+// Default values used by Config.WithDefaults.
+const (
+	DefaultMaxInFlight          = 1000
+	DefaultQueueCapacity        = 100
+	DefaultMinBytes             = 1
+	DefaultMaxBytes             = 1 << 20
+	DefaultMaxWait              = time.Second
+	DefaultSessionTimeout       = 30 * time.Second
+	DefaultHeartbeatInterval    = 3 * time.Second
+	DefaultRebalanceTimeout     = 30 * time.Second
+	DefaultJoinGroupBackoff     = 5 * time.Second
+	DefaultCommitTimeout        = 10 * time.Second
+	DefaultDeadLetterTimeout    = 10 * time.Second
+	DefaultDeadLetterRetryDelay = 5 * time.Second
+)
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+// It does not copy the Brokers and Topics slices.
+func (c Config) WithDefaults() Config {
+	if c.Dialer == nil {
+		c.Dialer = kafka.DefaultDialer
+	}
+	if c.StartOffset == 0 {
+		c.StartOffset = kafka.FirstOffset
+	}
+	if c.KeyHeader == "" {
+		c.KeyHeader = DefaultKeyHeader
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.QueueCapacity == 0 {
+		c.QueueCapacity = DefaultQueueCapacity
+	}
+	if c.MinBytes == 0 {
+		c.MinBytes = DefaultMinBytes
+	}
+	if c.MaxBytes == 0 {
+		c.MaxBytes = DefaultMaxBytes
+	}
+	if c.MaxWait == 0 {
+		c.MaxWait = DefaultMaxWait
+	}
+	if c.SessionTimeout == 0 {
+		c.SessionTimeout = DefaultSessionTimeout
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.RebalanceTimeout == 0 {
+		c.RebalanceTimeout = DefaultRebalanceTimeout
+	}
+	if c.JoinGroupBackoff == 0 {
+		c.JoinGroupBackoff = DefaultJoinGroupBackoff
+	}
+	if c.CommitTimeout == 0 {
+		c.CommitTimeout = DefaultCommitTimeout
+	}
+	if c.DeadLetterTimeout == 0 {
+		c.DeadLetterTimeout = DefaultDeadLetterTimeout
+	}
+	if c.DeadLetterRetryDelay == 0 {
+		c.DeadLetterRetryDelay = DefaultDeadLetterRetryDelay
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// deadLetterTopic returns the dead-letter topic for messages of topic.
+func (c Config) deadLetterTopic(topic string) string {
+	if c.DeadLetterTopic != "" {
+		return c.DeadLetterTopic
+	}
+	return topic + DefaultDeadLetterSuffix
+}
+
+// ConfigError reports an invalid Config field. It matches
+// consumer.ErrInvalidConfig.
+type ConfigError struct {
+	Field  string
+	Reason string
+}
+
+// Error implements error.
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("kafkasource: invalid configuration: %s: %s", e.Field, e.Reason)
+}
+
+// Is makes errors.Is(err, consumer.ErrInvalidConfig) true.
+func (e *ConfigError) Is(target error) bool { return target == consumer.ErrInvalidConfig }
+
+// maxTopicLength is Kafka's limit on topic names.
+const maxTopicLength = 249
+
+func (c Config) validate() error {
+	if len(c.Brokers) == 0 {
+		return &ConfigError{Field: "Brokers", Reason: "required"}
+	}
+	for _, b := range c.Brokers {
+		if strings.TrimSpace(b) == "" {
+			return &ConfigError{Field: "Brokers", Reason: "contains an empty address"}
+		}
+	}
+	if len(c.Topics) == 0 {
+		return &ConfigError{Field: "Topics", Reason: "required"}
+	}
+	seen := make(map[string]bool, len(c.Topics))
+	for _, t := range c.Topics {
+		switch {
+		case t == "":
+			return &ConfigError{Field: "Topics", Reason: "contains an empty topic name"}
+		case len(t) > maxTopicLength:
+			return &ConfigError{Field: "Topics", Reason: fmt.Sprintf("topic name %.20q... longer than %d bytes", t, maxTopicLength)}
+		case seen[t]:
+			return &ConfigError{Field: "Topics", Reason: fmt.Sprintf("topic %q listed twice", t)}
+		case c.deadLetterTopic(t) == t:
+			return &ConfigError{Field: "DeadLetterTopic", Reason: fmt.Sprintf("routes dead letters back to consumed topic %q", t)}
+		}
+		seen[t] = true
+	}
+	switch {
+	case c.GroupID == "":
+		return &ConfigError{Field: "GroupID", Reason: "required"}
+	case c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset:
+		return &ConfigError{Field: "StartOffset", Reason: "must be kafka.FirstOffset or kafka.LastOffset"}
+	case c.Ordering != OrderByKey && c.Ordering != OrderByPartition:
+		return &ConfigError{Field: "Ordering", Reason: fmt.Sprintf("unknown value %d", int(c.Ordering))}
+	case c.MaxInFlight < 1:
+		return &ConfigError{Field: "MaxInFlight", Reason: "must be at least 1"}
+	case c.QueueCapacity < 1:
+		return &ConfigError{Field: "QueueCapacity", Reason: "must be at least 1"}
+	case c.MinBytes < 1:
+		return &ConfigError{Field: "MinBytes", Reason: "must be at least 1"}
+	case c.MaxBytes < c.MinBytes:
+		return &ConfigError{Field: "MaxBytes", Reason: "smaller than MinBytes"}
+	case c.MaxWait < 0:
+		return &ConfigError{Field: "MaxWait", Reason: "must not be negative"}
+	case c.IsolationLevel != kafka.ReadUncommitted && c.IsolationLevel != kafka.ReadCommitted:
+		return &ConfigError{Field: "IsolationLevel", Reason: fmt.Sprintf("unknown value %d", int(c.IsolationLevel))}
+	case c.SessionTimeout < 0:
+		return &ConfigError{Field: "SessionTimeout", Reason: "must not be negative"}
+	case c.HeartbeatInterval < 0:
+		return &ConfigError{Field: "HeartbeatInterval", Reason: "must not be negative"}
+	case c.RebalanceTimeout < 0:
+		return &ConfigError{Field: "RebalanceTimeout", Reason: "must not be negative"}
+	case c.JoinGroupBackoff < 0:
+		return &ConfigError{Field: "JoinGroupBackoff", Reason: "must not be negative"}
+	case c.HeartbeatInterval >= c.SessionTimeout:
+		return &ConfigError{Field: "HeartbeatInterval", Reason: "must be below SessionTimeout"}
+	case c.CommitTimeout < 0:
+		return &ConfigError{Field: "CommitTimeout", Reason: "must not be negative"}
+	case c.DeadLetterTimeout < 0:
+		return &ConfigError{Field: "DeadLetterTimeout", Reason: "must not be negative"}
+	case c.DeadLetterRetryDelay < 0:
+		return &ConfigError{Field: "DeadLetterRetryDelay", Reason: "must not be negative"}
+	}
+	return nil
+}
+
+// RequireKey is a consumer.Config.KeyFunc for sources of this package that
+// refuses messages without a key header (or KeyFunc result): they are
+// dead-lettered with consumer.ErrMissingKey instead of being deduplicated on
+// their offset, which would not catch a producer sending them twice.
+func RequireKey(m *consumer.Message) (string, error) {
+	if m.Key == "" {
+		return "", fmt.Errorf("%w: message %s has no key header", consumer.ErrMissingKey, m.ID)
+	}
+	return m.Key, nil
+}

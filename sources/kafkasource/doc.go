@@ -1,0 +1,132 @@
+// Package kafkasource is the consumer.Source for Apache Kafka, built on
+// segmentio/kafka-go's consumer-group Reader.
+//
+//	src, err := kafkasource.New(kafkasource.Config{
+//		Brokers: []string{"127.0.0.1:9092"},
+//		Topics:  []string{"orders"},
+//		GroupID: "billing",
+//	})
+//	...
+//	runner, err := consumer.NewRunner(src, consumer.Transactional(store, handle), consumer.Config{Name: "billing"})
+//
+// # Reading and committing
+//
+// Messages are fetched with Reader.FetchMessage (never ReadMessage, which
+// commits before the message is processed) and offsets are committed with
+// synchronous Reader.CommitMessages calls (CommitInterval 0), only from Ack
+// and DeadLetter, that is after the message's effect (or its dead-letter
+// copy) is durable.
+//
+// Committing offset N commits every earlier offset of the partition, while the
+// runner handles a partition's messages concurrently (messages of different
+// keys run in different lanes). So the source keeps, for every partition, the
+// fetched messages in fetch order and commits only the offset after the
+// longest prefix of them that is settled (acknowledged or dead-lettered). A
+// message settled behind an unsettled one is committed later, by the commit
+// that passes it. The offset this source commits for a partition is therefore
+// always truthful: every message below it was settled by this source, or lies
+// below the offset the partition's reader started from, which was itself
+// committed truthfully.
+//
+// # Order
+//
+// Message.PartitionKey is the Kafka message key (Config.Ordering =
+// OrderByKey), so the runner handles the messages of one key in offset order;
+// messages without a key are not ordered. OrderByPartition orders whole
+// partitions instead. When a message is retried, the later messages of its
+// key in its partition that were fetched after the failure wait in the
+// source until it is settled (acknowledged or dead-lettered), and are then
+// handed out in order. Messages of that key that the runner had already
+// received when the failure happened are not held back.
+//
+// # Retries and dead letters
+//
+// Kafka has no negative acknowledgement. Retry redelivers the message in
+// process after the delay with Attempt increased; its offset stays
+// uncommitted meanwhile, so the partition's commit cannot pass it, and if
+// the process stops, the group redelivers it from the committed offset (with
+// Attempt starting again at 1). The runner's RetryPolicy bounds the attempts;
+// then DeadLetter writes a copy to the dead-letter topic (Config.
+// DeadLetterTopic, by default "<topic>.dlq") with HeaderReason,
+// HeaderAttempts, HeaderOriginTopic, HeaderOriginPartition,
+// HeaderOriginOffset, HeaderGroup, HeaderKey and HeaderDeadLetteredAt, waits
+// for all in-sync replicas, and only then commits. A poison message holds
+// back its partition's commit (and the later messages of its key) for at
+// most the retry policy's total backoff; it never blocks the partition for
+// good. If the dead-letter write fails, the message stays uncommitted and is
+// handed out again after Config.DeadLetterRetryDelay. The dead-letter topic
+// is written at least once: deduplicate it on the origin headers.
+//
+// # Deduplication key
+//
+// Message.Key is the value of the Config.KeyHeader header ("idempotency-key"
+// by default) or the result of Config.KeyFunc. A message without one gets an
+// empty Key, and the runner's default key is then Message.ID,
+// "topic/partition/offset". That fallback recognises every redelivery of the
+// same record (after a crash, a rebalance or a failed commit), but not a
+// producer that sends the same event twice (a producer retry without the
+// idempotent producer, an outbox relayed twice): those are two records with
+// two offsets, and both are applied. Give events a key header, or set
+// consumer.Config.KeyFunc to RequireKey to dead-letter messages that have
+// none.
+//
+// # Rebalances
+//
+// kafka-go's Reader hides partition assignments. When the group rebalances,
+// it stops its partition readers and starts new ones at the committed offsets
+// of the partitions this member owns in the new generation; messages fetched
+// in the old generation that are still in flight in the runner keep
+// running, and their partitions may now belong to another member, which
+// fetches them again from the committed offset.
+//
+// The source fences those stale messages: each fetched message is tagged
+// with the number of generations the reader had joined when it was fetched
+// (kafka-go counts a rebalance before it starts the new generation's
+// readers), and a partition's commit is sent only if the newest message of
+// its settled prefix carries the current count. Acknowledging a stale message
+// settles it in this process but commits nothing for its partition; the
+// partition's owner in the new generation commits it. A commit requested just
+// before a rebalance may still reach the broker after it (kafka-go queues it
+// for the next generation); such a late commit is truthful (see above), so at
+// worst it moves the partition's offset backwards and causes redeliveries; it
+// never skips a message that was not settled.
+//
+// # Remaining duplicate window
+//
+// Messages are delivered more than once, and the runner's deduplication turns
+// the redeliveries into acknowledgements without running the handler (on the
+// transactional path there is no duplicate effect at all; on the lease path
+// the lease path's own window applies). A message is redelivered exactly
+// when its effect is durable but the offset after it is not committed when
+// its partition's reader restarts. That is:
+//
+//   - after a crash or kill, every message of the partition at or after the
+//     last successful commit: the ones in flight, the ones settled behind an
+//     unsettled (for example retried) one, and those whose commit had not
+//     returned yet;
+//   - after a rebalance, the same set for every partition of this member
+//     (also for partitions it keeps, since kafka-go restarts their readers
+//     at the committed offset), and the stale messages whose commits were
+//     fenced;
+//   - after a failed commit, until the next successful one;
+//   - after Close, the messages not settled (Close commits the settled
+//     prefixes before leaving the group).
+//
+// During a rebalance a stale message can be handled by the old and the new
+// owner at the same time; the transactional path serialises them on the
+// record's row lock, so the handler still runs once. The deduplication store's
+// retention must exceed the longest time a message can wait to be
+// redelivered (consumer lag plus downtime), or a late redelivery is applied
+// again.
+//
+// Attempts are counted in process: after a restart or rebalance a message's
+// Attempt starts again at 1.
+//
+// # Brokers
+//
+// The source uses only the Kafka protocol through kafka-go (a consumer group,
+// fetch, offset commit, produce with acks=all, and CreateTopics), so it runs
+// against Apache Kafka and against in-process fakes such as franz-go's kfake.
+// Config.Dialer carries TLS, SASL and a custom dial function to the reader,
+// the dead-letter writer and CreateTopics alike.
+package kafkasource

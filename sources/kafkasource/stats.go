@@ -1,0 +1,66 @@
+package kafkasource
+
+import "sync/atomic"
+
+// Stats counts what a Source did since it was created. Every counter only
+// grows; InFlight and Held are current values.
+type Stats struct {
+	// Fetched is the number of messages fetched from Kafka, including the
+	// group's redeliveries after rebalances and restarts.
+	Fetched uint64
+	// Redelivered is the number of in-process redeliveries: retries, and
+	// messages handed out again after a failed dead-letter write.
+	Redelivered uint64
+	// Commits is the number of successful offset commits (each may cover
+	// several partitions).
+	Commits uint64
+	// CommitFailures is the number of offset commits that failed. Their
+	// offsets are committed by a later commit.
+	CommitFailures uint64
+	// StaleCommitsSkipped is the number of partition commits not sent
+	// because their messages were fetched before the group's latest
+	// rebalance.
+	StaleCommitsSkipped uint64
+	// DeadLettered is the number of messages written to a dead-letter topic.
+	DeadLettered uint64
+	// DeadLetterFailures is the number of failed dead-letter writes.
+	DeadLetterFailures uint64
+	// Generations is the number of consumer-group generations this source
+	// has joined (one per rebalance it took part in).
+	Generations int64
+	// InFlight is the number of messages fetched and not yet settled.
+	InFlight int
+	// Held is the number of messages waiting behind a retried message of
+	// the same key.
+	Held int
+}
+
+type counters struct {
+	fetched, redelivered, commits, commitFailures, staleCommitsSkipped atomic.Uint64
+	deadLettered, deadLetterFailures                                   atomic.Uint64
+}
+
+// Stats returns a snapshot of the source's counters. It is safe to call at
+// any time from any goroutine.
+func (s *Source) Stats() Stats {
+	gen := s.observeGeneration()
+	s.mu.Lock()
+	held := 0
+	for _, h := range s.holds {
+		held += len(h.queue)
+	}
+	s.mu.Unlock()
+	c := &s.stats
+	return Stats{
+		Fetched:             c.fetched.Load(),
+		Redelivered:         c.redelivered.Load(),
+		Commits:             c.commits.Load(),
+		CommitFailures:      c.commitFailures.Load(),
+		StaleCommitsSkipped: c.staleCommitsSkipped.Load(),
+		DeadLettered:        c.deadLettered.Load(),
+		DeadLetterFailures:  c.deadLetterFailures.Load(),
+		Generations:         gen,
+		InFlight:            len(s.slots),
+		Held:                held,
+	}
+}
