@@ -254,5 +254,3 @@ func expectNothing(t testing.TB, src consumer.Source, window time.Duration) {
 		t.Fatalf("Receive: %v", err)
 	}
 }
-
-

@@ -33,7 +33,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{"Ordering", func(c *kafkasource.Config) { c.Ordering = 7 }},
 		{"MaxInFlight", func(c *kafkasource.Config) { c.MaxInFlight = -1 }},
 		{"MaxBytes", func(c *kafkasource.Config) { c.MinBytes, c.MaxBytes = 10, 5 }},
-		{"HeartbeatInterval", func(c *kafkasource.Config) { c.SessionTimeout, c.HeartbeatInterval = time.Second, 2 * time.Second }},
+		{"HeartbeatInterval", func(c *kafkasource.Config) { c.SessionTimeout, c.HeartbeatInterval = time.Second, 2*time.Second }},
 		{"DeadLetterTopic", func(c *kafkasource.Config) { c.DeadLetterTopic = "t" }},
 		{"CommitTimeout", func(c *kafkasource.Config) { c.CommitTimeout = -time.Second }},
 	}
