@@ -71,7 +71,12 @@ func sqsClient(t testing.TB) *sqs.Client {
 // uniqueName returns a queue name unique to this run (at most 80 bytes with
 // a .fifo suffix).
 func uniqueName(t testing.TB) string {
-	base := strings.NewReplacer("/", "-", "_", "-", "#", "-").Replace(t.Name())
+	base := strings.Map(func(r rune) rune {
+		if r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '-'
+	}, t.Name())
 	if len(base) > 40 {
 		base = base[len(base)-40:]
 	}
@@ -367,6 +372,7 @@ type runner struct {
 	*consumer.Runner
 	cancel context.CancelFunc
 	done   chan error
+	once   sync.Once
 }
 
 // startRunner runs a runner over src until stop is called or the test ends.
@@ -392,19 +398,21 @@ func startRunner(t testing.TB, src consumer.Source, path consumer.Path, cfg cons
 	return rr
 }
 
-// stop cancels the runner and waits for Run to return.
+// stop cancels the runner and waits for Run to return. It may be called more
+// than once.
 func (r *runner) stop(t testing.TB) {
 	t.Helper()
-	r.cancel()
-	select {
-	case err, ok := <-r.done:
-		if ok && err != nil {
-			t.Errorf("Run: %v", err)
+	r.once.Do(func() {
+		r.cancel()
+		select {
+		case err := <-r.done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("Run did not return within 30s of cancellation")
 		}
-		close(r.done)
-	case <-time.After(30 * time.Second):
-		t.Errorf("Run did not return within 30s of cancellation")
-	}
+	})
 }
 
 // waitFor polls cond every 100 ms until it is true or timeout passes, then

@@ -682,7 +682,13 @@ func (s *Source) release() {
 	for chunk := range slices.Chunk(hs, MaxBatch) {
 		ok, err := s.changeVisibility(ctx, chunk, func(*handle) time.Duration { return 0 })
 		released += len(ok)
-		if err != nil {
+		var be *BatchError
+		switch {
+		case errors.As(err, &be):
+			// Typically handles that went stale: those messages were
+			// received again or deleted already.
+			s.log.Debug("some messages were not released on close", consumer.LogKeyError, err)
+		case err != nil:
 			s.log.Warn("releasing messages on close failed; they return after their visibility timeout", consumer.LogKeyError, err)
 		}
 	}

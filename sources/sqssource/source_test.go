@@ -1,0 +1,275 @@
+package sqssource_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/sources/sqssource"
+)
+
+// receiveN receives from src until n messages arrived or timeout passed.
+func receiveN(t *testing.T, src consumer.Source, n int, timeout time.Duration) []*consumer.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var got []*consumer.Message
+	for len(got) < n {
+		msgs, err := src.Receive(ctx, n-len(got))
+		if err != nil {
+			t.Fatalf("received %d of %d messages: %v", len(got), n, err)
+		}
+		got = append(got, msgs...)
+	}
+	return got
+}
+
+func TestNewChecksQueueAndDeadLetterRoute(t *testing.T) {
+	t.Parallel()
+	c := sqsClient(t)
+	ctx := testContext(t, 30*time.Second)
+	std := newQueue(t, queueOptions{})
+	fifo := newQueue(t, queueOptions{FIFO: true})
+	redrive := newQueue(t, queueOptions{MaxReceiveCount: 4})
+
+	tests := []struct {
+		name string
+		cfg  sqssource.Config
+		want error
+	}{
+		{"no queue", sqssource.Config{}, consumer.ErrInvalidConfig},
+		{"visibility not whole seconds", sqssource.Config{QueueURL: std.URL, DeadLetterQueueURL: std.DLQURL, VisibilityTimeout: 1500 * time.Millisecond}, consumer.ErrInvalidConfig},
+		{"wait above 20s", sqssource.Config{QueueURL: std.URL, DeadLetterQueueURL: std.DLQURL, WaitTime: 21 * time.Second}, consumer.ErrInvalidConfig},
+		{"heartbeat too slow", sqssource.Config{QueueURL: std.URL, DeadLetterQueueURL: std.DLQURL, VisibilityTimeout: 10 * time.Second, HeartbeatInterval: 6 * time.Second}, consumer.ErrInvalidConfig},
+		{"no dead-letter route", sqssource.Config{QueueURL: std.URL}, sqssource.ErrNoDeadLetterRoute},
+		{"standard queue, FIFO dead letters", sqssource.Config{QueueURL: std.URL, DeadLetterQueueURL: fifo.DLQURL}, consumer.ErrInvalidConfig},
+	}
+	for _, tc := range tests {
+		_, err := sqssource.New(ctx, c, tc.cfg)
+		if !errors.Is(err, tc.want) {
+			t.Errorf("%s: New returned %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	if _, err := sqssource.New(ctx, c, sqssource.Config{QueueURL: std.URL + "-missing", DeadLetterQueueURL: std.DLQURL}); err == nil {
+		t.Errorf("New accepted a queue that does not exist")
+	}
+
+	src := newSource(t, sqssource.Config{QueueURL: redrive.URL})
+	if got := src.MaxReceiveCount(); got != 4 {
+		t.Errorf("MaxReceiveCount = %d, want 4", got)
+	}
+	if src.FIFO() {
+		t.Errorf("standard queue reported as FIFO")
+	}
+	if !newSource(t, sourceConfig(t, fifo)).FIFO() {
+		t.Errorf("FIFO queue not reported as FIFO")
+	}
+}
+
+func TestMessageFieldsAndRetryAttempt(t *testing.T) {
+	t.Parallel()
+	q := newQueue(t, queueOptions{})
+	src := newSource(t, sourceConfig(t, q))
+	publish(t, q.URL, false, outMsg{Key: "k1", Body: "hello", Headers: map[string]string{"trace": "abc"}})
+
+	first := receiveN(t, src, 1, 20*time.Second)[0]
+	if first.Key != "k1" || string(first.Body) != "hello" || first.Headers["trace"] != "abc" ||
+		first.Attempt != 1 || first.Redelivered || first.ID == "" || first.Topic != q.Name {
+		t.Fatalf("first delivery = %+v", first)
+	}
+	ctx := testContext(t, 10*time.Second)
+	if err := src.Retry(ctx, first, time.Second); err != nil {
+		t.Fatalf("Retry: %v", err)
+	}
+	second := receiveN(t, src, 1, 20*time.Second)[0]
+	if second.ID != first.ID || second.Key != first.Key || second.Attempt != 2 || !second.Redelivered {
+		t.Fatalf("redelivery = id %q key %q attempt %d redelivered %v; want id %q key %q attempt 2",
+			second.ID, second.Key, second.Attempt, second.Redelivered, first.ID, first.Key)
+	}
+	if err := src.Ack(ctx, []*consumer.Message{second}); err != nil {
+		t.Fatalf("Ack: %v", err)
+	}
+	if n := queueDepth(t, q.URL); n != 0 {
+		t.Fatalf("queue holds %d messages after Ack, want 0", n)
+	}
+	if err := src.Ack(ctx, []*consumer.Message{{ID: "x"}}); !errors.Is(err, sqssource.ErrForeignMessage) {
+		t.Fatalf("Ack of a foreign message returned %v, want ErrForeignMessage", err)
+	}
+}
+
+// TestAckManyAndStaleHandles deletes more than one batch of messages in one
+// Ack, and checks that a delete with a receipt handle that SQS no longer
+// accepts is reported, never silently counted as done, while the others
+// succeed.
+func TestAckManyAndStaleHandles(t *testing.T) {
+	t.Parallel()
+	q := newQueue(t, queueOptions{})
+	publish(t, q.URL, false, numbered("many", 25)...)
+	cfg := sourceConfig(t, q)
+	cfg.VisibilityTimeout = 2 * time.Second
+	cfg.HeartbeatInterval = -1
+	cfg.ReleaseTimeout = -1
+	a := newSource(t, cfg)
+	b := newSource(t, cfg)
+	ctx := testContext(t, 60*time.Second)
+
+	msgs := receiveN(t, a, 25, 20*time.Second)
+	// Let one message's visibility lapse and receive it again elsewhere:
+	// the first receipt handle goes stale.
+	stale := msgs[0]
+	again := receiveN(t, b, 1, 20*time.Second)[0]
+	if again.ID != stale.ID {
+		// Another message lapsed first; use that one.
+		i := slices.IndexFunc(msgs, func(m *consumer.Message) bool { return m.ID == again.ID })
+		if i < 0 {
+			t.Fatalf("received unknown message %s", again.ID)
+		}
+		msgs[0], msgs[i] = msgs[i], msgs[0]
+		stale = msgs[0]
+	}
+	err := a.Ack(ctx, msgs)
+	var be *sqssource.BatchError
+	switch {
+	case err == nil:
+		// SQS accepts old receipt handles; ElasticMQ does not. Both are
+		// fine, as long as nothing else failed.
+		t.Logf("stale receipt handle accepted")
+	case !errors.As(err, &be):
+		t.Fatalf("Ack returned %v, want a *BatchError", err)
+	case len(be.Entries) != 1 || be.Entries[0].MessageID != stale.ID:
+		t.Fatalf("Ack failed for %+v, want only the stale %s", be.Entries, stale.ID)
+	}
+	if err := b.Ack(ctx, []*consumer.Message{again}); err != nil {
+		t.Fatalf("Ack with the fresh handle: %v", err)
+	}
+	if n := queueDepth(t, q.URL); n != 0 {
+		t.Fatalf("queue holds %d messages, want 0", n)
+	}
+	if s := a.Stats(); s.Deleted+s.DeleteFailures != 25 {
+		t.Fatalf("stats %+v: deleted + failures != 25", s)
+	}
+}
+
+// TestHeartbeatKeepsMessageHidden holds a message without settling it for
+// several visibility timeouts: with the heartbeat, a competing source
+// receives nothing; past MaxExtension, the message comes back.
+func TestHeartbeatKeepsMessageHidden(t *testing.T) {
+	t.Parallel()
+	q := newQueue(t, queueOptions{})
+	cfg := sourceConfig(t, q)
+	cfg.VisibilityTimeout = 2 * time.Second
+	cfg.HeartbeatInterval = 500 * time.Millisecond
+	cfg.MaxExtension = 8 * time.Second
+	holder := newSource(t, cfg)
+	other := newSource(t, cfg)
+	publish(t, q.URL, false, outMsg{Key: "held", Body: "x"})
+
+	held := receiveN(t, holder, 1, 20*time.Second)[0]
+	// Two and a half visibility timeouts, well inside MaxExtension.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*cfg.VisibilityTimeout/2)
+	msgs, err := other.Receive(ctx, 10)
+	cancel()
+	if err == nil {
+		t.Fatalf("competing source received %d message(s) (first %s) while the heartbeat should hide it", len(msgs), msgs[0].ID)
+	}
+	if holder.Stats().Extended == 0 {
+		t.Fatalf("no extension made: %+v", holder.Stats())
+	}
+	// Past MaxExtension the heartbeat gives up and the message returns.
+	back := receiveN(t, other, 1, 20*time.Second)[0]
+	if back.ID != held.ID || back.Attempt < 2 {
+		t.Fatalf("got %s attempt %d, want %s again", back.ID, back.Attempt, held.ID)
+	}
+	if holder.Stats().Expired != 1 {
+		t.Fatalf("stats %+v, want Expired 1", holder.Stats())
+	}
+}
+
+// TestCloseReleasesInFlightMessages checks that Close makes unsettled
+// messages visible at once instead of after their (long) visibility timeout.
+func TestCloseReleasesInFlightMessages(t *testing.T) {
+	t.Parallel()
+	q := newQueue(t, queueOptions{})
+	cfg := sourceConfig(t, q)
+	cfg.VisibilityTimeout = 60 * time.Second
+	publish(t, q.URL, false, numbered("release", 5)...)
+	first := newSource(t, cfg)
+	receiveN(t, first, 5, 20*time.Second)
+	if err := first.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if got := first.Stats().Released; got != 5 {
+		t.Fatalf("released %d, want 5", got)
+	}
+	second := newSource(t, cfg)
+	again := receiveN(t, second, 5, 20*time.Second) // far less than the 60 s visibility timeout
+	for _, m := range again {
+		if m.Attempt != 2 {
+			t.Errorf("message %s attempt %d, want 2", m.Key, m.Attempt)
+		}
+	}
+}
+
+// TestFIFOStrictOrderAcrossRetry checks that a FIFO group hands out one
+// message at a time and that a retried message is not overtaken by the later
+// messages of its group.
+func TestFIFOStrictOrderAcrossRetry(t *testing.T) {
+	t.Parallel()
+	q := newQueue(t, queueOptions{FIFO: true})
+	src := newSource(t, sourceConfig(t, q))
+	var out []outMsg
+	for i := range 4 {
+		out = append(out, outMsg{Key: fmt.Sprintf("a%d", i), Body: "a", Group: "A"})
+	}
+	out = append(out, outMsg{Key: "b0", Body: "b", Group: "B"})
+	publish(t, q.URL, true, out...)
+
+	ctx := testContext(t, 60*time.Second)
+	var order []string
+	retried := false
+	for len(order) < 5 {
+		rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		msgs, err := src.Receive(rctx, 10)
+		cancel()
+		if err != nil {
+			t.Fatalf("Receive after %v: %v", order, err)
+		}
+		groups := map[string]int{}
+		for _, m := range msgs {
+			groups[m.PartitionKey]++
+			if groups[m.PartitionKey] > 1 {
+				t.Fatalf("Receive handed out two messages of group %s at once", m.PartitionKey)
+			}
+		}
+		for _, m := range msgs {
+			if m.Key == "a1" && !retried {
+				retried = true
+				if err := src.Retry(ctx, m, time.Second); err != nil {
+					t.Fatalf("Retry: %v", err)
+				}
+				continue
+			}
+			if err := src.Ack(ctx, []*consumer.Message{m}); err != nil {
+				t.Fatalf("Ack: %v", err)
+			}
+			if m.PartitionKey == "A" {
+				order = append(order, m.Key)
+			} else {
+				order = append(order, "b0")
+			}
+		}
+	}
+	var groupA []string
+	for _, k := range order {
+		if k != "b0" {
+			groupA = append(groupA, k)
+		}
+	}
+	if want := []string{"a0", "a1", "a2", "a3"}; !slices.Equal(groupA, want) {
+		t.Fatalf("group A settled in order %v, want %v", groupA, want)
+	}
+}
