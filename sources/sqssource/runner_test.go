@@ -378,4 +378,3 @@ func TestRedrivePolicyDeadLetters(t *testing.T) {
 		t.Fatalf("%d effect rows, want 5", rows)
 	}
 }
-
