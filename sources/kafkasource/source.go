@@ -78,6 +78,7 @@ type Source struct {
 
 	mu         sync.Mutex // guards everything below
 	closed     bool
+	inFlight   int // admitted and not settled
 	partitions map[topicPartition]*partition
 	dirty      map[*partition]struct{}
 	holds      map[string]*hold
@@ -477,6 +478,7 @@ func (s *Source) admit(km kafka.Message, gen int64) {
 	}
 	e.part = p
 	p.queue = append(p.queue, e)
+	s.inFlight++
 	s.stats.fetched.Add(1)
 	if e.holdKey != "" {
 		if h := s.holds[e.holdKey]; h != nil {
@@ -547,6 +549,7 @@ func (s *Source) settleLocked(e *entry) {
 		delete(s.timers, e)
 	}
 	<-s.slots
+	s.inFlight--
 	if e.blocker {
 		s.unblockLocked(e)
 	}

@@ -45,7 +45,7 @@ type counters struct {
 func (s *Source) Stats() Stats {
 	gen := s.observeGeneration()
 	s.mu.Lock()
-	held := 0
+	held, inFlight := 0, s.inFlight
 	for _, h := range s.holds {
 		held += len(h.queue)
 	}
@@ -60,7 +60,7 @@ func (s *Source) Stats() Stats {
 		DeadLettered:        c.deadLettered.Load(),
 		DeadLetterFailures:  c.deadLetterFailures.Load(),
 		Generations:         gen,
-		InFlight:            len(s.slots),
+		InFlight:            inFlight,
 		Held:                held,
 	}
 }
