@@ -66,6 +66,34 @@ func byKey(msgs []Outgoing) map[string]Outgoing {
 	return m
 }
 
+// receive calls src.Receive(ctx, max) and fails t if it does not return
+// within promptly after ctx is done: a Receive that ignores its context would
+// otherwise hang the suite.
+func receive(t *testing.T, ctx context.Context, src consumer.Source, max int) ([]*consumer.Message, error) {
+	t.Helper()
+	type result struct {
+		msgs []*consumer.Message
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		msgs, err := src.Receive(ctx, max)
+		done <- result{msgs, err}
+	}()
+	select {
+	case r := <-done:
+		return r.msgs, r.err
+	case <-ctx.Done():
+	}
+	select {
+	case r := <-done:
+		return r.msgs, r.err
+	case <-time.After(promptly):
+		t.Fatalf("sourcetest: Receive did not return within %s after its context was done (%v)", promptly, ctx.Err())
+		return nil, nil
+	}
+}
+
 // receiveUntil receives from src, passing every message to each, until done
 // reports true or timeout passes; then it fails t with what(). It returns the
 // messages received, in order.
@@ -75,7 +103,7 @@ func receiveUntil(t *testing.T, src consumer.Source, timeout time.Duration, each
 	defer cancel()
 	var got []*consumer.Message
 	for !done() {
-		msgs, err := src.Receive(ctx, receiveBatch)
+		msgs, err := receive(t, ctx, src, receiveBatch)
 		if err != nil {
 			if ctx.Err() != nil {
 				t.Fatalf("sourcetest: not done after %s: %s", timeout, what())
@@ -130,7 +158,7 @@ func expectQuiet(t *testing.T, src consumer.Source, window time.Duration, why st
 	ctx, cancel := context.WithTimeout(context.Background(), window)
 	defer cancel()
 	for {
-		msgs, err := src.Receive(ctx, receiveBatch)
+		msgs, err := receive(t, ctx, src, receiveBatch)
 		if err != nil {
 			if ctx.Err() != nil {
 				return

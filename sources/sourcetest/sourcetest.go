@@ -155,6 +155,7 @@ func (s *suite) tests() []testCase {
 	return []testCase{
 		{"PublishReceiveAck", s.testPublishReceiveAck},
 		{"CloseRedelivers", s.testCloseRedelivers},
+		{"PartialAck", s.testPartialAck},
 		{"Retry", s.testRetry},
 		{"DeadLetter", s.testDeadLetter},
 		{"RunnerAcksAfterCommit", s.testRunnerAcksAfterCommit},
