@@ -97,6 +97,8 @@
 // # Order
 //
 // RabbitMQ delivers a queue in order to one consumer, but retries,
-// redeliveries and competing consumers reorder messages; Message.PartitionKey
-// is not set.
+// redeliveries and competing consumers reorder messages. Message.PartitionKey
+// is the Config.PartitionKeyHeader header, when configured: the Runner then
+// handles messages of one partition key in one lane, which keeps batches
+// that update the same rows from deadlocking each other.
 package amqpsource

@@ -42,17 +42,22 @@ func (s *Source) toMessage(sess *session, d amqp.Delivery, now time.Time) *consu
 		key = bodyHashPrefix + hex.EncodeToString(h[:])
 	}
 	attempt := 1 + int(max(retries, 0)) + int(max(count, 0))
+	var partition string
+	if s.cfg.PartitionKeyHeader != "" {
+		partition, _ = stringHeader(d.Headers[s.cfg.PartitionKeyHeader])
+	}
 	return &consumer.Message{
-		ID:          d.MessageId,
-		Key:         key,
-		Body:        d.Body,
-		Headers:     stringHeaders(d.Headers),
-		Topic:       s.cfg.Queue,
-		Attempt:     attempt,
-		Redelivered: d.Redelivered || retries > 0,
-		ReceivedAt:  now,
-		Raw:         d,
-		Handle:      &handle{src: s, sess: sess, tag: d.DeliveryTag, attempt: attempt, d: d},
+		ID:           d.MessageId,
+		Key:          key,
+		Body:         d.Body,
+		Headers:      stringHeaders(d.Headers),
+		PartitionKey: partition,
+		Topic:        s.cfg.Queue,
+		Attempt:      attempt,
+		Redelivered:  d.Redelivered || retries > 0,
+		ReceivedAt:   now,
+		Raw:          d,
+		Handle:       &handle{src: s, sess: sess, tag: d.DeliveryTag, attempt: attempt, d: d},
 	}
 }
 

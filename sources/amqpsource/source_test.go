@@ -156,15 +156,15 @@ func TestKeys(t *testing.T) {
 	url := brokerURL(t)
 	q := newQueue(t, url, classic, 0)
 	publish(t, url, q,
-		sourcetest.Outgoing{Key: "k1", Body: []byte("a")}, // header k1, message-id id-k1
-		sourcetest.Outgoing{Body: []byte("same")},         // neither
+		sourcetest.Outgoing{Key: "k1", Body: []byte("a"), Headers: map[string]string{"account": "7"}}, // header k1, message-id id-k1
+		sourcetest.Outgoing{Body: []byte("same")},                                                     // neither
 		sourcetest.Outgoing{Body: []byte("same")},
 	)
-	src := newSource(t, amqpsource.Config{URL: url, Queue: q, Prefetch: 10})
+	src := newSource(t, amqpsource.Config{URL: url, Queue: q, Prefetch: 10, PartitionKeyHeader: "account"})
 	msgs := receive(t, src, 3, testTimeout)
 	slices.SortFunc(msgs, func(a, b *consumer.Message) int { return strings.Compare(string(a.Body), string(b.Body)) })
-	if m := msgs[0]; m.Key != "k1" || m.ID != "id-k1" || m.Attempt != 1 || m.Topic != q {
-		t.Errorf("keyed message: Key %q ID %q Attempt %d Topic %q", m.Key, m.ID, m.Attempt, m.Topic)
+	if m := msgs[0]; m.Key != "k1" || m.ID != "id-k1" || m.Attempt != 1 || m.Topic != q || m.PartitionKey != "7" {
+		t.Errorf("keyed message: Key %q ID %q Attempt %d Topic %q PartitionKey %q", m.Key, m.ID, m.Attempt, m.Topic, m.PartitionKey)
 	}
 	if m := msgs[1]; m.Key != "" || m.ID != "" {
 		t.Errorf("keyless message: Key %q ID %q, want both empty", m.Key, m.ID)
