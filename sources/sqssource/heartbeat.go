@@ -60,10 +60,7 @@ func (s *Source) due(now time.Time) []*handle {
 		switch {
 		case h.done:
 		case now.Sub(h.receivedAt) >= s.cfg.MaxExtension:
-			h.done = true
-			s.stats.expired.Add(1)
-			s.log.Warn("message in flight longer than MaxExtension; no longer extended, it becomes visible again",
-				consumer.LogKeyID, h.id, "in_flight", now.Sub(h.receivedAt).Round(time.Millisecond))
+			s.giveUp(h, now)
 		case now.Sub(h.extendedAt) >= s.cfg.HeartbeatInterval/2:
 			due = append(due, h)
 		}
@@ -100,6 +97,9 @@ func (s *Source) extendBatch(hs []*handle) {
 	defer s.mu.Unlock()
 	for _, h := range ok {
 		h.extendedAt = start
+		if visibility(h) < s.cfg.VisibilityTimeout {
+			s.giveUp(h, start) // this extension reached MaxExtension
+		}
 	}
 	s.stats.extended.Add(uint64(len(ok)))
 	if err == nil {
@@ -120,4 +120,12 @@ func (s *Source) extendBatch(hs []*handle) {
 		}
 	}
 	s.log.Warn("extending visibility failed for some messages", consumer.LogKeyCount, len(be.Entries), consumer.LogKeyError, be)
+}
+
+// giveUp stops extending h, which reached MaxExtension. s.mu must be held.
+func (s *Source) giveUp(h *handle, now time.Time) {
+	h.done = true
+	s.stats.expired.Add(1)
+	s.log.Warn("message in flight for MaxExtension; no longer extended, it becomes visible again",
+		consumer.LogKeyID, h.id, "in_flight", now.Sub(h.receivedAt).Round(time.Millisecond), "max_extension", s.cfg.MaxExtension)
 }

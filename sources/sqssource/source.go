@@ -219,12 +219,14 @@ func (s *Source) FIFO() bool { return s.fifo }
 func (s *Source) MaxReceiveCount() int { return s.maxReceiveCount }
 
 // Receive returns up to max received messages, waiting (long polling) until
-// at least one is available, ctx is done or the Source is closed. When max is
-// above 10 it keeps up to Config.MaxReceivers ReceiveMessage calls in flight
-// (one per 10 messages). A call still in flight when Receive returns is not
+// at least one is available, ctx is done or the Source is closed. It keeps up
+// to Config.MaxReceivers ReceiveMessage calls in flight (one per 10
+// messages), and starts the next ones before it returns, so that receiving
+// overlaps with handling: at most max messages are buffered or being received
+// ahead of the caller. A call still in flight when Receive returns is not
 // cancelled, since SQS may already have hidden the messages it returns: its
-// messages are kept, with their visibility extended, for the next Receive
-// (or released by Close).
+// messages are kept in flight, with their visibility extended, for the next
+// Receive, or released by Close.
 //
 // Receive returns ctx's error (wrapped) when ctx is done, consumer.ErrClosed
 // after Close, and the error of a failed ReceiveMessage call when no message
@@ -243,6 +245,8 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 			return nil, consumer.ErrClosed
 		}
 		if out := s.take(max); len(out) > 0 {
+			// Receive the next messages while the caller handles these.
+			s.prefetch(max)
 			s.mu.Unlock()
 			return out, nil
 		}
@@ -251,10 +255,7 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 			s.mu.Unlock()
 			return nil, err
 		}
-		want := min((max+MaxBatch-1)/MaxBatch, s.cfg.MaxReceivers)
-		for ; s.polls < want; s.polls++ {
-			s.bg.Go(func() { s.poll(min(max, MaxBatch)) })
-		}
+		s.prefetch(max)
 		wake := s.wake
 		s.mu.Unlock()
 
@@ -263,6 +264,17 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 		case <-s.closeCtx.Done():
 		case <-wake:
 		}
+	}
+}
+
+// prefetch starts ReceiveMessage calls, one per 10 messages and at most
+// Config.MaxReceivers at a time, until the messages buffered or being
+// received cover max. s.mu must be held.
+func (s *Source) prefetch(max int) {
+	want := min((max+MaxBatch-1)/MaxBatch, s.cfg.MaxReceivers)
+	for s.polls < want && len(s.ready)+s.polls*MaxBatch < max {
+		s.polls++
+		s.bg.Go(func() { s.poll(min(max, MaxBatch)) })
 	}
 }
 

@@ -14,7 +14,7 @@ type Stats struct {
 	// Extended is the number of visibility extensions the heartbeat made.
 	Extended uint64
 	// Expired is the number of messages the heartbeat stopped extending
-	// because they were in flight longer than Config.MaxExtension.
+	// because they had been in flight for Config.MaxExtension.
 	Expired uint64
 	// Released is the number of unsettled messages Close made visible again.
 	Released uint64
