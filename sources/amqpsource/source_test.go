@@ -258,3 +258,29 @@ func TestQuorumDeliveryLimit(t *testing.T) {
 	}
 	t.Logf("delivered %d times, then dead-lettered by the broker: %v", len(attempts), dl[0].Headers["x-first-death-reason"])
 }
+
+// BenchmarkReceiveAck measures the source alone: receive and acknowledge
+// pre-published persistent messages, no handler. The comparison with a raw
+// consumer and the Runner is `go run ./internal/bench/amqp`.
+func BenchmarkReceiveAck(b *testing.B) {
+	url := brokerURL(b)
+	q := newQueue(b, url, classic, 0)
+	out := outgoing("bench", b.N)
+	for i := 0; i < len(out); i += 5000 {
+		publish(b, url, q, out[i:min(i+5000, len(out))]...)
+	}
+	src := newSource(b, amqpsource.Config{URL: url, Queue: q, Prefetch: 800})
+	ctx := context.Background()
+	b.ResetTimer()
+	for got := 0; got < b.N; {
+		msgs, err := src.Receive(ctx, 100)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := src.Ack(ctx, msgs); err != nil {
+			b.Fatal(err)
+		}
+		got += len(msgs)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msg/s")
+}
