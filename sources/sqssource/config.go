@@ -58,6 +58,17 @@ type Config struct {
 	// Defaults to empty (no attribute).
 	KeyAttribute string
 
+	// PartitionKeyAttribute names a string message attribute whose value
+	// becomes Message.PartitionKey on standard queues. The runner handles
+	// messages with one partition key in one lane, one after another: use
+	// it, for example, with the id of the row a message updates, so that
+	// concurrent batches never lock the same rows in crossing orders
+	// (deadlocks). Standard queues do not keep order, so this serializes
+	// without ordering. On FIFO queues PartitionKey is always the
+	// MessageGroupId and this field is ignored. Defaults to empty (no
+	// partition key).
+	PartitionKeyAttribute string
+
 	// VisibilityTimeout is how long a received message stays hidden from
 	// other receivers before the heartbeat extends it. It is sent with every
 	// ReceiveMessage call, overriding the queue's setting, and must be a

@@ -15,7 +15,8 @@
 // # What it does
 //
 //   - Receive long-polls ReceiveMessage (up to 10 messages a call, up to
-//     Config.MaxReceivers calls in parallel when the runner asks for more)
+//     Config.MaxReceivers calls in parallel when the runner asks for more,
+//     the next calls started while the runner handles the last messages)
 //     and requests ApproximateReceiveCount, MessageGroupId and
 //     MessageDeduplicationId.
 //   - Ack deletes with DeleteMessageBatch. The runner calls it only after
@@ -45,7 +46,10 @@
 // key. A producer that may send one logical message twice to a standard queue
 // gets two MessageIds: give such messages a KeyAttribute.
 //
-// On FIFO queues Message.PartitionKey is the MessageGroupId.
+// On FIFO queues Message.PartitionKey is the MessageGroupId; on standard
+// queues it is the attribute named by Config.PartitionKeyAttribute, if any,
+// which serializes the messages of one entity (one lane of the runner) so
+// that concurrent transactions do not deadlock on its rows.
 //
 // # Guarantees
 //

@@ -385,12 +385,16 @@ func (s *Source) message(h *handle, now time.Time) *consumer.Message {
 	if key == "" && s.fifo {
 		key = m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)]
 	}
+	partition := h.group
+	if !s.fifo && s.cfg.PartitionKeyAttribute != "" {
+		partition = headers[s.cfg.PartitionKeyAttribute]
+	}
 	return &consumer.Message{
 		ID:           h.id,
 		Key:          key,
 		Body:         []byte(aws.ToString(m.Body)),
 		Headers:      headers,
-		PartitionKey: m.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)],
+		PartitionKey: partition,
 		Topic:        s.queueName,
 		Attempt:      attempt,
 		Redelivered:  attempt > 1,

@@ -73,11 +73,13 @@ func TestNewChecksQueueAndDeadLetterRoute(t *testing.T) {
 func TestMessageFieldsAndRetryAttempt(t *testing.T) {
 	t.Parallel()
 	q := newQueue(t, queueOptions{})
-	src := newSource(t, sourceConfig(t, q))
-	publish(t, q.URL, false, outMsg{Key: "k1", Body: "hello", Headers: map[string]string{"trace": "abc"}})
+	cfg := sourceConfig(t, q)
+	cfg.PartitionKeyAttribute = "account"
+	src := newSource(t, cfg)
+	publish(t, q.URL, false, outMsg{Key: "k1", Body: "hello", Headers: map[string]string{"trace": "abc", "account": "42"}})
 
 	first := receiveN(t, src, 1, 20*time.Second)[0]
-	if first.Key != "k1" || string(first.Body) != "hello" || first.Headers["trace"] != "abc" ||
+	if first.Key != "k1" || string(first.Body) != "hello" || first.Headers["trace"] != "abc" || first.PartitionKey != "42" ||
 		first.Attempt != 1 || first.Redelivered || first.ID == "" || first.Topic != q.Name {
 		t.Fatalf("first delivery = %+v", first)
 	}
