@@ -80,9 +80,14 @@
 // # Attempts
 //
 // Message.Attempt is ApproximateReceiveCount: it counts receives, not handler
-// failures. A message released by Close, or received again after its
-// visibility lapsed (heartbeat disabled, or past MaxExtension), counts one
-// more attempt.
+// failures. A message released by Close, received again after its
+// visibility lapsed (heartbeat disabled, or past MaxExtension), or retried
+// by the runner because of a database failure or a duplicate of its key in
+// the same batch counts one more attempt. The runner never dead-letters for
+// those, but a redrive policy counts every receive: with dead-lettering left
+// to the redrive policy, a long database outage can move messages to the
+// dead-letter queue, so give maxReceiveCount room above
+// RetryPolicy.MaxAttempts, or use Config.DeadLetterQueueURL.
 //
 // # Ordering on FIFO queues
 //
@@ -100,8 +105,10 @@
 // ChangeMessageVisibility(Batch), FIFO queues with MessageGroupId and
 // MessageDeduplicationId, redrive policies and ApproximateReceiveCount behave
 // as on SQS. Differences seen: ElasticMQ renders a redrive policy's
-// maxReceiveCount as a JSON number where SQS renders a string (both are
-// accepted), and it refuses an old receipt handle once a message has been
-// received again, where SQS often still accepts it (the package treats both
-// outcomes as success or as a harmless failed delete).
+// maxReceiveCount as a JSON number where SQS documents a string (both are
+// accepted), and it refuses a receipt handle with ReceiptHandleIsInvalid once
+// the message was received again, where SQS may answer success without
+// deleting (its documentation asks for the latest handle). Either way the
+// message comes back and is deleted as a duplicate. ElasticMQ keeps its queues
+// in memory, so the tests cannot restart it in the middle of a run.
 package sqssource
