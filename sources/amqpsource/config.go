@@ -190,7 +190,7 @@ type Topology struct {
 
 	// QueueArgs are extra arguments for Queue (x-max-length, ...). The
 	// source sets x-queue-type, x-delivery-limit and the dead-letter
-	// arguments itself.
+	// arguments itself. Defaults to none.
 	QueueArgs amqp.Table
 }
 

@@ -11,6 +11,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
+// closeTimeout bounds the close handshake of a connection.
+const closeTimeout = 5 * time.Second
+
 // session is one connection with its consuming channel. Delivery tags are
 // valid only on the channel that issued them, so every handle points to its
 // session, and a session never comes back once it is dead: the reconnect loop
@@ -58,7 +61,10 @@ func (s *session) alive() bool {
 func (s *session) kill() {
 	s.deadOnce.Do(func() {
 		close(s.dead)
-		_ = s.conn.Close() // already closed when the broker dropped it
+		// An error means the connection was closed already (the broker
+		// dropped it) or the close handshake timed out; either way the
+		// socket is closed.
+		_ = s.conn.CloseDeadline(time.Now().Add(closeTimeout))
 	})
 }
 

@@ -122,6 +122,9 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 	if max < 1 {
 		max = 1
 	}
+	if s.isClosing() {
+		return nil, consumer.ErrClosed
+	}
 	var out []*consumer.Message
 	for len(out) == 0 {
 		select {
@@ -388,7 +391,7 @@ func (s *Source) dial(ctx context.Context) (*session, error) {
 	}
 	fail := func(what string, err error) (*session, error) {
 		sess.deadOnce.Do(func() { close(sess.dead) })
-		_ = conn.Close()
+		_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
 		return nil, fmt.Errorf("amqpsource: %s: %w", what, err)
 	}
 	if err := ctx.Err(); err != nil {
