@@ -24,6 +24,8 @@
 //
 //   - every published message is received and, once acknowledged, never
 //     delivered again, not even to a new source;
+//   - acknowledging some messages never acknowledges the others (a
+//     cumulative offset commit past an unacknowledged message would lose it);
 //   - a redelivery keeps Message.ID and Message.Key, and its Attempt grows;
 //   - Retry redelivers (not before the delay when RetryDelayHonoured);
 //   - closing a source without acknowledging returns its messages to a new
@@ -41,6 +43,12 @@
 //   - a broker restart in the middle of consumption loses nothing and applies
 //     nothing twice (when Restart).
 //
-// Set IDEMQ_SOURCETEST_STRESS=1 to repeat the delivery tests with many more
-// messages.
+// The restart test runs alone, after the parallel tests, because a broker
+// restart would disturb them. Set IDEMQ_SOURCETEST_STRESS=1 to run the
+// delivery and runner tests with many more messages.
+//
+// The Runner tests use an in-memory transactional store, so they check the
+// source's part of the contract (settling the right messages at the right
+// time) independently of any database; adapters add their own end-to-end
+// tests against PostgreSQL.
 package sourcetest
