@@ -146,6 +146,7 @@ type Broker struct {
 	rng         *rand.Rand
 	faults      []*activeFault
 	nextID      uint64
+	nextDeliv   uint64
 	nextSource  uint64
 	seq         uint64
 	unavailable bool
@@ -185,10 +186,8 @@ type topic struct {
 
 // stored is one published message.
 type stored struct {
-	id    string
-	seq   uint64
-	out   Outgoing
-	topic *topic
+	id  string
+	out Outgoing
 
 	deliveries  int                  // deliveries so far; the next Attempt is deliveries+1
 	live        map[uint64]*delivery // outstanding deliveries by number
@@ -235,7 +234,7 @@ func (b *Broker) Publish(topicName string, msgs ...Outgoing) []string {
 		b.nextID++
 		o.Headers = maps.Clone(o.Headers)
 		o.Body = append([]byte(nil), o.Body...)
-		m := &stored{id: fmt.Sprintf("mem-%d", b.nextID), seq: b.nextID, out: o, topic: t, live: make(map[uint64]*delivery)}
+		m := &stored{id: fmt.Sprintf("mem-%d", b.nextID), out: o, live: make(map[uint64]*delivery)}
 		t.queue = append(t.queue, m)
 		t.stats.Published++
 		ids[i] = m.id

@@ -165,8 +165,8 @@ func (s *Source) take(now time.Time, max int) ([]*consumer.Message, []Event, tim
 	}
 	deliver := func(m *stored) {
 		m.deliveries++
-		b.seq++ // delivery numbers share the event sequence: unique and growing
-		d := &delivery{n: b.seq, msg: m, src: s, attempt: m.deliveries, deadline: now.Add(s.vis)}
+		b.nextDeliv++
+		d := &delivery{n: b.nextDeliv, msg: m, src: s, attempt: m.deliveries, deadline: now.Add(s.vis)}
 		m.live[d.n] = d
 		later(d.deadline)
 		t.stats.Deliveries++
