@@ -26,7 +26,8 @@
 //     delivered again, not even to a new source;
 //   - acknowledging some messages never acknowledges the others (a
 //     cumulative offset commit past an unacknowledged message would lose it);
-//   - a redelivery keeps Message.ID and Message.Key, and its Attempt grows;
+//   - a redelivery keeps Message.ID and Message.Key, and its Attempt never
+//     goes down (and grows after Retry);
 //   - Retry redelivers (not before the delay when RetryDelayHonoured);
 //   - closing a source without acknowledging returns its messages to a new
 //     source within Features.RedeliveryTimeout;
