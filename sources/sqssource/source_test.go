@@ -5,8 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/sources/sqssource"
@@ -273,5 +278,133 @@ func TestFIFOStrictOrderAcrossRetry(t *testing.T) {
 	}
 	if want := []string{"a0", "a1", "a2", "a3"}; !slices.Equal(groupA, want) {
 		t.Fatalf("group A settled in order %v, want %v", groupA, want)
+	}
+}
+
+// flakyDeletes passes DeleteMessageBatch to the real server, except that it
+// withholds the entries with an odd Id and reports them as failed by the
+// server (not the sender), for the first failures calls.
+type flakyDeletes struct {
+	sqssource.Client
+	failures int
+
+	mu    sync.Mutex
+	calls [][]string // entry receipt handles per call
+}
+
+func (f *flakyDeletes) DeleteMessageBatch(ctx context.Context, in *sqs.DeleteMessageBatchInput, optFns ...func(*sqs.Options)) (*sqs.DeleteMessageBatchOutput, error) {
+	f.mu.Lock()
+	var handles []string
+	for _, e := range in.Entries {
+		handles = append(handles, aws.ToString(e.ReceiptHandle))
+	}
+	f.calls = append(f.calls, handles)
+	fail := len(f.calls) <= f.failures
+	f.mu.Unlock()
+	if !fail {
+		return f.Client.DeleteMessageBatch(ctx, in, optFns...)
+	}
+	pass := &sqs.DeleteMessageBatchInput{QueueUrl: in.QueueUrl}
+	var failed []types.BatchResultErrorEntry
+	for i, e := range in.Entries {
+		if i%2 == 1 {
+			failed = append(failed, types.BatchResultErrorEntry{Id: e.Id, Code: aws.String("InternalError"), Message: aws.String("injected")})
+			continue
+		}
+		pass.Entries = append(pass.Entries, e)
+	}
+	out, err := f.Client.DeleteMessageBatch(ctx, pass, optFns...)
+	if err != nil {
+		return nil, err
+	}
+	out.Failed = append(out.Failed, failed...)
+	return out, nil
+}
+
+// TestAckSendsFailedEntriesAgain checks the handling of partial batch
+// failures: entries that failed on the server's side are sent again, alone,
+// and entries still failing after DeleteAttempts are reported and stay in the
+// queue.
+func TestAckSendsFailedEntriesAgain(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name         string
+		failures     int
+		wantUndelete int
+	}{
+		{"recovers", 1, 0},
+		{"gives up", 100, 1}, // 10 sent, 5 fail; 5 again, 2 fail; 2 again, 1 fails
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			q := newQueue(t, queueOptions{})
+			publish(t, q.URL, false, numbered("flaky", 10)...)
+			flaky := &flakyDeletes{Client: sqsClient(t), failures: tc.failures}
+			cfg := sourceConfig(t, q)
+			cfg.VisibilityTimeout = 60 * time.Second
+			cfg.DeleteAttempts = 3
+			cfg.ReleaseTimeout = -1
+			src, err := sqssource.New(testContext(t, 10*time.Second), flaky, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = src.Close() })
+			msgs := receiveN(t, src, 10, 20*time.Second)
+			err = src.Ack(testContext(t, 30*time.Second), msgs)
+
+			var be *sqssource.BatchError
+			switch {
+			case tc.wantUndelete == 0 && err != nil:
+				t.Fatalf("Ack: %v", err)
+			case tc.wantUndelete > 0 && (!errors.As(err, &be) || len(be.Entries) != tc.wantUndelete):
+				t.Fatalf("Ack returned %v, want a *BatchError with %d entries", err, tc.wantUndelete)
+			}
+			flaky.mu.Lock()
+			calls := flaky.calls
+			flaky.mu.Unlock()
+			if tc.wantUndelete == 0 && (len(calls) != 2 || len(calls[1]) != 5) {
+				t.Fatalf("calls %d, second with %d entries; want 2 calls, the second with the 5 failed entries", len(calls), len(calls[len(calls)-1]))
+			}
+			if tc.wantUndelete > 0 && len(calls) != cfg.DeleteAttempts {
+				t.Fatalf("%d calls, want DeleteAttempts = %d", len(calls), cfg.DeleteAttempts)
+			}
+			if n := queueDepth(t, q.URL); n != tc.wantUndelete {
+				t.Fatalf("queue holds %d messages, want %d", n, tc.wantUndelete)
+			}
+		})
+	}
+}
+
+// failingSends refuses every SendMessage.
+type failingSends struct{ sqssource.Client }
+
+func (failingSends) SendMessage(context.Context, *sqs.SendMessageInput, ...func(*sqs.Options)) (*sqs.SendMessageOutput, error) {
+	return nil, errors.New("injected: dead-letter queue unavailable")
+}
+
+// TestDeadLetterKeepsOriginalUntilWritten checks that a message whose dead
+// letter could not be written is not deleted, and comes back.
+func TestDeadLetterKeepsOriginalUntilWritten(t *testing.T) {
+	t.Parallel()
+	q := newQueue(t, queueOptions{})
+	publish(t, q.URL, false, outMsg{Key: "dl", Body: "poison"})
+	cfg := sourceConfig(t, q)
+	cfg.VisibilityTimeout = 1 * time.Second
+	cfg.HeartbeatInterval = -1
+	src, err := sqssource.New(testContext(t, 10*time.Second), failingSends{sqsClient(t)}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = src.Close() })
+	m := receiveN(t, src, 1, 20*time.Second)[0]
+	if err := src.DeadLetter(testContext(t, 10*time.Second), m, errors.New("poison")); err == nil {
+		t.Fatalf("DeadLetter succeeded although the send failed")
+	}
+	again := receiveN(t, src, 1, 20*time.Second)[0]
+	if again.ID != m.ID || again.Attempt != 2 {
+		t.Fatalf("got %s attempt %d, want %s again", again.ID, again.Attempt, m.ID)
+	}
+	if n := len(drain(t, q.DLQURL, 1, time.Second)); n != 0 {
+		t.Fatalf("%d dead letters, want none", n)
 	}
 }
