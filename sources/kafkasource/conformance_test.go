@@ -21,7 +21,7 @@ func TestConformance(t *testing.T) {
 			RetryDelayHonoured:    true,
 			// A closed source leaves the group at once; the rebalance that
 			// hands its partitions over takes a few seconds at most.
-			RedeliveryTimeout:  15 * time.Second,
+			RedeliveryTimeout:  10 * time.Second,
 			DeadLetterReadable: true,
 			Restart:            true,
 		},

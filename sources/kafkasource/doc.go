@@ -80,16 +80,22 @@
 // fetches them again from the committed offset.
 //
 // The source fences those stale messages: each fetched message is tagged
-// with the number of generations the reader had joined when it was fetched
-// (kafka-go counts a rebalance before it starts the new generation's
-// readers), and a partition's commit is sent only if the newest message of
-// its settled prefix carries the current count. Acknowledging a stale message
+// with the reader's rebalance count at the time it was fetched, and a
+// partition's commit is sent only if the newest message of its settled prefix
+// carries the current count. kafka-go counts a group generation before it
+// starts that generation's partition readers, so a message never carries a
+// count older than its generation; it also counts a partition reader that
+// lost its partition's leader, which only makes the fence skip commits that
+// were safe (those offsets are committed with the next message of the
+// partition, or redelivered and deduplicated). Acknowledging a stale message
 // settles it in this process but commits nothing for its partition; the
-// partition's owner in the new generation commits it. A commit requested just
-// before a rebalance may still reach the broker after it (kafka-go queues it
-// for the next generation); such a late commit is truthful (see above), so at
-// worst it moves the partition's offset backwards and causes redeliveries; it
-// never skips a message that was not settled.
+// partition's owner in the new generation commits it. Stats.StaleCommitsSkipped
+// counts the skipped commits.
+//
+// A commit requested just before a rebalance may still reach the broker after
+// it (kafka-go queues it for the next generation). Such a late commit is
+// truthful (see above): at worst it moves the partition's offset backwards
+// and causes redeliveries; it never skips a message that was not settled.
 //
 // # Remaining duplicate window
 //
@@ -108,6 +114,9 @@
 //     (also for partitions it keeps, since kafka-go restarts their readers
 //     at the committed offset), and the stale messages whose commits were
 //     fenced;
+//   - after a partition leader change, the settled messages of that
+//     partition whose commit the fence skipped, until the next message of
+//     the partition is settled and committed;
 //   - after a failed commit, until the next successful one;
 //   - after Close, the messages not settled (Close commits the settled
 //     prefixes before leaving the group).

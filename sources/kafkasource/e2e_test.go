@@ -423,7 +423,7 @@ func TestRebalancesApplyEveryEffectOnce(t *testing.T) {
 
 	<-produced
 	waitCommitted(t, brokers, group, topic, partitions, 2*waitTimeout)
-	if g := bSrc.Stats().Generations; g < 2 {
+	if g := bSrc.Stats().Rebalances; g < 2 {
 		t.Errorf("the member that stayed joined %d generation(s); the test did not rebalance", g)
 	}
 	t.Logf("member stats: stayed %+v, joined %+v", bSrc.Stats(), cSrc.Stats())

@@ -72,7 +72,7 @@ type Source struct {
 	commitMu sync.Mutex
 
 	// genMu serialises reads of the reader's rebalance counter, which
-	// kafka-go resets on every read.
+	// kafka-go resets on every read; gen accumulates it.
 	genMu sync.Mutex
 	gen   atomic.Int64
 
@@ -218,7 +218,8 @@ func (s *Source) Config() Config { return s.cfg }
 // Receive blocks until at least one message is available, then returns up to
 // max of them. It returns ctx.Err() when ctx is done, consumer.ErrClosed after
 // Close, and the latest fetch error (a broker or group failure, which the
-// Runner retries with backoff) when one occurred since the last call.
+// Runner retries with backoff) when one occurred since the last call and no
+// message is ready.
 // Receive commits nothing.
 func (s *Source) Receive(ctx context.Context, limit int) ([]*consumer.Message, error) {
 	if err := ctx.Err(); err != nil {
@@ -230,16 +231,28 @@ func (s *Source) Receive(ctx context.Context, limit int) ([]*consumer.Message, e
 	default:
 	}
 	limit = max(limit, 1)
-	var first *consumer.Message
+	// Messages first: a fetch error of one partition must not hold up the
+	// messages of the others.
+	select {
+	case m := <-s.ready:
+		return s.drain(m, limit), nil
+	default:
+	}
 	select {
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	case <-s.closing:
 		return nil, consumer.ErrClosed
+	case m := <-s.ready:
+		return s.drain(m, limit), nil
 	case err := <-s.errs:
 		return nil, err
-	case first = <-s.ready:
 	}
+}
+
+// drain returns first and up to limit-1 more ready messages, without
+// blocking.
+func (s *Source) drain(first *consumer.Message, limit int) []*consumer.Message {
 	out := make([]*consumer.Message, 1, min(limit, 1+len(s.ready)))
 	out[0] = first
 	for len(out) < limit {
@@ -247,10 +260,10 @@ func (s *Source) Receive(ctx context.Context, limit int) ([]*consumer.Message, e
 		case m := <-s.ready:
 			out = append(out, m)
 		default:
-			return out, nil
+			return out
 		}
 	}
-	return out, nil
+	return out
 }
 
 // Ack marks msgs settled and synchronously commits, for every partition they
@@ -677,16 +690,20 @@ func (s *Source) commit(ctx context.Context) error {
 	return nil
 }
 
-// observeGeneration returns the number of group generations the reader has
-// joined so far. kafka-go counts a rebalance before it starts the new
-// generation's partition readers, so a message fetched after this count was
-// read belongs to this generation or an older one.
+// observeGeneration returns the reader's rebalance count so far. kafka-go
+// counts every consumer-group generation it joins, before it starts that
+// generation's partition readers (so a message fetched after this count was
+// read belongs to the generation counted or an older one), and also every
+// time a partition reader loses its partition's leader. The count is
+// therefore a conservative generation tag: it grows at least once per
+// generation, and a growth without a rebalance only makes the fence skip
+// commits that were safe.
 func (s *Source) observeGeneration() int64 {
 	s.genMu.Lock()
 	defer s.genMu.Unlock()
 	if n := s.reader.Stats().Rebalances; n > 0 {
 		g := s.gen.Add(n)
-		s.log.Info("joined consumer group generation", LogKeyGeneration, g)
+		s.log.Info("consumer group rebalanced or partition leader moved", LogKeyGeneration, g)
 	}
 	return s.gen.Load()
 }

@@ -313,11 +313,11 @@ func TestStaleMessagesAreNotCommitted(t *testing.T) {
 
 	a := openSource(t, testConfig(brokers, topic, group))
 	stale := receiveN(t, a, 3, waitTimeout)
-	gen := a.Stats().Generations
+	gen := a.Stats().Rebalances
 
 	b := openSource(t, testConfig(brokers, topic, group)) // joins: the group rebalances
 	deadline := time.Now().Add(waitTimeout)
-	for a.Stats().Generations <= gen {
+	for a.Stats().Rebalances <= gen {
 		if time.Now().After(deadline) {
 			t.Fatalf("the first member did not rejoin the group within %s", waitTimeout)
 		}

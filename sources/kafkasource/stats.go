@@ -25,9 +25,11 @@ type Stats struct {
 	DeadLettered uint64
 	// DeadLetterFailures is the number of failed dead-letter writes.
 	DeadLetterFailures uint64
-	// Generations is the number of consumer-group generations this source
-	// has joined (one per rebalance it took part in).
-	Generations int64
+	// Rebalances is the number of consumer-group generations this source
+	// joined (one per rebalance it took part in) plus the partition leader
+	// changes its reader noticed: kafka-go counts both. A message fetched
+	// before the latest of them is stale for the commit fence.
+	Rebalances int64
 	// InFlight is the number of messages fetched and not yet settled.
 	InFlight int
 	// Held is the number of messages waiting behind a retried message of
@@ -59,7 +61,7 @@ func (s *Source) Stats() Stats {
 		StaleCommitsSkipped: c.staleCommitsSkipped.Load(),
 		DeadLettered:        c.deadLettered.Load(),
 		DeadLetterFailures:  c.deadLetterFailures.Load(),
-		Generations:         gen,
+		Rebalances:          gen,
 		InFlight:            inFlight,
 		Held:                held,
 	}

@@ -1,0 +1,387 @@
+// Command kafka measures, in one run against a real Kafka broker and a real
+// PostgreSQL, how fast messages flow:
+//
+//   - raw kafka-go: a consumer-group Reader that fetches with FetchMessage
+//     and commits synchronously with CommitMessages once every 100 messages
+//     (and, for reference, after every message), with no handler and no
+//     database;
+//   - the idemq runner over kafkasource with the transactional path
+//     (pgdedup) and a handler of one UPDATE, at batch size 1 and at batch
+//     size 100.
+//
+// Every run reads the same topic from its start with a fresh consumer group
+// (and a fresh deduplication scope), and the clock starts when its first
+// message is fetched, so group joins are not counted. It prints messages/s
+// and the ratio to the raw baseline.
+//
+//	go run ./internal/bench/kafka
+//
+// TEST_KAFKA_BROKERS and TEST_DATABASE_URL select other servers.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/sources/kafkasource"
+)
+
+const schema = "idemq_bench_kafka"
+
+type order struct {
+	Account int   `json:"account"`
+	Amount  int64 `json:"amount"`
+}
+
+func main() {
+	var (
+		brokers     = flag.String("brokers", envOr("TEST_KAFKA_BROKERS", "127.0.0.1:9092"), "comma-separated Kafka bootstrap brokers")
+		dsn         = flag.String("dsn", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable"), "PostgreSQL URL")
+		n           = flag.Int("n", 100000, "messages for the raw baseline and the batch-100 run")
+		n1          = flag.Int("n1", 5000, "messages for the batch-1 run and the commit-per-message baseline")
+		partitions  = flag.Int("partitions", 8, "partitions of the benchmark topic")
+		concurrency = flag.Int("concurrency", 4, "Runner.Concurrency")
+		accounts    = flag.Int("accounts", 1000, "rows in the accounts table")
+		cpuprofile  = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	)
+	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		_ = pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	b := &bench{
+		brokers: strings.Split(*brokers, ","), dsn: *dsn, n: *n, n1: *n1,
+		partitions: *partitions, concurrency: *concurrency, accounts: *accounts,
+		log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	if err := b.run(ctx); err != nil {
+		pprof.StopCPUProfile()
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+type bench struct {
+	brokers                        []string
+	dsn                            string
+	n, n1, partitions, concurrency int
+	accounts                       int
+	log                            *slog.Logger
+	topic                          string
+	pool                           *pgxpool.Pool
+	store                          *pgdedup.Store
+	suffix                         string
+	handledTotal                   int64
+}
+
+type result struct {
+	name string
+	n    int
+	d    time.Duration
+}
+
+func (r result) rate() float64 { return float64(r.n) / r.d.Seconds() }
+
+func (b *bench) run(ctx context.Context) error {
+	suffix := make([]byte, 4)
+	_, _ = rand.Read(suffix)
+	b.suffix = hex.EncodeToString(suffix)
+	b.topic = "idemq-bench-" + b.suffix
+	total := max(b.n, b.n1)
+
+	if err := b.setupDatabase(ctx); err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	defer b.pool.Close()
+	defer b.pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) //nolint:errcheck
+
+	if err := kafkasource.CreateTopics(ctx, nil, b.brokers,
+		kafkasource.TopicSpec{Name: b.topic, Partitions: b.partitions},
+		kafkasource.TopicSpec{Name: kafkasource.DeadLetterTopic(b.topic), Partitions: 1},
+	); err != nil {
+		return err
+	}
+	defer b.deleteTopics()
+	t0 := time.Now()
+	if err := b.produce(ctx, total); err != nil {
+		return fmt.Errorf("produce: %w", err)
+	}
+	var fsync string
+	_ = b.pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&fsync)
+	fmt.Printf("Kafka source benchmark: topic %s, %d partitions, %d messages produced in %s; runner concurrency %d; PostgreSQL synchronous_commit=%s\n\n",
+		b.topic, b.partitions, total, time.Since(t0).Round(time.Millisecond), b.concurrency, fsync)
+
+	var results []result
+	raw, err := b.raw(ctx, "raw-100", b.n, 100)
+	if err != nil {
+		return fmt.Errorf("raw: %w", err)
+	}
+	results = append(results, result{"raw kafka-go: FetchMessage, sync commit every 100", b.n, raw})
+	raw1, err := b.raw(ctx, "raw-1", b.n1, 1)
+	if err != nil {
+		return fmt.Errorf("raw: %w", err)
+	}
+	results = append(results, result{"raw kafka-go: FetchMessage, sync commit every message", b.n1, raw1})
+
+	mem, err := memstore.New(memstore.Config{})
+	if err != nil {
+		return err
+	}
+	memPath := consumer.Transactional(mem, func(_ context.Context, tx *memstore.Tx, msg *consumer.Message) error {
+		return tx.Add("handled", 1)
+	})
+	for _, r := range []struct {
+		name  string
+		n     int
+		batch int
+		path  consumer.Path
+	}{
+		{"idemq runner + kafkasource + pgdedup, batch 1", b.n1, 1, b.pgPath()},
+		{"idemq runner + kafkasource + pgdedup, batch 100", b.n, 100, b.pgPath()},
+		{"idemq runner + kafkasource, in-memory store, batch 100", b.n, 100, memPath},
+	} {
+		d, st, err := b.runner(ctx, "batch-"+strconv.Itoa(r.batch)+"-"+strconv.Itoa(len(results)), r.n, r.batch, r.path)
+		if err != nil {
+			return fmt.Errorf("%s: %w", r.name, err)
+		}
+		if r.path != memPath {
+			b.handledTotal += int64(st.Handled)
+		}
+		results = append(results, result{r.name, r.n, d})
+	}
+	if err := b.checkBalances(ctx); err != nil {
+		return err
+	}
+
+	base := results[0].rate()
+	fmt.Printf("%-58s %9s %10s %12s %9s\n", "workload", "messages", "seconds", "messages/s", "vs raw")
+	for _, r := range results {
+		fmt.Printf("%-58s %9d %10.2f %12.0f %8.2fx\n", r.name, r.n, r.d.Seconds(), r.rate(), r.rate()/base)
+	}
+	fmt.Printf("\nratio idemq batch 100 (PostgreSQL) / raw: %.2f; without the database: %.2f (target >= 0.5)\n",
+		results[3].rate()/base, results[4].rate()/base)
+	return nil
+}
+
+func (b *bench) setupDatabase(ctx context.Context) error {
+	cfg, err := pgxpool.ParseConfig(b.dsn)
+	if err != nil {
+		return err
+	}
+	cfg.MaxConns = int32(b.concurrency + 2)
+	if b.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return err
+	}
+	for _, sql := range []string{
+		`DROP SCHEMA IF EXISTS ` + schema + ` CASCADE`,
+		`CREATE SCHEMA ` + schema,
+		`CREATE TABLE ` + schema + `.accounts (id int PRIMARY KEY, balance bigint NOT NULL DEFAULT 0)`,
+		fmt.Sprintf(`INSERT INTO %s.accounts (id) SELECT generate_series(0, %d)`, schema, b.accounts-1),
+	} {
+		if _, err := b.pool.Exec(ctx, sql); err != nil {
+			return err
+		}
+	}
+	if b.store, err = pgdedup.New(b.pool, pgdedup.Config{Schema: schema}); err != nil {
+		return err
+	}
+	return b.store.Migrate(ctx)
+}
+
+func (b *bench) produce(ctx context.Context, total int) error {
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{
+		Addr: kafka.TCP(b.brokers...), Topic: b.topic, Transport: tr,
+		Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll,
+		BatchSize: 1000, BatchBytes: 4 << 20, BatchTimeout: 5 * time.Millisecond,
+	}
+	defer w.Close()
+	const chunk = 5000
+	msgs := make([]kafka.Message, 0, chunk)
+	for i := 0; i < total; i++ {
+		account := i % b.accounts
+		msgs = append(msgs, kafka.Message{
+			Key:     []byte("acct-" + strconv.Itoa(account)),
+			Value:   []byte(`{"account":` + strconv.Itoa(account) + `,"amount":1}`),
+			Headers: []kafka.Header{{Key: kafkasource.DefaultKeyHeader, Value: []byte("order-" + strconv.Itoa(i))}},
+		})
+		if len(msgs) == chunk || i == total-1 {
+			if err := w.WriteMessages(ctx, msgs...); err != nil {
+				return err
+			}
+			msgs = msgs[:0]
+		}
+	}
+	return nil
+}
+
+// raw consumes n messages with a plain kafka-go group reader and commits
+// every commitEvery messages, synchronously. The clock starts at the first
+// message.
+func (b *bench) raw(ctx context.Context, name string, n, commitEvery int) (time.Duration, error) {
+	r := kafka.NewReader(kafka.ReaderConfig{
+		Brokers: b.brokers, GroupID: "idemq-bench-" + name + "-" + b.suffix, Topic: b.topic,
+		MaxWait: time.Second, HeartbeatInterval: time.Second, SessionTimeout: 10 * time.Second,
+	})
+	defer r.Close()
+	var start time.Time
+	pending := make([]kafka.Message, 0, commitEvery)
+	for i := 0; i < n; i++ {
+		m, err := r.FetchMessage(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if i == 0 {
+			start = time.Now()
+		}
+		pending = append(pending, m)
+		if len(pending) == commitEvery || i == n-1 {
+			if err := r.CommitMessages(ctx, pending...); err != nil {
+				return 0, err
+			}
+			pending = pending[:0]
+		}
+	}
+	return time.Since(start), nil
+}
+
+// firstFetch records when its source first returned messages.
+type firstFetch struct {
+	*kafkasource.Source
+	at atomic.Int64
+}
+
+func (f *firstFetch) Receive(ctx context.Context, max int) ([]*consumer.Message, error) {
+	msgs, err := f.Source.Receive(ctx, max)
+	if err == nil {
+		f.at.CompareAndSwap(0, time.Now().UnixNano())
+	}
+	return msgs, err
+}
+
+// pgPath is the transactional path on PostgreSQL with a one-UPDATE handler.
+func (b *bench) pgPath() consumer.Path {
+	handler := func(ctx context.Context, tx pgx.Tx, _ *consumer.Message, o order) error {
+		_, err := tx.Exec(ctx, `UPDATE `+schema+`.accounts SET balance = balance + $1 WHERE id = $2`, o.Amount, o.Account)
+		return err
+	}
+	return consumer.Transactional(b.store, consumer.TxJSON(handler))
+}
+
+// runner runs the idemq runner until n messages were handled and
+// acknowledged, and returns the time from the first fetch.
+func (b *bench) runner(ctx context.Context, name string, n, batch int, path consumer.Path) (time.Duration, consumer.Stats, error) {
+	var none consumer.Stats
+	group := "idemq-bench-" + name + "-" + b.suffix
+	src, err := kafkasource.New(kafkasource.Config{
+		Brokers: b.brokers, Topics: []string{b.topic}, GroupID: group,
+		HeartbeatInterval: time.Second, SessionTimeout: 10 * time.Second,
+		MaxInFlight: max(kafkasource.DefaultMaxInFlight, 4*batch*b.concurrency),
+		Logger:      b.log,
+	})
+	if err != nil {
+		return 0, none, err
+	}
+	defer src.Close()
+	ff := &firstFetch{Source: src}
+	r, err := consumer.NewRunner(ff, path, consumer.Config{
+		Name: group, Concurrency: b.concurrency, BatchSize: batch, Logger: b.log,
+	})
+	if err != nil {
+		return 0, none, err
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	var end time.Time
+	for {
+		st := r.Stats()
+		if st.Handled+st.Duplicates >= uint64(n) {
+			end = time.Now()
+			break
+		}
+		select {
+		case err := <-done:
+			stop()
+			return 0, none, fmt.Errorf("runner stopped early: %v", err)
+		case <-ctx.Done():
+			stop()
+			return 0, none, ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	stop()
+	if err := <-done; err != nil {
+		return 0, none, err
+	}
+	st := r.Stats()
+	if st.Duplicates != 0 || st.DeadLettered != 0 || st.CommitFailures != 0 {
+		return 0, st, fmt.Errorf("unexpected runner stats %+v", st)
+	}
+	return end.Sub(time.Unix(0, ff.at.Load())), st, nil
+}
+
+// checkBalances verifies that every handled message applied its UPDATE once.
+func (b *bench) checkBalances(ctx context.Context) error {
+	var sum int64
+	if err := b.pool.QueryRow(ctx, `SELECT coalesce(sum(balance), 0) FROM `+schema+`.accounts`).Scan(&sum); err != nil {
+		return err
+	}
+	if sum != b.handledTotal {
+		return fmt.Errorf("accounts hold %d, but the runners handled %d messages (each adds 1)", sum, b.handledTotal)
+	}
+	return nil
+}
+
+func (b *bench) deleteTopics() {
+	conn, err := kafka.Dial("tcp", b.brokers[0])
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	c, err := conn.Controller()
+	if err != nil {
+		return
+	}
+	cc, err := kafka.Dial("tcp", c.Host+":"+strconv.Itoa(c.Port))
+	if err != nil {
+		return
+	}
+	defer cc.Close()
+	if err := cc.DeleteTopics(b.topic, kafkasource.DeadLetterTopic(b.topic)); err != nil && !errors.Is(err, kafka.UnknownTopicOrPartition) {
+		fmt.Fprintln(os.Stderr, "bench: delete topics:", err)
+	}
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
