@@ -88,6 +88,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer pool.Close()
+	defer pool.Exec(context.WithoutCancel(ctx), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) //nolint:errcheck // best effort
 	conn, err := amqp.Dial(o.amqpURL)
 	if err != nil {
 		return err
