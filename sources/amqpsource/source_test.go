@@ -284,3 +284,28 @@ func BenchmarkReceiveAck(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msg/s")
 }
+
+// Retry queues can be quorum queues with at-least-once dead-lettering, so
+// that the trip back survives a broker crash.
+func TestRetryThroughQuorumRetryQueue(t *testing.T) {
+	t.Parallel()
+	url := brokerURL(t)
+	q := newQueue(t, url, quorum, 0)
+	publish(t, url, q, outgoing("quorum-retry", 1)...)
+	src := newSource(t, amqpsource.Config{URL: url, Queue: q, RetryQueueArgs: map[string]any{
+		"x-queue-type":           "quorum",
+		"x-dead-letter-strategy": "at-least-once",
+		"x-overflow":             "reject-publish",
+	}})
+	m := receive(t, src, 1, testTimeout)[0]
+	if err := src.Retry(context.Background(), m, 100*time.Millisecond); err != nil {
+		t.Fatalf("Retry: %v", err)
+	}
+	back := receive(t, src, 1, testTimeout)[0]
+	if back.Key != m.Key || back.Attempt != 2 {
+		t.Fatalf("retried message came back as %q attempt %d, want %q attempt 2", back.Key, back.Attempt, m.Key)
+	}
+	if err := src.Ack(context.Background(), []*consumer.Message{back}); err != nil {
+		t.Fatal(err)
+	}
+}
