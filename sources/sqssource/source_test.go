@@ -117,26 +117,26 @@ func TestAckManyAndStaleHandles(t *testing.T) {
 	q := newQueue(t, queueOptions{})
 	publish(t, q.URL, false, numbered("many", 25)...)
 	cfg := sourceConfig(t, q)
-	cfg.VisibilityTimeout = 2 * time.Second
-	cfg.HeartbeatInterval = -1
+	cfg.VisibilityTimeout = 60 * time.Second
 	cfg.ReleaseTimeout = -1
 	a := newSource(t, cfg)
 	b := newSource(t, cfg)
 	ctx := testContext(t, 60*time.Second)
 
 	msgs := receiveN(t, a, 25, 20*time.Second)
-	// Let one message's visibility lapse and receive it again elsewhere:
-	// the first receipt handle goes stale.
+	// Let the receive a started ahead (prefetch) end empty, then make one
+	// message visible behind a's back and receive it elsewhere: a's
+	// receipt handle goes stale.
+	time.Sleep(cfg.WaitTime + 500*time.Millisecond)
 	stale := msgs[0]
+	if _, err := sqsClient(t).ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
+		QueueUrl: aws.String(q.URL), ReceiptHandle: stale.Raw.(types.Message).ReceiptHandle, VisibilityTimeout: 0,
+	}); err != nil {
+		t.Fatal(err)
+	}
 	again := receiveN(t, b, 1, 20*time.Second)[0]
 	if again.ID != stale.ID {
-		// Another message lapsed first; use that one.
-		i := slices.IndexFunc(msgs, func(m *consumer.Message) bool { return m.ID == again.ID })
-		if i < 0 {
-			t.Fatalf("received unknown message %s", again.ID)
-		}
-		msgs[0], msgs[i] = msgs[i], msgs[0]
-		stale = msgs[0]
+		t.Fatalf("received %s, want %s", again.ID, stale.ID)
 	}
 	err := a.Ack(ctx, msgs)
 	var be *sqssource.BatchError
