@@ -1,0 +1,299 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/sources/memsource"
+)
+
+// fixture is a real PostgreSQL schema with an effects table, a pgdedup store
+// and an in-memory broker.
+type fixture struct {
+	t      *testing.T
+	pool   *pgxpool.Pool
+	store  *pgdedup.Store
+	broker *memsource.Broker
+	topic  string
+	table  string
+
+	mu   sync.Mutex
+	runs map[string]int // handler calls per key
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	url := testenv.DatabaseURL(t)
+	schema := testenv.Schema(t, url)
+	ctx := testCtx(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{
+		t: t, pool: pool, store: store, topic: "orders", runs: map[string]int{},
+		table:  pgx.Identifier{schema, "effects"}.Sanitize(),
+		broker: memsource.New(memsource.Config{VisibilityTimeout: 300 * time.Millisecond, Seed: 1}),
+	}
+	t.Cleanup(func() { f.broker.Close() })
+	f.exec(`CREATE TABLE ` + f.table + ` (id bigserial PRIMARY KEY, key text NOT NULL, body text NOT NULL)`)
+	return f
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func (f *fixture) exec(sql string, args ...any) {
+	f.t.Helper()
+	if _, err := f.pool.Exec(context.Background(), sql, args...); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// publish publishes messages with the given keys and body "body-<key>".
+func (f *fixture) publish(keys ...string) {
+	for _, k := range keys {
+		f.broker.Publish(f.topic, memsource.Outgoing{Key: k, Body: []byte("body-" + k)})
+	}
+}
+
+func keys(n int, prefix string) []string {
+	ks := make([]string, n)
+	for i := range ks {
+		ks[i] = fmt.Sprintf("%s%03d", prefix, i)
+	}
+	return ks
+}
+
+// handler writes one effect row per call and counts calls per key; fail, if
+// set, decides whether a call fails after its write.
+func (f *fixture) handler(fail func(msg *consumer.Message, call int) error) consumer.TxHandler[pgx.Tx] {
+	return func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+		key, _ := consumer.DedupKey(ctx)
+		f.mu.Lock()
+		f.runs[key]++
+		call := f.runs[key]
+		f.mu.Unlock()
+		if _, err := tx.Exec(ctx, `INSERT INTO `+f.table+` (key, body) VALUES ($1, $2)`, key, string(msg.Body)); err != nil {
+			return err
+		}
+		if fail != nil {
+			return fail(msg, call)
+		}
+		return nil
+	}
+}
+
+func (f *fixture) calls(key string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.runs[key]
+}
+
+// effects returns the number of committed effect rows per key.
+func (f *fixture) effects() map[string]int {
+	f.t.Helper()
+	rows, err := f.pool.Query(context.Background(), `SELECT key, count(*) FROM `+f.table+` GROUP BY key`)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	out := map[string]int{}
+	var k string
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&k, &n}, func() error { out[k] = n; return nil }); err != nil {
+		f.t.Fatal(err)
+	}
+	return out
+}
+
+// requireOnce fails unless every key has exactly one effect and no other
+// key has any.
+func (f *fixture) requireOnce(ks ...string) {
+	f.t.Helper()
+	got := f.effects()
+	for _, k := range ks {
+		if got[k] != 1 {
+			f.t.Errorf("key %s: %d effects, want exactly 1", k, got[k])
+		}
+		delete(got, k)
+	}
+	for k, n := range got {
+		f.t.Errorf("unexpected key %s: %d effects", k, n)
+	}
+}
+
+func (f *fixture) config(cfg consumer.Config) consumer.Config {
+	if cfg.Name == "" {
+		cfg.Name = "test"
+	}
+	if cfg.Retry.InitialBackoff == 0 {
+		cfg.Retry.InitialBackoff = 10 * time.Millisecond
+		cfg.Retry.MaxBackoff = 50 * time.Millisecond
+	}
+	if cfg.Logger == nil && testing.Verbose() {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return cfg
+}
+
+// running is a Runner started in the background.
+type running struct {
+	*consumer.Runner
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+}
+
+func (f *fixture) start(src consumer.Source, path consumer.Path, cfg consumer.Config) *running {
+	f.t.Helper()
+	r, err := consumer.NewRunner(src, path, f.config(cfg))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rr := &running{Runner: r, cancel: cancel, done: make(chan error, 1)}
+	go func() { rr.done <- r.Run(ctx) }()
+	f.t.Cleanup(func() { rr.stop(f.t) })
+	return rr
+}
+
+// stop cancels the runner and waits for Run to return. Calling it again does
+// nothing.
+func (r *running) stop(t *testing.T) {
+	t.Helper()
+	r.once.Do(func() {
+		r.cancel()
+		select {
+		case err := <-r.done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("Run did not return within 30s of cancel")
+		}
+	})
+}
+
+// settled waits until the topic has nothing ready, in flight or pending.
+func (f *fixture) settled() memsource.TopicStats {
+	f.t.Helper()
+	return f.waitFor("every message settled", func(st memsource.TopicStats) bool {
+		return st.Ready == 0 && st.InFlight == 0 && st.Pending == 0
+	})
+}
+
+func (f *fixture) waitFor(what string, cond func(memsource.TopicStats) bool) memsource.TopicStats {
+	f.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st := f.broker.Stats(f.topic)
+		if cond(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("timed out waiting for %s: %+v", what, st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// recordingStore wraps a TxStore and remembers which keys each transaction
+// committed, so tests can check that nothing is acknowledged before its
+// commit.
+type recordingStore struct {
+	dedup.TxStore[pgx.Tx]
+	mu        sync.Mutex
+	claimed   map[pgx.Tx][]string
+	committed map[string]bool
+	failNext  int // commits to fail (after the real commit is skipped)
+}
+
+func newRecordingStore(s dedup.TxStore[pgx.Tx]) *recordingStore {
+	return &recordingStore{TxStore: s, claimed: map[pgx.Tx][]string{}, committed: map[string]bool{}}
+}
+
+func (s *recordingStore) Claim(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, error) {
+	cs, err := s.TxStore.Claim(ctx, tx, scope, recs)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range cs {
+		if c.State == dedup.StateNew {
+			s.claimed[tx] = append(s.claimed[tx], c.Key)
+		}
+	}
+	return cs, err
+}
+
+func (s *recordingStore) Commit(ctx context.Context, tx pgx.Tx) error {
+	s.mu.Lock()
+	fail := s.failNext > 0
+	if fail {
+		s.failNext--
+	}
+	s.mu.Unlock()
+	if fail {
+		_ = s.TxStore.Rollback(ctx, tx)
+		return pgx.ErrTxCommitRollback
+	}
+	if err := s.TxStore.Commit(ctx, tx); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range s.claimed[tx] {
+		s.committed[k] = true
+	}
+	delete(s.claimed, tx)
+	return nil
+}
+
+func (s *recordingStore) isCommitted(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.committed[key]
+}
+
+// checkingSource fails the test when a message is acknowledged before the
+// transaction that recorded its key committed.
+type checkingSource struct {
+	consumer.Source
+	t     *testing.T
+	store *recordingStore
+	mu    sync.Mutex
+	acked int
+}
+
+func (s *checkingSource) Ack(ctx context.Context, msgs []*consumer.Message) error {
+	for _, m := range msgs {
+		if !s.store.isCommitted(m.Key) {
+			s.t.Errorf("message %s (key %s) acknowledged before its record committed", m.ID, m.Key)
+		}
+	}
+	s.mu.Lock()
+	s.acked += len(msgs)
+	s.mu.Unlock()
+	return s.Source.Ack(ctx, msgs)
+}

@@ -1,0 +1,388 @@
+package consumer_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/sources/memsource"
+)
+
+// Invariants 1 and 2: the record and the effect commit together, and nothing
+// is acknowledged before its commit; a failed commit acknowledges nothing.
+func TestAckOnlyAfterCommit(t *testing.T) {
+	for _, batch := range []int{1, 10} {
+		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
+			f := newFixture(t)
+			store := newRecordingStore(f.store)
+			store.failNext = 3 // the first three commits fail
+			src := &checkingSource{Source: f.broker.Source(f.topic), t: t, store: store}
+			ks := keys(40, "k")
+			f.publish(ks...)
+			r := f.start(src, consumer.Transactional[pgx.Tx](store, f.handler(nil)), consumer.Config{BatchSize: batch})
+			st := f.settled()
+			r.stop(t)
+			f.requireOnce(ks...)
+			if st.Acks != uint64(len(ks)) || st.DeadLettered != 0 {
+				t.Fatalf("broker stats %+v: want %d acks, no dead letters", st, len(ks))
+			}
+			if got := r.Stats().CommitFailures; got != 3 {
+				t.Fatalf("CommitFailures = %d, want 3", got)
+			}
+		})
+	}
+}
+
+// A commit that PostgreSQL itself refuses (a deferred constraint) leaves no
+// record and no ack; once the cause is fixed the message applies once.
+func TestDeferredConstraintFailsCommit(t *testing.T) {
+	f := newFixture(t)
+	allowed := strings.Replace(f.table, `"effects"`, `"allowed"`, 1)
+	f.exec(`CREATE TABLE ` + allowed + ` (key text PRIMARY KEY)`)
+	f.exec(`ALTER TABLE ` + f.table + ` ADD FOREIGN KEY (key) REFERENCES ` + allowed + ` DEFERRABLE INITIALLY DEFERRED`)
+	f.exec(`INSERT INTO ` + allowed + ` VALUES ('a'), ('b')`)
+	f.publish("a", "b", "c")
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)), consumer.Config{Concurrency: 1})
+	f.waitFor("c to be retried", func(memsource.TopicStats) bool { return f.calls("c") >= 2 })
+	if _, err := f.store.Inspect(context.Background(), "test", "c"); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("record of c after failed commits: %v, want ErrNotFound", err)
+	}
+	f.exec(`INSERT INTO ` + allowed + ` VALUES ('c')`)
+	f.settled()
+	r.stop(t)
+	f.requireOnce("a", "b", "c")
+	if r.Stats().CommitFailures == 0 {
+		t.Fatal("no commit failure counted")
+	}
+}
+
+// Invariant 3: redeliveries, concurrent duplicates and producer duplicates
+// never run the handler twice.
+func TestDuplicatesNeverRunTwice(t *testing.T) {
+	f := newFixture(t)
+	ks := keys(60, "d")
+	f.broker.Inject(memsource.Fault{Kind: memsource.FaultDuplicate, Probability: 0.3, Times: -1})
+	f.broker.Inject(memsource.Fault{Kind: memsource.FaultConcurrentDuplicate, Probability: 0.3, Times: -1})
+	f.broker.Inject(memsource.Fault{Kind: memsource.FaultDropAck, Probability: 0.2, Times: -1})
+	f.publish(ks...)
+	f.publish(ks[:20]...) // the producer sends a third of them twice
+	path := consumer.Transactional(f.store, f.handler(nil))
+	// Two runners, as two worker processes, on competing sources.
+	r1 := f.start(f.broker.Source(f.topic), path, consumer.Config{BatchSize: 8})
+	r2 := f.start(f.broker.Source(f.topic), path, consumer.Config{BatchSize: 3, Concurrency: 2})
+	st := f.settled()
+	r1.stop(t)
+	r2.stop(t)
+	f.requireOnce(ks...)
+	for _, k := range ks {
+		if n := f.calls(k); n != 1 {
+			t.Errorf("handler ran %d times for %s, want 1", n, k)
+		}
+	}
+	dups := r1.Stats().Duplicates + r2.Stats().Duplicates
+	if st.Redeliveries == 0 || dups == 0 {
+		t.Fatalf("the faults did not fire: %+v, duplicates %d", st, dups)
+	}
+	t.Logf("deliveries %d, redeliveries %d, duplicates absorbed %d", st.Deliveries, st.Redeliveries, dups)
+}
+
+// Invariant 4: a failed handler leaves no record; its retry runs it again.
+// Failures and panics are retried with backoff, then dead-lettered.
+func TestFailedHandlerLeavesNoRecord(t *testing.T) {
+	f := newFixture(t)
+	f.publish("flaky", "panics", "always")
+	var sawNoRecord atomic.Bool
+	fail := func(msg *consumer.Message, call int) error {
+		switch {
+		case msg.Key == "flaky" && call < 3:
+			return errors.New("transient")
+		case msg.Key == "flaky":
+			// Third call: the two failed attempts left no record.
+			sawNoRecord.Store(true)
+		case msg.Key == "panics" && call == 1:
+			panic("boom")
+		case msg.Key == "always":
+			return errors.New("never works")
+		}
+		return nil
+	}
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(fail)),
+		consumer.Config{Retry: consumer.RetryPolicy{MaxAttempts: 4, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}})
+	f.settled()
+	r.stop(t)
+	f.requireOnce("flaky", "panics")
+	if f.calls("flaky") != 3 || f.calls("panics") != 2 || f.calls("always") != 4 {
+		t.Fatalf("calls: flaky %d (want 3), panics %d (want 2), always %d (want 4)", f.calls("flaky"), f.calls("panics"), f.calls("always"))
+	}
+	if _, err := f.store.Inspect(context.Background(), "test", "always"); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("record of the dead-lettered key: %v, want ErrNotFound", err)
+	}
+	dl := f.broker.DeadLetters(f.topic)
+	if len(dl) != 1 || dl[0].Key != "always" || !errors.Is(dl[0].Err, consumer.ErrMaxAttempts) || dl[0].Attempts != 4 {
+		t.Fatalf("dead letters = %+v, want key always after 4 attempts with ErrMaxAttempts", dl)
+	}
+}
+
+// One failing handler in a batch does not undo the others.
+func TestBatchSavepointIsolatesFailure(t *testing.T) {
+	f := newFixture(t)
+	ks := keys(10, "b")
+	f.publish(ks...)
+	fail := func(msg *consumer.Message, call int) error {
+		if msg.Key == "b004" && call == 1 {
+			return errors.New("fails once")
+		}
+		return nil
+	}
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(fail)),
+		consumer.Config{Concurrency: 1, BatchSize: 10})
+	f.settled()
+	r.stop(t)
+	f.requireOnce(ks...)
+	for _, k := range ks {
+		want := 1
+		if k == "b004" {
+			want = 2
+		}
+		if f.calls(k) != want {
+			t.Errorf("%s ran %d times, want %d (a batch-mate's failure must not re-run it)", k, f.calls(k), want)
+		}
+	}
+}
+
+// Invariant 5: the same key with a different payload is poison, not a
+// duplicate: dead-lettered with both hashes, never applied.
+func TestPayloadMismatchIsDeadLettered(t *testing.T) {
+	f := newFixture(t)
+	f.broker.Publish(f.topic, memsource.Outgoing{Key: "order-1", Body: []byte(`{"amount":10}`)})
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)), consumer.Config{})
+	f.settled()
+	f.broker.Publish(f.topic, memsource.Outgoing{Key: "order-1", Body: []byte(`{"amount":99}`)})
+	f.settled()
+	r.stop(t)
+	f.requireOnce("order-1")
+	dl := f.broker.DeadLetters(f.topic)
+	var mm *dedup.MismatchError
+	if len(dl) != 1 || !errors.As(dl[0].Err, &mm) || !errors.Is(dl[0].Err, consumer.ErrPayloadMismatch) {
+		t.Fatalf("dead letters = %+v, want one *MismatchError", dl)
+	}
+	if mm.Stored != dedup.HashPayload([]byte(`{"amount":10}`)) || mm.Received != dedup.HashPayload([]byte(`{"amount":99}`)) {
+		t.Fatalf("mismatch hashes %s / %s do not match the payloads", mm.Stored.Short(), mm.Received.Short())
+	}
+	if st := r.Stats(); st.Mismatches != 1 || f.calls("order-1") != 1 {
+		t.Fatalf("mismatches %d, calls %d; want 1, 1", st.Mismatches, f.calls("order-1"))
+	}
+}
+
+// Invariant 7: bad input goes to the dead-letter route at once, without
+// retries and without running the handler.
+func TestBadInputIsDeadLetteredOnce(t *testing.T) {
+	f := newFixture(t)
+	type order struct {
+		Amount int `json:"amount"`
+	}
+	f.broker.Publish(f.topic,
+		memsource.Outgoing{Key: "", Body: []byte(`{"amount":1}`)},              // no key
+		memsource.Outgoing{Key: "garbled", Body: []byte(`{"amount":`)},         // malformed
+		memsource.Outgoing{Key: "huge", Body: []byte(strings.Repeat("x", 2048))}, // oversized
+		memsource.Outgoing{Key: "good", Body: []byte(`{"amount":5}`)},
+	)
+	h := consumer.TxJSON(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message, o order) error {
+		return f.handler(nil)(ctx, tx, msg)
+	})
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, h), consumer.Config{
+		MaxMessageBytes: 1024,
+		// Without a key the default would fall back to the broker's id.
+		KeyFunc: func(m *consumer.Message) (string, error) { return m.Key, nil },
+	})
+	st := f.settled()
+	r.stop(t)
+	f.requireOnce("good")
+	if st.Deliveries != 4 {
+		t.Fatalf("%d deliveries, want 4: bad input must not be retried", st.Deliveries)
+	}
+	want := map[string]error{"": consumer.ErrMissingKey, "garbled": consumer.ErrMalformed, "huge": consumer.ErrOversized}
+	dl := f.broker.DeadLetters(f.topic)
+	if len(dl) != len(want) {
+		t.Fatalf("%d dead letters, want %d: %+v", len(dl), len(want), dl)
+	}
+	for _, d := range dl {
+		var reason *consumer.DeadLetterError
+		if !errors.Is(d.Err, want[d.Key]) || !errors.As(d.Err, &reason) {
+			t.Errorf("dead letter %q: %v, want %v inside a *DeadLetterError", d.Key, d.Err, want[d.Key])
+		}
+	}
+}
+
+// Permanent and RetryAfter let a handler choose the route.
+func TestPermanentAndRetryAfter(t *testing.T) {
+	f := newFixture(t)
+	f.publish("perm", "later")
+	fail := func(msg *consumer.Message, call int) error {
+		switch {
+		case msg.Key == "perm":
+			return consumer.Permanent(errors.New("unknown account"))
+		case msg.Key == "later" && call == 1:
+			return consumer.RetryAfter(50*time.Millisecond, errors.New("rate limited"))
+		}
+		return nil
+	}
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(fail)), consumer.Config{})
+	f.settled()
+	r.stop(t)
+	f.requireOnce("later")
+	if f.calls("perm") != 1 || f.calls("later") != 2 {
+		t.Fatalf("calls perm %d (want 1), later %d (want 2)", f.calls("perm"), f.calls("later"))
+	}
+}
+
+// Failed acks after commit are harmless: the redelivery is acknowledged
+// without running the handler, and the failures are counted.
+func TestAckFailureAfterCommit(t *testing.T) {
+	f := newFixture(t)
+	ks := keys(20, "a")
+	f.broker.Inject(memsource.Fault{Kind: memsource.FaultAckError, Times: 5})
+	f.publish(ks...)
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)), consumer.Config{})
+	f.settled()
+	r.stop(t)
+	f.requireOnce(ks...)
+	st := r.Stats()
+	if st.AckFailures == 0 || st.Duplicates == 0 {
+		t.Fatalf("stats %+v: want ack failures and their redeliveries acknowledged as duplicates", st)
+	}
+	for _, k := range ks {
+		if f.calls(k) != 1 {
+			t.Errorf("%s ran %d times", k, f.calls(k))
+		}
+	}
+}
+
+// An unreachable broker is retried with backoff, not in a hot loop, and
+// nothing is lost.
+func TestUnreachableBrokerIsRetried(t *testing.T) {
+	f := newFixture(t)
+	f.publish(keys(5, "u")...)
+	f.broker.Inject(memsource.Fault{Kind: memsource.FaultReceiveError, Times: 4})
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)), consumer.Config{})
+	f.settled()
+	r.stop(t)
+	f.requireOnce(keys(5, "u")...)
+	if got := r.Stats().ReceiveFailures; got != 4 {
+		t.Fatalf("ReceiveFailures = %d, want 4", got)
+	}
+}
+
+// Invariant 6: stopping drains in-flight work (commit, ack) and returns; what
+// was not started goes back to the broker.
+func TestStopDrainsInFlight(t *testing.T) {
+	f := newFixture(t)
+	ks := keys(6, "s")
+	f.publish(ks...)
+	started := make(chan struct{}, len(ks))
+	release := make(chan struct{})
+	slow := func(msg *consumer.Message, call int) error {
+		started <- struct{}{}
+		<-release
+		return nil
+	}
+	src := f.broker.Source(f.topic)
+	r := f.start(src, consumer.Transactional(f.store, f.handler(slow)), consumer.Config{Concurrency: 2})
+	<-started
+	<-started
+	go func() { time.Sleep(100 * time.Millisecond); close(release) }()
+	r.stop(t) // returns only after the in-flight handlers committed and acked
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got := f.effects()
+	st := f.broker.Stats(f.topic)
+	if int(st.Acks) != len(got) || len(got) < 2 {
+		t.Fatalf("after stop: %d effects, %d acks; want every committed effect acknowledged (at least the 2 in flight)", len(got), st.Acks)
+	}
+	// The rest is still with the broker and applied by the next worker.
+	r2 := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)), consumer.Config{})
+	f.settled()
+	r2.stop(t)
+	f.requireOnce(ks...)
+}
+
+// Messages with one partition key are handled one after another, in order.
+func TestPartitionKeyOrder(t *testing.T) {
+	f := newFixture(t)
+	for i := range 30 {
+		f.broker.Publish(f.topic, memsource.Outgoing{
+			Key: fmt.Sprintf("o%02d", i), Body: []byte(fmt.Sprint(i)), PartitionKey: fmt.Sprint("acct-", i%3),
+		})
+	}
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)), consumer.Config{Concurrency: 3, BatchSize: 4})
+	f.settled()
+	r.stop(t)
+	rows, err := f.pool.Query(context.Background(), `SELECT body FROM `+f.table+` ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bodies, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := map[int]int{0: -1, 1: -1, 2: -1}
+	for _, b := range bodies {
+		var i int
+		if err := json.Unmarshal([]byte(b), &i); err != nil {
+			t.Fatal(err)
+		}
+		if i <= last[i%3] {
+			t.Fatalf("partition %d: %d applied after %d", i%3, i, last[i%3])
+		}
+		last[i%3] = i
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	src := memsource.New(memsource.Config{}).Source("t")
+	path := consumer.Leased(nil, nil, consumer.LeaseOptions{})
+	cases := []consumer.Config{
+		{},
+		{Name: "x", Concurrency: -1},
+		{Name: "x", BatchSize: -5},
+		{Name: "x", Retry: consumer.RetryPolicy{MaxAttempts: -1}},
+		{Name: "x", Retry: consumer.RetryPolicy{InitialBackoff: time.Minute, MaxBackoff: time.Second}},
+		{Name: "x", Retry: consumer.RetryPolicy{Jitter: 1.5}},
+	}
+	for _, cfg := range cases {
+		var ce *consumer.ConfigError
+		if _, err := consumer.NewRunner(src, path, cfg); !errors.Is(err, consumer.ErrInvalidConfig) || !errors.As(err, &ce) {
+			t.Errorf("NewRunner(%+v) = %v, want a *ConfigError", cfg, err)
+		}
+	}
+	if _, err := consumer.NewRunner(nil, path, consumer.Config{Name: "x"}); !errors.Is(err, consumer.ErrInvalidConfig) {
+		t.Errorf("nil source: %v", err)
+	}
+	r, err := consumer.NewRunner(src, path, consumer.Config{Name: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := r.Config(); c.Concurrency != consumer.DefaultConcurrency || c.Retry.MaxAttempts != 5 || c.Logger == nil {
+		t.Fatalf("defaults not applied: %+v", c)
+	}
+}
+
+func TestBackoffGrowsAndCaps(t *testing.T) {
+	p := consumer.RetryPolicy{InitialBackoff: 100 * time.Millisecond, MaxBackoff: time.Second, Jitter: -1}.WithDefaults()
+	want := []time.Duration{100, 200, 400, 800, 1000, 1000}
+	for i, w := range want {
+		if got := p.Backoff(i + 1); got != w*time.Millisecond {
+			t.Errorf("Backoff(%d) = %v, want %v", i+1, got, w*time.Millisecond)
+		}
+	}
+}
