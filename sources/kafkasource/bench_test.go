@@ -33,6 +33,7 @@ func benchTopic(b *testing.B, brokers []string, n int) string {
 // commit) of b.N messages, 100 at a time, with no handler. Run it with a fixed
 // count, for example -benchtime=100000x, so that the group join is amortised.
 func BenchmarkSourceReceiveAck(b *testing.B) {
+	skipShort(b)
 	brokers := testenv.KafkaBrokers(b)
 	topic := benchTopic(b, brokers, b.N)
 	src := openSource(b, testConfig(brokers, topic, uniqueName(b, "g")))
@@ -60,6 +61,7 @@ func BenchmarkSourceReceiveAck(b *testing.B) {
 // kafka-go group reader, FetchMessage and a synchronous CommitMessages every
 // 100 messages.
 func BenchmarkRawKafkaGo(b *testing.B) {
+	skipShort(b)
 	brokers := testenv.KafkaBrokers(b)
 	topic := benchTopic(b, brokers, b.N)
 	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, GroupID: uniqueName(b, "g"), Topic: topic, MaxWait: 250 * time.Millisecond})

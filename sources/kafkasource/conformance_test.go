@@ -13,6 +13,7 @@ import (
 // TestConformance runs the source conformance suite against the real broker.
 // Sources opened on one topic share a consumer group named after the topic.
 func TestConformance(t *testing.T) {
+	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	sourcetest.Run(t, sourcetest.Harness{
 		Features: sourcetest.Features{

@@ -238,6 +238,7 @@ func (a *ackCrash) Ack(ctx context.Context, msgs []*consumer.Message) error {
 // effect committed but whose offset did not are redelivered to the next
 // consumer and acknowledged without running the handler again.
 func TestCrashAfterDatabaseCommitBeforeOffsetCommit(t *testing.T) {
+	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	db := newTestDB(t)
 	topic := newTopic(t, brokers, testPartitions)
@@ -325,6 +326,7 @@ func TestHelperWorker(t *testing.T) {
 // SIGKILL at random points while it works, restarts it, and checks that every
 // message's effect is applied exactly once.
 func TestKilledWorkerProcess(t *testing.T) {
+	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	db := newTestDB(t)
 	topic := newTopic(t, brokers, testPartitions)
@@ -388,6 +390,7 @@ func TestKilledWorkerProcess(t *testing.T) {
 // messages are produced; a third joins and one leaves mid-stream. Every
 // message's effect must be applied exactly once.
 func TestRebalancesApplyEveryEffectOnce(t *testing.T) {
+	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	db := newTestDB(t)
 	const partitions = 6
@@ -436,6 +439,7 @@ func TestRebalancesApplyEveryEffectOnce(t *testing.T) {
 // records, one key header): its effect is applied once. Without a key
 // header the offset fallback cannot recognise it, as documented.
 func TestProducerDuplicateAppliedOnce(t *testing.T) {
+	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	db := newTestDB(t)
 	topic := newTopic(t, brokers, testPartitions)
@@ -476,6 +480,7 @@ func TestProducerDuplicateAppliedOnce(t *testing.T) {
 // TestPoisonGoesToDeadLetterTopic checks that failing messages are retried,
 // then dead-lettered with the reason, while their partition continues.
 func TestPoisonGoesToDeadLetterTopic(t *testing.T) {
+	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	db := newTestDB(t)
 	topic := newTopic(t, brokers, 1) // one partition: poison sits in the middle of it

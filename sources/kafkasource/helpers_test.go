@@ -6,8 +6,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"log/slog"
+	"net"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -49,10 +51,21 @@ func uniqueName(t testing.TB, prefix string) string {
 	return prefix + "-" + strings.ToLower(base) + "-" + hex.EncodeToString(b)
 }
 
-// newTopic creates a fresh topic with its dead-letter topic.
+// skipShort skips tests that need the real services under -short (make
+// test-short); without -short, a missing service fails them.
+func skipShort(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs Kafka (and PostgreSQL); skipped with -short")
+	}
+}
+
+// newTopic creates a fresh topic with its dead-letter topic, and deletes both
+// when the test ends.
 func newTopic(t testing.TB, brokers []string, partitions int) string {
 	t.Helper()
 	topic := uniqueName(t, "idemq")
+	t.Cleanup(func() { deleteTopics(brokers, topic, kafkasource.DeadLetterTopic(topic)) })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := kafkasource.CreateTopics(ctx, nil, brokers,
@@ -63,6 +76,27 @@ func newTopic(t testing.TB, brokers []string, partitions int) string {
 		t.Fatalf("create topic %s: %v", topic, err)
 	}
 	return topic
+}
+
+// deleteTopics deletes topics through the controller, best effort.
+func deleteTopics(brokers []string, topics ...string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := kafka.DialContext(ctx, "tcp", brokers[0])
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	c, err := conn.Controller()
+	if err != nil {
+		return
+	}
+	cc, err := kafka.DialContext(ctx, "tcp", net.JoinHostPort(c.Host, strconv.Itoa(c.Port)))
+	if err != nil {
+		return
+	}
+	defer cc.Close()
+	_ = cc.DeleteTopics(topics...)
 }
 
 // testConfig returns a source configuration with group timeouts short enough

@@ -63,6 +63,7 @@ func TestConfigDefaults(t *testing.T) {
 }
 
 func TestReceiveFillsMessage(t *testing.T) {
+	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, testPartitions)
 	publish(t, brokers, topic, sourcetest.Outgoing{
@@ -95,6 +96,7 @@ func TestReceiveFillsMessage(t *testing.T) {
 }
 
 func TestKeyFuncAndOrderByPartition(t *testing.T) {
+	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
 	publish(t, brokers, topic, sourcetest.Outgoing{Body: []byte("b"), PartitionKey: "k"})
@@ -114,6 +116,7 @@ func TestKeyFuncAndOrderByPartition(t *testing.T) {
 // committed while an earlier message of its partition is unsettled, and that
 // the unsettled one and everything after it come back to a new member.
 func TestCommitsOnlySettledPrefix(t *testing.T) {
+	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
 	group := uniqueName(t, "g")
@@ -157,6 +160,7 @@ func TestCommitsOnlySettledPrefix(t *testing.T) {
 }
 
 func TestRetryRedeliversInProcess(t *testing.T) {
+	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
 	group := uniqueName(t, "g")
@@ -197,6 +201,7 @@ func TestRetryRedeliversInProcess(t *testing.T) {
 // TestRetryHoldsLaterMessagesOfKey checks that while a message waits for a
 // retry, later messages of its key are held back, and other keys are not.
 func TestRetryHoldsLaterMessagesOfKey(t *testing.T) {
+	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
 	src := openSource(t, testConfig(brokers, topic, uniqueName(t, "g")))
@@ -235,6 +240,7 @@ func TestRetryHoldsLaterMessagesOfKey(t *testing.T) {
 }
 
 func TestDeadLetterWritesCopyAndCommits(t *testing.T) {
+	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
 	group := uniqueName(t, "g")
@@ -279,6 +285,7 @@ func TestDeadLetterWritesCopyAndCommits(t *testing.T) {
 // TestDeadLetterFailureKeepsMessage checks that a failed dead-letter write
 // commits nothing and hands the message out again.
 func TestDeadLetterFailureKeepsMessage(t *testing.T) {
+	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
 	group := uniqueName(t, "g")
@@ -306,6 +313,7 @@ func TestDeadLetterFailureKeepsMessage(t *testing.T) {
 // TestStaleMessagesAreNotCommitted checks the rebalance fence: messages
 // fetched before a rebalance and acknowledged after it commit nothing.
 func TestStaleMessagesAreNotCommitted(t *testing.T) {
+	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
 	group := uniqueName(t, "g")
@@ -361,6 +369,7 @@ func TestStaleMessagesAreNotCommitted(t *testing.T) {
 }
 
 func TestMethodsRejectForeignMessages(t *testing.T) {
+	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
 	src := openSource(t, testConfig(brokers, topic, uniqueName(t, "g")))
