@@ -1,0 +1,361 @@
+package consumertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/sources/memsource"
+)
+
+// Fault is how a scripted message is delivered.
+type Fault int
+
+const (
+	// Once delivers the message once: the happy path.
+	Once Fault = iota
+	// Redelivered delivers the message a second time while the first
+	// delivery is still being handled by the same worker, as a broker does
+	// after a lost ack or an expired lease.
+	Redelivered
+	// ConcurrentDuplicate delivers the message to two workers at the same
+	// moment, as after a consumer-group rebalance or an expired visibility
+	// timeout.
+	ConcurrentDuplicate
+	// CrashAfterCommit loses the acknowledgement after the handler's
+	// transaction committed, as when the worker crashes between commit and
+	// ack: the broker redelivers the message.
+	CrashAfterCommit
+	// ProducerDuplicate publishes the message twice, as a producer that
+	// retries a send.
+	ProducerDuplicate
+)
+
+// String returns the fault's name.
+func (f Fault) String() string {
+	switch f {
+	case Once:
+		return "once"
+	case Redelivered:
+		return "redelivered"
+	case ConcurrentDuplicate:
+		return "concurrent-duplicate"
+	case CrashAfterCommit:
+		return "crash-after-commit"
+	case ProducerDuplicate:
+		return "producer-duplicate"
+	}
+	return fmt.Sprintf("Fault(%d)", int(f))
+}
+
+// Delivery is one scripted message.
+type Delivery struct {
+	// Key is the message's deduplication key. Required and unique within a
+	// script.
+	Key string
+	// Body is the payload handed to the handler.
+	Body []byte
+	// Headers are the message's headers; may be nil.
+	Headers map[string]string
+	// PartitionKey orders messages, as on a real broker.
+	PartitionKey string
+	// Fault is how the message is delivered. Defaults to Once.
+	Fault Fault
+	// FailFirst makes the first FailFirst attempts fail after the handler
+	// returned successfully, so that the transaction rolls back and the
+	// message is retried. It shows that the handler's writes roll back
+	// with it (nothing is applied twice).
+	FailFirst int
+}
+
+// Options tunes Replay. The zero value is a good default.
+type Options struct {
+	// Workers is the number of runners competing for the messages, as
+	// worker processes would. Defaults to 2.
+	Workers int
+	// BatchSize is each runner's batch size. Defaults to 1.
+	BatchSize int
+	// Timeout bounds the whole replay. Defaults to 30 s.
+	Timeout time.Duration
+	// Scope is the deduplication scope (consumer name). Defaults to
+	// "consumertest" plus the test's name, so tests sharing a database do
+	// not see each other's records.
+	Scope string
+	// Logger receives the runners' logs. Defaults to discarding them.
+	Logger *slog.Logger
+}
+
+// Report is what happened during a replay.
+type Report struct {
+	// Deliveries counts deliveries made by the broker, redeliveries
+	// included.
+	Deliveries uint64
+	// Calls counts handler calls per key, including calls whose
+	// transaction rolled back.
+	Calls map[string]int
+	// Committed counts, per key, the handler calls whose transaction
+	// committed: the number of times the effect happened. It must be 1.
+	Committed map[string]int
+	// Duplicates counts deliveries acknowledged without running the
+	// handler.
+	Duplicates uint64
+	// DeadLetters lists the messages routed to the dead-letter
+	// destination, with their reasons.
+	DeadLetters []memsource.DeadLetter
+
+	keys []string
+}
+
+// TB is the part of testing.TB the kit uses; *testing.T and *testing.B
+// satisfy it.
+type TB interface {
+	Helper()
+	Name() string
+	Fatalf(format string, args ...any)
+}
+
+// errInjected is returned for Delivery.FailFirst attempts.
+var errInjected = errors.New("consumertest: injected failure after the handler")
+
+// ReplayTx delivers script to handler through real Runners on the
+// transactional path, over store (for example a pgdedup.Store on a test
+// database), with the faults each Delivery asks for, and returns once every
+// message is settled. It fails t if the replay does not settle within
+// Options.Timeout. Check the result with Report.RequireExactlyOnce and your
+// own queries of the business tables.
+func ReplayTx[Tx any](t TB, store dedup.TxStore[Tx], handler consumer.TxHandler[Tx], script []Delivery, opts Options) *Report {
+	t.Helper()
+	opts = opts.withDefaults(t)
+	rep := &Report{Calls: map[string]int{}, Committed: map[string]int{}}
+	cs := &countingStore[Tx]{TxStore: store, pending: map[any][]string{}, report: rep}
+	fails := map[string]int{}
+	for _, d := range script {
+		if d.FailFirst > 0 {
+			fails[d.Key] = d.FailFirst
+		}
+	}
+	h := func(ctx context.Context, tx Tx, msg *consumer.Message) error {
+		key, _ := consumer.DedupKey(ctx)
+		cs.mu.Lock()
+		rep.Calls[key]++
+		call := rep.Calls[key]
+		cs.mu.Unlock()
+		if err := handler(ctx, tx, msg); err != nil {
+			return err
+		}
+		if call <= fails[key] {
+			return errInjected
+		}
+		cs.succeeded(tx, key)
+		return nil
+	}
+	replay(t, consumer.Transactional[Tx](cs, h), script, opts, rep)
+	return rep
+}
+
+// Replay is ReplayTx for the lease path (effects outside a database):
+// handler runs through consumer.Leased over store (for example a
+// redisdedup.Store). Committed counts the calls whose key was then marked
+// done.
+func Replay(t TB, store dedup.LeaseStore, handler consumer.Handler, lease consumer.LeaseOptions, script []Delivery, opts Options) *Report {
+	t.Helper()
+	opts = opts.withDefaults(t)
+	rep := &Report{Calls: map[string]int{}, Committed: map[string]int{}}
+	ls := &countingLeases{LeaseStore: store, report: rep}
+	fails := map[string]int{}
+	for _, d := range script {
+		if d.FailFirst > 0 {
+			fails[d.Key] = d.FailFirst
+		}
+	}
+	h := func(ctx context.Context, msg *consumer.Message) error {
+		key, _ := consumer.DedupKey(ctx)
+		ls.mu.Lock()
+		rep.Calls[key]++
+		call := rep.Calls[key]
+		ls.mu.Unlock()
+		if err := handler(ctx, msg); err != nil {
+			return err
+		}
+		if call <= fails[key] {
+			return errInjected
+		}
+		return nil
+	}
+	replay(t, consumer.Leased(ls, h, lease), script, opts, rep)
+	return rep
+}
+
+func (o Options) withDefaults(t TB) Options {
+	if o.Workers == 0 {
+		o.Workers = 2
+	}
+	if o.BatchSize == 0 {
+		o.BatchSize = 1
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 30 * time.Second
+	}
+	if o.Scope == "" {
+		o.Scope = "consumertest:" + t.Name()
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+const topic = "replay"
+
+func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Report) {
+	t.Helper()
+	broker := memsource.New(memsource.Config{VisibilityTimeout: 200 * time.Millisecond, Seed: 1})
+	defer broker.Close()
+	seen := map[string]bool{}
+	for _, d := range script {
+		if d.Key == "" || seen[d.Key] {
+			t.Fatalf("consumertest: script keys must be non-empty and unique, got %q", d.Key)
+		}
+		seen[d.Key] = true
+		rep.keys = append(rep.keys, d.Key)
+		out := memsource.Outgoing{Key: d.Key, Body: d.Body, Headers: d.Headers, PartitionKey: d.PartitionKey}
+		ids := broker.Publish(topic, out)
+		switch d.Fault {
+		case Once:
+		case Redelivered:
+			broker.Inject(memsource.Fault{Kind: memsource.FaultDuplicate, ID: ids[0]})
+		case ConcurrentDuplicate:
+			broker.Inject(memsource.Fault{Kind: memsource.FaultConcurrentDuplicate, ID: ids[0]})
+		case CrashAfterCommit:
+			broker.Inject(memsource.Fault{Kind: memsource.FaultDropAck, ID: ids[0]})
+		case ProducerDuplicate:
+			broker.Publish(topic, out)
+		default:
+			t.Fatalf("consumertest: unknown fault %v", d.Fault)
+		}
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	runners := make([]*consumer.Runner, opts.Workers)
+	for i := range runners {
+		r, err := consumer.NewRunner(broker.Source(topic), path, consumer.Config{
+			Name:        opts.Scope,
+			Concurrency: 2,
+			BatchSize:   opts.BatchSize,
+			Retry:       consumer.RetryPolicy{InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond},
+			Logger:      opts.Logger,
+		})
+		if err != nil {
+			t.Fatalf("consumertest: %v", err)
+		}
+		runners[i] = r
+		wg.Go(func() { _ = r.Run(ctx) })
+	}
+
+	deadline := time.Now().Add(opts.Timeout)
+	var st memsource.TopicStats
+	for {
+		st = broker.Stats(topic)
+		if st.Ready == 0 && st.InFlight == 0 && st.Pending == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			wg.Wait()
+			t.Fatalf("consumertest: replay did not settle within %s: %+v", opts.Timeout, st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	wg.Wait()
+	rep.Deliveries = st.Deliveries
+	for _, r := range runners {
+		rep.Duplicates += r.Stats().Duplicates
+	}
+	rep.DeadLetters = broker.DeadLetters(topic)
+}
+
+// RequireExactlyOnce fails t unless every scripted key's effect happened
+// exactly once and nothing was dead-lettered.
+func (r *Report) RequireExactlyOnce(t TB) {
+	t.Helper()
+	var bad []string
+	for _, k := range r.keys {
+		if n := r.Committed[k]; n != 1 {
+			bad = append(bad, fmt.Sprintf("%s: %d effects (%d handler calls)", k, n, r.Calls[k]))
+		}
+	}
+	sort.Strings(bad)
+	for _, d := range r.DeadLetters {
+		bad = append(bad, fmt.Sprintf("%s: dead-lettered: %s", d.Key, d.Reason))
+	}
+	if len(bad) > 0 {
+		t.Fatalf("consumertest: not exactly once:\n  %s", strings.Join(bad, "\n  "))
+	}
+}
+
+// countingStore counts, per key, the successful handler calls whose
+// transaction committed.
+type countingStore[Tx any] struct {
+	dedup.TxStore[Tx]
+	mu      sync.Mutex
+	pending map[any][]string
+	report  *Report
+}
+
+func (s *countingStore[Tx]) succeeded(tx Tx, key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pending[any(tx)] = append(s.pending[any(tx)], key)
+}
+
+func (s *countingStore[Tx]) RollbackToSavepoint(ctx context.Context, tx Tx) error {
+	// The handler that just failed never called succeeded; nothing to undo.
+	return s.TxStore.RollbackToSavepoint(ctx, tx)
+}
+
+func (s *countingStore[Tx]) Commit(ctx context.Context, tx Tx) error {
+	err := s.TxStore.Commit(ctx, tx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil {
+		for _, k := range s.pending[any(tx)] {
+			s.report.Committed[k]++
+		}
+	}
+	delete(s.pending, any(tx))
+	return err
+}
+
+func (s *countingStore[Tx]) Rollback(ctx context.Context, tx Tx) error {
+	s.mu.Lock()
+	delete(s.pending, any(tx))
+	s.mu.Unlock()
+	return s.TxStore.Rollback(ctx, tx)
+}
+
+// countingLeases counts the keys marked done.
+type countingLeases struct {
+	dedup.LeaseStore
+	mu     sync.Mutex
+	report *Report
+}
+
+func (s *countingLeases) Complete(ctx context.Context, scope, key, token string, retention time.Duration) error {
+	err := s.LeaseStore.Complete(ctx, scope, key, token, retention)
+	if err == nil {
+		s.mu.Lock()
+		s.report.Committed[key]++
+		s.mu.Unlock()
+	}
+	return err
+}

@@ -1,0 +1,95 @@
+package consumertest_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/consumertest"
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/testenv"
+)
+
+// recordingTB captures Fatalf instead of stopping the test.
+type recordingTB struct {
+	*testing.T
+	failed string
+}
+
+func (r *recordingTB) Fatalf(format string, args ...any) { r.failed = fmt.Sprintf(format, args...) }
+
+// forgetful is a store that never remembers a key: every delivery is new.
+type forgetful struct{ *pgdedup.Store }
+
+func (forgetful) Claim(_ context.Context, _ pgx.Tx, _ string, recs []dedup.Record) ([]dedup.Claim, error) {
+	cs := make([]dedup.Claim, len(recs))
+	for i, r := range recs {
+		cs[i] = dedup.Claim{Key: r.Key, State: dedup.StateNew}
+	}
+	return cs, nil
+}
+
+func (forgetful) Unclaim(context.Context, pgx.Tx, string, string) error { return nil }
+
+func script() []consumertest.Delivery {
+	return []consumertest.Delivery{
+		{Key: "a", Body: []byte("a"), Fault: consumertest.Redelivered},
+		{Key: "b", Body: []byte("b"), Fault: consumertest.ConcurrentDuplicate},
+		{Key: "c", Body: []byte("c"), Fault: consumertest.CrashAfterCommit},
+		{Key: "d", Body: []byte("d"), Fault: consumertest.ProducerDuplicate},
+		{Key: "e", Body: []byte("e"), FailFirst: 1},
+	}
+}
+
+func newStore(t *testing.T) *pgdedup.Store {
+	url := testenv.DatabaseURL(t)
+	schema := testenv.Schema(t, url)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return store
+}
+
+func noop(context.Context, pgx.Tx, *consumer.Message) error { return nil }
+
+func TestReplayPassesWithRealStore(t *testing.T) {
+	for _, batch := range []int{1, 4} {
+		t.Run(fmt.Sprint("batch=", batch), func(t *testing.T) {
+			rep := consumertest.ReplayTx(t, newStore(t), noop, script(), consumertest.Options{BatchSize: batch})
+			rep.RequireExactlyOnce(t)
+			if rep.Calls["e"] != 2 {
+				t.Fatalf("FailFirst: 1 gave %d calls, want 2", rep.Calls["e"])
+			}
+			if rep.Duplicates == 0 {
+				t.Fatal("no duplicate was delivered")
+			}
+		})
+	}
+}
+
+// The kit must catch a store that does not deduplicate.
+func TestReplayCatchesMissingDedup(t *testing.T) {
+	rep := consumertest.ReplayTx(t, forgetful{newStore(t)}, noop, script(), consumertest.Options{})
+	tb := &recordingTB{T: t}
+	rep.RequireExactlyOnce(tb)
+	for _, k := range []string{"a", "b", "c", "d"} {
+		if !strings.Contains(tb.failed, k+": 2 effects") {
+			t.Errorf("report does not flag key %s: %q", k, tb.failed)
+		}
+	}
+}
