@@ -172,9 +172,10 @@ type Config struct {
 	CommitTimeout time.Duration
 
 	// DeadLetterTopic is the topic every dead-lettered message is written
-	// to. Defaults to "" : each topic's own "<topic>.dlq"
-	// (DefaultDeadLetterSuffix). The topic must exist unless the cluster
-	// creates topics automatically; CreateTopics creates both.
+	// to. The topic must exist unless the cluster creates topics
+	// automatically (CreateTopics creates it). Defaults to each consumed
+	// topic's own "<topic>.dlq" (see DeadLetterTopic and
+	// DefaultDeadLetterSuffix).
 	DeadLetterTopic string
 
 	// DeadLetterTimeout bounds one dead-letter write when the caller's

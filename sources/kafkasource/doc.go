@@ -46,8 +46,8 @@
 // uncommitted meanwhile, so the partition's commit cannot pass it, and if
 // the process stops, the group redelivers it from the committed offset (with
 // Attempt starting again at 1). The runner's RetryPolicy bounds the attempts;
-// then DeadLetter writes a copy to the dead-letter topic (Config.
-// DeadLetterTopic, by default "<topic>.dlq") with HeaderReason,
+// then DeadLetter writes a copy to the dead-letter topic
+// (Config.DeadLetterTopic, by default "<topic>.dlq") with HeaderReason,
 // HeaderAttempts, HeaderOriginTopic, HeaderOriginPartition,
 // HeaderOriginOffset, HeaderGroup, HeaderKey and HeaderDeadLetteredAt, waits
 // for all in-sync replicas, and only then commits. A poison message holds

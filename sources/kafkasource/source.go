@@ -216,11 +216,10 @@ func New(cfg Config) (src *Source, err error) {
 func (s *Source) Config() Config { return s.cfg }
 
 // Receive blocks until at least one message is available, then returns up to
-// max of them. It returns ctx.Err() when ctx is done, consumer.ErrClosed after
-// Close, and the latest fetch error (a broker or group failure, which the
-// Runner retries with backoff) when one occurred since the last call and no
-// message is ready.
-// Receive commits nothing.
+// limit of them (at least one). It returns ctx.Err() when ctx is done,
+// consumer.ErrClosed after Close, and the latest fetch error (a broker or
+// group failure, which the Runner retries with backoff) when one occurred
+// since the last call and no message is ready. Receive commits nothing.
 func (s *Source) Receive(ctx context.Context, limit int) ([]*consumer.Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -324,8 +323,8 @@ func (s *Source) Retry(_ context.Context, msg *consumer.Message, delay time.Dura
 	return nil
 }
 
-// DeadLetter writes a copy of msg to the dead-letter topic (Config.
-// DeadLetterTopic, by default "<topic>.dlq") with the original key, value and
+// DeadLetter writes a copy of msg to the dead-letter topic
+// (Config.DeadLetterTopic, by default "<topic>.dlq") with the original key, value and
 // headers plus HeaderReason, HeaderAttempts, HeaderOriginTopic,
 // HeaderOriginPartition, HeaderOriginOffset, HeaderGroup, HeaderKey and
 // HeaderDeadLetteredAt, waits until every in-sync replica has it, and only
