@@ -113,7 +113,12 @@ func (p *txPath[Tx]) run(ctx context.Context, r *Runner, batch []*job) error {
 			committed++
 			continue
 		}
-		failure(j, err)
+		if tc, ok := p.store.(dedup.TransientClassifier); ok && tc.IsTransient(err) {
+			j.set(outRetryInfra, err)
+			j.delay = r.cfg.Retry.Backoff(j.msg.Attempt)
+		} else {
+			failure(j, err)
+		}
 		r.log.Debug("handler failed", LogKeyKey, j.key, LogKeyAttempt, j.msg.Attempt, LogKeyError, err)
 		if !savepoints {
 			return nil // deferred rollback undoes the record and the handler's writes

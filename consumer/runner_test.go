@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
@@ -191,8 +192,8 @@ func TestBadInputIsDeadLetteredOnce(t *testing.T) {
 		Amount int `json:"amount"`
 	}
 	f.broker.Publish(f.topic,
-		memsource.Outgoing{Key: "", Body: []byte(`{"amount":1}`)},              // no key
-		memsource.Outgoing{Key: "garbled", Body: []byte(`{"amount":`)},         // malformed
+		memsource.Outgoing{Key: "", Body: []byte(`{"amount":1}`)},                // no key
+		memsource.Outgoing{Key: "garbled", Body: []byte(`{"amount":`)},           // malformed
 		memsource.Outgoing{Key: "huge", Body: []byte(strings.Repeat("x", 2048))}, // oversized
 		memsource.Outgoing{Key: "good", Body: []byte(`{"amount":5}`)},
 	)
@@ -384,5 +385,26 @@ func TestBackoffGrowsAndCaps(t *testing.T) {
 		if got := p.Backoff(i + 1); got != w*time.Millisecond {
 			t.Errorf("Backoff(%d) = %v, want %v", i+1, got, w*time.Millisecond)
 		}
+	}
+}
+
+// Deadlocks and serialization failures say nothing about the message: they
+// are retried without counting against MaxAttempts.
+func TestTransientDatabaseErrorsAreNotDeadLettered(t *testing.T) {
+	f := newFixture(t)
+	f.publish("busy")
+	fail := func(msg *consumer.Message, call int) error {
+		if call <= 4 {
+			return fmt.Errorf("update account: %w", &pgconn.PgError{Code: "40P01", Message: "deadlock detected"})
+		}
+		return nil
+	}
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(fail)),
+		consumer.Config{Retry: consumer.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}})
+	f.settled()
+	r.stop(t)
+	f.requireOnce("busy")
+	if dl := f.broker.DeadLetters(f.topic); len(dl) != 0 {
+		t.Fatalf("dead-lettered after transient errors: %+v", dl)
 	}
 }

@@ -22,8 +22,9 @@ type Source interface {
 	Receive(ctx context.Context, max int) ([]*Message, error)
 
 	// Ack acknowledges messages whose effect is durable. After Ack returns
-	// nil the broker must not deliver them again (except through a
-	// broker-side failure, which deduplication absorbs). A failed Ack is
+	// nil the acknowledgement has left the client (brokers without
+	// confirmed acks, like AMQP, cannot promise more); a lost one means a
+	// redelivery, which deduplication absorbs. A failed Ack is
 	// harmless: the message is redelivered and recognised as a duplicate.
 	// Sources with cumulative acknowledgement (Kafka offsets) must never
 	// acknowledge a message that has not itself been passed to Ack.

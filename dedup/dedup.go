@@ -181,6 +181,17 @@ type TxStore[Tx any] interface {
 	Unclaim(ctx context.Context, tx Tx, scope, key string) error
 }
 
+// TransientClassifier is an optional interface of a TxStore. IsTransient
+// reports whether err, returned by a handler inside one of the store's
+// transactions, is a transient database condition (a deadlock, a
+// serialization failure, a lost connection) that says nothing about the
+// message. The runner retries such failures without counting them against
+// the retry policy's attempt limit, so a busy database never dead-letters
+// good messages.
+type TransientClassifier interface {
+	IsTransient(err error) bool
+}
+
 // LeaseStore is the store of the lease path, for effects that cannot join a
 // database transaction (emails, webhooks, third-party APIs). Every state
 // change after Claim is guarded by the token the claim was made with, so a

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -195,6 +196,23 @@ func (s *Store) Unclaim(ctx context.Context, tx pgx.Tx, scope, key string) error
 	_, err := tx.Exec(ctx, s.q.unclaim, scope, key)
 	return err
 }
+
+// IsTransient implements dedup.TransientClassifier: deadlocks (40P01),
+// serialization failures (40001), lock timeouts (55P03) and connection
+// failures (class 08, or a statement that was never sent) are transient.
+func (s *Store) IsTransient(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "40P01", "40001", "55P03":
+			return true
+		}
+		return strings.HasPrefix(pgErr.Code, "08")
+	}
+	return pgconn.SafeToRetry(err)
+}
+
+var _ dedup.TransientClassifier = (*Store)(nil)
 
 // MarkProcessedTx records key as processed in a transaction the caller owns,
 // for code that runs its own transactions instead of a Runner:
