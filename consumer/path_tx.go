@@ -46,7 +46,7 @@ func (p *txPath[Tx]) process(ctx context.Context, r *Runner, batch []*job) {
 		for _, j := range batch {
 			if j.out == outAck || j.out == outNone {
 				j.set(outRetryInfra, err)
-				j.delay = r.cfg.Retry.Backoff(1)
+				j.delay = r.cfg.Retry.Backoff(j.msg.Attempt)
 			}
 		}
 		if errors.Is(err, ErrCommit) {

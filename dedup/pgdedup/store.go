@@ -266,7 +266,12 @@ func (s *Store) InspectTx(ctx context.Context, db DBTX, scope, key string) (dedu
 // Purge deletes the record of key in scope, so that its next delivery runs
 // the handler again. It reports whether a record existed.
 func (s *Store) Purge(ctx context.Context, scope, key string) (bool, error) {
-	tag, err := s.db.Exec(ctx, s.q.unclaim, scope, key)
+	return s.PurgeTx(ctx, s.db, scope, key)
+}
+
+// PurgeTx is Purge inside the caller's transaction or connection.
+func (s *Store) PurgeTx(ctx context.Context, db DBTX, scope, key string) (bool, error) {
+	tag, err := db.Exec(ctx, s.q.unclaim, scope, key)
 	if err != nil {
 		return false, fmt.Errorf("pgdedup: purge %q: %w", key, err)
 	}
