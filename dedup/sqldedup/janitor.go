@@ -1,0 +1,91 @@
+package sqldedup
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Cleanup deletes expired records in batches of Config.CleanupBatchSize, each
+// in its own short transaction, until none is left, and returns how many it
+// deleted. On PostgreSQL, rows locked by a concurrent claim are skipped, so
+// cleanup never blocks consumption, and when another process is cleaning the
+// same table this call returns at once (an advisory lock lets one cleaner run
+// at a time). On SQLite each batch holds the write lock for one short
+// statement; claims wait for it through the busy timeout.
+func (s *Store) Cleanup(ctx context.Context) (int64, error) {
+	var total int64
+	for {
+		n, busy, err := s.cleanupBatch(ctx)
+		total += n
+		if err != nil || busy || n < int64(s.cfg.CleanupBatchSize) {
+			return total, err
+		}
+	}
+}
+
+func (s *Store) cleanupBatch(ctx context.Context) (deleted int64, busy bool, err error) {
+	query, args := s.q.cleanup(s.cfg.CleanupBatchSize, time.Now())
+	if s.cfg.Dialect != Postgres {
+		res, err := s.db.ExecContext(ctx, query, args...)
+		if err != nil {
+			return 0, false, fmt.Errorf("sqldedup: cleanup: %w", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return 0, false, fmt.Errorf("sqldedup: cleanup: %w", err)
+		}
+		return n, false, nil
+	}
+
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, false, fmt.Errorf("sqldedup: cleanup: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // safe after commit
+	var locked bool
+	lockKey := "idemq.pgdedup.cleanup:" + s.q.table
+	if err := tx.QueryRowContext(ctx, `SELECT pg_try_advisory_xact_lock(hashtext($1))`, lockKey).Scan(&locked); err != nil {
+		return 0, false, fmt.Errorf("sqldedup: cleanup: %w", err)
+	}
+	if !locked {
+		return 0, true, nil
+	}
+	res, err := tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, false, fmt.Errorf("sqldedup: cleanup: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, false, fmt.Errorf("sqldedup: cleanup: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, false, fmt.Errorf("sqldedup: cleanup: %w", err)
+	}
+	return n, false, nil
+}
+
+// RunJanitor calls Cleanup every Config.CleanupInterval until ctx is done,
+// logging failures, and returns nil when ctx is done. Run it in its own
+// goroutine in every worker process; on PostgreSQL an advisory lock keeps
+// them from working at the same time.
+func (s *Store) RunJanitor(ctx context.Context) error {
+	t := time.NewTicker(s.cfg.CleanupInterval)
+	defer t.Stop()
+	for {
+		n, err := s.Cleanup(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			s.cfg.Logger.Warn("sqldedup: cleanup failed", "err", err)
+		case n > 0:
+			s.cfg.Logger.Debug("sqldedup: expired records deleted", "count", n)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}

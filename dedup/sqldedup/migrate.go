@@ -1,0 +1,226 @@
+package sqldedup
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+//go:embed migrations/*/*.sql
+var migrationFiles embed.FS
+
+// Migration is one numbered schema change. The files under
+// migrations/<dialect>/ are plain SQL with goose annotations, written for the
+// default table name; Migrate renders them for the configured schema and
+// table.
+type Migration struct {
+	// Version orders migrations; it is the number the file name starts with.
+	Version int
+	// Name is the file name.
+	Name string
+	// Up is the SQL that applies the migration, for the default table name.
+	Up string
+	// Down is the SQL that reverts it, for the default table name.
+	Down string
+}
+
+// Migrations returns the embedded migrations of dialect d in version order.
+func Migrations(d Dialect) ([]Migration, error) {
+	if d != SQLite && d != Postgres {
+		return nil, fmt.Errorf("%w: unknown Dialect %q", ErrInvalidConfig, d)
+	}
+	dir := "migrations/" + string(d)
+	names, err := fs.Glob(migrationFiles, dir+"/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	ms := make([]Migration, 0, len(names))
+	for _, name := range names {
+		b, err := migrationFiles.ReadFile(name)
+		if err != nil {
+			return nil, err
+		}
+		base := strings.TrimPrefix(name, dir+"/")
+		num, _, _ := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if err != nil {
+			return nil, fmt.Errorf("sqldedup: migration %s: file name must start with its version: %w", base, err)
+		}
+		up, down, ok := strings.Cut(string(b), "-- +goose Down")
+		if !ok {
+			return nil, fmt.Errorf("sqldedup: migration %s has no -- +goose Down section", base)
+		}
+		_, up, _ = strings.Cut(up, "-- +goose Up")
+		ms = append(ms, Migration{Version: v, Name: base, Up: strings.TrimSpace(up), Down: strings.TrimSpace(down)})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
+	return ms, nil
+}
+
+var defaultNameRE = regexp.MustCompile(`\bprocessed_messages(_[a-z_]+)?\b`)
+
+// render rewrites migration SQL written for the default table name so that it
+// applies to the configured schema and table. Names were validated in New.
+func (s *Store) render(query string) string {
+	return defaultNameRE.ReplaceAllStringFunc(query, func(m string) string {
+		if suffix := strings.TrimPrefix(m, DefaultTable); suffix != "" {
+			return quoteIdent(s.cfg.Table + suffix) // index names: unqualified
+		}
+		return s.q.table
+	})
+}
+
+// versionsTable is the table that lists applied migrations. Its name is the
+// one dedup/pgdedup uses, so a PostgreSQL table migrated by either store is
+// recognised by the other.
+func (s *Store) versionsTable() string {
+	t := quoteIdent(s.cfg.Table + "_migrations")
+	if s.cfg.Dialect == Postgres {
+		t = quoteIdent(s.cfg.Schema) + "." + t
+	}
+	return t
+}
+
+// MigrationSQL returns the SQL that Migrate would apply on an empty database,
+// rendered for the configured dialect, schema and table, for review or for
+// other migration tools.
+func (s *Store) MigrationSQL() (string, error) {
+	ms, err := Migrations(s.cfg.Dialect)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	if s.cfg.Dialect == Postgres {
+		fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n\n", quoteIdent(s.cfg.Schema))
+	}
+	for _, m := range ms {
+		fmt.Fprintf(&b, "-- %s\n%s\n\n", m.Name, s.render(m.Up))
+	}
+	return b.String(), nil
+}
+
+// Migrate creates the schema (PostgreSQL) and applies every migration not yet
+// applied, in one transaction. Concurrent calls are serialised (an advisory
+// lock on PostgreSQL, the write lock on SQLite), so every worker may call it
+// at start-up.
+func (s *Store) Migrate(ctx context.Context) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("sqldedup: migrate: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // safe after commit
+	if err := s.MigrateTx(ctx, tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("sqldedup: migrate: commit: %w", err)
+	}
+	return nil
+}
+
+// MigrateTx is Migrate inside the caller's transaction, for applications that
+// run their own migrations in one transaction.
+func (s *Store) MigrateTx(ctx context.Context, tx *sql.Tx) error {
+	ms, err := Migrations(s.cfg.Dialect)
+	if err != nil {
+		return err
+	}
+	versions := s.versionsTable()
+	var steps []string
+	switch s.cfg.Dialect {
+	case Postgres:
+		steps = []string{
+			`SELECT pg_advisory_xact_lock(hashtext('idemq.pgdedup.migrate'))`,
+			`CREATE SCHEMA IF NOT EXISTS ` + quoteIdent(s.cfg.Schema),
+			`CREATE TABLE IF NOT EXISTS ` + versions + ` (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)`,
+		}
+	default:
+		steps = []string{
+			`CREATE TABLE IF NOT EXISTS ` + versions + ` (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT    NOT NULL,
+    applied_at TEXT    NOT NULL DEFAULT CURRENT_TIMESTAMP
+)`,
+			// A write as the first data statement takes SQLite's write
+			// lock, so concurrent migrations in deferred transactions
+			// serialise instead of failing on upgrade.
+			`DELETE FROM ` + versions + ` WHERE version < 0`,
+		}
+	}
+	for _, q := range steps {
+		if _, err := tx.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("sqldedup: migrate: %w", err)
+		}
+	}
+	done, err := appliedVersions(ctx, tx, versions)
+	if err != nil {
+		return fmt.Errorf("sqldedup: migrate: %w", err)
+	}
+	insert := `INSERT INTO ` + versions + ` (version, name) VALUES (` + s.q.ph(1) + `, ` + s.q.ph(2) + `)`
+	for _, m := range ms {
+		if done[m.Version] {
+			continue
+		}
+		for _, stmt := range splitStatements(s.render(m.Up)) {
+			if _, err := tx.ExecContext(ctx, stmt); err != nil {
+				return fmt.Errorf("sqldedup: migration %s: %w", m.Name, err)
+			}
+		}
+		if _, err := tx.ExecContext(ctx, insert, m.Version, m.Name); err != nil {
+			return fmt.Errorf("sqldedup: migration %s: %w", m.Name, err)
+		}
+	}
+	return nil
+}
+
+func appliedVersions(ctx context.Context, tx *sql.Tx, versions string) (map[int]bool, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT version FROM `+versions)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	done := make(map[int]bool)
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		done[v] = true
+	}
+	return done, rows.Err()
+}
+
+// splitStatements splits migration SQL on the semicolons that end a line, so
+// that every driver can run it (some run one statement per call). Comment
+// lines are dropped.
+func splitStatements(sql string) []string {
+	var out []string
+	var cur strings.Builder
+	for line := range strings.Lines(sql) {
+		trimmed := strings.TrimSpace(line)
+		if strings.HasPrefix(trimmed, "--") {
+			continue
+		}
+		cur.WriteString(line)
+		if strings.HasSuffix(trimmed, ";") {
+			if stmt := strings.TrimSpace(cur.String()); stmt != ";" {
+				out = append(out, strings.TrimSuffix(stmt, ";"))
+			}
+			cur.Reset()
+		}
+	}
+	if stmt := strings.TrimSpace(cur.String()); stmt != "" {
+		out = append(out, stmt)
+	}
+	return out
+}

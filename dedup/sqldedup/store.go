@@ -1,0 +1,289 @@
+package sqldedup
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"time"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// DB is what the store needs from a database handle: *sql.DB and *sql.Conn
+// satisfy it, as do wrappers that embed them (sqlx.DB).
+type DB interface {
+	Querier
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
+// Querier is what the *Tx functions need: *sql.Tx, *sql.DB and *sql.Conn
+// all satisfy it (as do sqlx's types and sqlc's generated DBTX).
+type Querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Config configures a Store.
+type Config struct {
+	// Dialect is the database's SQL dialect: SQLite or Postgres. Required.
+	Dialect Dialect
+	// Schema holds the table (Postgres only; it must be empty for SQLite).
+	// It must be a plain SQL identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63
+	// bytes). Defaults to "public" for Postgres.
+	Schema string
+	// Table is the name of the processed-message table, a plain SQL
+	// identifier of at most 50 bytes. Defaults to "processed_messages".
+	Table string
+	// Retention is how long a record is kept: a redelivery later than this
+	// is no longer recognised, and the janitor deletes the record. At least
+	// 1 ms. Defaults to 72 h.
+	Retention time.Duration
+	// CleanupInterval is how often RunJanitor deletes expired records.
+	// Defaults to 1 min.
+	CleanupInterval time.Duration
+	// CleanupBatchSize is the number of expired records deleted per
+	// transaction, so that cleanup never holds the write lock (SQLite) or
+	// many row locks (PostgreSQL) for long. Defaults to 1000.
+	CleanupBatchSize int
+	// Logger receives the janitor's logs. Defaults to a logger that
+	// discards everything.
+	Logger *slog.Logger
+}
+
+// Defaults used by Config.WithDefaults.
+const (
+	DefaultSchema           = "public"
+	DefaultTable            = "processed_messages"
+	DefaultCleanupInterval  = time.Minute
+	DefaultCleanupBatchSize = 1000
+)
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+// Schema gets its default only for Postgres.
+func (c Config) WithDefaults() Config {
+	if c.Schema == "" && c.Dialect == Postgres {
+		c.Schema = DefaultSchema
+	}
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	if c.Retention == 0 {
+		c.Retention = dedup.DefaultRetention
+	}
+	if c.CleanupInterval == 0 {
+		c.CleanupInterval = DefaultCleanupInterval
+	}
+	if c.CleanupBatchSize == 0 {
+		c.CleanupBatchSize = DefaultCleanupBatchSize
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// ErrInvalidConfig is matched by the errors New returns for a bad Config.
+var ErrInvalidConfig = errors.New("sqldedup: invalid configuration")
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+func validIdent(field, s string, max int) error {
+	if !identRE.MatchString(s) || len(s) > max {
+		return fmt.Errorf("%w: %s %q is not a plain SQL identifier of at most %d bytes", ErrInvalidConfig, field, s, max)
+	}
+	return nil
+}
+
+func (c Config) validate() error {
+	switch c.Dialect {
+	case Postgres:
+		if err := validIdent("Schema", c.Schema, 63); err != nil {
+			return err
+		}
+	case SQLite:
+		if c.Schema != "" {
+			return fmt.Errorf("%w: Schema %q is set, but SQLite has no schemas (leave it empty)", ErrInvalidConfig, c.Schema)
+		}
+	case "":
+		return fmt.Errorf("%w: Dialect is required (sqldedup.SQLite or sqldedup.Postgres)", ErrInvalidConfig)
+	default:
+		return fmt.Errorf("%w: unknown Dialect %q (want %q or %q)", ErrInvalidConfig, c.Dialect, SQLite, Postgres)
+	}
+	if err := validIdent("Table", c.Table, 50); err != nil {
+		return err
+	}
+	if c.Retention < time.Millisecond {
+		return fmt.Errorf("%w: Retention %s is below 1ms", ErrInvalidConfig, c.Retention)
+	}
+	if c.CleanupInterval < 0 {
+		return fmt.Errorf("%w: CleanupInterval %s is negative", ErrInvalidConfig, c.CleanupInterval)
+	}
+	if c.CleanupBatchSize < 1 {
+		return fmt.Errorf("%w: CleanupBatchSize %d is not positive", ErrInvalidConfig, c.CleanupBatchSize)
+	}
+	return nil
+}
+
+// Store is the database/sql deduplication store of the transactional path.
+// It implements dedup.TxStore[*sql.Tx], so handlers receive the *sql.Tx that
+// also records their message. It is safe for concurrent use.
+type Store struct {
+	db  DB
+	cfg Config
+	q   queries
+}
+
+var _ dedup.TxStore[*sql.Tx] = (*Store)(nil)
+
+// New returns a Store over db. It validates cfg; it does not touch the
+// database (call Migrate, or apply the SQL of MigrationSQL yourself).
+func New(db DB, cfg Config) (*Store, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: nil DB", ErrInvalidConfig)
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Store{db: db, cfg: cfg, q: newQueries(cfg.Dialect, cfg.Schema, cfg.Table)}, nil
+}
+
+// Config returns the store's configuration with defaults applied.
+func (s *Store) Config() Config { return s.cfg }
+
+// Begin implements dedup.TxStore. It starts a transaction with the driver's
+// default options: READ COMMITTED on PostgreSQL, which Claim relies on to see
+// concurrent commits; on SQLite, BEGIN IMMEDIATE when the connection was
+// opened with _txlock=immediate (see OpenSQLite), else a deferred
+// transaction whose first statement (Claim's insert) takes the write lock.
+func (s *Store) Begin(ctx context.Context) (*sql.Tx, error) { return s.db.BeginTx(ctx, nil) }
+
+// Commit implements dedup.TxStore. Any error, including sql.ErrTxDone for a
+// transaction that database/sql already rolled back because its context
+// ended, means the records in tx must not be acknowledged.
+func (s *Store) Commit(_ context.Context, tx *sql.Tx) error { return tx.Commit() }
+
+// Rollback implements dedup.TxStore; it is safe after Commit.
+func (s *Store) Rollback(_ context.Context, tx *sql.Tx) error {
+	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		return err
+	}
+	return nil
+}
+
+// Savepoint implements dedup.TxStore. On PostgreSQL the release of the
+// previous savepoint and the new one go in one round trip.
+func (s *Store) Savepoint(ctx context.Context, tx *sql.Tx, releasePrevious bool) error {
+	if !releasePrevious {
+		_, err := tx.ExecContext(ctx, "SAVEPOINT idemq_msg")
+		return err
+	}
+	if s.cfg.Dialect == Postgres {
+		_, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT idemq_msg; SAVEPOINT idemq_msg")
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT idemq_msg"); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, "SAVEPOINT idemq_msg")
+	return err
+}
+
+// RollbackToSavepoint implements dedup.TxStore.
+func (s *Store) RollbackToSavepoint(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT idemq_msg")
+	return err
+}
+
+// Claim implements dedup.TxStore. New keys are inserted in ascending key
+// order, so concurrent batches take them in the same order. On PostgreSQL a
+// key held by a concurrent uncommitted transaction makes the insert wait for
+// that transaction's outcome; on SQLite the other transaction cannot exist,
+// since SQLite admits one writer at a time. An expired record (older than
+// Retention, not yet deleted by the janitor) counts as absent and is claimed
+// anew.
+func (s *Store) Claim(ctx context.Context, tx *sql.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, error) {
+	return s.claim(ctx, tx, scope, recs)
+}
+
+// Unclaim implements dedup.TxStore.
+func (s *Store) Unclaim(ctx context.Context, tx *sql.Tx, scope, key string) error {
+	_, err := tx.ExecContext(ctx, s.q.deleteKey(), scope, key)
+	return err
+}
+
+// MarkProcessedTx records key as processed in a transaction the caller owns,
+// for code that runs its own transactions instead of a Runner:
+//
+//	tx, _ := db.BeginTx(ctx, nil)
+//	defer tx.Rollback()
+//	state, err := store.MarkProcessedTx(ctx, tx, "billing", key, body)
+//	if err != nil { return err }             // includes *dedup.MismatchError
+//	if state == dedup.StateDone { return nil } // duplicate: skip the effect
+//	... business writes in tx ...
+//	return tx.Commit()
+//
+// It returns dedup.StateNew when the caller must perform the effect in tx,
+// dedup.StateDone for a duplicate, and a *dedup.MismatchError (matching
+// dedup.ErrPayloadMismatch) when key was processed with another payload.
+// On SQLite, call it before any other statement of a deferred transaction
+// (or open the database with OpenSQLite), so that it takes the write lock
+// first.
+func (s *Store) MarkProcessedTx(ctx context.Context, tx *sql.Tx, scope, key string, payload []byte) (dedup.State, error) {
+	rec := dedup.Record{Key: key, PayloadHash: dedup.HashPayload(payload)}
+	claims, err := s.claim(ctx, tx, scope, []dedup.Record{rec})
+	if err != nil {
+		return 0, err
+	}
+	c := claims[0]
+	if c.State == dedup.StateMismatch {
+		return c.State, &dedup.MismatchError{Scope: scope, Key: key, Stored: c.StoredHash, Received: rec.PayloadHash}
+	}
+	return c.State, nil
+}
+
+// Inspect returns the record of key in scope, or dedup.ErrNotFound. An
+// expired record that the janitor has not deleted yet is returned with its
+// past ExpiresAt.
+func (s *Store) Inspect(ctx context.Context, scope, key string) (dedup.Entry, error) {
+	return s.InspectTx(ctx, s.db, scope, key)
+}
+
+// InspectTx is Inspect inside the caller's transaction or connection.
+func (s *Store) InspectTx(ctx context.Context, q Querier, scope, key string) (dedup.Entry, error) {
+	e := dedup.Entry{Scope: scope, Key: key}
+	var (
+		hash               []byte
+		processed, expires int64
+	)
+	err := q.QueryRowContext(ctx, s.q.inspect(), scope, key).Scan(&hash, &processed, &expires)
+	if errors.Is(err, sql.ErrNoRows) {
+		return e, dedup.ErrNotFound
+	}
+	if err != nil {
+		return e, fmt.Errorf("sqldedup: inspect %q: %w", key, err)
+	}
+	if e.PayloadHash, err = dedup.HashFromBytes(hash); err != nil {
+		return e, err
+	}
+	e.ProcessedAt, e.ExpiresAt = time.UnixMicro(processed), time.UnixMicro(expires)
+	return e, nil
+}
+
+// Purge deletes the record of key in scope, so that its next delivery runs
+// the handler again. It reports whether a record existed.
+func (s *Store) Purge(ctx context.Context, scope, key string) (bool, error) {
+	res, err := s.db.ExecContext(ctx, s.q.deleteKey(), scope, key)
+	if err != nil {
+		return false, fmt.Errorf("sqldedup: purge %q: %w", key, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("sqldedup: purge %q: %w", key, err)
+	}
+	return n > 0, nil
+}

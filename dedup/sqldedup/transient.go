@@ -1,0 +1,54 @@
+package sqldedup
+
+import (
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"strings"
+)
+
+// SQLite result codes (the primary code, the low byte of an extended code)
+// that say the database was busy, not that the statement was wrong.
+const (
+	sqliteBusy   = 5 // SQLITE_BUSY: another connection holds the lock
+	sqliteLocked = 6 // SQLITE_LOCKED: a conflict inside one connection
+)
+
+// IsTransient reports whether err, returned inside one of the store's
+// transactions, is a passing database condition that says nothing about the
+// message, so that a runner retries it without counting it against the
+// message's attempts:
+//
+//   - SQLite: SQLITE_BUSY and SQLITE_LOCKED (and their extended codes), from
+//     drivers whose error has a Code() int method, as modernc.org/sqlite's;
+//   - PostgreSQL: deadlock (40P01), serialization failure (40001), lock
+//     timeout (55P03) and connection exceptions (class 08), from drivers
+//     whose error has a SQLState() string method, as pgx's and lib/pq's;
+//   - any dialect: driver.ErrBadConn and sql.ErrConnDone.
+//
+// It is safe for concurrent use.
+func (s *Store) IsTransient(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
+		return true
+	}
+	var state interface{ SQLState() string }
+	if errors.As(err, &state) {
+		switch code := state.SQLState(); code {
+		case "40P01", "40001", "55P03":
+			return true
+		default:
+			return strings.HasPrefix(code, "08")
+		}
+	}
+	var coded interface{ Code() int }
+	if s.cfg.Dialect == SQLite && errors.As(err, &coded) {
+		switch coded.Code() & 0xff {
+		case sqliteBusy, sqliteLocked:
+			return true
+		}
+	}
+	return false
+}
