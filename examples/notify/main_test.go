@@ -1,0 +1,92 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/internal/testenv"
+)
+
+// Every notification reaches the webhook once, although a tenth of them were
+// published twice and every seventh one fails its first attempt with 503.
+func TestWorkerNotifiesEachOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs RabbitMQ and Redis; skipped with -short")
+	}
+	amqpURL, redisURL := testenv.AMQPURL(t), testenv.RedisURL(t)
+	const n = 140
+	o := options{
+		amqpURL: amqpURL, redisURL: redisURL,
+		publish: n, idle: time.Second, concurrency: 4, lease: 10 * time.Second,
+		log: slog.New(slog.DiscardHandler),
+	}
+	// The amqpsource tests restart the broker; when they run at the same
+	// time as this package, start over on a fresh queue.
+	var out bytes.Buffer
+	for attempt := 1; ; attempt++ {
+		id := randomID()
+		o.queue, o.name = "idemq.example.notify.test."+id, "notify-test-"+id
+		t.Cleanup(func() { deleteQueue(t, amqpURL, o.queue) })
+		out.Reset()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := run(ctx, o, &out)
+		cancel()
+		if err == nil {
+			break
+		}
+		if attempt == 3 {
+			t.Fatalf("run: %v\n%s", err, out.String())
+		}
+		t.Logf("run failed (broker restarting?), starting over: %v", err)
+		time.Sleep(5 * time.Second)
+	}
+
+	var handled, duplicates, retried, dead, requests, sent, absorbed int
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("output:\n%s", out.String())
+	}
+	if _, err := fmt.Sscanf(lines[1], "handled %d, duplicates %d, retried %d, dead-lettered %d", &handled, &duplicates, &retried, &dead); err != nil {
+		t.Fatalf("runner line %q: %v", lines[1], err)
+	}
+	if _, err := fmt.Sscanf(lines[2], "receiver: %d requests, %d notifications sent, %d repeated keys absorbed", &requests, &sent, &absorbed); err != nil {
+		t.Fatalf("receiver line %q: %v", lines[2], err)
+	}
+	const failedFirst = (n + 6) / 7 // orders 0, 7, 14, ...
+	switch {
+	case handled != n || sent != n || dead != 0:
+		t.Fatalf("handled %d, sent %d, dead-lettered %d; want %d, %d, 0\n%s", handled, sent, dead, n, n, out.String())
+	case duplicates < n/10:
+		t.Fatalf("%d duplicates acknowledged, want at least the %d published twice", duplicates, n/10)
+	case retried < failedFirst || requests < n+failedFirst:
+		t.Fatalf("%d retries and %d requests, want at least %d and %d (every seventh first attempt fails)", retried, requests, failedFirst, n+failedFirst)
+	}
+	t.Logf("\n%s", out.String())
+}
+
+func deleteQueue(t *testing.T, url, queue string) {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Logf("cleanup: %v", err)
+		return
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return
+	}
+	queues := []string{queue, queue + ".dlq"}
+	for _, d := range []string{"100ms", "200ms", "500ms", "1s", "2s", "5s"} {
+		queues = append(queues, queue+".retry."+d)
+	}
+	for _, q := range queues {
+		_, _ = ch.QueueDelete(q, false, false, false)
+	}
+}

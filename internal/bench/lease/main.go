@@ -1,0 +1,229 @@
+// Command lease measures idemq's lease path against the ceiling of the Redis
+// work it does, in one run, at the same concurrency:
+//
+//   - claim: a raw go-redis loop running the store's Lua claim (one EVALSHA
+//     per message), the ceiling the lease path is compared with;
+//   - claim+complete: the same loop also marking each key done, which is
+//     all the Redis work the lease path does per message;
+//   - runner: consumer.Leased on the in-memory source (sources/memsource)
+//     with the Redis store and a no-op effect, from the first receive to the
+//     last acknowledgement.
+//
+// It prints messages per second and the runner's ratio to each baseline.
+//
+//	go run ./internal/bench/lease -n 20000 -concurrency 8
+//
+// The Redis address comes from -redis, else TEST_REDIS_URL, else
+// redis://127.0.0.1:6379/0. Keys are written under a fresh scope and expire
+// within two minutes.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/redisdedup"
+	"github.com/idemq/idemq/sources/memsource"
+)
+
+const (
+	lease     = 30 * time.Second
+	retention = 2 * time.Minute
+)
+
+func main() {
+	n := flag.Int("n", 20000, "messages per measurement")
+	concurrency := flag.Int("concurrency", 8, "goroutines of the raw loops and Config.Concurrency of the runner")
+	rounds := flag.Int("rounds", 3, "runs of each measurement; the best is reported")
+	url := flag.String("redis", envOr("TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis URL")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "lease bench:", err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "lease bench:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if err := run(*url, *n, *concurrency, *rounds); err != nil {
+		pprof.StopCPUProfile()
+		fmt.Fprintln(os.Stderr, "lease bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(url string, n, concurrency, rounds int) error {
+	if n < 1 || concurrency < 1 || rounds < 1 {
+		return errors.New("-n, -concurrency and -rounds must be at least 1")
+	}
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		return fmt.Errorf("parse %s: %w", url, err)
+	}
+	opts.PoolSize = max(opts.PoolSize, 2*concurrency)
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+	ctx := context.Background()
+	info, err := rdb.Info(ctx, "server").Result()
+	if err != nil {
+		return fmt.Errorf("Redis at %s: %w", opts.Addr, err)
+	}
+	store, err := redisdedup.New(rdb, redisdedup.Config{})
+	if err != nil {
+		return err
+	}
+
+	measures := []struct {
+		name string
+		fn   func(ctx context.Context, store *redisdedup.Store, n, concurrency int) (time.Duration, error)
+	}{
+		{"raw Lua claim (go-redis loop)", rawClaim(false)},
+		{"raw Lua claim + complete", rawClaim(true)},
+		{"runner lease path, no-op effect", runnerPath},
+	}
+	// Warm up connections and the script cache.
+	if _, err := rawClaim(true)(ctx, store, min(n, 1000), concurrency); err != nil {
+		return err
+	}
+	best := make([]float64, len(measures))
+	for range rounds {
+		for i, m := range measures {
+			d, err := m.fn(ctx, store, n, concurrency)
+			if err != nil {
+				return fmt.Errorf("%s: %w", m.name, err)
+			}
+			best[i] = max(best[i], float64(n)/d.Seconds())
+		}
+	}
+
+	fmt.Printf("lease path throughput: %d messages, concurrency %d, best of %d, Redis %s at %s, GOMAXPROCS %d\n",
+		n, concurrency, rounds, field(info, "redis_version"), opts.Addr, runtime.GOMAXPROCS(0))
+	fmt.Printf("  %-34s %10s  %s\n", "", "msg/s", "ratio")
+	fmt.Printf("  %-34s %10.0f  1.00 (ceiling)\n", measures[0].name, best[0])
+	fmt.Printf("  %-34s %10.0f  %.2f of the ceiling\n", measures[1].name, best[1], best[1]/best[0])
+	fmt.Printf("  %-34s %10.0f  %.2f of the ceiling, %.2f of claim + complete\n", measures[2].name, best[2], best[2]/best[0], best[2]/best[1])
+	return nil
+}
+
+// rawClaim returns a measurement of concurrency goroutines claiming n fresh
+// keys (and completing them when complete is true) as fast as they can.
+func rawClaim(complete bool) func(ctx context.Context, store *redisdedup.Store, n, concurrency int) (time.Duration, error) {
+	return func(ctx context.Context, store *redisdedup.Store, n, concurrency int) (time.Duration, error) {
+		scope := randomName("bench-raw")
+		hash := dedup.HashPayload([]byte("{}"))
+		var next atomic.Int64
+		errs := make([]error, concurrency)
+		var wg sync.WaitGroup
+		start := time.Now()
+		for g := range concurrency {
+			wg.Go(func() {
+				tok := randomName("tok")
+				for {
+					i := next.Add(1)
+					if i > int64(n) {
+						return
+					}
+					key := "k" + fmt.Sprint(i)
+					c, err := store.Claim(ctx, scope, dedup.Record{Key: key, PayloadHash: hash}, tok, lease)
+					if err == nil && c.State != dedup.StateNew {
+						err = fmt.Errorf("claim of a fresh key: %v", c.State)
+					}
+					if err == nil && complete {
+						err = store.Complete(ctx, scope, key, tok, retention)
+					}
+					if err != nil {
+						errs[g] = err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		return time.Since(start), errors.Join(errs...)
+	}
+}
+
+// runnerPath publishes n messages to an in-memory topic, then runs the lease
+// path over them with a no-op effect until all are acknowledged.
+func runnerPath(ctx context.Context, store *redisdedup.Store, n, concurrency int) (time.Duration, error) {
+	broker := memsource.New(memsource.Config{})
+	defer broker.Close()
+	topic := randomName("bench")
+	body := []byte("{}")
+	for i := range n {
+		broker.Publish(topic, memsource.Outgoing{Key: fmt.Sprintf("k%d", i), Body: body})
+	}
+	src := broker.Source(topic)
+	defer src.Close()
+	noop := func(context.Context, *consumer.Message) error { return nil }
+	r, err := consumer.NewRunner(src, consumer.Leased(store, noop, consumer.LeaseOptions{Lease: lease, Retention: retention}),
+		consumer.Config{Name: randomName("bench-runner"), Concurrency: concurrency})
+	if err != nil {
+		return 0, err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- r.Run(runCtx) }()
+	for broker.Stats(topic).Acks < uint64(n) {
+		select {
+		case err := <-done:
+			return 0, fmt.Errorf("runner stopped early: %v", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	elapsed := time.Since(start)
+	cancel()
+	if err := <-done; err != nil {
+		return 0, err
+	}
+	if st := r.Stats(); st.Handled != uint64(n) {
+		return 0, fmt.Errorf("runner handled %d of %d messages (stats %+v)", st.Handled, n, st)
+	}
+	return elapsed, nil
+}
+
+func randomName(prefix string) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return prefix + "-" + hex.EncodeToString(b)
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// field returns the value of name in the text of INFO.
+func field(info, name string) string {
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return "?"
+}
+
