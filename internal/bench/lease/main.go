@@ -226,4 +226,3 @@ func field(info, name string) string {
 	}
 	return "?"
 }
-
