@@ -7,7 +7,8 @@ SERVICES := bash testdata/services/services.sh
 # Service addresses for the tests: the variables already set win, the rest
 # come from the services script.
 WITH_ENV := set -a; eval "$$($(SERVICES) env)"; set +a;
-TEST_FLAGS ?= -count=1 -timeout 30m
+# One package at a time: some tests restart a shared broker.
+TEST_FLAGS ?= -p 1 -count=1 -timeout 30m
 
 .PHONY: help
 help: ## List the targets.

@@ -87,7 +87,10 @@ func TestReplayCatchesMissingDedup(t *testing.T) {
 	rep := consumertest.ReplayTx(t, forgetful{newStore(t)}, noop, script(), consumertest.Options{})
 	tb := &recordingTB{T: t}
 	rep.RequireExactlyOnce(tb)
-	for _, k := range []string{"a", "b", "c", "d"} {
+	// A concurrent duplicate is timing-dependent (the first copy may be
+	// acknowledged before the second worker asks), so only the
+	// deterministic faults are checked here.
+	for _, k := range []string{"a", "c", "d"} {
 		if !strings.Contains(tb.failed, k+": 2 effects") {
 			t.Errorf("report does not flag key %s: %q", k, tb.failed)
 		}
