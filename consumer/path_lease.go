@@ -74,8 +74,13 @@ type leasePath struct {
 }
 
 func (p *leasePath) process(ctx context.Context, r *Runner, batch []*job) {
+	var held heldPartitions
 	for _, j := range batch {
+		if held.holds(j) {
+			continue
+		}
 		p.one(ctx, r, j)
+		held.hold(j)
 	}
 }
 
@@ -116,7 +121,7 @@ func (p *leasePath) one(ctx context.Context, r *Runner, j *job) {
 		// token and let the retry find out what happened.
 		j.set(outRetryInfra, fmt.Errorf("idemq: lease of key %q lost while handling: %w", j.key, lost))
 	case err != nil:
-		failure(j, err)
+		r.failure(j, err)
 		if rerr := p.store.Release(ctx, scope, j.key, token); rerr != nil {
 			r.log.Warn("release of lease failed; it expires by itself", LogKeyKey, j.key, LogKeyError, rerr)
 		}

@@ -97,8 +97,17 @@ func (p *txPath[Tx]) run(ctx context.Context, r *Runner, batch []*job) error {
 	// One new message needs no savepoint: its failure rolls back everything.
 	savepoints := fresh > 1
 	opened, committed := false, 0
+	var held heldPartitions
 	for i, j := range batch {
 		if claims[i].State != dedup.StateNew {
+			continue
+		}
+		if held.holds(j) {
+			// An earlier message of its partition failed: keep the order
+			// by retrying this one too, and drop its record.
+			if err := p.store.Unclaim(ctx, tx, r.cfg.Name, j.key); err != nil {
+				return fmt.Errorf("idemq: unclaim: %w", err)
+			}
 			continue
 		}
 		if savepoints {
@@ -117,9 +126,10 @@ func (p *txPath[Tx]) run(ctx context.Context, r *Runner, batch []*job) error {
 			j.set(outRetryInfra, err)
 			j.delay = r.cfg.Retry.Backoff(j.msg.Attempt)
 		} else {
-			failure(j, err)
+			r.failure(j, err)
 		}
 		r.log.Debug("handler failed", LogKeyKey, j.key, LogKeyAttempt, j.msg.Attempt, LogKeyError, err)
+		held.hold(j)
 		if !savepoints {
 			return nil // deferred rollback undoes the record and the handler's writes
 		}
@@ -137,4 +147,32 @@ func (p *txPath[Tx]) run(ctx context.Context, r *Runner, batch []*job) error {
 		return fmt.Errorf("%w: %w", ErrCommit, err)
 	}
 	return nil
+}
+
+// heldPartitions tracks the partition keys of a batch whose message failed.
+// Later messages of the same partition are not handled in that batch (they
+// would overtake the failed one); they are retried without counting an
+// attempt.
+type heldPartitions map[string]*job
+
+func (h *heldPartitions) hold(failed *job) {
+	if failed.msg.PartitionKey == "" || (failed.out != outRetry && failed.out != outRetryInfra) {
+		return
+	}
+	if *h == nil {
+		*h = heldPartitions{}
+	}
+	(*h)[failed.msg.PartitionKey] = failed
+}
+
+// holds reports whether j waits behind a failed message of its partition, and
+// if so sets its outcome.
+func (h heldPartitions) holds(j *job) bool {
+	failed := h[j.msg.PartitionKey]
+	if j.msg.PartitionKey == "" || failed == nil {
+		return false
+	}
+	j.set(outRetryInfra, fmt.Errorf("idemq: held behind failed message %q of partition %q", failed.key, j.msg.PartitionKey))
+	j.delay = failed.delay
+	return true
 }

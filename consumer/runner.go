@@ -316,10 +316,7 @@ func (r *Runner) retry(ctx context.Context, j *job) {
 		r.deadLetter(ctx, j, fmt.Errorf("%w after %d attempts: %w", ErrMaxAttempts, m.Attempt, j.err))
 		return
 	default:
-		var asked bool
-		if delay, asked = retryDelay(j.err); !asked {
-			delay = r.cfg.Retry.Backoff(m.Attempt)
-		}
+		delay = r.backoff(j)
 	}
 	r.stats.retried.Add(1)
 	r.log.Info("message will be retried", LogKeyKey, j.key, LogKeyID, m.ID, LogKeyTopic, m.Topic,
@@ -366,13 +363,27 @@ func (r *Runner) call(ctx context.Context, j *job, fn func(ctx context.Context) 
 	return fn(ctx)
 }
 
+// backoff returns the delay before a failed job's next attempt: the one its
+// handler asked for with RetryAfter, else the policy's. It is computed once
+// per failure, so that messages held behind the job can wait as long.
+func (r *Runner) backoff(j *job) time.Duration {
+	if j.delay > 0 {
+		return j.delay
+	}
+	if d, ok := retryDelay(j.err); ok {
+		return d
+	}
+	return r.cfg.Retry.Backoff(j.msg.Attempt)
+}
+
 // failure classifies a handler error into an outcome.
-func failure(j *job, err error) {
+func (r *Runner) failure(j *job, err error) {
 	if IsPermanent(err) {
 		j.set(outDeadLetter, err)
 		return
 	}
 	j.set(outRetry, err)
+	j.delay = r.backoff(j)
 }
 
 func sleep(ctx context.Context, d time.Duration) {

@@ -408,3 +408,38 @@ func TestTransientDatabaseErrorsAreNotDeadLettered(t *testing.T) {
 		t.Fatalf("dead-lettered after transient errors: %+v", dl)
 	}
 }
+
+// A failed message holds the later messages of its partition in the same
+// batch, so they do not overtake it.
+func TestPartitionOrderKeptAfterFailure(t *testing.T) {
+	f := newFixture(t)
+	for i := range 6 {
+		f.broker.Publish(f.topic, memsource.Outgoing{Key: fmt.Sprintf("p%d", i), Body: []byte(fmt.Sprint(i)), PartitionKey: "acct-1"})
+	}
+	fail := func(msg *consumer.Message, call int) error {
+		if msg.Key == "p2" && call == 1 {
+			return errors.New("fails once")
+		}
+		return nil
+	}
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(fail)), consumer.Config{Concurrency: 1, BatchSize: 6})
+	f.settled()
+	r.stop(t)
+	f.requireOnce("p0", "p1", "p2", "p3", "p4", "p5")
+	rows, err := f.pool.Query(context.Background(), `SELECT body FROM `+f.table+` ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bodies, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(bodies, ","); got != "0,1,2,3,4,5" {
+		t.Fatalf("applied in order %s, want 0,1,2,3,4,5", got)
+	}
+	for _, k := range []string{"p3", "p4", "p5"} {
+		if f.calls(k) != 1 {
+			t.Errorf("%s ran %d times: held messages must not run before the failed one", k, f.calls(k))
+		}
+	}
+}
