@@ -19,7 +19,7 @@ import (
 )
 
 // newClient returns a client of the test Redis, closed when t ends.
-func newClient(t *testing.T) *redis.Client {
+func newClient(t testing.TB) *redis.Client {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("needs Redis; skipped with -short")
@@ -33,7 +33,7 @@ func newClient(t *testing.T) *redis.Client {
 	return rdb
 }
 
-func newStore(t *testing.T, cfg redisdedup.Config) (*redisdedup.Store, *redis.Client) {
+func newStore(t testing.TB, cfg redisdedup.Config) (*redisdedup.Store, *redis.Client) {
 	t.Helper()
 	rdb := newClient(t)
 	s, err := redisdedup.New(rdb, cfg)

@@ -25,6 +25,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -65,14 +66,14 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(*url, *n, *concurrency, *rounds); err != nil {
+	if err := run(os.Stdout, *url, *n, *concurrency, *rounds); err != nil {
 		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "lease bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(url string, n, concurrency, rounds int) error {
+func run(out io.Writer, url string, n, concurrency, rounds int) error {
 	if n < 1 || concurrency < 1 || rounds < 1 {
 		return errors.New("-n, -concurrency and -rounds must be at least 1")
 	}
@@ -116,12 +117,12 @@ func run(url string, n, concurrency, rounds int) error {
 		}
 	}
 
-	fmt.Printf("lease path throughput: %d messages, concurrency %d, best of %d, Redis %s at %s, GOMAXPROCS %d\n",
+	fmt.Fprintf(out, "lease path throughput: %d messages, concurrency %d, best of %d, Redis %s at %s, GOMAXPROCS %d\n",
 		n, concurrency, rounds, field(info, "redis_version"), opts.Addr, runtime.GOMAXPROCS(0))
-	fmt.Printf("  %-34s %10s  %s\n", "", "msg/s", "ratio")
-	fmt.Printf("  %-34s %10.0f  1.00 (ceiling)\n", measures[0].name, best[0])
-	fmt.Printf("  %-34s %10.0f  %.2f of the ceiling\n", measures[1].name, best[1], best[1]/best[0])
-	fmt.Printf("  %-34s %10.0f  %.2f of the ceiling, %.2f of claim + complete\n", measures[2].name, best[2], best[2]/best[0], best[2]/best[1])
+	fmt.Fprintf(out, "  %-34s %10s  %s\n", "", "msg/s", "ratio")
+	fmt.Fprintf(out, "  %-34s %10.0f  1.00 (ceiling)\n", measures[0].name, best[0])
+	fmt.Fprintf(out, "  %-34s %10.0f  %.2f of the ceiling\n", measures[1].name, best[1], best[1]/best[0])
+	fmt.Fprintf(out, "  %-34s %10.0f  %.2f of the ceiling, %.2f of claim + complete\n", measures[2].name, best[2], best[2]/best[0], best[2]/best[1])
 	return nil
 }
 
