@@ -19,7 +19,9 @@ type Config struct {
 	// Concurrency is the number of batches handled at the same time, each in
 	// its own goroutine and transaction. Messages with the same
 	// PartitionKey (or, without one, the same deduplication key) always go to
-	// the same goroutine, in delivery order. Defaults to 4.
+	// the same goroutine, in delivery order. Each goroutine buffers up to
+	// BatchSize messages; when one is full (a slow key), receiving pauses
+	// until it drains, which bounds memory. Defaults to 4.
 	Concurrency int
 
 	// BatchSize is the largest number of messages handled in one database

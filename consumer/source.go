@@ -23,8 +23,10 @@ type Source interface {
 
 	// Ack acknowledges messages whose effect is durable. After Ack returns
 	// nil the acknowledgement has left the client (brokers without
-	// confirmed acks, like AMQP, cannot promise more); a lost one means a
-	// redelivery, which deduplication absorbs. A failed Ack is
+	// confirmed acks, like AMQP, cannot promise more), or, for sources with
+	// cumulative acknowledgement, is recorded and sent once every earlier
+	// message of the partition is settled; a lost one means a redelivery,
+	// which deduplication absorbs. A failed Ack is
 	// harmless: the message is redelivered and recognised as a duplicate.
 	// Sources with cumulative acknowledgement (Kafka offsets) must never
 	// acknowledge a message that has not itself been passed to Ack.
