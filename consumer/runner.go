@@ -321,7 +321,11 @@ func (r *Runner) retry(ctx context.Context, j *job) {
 	r.stats.retried.Add(1)
 	r.log.Info("message will be retried", LogKeyKey, j.key, LogKeyID, m.ID, LogKeyTopic, m.Topic,
 		LogKeyAttempt, m.Attempt, LogKeyDelay, delay, LogKeyError, j.err)
-	if err := r.src.Retry(ctx, m, delay); err != nil {
+	retry := r.src.Retry
+	if rel, ok := r.src.(Releaser); ok && j.out == outRetryInfra {
+		retry = rel.Release
+	}
+	if err := retry(ctx, m, delay); err != nil {
 		r.stats.settleFailures.Add(1)
 		r.log.Warn("retry failed; the broker will redeliver", LogKeyID, m.ID, LogKeyError, err)
 	}

@@ -443,3 +443,44 @@ func TestPartitionOrderKeptAfterFailure(t *testing.T) {
 		}
 	}
 }
+
+// releasingSource records which of Retry and Release the runner used.
+type releasingSource struct {
+	consumer.Source
+	retries, releases atomic.Int64
+}
+
+func (s *releasingSource) Retry(ctx context.Context, m *consumer.Message, d time.Duration) error {
+	s.retries.Add(1)
+	return s.Source.Retry(ctx, m, d)
+}
+
+func (s *releasingSource) Release(ctx context.Context, m *consumer.Message, d time.Duration) error {
+	s.releases.Add(1)
+	return s.Source.Retry(ctx, m, d)
+}
+
+// Sources that can hand a message back without counting an attempt are asked
+// to when the message is not at fault, and only then.
+func TestReleaserForFailuresThatAreNotTheMessages(t *testing.T) {
+	f := newFixture(t)
+	f.publish("busy", "flaky")
+	fail := func(msg *consumer.Message, call int) error {
+		switch {
+		case msg.Key == "busy" && call <= 3:
+			return &pgconn.PgError{Code: "40001", Message: "could not serialize access"}
+		case msg.Key == "flaky" && call <= 2:
+			return errors.New("handler bug")
+		}
+		return nil
+	}
+	src := &releasingSource{Source: f.broker.Source(f.topic)}
+	r := f.start(src, consumer.Transactional(f.store, f.handler(fail)), consumer.Config{})
+	f.settled()
+	r.stop(t)
+	f.requireOnce("busy", "flaky")
+	if src.releases.Load() != 3 || src.retries.Load() != 2 {
+		t.Fatalf("releases %d (want 3, the serialization failures), retries %d (want 2, the handler errors)",
+			src.releases.Load(), src.retries.Load())
+	}
+}

@@ -48,3 +48,14 @@ type Source interface {
 	// with ErrClosed.
 	Close() error
 }
+
+// Releaser is an optional interface of a Source. Release hands msg back for
+// redelivery no sooner than delay from now, like Retry, but without counting
+// an attempt. The runner calls it instead of Retry when the message is not at
+// fault: the database or the lease store failed, another worker holds the
+// message's lease, or an earlier message of its partition failed in the same
+// batch. Sources whose broker counts deliveries itself (SQS's receive count)
+// do not implement it.
+type Releaser interface {
+	Release(ctx context.Context, msg *Message, delay time.Duration) error
+}

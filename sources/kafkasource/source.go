@@ -306,6 +306,20 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 // PartitionKey in the same partition that were fetched after the failure
 // wait until msg is settled, so retries keep their order.
 func (s *Source) Retry(_ context.Context, msg *consumer.Message, delay time.Duration) error {
+	return s.redeliver(msg, msg.Attempt+1, delay)
+}
+
+// Release implements consumer.Releaser: it hands msg out again after delay,
+// like Retry, with the same Attempt. The runner uses it when the message was
+// not at fault (a database outage, a batch-mate's failure), so that such
+// retries do not use up the message's attempts.
+func (s *Source) Release(_ context.Context, msg *consumer.Message, delay time.Duration) error {
+	return s.redeliver(msg, msg.Attempt, delay)
+}
+
+var _ consumer.Releaser = (*Source)(nil)
+
+func (s *Source) redeliver(msg *consumer.Message, attempt int, delay time.Duration) error {
 	e, err := s.entryOf(msg)
 	if err != nil {
 		return err
@@ -319,7 +333,7 @@ func (s *Source) Retry(_ context.Context, msg *consumer.Message, delay time.Dura
 		return fmt.Errorf("kafkasource: retry of %s: %w", msg.ID, ErrSettled)
 	}
 	s.blockLocked(e)
-	s.redeliverLocked(e, msg.Attempt+1, delay)
+	s.redeliverLocked(e, attempt, delay)
 	return nil
 }
 

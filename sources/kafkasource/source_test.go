@@ -198,6 +198,27 @@ func TestRetryRedeliversInProcess(t *testing.T) {
 	}
 }
 
+// TestReleaseKeepsAttempt checks that Release redelivers in process without
+// counting an attempt.
+func TestReleaseKeepsAttempt(t *testing.T) {
+	skipShort(t)
+	brokers := testenv.KafkaBrokers(t)
+	topic := newTopic(t, brokers, 1)
+	publish(t, brokers, topic, outgoing("rel", 1)...)
+	src := openSource(t, testConfig(brokers, topic, uniqueName(t, "g")))
+	m := receiveN(t, src, 1, waitTimeout)[0]
+	if err := src.Release(context.Background(), m, 10*time.Millisecond); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	r := receiveN(t, src, 1, waitTimeout)[0]
+	if r.ID != m.ID || r.Attempt != m.Attempt {
+		t.Fatalf("released message came back as %s attempt %d; want %s attempt %d", r.ID, r.Attempt, m.ID, m.Attempt)
+	}
+	if err := src.Ack(context.Background(), []*consumer.Message{r}); err != nil {
+		t.Fatalf("Ack: %v", err)
+	}
+}
+
 // TestRetryHoldsLaterMessagesOfKey checks that while a message waits for a
 // retry, later messages of its key are held back, and other keys are not.
 func TestRetryHoldsLaterMessagesOfKey(t *testing.T) {
