@@ -50,6 +50,10 @@ type BrokerConfig struct {
 	// the partitions of a killed worker stall before a restarted worker
 	// takes them over. Defaults to 10 s (kafkasource's default is 30 s).
 	KafkaSessionTimeout time.Duration
+	// KafkaRebalanceTimeout is how long the group coordinator waits for
+	// every member to rejoin during a rebalance; a killed member never
+	// does. Defaults to 3 × KafkaSessionTimeout.
+	KafkaRebalanceTimeout time.Duration
 	// AMQPURL is the RabbitMQ URL. Required for BrokerRabbitMQ.
 	AMQPURL string
 	// SQSEndpoint is the SQS endpoint, for a local SQS-compatible server;
@@ -74,6 +78,9 @@ func (c BrokerConfig) WithDefaults() BrokerConfig {
 	}
 	if c.KafkaSessionTimeout == 0 {
 		c.KafkaSessionTimeout = 10 * time.Second
+	}
+	if c.KafkaRebalanceTimeout == 0 {
+		c.KafkaRebalanceTimeout = 3 * c.KafkaSessionTimeout
 	}
 	if c.Topic == "" {
 		c.Topic = "checkout-orders"
@@ -185,6 +192,7 @@ func (b *kafkaBroker) Source(_ context.Context, _ *consumer.Config) (consumer.So
 		KeyHeader:         KeyHeader,
 		SessionTimeout:    b.cfg.KafkaSessionTimeout,
 		HeartbeatInterval: max(b.cfg.KafkaSessionTimeout/10, 100*time.Millisecond),
+		RebalanceTimeout:  b.cfg.KafkaRebalanceTimeout,
 		JoinGroupBackoff:  500 * time.Millisecond,
 		MaxWait:           250 * time.Millisecond,
 		Logger:            b.cfg.Logger,

@@ -1,0 +1,21 @@
+// Command idemq is idemq's command-line tool:
+//
+//	idemq demo                         # the zero-setup demo: checkout worker, in-process Kafka, SQLite, chaos
+//	idemq migrate --dsn URL [--print]  # apply (or print) the processed-messages table migrations
+//	idemq inspect --dsn URL --scope NAME KEY   # show a processed record
+//	idemq purge --dsn URL --scope NAME KEY     # forget a record, so its next delivery runs again
+//
+// A DSN is a PostgreSQL URL (postgres://...) or a SQLite file
+// (sqlite:path/to/file.db, or a path ending in .db, .sqlite or .sqlite3).
+// Run `idemq help COMMAND` for a command's flags. Exit status: 0 on success,
+// 1 when the command failed (for demo: when the proof does not hold), 2 for
+// a usage error.
+package main
+
+import (
+	"os"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}

@@ -1,0 +1,23 @@
+// Package demo is the machinery of `idemq demo`: a supervisor that runs the
+// checkout worker (examples/checkout) as real child processes, kills them
+// with SIGKILL at random moments (seeded), restarts them, while a chaos
+// producer sends orders, re-sends some with the same idempotency key and adds
+// malformed ones; then it reads the ledger and checks the proof: every valid
+// order charged exactly once, none twice, the malformed ones dead-lettered.
+//
+// By default the broker is an in-process Kafka-protocol cluster
+// (github.com/twmb/franz-go/pkg/kfake) that the supervisor runs on
+// 127.0.0.1, so the real kafka-go adapter (sources/kafkasource) runs in the
+// workers, and the store is a SQLite file (dedup/sqldedup). Config selects a
+// real Kafka cluster and PostgreSQL instead, or the in-memory broker (then
+// workers run in-process and are stopped instead of killed).
+//
+// Forced redeliveries come from three places: the kills (offsets not yet
+// committed are delivered again to the next worker), acknowledgements the
+// workers drop on purpose before their last life (Config.DropAcks: on Kafka
+// they hold back the partition's committed offset until the next kill), and
+// the producer's re-sent copies. The runner absorbs all of them: the ledger
+// has no unique constraint on order_id, so a double charge would show.
+//
+// The package is internal: its API serves cmd/idemq and its tests only.
+package demo
