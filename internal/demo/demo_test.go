@@ -1,0 +1,140 @@
+package demo_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	_ "modernc.org/sqlite"
+
+	"github.com/idemq/idemq/examples/checkout"
+	"github.com/idemq/idemq/internal/demo"
+	"github.com/idemq/idemq/internal/testenv"
+)
+
+// envWorker makes the test binary act as a demo worker process, so that the
+// supervisor's kills hit real processes running this package's code.
+const envWorker = "IDEMQ_DEMO_TEST_WORKER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envWorker) == "1" {
+		o, err := demo.ParseWorkerFlags(os.Args[1:])
+		if err == nil {
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+			err = demo.RunWorker(ctx, o, os.Stdout)
+			stop()
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "demo worker:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// runDemo runs a shortened demo with this test binary as the worker program.
+func runDemo(t *testing.T, cfg demo.Config) demo.Summary {
+	t.Helper()
+	var out bytes.Buffer
+	cfg.WorkerCommand = []string{os.Args[0]}
+	cfg.WorkerEnv = []string{envWorker + "=1"}
+	cfg.Out = &out
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 90 * time.Second
+	}
+	sum, err := demo.Run(context.Background(), cfg)
+	sum.Print(&out)
+	t.Log("\n" + out.String())
+	if err != nil {
+		t.Fatalf("demo: %v", err)
+	}
+	return sum
+}
+
+// checkProof fails t unless the summary proves exactly-once and the chaos
+// really happened.
+func checkProof(t *testing.T, sum demo.Summary, kills int) {
+	t.Helper()
+	if err := sum.Check(); err != nil {
+		t.Fatalf("proof: %v", err)
+	}
+	if sum.Kills < 1 || sum.Kills > kills || sum.Restarts < sum.Kills {
+		t.Fatalf("%d kills and %d restarts, want 1 to %d kills, each followed by a restart", sum.Kills, sum.Restarts, kills)
+	}
+	if sum.DuplicatesAbsorbed == 0 || sum.Deliveries <= uint64(sum.Orders) {
+		t.Fatalf("%d deliveries and %d duplicates absorbed for %d orders: the chaos did not happen", sum.Deliveries, sum.DuplicatesAbsorbed, sum.Orders)
+	}
+}
+
+func TestDemoOnKfakeAndSQLite(t *testing.T) {
+	sum := runDemo(t, demo.Config{Messages: 400, Kills: 2, Seed: 7})
+	checkProof(t, sum, 2)
+}
+
+func TestDemoOnMemoryBroker(t *testing.T) {
+	sum := runDemo(t, demo.Config{Broker: demo.BrokerMemory, Messages: 300, Kills: 2, Seed: 3})
+	checkProof(t, sum, 2)
+}
+
+func TestDemoOnKafkaAndPostgres(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Kafka and PostgreSQL")
+	}
+	sum := runDemo(t, demo.Config{Broker: demo.BrokerKafka, KafkaBrokers: testenv.KafkaBrokers(t),
+		Store: demo.StorePostgres, DatabaseURL: testenv.DatabaseURL(t), Messages: 300, Kills: 1, Seed: 5})
+	checkProof(t, sum, 1)
+}
+
+// TestCheckCatchesBrokenLedgers: the proof fails for each way exactly-once
+// can break, so a demo that double-charged would exit non-zero.
+func TestCheckCatchesBrokenLedgers(t *testing.T) {
+	good := demo.Summary{Orders: 3, ExpectedTotal: 60, BadOrders: 1, DeadLetterTopic: 1,
+		Ledger: checkout.Ledger{Rows: 3, Orders: 3, Total: 60, Debited: 60}}
+	if err := good.Check(); err != nil {
+		t.Fatalf("good ledger: %v", err)
+	}
+	for name, broken := range map[string]func(s *demo.Summary){
+		"double charge": func(s *demo.Summary) {
+			s.Ledger.Rows, s.Ledger.Total, s.Ledger.Debited, s.Ledger.DoubleCharged = 4, 80, 80, 1
+		},
+		"lost order":        func(s *demo.Summary) { s.Ledger.Rows, s.Ledger.Orders, s.Ledger.Total, s.Ledger.Debited = 2, 2, 40, 40 },
+		"wrong amount":      func(s *demo.Summary) { s.Ledger.Total, s.Ledger.Debited = 61, 61 },
+		"debit without row": func(s *demo.Summary) { s.Ledger.Debited = 70 },
+		"bad order lost":    func(s *demo.Summary) { s.DeadLetterTopic = 0 },
+	} {
+		s := good
+		broken(&s)
+		err := s.Check()
+		if !errors.Is(err, demo.ErrProofFailed) {
+			t.Errorf("%s: Check = %v, want ErrProofFailed", name, err)
+		}
+		var out bytes.Buffer
+		s.Print(&out)
+		if !strings.Contains(out.String(), "PROOF FAILED") {
+			t.Errorf("%s: the printed summary does not say the proof failed:\n%s", name, out.String())
+		}
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, cfg := range []demo.Config{
+		{Broker: "pulsar"},
+		{Store: "mysql"},
+		{Broker: demo.BrokerKafka},
+		{Store: demo.StorePostgres},
+		{Messages: -1},
+		{DropAcks: 0.7},
+	} {
+		if _, err := demo.Run(context.Background(), cfg); !errors.Is(err, demo.ErrConfig) {
+			t.Errorf("Run(%+v) = %v, want ErrConfig", cfg, err)
+		}
+	}
+}
