@@ -20,7 +20,7 @@ import (
 	"github.com/idemq/idemq/internal/testenv"
 )
 
-func testCtx(t *testing.T) context.Context {
+func testCtx(t testing.TB) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
@@ -29,7 +29,7 @@ func testCtx(t *testing.T) context.Context {
 
 // sqliteFile opens a fresh SQLite database with OpenSQLite: BEGIN IMMEDIATE,
 // busy timeout, WAL, one connection.
-func sqliteFile(t *testing.T) *sql.DB {
+func sqliteFile(t testing.TB) *sql.DB {
 	t.Helper()
 	db, err := sqldedup.OpenSQLite(testCtx(t), filepath.Join(t.TempDir(), "dedup.db"))
 	if err != nil {
@@ -58,7 +58,7 @@ func sqlitePool(t *testing.T, n int, immediate bool) *sql.DB {
 }
 
 // postgres opens a database/sql pool on a fresh schema of the test database.
-func postgres(t *testing.T) (*sql.DB, string) {
+func postgres(t testing.TB) (*sql.DB, string) {
 	t.Helper()
 	url := testenv.DatabaseURL(t)
 	schema := testenv.Schema(t, url)
@@ -71,7 +71,7 @@ func postgres(t *testing.T) (*sql.DB, string) {
 	return db, schema
 }
 
-func migrated(t *testing.T, db *sql.DB, cfg sqldedup.Config) *sqldedup.Store {
+func migrated(t testing.TB, db *sql.DB, cfg sqldedup.Config) *sqldedup.Store {
 	t.Helper()
 	s, err := sqldedup.New(db, cfg)
 	if err != nil {
@@ -107,7 +107,7 @@ func TestConformance(t *testing.T) {
 		}
 	}
 	t.Run("sqlite", func(t *testing.T) {
-		deduptest.RunTxStore(t, sqliteWith(sqliteFile))
+		deduptest.RunTxStore(t, sqliteWith(func(t *testing.T) *sql.DB { return sqliteFile(t) }))
 	})
 	// Several connections contend for the file lock like processes do.
 	t.Run("sqlite-connections", func(t *testing.T) {

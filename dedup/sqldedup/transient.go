@@ -5,7 +5,11 @@ import (
 	"database/sql/driver"
 	"errors"
 	"strings"
+
+	"github.com/idemq/idemq/dedup"
 )
+
+var _ dedup.TransientClassifier = (*Store)(nil)
 
 // SQLite result codes (the primary code, the low byte of an extended code)
 // that say the database was busy, not that the statement was wrong.
@@ -14,7 +18,7 @@ const (
 	sqliteLocked = 6 // SQLITE_LOCKED: a conflict inside one connection
 )
 
-// IsTransient reports whether err, returned inside one of the store's
+// IsTransient implements dedup.TransientClassifier. It reports whether err, returned inside one of the store's
 // transactions, is a passing database condition that says nothing about the
 // message, so that a runner retries it without counting it against the
 // message's attempts:
