@@ -115,14 +115,19 @@ func (s *Store) Claim(ctx context.Context, scope string, rec dedup.Record, token
 	if err != nil {
 		return dedup.Claim{}, fmt.Errorf("redisdedup: claim %q: %w", rec.Key, err)
 	}
+	return parseClaim(rec.Key, res)
+}
+
+// parseClaim converts the reply of claimScript.
+func parseClaim(key string, res []any) (dedup.Claim, error) {
 	if len(res) != 4 {
-		return dedup.Claim{}, fmt.Errorf("redisdedup: claim %q: unexpected reply %v", rec.Key, res)
+		return dedup.Claim{}, fmt.Errorf("redisdedup: claim %q: unexpected reply %v", key, res)
 	}
 	state, _ := res[0].(string)
 	storedHex, _ := res[1].(string)
 	at, _ := res[2].(int64)
 
-	c := dedup.Claim{Key: rec.Key}
+	c := dedup.Claim{Key: key}
 	switch state {
 	case "new":
 		c.State = dedup.StateNew
@@ -134,10 +139,11 @@ func (s *Store) Claim(ctx context.Context, scope string, rec dedup.Record, token
 	case "busy":
 		c.State = dedup.StateInProgress
 	default:
-		return dedup.Claim{}, fmt.Errorf("redisdedup: claim %q: unexpected state %q", rec.Key, state)
+		return dedup.Claim{}, fmt.Errorf("redisdedup: claim %q: unexpected state %q", key, state)
 	}
+	var err error
 	if c.StoredHash, err = parseHash(storedHex); err != nil {
-		return dedup.Claim{}, fmt.Errorf("redisdedup: claim %q: %w", rec.Key, err)
+		return dedup.Claim{}, fmt.Errorf("redisdedup: claim %q: %w", key, err)
 	}
 	if at > 0 {
 		c.ProcessedAt = time.UnixMilli(at)

@@ -320,3 +320,71 @@ func TestMismatchWhileInProgress(t *testing.T) {
 		t.Fatalf("claim with another payload while in progress = %+v, %v; want mismatch with the first hash", c, err)
 	}
 }
+
+// The batch operations give the answers of the single ones, in order, also
+// after the server forgot the scripts.
+func TestBatch(t *testing.T) {
+	s, rdb := newStore(t, redisdedup.Config{})
+	ctx := testContext(t)
+	scope := unique("batch")
+	h1, h2 := dedup.HashPayload([]byte("one")), dedup.HashPayload([]byte("two"))
+	rec := func(k string, h dedup.Hash) dedup.Record { return dedup.Record{Key: k, PayloadHash: h} }
+
+	done, held := token(), token()
+	for _, c := range []struct {
+		key, tok string
+		complete bool
+	}{{"done", done, true}, {"held", held, false}, {"other", token(), true}} {
+		if _, err := s.Claim(ctx, scope, rec(c.key, h1), c.tok, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if c.complete {
+			if err := s.Complete(ctx, scope, c.key, c.tok, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	recs := []dedup.Record{rec("new", h1), rec("done", h1), rec("held", h1), rec("other", h2)}
+	toks := []string{token(), token(), token(), token()}
+	claims, err := s.ClaimBatch(ctx, scope, recs, toks, time.Minute)
+	if err != nil {
+		t.Fatalf("ClaimBatch: %v", err)
+	}
+	want := []dedup.State{dedup.StateNew, dedup.StateDone, dedup.StateInProgress, dedup.StateMismatch}
+	for i, c := range claims {
+		if c.Key != recs[i].Key || c.State != want[i] {
+			t.Fatalf("claim %d = %s %v, want %s %v", i, c.Key, c.State, recs[i].Key, want[i])
+		}
+	}
+	// Repeating the batch with the same tokens changes nothing.
+	if again, err := s.ClaimBatch(ctx, scope, recs, toks, time.Minute); err != nil || again[0].State != dedup.StateNew {
+		t.Fatalf("repeated ClaimBatch = %v, %v", again, err)
+	}
+
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	results, err := s.CompleteBatch(ctx, scope, []string{"new", "held", "nobody"}, []string{toks[0], held, token()}, time.Hour)
+	if err != nil {
+		t.Fatalf("CompleteBatch: %v", err)
+	}
+	if results[0] != nil || results[1] != nil || !errors.Is(results[2], dedup.ErrLeaseLost) {
+		t.Fatalf("CompleteBatch results = %v, want nil, nil, lease lost", results)
+	}
+	for _, k := range []string{"new", "held"} {
+		if c, err := s.Claim(ctx, scope, rec(k, h1), token(), time.Minute); err != nil || c.State != dedup.StateDone {
+			t.Fatalf("claim of %s after CompleteBatch = %v, %v; want done", k, c.State, err)
+		}
+	}
+
+	if _, err := s.ClaimBatch(ctx, scope, recs, toks[:1], time.Minute); !errors.Is(err, redisdedup.ErrInvalidArgument) {
+		t.Fatalf("ClaimBatch with too few tokens: err = %v", err)
+	}
+	if _, err := s.CompleteBatch(ctx, scope, []string{"a"}, nil, time.Hour); !errors.Is(err, redisdedup.ErrInvalidArgument) {
+		t.Fatalf("CompleteBatch with too few tokens: err = %v", err)
+	}
+}

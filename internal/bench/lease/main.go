@@ -7,7 +7,9 @@
 //     all the Redis work the lease path does per message;
 //   - runner: consumer.Leased on the in-memory source (sources/memsource)
 //     with the Redis store and a no-op effect, from the first receive to the
-//     last acknowledgement.
+//     last acknowledgement;
+//   - batch API: the store's ClaimBatch and CompleteBatch, 16 keys per
+//     pipeline, for what a batching lease path could reach.
 //
 // It prints messages per second and the runner's ratio to each baseline.
 //
@@ -101,6 +103,7 @@ func run(out io.Writer, url string, n, concurrency, rounds int) error {
 		{"raw Lua claim (go-redis loop)", rawClaim(false)},
 		{"raw Lua claim + complete", rawClaim(true)},
 		{"runner lease path, no-op effect", runnerPath},
+		{fmt.Sprintf("batch API: claim+complete ×%d", batch), rawBatch(batch)},
 	}
 	// Warm up connections and the script cache.
 	if _, err := rawClaim(true)(ctx, store, min(n, 1000), concurrency); err != nil {
@@ -123,6 +126,8 @@ func run(out io.Writer, url string, n, concurrency, rounds int) error {
 	fmt.Fprintf(out, "  %-34s %10.0f  1.00 (ceiling)\n", measures[0].name, best[0])
 	fmt.Fprintf(out, "  %-34s %10.0f  %.2f of the ceiling\n", measures[1].name, best[1], best[1]/best[0])
 	fmt.Fprintf(out, "  %-34s %10.0f  %.2f of the ceiling, %.2f of claim + complete\n", measures[2].name, best[2], best[2]/best[0], best[2]/best[1])
+	fmt.Fprintf(out, "  %-34s %10.0f  %.2f of the ceiling (ClaimBatch + CompleteBatch, one pipeline each; the runner does not batch yet)\n",
+		measures[3].name, best[3], best[3]/best[0])
 	return nil
 }
 
@@ -151,6 +156,61 @@ func rawClaim(complete bool) func(ctx context.Context, store *redisdedup.Store, 
 					}
 					if err == nil && complete {
 						err = store.Complete(ctx, scope, key, tok, retention)
+					}
+					if err != nil {
+						errs[g] = err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		return time.Since(start), errors.Join(errs...)
+	}
+}
+
+// batch is the batch size of the rawBatch measurement.
+const batch = 16
+
+// rawBatch returns a measurement of concurrency goroutines claiming and then
+// completing fresh keys size at a time with the store's batch API: what a
+// lease path that claims and completes a batch per round trip could reach.
+func rawBatch(size int) func(ctx context.Context, store *redisdedup.Store, n, concurrency int) (time.Duration, error) {
+	return func(ctx context.Context, store *redisdedup.Store, n, concurrency int) (time.Duration, error) {
+		scope := randomName("bench-batch")
+		hash := dedup.HashPayload([]byte("{}"))
+		var next atomic.Int64
+		errs := make([]error, concurrency)
+		var wg sync.WaitGroup
+		start := time.Now()
+		for g := range concurrency {
+			wg.Go(func() {
+				recs := make([]dedup.Record, 0, size)
+				keys := make([]string, 0, size)
+				toks := make([]string, 0, size)
+				tok := randomName("tok")
+				for {
+					first := next.Add(int64(size)) - int64(size)
+					if first >= int64(n) {
+						return
+					}
+					recs, keys, toks = recs[:0], keys[:0], toks[:0]
+					for i := first; i < min(first+int64(size), int64(n)); i++ {
+						key := "k" + fmt.Sprint(i)
+						recs = append(recs, dedup.Record{Key: key, PayloadHash: hash})
+						keys = append(keys, key)
+						toks = append(toks, tok)
+					}
+					claims, err := store.ClaimBatch(ctx, scope, recs, toks, lease)
+					for _, c := range claims {
+						if err == nil && c.State != dedup.StateNew {
+							err = fmt.Errorf("claim of a fresh key: %v", c.State)
+						}
+					}
+					if err == nil {
+						var results []error
+						results, err = store.CompleteBatch(ctx, scope, keys, toks, retention)
+						err = errors.Join(append(results, err)...)
 					}
 					if err != nil {
 						errs[g] = err
