@@ -35,6 +35,11 @@
 // retries a command whose reply was lost on the network, and the retry finds
 // the state the first try wrote and reports the same outcome.
 //
+// Beyond dedup.LeaseStore, the store offers ClaimBatch and CompleteBatch,
+// which pipeline many keys in one round trip (each key still atomic on its
+// own), and CompleteWithResult and Result, which keep a small result (a
+// downstream id) with a done key for later deliveries to read.
+//
 // # Guarantee
 //
 // While Redis keeps its data, an effect guarded by this store runs at most
