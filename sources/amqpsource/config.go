@@ -34,10 +34,6 @@ const (
 
 	// headerDeliveryCount is set by quorum queues on redeliveries.
 	headerDeliveryCount = "x-delivery-count"
-	// headerPublishID correlates a returned (unroutable) publish with the
-	// publish that caused it. It is removed from nothing: it stays on
-	// copies, harmlessly.
-	headerPublishID = "idemq-publish-id"
 )
 
 // Queue types for Topology.QueueType.

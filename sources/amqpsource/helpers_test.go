@@ -39,20 +39,6 @@ func brokerURL(t testing.TB) string {
 	return testenv.AMQPURL(t)
 }
 
-// dial opens a connection for test plumbing (declare, publish, inspect),
-// closed when t ends.
-func dial(t testing.TB, url string) *amqp.Connection {
-	t.Helper()
-	p := amqp.NewConnectionProperties()
-	p.SetClientConnectionName("idemq amqpsource test plumbing")
-	conn, err := amqp.DialConfig(url, amqp.Config{Properties: p, Dial: amqp.DefaultDial(10 * time.Second)})
-	if err != nil {
-		t.Fatalf("dial %s: %v", url, err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return conn
-}
-
 // withChannel runs fn on a fresh channel of a fresh connection.
 func withChannel(t testing.TB, url string, fn func(ch *amqp.Channel) error) error {
 	t.Helper()
