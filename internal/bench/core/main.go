@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"sync"
 	"time"
 
@@ -49,13 +50,28 @@ func main() {
 		batchN      = flag.Int("n", 20000, "messages for the batched runs")
 		concurrency = flag.Int("concurrency", 4, "workers (naive) and Runner.Concurrency (idemq)")
 		accounts    = flag.Int("accounts", 1000, "rows in the accounts table")
+		cpuprofile  = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	)
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	if err := run(ctx, *dsn, *naiveN, *batchN, *concurrency, *accounts); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(1)
+		pprof.StopCPUProfile()
+		os.Exit(1) //nolint:gocritic // the profile is flushed above
 	}
 }
 
