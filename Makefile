@@ -26,6 +26,10 @@ test: services ## Start the real services, then run every test.
 test-race: services ## Like test, with the race detector.
 	$(WITH_ENV) $(GO) test -race $(TEST_FLAGS) ./...
 
+.PHONY: test-race-core
+test-race-core: services ## The race detector over the runner, the stores and the in-memory broker.
+	$(WITH_ENV) $(GO) test -race $(TEST_FLAGS) ./consumer/... ./dedup/... ./internal/memstore ./sources/memsource
+
 .PHONY: test-short
 test-short: ## Unit tests only: no service needed.
 	$(GO) test -short -count=1 ./...
