@@ -256,15 +256,15 @@ func txContend[Tx any](ctx context.Context, t *testing.T, s dedup.TxStore[Tx], s
 func contendOne[Tx any](ctx context.Context, s dedup.TxStore[Tx], scope string, recs []dedup.Record, decide func([]dedup.Claim) bool) ([]dedup.Claim, error) {
 	tx, err := s.Begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("Begin: %w", err)
+		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer s.Rollback(context.WithoutCancel(ctx), tx) //nolint:errcheck // safe after Commit
 	cs, err := s.Claim(ctx, tx, scope, recs)
 	if err != nil {
-		return nil, fmt.Errorf("Claim: %w", err)
+		return nil, fmt.Errorf("claim: %w", err)
 	}
 	if len(cs) != len(recs) {
-		return nil, fmt.Errorf("Claim of %d records returned %d claims", len(recs), len(cs))
+		return nil, fmt.Errorf("claim of %d records returned %d claims", len(recs), len(cs))
 	}
 	for _, c := range cs {
 		if c.State == dedup.StateNew {
@@ -274,12 +274,12 @@ func contendOne[Tx any](ctx context.Context, s dedup.TxStore[Tx], scope string, 
 	}
 	if decide(cs) {
 		if err := s.Commit(ctx, tx); err != nil {
-			return nil, fmt.Errorf("Commit: %w", err)
+			return nil, fmt.Errorf("commit: %w", err)
 		}
 		return cs, nil
 	}
 	if err := s.Rollback(ctx, tx); err != nil {
-		return nil, fmt.Errorf("Rollback: %w", err)
+		return nil, fmt.Errorf("rollback: %w", err)
 	}
 	return cs, nil
 }

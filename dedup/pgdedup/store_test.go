@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/deduptest"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/testenv"
 )
@@ -394,4 +395,12 @@ func TestMarkProcessedTx(t *testing.T) {
 	if ok, err := store.Purge(ctx, "own", "order-1"); !ok || err != nil {
 		t.Fatalf("Purge = %v, %v", ok, err)
 	}
+}
+
+// TestConformance runs the dedup store conformance suite against PostgreSQL.
+func TestConformance(t *testing.T) {
+	deduptest.RunTxStore(t, func(t *testing.T, retention time.Duration) dedup.TxStore[pgx.Tx] {
+		store, _ := newStore(t, pgdedup.Config{Retention: retention})
+		return store
+	})
 }

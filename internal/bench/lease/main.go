@@ -89,7 +89,7 @@ func run(out io.Writer, url string, n, concurrency, rounds int) error {
 	ctx := context.Background()
 	info, err := rdb.Info(ctx, "server").Result()
 	if err != nil {
-		return fmt.Errorf("Redis at %s: %w", opts.Addr, err)
+		return fmt.Errorf("redis at %s: %w", opts.Addr, err)
 	}
 	store, err := redisdedup.New(rdb, redisdedup.Config{})
 	if err != nil {
