@@ -203,14 +203,19 @@ type LeaseStore interface {
 	// Claim takes the lease on key for the given duration if nobody holds
 	// it and it is not done. It returns StateNew when the caller now holds
 	// the lease, StateDone or StateMismatch when the key was completed
-	// before, and StateInProgress when another token holds a live lease.
+	// before, and StateInProgress when another token holds a live lease
+	// (a store that keeps the payload digest of a live lease may report
+	// StateMismatch for a different payload instead). Claiming again with
+	// the token that holds the key returns StateNew again, so a client that
+	// resends a command whose reply was lost is safe.
 	Claim(ctx context.Context, scope string, rec Record, token string, lease time.Duration) (Claim, error)
 	// Refresh extends a lease held by token. It returns ErrLeaseLost when
 	// token no longer holds the key.
 	Refresh(ctx context.Context, scope, key, token string, lease time.Duration) error
 	// Complete marks key done under token, keeping the record for retention.
 	// It returns ErrLeaseLost when token no longer holds the key; the caller
-	// must then treat the outcome as unknown.
+	// must then treat the outcome as unknown. Completing again with the same
+	// token succeeds.
 	Complete(ctx context.Context, scope, key, token string, retention time.Duration) error
 	// Release drops the lease held by token after a failed effect, so that a
 	// retry may claim the key at once. Releasing a lease that token no longer
