@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/examples/checkout"
+	_ "github.com/idemq/idemq/examples/checkout/morebrokers" // SQS and RabbitMQ
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/memsource"
 )

@@ -39,6 +39,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/idemq/idemq/examples/checkout"
+	_ "github.com/idemq/idemq/examples/checkout/morebrokers" // SQS and RabbitMQ
 )
 
 type options struct {
