@@ -2,75 +2,34 @@ package pgdedup
 
 import (
 	"context"
-	"embed"
 	"fmt"
-	"io/fs"
-	"regexp"
-	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/dedup/internal/schema"
 )
 
-//go:embed migrations/*.sql
-var migrationFiles embed.FS
-
-// Migration is one numbered schema change. The files under migrations/ are
-// plain SQL with goose annotations, written for the default table name in
-// the connection's search_path; Migrate renders them for the configured
-// schema and table.
-type Migration struct {
-	// Version orders migrations; it is the number the file name starts with.
-	Version int
-	// Name is the file name.
-	Name string
-	// Up is the SQL that applies the migration, for the default table name.
-	Up string
-	// Down is the SQL that reverts it, for the default table name.
-	Down string
-}
+// Migration is one numbered schema change. The files (plain SQL with goose
+// annotations, written for the default table name in the connection's
+// search_path) are shared with dedup/sqldedup's PostgreSQL dialect; Migrate
+// renders them for the configured schema and table, and MigrationSQL prints
+// the result.
+type Migration = schema.Migration
 
 // Migrations returns the embedded migrations in version order.
 func Migrations() ([]Migration, error) {
-	names, err := fs.Glob(migrationFiles, "migrations/*.sql")
+	ms, err := schema.Postgres()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("pgdedup: %w", err)
 	}
-	ms := make([]Migration, 0, len(names))
-	for _, name := range names {
-		b, err := migrationFiles.ReadFile(name)
-		if err != nil {
-			return nil, err
-		}
-		base := strings.TrimPrefix(name, "migrations/")
-		num, _, _ := strings.Cut(base, "_")
-		v, err := strconv.Atoi(num)
-		if err != nil {
-			return nil, fmt.Errorf("pgdedup: migration %s: file name must start with its version: %w", base, err)
-		}
-		up, down, ok := strings.Cut(string(b), "-- +goose Down")
-		if !ok {
-			return nil, fmt.Errorf("pgdedup: migration %s has no -- +goose Down section", base)
-		}
-		_, up, _ = strings.Cut(up, "-- +goose Up")
-		ms = append(ms, Migration{Version: v, Name: base, Up: strings.TrimSpace(up), Down: strings.TrimSpace(down)})
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
 	return ms, nil
 }
-
-var defaultNameRE = regexp.MustCompile(`\bprocessed_messages(_[a-z_]+)?\b`)
 
 // render rewrites migration SQL written for the default table name so that it
 // applies to the configured schema and table. Names were validated in New.
 func (s *Store) render(sql string) string {
-	return defaultNameRE.ReplaceAllStringFunc(sql, func(m string) string {
-		if suffix := strings.TrimPrefix(m, DefaultTable); suffix != "" {
-			return pgx.Identifier{s.cfg.Table + suffix}.Sanitize() // index names
-		}
-		return s.q.table
-	})
+	return schema.Render(sql, s.q.table, s.cfg.Table, func(name string) string { return pgx.Identifier{name}.Sanitize() })
 }
 
 // MigrationSQL returns the SQL that Migrate would apply on an empty database,

@@ -42,7 +42,7 @@ WHERE scope = $1 AND key = $2`,
 		inspect: `SELECT payload_hash, processed_at, expires_at FROM ` + t + ` WHERE scope = $1 AND key = $2`,
 		cleanup: `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
 SELECT ctid FROM ` + t + ` WHERE expires_at <= now()
-ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))`,
+LIMIT $1 FOR UPDATE SKIP LOCKED))`,
 	}
 }
 

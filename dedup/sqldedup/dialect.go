@@ -158,7 +158,7 @@ func (q queries) inspect() string {
 func (q queries) cleanup(limit int, now time.Time) (string, []any) {
 	if q.dialect == Postgres {
 		return "DELETE FROM " + q.table + " WHERE ctid = ANY(ARRAY(SELECT ctid FROM " + q.table +
-			" WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))", []any{limit}
+			" WHERE expires_at <= now() LIMIT $1 FOR UPDATE SKIP LOCKED))", []any{limit}
 	}
 	return "DELETE FROM " + q.table + " WHERE (scope, key) IN (SELECT scope, key FROM " + q.table +
 		" WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)", []any{now.UnixMicro(), limit}

@@ -53,7 +53,8 @@
 // # Schema
 //
 // Migrate applies the embedded, numbered migrations of the dialect (see
-// Migrations and the migrations directory, plain SQL with goose annotations)
+// Migrations; plain SQL with goose annotations: migrations/sqlite here, and
+// for PostgreSQL the files shared with dedup/pgdedup)
 // for the configured schema and table; MigrationSQL prints them. Schema and
 // table names are validated as plain identifiers and quoted; configuration
 // cannot inject SQL. SQLite stores times as Unix microseconds (UTC).

@@ -5,75 +5,45 @@ import (
 	"database/sql"
 	"embed"
 	"fmt"
-	"io/fs"
-	"regexp"
-	"sort"
-	"strconv"
 	"strings"
+
+	"github.com/idemq/idemq/dedup/internal/schema"
 )
 
-//go:embed migrations/*/*.sql
-var migrationFiles embed.FS
+//go:embed migrations/sqlite/*.sql
+var sqliteMigrations embed.FS
 
-// Migration is one numbered schema change. The files under
-// migrations/<dialect>/ are plain SQL with goose annotations, written for the
-// default table name; Migrate renders them for the configured schema and
+// Migration is one numbered schema change: plain SQL with goose annotations,
+// written for the default table name; Migrate renders it for the configured
+// schema and table. The SQLite files are under migrations/sqlite; the
+// PostgreSQL ones are those of dedup/pgdedup, so both stores can share one
 // table.
-type Migration struct {
-	// Version orders migrations; it is the number the file name starts with.
-	Version int
-	// Name is the file name.
-	Name string
-	// Up is the SQL that applies the migration, for the default table name.
-	Up string
-	// Down is the SQL that reverts it, for the default table name.
-	Down string
-}
+type Migration = schema.Migration
 
 // Migrations returns the embedded migrations of dialect d in version order.
 func Migrations(d Dialect) ([]Migration, error) {
-	if d != SQLite && d != Postgres {
+	var (
+		ms  []Migration
+		err error
+	)
+	switch d {
+	case Postgres:
+		ms, err = schema.Postgres()
+	case SQLite:
+		ms, err = schema.Load(sqliteMigrations, "migrations/sqlite")
+	default:
 		return nil, fmt.Errorf("%w: unknown Dialect %q", ErrInvalidConfig, d)
 	}
-	dir := "migrations/" + string(d)
-	names, err := fs.Glob(migrationFiles, dir+"/*.sql")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("sqldedup: %w", err)
 	}
-	ms := make([]Migration, 0, len(names))
-	for _, name := range names {
-		b, err := migrationFiles.ReadFile(name)
-		if err != nil {
-			return nil, err
-		}
-		base := strings.TrimPrefix(name, dir+"/")
-		num, _, _ := strings.Cut(base, "_")
-		v, err := strconv.Atoi(num)
-		if err != nil {
-			return nil, fmt.Errorf("sqldedup: migration %s: file name must start with its version: %w", base, err)
-		}
-		up, down, ok := strings.Cut(string(b), "-- +goose Down")
-		if !ok {
-			return nil, fmt.Errorf("sqldedup: migration %s has no -- +goose Down section", base)
-		}
-		_, up, _ = strings.Cut(up, "-- +goose Up")
-		ms = append(ms, Migration{Version: v, Name: base, Up: strings.TrimSpace(up), Down: strings.TrimSpace(down)})
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
 	return ms, nil
 }
-
-var defaultNameRE = regexp.MustCompile(`\bprocessed_messages(_[a-z_]+)?\b`)
 
 // render rewrites migration SQL written for the default table name so that it
 // applies to the configured schema and table. Names were validated in New.
 func (s *Store) render(query string) string {
-	return defaultNameRE.ReplaceAllStringFunc(query, func(m string) string {
-		if suffix := strings.TrimPrefix(m, DefaultTable); suffix != "" {
-			return quoteIdent(s.cfg.Table + suffix) // index names: unqualified
-		}
-		return s.q.table
-	})
+	return schema.Render(query, s.q.table, s.cfg.Table, quoteIdent)
 }
 
 // versionsTable is the table that lists applied migrations. Its name is the

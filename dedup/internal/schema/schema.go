@@ -1,0 +1,82 @@
+// Package schema holds the SQL migrations of the database stores and the
+// code that loads and renders them: the PostgreSQL migrations are shared by
+// dedup/pgdedup and dedup/sqldedup, so both stores can use one table.
+package schema
+
+import (
+	"embed"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// DefaultTable is the table name the migration files are written for.
+const DefaultTable = "processed_messages"
+
+// Migration is one numbered schema change, from a file with goose
+// annotations.
+type Migration struct {
+	// Version orders migrations; it is the number the file name starts with.
+	Version int
+	// Name is the file name.
+	Name string
+	// Up is the SQL that applies the migration, for DefaultTable.
+	Up string
+	// Down is the SQL that reverts it, for DefaultTable.
+	Down string
+}
+
+//go:embed postgres/*.sql
+var postgres embed.FS
+
+// Postgres returns the PostgreSQL migrations in version order.
+func Postgres() ([]Migration, error) { return Load(postgres, "postgres") }
+
+// Load reads the migrations in dir of fsys, in version order. Each file name
+// starts with its version and each file has an "-- +goose Up" and an
+// "-- +goose Down" section.
+func Load(fsys fs.FS, dir string) ([]Migration, error) {
+	names, err := fs.Glob(fsys, dir+"/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	ms := make([]Migration, 0, len(names))
+	for _, name := range names {
+		b, err := fs.ReadFile(fsys, name)
+		if err != nil {
+			return nil, err
+		}
+		base := strings.TrimPrefix(name, dir+"/")
+		num, _, _ := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if err != nil {
+			return nil, fmt.Errorf("migration %s: file name must start with its version: %w", base, err)
+		}
+		up, down, ok := strings.Cut(string(b), "-- +goose Down")
+		if !ok {
+			return nil, fmt.Errorf("migration %s has no -- +goose Down section", base)
+		}
+		_, up, _ = strings.Cut(up, "-- +goose Up")
+		ms = append(ms, Migration{Version: v, Name: base, Up: strings.TrimSpace(up), Down: strings.TrimSpace(down)})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
+	return ms, nil
+}
+
+var defaultNameRE = regexp.MustCompile(`\b` + DefaultTable + `(_[a-z_]+)?\b`)
+
+// Render rewrites SQL written for DefaultTable: the table becomes
+// qualifiedTable (quoted, possibly schema-qualified) and a name derived from
+// it, such as an index name, becomes quote(table + suffix). Names must have
+// been validated as identifiers.
+func Render(sql, qualifiedTable, table string, quote func(string) string) string {
+	return defaultNameRE.ReplaceAllStringFunc(sql, func(m string) string {
+		if suffix := strings.TrimPrefix(m, DefaultTable); suffix != "" {
+			return quote(table + suffix)
+		}
+		return qualifiedTable
+	})
+}
