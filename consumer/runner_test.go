@@ -484,3 +484,24 @@ func TestReleaserForFailuresThatAreNotTheMessages(t *testing.T) {
 			src.releases.Load(), src.retries.Load())
 	}
 }
+
+// WaitIdle returns once everything received is settled and nothing new came.
+func TestWaitIdle(t *testing.T) {
+	f := newFixture(t)
+	ks := keys(25, "w")
+	f.publish(ks...)
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)), consumer.Config{BatchSize: 5})
+	if err := r.WaitIdle(testCtx(t), 200*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Stats(); st.Handled != uint64(len(ks)) {
+		t.Fatalf("WaitIdle returned with %d of %d handled", st.Handled, len(ks))
+	}
+	r.stop(t)
+	f.requireOnce(ks...)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := r.WaitIdle(ctx, time.Hour); !errors.Is(err, context.Canceled) {
+		t.Fatalf("WaitIdle with a cancelled context = %v", err)
+	}
+}

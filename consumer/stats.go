@@ -1,6 +1,10 @@
 package consumer
 
-import "sync/atomic"
+import (
+	"context"
+	"sync/atomic"
+	"time"
+)
 
 // Stats counts what a Runner did since it was created. Every field only
 // grows.
@@ -53,5 +57,45 @@ func (r *Runner) Stats() Stats {
 		CommitFailures:  c.commitFailures.Load(),
 		SettleFailures:  c.settleFailures.Load(),
 		ReceiveFailures: c.receiveFailures.Load(),
+	}
+}
+
+// WaitIdle blocks until the runner has received and settled every message
+// it received, and nothing new for idle, then returns nil; it returns
+// ctx.Err() if ctx is done first. Use it to drain a queue and stop, in batch
+// jobs, tools and tests:
+//
+//	go func() {
+//		if runner.WaitIdle(ctx, 3*time.Second) == nil {
+//			cancel() // the context passed to Run
+//		}
+//	}()
+//
+// A message retried with a delay longer than idle comes back after WaitIdle
+// returned. It is safe to call from any goroutine.
+func (r *Runner) WaitIdle(ctx context.Context, idle time.Duration) error {
+	poll := min(max(idle/10, time.Millisecond), 100*time.Millisecond)
+	t := time.NewTicker(poll)
+	defer t.Stop()
+	progress := func() (uint64, bool) {
+		s := r.Stats()
+		settled := s.Handled + s.Duplicates + s.Retried + s.DeadLettered
+		return s.Received + settled, settled >= s.Received
+	}
+	last, _ := progress()
+	since := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		n, drained := progress()
+		switch {
+		case n != last || !drained:
+			last, since = n, time.Now()
+		case time.Since(since) >= idle:
+			return nil
+		}
 	}
 }

@@ -166,7 +166,11 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if o.idle > 0 {
-		go stopWhenIdle(runCtx, cancel, r, o.idle)
+		go func() {
+			if r.WaitIdle(runCtx, o.idle) == nil {
+				cancel()
+			}
+		}()
 	}
 	if err := r.Run(runCtx); err != nil {
 		return err
@@ -278,31 +282,6 @@ func publish(ctx context.Context, client *sqs.Client, queueURL string, o options
 		}
 	}
 	return flush()
-}
-
-// stopWhenIdle cancels the run once the runner has settled nothing new for
-// idle.
-func stopWhenIdle(ctx context.Context, cancel context.CancelFunc, r *consumer.Runner, idle time.Duration) {
-	settled := func() uint64 {
-		s := r.Stats()
-		return s.Handled + s.Duplicates + s.Retried + s.DeadLettered
-	}
-	last, since := settled(), time.Now()
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if n := settled(); n != last {
-				last, since = n, time.Now()
-			} else if time.Since(since) >= idle {
-				cancel()
-				return
-			}
-		}
-	}
 }
 
 func envOr(name, def string) string {
