@@ -33,7 +33,7 @@
 // # Schema
 //
 // Migrate applies the embedded, numbered migrations (see Migrations; the files
-// are dedup/internal/schema/postgres/*.sql, plain SQL with goose annotations,
+// are dedup/internal/sqlstore/postgres/*.sql, plain SQL with goose annotations,
 // shared with dedup/sqldedup) for the configured schema and table;
 // MigrationSQL prints them. Schema and table names are validated as plain identifiers
 // and quoted; configuration cannot inject SQL.

@@ -3,7 +3,8 @@ package pgdedup
 import (
 	"context"
 	"fmt"
-	"time"
+
+	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
 // Cleanup deletes expired records in batches of Config.CleanupBatchSize, each
@@ -12,14 +13,7 @@ import (
 // blocks consumption. When another process is cleaning the same table, this
 // call returns at once (an advisory lock lets one cleaner run at a time).
 func (s *Store) Cleanup(ctx context.Context) (int64, error) {
-	var total int64
-	for {
-		n, busy, err := s.cleanupBatch(ctx)
-		total += n
-		if err != nil || busy || n < int64(s.cfg.CleanupBatchSize) {
-			return total, err
-		}
-	}
+	return sqlstore.Cleanup(ctx, s.cfg.CleanupBatchSize, s.cleanupBatch)
 }
 
 func (s *Store) cleanupBatch(ctx context.Context) (deleted int64, busy bool, err error) {
@@ -51,22 +45,5 @@ func (s *Store) cleanupBatch(ctx context.Context) (deleted int64, busy bool, err
 // goroutine in every worker process; the advisory lock keeps them from
 // working at the same time.
 func (s *Store) RunJanitor(ctx context.Context) error {
-	t := time.NewTicker(s.cfg.CleanupInterval)
-	defer t.Stop()
-	for {
-		n, err := s.Cleanup(ctx)
-		switch {
-		case ctx.Err() != nil:
-			return nil
-		case err != nil:
-			s.cfg.Logger.Warn("pgdedup: cleanup failed", "err", err)
-		case n > 0:
-			s.cfg.Logger.Debug("pgdedup: expired records deleted", "count", n)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	return sqlstore.RunJanitor(ctx, s.cfg.CleanupInterval, s.cfg.Logger, "pgdedup", s.Cleanup)
 }

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemq/idemq/dedup/internal/schema"
+	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
 // Migration is one numbered schema change. The files (plain SQL with goose
@@ -15,11 +15,11 @@ import (
 // search_path) are shared with dedup/sqldedup's PostgreSQL dialect; Migrate
 // renders them for the configured schema and table, and MigrationSQL prints
 // the result.
-type Migration = schema.Migration
+type Migration = sqlstore.Migration
 
 // Migrations returns the embedded migrations in version order.
 func Migrations() ([]Migration, error) {
-	ms, err := schema.Postgres()
+	ms, err := sqlstore.Postgres()
 	if err != nil {
 		return nil, fmt.Errorf("pgdedup: %w", err)
 	}
@@ -29,7 +29,7 @@ func Migrations() ([]Migration, error) {
 // render rewrites migration SQL written for the default table name so that it
 // applies to the configured schema and table. Names were validated in New.
 func (s *Store) render(sql string) string {
-	return schema.Render(sql, s.q.table, s.cfg.Table, func(name string) string { return pgx.Identifier{name}.Sanitize() })
+	return sqlstore.Render(sql, s.q.table, s.cfg.Table, func(name string) string { return pgx.Identifier{name}.Sanitize() })
 }
 
 // MigrationSQL returns the SQL that Migrate would apply on an empty database,

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
 // Cleanup deletes expired records in batches of Config.CleanupBatchSize, each
@@ -14,14 +16,7 @@ import (
 // at a time). On SQLite each batch holds the write lock for one short
 // statement; claims wait for it through the busy timeout.
 func (s *Store) Cleanup(ctx context.Context) (int64, error) {
-	var total int64
-	for {
-		n, busy, err := s.cleanupBatch(ctx)
-		total += n
-		if err != nil || busy || n < int64(s.cfg.CleanupBatchSize) {
-			return total, err
-		}
-	}
+	return sqlstore.Cleanup(ctx, s.cfg.CleanupBatchSize, s.cleanupBatch)
 }
 
 func (s *Store) cleanupBatch(ctx context.Context) (deleted int64, busy bool, err error) {
@@ -70,22 +65,5 @@ func (s *Store) cleanupBatch(ctx context.Context) (deleted int64, busy bool, err
 // goroutine in every worker process; on PostgreSQL an advisory lock keeps
 // them from working at the same time.
 func (s *Store) RunJanitor(ctx context.Context) error {
-	t := time.NewTicker(s.cfg.CleanupInterval)
-	defer t.Stop()
-	for {
-		n, err := s.Cleanup(ctx)
-		switch {
-		case ctx.Err() != nil:
-			return nil
-		case err != nil:
-			s.cfg.Logger.Warn("sqldedup: cleanup failed", "err", err)
-		case n > 0:
-			s.cfg.Logger.Debug("sqldedup: expired records deleted", "count", n)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	return sqlstore.RunJanitor(ctx, s.cfg.CleanupInterval, s.cfg.Logger, "sqldedup", s.Cleanup)
 }

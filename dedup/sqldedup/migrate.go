@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/idemq/idemq/dedup/internal/schema"
+	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
 //go:embed migrations/sqlite/*.sql
@@ -18,7 +18,7 @@ var sqliteMigrations embed.FS
 // schema and table. The SQLite files are under migrations/sqlite; the
 // PostgreSQL ones are those of dedup/pgdedup, so both stores can share one
 // table.
-type Migration = schema.Migration
+type Migration = sqlstore.Migration
 
 // Migrations returns the embedded migrations of dialect d in version order.
 func Migrations(d Dialect) ([]Migration, error) {
@@ -28,9 +28,9 @@ func Migrations(d Dialect) ([]Migration, error) {
 	)
 	switch d {
 	case Postgres:
-		ms, err = schema.Postgres()
+		ms, err = sqlstore.Postgres()
 	case SQLite:
-		ms, err = schema.Load(sqliteMigrations, "migrations/sqlite")
+		ms, err = sqlstore.Load(sqliteMigrations, "migrations/sqlite")
 	default:
 		return nil, fmt.Errorf("%w: unknown Dialect %q", ErrInvalidConfig, d)
 	}
@@ -43,7 +43,7 @@ func Migrations(d Dialect) ([]Migration, error) {
 // render rewrites migration SQL written for the default table name so that it
 // applies to the configured schema and table. Names were validated in New.
 func (s *Store) render(query string) string {
-	return schema.Render(query, s.q.table, s.cfg.Table, quoteIdent)
+	return sqlstore.Render(query, s.q.table, s.cfg.Table, quoteIdent)
 }
 
 // versionsTable is the table that lists applied migrations. Its name is the

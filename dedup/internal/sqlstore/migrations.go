@@ -1,7 +1,8 @@
-// Package schema holds the SQL migrations of the database stores and the
-// code that loads and renders them: the PostgreSQL migrations are shared by
-// dedup/pgdedup and dedup/sqldedup, so both stores can use one table.
-package schema
+// Package sqlstore is the machinery shared by the SQL stores, dedup/pgdedup
+// and dedup/sqldedup: their migrations (the PostgreSQL ones are shared, so
+// both stores can use one table), and the janitor loops that delete expired
+// records.
+package sqlstore
 
 import (
 	"embed"

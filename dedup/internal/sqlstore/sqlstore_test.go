@@ -1,0 +1,72 @@
+package sqlstore
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"testing/fstest"
+)
+
+func TestLoadOrdersAndSplits(t *testing.T) {
+	fsys := fstest.MapFS{
+		"m/002_b.sql": {Data: []byte("-- +goose Up\nB UP;\n-- +goose Down\nB DOWN;\n")},
+		"m/001_a.sql": {Data: []byte("-- header\n-- +goose Up\nA UP;\n-- +goose Down\nA DOWN;\n")},
+	}
+	ms, err := Load(fsys, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) != 2 || ms[0].Version != 1 || ms[0].Up != "A UP;" || ms[0].Down != "A DOWN;" || ms[1].Name != "002_b.sql" {
+		t.Fatalf("Load = %+v", ms)
+	}
+	for name, data := range map[string]string{"m/x_bad.sql": "-- +goose Up\n-- +goose Down\n", "m/003_c.sql": "no sections"} {
+		bad := fstest.MapFS{name: {Data: []byte(data)}}
+		if _, err := Load(bad, "m"); err == nil {
+			t.Errorf("Load accepted %s", name)
+		}
+	}
+}
+
+func TestPostgresMigrationsRender(t *testing.T) {
+	ms, err := Postgres()
+	if err != nil || len(ms) == 0 {
+		t.Fatalf("Postgres() = %v, %v", ms, err)
+	}
+	got := Render(ms[0].Up, `"s"."seen"`, "seen", func(n string) string { return `"` + n + `"` })
+	if strings.Contains(got, DefaultTable) || !strings.Contains(got, `"s"."seen"`) || !strings.Contains(got, `"seen_expires_at_idx"`) {
+		t.Fatalf("rendered:\n%s", got)
+	}
+}
+
+func TestCleanupStopsOnShortBatchBusyOrError(t *testing.T) {
+	boom := errors.New("boom")
+	for _, tc := range []struct {
+		name  string
+		steps []int64 // deleted per call; -1 busy, -2 error
+		want  int64
+		err   error
+	}{
+		{"drains full batches", []int64{10, 10, 3}, 23, nil},
+		{"stops when busy", []int64{10, -1}, 10, nil},
+		{"stops on error", []int64{10, -2}, 10, boom},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			i := 0
+			n, err := Cleanup(context.Background(), 10, func(context.Context) (int64, bool, error) {
+				s := tc.steps[i]
+				i++
+				switch s {
+				case -1:
+					return 0, true, nil
+				case -2:
+					return 0, false, boom
+				}
+				return s, false, nil
+			})
+			if n != tc.want || !errors.Is(err, tc.err) || i != len(tc.steps) {
+				t.Fatalf("Cleanup = %d, %v after %d calls; want %d, %v after %d", n, err, i, tc.want, tc.err, len(tc.steps))
+			}
+		})
+	}
+}
