@@ -3,11 +3,11 @@ package pgdedup
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
 // queries holds the store's SQL, rendered once for the configured table.
@@ -46,124 +46,62 @@ LIMIT $1 FOR UPDATE SKIP LOCKED))`,
 	}
 }
 
-// maxClaimRounds bounds the insert/select loop of claim: a key that is
-// neither inserted nor found was deleted by the janitor in between, which can
-// happen at most once per expired record.
-const maxClaimRounds = 3
-
 func (s *Store) claim(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, error) {
-	claims := make([]dedup.Claim, len(recs))
-	index := make(map[string]int, len(recs))
-	for i, r := range recs {
-		if _, dup := index[r.Key]; dup {
-			return nil, fmt.Errorf("pgdedup: key %q appears twice in one claim", r.Key)
-		}
-		index[r.Key] = i
-		claims[i].Key = r.Key
+	cs, err := sqlstore.Claim(ctx, pgClaim{s: s, tx: tx, scope: scope}, recs, 0)
+	if err != nil {
+		return nil, fmt.Errorf("pgdedup: %w", err)
 	}
-	retention := s.cfg.Retention.Microseconds()
-
-	pending := recs
-	for round := 0; len(pending) > 0; round++ {
-		if round == maxClaimRounds {
-			return nil, fmt.Errorf("pgdedup: claim of %d key(s) did not settle after %d rounds", len(pending), round)
-		}
-		keys := make([]string, len(pending))
-		hashes := make([][]byte, len(pending))
-		for i, r := range pending {
-			keys[i] = r.Key
-			hashes[i] = r.PayloadHash[:]
-		}
-		inserted, err := s.insertKeys(ctx, tx, scope, keys, hashes, retention)
-		if err != nil {
-			return nil, err
-		}
-		var rest []dedup.Record
-		for _, r := range pending {
-			if inserted[r.Key] {
-				claims[index[r.Key]].State = dedup.StateNew
-			} else {
-				rest = append(rest, r)
-			}
-		}
-		if len(rest) == 0 {
-			break
-		}
-		pending, err = s.resolveExisting(ctx, tx, scope, rest, claims, index, retention)
-		if err != nil {
-			return nil, err
-		}
-	}
-	return claims, nil
+	return cs, nil
 }
 
-func (s *Store) insertKeys(ctx context.Context, tx pgx.Tx, scope string, keys []string, hashes [][]byte, retention int64) (map[string]bool, error) {
-	rows, err := tx.Query(ctx, s.q.claimInsert, scope, keys, hashes, retention)
-	if err != nil {
-		return nil, fmt.Errorf("pgdedup: claim: %w", err)
+// pgClaim runs the statements of one claim in tx.
+type pgClaim struct {
+	s     *Store
+	tx    pgx.Tx
+	scope string
+}
+
+func (c pgClaim) Insert(ctx context.Context, recs []dedup.Record) (map[string]bool, error) {
+	keys := make([]string, len(recs))
+	hashes := make([][]byte, len(recs))
+	for i, r := range recs {
+		keys[i], hashes[i] = r.Key, r.PayloadHash[:]
 	}
-	inserted := make(map[string]bool, len(keys))
+	rows, err := c.tx.Query(ctx, c.s.q.claimInsert, c.scope, keys, hashes, c.s.cfg.Retention.Microseconds())
+	if err != nil {
+		return nil, err
+	}
+	inserted := make(map[string]bool, len(recs))
 	var k string
 	_, err = pgx.ForEachRow(rows, []any{&k}, func() error { inserted[k] = true; return nil })
-	if err != nil {
-		return nil, fmt.Errorf("pgdedup: claim: %w", err)
-	}
-	return inserted, nil
+	return inserted, err
 }
 
-// resolveExisting classifies keys that were already recorded, renews expired
-// records, and returns the records that vanished in between.
-func (s *Store) resolveExisting(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record,
-	claims []dedup.Claim, index map[string]int, retention int64) ([]dedup.Record, error) {
+func (c pgClaim) Lookup(ctx context.Context, recs []dedup.Record) (map[string]sqlstore.Found, error) {
 	keys := make([]string, len(recs))
 	for i, r := range recs {
 		keys[i] = r.Key
 	}
-	rows, err := tx.Query(ctx, s.q.claimSelect, scope, keys)
+	rows, err := c.tx.Query(ctx, c.s.q.claimSelect, c.scope, keys)
 	if err != nil {
-		return nil, fmt.Errorf("pgdedup: claim lookup: %w", err)
+		return nil, err
 	}
-	type found struct {
-		hash    dedup.Hash
-		at      time.Time
-		expired bool
-	}
-	existing := make(map[string]found, len(recs))
+	found := make(map[string]sqlstore.Found, len(recs))
 	var (
-		k       string
-		h       []byte
-		at      time.Time
-		expired bool
+		k string
+		h []byte
+		f sqlstore.Found
 	)
-	_, err = pgx.ForEachRow(rows, []any{&k, &h, &at, &expired}, func() error {
-		hash, err := dedup.HashFromBytes(h)
-		if err != nil {
-			return err
-		}
-		existing[k] = found{hash: hash, at: at, expired: expired}
-		return nil
+	_, err = pgx.ForEachRow(rows, []any{&k, &h, &f.At, &f.Expired}, func() error {
+		var err error
+		f.Hash, err = dedup.HashFromBytes(h)
+		found[k] = f
+		return err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("pgdedup: claim lookup: %w", err)
-	}
+	return found, err
+}
 
-	var vanished []dedup.Record
-	for _, r := range recs {
-		c := &claims[index[r.Key]]
-		f, ok := existing[r.Key]
-		switch {
-		case !ok:
-			vanished = append(vanished, r)
-		case f.expired:
-			if _, err := tx.Exec(ctx, s.q.claimRenew, scope, r.Key, r.PayloadHash[:], retention); err != nil {
-				return nil, fmt.Errorf("pgdedup: renew expired record: %w", err)
-			}
-			c.State = dedup.StateNew
-		case f.hash == r.PayloadHash:
-			c.State, c.StoredHash, c.ProcessedAt = dedup.StateDone, f.hash, f.at
-		default:
-			c.State, c.StoredHash, c.ProcessedAt = dedup.StateMismatch, f.hash, f.at
-		}
-	}
-	return vanished, nil
+func (c pgClaim) Renew(ctx context.Context, r dedup.Record) error {
+	_, err := c.tx.Exec(ctx, c.s.q.claimRenew, c.scope, r.Key, r.PayloadHash[:], c.s.cfg.Retention.Microseconds())
+	return err
 }
