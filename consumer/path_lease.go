@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/idemq/idemq/dedup"
@@ -60,6 +61,12 @@ func (o LeaseOptions) WithDefaults() LeaseOptions {
 // duplicates never run concurrently. If a refresh finds the lease lost, the
 // handler's context is cancelled and its outcome is not marked done.
 //
+// With Config.BatchSize above 1 and a store that implements
+// dedup.BatchClaimer (dedup/redisdedup does), the keys of a batch are claimed
+// in one round trip and the leases of the messages waiting their turn are
+// refreshed until their handler starts; each key is still marked done right
+// after its own effect, so batching does not widen the window below.
+//
 // Duplicate window: a crash after the effect and before the key is marked
 // done lets the effect run again once the lease expires. Forward DedupKey to
 // the downstream system so that it deduplicates that repetition.
@@ -74,22 +81,157 @@ type leasePath struct {
 }
 
 func (p *leasePath) process(ctx context.Context, r *Runner, batch []*job) {
+	q := p.claimBatch(ctx, r, batch)
+	defer q.stop()
 	var held heldPartitions
-	for _, j := range batch {
+	for i, j := range batch {
+		pc := q.take(i)
 		if held.holds(j) {
+			if pc != nil && pc.ok && pc.claim.State == dedup.StateNew && pc.lost == nil {
+				p.release(ctx, r, j.key, pc.token)
+			}
 			continue
 		}
-		p.one(ctx, r, j)
+		p.one(ctx, r, j, pc)
 		held.hold(j)
 	}
 }
 
-func (p *leasePath) one(ctx context.Context, r *Runner, j *job) {
-	scope := r.cfg.Name
+// preclaim is the claim of one message made for its whole batch.
+type preclaim struct {
+	token string
+	claim dedup.Claim
+	ok    bool  // false: the batch claim failed; claim again with token
+	lost  error // the lease was lost while the message waited its turn
+}
+
+// queuedLeases holds the claims of a batch and keeps refreshing the leases of
+// the messages that wait for their turn; a message's own refresher takes over
+// when its handler starts.
+type queuedLeases struct {
+	mu      sync.Mutex
+	pre     []preclaim
+	started int // messages before this index are handed out
+	done    chan struct{}
+	wg      sync.WaitGroup
+}
+
+// take hands out the claim of message i (nil without a batch claim).
+func (q *queuedLeases) take(i int) *preclaim {
+	if q == nil {
+		return nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.started = i + 1
+	pc := q.pre[i]
+	return &pc
+}
+
+func (q *queuedLeases) stop() {
+	if q == nil || q.done == nil {
+		return
+	}
+	close(q.done)
+	q.wg.Wait()
+}
+
+// claimBatch claims every key of a batch in one round trip when the store
+// can, and returns nil otherwise (or when refreshing is disabled, since the
+// leases of later messages must be kept alive while earlier ones run).
+func (p *leasePath) claimBatch(ctx context.Context, r *Runner, batch []*job) *queuedLeases {
+	bc, ok := p.store.(dedup.BatchClaimer)
+	if !ok || len(batch) < 2 || p.opts.RefreshInterval < 0 {
+		return nil
+	}
+	q := &queuedLeases{pre: make([]preclaim, len(batch))}
+	recs := make([]dedup.Record, len(batch))
+	tokens := make([]string, len(batch))
+	for i, j := range batch {
+		recs[i] = dedup.Record{Key: j.key, PayloadHash: j.hash}
+		tokens[i] = newToken()
+		q.pre[i].token = tokens[i]
+	}
+	cs, err := bc.ClaimBatch(ctx, r.cfg.Name, recs, tokens, p.opts.Lease)
+	if err != nil || len(cs) != len(batch) {
+		r.log.Warn("batch claim failed; claiming one by one", LogKeyCount, len(batch), LogKeyError, err)
+		return q
+	}
+	for i := range q.pre {
+		q.pre[i].claim, q.pre[i].ok = cs[i], true
+	}
+	q.done = make(chan struct{})
+	q.wg.Go(func() { p.refreshQueued(ctx, r, batch, q) })
+	return q
+}
+
+// refreshQueued extends the leases of the messages not handed out yet, every
+// RefreshInterval, until q is stopped.
+func (p *leasePath) refreshQueued(ctx context.Context, r *Runner, batch []*job, q *queuedLeases) {
+	t := time.NewTicker(p.opts.RefreshInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-q.done:
+			return
+		case <-t.C:
+		}
+		q.mu.Lock()
+		first := q.started
+		q.mu.Unlock()
+		for i := first; i < len(batch); i++ {
+			q.mu.Lock()
+			pc := q.pre[i]
+			skip := i < q.started || pc.claim.State != dedup.StateNew || pc.lost != nil
+			q.mu.Unlock()
+			if skip {
+				continue
+			}
+			err := p.store.Refresh(ctx, r.cfg.Name, batch[i].key, pc.token, p.opts.Lease)
+			if errors.Is(err, dedup.ErrLeaseLost) {
+				q.mu.Lock()
+				q.pre[i].lost = err
+				q.mu.Unlock()
+			}
+			// Other errors: retried on the next tick; the handler's own
+			// refresher and Complete check the token again.
+		}
+	}
+}
+
+func (p *leasePath) release(ctx context.Context, r *Runner, key, token string) {
+	if err := p.store.Release(ctx, r.cfg.Name, key, token); err != nil {
+		r.log.Warn("release of lease failed; it expires by itself", LogKeyKey, key, LogKeyError, err)
+	}
+}
+
+// claim returns the claim of j: the one made for its batch, or a new one.
+func (p *leasePath) claim(ctx context.Context, r *Runner, j *job, pc *preclaim) (string, dedup.Claim, error) {
+	if pc != nil && pc.ok {
+		if pc.lost != nil {
+			return pc.token, pc.claim, fmt.Errorf("idemq: lease of key %q lost while queued: %w", j.key, pc.lost)
+		}
+		return pc.token, pc.claim, nil
+	}
 	token := newToken()
-	c, err := p.store.Claim(ctx, scope, dedup.Record{Key: j.key, PayloadHash: j.hash}, token, p.opts.Lease)
+	if pc != nil {
+		token = pc.token // the failed batch claim may hold the key with it
+	}
+	c, err := p.store.Claim(ctx, r.cfg.Name, dedup.Record{Key: j.key, PayloadHash: j.hash}, token, p.opts.Lease)
 	if err != nil {
-		j.set(outRetryInfra, fmt.Errorf("idemq: claim lease: %w", err))
+		return token, c, fmt.Errorf("idemq: claim lease: %w", err)
+	}
+	return token, c, nil
+}
+
+func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
+	scope := r.cfg.Name
+	token, c, err := p.claim(ctx, r, j, pc)
+	if err != nil {
+		j.set(outRetryInfra, err)
+		if errors.Is(err, dedup.ErrLeaseLost) {
+			j.delay = p.opts.InProgressDelay
+		}
 		return
 	}
 	switch c.State {
@@ -122,9 +264,7 @@ func (p *leasePath) one(ctx context.Context, r *Runner, j *job) {
 		j.set(outRetryInfra, fmt.Errorf("idemq: lease of key %q lost while handling: %w", j.key, lost))
 	case err != nil:
 		r.failure(j, err)
-		if rerr := p.store.Release(ctx, scope, j.key, token); rerr != nil {
-			r.log.Warn("release of lease failed; it expires by itself", LogKeyKey, j.key, LogKeyError, rerr)
-		}
+		p.release(ctx, r, j.key, token)
 	default:
 		if cerr := p.store.Complete(ctx, scope, j.key, token, p.opts.Retention); cerr != nil {
 			j.set(outRetryInfra, fmt.Errorf("idemq: mark key %q done: %w", j.key, cerr))

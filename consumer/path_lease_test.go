@@ -58,6 +58,7 @@ func newRedisStore(t *testing.T) (*redisdedup.Store, *redis.Client) {
 
 // leaseEnv is one test's broker, topic, consumer name and webhook receiver.
 type leaseEnv struct {
+	batch  int // runner batch size; 0 means 1
 	broker *memsource.Broker
 	topic  string
 	name   string
@@ -99,6 +100,7 @@ func (e *leaseEnv) runnerOn(t *testing.T, topic string, store dedup.LeaseStore, 
 	r, err := consumer.NewRunner(src, consumer.Leased(store, h, opts), consumer.Config{
 		Name:         e.name,
 		Concurrency:  concurrency,
+		BatchSize:    e.batch,
 		Retry:        fastRetry,
 		DrainTimeout: 10 * time.Second,
 	})
@@ -244,6 +246,62 @@ func TestLeaseConcurrentRunners(t *testing.T) {
 		t.Fatalf("%d messages handled across runners, want %d", handled, len(keys))
 	}
 	t.Logf("%d keys × 3 copies over 4 runners: %d retries of copies found in progress", len(keys), inProgressRetries)
+}
+
+// Batches claim their keys in one round trip and keep the leases of queued
+// messages alive while earlier ones run, even when the batch takes longer
+// than a lease: every key's effect happens once, none is lost to expiry.
+func TestLeaseBatchedClaims(t *testing.T) {
+	env := newLeaseEnv(t, memsource.Config{}, func(c webhooktest.Call) webhooktest.Response {
+		time.Sleep(40 * time.Millisecond) // a batch of 10 outlasts the lease
+		return webhooktest.Response{}
+	})
+	env.batch = 10
+	keys := keysN("batch", 30)
+	env.broker.Inject(memsource.Fault{Kind: memsource.FaultConcurrentDuplicate, Topic: env.topic, Probability: 0.3, Times: -1})
+	opts := consumer.LeaseOptions{Lease: 250 * time.Millisecond, RefreshInterval: 50 * time.Millisecond, InProgressDelay: 50 * time.Millisecond}
+	var runners []*consumer.Runner
+	var spies []*batchSpy
+	for range 2 {
+		store, _ := newRedisStore(t)
+		spy := &batchSpy{Store: store}
+		spies = append(spies, spy)
+		runners = append(runners, env.runner(t, spy, nil, opts, 1))
+	}
+	for range 2 { // each batch holds ten distinct keys
+		for _, k := range keys {
+			env.publish(k, `{"to":"`+k+`"}`, 1)
+		}
+	}
+	runUntil(t, func() bool { return env.settled() }, runners...)
+
+	wantOncePerKey(t, env.rcv, keys, 1)
+	if got := env.rcv.MaxConcurrent(); got != 1 {
+		t.Fatalf("%d webhook calls of one key ran at once, want 1", got)
+	}
+	var batches int64
+	for _, s := range spies {
+		batches += s.batches.Load()
+	}
+	if batches == 0 {
+		t.Fatal("no batch claim was made")
+	}
+	for _, r := range runners {
+		if st := r.Stats(); st.DeadLettered != 0 {
+			t.Fatalf("dead-lettered: %+v", st)
+		}
+	}
+}
+
+// batchSpy counts batch claims.
+type batchSpy struct {
+	*redisdedup.Store
+	batches atomic.Int64
+}
+
+func (s *batchSpy) ClaimBatch(ctx context.Context, scope string, recs []dedup.Record, tokens []string, lease time.Duration) ([]dedup.Claim, error) {
+	s.batches.Add(1)
+	return s.Store.ClaimBatch(ctx, scope, recs, tokens, lease)
 }
 
 // leaseSpy wraps a LeaseStore and counts what the runner did with it.

@@ -192,6 +192,15 @@ type TransientClassifier interface {
 	IsTransient(err error) bool
 }
 
+// BatchClaimer is an optional interface of a LeaseStore. ClaimBatch claims
+// several keys in one round trip, each exactly as Claim would with
+// tokens[i], and returns the claims in the order of recs. After an error some
+// keys may be claimed: claiming them again with the same tokens is safe. The
+// lease path uses it for batches of more than one message.
+type BatchClaimer interface {
+	ClaimBatch(ctx context.Context, scope string, recs []Record, tokens []string, lease time.Duration) ([]Claim, error)
+}
+
 // LeaseStore is the store of the lease path, for effects that cannot join a
 // database transaction (emails, webhooks, third-party APIs). Every state
 // change after Claim is guarded by the token the claim was made with, so a

@@ -73,6 +73,7 @@ type Store struct {
 }
 
 var _ dedup.LeaseStore = (*Store)(nil)
+var _ dedup.BatchClaimer = (*Store)(nil)
 
 // New returns a Store that keeps its records in rdb: a *redis.Client, a
 // Sentinel failover client or a *redis.ClusterClient. It validates cfg after

@@ -50,7 +50,7 @@ func TestRun(t *testing.T) {
 func BenchmarkRunnerLeasePath(b *testing.B) {
 	s := newStore(b)
 	b.ResetTimer()
-	if _, err := runnerPath(context.Background(), s, b.N, 8); err != nil {
+	if _, err := runLeasePath(context.Background(), s, b.N, 8, 1); err != nil {
 		b.Fatal(err)
 	}
 }
