@@ -505,3 +505,37 @@ func TestWaitIdle(t *testing.T) {
 		t.Fatalf("WaitIdle with a cancelled context = %v", err)
 	}
 }
+
+// A message whose first statement fails (here: does not even parse) must not
+// undo the committed work of an earlier message of its batch.
+func TestFailingFirstStatementKeepsBatchMates(t *testing.T) {
+	for _, broken := range []string{
+		`SELEC 1`,                     // fails to prepare, with arguments below
+		`SELECT 1; SELECT nosuchcol`, // several statements, no arguments
+	} {
+		t.Run(broken, func(t *testing.T) {
+			f := newFixture(t)
+			f.publish("a", "b", "c")
+			fail := f.handler(nil)
+			h := func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+				if msg.Key == "b" && f.calls("b") == 0 {
+					f.mu.Lock()
+					f.runs["b"]++
+					f.mu.Unlock()
+					var err error
+					if strings.Contains(broken, ";") {
+						_, err = tx.Exec(ctx, broken)
+					} else {
+						_, err = tx.Exec(ctx, broken, 1)
+					}
+					return err
+				}
+				return fail(ctx, tx, msg)
+			}
+			r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, h), consumer.Config{Concurrency: 1, BatchSize: 3})
+			f.settled()
+			r.stop(t)
+			f.requireOnce("a", "b", "c")
+		})
+	}
+}

@@ -3,17 +3,16 @@ package pgdedup
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Savepoint statements of the batch path.
-const (
-	sqlSavepoint        = "SAVEPOINT idemq_msg"
-	sqlReleaseSavepoint = "RELEASE SAVEPOINT idemq_msg"
-	sqlRollbackTo       = "ROLLBACK TO SAVEPOINT idemq_msg"
-)
+// errSavepointNotCreated reports that the savepoint of the message being
+// rolled back was sent but never confirmed: rolling back cannot be trusted,
+// so the whole transaction must fail.
+var errSavepointNotCreated = errors.New("pgdedup: the message's savepoint was not created; the transaction must be rolled back")
 
 // pipeTx is the pgx.Tx the store hands out. It defers the savepoint
 // statements that guard each message of a batch and sends them in the same
@@ -23,10 +22,18 @@ const (
 // sends the pending statements first, so the handler's writes are always
 // inside their savepoint.
 //
+// Each message's savepoint has its own name, and a rollback to a savepoint
+// whose creation was not confirmed fails instead of rolling back further, so
+// a failure can never undo an earlier message's work.
+//
 // Like any pgx.Tx it is used by one goroutine at a time.
 type pipeTx struct {
 	pgx.Tx
+	n       int      // savepoints opened so far
+	cur     string   // the current message's savepoint
+	prev    string   // the previous message's savepoint, to release
 	pending []string // savepoint statements not sent yet
+	created bool     // cur was confirmed by the server
 }
 
 var _ pgx.Tx = (*pipeTx)(nil)
@@ -39,18 +46,23 @@ func (t *pipeTx) openSavepoint(releasePrevious bool) {
 		// next message needs.
 		return
 	}
-	if releasePrevious {
-		t.pending = append(t.pending, sqlReleaseSavepoint)
+	if releasePrevious && t.created {
+		t.pending = append(t.pending, "RELEASE SAVEPOINT "+t.cur)
 	}
-	t.pending = append(t.pending, sqlSavepoint)
+	t.n++
+	t.prev, t.cur, t.created = t.cur, fmt.Sprintf("idemq_msg_%d", t.n), false
+	t.pending = append(t.pending, "SAVEPOINT "+t.cur)
 }
 
 // rollbackToSavepoint undoes everything since the last openSavepoint.
 func (t *pipeTx) rollbackToSavepoint(ctx context.Context) error {
-	if len(t.pending) > 0 {
+	switch {
+	case len(t.pending) > 0:
 		return nil // nothing was sent since the savepoint was queued
+	case !t.created:
+		return errSavepointNotCreated
 	}
-	_, err := t.Tx.Exec(ctx, sqlRollbackTo)
+	_, err := t.Tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+t.cur)
 	return err
 }
 
@@ -64,7 +76,11 @@ func (t *pipeTx) flush(ctx context.Context) error {
 		b.Queue(s)
 	}
 	t.pending = nil
-	return t.Tx.SendBatch(ctx, b).Close()
+	if err := t.Tx.SendBatch(ctx, b).Close(); err != nil {
+		return err
+	}
+	t.created = true
+	return nil
 }
 
 // withPending starts a batch holding the pending statements followed by one
@@ -84,11 +100,19 @@ func (t *pipeTx) withPending(ctx context.Context, sql string, args []any) (pgx.B
 			return nil, err
 		}
 	}
+	t.created = true
 	return br, nil
 }
 
-// Exec implements pgx.Tx.
+// Exec implements pgx.Tx. A statement without arguments may hold several
+// statements (simple protocol), which a pipeline cannot carry: the pending
+// statements are sent first, on their own.
 func (t *pipeTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if len(args) == 0 {
+		if err := t.flush(ctx); err != nil {
+			return pgconn.CommandTag{}, err
+		}
+	}
 	if len(t.pending) == 0 {
 		return t.Tx.Exec(ctx, sql, args...)
 	}

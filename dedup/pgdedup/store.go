@@ -161,26 +161,25 @@ func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error {
 // transaction from Begin both statements are deferred until the handler's
 // first statement and sent with it.
 func (s *Store) Savepoint(ctx context.Context, tx pgx.Tx, releasePrevious bool) error {
-	if p, ok := tx.(*pipeTx); ok {
-		p.openSavepoint(releasePrevious)
-		return nil
+	p, ok := tx.(*pipeTx)
+	if !ok {
+		return errForeignTx
 	}
-	sql := sqlSavepoint
-	if releasePrevious {
-		sql = sqlReleaseSavepoint + "; " + sqlSavepoint
-	}
-	_, err := tx.Exec(ctx, sql)
-	return err
+	p.openSavepoint(releasePrevious)
+	return nil
 }
 
 // RollbackToSavepoint implements dedup.TxStore.
 func (s *Store) RollbackToSavepoint(ctx context.Context, tx pgx.Tx) error {
-	if p, ok := tx.(*pipeTx); ok {
-		return p.rollbackToSavepoint(ctx)
+	p, ok := tx.(*pipeTx)
+	if !ok {
+		return errForeignTx
 	}
-	_, err := tx.Exec(ctx, sqlRollbackTo)
-	return err
+	return p.rollbackToSavepoint(ctx)
 }
+
+// errForeignTx reports a transaction that the store did not begin.
+var errForeignTx = errors.New("pgdedup: savepoints need a transaction from Store.Begin")
 
 // Claim implements dedup.TxStore. New keys are inserted in ascending key
 // order in one statement, so concurrent batches lock them in the same order.
