@@ -42,6 +42,11 @@ const (
 	HeaderDeadLetteredAt = "idemq-dead-lettered-at"
 )
 
+// DeadLetterStuckAfter is the number of consecutive failed dead-letter writes
+// of one message after which the source logs each further failure at Error
+// level and counts the message in Stats.DeadLetterStuck.
+const DeadLetterStuckAfter = 3
+
 // DefaultDeadLetterSuffix is appended to a topic's name to name its
 // dead-letter topic when Config.DeadLetterTopic is empty.
 const DefaultDeadLetterSuffix = ".dlq"
@@ -119,12 +124,28 @@ type Config struct {
 	// OrderByKey.
 	Ordering Ordering
 
-	// MaxInFlight bounds the messages fetched and not yet settled (handed
-	// out by Receive, waiting for a retry, or held behind a retried message
-	// of the same key). When it is reached, fetching pauses. Keep it at
-	// least 2 × BatchSize × Concurrency of the runner, or lanes go idle.
-	// Defaults to 1000.
+	// MaxInFlight bounds the messages fetched and not yet settled that are
+	// handed out by Receive or waiting for a retry. When it is reached,
+	// fetching pauses. Messages held behind a retried message of the same
+	// key (see the package documentation) do not count, so that one retried
+	// key (with OrderByPartition: one retried partition) does not stop the
+	// other partitions; MaxUncommitted bounds them. A message released from
+	// the hold is handed out without waiting for a free slot, so the settled
+	// count can exceed MaxInFlight by the held messages. Keep it at least
+	// 2 × BatchSize × Concurrency of the runner, or lanes go idle. Defaults
+	// to 1000.
 	MaxInFlight int
+
+	// MaxUncommitted bounds the messages fetched and not yet passed by their
+	// partition's settled prefix: unsettled ones, held ones, and settled
+	// ones that wait behind an unsettled message of their partition for
+	// their offset to be committed. When it is reached, fetching pauses for
+	// every partition (kafka-go's Reader cannot pause one) until the
+	// blocking messages are settled. It bounds the source's memory when a
+	// message stays unsettled for long: a long retry backoff, or a
+	// dead-letter write that keeps failing. Must be at least MaxInFlight.
+	// Defaults to the larger of 10000 and MaxInFlight.
+	MaxUncommitted int
 
 	// QueueCapacity is the capacity of kafka-go's internal queue of
 	// prefetched messages. Defaults to 100.
@@ -183,9 +204,15 @@ type Config struct {
 	DeadLetterTimeout time.Duration
 
 	// DeadLetterRetryDelay is how long a message whose dead-letter write
-	// failed waits before it is handed out again (it stays uncommitted
-	// meanwhile, so nothing is lost and its partition is not blocked for
-	// good). Defaults to 5 s.
+	// failed waits before it is handed out again. It stays uncommitted
+	// meanwhile, so nothing is lost, but its partition's commit cannot pass
+	// it until a write succeeds: a write that can never succeed (a missing
+	// topic the cluster does not create, a denied ACL, a copy larger than
+	// 1 MiB or the topic's max.message.bytes) holds the partition's commit
+	// for good, and fetching stops once MaxUncommitted messages are
+	// retained. Such a message is logged at Error level from its
+	// DeadLetterStuckAfter-th failed write on, and counted in
+	// Stats.DeadLetterStuck. Defaults to 5 s.
 	DeadLetterRetryDelay time.Duration
 
 	// Logger receives the source's logs (rebalances, skipped stale
@@ -198,6 +225,7 @@ type Config struct {
 // Default values used by Config.WithDefaults.
 const (
 	DefaultMaxInFlight          = 1000
+	DefaultMaxUncommitted       = 10000
 	DefaultQueueCapacity        = 100
 	DefaultMinBytes             = 1
 	DefaultMaxBytes             = 1 << 20
@@ -225,6 +253,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.MaxUncommitted == 0 {
+		c.MaxUncommitted = max(DefaultMaxUncommitted, c.MaxInFlight)
 	}
 	if c.QueueCapacity == 0 {
 		c.QueueCapacity = DefaultQueueCapacity
@@ -326,6 +357,8 @@ func (c Config) validate() error {
 		return &ConfigError{Field: "Ordering", Reason: fmt.Sprintf("unknown value %d", int(c.Ordering))}
 	case c.MaxInFlight < 1:
 		return &ConfigError{Field: "MaxInFlight", Reason: "must be at least 1"}
+	case c.MaxUncommitted < c.MaxInFlight:
+		return &ConfigError{Field: "MaxUncommitted", Reason: "must be at least MaxInFlight"}
 	case c.QueueCapacity < 1:
 		return &ConfigError{Field: "QueueCapacity", Reason: "must be at least 1"}
 	case c.MinBytes < 1:

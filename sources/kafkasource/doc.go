@@ -37,7 +37,12 @@
 // key in its partition that were fetched after the failure wait in the
 // source until it is settled (acknowledged or dead-lettered), and are then
 // handed out in order. Messages of that key that the runner had already
-// received when the failure happened are not held back.
+// received when the failure happened are not held back; when several of them
+// are retried too, the ones due at the same time are handed out again in
+// offset order. Held messages do not count against Config.MaxInFlight, so a
+// retried key (with OrderByPartition, a retried partition) does not stop the
+// fetching of other partitions until Config.MaxUncommitted messages are
+// retained.
 //
 // # Retries and dead letters
 //
@@ -51,11 +56,23 @@
 // HeaderAttempts, HeaderOriginTopic, HeaderOriginPartition,
 // HeaderOriginOffset, HeaderGroup, HeaderKey and HeaderDeadLetteredAt, waits
 // for all in-sync replicas, and only then commits. A poison message holds
-// back its partition's commit (and the later messages of its key) for at
-// most the retry policy's total backoff; it never blocks the partition for
-// good. If the dead-letter write fails, the message stays uncommitted and is
-// handed out again after Config.DeadLetterRetryDelay. The dead-letter topic
-// is written at least once: deduplicate it on the origin headers.
+// back its partition's commit (and the later messages of its key) for the
+// retry policy's total backoff plus the time its dead-letter write takes to
+// succeed. If the dead-letter write fails, the message stays uncommitted and
+// is handed out again after Config.DeadLetterRetryDelay, so the runner routes
+// it again; nothing is lost, but nothing of its partition after it is
+// committed either. A write that can never succeed (a missing dead-letter
+// topic on a cluster that does not create topics, a denied ACL, a copy larger
+// than 1 MiB or than the topic's max.message.bytes) therefore blocks the
+// partition's commit for good: the messages settled behind it are
+// redelivered after a restart or rebalance (and deduplicated), and once
+// Config.MaxUncommitted messages are retained the source stops fetching
+// altogether, so memory stays bounded but consumption stops. From the
+// Config.DeadLetterStuckAfter-th consecutive failure on, every failed write
+// of the message is logged at Error level, and Stats.DeadLetterStuck counts
+// the message: alert on it, then fix the topic or its ACL. The reason
+// header is cut to MaxReasonBytes. The dead-letter topic is written at least
+// once: deduplicate it on the origin headers.
 //
 // # Deduplication key
 //
@@ -118,6 +135,12 @@
 //     partition whose commit the fence skipped, until the next message of
 //     the partition is settled and committed;
 //   - after a failed commit, until the next successful one;
+//
+// Commits are serialised (one CommitMessages call at a time, each bounded by
+// Config.CommitTimeout), so that a partition's offsets reach the broker in
+// increasing order. While the group rebalances, kafka-go holds a commit until
+// the new generation starts, and every Ack and DeadLetter of the source waits
+// behind it, for up to CommitTimeout each.
 //   - after Close, the messages not settled (Close commits the settled
 //     prefixes before leaving the group).
 //

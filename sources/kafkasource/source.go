@@ -1,17 +1,20 @@
 package kafkasource
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/segmentio/kafka-go"
 
@@ -53,10 +56,15 @@ type Source struct {
 	dlq       *kafka.Writer
 	transport *kafka.Transport
 
-	// slots holds one token per message fetched and not yet settled.
+	// slots holds one token per message fetched, not yet settled and not
+	// held behind a retried message of its key (Config.MaxInFlight).
 	slots chan struct{}
-	// ready holds messages to hand out. Its capacity is MaxInFlight and
-	// every unsettled message is in it at most once, so sends never block.
+	// retained holds one token per message fetched and not yet passed by
+	// its partition's settled prefix (Config.MaxUncommitted).
+	retained chan struct{}
+	// ready holds messages to hand out. Its capacity is MaxUncommitted and
+	// every unsettled message is retained and in it at most once, so sends
+	// never block.
 	ready chan *consumer.Message
 	// errs carries the latest fetch error to Receive.
 	errs chan error
@@ -68,7 +76,9 @@ type Source struct {
 	closeErr    error
 
 	// commitMu serialises offset commits, so that a partition's commits
-	// are sent in increasing order.
+	// are sent in increasing order. It is held across the network call:
+	// during a rebalance every Ack waits behind the pending commit (see
+	// doc.go).
 	commitMu sync.Mutex
 
 	// genMu serialises reads of the reader's rebalance counter, which
@@ -117,6 +127,8 @@ type hold struct {
 	blockers int
 	// queue holds the later messages, in fetch order.
 	queue []*entry
+	// waiting holds the messages of the key whose redelivery timer runs.
+	waiting []*entry
 }
 
 // entry is one fetched message. It is consumer.Message.Handle.
@@ -134,7 +146,13 @@ type entry struct {
 	// Guarded by Source.mu.
 	settled  bool
 	blocker  bool
+	slot     bool // holds a token of Source.slots
 	timerSeq uint64
+	// due and attempt describe the pending redelivery, if any.
+	due     time.Time
+	attempt int
+	// deadLetterFailures counts the consecutive failed dead-letter writes.
+	deadLetterFailures int
 }
 
 // New returns a Source for cfg and starts joining its consumer group and
@@ -197,7 +215,8 @@ func New(cfg Config) (src *Source, err error) {
 			ErrorLogger:  kafkaLogger(cfg.Logger, slog.LevelWarn),
 		},
 		slots:      make(chan struct{}, cfg.MaxInFlight),
-		ready:      make(chan *consumer.Message, cfg.MaxInFlight),
+		retained:   make(chan struct{}, cfg.MaxUncommitted),
+		ready:      make(chan *consumer.Message, cfg.MaxUncommitted),
 		errs:       make(chan error, 1),
 		fetchDone:  make(chan struct{}),
 		closing:    make(chan struct{}),
@@ -344,10 +363,16 @@ func (s *Source) redeliver(msg *consumer.Message, attempt int, delay time.Durati
 // HeaderDeadLetteredAt, waits until every in-sync replica has it, and only
 // then settles msg and commits as Ack does.
 //
-// If the write fails, msg stays uncommitted and is handed out again after
-// Config.DeadLetterRetryDelay (the runner will route it again), so a missing
-// dead-letter topic neither loses the message nor blocks its partition for
-// good; the error is returned. A commit failure after a successful write is
+// HeaderReason is cut to MaxReasonBytes.
+//
+// If the write fails, the error is returned and msg stays uncommitted and is
+// handed out again after Config.DeadLetterRetryDelay (the runner will route
+// it again), so nothing is lost; but its partition's commit cannot pass it
+// until a write succeeds, and a write that never succeeds (a missing topic,
+// a denied ACL, a copy too large) blocks that commit for good and stops
+// fetching once Config.MaxUncommitted messages are retained. From the
+// DeadLetterStuckAfter-th consecutive failure on, each failure is logged at
+// Error level; Stats.DeadLetterStuck counts such messages. A commit failure after a successful write is
 // only logged: the copy is durable, and a redelivery would write a second
 // copy with the same origin headers.
 func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason error) error {
@@ -374,11 +399,24 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	if err != nil {
 		s.stats.deadLetterFailures.Add(1)
 		s.mu.Lock()
+		failures := 0
 		if !s.closed && !e.settled {
+			e.deadLetterFailures++
+			failures = e.deadLetterFailures
 			s.blockLocked(e)
 			s.redeliverLocked(e, msg.Attempt, s.cfg.DeadLetterRetryDelay)
 		}
 		s.mu.Unlock()
+		level := slog.LevelWarn
+		if failures >= DeadLetterStuckAfter {
+			level = slog.LevelError
+			if failures == DeadLetterStuckAfter {
+				s.stats.deadLetterStuck.Add(1)
+			}
+		}
+		s.log.Log(ctx, level, "dead-letter write failed; the message blocks its partition's commit until a write succeeds",
+			consumer.LogKeyID, msg.ID, consumer.LogKeyTopic, dead.Topic, consumer.LogKeyCount, failures,
+			consumer.LogKeyError, err)
 		return fmt.Errorf("kafkasource: dead-letter %s to topic %q (handed out again in %s): %w",
 			msg.ID, dead.Topic, s.cfg.DeadLetterRetryDelay, err)
 	}
@@ -438,11 +476,17 @@ func (s *Source) close() error {
 	return errors.Join(errs...)
 }
 
-// fetchLoop fetches messages while slots are free, until ctx is cancelled.
+// fetchLoop fetches messages while fewer than MaxUncommitted are retained and
+// fewer than MaxInFlight are unsettled and not held, until ctx is cancelled.
 func (s *Source) fetchLoop(ctx context.Context) {
 	defer close(s.fetchDone)
 	failures := 0
 	for {
+		select {
+		case s.retained <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
 		select {
 		case s.slots <- struct{}{}:
 		case <-ctx.Done():
@@ -451,6 +495,7 @@ func (s *Source) fetchLoop(ctx context.Context) {
 		km, err := s.reader.FetchMessage(ctx)
 		if err != nil {
 			<-s.slots
+			<-s.retained
 			if ctx.Err() != nil || errors.Is(err, io.EOF) {
 				return
 			}
@@ -479,6 +524,7 @@ func (s *Source) admit(km kafka.Message, gen int64) {
 		gen:    gen,
 		id:     km.Topic + "/" + strconv.Itoa(km.Partition) + "/" + strconv.FormatInt(km.Offset, 10),
 		key:    s.keyOf(km),
+		slot:   true,
 	}
 	switch s.cfg.Ordering {
 	case OrderByPartition:
@@ -508,7 +554,13 @@ func (s *Source) admit(km kafka.Message, gen int64) {
 	s.stats.fetched.Add(1)
 	if e.holdKey != "" {
 		if h := s.holds[e.holdKey]; h != nil {
+			// A held message gives its fetch slot back, so that one retried
+			// message (with OrderByPartition: one retried partition) does
+			// not stop the fetching of the others; MaxUncommitted still
+			// bounds the held messages.
 			h.queue = append(h.queue, e)
+			<-s.slots
+			e.slot = false
 			return
 		}
 	}
@@ -573,8 +625,12 @@ func (s *Source) settleLocked(e *entry) {
 	if t := s.timers[e]; t != nil {
 		t.Stop()
 		delete(s.timers, e)
+		s.unwaitLocked(e)
 	}
-	<-s.slots
+	if e.slot {
+		<-s.slots
+		e.slot = false
+	}
 	s.inFlight--
 	if e.blocker {
 		s.unblockLocked(e)
@@ -585,6 +641,7 @@ func (s *Source) settleLocked(e *entry) {
 		head := p.queue[0]
 		p.queue[0] = nil
 		p.queue = p.queue[1:]
+		<-s.retained
 		p.doneUpTo = max(p.doneUpTo, head.offset)
 		p.doneGen = head.gen
 		advanced = true
@@ -635,19 +692,62 @@ func (s *Source) unblockLocked(e *entry) {
 func (s *Source) redeliverLocked(e *entry, attempt int, delay time.Duration) {
 	if t := s.timers[e]; t != nil {
 		t.Stop()
+	} else if h := s.holds[e.holdKey]; e.holdKey != "" && h != nil {
+		h.waiting = append(h.waiting, e)
 	}
+	delay = max(delay, 0)
 	e.timerSeq++
+	e.due = time.Now().Add(delay)
+	e.attempt = attempt
 	seq := e.timerSeq
 	s.stats.redelivered.Add(1)
-	s.timers[e] = time.AfterFunc(max(delay, 0), func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if s.closed || e.settled || e.timerSeq != seq {
-			return
+	s.timers[e] = time.AfterFunc(delay, func() { s.redeliverDue(e, seq) })
+}
+
+// redeliverDue runs when e's redelivery timer fires. It hands e out together
+// with every other due message of its key, in offset order: their timers race
+// for s.mu, and a later message must not overtake an earlier one.
+func (s *Source) redeliverDue(e *entry, seq uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || e.settled || e.timerSeq != seq {
+		return
+	}
+	due := []*entry{e}
+	if h := s.holds[e.holdKey]; e.holdKey != "" && h != nil {
+		now := time.Now()
+		due = due[:0]
+		kept := h.waiting[:0]
+		for _, w := range h.waiting {
+			if w == e || !w.due.After(now) {
+				due = append(due, w)
+			} else {
+				kept = append(kept, w)
+			}
 		}
-		delete(s.timers, e)
-		s.ready <- s.message(e, attempt)
-	})
+		clear(h.waiting[len(kept):])
+		h.waiting = kept
+		slices.SortFunc(due, func(a, b *entry) int { return cmp.Compare(a.offset, b.offset) })
+	}
+	for _, w := range due {
+		if t := s.timers[w]; t != nil {
+			t.Stop()
+			delete(s.timers, w)
+		}
+		w.timerSeq++
+		s.ready <- s.message(w, w.attempt)
+	}
+}
+
+// unwaitLocked removes e from its key's messages waiting for a redelivery.
+func (s *Source) unwaitLocked(e *entry) {
+	h := s.holds[e.holdKey]
+	if e.holdKey == "" || h == nil {
+		return
+	}
+	if i := slices.Index(h.waiting, e); i >= 0 {
+		h.waiting = slices.Delete(h.waiting, i, i+1)
+	}
 }
 
 // commit commits the settled prefix of every partition that advanced since
@@ -734,7 +834,7 @@ func (s *Source) deadLetterCopy(km kafka.Message, msg *consumer.Message, reason 
 	}
 	text := "unknown"
 	if reason != nil {
-		text = reason.Error()
+		text = truncateReason(reason.Error())
 	}
 	headers := make([]kafka.Header, 0, len(km.Headers)+8)
 	for _, h := range km.Headers {
@@ -760,6 +860,22 @@ func (s *Source) deadLetterCopy(km kafka.Message, msg *consumer.Message, reason 
 		Value:   km.Value,
 		Headers: headers,
 	}
+}
+
+// MaxReasonBytes is the longest HeaderReason value written; a longer reason
+// is cut at a UTF-8 boundary and ends with " ...(truncated)".
+const MaxReasonBytes = 4096
+
+func truncateReason(s string) string {
+	if len(s) <= MaxReasonBytes {
+		return s
+	}
+	const suffix = " ...(truncated)"
+	cut := MaxReasonBytes - len(suffix)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + suffix
 }
 
 func isDeadLetterHeader(k string) bool {

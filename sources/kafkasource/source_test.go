@@ -32,6 +32,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{"StartOffset", func(c *kafkasource.Config) { c.StartOffset = 42 }},
 		{"Ordering", func(c *kafkasource.Config) { c.Ordering = 7 }},
 		{"MaxInFlight", func(c *kafkasource.Config) { c.MaxInFlight = -1 }},
+		{"MaxUncommitted", func(c *kafkasource.Config) { c.MaxInFlight, c.MaxUncommitted = 10, 5 }},
 		{"MaxBytes", func(c *kafkasource.Config) { c.MinBytes, c.MaxBytes = 10, 5 }},
 		{"HeartbeatInterval", func(c *kafkasource.Config) { c.SessionTimeout, c.HeartbeatInterval = time.Second, 2*time.Second }},
 		{"DeadLetterTopic", func(c *kafkasource.Config) { c.DeadLetterTopic = "t" }},

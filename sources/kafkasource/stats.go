@@ -25,6 +25,10 @@ type Stats struct {
 	DeadLettered uint64
 	// DeadLetterFailures is the number of failed dead-letter writes.
 	DeadLetterFailures uint64
+	// DeadLetterStuck is the number of messages whose dead-letter write
+	// failed DeadLetterStuckAfter times in a row. Such a message holds its
+	// partition's commit until a write succeeds.
+	DeadLetterStuck uint64
 	// Rebalances is the number of consumer-group generations this source
 	// joined (one per rebalance it took part in) plus the partition leader
 	// changes its reader noticed: kafka-go counts both. A message fetched
@@ -35,11 +39,14 @@ type Stats struct {
 	// Held is the number of messages waiting behind a retried message of
 	// the same key.
 	Held int
+	// Uncommitted is the number of messages fetched and not yet passed by
+	// their partition's settled prefix (bounded by Config.MaxUncommitted).
+	Uncommitted int
 }
 
 type counters struct {
 	fetched, redelivered, commits, commitFailures, staleCommitsSkipped atomic.Uint64
-	deadLettered, deadLetterFailures                                   atomic.Uint64
+	deadLettered, deadLetterFailures, deadLetterStuck                  atomic.Uint64
 }
 
 // Stats returns a snapshot of the source's counters. It is safe to call at
@@ -47,9 +54,12 @@ type counters struct {
 func (s *Source) Stats() Stats {
 	gen := s.observeGeneration()
 	s.mu.Lock()
-	held, inFlight := 0, s.inFlight
+	held, inFlight, uncommitted := 0, s.inFlight, 0
 	for _, h := range s.holds {
 		held += len(h.queue)
+	}
+	for _, p := range s.partitions {
+		uncommitted += len(p.queue)
 	}
 	s.mu.Unlock()
 	c := &s.stats
@@ -61,8 +71,10 @@ func (s *Source) Stats() Stats {
 		StaleCommitsSkipped: c.staleCommitsSkipped.Load(),
 		DeadLettered:        c.deadLettered.Load(),
 		DeadLetterFailures:  c.deadLetterFailures.Load(),
+		DeadLetterStuck:     c.deadLetterStuck.Load(),
 		Rebalances:          gen,
 		InFlight:            inFlight,
 		Held:                held,
+		Uncommitted:         uncommitted,
 	}
 }
