@@ -16,6 +16,10 @@ var (
 	// ErrMissingKey reports a message without a deduplication key. It is
 	// routed to the dead-letter destination without retries.
 	ErrMissingKey = errors.New("idemq: message has no deduplication key")
+	// ErrInvalidKey reports a deduplication key that no store can hold: not
+	// valid UTF-8, containing a NUL byte, or longer than MaxKeyBytes. It is
+	// routed to the dead-letter destination without retries.
+	ErrInvalidKey = errors.New("idemq: invalid deduplication key")
 	// ErrMalformed reports a body that cannot be decoded (see JSON and
 	// TxJSON). It is routed to the dead-letter destination without retries.
 	ErrMalformed = errors.New("idemq: malformed message body")
@@ -80,11 +84,12 @@ func Permanent(err error) error {
 
 // IsPermanent reports whether err, or an error it wraps, was marked with
 // Permanent or is one of the input errors that are never retried
-// (ErrMissingKey, ErrMalformed, ErrOversized, ErrPayloadMismatch).
+// (ErrMissingKey, ErrInvalidKey, ErrMalformed, ErrOversized,
+// ErrPayloadMismatch).
 func IsPermanent(err error) bool {
 	var p *permanentError
 	return errors.As(err, &p) ||
-		errors.Is(err, ErrMissingKey) || errors.Is(err, ErrMalformed) ||
+		errors.Is(err, ErrMissingKey) || errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrMalformed) ||
 		errors.Is(err, ErrOversized) || errors.Is(err, ErrPayloadMismatch)
 }
 

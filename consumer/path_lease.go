@@ -25,9 +25,9 @@ type LeaseOptions struct {
 	// crashes holds the key this long. Defaults to 30 s.
 	Lease time.Duration
 	// RefreshInterval is how often the lease is extended while the handler
-	// runs. Defaults to Lease/3. Negative disables refreshing: a handler
-	// slower than Lease then loses its key to another worker and its
-	// outcome is not recorded.
+	// runs; it must be below Lease/2. Defaults to Lease/3. Negative disables
+	// refreshing: a handler slower than Lease then loses its key to another
+	// worker and its outcome is not recorded.
 	RefreshInterval time.Duration
 	// Retention is how long a completed key is remembered. Defaults to 72 h.
 	Retention time.Duration
@@ -231,9 +231,12 @@ func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
 		j.set(outRetryInfra, err)
 		if errors.Is(err, dedup.ErrLeaseLost) {
 			j.delay = p.opts.InProgressDelay
+		} else {
+			j.delay = r.infraDelay()
 		}
 		return
 	}
+	r.infraOK()
 	switch c.State {
 	case dedup.StateDone:
 		j.set(outDuplicate, nil)
@@ -255,23 +258,73 @@ func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
 	defer cancel(nil)
 	stop := p.refresh(hctx, cancel, scope, j.key, token)
 	err = r.call(hctx, j, func(ctx context.Context) error { return p.h(ctx, j.msg) })
+	var cerr error
+	if err == nil {
+		// The lease is still refreshed while the key is marked done.
+		cerr = p.complete(ctx, r, j.key, token)
+	}
 	lost := stop()
 
 	switch {
+	case err == nil && cerr == nil:
+		j.set(outAck, nil)
+	case err == nil:
+		// The effect happened but is not recorded (the lease was lost, or
+		// the store stayed unreachable): the retry finds out whether
+		// another worker completed the key.
+		j.set(outRetryInfra, fmt.Errorf("idemq: mark key %q done: %w", j.key, cerr))
+		j.delay = p.opts.InProgressDelay
 	case lost != nil:
 		// Another worker may own the key now: record nothing under this
 		// token and let the retry find out what happened.
 		j.set(outRetryInfra, fmt.Errorf("idemq: lease of key %q lost while handling: %w", j.key, lost))
-	case err != nil:
+		j.delay = p.opts.InProgressDelay
+	default:
 		r.failure(j, err)
 		p.release(ctx, r, j.key, token)
-	default:
-		if cerr := p.store.Complete(ctx, scope, j.key, token, p.opts.Retention); cerr != nil {
-			j.set(outRetryInfra, fmt.Errorf("idemq: mark key %q done: %w", j.key, cerr))
-			return
-		}
-		j.set(outAck, nil)
 	}
+}
+
+// complete marks key done under token, retrying a store that fails for up to
+// one lease: an effect that happened must not be repeated because Redis
+// hiccuped. It gives up at once when the lease is lost.
+func (p *leasePath) complete(ctx context.Context, r *Runner, key, token string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opts.Lease)
+	defer cancel()
+	delay := 10 * time.Millisecond
+	for {
+		err := p.store.Complete(ctx, r.cfg.Name, key, token, p.opts.Retention)
+		if err == nil || errors.Is(err, dedup.ErrLeaseLost) {
+			return err
+		}
+		r.log.Warn("marking key done failed; retrying", LogKeyKey, key, LogKeyDelay, delay, LogKeyError, err)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (gave up after one lease: %w)", err, ctx.Err())
+		case <-t.C:
+		}
+		delay = min(2*delay, time.Second)
+	}
+}
+
+func (p *leasePath) validate() error {
+	switch o := p.opts; {
+	case p.store == nil:
+		return &ConfigError{Field: "Leased store", Reason: "nil"}
+	case p.h == nil:
+		return &ConfigError{Field: "Leased handler", Reason: "nil"}
+	case o.Lease <= 0:
+		return &ConfigError{Field: "LeaseOptions.Lease", Reason: "must be positive"}
+	case o.RefreshInterval >= 0 && 2*o.RefreshInterval >= o.Lease:
+		return &ConfigError{Field: "LeaseOptions.RefreshInterval", Reason: "must be below half the lease (or negative to disable refreshing)"}
+	case o.Retention < time.Second:
+		return &ConfigError{Field: "LeaseOptions.Retention", Reason: "must be at least 1s"}
+	case o.InProgressDelay < 0:
+		return &ConfigError{Field: "LeaseOptions.InProgressDelay", Reason: "must not be negative"}
+	}
+	return nil
 }
 
 // refresh extends the lease every RefreshInterval until the returned stop

@@ -622,16 +622,19 @@ func TestLeaseCrashWindow(t *testing.T) {
 
 	const lease = 500 * time.Millisecond
 	var windows []time.Duration
-	crashed := false
+	crashedToken := ""
 	spy := &leaseSpy{LeaseStore: store}
 	spy.completeHook = func(ctx context.Context, scope, key, token string, retention time.Duration) error {
 		mu.Lock()
-		crash := key == "crash" && !crashed
-		crashed = crashed || crash
+		if key == "crash" && crashedToken == "" {
+			crashedToken = token
+		}
+		crash := key == "crash" && token == crashedToken
 		mu.Unlock()
 		if crash {
-			// The process dies here: the effect happened, the key is not
-			// marked done, the lease is neither released nor refreshed.
+			// The process dies here: the effect happened, and the key is
+			// never marked done under this token (every retry of the mark
+			// fails); the lease is not released and expires.
 			return errors.New("worker crashed after the effect")
 		}
 		err := store.Complete(ctx, scope, key, token, retention)
@@ -782,4 +785,31 @@ func redisPersists(t *testing.T, rdb *redis.Client) bool {
 		t.Fatalf("CONFIG GET save: %v", err)
 	}
 	return aof["appendonly"] == "yes" || save["save"] != ""
+}
+
+// A store that fails to mark a key done for a moment does not make the
+// effect repeat: marking done is retried under the same token while the lease
+// is kept alive.
+func TestLeaseCompleteRetriedAfterStoreHiccup(t *testing.T) {
+	store, _ := newRedisStore(t)
+	env := newLeaseEnv(t, memsource.Config{}, nil)
+	var failures atomic.Int64
+	spy := &leaseSpy{LeaseStore: store}
+	spy.completeHook = func(ctx context.Context, scope, key, token string, retention time.Duration) error {
+		if key == "hiccup" && failures.Add(1) <= 3 {
+			return errors.New("connection reset by peer")
+		}
+		return store.Complete(ctx, scope, key, token, retention)
+	}
+	r := env.runner(t, spy, nil, consumer.LeaseOptions{Lease: 2 * time.Second}, 1)
+	env.publish("hiccup", `{"to":"hiccup"}`, 1)
+	runUntil(t, func() bool { return env.settled() }, r)
+
+	wantOncePerKey(t, env.rcv, []string{"hiccup"}, 1)
+	if st := r.Stats(); st.Handled != 1 || st.Retried != 0 {
+		t.Fatalf("stats %+v: want the message handled once, without a retry", st)
+	}
+	if got := spy.completes.Load(); got != 4 {
+		t.Fatalf("%d Complete calls, want 4 (three failures, then success)", got)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/idemq/idemq/dedup"
 )
@@ -41,19 +42,72 @@ type txPath[Tx any] struct {
 }
 
 func (p *txPath[Tx]) process(ctx context.Context, r *Runner, batch []*job) {
-	if err := p.run(ctx, r, batch); err != nil {
-		// The transaction as a whole failed: nothing in it is durable.
+	err := p.run(ctx, r, batch)
+	switch {
+	case err == nil:
+		r.infraOK()
+	case len(batch) > 1 && !p.transient(err):
+		// Something in the batch fails the transaction as a whole (a key or
+		// a value the database refuses, a handler that swallowed an error
+		// and left the transaction aborted): handle the messages one by
+		// one, so that only the culprit is retried and counted.
+		r.log.Warn("batch transaction failed; handling its messages one by one", LogKeyCount, len(batch), LogKeyError, err)
 		for _, j := range batch {
-			if j.out == outAck || j.out == outNone {
-				j.set(outRetryInfra, err)
-				j.delay = r.cfg.Retry.Backoff(j.msg.Attempt)
+			if j.out != outAck && j.out != outNone {
+				continue // settled on its own: a failed handler, a duplicate
+			}
+			j.set(outNone, nil)
+			if err := p.run(ctx, r, []*job{j}); err != nil {
+				p.fail(r, []*job{j}, err)
 			}
 		}
-		if errors.Is(err, ErrCommit) {
-			r.stats.commitFailures.Add(1)
-		}
-		r.log.Warn("transaction failed; its messages will be retried", LogKeyCount, len(batch), LogKeyError, err)
+	default:
+		p.fail(r, batch, err)
 	}
+}
+
+func (p *txPath[Tx]) validate() error {
+	if p.store == nil {
+		return &ConfigError{Field: "Transactional store", Reason: "nil"}
+	}
+	if p.h == nil {
+		return &ConfigError{Field: "Transactional handler", Reason: "nil"}
+	}
+	return nil
+}
+
+// transient reports whether a failure of the store or the transaction says
+// nothing about the messages. Without a classifier every such failure is
+// taken as transient: a message is never dead-lettered for it.
+func (p *txPath[Tx]) transient(err error) bool {
+	tc, ok := p.store.(dedup.TransientClassifier)
+	return !ok || tc.IsTransient(err)
+}
+
+// fail settles the jobs of a transaction that failed as a whole: nothing in
+// it is durable. A transient failure retries them without counting an
+// attempt; any other (of a single message) counts against its attempts.
+func (p *txPath[Tx]) fail(r *Runner, batch []*job, err error) {
+	if errors.Is(err, ErrCommit) {
+		r.stats.commitFailures.Add(1)
+	}
+	transient := p.transient(err)
+	var delay time.Duration
+	if transient {
+		delay = r.infraDelay()
+	}
+	for _, j := range batch {
+		if j.out != outAck && j.out != outNone {
+			continue // already settled by the handler's own failure, or a duplicate
+		}
+		if transient {
+			j.set(outRetryInfra, err)
+			j.delay = delay
+		} else {
+			r.failure(j, err)
+		}
+	}
+	r.log.Warn("transaction failed; its messages will be retried", LogKeyCount, len(batch), LogKeyError, err)
 }
 
 // run processes batch in one transaction. On a nil return every job has its
@@ -124,7 +178,7 @@ func (p *txPath[Tx]) run(ctx context.Context, r *Runner, batch []*job) error {
 		}
 		if tc, ok := p.store.(dedup.TransientClassifier); ok && tc.IsTransient(err) {
 			j.set(outRetryInfra, err)
-			j.delay = r.cfg.Retry.Backoff(j.msg.Attempt)
+			j.delay = r.infraDelay()
 		} else {
 			r.failure(j, err)
 		}

@@ -7,9 +7,11 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemq/idemq/dedup"
 )
@@ -39,6 +41,8 @@ type Path interface {
 	// before every job has an outcome, and it must only report outAck for a
 	// job whose effect is durable.
 	process(ctx context.Context, r *Runner, batch []*job)
+	// validate reports a misconfigured path as a *ConfigError.
+	validate() error
 }
 
 // outcome is what the runner does with a message once its path is done.
@@ -75,8 +79,9 @@ type Runner struct {
 	cfg  Config
 	log  *slog.Logger
 
-	running atomic.Bool
-	stats   counters
+	running     atomic.Bool
+	stats       counters
+	infraStreak atomic.Int32 // consecutive store or broker failures
 }
 
 // NewRunner returns a Runner that reads from src and applies path. It validates
@@ -90,6 +95,9 @@ func NewRunner(src Source, path Path, cfg Config) (*Runner, error) {
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := path.validate(); err != nil {
 		return nil, err
 	}
 	return &Runner{
@@ -172,7 +180,13 @@ func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
 		for _, m := range msgs {
 			r.stats.received.Add(1)
 			j := &job{msg: m}
-			lanes[r.laneOf(j)] <- j
+			select {
+			case lanes[r.laneOf(j)] <- j:
+			case <-ctx.Done():
+				// Stopping while a lane is full: what was not handed to a
+				// lane stays unacknowledged and returns to the broker.
+				return nil
+			}
 		}
 	}
 	return nil
@@ -266,10 +280,40 @@ func (r *Runner) prepare(j *job) error {
 	if key == "" {
 		return ErrMissingKey
 	}
+	if err := validKey(key); err != nil {
+		return err
+	}
 	j.key = key
 	j.hash = dedup.HashPayload(j.msg.Body)
 	return nil
 }
+
+// MaxKeyBytes is the longest deduplication key accepted; longer keys are
+// dead-lettered with ErrInvalidKey. It keeps a key (with its scope) well
+// inside a PostgreSQL index entry.
+const MaxKeyBytes = 1024
+
+func validKey(key string) error {
+	switch {
+	case len(key) > MaxKeyBytes:
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrInvalidKey, len(key), MaxKeyBytes)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
+	case strings.IndexByte(key, 0) >= 0:
+		return fmt.Errorf("%w: contains a NUL byte", ErrInvalidKey)
+	}
+	return nil
+}
+
+// infraDelay returns the retry delay after a failure of the store or the
+// broker, growing with the runner's run of such failures (not with the
+// message's attempts, which these failures do not count).
+func (r *Runner) infraDelay() time.Duration {
+	return r.cfg.Retry.Backoff(int(r.infraStreak.Add(1)))
+}
+
+// infraOK ends a run of store or broker failures.
+func (r *Runner) infraOK() { r.infraStreak.Store(0) }
 
 // settle acknowledges, retries or dead-letters every job of a batch.
 func (r *Runner) settle(ctx context.Context, batch []*job) {

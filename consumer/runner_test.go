@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/memstore"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -52,7 +53,8 @@ func TestDeferredConstraintFailsCommit(t *testing.T) {
 	f.exec(`ALTER TABLE ` + f.table + ` ADD FOREIGN KEY (key) REFERENCES ` + allowed + ` DEFERRABLE INITIALLY DEFERRED`)
 	f.exec(`INSERT INTO ` + allowed + ` VALUES ('a'), ('b')`)
 	f.publish("a", "b", "c")
-	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)), consumer.Config{Concurrency: 1})
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)),
+		consumer.Config{Concurrency: 1, Retry: consumer.RetryPolicy{MaxAttempts: 1000, InitialBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond}})
 	f.waitFor("c to be retried", func(memsource.TopicStats) bool { return f.calls("c") >= 2 })
 	if _, err := f.store.Inspect(context.Background(), "test", "c"); !errors.Is(err, dedup.ErrNotFound) {
 		t.Fatalf("record of c after failed commits: %v, want ErrNotFound", err)
@@ -351,7 +353,12 @@ func TestPartitionKeyOrder(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	src := memsource.New(memsource.Config{}).Source("t")
-	path := consumer.Leased(nil, nil, consumer.LeaseOptions{})
+	ms, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	noop := func(context.Context, *consumer.Message) error { return nil }
+	path := consumer.Leased(ms.Leases(), noop, consumer.LeaseOptions{})
 	cases := []consumer.Config{
 		{},
 		{Name: "x", Concurrency: -1},
@@ -368,6 +375,19 @@ func TestConfigValidation(t *testing.T) {
 	}
 	if _, err := consumer.NewRunner(nil, path, consumer.Config{Name: "x"}); !errors.Is(err, consumer.ErrInvalidConfig) {
 		t.Errorf("nil source: %v", err)
+	}
+	badPaths := map[string]consumer.Path{
+		"nil lease store":         consumer.Leased(nil, noop, consumer.LeaseOptions{}),
+		"nil lease handler":       consumer.Leased(ms.Leases(), nil, consumer.LeaseOptions{}),
+		"negative lease":          consumer.Leased(ms.Leases(), noop, consumer.LeaseOptions{Lease: -time.Second}),
+		"refresh at half a lease": consumer.Leased(ms.Leases(), noop, consumer.LeaseOptions{Lease: time.Second, RefreshInterval: 500 * time.Millisecond}),
+		"nil tx store":            consumer.Transactional[*memstore.Tx](nil, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
+		"nil tx handler":          consumer.Transactional[*memstore.Tx](ms, nil),
+	}
+	for name, p := range badPaths {
+		if _, err := consumer.NewRunner(src, p, consumer.Config{Name: "x"}); !errors.Is(err, consumer.ErrInvalidConfig) {
+			t.Errorf("%s: NewRunner = %v, want ErrInvalidConfig", name, err)
+		}
 	}
 	r, err := consumer.NewRunner(src, path, consumer.Config{Name: "x"})
 	if err != nil {
@@ -510,7 +530,7 @@ func TestWaitIdle(t *testing.T) {
 // undo the committed work of an earlier message of its batch.
 func TestFailingFirstStatementKeepsBatchMates(t *testing.T) {
 	for _, broken := range []string{
-		`SELEC 1`,                     // fails to prepare, with arguments below
+		`SELEC 1`,                    // fails to prepare, with arguments below
 		`SELECT 1; SELECT nosuchcol`, // several statements, no arguments
 	} {
 		t.Run(broken, func(t *testing.T) {
@@ -537,5 +557,62 @@ func TestFailingFirstStatementKeepsBatchMates(t *testing.T) {
 			r.stop(t)
 			f.requireOnce("a", "b", "c")
 		})
+	}
+}
+
+// Keys that no store can hold are dead-lettered at once instead of failing
+// their batch's claim again and again.
+func TestInvalidKeysAreDeadLettered(t *testing.T) {
+	f := newFixture(t)
+	bad := []string{"nul\x00byte", "bad-utf8-\xff", strings.Repeat("k", consumer.MaxKeyBytes+1)}
+	for _, k := range append(bad, "good") {
+		f.broker.Publish(f.topic, memsource.Outgoing{Key: k, Body: []byte("x")})
+	}
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)), consumer.Config{BatchSize: 4, Concurrency: 1})
+	st := f.settled()
+	r.stop(t)
+	f.requireOnce("good")
+	if st.Deliveries != 4 {
+		t.Fatalf("%d deliveries, want 4 (no retries)", st.Deliveries)
+	}
+	dl := f.broker.DeadLetters(f.topic)
+	if len(dl) != len(bad) {
+		t.Fatalf("%d dead letters, want %d", len(dl), len(bad))
+	}
+	for _, d := range dl {
+		if !errors.Is(d.Err, consumer.ErrInvalidKey) {
+			t.Errorf("dead letter %q: %v, want ErrInvalidKey", d.Key, d.Err)
+		}
+	}
+}
+
+// A handler that swallows a database error leaves its transaction aborted, so
+// the batch's commit fails. The runner then handles the batch one message at
+// a time: the others commit, and only the culprit is retried and, in the
+// end, dead-lettered.
+func TestPoisonedBatchIsSplit(t *testing.T) {
+	f := newFixture(t)
+	ks := keys(6, "s")
+	f.publish(append(ks, "poison")...)
+	h := func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+		if msg.Key == "poison" {
+			_, _ = tx.Exec(ctx, `SELECT 1/$1::int`, 0) // error ignored: the transaction is now aborted
+			return nil
+		}
+		return f.handler(nil)(ctx, tx, msg)
+	}
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, h),
+		consumer.Config{Concurrency: 1, BatchSize: 7, Retry: consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}})
+	f.settled()
+	r.stop(t)
+	f.requireOnce(ks...)
+	dl := f.broker.DeadLetters(f.topic)
+	if len(dl) != 1 || dl[0].Key != "poison" || !errors.Is(dl[0].Err, consumer.ErrMaxAttempts) {
+		t.Fatalf("dead letters = %+v, want only poison, after its attempts", dl)
+	}
+	for _, k := range ks {
+		if f.calls(k) > 2 {
+			t.Errorf("%s ran %d times, want at most 2 (the failed batch and its own transaction)", k, f.calls(k))
+		}
 	}
 }
