@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -166,6 +167,44 @@ func TestRetriesOfKeyComeBackInOrder(t *testing.T) {
 			if a.Offset > b.Offset {
 				t.Fatalf("round %d: retried offset %d handed out before offset %d of the same key", round, a.Offset, b.Offset)
 			}
+		}
+	}
+}
+
+// TestConcurrentAcksCommitEverything checks that Acks from many goroutines,
+// which share commits, leave every settled offset committed.
+func TestConcurrentAcksCommitEverything(t *testing.T) {
+	skipShort(t)
+	brokers := testenv.KafkaBrokers(t)
+	topic := newTopic(t, brokers, 2)
+	group := uniqueName(t, "g")
+	const n = 200
+	publish(t, brokers, topic, outgoing("c", n)...)
+	src := openSource(t, testConfig(brokers, topic, group))
+	msgs := receiveN(t, src, n, waitTimeout)
+	want := map[int]int64{}
+	for _, m := range msgs {
+		km := m.Raw.(kafka.Message)
+		want[km.Partition] = max(want[km.Partition], km.Offset+1)
+	}
+
+	var wg sync.WaitGroup
+	for _, m := range msgs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := src.Ack(ctx, []*consumer.Message{m}); err != nil {
+				t.Errorf("Ack %s: %v", m.ID, err)
+			}
+		}()
+	}
+	wg.Wait()
+	got := committedOffsets(t, brokers, group, topic, 2)
+	for p, off := range want {
+		if got[p] != off {
+			t.Errorf("partition %d: committed %d after every Ack returned, want %d", p, got[p], off)
 		}
 	}
 }

@@ -136,11 +136,12 @@
 //     the partition is settled and committed;
 //   - after a failed commit, until the next successful one;
 //
-// Commits are serialised (one CommitMessages call at a time, each bounded by
+// Commits do not overlap (one CommitMessages call at a time, each bounded by
 // Config.CommitTimeout), so that a partition's offsets reach the broker in
-// increasing order. While the group rebalances, kafka-go holds a commit until
-// the new generation starts, and every Ack and DeadLetter of the source waits
-// behind it, for up to CommitTimeout each.
+// increasing order. Acks that arrive while a commit runs share the next one,
+// so while the group rebalances (kafka-go holds a commit until the new
+// generation starts) an Ack waits for at most two commits, not for one per
+// lane.
 //   - after Close, the messages not settled (Close commits the settled
 //     prefixes before leaving the group).
 //

@@ -75,11 +75,12 @@ type Source struct {
 	closeOnce   sync.Once
 	closeErr    error
 
-	// commitMu serialises offset commits, so that a partition's commits
-	// are sent in increasing order. It is held across the network call:
-	// during a rebalance every Ack waits behind the pending commit (see
-	// doc.go).
-	commitMu sync.Mutex
+	// commitMu guards commitCur and commitNext. One commit flight runs at
+	// a time, so that a partition's commits are sent in increasing order;
+	// the callers that arrive meanwhile share the next flight (see commit).
+	commitMu   sync.Mutex
+	commitCur  *commitFlight // running, or nil
+	commitNext *commitFlight // waiting for commitCur, or nil
 
 	// genMu serialises reads of the reader's rebalance counter, which
 	// kafka-go resets on every read; gen accumulates it.
@@ -750,12 +751,69 @@ func (s *Source) unwaitLocked(e *entry) {
 	}
 }
 
+// commitFlight is one offset commit, shared by every caller that joined it.
+type commitFlight struct {
+	done chan struct{} // closed when err is set
+	err  error
+}
+
 // commit commits the settled prefix of every partition that advanced since
 // the last commit, for partitions whose newest passed message belongs to the
 // current group generation.
+//
+// Commits do not overlap. A caller that arrives while one runs joins the
+// single next flight, which starts when the running one ends and takes its
+// offsets after every joiner settled its messages; so concurrent callers
+// (one per lane) wait for at most two commits, not for one commit each. The
+// caller that starts a flight runs it under its own ctx; joiners stop
+// waiting when their ctx is done.
 func (s *Source) commit(ctx context.Context) error {
-	s.commitMu.Lock()
-	defer s.commitMu.Unlock()
+	var mine *commitFlight
+	for {
+		if mine != nil {
+			select {
+			case <-mine.done:
+				return mine.err
+			default:
+			}
+		}
+		s.commitMu.Lock()
+		if s.commitCur == nil {
+			f := s.commitNext // mine, if joined
+			if f == nil {
+				f = &commitFlight{done: make(chan struct{})}
+			}
+			s.commitNext, s.commitCur = nil, f
+			s.commitMu.Unlock()
+			f.err = s.commitOnce(ctx)
+			s.commitMu.Lock()
+			s.commitCur = nil
+			close(f.done)
+			s.commitMu.Unlock()
+			return f.err
+		}
+		if mine == nil {
+			if s.commitNext == nil {
+				s.commitNext = &commitFlight{done: make(chan struct{})}
+			}
+			mine = s.commitNext
+		}
+		wait := s.commitCur.done
+		if s.commitCur == mine {
+			wait = nil // run by another caller; wait on mine.done below
+		}
+		s.commitMu.Unlock()
+		select {
+		case <-wait:
+		case <-mine.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// commitOnce sends one commit of the settled prefixes.
+func (s *Source) commitOnce(ctx context.Context) error {
 	gen := s.observeGeneration()
 
 	s.mu.Lock()
