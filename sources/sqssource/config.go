@@ -28,6 +28,7 @@ const (
 	DefaultRequestTimeout    = 30 * time.Second
 	DefaultDeleteAttempts    = 3
 	DefaultReleaseTimeout    = 5 * time.Second
+	DefaultRedriveDelay      = 30 * time.Second
 )
 
 // Config configures a Source. QueueURL is required; every other field has a
@@ -43,7 +44,8 @@ type Config struct {
 	// original. It must be a FIFO queue if and only if QueueURL is one.
 	//
 	// When it is empty, dead-lettering is left to the queue's redrive
-	// policy: DeadLetter makes the message visible again at once and SQS
+	// policy: DeadLetter makes the message visible again after RedriveDelay
+	// and SQS
 	// moves it to the policy's dead-letter queue once its receive count
 	// passes maxReceiveCount. The reason is then only logged. New fails with
 	// ErrNoDeadLetterRoute when the queue has no redrive policy either.
@@ -81,9 +83,9 @@ type Config struct {
 
 	// MaxReceivers bounds the ReceiveMessage calls that one Receive makes in
 	// parallel when it is asked for more than 10 messages (one call per 10).
-	// The first call long-polls; the others do not wait, so a quiet queue
-	// costs one request per WaitTime and a busy one fills the batch in one
-	// round trip. Defaults to 4.
+	// Every call long-polls for up to WaitTime, so a busy queue fills the
+	// batch in one round trip, and a quiet one costs up to MaxReceivers
+	// requests per WaitTime. Defaults to 4.
 	MaxReceivers int
 
 	// RelaxedFIFOOrder lets Receive hand out several messages of one
@@ -126,6 +128,16 @@ type Config struct {
 	// to 3.
 	DeleteAttempts int
 
+	// RedriveDelay is how long DeadLetter keeps a message hidden before it
+	// becomes visible again when dead-lettering is left to the queue's
+	// redrive policy (DeadLetterQueueURL empty), and when writing a dead
+	// letter to DeadLetterQueueURL or deleting the original failed. With
+	// maxReceiveCount above the runner's RetryPolicy.MaxAttempts, a poison
+	// message is received and handled once more per RedriveDelay until SQS
+	// moves it, instead of back to back. Rounded up to whole seconds, at
+	// most 12 h; negative means at once. Defaults to 30 s.
+	RedriveDelay time.Duration
+
 	// ReleaseTimeout bounds how long Close spends making the messages still
 	// in flight visible again, so that other consumers get them at once
 	// instead of after their visibility timeout. Negative disables the
@@ -163,6 +175,9 @@ func (c Config) WithDefaults() Config {
 	if c.ReleaseTimeout == 0 {
 		c.ReleaseTimeout = DefaultReleaseTimeout
 	}
+	if c.RedriveDelay == 0 {
+		c.RedriveDelay = DefaultRedriveDelay
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -193,6 +208,8 @@ func (c Config) validate() error {
 		return configError("RequestTimeout", "must not be negative")
 	case c.DeleteAttempts < 1:
 		return configError("DeleteAttempts", "must be at least 1")
+	case c.RedriveDelay > MaxVisibility:
+		return configError("RedriveDelay", fmt.Sprintf("%s is more than 12h", c.RedriveDelay))
 	}
 	return nil
 }

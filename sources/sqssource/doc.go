@@ -34,7 +34,9 @@
 //     deletes it; or, without that URL, leaves it to the queue's redrive
 //     policy (see Source.DeadLetter for both).
 //   - Close releases the messages still in flight (visibility 0), so other
-//     workers get them at once.
+//     workers get them at once. It cancels the ReceiveMessage calls still
+//     in flight: messages SQS had already hidden for one of them come back
+//     only after their VisibilityTimeout.
 //
 // # Deduplication keys
 //
@@ -87,14 +89,18 @@
 // those, but a redrive policy counts every receive: with dead-lettering left
 // to the redrive policy, a long database outage can move messages to the
 // dead-letter queue, so give maxReceiveCount room above
-// RetryPolicy.MaxAttempts, or use Config.DeadLetterQueueURL.
+// RetryPolicy.MaxAttempts, or use Config.DeadLetterQueueURL. Each receive
+// above MaxAttempts runs the handler of a poison message once more;
+// Config.RedriveDelay (30 s by default) spaces those receives.
 //
 // # Ordering on FIFO queues
 //
 // Order is kept per MessageGroupId, across failures too: Receive hands out a
 // group's next message only after the previous one was settled, and when a
 // message is retried, the later messages of its group that SQS had already
-// delivered are made visible again, so SQS delivers them after it. Distinct
+// delivered are made visible again, so SQS delivers them after it. A message
+// being dead-lettered blocks its group until the dead letter is written and
+// the original deleted; if either fails, it goes back like a retry. Distinct
 // groups are handled in parallel. Config.RelaxedFIFOOrder trades this for
 // throughput within a group.
 //

@@ -356,6 +356,7 @@ func TestRedrivePolicyDeadLetters(t *testing.T) {
 	}
 	cfg := sourceConfig(t, q)
 	cfg.DeadLetterQueueURL = ""
+	cfg.RedriveDelay = time.Second
 	src := newSource(t, cfg)
 	retry := fastRetry
 	retry.MaxAttempts = src.MaxReceiveCount()

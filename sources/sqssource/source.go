@@ -226,7 +226,10 @@ func (s *Source) MaxReceiveCount() int { return s.maxReceiveCount }
 // ahead of the caller. A call still in flight when Receive returns is not
 // cancelled, since SQS may already have hidden the messages it returns: its
 // messages are kept in flight, with their visibility extended, for the next
-// Receive, or released by Close.
+// Receive. Close cancels the calls still in flight; messages that SQS had
+// already hidden for such a call are lost to this Source and stay invisible
+// until their VisibilityTimeout ends (up to one VisibilityTimeout of delay,
+// no loss). Messages of calls that completed are released by Close.
 //
 // Receive returns ctx's error (wrapped) when ctx is done, consumer.ErrClosed
 // after Close, and the error of a failed ReceiveMessage call when no message
@@ -408,18 +411,22 @@ func (s *Source) message(h *handle, now time.Time) *consumer.Message {
 // calls in parallel. Entries that fail for a reason that is not the caller's
 // fault are sent again (Config.DeleteAttempts in all); the others, such as an
 // expired receipt handle (the message was received again meanwhile), are
-// reported at once. The error is a *BatchError naming the entries that were
-// not deleted; those messages come back after their visibility timeout and
-// are recognised as duplicates.
+// reported at once. The error holds a *BatchError naming the entries that
+// were not deleted; those messages come back after their visibility timeout and
+// are recognised as duplicates. A message that this Source did not return
+// (ErrForeignMessage) does not stop the others from being deleted: the errors
+// are joined.
 func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	if s.isClosed() {
 		return consumer.ErrClosed
 	}
+	var errs []error
 	hs := make([]*handle, 0, len(msgs))
 	for _, m := range msgs {
 		h, err := s.handleOf(m)
 		if err != nil {
-			return err
+			errs = append(errs, err)
+			continue
 		}
 		hs = append(hs, h)
 	}
@@ -444,11 +451,11 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	}
 	wg.Wait()
 	s.stats.deleted.Add(uint64(len(hs) - len(failed)))
-	if len(failed) == 0 {
-		return nil
+	if len(failed) > 0 {
+		s.stats.deleteFailures.Add(uint64(len(failed)))
+		errs = append(errs, &BatchError{Op: "DeleteMessageBatch", Entries: failed, Err: last})
 	}
-	s.stats.deleteFailures.Add(uint64(len(failed)))
-	return &BatchError{Op: "DeleteMessageBatch", Entries: failed, Err: last}
+	return errors.Join(errs...)
 }
 
 // deleteBatch deletes up to 10 messages, sending failed entries again while
@@ -483,7 +490,13 @@ func (s *Source) deleteBatch(ctx context.Context, hs []*handle) ([]EntryError, e
 		for _, f := range out.Failed {
 			i, err := strconv.Atoi(aws.ToString(f.Id))
 			if err != nil || i < 0 || i >= len(pending) {
-				return nil, fmt.Errorf("sqssource: DeleteMessageBatch answered for unknown entry %q", aws.ToString(f.Id))
+				// A malformed answer: which entries were deleted is
+				// unknown, so report every entry still pending as failed.
+				err := fmt.Errorf("sqssource: DeleteMessageBatch answered for unknown entry %q", aws.ToString(f.Id))
+				for _, h := range pending {
+					failed = append(failed, EntryError{MessageID: h.id, Code: "InvalidResponse", Message: err.Error()})
+				}
+				return failed, err
 			}
 			h := pending[i]
 			e := EntryError{MessageID: h.id, Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}
@@ -559,18 +572,24 @@ func (s *Source) setVisibility(ctx context.Context, h *handle, d time.Duration) 
 // message attributes, plus AttrReason, AttrAttempts, AttrSourceQueue and
 // AttrMessageID; on FIFO queues the same MessageGroupId and the original
 // MessageId as MessageDeduplicationId), and deletes the original only after
-// the send succeeded. If the delete then fails, the original is delivered and
-// dead-lettered again, and the dead-letter queue holds two copies (a FIFO
+// the send succeeded. Until both succeeded the original stays in flight (its
+// visibility extended and, on a FIFO queue, its group blocked). If either
+// fails, the original is made visible again after Config.RedriveDelay, like
+// a retry (in strict FIFO order the later messages of its group that were
+// already received go back to the queue to follow it), and DeadLetter
+// returns the error. If the delete failed, the original is then delivered
+// and dead-lettered again, and the dead-letter queue holds two copies (a FIFO
 // dead-letter queue drops the second within its 5-minute deduplication
 // interval). SQS allows 10 message attributes: if the original has more than
 // fit beside the four above, the configured KeyAttribute is kept first, then
 // the others in name order, and the rest is dropped (and logged).
 //
 // Without it, the queue's redrive policy does the work: DeadLetter makes the
-// message visible at once, and SQS moves it to the policy's dead-letter queue
-// once it has been received maxReceiveCount times. Until then it is received
-// and handled again (a handler that fails does not commit, so this repeats no
-// effect). The reason is logged, not stored.
+// message visible again after Config.RedriveDelay, and SQS moves it to the
+// policy's dead-letter queue once it has been received maxReceiveCount times.
+// Until then it is received and handled again, once per RedriveDelay (a
+// handler that fails does not commit, so this repeats no effect). The reason
+// is logged, not stored.
 func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason error) error {
 	if s.isClosed() {
 		return consumer.ErrClosed
@@ -587,14 +606,15 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	if s.cfg.DeadLetterQueueURL == "" {
 		s.log.Warn("message left to the queue's redrive policy", consumer.LogKeyID, h.id,
 			consumer.LogKeyAttempt, attempts, "max_receive_count", s.maxReceiveCount, consumer.LogKeyError, reason)
-		if err := s.setVisibility(ctx, h, 0); err != nil {
+		if err := s.setVisibility(ctx, h, s.redriveDelay(h)); err != nil {
 			return fmt.Errorf("sqssource: dead letter %s through the redrive policy: %w", h.id, err)
 		}
 		s.stats.deadLettered.Add(1)
 		return nil
 	}
 
-	s.untrack(h)
+	// h stays tracked until the original is deleted: the heartbeat keeps it
+	// hidden and, in strict FIFO order, its group waits for it.
 	in := &sqs.SendMessageInput{
 		QueueUrl:          aws.String(s.cfg.DeadLetterQueueURL),
 		MessageBody:       h.raw.Body,
@@ -612,15 +632,35 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	_, err = s.client.SendMessage(sctx, in)
 	cancel()
 	if err != nil {
+		s.putBack(ctx, h)
 		return fmt.Errorf("sqssource: dead letter %s: send to the dead-letter queue (the original stays and comes back): %w", h.id, err)
 	}
 	if failed, err := s.deleteBatch(ctx, []*handle{h}); len(failed) > 0 {
 		s.stats.deleteFailures.Add(1)
+		s.putBack(ctx, h)
 		return fmt.Errorf("sqssource: dead letter %s was written, but deleting the original failed (it comes back and is dead-lettered again): %w",
 			h.id, &BatchError{Op: "DeleteMessageBatch", Entries: failed, Err: err})
 	}
+	s.untrack(h)
 	s.stats.deadLettered.Add(1)
 	return nil
+}
+
+// redriveDelay is Config.RedriveDelay, bounded by what is left of h's
+// 12-hour visibility limit.
+func (s *Source) redriveDelay(h *handle) time.Duration {
+	return min(max(s.cfg.RedriveDelay, 0), MaxVisibility-time.Since(h.receivedAt)-time.Second)
+}
+
+// putBack hands h back to the queue after a failed dead-letter attempt: it
+// becomes visible after Config.RedriveDelay, and in strict FIFO order the
+// later messages of its group go back to follow it. A failure is logged: h
+// then comes back when its current visibility timeout ends.
+func (s *Source) putBack(ctx context.Context, h *handle) {
+	if err := s.setVisibility(ctx, h, s.redriveDelay(h)); err != nil {
+		s.log.Warn("handing back a message that was not dead-lettered failed; it returns after its visibility timeout",
+			consumer.LogKeyID, h.id, consumer.LogKeyError, err)
+	}
 }
 
 // deadLetterAttributes returns the attributes of a dead letter: the reason

@@ -391,6 +391,7 @@ func TestDeadLetterKeepsOriginalUntilWritten(t *testing.T) {
 	cfg := sourceConfig(t, q)
 	cfg.VisibilityTimeout = 1 * time.Second
 	cfg.HeartbeatInterval = -1
+	cfg.RedriveDelay = time.Second // the original comes back after it
 	src, err := sqssource.New(testContext(t, 10*time.Second), failingSends{sqsClient(t)}, cfg)
 	if err != nil {
 		t.Fatal(err)
