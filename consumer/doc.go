@@ -42,6 +42,6 @@
 //
 // The transactional path has none. The lease path has one: a crash after the
 // effect and before the key is marked done repeats the effect once the lease
-// expires. Forward DedupKey(ctx) to the downstream system as an idempotency
+// expires. Forward IdempotencyKey(ctx) to the downstream system as an idempotency
 // key to close it.
 package consumer

@@ -49,16 +49,33 @@ type ctxKey int
 const (
 	ctxKeyDedupKey ctxKey = iota + 1
 	ctxKeyToken
+	ctxKeyScope
 )
 
 // DedupKey returns the deduplication key the runner recorded for the message
-// being handled in ctx. Effects that leave the process (webhooks, payment
-// APIs, emails) should forward it to the downstream system, for example as an
-// Idempotency-Key header, so that the downstream deduplicates too. It is the
-// same on every attempt.
+// being handled in ctx. It is the same on every attempt. Effects that leave
+// the process (webhooks, payment APIs, emails) should forward
+// IdempotencyKey(ctx), which also names the consumer, to the downstream
+// system, so that the downstream deduplicates too.
 func DedupKey(ctx context.Context) (string, bool) {
 	k, ok := ctx.Value(ctxKeyDedupKey).(string)
 	return k, ok
+}
+
+// IdempotencyKey returns the key that an effect leaving the process should
+// carry (for example as an Idempotency-Key header): the consumer's Name and
+// the message's deduplication key, "<name>:<key>". It is the same on every
+// attempt and redelivery of one message to one consumer, and differs between
+// consumers, so that two consumers of one message (two different effects)
+// never share a key at a downstream that deduplicates across its whole
+// account.
+func IdempotencyKey(ctx context.Context) (string, bool) {
+	key, ok := DedupKey(ctx)
+	if !ok {
+		return "", false
+	}
+	scope, _ := ctx.Value(ctxKeyScope).(string)
+	return scope + ":" + key, true
 }
 
 // LeaseToken returns the token of the lease held for the message being
@@ -69,6 +86,6 @@ func LeaseToken(ctx context.Context) (string, bool) {
 	return k, ok
 }
 
-func withDedupKey(ctx context.Context, key string) context.Context {
-	return context.WithValue(ctx, ctxKeyDedupKey, key)
+func withKeys(ctx context.Context, scope, key string) context.Context {
+	return context.WithValue(context.WithValue(ctx, ctxKeyScope, scope), ctxKeyDedupKey, key)
 }

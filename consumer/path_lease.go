@@ -14,7 +14,7 @@ import (
 
 // Handler handles one message whose effect happens outside a database
 // transaction (an email, a webhook, a third-party API call). It should pass
-// DedupKey(ctx) to the downstream system as an idempotency key. Returning an
+// IdempotencyKey(ctx) to the downstream system as an idempotency key. Returning an
 // error releases the lease and retries the message (see Permanent and
 // RetryAfter).
 type Handler func(ctx context.Context, msg *Message) error
@@ -68,7 +68,7 @@ func (o LeaseOptions) WithDefaults() LeaseOptions {
 // after its own effect, so batching does not widen the window below.
 //
 // Duplicate window: a crash after the effect and before the key is marked
-// done lets the effect run again once the lease expires. Forward DedupKey to
+// done lets the effect run again once the lease expires. Forward IdempotencyKey to
 // the downstream system so that it deduplicates that repetition.
 func Leased(store dedup.LeaseStore, h Handler, opts LeaseOptions) Path {
 	return &leasePath{store: store, h: h, opts: opts.WithDefaults()}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -158,19 +159,31 @@ func runUntil(t *testing.T, done func() bool, runners ...*consumer.Runner) {
 	}
 }
 
+// key is the Idempotency-Key the env's runners send for message key k.
+func (e *leaseEnv) key(k string) string { return e.name + ":" + k }
+
+// bare is the message key inside an Idempotency-Key.
+func bare(idempotencyKey string) string {
+	_, k, _ := strings.Cut(idempotencyKey, ":")
+	return k
+}
+
 // wantOncePerKey checks that the receiver applied each key exactly once and
-// saw exactly calls requests for it.
-func wantOncePerKey(t *testing.T, rcv *webhooktest.Receiver, keys []string, calls int) {
+// saw calls calls of it, and no other key.
+func (e *leaseEnv) wantOncePerKey(t *testing.T, keys []string, calls int) {
 	t.Helper()
-	for _, k := range keys {
-		if got := rcv.Successes(k); got != 1 {
+	want := make([]string, len(keys))
+	for i, k := range keys {
+		want[i] = e.key(k)
+		if got := e.rcv.Successes(e.key(k)); got != 1 {
 			t.Errorf("key %s: %d successful webhook calls, want exactly 1", k, got)
 		}
-		if got := rcv.Calls(k); got != calls {
+		if got := e.rcv.Calls(e.key(k)); got != calls {
 			t.Errorf("key %s: %d webhook calls, want %d", k, got, calls)
 		}
 	}
-	if got, want := rcv.Keys(), slices.Sorted(slices.Values(keys)); !slices.Equal(got, want) {
+	slices.Sort(want)
+	if got := e.rcv.Keys(); !slices.Equal(got, want) {
 		t.Errorf("receiver saw keys %v, want %v", got, want)
 	}
 }
@@ -203,7 +216,7 @@ func TestLeaseSequentialRedeliveries(t *testing.T) {
 	}
 	runUntil(t, func() bool { return env.settled() }, r)
 
-	wantOncePerKey(t, env.rcv, keys, 1)
+	env.wantOncePerKey(t, keys, 1)
 	st := r.Stats()
 	if st.Handled != uint64(len(keys)) || st.Duplicates < uint64(2*len(keys)) || st.DeadLettered != 0 {
 		t.Fatalf("stats %+v: want %d handled, at least %d duplicates, none dead-lettered", st, len(keys), 2*len(keys))
@@ -232,7 +245,7 @@ func TestLeaseConcurrentRunners(t *testing.T) {
 	}
 	runUntil(t, func() bool { return env.settled() }, runners...)
 
-	wantOncePerKey(t, env.rcv, keys, 1)
+	env.wantOncePerKey(t, keys, 1)
 	if got := env.rcv.MaxConcurrent(); got != 1 {
 		t.Fatalf("%d webhook calls of one key ran at once, want 1", got)
 	}
@@ -275,7 +288,7 @@ func TestLeaseBatchedClaims(t *testing.T) {
 	}
 	runUntil(t, func() bool { return env.settled() }, runners...)
 
-	wantOncePerKey(t, env.rcv, keys, 1)
+	env.wantOncePerKey(t, keys, 1)
 	if got := env.rcv.MaxConcurrent(); got != 1 {
 		t.Fatalf("%d webhook calls of one key ran at once, want 1", got)
 	}
@@ -368,9 +381,9 @@ func TestLeaseSlowHandlerRefreshKeepsKey(t *testing.T) {
 		<-started
 		env.publishTo(other, "slow", `{"to":"slow"}`, 1) // the second worker's copy
 	}()
-	runUntil(t, func() bool { return env.settled(other) && env.rcv.Successes("slow") == 1 }, r1, r2)
+	runUntil(t, func() bool { return env.settled(other) && env.rcv.Successes(env.key("slow")) == 1 }, r1, r2)
 
-	wantOncePerKey(t, env.rcv, []string{"slow"}, 1)
+	env.wantOncePerKey(t, []string{"slow"}, 1)
 	if lost := spy1.completesLost.Load() + spy2.completesLost.Load(); lost != 0 {
 		t.Fatalf("%d completions rejected, want none", lost)
 	}
@@ -402,9 +415,9 @@ func TestLeaseSlowHandlerWithoutRefreshLosesKey(t *testing.T) {
 		<-started
 		env.publishTo(other, "slow", `{"to":"slow"}`, 1)
 	}()
-	runUntil(t, func() bool { return env.settled(other) && env.rcv.Calls("slow") == 2 }, r1, r2)
+	runUntil(t, func() bool { return env.settled(other) && env.rcv.Calls(env.key("slow")) == 2 }, r1, r2)
 
-	if got := env.rcv.Calls("slow"); got != 2 {
+	if got := env.rcv.Calls(env.key("slow")); got != 2 {
 		t.Fatalf("%d webhook calls, want 2: the slow one and the takeover", got)
 	}
 	if lost := spy1.completesLost.Load(); lost != 1 {
@@ -490,7 +503,7 @@ func TestLeaseWebhookOutcomes(t *testing.T) {
 		}
 	}
 	env := newLeaseEnv(t, memsource.Config{OnEvent: onEvent}, func(c webhooktest.Call) webhooktest.Response {
-		switch c.Key {
+		switch bare(c.Key) {
 		case "flaky": // two outages, then success
 			if c.N <= 2 {
 				return webhooktest.Response{Status: http.StatusServiceUnavailable}
@@ -513,7 +526,7 @@ func TestLeaseWebhookOutcomes(t *testing.T) {
 	runUntil(t, func() bool { return env.settled() }, r)
 
 	for k, want := range map[string][2]int{"flaky": {3, 1}, "throttled": {2, 1}, "rejected": {1, 0}, "down": {fastRetry.MaxAttempts, 0}} {
-		if c, s := env.rcv.Calls(k), env.rcv.Successes(k); c != want[0] || s != want[1] {
+		if c, s := env.rcv.Calls(env.key(k)), env.rcv.Successes(env.key(k)); c != want[0] || s != want[1] {
 			t.Errorf("key %s: %d calls, %d successes; want %d, %d", k, c, s, want[0], want[1])
 		}
 	}
@@ -608,15 +621,15 @@ func TestLeaseCrashWindow(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		switch {
-		case c.Key == "crash" && c.N == 1:
+		case bare(c.Key) == "crash" && c.N == 1:
 			firstCall = time.Now()
-		case c.Key == "crash" && c.N == 2:
+		case bare(c.Key) == "crash" && c.N == 2:
 			repeatCall = time.Now()
 		}
 		if c.N == 1 {
-			applied[c.Key]++
+			applied[bare(c.Key)]++
 		}
-		answered[c.Key] = time.Now()
+		answered[bare(c.Key)] = time.Now()
 		return webhooktest.Response{}
 	})
 
@@ -654,7 +667,7 @@ func TestLeaseCrashWindow(t *testing.T) {
 	}
 	runUntil(t, func() bool { return env.settled() }, r)
 
-	if got := env.rcv.Calls("crash"); got != 2 {
+	if got := env.rcv.Calls(env.key("crash")); got != 2 {
 		t.Fatalf("crashed message: %d webhook calls, want 2 (the effect, and its repeat after the lease expired)", got)
 	}
 	mu.Lock()
@@ -663,8 +676,8 @@ func TestLeaseCrashWindow(t *testing.T) {
 		t.Fatalf("a receiver deduplicating by Idempotency-Key applied the crashed message %d times, want 1", applied["crash"])
 	}
 	for _, k := range keys {
-		if env.rcv.Calls(k) != 1 {
-			t.Fatalf("key %s: %d calls, want 1", k, env.rcv.Calls(k))
+		if env.rcv.Calls(env.key(k)) != 1 {
+			t.Fatalf("key %s: %d calls, want 1", k, env.rcv.Calls(env.key(k)))
 		}
 	}
 	if st := r.Stats(); st.Handled != uint64(len(keys))+1 || st.DeadLettered != 0 {
@@ -723,7 +736,7 @@ func TestLeaseRedisRestart(t *testing.T) {
 	before := make(map[string]int, len(keys))
 	repeats := 0
 	for _, k := range keys {
-		n := env.rcv.Successes(k)
+		n := env.rcv.Successes(env.key(k))
 		if n < 1 {
 			t.Fatalf("key %s never reached the webhook", k)
 		}
@@ -749,7 +762,7 @@ func TestLeaseRedisRestart(t *testing.T) {
 		want = 0
 	}
 	for _, k := range again {
-		if got := env.rcv.Successes(k) - before[k]; got != want {
+		if got := env.rcv.Successes(env.key(k)) - before[k]; got != want {
 			t.Fatalf("key %s, done before the restart, delivered again: %d more effects, want %d (Redis persistence: %v)", k, got, want, persistent)
 		}
 	}
@@ -805,7 +818,7 @@ func TestLeaseCompleteRetriedAfterStoreHiccup(t *testing.T) {
 	env.publish("hiccup", `{"to":"hiccup"}`, 1)
 	runUntil(t, func() bool { return env.settled() }, r)
 
-	wantOncePerKey(t, env.rcv, []string{"hiccup"}, 1)
+	env.wantOncePerKey(t, []string{"hiccup"}, 1)
 	if st := r.Stats(); st.Handled != 1 || st.Retried != 0 {
 		t.Fatalf("stats %+v: want the message handled once, without a retry", st)
 	}

@@ -397,7 +397,7 @@ func (r *Runner) deadLetter(ctx context.Context, j *job, cause error) {
 // call runs a handler with the key in its context, the handler timeout, and
 // panic recovery.
 func (r *Runner) call(ctx context.Context, j *job, fn func(ctx context.Context) error) (err error) {
-	ctx = withDedupKey(ctx, j.key)
+	ctx = withKeys(ctx, r.cfg.Name, j.key)
 	if r.cfg.HandlerTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, r.cfg.HandlerTimeout)

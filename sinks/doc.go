@@ -10,7 +10,7 @@
 // the message) and dead-letters after RetryPolicy.MaxAttempts. A sink's Send:
 //
 //   - sends the idempotency key returned by Key, which is
-//     consumer.DedupKey(ctx): the same on every attempt and every redelivery
+//     consumer.IdempotencyKey(ctx): the same on every attempt and every redelivery
 //     of the message, never a fresh one, so that the downstream system can
 //     recognise a repeated effect;
 //   - returns nil only when the downstream system accepted the effect (or

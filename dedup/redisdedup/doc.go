@@ -60,7 +60,7 @@
 // tests of consumer.Leased demonstrate it (TestLeaseCrashWindow).
 //
 // Close the window downstream: the runner hands the handler a stable key,
-// consumer.DedupKey(ctx), the same on every attempt. Send it to the
+// consumer.IdempotencyKey(ctx), the same on every attempt. Send it to the
 // downstream system as its idempotency key (sinks/webhook sends it as an
 // Idempotency-Key header), and the repetition is absorbed there.
 //

@@ -1,6 +1,6 @@
 // Package webhook is an HTTP webhook sink for idemq's lease path. Every
 // attempt of a message sends the same stable idempotency key,
-// consumer.DedupKey(ctx), in an Idempotency-Key header, so that the receiver
+// consumer.IdempotencyKey(ctx), in an Idempotency-Key header, so that the receiver
 // can recognise a repeated delivery.
 //
 //	sink, err := webhook.New(webhook.Config{URL: "https://hooks.example.com/notify"})

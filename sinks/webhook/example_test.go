@@ -12,7 +12,7 @@ import (
 	"github.com/idemq/idemq/sinks/webhook"
 )
 
-// Inside a Runner the sink takes the key from consumer.DedupKey(ctx); here,
+// Inside a Runner the sink takes the key from consumer.IdempotencyKey(ctx); here,
 // outside one, the request names it. A receiver that is busy with the same
 // key answers 409 and the runner retries later, with the same key.
 func ExampleSink_Send() {

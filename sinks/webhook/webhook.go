@@ -131,7 +131,7 @@ func (c Config) validate() (*url.URL, error) {
 }
 
 // Sink sends webhooks for the lease path. Every attempt of one message
-// carries the same idempotency key, consumer.DedupKey(ctx), in
+// carries the same idempotency key, consumer.IdempotencyKey(ctx), in
 // Config.KeyHeader, so the receiver can deduplicate the repeats the lease
 // path cannot rule out. A Sink is safe for concurrent use.
 type Sink struct {
@@ -164,7 +164,7 @@ type Request struct {
 	// Config.Header. Content-Type and the key header are set by the sink.
 	Header http.Header
 	// Key is the idempotency key. Leave it empty inside a Runner: the sink
-	// then sends consumer.DedupKey(ctx), which is the same on every attempt.
+	// then sends consumer.IdempotencyKey(ctx), which is the same on every attempt.
 	// Set it only outside a Runner, and only to a value as stable as that.
 	Key string
 }
