@@ -285,7 +285,9 @@ func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Repo
 }
 
 // RequireExactlyOnce fails t unless every scripted key's effect happened
-// exactly once and nothing was dead-lettered.
+// exactly once and nothing was dead-lettered. It counts the handler calls
+// whose transaction committed (or whose key was marked done); check your own
+// tables as well, to see that the committed calls left the rows you expect.
 func (r *Report) RequireExactlyOnce(t TB) {
 	t.Helper()
 	var bad []string
@@ -343,6 +345,14 @@ func (s *countingStore[Tx]) Rollback(ctx context.Context, tx Tx) error {
 	return s.TxStore.Rollback(ctx, tx)
 }
 
+// IsTransient passes the store's classification through (see
+// dedup.TransientClassifier), so that the replay takes the runner's real
+// paths.
+func (s *countingStore[Tx]) IsTransient(err error) bool {
+	tc, ok := s.TxStore.(dedup.TransientClassifier)
+	return !ok || tc.IsTransient(err)
+}
+
 // countingLeases counts the keys marked done.
 type countingLeases struct {
 	dedup.LeaseStore
@@ -358,4 +368,22 @@ func (s *countingLeases) Complete(ctx context.Context, scope, key, token string,
 		s.mu.Unlock()
 	}
 	return err
+}
+
+// ClaimBatch passes batch claims through when the store has them (see
+// dedup.BatchClaimer), and claims one key after another otherwise, so that
+// the replay takes the runner's batch path either way.
+func (s *countingLeases) ClaimBatch(ctx context.Context, scope string, recs []dedup.Record, tokens []string, lease time.Duration) ([]dedup.Claim, error) {
+	if bc, ok := s.LeaseStore.(dedup.BatchClaimer); ok {
+		return bc.ClaimBatch(ctx, scope, recs, tokens, lease)
+	}
+	claims := make([]dedup.Claim, len(recs))
+	for i, r := range recs {
+		c, err := s.LeaseStore.Claim(ctx, scope, r, tokens[i], lease)
+		if err != nil {
+			return nil, err
+		}
+		claims[i] = c
+	}
+	return claims, nil
 }
