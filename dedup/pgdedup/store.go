@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
 // DB is what the store needs from a database handle. *pgxpool.Pool and
@@ -196,19 +196,18 @@ func (s *Store) Unclaim(ctx context.Context, tx pgx.Tx, scope, key string) error
 	return err
 }
 
-// IsTransient implements dedup.TransientClassifier: deadlocks (40P01),
-// serialization failures (40001), lock timeouts (55P03) and connection
-// failures (class 08, or a statement that was never sent) are transient.
+// IsTransient implements dedup.TransientClassifier: serialization failures,
+// deadlocks, lock timeouts, lost connections, a server shutting down or out of
+// resources, network errors, and statements that were never sent are
+// transient; anything else (a constraint violation, a bad value, a
+// transaction a handler left aborted) is the messages' own.
 func (s *Store) IsTransient(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "40P01", "40001", "55P03":
-			return true
-		}
-		return strings.HasPrefix(pgErr.Code, "08")
+		return sqlstore.PostgresTransient(pgErr.Code)
 	}
-	return pgconn.SafeToRetry(err)
+	var connErr *pgconn.ConnectError
+	return errors.As(err, &connErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) || sqlstore.NetworkTransient(err)
 }
 
 var _ dedup.TransientClassifier = (*Store)(nil)

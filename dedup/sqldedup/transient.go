@@ -4,9 +4,9 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
-	"strings"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
 var _ dedup.TransientClassifier = (*Store)(nil)
@@ -35,17 +35,12 @@ func (s *Store) IsTransient(err error) bool {
 	if err == nil {
 		return false
 	}
-	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) || sqlstore.NetworkTransient(err) {
 		return true
 	}
 	var state interface{ SQLState() string }
 	if errors.As(err, &state) {
-		switch code := state.SQLState(); code {
-		case "40P01", "40001", "55P03":
-			return true
-		default:
-			return strings.HasPrefix(code, "08")
-		}
+		return sqlstore.PostgresTransient(state.SQLState())
 	}
 	var coded interface{ Code() int }
 	if s.cfg.Dialect == SQLite && errors.As(err, &coded) {

@@ -3,6 +3,8 @@ package sqlstore
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -68,5 +70,19 @@ func TestCleanupStopsOnShortBatchBusyOrError(t *testing.T) {
 				t.Fatalf("Cleanup = %d, %v after %d calls; want %d, %v after %d", n, err, i, tc.want, tc.err, len(tc.steps))
 			}
 		})
+	}
+}
+
+func TestTransientClassification(t *testing.T) {
+	for code, want := range map[string]bool{
+		"40001": true, "40P01": true, "55P03": true, "08006": true, "57P01": true, "53300": true,
+		"23505": false, "22021": false, "25P02": false, "42601": false,
+	} {
+		if got := PostgresTransient(code); got != want {
+			t.Errorf("PostgresTransient(%s) = %v, want %v", code, got, want)
+		}
+	}
+	if !NetworkTransient(fmt.Errorf("read: %w", io.ErrUnexpectedEOF)) || NetworkTransient(errors.New("syntax error")) {
+		t.Error("NetworkTransient misclassifies")
 	}
 }
