@@ -50,7 +50,9 @@ type Config struct {
 
 	// DrainTimeout bounds how long Run keeps handling messages already
 	// received after its context is cancelled. Messages not settled by then
-	// are left unacknowledged and return to the broker. Defaults to 30 s.
+	// are left unacknowledged and return to the broker, and the handlers
+	// still running see their context cancelled; Run returns when they do
+	// (a handler that ignores its context delays it). Defaults to 30 s.
 	DrainTimeout time.Duration
 
 	// Logger receives the runner's logs. Defaults to a logger that discards
