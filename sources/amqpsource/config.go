@@ -107,7 +107,9 @@ type Config struct {
 	// RetryQueueArgs are extra arguments for the retry queues, for example
 	// {"x-queue-type": "quorum", "x-dead-letter-strategy": "at-least-once",
 	// "x-overflow": "reject-publish"} to make the trip back to Queue
-	// survive a broker crash. Defaults to none (classic queues).
+	// at-least-once: classic retry queues drop an expired copy if the broker
+	// crashes at that moment or Queue refuses it or is gone (see the package
+	// documentation). Defaults to none (classic queues).
 	RetryQueueArgs amqp.Table
 
 	// DeadLetterExchange is the exchange DeadLetter publishes to, with
@@ -122,9 +124,13 @@ type Config struct {
 
 	// UnroutableDelay is how long a message waits in a retry queue when the
 	// dead-letter destination does not exist (the broker returned the copy
-	// as unroutable), before it is tried again. The message is neither lost
-	// nor spun in a hot loop while the destination is missing. Defaults to
-	// 1 min.
+	// as unroutable, or the exchange is missing), before it is tried again.
+	// The message is neither lost nor spun in a hot loop while the
+	// destination is missing. It also caps how long a delivery whose retry or
+	// dead-letter copy could not be published is held, keeping a prefetch
+	// slot, before it is handed back to its queue (see Source.Retry): keep it
+	// well below the broker's consumer_timeout (30 min by default), which
+	// closes the channel of a delivery held longer. Defaults to 1 min.
 	UnroutableDelay time.Duration
 
 	// PublishTimeout bounds waiting for the broker's confirm of a retry or

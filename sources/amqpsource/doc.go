@@ -42,13 +42,30 @@
 //     whose dead-letter route leads back to the queue; the original is
 //     acknowledged only after the broker confirmed the copy. The copy carries
 //     HeaderRetries, from which Message.Attempt is computed.
+//   - A copy that fails does not pin its delivery. If a retry or dead-letter
+//     copy cannot be published (a refused retry queue declaration, a negative
+//     confirm, no confirm within Config.PublishTimeout under a memory or disk
+//     alarm, a publishing channel the broker closes), the original is not
+//     acknowledged; it is handed back to its queue (basic.reject with requeue)
+//     after a hold: the retry delay, or a backoff from 1 s that doubles while
+//     copies keep failing, whichever is longer, but at most
+//     Config.UnroutableDelay. Left unacknowledged on a live channel it would
+//     keep a prefetch slot until the broker's consumer_timeout, and Prefetch
+//     such deliveries would stop consumption; the hold keeps a copy that
+//     always fails from looping hot. On a classic queue the requeued message
+//     keeps its place at the head and its Attempt, so while its copies keep
+//     failing (a misconfigured retry queue) it keeps cycling, and with
+//     Prefetch 1 the messages behind it wait until the cause is fixed; on a
+//     quorum queue each requeue raises Attempt, so the Runner's MaxAttempts
+//     and the queue's delivery limit end the cycle.
 //   - Dead letters carry their reason. DeadLetter publishes a copy to
 //     Config.DeadLetterExchange / DeadLetterRoutingKey (default: the queue
 //     "<queue>.dlq" through the default exchange) with HeaderReason,
 //     HeaderAttempts, HeaderQueue, HeaderKey and HeaderDeadLetteredAt, and
 //     acknowledges the original only after the broker confirmed the copy. If
 //     the destination does not exist the broker returns the copy (it is
-//     published with the mandatory flag) and the message is parked in a retry
+//     published with the mandatory flag), or closes the publishing channel
+//     when the exchange is missing, and the message is parked in a retry
 //     queue for Config.UnroutableDelay: never dropped, never a hot loop.
 //   - Deduplication key: the Config.KeyHeader header (default
 //     "idempotency-key"), else the message-id property. A message with
@@ -86,13 +103,33 @@
 // connection drops after the commit and before the ack reaches the broker
 // (acks are not confirmed by AMQP 0.9.1); a channel dies between a retry or
 // dead-letter copy's confirm and the original's ack (both come back); a
-// producer publishes the same key twice. A redelivery later than the dedup
-// store's retention is no longer recognised.
+// copy's confirm times out although the broker wrote it, and the original is
+// handed back as well; a producer publishes the same key twice. A redelivery
+// later than the dedup store's retention is no longer recognised.
 //
-// Broker-side: retry queues are classic queues by default, whose TTL
-// dead-lettering is at-most-once, so a broker crash at the moment a retry
-// copy expires can lose that copy. Set Config.RetryQueueArgs to quorum queues
-// with "x-dead-letter-strategy": "at-least-once" to close that window.
+// # Classic retry queues can drop a retried message
+//
+// Retry queues are classic queues by default. A classic queue dead-letters
+// an expired message at most once: it republishes the message to the source
+// queue without a confirm and forgets it, whether or not the source queue
+// took it. The retried message, whose original was acknowledged when the
+// copy was confirmed, is then gone, without an error anywhere, when:
+//   - the broker crashes or restarts at the moment the copy expires;
+//   - the source queue refuses it: a full queue with x-max-length or
+//     x-max-length-bytes and x-overflow "reject-publish" drops the
+//     dead-lettered copy;
+//   - the source queue does not exist any more (deleted, or an auto-delete
+//     queue removed): the copy routes nowhere.
+//
+// Set Config.RetryQueueArgs to quorum queues with "x-dead-letter-strategy":
+// "at-least-once" (which requires "x-overflow": "reject-publish") to close
+// these windows: the retry queue then keeps each expired copy until the
+// source queue has confirmed it, so a full or missing source queue makes
+// copies wait in the retry queue instead of disappearing. A retry queue's
+// arguments cannot change while it exists: after RetryQueueArgs changes,
+// retries into an existing retry queue fail (the broker refuses the
+// declaration, and the originals are handed back to the source queue, see
+// above) until that queue is deleted, once it is empty.
 //
 // # Order
 //

@@ -40,10 +40,11 @@ type session struct {
 
 	// pubMu serialises publishes of retry and dead-letter copies, so that a
 	// returned copy is attributed to the publish that caused it.
-	pubMu    sync.Mutex
-	pub      *amqp.Channel
-	returns  chan amqp.Return
-	declared map[string]bool
+	pubMu     sync.Mutex
+	pub       *amqp.Channel
+	returns   chan amqp.Return
+	pubClosed chan *amqp.Error
+	declared  map[string]bool
 }
 
 // alive reports whether the session's channel can still settle its tags.
@@ -128,10 +129,41 @@ func (s *session) ack(tags []uint64) error {
 	return unknown
 }
 
+// requeue hands the delivery tag back to its queue (basic.reject with
+// requeue) if it is still pending on a live channel, and reports whether it
+// did. A tag settled meanwhile is left alone; a dead channel's tags are
+// requeued by the broker already. The tag stays pending until this call, so
+// that no multiple-ack covers it while it waits.
+//
+// basic.reject rather than basic.nack: since RabbitMQ 4.3 a quorum queue
+// counts a requeue in x-delivery-count (and against its delivery limit) only
+// for basic.reject, which signals a failed processing; before 4.3 it counts
+// both. Counted, a message whose copies keep failing reaches the Runner's
+// MaxAttempts or the delivery limit instead of cycling forever.
+func (s *session) requeue(tag uint64) (bool, error) {
+	s.ackMu.Lock()
+	defer s.ackMu.Unlock()
+	if !s.alive() {
+		return false, nil
+	}
+	i := slices.Index(s.pending, tag)
+	if i < 0 {
+		return false, nil
+	}
+	s.pending = slices.Delete(s.pending, i, i+1)
+	if err := s.ch.Reject(tag, true); err != nil {
+		// The channel is closing: the broker requeues the delivery itself.
+		return false, fmt.Errorf("%w: %w", ErrStaleDelivery, err)
+	}
+	return true, nil
+}
+
 // publish publishes p with the mandatory flag on the session's confirm
 // channel and waits for the broker's confirm. declare, when not nil, is run
 // once per confirm channel before the first publish to key. A copy the broker
-// returns as unroutable yields ErrUnroutable.
+// returns as unroutable, or whose exchange does not exist, yields
+// ErrUnroutable; a publishing channel closed before the confirm yields
+// ErrPublishChannelClosed.
 func (s *session) publish(ctx context.Context, exchange, key string, p amqp.Publishing, declare func(*amqp.Channel) error) error {
 	s.pubMu.Lock()
 	defer s.pubMu.Unlock()
@@ -162,11 +194,28 @@ func (s *session) publish(ctx context.Context, exchange, key string, p amqp.Publ
 		return fmt.Errorf("%w: exchange %q key %q: %w", ErrNotConfirmed, exchange, key, err)
 	}
 	// The broker sends basic.return before the confirm, and the client
-	// hands it to s.returns before it completes the confirm.
+	// hands it to s.returns before it completes the confirm. When the channel
+	// shuts down, the client closes s.returns (after handing over what was
+	// returned) before it completes the outstanding confirms as negative.
 	select {
-	case r := <-s.returns:
-		delete(s.declared, key) // a retry queue deleted under us is declared again
-		return fmt.Errorf("%w: exchange %q key %q: %d %s", ErrUnroutable, exchange, key, r.ReplyCode, r.ReplyText)
+	case r, ok := <-s.returns:
+		if ok {
+			delete(s.declared, key) // a retry queue deleted under us is declared again
+			return fmt.Errorf("%w: exchange %q key %q: %d %s", ErrUnroutable, exchange, key, r.ReplyCode, r.ReplyText)
+		}
+		cause := s.pubCloseCause()
+		s.dropConfirmChannel()
+		if acked {
+			// Confirmed before the channel closed, and not returned.
+			return nil
+		}
+		var ae *amqp.Error
+		if errors.As(cause, &ae) && ae.Code == amqp.NotFound {
+			// basic.publish fails with NOT_FOUND only for a missing
+			// exchange: the destination does not exist.
+			return fmt.Errorf("%w: exchange %q does not exist: %w", ErrUnroutable, exchange, cause)
+		}
+		return fmt.Errorf("%w: exchange %q key %q: %w", ErrPublishChannelClosed, exchange, key, cause)
 	default:
 	}
 	if !acked {
@@ -190,9 +239,25 @@ func (s *session) confirmChannel() (*amqp.Channel, error) {
 		return nil, fmt.Errorf("amqpsource: enable publisher confirms: %w", err)
 	}
 	s.returns = ch.NotifyReturn(make(chan amqp.Return, 4))
+	s.pubClosed = ch.NotifyClose(make(chan *amqp.Error, 1))
 	s.pub = ch
 	s.declared = make(map[string]bool)
 	return ch, nil
+}
+
+// pubCloseCause returns why the publishing channel closed, as far as the
+// client said. The client hands the broker's reason to the buffered
+// NotifyClose channel before it closes the returns channel. The caller holds
+// pubMu.
+func (s *session) pubCloseCause() error {
+	select {
+	case e, ok := <-s.pubClosed:
+		if ok && e != nil {
+			return e
+		}
+	default:
+	}
+	return amqp.ErrClosed
 }
 
 // dropConfirmChannel closes the publishing channel after a failure; the next

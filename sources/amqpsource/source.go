@@ -47,8 +47,11 @@ type Source struct {
 	gen uint64 // generation of the newest session
 
 	stats struct {
-		reconnects, staleDropped, staleSettles, unroutable atomic.Uint64
+		reconnects, staleDropped, staleSettles, unroutable, requeued atomic.Uint64
 	}
+	// copyFailures counts the retry and dead-letter copies that failed in a
+	// row; it grows the hold before their originals are requeued.
+	copyFailures atomic.Int64
 }
 
 type inbound struct {
@@ -100,6 +103,10 @@ type Stats struct {
 	// Unroutable is the number of dead-letter copies the broker returned
 	// because the dead-letter destination does not exist.
 	Unroutable uint64
+	// Requeued is the number of deliveries handed back to their queue
+	// (basic.reject with requeue) because their retry or dead-letter copy
+	// could not be published.
+	Requeued uint64
 }
 
 // Stats returns a snapshot of the source's counters. It is safe to call at
@@ -110,6 +117,7 @@ func (s *Source) Stats() Stats {
 		StaleDropped: s.stats.staleDropped.Load(),
 		StaleSettles: s.stats.staleSettles.Load(),
 		Unroutable:   s.stats.unroutable.Load(),
+		Requeued:     s.stats.requeued.Load(),
 	}
 }
 
@@ -210,11 +218,19 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 // where it arrives with Attempt one higher. Retry queues are durable and
 // declared on first use.
 //
-// If the copy cannot be published, msg is not acknowledged: it stays with
-// this consumer until its channel closes (at the latest on Close) and then
-// returns to the queue. If the channel dies between the confirm and the
-// acknowledgement, both the copy and the original come back; deduplication
-// runs the handler at most once for them.
+// If the copy cannot be published (the retry queue's declaration is refused,
+// the broker nacks the copy or does not confirm it within
+// Config.PublishTimeout, the publishing channel closes), msg is not
+// acknowledged and Retry returns the error; msg is then handed back to its
+// queue (basic.reject with requeue) after a hold, so that it neither keeps a
+// prefetch slot nor loops hot. The hold is the longer of the retry delay
+// (rounded up to the ladder) and a backoff that starts at 1 s and doubles
+// while copies keep failing in a row, but at most Config.UnroutableDelay: msg
+// may come back before delay, and without HeaderRetries increased (on a
+// quorum queue the requeue counts in x-delivery-count, so Attempt grows). If
+// its channel dies first, the broker requeues it. If the channel dies between
+// the confirm and the acknowledgement, both the copy and the original come
+// back; deduplication runs the handler at most once for them.
 func (s *Source) Retry(ctx context.Context, msg *consumer.Message, delay time.Duration) error {
 	if s.isClosing() {
 		return consumer.ErrClosed
@@ -232,6 +248,8 @@ func (s *Source) Retry(ctx context.Context, msg *consumer.Message, delay time.Du
 	return nil
 }
 
+// retry publishes h's retry copy and acknowledges h. If the copy is not
+// published, h is handed back to its queue after a hold (copyFailed).
 func (s *Source) retry(ctx context.Context, h *handle, attempt int, delay time.Duration) error {
 	bucket := retryBucket(delay)
 	queue := s.cfg.RetryQueuePrefix + bucketName(bucket)
@@ -255,8 +273,9 @@ func (s *Source) retry(ctx context.Context, h *handle, attempt int, delay time.D
 		return nil
 	}
 	if err := h.sess.publish(ctx, "", queue, p, declare); err != nil {
-		return fmt.Errorf("amqpsource: retry: %w", err)
+		return s.copyFailed(h, fmt.Errorf("amqpsource: retry: %w", err), bucket)
 	}
+	s.copyFailures.Store(0)
 	if err := h.sess.ack([]uint64{h.tag}); err != nil {
 		return fmt.Errorf("amqpsource: retry: copy is in %q but the original was not acknowledged: %w", queue, err)
 	}
@@ -269,11 +288,15 @@ func (s *Source) retry(ctx context.Context, h *handle, attempt int, delay time.D
 // Header* headers, waits for the broker's confirm, and only then acknowledges
 // msg.
 //
-// If the broker returns the copy as unroutable (the dead-letter queue does
-// not exist), msg goes to the retry queue for Config.UnroutableDelay instead,
-// so it is neither lost nor looped hot, and DeadLetter returns an error
-// matching ErrUnroutable. If the copy cannot be published at all, msg is not
-// acknowledged and returns to the queue when its channel closes.
+// If the dead-letter destination does not exist (the broker returns the copy
+// as unroutable, or the exchange is missing), msg goes to the retry queue for
+// Config.UnroutableDelay instead, so it is neither lost nor looped hot, and
+// DeadLetter returns an error matching ErrUnroutable. If the copy cannot be
+// published at all (a negative confirm, no confirm within
+// Config.PublishTimeout, a publishing channel the broker closes), or cannot
+// be parked either, msg is not acknowledged: it is handed back to its queue
+// (basic.reject with requeue) after a hold, as after a failed Retry, at most
+// Config.UnroutableDelay.
 func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason error) error {
 	if s.isClosing() {
 		return consumer.ErrClosed
@@ -319,12 +342,68 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 		if errors.Is(err, ErrStaleDelivery) {
 			s.stats.staleSettles.Add(1)
 		}
-		return fmt.Errorf("amqpsource: dead-letter: %w", err)
+		return s.copyFailed(h, fmt.Errorf("amqpsource: dead-letter: %w", err), 0)
 	}
+	s.copyFailures.Store(0)
 	if err := h.sess.ack([]uint64{h.tag}); err != nil {
 		return fmt.Errorf("amqpsource: dead-letter: copy published but the original was not acknowledged: %w", err)
 	}
 	return nil
+}
+
+// requeueBackoff is the first hold of a delivery whose retry or dead-letter
+// copy failed, beyond the retry delay; it doubles with each copy that fails
+// in a row, up to Config.UnroutableDelay.
+const requeueBackoff = time.Second
+
+// copyFailed handles err, a retry or dead-letter copy of h that was not
+// published. Unless h's channel is dead (the broker has requeued h then), it
+// hands h back to its queue after a hold of floor or longer: left
+// unacknowledged on a live channel, h would keep a prefetch slot until the
+// channel closes (the broker's consumer_timeout), and once Prefetch
+// deliveries were stuck so, nothing would be consumed any more. The hold
+// keeps a copy that fails every time (a refused declaration, a resource
+// alarm) from looping hot; it is at most Config.UnroutableDelay, so that the
+// broker does not close the channel for a delivery held too long.
+func (s *Source) copyFailed(h *handle, err error, floor time.Duration) error {
+	if errors.Is(err, ErrStaleDelivery) || !h.sess.alive() {
+		return err
+	}
+	n := s.copyFailures.Add(1)
+	backoff := consumer.RetryPolicy{
+		InitialBackoff: requeueBackoff,
+		MaxBackoff:     s.cfg.UnroutableDelay,
+		Multiplier:     2,
+		Jitter:         0.2,
+	}.Backoff(int(min(n, 32)))
+	hold := min(max(floor, backoff), s.cfg.UnroutableDelay)
+	s.requeueLater(h, hold)
+	return fmt.Errorf("%w; the original returns to the queue in %s", err, hold.Round(time.Millisecond))
+}
+
+// requeueLater hands h back to its queue after hold, unless its channel
+// dies first (the broker then requeues it itself). Until then h's tag stays
+// pending, so that no multiple-ack covers it.
+func (s *Source) requeueLater(h *handle, hold time.Duration) {
+	go func() {
+		t := time.NewTimer(hold)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-h.sess.dead:
+			return
+		}
+		sent, err := h.sess.requeue(h.tag)
+		switch {
+		case err != nil:
+			s.log.Warn("could not requeue a delivery whose copy failed; it returns when its channel closes",
+				LogKeyGeneration, h.sess.gen, consumer.LogKeyID, h.d.MessageId, consumer.LogKeyError, err)
+		case sent:
+			s.stats.requeued.Add(1)
+			s.log.Debug("delivery whose copy failed returned to the queue",
+				LogKeyGeneration, h.sess.gen, consumer.LogKeyID, h.d.MessageId, consumer.LogKeyDelay, hold)
+		}
+	}()
 }
 
 // Key is a consumer.Config.KeyFunc for this source: the message's key (the
