@@ -234,12 +234,26 @@ func committedOffsets(t testing.TB, brokers []string, group, topic string, parti
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c := &kafka.Client{Addr: kafka.TCP(brokers...)}
+	// A transport of its own: no pooled connection that the broker may
+	// have closed in the meantime.
+	transport := &kafka.Transport{}
+	defer transport.CloseIdleConnections()
+	c := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: transport}
 	ids := make([]int, partitions)
 	for i := range ids {
 		ids[i] = i
 	}
-	resp, err := c.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: ids}})
+	var (
+		resp *kafka.OffsetFetchResponse
+		err  error
+	)
+	for attempt := 1; ; attempt++ {
+		resp, err = c.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: ids}})
+		if err == nil || attempt == 5 || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond) // a connection dropped under load: ask again
+	}
 	if err != nil {
 		t.Fatalf("offset fetch: %v", err)
 	}
