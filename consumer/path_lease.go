@@ -367,3 +367,9 @@ func newToken() string {
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
+
+// failureCounter returns the store's handler-failure counter, or nil.
+func (p *leasePath) failureCounter() dedup.FailureCounter {
+	fc, _ := p.store.(dedup.FailureCounter)
+	return fc
+}

@@ -230,3 +230,9 @@ func (h heldPartitions) holds(j *job) bool {
 	j.delay = failed.delay
 	return true
 }
+
+// failureCounter returns the store's handler-failure counter, or nil.
+func (p *txPath[Tx]) failureCounter() dedup.FailureCounter {
+	fc, _ := p.store.(dedup.FailureCounter)
+	return fc
+}

@@ -63,9 +63,10 @@ type job struct {
 	key  string
 	hash dedup.Hash
 
-	out   outcome
-	err   error
-	delay time.Duration // for outRetryInfra, or from RetryAfter
+	out      outcome
+	err      error
+	delay    time.Duration // for outRetryInfra, or from RetryAfter
+	failures int           // handler failures counted by the store (0: not counted)
 }
 
 func (j *job) set(o outcome, err error) { j.out, j.err = o, err }
@@ -356,15 +357,15 @@ func (r *Runner) retry(ctx context.Context, j *job) {
 		if delay <= 0 {
 			delay = r.cfg.Retry.Backoff(1)
 		}
-	case m.Attempt >= r.cfg.Retry.MaxAttempts:
-		r.deadLetter(ctx, j, fmt.Errorf("%w after %d attempts: %w", ErrMaxAttempts, m.Attempt, j.err))
+	case r.countFailure(ctx, j) >= r.cfg.Retry.MaxAttempts:
+		r.deadLetter(ctx, j, fmt.Errorf("%w after %d attempts: %w", ErrMaxAttempts, j.attempt(), j.err))
 		return
 	default:
 		delay = r.backoff(j)
 	}
 	r.stats.retried.Add(1)
 	r.log.Info("message will be retried", LogKeyKey, j.key, LogKeyID, m.ID, LogKeyTopic, m.Topic,
-		LogKeyAttempt, m.Attempt, LogKeyDelay, delay, LogKeyError, j.err)
+		LogKeyAttempt, j.attempt(), LogKeyDelay, delay, LogKeyError, j.err)
 	retry := r.src.Retry
 	if rel, ok := r.src.(Releaser); ok && j.out == outRetryInfra {
 		retry = rel.Release
@@ -377,12 +378,12 @@ func (r *Runner) retry(ctx context.Context, j *job) {
 
 func (r *Runner) deadLetter(ctx context.Context, j *job, cause error) {
 	m := j.msg
-	reason := &DeadLetterError{Key: j.key, Attempts: m.Attempt, Err: cause}
+	reason := &DeadLetterError{Key: j.key, Attempts: j.attempt(), Err: cause}
 	r.stats.deadLettered.Add(1)
 	if errors.Is(cause, ErrPayloadMismatch) {
 		r.stats.mismatches.Add(1)
 	}
-	attrs := []any{LogKeyKey, j.key, LogKeyID, m.ID, LogKeyTopic, m.Topic, LogKeyAttempt, m.Attempt, LogKeyError, cause}
+	attrs := []any{LogKeyKey, j.key, LogKeyID, m.ID, LogKeyTopic, m.Topic, LogKeyAttempt, j.attempt(), LogKeyError, cause}
 	var mm *dedup.MismatchError
 	if errors.As(cause, &mm) {
 		attrs = append(attrs, LogKeyStored, mm.Stored.String(), LogKeyReceived, mm.Received.String())
@@ -421,7 +422,7 @@ func (r *Runner) backoff(j *job) time.Duration {
 	if d, ok := retryDelay(j.err); ok {
 		return d
 	}
-	return r.cfg.Retry.Backoff(j.msg.Attempt)
+	return r.cfg.Retry.Backoff(j.attempt())
 }
 
 // failure classifies a handler error into an outcome.

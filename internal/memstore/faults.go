@@ -14,6 +14,8 @@ const (
 	// OpCommit fails Commit: the transaction is rolled back, or, with
 	// Fault.Applied, committed although Commit returns the error.
 	OpCommit
+	// OpRecordFailure fails RecordFailure (the failure is not counted).
+	OpRecordFailure
 )
 
 // String returns the operation's name.
@@ -25,6 +27,8 @@ func (o Op) String() string {
 		return "claim"
 	case OpCommit:
 		return "commit"
+	case OpRecordFailure:
+		return "record failure"
 	}
 	return fmt.Sprintf("Op(%d)", int(o))
 }

@@ -72,6 +72,7 @@ type Store struct {
 	seq     uint64
 	events  []Event
 	faults  []*activeFault
+	fails   map[key]failureCount
 }
 
 var _ dedup.TxStore[*Tx] = (*Store)(nil)

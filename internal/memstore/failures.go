@@ -1,0 +1,65 @@
+package memstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// failureCount is the handler-failure count of one key.
+type failureCount struct {
+	n         int
+	expiresAt time.Time
+}
+
+var (
+	_ dedup.FailureCounter = (*Store)(nil)
+	_ dedup.FailureCounter = (*Leases)(nil)
+)
+
+// RecordFailure implements dedup.FailureCounter. The count lives outside
+// every transaction (a rollback does not undo it) and expires Retention after
+// its last failure. Store and its Leases share the counts.
+func (s *Store) RecordFailure(ctx context.Context, scope, k string) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f := s.takeFault(OpRecordFailure); f != nil {
+		return 0, fmt.Errorf("memstore: record failure: %w", f.err())
+	}
+	if s.fails == nil {
+		s.fails = make(map[key]failureCount)
+	}
+	now := s.cfg.Now()
+	fk := key{scope, k}
+	c := s.fails[fk]
+	if !now.Before(c.expiresAt) {
+		c.n = 0
+	}
+	c.n++
+	c.expiresAt = now.Add(s.cfg.Retention)
+	s.fails[fk] = c
+	return c.n, nil
+}
+
+// Failures returns the live handler-failure count of key in scope (0 if
+// none), for tests.
+func (s *Store) Failures(scope, k string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.fails[key{scope, k}]
+	if !s.cfg.Now().Before(c.expiresAt) {
+		return 0
+	}
+	return c.n
+}
+
+// RecordFailure implements dedup.FailureCounter with the counts of the
+// store the Leases belong to.
+func (ls *Leases) RecordFailure(ctx context.Context, scope, key string) (int, error) {
+	return ls.s.RecordFailure(ctx, scope, key)
+}
