@@ -31,3 +31,13 @@ func TestLeaseStoreSuiteOnMemstore(t *testing.T) {
 		return s.Leases()
 	})
 }
+
+func TestFailureCounterSuiteOnMemstore(t *testing.T) {
+	deduptest.RunFailureCounter(t, func(t *testing.T, retention time.Duration) dedup.FailureCounter {
+		s, err := memstore.New(memstore.Config{Retention: retention})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	})
+}

@@ -12,8 +12,15 @@ import (
 // deleted. Rows locked by a concurrent claim are skipped, so cleanup never
 // blocks consumption. When another process is cleaning the same table, this
 // call returns at once (an advisory lock lets one cleaner run at a time).
+// Expired handler-failure counts (see RecordFailure) are deleted the same
+// way, after the records.
 func (s *Store) Cleanup(ctx context.Context) (int64, error) {
-	return sqlstore.Cleanup(ctx, s.cfg.CleanupBatchSize, s.cleanupBatch)
+	n, err := sqlstore.Cleanup(ctx, s.cfg.CleanupBatchSize, s.cleanupBatch)
+	if err != nil {
+		return n, err
+	}
+	m, err := sqlstore.Cleanup(ctx, s.cfg.CleanupBatchSize, s.cleanupFailuresBatch)
+	return n + m, err
 }
 
 func (s *Store) cleanupBatch(ctx context.Context) (deleted int64, busy bool, err error) {

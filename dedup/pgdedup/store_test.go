@@ -119,8 +119,14 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	var n int
 	schema := store.Config().Schema
 	err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "Mixed_Case_migrations"}.Sanitize()).Scan(&n)
-	if err != nil || n != 1 {
-		t.Fatalf("migrations applied = %d, %v; want 1", n, err)
+	ms, _ := pgdedup.Migrations()
+	if err != nil || n != len(ms) {
+		t.Fatalf("migrations applied = %d, %v; want %d", n, err, len(ms))
+	}
+	var failures int
+	err = pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'Mixed_Case_failures'`, schema).Scan(&failures)
+	if err != nil || failures != 1 {
+		t.Fatalf("failure table in the store's schema = %d, %v; want 1", failures, err)
 	}
 	var idx int
 	err = pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname = 'Mixed_Case_expires_at_idx'`, schema).Scan(&idx)
@@ -400,6 +406,13 @@ func TestMarkProcessedTx(t *testing.T) {
 // TestConformance runs the dedup store conformance suite against PostgreSQL.
 func TestConformance(t *testing.T) {
 	deduptest.RunTxStore(t, func(t *testing.T, retention time.Duration) dedup.TxStore[pgx.Tx] {
+		store, _ := newStore(t, pgdedup.Config{Retention: retention})
+		return store
+	})
+}
+
+func TestFailureCounterConformance(t *testing.T) {
+	deduptest.RunFailureCounter(t, func(t *testing.T, retention time.Duration) dedup.FailureCounter {
 		store, _ := newStore(t, pgdedup.Config{Retention: retention})
 		return store
 	})

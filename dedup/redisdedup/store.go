@@ -41,6 +41,12 @@ type Config struct {
 	// Results live in Redis memory for the whole retention, so keep them
 	// small: a downstream id, a status. Defaults to 4096 (4 KiB).
 	MaxResultBytes int
+
+	// FailureRetention is how long a key's handler-failure count (see
+	// RecordFailure) is kept after its last failure. Keep it at least as
+	// long as LeaseOptions.Retention and the broker's redelivery horizon.
+	// Defaults to dedup.DefaultRetention.
+	FailureRetention time.Duration
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -51,6 +57,9 @@ func (c Config) WithDefaults() Config {
 	if c.MaxResultBytes == 0 {
 		c.MaxResultBytes = DefaultMaxResultBytes
 	}
+	if c.FailureRetention == 0 {
+		c.FailureRetention = dedup.DefaultRetention
+	}
 	return c
 }
 
@@ -60,6 +69,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: Prefix %q contains '{' or '}'", ErrInvalidConfig, c.Prefix)
 	case c.MaxResultBytes < 0:
 		return fmt.Errorf("%w: MaxResultBytes must not be negative", ErrInvalidConfig)
+	case c.FailureRetention < time.Millisecond:
+		return fmt.Errorf("%w: FailureRetention %s is below 1ms", ErrInvalidConfig, c.FailureRetention)
 	}
 	return nil
 }

@@ -388,3 +388,10 @@ func TestBatch(t *testing.T) {
 		t.Fatalf("CompleteBatch with too few tokens: err = %v", err)
 	}
 }
+
+func TestFailureCounterConformance(t *testing.T) {
+	deduptest.RunFailureCounter(t, func(t *testing.T, retention time.Duration) dedup.FailureCounter {
+		s, _ := newStore(t, redisdedup.Config{FailureRetention: retention})
+		return s
+	})
+}

@@ -70,14 +70,21 @@ func Load(fsys fs.FS, dir string) ([]Migration, error) {
 var defaultNameRE = regexp.MustCompile(`\b` + DefaultTable + `(_[a-z_]+)?\b`)
 
 // Render rewrites SQL written for DefaultTable: the table becomes
-// qualifiedTable (quoted, possibly schema-qualified) and a name derived from
-// it, such as an index name, becomes quote(table + suffix). Names must have
-// been validated as identifiers.
+// qualifiedTable (quoted, possibly schema-qualified), the failure table
+// (DefaultTable + FailuresSuffix) becomes quote(table + FailuresSuffix) in the
+// same schema, and any other name derived from it, such as an index name,
+// becomes quote(table + suffix). Names must have been validated as
+// identifiers.
 func Render(sql, qualifiedTable, table string, quote func(string) string) string {
 	return defaultNameRE.ReplaceAllStringFunc(sql, func(m string) string {
-		if suffix := strings.TrimPrefix(m, DefaultTable); suffix != "" {
+		switch suffix := strings.TrimPrefix(m, DefaultTable); suffix {
+		case "":
+			return qualifiedTable
+		case FailuresSuffix:
+			schema := strings.TrimSuffix(qualifiedTable, quote(table))
+			return schema + quote(table+suffix)
+		default:
 			return quote(table + suffix)
 		}
-		return qualifiedTable
 	})
 }

@@ -41,6 +41,18 @@ func TestPostgresMigrationsRender(t *testing.T) {
 	}
 }
 
+func TestFailureTableRendersInTheSchema(t *testing.T) {
+	ms, err := Postgres()
+	if err != nil || len(ms) < 2 {
+		t.Fatalf("Postgres() = %v, %v", ms, err)
+	}
+	got := Render(ms[1].Up, `"s"."seen"`, "seen", func(n string) string { return `"` + n + `"` })
+	if strings.Contains(got, DefaultTable) || !strings.Contains(got, `TABLE IF NOT EXISTS "s"."seen_failures"`) ||
+		!strings.Contains(got, `ON "s"."seen_failures"`) || !strings.Contains(got, `INDEX IF NOT EXISTS "seen_failures_expires_at_idx"`) {
+		t.Fatalf("rendered:\n%s", got)
+	}
+}
+
 func TestCleanupStopsOnShortBatchBusyOrError(t *testing.T) {
 	boom := errors.New("boom")
 	for _, tc := range []struct {

@@ -1,0 +1,27 @@
+package sqlstore
+
+// FailuresSuffix ends the name of the handler-failure table of a store: the
+// name of its processed-record table plus this suffix, in the same schema.
+const FailuresSuffix = "_failures"
+
+// PostgresRecordFailure returns the statement that adds one handler failure
+// to ($1 scope, $2 key) in the failure table t (quoted and qualified) with an
+// expiry of now + $3 microseconds, restarting an expired count at 1, and
+// returns the count.
+func PostgresRecordFailure(t string) string {
+	return `INSERT INTO ` + t + ` AS f (scope, key, failures, expires_at)
+VALUES ($1, $2, 1, now() + $3::bigint * interval '1 microsecond')
+ON CONFLICT (scope, key) DO UPDATE
+SET failures = CASE WHEN f.expires_at <= now() THEN 1 ELSE f.failures + 1 END,
+    expires_at = EXCLUDED.expires_at
+RETURNING failures`
+}
+
+// PostgresCleanupFailures returns the statement that deletes up to $1
+// expired rows of the failure table t, skipping rows a concurrent failure is
+// updating.
+func PostgresCleanupFailures(t string) string {
+	return `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
+SELECT ctid FROM ` + t + ` WHERE expires_at <= now()
+LIMIT $1 FOR UPDATE SKIP LOCKED))`
+}

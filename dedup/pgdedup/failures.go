@@ -1,0 +1,42 @@
+package pgdedup
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/internal/sqlstore"
+)
+
+var _ dedup.FailureCounter = (*Store)(nil)
+
+// failuresTable is the quoted, schema-qualified handler-failure table: the
+// configured table name plus "_failures" (created by migration 002).
+func (s *Store) failuresTable() string {
+	return pgx.Identifier{s.cfg.Schema, s.cfg.Table + sqlstore.FailuresSuffix}.Sanitize()
+}
+
+// RecordFailure implements dedup.FailureCounter: one upsert, in its own
+// implicit transaction on the store's DB (never in a handler's transaction,
+// whose rollback would undo it). The count expires Config.Retention after
+// the last failure; an expired count starts again at 1, and Cleanup deletes
+// expired counts.
+func (s *Store) RecordFailure(ctx context.Context, scope, key string) (int, error) {
+	var n int
+	err := s.db.QueryRow(ctx, sqlstore.PostgresRecordFailure(s.failuresTable()), scope, key, s.cfg.Retention.Microseconds()).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("pgdedup: record failure of %q: %w", key, err)
+	}
+	return n, nil
+}
+
+// cleanupFailuresBatch deletes up to CleanupBatchSize expired failure counts.
+func (s *Store) cleanupFailuresBatch(ctx context.Context) (deleted int64, busy bool, err error) {
+	tag, err := s.db.Exec(ctx, sqlstore.PostgresCleanupFailures(s.failuresTable()), s.cfg.CleanupBatchSize)
+	if err != nil {
+		return 0, false, fmt.Errorf("pgdedup: cleanup of failure counts: %w", err)
+	}
+	return tag.RowsAffected(), false, nil
+}

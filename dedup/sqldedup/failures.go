@@ -1,0 +1,69 @@
+package sqldedup
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/internal/sqlstore"
+)
+
+var _ dedup.FailureCounter = (*Store)(nil)
+
+// failuresTable is the quoted handler-failure table (schema-qualified on
+// PostgreSQL): the configured table name plus "_failures", created by
+// migration 002.
+func (s *Store) failuresTable() string {
+	t := quoteIdent(s.cfg.Table + sqlstore.FailuresSuffix)
+	if s.cfg.Dialect == Postgres {
+		t = quoteIdent(s.cfg.Schema) + "." + t
+	}
+	return t
+}
+
+// RecordFailure implements dedup.FailureCounter: one upsert, in its own
+// implicit transaction on the store's DB (never in a handler's transaction,
+// whose rollback would undo it). The count expires Config.Retention after
+// the last failure; an expired count starts again at 1, and Cleanup deletes
+// expired counts. On SQLite it takes the write lock for one statement.
+func (s *Store) RecordFailure(ctx context.Context, scope, key string) (int, error) {
+	query, args := sqlstore.PostgresRecordFailure(s.failuresTable()), []any{scope, key, s.cfg.Retention.Microseconds()}
+	if s.cfg.Dialect != Postgres {
+		now := time.Now().UnixMicro()
+		query = `INSERT INTO ` + s.failuresTable() + ` (scope, key, failures, expires_at)
+VALUES (?1, ?2, 1, ?4)
+ON CONFLICT (scope, key) DO UPDATE
+SET failures = CASE WHEN expires_at <= ?3 THEN 1 ELSE failures + 1 END,
+    expires_at = excluded.expires_at
+RETURNING failures`
+		args = []any{scope, key, now, now + s.cfg.Retention.Microseconds()}
+	}
+	var n int
+	if err := s.db.QueryRowContext(ctx, query, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("sqldedup: record failure of %q: %w", key, err)
+	}
+	return n, nil
+}
+
+// cleanupFailuresBatch deletes up to CleanupBatchSize expired failure counts
+// in one statement (on PostgreSQL skipping rows a concurrent failure is
+// updating).
+func (s *Store) cleanupFailuresBatch(ctx context.Context) (deleted int64, busy bool, err error) {
+	t := s.failuresTable()
+	query, args := sqlstore.PostgresCleanupFailures(t), []any{s.cfg.CleanupBatchSize}
+	if s.cfg.Dialect != Postgres {
+		query = `DELETE FROM ` + t + ` WHERE (scope, key) IN (SELECT scope, key FROM ` + t +
+			` WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)`
+		args = []any{time.Now().UnixMicro(), s.cfg.CleanupBatchSize}
+	}
+	res, err := s.db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, false, fmt.Errorf("sqldedup: cleanup of failure counts: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, false, fmt.Errorf("sqldedup: cleanup of failure counts: %w", err)
+	}
+	return n, false, nil
+}
