@@ -123,12 +123,16 @@ func DefaultKey(m *Message) (string, error) {
 }
 
 // RetryPolicy says how often and how fast a failing message is retried before
-// it is dead-lettered. The delay before attempt n+1 is
+// it is dead-lettered. The delay after the n-th failed attempt is
 // InitialBackoff × Multiplier^(n-1), capped at MaxBackoff, with ±Jitter
-// applied.
+// applied (see MaxAttempts for what counts as an attempt).
 type RetryPolicy struct {
 	// MaxAttempts is the number of attempts after which a failing message is
-	// dead-lettered with ErrMaxAttempts. Defaults to 5.
+	// dead-lettered with ErrMaxAttempts. An attempt is a handler failure as
+	// the path's store counts it per key (dedup.FailureCounter), so
+	// deliveries to consumers that crashed or were killed do not count; with
+	// a store that cannot count, or when counting fails, it is the broker's
+	// delivery count, Message.Attempt. Defaults to 5.
 	MaxAttempts int
 	// InitialBackoff is the delay before the second attempt. Defaults to
 	// 200 ms.

@@ -24,7 +24,12 @@
 // A handler error or panic rolls back the handler's writes and its record (or
 // releases its lease) and the message is retried with backoff
 // (RetryPolicy) until RetryPolicy.MaxAttempts, then dead-lettered with the
-// reason. Input that can never succeed goes to the dead-letter route at once:
+// reason. Attempts are handler failures: when the path's store implements
+// dedup.FailureCounter (pgdedup, sqldedup and redisdedup do), the runner
+// counts each failure of a key there, after the failed transaction, and the
+// count (not Message.Attempt, which also rises for every consumer that crashed
+// while holding the message) decides the backoff and the dead letter. If the
+// count cannot be written, Message.Attempt decides and a warning is logged. Input that can never succeed goes to the dead-letter route at once:
 // no key (ErrMissingKey), an undecodable body (ErrMalformed), a body over
 // Config.MaxMessageBytes (ErrOversized), the same key with a different payload
 // (ErrPayloadMismatch), or a handler error wrapped with Permanent. Failures of

@@ -124,7 +124,8 @@ func retryDelay(err error) (time.Duration, bool) {
 }
 
 // DeadLetterError is the reason handed to Source.DeadLetter. It carries the
-// attempt count and the final error, which wraps the sentinel that explains
+// attempt count (the handler failures counted by the store, else the broker's
+// delivery count) and the final error, which wraps the sentinel that explains
 // the route (ErrMaxAttempts, ErrMissingKey, ErrPayloadMismatch, ...).
 type DeadLetterError struct {
 	Key      string

@@ -29,7 +29,10 @@ type Message struct {
 	PartitionKey string
 	// Topic is the topic or queue the message was received from.
 	Topic string
-	// Attempt is the delivery count, starting at 1.
+	// Attempt is the broker's delivery count, starting at 1. It also rises
+	// for deliveries to consumers that crashed or were killed; the runner's
+	// retry policy uses the store's count of handler failures instead where
+	// the store keeps one (see RetryPolicy.MaxAttempts).
 	Attempt int
 	// Redelivered reports that the broker delivered the message before.
 	Redelivered bool

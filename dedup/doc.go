@@ -14,6 +14,12 @@
 //     the key handed to the handler lets the downstream system close that
 //     window. Implementation: dedup/redisdedup.
 //
-// Every store runs the conformance suite in dedup/deduptest against a real
+// Both kinds may also implement FailureCounter, which counts handler failures
+// per key outside the failed transaction, so that a retry policy's attempt
+// limit counts the message's failures and not its deliveries (a consumer that
+// crashed or was killed while holding a message is not the message's fault).
+// All three stores do.
+//
+// Every store runs the conformance suites in dedup/deduptest against a real
 // server.
 package dedup

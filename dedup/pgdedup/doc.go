@@ -30,6 +30,15 @@
 // batches, skipping rows that are locked, under an advisory lock so that one
 // process cleans at a time.
 //
+// # Handler failures
+//
+// Store implements dedup.FailureCounter: when a handler fails, the runner
+// counts the failure with one upsert into the table Config.Table + "_failures"
+// (migration 002), on the pool and after the failed transaction rolled back,
+// so the count survives the rollback and the happy path never writes it. A
+// count expires Config.Retention after its last failure and Cleanup (the
+// janitor) deletes it with the expired records.
+//
 // # Schema
 //
 // Migrate applies the embedded, numbered migrations (see Migrations; the files

@@ -35,6 +35,12 @@
 // retries a command whose reply was lost on the network, and the retry finds
 // the state the first try wrote and reports the same outcome.
 //
+// The store also implements dedup.FailureCounter: the handler failures of a
+// key are counted in a plain counter named like the key's hash plus
+// ":failures" (same hash tag, so same Cluster slot), incremented by one
+// INCR+PEXPIRE script only when a handler failed, and expiring
+// Config.FailureRetention after the last failure.
+//
 // Beyond dedup.LeaseStore, the store offers ClaimBatch and CompleteBatch,
 // which pipeline many keys in one round trip (each key still atomic on its
 // own), and CompleteWithResult and Result, which keep a small result (a

@@ -50,6 +50,15 @@
 // records in small batches (on PostgreSQL skipping locked rows, under an
 // advisory lock so that one process cleans at a time).
 //
+// # Handler failures
+//
+// Store implements dedup.FailureCounter: when a handler fails, the runner
+// counts the failure with one upsert into the table Config.Table + "_failures"
+// (migration 002, both dialects), after the failed transaction rolled back,
+// so the count survives the rollback and the happy path never writes it. A
+// count expires Config.Retention after its last failure and Cleanup (the
+// janitor) deletes it with the expired records.
+//
 // # Schema
 //
 // Migrate applies the embedded, numbered migrations of the dialect (see

@@ -76,7 +76,13 @@
 //     is not recognised).
 //   - Attempt counts every delivery the Source can know of: 1 + the retry
 //     trips (HeaderRetries) + the broker's x-delivery-count (quorum queues,
-//     which count deliveries returned unsettled). A quorum queue's
+//     which count deliveries returned unsettled, such as those of a consumer
+//     that crashed or was killed). The runner's RetryPolicy.MaxAttempts
+//     counts handler failures instead when its store counts them
+//     (dedup.FailureCounter: pgdedup, sqldedup and redisdedup do), so a crash
+//     loop does not dead-letter a message (TestCrashLoopIsNotCounted);
+//     Attempt decides only when the count cannot be written or the store
+//     cannot count. A quorum queue's
 //     x-delivery-limit is respected: deliveries that keep coming back
 //     unsettled (a consumer crashing on them) are dead-lettered by the
 //     broker through the queue's own dead-letter arguments; Config.Declare

@@ -28,7 +28,8 @@
 //     while it waits for its turn or its handler runs (see
 //     Config.HeartbeatInterval).
 //   - Retry changes the visibility timeout to the backoff delay. The next
-//     receive raises ApproximateReceiveCount, which is Message.Attempt.
+//     receive raises ApproximateReceiveCount, which is Message.Attempt (the
+//     broker's count; see Attempts for what the runner counts).
 //   - DeadLetter sends the message to Config.DeadLetterQueueURL with the
 //     reason as message attributes (AttrReason, AttrAttempts, ...) and then
 //     deletes it; or, without that URL, leaves it to the queue's redrive
@@ -83,12 +84,19 @@
 //
 // Message.Attempt is ApproximateReceiveCount: it counts receives, not handler
 // failures. A message released by Close, received again after its
-// visibility lapsed (heartbeat disabled, or past MaxExtension), or retried
-// by the runner because of a database failure or a duplicate of its key in
-// the same batch counts one more attempt. The runner never dead-letters for
-// those, but a redrive policy counts every receive: with dead-lettering left
-// to the redrive policy, a long database outage can move messages to the
-// dead-letter queue, so give maxReceiveCount room above
+// visibility lapsed (a worker that crashed or was killed, heartbeat
+// disabled, or past MaxExtension), or retried by the runner because of a
+// database failure or a duplicate of its key in the same batch counts one
+// more receive. The runner does not use it for its retry policy when its
+// store counts handler failures (dedup.FailureCounter: pgdedup, sqldedup and
+// redisdedup do): RetryPolicy.MaxAttempts then means handler failures, and a
+// crash loop does not dead-letter a message (TestCrashLoopIsNotCounted kills
+// a worker ten times with the message in flight). Only when the count cannot
+// be written, or the store cannot count, does ApproximateReceiveCount decide.
+//
+// A redrive policy, however, counts every receive: with dead-lettering left
+// to the redrive policy, a long database outage or a crash loop can move
+// messages to the dead-letter queue, so give maxReceiveCount ample room above
 // RetryPolicy.MaxAttempts, or use Config.DeadLetterQueueURL. Each receive
 // above MaxAttempts runs the handler of a poison message once more;
 // Config.RedriveDelay (30 s by default) spaces those receives.
