@@ -34,7 +34,7 @@ func (r *Runner) countFailure(ctx context.Context, j *job) int {
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), failureCountTimeout)
 	defer cancel()
-	n, err := fc.failureCounter().RecordFailure(cctx, r.cfg.Name, j.key)
+	n, err := fc.failureCounter().RecordFailure(cctx, r.cfg.Name, dedup.Record{Key: j.key, PayloadHash: j.hash})
 	if err != nil || n < 1 {
 		r.log.LogAttrs(ctx, slog.LevelWarn, "counting the handler failure failed; using the broker's attempt count",
 			slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID),
@@ -46,6 +46,23 @@ func (r *Runner) countFailure(ctx context.Context, j *job) int {
 	}
 	j.failures = n
 	return n
+}
+
+// forgetFailures deletes the failure count of a job that was dead-lettered
+// for exhausting its attempts, so that a replay of the dead letter starts
+// with a fresh count. A failure to forget is only logged: the count expires
+// with the store's retention.
+func (r *Runner) forgetFailures(ctx context.Context, j *job) {
+	fc, ok := r.path.(failureCounting)
+	if !ok || fc.failureCounter() == nil || j.failures == 0 {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), failureCountTimeout)
+	defer cancel()
+	if err := fc.failureCounter().ForgetFailures(cctx, r.cfg.Name, j.key); err != nil {
+		r.log.LogAttrs(ctx, slog.LevelWarn, "forgetting the failure count of a dead-lettered message failed; it expires with the store's retention",
+			slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Any(LogKeyError, err))
+	}
 }
 
 // attempt is the attempt number the retry policy sees for j: its key's

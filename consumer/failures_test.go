@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/memstore"
 	"github.com/idemq/idemq/sources/memsource"
 )
@@ -66,7 +67,7 @@ func newAttemptsEnv(t *testing.T, extra int) *attemptsEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &attemptsEnv{broker: memsource.New(memsource.Config{}), store: store}
+	e := &attemptsEnv{broker: memsource.New(memsource.Config{VisibilityTimeout: 200 * time.Millisecond}), store: store}
 	t.Cleanup(func() { e.broker.Close() })
 	e.src = &crashedBefore{Source: e.broker.Source("t"), extra: extra}
 	e.broker.Publish("t", memsource.Outgoing{Key: "k1", Body: []byte("b")})
@@ -178,6 +179,83 @@ func TestMaxAttemptsCountsHandlerFailures(t *testing.T) {
 	// The delays grew with the failures: Backoff(1), Backoff(2).
 	if d := e.src.retryDelays(); len(d) != 2 || d[0] != time.Millisecond || d[1] != 2*time.Millisecond {
 		t.Fatalf("retry delays %v, want [1ms 2ms]", d)
+	}
+	// The dead letter forgot the count: a replay starts afresh.
+	if got := e.store.Failures("attempts", "k1"); got != 0 {
+		t.Fatalf("failure count after the dead letter: %d, want 0", got)
+	}
+}
+
+// A dead letter that fails keeps the count: the redelivery's next failure
+// tries the dead letter again instead of starting over.
+func TestFailedDeadLetterKeepsTheCount(t *testing.T) {
+	e := newAttemptsEnv(t, 0)
+	e.broker.Inject(memsource.Fault{Kind: memsource.FaultDeadLetterError})
+	h := e.handler(1 << 30)
+	path := consumer.Transactional(e.store, func(ctx context.Context, _ *memstore.Tx, m *consumer.Message) error { return h(ctx, m) })
+	r, err := consumer.NewRunner(e.src, path, e.config(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, e.settled, r)
+	if got := e.handlerCalls(); got != 3 {
+		t.Fatalf("handler ran %d times, want 3 (2 failures, a failed dead letter, 1 more failure)", got)
+	}
+	dls := e.broker.DeadLetters("t")
+	var dle *consumer.DeadLetterError
+	if len(dls) != 1 || !errors.As(dls[0].Err, &dle) || dle.Attempts != 3 {
+		t.Fatalf("dead letters %+v, want one after 3 attempts", dls)
+	}
+}
+
+// The same key with another payload (a producer's corrected message) does
+// not inherit the failures of the first.
+func TestAnotherPayloadStartsTheCountAgain(t *testing.T) {
+	e := newAttemptsEnv(t, 0)
+	ctx := context.Background()
+	for range 4 {
+		if _, err := e.store.RecordFailure(ctx, "attempts", dedup.Record{Key: "k1", PayloadHash: dedup.HashPayload([]byte("old"))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := e.handler(1)
+	path := consumer.Transactional(e.store, func(ctx context.Context, _ *memstore.Tx, m *consumer.Message) error { return h(ctx, m) })
+	r, err := consumer.NewRunner(e.src, path, e.config(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, e.settled, r)
+	if st := e.broker.Stats("t"); st.Acks != 1 || st.DeadLettered != 0 {
+		t.Fatalf("acked %d, dead-lettered %d; want the new payload retried after its own first failure and acked", st.Acks, st.DeadLettered)
+	}
+}
+
+// In a batch, only the message whose handler failed is counted.
+func TestBatchCountsOnlyTheFailedMessage(t *testing.T) {
+	e := newAttemptsEnv(t, 0)
+	e.broker.Publish("t", memsource.Outgoing{Key: "k2", Body: []byte("b")}, memsource.Outgoing{Key: "k3", Body: []byte("b")})
+	var mu sync.Mutex
+	failed := false
+	path := consumer.Transactional(e.store, func(ctx context.Context, _ *memstore.Tx, m *consumer.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if m.Key == "k2" && !failed {
+			failed = true
+			return errors.New("downstream refused")
+		}
+		return nil
+	})
+	cfg := e.config(5)
+	cfg.BatchSize = 3
+	r, err := consumer.NewRunner(e.src, path, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, func() bool { return e.broker.Stats("t").Acks == 3 }, r)
+	for key, want := range map[string]int{"k1": 0, "k2": 1, "k3": 0} {
+		if got := e.store.Failures("attempts", key); got != want {
+			t.Errorf("failures of %s: %d, want %d", key, got, want)
+		}
 	}
 }
 

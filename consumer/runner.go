@@ -392,7 +392,9 @@ func (r *Runner) deadLetter(ctx context.Context, j *job, cause error) {
 	if err := r.src.DeadLetter(ctx, m, reason); err != nil {
 		r.stats.settleFailures.Add(1)
 		r.log.Error("dead-letter failed; the broker will redeliver", LogKeyID, m.ID, LogKeyError, err)
+		return
 	}
+	r.forgetFailures(ctx, j)
 }
 
 // call runs a handler with the key in its context, the handler timeout, and

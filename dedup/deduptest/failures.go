@@ -36,6 +36,8 @@ func RunFailureCounter(t *testing.T, newCounter func(t *testing.T, retention tim
 		{"CountsEachFailure", time.Hour, failuresCount},
 		{"ScopesAndKeysAreSeparate", time.Hour, failuresSeparate},
 		{"ConcurrentFailuresGetDistinctCounts", time.Hour, failuresConcurrent},
+		{"AnotherPayloadStartsAgain", time.Hour, failuresOtherPayload},
+		{"ForgetStartsAgain", time.Hour, failuresForget},
 		{"CountExpires", failureRetention, failuresExpire},
 	}
 	for _, tc := range tests {
@@ -46,11 +48,17 @@ func RunFailureCounter(t *testing.T, newCounter func(t *testing.T, retention tim
 	}
 }
 
+// recordFailure records a failure of key with the payload "p".
 func recordFailure(ctx context.Context, t *testing.T, c dedup.FailureCounter, scope, key string) int {
 	t.Helper()
-	n, err := c.RecordFailure(ctx, scope, key)
+	return recordFailureOf(ctx, t, c, scope, rec(key, payload("p")))
+}
+
+func recordFailureOf(ctx context.Context, t *testing.T, c dedup.FailureCounter, scope string, r dedup.Record) int {
+	t.Helper()
+	n, err := c.RecordFailure(ctx, scope, r)
 	if err != nil {
-		t.Fatalf("RecordFailure(%q, %q): %v", scope, key, err)
+		t.Fatalf("RecordFailure(%q, %q): %v", scope, r.Key, err)
 	}
 	return n
 }
@@ -91,7 +99,7 @@ func failuresConcurrent(t *testing.T, c dedup.FailureCounter) {
 	)
 	for range n {
 		wg.Go(func() {
-			v, err := c.RecordFailure(ctx, scope, "hot")
+			v, err := c.RecordFailure(ctx, scope, rec("hot", payload("p")))
 			mu.Lock()
 			defer mu.Unlock()
 			got, errs = append(got, v), append(errs, err)
@@ -137,5 +145,36 @@ func failuresExpire(t *testing.T, c dedup.FailureCounter) {
 	}
 	if got := recordFailure(ctx, t, c, scope, "janitor"); got != 1 {
 		t.Fatalf("failure after the count expired: count %d, want 1", got)
+	}
+}
+
+func failuresOtherPayload(t *testing.T, c dedup.FailureCounter) {
+	ctx, scope := testContext(t), newScope(t)
+	recordFailureOf(ctx, t, c, scope, rec("k", payload("first")))
+	recordFailureOf(ctx, t, c, scope, rec("k", payload("first")))
+	if got := recordFailureOf(ctx, t, c, scope, rec("k", payload("second"))); got != 1 {
+		t.Fatalf("first failure with another payload under the same key: count %d, want 1", got)
+	}
+	if got := recordFailureOf(ctx, t, c, scope, rec("k", payload("second"))); got != 2 {
+		t.Fatalf("second failure with that payload: count %d, want 2", got)
+	}
+}
+
+func failuresForget(t *testing.T, c dedup.FailureCounter) {
+	ctx, scope := testContext(t), newScope(t)
+	if err := c.ForgetFailures(ctx, scope, "never-failed"); err != nil {
+		t.Fatalf("ForgetFailures of a key without a count: %v", err)
+	}
+	recordFailure(ctx, t, c, scope, "k")
+	recordFailure(ctx, t, c, scope, "k")
+	recordFailure(ctx, t, c, scope, "other")
+	if err := c.ForgetFailures(ctx, scope, "k"); err != nil {
+		t.Fatalf("ForgetFailures: %v", err)
+	}
+	if got := recordFailure(ctx, t, c, scope, "k"); got != 1 {
+		t.Fatalf("failure after ForgetFailures: count %d, want 1", got)
+	}
+	if got := recordFailure(ctx, t, c, scope, "other"); got != 2 {
+		t.Fatalf("ForgetFailures of one key changed another: count %d, want 2", got)
 	}
 }

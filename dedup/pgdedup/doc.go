@@ -36,8 +36,10 @@
 // counts the failure with one upsert into the table Config.Table + "_failures"
 // (migration 002), on the pool and after the failed transaction rolled back,
 // so the count survives the rollback and the happy path never writes it. A
-// count expires Config.Retention after its last failure and Cleanup (the
-// janitor) deletes it with the expired records.
+// count belongs to the key and its payload digest (another payload starts
+// again at 1), is deleted by ForgetFailures when the runner dead-letters the
+// message, and otherwise expires Config.Retention after its last failure;
+// Cleanup (the janitor) deletes expired counts with the expired records.
 //
 // # Schema
 //

@@ -23,13 +23,23 @@ func (s *Store) failuresTable() string {
 // whose rollback would undo it). The count expires Config.Retention after
 // the last failure; an expired count starts again at 1, and Cleanup deletes
 // expired counts.
-func (s *Store) RecordFailure(ctx context.Context, scope, key string) (int, error) {
+func (s *Store) RecordFailure(ctx context.Context, scope string, rec dedup.Record) (int, error) {
 	var n int
-	err := s.db.QueryRow(ctx, sqlstore.PostgresRecordFailure(s.failuresTable()), scope, key, s.cfg.Retention.Microseconds()).Scan(&n)
+	err := s.db.QueryRow(ctx, sqlstore.PostgresRecordFailure(s.failuresTable()),
+		scope, rec.Key, rec.PayloadHash[:], s.cfg.Retention.Microseconds()).Scan(&n)
 	if err != nil {
-		return 0, fmt.Errorf("pgdedup: record failure of %q: %w", key, err)
+		return 0, fmt.Errorf("pgdedup: record failure of %q: %w", rec.Key, err)
 	}
 	return n, nil
+}
+
+// ForgetFailures implements dedup.FailureCounter: it deletes the failure
+// count of key in scope.
+func (s *Store) ForgetFailures(ctx context.Context, scope, key string) error {
+	if _, err := s.db.Exec(ctx, `DELETE FROM `+s.failuresTable()+` WHERE scope = $1 AND key = $2`, scope, key); err != nil {
+		return fmt.Errorf("pgdedup: forget failures of %q: %w", key, err)
+	}
+	return nil
 }
 
 // cleanupFailuresBatch deletes up to CleanupBatchSize expired failure counts.

@@ -36,10 +36,11 @@
 // the state the first try wrote and reports the same outcome.
 //
 // The store also implements dedup.FailureCounter: the handler failures of a
-// key are counted in a plain counter named like the key's hash plus
+// key are counted in a small hash named like the key's record plus
 // ":failures" (same hash tag, so same Cluster slot), incremented by one
-// INCR+PEXPIRE script only when a handler failed, and expiring
-// Config.FailureRetention after the last failure.
+// script only when a handler failed (a hash of the count and the payload
+// digest it belongs to), deleted when the runner dead-letters the message,
+// and otherwise expiring Config.FailureRetention after the last failure.
 //
 // Beyond dedup.LeaseStore, the store offers ClaimBatch and CompleteBatch,
 // which pipeline many keys in one round trip (each key still atomic on its

@@ -17,12 +17,19 @@ var _ dedup.FailureCounter = (*Store)(nil)
 // Cluster slot).
 const failuresSuffix = ":failures"
 
-// recordFailureScript adds one failure and renews the counter's expiry.
+// recordFailureScript adds one failure to the hash KEYS[1] (fields n: the
+// count, h: the payload digest it belongs to) and renews its expiry. A
+// failure with another digest starts the count again at 1.
 //
-//	ARGV[1] expiry in ms
+//	ARGV[1] payload hash (hex), ARGV[2] expiry in ms
 var recordFailureScript = redis.NewScript(`
-local n = redis.call('INCR', KEYS[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
+local n = 1
+if redis.call('HGET', KEYS[1], 'h') == ARGV[1] then
+  n = redis.call('HINCRBY', KEYS[1], 'n', 1)
+else
+  redis.call('HSET', KEYS[1], 'h', ARGV[1], 'n', 1)
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return n
 `)
 
@@ -32,18 +39,27 @@ func (s *Store) FailuresKey(scope, key string) string {
 	return s.RedisKey(scope, key) + failuresSuffix
 }
 
-// RecordFailure implements dedup.FailureCounter: one atomic script (INCR and
-// PEXPIRE) on a key of its own, so it neither touches the lease nor needs
-// its token. The count expires Config.FailureRetention after the last
-// failure and then starts again at 1.
-func (s *Store) RecordFailure(ctx context.Context, scope, key string) (int, error) {
-	if key == "" {
+// RecordFailure implements dedup.FailureCounter: one atomic script on a key
+// of its own, so it neither touches the lease nor needs its token. The count
+// expires Config.FailureRetention after the last failure and then starts
+// again at 1, as it does for another payload digest.
+func (s *Store) RecordFailure(ctx context.Context, scope string, rec dedup.Record) (int, error) {
+	if rec.Key == "" {
 		return 0, fmt.Errorf("redisdedup: record failure: %w: empty key", ErrInvalidArgument)
 	}
 	ms := (s.cfg.FailureRetention.Microseconds() + 999) / 1000
-	n, err := recordFailureScript.Run(ctx, s.rdb, []string{s.FailuresKey(scope, key)}, ms).Int()
+	n, err := recordFailureScript.Run(ctx, s.rdb, []string{s.FailuresKey(scope, rec.Key)}, rec.PayloadHash.String(), ms).Int()
 	if err != nil {
-		return 0, fmt.Errorf("redisdedup: record failure of %q: %w", key, err)
+		return 0, fmt.Errorf("redisdedup: record failure of %q: %w", rec.Key, err)
 	}
 	return n, nil
+}
+
+// ForgetFailures implements dedup.FailureCounter: it deletes the failure
+// count of key in scope.
+func (s *Store) ForgetFailures(ctx context.Context, scope, key string) error {
+	if err := s.rdb.Del(ctx, s.FailuresKey(scope, key)).Err(); err != nil {
+		return fmt.Errorf("redisdedup: forget failures of %q: %w", key, err)
+	}
+	return nil
 }

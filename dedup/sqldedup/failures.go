@@ -27,23 +27,36 @@ func (s *Store) failuresTable() string {
 // whose rollback would undo it). The count expires Config.Retention after
 // the last failure; an expired count starts again at 1, and Cleanup deletes
 // expired counts. On SQLite it takes the write lock for one statement.
-func (s *Store) RecordFailure(ctx context.Context, scope, key string) (int, error) {
-	query, args := sqlstore.PostgresRecordFailure(s.failuresTable()), []any{scope, key, s.cfg.Retention.Microseconds()}
+func (s *Store) RecordFailure(ctx context.Context, scope string, rec dedup.Record) (int, error) {
+	query := sqlstore.PostgresRecordFailure(s.failuresTable())
+	args := []any{scope, rec.Key, rec.PayloadHash[:], s.cfg.Retention.Microseconds()}
 	if s.cfg.Dialect != Postgres {
 		now := time.Now().UnixMicro()
-		query = `INSERT INTO ` + s.failuresTable() + ` (scope, key, failures, expires_at)
-VALUES (?1, ?2, 1, ?4)
+		query = `INSERT INTO ` + s.failuresTable() + ` (scope, key, payload_hash, failures, expires_at)
+VALUES (?1, ?2, ?3, 1, ?5)
 ON CONFLICT (scope, key) DO UPDATE
-SET failures = CASE WHEN expires_at <= ?3 THEN 1 ELSE failures + 1 END,
+SET failures = CASE WHEN expires_at <= ?4 OR payload_hash <> excluded.payload_hash
+        THEN 1 ELSE failures + 1 END,
+    payload_hash = excluded.payload_hash,
     expires_at = excluded.expires_at
 RETURNING failures`
-		args = []any{scope, key, now, now + s.cfg.Retention.Microseconds()}
+		args = []any{scope, rec.Key, rec.PayloadHash[:], now, now + s.cfg.Retention.Microseconds()}
 	}
 	var n int
 	if err := s.db.QueryRowContext(ctx, query, args...).Scan(&n); err != nil {
-		return 0, fmt.Errorf("sqldedup: record failure of %q: %w", key, err)
+		return 0, fmt.Errorf("sqldedup: record failure of %q: %w", rec.Key, err)
 	}
 	return n, nil
+}
+
+// ForgetFailures implements dedup.FailureCounter: it deletes the failure
+// count of key in scope.
+func (s *Store) ForgetFailures(ctx context.Context, scope, key string) error {
+	query := `DELETE FROM ` + s.failuresTable() + ` WHERE scope = ` + s.q.ph(1) + ` AND key = ` + s.q.ph(2)
+	if _, err := s.db.ExecContext(ctx, query, scope, key); err != nil {
+		return fmt.Errorf("sqldedup: forget failures of %q: %w", key, err)
+	}
+	return nil
 }
 
 // cleanupFailuresBatch deletes up to CleanupBatchSize expired failure counts

@@ -11,6 +11,7 @@ import (
 // failureCount is the handler-failure count of one key.
 type failureCount struct {
 	n         int
+	hash      dedup.Hash
 	expiresAt time.Time
 }
 
@@ -21,8 +22,9 @@ var (
 
 // RecordFailure implements dedup.FailureCounter. The count lives outside
 // every transaction (a rollback does not undo it) and expires Retention after
-// its last failure. Store and its Leases share the counts.
-func (s *Store) RecordFailure(ctx context.Context, scope, k string) (int, error) {
+// its last failure; a failure with another payload digest starts it again at
+// 1. Store and its Leases share the counts.
+func (s *Store) RecordFailure(ctx context.Context, scope string, rec dedup.Record) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -35,15 +37,26 @@ func (s *Store) RecordFailure(ctx context.Context, scope, k string) (int, error)
 		s.fails = make(map[key]failureCount)
 	}
 	now := s.cfg.Now()
-	fk := key{scope, k}
+	fk := key{scope, rec.Key}
 	c := s.fails[fk]
-	if !now.Before(c.expiresAt) {
-		c.n = 0
+	if !now.Before(c.expiresAt) || c.hash != rec.PayloadHash {
+		c = failureCount{hash: rec.PayloadHash}
 	}
 	c.n++
 	c.expiresAt = now.Add(s.cfg.Retention)
 	s.fails[fk] = c
 	return c.n, nil
+}
+
+// ForgetFailures implements dedup.FailureCounter.
+func (s *Store) ForgetFailures(ctx context.Context, scope, k string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.fails, key{scope, k})
+	return nil
 }
 
 // Failures returns the live handler-failure count of key in scope (0 if
@@ -60,6 +73,12 @@ func (s *Store) Failures(scope, k string) int {
 
 // RecordFailure implements dedup.FailureCounter with the counts of the
 // store the Leases belong to.
-func (ls *Leases) RecordFailure(ctx context.Context, scope, key string) (int, error) {
-	return ls.s.RecordFailure(ctx, scope, key)
+func (ls *Leases) RecordFailure(ctx context.Context, scope string, rec dedup.Record) (int, error) {
+	return ls.s.RecordFailure(ctx, scope, rec)
+}
+
+// ForgetFailures implements dedup.FailureCounter with the counts of the
+// store the Leases belong to.
+func (ls *Leases) ForgetFailures(ctx context.Context, scope, key string) error {
+	return ls.s.ForgetFailures(ctx, scope, key)
 }

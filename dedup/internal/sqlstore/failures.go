@@ -5,14 +5,17 @@ package sqlstore
 const FailuresSuffix = "_failures"
 
 // PostgresRecordFailure returns the statement that adds one handler failure
-// to ($1 scope, $2 key) in the failure table t (quoted and qualified) with an
-// expiry of now + $3 microseconds, restarting an expired count at 1, and
-// returns the count.
+// to ($1 scope, $2 key) with payload digest $3 in the failure table t (quoted
+// and qualified), with an expiry of now + $4 microseconds, and returns the
+// count. An expired count, or one for another payload digest, starts again
+// at 1.
 func PostgresRecordFailure(t string) string {
-	return `INSERT INTO ` + t + ` AS f (scope, key, failures, expires_at)
-VALUES ($1, $2, 1, now() + $3::bigint * interval '1 microsecond')
+	return `INSERT INTO ` + t + ` AS f (scope, key, payload_hash, failures, expires_at)
+VALUES ($1, $2, $3, 1, now() + $4::bigint * interval '1 microsecond')
 ON CONFLICT (scope, key) DO UPDATE
-SET failures = CASE WHEN f.expires_at <= now() THEN 1 ELSE f.failures + 1 END,
+SET failures = CASE WHEN f.expires_at <= now() OR f.payload_hash <> EXCLUDED.payload_hash
+        THEN 1 ELSE f.failures + 1 END,
+    payload_hash = EXCLUDED.payload_hash,
     expires_at = EXCLUDED.expires_at
 RETURNING failures`
 }
