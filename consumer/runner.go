@@ -63,10 +63,13 @@ type job struct {
 	key  string
 	hash dedup.Hash
 
-	out      outcome
-	err      error
-	delay    time.Duration // for outRetryInfra, or from RetryAfter
-	failures int           // handler failures counted by the store (0: not counted)
+	out   outcome
+	err   error
+	delay time.Duration // for outRetryInfra, or from RetryAfter
+
+	// failures is the key's handler failures as the store counted them (0:
+	// not counted; the broker's Attempt applies).
+	failures int
 }
 
 func (j *job) set(o outcome, err error) { j.out, j.err = o, err }

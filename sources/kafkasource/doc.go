@@ -153,7 +153,11 @@
 // again.
 //
 // Attempts are counted in process: after a restart or rebalance a message's
-// Attempt starts again at 1.
+// Attempt starts again at 1. The runner's RetryPolicy does not rely on it
+// when its store counts handler failures per key (dedup.FailureCounter:
+// pgdedup, sqldedup and redisdedup do): those counts survive restarts and
+// rebalances, so a poison message is dead-lettered after MaxAttempts
+// failures even if its workers keep restarting.
 //
 // # Brokers
 //
