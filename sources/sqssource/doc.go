@@ -97,9 +97,14 @@
 // A redrive policy, however, counts every receive: with dead-lettering left
 // to the redrive policy, a long database outage or a crash loop can move
 // messages to the dead-letter queue, so give maxReceiveCount ample room above
-// RetryPolicy.MaxAttempts, or use Config.DeadLetterQueueURL. Each receive
-// above MaxAttempts runs the handler of a poison message once more;
-// Config.RedriveDelay (30 s by default) spaces those receives.
+// RetryPolicy.MaxAttempts, or use Config.DeadLetterQueueURL. Until the
+// redrive policy moves it, a poison message handed to it comes back after
+// Config.RedriveDelay (30 s by default) and is handled again: with a store
+// that counts handler failures, the runner forgets the count when it hands a
+// message over (so that a replayed dead letter starts afresh), so each
+// hand-over is followed by up to MaxAttempts handler runs with the retry
+// backoff; without one, by a single run. Every one of those receives counts
+// toward maxReceiveCount, which bounds the total.
 //
 // # Ordering on FIFO queues
 //

@@ -587,9 +587,12 @@ func (s *Source) setVisibility(ctx context.Context, h *handle, d time.Duration) 
 // Without it, the queue's redrive policy does the work: DeadLetter makes the
 // message visible again after Config.RedriveDelay, and SQS moves it to the
 // policy's dead-letter queue once it has been received maxReceiveCount times.
-// Until then it is received and handled again, once per RedriveDelay (a
-// handler that fails does not commit, so this repeats no effect). The reason
-// is logged, not stored.
+// Until then it is received and handled again after each RedriveDelay, up to
+// the runner's MaxAttempts times with its retry backoff when the runner's
+// store counts handler failures (the count starts afresh after each
+// hand-over; see the package documentation, "Attempts"). A handler that
+// fails does not commit, so this repeats no effect. The reason is logged,
+// not stored.
 func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason error) error {
 	if s.isClosed() {
 		return consumer.ErrClosed
