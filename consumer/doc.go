@@ -28,7 +28,9 @@
 // dedup.FailureCounter (pgdedup, sqldedup and redisdedup do), the runner
 // counts each failure of a key there, after the failed transaction, and the
 // count (not Message.Attempt, which also rises for every consumer that crashed
-// while holding the message) decides the backoff and the dead letter. If the
+// while holding the message) decides the backoff and the dead letter. The
+// count belongs to the key and its payload, and a successful dead letter
+// forgets it, so that a replay of the dead letter starts afresh. If the
 // count cannot be written, Message.Attempt decides and a warning is logged. Input that can never succeed goes to the dead-letter route at once:
 // no key (ErrMissingKey), an undecodable body (ErrMalformed), a body over
 // Config.MaxMessageBytes (ErrOversized), the same key with a different payload
