@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"strings"
 	"time"
 )
 
@@ -19,6 +20,11 @@ type Message struct {
 	// idempotency header or attribute), or empty. Config.KeyFunc decides
 	// the key the runner records; by default it is Key, else ID.
 	Key string
+	// KeyErr, when a source sets it, says why the source could not read the
+	// message's key (for example its own key function panicked). The runner
+	// then dead-letters the message at once with an error wrapping
+	// ErrMissingKey and KeyErr, whatever Config.KeyFunc would say.
+	KeyErr error
 	// Body is the payload.
 	Body []byte
 	// Headers holds the message's headers or string attributes.
@@ -67,19 +73,28 @@ func DedupKey(ctx context.Context) (string, bool) {
 
 // IdempotencyKey returns the key that an effect leaving the process should
 // carry (for example as an Idempotency-Key header): the consumer's Name and
-// the message's deduplication key, "<name>:<key>". It is the same on every
-// attempt and redelivery of one message to one consumer, and differs between
-// consumers, so that two consumers of one message (two different effects)
-// never share a key at a downstream that deduplicates across its whole
-// account.
+// the message's deduplication key, "<name>:<key>", where every '%' in the
+// name is written "%25" and every ':' in it "%3A". The escaped name holds no
+// ':', so the first ':' ends it and the encoding is injective: Name
+// "orders:eu" with key "1" gives "orders%3Aeu:1", Name "orders" with key
+// "eu:1" gives "orders:eu:1". A name without '%' or ':' appears unchanged.
+//
+// The key is the same on every attempt and redelivery of one message to one
+// consumer, and differs between consumers, so that two consumers of one
+// message (two different effects) never share a key at a downstream that
+// deduplicates across its whole account.
 func IdempotencyKey(ctx context.Context) (string, bool) {
 	key, ok := DedupKey(ctx)
 	if !ok {
 		return "", false
 	}
 	scope, _ := ctx.Value(ctxKeyScope).(string)
-	return scope + ":" + key, true
+	return scopeEscaper.Replace(scope) + ":" + key, true
 }
+
+// scopeEscaper percent-escapes the characters that would make "<name>:<key>"
+// ambiguous, as dedup/redisdedup does for its Redis key names.
+var scopeEscaper = strings.NewReplacer("%", "%25", ":", "%3A")
 
 // LeaseToken returns the token of the lease held for the message being
 // handled in ctx (lease path only). It changes on every attempt; use DedupKey
