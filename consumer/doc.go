@@ -31,8 +31,11 @@
 // while holding the message) decides the backoff and the dead letter. The
 // count belongs to the key and its payload, and a successful dead letter
 // forgets it, so that a replay of the dead letter starts afresh. If the
-// count cannot be written, Message.Attempt decides and a warning is logged. Input that can never succeed goes to the dead-letter route at once:
-// no key (ErrMissingKey), an undecodable body (ErrMalformed), a body over
+// count cannot be written, Message.Attempt decides and a warning is logged.
+// Input that can never succeed goes to the dead-letter route at once:
+// no key or a KeyFunc that panics (ErrMissingKey), a key with a control
+// character, invalid UTF-8 or too long (ErrInvalidKey), an undecodable body
+// (ErrMalformed), a body over
 // Config.MaxMessageBytes (ErrOversized), the same key with a different payload
 // (ErrPayloadMismatch), or a handler error wrapped with Permanent. Failures of
 // the database or the broker are retried without counting against the
@@ -43,7 +46,10 @@
 //
 // Cancelling the context passed to Runner.Run stops receiving; messages already
 // received are finished, committed and acknowledged within
-// Config.DrainTimeout, and the rest return to the broker.
+// Config.DrainTimeout, and the rest return to the broker. Shutdown is never a
+// message's failure: a handler cancelled because the drain timed out is
+// neither counted as an attempt, retried nor dead-lettered; its message is
+// left unacknowledged for the broker to redeliver.
 //
 // # Remaining duplicate window
 //

@@ -13,11 +13,15 @@ import (
 var (
 	// ErrClosed is returned by a Source used after Close.
 	ErrClosed = errors.New("idemq: source closed")
-	// ErrMissingKey reports a message without a deduplication key. It is
-	// routed to the dead-letter destination without retries.
+	// ErrMissingKey reports a message without a deduplication key: the
+	// KeyFunc returned "" or an error, or panicked (the error then also
+	// wraps a *PanicError), or the source could not read the key
+	// (Message.KeyErr). It is routed to the dead-letter destination without
+	// retries.
 	ErrMissingKey = errors.New("idemq: message has no deduplication key")
-	// ErrInvalidKey reports a deduplication key that no store can hold: not
-	// valid UTF-8, containing a NUL byte, or longer than MaxKeyBytes. It is
+	// ErrInvalidKey reports a deduplication key that no store or downstream
+	// header can hold: not valid UTF-8, containing a control character (NUL,
+	// CR, LF, TAB, DEL or a C1 control), or longer than MaxKeyBytes. It is
 	// routed to the dead-letter destination without retries.
 	ErrInvalidKey = errors.New("idemq: invalid deduplication key")
 	// ErrMalformed reports a body that cannot be decoded (see JSON and
@@ -53,8 +57,10 @@ func (e *ConfigError) Error() string {
 // Is makes errors.Is(err, ErrInvalidConfig) true.
 func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
 
-// PanicError is the error of a handler that panicked. The transaction is
-// rolled back and the message retried like any failure.
+// PanicError is the error of a handler or a Config.KeyFunc that panicked. A
+// handler's panic rolls back its transaction and the message is retried like
+// any failure; a KeyFunc's panic dead-letters the message at once, wrapped in
+// ErrMissingKey.
 type PanicError struct {
 	Value any
 	Stack []byte

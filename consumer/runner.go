@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/idemq/idemq/dedup"
@@ -28,6 +29,9 @@ const (
 	LogKeyCount    = "count"
 	LogKeyStored   = "stored_hash"
 	LogKeyReceived = "received_hash"
+	// LogKeySettleError is the error of a failed Retry or DeadLetter call,
+	// logged beside the message's own error (LogKeyError).
+	LogKeySettleError = "settle_err"
 )
 
 // ErrRunning is returned by Run when the Runner is already running.
@@ -59,9 +63,10 @@ const (
 
 // job is one message moving through a Runner.
 type job struct {
-	msg  *Message
-	key  string
-	hash dedup.Hash
+	msg    *Message
+	key    string
+	keyErr error // from Config.KeyFunc (or the source), checked by prepare
+	hash   dedup.Hash
 
 	out   outcome
 	err   error
@@ -184,6 +189,7 @@ func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
 		for _, m := range msgs {
 			r.stats.received.Add(1)
 			j := &job{msg: m}
+			j.key, j.keyErr = r.keyOf(m)
 			select {
 			case lanes[r.laneOf(j)] <- j:
 			case <-ctx.Done():
@@ -196,6 +202,22 @@ func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
 	return nil
 }
 
+// keyOf returns the deduplication key of m from Config.KeyFunc. A key the
+// source could not read (Message.KeyErr) and a KeyFunc that panics give an
+// error wrapping ErrMissingKey (and, for a panic, a *PanicError), so that one
+// malformed message is dead-lettered instead of crashing the process.
+func (r *Runner) keyOf(m *Message) (key string, err error) {
+	if m.KeyErr != nil {
+		return "", fmt.Errorf("%w: the source could not read it: %w", ErrMissingKey, m.KeyErr)
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			key, err = "", fmt.Errorf("%w: KeyFunc: %w", ErrMissingKey, &PanicError{Value: v, Stack: debug.Stack()})
+		}
+	}()
+	return r.cfg.KeyFunc(m)
+}
+
 // laneOf picks the lane of a job: by partition key, else by deduplication key,
 // so that ordered messages and duplicates of one key are handled serially.
 func (r *Runner) laneOf(j *job) int {
@@ -204,7 +226,7 @@ func (r *Runner) laneOf(j *job) int {
 	}
 	s := j.msg.PartitionKey
 	if s == "" {
-		s, _ = r.cfg.KeyFunc(j.msg)
+		s = j.key
 	}
 	h := fnv.New32a()
 	h.Write([]byte(s))
@@ -277,17 +299,18 @@ func (r *Runner) prepare(j *job) error {
 	if max := r.cfg.MaxMessageBytes; max > 0 && len(j.msg.Body) > max {
 		return fmt.Errorf("%w: %d bytes, limit %d", ErrOversized, len(j.msg.Body), max)
 	}
-	key, err := r.cfg.KeyFunc(j.msg)
-	if err != nil {
+	if err := j.keyErr; err != nil {
+		if errors.Is(err, ErrMissingKey) {
+			return err
+		}
 		return fmt.Errorf("%w: %w", ErrMissingKey, err)
 	}
-	if key == "" {
+	if j.key == "" {
 		return ErrMissingKey
 	}
-	if err := validKey(key); err != nil {
+	if err := validKey(j.key); err != nil {
 		return err
 	}
-	j.key = key
 	j.hash = dedup.HashPayload(j.msg.Body)
 	return nil
 }
@@ -297,14 +320,19 @@ func (r *Runner) prepare(j *job) error {
 // inside a PostgreSQL index entry.
 const MaxKeyBytes = 1024
 
+// validKey rejects keys that no store or downstream header can carry: too
+// long, not UTF-8, or holding a control character (NUL, CR, LF, TAB, DEL,
+// the C1 range), which would also break an Idempotency-Key header.
 func validKey(key string) error {
 	switch {
 	case len(key) > MaxKeyBytes:
 		return fmt.Errorf("%w: %d bytes, limit %d", ErrInvalidKey, len(key), MaxKeyBytes)
 	case !utf8.ValidString(key):
 		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
-	case strings.IndexByte(key, 0) >= 0:
-		return fmt.Errorf("%w: contains a NUL byte", ErrInvalidKey)
+	}
+	if i := strings.IndexFunc(key, unicode.IsControl); i >= 0 {
+		c, _ := utf8.DecodeRuneInString(key[i:])
+		return fmt.Errorf("%w: control character %U at byte %d", ErrInvalidKey, c, i)
 	}
 	return nil
 }
@@ -319,10 +347,20 @@ func (r *Runner) infraDelay() time.Duration {
 // infraOK ends a run of store or broker failures.
 func (r *Runner) infraOK() { r.infraStreak.Store(0) }
 
-// settle acknowledges, retries or dead-letters every job of a batch.
+// settle acknowledges, retries or dead-letters every job of a batch. Once
+// ctx is cancelled (the drain timed out) nothing is retried or dead-lettered:
+// a handler cut short by the shutdown did not fail, so its message is left
+// to the broker without counting an attempt.
 func (r *Runner) settle(ctx context.Context, batch []*job) {
 	var acks []*Message
 	for _, j := range batch {
+		if ctx.Err() != nil && j.out != outAck && j.out != outDuplicate && j.out != outNone {
+			r.stats.left.Add(1)
+			r.log.LogAttrs(ctx, slog.LevelInfo, "stopping: message left to the broker",
+				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt),
+				slog.Any(LogKeyError, j.err))
+			continue
+		}
 		switch j.out {
 		case outAck:
 			r.stats.handled.Add(1)
@@ -379,24 +417,29 @@ func (r *Runner) retry(ctx context.Context, j *job) {
 	}
 }
 
+// deadLetter hands j to the source's dead-letter route. Only a dead letter
+// the source accepted is counted and logged as one.
 func (r *Runner) deadLetter(ctx context.Context, j *job, cause error) {
 	m := j.msg
 	reason := &DeadLetterError{Key: j.key, Attempts: j.attempt(), Err: cause}
+	attrs := []slog.Attr{slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID), slog.String(LogKeyTopic, m.Topic),
+		slog.Int(LogKeyAttempt, j.attempt()), slog.Any(LogKeyError, cause)}
+	var mm *dedup.MismatchError
+	if errors.As(cause, &mm) {
+		attrs = append(attrs, slog.String(LogKeyStored, mm.Stored.String()), slog.String(LogKeyReceived, mm.Received.String()))
+	}
+	if err := r.src.DeadLetter(ctx, m, reason); err != nil {
+		r.stats.settleFailures.Add(1)
+		r.stats.left.Add(1)
+		r.log.LogAttrs(ctx, slog.LevelError, "dead-letter failed; the broker will redeliver",
+			append(attrs, slog.Any(LogKeySettleError, err))...)
+		return
+	}
 	r.stats.deadLettered.Add(1)
 	if errors.Is(cause, ErrPayloadMismatch) {
 		r.stats.mismatches.Add(1)
 	}
-	attrs := []any{LogKeyKey, j.key, LogKeyID, m.ID, LogKeyTopic, m.Topic, LogKeyAttempt, j.attempt(), LogKeyError, cause}
-	var mm *dedup.MismatchError
-	if errors.As(cause, &mm) {
-		attrs = append(attrs, LogKeyStored, mm.Stored.String(), LogKeyReceived, mm.Received.String())
-	}
-	r.log.Error("message dead-lettered", attrs...)
-	if err := r.src.DeadLetter(ctx, m, reason); err != nil {
-		r.stats.settleFailures.Add(1)
-		r.log.Error("dead-letter failed; the broker will redeliver", LogKeyID, m.ID, LogKeyError, err)
-		return
-	}
+	r.log.LogAttrs(ctx, slog.LevelError, "message dead-lettered", attrs...)
 	r.forgetFailures(ctx, j)
 }
 

@@ -19,7 +19,9 @@ type Stats struct {
 	Duplicates uint64
 	// Retried is the number of messages handed back for a later attempt.
 	Retried uint64
-	// DeadLettered is the number of messages sent to the dead-letter route.
+	// DeadLettered is the number of messages the source accepted into its
+	// dead-letter route (Source.DeadLetter returned nil). A failed dead
+	// letter is counted in SettleFailures instead.
 	DeadLettered uint64
 	// Mismatches is the number of dead-lettered messages whose key was
 	// processed before with a different payload.
@@ -40,6 +42,10 @@ type Stats struct {
 type counters struct {
 	received, handled, duplicates, retried, deadLettered, mismatches atomic.Uint64
 	ackFailures, commitFailures, settleFailures, receiveFailures     atomic.Uint64
+	// left counts messages neither acknowledged nor handed back: a failed
+	// dead letter, or a message whose work the drain cut short. The broker
+	// redelivers them; WaitIdle counts them as settled.
+	left atomic.Uint64
 }
 
 // Stats returns a snapshot of the runner's counters. It is safe to call at any
@@ -79,7 +85,7 @@ func (r *Runner) WaitIdle(ctx context.Context, idle time.Duration) error {
 	defer t.Stop()
 	progress := func() (uint64, bool) {
 		s := r.Stats()
-		settled := s.Handled + s.Duplicates + s.Retried + s.DeadLettered
+		settled := s.Handled + s.Duplicates + s.Retried + s.DeadLettered + r.stats.left.Load()
 		return s.Received + settled, settled >= s.Received
 	}
 	last, _ := progress()

@@ -177,8 +177,10 @@ type Request struct {
 //     and a plain error for those answers without one, for transport errors
 //     and for timeouts: the runner retries them with backoff;
 //   - an error wrapped with consumer.Permanent for any other answer (other
-//     4xx, an unfollowed 3xx) and for a missing key (sinks.ErrNoKey): the
-//     runner dead-letters the message.
+//     4xx, an unfollowed 3xx), for a missing key (sinks.ErrNoKey) and for a
+//     request that can never be sent (ErrInvalidHeader: a key or header with
+//     CR, LF or another control character; a request that cannot be built):
+//     the runner dead-letters the message.
 //
 // Errors for answers carry a *StatusError (use errors.As). Send never
 // retries by itself and never changes the key.
@@ -205,6 +207,10 @@ func (s *Sink) Send(ctx context.Context, req Request) error {
 	}
 	hr.Header.Set("Content-Type", s.cfg.ContentType)
 	hr.Header.Set(s.cfg.KeyHeader, key)
+	if err := checkHeader(hr.Header); err != nil {
+		// net/http would refuse it on every attempt.
+		return consumer.Permanent(fmt.Errorf("webhook: building the request: %w", err))
+	}
 
 	start := time.Now()
 	resp, err := s.cfg.Client.Do(hr)
@@ -235,6 +241,37 @@ func (s *Sink) Send(ctx context.Context, req Request) error {
 		Body:       strings.ToValidUTF8(string(snippet), "\uFFFD"),
 	}
 	return Classify(serr, resp.Header, time.Now(), s.cfg.MaxRetryAfter)
+}
+
+// ErrInvalidHeader is matched by the error of Send for a header name or value
+// that HTTP cannot carry (a control character such as CR or LF, a name that
+// is not a token). It is wrapped with consumer.Permanent: no retry can fix it.
+var ErrInvalidHeader = errors.New("webhook: invalid header")
+
+// checkHeader rejects what net/http's transport would refuse to send, so that
+// the refusal is reported as permanent instead of being retried: names must
+// be RFC 9110 tokens, values must hold no control character but tab.
+func checkHeader(h http.Header) error {
+	for name, vs := range h {
+		if name == "" || strings.IndexFunc(name, func(r rune) bool { return !isTokenRune(r) }) >= 0 {
+			return fmt.Errorf("%w: name %q", ErrInvalidHeader, name)
+		}
+		for _, v := range vs {
+			if i := strings.IndexFunc(v, func(r rune) bool { return r != '\t' && (r < 0x20 || r == 0x7f) }); i >= 0 {
+				return fmt.Errorf("%w: value of %s has control character %#02x at byte %d", ErrInvalidHeader, name, v[i], i)
+			}
+		}
+	}
+	return nil
+}
+
+// isTokenRune reports whether r may appear in an HTTP token (RFC 9110 5.6.2).
+func isTokenRune(r rune) bool {
+	switch {
+	case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+		return true
+	}
+	return r < 0x80 && strings.ContainsRune("!#$%&'*+-.^_`|~", r)
 }
 
 // Handler returns a consumer.Handler that sends each message's body as it is,

@@ -230,3 +230,28 @@ func TestUnreachableIsRetried(t *testing.T) {
 		t.Fatalf("Send to a closed port: err = %v, want a retryable error", err)
 	}
 }
+
+// A request that net/http refuses to send can never succeed: it is a
+// permanent failure, not a retry until ErrMaxAttempts, and nothing is sent.
+func TestUnsendableRequestIsPermanent(t *testing.T) {
+	rcv := webhooktest.New(t, nil)
+	s := newSink(t, webhook.Config{URL: rcv.URL()})
+	for name, req := range map[string]webhook.Request{
+		"key with CRLF":           {Body: []byte("{}"), Key: "k\r\nX-Injected: 1"},
+		"key with LF":             {Body: []byte("{}"), Key: "k\nx"},
+		"header value with CR":    {Body: []byte("{}"), Key: "k", Header: http.Header{"X-Trace": {"a\rb"}}},
+		"header name not a token": {Body: []byte("{}"), Key: "k", Header: http.Header{"X Trace": {"a"}}},
+	} {
+		err := s.Send(testContext(t), req)
+		if !errors.Is(err, webhook.ErrInvalidHeader) || !consumer.IsPermanent(err) {
+			t.Errorf("%s: err = %v, want a permanent ErrInvalidHeader", name, err)
+		}
+	}
+	if n := rcv.TotalCalls(); n != 0 {
+		t.Fatalf("%d requests reached the receiver", n)
+	}
+	// A tab is allowed in a value.
+	if err := s.Send(testContext(t), webhook.Request{Body: []byte("{}"), Key: "k", Header: http.Header{"X-Trace": {"a\tb"}}}); err != nil {
+		t.Fatalf("value with a tab: %v", err)
+	}
+}
