@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"fmt"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -34,9 +35,12 @@ type Config struct {
 	// it passes, and the message is retried. Defaults to 30 s.
 	HandlerTimeout time.Duration
 
-	// KeyFunc returns a message's deduplication key. An error or an empty key
-	// routes the message to the dead-letter destination with ErrMissingKey.
-	// Defaults to the message's Key, else its ID.
+	// KeyFunc returns a message's deduplication key. An error, an empty key
+	// or a panic routes the message to the dead-letter destination with
+	// ErrMissingKey (a panic also as a *PanicError); a key with a control
+	// character, invalid UTF-8 or over MaxKeyBytes with ErrInvalidKey.
+	// Defaults to DefaultKey (the message's Key, else its broker ID); use
+	// RequireKey to refuse messages without a key of their own.
 	KeyFunc func(*Message) (string, error)
 
 	// Retry is the retry policy for failed handlers and failed transactions.
@@ -114,12 +118,35 @@ func (c Config) validate() error {
 	return c.Retry.validate()
 }
 
-// DefaultKey is the default Config.KeyFunc: the message's Key, else its ID.
+// DefaultKey is the default Config.KeyFunc: the message's Key, else its
+// broker ID (Kafka topic/partition/offset, SQS MessageId, AMQP message-id).
+//
+// The ID fallback catches redeliveries of one broker message (a lost ack, a
+// crash, a rebalance, an expired visibility timeout), which carry the same
+// ID. It does not catch a producer that sends the same event twice without a
+// key: each send is a new broker message with a new ID, so both run. Use
+// RequireKey when producers may resend.
 func DefaultKey(m *Message) (string, error) {
 	if m.Key != "" {
 		return m.Key, nil
 	}
 	return m.ID, nil
+}
+
+// RequireKey is a Config.KeyFunc for every source that accepts only a key of
+// the message's own (Message.Key: an idempotency header or attribute, or the
+// result of the source's key setting), never a broker ID. A message without
+// one is dead-lettered at once with ErrMissingKey, so that a producer
+// re-send without a key cannot slip through as a new message.
+func RequireKey(m *Message) (string, error) {
+	switch {
+	case m.Key != "":
+		return m.Key, nil
+	case m.ID == "":
+		return "", fmt.Errorf("%w: a message from %q carries neither a key nor a broker id", ErrMissingKey, m.Topic)
+	default:
+		return "", fmt.Errorf("%w: message %s from %q carries no key of its own (RequireKey ignores broker ids)", ErrMissingKey, m.ID, m.Topic)
+	}
 }
 
 // RetryPolicy says how often and how fast a failing message is retried before

@@ -320,3 +320,37 @@ func TestDeadLetteredCountsOnlyAcceptedDeadLetters(t *testing.T) {
 		t.Errorf("%d \"dead-letter failed\" lines, want 1:\n%s", n, out)
 	}
 }
+
+// The default KeyFunc falls back to the broker's id (which catches
+// redeliveries only); RequireKey dead-letters a message without a key of its
+// own at once.
+func TestRequireKey(t *testing.T) {
+	for name, tc := range map[string]struct {
+		keyFunc func(*consumer.Message) (string, error)
+		dead    int
+	}{
+		"default falls back to the id": {nil, 0},
+		"RequireKey":                   {consumer.RequireKey, 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newMemEnv(t, time.Second)
+			e.broker.Publish(e.topic, memsource.Outgoing{Key: "k", Body: []byte("x")}, memsource.Outgoing{Body: []byte("keyless")})
+			_, stop := e.run(e.broker.Source(e.topic), e.handler(nil), consumer.Config{KeyFunc: tc.keyFunc})
+			e.settled()
+			stop()
+			dl := e.broker.DeadLetters(e.topic)
+			if len(dl) != tc.dead {
+				t.Fatalf("%d dead letters, want %d: %+v", len(dl), tc.dead, dl)
+			}
+			if tc.dead == 1 && (!errors.Is(dl[0].Err, consumer.ErrMissingKey) || string(dl[0].Body) != "keyless") {
+				t.Fatalf("dead letter %+v, want the keyless message with ErrMissingKey", dl[0])
+			}
+			if e.called("k") != 1 || e.called("") != 1-tc.dead {
+				t.Fatalf("calls k=%d keyless=%d", e.called("k"), e.called(""))
+			}
+		})
+	}
+	if _, err := consumer.RequireKey(&consumer.Message{}); !errors.Is(err, consumer.ErrMissingKey) || !consumer.IsPermanent(err) {
+		t.Fatalf("RequireKey without key or id = %v, want a permanent ErrMissingKey", err)
+	}
+}

@@ -114,7 +114,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		return err
 	}
 	defer src.Close()
-	rc.KeyFunc = src.Key
+	rc.KeyFunc = consumer.RequireKey
 
 	if o.publish > 0 {
 		if err := publish(ctx, o); err != nil {

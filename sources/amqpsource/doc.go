@@ -69,8 +69,9 @@
 //     queue for Config.UnroutableDelay: never dropped, never a hot loop.
 //   - Deduplication key: the Config.KeyHeader header (default
 //     "idempotency-key"), else the message-id property. A message with
-//     neither is dead-lettered with ErrMissingKey (Source.Key, used as
-//     consumer.Config.KeyFunc, gives the typed *MissingKeyError), unless
+//     neither has an empty Key and ID, so the runner dead-letters it with
+//     consumer.ErrMissingKey (consumer.RequireKey, as
+//     consumer.Config.KeyFunc, says so in the reason), unless
 //     Config.BodyHashKey opts into the body's SHA-256 as the key, which is
 //     weaker (identical bodies are one message; a resend with a changed body
 //     is not recognised).

@@ -3,8 +3,6 @@ package amqpsource
 import (
 	"errors"
 	"fmt"
-
-	"github.com/idemq/idemq/consumer"
 )
 
 var (
@@ -45,20 +43,3 @@ var (
 	// produce.
 	ErrForeignMessage = errors.New("amqpsource: message was not received from this source")
 )
-
-// MissingKeyError reports a message that carries neither the key header nor
-// a message-id property (and Config.BodyHashKey is off). It matches
-// consumer.ErrMissingKey, so the runner dead-letters the message without
-// retrying it. Source.Key returns it.
-type MissingKeyError struct {
-	Queue     string
-	KeyHeader string
-}
-
-// Error implements error.
-func (e *MissingKeyError) Error() string {
-	return fmt.Sprintf("amqpsource: message from queue %q has neither a %q header nor a message-id property", e.Queue, e.KeyHeader)
-}
-
-// Is makes errors.Is(err, consumer.ErrMissingKey) true.
-func (e *MissingKeyError) Is(target error) bool { return target == consumer.ErrMissingKey }

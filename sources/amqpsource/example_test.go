@@ -40,7 +40,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer src.Close()
-	rc.KeyFunc = src.Key // a message without a key is dead-lettered with a clear reason
+	rc.KeyFunc = consumer.RequireKey // a message without a key is dead-lettered with a clear reason
 
 	type payment struct {
 		Account int   `json:"account"`

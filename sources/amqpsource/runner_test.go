@@ -181,7 +181,7 @@ func TestPoisonToDeadLetterQueue(t *testing.T) {
 
 	src := newSource(t, amqpsource.Config{URL: url, Queue: q})
 	rc := consumer.Config{
-		Name: "poison", Concurrency: 2, BatchSize: 4, KeyFunc: src.Key,
+		Name: "poison", Concurrency: 2, BatchSize: 4, KeyFunc: consumer.RequireKey,
 		Retry: consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: 50 * time.Millisecond, Jitter: -1},
 	}
 	r, err := consumer.NewRunner(src, consumer.Transactional(db.store, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {

@@ -406,18 +406,6 @@ func (s *Source) requeueLater(h *handle, hold time.Duration) {
 	}()
 }
 
-// Key is a consumer.Config.KeyFunc for this source: the message's key (the
-// Config.KeyHeader header, else the message-id property, else, with
-// Config.BodyHashKey, the body's digest), or a *MissingKeyError that the
-// runner routes to the dead-letter destination without retries. Using it
-// instead of the default KeyFunc only makes the dead-letter reason clearer.
-func (s *Source) Key(m *consumer.Message) (string, error) {
-	if m.Key != "" {
-		return m.Key, nil
-	}
-	return "", &MissingKeyError{Queue: s.cfg.Queue, KeyHeader: s.cfg.KeyHeader}
-}
-
 // Close stops consuming and closes the connection. Messages received but not
 // acknowledged, including those buffered in the client and not yet returned by
 // Receive, go back to the queue (the broker requeues a closed channel's

@@ -169,10 +169,8 @@ func TestKeys(t *testing.T) {
 	if m := msgs[1]; m.Key != "" || m.ID != "" {
 		t.Errorf("keyless message: Key %q ID %q, want both empty", m.Key, m.ID)
 	}
-	_, err := src.Key(msgs[1])
-	var mk *amqpsource.MissingKeyError
-	if !errors.As(err, &mk) || !errors.Is(err, consumer.ErrMissingKey) {
-		t.Errorf("Key of a keyless message = %v, want *MissingKeyError", err)
+	if _, err := consumer.RequireKey(msgs[1]); !errors.Is(err, consumer.ErrMissingKey) {
+		t.Errorf("RequireKey of a keyless message = %v, want ErrMissingKey", err)
 	}
 	_ = src.Close()
 

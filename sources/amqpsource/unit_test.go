@@ -134,15 +134,3 @@ func TestDefaults(t *testing.T) {
 		t.Errorf("PrefetchFor(4, 100) = %d, want 800", got)
 	}
 }
-
-func TestMissingKeyError(t *testing.T) {
-	s := &Source{cfg: Config{Queue: "q", KeyHeader: "h"}}
-	_, err := s.Key(&consumer.Message{})
-	var mk *MissingKeyError
-	if !errors.As(err, &mk) || !errors.Is(err, consumer.ErrMissingKey) || !consumer.IsPermanent(err) {
-		t.Fatalf("Key of a keyless message = %v, want a *MissingKeyError matching consumer.ErrMissingKey", err)
-	}
-	if k, err := s.Key(&consumer.Message{Key: "k"}); k != "k" || err != nil {
-		t.Fatalf("Key = %q, %v", k, err)
-	}
-}

@@ -115,8 +115,9 @@ type Config struct {
 
 	// KeyFunc, when set, computes Message.Key from the Kafka message instead
 	// of KeyHeader (for example from a field of the body). An empty result
-	// means "no key", as a missing header does. It is called from one
-	// goroutine. Defaults to nil.
+	// means "no key", as a missing header does. A panic is recovered: the
+	// message is dead-lettered with consumer.ErrMissingKey and the panic as
+	// the reason. It is called from one goroutine. Defaults to nil.
 	KeyFunc func(kafka.Message) string
 
 	// Ordering chooses the PartitionKey: the Kafka message key
@@ -387,15 +388,4 @@ func (c Config) validate() error {
 		return &ConfigError{Field: "DeadLetterRetryDelay", Reason: "must not be negative"}
 	}
 	return nil
-}
-
-// RequireKey is a consumer.Config.KeyFunc for sources of this package that
-// refuses messages without a key header (or KeyFunc result): they are
-// dead-lettered with consumer.ErrMissingKey instead of being deduplicated on
-// their offset, which would not catch a producer sending them twice.
-func RequireKey(m *consumer.Message) (string, error) {
-	if m.Key == "" {
-		return "", fmt.Errorf("%w: message %s has no key header", consumer.ErrMissingKey, m.ID)
-	}
-	return m.Key, nil
 }

@@ -84,8 +84,9 @@
 // producer that sends the same event twice (a producer retry without the
 // idempotent producer, an outbox relayed twice): those are two records with
 // two offsets, and both are applied. Give events a key header, or set
-// consumer.Config.KeyFunc to RequireKey to dead-letter messages that have
-// none.
+// consumer.Config.KeyFunc to consumer.RequireKey to dead-letter messages that
+// have none. A Config.KeyFunc that panics is recovered: the message is
+// dead-lettered with consumer.ErrMissingKey and the panic as the reason.
 //
 // # Rebalances
 //

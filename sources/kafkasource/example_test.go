@@ -54,7 +54,7 @@ func Example() {
 		BatchSize: 100,
 		// Dead-letter orders without an idempotency-key header instead of
 		// deduplicating them on their offset.
-		KeyFunc: kafkasource.RequireKey,
+		KeyFunc: consumer.RequireKey,
 	})
 	if err != nil {
 		log.Fatal(err)

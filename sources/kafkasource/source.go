@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -141,6 +142,7 @@ type entry struct {
 	gen          int64
 	id           string
 	key          string
+	keyErr       error // Config.KeyFunc panicked
 	partitionKey string
 	holdKey      string
 
@@ -524,9 +526,9 @@ func (s *Source) admit(km kafka.Message, gen int64) {
 		offset: km.Offset,
 		gen:    gen,
 		id:     km.Topic + "/" + strconv.Itoa(km.Partition) + "/" + strconv.FormatInt(km.Offset, 10),
-		key:    s.keyOf(km),
 		slot:   true,
 	}
+	e.key, e.keyErr = s.keyOf(km)
 	switch s.cfg.Ordering {
 	case OrderByPartition:
 		e.partitionKey = km.Topic + "/" + strconv.Itoa(km.Partition)
@@ -568,18 +570,25 @@ func (s *Source) admit(km kafka.Message, gen int64) {
 	s.ready <- s.message(e, 1)
 }
 
-// keyOf returns the deduplication key the message carries, or "".
-func (s *Source) keyOf(km kafka.Message) string {
+// keyOf returns the deduplication key the message carries, or "". A panic
+// of Config.KeyFunc is returned as an error, which the runner dead-letters
+// the message with, instead of crashing the fetch loop.
+func (s *Source) keyOf(km kafka.Message) (key string, err error) {
 	if s.cfg.KeyFunc != nil {
-		return s.cfg.KeyFunc(km)
+		defer func() {
+			if v := recover(); v != nil {
+				key, err = "", &consumer.PanicError{Value: v, Stack: debug.Stack()}
+			}
+		}()
+		return s.cfg.KeyFunc(km), nil
 	}
-	key := ""
+	key = ""
 	for _, h := range km.Headers {
 		if h.Key == s.cfg.KeyHeader {
 			key = string(h.Value) // the last one wins, as for Headers
 		}
 	}
-	return key
+	return key, nil
 }
 
 // message builds the consumer.Message of one delivery of e.
@@ -591,6 +600,7 @@ func (s *Source) message(e *entry, attempt int) *consumer.Message {
 	return &consumer.Message{
 		ID:           e.id,
 		Key:          e.key,
+		KeyErr:       e.keyErr,
 		Body:         e.km.Value,
 		Headers:      headers,
 		PartitionKey: e.partitionKey,

@@ -108,9 +108,6 @@ func TestKeyFuncAndOrderByPartition(t *testing.T) {
 	if m.Key != "from-func-b" || m.PartitionKey != topic+"/0" {
 		t.Fatalf("Key/PartitionKey = %q/%q, want from-func-b/%s/0", m.Key, m.PartitionKey, topic)
 	}
-	if _, err := kafkasource.RequireKey(&consumer.Message{ID: "x"}); !errors.Is(err, consumer.ErrMissingKey) {
-		t.Fatalf("RequireKey without key: %v, want ErrMissingKey", err)
-	}
 }
 
 // TestCommitsOnlySettledPrefix checks that an acknowledged message is not

@@ -47,7 +47,8 @@
 // (Message.ID, through consumer.DefaultKey). The MessageId is stable across
 // redeliveries; the receipt handle changes on every receive and is never a
 // key. A producer that may send one logical message twice to a standard queue
-// gets two MessageIds: give such messages a KeyAttribute.
+// gets two MessageIds: give such messages a KeyAttribute, and set
+// consumer.Config.KeyFunc to consumer.RequireKey to dead-letter those without.
 //
 // On FIFO queues Message.PartitionKey is the MessageGroupId; on standard
 // queues it is the attribute named by Config.PartitionKeyAttribute, if any,

@@ -115,7 +115,7 @@ func (b *rabbitBroker) Source(ctx context.Context, rc *consumer.Config) (consume
 	if err != nil {
 		return nil, err
 	}
-	rc.KeyFunc = src.Key
+	rc.KeyFunc = consumer.RequireKey
 	return src, nil
 }
 
