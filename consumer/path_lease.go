@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -65,7 +66,11 @@ func (o LeaseOptions) WithDefaults() LeaseOptions {
 // dedup.BatchClaimer (dedup/redisdedup does), the keys of a batch are claimed
 // in one round trip and the leases of the messages waiting their turn are
 // refreshed until their handler starts; each key is still marked done right
-// after its own effect, so batching does not widen the window below.
+// after its own effect, so batching does not widen the window below. A queued
+// message never runs under a lease that may have expired: if its refreshes
+// failed for longer than Lease minus RefreshInterval, its key is claimed
+// again under the same token first, and the message runs only if that claim
+// is granted.
 //
 // Duplicate window: a crash after the effect and before the key is marked
 // done lets the effect run again once the lease expires. Forward IdempotencyKey to
@@ -103,6 +108,9 @@ type preclaim struct {
 	claim dedup.Claim
 	ok    bool  // false: the batch claim failed; claim again with token
 	lost  error // the lease was lost while the message waited its turn
+	// confirmed is when the last claim or refresh that the store confirmed
+	// was sent: the lease runs at least until confirmed + Lease.
+	confirmed time.Time
 }
 
 // queuedLeases holds the claims of a batch and keeps refreshing the leases of
@@ -152,13 +160,14 @@ func (p *leasePath) claimBatch(ctx context.Context, r *Runner, batch []*job) *qu
 		tokens[i] = newToken()
 		q.pre[i].token = tokens[i]
 	}
+	sent := time.Now()
 	cs, err := bc.ClaimBatch(ctx, r.cfg.Name, recs, tokens, p.opts.Lease)
 	if err != nil || len(cs) != len(batch) {
 		r.log.Warn("batch claim failed; claiming one by one", LogKeyCount, len(batch), LogKeyError, err)
 		return q
 	}
 	for i := range q.pre {
-		q.pre[i].claim, q.pre[i].ok = cs[i], true
+		q.pre[i].claim, q.pre[i].ok, q.pre[i].confirmed = cs[i], true, sent
 	}
 	q.done = make(chan struct{})
 	q.wg.Go(func() { p.refreshQueued(ctx, r, batch, q) })
@@ -187,14 +196,19 @@ func (p *leasePath) refreshQueued(ctx context.Context, r *Runner, batch []*job, 
 			if skip {
 				continue
 			}
+			sent := time.Now()
 			err := p.store.Refresh(ctx, r.cfg.Name, batch[i].key, pc.token, p.opts.Lease)
-			if errors.Is(err, dedup.ErrLeaseLost) {
-				q.mu.Lock()
+			q.mu.Lock()
+			switch {
+			case err == nil:
+				q.pre[i].confirmed = sent
+			case errors.Is(err, dedup.ErrLeaseLost):
 				q.pre[i].lost = err
-				q.mu.Unlock()
 			}
-			// Other errors: retried on the next tick; the handler's own
-			// refresher and Complete check the token again.
+			q.mu.Unlock()
+			// Other errors: retried on the next tick. If they last, the
+			// message's confirmation grows old and claim takes the key
+			// again before its handler may run.
 		}
 	}
 }
@@ -206,12 +220,24 @@ func (p *leasePath) release(ctx context.Context, r *Runner, key, token string) {
 }
 
 // claim returns the claim of j: the one made for its batch, or a new one.
+//
+// A batch claim is used as it is only while its lease is known to last:
+// when its last confirmed claim or refresh is older than Lease minus
+// RefreshInterval (refreshes failed while earlier messages ran), the lease
+// may have expired and another worker may own the key, so the key is claimed
+// again under the same token. That returns StateNew only if this token still
+// holds the key or nobody took it meanwhile; otherwise the message is not
+// run (another worker holds it, or it is done).
 func (p *leasePath) claim(ctx context.Context, r *Runner, j *job, pc *preclaim) (string, dedup.Claim, error) {
 	if pc != nil && pc.ok {
 		if pc.lost != nil {
 			return pc.token, pc.claim, fmt.Errorf("idemq: lease of key %q lost while queued: %w", j.key, pc.lost)
 		}
-		return pc.token, pc.claim, nil
+		if pc.claim.State != dedup.StateNew || time.Since(pc.confirmed) < p.opts.Lease-p.opts.RefreshInterval {
+			return pc.token, pc.claim, nil
+		}
+		r.log.LogAttrs(ctx, slog.LevelDebug, "lease of a queued message may have expired; claiming it again",
+			slog.String(LogKeyKey, j.key), slog.Duration("since_confirmed", time.Since(pc.confirmed)))
 	}
 	token := newToken()
 	if pc != nil {
