@@ -22,7 +22,13 @@ type Config struct {
 	// PartitionKey (or, without one, the same deduplication key) always go to
 	// the same goroutine, in delivery order. Each goroutine buffers up to
 	// BatchSize messages; when one is full (a slow key), receiving pauses
-	// until it drains, which bounds memory. Defaults to 4.
+	// until it drains, which bounds memory. On the transactional path each
+	// goroutine holds a database connection for its whole transaction, so
+	// the store's connection pool must be larger than Concurrency (NewRunner
+	// checks it where the store reports its pool size, dedup.PoolSizer).
+	// Defaults to 4, or to one less than the store's pool when that is
+	// smaller (pgxpool's default pool is 4 connections or the number of
+	// CPUs, whichever is larger).
 	Concurrency int
 
 	// BatchSize is the largest number of messages handled in one database

@@ -94,7 +94,10 @@ type Runner struct {
 }
 
 // NewRunner returns a Runner that reads from src and applies path. It validates
-// cfg (after WithDefaults) and returns a *ConfigError for invalid fields.
+// cfg (after WithDefaults) and returns a *ConfigError for invalid fields,
+// including a Concurrency that the store's connection pool cannot serve
+// (see dedup.PoolSizer): the pool must hold more connections than
+// Concurrency. An unset Concurrency is lowered to one less than such a pool.
 func NewRunner(src Source, path Path, cfg Config) (*Runner, error) {
 	if src == nil {
 		return nil, &ConfigError{Field: "Source", Reason: "nil"}
@@ -102,11 +105,15 @@ func NewRunner(src Source, path Path, cfg Config) (*Runner, error) {
 	if path == nil {
 		return nil, &ConfigError{Field: "Path", Reason: "nil"}
 	}
+	explicitConcurrency := cfg.Concurrency != 0
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	if err := path.validate(); err != nil {
+		return nil, err
+	}
+	if err := fitPool(path, &cfg, explicitConcurrency); err != nil {
 		return nil, err
 	}
 	return &Runner{

@@ -83,7 +83,14 @@ func main() {
 // run sets up the schema and the queue, publishes if asked, and consumes
 // until ctx is done or the queue was idle for o.idle.
 func run(ctx context.Context, o options, out io.Writer) error {
-	pool, err := pgxpool.New(ctx, o.databaseURL)
+	poolCfg, err := pgxpool.ParseConfig(o.databaseURL)
+	if err != nil {
+		return err
+	}
+	// A connection per lane, plus room for the janitor and queries outside
+	// a lane's transaction: the runner refuses a smaller pool.
+	poolCfg.MaxConns = int32(o.concurrency + 2)
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return err
 	}

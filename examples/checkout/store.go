@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -140,7 +141,17 @@ type PostgresStore struct {
 // tables and accounts accounts with OpeningBalance, and applies the dedup
 // migrations in it.
 func OpenPostgres(ctx context.Context, databaseURL, schema string, accounts int) (*PostgresStore, error) {
-	pool, err := pgxpool.New(ctx, databaseURL)
+	poolCfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("checkout: connect: %w", err)
+	}
+	if !strings.Contains(databaseURL, "pool_max_conns") {
+		// Room for the worker's lanes (4 by default) plus the janitor and
+		// the ledger queries: the runner refuses a pool no larger than its
+		// Concurrency.
+		poolCfg.MaxConns = max(poolCfg.MaxConns, 16)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return nil, fmt.Errorf("checkout: connect: %w", err)
 	}

@@ -103,7 +103,14 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	); err != nil {
 		return err
 	}
-	pool, err := pgxpool.New(setupCtx, o.databaseURL)
+	poolCfg, err := pgxpool.ParseConfig(o.databaseURL)
+	if err != nil {
+		return err
+	}
+	// A connection per lane, plus room for the janitor and queries outside
+	// a lane's transaction: the runner refuses a smaller pool.
+	poolCfg.MaxConns = int32(o.concurrency + 2)
+	pool, err := pgxpool.NewWithConfig(setupCtx, poolCfg)
 	if err != nil {
 		return err
 	}

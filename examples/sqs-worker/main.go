@@ -105,7 +105,14 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		return err
 	}
 
-	pool, err := pgxpool.New(ctx, o.databaseURL)
+	poolCfg, err := pgxpool.ParseConfig(o.databaseURL)
+	if err != nil {
+		return err
+	}
+	// A connection per lane, plus room for the janitor and queries outside
+	// a lane's transaction: the runner refuses a smaller pool.
+	poolCfg.MaxConns = int32(o.concurrency + 2)
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return err
 	}

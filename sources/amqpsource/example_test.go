@@ -19,7 +19,7 @@ func Example() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:5432/app")
+	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:5432/app?pool_max_conns=8")
 	if err != nil {
 		log.Fatal(err)
 	}

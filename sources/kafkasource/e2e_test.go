@@ -56,7 +56,12 @@ func newTestDB(t *testing.T) *testDB {
 }
 
 func openDB(ctx context.Context, url, schema string) (*testDB, error) {
-	pool, err := pgxpool.New(ctx, url)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = 8 // the workers here run up to 4 lanes: one connection each, plus room
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
