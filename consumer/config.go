@@ -65,6 +65,17 @@ type Config struct {
 	// (a handler that ignores its context delays it). Defaults to 30 s.
 	DrainTimeout time.Duration
 
+	// OutageThreshold is the number of consecutive failures of one
+	// dependency (the broker's Receive or Ack, the store) after which the
+	// runner logs one ERROR line naming it and the error, and Health
+	// reports it and is no longer Ready. One INFO line reports the
+	// recovery. Defaults to 3.
+	OutageThreshold int
+
+	// OutageReminder is the least time between two ERROR lines about one
+	// outage that lasts. Defaults to 1 min.
+	OutageReminder time.Duration
+
 	// Logger receives the runner's logs. Defaults to a logger that discards
 	// everything.
 	Logger *slog.Logger
@@ -77,6 +88,8 @@ const (
 	DefaultHandlerTimeout  = 30 * time.Second
 	DefaultMaxMessageBytes = 4 << 20
 	DefaultDrainTimeout    = 30 * time.Second
+	DefaultOutageThreshold = 3
+	DefaultOutageReminder  = time.Minute
 )
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -99,6 +112,12 @@ func (c Config) WithDefaults() Config {
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = DefaultDrainTimeout
 	}
+	if c.OutageThreshold == 0 {
+		c.OutageThreshold = DefaultOutageThreshold
+	}
+	if c.OutageReminder == 0 {
+		c.OutageReminder = DefaultOutageReminder
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -120,6 +139,10 @@ func (c Config) validate() error {
 		return &ConfigError{Field: "HandlerTimeout", Reason: "must not be negative"}
 	case c.DrainTimeout < 0:
 		return &ConfigError{Field: "DrainTimeout", Reason: "must not be negative"}
+	case c.OutageThreshold < 1:
+		return &ConfigError{Field: "OutageThreshold", Reason: "must be at least 1"}
+	case c.OutageReminder < 0:
+		return &ConfigError{Field: "OutageReminder", Reason: "must not be negative"}
 	}
 	return c.Retry.validate()
 }

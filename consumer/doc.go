@@ -51,6 +51,15 @@
 // neither counted as an attempt, retried nor dead-lettered; its message is
 // left unacknowledged for the broker to redeliver.
 //
+// # Health
+//
+// Runner.Health reports whether the runner is running or draining, when it
+// last received, and the consecutive failures of the broker's Receive and
+// Ack and of the store, with a Ready verdict for readiness probes. After
+// Config.OutageThreshold failures in a row of one dependency the runner logs
+// one ERROR line naming it and the error (reminders at most every
+// Config.OutageReminder), and one INFO line when it recovers.
+//
 // # Remaining duplicate window
 //
 // The transactional path has none. The lease path has one: a crash after the

@@ -206,6 +206,12 @@ func (p *leasePath) refreshQueued(ctx context.Context, r *Runner, batch []*job, 
 				q.pre[i].lost = err
 			}
 			q.mu.Unlock()
+			switch {
+			case err == nil || errors.Is(err, dedup.ErrLeaseLost):
+				r.storeOut.ok(ctx, r.log)
+			default:
+				r.storeOut.failed(ctx, r.log, fmt.Errorf("idemq: refresh lease: %w", err))
+			}
 			// Other errors: retried on the next tick. If they last, the
 			// message's confirmation grows old and claim takes the key
 			// again before its handler may run.
@@ -282,7 +288,7 @@ func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
 
 	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, ctxKeyToken, token))
 	defer cancel(nil)
-	stop := p.refresh(hctx, cancel, scope, j.key, token)
+	stop := p.refresh(hctx, r, cancel, j.key, token)
 	err = r.call(hctx, j, func(ctx context.Context) error { return p.h(ctx, j.msg) })
 	var cerr error
 	if err == nil {
@@ -321,9 +327,12 @@ func (p *leasePath) complete(ctx context.Context, r *Runner, key, token string) 
 	for {
 		err := p.store.Complete(ctx, r.cfg.Name, key, token, p.opts.Retention)
 		if err == nil || errors.Is(err, dedup.ErrLeaseLost) {
+			r.storeOut.ok(ctx, r.log)
 			return err
 		}
-		r.log.Warn("marking key done failed; retrying", LogKeyKey, key, LogKeyDelay, delay, LogKeyError, err)
+		r.storeOut.failed(ctx, r.log, fmt.Errorf("idemq: mark key done: %w", err))
+		r.log.LogAttrs(ctx, slog.LevelWarn, "marking key done failed; retrying",
+			slog.String(LogKeyKey, key), slog.Duration(LogKeyDelay, delay), slog.Any(LogKeyError, err))
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
@@ -356,7 +365,7 @@ func (p *leasePath) validate() error {
 // refresh extends the lease every RefreshInterval until the returned stop
 // function is called. If the lease is lost it cancels the handler's context;
 // stop then returns the reason.
-func (p *leasePath) refresh(ctx context.Context, cancel context.CancelCauseFunc, scope, key, token string) (stop func() error) {
+func (p *leasePath) refresh(ctx context.Context, r *Runner, cancel context.CancelCauseFunc, key, token string) (stop func() error) {
 	if p.opts.RefreshInterval < 0 {
 		return func() error { return nil }
 	}
@@ -371,11 +380,16 @@ func (p *leasePath) refresh(ctx context.Context, cancel context.CancelCauseFunc,
 				result <- nil
 				return
 			case <-t.C:
-				err := p.store.Refresh(ctx, scope, key, token, p.opts.Lease)
+				err := p.store.Refresh(ctx, r.cfg.Name, key, token, p.opts.Lease)
 				if errors.Is(err, dedup.ErrLeaseLost) {
 					cancel(err)
 					result <- err
 					return
+				}
+				if err != nil && ctx.Err() == nil {
+					r.storeOut.failed(ctx, r.log, fmt.Errorf("idemq: refresh lease: %w", err))
+				} else if err == nil {
+					r.storeOut.ok(ctx, r.log)
 				}
 				// Other errors (store briefly unreachable) are retried on
 				// the next tick; Complete checks the token at the end.

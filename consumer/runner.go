@@ -89,8 +89,12 @@ type Runner struct {
 	log  *slog.Logger
 
 	running     atomic.Bool
+	draining    atomic.Bool
+	lastReceive atomic.Int64 // UnixNano of the last successful Receive
 	stats       counters
-	infraStreak atomic.Int32 // consecutive store or broker failures
+
+	// Consecutive failures of each dependency (see Health).
+	receiveOut, storeOut, ackOut *outage
 }
 
 // NewRunner returns a Runner that reads from src and applies path. It validates
@@ -117,10 +121,13 @@ func NewRunner(src Source, path Path, cfg Config) (*Runner, error) {
 		return nil, err
 	}
 	return &Runner{
-		src:  src,
-		path: path,
-		cfg:  cfg,
-		log:  cfg.Logger.With(LogKeyConsumer, cfg.Name),
+		src:        src,
+		path:       path,
+		cfg:        cfg,
+		log:        cfg.Logger.With(LogKeyConsumer, cfg.Name),
+		receiveOut: newOutage(DependencyBroker, cfg),
+		storeOut:   newOutage(DependencyStore, cfg),
+		ackOut:     newOutage(DependencyBrokerAck, cfg),
 	}, nil
 }
 
@@ -139,6 +146,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		return ErrRunning
 	}
 	defer r.running.Store(false)
+	defer r.draining.Store(false)
 
 	// Work outlives ctx during the drain, and is cancelled when the drain
 	// times out.
@@ -153,6 +161,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 
 	err := r.receive(ctx, lanes)
+	r.draining.Store(true)
 	for _, l := range lanes {
 		close(l)
 	}
@@ -164,7 +173,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	select {
 	case <-drained:
 	case <-timer.C:
-		r.log.Warn("drain timed out; unsettled messages return to the broker")
+		r.log.LogAttrs(ctx, slog.LevelWarn, "drain timed out; unsettled messages return to the broker")
 		cancelWork()
 		<-drained
 	}
@@ -175,7 +184,6 @@ func (r *Runner) Run(ctx context.Context) error {
 // ctx is done.
 func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
 	max := r.cfg.BatchSize * r.cfg.Concurrency
-	failures := 0
 	for ctx.Err() == nil {
 		msgs, err := r.src.Receive(ctx, max)
 		if err != nil {
@@ -185,14 +193,14 @@ func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
 			if errors.Is(err, ErrClosed) {
 				return err
 			}
-			failures++
 			r.stats.receiveFailures.Add(1)
-			delay := r.cfg.Retry.Backoff(failures)
-			r.log.Warn("receive failed", LogKeyError, err, LogKeyDelay, delay)
+			delay := r.cfg.Retry.Backoff(r.receiveOut.failed(ctx, r.log, err))
+			r.log.LogAttrs(ctx, slog.LevelWarn, "receive failed", slog.Any(LogKeyError, err), slog.Duration(LogKeyDelay, delay))
 			sleep(ctx, delay)
 			continue
 		}
-		failures = 0
+		r.lastReceive.Store(time.Now().UnixNano())
+		r.receiveOut.ok(ctx, r.log)
 		for _, m := range msgs {
 			r.stats.received.Add(1)
 			j := &job{msg: m}
@@ -284,6 +292,7 @@ func (r *Runner) handle(ctx context.Context, batch []*job) {
 	}
 	if len(live) > 0 {
 		r.path.process(ctx, r, live)
+		r.storeOut.report(ctx, r.log, infraErr(live))
 	}
 	for _, f := range followers {
 		l := leaders[f.key]
@@ -344,15 +353,26 @@ func validKey(key string) error {
 	return nil
 }
 
-// infraDelay returns the retry delay after a failure of the store or the
-// broker, growing with the runner's run of such failures (not with the
-// message's attempts, which these failures do not count).
+// infraDelay counts a failure of the store and returns the retry delay,
+// growing with the run of such failures (not with the message's attempts,
+// which these failures do not count). handle logs the outage once it lasts.
 func (r *Runner) infraDelay() time.Duration {
-	return r.cfg.Retry.Backoff(int(r.infraStreak.Add(1)))
+	return r.cfg.Retry.Backoff(r.storeOut.fail())
 }
 
-// infraOK ends a run of store or broker failures.
-func (r *Runner) infraOK() { r.infraStreak.Store(0) }
+// infraOK ends a run of store failures.
+func (r *Runner) infraOK() { r.storeOut.succeed() }
+
+// infraErr returns the error of the first job of batch that the store's
+// trouble sent back, for the outage log.
+func infraErr(batch []*job) error {
+	for _, j := range batch {
+		if j.out == outRetryInfra && j.err != nil {
+			return j.err
+		}
+	}
+	return nil
+}
 
 // settle acknowledges, retries or dead-letters every job of a batch. Once
 // ctx is cancelled (the drain timed out) nothing is retried or dead-lettered:
@@ -390,9 +410,12 @@ func (r *Runner) settle(ctx context.Context, batch []*job) {
 		// Harmless for correctness: the effect is committed, and the
 		// redelivery is recognised as a duplicate.
 		r.stats.ackFailures.Add(uint64(len(acks)))
-		r.log.Warn("ack failed after commit; redeliveries will be deduplicated",
-			LogKeyCount, len(acks), LogKeyError, err)
+		r.ackOut.failed(ctx, r.log, err)
+		r.log.LogAttrs(ctx, slog.LevelWarn, "ack failed after commit; redeliveries will be deduplicated",
+			slog.Int(LogKeyCount, len(acks)), slog.Any(LogKeyError, err))
+		return
 	}
+	r.ackOut.ok(ctx, r.log)
 }
 
 func (r *Runner) retry(ctx context.Context, j *job) {

@@ -1,0 +1,148 @@
+package consumer_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/sources/memsource"
+)
+
+// outageConfig makes outages show after 3 failures, with one ERROR line per
+// outage (no reminder within the test) and quick retries.
+func outageConfig(logs *logBuffer) consumer.Config {
+	return consumer.Config{
+		OutageThreshold: 3,
+		OutageReminder:  time.Hour,
+		Logger:          logs.logger(),
+		Retry:           consumer.RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond},
+	}
+}
+
+// wantOutageLines checks the outage lines of one dependency: exactly one
+// ERROR line naming it and the error, and one INFO line for the recovery.
+func wantOutageLines(t *testing.T, logs *logBuffer, dep, errText string) {
+	t.Helper()
+	var failing, recovered int
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if !strings.Contains(line, "dependency="+quoteIfNeeded(dep)) {
+			continue
+		}
+		switch {
+		case strings.Contains(line, `msg="dependency failing"`):
+			failing++
+			if !strings.Contains(line, "level=ERROR") || !strings.Contains(line, errText) {
+				t.Errorf("outage line without ERROR level or the error %q: %s", errText, line)
+			}
+		case strings.Contains(line, `msg="dependency still failing"`):
+			t.Errorf("reminder within OutageReminder: %s", line)
+		case strings.Contains(line, `msg="dependency recovered"`):
+			recovered++
+			if !strings.Contains(line, "level=INFO") {
+				t.Errorf("recovery line not at INFO: %s", line)
+			}
+		}
+	}
+	if failing != 1 || recovered != 1 {
+		t.Fatalf("%s: %d ERROR outage lines and %d recovery lines, want 1 and 1:\n%s", dep, failing, recovered, logs.String())
+	}
+}
+
+func quoteIfNeeded(s string) string {
+	if strings.Contains(s, " ") {
+		return `"` + s + `"`
+	}
+	return s
+}
+
+// A broker whose Receive keeps failing is logged once at ERROR, shows in
+// Health (not Ready), and its recovery is logged at INFO.
+func TestBrokerOutageIsVisible(t *testing.T) {
+	e := newMemEnv(t, time.Second)
+	var logs logBuffer
+	e.broker.Inject(memsource.Fault{Kind: memsource.FaultReceiveError, Times: -1})
+	r, stop := e.run(e.broker.Source(e.topic), e.handler(nil), outageConfig(&logs))
+	until(t, "receive failures", func() bool { return r.Health().ReceiveFailures >= 10 })
+	if h := r.Health(); h.Ready || !h.Running || !h.LastReceive.IsZero() {
+		t.Fatalf("health during the outage %+v: want running, not ready, no receive yet", h)
+	}
+	e.broker.ClearFaults()
+	e.broker.Publish(e.topic, memsource.Outgoing{Key: "k", Body: []byte("x")})
+	e.settled()
+	until(t, "recovery", func() bool { return r.Health().Ready })
+	if h := r.Health(); h.ReceiveFailures != 0 || h.LastReceive.IsZero() {
+		t.Fatalf("health after recovery %+v", h)
+	}
+	stop()
+	wantOutageLines(t, &logs, consumer.DependencyBroker, memsource.ErrInjected.Error())
+	if h := r.Health(); h.Running || h.Ready {
+		t.Fatalf("health after Run returned %+v: want not running, not ready", h)
+	}
+}
+
+// A store whose claims keep failing is logged once at ERROR with the error,
+// shows in Health, and its recovery is logged.
+func TestStoreOutageIsVisible(t *testing.T) {
+	e := newMemEnv(t, time.Second)
+	var logs logBuffer
+	e.store.Inject(memstore.Fault{Op: memstore.OpClaim, Times: -1})
+	e.broker.Publish(e.topic, memsource.Outgoing{Key: "k", Body: []byte("x")})
+	r, stop := e.run(e.broker.Source(e.topic), e.handler(nil), outageConfig(&logs))
+	until(t, "store failures", func() bool { return r.Health().StoreFailures >= 5 })
+	if h := r.Health(); h.Ready || h.ReceiveFailures != 0 {
+		t.Fatalf("health during the store outage %+v: want not ready, the broker fine", h)
+	}
+	e.store.ClearFaults()
+	e.settled()
+	until(t, "recovery", func() bool { return r.Health().Ready })
+	stop()
+	if e.store.Value("effects/k") != 1 || len(e.broker.DeadLetters(e.topic)) != 0 {
+		t.Fatalf("effects %d, dead letters %d: want the message applied once", e.store.Value("effects/k"), len(e.broker.DeadLetters(e.topic)))
+	}
+	wantOutageLines(t, &logs, consumer.DependencyStore, memstore.ErrInjected.Error())
+}
+
+// Failing acknowledgements are an outage of their own.
+func TestAckOutageIsVisible(t *testing.T) {
+	e := newMemEnv(t, 20*time.Millisecond)
+	var logs logBuffer
+	e.broker.Inject(memsource.Fault{Kind: memsource.FaultAckError, Times: -1})
+	e.broker.Publish(e.topic, memsource.Outgoing{Key: "k", Body: []byte("x")})
+	r, stop := e.run(e.broker.Source(e.topic), e.handler(nil), outageConfig(&logs))
+	until(t, "ack failures", func() bool { return r.Health().AckFailures >= 3 })
+	if h := r.Health(); h.Ready {
+		t.Fatalf("health during the ack outage %+v: want not ready", h)
+	}
+	e.broker.ClearFaults()
+	e.settled()
+	until(t, "recovery", func() bool { return r.Health().Ready })
+	stop()
+	wantOutageLines(t, &logs, consumer.DependencyBrokerAck, memsource.ErrInjected.Error())
+}
+
+// While the runner drains it is not ready.
+func TestHealthWhileDraining(t *testing.T) {
+	e := newMemEnv(t, time.Second)
+	started, release := make(chan struct{}), make(chan struct{})
+	e.broker.Publish(e.topic, memsource.Outgoing{Key: "k", Body: []byte("x")})
+	path := e.handler(func(ctx context.Context, msg *consumer.Message) error {
+		close(started)
+		<-release
+		return nil
+	})
+	r, stop := e.run(e.broker.Source(e.topic), path, consumer.Config{})
+	<-started
+	if h := r.Health(); !h.Ready || h.Draining {
+		t.Fatalf("health while handling %+v: want ready", h)
+	}
+	go stop()
+	until(t, "draining", func() bool { return r.Health().Draining })
+	if h := r.Health(); h.Ready || !h.Running {
+		t.Fatalf("health while draining %+v: want running, not ready", h)
+	}
+	close(release)
+	until(t, "Run to return", func() bool { return !r.Health().Running })
+}
