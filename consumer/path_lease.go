@@ -163,7 +163,8 @@ func (p *leasePath) claimBatch(ctx context.Context, r *Runner, batch []*job) *qu
 	sent := time.Now()
 	cs, err := bc.ClaimBatch(ctx, r.cfg.Name, recs, tokens, p.opts.Lease)
 	if err != nil || len(cs) != len(batch) {
-		r.log.Warn("batch claim failed; claiming one by one", LogKeyCount, len(batch), LogKeyError, err)
+		r.log.LogAttrs(ctx, slog.LevelWarn, "batch claim failed; claiming one by one",
+			slog.Int(LogKeyCount, len(batch)), slog.Any(LogKeyError, err))
 		return q
 	}
 	for i := range q.pre {
@@ -221,7 +222,8 @@ func (p *leasePath) refreshQueued(ctx context.Context, r *Runner, batch []*job, 
 
 func (p *leasePath) release(ctx context.Context, r *Runner, key, token string) {
 	if err := p.store.Release(ctx, r.cfg.Name, key, token); err != nil {
-		r.log.Warn("release of lease failed; it expires by itself", LogKeyKey, key, LogKeyError, err)
+		r.log.LogAttrs(ctx, slog.LevelWarn, "release of lease failed; it expires by itself",
+			slog.String(LogKeyKey, key), slog.Any(LogKeyError, err))
 	}
 }
 

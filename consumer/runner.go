@@ -394,7 +394,8 @@ func (r *Runner) settle(ctx context.Context, batch []*job) {
 			acks = append(acks, j.msg)
 		case outDuplicate:
 			r.stats.duplicates.Add(1)
-			r.log.Debug("duplicate acknowledged", LogKeyKey, j.key, LogKeyID, j.msg.ID, LogKeyAttempt, j.msg.Attempt)
+			r.log.LogAttrs(ctx, slog.LevelDebug, "duplicate acknowledged",
+				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt))
 			acks = append(acks, j.msg)
 		case outRetry, outRetryInfra:
 			r.retry(ctx, j)
