@@ -100,6 +100,12 @@ type Config struct {
 	// (plaintext, 10 s dial timeout).
 	Dialer *kafka.Dialer
 
+	// ConnectTimeout bounds the connectivity check of New: one of Brokers
+	// must answer a metadata request within it, or New fails with
+	// ErrUnreachable instead of returning a Source that waits in silence.
+	// Negative skips the check. Defaults to 5 s.
+	ConnectTimeout time.Duration
+
 	// StartOffset is where the group starts reading a partition that has no
 	// committed offset: kafka.FirstOffset (the oldest retained message) or
 	// kafka.LastOffset (only messages produced from now on; older ones are
@@ -238,6 +244,7 @@ const (
 	DefaultCommitTimeout        = 10 * time.Second
 	DefaultDeadLetterTimeout    = 10 * time.Second
 	DefaultDeadLetterRetryDelay = 5 * time.Second
+	DefaultConnectTimeout       = 5 * time.Second
 )
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -248,6 +255,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.StartOffset == 0 {
 		c.StartOffset = kafka.FirstOffset
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = DefaultConnectTimeout
 	}
 	if c.KeyHeader == "" {
 		c.KeyHeader = DefaultKeyHeader

@@ -167,4 +167,13 @@
 // against Apache Kafka and against in-process fakes such as franz-go's kfake.
 // Config.Dialer carries TLS, SASL and a custom dial function to the reader,
 // the dead-letter writer and CreateTopics alike.
+//
+// New checks that one of Config.Brokers answers a metadata request within
+// Config.ConnectTimeout (5 s) and fails with ErrUnreachable otherwise, so a
+// wrong address or a cluster that is down is reported at start instead of a
+// source that waits in silence. Source.Ping repeats the check for health
+// endpoints. A cluster lost later makes Receive return the fetch errors; the
+// consumer.Runner counts them, logs one ERROR line after
+// consumer.Config.OutageThreshold of them in a row, and reports them in
+// Runner.Health.
 package kafkasource

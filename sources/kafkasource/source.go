@@ -194,6 +194,15 @@ func New(cfg Config) (src *Source, err error) {
 	if err := rc.Validate(); err != nil {
 		return nil, &ConfigError{Field: "Config", Reason: err.Error()}
 	}
+	if cfg.ConnectTimeout >= 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.ConnectTimeout)
+		err := ping(ctx, cfg)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+	}
+
 	// kafka.NewReader panics on configurations it rejects; report them.
 	defer func() {
 		if v := recover(); v != nil {
