@@ -2,11 +2,14 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/memstore"
 	"github.com/idemq/idemq/sources/memsource"
 )
@@ -145,4 +148,47 @@ func TestHealthWhileDraining(t *testing.T) {
 	}
 	close(release)
 	until(t, "Run to return", func() bool { return !r.Health().Running })
+}
+
+// flakyLeases is a lease store whose Claim fails while down is set, as Redis
+// does during an outage.
+type flakyLeases struct {
+	dedup.LeaseStore
+	down atomic.Bool
+}
+
+func (s *flakyLeases) Claim(ctx context.Context, scope string, rec dedup.Record, token string, lease time.Duration) (dedup.Claim, error) {
+	if s.down.Load() {
+		return dedup.Claim{}, errors.New("dial tcp 127.0.0.1:6379: connect: connection refused")
+	}
+	return s.LeaseStore.Claim(ctx, scope, rec, token, lease)
+}
+
+// A lease store outage (Redis down) is logged once at ERROR naming the store
+// and the error, shows in Health, and its recovery is logged; the message is
+// applied once afterwards.
+func TestLeaseStoreOutageIsVisible(t *testing.T) {
+	e := newMemEnv(t, time.Second)
+	var logs logBuffer
+	leases := &flakyLeases{LeaseStore: e.store.Leases()}
+	leases.down.Store(true)
+	var effects atomic.Int64
+	path := consumer.Leased(leases, func(ctx context.Context, m *consumer.Message) error {
+		effects.Add(1)
+		return nil
+	}, consumer.LeaseOptions{Lease: time.Second})
+	e.broker.Publish(e.topic, memsource.Outgoing{Key: "k", Body: []byte("x")})
+	r, stop := e.run(e.broker.Source(e.topic), path, outageConfig(&logs))
+	until(t, "store failures", func() bool { return r.Health().StoreFailures >= 3 })
+	if h := r.Health(); h.Ready {
+		t.Fatalf("health during the lease store outage %+v: want not ready", h)
+	}
+	leases.down.Store(false)
+	e.settled()
+	until(t, "recovery", func() bool { return r.Health().Ready })
+	stop()
+	if n := effects.Load(); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
+	wantOutageLines(t, &logs, consumer.DependencyStore, "connection refused")
 }
