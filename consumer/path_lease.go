@@ -279,7 +279,7 @@ func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
 		j.set(outDeadLetter, &dedup.MismatchError{Scope: scope, Key: j.key, Stored: c.StoredHash, Received: j.hash})
 		return
 	case dedup.StateInProgress:
-		j.set(outRetryInfra, fmt.Errorf("idemq: key %q is being handled by another worker", j.key))
+		j.set(outRetryInfra, fmt.Errorf("idemq: key %q: %w", j.key, errKeyBusy))
 		j.delay = p.opts.InProgressDelay
 		return
 	case dedup.StateNew:
