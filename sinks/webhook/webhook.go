@@ -149,6 +149,9 @@ func New(cfg Config) (*Sink, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkHeader(cfg.Header); err != nil {
+		return nil, fmt.Errorf("%w: Header: %w", ErrInvalidConfig, err)
+	}
 	cfg.Header = cfg.Header.Clone()
 	return &Sink{cfg: cfg, endpoint: u.Scheme + "://" + u.Host + u.Path}, nil
 }

@@ -38,6 +38,7 @@ func TestNewValidatesConfig(t *testing.T) {
 		"GET":              {URL: "http://127.0.0.1/hook", Method: http.MethodGet},
 		"bad key header":   {URL: "http://127.0.0.1/hook", KeyHeader: "Idempotency Key"},
 		"negative timeout": {URL: "http://127.0.0.1/hook", Timeout: -time.Second},
+		"header with LF":   {URL: "http://127.0.0.1/hook", Header: http.Header{"Authorization": {"Bearer x\nX-Injected: 1"}}},
 	} {
 		if _, err := webhook.New(cfg); !errors.Is(err, webhook.ErrInvalidConfig) {
 			t.Errorf("%s: err = %v, want ErrInvalidConfig", name, err)
