@@ -18,6 +18,8 @@
 //	                           RetryPolicy.MaxAttempts
 //	timeouts, network errors   retried with the runner's backoff
 //	other 4xx, 3xx             permanent: dead-lettered at once
+//	unsendable request         permanent (ErrInvalidHeader: a key or header
+//	                           with CR, LF or another control character)
 //
 // 409 Conflict is retried because receivers that implement idempotency keys
 // answer it while a request with the same key is still being processed.
