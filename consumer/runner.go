@@ -279,6 +279,9 @@ func (r *Runner) handle(ctx context.Context, batch []*job) {
 	var followers []*job
 	for _, j := range batch {
 		if err := r.prepare(j); err != nil {
+			// A key no store can hold must not travel into the dead
+			// letter's headers either.
+			j.key = ""
 			j.set(outDeadLetter, err)
 			continue
 		}
@@ -314,6 +317,9 @@ var errDuplicateUnsettled = errors.New("first copy not settled")
 func (r *Runner) prepare(j *job) error {
 	if max := r.cfg.MaxMessageBytes; max > 0 && len(j.msg.Body) > max {
 		return fmt.Errorf("%w: %d bytes, limit %d", ErrOversized, len(j.msg.Body), max)
+	}
+	if j.key == "" && j.keyErr == nil {
+		j.key, j.keyErr = r.keyOf(j.msg) // not computed on receipt
 	}
 	if err := j.keyErr; err != nil {
 		if errors.Is(err, ErrMissingKey) {
