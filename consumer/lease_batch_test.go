@@ -19,6 +19,7 @@ import (
 type refreshOutage struct {
 	*redisdedup.Store
 	batchSizes chan int
+	afterBatch func() // called once the first batch claim returned
 }
 
 func (s *refreshOutage) Refresh(ctx context.Context, scope, key, token string, lease time.Duration) error {
@@ -26,11 +27,13 @@ func (s *refreshOutage) Refresh(ctx context.Context, scope, key, token string, l
 }
 
 func (s *refreshOutage) ClaimBatch(ctx context.Context, scope string, recs []dedup.Record, tokens []string, lease time.Duration) ([]dedup.Claim, error) {
+	cs, err := s.Store.ClaimBatch(ctx, scope, recs, tokens, lease)
 	select {
 	case s.batchSizes <- len(recs):
+		s.afterBatch()
 	default:
 	}
-	return s.Store.ClaimBatch(ctx, scope, recs, tokens, lease)
+	return cs, err
 }
 
 // A message queued behind a slow one in a batch must not run under a lease
@@ -80,13 +83,14 @@ func leaseExpiredWhileQueued(t *testing.T) (batched bool, k2Effects int) {
 	env.publish("k2", `{"n":2}`, 1)
 	a := env.runner(t, storeA, slowK1, opts, 1)
 
-	// B gets k2 by another route (a redelivery to a second worker).
+	// B gets k2 by another route (a redelivery to a second worker), once
+	// A holds it.
 	other := randomName("topic-b")
 	redisB, _ := newRedisStore(t)
 	b := env.runnerOn(t, other, redisB, nil, opts, 1)
-	env.publishTo(other, "k2", `{"n":2}`, 1)
+	storeA.afterBatch = func() { env.publishTo(other, "k2", `{"n":2}`, 1) }
 
-	runUntil(t, func() bool { return env.settled(other) }, a, b)
+	runUntil(t, func() bool { return env.rcv.Successes(env.key("k1")) > 0 && env.settled(other) }, a, b)
 	select {
 	case n := <-storeA.batchSizes:
 		batched = n == 2
