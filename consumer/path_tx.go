@@ -84,6 +84,18 @@ func (p *txPath[Tx]) transient(err error) bool {
 	return !ok || tc.IsTransient(err)
 }
 
+// handlerTransient reports whether a handler's error is a database condition
+// that says nothing about the message: a typed driver error the store
+// classifies as transient. Permanent always wins, and so does anything the
+// store does not recognise (the handler's own errors, its deadline).
+func (p *txPath[Tx]) handlerTransient(err error) bool {
+	if IsPermanent(err) {
+		return false
+	}
+	tc, ok := p.store.(dedup.TransientClassifier)
+	return ok && tc.IsTransient(err)
+}
+
 // fail settles the jobs of a transaction that failed as a whole: nothing in
 // it is durable. A transient failure retries them without counting an
 // attempt; any other (of a single message) counts against its attempts.
@@ -176,7 +188,7 @@ func (p *txPath[Tx]) run(ctx context.Context, r *Runner, batch []*job) error {
 			committed++
 			continue
 		}
-		if tc, ok := p.store.(dedup.TransientClassifier); ok && tc.IsTransient(err) {
+		if p.handlerTransient(err) {
 			j.set(outRetryInfra, err)
 			j.delay = r.infraDelay()
 		} else {

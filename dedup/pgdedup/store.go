@@ -196,18 +196,26 @@ func (s *Store) Unclaim(ctx context.Context, tx pgx.Tx, scope, key string) error
 	return err
 }
 
-// IsTransient implements dedup.TransientClassifier: serialization failures,
-// deadlocks, lock timeouts, lost connections, a server shutting down or out of
-// resources, network errors, and statements that were never sent are
-// transient; anything else (a constraint violation, a bad value, a
-// transaction a handler left aborted) is the messages' own.
+// IsTransient implements dedup.TransientClassifier. Only typed driver errors
+// are transient: a *pgconn.PgError whose SQLSTATE is a serialization
+// failure or deadlock (40001, 40P01), a connection exception (class 08) or a
+// server shutting down or starting (57P01-57P03); a *pgconn.ConnectError; and
+// a pgconn error for a statement that was never sent. Anything else is the
+// message's own failure, counted against its attempts: a constraint
+// violation, a bad value, a context deadline or cancellation (a handler past
+// its HandlerTimeout), and errors of other libraries (*url.Error,
+// *net.DNSError, io.ErrUnexpectedEOF from a decoder), even when they
+// implement net.Error. It is safe for concurrent use.
 func (s *Store) IsTransient(err error) bool {
+	if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return sqlstore.PostgresTransient(pgErr.Code)
 	}
 	var connErr *pgconn.ConnectError
-	return errors.As(err, &connErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) || sqlstore.NetworkTransient(err)
+	return errors.As(err, &connErr) || pgconn.SafeToRetry(err)
 }
 
 var _ dedup.TransientClassifier = (*Store)(nil)

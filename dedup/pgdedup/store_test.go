@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup"
@@ -417,3 +421,36 @@ func TestFailureCounterConformance(t *testing.T) {
 		return store
 	})
 }
+
+func TestIsTransient(t *testing.T) {
+	s, err := pgdedup.New(nopDB{}, pgdedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{&pgconn.PgError{Code: "40001"}, true},
+		{fmt.Errorf("update: %w", &pgconn.PgError{Code: "40P01"}), true},
+		{&pgconn.PgError{Code: "08006"}, true},
+		{&pgconn.PgError{Code: "57P01"}, true},
+		{&pgconn.PgError{Code: "23505"}, false},
+		{&pgconn.PgError{Code: "25P02"}, false},
+		{&pgconn.PgError{Code: "55P03"}, false},
+		{context.DeadlineExceeded, false},
+		{fmt.Errorf("query: %w", context.Canceled), false},
+		{&url.Error{Op: "Get", URL: "http://x", Err: io.ErrUnexpectedEOF}, false},
+		{&net.DNSError{Err: "timeout", Name: "x", IsTimeout: true}, false},
+		{io.ErrUnexpectedEOF, false},
+		{errors.New("boom"), false},
+		{nil, false},
+	} {
+		if got := s.IsTransient(tc.err); got != tc.want {
+			t.Errorf("IsTransient(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+// nopDB is a DB that is never used.
+type nopDB struct{ pgdedup.DB }

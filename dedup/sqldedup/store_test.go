@@ -5,6 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -392,6 +395,11 @@ func TestIsTransient(t *testing.T) {
 		{pg, sqliteErr(5), false},                            // a code from another dialect
 		{pg, fmt.Errorf("exec: %w", sql.ErrConnDone), true},  // lost connection
 		{lite, nil, false},
+		{pg, pgErr("55P03"), false},                                                   // lock timeout: the handler's own setting
+		{pg, fmt.Errorf("handler: %w", context.DeadlineExceeded), false},              // a handler past its deadline
+		{pg, &url.Error{Op: "Get", URL: "http://x", Err: io.ErrUnexpectedEOF}, false}, // a handler's HTTP call
+		{pg, &net.DNSError{Err: "timeout", Name: "x", IsTimeout: true}, false},
+		{lite, fmt.Errorf("decode: %w", io.ErrUnexpectedEOF), false},
 	} {
 		if got := tc.store.IsTransient(tc.err); got != tc.want {
 			t.Errorf("%s IsTransient(%v) = %v, want %v", tc.store.Config().Dialect, tc.err, got, tc.want)

@@ -1,6 +1,7 @@
 package sqldedup
 
 import (
+	"context"
 	"database/sql"
 	"database/sql/driver"
 	"errors"
@@ -25,17 +26,23 @@ const (
 //
 //   - SQLite: SQLITE_BUSY and SQLITE_LOCKED (and their extended codes), from
 //     drivers whose error has a Code() int method, as modernc.org/sqlite's;
-//   - PostgreSQL: deadlock (40P01), serialization failure (40001), lock
-//     timeout (55P03) and connection exceptions (class 08), from drivers
-//     whose error has a SQLState() string method, as pgx's and lib/pq's;
+//   - PostgreSQL: deadlock (40P01), serialization failure (40001),
+//     connection exceptions (class 08) and a server shutting down or
+//     starting (57P01-57P03), from drivers whose error has a SQLState()
+//     string method, as pgx's and lib/pq's;
 //   - any dialect: driver.ErrBadConn and sql.ErrConnDone.
+//
+// Anything else is the message's own failure, counted against its attempts:
+// a context deadline or cancellation (a handler past its HandlerTimeout), and
+// errors of other libraries (*url.Error, *net.DNSError, io.ErrUnexpectedEOF),
+// even when they implement net.Error.
 //
 // It is safe for concurrent use.
 func (s *Store) IsTransient(err error) bool {
-	if err == nil {
+	if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return false
 	}
-	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) || sqlstore.NetworkTransient(err) {
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
 		return true
 	}
 	var state interface{ SQLState() string }

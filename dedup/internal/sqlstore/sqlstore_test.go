@@ -3,8 +3,6 @@ package sqlstore
 import (
 	"context"
 	"errors"
-	"fmt"
-	"io"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -87,14 +85,14 @@ func TestCleanupStopsOnShortBatchBusyOrError(t *testing.T) {
 
 func TestTransientClassification(t *testing.T) {
 	for code, want := range map[string]bool{
-		"40001": true, "40P01": true, "55P03": true, "08006": true, "57P01": true, "53300": true,
-		"23505": false, "22021": false, "25P02": false, "42601": false,
+		"40001": true, "40P01": true, "08006": true, "08001": true, "57P01": true, "57P02": true, "57P03": true,
+		"55P03": false, "53300": false, "53100": false, "23505": false, "22021": false, "25P02": false, "42601": false,
 	} {
 		if got := PostgresTransient(code); got != want {
 			t.Errorf("PostgresTransient(%s) = %v, want %v", code, got, want)
 		}
 	}
-	if !NetworkTransient(fmt.Errorf("read: %w", io.ErrUnexpectedEOF)) || NetworkTransient(errors.New("syntax error")) {
-		t.Error("NetworkTransient misclassifies")
+	if !PostgresAborted("25P02") || PostgresAborted("40001") {
+		t.Error("PostgresAborted misclassifies")
 	}
 }

@@ -1,29 +1,23 @@
 package sqlstore
 
-import (
-	"errors"
-	"io"
-	"net"
-	"strings"
-)
+import "strings"
 
 // PostgresTransient reports whether a PostgreSQL SQLSTATE names a condition
-// that says nothing about the statement's data: serialization failures and
-// deadlocks (40001, 40P01), lock timeouts (55P03), lost or refused
-// connections (class 08), a server that is shutting down or starting
-// (57P01-57P03) and exhausted resources (class 53).
+// of the database, not of the statement's data: a serialization failure or a
+// deadlock (40001, 40P01), a lost or refused connection (class 08), or a
+// server that is shutting down or starting (57P01-57P03). Lock timeouts
+// (55P03), exhausted resources (class 53) and every other code are the
+// failing statement's own: a handler that sets lock_timeout, or writes more
+// than the disk holds, gets a counted attempt.
 func PostgresTransient(code string) bool {
 	switch code {
-	case "40001", "40P01", "55P03", "57P01", "57P02", "57P03":
+	case "40001", "40P01", "57P01", "57P02", "57P03":
 		return true
 	}
-	return strings.HasPrefix(code, "08") || strings.HasPrefix(code, "53")
+	return strings.HasPrefix(code, "08")
 }
 
-// NetworkTransient reports whether err comes from the network between the
-// process and its database: a connection refused, reset or timed out, or
-// closed in the middle of a reply.
-func NetworkTransient(err error) bool {
-	var netErr net.Error
-	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
-}
+// PostgresAborted reports whether a PostgreSQL SQLSTATE says only that the
+// transaction had already failed (25P02, in_failed_sql_transaction): the
+// statement that got it is not what failed.
+func PostgresAborted(code string) bool { return code == "25P02" }
