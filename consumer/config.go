@@ -32,9 +32,9 @@ type Config struct {
 	Concurrency int
 
 	// BatchSize is the largest number of messages handled in one database
-	// transaction (a savepoint per message, so one failing handler does not
-	// undo the others). Larger batches raise throughput; 1 gives one
-	// transaction per message. Defaults to 1.
+	// transaction, without savepoints: when a handler fails, the
+	// transaction is rolled back and rerun without it. Larger batches raise
+	// throughput; 1 gives one transaction per message. Defaults to 1.
 	BatchSize int
 
 	// HandlerTimeout bounds one handler call; its context is cancelled when

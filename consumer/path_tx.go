@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
+	"slices"
 
 	"github.com/idemq/idemq/dedup"
 )
@@ -14,6 +14,11 @@ import (
 // not at all. It must not commit or roll back tx, and must not keep it after
 // returning. Returning an error rolls back its writes and retries the message
 // (see Permanent and RetryAfter).
+//
+// In a batch (Config.BatchSize above 1) the handler may run again for a
+// message whose batch-mate failed: the transaction is rolled back and rerun
+// without the culprit. Its writes commit once; effects outside tx must not
+// be made from a TxHandler (use Leased for those).
 type TxHandler[Tx any] func(ctx context.Context, tx Tx, msg *Message) error
 
 // ErrCommit wraps the error of a failed commit. None of the transaction's
@@ -21,13 +26,22 @@ type TxHandler[Tx any] func(ctx context.Context, tx Tx, msg *Message) error
 // happen after all are recognised as duplicates.
 var ErrCommit = errors.New("idemq: commit failed")
 
-// Transactional returns the path for effects in a database: for each batch the
-// runner begins a transaction, records every message's key in it through
-// store, runs the handler of each new key under its own savepoint, commits,
-// and only then acknowledges. A key already recorded is acknowledged without
-// running the handler. A failing handler's writes and record are rolled back
-// to its savepoint, so its retry runs it again, while the rest of the batch
-// commits.
+// Transactional returns the path for effects in a database: for each batch
+// the runner begins a transaction, records every message's key in it
+// through store, runs the handler of each new key, commits, and only then
+// acknowledges. A key already recorded is acknowledged without running the
+// handler.
+//
+// A batch runs without savepoints. When a handler fails, the transaction is
+// rolled back (with the failed message's record and writes) and the batch
+// runs again without it, and without the later messages of its
+// PartitionKey, which are retried without counting an attempt so that they
+// do not overtake it. Only the culprit's attempt is counted. A statement
+// refused because the transaction was already aborted (an earlier handler
+// swallowed its error) and a refused commit do not name the culprit: the
+// runner then splits the suspects in halves until it finds it, each half in
+// its own transaction, again counting only the culprit. A handler's writes
+// never commit twice.
 //
 // There is no duplicate window on this path: the record and the effect commit
 // together, and a concurrent delivery of the same key waits on the record's
@@ -36,52 +50,171 @@ func Transactional[Tx any](store dedup.TxStore[Tx], h TxHandler[Tx]) Path {
 	return &txPath[Tx]{store: store, h: h}
 }
 
+// txPath is the transactional path, with a handler per message (h) or one
+// for the whole batch (bh).
 type txPath[Tx any] struct {
 	store dedup.TxStore[Tx]
 	h     TxHandler[Tx]
-}
-
-func (p *txPath[Tx]) process(ctx context.Context, r *Runner, batch []*job) {
-	err := p.run(ctx, r, batch)
-	switch {
-	case err == nil:
-		r.infraOK()
-	case len(batch) > 1 && !p.transient(err):
-		// Something in the batch fails the transaction as a whole (a key or
-		// a value the database refuses, a handler that swallowed an error
-		// and left the transaction aborted): handle the messages one by
-		// one, so that only the culprit is retried and counted.
-		r.log.Warn("batch transaction failed; handling its messages one by one", LogKeyCount, len(batch), LogKeyError, err)
-		for _, j := range batch {
-			if j.out != outAck && j.out != outNone {
-				continue // settled on its own: a failed handler, a duplicate
-			}
-			j.set(outNone, nil)
-			if err := p.run(ctx, r, []*job{j}); err != nil {
-				p.fail(r, []*job{j}, err)
-			}
-		}
-	default:
-		p.fail(r, batch, err)
-	}
+	bh    TxBatchHandler[Tx]
 }
 
 func (p *txPath[Tx]) validate() error {
 	if p.store == nil {
 		return &ConfigError{Field: "Transactional store", Reason: "nil"}
 	}
-	if p.h == nil {
+	if p.h == nil && p.bh == nil {
 		return &ConfigError{Field: "Transactional handler", Reason: "nil"}
 	}
 	return nil
 }
 
-// transient reports whether a failure of the store or the transaction says
-// nothing about the messages. Without a classifier every such failure is
-// taken as transient: a message is never dead-lettered for it.
-func (p *txPath[Tx]) transient(err error) bool {
-	tc, ok := p.store.(dedup.TransientClassifier)
-	return !ok || tc.IsTransient(err)
+func (p *txPath[Tx]) process(ctx context.Context, r *Runner, batch []*job) {
+	var held heldPartitions
+	p.runAll(ctx, r, &held, batch)
+}
+
+// runAll settles every job of jobs, in as many transactions as it takes:
+// one on the happy path, one more per culprit found by its own error, and a
+// halving of the suspects for a failure that names no culprit.
+func (p *txPath[Tx]) runAll(ctx context.Context, r *Runner, held *heldPartitions, jobs []*job) {
+	for {
+		jobs = held.pending(jobs)
+		if len(jobs) == 0 {
+			return
+		}
+		res := p.try(ctx, r, jobs)
+		switch {
+		case res.err == nil:
+			r.infraOK()
+			return
+		case res.infra:
+			p.infra(r, jobs, res.err)
+			return
+		case res.culprit != nil:
+			p.blame(r, held, res.culprit, res.err)
+		case len(res.suspects) == 1:
+			p.blame(r, held, res.suspects[0], res.err)
+		default:
+			// One of the suspects failed without saying so. Run the first
+			// half on its own: it commits, or narrows the search; the
+			// loop then takes the rest.
+			r.log.Debug("transaction failed without naming a message; splitting it",
+				LogKeyCount, len(res.suspects), LogKeyError, res.err)
+			p.runAll(ctx, r, held, res.suspects[:len(res.suspects)/2])
+		}
+	}
+}
+
+// tryResult is the outcome of one transaction over a batch's unsettled jobs.
+type tryResult struct {
+	err      error
+	infra    bool   // the store or the database failed: nobody's fault
+	culprit  *job   // the message whose handler failed
+	suspects []*job // one of these failed, in order (when culprit is nil)
+}
+
+// try runs jobs in one transaction. Duplicates and mismatches are settled
+// from the claim whatever happens next; the new messages are marked outAck
+// only once the commit succeeded.
+func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job) tryResult {
+	recs := make([]dedup.Record, len(jobs))
+	for i, j := range jobs {
+		recs[i] = dedup.Record{Key: j.key, PayloadHash: j.hash}
+	}
+	tx, claims, err := p.beginClaim(ctx, r.cfg.Name, recs)
+	if err != nil {
+		return tryResult{err: err, infra: true}
+	}
+	defer p.store.Rollback(context.WithoutCancel(ctx), tx) //nolint:errcheck // safe after commit
+	if len(claims) != len(jobs) {
+		return tryResult{err: fmt.Errorf("idemq: claim returned %d results for %d keys", len(claims), len(jobs)), infra: true}
+	}
+
+	fresh := make([]*job, 0, len(jobs))
+	for i, j := range jobs {
+		switch c := claims[i]; c.State {
+		case dedup.StateDone:
+			j.set(outDuplicate, nil)
+		case dedup.StateMismatch:
+			j.set(outDeadLetter, &dedup.MismatchError{Scope: r.cfg.Name, Key: j.key, Stored: c.StoredHash, Received: j.hash})
+		case dedup.StateNew:
+			fresh = append(fresh, j)
+		default:
+			return tryResult{err: fmt.Errorf("idemq: claim of key %q returned state %v", j.key, c.State), infra: true}
+		}
+	}
+	if len(fresh) == 0 {
+		return tryResult{} // duplicates and poison only: nothing to commit
+	}
+
+	if res, failed := p.handle(ctx, r, tx, fresh); failed {
+		return res
+	}
+	if err := p.store.Commit(ctx, tx); err != nil {
+		err = fmt.Errorf("%w: %w", ErrCommit, err)
+		if errors.Is(err, dedup.ErrTxRefused) {
+			// The database refused the content: a handler swallowed a
+			// statement's error, or a deferred constraint failed.
+			r.stats.commitFailures.Add(1)
+			return tryResult{err: err, suspects: fresh}
+		}
+		return tryResult{err: err, infra: true}
+	}
+	for _, j := range fresh {
+		j.set(outAck, nil)
+	}
+	return tryResult{}
+}
+
+// beginClaim begins a transaction and claims recs in it, in one round trip
+// where the store can pipeline them. On an error no transaction is open.
+func (p *txPath[Tx]) beginClaim(ctx context.Context, scope string, recs []dedup.Record) (Tx, []dedup.Claim, error) {
+	if bc, ok := p.store.(dedup.BeginClaimer[Tx]); ok {
+		tx, claims, err := bc.BeginClaim(ctx, scope, recs)
+		if err != nil {
+			return tx, nil, fmt.Errorf("idemq: begin and claim: %w", err)
+		}
+		return tx, claims, nil
+	}
+	tx, err := p.store.Begin(ctx)
+	if err != nil {
+		return tx, nil, fmt.Errorf("idemq: begin: %w", err)
+	}
+	claims, err := p.store.Claim(ctx, tx, scope, recs)
+	if err != nil {
+		_ = p.store.Rollback(context.WithoutCancel(ctx), tx)
+		return tx, nil, fmt.Errorf("idemq: claim: %w", err)
+	}
+	return tx, claims, nil
+}
+
+// handle runs the handlers of the new messages in tx. failed reports that
+// the transaction must be rolled back, with res saying why.
+func (p *txPath[Tx]) handle(ctx context.Context, r *Runner, tx Tx, fresh []*job) (res tryResult, failed bool) {
+	if p.bh != nil {
+		return p.handleBatch(ctx, r, tx, fresh)
+	}
+	for i, j := range fresh {
+		err := r.call(ctx, j, func(ctx context.Context) error { return p.h(ctx, tx, j.msg) })
+		switch {
+		case err == nil:
+			continue
+		case p.aborted(err):
+			// Refused only because the transaction had failed before:
+			// this message or an earlier one swallowed an error.
+			return tryResult{err: err, suspects: fresh[:i+1]}, true
+		default:
+			return tryResult{err: err, culprit: j}, true
+		}
+	}
+	return tryResult{}, false
+}
+
+// aborted reports whether a statement's error says only that the
+// transaction had already failed.
+func (p *txPath[Tx]) aborted(err error) bool {
+	ac, ok := p.store.(dedup.AbortClassifier)
+	return ok && ac.IsAborted(err)
 }
 
 // handlerTransient reports whether a handler's error is a database condition
@@ -96,123 +229,39 @@ func (p *txPath[Tx]) handlerTransient(err error) bool {
 	return ok && tc.IsTransient(err)
 }
 
-// fail settles the jobs of a transaction that failed as a whole: nothing in
-// it is durable. A transient failure retries them without counting an
-// attempt; any other (of a single message) counts against its attempts.
-func (p *txPath[Tx]) fail(r *Runner, batch []*job, err error) {
+// blame settles the job whose handler failed: a transient database error
+// is retried without counting an attempt, anything else is a counted
+// attempt (or a dead letter for Permanent). Later messages of its partition
+// are held behind it.
+func (p *txPath[Tx]) blame(r *Runner, held *heldPartitions, j *job, err error) {
+	if p.handlerTransient(err) {
+		j.set(outRetryInfra, err)
+		j.delay = r.infraDelay()
+	} else {
+		r.failure(j, err)
+	}
+	r.log.Debug("handler failed", LogKeyKey, j.key, LogKeyAttempt, j.msg.Attempt, LogKeyError, err)
+	held.hold(j)
+}
+
+// infra settles the unsettled jobs of a transaction that failed for a reason
+// of the store or the database (begin, claim or commit): nothing in it is
+// durable, and nothing is counted against the messages.
+func (p *txPath[Tx]) infra(r *Runner, jobs []*job, err error) {
 	if errors.Is(err, ErrCommit) {
 		r.stats.commitFailures.Add(1)
 	}
-	transient := p.transient(err)
-	var delay time.Duration
-	if transient {
-		delay = r.infraDelay()
-	}
-	for _, j := range batch {
-		if j.out != outAck && j.out != outNone {
-			continue // already settled by the handler's own failure, or a duplicate
-		}
-		if transient {
-			j.set(outRetryInfra, err)
-			j.delay = delay
-		} else {
-			r.failure(j, err)
-		}
-	}
-	r.log.Warn("transaction failed; its messages will be retried", LogKeyCount, len(batch), LogKeyError, err)
-}
-
-// run processes batch in one transaction. On a nil return every job has its
-// final outcome; on an error, jobs marked outAck are not durable.
-func (p *txPath[Tx]) run(ctx context.Context, r *Runner, batch []*job) error {
-	tx, err := p.store.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("idemq: begin: %w", err)
-	}
-	defer p.store.Rollback(context.WithoutCancel(ctx), tx) //nolint:errcheck // safe after commit
-
-	recs := make([]dedup.Record, len(batch))
-	for i, j := range batch {
-		recs[i] = dedup.Record{Key: j.key, PayloadHash: j.hash}
-	}
-	claims, err := p.store.Claim(ctx, tx, r.cfg.Name, recs)
-	if err != nil {
-		return fmt.Errorf("idemq: claim: %w", err)
-	}
-	if len(claims) != len(batch) {
-		return fmt.Errorf("idemq: claim returned %d results for %d keys", len(claims), len(batch))
-	}
-
-	fresh := 0
-	for i, j := range batch {
-		switch c := claims[i]; c.State {
-		case dedup.StateDone:
-			j.set(outDuplicate, nil)
-		case dedup.StateMismatch:
-			j.set(outDeadLetter, &dedup.MismatchError{Scope: r.cfg.Name, Key: j.key, Stored: c.StoredHash, Received: j.hash})
-		case dedup.StateNew:
-			fresh++
-		default:
-			return fmt.Errorf("idemq: claim of key %q returned state %v", j.key, c.State)
-		}
-	}
-	if fresh == 0 {
-		return nil // duplicates and poison only: nothing to commit
-	}
-
-	// One new message needs no savepoint: its failure rolls back everything.
-	savepoints := fresh > 1
-	opened, committed := false, 0
-	var held heldPartitions
-	for i, j := range batch {
-		if claims[i].State != dedup.StateNew {
+	delay := r.infraDelay()
+	n := 0
+	for _, j := range jobs {
+		if j.out != outNone {
 			continue
 		}
-		if held.holds(j) {
-			// An earlier message of its partition failed: keep the order
-			// by retrying this one too, and drop its record.
-			if err := p.store.Unclaim(ctx, tx, r.cfg.Name, j.key); err != nil {
-				return fmt.Errorf("idemq: unclaim: %w", err)
-			}
-			continue
-		}
-		if savepoints {
-			if err := p.store.Savepoint(ctx, tx, opened); err != nil {
-				return fmt.Errorf("idemq: savepoint: %w", err)
-			}
-			opened = true
-		}
-		err := r.call(ctx, j, func(ctx context.Context) error { return p.h(ctx, tx, j.msg) })
-		if err == nil {
-			j.set(outAck, nil)
-			committed++
-			continue
-		}
-		if p.handlerTransient(err) {
-			j.set(outRetryInfra, err)
-			j.delay = r.infraDelay()
-		} else {
-			r.failure(j, err)
-		}
-		r.log.Debug("handler failed", LogKeyKey, j.key, LogKeyAttempt, j.msg.Attempt, LogKeyError, err)
-		held.hold(j)
-		if !savepoints {
-			return nil // deferred rollback undoes the record and the handler's writes
-		}
-		if err := p.store.RollbackToSavepoint(ctx, tx); err != nil {
-			return fmt.Errorf("idemq: rollback to savepoint: %w", err)
-		}
-		if err := p.store.Unclaim(ctx, tx, r.cfg.Name, j.key); err != nil {
-			return fmt.Errorf("idemq: unclaim: %w", err)
-		}
+		j.set(outRetryInfra, err)
+		j.delay = delay
+		n++
 	}
-	if committed == 0 {
-		return nil
-	}
-	if err := p.store.Commit(ctx, tx); err != nil {
-		return fmt.Errorf("%w: %w", ErrCommit, err)
-	}
-	return nil
+	r.log.Warn("transaction failed; its messages will be retried", LogKeyCount, n, LogKeyError, err)
 }
 
 // heldPartitions tracks the partition keys of a batch whose message failed.
@@ -229,6 +278,15 @@ func (h *heldPartitions) hold(failed *job) {
 		*h = heldPartitions{}
 	}
 	(*h)[failed.msg.PartitionKey] = failed
+}
+
+// pending returns the jobs still to run, in order: those without an outcome
+// that do not wait behind a failed message of their partition. The held
+// ones get their outcome.
+func (h heldPartitions) pending(jobs []*job) []*job {
+	return slices.DeleteFunc(slices.Clone(jobs), func(j *job) bool {
+		return j.out != outNone || h.holds(j)
+	})
 }
 
 // holds reports whether j waits behind a failed message of its partition, and

@@ -7,14 +7,20 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/sources/memsource"
 )
 
 // quickRetry is a retry policy for tests: maxAttempts attempts, short backoff.
@@ -117,5 +123,174 @@ func TestHandlerSerializationFailureIsNotCounted(t *testing.T) {
 				t.Fatalf("%d calls, dead letters %+v: want 5 calls, none dead-lettered", f.calls("busy"), dl)
 			}
 		})
+	}
+}
+
+// savepointSpy is a pgx tracer that records every statement naming a
+// savepoint.
+type savepointSpy struct {
+	mu  sync.Mutex
+	sql []string
+}
+
+func (s *savepointSpy) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	s.saw(d.SQL)
+	return ctx
+}
+
+func (s *savepointSpy) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (s *savepointSpy) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	for _, q := range d.Batch.QueuedQueries {
+		s.saw(q.SQL)
+	}
+	return ctx
+}
+
+func (s *savepointSpy) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (s *savepointSpy) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+func (s *savepointSpy) saw(sql string) {
+	for _, stmt := range strings.Split(strings.ToUpper(sql), ";") {
+		stmt = strings.TrimSpace(stmt)
+		if !strings.HasPrefix(stmt, "SAVEPOINT") && !strings.HasPrefix(stmt, "RELEASE") && !strings.HasPrefix(stmt, "ROLLBACK TO") {
+			continue
+		}
+		s.mu.Lock()
+		s.sql = append(s.sql, sql)
+		s.mu.Unlock()
+	}
+}
+
+// spiedStore is the fixture's store over a pool whose statements spy sees.
+func spiedStore(t *testing.T, f *fixture, spy *savepointSpy) *pgdedup.Store {
+	t.Helper()
+	cfg := f.pool.Config().Copy()
+	cfg.ConnConfig.Tracer = spy
+	pool, err := pgxpool.NewWithConfig(testCtx(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := pgdedup.New(pool, f.store.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store
+}
+
+// A failing handler in a savepoint-free batch leaves none of its writes and
+// none of its record committed, while the rest of the batch commits.
+func TestSavepointFreeBatchDropsOnlyTheFailure(t *testing.T) {
+	f := newFixture(t)
+	spy := &savepointSpy{}
+	store := spiedStore(t, f, spy)
+	ks := keys(10, "b")
+	f.publish(ks...)
+	fail := func(msg *consumer.Message, call int) error {
+		if msg.Key == "b004" {
+			return errors.New("always fails, after its write")
+		}
+		return nil
+	}
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(store, f.handler(fail)),
+		consumer.Config{Concurrency: 1, BatchSize: 10, Retry: quickRetry(1)})
+	f.settled()
+	r.stop(t)
+	ok := slices.DeleteFunc(slices.Clone(ks), func(k string) bool { return k == "b004" })
+	f.requireOnce(ok...)
+	for _, k := range ok {
+		if _, err := f.store.Inspect(context.Background(), "test", k); err != nil {
+			t.Errorf("record of %s: %v", k, err)
+		}
+	}
+	if _, err := f.store.Inspect(context.Background(), "test", "b004"); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("record of the failed key: %v, want ErrNotFound", err)
+	}
+	dl := f.broker.DeadLetters(f.topic)
+	if len(dl) != 1 || dl[0].Key != "b004" || f.calls("b004") != 1 {
+		t.Fatalf("dead letters %+v after %d calls, want b004 alone after 1 call", dl, f.calls("b004"))
+	}
+	if len(spy.sql) > 0 {
+		t.Fatalf("the batch used savepoints: %q", spy.sql)
+	}
+}
+
+// A handler that swallows its statement's error leaves the transaction
+// aborted: the next message's statement fails with 25P02. That message is
+// not the culprit: with MaxAttempts 1, any attempt counted against an
+// innocent message would dead-letter it.
+func TestSwallowedErrorBlamesOnlyTheCulprit(t *testing.T) {
+	for _, pos := range []int{0, 3, 6} {
+		t.Run(fmt.Sprint("culprit at ", pos), func(t *testing.T) {
+			f := newFixture(t)
+			ks := keys(7, "s")
+			poison := ks[pos]
+			f.publish(ks...)
+			h := func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+				if msg.Key == poison {
+					f.mu.Lock()
+					f.runs[poison]++
+					f.mu.Unlock()
+					_, _ = tx.Exec(ctx, `SELECT 1/$1::int`, 0) // error swallowed: the transaction is aborted
+					return nil
+				}
+				return f.handler(nil)(ctx, tx, msg)
+			}
+			r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, h),
+				consumer.Config{Concurrency: 1, BatchSize: 7, Retry: quickRetry(1)})
+			f.settled()
+			r.stop(t)
+			innocent := slices.DeleteFunc(slices.Clone(ks), func(k string) bool { return k == poison })
+			f.requireOnce(innocent...)
+			dl := f.broker.DeadLetters(f.topic)
+			if len(dl) != 1 || dl[0].Key != poison {
+				t.Fatalf("dead letters = %+v, want only %s", dl, poison)
+			}
+		})
+	}
+}
+
+// A failed message holds the later messages of its partition: they are not
+// committed ahead of it, and are released without counting an attempt.
+func TestFailedMessageHoldsItsPartitionUncounted(t *testing.T) {
+	f := newFixture(t)
+	for i := range 6 {
+		pk := "acct-1"
+		if i%2 == 1 {
+			pk = "acct-2"
+		}
+		f.broker.Publish(f.topic, memsource.Outgoing{Key: fmt.Sprintf("p%d", i), Body: []byte(fmt.Sprint(i)), PartitionKey: pk})
+	}
+	fail := func(msg *consumer.Message, call int) error {
+		if msg.Key == "p2" && call == 1 {
+			return errors.New("fails once")
+		}
+		return nil
+	}
+	// MaxAttempts 2: p2 fails once and is retried; a counted attempt
+	// against p4 (held behind it) would be harmless here, so check the
+	// order and that p4 ran only after p2 committed.
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(fail)),
+		consumer.Config{Concurrency: 1, BatchSize: 6, Retry: quickRetry(2)})
+	f.settled()
+	r.stop(t)
+	f.requireOnce("p0", "p1", "p2", "p3", "p4", "p5")
+	rows, err := f.pool.Query(context.Background(), `SELECT body FROM `+f.table+` ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bodies, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i2, i4 := slices.Index(bodies, "2"), slices.Index(bodies, "4"); i4 < i2 {
+		t.Fatalf("committed in order %v: p4 overtook p2 of the same partition", bodies)
+	}
+	if f.calls("p4") != 1 {
+		t.Fatalf("p4 ran %d times: held behind p2, it must not run before p2 succeeds", f.calls("p4"))
+	}
+	if dl := f.broker.DeadLetters(f.topic); len(dl) != 0 {
+		t.Fatalf("dead letters = %+v", dl)
 	}
 }

@@ -135,7 +135,8 @@ func TestFailedHandlerLeavesNoRecord(t *testing.T) {
 	}
 }
 
-// One failing handler in a batch does not undo the others.
+// One failing handler in a batch does not undo the others: the batch runs
+// again without it (messages before it run twice, committed once).
 func TestBatchSavepointIsolatesFailure(t *testing.T) {
 	f := newFixture(t)
 	ks := keys(10, "b")
@@ -152,12 +153,8 @@ func TestBatchSavepointIsolatesFailure(t *testing.T) {
 	r.stop(t)
 	f.requireOnce(ks...)
 	for _, k := range ks {
-		want := 1
-		if k == "b004" {
-			want = 2
-		}
-		if f.calls(k) != want {
-			t.Errorf("%s ran %d times, want %d (a batch-mate's failure must not re-run it)", k, f.calls(k), want)
+		if k == "b004" && f.calls(k) != 2 || f.calls(k) > 2 {
+			t.Errorf("%s ran %d times, want 2 for b004 and at most 2 for the others (one rerun without the culprit)", k, f.calls(k))
 		}
 	}
 }
@@ -587,9 +584,9 @@ func TestInvalidKeysAreDeadLettered(t *testing.T) {
 }
 
 // A handler that swallows a database error leaves its transaction aborted, so
-// the batch's commit fails. The runner then handles the batch one message at
-// a time: the others commit, and only the culprit is retried and, in the
-// end, dead-lettered.
+// the batch's commit fails. The runner then splits the batch in halves until
+// the culprit is alone: the others commit, and only the culprit is retried
+// and, in the end, dead-lettered.
 func TestPoisonedBatchIsSplit(t *testing.T) {
 	f := newFixture(t)
 	ks := keys(6, "s")
@@ -610,9 +607,12 @@ func TestPoisonedBatchIsSplit(t *testing.T) {
 	if len(dl) != 1 || dl[0].Key != "poison" || !errors.Is(dl[0].Err, consumer.ErrMaxAttempts) {
 		t.Fatalf("dead letters = %+v, want only poison, after its attempts", dl)
 	}
+	// The culprit is found by halving the suspects: an innocent message
+	// runs at most once per halving, 1 + ceil(log2(7)) = 4 times, and
+	// commits once.
 	for _, k := range ks {
-		if f.calls(k) > 2 {
-			t.Errorf("%s ran %d times, want at most 2 (the failed batch and its own transaction)", k, f.calls(k))
+		if f.calls(k) > 4 {
+			t.Errorf("%s ran %d times, want at most 4 (the failed batch and one run per halving)", k, f.calls(k))
 		}
 	}
 }

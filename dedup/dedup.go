@@ -145,10 +145,17 @@ func (e *MismatchError) Is(target error) bool { return target == ErrPayloadMisma
 // Tx is the transaction type handlers receive (pgx.Tx for pgdedup, *sql.Tx
 // for sqldedup).
 //
-// The runner drives one transaction per batch:
+// The runner drives one transaction per batch, with no savepoint per
+// message (a writing savepoint costs a subtransaction XID per message, and
+// more than 64 in one transaction overflow PostgreSQL's subtransaction
+// cache):
 //
-//	Begin → Claim(all keys) → for each new key: Savepoint → handler →
-//	(RollbackToSavepoint + Unclaim on failure) → Commit
+//	Begin → Claim(all keys) → the handlers of the new keys → Commit
+//
+// When a handler fails, the runner rolls the whole transaction back (the
+// failed message's record and writes with it) and runs the batch again
+// without the culprit, so a store needs no way to undo part of a
+// transaction.
 //
 // Implementations must be safe for concurrent use by multiple goroutines;
 // each transaction is used by one goroutine at a time.
@@ -157,17 +164,11 @@ type TxStore[Tx any] interface {
 	Begin(ctx context.Context) (Tx, error)
 	// Commit commits tx. An error means the commit did not happen or its
 	// outcome is unknown: the caller must not acknowledge anything recorded
-	// in tx.
+	// in tx. An error matching ErrTxRefused says the outcome is known
+	// (nothing committed) and the transaction's own content is at fault.
 	Commit(ctx context.Context, tx Tx) error
 	// Rollback rolls tx back. It is safe to call after Commit.
 	Rollback(ctx context.Context, tx Tx) error
-	// Savepoint opens the savepoint that guards one message of a batch. When
-	// releasePrevious is true, the savepoint opened by the previous call is
-	// released first (drivers send both in one round trip where they can).
-	Savepoint(ctx context.Context, tx Tx, releasePrevious bool) error
-	// RollbackToSavepoint undoes everything done in tx since the last
-	// Savepoint call.
-	RollbackToSavepoint(ctx context.Context, tx Tx) error
 	// Claim records recs in tx under scope and reports, in the order of recs,
 	// whether each key is new, already done or a payload mismatch. Keys are
 	// locked in ascending key order, so concurrent batches cannot deadlock on
@@ -176,18 +177,44 @@ type TxStore[Tx any] interface {
 	// StateMismatch), a rollback makes it StateNew for this caller. recs must
 	// not contain a key twice.
 	Claim(ctx context.Context, tx Tx, scope string, recs []Record) ([]Claim, error)
-	// Unclaim removes the record of key written by Claim in tx, after its
-	// handler failed, so that a retry runs the handler again.
-	Unclaim(ctx context.Context, tx Tx, scope, key string) error
+}
+
+// BeginClaimer is an optional interface of a TxStore. BeginClaim is Begin
+// followed by Claim, sent in one round trip where the driver can pipeline
+// them. On an error no transaction is left open.
+type BeginClaimer[Tx any] interface {
+	BeginClaim(ctx context.Context, scope string, recs []Record) (Tx, []Claim, error)
+}
+
+// ErrTxRefused is matched by the error of a TxStore's Commit when the
+// database refused the commit because of the transaction's own content: a
+// statement in it had failed (and an error was swallowed), or a deferred
+// constraint failed. Nothing was committed. Any other commit error leaves the
+// outcome unknown and says nothing about the messages.
+var ErrTxRefused = errors.New("dedup: commit refused")
+
+// AbortClassifier is an optional interface of a TxStore. IsAborted reports
+// whether err, returned by a statement inside one of the store's
+// transactions, says only that the transaction had already failed
+// (PostgreSQL's SQLSTATE 25P02, "current transaction is aborted"): the
+// message whose statement got it is not necessarily the one that failed, an
+// earlier one may have swallowed its error. The runner then looks for the
+// culprit among the messages that ran before, without counting an attempt
+// against the others.
+type AbortClassifier interface {
+	IsAborted(err error) bool
 }
 
 // TransientClassifier is an optional interface of a TxStore. IsTransient
 // reports whether err, returned by a handler inside one of the store's
-// transactions, is a transient database condition (a deadlock, a
-// serialization failure, a lost connection) that says nothing about the
-// message. The runner retries such failures without counting them against
-// the retry policy's attempt limit, so a busy database never dead-letters
-// good messages.
+// transactions, is a typed driver error for a transient database condition
+// (a deadlock, a serialization failure, a lost connection, a server shutting
+// down) that says nothing about the message. The runner retries such
+// failures without counting them against the retry policy's attempt limit,
+// so a busy database never dead-letters good messages. Errors the driver did
+// not produce (a context deadline, a failed HTTP call, a decoder's
+// io.ErrUnexpectedEOF) must not be reported as transient: they are the
+// handler's own, counted attempts.
 type TransientClassifier interface {
 	IsTransient(err error) bool
 }

@@ -320,9 +320,22 @@ func (s *countingStore[Tx]) succeeded(tx Tx, key string) {
 	s.pending[any(tx)] = append(s.pending[any(tx)], key)
 }
 
-func (s *countingStore[Tx]) RollbackToSavepoint(ctx context.Context, tx Tx) error {
-	// The handler that just failed never called succeeded; nothing to undo.
-	return s.TxStore.RollbackToSavepoint(ctx, tx)
+// BeginClaim passes the store's pipelined begin and claim through (see
+// dedup.BeginClaimer), or begins and claims in two calls.
+func (s *countingStore[Tx]) BeginClaim(ctx context.Context, scope string, recs []dedup.Record) (Tx, []dedup.Claim, error) {
+	if bc, ok := s.TxStore.(dedup.BeginClaimer[Tx]); ok {
+		return bc.BeginClaim(ctx, scope, recs)
+	}
+	tx, err := s.TxStore.Begin(ctx)
+	if err != nil {
+		return tx, nil, err
+	}
+	cs, err := s.TxStore.Claim(ctx, tx, scope, recs)
+	if err != nil {
+		_ = s.TxStore.Rollback(context.WithoutCancel(ctx), tx)
+		return tx, nil, err
+	}
+	return tx, cs, nil
 }
 
 func (s *countingStore[Tx]) Commit(ctx context.Context, tx Tx) error {
@@ -350,7 +363,14 @@ func (s *countingStore[Tx]) Rollback(ctx context.Context, tx Tx) error {
 // paths.
 func (s *countingStore[Tx]) IsTransient(err error) bool {
 	tc, ok := s.TxStore.(dedup.TransientClassifier)
-	return !ok || tc.IsTransient(err)
+	return ok && tc.IsTransient(err)
+}
+
+// IsAborted passes the store's classification through (see
+// dedup.AbortClassifier).
+func (s *countingStore[Tx]) IsAborted(err error) bool {
+	ac, ok := s.TxStore.(dedup.AbortClassifier)
+	return ok && ac.IsAborted(err)
 }
 
 // countingLeases counts the keys marked done.

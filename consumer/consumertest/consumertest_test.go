@@ -25,7 +25,9 @@ type recordingTB struct {
 func (r *recordingTB) Fatalf(format string, args ...any) { r.failed = fmt.Sprintf(format, args...) }
 
 // forgetful is a store that never remembers a key: every delivery is new.
-type forgetful struct{ *pgdedup.Store }
+// It embeds the interface, not *pgdedup.Store, so that the store's
+// pipelined BeginClaim (which would bypass this Claim) is hidden.
+type forgetful struct{ dedup.TxStore[pgx.Tx] }
 
 func (forgetful) Claim(_ context.Context, _ pgx.Tx, _ string, recs []dedup.Record) ([]dedup.Claim, error) {
 	cs := make([]dedup.Claim, len(recs))

@@ -15,7 +15,7 @@
 // The suite checks the properties the runner relies on: duplicate detection,
 // a concurrent claim race with exactly one winner, expiry (of leases and of
 // retained records), payload mismatch, release of a failed attempt, token
-// guards on the lease path and savepoint semantics on the transactional path.
+// guards on the lease path and the rollback and rerun of a batch on the transactional path.
 // Every subtest runs in parallel with the others, on its own scope with
 // unique keys, so several packages can share one server; each is bounded by
 // a deadline, so a store that blocks fails instead of hanging.

@@ -30,8 +30,8 @@ func RunTxStore[Tx any](t *testing.T, newStore func(t *testing.T, retention time
 		{"DuplicateAcrossTransactions", time.Hour, txDuplicates[Tx]},
 		{"RollbackLeavesNoRecord", time.Hour, txRollback[Tx]},
 		{"PayloadMismatch", time.Hour, txMismatch[Tx]},
-		{"UnclaimReleases", time.Hour, txUnclaim[Tx]},
-		{"Savepoints", time.Hour, txSavepoints[Tx]},
+		{"BatchRerunWithoutCulprit", time.Hour, txBatchRerun[Tx]},
+		{"BeginClaim", time.Hour, txBeginClaim[Tx]},
 		{"ConcurrentClaimRace", time.Hour, txRace[Tx]},
 		{"ConcurrentClaimRaceWinnerRollsBack", time.Hour, txRaceRollback[Tx]},
 		{"NoDeadlockAcrossKeyOrders", time.Hour, txKeyOrders[Tx]},
@@ -178,55 +178,62 @@ func txMismatch[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
 	wantStates(t, "original payload", peek(ctx, t, s, scope, rec("k", h1)), sDone)
 }
 
-func txUnclaim[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+// txBatchRerun drives a batch the way the runner does when a handler fails:
+// the whole transaction rolls back, and the batch runs again without the
+// culprit and commits.
+func txBatchRerun[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")
-	inTx(ctx, t, s, true, func(tx Tx) {
-		wantStates(t, "claim", claimIn(ctx, t, s, tx, scope, rec("a", h), rec("b", h)), sNew, sNew)
-		if err := s.Unclaim(ctx, tx, scope, "a"); err != nil {
-			t.Fatalf("Unclaim: %v", err)
-		}
+	inTx(ctx, t, s, false, func(tx Tx) {
+		wantStates(t, "batch claim", claimIn(ctx, t, s, tx, scope, rec("a", h), rec("b", h), rec("c", h)), sNew, sNew, sNew)
 	})
-	wantStates(t, "after unclaim and commit", peek(ctx, t, s, scope, rec("a", h), rec("b", h)), sNew, sDone)
+	wantStates(t, "rerun without b", claimCommitted(ctx, t, s, scope, rec("a", h), rec("c", h)), sNew, sNew)
+	wantStates(t, "after the batch", peek(ctx, t, s, scope, rec("a", h), rec("b", h), rec("c", h)), sDone, sNew, sDone)
 }
 
-// txSavepoints drives a batch the way the runner does: claim every key, then
-// one savepoint per message; a failed message is rolled back to its
-// savepoint and unclaimed, and the rest of the batch commits.
-func txSavepoints[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
-	ctx := testContext(t)
-	scope, h := newScope(t), payload("a")
-	sp := func(tx Tx, releasePrevious bool) {
-		t.Helper()
-		if err := s.Savepoint(ctx, tx, releasePrevious); err != nil {
-			t.Fatalf("Savepoint(release previous %v): %v", releasePrevious, err)
-		}
+// txBeginClaim checks a store's pipelined BeginClaim, if it has one: the
+// same answers as Claim, and a transaction that commits or rolls back like
+// one from Begin.
+func txBeginClaim[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+	bc, ok := s.(dedup.BeginClaimer[Tx])
+	if !ok {
+		t.Skip("the store has no BeginClaim")
 	}
-	inTx(ctx, t, s, true, func(tx Tx) {
-		wantStates(t, "batch claim", claimIn(ctx, t, s, tx, scope, rec("a", h), rec("b", h), rec("c", h)), sNew, sNew, sNew)
-		sp(tx, false) // a: handler succeeds
-		sp(tx, true)  // b: handler fails
-		if err := s.RollbackToSavepoint(ctx, tx); err != nil {
-			t.Fatalf("RollbackToSavepoint: %v", err)
+	ctx := testContext(t)
+	scope, h, other := newScope(t), payload("a"), payload("other")
+	claimCommitted(ctx, t, s, scope, rec("done", h), rec("changed", h))
+	beginClaim := func(commit bool, recs ...dedup.Record) []dedup.Claim {
+		t.Helper()
+		tx, cs, err := bc.BeginClaim(ctx, scope, recs)
+		if err != nil {
+			t.Fatalf("BeginClaim: %v", err)
 		}
-		if err := s.Unclaim(ctx, tx, scope, "b"); err != nil {
-			t.Fatalf("Unclaim after RollbackToSavepoint: %v", err)
+		defer s.Rollback(context.WithoutCancel(ctx), tx) //nolint:errcheck // safe after Commit
+		if len(cs) != len(recs) {
+			t.Fatalf("BeginClaim of %d records returned %d claims", len(recs), len(cs))
 		}
-		sp(tx, true) // c: handler succeeds
-	})
-	wantStates(t, "after the batch", peek(ctx, t, s, scope, rec("a", h), rec("b", h), rec("c", h)), sDone, sNew, sDone)
-
-	// A claim made after a savepoint is undone by rolling back to it.
-	inTx(ctx, t, s, true, func(tx Tx) {
-		sp(tx, false)
-		wantStates(t, "claim inside a savepoint", claimIn(ctx, t, s, tx, scope, rec("d", h)), sNew)
-		if err := s.RollbackToSavepoint(ctx, tx); err != nil {
-			t.Fatalf("RollbackToSavepoint: %v", err)
+		for i := range recs {
+			if cs[i].Key != recs[i].Key {
+				t.Fatalf("BeginClaim result %d is for key %q, want %q", i, cs[i].Key, recs[i].Key)
+			}
 		}
-		sp(tx, true)
-		wantStates(t, "claim after rolling back to the savepoint", claimIn(ctx, t, s, tx, scope, rec("e", h)), sNew)
-	})
-	wantStates(t, "after the savepoint rollback", peek(ctx, t, s, scope, rec("d", h), rec("e", h)), sNew, sDone)
+		if commit {
+			if err := s.Commit(ctx, tx); err != nil {
+				t.Fatalf("Commit: %v", err)
+			}
+		} else if err := s.Rollback(ctx, tx); err != nil {
+			t.Fatalf("Rollback: %v", err)
+		}
+		return cs
+	}
+	recs := []dedup.Record{rec("new", h), rec("done", h), rec("changed", other), rec("new2", h)}
+	wantStates(t, "BeginClaim rolled back", beginClaim(false, recs...), sNew, sDone, sMismatch, sNew)
+	wantStates(t, "after the rollback", peek(ctx, t, s, scope, rec("new", h), rec("new2", h)), sNew, sNew)
+	wantStates(t, "BeginClaim committed", beginClaim(true, recs...), sNew, sDone, sMismatch, sNew)
+	wantStates(t, "after the commit", peek(ctx, t, s, scope, rec("new", h), rec("new2", h)), sDone, sDone)
+	for range 3 { // the connection goes back to the pool in a clean state
+		wantStates(t, "BeginClaim again", beginClaim(false, rec("new", h), rec("fresh", h)), sDone, sNew)
+	}
 }
 
 // txContend lets n goroutines claim recs in their own transactions at once.

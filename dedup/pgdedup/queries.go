@@ -2,9 +2,11 @@ package pgdedup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
@@ -62,18 +64,30 @@ type pgClaim struct {
 }
 
 func (c pgClaim) Insert(ctx context.Context, recs []dedup.Record) (map[string]bool, error) {
+	keys, hashes := claimArgs(recs)
+	rows, err := c.tx.Query(ctx, c.s.q.claimInsert, c.scope, keys, hashes, c.s.cfg.Retention.Microseconds())
+	if err != nil {
+		return nil, err
+	}
+	return collectKeys(rows)
+}
+
+// claimArgs returns the keys and payload digests of recs as the insert's
+// array arguments.
+func claimArgs(recs []dedup.Record) ([]string, [][]byte) {
 	keys := make([]string, len(recs))
 	hashes := make([][]byte, len(recs))
 	for i, r := range recs {
 		keys[i], hashes[i] = r.Key, r.PayloadHash[:]
 	}
-	rows, err := c.tx.Query(ctx, c.s.q.claimInsert, c.scope, keys, hashes, c.s.cfg.Retention.Microseconds())
-	if err != nil {
-		return nil, err
-	}
-	inserted := make(map[string]bool, len(recs))
+	return keys, hashes
+}
+
+// collectKeys reads the keys the insert returned.
+func collectKeys(rows pgx.Rows) (map[string]bool, error) {
+	inserted := map[string]bool{}
 	var k string
-	_, err = pgx.ForEachRow(rows, []any{&k}, func() error { inserted[k] = true; return nil })
+	_, err := pgx.ForEachRow(rows, []any{&k}, func() error { inserted[k] = true; return nil })
 	return inserted, err
 }
 
@@ -104,4 +118,88 @@ func (c pgClaim) Lookup(ctx context.Context, recs []dedup.Record) (map[string]sq
 func (c pgClaim) Renew(ctx context.Context, r dedup.Record) error {
 	_, err := c.tx.Exec(ctx, c.s.q.claimRenew, c.scope, r.Key, r.PayloadHash[:], c.s.cfg.Retention.Microseconds())
 	return err
+}
+
+// batchSender is a DB that can begin a transaction inside a pipelined
+// batch (pgx.Batch.BeginTx): *pgxpool.Pool and *pgx.Conn.
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// BeginClaim implements dedup.BeginClaimer: BEGIN and the claim's insert go
+// to the server in one pipelined round trip, when the store's DB is a
+// *pgxpool.Pool or a *pgx.Conn (with another DB it is Begin then Claim).
+// Keys already recorded need one more statement, as in Claim. On an error
+// the transaction is rolled back and its connection released.
+func (s *Store) BeginClaim(ctx context.Context, scope string, recs []dedup.Record) (pgx.Tx, []dedup.Claim, error) {
+	var db batchSender
+	switch d := s.db.(type) {
+	case *pgxpool.Pool:
+		db = d
+	case *pgx.Conn:
+		db = d
+	}
+	if db == nil || len(recs) == 0 {
+		tx, err := s.Begin(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		cs, err := s.claim(ctx, tx, scope, recs)
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return nil, nil, err
+		}
+		return tx, cs, nil
+	}
+
+	keys, hashes := claimArgs(recs)
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(s.q.claimInsert, scope, keys, hashes, s.cfg.Retention.Microseconds())
+	br := db.SendBatch(ctx, b)
+	tx := br.Tx()
+	inserted, err := readBeginClaim(br)
+	if tx == nil {
+		return nil, nil, errors.Join(err, errors.New("pgdedup: the batch began no transaction"))
+	}
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, nil, fmt.Errorf("pgdedup: begin and claim: %w", err)
+	}
+	cs, err := sqlstore.Claim(ctx, &preInserted{pgClaim: pgClaim{s: s, tx: tx, scope: scope}, first: inserted}, recs, 0)
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, nil, fmt.Errorf("pgdedup: %w", err)
+	}
+	return tx, cs, nil
+}
+
+var _ dedup.BeginClaimer[pgx.Tx] = (*Store)(nil)
+
+// readBeginClaim reads the results of a BEGIN and claim batch: the keys
+// the insert recorded.
+func readBeginClaim(br pgx.BatchResults) (map[string]bool, error) {
+	if _, err := br.Exec(); err != nil {
+		return nil, errors.Join(err, br.Close())
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, errors.Join(err, br.Close())
+	}
+	inserted, err := collectKeys(rows)
+	return inserted, errors.Join(err, br.Close())
+}
+
+// preInserted is a claim whose first insert was already sent (with BEGIN).
+type preInserted struct {
+	pgClaim
+	first map[string]bool
+}
+
+func (c *preInserted) Insert(ctx context.Context, recs []dedup.Record) (map[string]bool, error) {
+	if first := c.first; first != nil {
+		c.first = nil
+		return first, nil
+	}
+	return c.pgClaim.Insert(ctx, recs)
 }

@@ -134,20 +134,22 @@ func New(db DB, cfg Config) (*Store, error) {
 func (s *Store) Config() Config { return s.cfg }
 
 // Begin implements dedup.TxStore. It starts a READ COMMITTED transaction
-// (the default), which Claim relies on to see concurrent commits. The
-// returned pgx.Tx sends the savepoint that guards each message of a batch in
-// the same round trip as the handler's first statement.
-func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
-	tx, err := s.db.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &pipeTx{Tx: tx}, nil
-}
+// (the default), which Claim relies on to see concurrent commits.
+func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(ctx) }
 
-// Commit implements dedup.TxStore. pgx.ErrTxCommitRollback (the transaction
-// had failed and was rolled back) is returned as an error like any other.
-func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) }
+// Commit implements dedup.TxStore. When the database refused the commit for
+// the transaction's content, the error matches dedup.ErrTxRefused: a
+// transaction that had failed (pgx.ErrTxCommitRollback, after a handler
+// swallowed an error) or a deferred constraint the server rejected. Any other
+// error (a lost connection) leaves the outcome unknown.
+func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error {
+	err := tx.Commit(ctx)
+	var pgErr *pgconn.PgError
+	if errors.Is(err, pgx.ErrTxCommitRollback) || (errors.As(err, &pgErr) && !sqlstore.PostgresTransient(pgErr.Code)) {
+		return fmt.Errorf("%w: %w", dedup.ErrTxRefused, err)
+	}
+	return err
+}
 
 // Rollback implements dedup.TxStore; it is safe after Commit.
 func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error {
@@ -157,29 +159,14 @@ func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-// Savepoint implements dedup.TxStore, releasing the previous savepoint. On a
-// transaction from Begin both statements are deferred until the handler's
-// first statement and sent with it.
-func (s *Store) Savepoint(ctx context.Context, tx pgx.Tx, releasePrevious bool) error {
-	p, ok := tx.(*pipeTx)
-	if !ok {
-		return errForeignTx
-	}
-	p.openSavepoint(releasePrevious)
-	return nil
+// IsAborted implements dedup.AbortClassifier: SQLSTATE 25P02, the error of
+// any statement sent after an earlier one failed in the same transaction.
+func (s *Store) IsAborted(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && sqlstore.PostgresAborted(pgErr.Code)
 }
 
-// RollbackToSavepoint implements dedup.TxStore.
-func (s *Store) RollbackToSavepoint(ctx context.Context, tx pgx.Tx) error {
-	p, ok := tx.(*pipeTx)
-	if !ok {
-		return errForeignTx
-	}
-	return p.rollbackToSavepoint(ctx)
-}
-
-// errForeignTx reports a transaction that the store did not begin.
-var errForeignTx = errors.New("pgdedup: savepoints need a transaction from Store.Begin")
+var _ dedup.AbortClassifier = (*Store)(nil)
 
 // Claim implements dedup.TxStore. New keys are inserted in ascending key
 // order in one statement, so concurrent batches lock them in the same order.
@@ -190,7 +177,8 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, recs []dedup
 	return s.claim(ctx, tx, scope, recs)
 }
 
-// Unclaim implements dedup.TxStore.
+// Unclaim removes the record of key in scope written in tx, so that the key
+// is new again once tx commits.
 func (s *Store) Unclaim(ctx context.Context, tx pgx.Tx, scope, key string) error {
 	_, err := tx.Exec(ctx, s.q.unclaim, scope, key)
 	return err

@@ -180,41 +180,33 @@ func TestClaimRollbackLeavesNoRecord(t *testing.T) {
 	}
 }
 
-func TestUnclaimAfterSavepointRollback(t *testing.T) {
+// A commit the database refuses for the transaction's content matches
+// dedup.ErrTxRefused, and a statement after a failed one is IsAborted.
+func TestCommitRefusedAndAborted(t *testing.T) {
 	store, _ := newStore(t, pgdedup.Config{})
 	ctx := testCtx(t)
-	tx, err := store.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Rollback(ctx, tx)
-	if _, err := store.Claim(ctx, tx, "s", []dedup.Record{rec("keep", "x"), rec("drop", "y")}); err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Savepoint(ctx, tx, false); err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Savepoint(ctx, tx, true); err != nil {
-		t.Fatal(err)
-	}
-	// A failing statement aborts the transaction up to the savepoint.
-	if _, err := tx.Exec(ctx, "SELECT 1/0"); err == nil {
-		t.Fatal("division by zero succeeded")
-	}
-	if err := store.RollbackToSavepoint(ctx, tx); err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Unclaim(ctx, tx, "s", "drop"); err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Commit(ctx, tx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Inspect(ctx, "s", "keep"); err != nil {
-		t.Fatalf("kept record: %v", err)
-	}
-	if _, err := store.Inspect(ctx, "s", "drop"); !errors.Is(err, dedup.ErrNotFound) {
-		t.Fatalf("unclaimed record: %v, want ErrNotFound", err)
+	for _, begin := range []string{"Begin", "BeginClaim"} {
+		var tx pgx.Tx
+		var err error
+		if begin == "Begin" {
+			tx, err = store.Begin(ctx)
+		} else {
+			tx, _, err = store.BeginClaim(ctx, "s", []dedup.Record{rec(begin, "x")})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, swallowed := tx.Exec(ctx, "SELECT 1/0")
+		_, err = tx.Exec(ctx, "SELECT 1")
+		if swallowed == nil || store.IsAborted(swallowed) || !store.IsAborted(err) {
+			t.Fatalf("%s: IsAborted(%v) = %v, IsAborted(%v) = %v; want false, true", begin, swallowed, store.IsAborted(swallowed), err, store.IsAborted(err))
+		}
+		if err := store.Commit(ctx, tx); !errors.Is(err, dedup.ErrTxRefused) {
+			t.Fatalf("%s: commit of an aborted transaction = %v, want ErrTxRefused", begin, err)
+		}
+		if err := store.Rollback(ctx, tx); err != nil {
+			t.Fatalf("%s: Rollback after Commit: %v", begin, err)
+		}
 	}
 }
 

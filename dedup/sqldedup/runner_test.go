@@ -167,3 +167,96 @@ func TestSharesTableWithPgdedup(t *testing.T) {
 		t.Fatalf("times read by sqldedup %v/%v differ from pgdedup's %v/%v (%v)", se.ProcessedAt, se.ExpiresAt, e.ProcessedAt, e.ExpiresAt, err)
 	}
 }
+
+// A failing handler in a savepoint-free batch leaves none of its writes and
+// none of its record committed, while the rest of the batch commits: on
+// SQLite and on PostgreSQL through database/sql.
+func TestBatchFailureDropsOnlyTheCulprit(t *testing.T) {
+	for name, open := range backends() {
+		t.Run(name, func(t *testing.T) {
+			store, db := open(t, sqldedup.Config{})
+			ctx := testCtx(t)
+			effects := `"effects"`
+			insert := `INSERT INTO "effects" (k) VALUES (?1)`
+			if c := store.Config(); c.Dialect == sqldedup.Postgres {
+				effects = `"` + c.Schema + `"."effects"`
+				insert = `INSERT INTO ` + effects + ` (k) VALUES ($1)`
+			}
+			if _, err := db.ExecContext(ctx, `CREATE TABLE `+effects+` (k TEXT NOT NULL)`); err != nil {
+				t.Fatal(err)
+			}
+			broker := memsource.New(memsource.Config{VisibilityTimeout: time.Second})
+			defer broker.Close()
+			var keys []string
+			for i := range 8 {
+				k := fmt.Sprintf("k%d", i)
+				keys = append(keys, k)
+				broker.Publish("t", memsource.Outgoing{Key: k, Body: []byte(k)})
+			}
+			var mu sync.Mutex
+			calls := map[string]int{}
+			handle := func(ctx context.Context, tx *sql.Tx, msg *consumer.Message) error {
+				mu.Lock()
+				calls[msg.Key]++
+				mu.Unlock()
+				if _, err := tx.ExecContext(ctx, insert, msg.Key); err != nil {
+					return err
+				}
+				if msg.Key == "k3" {
+					return errors.New("fails after its write")
+				}
+				return nil
+			}
+			src := broker.Source("t")
+			runner, err := consumer.NewRunner(src, consumer.Transactional(store, handle), consumer.Config{
+				Name: "t", Concurrency: 1, BatchSize: 8,
+				Retry: consumer.RetryPolicy{MaxAttempts: 1, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runCtx, stop := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- runner.Run(runCtx) }()
+			for broker.Stats("t").Pending > 0 && ctx.Err() == nil {
+				time.Sleep(10 * time.Millisecond)
+			}
+			stop()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			rows, err := db.QueryContext(ctx, `SELECT k, count(*) FROM `+effects+` GROUP BY k`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]int{}
+			for rows.Next() {
+				var k string
+				var n int
+				if err := rows.Scan(&k, &n); err != nil {
+					t.Fatal(err)
+				}
+				got[k] = n
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range keys {
+				want := 1
+				if k == "k3" {
+					want = 0
+				}
+				if got[k] != want {
+					t.Errorf("%s: %d committed effects, want %d", k, got[k], want)
+				}
+				_, err := store.Inspect(ctx, "t", k)
+				if want == 1 && err != nil || want == 0 && !errors.Is(err, dedup.ErrNotFound) {
+					t.Errorf("record of %s: %v", k, err)
+				}
+			}
+			if dl := broker.DeadLetters("t"); len(dl) != 1 || dl[0].Key != "k3" || calls["k3"] != 1 {
+				t.Fatalf("dead letters %+v after %d calls of k3: want k3 alone, after 1 call", dl, calls["k3"])
+			}
+		})
+	}
+}

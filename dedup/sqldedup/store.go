@@ -164,8 +164,19 @@ func (s *Store) Begin(ctx context.Context) (*sql.Tx, error) { return s.db.BeginT
 
 // Commit implements dedup.TxStore. Any error, including sql.ErrTxDone for a
 // transaction that database/sql already rolled back because its context
-// ended, means the records in tx must not be acknowledged.
-func (s *Store) Commit(_ context.Context, tx *sql.Tx) error { return tx.Commit() }
+// ended, means the records in tx must not be acknowledged. When the database
+// refused the commit for the transaction's content, the error matches
+// dedup.ErrTxRefused: a deferred constraint (a driver error with a
+// non-transient SQLState, or SQLite's SQLITE_CONSTRAINT), or a PostgreSQL
+// transaction that had failed, which pgx's stdlib driver and lib/pq report as
+// a rollback.
+func (s *Store) Commit(_ context.Context, tx *sql.Tx) error {
+	err := tx.Commit()
+	if err != nil && s.refused(err) {
+		return fmt.Errorf("%w: %w", dedup.ErrTxRefused, err)
+	}
+	return err
+}
 
 // Rollback implements dedup.TxStore; it is safe after Commit.
 func (s *Store) Rollback(_ context.Context, tx *sql.Tx) error {
@@ -173,30 +184,6 @@ func (s *Store) Rollback(_ context.Context, tx *sql.Tx) error {
 		return err
 	}
 	return nil
-}
-
-// Savepoint implements dedup.TxStore. On PostgreSQL the release of the
-// previous savepoint and the new one go in one round trip.
-func (s *Store) Savepoint(ctx context.Context, tx *sql.Tx, releasePrevious bool) error {
-	if !releasePrevious {
-		_, err := tx.ExecContext(ctx, "SAVEPOINT idemq_msg")
-		return err
-	}
-	if s.cfg.Dialect == Postgres {
-		_, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT idemq_msg; SAVEPOINT idemq_msg")
-		return err
-	}
-	if _, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT idemq_msg"); err != nil {
-		return err
-	}
-	_, err := tx.ExecContext(ctx, "SAVEPOINT idemq_msg")
-	return err
-}
-
-// RollbackToSavepoint implements dedup.TxStore.
-func (s *Store) RollbackToSavepoint(ctx context.Context, tx *sql.Tx) error {
-	_, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT idemq_msg")
-	return err
 }
 
 // Claim implements dedup.TxStore. New keys are inserted in ascending key
@@ -210,7 +197,8 @@ func (s *Store) Claim(ctx context.Context, tx *sql.Tx, scope string, recs []dedu
 	return s.claim(ctx, tx, scope, recs)
 }
 
-// Unclaim implements dedup.TxStore.
+// Unclaim removes the record of key in scope written in tx, so that the key
+// is new again once tx commits.
 func (s *Store) Unclaim(ctx context.Context, tx *sql.Tx, scope, key string) error {
 	_, err := tx.ExecContext(ctx, s.q.deleteKey(), scope, key)
 	return err

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"strings"
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
@@ -53,6 +54,53 @@ func (s *Store) IsTransient(err error) bool {
 	if s.cfg.Dialect == SQLite && errors.As(err, &coded) {
 		switch coded.Code() & 0xff {
 		case sqliteBusy, sqliteLocked:
+			return true
+		}
+	}
+	return false
+}
+
+var _ dedup.AbortClassifier = (*Store)(nil)
+
+// sqliteConstraint is SQLITE_CONSTRAINT, the primary code of a constraint
+// that failed (at commit: a deferred foreign key).
+const sqliteConstraint = 19
+
+// failedTxCommit holds the messages with which PostgreSQL drivers for
+// database/sql report the commit of a transaction that had failed: pgx's
+// stdlib driver (pgx.ErrTxCommitRollback) and lib/pq (ErrInFailedTransaction).
+// They carry no SQLSTATE, so they are matched by text.
+var failedTxCommit = []string{
+	"commit unexpectedly resulted in rollback",
+	"could not complete operation in a failed transaction",
+}
+
+// IsAborted implements dedup.AbortClassifier: PostgreSQL's SQLSTATE 25P02,
+// the error of any statement sent after an earlier one failed in the same
+// transaction, from drivers whose error has a SQLState() string method.
+// SQLite rolls back only the failed statement, so it has no such state.
+func (s *Store) IsAborted(err error) bool {
+	var state interface{ SQLState() string }
+	return errors.As(err, &state) && sqlstore.PostgresAborted(state.SQLState())
+}
+
+// refused reports whether a commit error says the database refused the
+// transaction's content (see Commit).
+func (s *Store) refused(err error) bool {
+	if s.IsTransient(err) {
+		return false
+	}
+	var state interface{ SQLState() string }
+	if errors.As(err, &state) {
+		return true
+	}
+	var coded interface{ Code() int }
+	if s.cfg.Dialect == SQLite && errors.As(err, &coded) {
+		return coded.Code()&0xff == sqliteConstraint
+	}
+	msg := strings.ToLower(err.Error())
+	for _, m := range failedTxCommit {
+		if strings.Contains(msg, m) {
 			return true
 		}
 	}
