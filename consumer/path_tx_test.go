@@ -294,3 +294,89 @@ func TestFailedMessageHoldsItsPartitionUncounted(t *testing.T) {
 		t.Fatalf("dead letters = %+v", dl)
 	}
 }
+
+// The batch API gets only new messages, commits their set-based writes with
+// their records, and finds a culprit that its error does not name by
+// halving the batch, without counting an attempt against the others.
+func TestTransactionalBatchFindsCulprit(t *testing.T) {
+	f := newFixture(t)
+	accounts := strings.Replace(f.table, `"effects"`, `"accounts"`, 1)
+	f.exec(`CREATE TABLE ` + accounts + ` (id int PRIMARY KEY, balance bigint NOT NULL CHECK (balance >= 0))`)
+	f.exec(`INSERT INTO ` + accounts + ` SELECT generate_series(0, 9), 0`)
+	type op struct {
+		Account int32 `json:"account"`
+		Amount  int64 `json:"amount"`
+	}
+	var want int64
+	for i := range 30 {
+		amount := int64(1)
+		if i == 17 {
+			amount = -1000 // breaks the CHECK: the UPDATE fails for the whole batch
+		} else {
+			want += amount
+		}
+		f.broker.Publish(f.topic, memsource.Outgoing{Key: fmt.Sprintf("m%02d", i), Body: fmt.Appendf(nil, `{"account":%d,"amount":%d}`, i%10, amount)})
+	}
+	f.broker.Publish(f.topic, memsource.Outgoing{Key: "bad", Body: []byte(`{not json`)})
+	var mu sync.Mutex
+	seen := map[string]int{}
+	h := consumer.TxBatchJSON(func(ctx context.Context, tx pgx.Tx, items []consumer.BatchItem[op]) error {
+		ids, amounts := make([]int32, len(items)), make([]int64, len(items))
+		mu.Lock()
+		for i, it := range items {
+			ids[i], amounts[i] = it.Value.Account, it.Value.Amount
+			seen[it.Msg.Key]++
+		}
+		mu.Unlock()
+		_, err := tx.Exec(ctx, `UPDATE `+accounts+` a SET balance = a.balance + u.amount
+			FROM (SELECT id, sum(amount) AS amount FROM unnest($1::int[], $2::bigint[]) AS u(id, amount) GROUP BY id) u
+			WHERE a.id = u.id`, ids, amounts)
+		return err
+	})
+	r := f.start(f.broker.Source(f.topic), consumer.TransactionalBatch(f.store, h),
+		consumer.Config{Concurrency: 1, BatchSize: 100, Retry: quickRetry(1)})
+	f.settled()
+	var total int64
+	if err := f.pool.QueryRow(context.Background(), `SELECT sum(balance) FROM `+accounts).Scan(&total); err != nil {
+		t.Fatal(err)
+	}
+	if total != want {
+		t.Fatalf("sum of balances %d, want %d", total, want)
+	}
+	dl := f.broker.DeadLetters(f.topic)
+	keys := []string{}
+	for _, d := range dl {
+		keys = append(keys, d.Key)
+	}
+	slices.Sort(keys)
+	if !slices.Equal(keys, []string{"bad", "m17"}) {
+		t.Fatalf("dead letters %v, want bad and m17 only", keys)
+	}
+	if _, err := f.store.Inspect(context.Background(), "test", "m17"); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("record of the culprit: %v, want ErrNotFound", err)
+	}
+
+	// Redelivered, every key is a duplicate: the handler is not called.
+	before := len(seen)
+	calls := 0
+	for _, n := range seen {
+		calls += n
+	}
+	for i := range 30 {
+		if i != 17 {
+			f.broker.Publish(f.topic, memsource.Outgoing{Key: fmt.Sprintf("m%02d", i), Body: fmt.Appendf(nil, `{"account":%d,"amount":%d}`, i%10, 1)})
+		}
+	}
+	f.settled()
+	r.stop(t)
+	after := 0
+	for _, n := range seen {
+		after += n
+	}
+	if len(seen) != before || after != calls {
+		t.Fatalf("the handler saw %d more messages for duplicates", after-calls)
+	}
+	if st := r.Stats(); st.Duplicates != 29 {
+		t.Fatalf("%d duplicates, want 29", st.Duplicates)
+	}
+}

@@ -260,3 +260,70 @@ func TestBatchFailureDropsOnlyTheCulprit(t *testing.T) {
 		})
 	}
 }
+
+// The batch API works over database/sql: one handler call per batch of new
+// messages, and a culprit it does not name is found without counting the
+// others.
+func TestTransactionalBatch(t *testing.T) {
+	for name, open := range backends() {
+		t.Run(name, func(t *testing.T) {
+			store, db := open(t, sqldedup.Config{})
+			ctx := testCtx(t)
+			effects, ph := `"effects"`, "?"
+			if c := store.Config(); c.Dialect == sqldedup.Postgres {
+				effects, ph = `"`+c.Schema+`"."effects"`, "$"
+			}
+			if _, err := db.ExecContext(ctx, `CREATE TABLE `+effects+` (k TEXT NOT NULL)`); err != nil {
+				t.Fatal(err)
+			}
+			broker := memsource.New(memsource.Config{VisibilityTimeout: time.Second})
+			defer broker.Close()
+			for i := range 20 {
+				broker.Publish("t", memsource.Outgoing{Key: fmt.Sprintf("k%02d", i), Body: []byte(`{}`)})
+			}
+			handle := func(ctx context.Context, tx *sql.Tx, msgs []*consumer.Message) error {
+				q, args := `INSERT INTO `+effects+` (k) VALUES `, []any{}
+				for i, m := range msgs {
+					if m.Key == "k13" {
+						return errors.New("a batch with k13 fails")
+					}
+					if i > 0 {
+						q += ", "
+					}
+					q += fmt.Sprintf("(%s%d)", ph, i+1)
+					args = append(args, m.Key)
+				}
+				_, err := tx.ExecContext(ctx, q, args...)
+				return err
+			}
+			src := broker.Source("t")
+			runner, err := consumer.NewRunner(src, consumer.TransactionalBatch(store, handle), consumer.Config{
+				Name: "t", Concurrency: 1, BatchSize: 20,
+				Retry: consumer.RetryPolicy{MaxAttempts: 1, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runCtx, stop := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- runner.Run(runCtx) }()
+			for broker.Stats("t").Pending > 0 && ctx.Err() == nil {
+				time.Sleep(10 * time.Millisecond)
+			}
+			stop()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			var n, distinct int
+			if err := db.QueryRowContext(ctx, `SELECT count(*), count(DISTINCT k) FROM `+effects).Scan(&n, &distinct); err != nil {
+				t.Fatal(err)
+			}
+			if n != 19 || distinct != 19 {
+				t.Fatalf("%d effects (%d distinct), want 19", n, distinct)
+			}
+			if dl := broker.DeadLetters("t"); len(dl) != 1 || dl[0].Key != "k13" {
+				t.Fatalf("dead letters %+v, want k13 alone", dl)
+			}
+		})
+	}
+}
