@@ -35,8 +35,8 @@ test-short: ## Unit tests only: no service needed.
 	$(GO) test -short -count=1 ./...
 
 .PHONY: bench
-bench: services ## Print throughput tables: naive worker vs idemq batch 1 / 100, with and without the dedup record.
-	$(WITH_ENV) $(GO) run ./internal/bench/core
+bench: services ## PostgreSQL path vs hand-written careful and set-based workers: msg/s, ratios, round trips, statements, XIDs per message (BENCH_FLAGS=-sweep for batch sizes).
+	$(WITH_ENV) $(GO) run ./internal/bench/core $(BENCH_FLAGS)
 
 .PHONY: lint
 lint: ## gofmt and go vet.

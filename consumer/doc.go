@@ -19,6 +19,15 @@
 // record's row lock for the first one's outcome; on the lease path it finds
 // the lease held and is retried later.
 //
+// # Batches
+//
+// With Config.BatchSize above 1, the transactional path handles a batch in one
+// transaction without savepoints. TransactionalBatch gives one handler call
+// the batch's new messages, for set-based writes. When a message fails, the
+// transaction is rolled back and rerun without it (see Transactional): only
+// the culprit's attempt is counted, later messages of its PartitionKey wait
+// for it, and no handler's writes commit twice.
+//
 // # Failures
 //
 // A handler error or panic rolls back the handler's writes and its record (or
@@ -39,7 +48,10 @@
 // Config.MaxMessageBytes (ErrOversized), the same key with a different payload
 // (ErrPayloadMismatch), or a handler error wrapped with Permanent. Failures of
 // the database or the broker are retried without counting against the
-// message. Nothing is acknowledged before its effect is durable: a failed
+// message: the store's own begin, claim and commit, and the typed driver
+// errors its TransientClassifier recognises (a deadlock, a serialization
+// failure, a lost connection). Any other handler error, its HandlerTimeout
+// deadline included, is a counted attempt; Permanent always wins. Nothing is acknowledged before its effect is durable: a failed
 // commit (ErrCommit) acknowledges nothing.
 //
 // # Stopping

@@ -23,6 +23,18 @@
 // Use the default READ COMMITTED isolation: a claim must see the commit it
 // waited for.
 //
+// # Round trips
+//
+// With a *pgxpool.Pool or a *pgx.Conn, BeginClaim sends BEGIN and the claim's
+// insert in one pipelined round trip (pgx.Batch.BeginTx), so a message at
+// batch size 1 costs three round trips: BEGIN and claim, the handler's
+// statement, COMMIT. A batch takes no savepoints (see dedup.TxStore), so it
+// takes one transaction ID however many messages it holds. Commit reports a
+// commit the database refused for the transaction's content with
+// dedup.ErrTxRefused, and IsAborted recognises the statements refused after
+// an earlier failure (SQLSTATE 25P02), so that the runner can find the
+// message at fault.
+//
 // # Retention
 //
 // Records expire after Config.Retention (72 h by default). An expired record

@@ -1,19 +1,26 @@
-// Command core measures the transactional path on a real PostgreSQL and prints
-// one table, all workloads in one run against the same database with the
-// same business mutation (one UPDATE of an accounts row per message):
+// Command core measures the transactional path on a real PostgreSQL against
+// hand-written workers that do the same database work, all rows in one run,
+// with the same tables and the same business mutation (one UPDATE of an
+// accounts row per message), at the same concurrency:
 //
-//   - the naive worker of the reference texts: per message BEGIN; check;
-//     INSERT record; UPDATE; COMMIT;
-//   - the idemq runner at batch size 1 and at batch size 100;
-//   - the idemq runner at batch size 100 without the dedup record (same
-//     pipeline, a store that records nothing), which gives the cost of the
-//     record per message;
-//   - the idemq runner at batch size 100 re-reading the same messages, all
-//     duplicates.
+//   - careful worker: per message BEGIN; INSERT record ON CONFLICT DO
+//     NOTHING; UPDATE accounts (if the record was new); COMMIT;
+//   - set-based worker: per 100 messages BEGIN; INSERT records SELECT
+//     unnest(…) ON CONFLICT DO NOTHING RETURNING key; the UPDATEs of the new
+//     keys pipelined in one pgx.Batch; COMMIT;
+//   - idemq at batch size 1 and 100 with a per-message TxJSON handler, idemq
+//     at batch size 100 with the batch API (TransactionalBatch, the same
+//     pipelined UPDATEs), and idemq re-reading messages already processed
+//     (all duplicates).
 //
-// The messages come from an in-process source (no broker), so the numbers
-// are those of the database path. Run it with `make bench`, which starts
-// PostgreSQL; TEST_DATABASE_URL selects another server.
+// Every row runs until it has handled at least -n messages and for at least
+// -min (defaults 20,000 and 5 s). The rows run in two rounds, the second in
+// the reverse order, and the ratios are taken within a round. A pgx tracer
+// counts round trips (a query, an Exec, a batch) and statements per message;
+// txid_current() before and after a row gives the transaction IDs per
+// message (cluster-wide: other clients of the same server add to it). The
+// messages come from an in-process source (no broker). Run it with `make
+// bench`; TEST_DATABASE_URL selects the server.
 package main
 
 import (
@@ -24,8 +31,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"regexp"
 	"runtime/pprof"
+	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -39,19 +50,32 @@ import (
 const schema = "idemq_bench"
 
 type order struct {
-	Account int   `json:"account"`
+	Account int32 `json:"account"`
 	Amount  int64 `json:"amount"`
 }
 
+type options struct {
+	dsn         string
+	n           int
+	min         time.Duration
+	concurrency int
+	accounts    int
+	sweep       bool
+	rows        string
+	rounds      int
+}
+
 func main() {
-	var (
-		dsn         = flag.String("dsn", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable"), "PostgreSQL URL")
-		naiveN      = flag.Int("naive", 3000, "messages for the naive worker and batch size 1")
-		batchN      = flag.Int("n", 20000, "messages for the batched runs")
-		concurrency = flag.Int("concurrency", 4, "workers (naive) and Runner.Concurrency (idemq)")
-		accounts    = flag.Int("accounts", 1000, "rows in the accounts table")
-		cpuprofile  = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
-	)
+	var o options
+	flag.StringVar(&o.dsn, "dsn", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable"), "PostgreSQL URL")
+	flag.IntVar(&o.n, "n", 20000, "least messages per row")
+	flag.DurationVar(&o.min, "min", 5*time.Second, "least duration per row")
+	flag.IntVar(&o.concurrency, "concurrency", 4, "workers (hand-written) and Runner.Concurrency (idemq)")
+	flag.IntVar(&o.accounts, "accounts", 1000, "rows in the accounts table")
+	flag.BoolVar(&o.sweep, "sweep", false, "after the rounds, run idemq at batch sizes 10 to 1000")
+	flag.StringVar(&o.rows, "rows", "", "run only the rows whose name matches this regular expression")
+	flag.IntVar(&o.rounds, "rounds", 2, "rounds (every other one in reverse order)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -66,244 +90,515 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	if err := run(ctx, *dsn, *naiveN, *batchN, *concurrency, *accounts); err != nil {
+	if err := run(ctx, o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1) //nolint:gocritic // the profile is flushed above
 	}
 }
 
-type result struct {
-	name string
-	n    int
-	d    time.Duration
+// counter is a pgx tracer counting round trips and statements.
+type counter struct{ trips, stmts atomic.Int64 }
+
+func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.trips.Add(1)
+	c.stmts.Add(1)
+	return ctx
 }
 
-func (r result) rate() float64 { return float64(r.n) / r.d.Seconds() }
+func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-func run(ctx context.Context, dsn string, naiveN, batchN, concurrency, accounts int) error {
-	cfg, err := pgxpool.ParseConfig(dsn)
+func (c *counter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	c.trips.Add(1)
+	c.stmts.Add(int64(len(d.Batch.QueuedQueries)))
+	return ctx
+}
+
+func (c *counter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// result is one row's measurement.
+type result struct {
+	name         string
+	n            int64
+	d            time.Duration
+	trips, stmts int64
+	xids         int64
+}
+
+func (r result) rate() float64       { return float64(r.n) / r.d.Seconds() }
+func (r result) per(v int64) float64 { return float64(v) / float64(r.n) }
+
+// row is one workload. It processes messages from gen until gen stops and
+// returns how many it applied (new) and handled in all.
+type row struct {
+	name  string
+	scope string
+	base  string // the name of the hand-written row it is compared with
+	dup   bool   // replays the keys of the row named by dupOf
+	dupOf string
+	run   func(ctx context.Context, pool *pgxpool.Pool, store *pgdedup.Store, gen *generator) error
+}
+
+type bench struct {
+	o      options
+	admin  *pgxpool.Pool
+	logger *slog.Logger
+	keys   map[string][]string // keys handled per scope, for the duplicate row
+	mu     sync.Mutex
+	expect int64
+}
+
+func run(ctx context.Context, o options) error {
+	admin, err := pgxpool.New(ctx, o.dsn)
 	if err != nil {
 		return err
 	}
-	cfg.MaxConns = int32(concurrency + 2)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-
+	defer admin.Close()
 	setup := []string{
 		`DROP SCHEMA IF EXISTS ` + schema + ` CASCADE`,
 		`CREATE SCHEMA ` + schema,
 		`CREATE TABLE ` + schema + `.accounts (id int PRIMARY KEY, balance bigint NOT NULL DEFAULT 0)`,
-		fmt.Sprintf(`INSERT INTO %s.accounts (id) SELECT generate_series(0, %d)`, schema, accounts-1),
+		fmt.Sprintf(`INSERT INTO %s.accounts (id) SELECT generate_series(0, %d)`, schema, o.accounts-1),
 	}
 	for _, sql := range setup {
-		if _, err := pool.Exec(ctx, sql); err != nil {
+		if _, err := admin.Exec(ctx, sql); err != nil {
 			return fmt.Errorf("setup: %w", err)
 		}
 	}
-	defer pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) //nolint:errcheck
-	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
+	defer admin.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) //nolint:errcheck
+	store, err := pgdedup.New(admin, pgdedup.Config{Schema: schema})
 	if err != nil {
 		return err
 	}
 	if err := store.Migrate(ctx); err != nil {
 		return err
 	}
+	var syncCommit string
+	_ = admin.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&syncCommit)
+	fmt.Printf("PostgreSQL path benchmark: concurrency %d, %d accounts, synchronous_commit=%s, each row >= %d messages and >= %s\n",
+		o.concurrency, o.accounts, syncCommit, o.n, o.min)
+	fmt.Printf("round trips and statements from a pgx tracer; XIDs from txid_current() before and after a row (cluster-wide)\n")
 
-	var fsync string
-	_ = pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&fsync)
-	fmt.Printf("PostgreSQL path benchmark: concurrency %d, %d accounts, synchronous_commit=%s\n\n", concurrency, accounts, fsync)
-
-	handler := func(ctx context.Context, tx pgx.Tx, msg *consumer.Message, o order) error {
-		_, err := tx.Exec(ctx, `UPDATE `+schema+`.accounts SET balance = balance + $1 WHERE id = $2`, o.Amount, o.Account)
-		return err
+	b := &bench{o: o, admin: admin, keys: map[string][]string{},
+		logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	rows := []row{
+		{name: "careful worker (BEGIN; INSERT; UPDATE; COMMIT)", scope: "careful", run: b.careful},
+		{name: "idemq, batch 1", scope: "b1", base: "careful worker (BEGIN; INSERT; UPDATE; COMMIT)", run: b.idemq(1, false)},
+		{name: "set-based worker (100 per tx, unnest + pgx.Batch)", scope: "setbased", run: b.setBased(100)},
+		{name: "idemq, batch 100, per-message handler", scope: "b100", base: "set-based worker (100 per tx, unnest + pgx.Batch)", run: b.idemq(100, false)},
+		{name: "idemq, batch 100, batch API", scope: "api100", base: "set-based worker (100 per tx, unnest + pgx.Batch)", run: b.idemq(100, true)},
+		{name: "idemq, batch 100, all duplicates", scope: "api100", dup: true, run: b.idemq(100, true)},
 	}
-	var results []result
-	var expected int64
-
-	// Naive worker.
-	msgs := messages("naive", naiveN, accounts)
-	d, err := naive(ctx, pool, msgs, concurrency)
-	if err != nil {
-		return fmt.Errorf("naive: %w", err)
-	}
-	expected += int64(naiveN)
-	results = append(results, result{"naive worker (BEGIN; check; INSERT; UPDATE; COMMIT)", naiveN, d})
-
-	runs := []struct {
-		name   string
-		prefix string
-		n      int
-		batch  int
-		store  dedup.TxStore[pgx.Tx]
-		dup    bool
-	}{
-		{"idemq, batch 1", "b1", naiveN, 1, store, false},
-		{"idemq, batch 100", "b100", batchN, 100, store, false},
-		{"idemq, batch 100, no dedup record", "nodedup", batchN, 100, noRecord{store}, false},
-		{"idemq, batch 100, all duplicates", "b100", batchN, 100, store, true},
-	}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	for _, r := range runs {
-		msgs := messages(r.prefix, r.n, accounts)
-		src := newSliceSource(msgs)
-		runner, err := consumer.NewRunner(src, consumer.Transactional(r.store, consumer.TxJSON(handler)), consumer.Config{
-			Name: "bench", Concurrency: concurrency, BatchSize: r.batch, Logger: logger,
-		})
+	if o.rows != "" {
+		re, err := regexp.Compile(o.rows)
 		if err != nil {
-			return err
+			return fmt.Errorf("-rows: %w", err)
 		}
-		d, err := src.drain(ctx, runner)
-		if err != nil {
-			return fmt.Errorf("%s: %w", r.name, err)
+		rows = slices.DeleteFunc(rows, func(r row) bool { return !re.MatchString(r.name) })
+	}
+	for round := 1; round <= o.rounds; round++ {
+		order := rows
+		if round%2 == 0 && len(rows) > 1 {
+			order = make([]row, len(rows))
+			for i, r := range rows {
+				order[len(rows)-1-i] = r
+			}
+			// The duplicates replay the keys of the row with their scope:
+			// keep them after it.
+			for i, r := range order {
+				if !r.dup {
+					continue
+				}
+				src := slices.IndexFunc(order, func(o row) bool { return !o.dup && o.scope == r.scope })
+				if src > i {
+					order = slices.Insert(slices.Delete(order, i, i+1), src, r)
+				}
+				break
+			}
 		}
-		st := runner.Stats()
-		if st.DeadLettered > 0 || st.Retried > 0 {
-			return fmt.Errorf("%s: %d dead-lettered, %d retried", r.name, st.DeadLettered, st.Retried)
+		results := map[string]result{}
+		fmt.Printf("\nround %d\n%-52s %8s %7s %9s %8s %9s %9s %8s\n", round, "workload", "messages", "seconds", "msg/s", "ratio", "trips/msg", "stmts/msg", "XIDs/msg")
+		for _, r := range order {
+			res, err := b.measure(ctx, r, round)
+			if err != nil {
+				return fmt.Errorf("round %d, %s: %w", round, r.name, err)
+			}
+			results[r.name] = res
+			ratio := "-"
+			if base, ok := results[r.base]; ok {
+				ratio = fmt.Sprintf("%.2fx", res.rate()/base.rate())
+			}
+			fmt.Printf("%-52s %8d %7.2f %9.0f %8s %9.3f %9.3f %8.3f\n", r.name, res.n, res.d.Seconds(), res.rate(), ratio,
+				res.per(res.trips), res.per(res.stmts), res.per(res.xids))
 		}
-		if r.dup && st.Duplicates != uint64(r.n) {
-			return fmt.Errorf("%s: %d duplicates, want %d", r.name, st.Duplicates, r.n)
+		// Ratios against a baseline that ran later in the round.
+		for _, r := range order {
+			if r.base == "" {
+				continue
+			}
+			res, base := results[r.name], results[r.base]
+			fmt.Printf("  %s vs %s: %.2fx\n", r.name, r.base, res.rate()/base.rate())
 		}
-		if !r.dup {
-			expected += int64(r.n)
+	}
+	if o.sweep {
+		fmt.Printf("\nbatch size sweep (idemq, msg/s, round trips and XIDs per message)\n")
+		for _, api := range []bool{false, true} {
+			for _, size := range []int{10, 50, 100, 200, 500, 1000} {
+				name := fmt.Sprintf("idemq, batch %d, %s", size, map[bool]string{false: "per-message handler", true: "batch API"}[api])
+				res, err := b.measure(ctx, row{name: name, scope: fmt.Sprintf("sweep-%v-%d", api, size), run: b.idemq(size, api)}, 0)
+				if err != nil {
+					return fmt.Errorf("%s: %w", name, err)
+				}
+				fmt.Printf("%-52s %8d %7.2f %9.0f %9.3f %9.3f %8.3f\n", name, res.n, res.d.Seconds(), res.rate(), res.per(res.trips), res.per(res.stmts), res.per(res.xids))
+			}
 		}
-		results = append(results, result{r.name, r.n, d})
 	}
 
 	var total int64
-	if err := pool.QueryRow(ctx, `SELECT sum(balance) FROM `+schema+`.accounts`).Scan(&total); err != nil {
+	if err := admin.QueryRow(ctx, `SELECT sum(balance) FROM `+schema+`.accounts`).Scan(&total); err != nil {
 		return err
 	}
-	if total != expected {
-		return fmt.Errorf("effects: sum of balances %d, want %d", total, expected)
+	if total != b.expect {
+		return fmt.Errorf("effects: sum of balances %d, want %d", total, b.expect)
 	}
-
-	base := results[0].rate()
-	fmt.Printf("%-55s %9s %9s %11s %9s\n", "workload", "messages", "seconds", "msg/s", "vs naive")
-	for _, r := range results {
-		fmt.Printf("%-55s %9d %9.2f %11.0f %8.1fx\n", r.name, r.n, r.d.Seconds(), r.rate(), r.rate()/base)
-	}
-	with, without := results[2], results[3]
-	overhead := (with.d.Seconds()/float64(with.n) - without.d.Seconds()/float64(without.n)) * 1000
-	fmt.Printf("\ndedup record overhead at batch 100: %.4f ms per message (batch 100 vs batch 100 without record)\n", overhead)
-	fmt.Printf("batch 100 vs naive: %.1fx\n", with.rate()/base)
-	fmt.Printf("effects: sum of balances = %d = messages applied once each\n", total)
+	fmt.Printf("\neffects: sum of balances = %d = messages applied once each\n", total)
 	return nil
 }
 
-func messages(prefix string, n, accounts int) []*consumer.Message {
-	msgs := make([]*consumer.Message, n)
-	for i := range msgs {
-		body, _ := json.Marshal(order{Account: i % accounts, Amount: 1})
-		// Partitioning by account keeps one account's updates in one lane,
-		// so concurrent batches do not lock accounts in crossing orders.
-		msgs[i] = &consumer.Message{
-			ID: fmt.Sprintf("%s-%d", prefix, i), Body: body, PartitionKey: fmt.Sprint(i % accounts),
-			Attempt: 1, ReceivedAt: time.Now(),
-		}
+// measure runs one row on a fresh, traced pool.
+func (b *bench) measure(ctx context.Context, r row, round int) (result, error) {
+	cfg, err := pgxpool.ParseConfig(b.o.dsn)
+	if err != nil {
+		return result{}, err
 	}
-	return msgs
+	c := &counter{}
+	cfg.ConnConfig.Tracer = c
+	cfg.MaxConns = int32(b.o.concurrency + 1)
+	cfg.MinConns = cfg.MaxConns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return result{}, err
+	}
+	defer pool.Close()
+	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
+	if err != nil {
+		return result{}, err
+	}
+	scope := fmt.Sprintf("%s-r%d", r.scope, round)
+	var gen *generator
+	if r.dup {
+		b.mu.Lock()
+		keys := b.keys[scope]
+		b.mu.Unlock()
+		if len(keys) == 0 {
+			return result{}, errors.New("no keys to replay")
+		}
+		gen = newGenerator(scope, b.o, keys)
+	} else {
+		gen = newGenerator(scope, b.o, nil)
+	}
+	// Warm up the pool's connections (and their statement caches) outside
+	// the measurement.
+	if err := pool.Ping(ctx); err != nil {
+		return result{}, err
+	}
+	var x0, x1 int64
+	if err := b.admin.QueryRow(ctx, `SELECT txid_current()`).Scan(&x0); err != nil {
+		return result{}, err
+	}
+	c.trips.Store(0)
+	c.stmts.Store(0)
+	start := time.Now()
+	gen.start = start
+	if err := r.run(ctx, pool, store, gen); err != nil {
+		return result{}, err
+	}
+	d := time.Since(start)
+	if err := b.admin.QueryRow(ctx, `SELECT txid_current()`).Scan(&x1); err != nil {
+		return result{}, err
+	}
+	if !r.dup {
+		b.mu.Lock()
+		b.keys[scope] = gen.produced()
+		b.expect += int64(len(gen.produced()))
+		b.mu.Unlock()
+	}
+	// txid_current() itself takes one XID: count from x0+1 to x1, excluded.
+	return result{name: r.name, n: int64(gen.count()), d: d, trips: c.trips.Load(), stmts: c.stmts.Load(), xids: x1 - x0 - 1}, nil
 }
 
-// naive is the per-message worker of the reference texts.
-func naive(ctx context.Context, pool *pgxpool.Pool, msgs []*consumer.Message, concurrency int) (time.Duration, error) {
-	work := make(chan *consumer.Message)
-	errc := make(chan error, concurrency)
+// generator produces messages until it has made at least n and run for at
+// least min, or replays keys (all duplicates) for as long.
+type generator struct {
+	scope    string
+	n        int
+	min      time.Duration
+	accounts int
+	replay   []string
+	start    time.Time
+
+	mu      sync.Mutex
+	made    int
+	stopped bool
+	keys    []string
+}
+
+func newGenerator(scope string, o options, replay []string) *generator {
+	return &generator{scope: scope, n: o.n, min: o.min, accounts: o.accounts, replay: replay}
+}
+
+// next returns up to max new messages, or none once the generator stopped.
+func (g *generator) next(max int) []*consumer.Message {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopped {
+		return nil
+	}
+	if g.made >= g.n && time.Since(g.start) >= g.min {
+		g.stopped = true
+		return nil
+	}
+	out := make([]*consumer.Message, 0, max)
+	for range max {
+		i := g.made
+		g.made++
+		var key string
+		if g.replay != nil {
+			key = g.replay[i%len(g.replay)]
+		} else {
+			key = fmt.Sprintf("%s-%d", g.scope, i)
+			g.keys = append(g.keys, key)
+		}
+		out = append(out, message(key, g.accounts))
+	}
+	return out
+}
+
+func (g *generator) count() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.made
+}
+
+func (g *generator) produced() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.keys
+}
+
+// message is the message of key: an amount of 1 on the account the key's
+// number selects. The same key always has the same body.
+func message(key string, accounts int) *consumer.Message {
+	var n int
+	fmt.Sscanf(key[strings.LastIndexByte(key, '-')+1:], "%d", &n) //nolint:errcheck // keys are ours
+	acct := n % accounts
+	body, _ := json.Marshal(order{Account: int32(acct), Amount: 1})
+	// Partitioning by account keeps one account's updates in one lane, so
+	// concurrent batches do not lock accounts in crossing orders.
+	return &consumer.Message{ID: key, Key: key, Body: body, PartitionKey: fmt.Sprint(acct), Attempt: 1, ReceivedAt: time.Now()}
+}
+
+func (b *bench) update() string {
+	return `UPDATE ` + schema + `.accounts SET balance = balance + $1 WHERE id = $2`
+}
+
+// dispatch feeds the hand-written workers: each account goes to one worker,
+// as the runner's lanes do, and each worker takes what is queued, up to max
+// messages at a time.
+func (b *bench) dispatch(ctx context.Context, gen *generator, max int, work func(msgs []*consumer.Message) error) error {
+	lanes := make([]chan *consumer.Message, b.o.concurrency)
+	errc := make(chan error, b.o.concurrency)
 	var wg sync.WaitGroup
-	start := time.Now()
-	for range concurrency {
+	for i := range lanes {
+		lanes[i] = make(chan *consumer.Message, max)
 		wg.Go(func() {
-			for m := range work {
-				if err := naiveOne(ctx, pool, m); err != nil {
+			for m := range lanes[i] {
+				batch := []*consumer.Message{m}
+			more:
+				for len(batch) < max {
+					select {
+					case m, ok := <-lanes[i]:
+						if !ok {
+							break more
+						}
+						batch = append(batch, m)
+					default:
+						break more
+					}
+				}
+				if err := work(batch); err != nil {
 					errc <- err
+					for range lanes[i] { //nolint:revive // drain
+					}
 					return
 				}
 			}
 		})
 	}
-	for _, m := range msgs {
-		work <- m
+	for msgs := gen.next(100); len(msgs) > 0 && ctx.Err() == nil; msgs = gen.next(100) {
+		for _, m := range msgs {
+			var o order
+			_ = json.Unmarshal(m.Body, &o)
+			lanes[int(o.Account)%len(lanes)] <- m
+		}
 	}
-	close(work)
+	for _, l := range lanes {
+		close(l)
+	}
 	wg.Wait()
-	d := time.Since(start)
 	select {
 	case err := <-errc:
-		return 0, err
+		return err
 	default:
-		return d, nil
+		return ctx.Err()
 	}
 }
 
-func naiveOne(ctx context.Context, pool *pgxpool.Pool, m *consumer.Message) error {
-	var o order
-	if err := json.Unmarshal(m.Body, &o); err != nil {
-		return err
-	}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	var seen bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+schema+`.processed_messages WHERE scope = 'naive' AND key = $1)`, m.ID).Scan(&seen); err != nil {
-		return err
-	}
-	if seen {
+// careful is the hand-written per-message worker.
+func (b *bench) careful(ctx context.Context, pool *pgxpool.Pool, _ *pgdedup.Store, gen *generator) error {
+	insert := `INSERT INTO ` + schema + `.processed_messages (scope, key, payload_hash, expires_at)
+VALUES ($1, $2, $3, now() + interval '72 hours') ON CONFLICT (scope, key) DO NOTHING`
+	update := b.update()
+	return b.dispatch(ctx, gen, 1, func(msgs []*consumer.Message) error {
+		m := msgs[0]
+		var o order
+		if err := json.Unmarshal(m.Body, &o); err != nil {
+			return err
+		}
+		h := dedup.HashPayload(m.Body)
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck
+		tag, err := tx.Exec(ctx, insert, gen.scope, m.ID, h[:])
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 1 {
+			if _, err := tx.Exec(ctx, update, o.Amount, o.Account); err != nil {
+				return err
+			}
+		}
 		return tx.Commit(ctx)
-	}
-	h := dedup.HashPayload(m.Body)
-	if _, err := tx.Exec(ctx, `INSERT INTO `+schema+`.processed_messages (scope, key, payload_hash, expires_at) VALUES ('naive', $1, $2, now() + interval '72 hours')`, m.ID, h[:]); err != nil {
-		return err
-	}
-	if _, err := tx.Exec(ctx, `UPDATE `+schema+`.accounts SET balance = balance + $1 WHERE id = $2`, o.Amount, o.Account); err != nil {
-		return err
-	}
-	return tx.Commit(ctx)
+	})
 }
 
-// noRecord is the same store without the record: every key is new and
-// nothing is written, to isolate the cost of deduplication.
-type noRecord struct{ *pgdedup.Store }
-
-func (noRecord) Claim(_ context.Context, _ pgx.Tx, _ string, recs []dedup.Record) ([]dedup.Claim, error) {
-	cs := make([]dedup.Claim, len(recs))
-	for i, r := range recs {
-		cs[i] = dedup.Claim{Key: r.Key, State: dedup.StateNew}
+// setBased is the hand-written batch worker: one set-based insert of the
+// records, the UPDATEs of the new keys pipelined, one commit.
+func (b *bench) setBased(size int) func(ctx context.Context, pool *pgxpool.Pool, _ *pgdedup.Store, gen *generator) error {
+	return func(ctx context.Context, pool *pgxpool.Pool, _ *pgdedup.Store, gen *generator) error {
+		insert := `INSERT INTO ` + schema + `.processed_messages (scope, key, payload_hash, expires_at)
+SELECT $1, u.k, u.h, now() + interval '72 hours' FROM unnest($2::text[], $3::bytea[]) AS u(k, h)
+ORDER BY u.k ON CONFLICT (scope, key) DO NOTHING RETURNING key`
+		update := b.update()
+		return b.dispatch(ctx, gen, size, func(msgs []*consumer.Message) error {
+			keys, hashes := make([]string, len(msgs)), make([][]byte, len(msgs))
+			orders := make(map[string]order, len(msgs))
+			for i, m := range msgs {
+				var o order
+				if err := json.Unmarshal(m.Body, &o); err != nil {
+					return err
+				}
+				h := dedup.HashPayload(m.Body)
+				keys[i], hashes[i], orders[m.ID] = m.ID, h[:], o
+			}
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck
+			rows, err := tx.Query(ctx, insert, gen.scope, keys, hashes)
+			if err != nil {
+				return err
+			}
+			fresh, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				return err
+			}
+			if len(fresh) > 0 {
+				batch := &pgx.Batch{}
+				for _, k := range fresh {
+					o := orders[k]
+					batch.Queue(update, o.Amount, o.Account)
+				}
+				if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+					return err
+				}
+			}
+			return tx.Commit(ctx)
+		})
 	}
-	return cs, nil
 }
 
-func (noRecord) Unclaim(context.Context, pgx.Tx, string, string) error { return nil }
+// idemq runs a Runner at batch size size, with the per-message TxJSON
+// handler or the batch API doing the same UPDATEs in one pipelined batch.
+func (b *bench) idemq(size int, api bool) func(ctx context.Context, pool *pgxpool.Pool, store *pgdedup.Store, gen *generator) error {
+	return func(ctx context.Context, pool *pgxpool.Pool, store *pgdedup.Store, gen *generator) error {
+		update := b.update()
+		var path consumer.Path
+		if api {
+			path = consumer.TransactionalBatch(store, consumer.TxBatchJSON(func(ctx context.Context, tx pgx.Tx, items []consumer.BatchItem[order]) error {
+				batch := &pgx.Batch{}
+				for _, it := range items {
+					batch.Queue(update, it.Value.Amount, it.Value.Account)
+				}
+				return tx.SendBatch(ctx, batch).Close()
+			}))
+		} else {
+			path = consumer.Transactional(store, consumer.TxJSON(func(ctx context.Context, tx pgx.Tx, _ *consumer.Message, o order) error {
+				_, err := tx.Exec(ctx, update, o.Amount, o.Account)
+				return err
+			}))
+		}
+		src := &genSource{gen: gen, done: make(chan struct{})}
+		runner, err := consumer.NewRunner(src, path, consumer.Config{
+			Name: gen.scope, Concurrency: b.o.concurrency, BatchSize: size, Logger: b.logger,
+		})
+		if err != nil {
+			return err
+		}
+		if err := src.drain(ctx, runner); err != nil {
+			return err
+		}
+		st := runner.Stats()
+		if st.DeadLettered > 0 || st.Retried > 0 {
+			return fmt.Errorf("%d dead-lettered, %d retried", st.DeadLettered, st.Retried)
+		}
+		if gen.replay != nil && st.Duplicates != uint64(gen.count()) {
+			return fmt.Errorf("%d duplicates, want %d", st.Duplicates, gen.count())
+		}
+		return nil
+	}
+}
 
-// sliceSource serves a fixed slice of messages once and counts settlements.
-type sliceSource struct {
+// genSource serves a generator's messages and counts settlements.
+type genSource struct {
+	gen     *generator
 	mu      sync.Mutex
-	pending []*consumer.Message
+	retried []*consumer.Message
 	settled int
-	total   int
 	done    chan struct{}
+	closed  bool
 }
 
-func newSliceSource(msgs []*consumer.Message) *sliceSource {
-	return &sliceSource{pending: msgs, total: len(msgs), done: make(chan struct{})}
-}
-
-func (s *sliceSource) Receive(ctx context.Context, max int) ([]*consumer.Message, error) {
+func (s *genSource) Receive(ctx context.Context, max int) ([]*consumer.Message, error) {
 	for {
 		s.mu.Lock()
-		n := min(max, len(s.pending))
-		out := s.pending[:n:n]
-		s.pending = s.pending[n:]
-		s.mu.Unlock()
-		if n > 0 {
+		if n := min(max, len(s.retried)); n > 0 {
+			out := s.retried[:n:n]
+			s.retried = s.retried[n:]
+			s.mu.Unlock()
 			return out, nil
 		}
+		s.mu.Unlock()
+		if msgs := s.gen.next(max); len(msgs) > 0 {
+			return msgs, nil
+		}
+		s.check()
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -312,55 +607,64 @@ func (s *sliceSource) Receive(ctx context.Context, max int) ([]*consumer.Message
 	}
 }
 
-func (s *sliceSource) settle(n int) {
+// check closes done once the generator stopped and everything it made is
+// settled.
+func (s *genSource) check() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.settled += n
-	if s.settled == s.total {
+	s.gen.mu.Lock()
+	stopped, made := s.gen.stopped, s.gen.made
+	s.gen.mu.Unlock()
+	if stopped && s.settled == made && !s.closed {
+		s.closed = true
 		close(s.done)
 	}
 }
 
-func (s *sliceSource) Ack(_ context.Context, msgs []*consumer.Message) error {
+func (s *genSource) settle(n int) {
+	s.mu.Lock()
+	s.settled += n
+	s.mu.Unlock()
+	s.check()
+}
+
+func (s *genSource) Ack(_ context.Context, msgs []*consumer.Message) error {
 	s.settle(len(msgs))
 	return nil
 }
 
-func (s *sliceSource) Retry(_ context.Context, m *consumer.Message, delay time.Duration) error {
+func (s *genSource) Retry(_ context.Context, m *consumer.Message, delay time.Duration) error {
 	time.AfterFunc(delay, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		m.Attempt++
-		s.pending = append(s.pending, m)
+		s.retried = append(s.retried, m)
 	})
 	return nil
 }
 
-func (s *sliceSource) DeadLetter(context.Context, *consumer.Message, error) error {
+func (s *genSource) DeadLetter(context.Context, *consumer.Message, error) error {
 	s.settle(1)
 	return nil
 }
 
-func (s *sliceSource) Close() error { return nil }
+func (s *genSource) Close() error { return nil }
 
-// drain runs runner until every message is settled and returns the time it
-// took.
-func (s *sliceSource) drain(ctx context.Context, runner *consumer.Runner) (time.Duration, error) {
+// drain runs runner until every message is settled.
+func (s *genSource) drain(ctx context.Context, runner *consumer.Runner) error {
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
 	errc := make(chan error, 1)
-	start := time.Now()
 	go func() { errc <- runner.Run(rctx) }()
 	select {
 	case <-s.done:
 	case err := <-errc:
-		return 0, fmt.Errorf("runner stopped early: %w", err)
+		return fmt.Errorf("runner stopped early: %w", err)
 	case <-ctx.Done():
-		return 0, errors.New("timed out")
+		return errors.New("timed out")
 	}
-	d := time.Since(start)
 	stop()
-	return d, <-errc
+	return <-errc
 }
 
 func envOr(k, def string) string {
