@@ -34,7 +34,12 @@ type Config struct {
 	// BatchSize is the largest number of messages handled in one database
 	// transaction, without savepoints: when a handler fails, the
 	// transaction is rolled back and rerun without it. Larger batches raise
-	// throughput; 1 gives one transaction per message. Defaults to 1.
+	// throughput (one transaction ID, one claim and one commit per batch);
+	// 1 gives one transaction per message and the lowest latency. For
+	// throughput, 100 is the measured sweet spot (`make bench`): beyond
+	// it the gain is small, while a batch holds its row locks longer, a
+	// failure reruns more work, and each lane buffers up to BatchSize
+	// messages. Defaults to 1.
 	BatchSize int
 
 	// HandlerTimeout bounds one handler call; its context is cancelled when
