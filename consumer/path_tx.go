@@ -87,18 +87,18 @@ func (p *txPath[Tx]) runAll(ctx context.Context, r *Runner, held *heldPartitions
 		case res.err == nil:
 			r.infraOK()
 			return
-		case res.infra:
-			p.infra(r, jobs, res.err)
+		case res.infra || (res.culprit == nil && len(res.suspects) == 0):
+			p.infra(ctx, r, jobs, res.err)
 			return
 		case res.culprit != nil:
-			p.blame(r, held, res.culprit, res.err)
+			p.blame(ctx, r, held, res.culprit, res.err)
 		case len(res.suspects) == 1:
-			p.blame(r, held, res.suspects[0], res.err)
+			p.blame(ctx, r, held, res.suspects[0], res.err)
 		default:
 			// One of the suspects failed without saying so. Run the first
 			// half on its own: it commits, or narrows the search; the
 			// loop then takes the rest.
-			r.log.Debug("transaction failed without naming a message; splitting it",
+			r.log.DebugContext(ctx, "transaction failed without naming a message; splitting it",
 				LogKeyCount, len(res.suspects), LogKeyError, res.err)
 			p.runAll(ctx, r, held, res.suspects[:len(res.suspects)/2])
 		}
@@ -233,21 +233,21 @@ func (p *txPath[Tx]) handlerTransient(err error) bool {
 // is retried without counting an attempt, anything else is a counted
 // attempt (or a dead letter for Permanent). Later messages of its partition
 // are held behind it.
-func (p *txPath[Tx]) blame(r *Runner, held *heldPartitions, j *job, err error) {
+func (p *txPath[Tx]) blame(ctx context.Context, r *Runner, held *heldPartitions, j *job, err error) {
 	if p.handlerTransient(err) {
 		j.set(outRetryInfra, err)
 		j.delay = r.infraDelay()
 	} else {
 		r.failure(j, err)
 	}
-	r.log.Debug("handler failed", LogKeyKey, j.key, LogKeyAttempt, j.msg.Attempt, LogKeyError, err)
+	r.log.DebugContext(ctx, "handler failed", LogKeyKey, j.key, LogKeyAttempt, j.msg.Attempt, LogKeyError, err)
 	held.hold(j)
 }
 
 // infra settles the unsettled jobs of a transaction that failed for a reason
 // of the store or the database (begin, claim or commit): nothing in it is
 // durable, and nothing is counted against the messages.
-func (p *txPath[Tx]) infra(r *Runner, jobs []*job, err error) {
+func (p *txPath[Tx]) infra(ctx context.Context, r *Runner, jobs []*job, err error) {
 	if errors.Is(err, ErrCommit) {
 		r.stats.commitFailures.Add(1)
 	}
@@ -261,7 +261,7 @@ func (p *txPath[Tx]) infra(r *Runner, jobs []*job, err error) {
 		j.delay = delay
 		n++
 	}
-	r.log.Warn("transaction failed; its messages will be retried", LogKeyCount, n, LogKeyError, err)
+	r.log.WarnContext(ctx, "transaction failed; its messages will be retried", LogKeyCount, n, LogKeyError, err)
 }
 
 // heldPartitions tracks the partition keys of a batch whose message failed.
