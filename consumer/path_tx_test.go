@@ -380,3 +380,32 @@ func TestTransactionalBatchFindsCulprit(t *testing.T) {
 		t.Fatalf("%d duplicates, want 29", st.Duplicates)
 	}
 }
+
+// A commit refused for a deferred constraint names no message: the batch is
+// halved until the culprit is alone. With MaxAttempts 1, an attempt counted
+// against any other message would dead-letter it.
+func TestRefusedCommitInBatchBlamesOnlyTheCulprit(t *testing.T) {
+	f := newFixture(t)
+	allowed := strings.Replace(f.table, `"effects"`, `"allowed"`, 1)
+	f.exec(`CREATE TABLE ` + allowed + ` (key text PRIMARY KEY)`)
+	f.exec(`ALTER TABLE ` + f.table + ` ADD FOREIGN KEY (key) REFERENCES ` + allowed + ` DEFERRABLE INITIALLY DEFERRED`)
+	ks := keys(8, "d")
+	for _, k := range ks {
+		if k != "d005" {
+			f.exec(`INSERT INTO `+allowed+` VALUES ($1)`, k)
+		}
+	}
+	f.publish(ks...)
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)),
+		consumer.Config{Concurrency: 1, BatchSize: 8, Retry: quickRetry(1)})
+	f.settled()
+	r.stop(t)
+	f.requireOnce(slices.DeleteFunc(slices.Clone(ks), func(k string) bool { return k == "d005" })...)
+	dl := f.broker.DeadLetters(f.topic)
+	if len(dl) != 1 || dl[0].Key != "d005" || !errors.Is(dl[0].Err, dedup.ErrTxRefused) {
+		t.Fatalf("dead letters = %+v, want d005 alone, for its refused commit", dl)
+	}
+	if r.Stats().CommitFailures == 0 {
+		t.Fatal("no commit failure counted")
+	}
+}
