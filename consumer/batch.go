@@ -99,6 +99,9 @@ func (p *txPath[Tx]) handleBatch(ctx context.Context, r *Runner, tx Tx, fresh []
 		msgs[i] = j.msg
 	}
 	err := r.callBatch(ctx, func(ctx context.Context) error { return p.bh(ctx, tx, msgs) })
+	if err == nil && p.failed(tx) {
+		err = errSwallowed
+	}
 	if err == nil {
 		return tryResult{}, false
 	}

@@ -197,6 +197,8 @@ func (p *txPath[Tx]) handle(ctx context.Context, r *Runner, tx Tx, fresh []*job)
 	for i, j := range fresh {
 		err := r.call(ctx, j, func(ctx context.Context) error { return p.h(ctx, tx, j.msg) })
 		switch {
+		case err == nil && p.failed(tx):
+			return tryResult{err: errSwallowed, culprit: j}, true
 		case err == nil:
 			continue
 		case p.aborted(err):
@@ -208,6 +210,17 @@ func (p *txPath[Tx]) handle(ctx context.Context, r *Runner, tx Tx, fresh []*job)
 		}
 	}
 	return tryResult{}, false
+}
+
+// errSwallowed is the failure of a handler that returned nil although a
+// statement it sent failed and left the transaction aborted.
+var errSwallowed = errors.New("idemq: the handler returned nil but a statement of its own failed and aborted the transaction (an error was swallowed)")
+
+// failed reports whether the store knows, without a round trip, that tx has
+// failed.
+func (p *txPath[Tx]) failed(tx Tx) bool {
+	fr, ok := p.store.(dedup.FailedTxReporter[Tx])
+	return ok && fr.Failed(tx)
 }
 
 // aborted reports whether a statement's error says only that the

@@ -205,6 +205,16 @@ type AbortClassifier interface {
 	IsAborted(err error) bool
 }
 
+// FailedTxReporter is an optional interface of a TxStore. Failed reports,
+// without a round trip, whether tx has failed: a statement in it failed, so
+// it can only roll back (PostgreSQL's transaction status 'E'). The runner
+// asks after every handler that returned nil, so that a handler that
+// swallowed its statement's error is blamed at once instead of being
+// searched for.
+type FailedTxReporter[Tx any] interface {
+	Failed(tx Tx) bool
+}
+
 // TransientClassifier is an optional interface of a TxStore. IsTransient
 // reports whether err, returned by a handler inside one of the store's
 // transactions, is a typed driver error for a transient database condition

@@ -366,6 +366,12 @@ func (s *countingStore[Tx]) IsTransient(err error) bool {
 	return ok && tc.IsTransient(err)
 }
 
+// Failed passes the store's report through (see dedup.FailedTxReporter).
+func (s *countingStore[Tx]) Failed(tx Tx) bool {
+	fr, ok := s.TxStore.(dedup.FailedTxReporter[Tx])
+	return ok && fr.Failed(tx)
+}
+
 // IsAborted passes the store's classification through (see
 // dedup.AbortClassifier).
 func (s *countingStore[Tx]) IsAborted(err error) bool {

@@ -168,6 +168,15 @@ func (s *Store) IsAborted(err error) bool {
 
 var _ dedup.AbortClassifier = (*Store)(nil)
 
+// Failed implements dedup.FailedTxReporter: the transaction status of tx's
+// connection, as of the last reply, is failed ('E'). It sends nothing.
+func (s *Store) Failed(tx pgx.Tx) bool {
+	c := tx.Conn()
+	return c != nil && c.PgConn().TxStatus() == 'E'
+}
+
+var _ dedup.FailedTxReporter[pgx.Tx] = (*Store)(nil)
+
 // Claim implements dedup.TxStore. New keys are inserted in ascending key
 // order in one statement, so concurrent batches lock them in the same order.
 // A key held by a concurrent uncommitted transaction makes the statement wait
