@@ -14,7 +14,7 @@ import (
 
 // queries holds the store's SQL, rendered once for the configured table.
 type queries struct {
-	table, claimInsert, claimSelect, claimRenew, unclaim, inspect, cleanup string
+	table, claimInsert, claimInsertOne, claimSelect, claimRenew, unclaim, inspect, cleanup string
 }
 
 func newQueries(schema, table string) queries {
@@ -28,6 +28,12 @@ func newQueries(schema, table string) queries {
 SELECT $1, u.k, u.h, now() + $4 * interval '1 microsecond'
 FROM unnest($2::text[], $3::bytea[]) AS u(k, h)
 ORDER BY u.k
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING key`,
+		// The same for one key (a batch of 1): no unnest and no sort for
+		// the server to run.
+		claimInsertOne: `INSERT INTO ` + t + ` (scope, key, payload_hash, expires_at)
+VALUES ($1, $2, $3, now() + $4 * interval '1 microsecond')
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING key`,
 		// A new statement, so a new snapshot: it sees the commits the
@@ -64,23 +70,28 @@ type pgClaim struct {
 }
 
 func (c pgClaim) Insert(ctx context.Context, recs []dedup.Record) (map[string]bool, error) {
-	keys, hashes := claimArgs(recs)
-	rows, err := c.tx.Query(ctx, c.s.q.claimInsert, c.scope, keys, hashes, c.s.cfg.Retention.Microseconds())
+	sql, args := c.s.insertArgs(c.scope, recs)
+	rows, err := c.tx.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}
 	return collectKeys(rows)
 }
 
-// claimArgs returns the keys and payload digests of recs as the insert's
-// array arguments.
-func claimArgs(recs []dedup.Record) ([]string, [][]byte) {
+// insertArgs returns the claim's insert for recs and its arguments: the
+// single-row statement for one record, else the keys and payload digests as
+// arrays.
+func (s *Store) insertArgs(scope string, recs []dedup.Record) (string, []any) {
+	retention := s.cfg.Retention.Microseconds()
+	if len(recs) == 1 {
+		return s.q.claimInsertOne, []any{scope, recs[0].Key, recs[0].PayloadHash[:], retention}
+	}
 	keys := make([]string, len(recs))
 	hashes := make([][]byte, len(recs))
 	for i, r := range recs {
 		keys[i], hashes[i] = r.Key, r.PayloadHash[:]
 	}
-	return keys, hashes
+	return s.q.claimInsert, []any{scope, keys, hashes, retention}
 }
 
 // collectKeys reads the keys the insert returned.
@@ -152,10 +163,10 @@ func (s *Store) BeginClaim(ctx context.Context, scope string, recs []dedup.Recor
 		return tx, cs, nil
 	}
 
-	keys, hashes := claimArgs(recs)
+	sql, args := s.insertArgs(scope, recs)
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	b.Queue(s.q.claimInsert, scope, keys, hashes, s.cfg.Retention.Microseconds())
+	b.Queue(sql, args...)
 	br := db.SendBatch(ctx, b)
 	tx := br.Tx()
 	inserted, err := readBeginClaim(br)
