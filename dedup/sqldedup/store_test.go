@@ -420,3 +420,58 @@ func TestFailureCounterConformance(t *testing.T) {
 		})
 	})
 }
+
+// A commit the database refuses for the transaction's content matches
+// dedup.ErrTxRefused, and a statement after a failed one is IsAborted
+// (PostgreSQL through pgx's stdlib driver).
+func TestCommitRefusedAndAborted(t *testing.T) {
+	db, schema := postgres(t)
+	store := migrated(t, db, sqldedup.Config{Dialect: sqldedup.Postgres, Schema: schema})
+	ctx := testCtx(t)
+	tx, err := store.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, swallowed := tx.ExecContext(ctx, "SELECT 1/0")
+	_, err = tx.ExecContext(ctx, "SELECT 1")
+	if swallowed == nil || store.IsAborted(swallowed) || !store.IsAborted(err) {
+		t.Fatalf("IsAborted(%v) = %v, IsAborted(%v) = %v; want false, true", swallowed, store.IsAborted(swallowed), err, store.IsAborted(err))
+	}
+	if err := store.Commit(ctx, tx); !errors.Is(err, dedup.ErrTxRefused) {
+		t.Fatalf("commit of an aborted transaction = %v, want ErrTxRefused", err)
+	}
+	if err := store.Rollback(ctx, tx); err != nil {
+		t.Fatalf("Rollback after Commit: %v", err)
+	}
+}
+
+// SQLite refuses a commit that breaks a deferred foreign key: ErrTxRefused.
+func TestCommitRefusedSQLite(t *testing.T) {
+	db := sqliteFile(t)
+	store := migrated(t, db, sqldedup.Config{Dialect: sqldedup.SQLite})
+	ctx := testCtx(t)
+	if _, err := db.ExecContext(ctx, `CREATE TABLE parent (k TEXT PRIMARY KEY);
+		CREATE TABLE child (k TEXT REFERENCES parent (k) DEFERRABLE INITIALLY DEFERRED)`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := store.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Rollback(ctx, tx) //nolint:errcheck
+	if _, err := tx.ExecContext(ctx, `INSERT INTO child VALUES ('orphan')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Commit(ctx, tx); !errors.Is(err, dedup.ErrTxRefused) {
+		t.Fatalf("commit breaking a deferred foreign key = %v, want ErrTxRefused", err)
+	}
+	// Nothing committed, and the connection is usable again.
+	got := claimCommit(t, store, "s", rec("after", "x"))
+	if got[0].State != dedup.StateNew {
+		t.Fatalf("claim after the refused commit: %v", got[0].State)
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM child`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("child rows after the refused commit: %d, %v", n, err)
+	}
+}
