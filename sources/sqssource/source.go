@@ -99,6 +99,8 @@ type Source struct {
 	fifo      bool
 	// maxReceiveCount is the redrive policy's maxReceiveCount, or 0.
 	maxReceiveCount int
+	// deadLetterLimit is the dead-letter queue's MaximumMessageSize.
+	deadLetterLimit int
 
 	closeCtx    context.Context // cancelled by Close
 	cancelClose context.CancelFunc
@@ -174,10 +176,11 @@ func New(ctx context.Context, client Client, cfg Config) (*Source, error) {
 	}
 	switch {
 	case cfg.DeadLetterQueueURL != "":
-		dl, err := s.queueAttributes(ctx, cfg.DeadLetterQueueURL, types.QueueAttributeNameFifoQueue)
+		dl, err := s.queueAttributes(ctx, cfg.DeadLetterQueueURL, types.QueueAttributeNameFifoQueue, types.QueueAttributeNameMaximumMessageSize)
 		if err != nil {
 			return nil, err
 		}
+		s.deadLetterLimit = parseMaximumMessageSize(dl[string(types.QueueAttributeNameMaximumMessageSize)])
 		if dlFIFO := dl[string(types.QueueAttributeNameFifoQueue)] == "true"; dlFIFO != s.fifo {
 			return nil, configError("DeadLetterQueueURL", fmt.Sprintf("FIFO is %v for the dead-letter queue but %v for the queue", dlFIFO, s.fifo))
 		}
@@ -584,6 +587,18 @@ func (s *Source) setVisibility(ctx context.Context, h *handle, d time.Duration) 
 // fit beside the four above, the configured KeyAttribute is kept first, then
 // the others in name order, and the rest is dropped (and logged).
 //
+// The copy must fit in the dead-letter queue's MaximumMessageSize (read at
+// New; 256 KiB at most), body and attributes together, so a message near the
+// limit would otherwise never be dead-lettered. The copy is cut to fit: the
+// original's attributes are dropped (largest first) before the reason is cut
+// below 256 bytes, then the key, queue, message id and attempts attributes
+// before it is cut below 64 bytes, then the reason is cut to what is left
+// (a maximum-size message keeps only as many bytes of reason as its own
+// attributes took). What was cut is logged at WARN; the Runner logs the full
+// reason. A body larger than the dead-letter queue's limit goes to the
+// queue's redrive policy if it has one (logged at ERROR), else DeadLetter
+// fails and the original comes back after Config.RedriveDelay.
+//
 // Without it, the queue's redrive policy does the work: DeadLetter makes the
 // message visible again after Config.RedriveDelay, and SQS moves it to the
 // policy's dead-letter queue once it has been received maxReceiveCount times.
@@ -606,7 +621,25 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	if errors.As(reason, &dl) && dl.Attempts > 0 {
 		attempts = dl.Attempts
 	}
-	if s.cfg.DeadLetterQueueURL == "" {
+	var attrs map[string]types.MessageAttributeValue
+	if s.cfg.DeadLetterQueueURL != "" {
+		attrs = s.deadLetterAttributes(h, reason, attempts)
+		dropped, cut, fits := fitDeadLetter(aws.ToString(h.raw.Body), attrs, s.cfg.KeyAttribute, s.deadLetterLimit)
+		switch {
+		case !fits && s.maxReceiveCount > 0:
+			s.log.Error("message is larger than the dead-letter queue's MaximumMessageSize; left to the queue's redrive policy",
+				consumer.LogKeyID, h.id, "size", len(aws.ToString(h.raw.Body)), "limit", s.deadLetterLimit)
+			attrs = nil
+		case !fits:
+			s.putBack(ctx, h)
+			return fmt.Errorf("sqssource: dead letter %s: its body (%d bytes) is larger than the dead-letter queue's MaximumMessageSize (%d) and the queue has no redrive policy (the original stays and comes back)",
+				h.id, len(aws.ToString(h.raw.Body)), s.deadLetterLimit)
+		case cut || len(dropped) > 0:
+			s.log.Warn("dead letter cut to the dead-letter queue's maximum message size", consumer.LogKeyID, h.id,
+				"reason_cut", cut, "dropped", dropped, "limit", s.deadLetterLimit)
+		}
+	}
+	if attrs == nil {
 		s.log.Warn("message left to the queue's redrive policy", consumer.LogKeyID, h.id,
 			consumer.LogKeyAttempt, attempts, "max_receive_count", s.maxReceiveCount, consumer.LogKeyError, reason)
 		if err := s.setVisibility(ctx, h, s.redriveDelay(h)); err != nil {
@@ -621,7 +654,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	in := &sqs.SendMessageInput{
 		QueueUrl:          aws.String(s.cfg.DeadLetterQueueURL),
 		MessageBody:       h.raw.Body,
-		MessageAttributes: s.deadLetterAttributes(h, reason, attempts),
+		MessageAttributes: attrs,
 	}
 	if s.fifo {
 		group := msg.PartitionKey
