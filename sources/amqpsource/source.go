@@ -80,6 +80,10 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := cfg.checkBroker(first.conn.Properties); err != nil {
+		first.kill()
+		return nil, err
+	}
 	s.wg.Add(1)
 	go s.supervise(first)
 	return s, nil
@@ -259,16 +263,8 @@ func (s *Source) retry(ctx context.Context, h *handle, attempt int, delay time.D
 	ctx, cancel := publishContext(ctx, s.cfg.PublishTimeout)
 	defer cancel()
 	declare := func(ch *amqp.Channel) error {
-		args := amqp.Table{
-			"x-message-ttl":             bucket.Milliseconds(),
-			"x-dead-letter-exchange":    "",
-			"x-dead-letter-routing-key": s.cfg.Queue,
-		}
-		for k, v := range s.cfg.RetryQueueArgs {
-			args[k] = v
-		}
-		if _, err := ch.QueueDeclare(queue, true, false, false, false, args); err != nil {
-			return fmt.Errorf("amqpsource: declare retry queue %q: %w", queue, err)
+		if _, err := ch.QueueDeclare(queue, true, false, false, false, s.cfg.retryQueueArgs(bucket)); err != nil {
+			return retryDeclareError(queue, err)
 		}
 		return nil
 	}

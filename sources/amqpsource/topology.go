@@ -44,8 +44,19 @@ func declareTopology(ch *amqp.Channel, cfg Config) error {
 	args["x-queue-type"] = t.QueueType
 	args["x-dead-letter-exchange"] = cfg.DeadLetterExchange
 	args["x-dead-letter-routing-key"] = cfg.DeadLetterRoutingKey
-	if t.QueueType == QueueTypeQuorum && t.DeliveryLimit > 0 {
-		args["x-delivery-limit"] = int64(t.DeliveryLimit)
+	if t.QueueType == QueueTypeQuorum {
+		if t.DeliveryLimit > 0 {
+			args["x-delivery-limit"] = int64(t.DeliveryLimit)
+		}
+		// What the broker dead-letters by itself (over the delivery
+		// limit) stays in the queue until the dead-letter queue confirmed
+		// it, unless QueueArgs chose otherwise.
+		_, strategy := t.QueueArgs["x-dead-letter-strategy"]
+		_, overflow := t.QueueArgs["x-overflow"]
+		if !strategy && !overflow {
+			args["x-dead-letter-strategy"] = "at-least-once"
+			args["x-overflow"] = "reject-publish"
+		}
 	}
 	if _, err := ch.QueueDeclare(cfg.Queue, true, false, false, false, args); err != nil {
 		return fmt.Errorf("declare queue %q: %w", cfg.Queue, err)

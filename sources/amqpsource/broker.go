@@ -1,0 +1,111 @@
+package amqpsource
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"strconv"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// minRetryQueueVersion is the first RabbitMQ release whose quorum queues
+// support message TTLs and at-least-once dead-lettering (3.10.0).
+var minRetryQueueVersion = [2]int{3, 10}
+
+// RetryQueueDefaults returns the arguments every retry queue gets unless
+// Config.ClassicRetryQueues is set: a quorum queue that dead-letters its
+// expired copies back to Queue at least once. With "x-dead-letter-strategy"
+// "at-least-once" the retry queue keeps each expired copy until Queue has
+// confirmed it, so a broker restart at that moment, a full Queue or a missing
+// Queue delays the copy instead of dropping it; RabbitMQ requires "x-overflow"
+// "reject-publish" for that strategy. Each call returns a new map.
+func RetryQueueDefaults() amqp.Table {
+	return amqp.Table{
+		"x-queue-type":           QueueTypeQuorum,
+		"x-dead-letter-strategy": "at-least-once",
+		"x-overflow":             "reject-publish",
+	}
+}
+
+// retryQueueArgs returns the declaration arguments of the retry queue whose
+// delay is bucket.
+func (c Config) retryQueueArgs(bucket time.Duration) amqp.Table {
+	args := amqp.Table{}
+	if !c.ClassicRetryQueues {
+		maps.Copy(args, RetryQueueDefaults())
+	}
+	maps.Copy(args, c.RetryQueueArgs)
+	args["x-message-ttl"] = bucket.Milliseconds()
+	args["x-dead-letter-exchange"] = ""
+	args["x-dead-letter-routing-key"] = c.Queue
+	return args
+}
+
+// checkBroker reports, as a *ConfigError, a broker that cannot run the
+// configured retry queues: at-least-once retry queues need RabbitMQ 3.10 or
+// later. props are the server properties of connection.start.
+func (c Config) checkBroker(props amqp.Table) error {
+	if c.ClassicRetryQueues {
+		return nil
+	}
+	product, _ := props["product"].(string)
+	version, _ := props["version"].(string)
+	major, minor, ok := parseVersion(version)
+	if !strings.EqualFold(product, "RabbitMQ") || !ok ||
+		major < minRetryQueueVersion[0] || (major == minRetryQueueVersion[0] && minor < minRetryQueueVersion[1]) {
+		return &ConfigError{Field: "ClassicRetryQueues", Reason: fmt.Sprintf(
+			"the broker is %q version %q; at-least-once retry queues (quorum queues with x-message-ttl and x-dead-letter-strategy at-least-once) need RabbitMQ %d.%d or later: upgrade the broker, or set ClassicRetryQueues to accept that a retried message is lost when the broker stops while its copy expires",
+			product, version, minRetryQueueVersion[0], minRetryQueueVersion[1])}
+	}
+	return nil
+}
+
+// parseVersion reads the major and minor numbers of a version such as
+// "3.10.8" or "4.1.0-rc.1".
+func parseVersion(v string) (major, minor int, ok bool) {
+	parts := strings.SplitN(v, ".", 3)
+	if len(parts) < 2 {
+		return 0, 0, false
+	}
+	major, err1 := strconv.Atoi(parts[0])
+	minor, err2 := strconv.Atoi(strings.TrimFunc(parts[1], func(r rune) bool { return r < '0' || r > '9' }))
+	return major, minor, err1 == nil && err2 == nil
+}
+
+// DeadLetterReason returns why a message in the dead-letter queue was
+// dead-lettered: the HeaderReason header of a copy that idemq dead-lettered
+// (a handler error, exhausted retries, a missing key), or, for a message the
+// broker dead-lettered by itself, the broker's reason from the
+// x-first-death-reason and x-first-death-queue headers, for example
+// "broker: delivery_limit in queue orders" (a quorum queue's
+// Topology.DeliveryLimit: the message came back unsettled that often, its
+// consumers crashing or disconnecting while holding it), "broker: expired"
+// or "broker: rejected". It returns "" for a message with neither.
+func DeadLetterReason(headers amqp.Table) string {
+	if r, ok := headers[HeaderReason].(string); ok && r != "" {
+		return r
+	}
+	r, _ := headers["x-first-death-reason"].(string)
+	if r == "" {
+		return ""
+	}
+	if q, _ := headers["x-first-death-queue"].(string); q != "" {
+		return "broker: " + r + " in queue " + q
+	}
+	return "broker: " + r
+}
+
+// retryDeclareError wraps a refused retry queue declaration. A
+// PRECONDITION_FAILED means the queue exists with other arguments, typically a
+// classic retry queue declared before at-least-once retry queues became the
+// default: the error says how to get out.
+func retryDeclareError(queue string, err error) error {
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+		return fmt.Errorf("amqpsource: declare retry queue %q: it exists with other arguments (a classic retry queue from an older configuration?): delete it once it is empty, or set Config.ClassicRetryQueues / RetryQueueArgs to match it: %w", queue, err)
+	}
+	return fmt.Errorf("amqpsource: declare retry queue %q: %w", queue, err)
+}

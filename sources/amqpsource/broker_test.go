@@ -1,0 +1,88 @@
+package amqpsource
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// A broker that cannot run at-least-once retry queues is refused with a
+// *ConfigError naming the way out, unless ClassicRetryQueues opts out.
+func TestCheckBroker(t *testing.T) {
+	cases := []struct {
+		product, version string
+		ok               bool
+	}{
+		{"RabbitMQ", "3.10.8", true},
+		{"RabbitMQ", "3.10.0", true},
+		{"RabbitMQ", "3.13.7", true},
+		{"RabbitMQ", "4.1.0-rc.1", true},
+		{"RabbitMQ", "3.9.29", false},
+		{"RabbitMQ", "3.8.35", false},
+		{"RabbitMQ", "2.8", false},
+		{"RabbitMQ", "", false},
+		{"LavinMQ", "2.0.0", false},
+		{"", "", false},
+	}
+	for _, c := range cases {
+		props := amqp.Table{"product": c.product, "version": c.version}
+		err := Config{Queue: "q"}.checkBroker(props)
+		if c.ok {
+			if err != nil {
+				t.Errorf("%s %s: %v, want no error", c.product, c.version, err)
+			}
+			continue
+		}
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Field != "ClassicRetryQueues" || !errors.Is(err, consumer.ErrInvalidConfig) ||
+			!strings.Contains(err.Error(), c.version) || !strings.Contains(err.Error(), "3.10") {
+			t.Errorf("%s %s: %v, want a ClassicRetryQueues *ConfigError naming the version", c.product, c.version, err)
+		}
+		if err := (Config{Queue: "q", ClassicRetryQueues: true}).checkBroker(props); err != nil {
+			t.Errorf("%s %s with ClassicRetryQueues: %v, want no error", c.product, c.version, err)
+		}
+	}
+}
+
+func TestRetryQueueArgs(t *testing.T) {
+	c := Config{Queue: "orders", RetryQueueArgs: amqp.Table{"x-max-length": int64(10), "x-message-ttl": int64(1)}}
+	got := c.retryQueueArgs(2_000_000_000)
+	want := amqp.Table{
+		"x-queue-type": "quorum", "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
+		"x-max-length": int64(10), "x-message-ttl": int64(2000),
+		"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "orders",
+	}
+	if len(got) != len(want) {
+		t.Fatalf("retryQueueArgs = %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("retryQueueArgs[%s] = %v, want %v", k, got[k], v)
+		}
+	}
+	c.ClassicRetryQueues = true
+	if got := c.retryQueueArgs(100_000_000); got["x-queue-type"] != nil || got["x-dead-letter-strategy"] != nil {
+		t.Errorf("classic retryQueueArgs = %v", got)
+	}
+}
+
+func TestDeadLetterReason(t *testing.T) {
+	for _, c := range []struct {
+		h    amqp.Table
+		want string
+	}{
+		{amqp.Table{HeaderReason: "idemq: retries exhausted", "x-first-death-reason": "expired"}, "idemq: retries exhausted"},
+		{amqp.Table{"x-first-death-reason": "delivery_limit", "x-first-death-queue": "orders"}, "broker: delivery_limit in queue orders"},
+		{amqp.Table{"x-first-death-reason": "rejected"}, "broker: rejected"},
+		{amqp.Table{}, ""},
+		{nil, ""},
+	} {
+		if got := DeadLetterReason(c.h); got != c.want {
+			t.Errorf("DeadLetterReason(%v) = %q, want %q", c.h, got, c.want)
+		}
+	}
+}
