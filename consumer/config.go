@@ -84,6 +84,12 @@ type Config struct {
 	// Logger receives the runner's logs. Defaults to a logger that discards
 	// everything.
 	Logger *slog.Logger
+
+	// AllowShortRetention lets Run start although the source's broker may
+	// redeliver a message later than the store remembers it (see
+	// HorizonReporter); Run then logs one WARN with both durations. Defaults
+	// to false: Run refuses with a *ConfigError.
+	AllowShortRetention bool
 }
 
 // Default values used by Config.WithDefaults.

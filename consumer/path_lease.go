@@ -30,7 +30,8 @@ type LeaseOptions struct {
 	// refreshing: a handler slower than Lease then loses its key to another
 	// worker and its outcome is not recorded.
 	RefreshInterval time.Duration
-	// Retention is how long a completed key is remembered. Defaults to 72 h.
+	// Retention is how long a completed key is remembered. Defaults to
+	// dedup.DefaultRetention (8 days).
 	Retention time.Duration
 	// InProgressDelay is the retry delay for a message whose key another
 	// worker is handling right now. Defaults to Lease/2.

@@ -138,7 +138,9 @@ func (r *Runner) Config() Config { return r.cfg }
 // finishes the messages already received (committing and acknowledging them)
 // within Config.DrainTimeout, and returns nil. Messages not settled by then stay
 // unacknowledged and return to the broker. Run returns an error only if the
-// source is closed underneath it (ErrClosed) or the Runner is already running.
+// source is closed underneath it (ErrClosed), the Runner is already running,
+// or, before anything is received, the source's redelivery horizon exceeds
+// the store's retention (a *ConfigError, see HorizonReporter).
 //
 // Run does not close the source; close it after Run returns.
 func (r *Runner) Run(ctx context.Context) error {
@@ -147,6 +149,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	defer r.running.Store(false)
 	defer r.draining.Store(false)
+	if err := r.checkRetention(ctx); err != nil {
+		return err
+	}
 
 	// Work outlives ctx during the drain, and is cancelled when the drain
 	// times out.

@@ -45,10 +45,13 @@
 //
 // # Retention
 //
-// Records expire after Config.Retention (72 h by default). An expired record
-// no longer deduplicates and is claimed anew; RunJanitor deletes expired
-// records in small batches (on PostgreSQL skipping locked rows, under an
-// advisory lock so that one process cleans at a time).
+// Records expire after Config.Retention (8 days by default, above the default
+// retention of SQS queues and Kafka topics; Store.Retention reports it to the
+// Runner, which refuses to start when its source's broker keeps messages
+// longer). An expired record no longer deduplicates and is claimed anew;
+// RunJanitor deletes expired records in small batches (on PostgreSQL
+// skipping locked rows, under an advisory lock so that one process cleans at
+// a time).
 //
 // # Handler failures
 //

@@ -40,7 +40,7 @@ type Config struct {
 	Table string
 	// Retention is how long a record is kept: a redelivery later than this
 	// is no longer recognised, and the janitor deletes the record. At least
-	// 1 ms. Defaults to 72 h.
+	// 1 ms. Defaults to dedup.DefaultRetention (8 days).
 	Retention time.Duration
 	// CleanupInterval is how often RunJanitor deletes expired records.
 	// Defaults to 1 min.

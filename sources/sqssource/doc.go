@@ -71,10 +71,13 @@
 //
 // The transactional path has none for the handler's effects. What remains:
 //
-//   - Keys are remembered for the dedup store's retention (72 h by default).
+//   - Keys are remembered for the dedup store's retention (8 days by default).
 //     A message whose visibility keeps lapsing past that (for example one
 //     retried for days) is no longer recognised; keep retention above the
-//     queue's MessageRetentionPeriod (up to 14 days) to close this.
+//     queue's MessageRetentionPeriod (4 days by default, up to 14 days) to
+//     close this. Source.RedeliveryHorizon reports that period and the
+//     Runner refuses to start when the store's retention is shorter (see
+//     consumer.HorizonReporter).
 //   - Dead letters sent to Config.DeadLetterQueueURL: a crash or failure
 //     between the send and the delete of the original sends a second copy
 //     when the original comes back (a FIFO dead-letter queue drops it within

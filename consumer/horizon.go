@@ -1,0 +1,109 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"time"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// Unbounded is the redelivery horizon of a broker that keeps a message for
+// as long as nobody settles it (a RabbitMQ queue without a message TTL).
+const Unbounded = time.Duration(math.MaxInt64)
+
+// HorizonReporter is implemented by sources that can tell how late a
+// redelivery may come. The Runner asks once, when Run starts, and compares
+// the answer with how long its store remembers a processed message
+// (dedup.RetentionReporter, or LeaseOptions.Retention on the lease path): a
+// redelivery older than the store's retention is no longer recognised and
+// runs the handler again.
+//
+//   - horizon ≤ retention: nothing to say.
+//   - horizon > retention: Run refuses to start with a *ConfigError that
+//     states both durations, unless Config.AllowShortRetention is set; then
+//     it logs one WARN with both and runs.
+//   - horizon Unbounded: Run logs one WARN that names the fix (a message
+//     TTL on the queue, at most the retention) and runs; refusing would
+//     reject every default RabbitMQ queue.
+//   - an error: Run logs one WARN and runs unchecked.
+type HorizonReporter interface {
+	// RedeliveryHorizon returns the longest time after it was published
+	// that the broker may still deliver a message (its retention: SQS's
+	// MessageRetentionPeriod, a Kafka topic's retention.ms, a RabbitMQ
+	// queue's x-message-ttl), or Unbounded.
+	RedeliveryHorizon(ctx context.Context) (time.Duration, error)
+}
+
+// horizonTimeout bounds the source's RedeliveryHorizon call at the start of
+// Run.
+const horizonTimeout = 10 * time.Second
+
+// Log attribute keys of the retention check.
+const (
+	LogKeyHorizon   = "redelivery_horizon"
+	LogKeyRetention = "dedup_retention"
+)
+
+// retentionPath is implemented by paths whose store forgets records.
+type retentionPath interface {
+	// retention returns how long the path's store remembers a processed
+	// key, and false if it cannot tell.
+	retention() (time.Duration, bool)
+}
+
+func (p *txPath[Tx]) retention() (time.Duration, bool) {
+	if rr, ok := any(p.store).(dedup.RetentionReporter); ok {
+		return rr.Retention(), true
+	}
+	return 0, false
+}
+
+func (p *leasePath) retention() (time.Duration, bool) { return p.opts.Retention, true }
+
+// checkRetention compares the source's redelivery horizon with the store's
+// retention (see HorizonReporter).
+func (r *Runner) checkRetention(ctx context.Context) error {
+	hr, ok := r.src.(HorizonReporter)
+	if !ok {
+		return nil
+	}
+	rp, ok := r.path.(retentionPath)
+	if !ok {
+		return nil
+	}
+	retention, ok := rp.retention()
+	if !ok {
+		return nil
+	}
+	hctx, cancel := context.WithTimeout(ctx, horizonTimeout)
+	horizon, err := hr.RedeliveryHorizon(hctx)
+	cancel()
+	switch {
+	case err != nil:
+		r.log.LogAttrs(ctx, slog.LevelWarn, "could not read the source's redelivery horizon; the dedup retention is not checked against it",
+			slog.Duration(LogKeyRetention, retention), slog.Any(LogKeyError, err))
+	case horizon == Unbounded:
+		r.log.LogAttrs(ctx, slog.LevelWarn, "the broker keeps unsettled messages without a time limit, longer than the dedup retention: a redelivery older than the retention runs the handler again; give the queue a message TTL (x-message-ttl) of at most the retention",
+			slog.String(LogKeyHorizon, "unbounded"), slog.Duration(LogKeyRetention, retention))
+	case horizon <= retention:
+	case r.cfg.AllowShortRetention:
+		r.log.LogAttrs(ctx, slog.LevelWarn, "the broker may redeliver a message later than the dedup store remembers it: such a redelivery runs the handler again (Config.AllowShortRetention is set)",
+			slog.Duration(LogKeyHorizon, horizon), slog.Duration(LogKeyRetention, retention))
+	default:
+		return &ConfigError{Field: "AllowShortRetention", Reason: fmt.Sprintf(
+			"the source's broker may deliver a message again up to %s after it was sent (its redelivery horizon), but the dedup store forgets a processed message after %s, so a redelivery between the two would run the handler again: raise the store's retention to at least %s, lower the broker's retention, or set Config.AllowShortRetention to accept it",
+			days(horizon), days(retention), days(horizon))}
+	}
+	return nil
+}
+
+// days formats d for the retention messages: "96h0m0s (4 days)".
+func days(d time.Duration) string {
+	if d < 24*time.Hour {
+		return d.String()
+	}
+	return fmt.Sprintf("%s (%.4g days)", d, d.Hours()/24)
+}

@@ -1,0 +1,145 @@
+package consumer_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/sources/memsource"
+)
+
+// horizonSource is a memsource.Source whose broker reports a redelivery
+// horizon.
+type horizonSource struct {
+	*memsource.Source
+	horizon time.Duration
+	err     error
+}
+
+func (s horizonSource) RedeliveryHorizon(context.Context) (time.Duration, error) {
+	return s.horizon, s.err
+}
+
+// syncBuffer is a log destination safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// runBriefly runs r until one message is handled or Run returns, and returns
+// Run's error and the log.
+func runBriefly(t *testing.T, src horizonSource, path consumer.Path, allow bool) (error, string) {
+	t.Helper()
+	var logs syncBuffer
+	r, err := consumer.NewRunner(src, path, consumer.Config{
+		Name: "horizon", AllowShortRetention: allow,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	deadline := time.After(10 * time.Second)
+	for r.Stats().Handled == 0 {
+		select {
+		case err := <-done:
+			return err, logs.String()
+		case <-deadline:
+			t.Fatal("nothing handled and Run did not return")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	cancel()
+	return <-done, logs.String()
+}
+
+// The Runner compares the source's redelivery horizon with the store's
+// retention when Run starts: longer refuses with both numbers, unless
+// AllowShortRetention, which warns once; unbounded warns with the fix;
+// shorter or equal says nothing.
+func TestRetentionGuard(t *testing.T) {
+	const retention = 72 * time.Hour
+	cases := []struct {
+		name      string
+		horizon   time.Duration
+		err       error
+		allow     bool
+		refuse    bool
+		warn      []string
+		lease     bool
+		retention time.Duration
+	}{
+		{name: "horizon above retention", horizon: 96 * time.Hour, refuse: true},
+		{name: "opted in", horizon: 96 * time.Hour, allow: true, warn: []string{"redelivery_horizon=96h0m0s", "dedup_retention=72h0m0s", "AllowShortRetention"}},
+		{name: "equal", horizon: retention},
+		{name: "below", horizon: time.Hour},
+		{name: "unbounded", horizon: consumer.Unbounded, warn: []string{"redelivery_horizon=unbounded", "dedup_retention=72h0m0s", "x-message-ttl"}},
+		{name: "unknown", err: errors.New("broker says no"), warn: []string{"broker says no", "dedup_retention=72h0m0s"}},
+		{name: "lease path", horizon: 96 * time.Hour, refuse: true, lease: true, retention: retention},
+		{name: "lease path long retention", horizon: 96 * time.Hour, lease: true, retention: 8 * 24 * time.Hour},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			store, err := memstore.New(memstore.Config{Retention: retention})
+			if err != nil {
+				t.Fatal(err)
+			}
+			broker := memsource.New(memsource.Config{})
+			broker.Publish("t", memsource.Outgoing{Key: "k", Body: []byte("{}")})
+			src := horizonSource{Source: broker.Source("t"), horizon: c.horizon, err: c.err}
+			path := consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil })
+			if c.lease {
+				path = consumer.Leased(store.Leases(), func(context.Context, *consumer.Message) error { return nil },
+					consumer.LeaseOptions{Retention: c.retention})
+			}
+			err, logs := runBriefly(t, src, path, c.allow)
+			if c.refuse {
+				var ce *consumer.ConfigError
+				if !errors.As(err, &ce) || !errors.Is(err, consumer.ErrInvalidConfig) ||
+					!strings.Contains(err.Error(), "96h0m0s") || !strings.Contains(err.Error(), "72h0m0s") {
+					t.Fatalf("Run = %v, want a *ConfigError naming 96h0m0s and 72h0m0s", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Run = %v", err)
+			}
+			if len(c.warn) == 0 {
+				if logs != "" {
+					t.Fatalf("logged %q, want nothing", logs)
+				}
+				return
+			}
+			if n := strings.Count(logs, "level=WARN"); n != 1 {
+				t.Fatalf("%d WARN lines, want 1: %s", n, logs)
+			}
+			for _, w := range c.warn {
+				if !strings.Contains(logs, w) {
+					t.Errorf("WARN %q does not mention %q", logs, w)
+				}
+			}
+		})
+	}
+}
