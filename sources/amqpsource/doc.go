@@ -100,7 +100,9 @@
 //     100 times lands in the dead-letter queue by the broker's hand, with
 //     x-first-death-reason "delivery_limit" (DeadLetterReason reads either
 //     kind of reason) instead of the Header* headers. A queue declared by
-//     operations should get the same arguments.
+//     operations should get the same arguments: since RabbitMQ 4.0 a quorum
+//     queue without x-delivery-limit has a limit of 20, and without a
+//     dead-letter route the broker drops the message at the limit.
 //
 // # Reconnecting: why not the client's own recovery
 //
