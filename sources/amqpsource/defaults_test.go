@@ -215,3 +215,25 @@ func TestBrokerDeadLettersLandInTheDeadLetterQueue(t *testing.T) {
 	}
 	t.Logf("broker dead letter: %s", reason)
 }
+
+// A classic retry queue left by an older configuration makes Retry fail with
+// an error that says what to do, and the original is handed back, not lost.
+func TestOldClassicRetryQueueIsExplained(t *testing.T) {
+	t.Parallel()
+	url := brokerURL(t)
+	q := newQueue(t, url, classic, 0)
+	declareQueue(t, url, amqpsource.RetryQueueName(q+".retry.", 100*time.Millisecond), amqp.Table{
+		"x-message-ttl": int64(100), "x-dead-letter-exchange": "", "x-dead-letter-routing-key": q,
+	})
+	publish(t, url, q, outgoing("old", 1)...)
+	src := newSource(t, amqpsource.Config{URL: url, Queue: q, UnroutableDelay: 300 * time.Millisecond})
+	m := receive(t, src, 1, testTimeout)[0]
+	err := src.Retry(context.Background(), m, 100*time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "exists with other arguments") || !strings.Contains(err.Error(), "ClassicRetryQueues") {
+		t.Fatalf("Retry into an old classic retry queue = %v, want an error naming the way out", err)
+	}
+	back := receive(t, src, 1, 10*time.Second)[0]
+	if back.Key != m.Key {
+		t.Fatalf("got %q back, want %q", back.Key, m.Key)
+	}
+}
