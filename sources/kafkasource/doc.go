@@ -150,8 +150,14 @@
 // owner at the same time; the transactional path serialises them on the
 // record's row lock, so the handler still runs once. The deduplication store's
 // retention must exceed the longest time a message can wait to be
-// redelivered (consumer lag plus downtime), or a late redelivery is applied
-// again.
+// redelivered, or a late redelivery is applied again. The worst case is a
+// group whose committed offsets expired (offsets.retention.minutes after it
+// became empty) and that starts again at the oldest retained message:
+// Source.RedeliveryHorizon reports the topics' retention.ms for it, and the
+// Runner refuses to start when the store's retention is shorter (see
+// consumer.HorizonReporter). Kafka deletes whole segments, so on a topic
+// with little traffic a message can outlive retention.ms by up to its
+// segment.ms; the reported horizon does not include that slack.
 //
 // Attempts are counted in process: after a restart or rebalance a message's
 // Attempt starts again at 1. The runner's RetryPolicy does not rely on it

@@ -25,8 +25,10 @@ var _ consumer.HorizonReporter = (*Source)(nil)
 // expired (offsets.retention.minutes, 7 days by default, counted from when
 // the group became empty) starts again at Config.StartOffset, by default the
 // oldest retained message, which is at most retention.ms old. The offsets
-// retention therefore does not lengthen the horizon. The Runner calls it when
-// Run starts (see consumer.HorizonReporter).
+// retention therefore does not lengthen the horizon. Kafka deletes whole
+// segments, so on a quiet topic a message may outlive retention.ms by up to
+// segment.ms; that slack is not included. The Runner calls it when Run starts
+// (see consumer.HorizonReporter).
 func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, error) {
 	c := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: s.transport}
 	req := &kafka.DescribeConfigsRequest{}
