@@ -237,3 +237,46 @@ func TestOldClassicRetryQueueIsExplained(t *testing.T) {
 		t.Fatalf("got %q back, want %q", back.Key, m.Key)
 	}
 }
+
+// BenchmarkRetry measures what at-least-once retry queues cost against the
+// classic opt-out: each iteration receives a message, publishes its retry
+// copy to the 100 ms retry queue (waiting for the broker's confirm) and
+// acknowledges the original.
+func BenchmarkRetry(b *testing.B) {
+	url := brokerURL(b)
+	for _, classicQueues := range []bool{false, true} {
+		name := "quorum"
+		if classicQueues {
+			name = "classic"
+		}
+		b.Run(name, func(b *testing.B) {
+			q := newQueue(b, url, classic, 0)
+			out := outgoing("bench", b.N)
+			for i := 0; i < len(out); i += 5000 {
+				publish(b, url, q, out[i:min(i+5000, len(out))]...)
+			}
+			src := newSource(b, amqpsource.Config{URL: url, Queue: q, Prefetch: 64, ClassicRetryQueues: classicQueues})
+			ctx := context.Background()
+			b.ResetTimer()
+			for got := 0; got < b.N; {
+				msgs, err := src.Receive(ctx, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, m := range msgs {
+					if m.Attempt > 1 {
+						if err := src.Ack(ctx, []*consumer.Message{m}); err != nil {
+							b.Fatal(err)
+						}
+						continue
+					}
+					if err := src.Retry(ctx, m, 100*time.Millisecond); err != nil {
+						b.Fatal(err)
+					}
+					got++
+				}
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "retries/s")
+		})
+	}
+}

@@ -141,7 +141,10 @@
 // with a *ConfigError (errors.Is consumer.ErrInvalidConfig) on an older or
 // another broker. The cost: a quorum queue per retry delay used (at most 16
 // plus one per hour of longer delays), each with its own Raft log on disk,
-// and a little more latency per retry than a classic queue.
+// and more time per retry copy: BenchmarkRetry, one Retry at a time with its
+// confirm, measured 472-522 retries/s against 564-615 with classic retry
+// queues (RabbitMQ 3.10, one node, two runs). Retries are the exception, so
+// this rarely shows in throughput.
 //
 // A retry queue's arguments cannot change while it exists. A classic retry
 // queue left by an older configuration makes its retries fail (the broker
