@@ -154,9 +154,14 @@ func TestBodyAboveDeadLetterQueueLimit(t *testing.T) {
 		if n := queueDepth(t, dlq); n != 0 {
 			t.Fatalf("dead-letter queue holds %d messages, want none (the copy cannot fit)", n)
 		}
-		back := drain(t, tc.url, 1, 10*time.Second)
-		if len(back) != 1 || aws.ToString(back[0].Body) != body {
-			t.Fatalf("the message did not come back to its queue (%d messages)", len(back))
+		rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		back, err := src.Receive(rctx, 1)
+		cancel()
+		if err != nil || len(back) != 1 || string(back[0].Body) != body {
+			t.Fatalf("the message did not come back to its queue (%d messages, %v)", len(back), err)
+		}
+		if err := src.Ack(ctx, back); err != nil {
+			t.Fatal(err)
 		}
 		t.Logf("redrive policy %v: DeadLetter = %v", tc.redrive, err)
 	}
