@@ -1,0 +1,23 @@
+// Package outbox is a transactional outbox: a handler publishes messages in
+// its own database transaction, and a Relay sends them to Kafka, SQS or
+// RabbitMQ after the transaction commits.
+//
+// Publish inserts a row into the idemq_outbox table in the caller's
+// transaction (pgx.Tx or *sql.Tx; PostgreSQL or SQLite). If the transaction
+// rolls back, nothing is published; if it commits, the relay publishes the
+// message at least once, with a stable id as its idempotency key. Inside a
+// consumer handler the id is derived from the consuming message's
+// idempotency key and the publish's index, so a rerun after a rollback
+// publishes the same ids, and an idemq consumer downstream deduplicates the
+// relay's re-sends.
+//
+// The relay claims committed rows, publishes them through a Publisher
+// (kafkaoutbox, sqsoutbox, amqpoutbox), waits for the broker's
+// confirmation, and only then marks the rows sent. A relay that crashes
+// between the confirmation and the update publishes the rows again: the
+// duplicate window is at the downstream consumer, which absorbs it by the
+// stable id. See Relay for ordering, concurrency, retries and retention.
+//
+// The migrations are embedded: Migrate, MigrateTx, MigrationSQL, and
+// `idemq migrate --outbox [--print]`.
+package outbox

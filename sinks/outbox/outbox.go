@@ -1,0 +1,145 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// Table is the name of the outbox table that the migrations create and
+// Publish and the relay use. It is found through the connection's
+// search_path on PostgreSQL.
+const Table = "idemq_outbox"
+
+// Channel is the PostgreSQL notification channel that an insert into the
+// outbox table signals (through a trigger, at commit) and a Relay listens on.
+const Channel = "idemq_outbox"
+
+// HeaderIdempotencyKey is the Kafka header and the SQS message attribute that
+// carry a message's stable id; it is the name kafkasource reads by default
+// (kafkasource.DefaultKeyHeader) and amqpsource reads before the message-id
+// property (amqpsource.DefaultKeyHeader). RabbitMQ messages also carry the
+// id as their message-id property.
+const HeaderIdempotencyKey = "idempotency-key"
+
+// HeaderPartitionKey is the SQS message attribute that carries
+// Message.Key on standard queues (on FIFO queues the key is the
+// MessageGroupId). Configure sqssource's PartitionKeyAttribute with it.
+const HeaderPartitionKey = "partition-key"
+
+// Errors returned by Publish.
+var (
+	// ErrNoID is returned by Publish for a message without an explicit ID
+	// outside a consumer's handler (a ctx with no consumer.IdempotencyKey),
+	// where no stable id can be derived.
+	ErrNoID = errors.New("outbox: message has no ID and ctx has no consuming message's idempotency key")
+	// ErrUnsupportedTx is returned by Publish and MigrateTx for a
+	// transaction type they do not know.
+	ErrUnsupportedTx = errors.New("outbox: unsupported transaction type (want pgx.Tx or *sql.Tx)")
+)
+
+// Message is one message to publish after the transaction commits.
+type Message struct {
+	// ID is the stable message id the relay sends as the idempotency key
+	// (the Kafka and SQS "idempotency-key" header or attribute, the AMQP
+	// message-id). Leave it empty inside a handler: Publish derives it from
+	// the consuming message's idempotency key and the publish's index. It is
+	// required outside a handler.
+	ID string
+	// Destination is the Kafka topic, the SQS queue URL (or queue name) or
+	// the RabbitMQ exchange ("" is the default exchange).
+	Destination string
+	// Key is the partition key: the Kafka message key, the SQS
+	// MessageGroupId (FIFO) or "partition-key" attribute (standard), the
+	// RabbitMQ routing key. The relay publishes the messages of one key in
+	// the order they were published, one at a time.
+	Key string
+	// Headers are sent as Kafka headers, SQS string attributes or AMQP
+	// headers.
+	Headers map[string]string
+	// Body is the payload.
+	Body []byte
+}
+
+// pgxQuerier is what Publish needs of a pgx transaction (pgx.Tx, *pgx.Conn,
+// *pgxpool.Pool and *pgxpool.Conn fit).
+type pgxQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// sqlQuerier is what Publish needs of a database/sql transaction (*sql.Tx,
+// *sql.Conn and *sql.DB fit).
+type sqlQuerier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// insertSQL inserts one row and returns its id, in both dialects. Without an
+// explicit id ($1 NULL), the id is the source key, "/" and the number of rows
+// the source key already has in the transaction's view: the publish's index
+// within the handler run. A rolled-back run leaves no row, so its rerun
+// numbers its publishes from 0 again and gets the same ids.
+const insertSQL = `INSERT INTO ` + Table + ` (id, source_key, destination, partition_key, headers, body)
+SELECT COALESCE(CAST($1 AS TEXT), CAST($2 AS TEXT) || '/' || CAST((SELECT count(*) FROM ` + Table + ` WHERE source_key = CAST($2 AS TEXT)) AS TEXT)),
+       CAST($2 AS TEXT), $3, $4, $5, $6
+RETURNING id`
+
+// Publish writes m to the outbox table in tx, the handler's transaction: it
+// is published by a Relay after tx commits, and never if tx rolls back. tx is
+// a pgx.Tx (or anything with pgx's QueryRow) or a *sql.Tx (or anything with
+// QueryRowContext), on PostgreSQL or SQLite.
+//
+// Publish returns the message's stable id. Unless m.ID is set, it is
+// consumer.IdempotencyKey(ctx) + "/" + n, where n counts the messages this
+// consuming message published before in the same transaction (0, 1, 2...).
+// The count is read from the table, so it follows the transaction: a handler
+// that runs again after a rollback (or a rollback to a savepoint) publishes
+// the same ids in the same order. Use an explicit ID when the order of
+// publishes may change between runs.
+//
+// Outside a handler m.ID is required (ErrNoID). Publishing an ID twice
+// fails with the database's unique violation.
+func Publish(ctx context.Context, tx any, m Message) (string, error) {
+	var sourceKey *string
+	var id *string
+	if m.ID != "" {
+		id = &m.ID
+	} else {
+		k, ok := consumer.IdempotencyKey(ctx)
+		if !ok {
+			return "", ErrNoID
+		}
+		sourceKey = &k
+	}
+	headers := []byte("{}")
+	if len(m.Headers) > 0 {
+		var err error
+		if headers, err = json.Marshal(m.Headers); err != nil {
+			return "", fmt.Errorf("outbox: encode headers: %w", err)
+		}
+	}
+	body := m.Body
+	if body == nil {
+		body = []byte{}
+	}
+	args := []any{id, sourceKey, m.Destination, m.Key, string(headers), body}
+	var got string
+	var err error
+	switch q := tx.(type) {
+	case pgxQuerier:
+		err = q.QueryRow(ctx, insertSQL, args...).Scan(&got)
+	case sqlQuerier:
+		err = q.QueryRowContext(ctx, insertSQL, args...).Scan(&got)
+	default:
+		return "", fmt.Errorf("%w: %T", ErrUnsupportedTx, tx)
+	}
+	if err != nil {
+		return "", fmt.Errorf("outbox: publish to %q: %w", m.Destination, err)
+	}
+	return got, nil
+}
