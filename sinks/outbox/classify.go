@@ -1,0 +1,74 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sort"
+	"syscall"
+)
+
+// IsConnectionError reports whether err looks like a failure to reach a
+// broker (a network error, a refused or reset connection, an unexpected
+// EOF, a deadline), which Publishers report as ErrUnavailable.
+func IsConnectionError(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.ErrClosedPipe) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, net.ErrClosed)
+}
+
+// Unavailable wraps err with ErrUnavailable (nil stays nil).
+func Unavailable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &wrapped{kind: ErrUnavailable, err: err}
+}
+
+// NoDestination wraps err with ErrNoDestination (nil stays nil).
+func NoDestination(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &wrapped{kind: ErrNoDestination, err: err}
+}
+
+// wrapped is err marked with a sentinel kind, matched by errors.Is.
+type wrapped struct {
+	kind, err error
+}
+
+func (w *wrapped) Error() string { return w.kind.Error() + ": " + w.err.Error() }
+
+func (w *wrapped) Unwrap() []error { return []error{w.kind, w.err} }
+
+// SortedHeaders returns the names of m's headers in order, so that
+// publishers send headers in a stable order.
+func (m Message) SortedHeaders() []string {
+	names := make([]string, 0, len(m.Headers))
+	for k := range m.Headers {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// ByDestination returns the indexes of msgs grouped by destination, in
+// order of first appearance; each group keeps msgs' order.
+func ByDestination(msgs []Message) [][]int {
+	at := map[string]int{}
+	var groups [][]int
+	for i, m := range msgs {
+		g, ok := at[m.Destination]
+		if !ok {
+			g = len(groups)
+			at[m.Destination] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return groups
+}

@@ -1,0 +1,144 @@
+// Package kafkaoutbox is the Kafka Publisher of an outbox.Relay, on
+// segmentio/kafka-go.
+//
+// Each row becomes a message on the topic named by its Destination, keyed
+// by its Key (so the rows of one key land on one partition, in order), with
+// its headers and an "idempotency-key" header carrying the stable id: the
+// header kafkasource reads by default, so a downstream idemq consumer
+// deduplicates the relay's re-sends with no configuration. The writer waits
+// for all in-sync replicas (RequiredAcks = RequireAll) before Publish
+// reports a message sent. Topics are never created: a row for a missing
+// topic fails with outbox.ErrNoDestination and is parked after the relay's
+// MaxAttempts.
+package kafkaoutbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemq/idemq/sinks/outbox"
+)
+
+// Config configures a Publisher.
+type Config struct {
+	// Brokers are the bootstrap addresses (host:port). Required.
+	Brokers []string
+	// Transport is the kafka-go transport (TLS, SASL). Defaults to a
+	// transport of the Publisher's own whose metadata cache lives 1 s, so
+	// that a topic created after the relay started is found quickly instead
+	// of failing (and counting attempts) until kafka-go's default 6 s cache
+	// expires.
+	Transport kafka.RoundTripper
+	// WriteTimeout bounds one produce request. Defaults to 10 s.
+	WriteTimeout time.Duration
+}
+
+// Publisher publishes outbox rows to Kafka. It is safe for concurrent use.
+type Publisher struct {
+	w *kafka.Writer
+}
+
+var _ outbox.Publisher = (*Publisher)(nil)
+
+// New returns a Publisher. Close it when done.
+func New(cfg Config) (*Publisher, error) {
+	if len(cfg.Brokers) == 0 {
+		return nil, fmt.Errorf("%w: kafkaoutbox: Brokers is required", outbox.ErrInvalidConfig)
+	}
+	if cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = 10 * time.Second
+	}
+	if cfg.Transport == nil {
+		cfg.Transport = &kafka.Transport{MetadataTTL: time.Second}
+	}
+	return &Publisher{w: &kafka.Writer{
+		Addr:                   kafka.TCP(cfg.Brokers...),
+		Transport:              cfg.Transport,
+		Balancer:               kafka.Murmur2Balancer{},
+		RequiredAcks:           kafka.RequireAll,
+		AllowAutoTopicCreation: false,
+		MaxAttempts:            1, // the relay retries, with backoff
+		BatchSize:              1000,
+		BatchTimeout:           time.Millisecond,
+		BatchBytes:             16 << 20,
+		WriteTimeout:           cfg.WriteTimeout,
+		ReadTimeout:            cfg.WriteTimeout,
+	}}, nil
+}
+
+// Publish writes msgs, one produce call per topic, and returns once every
+// message was acknowledged by all in-sync replicas (nil) or with an
+// *outbox.BatchError.
+func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
+	errs := make([]error, len(msgs))
+	var wg sync.WaitGroup
+	for _, idx := range outbox.ByDestination(msgs) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			km := make([]kafka.Message, len(idx))
+			for j, i := range idx {
+				km[j] = toKafka(msgs[i])
+			}
+			err := p.w.WriteMessages(ctx, km...)
+			var werrs kafka.WriteErrors
+			if errors.As(err, &werrs) && len(werrs) == len(idx) {
+				for j, i := range idx {
+					errs[i] = classify(werrs[j])
+				}
+				return
+			}
+			for _, i := range idx {
+				errs[i] = classify(err)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return &outbox.BatchError{Errs: errs}
+		}
+	}
+	return nil
+}
+
+// toKafka converts a row to a Kafka message.
+func toKafka(m outbox.Message) kafka.Message {
+	km := kafka.Message{Topic: m.Destination, Value: m.Body}
+	if m.Key != "" {
+		km.Key = []byte(m.Key)
+	}
+	km.Headers = make([]kafka.Header, 0, len(m.Headers)+1)
+	km.Headers = append(km.Headers, kafka.Header{Key: outbox.HeaderIdempotencyKey, Value: []byte(m.ID)})
+	for _, k := range m.SortedHeaders() {
+		if k == outbox.HeaderIdempotencyKey {
+			continue
+		}
+		km.Headers = append(km.Headers, kafka.Header{Key: k, Value: []byte(m.Headers[k])})
+	}
+	return km
+}
+
+// classify marks err as an outage or a missing destination.
+func classify(err error) error {
+	var ke kafka.Error
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, kafka.UnknownTopicOrPartition), errors.Is(err, kafka.InvalidTopic):
+		return outbox.NoDestination(err)
+	case outbox.IsConnectionError(err):
+		return outbox.Unavailable(err)
+	case errors.As(err, &ke) && ke.Temporary():
+		return outbox.Unavailable(err) // leader election, not enough replicas...
+	}
+	return err
+}
+
+// Close flushes and closes the writer.
+func (p *Publisher) Close() error { return p.w.Close() }

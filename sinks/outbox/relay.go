@@ -1,0 +1,403 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+)
+
+// Errors of the relay and its publishers.
+var (
+	// ErrUnavailable marks a publish error caused by the broker or the
+	// connection to it rather than by the message (connection refused, a
+	// closed connection, a timeout). A Publisher wraps such errors with it:
+	// the relay backs off and retries without counting an attempt, so an
+	// outage never parks a row.
+	ErrUnavailable = errors.New("outbox: broker unavailable")
+	// ErrNoDestination marks a publish that failed because its destination
+	// (topic, queue, exchange) does not exist or routes nowhere. It counts
+	// as an attempt.
+	ErrNoDestination = errors.New("outbox: destination does not exist")
+	// ErrInvalidConfig is returned by NewRelay for an invalid Config.
+	ErrInvalidConfig = errors.New("outbox: invalid relay config")
+)
+
+// Publisher sends messages to a broker. Implementations: kafkaoutbox,
+// sqsoutbox, amqpoutbox.
+type Publisher interface {
+	// Publish sends msgs and returns once the broker confirmed every one of
+	// them (nil), or with the errors. Messages of one Key appear in msgs in
+	// publish order; msgs[i].ID is the stable id to send as the idempotency
+	// key.
+	//
+	// A *BatchError gives each message's own outcome. Any other error
+	// applies to every message. An error that wraps ErrUnavailable is an
+	// outage and counts no attempt; any other error counts one attempt for
+	// the message. A message is marked sent only when its error is nil, so
+	// a Publisher must never report success without the broker's
+	// confirmation.
+	Publish(ctx context.Context, msgs []Message) error
+}
+
+// BatchError is a Publisher's outcome per message: Errs[i] is the error of
+// msgs[i], nil when the broker confirmed it.
+type BatchError struct {
+	Errs []error
+}
+
+// Error summarises the failures.
+func (e *BatchError) Error() string {
+	n := 0
+	var first error
+	for _, err := range e.Errs {
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			n++
+		}
+	}
+	return fmt.Sprintf("outbox: %d of %d messages failed, first: %v", n, len(e.Errs), first)
+}
+
+// errAt returns the error of message i under the Publisher contract.
+func errAt(err error, i int) error {
+	var be *BatchError
+	if errors.As(err, &be) {
+		if i < len(be.Errs) {
+			return be.Errs[i]
+		}
+		return err
+	}
+	return err
+}
+
+// Config configures a Relay. The zero value is usable.
+type Config struct {
+	// BatchSize is the largest number of rows claimed and published at
+	// once. Defaults to 100.
+	BatchSize int
+	// PollInterval is how often the relay looks for rows without a
+	// notification (the only wake-up on SQLite, the fallback on
+	// PostgreSQL). Defaults to 1 s.
+	PollInterval time.Duration
+	// MaxAttempts is the number of failed publishes after which a row is
+	// parked (state "parked", with its last error) instead of retried. An
+	// outage (ErrUnavailable) is not an attempt. Defaults to 10.
+	MaxAttempts int
+	// MinBackoff is the delay before a failed row's second attempt and the
+	// first pause after an outage; both double up to MaxBackoff. Defaults to
+	// 100 ms.
+	MinBackoff time.Duration
+	// MaxBackoff caps the delays. Defaults to 30 s.
+	MaxBackoff time.Duration
+	// Retention is how long sent rows stay in the table (for inspection)
+	// before the cleanup loop deletes them. Negative deletes a row as soon
+	// as it is sent. Defaults to 24 h.
+	Retention time.Duration
+	// CleanupInterval is how often the cleanup loop runs. Defaults to 1 min.
+	CleanupInterval time.Duration
+	// Logger receives the relay's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.BatchSize == 0 {
+		c.BatchSize = 100
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = time.Second
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 10
+	}
+	if c.MinBackoff == 0 {
+		c.MinBackoff = 100 * time.Millisecond
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = 30 * time.Second
+	}
+	if c.Retention == 0 {
+		c.Retention = 24 * time.Hour
+	}
+	if c.CleanupInterval == 0 {
+		c.CleanupInterval = time.Minute
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.BatchSize < 1:
+		return fmt.Errorf("%w: BatchSize must be at least 1", ErrInvalidConfig)
+	case c.PollInterval < 0, c.MinBackoff < 0, c.MaxBackoff < c.MinBackoff, c.CleanupInterval < 0:
+		return fmt.Errorf("%w: intervals must be positive and MaxBackoff at least MinBackoff", ErrInvalidConfig)
+	case c.MaxAttempts < 1:
+		return fmt.Errorf("%w: MaxAttempts must be at least 1", ErrInvalidConfig)
+	}
+	return nil
+}
+
+// Row states.
+const (
+	statePending = 0
+	stateSent    = 1
+	stateParked  = 2
+)
+
+// row is a claimed outbox row.
+type row struct {
+	seq      int64
+	attempts int
+	msg      Message
+}
+
+// failure is a failed publish of one row.
+type failure struct {
+	seq       int64
+	park      bool
+	err       string
+	nextRetry time.Duration
+}
+
+// claim is a batch of rows held by one relay until finish or abort.
+type claim interface {
+	rows() []row
+	// finish marks sent rows sent (or deletes them) and records failures.
+	finish(ctx context.Context, sent []int64, failed []failure, deleteSent bool) error
+	// abort gives the rows back untouched.
+	abort(ctx context.Context)
+}
+
+// store is the relay's view of one database.
+type store interface {
+	// claimBatch claims up to n eligible rows: pending, due, and the oldest
+	// pending row of their partition key.
+	claimBatch(ctx context.Context, n int) (claim, error)
+	// wait returns when rows may have been inserted or after d.
+	wait(ctx context.Context, d time.Duration) error
+	// cleanup deletes up to n rows sent before cutoff and returns how many.
+	cleanup(ctx context.Context, cutoff time.Duration, n int) (int64, error)
+	// counts returns the number of rows per state.
+	counts(ctx context.Context) (Counts, error)
+	close()
+}
+
+// Counts are the numbers of outbox rows per state.
+type Counts struct {
+	// Pending rows wait to be published (including rows waiting for a retry).
+	Pending int64
+	// Sent rows were confirmed by the broker and wait for the cleanup.
+	Sent int64
+	// Parked rows failed MaxAttempts times; their last error is in
+	// last_error. Set state back to 0 to retry one.
+	Parked int64
+	// OldestPending is the age of the oldest pending row (0 without one).
+	OldestPending time.Duration
+}
+
+// Relay publishes committed outbox rows through a Publisher.
+//
+// A Relay claims up to BatchSize rows that are pending and due, and of each
+// partition key only the oldest pending row, so the rows of one key are
+// published one at a time, in the order they were inserted (by seq; rows
+// inserted by transactions that commit out of seq order are published in
+// commit order if the older one was not visible yet). A row is marked sent
+// (or deleted, with a negative Retention) only after the Publisher reports
+// the broker's confirmation. A relay that dies between the confirmation
+// and the update leaves the rows pending, and the next relay publishes them
+// again with the same stable id: downstream idemq consumers absorb the
+// duplicate.
+//
+// On PostgreSQL several relays can run at once: the claim locks rows with
+// FOR UPDATE SKIP LOCKED in a transaction held while the batch is
+// published, and a key whose oldest row is locked by one relay has no
+// eligible row for the others. Relays wake on LISTEN/NOTIFY (a trigger
+// notifies at each committed insert) and poll every PollInterval as a
+// fallback. On SQLite run one relay per database; it polls.
+//
+// A failed publish counts an attempt for the row and retries it after an
+// exponential backoff; until then the rows after it in its key wait. After
+// MaxAttempts the row is parked (state 2, with last_error) and its key
+// moves on. An outage (ErrUnavailable) counts nothing: the relay backs off
+// and retries the batch, so no row is ever dropped.
+type Relay struct {
+	st  store
+	pub Publisher
+	cfg Config
+}
+
+// Run publishes rows until ctx is cancelled, then returns nil. It returns
+// an error only when it cannot start. Run also deletes sent rows older than
+// Retention every CleanupInterval.
+func (r *Relay) Run(ctx context.Context) error {
+	defer r.st.close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.cleanupLoop(ctx)
+	}()
+	defer func() { <-done }()
+	outage := time.Duration(0)
+	for ctx.Err() == nil {
+		n, err := r.RelayOnce(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			if outage == 0 {
+				outage = r.cfg.MinBackoff
+			} else {
+				outage = min(2*outage, r.cfg.MaxBackoff)
+			}
+			r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: publish failed, backing off",
+				slog.String("error", err.Error()), slog.Duration("backoff", outage))
+			if !sleep(ctx, jitter(outage)) {
+				return nil
+			}
+			continue
+		case n > 0:
+			outage = 0
+			continue // more rows may be waiting
+		}
+		outage = 0
+		if err := r.st.wait(ctx, r.cfg.PollInterval); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: wait for notifications", slog.String("error", err.Error()))
+			if !sleep(ctx, r.cfg.PollInterval) {
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
+// RelayOnce claims one batch, publishes it and records the outcome. It
+// returns the number of rows claimed, and an error when the batch could not
+// be claimed or recorded, or the broker is unavailable (ErrUnavailable);
+// rows of such a batch stay pending, with no attempt counted.
+func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
+	c, err := r.st.claimBatch(ctx, r.cfg.BatchSize)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: claim: %w", err)
+	}
+	rows := c.rows()
+	if len(rows) == 0 {
+		c.abort(ctx)
+		return 0, nil
+	}
+	msgs := make([]Message, len(rows))
+	for i, row := range rows {
+		msgs[i] = row.msg
+	}
+	perr := r.pub.Publish(ctx, msgs)
+	sent := make([]int64, 0, len(rows))
+	var failed []failure
+	var unavailable error
+	for i, row := range rows {
+		err := errAt(perr, i)
+		switch {
+		case err == nil:
+			sent = append(sent, row.seq)
+		case errors.Is(err, ErrUnavailable) || ctx.Err() != nil:
+			if unavailable == nil {
+				unavailable = err
+			}
+		default:
+			attempts := row.attempts + 1
+			f := failure{seq: row.seq, err: err.Error(), park: attempts >= r.cfg.MaxAttempts, nextRetry: r.backoff(attempts)}
+			if f.park {
+				r.cfg.Logger.LogAttrs(ctx, slog.LevelError, "outbox relay: row parked",
+					slog.String("id", row.msg.ID), slog.String("destination", row.msg.Destination),
+					slog.Int("attempts", attempts), slog.String("error", f.err))
+			}
+			failed = append(failed, f)
+		}
+	}
+	if len(sent) == 0 && len(failed) == 0 {
+		c.abort(ctx)
+		return len(rows), fmt.Errorf("outbox: publish: %w", unavailable)
+	}
+	// Record what the broker confirmed even when part of the batch hit an
+	// outage: the rows of the outage stay pending with no attempt counted.
+	if err := c.finish(ctx, sent, failed, r.cfg.Retention < 0); err != nil {
+		return len(rows), fmt.Errorf("outbox: record publish: %w", err)
+	}
+	if unavailable != nil {
+		return len(rows), fmt.Errorf("outbox: publish: %w", unavailable)
+	}
+	return len(rows), nil
+}
+
+// Counts returns the number of rows per state, for monitoring.
+func (r *Relay) Counts(ctx context.Context) (Counts, error) {
+	return r.st.counts(ctx)
+}
+
+// backoff is the delay before the attempt after the attempts-th failure.
+func (r *Relay) backoff(attempts int) time.Duration {
+	d := r.cfg.MinBackoff
+	for i := 1; i < attempts && d < r.cfg.MaxBackoff; i++ {
+		d *= 2
+	}
+	return min(d, r.cfg.MaxBackoff)
+}
+
+func (r *Relay) cleanupLoop(ctx context.Context) {
+	if r.cfg.Retention < 0 {
+		return
+	}
+	t := time.NewTicker(r.cfg.CleanupInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := r.Cleanup(ctx); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: cleanup", slog.String("error", err.Error()))
+		}
+	}
+}
+
+// Cleanup deletes the rows sent more than Retention ago, in batches of
+// 1000 so that it never holds many locks, and returns how many it deleted.
+func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
+	if r.cfg.Retention < 0 {
+		return 0, nil
+	}
+	var total int64
+	for {
+		n, err := r.st.cleanup(ctx, r.cfg.Retention, 1000)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("outbox: cleanup: %w", err)
+		}
+		if n < 1000 {
+			return total, nil
+		}
+	}
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d/2 + rand.N(d/2+1)
+}
+
+// sleep waits d or until ctx is done; it reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,184 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// NewRelay returns a relay over the outbox table of a PostgreSQL database
+// (found through the pool's search_path), publishing through pub. It uses
+// one connection of pool to LISTEN and one per batch in flight.
+func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
+	if pool == nil || pub == nil {
+		return nil, fmt.Errorf("%w: pool and publisher are required", ErrInvalidConfig)
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Relay{st: &pgStore{pool: pool}, pub: pub, cfg: cfg}, nil
+}
+
+// pgStore is the relay's store on PostgreSQL.
+type pgStore struct {
+	pool   *pgxpool.Pool
+	listen *pgxpool.Conn // the LISTEN connection, nil until the first wait
+}
+
+// claimSQL selects the eligible rows: pending, due, and the oldest pending
+// row of their key (rows without a key are not ordered). Rows another relay
+// locked are skipped; their key's later rows are not eligible, because the
+// locked row is still pending.
+const claimSQL = `SELECT o.seq, o.attempts, o.id, o.destination, o.partition_key, o.headers, o.body
+FROM ` + Table + ` o
+WHERE o.state = 0
+  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+  AND (o.partition_key = '' OR NOT EXISTS (
+        SELECT 1 FROM ` + Table + ` p
+        WHERE p.state = 0 AND p.partition_key = o.partition_key AND p.seq < o.seq))
+ORDER BY o.seq
+LIMIT $1
+FOR UPDATE OF o SKIP LOCKED`
+
+func (s *pgStore) claimBatch(ctx context.Context, n int) (claim, error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := tx.Query(ctx, claimSQL, n)
+	if err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, err
+	}
+	var out []row
+	for rows.Next() {
+		var r row
+		var headers string
+		if err := rows.Scan(&r.seq, &r.attempts, &r.msg.ID, &r.msg.Destination, &r.msg.Key, &headers, &r.msg.Body); err != nil {
+			rows.Close()
+			_ = tx.Rollback(ctx)
+			return nil, err
+		}
+		if err := decodeHeaders(headers, &r.msg); err != nil {
+			rows.Close()
+			_ = tx.Rollback(ctx)
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, err
+	}
+	return &pgClaim{tx: tx, claimed: out}, nil
+}
+
+// decodeHeaders decodes a row's headers column into m.Headers.
+func decodeHeaders(s string, m *Message) error {
+	if s == "" || s == "{}" {
+		return nil
+	}
+	if err := json.Unmarshal([]byte(s), &m.Headers); err != nil {
+		return fmt.Errorf("decode headers of %s: %w", m.ID, err)
+	}
+	return nil
+}
+
+type pgClaim struct {
+	tx      pgx.Tx
+	claimed []row
+}
+
+func (c *pgClaim) rows() []row { return c.claimed }
+
+func (c *pgClaim) abort(ctx context.Context) { _ = c.tx.Rollback(context.WithoutCancel(ctx)) }
+
+func (c *pgClaim) finish(ctx context.Context, sent []int64, failed []failure, deleteSent bool) error {
+	// The broker confirmed: record it even if ctx is being cancelled, so a
+	// shutting-down relay does not publish these rows again.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	defer func() { _ = c.tx.Rollback(ctx) }()
+	b := &pgx.Batch{}
+	if len(sent) > 0 {
+		if deleteSent {
+			b.Queue(`DELETE FROM `+Table+` WHERE seq = ANY($1)`, sent)
+		} else {
+			b.Queue(`UPDATE `+Table+` SET state = 1, sent_at = now() WHERE seq = ANY($1)`, sent)
+		}
+	}
+	for _, f := range failed {
+		state := statePending
+		if f.park {
+			state = stateParked
+		}
+		b.Queue(`UPDATE `+Table+` SET attempts = attempts + 1, last_error = $2, state = $3,
+			next_attempt_at = now() + make_interval(secs => $4) WHERE seq = $1`,
+			f.seq, f.err, state, f.nextRetry.Seconds())
+	}
+	if err := c.tx.SendBatch(ctx, b).Close(); err != nil {
+		return err
+	}
+	return c.tx.Commit(ctx)
+}
+
+func (s *pgStore) wait(ctx context.Context, d time.Duration) error {
+	if s.listen == nil {
+		conn, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
+			conn.Release()
+			return err
+		}
+		s.listen = conn
+	}
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	_, err := s.listen.Conn().WaitForNotification(wctx)
+	switch {
+	case err == nil, wctx.Err() != nil && ctx.Err() == nil:
+		return nil // notified, or polled
+	case ctx.Err() != nil:
+		return nil
+	}
+	// The connection broke: drop it and listen again next time.
+	_ = s.listen.Conn().Close(context.Background())
+	s.listen.Release()
+	s.listen = nil
+	return err
+}
+
+func (s *pgStore) cleanup(ctx context.Context, retention time.Duration, n int) (int64, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM `+Table+` WHERE seq IN (
+		SELECT seq FROM `+Table+` WHERE state = 1 AND sent_at < now() - make_interval(secs => $1)
+		LIMIT $2 FOR UPDATE SKIP LOCKED)`, retention.Seconds(), n)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}
+
+func (s *pgStore) counts(ctx context.Context) (Counts, error) {
+	var c Counts
+	var age float64
+	err := s.pool.QueryRow(ctx, `SELECT
+		count(*) FILTER (WHERE state = 0), count(*) FILTER (WHERE state = 1), count(*) FILTER (WHERE state = 2),
+		coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 0)), 0)::float8
+		FROM `+Table).Scan(&c.Pending, &c.Sent, &c.Parked, &age)
+	c.OldestPending = time.Duration(age * float64(time.Second))
+	return c, err
+}
+
+func (s *pgStore) close() {
+	if s.listen != nil {
+		s.listen.Release()
+		s.listen = nil
+	}
+}

@@ -1,0 +1,135 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// NewSQLiteRelay returns a relay over the outbox table of a SQLite
+// database, publishing through pub. Run one relay per database: SQLite has
+// no row locks, so two relays would publish the same rows. The relay polls
+// every PollInterval; it holds no transaction while it publishes, so
+// handlers keep writing meanwhile.
+func NewSQLiteRelay(db *sql.DB, pub Publisher, cfg Config) (*Relay, error) {
+	if db == nil || pub == nil {
+		return nil, fmt.Errorf("%w: db and publisher are required", ErrInvalidConfig)
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Relay{st: &sqliteStore{db: db}, pub: pub, cfg: cfg}, nil
+}
+
+// sqliteStore is the relay's store on SQLite; times are Unix milliseconds.
+type sqliteStore struct {
+	db *sql.DB
+}
+
+func nowMillis() int64 { return time.Now().UnixMilli() }
+
+const sqliteClaimSQL = `SELECT o.seq, o.attempts, o.id, o.destination, o.partition_key, o.headers, o.body
+FROM ` + Table + ` o
+WHERE o.state = 0
+  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= $2)
+  AND (o.partition_key = '' OR NOT EXISTS (
+        SELECT 1 FROM ` + Table + ` p
+        WHERE p.state = 0 AND p.partition_key = o.partition_key AND p.seq < o.seq))
+ORDER BY o.seq
+LIMIT $1`
+
+func (s *sqliteStore) claimBatch(ctx context.Context, n int) (claim, error) {
+	rows, err := s.db.QueryContext(ctx, sqliteClaimSQL, n, nowMillis())
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []row
+	for rows.Next() {
+		var r row
+		var headers string
+		if err := rows.Scan(&r.seq, &r.attempts, &r.msg.ID, &r.msg.Destination, &r.msg.Key, &headers, &r.msg.Body); err != nil {
+			return nil, err
+		}
+		if err := decodeHeaders(headers, &r.msg); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return &sqliteClaim{db: s.db, claimed: out}, nil
+}
+
+type sqliteClaim struct {
+	db      *sql.DB
+	claimed []row
+}
+
+func (c *sqliteClaim) rows() []row { return c.claimed }
+
+func (c *sqliteClaim) abort(context.Context) {}
+
+func (c *sqliteClaim) finish(ctx context.Context, sent []int64, failed []failure, deleteSent bool) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	tx, err := c.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	now := nowMillis()
+	for _, seq := range sent {
+		if deleteSent {
+			_, err = tx.ExecContext(ctx, `DELETE FROM `+Table+` WHERE seq = $1`, seq)
+		} else {
+			_, err = tx.ExecContext(ctx, `UPDATE `+Table+` SET state = 1, sent_at = $2 WHERE seq = $1`, seq, now)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	for _, f := range failed {
+		state := statePending
+		if f.park {
+			state = stateParked
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE `+Table+` SET attempts = attempts + 1, last_error = $2, state = $3,
+			next_attempt_at = $4 WHERE seq = $1`, f.seq, f.err, state, now+f.nextRetry.Milliseconds()); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+func (s *sqliteStore) wait(ctx context.Context, d time.Duration) error {
+	sleep(ctx, d)
+	return nil
+}
+
+func (s *sqliteStore) cleanup(ctx context.Context, retention time.Duration, n int) (int64, error) {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM `+Table+` WHERE seq IN (
+		SELECT seq FROM `+Table+` WHERE state = 1 AND sent_at < $1 LIMIT $2)`, nowMillis()-retention.Milliseconds(), n)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (s *sqliteStore) counts(ctx context.Context) (Counts, error) {
+	var c Counts
+	var oldest sql.NullInt64
+	err := s.db.QueryRowContext(ctx, `SELECT
+		coalesce(sum(state = 0), 0), coalesce(sum(state = 1), 0), coalesce(sum(state = 2), 0),
+		min(CASE WHEN state = 0 THEN created_at END)
+		FROM `+Table).Scan(&c.Pending, &c.Sent, &c.Parked, &oldest)
+	if oldest.Valid {
+		c.OldestPending = time.Duration(nowMillis()-oldest.Int64) * time.Millisecond
+	}
+	return c, err
+}
+
+func (s *sqliteStore) close() {}
