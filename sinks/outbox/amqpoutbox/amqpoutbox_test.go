@@ -1,0 +1,129 @@
+package amqpoutbox_test
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/sinks/outbox"
+	"github.com/idemq/idemq/sinks/outbox/amqpoutbox"
+	"github.com/idemq/idemq/sinks/outbox/internal/relaytest"
+)
+
+// topology declares a topic exchange bound to a queue with "#", and an
+// exchange with no binding; both are deleted when the test ends.
+func topology(t testing.TB, url string) (exchange, unbound, queue string) {
+	t.Helper()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	suffix := hex.EncodeToString(b)
+	exchange, unbound, queue = "outbox-x-"+suffix, "outbox-unbound-"+suffix, "outbox-q-"+suffix
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []string{exchange, unbound} {
+		if err := ch.ExchangeDeclare(x, "topic", false, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := ch.QueueDeclare(queue, false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(queue, "#", exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn, err := amqp.Dial(url)
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			return
+		}
+		_, _ = ch.QueueDelete(queue, false, false, false)
+		_ = ch.ExchangeDelete(exchange, false, false)
+		_ = ch.ExchangeDelete(unbound, false, false)
+	})
+	return exchange, unbound, queue
+}
+
+// consumeAll reads n messages of queue in order and acks them.
+func consumeAll(t testing.TB, url, queue string, n int) []relaytest.Got {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := ch.Consume(queue, "", true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []relaytest.Got
+	timeout := time.After(relaytest.WaitTimeout)
+	for len(got) < n {
+		select {
+		case d := <-ds:
+			h, _ := d.Headers[outbox.HeaderIdempotencyKey].(string)
+			if h != d.MessageId {
+				t.Fatalf("message-id %q, idempotency-key header %q", d.MessageId, h)
+			}
+			got = append(got, relaytest.Got{ID: d.MessageId, Key: d.RoutingKey, Body: string(d.Body)})
+		case <-timeout:
+			t.Fatalf("consumed %d of %d", len(got), n)
+		}
+	}
+	// Nothing more: a duplicate would show here.
+	select {
+	case d := <-ds:
+		got = append(got, relaytest.Got{ID: d.MessageId, Key: d.RoutingKey, Body: string(d.Body)})
+	case <-time.After(300 * time.Millisecond):
+	}
+	return got
+}
+
+// Two relays publish every row once, confirmed, with its stable id as the
+// message-id, in order per key; rows for a missing exchange and for an
+// exchange that routes nowhere are parked after MaxAttempts.
+func TestRelayAMQP(t *testing.T) {
+	url := testenv.AMQPURL(t)
+	exchange, unbound, queue := topology(t, url)
+	pool, _, _ := relaytest.NewPool(t)
+	pub, err := amqpoutbox.New(amqpoutbox.Config{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	want := relaytest.Messages("a", exchange, 300, 5)
+	relaytest.Insert(t, pool, want[:150])
+	relaytest.Insert(t, pool, []outbox.Message{
+		{ID: "poison-missing", Destination: "no-such-exchange-" + exchange, Key: "k-p1", Body: []byte("x")},
+		{ID: "poison-unroutable", Destination: unbound, Key: "k-p2", Body: []byte("y")},
+	})
+	relaytest.StartRelays(t, pool, pub, 2, relaytest.FastConfig())
+	relaytest.Insert(t, pool, want[150:])
+	relaytest.WaitFor(t, func() string { return relaytest.Describe(t, pool) }, func() bool {
+		c := relaytest.Counts(t, pool)
+		return c.Pending == 0 && c.Parked == 2
+	})
+	if c := relaytest.Counts(t, pool); c.Sent != int64(len(want)) {
+		t.Fatalf("%s, want %d sent", relaytest.Describe(t, pool), len(want))
+	}
+	relaytest.Check(t, want, consumeAll(t, url, queue, len(want)), false)
+}

@@ -1,0 +1,217 @@
+// Package sqsoutbox is the SQS Publisher of an outbox.Relay, on
+// aws-sdk-go-v2.
+//
+// Rows are sent with SendMessageBatch, up to 10 per call, to the queue
+// named by their Destination (a queue URL, or a queue name resolved once
+// with GetQueueUrl). Each message carries the stable id in the string
+// attribute "idempotency-key" (outbox.HeaderIdempotencyKey) and its headers
+// as string attributes (SQS allows 10 attributes, so at most 8 headers).
+// On a standard queue the partition key travels in the "partition-key"
+// attribute (outbox.HeaderPartitionKey); on a FIFO queue (URL ending in
+// .fifo) it is the MessageGroupId ("default" when empty) and the
+// MessageDeduplicationId is a hash of the stable id, so SQS itself drops
+// re-sends within its 5-minute window.
+//
+// A downstream sqssource consumer deduplicates the relay's re-sends when
+// its Config.KeyAttribute is "idempotency-key" (sqssource has no default
+// key attribute); set PartitionKeyAttribute to "partition-key" to keep one
+// key's messages in one lane on standard queues.
+package sqsoutbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go"
+
+	"github.com/idemq/idemq/sinks/outbox"
+)
+
+// Client is the part of *sqs.Client the Publisher uses.
+type Client interface {
+	SendMessageBatch(ctx context.Context, in *sqs.SendMessageBatchInput, opts ...func(*sqs.Options)) (*sqs.SendMessageBatchOutput, error)
+	GetQueueUrl(ctx context.Context, in *sqs.GetQueueUrlInput, opts ...func(*sqs.Options)) (*sqs.GetQueueUrlOutput, error)
+}
+
+// maxBatch is SendMessageBatch's limit on entries.
+const maxBatch = 10
+
+// maxAttributes is SQS's limit on message attributes.
+const maxAttributes = 10
+
+// Publisher publishes outbox rows to SQS. It is safe for concurrent use.
+type Publisher struct {
+	c    Client
+	mu   sync.Mutex
+	urls map[string]string // queue name -> URL
+}
+
+var _ outbox.Publisher = (*Publisher)(nil)
+
+// New returns a Publisher over c.
+func New(c Client) (*Publisher, error) {
+	if c == nil {
+		return nil, fmt.Errorf("%w: sqsoutbox: client is required", outbox.ErrInvalidConfig)
+	}
+	return &Publisher{c: c, urls: map[string]string{}}, nil
+}
+
+// Publish sends msgs and returns once SQS accepted every one of them (nil)
+// or with an *outbox.BatchError.
+func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
+	errs := make([]error, len(msgs))
+	var wg sync.WaitGroup
+	for _, idx := range outbox.ByDestination(msgs) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			url, err := p.queueURL(ctx, msgs[idx[0]].Destination)
+			if err != nil {
+				for _, i := range idx {
+					errs[i] = err
+				}
+				return
+			}
+			// Batches go out one after another, so a FIFO group keeps its order.
+			for start := 0; start < len(idx); start += maxBatch {
+				part := idx[start:min(start+maxBatch, len(idx))]
+				p.send(ctx, url, msgs, part, errs)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return &outbox.BatchError{Errs: errs}
+		}
+	}
+	return nil
+}
+
+// send sends msgs[idx] to url in one SendMessageBatch call and records each
+// one's outcome in errs.
+func (p *Publisher) send(ctx context.Context, url string, msgs []outbox.Message, idx []int, errs []error) {
+	fifo := strings.HasSuffix(url, ".fifo")
+	in := &sqs.SendMessageBatchInput{QueueUrl: aws.String(url)}
+	for j, i := range idx {
+		e, err := entry(msgs[i], strconv.Itoa(j), fifo)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		in.Entries = append(in.Entries, e)
+	}
+	if len(in.Entries) == 0 {
+		return
+	}
+	out, err := p.c.SendMessageBatch(ctx, in)
+	if err != nil {
+		err = classify(err)
+		for _, e := range in.Entries {
+			j, _ := strconv.Atoi(aws.ToString(e.Id))
+			errs[idx[j]] = err
+		}
+		return
+	}
+	for _, f := range out.Failed {
+		j, convErr := strconv.Atoi(aws.ToString(f.Id))
+		if convErr != nil || j >= len(idx) {
+			continue
+		}
+		err := fmt.Errorf("sqsoutbox: %s: %s", aws.ToString(f.Code), aws.ToString(f.Message))
+		if !f.SenderFault {
+			err = outbox.Unavailable(err) // SQS's own failure: retry without counting
+		}
+		errs[idx[j]] = err
+	}
+	// An entry neither in Successful nor in Failed was not confirmed.
+	ok := make(map[string]bool, len(out.Successful))
+	for _, s := range out.Successful {
+		ok[aws.ToString(s.Id)] = true
+	}
+	for _, e := range in.Entries {
+		id := aws.ToString(e.Id)
+		j, _ := strconv.Atoi(id)
+		if !ok[id] && errs[idx[j]] == nil {
+			errs[idx[j]] = errors.New("sqsoutbox: SQS did not confirm the message")
+		}
+	}
+}
+
+// entry converts a row to a batch entry.
+func entry(m outbox.Message, id string, fifo bool) (types.SendMessageBatchRequestEntry, error) {
+	attrs := map[string]types.MessageAttributeValue{
+		outbox.HeaderIdempotencyKey: {DataType: aws.String("String"), StringValue: aws.String(m.ID)},
+	}
+	e := types.SendMessageBatchRequestEntry{Id: aws.String(id), MessageBody: aws.String(string(m.Body))}
+	if fifo {
+		group := m.Key
+		if group == "" {
+			group = "default"
+		}
+		sum := sha256.Sum256([]byte(m.ID))
+		e.MessageGroupId = aws.String(group)
+		e.MessageDeduplicationId = aws.String(hex.EncodeToString(sum[:]))
+	} else if m.Key != "" {
+		attrs[outbox.HeaderPartitionKey] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(m.Key)}
+	}
+	for _, k := range m.SortedHeaders() {
+		if _, taken := attrs[k]; taken {
+			continue
+		}
+		attrs[k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(m.Headers[k])}
+	}
+	if len(attrs) > maxAttributes {
+		return e, fmt.Errorf("sqsoutbox: message %s has %d attributes with its headers, SQS allows %d", m.ID, len(attrs), maxAttributes)
+	}
+	e.MessageAttributes = attrs
+	return e, nil
+}
+
+// queueURL returns the URL of dest, a URL or a queue name.
+func (p *Publisher) queueURL(ctx context.Context, dest string) (string, error) {
+	if strings.Contains(dest, "://") {
+		return dest, nil
+	}
+	p.mu.Lock()
+	url, ok := p.urls[dest]
+	p.mu.Unlock()
+	if ok {
+		return url, nil
+	}
+	out, err := p.c.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(dest)})
+	if err != nil {
+		return "", classify(err)
+	}
+	url = aws.ToString(out.QueueUrl)
+	p.mu.Lock()
+	p.urls[dest] = url
+	p.mu.Unlock()
+	return url, nil
+}
+
+// classify marks err as an outage or a missing queue.
+func classify(err error) error {
+	var qne *types.QueueDoesNotExist
+	var api smithy.APIError
+	switch {
+	case errors.As(err, &qne):
+		return outbox.NoDestination(err)
+	case errors.As(err, &api) && (strings.Contains(api.ErrorCode(), "NonExistentQueue") || strings.Contains(api.ErrorCode(), "QueueDoesNotExist")):
+		return outbox.NoDestination(err)
+	case errors.As(err, &api) && api.ErrorFault() == smithy.FaultServer:
+		return outbox.Unavailable(err)
+	case outbox.IsConnectionError(err):
+		return outbox.Unavailable(err)
+	}
+	return err
+}

@@ -1,0 +1,134 @@
+package sqsoutbox_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/sinks/outbox"
+	"github.com/idemq/idemq/sinks/outbox/internal/relaytest"
+	"github.com/idemq/idemq/sinks/outbox/sqsoutbox"
+	"github.com/idemq/idemq/sources/sqssource"
+)
+
+func newClient(t testing.TB) *sqs.Client {
+	t.Helper()
+	c, err := sqssource.NewClient(context.Background(), testenv.SQSEndpoint(t),
+		config.WithRegion(testenv.SQSRegion),
+		config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider(testenv.SQSAccessKeyID, testenv.SQSSecretAccessKey, "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func newQueue(t testing.TB, c *sqs.Client, fifo bool) string {
+	t.Helper()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := "outbox-" + strings.ReplaceAll(strings.ToLower(t.Name()), "/", "-") + "-" + hex.EncodeToString(b)
+	attrs := map[string]string{}
+	if fifo {
+		name += ".fifo"
+		attrs[string(types.QueueAttributeNameFifoQueue)] = "true"
+	}
+	out, err := c.CreateQueue(context.Background(), &sqs.CreateQueueInput{QueueName: aws.String(name), Attributes: attrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := aws.ToString(out.QueueUrl)
+	t.Cleanup(func() { _, _ = c.DeleteQueue(context.Background(), &sqs.DeleteQueueInput{QueueUrl: aws.String(url)}) })
+	return url
+}
+
+// receiveAll receives and deletes n messages (or fails), in receive order.
+func receiveAll(t testing.TB, c *sqs.Client, url string, n int) []relaytest.Got {
+	t.Helper()
+	ctx := context.Background()
+	var got []relaytest.Got
+	deadline := time.Now().Add(relaytest.WaitTimeout)
+	for len(got) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("received %d of %d messages", len(got), n)
+		}
+		out, err := c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
+			QueueUrl: aws.String(url), MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
+			MessageAttributeNames:       []string{"All"},
+			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameMessageGroupId},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range out.Messages {
+			g := relaytest.Got{Body: aws.ToString(m.Body)}
+			if a, ok := m.MessageAttributes[outbox.HeaderIdempotencyKey]; ok {
+				g.ID = aws.ToString(a.StringValue)
+			}
+			if a, ok := m.MessageAttributes[outbox.HeaderPartitionKey]; ok {
+				g.Key = aws.ToString(a.StringValue)
+			} else {
+				g.Key = m.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
+			}
+			got = append(got, g)
+			if _, err := c.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(url), ReceiptHandle: m.ReceiptHandle}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return got
+}
+
+// Two relays publish every row once to a FIFO queue with its stable id and
+// in order per key (the MessageGroupId); a row for a queue that does not
+// exist is parked after MaxAttempts.
+func TestRelaySQS(t *testing.T) {
+	c := newClient(t)
+	url := newQueue(t, c, true)
+	pool, _, _ := relaytest.NewPool(t)
+	pub, err := sqsoutbox.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := relaytest.Messages("s", url, 200, 6)
+	relaytest.Insert(t, pool, want)
+	relaytest.Insert(t, pool, []outbox.Message{{ID: "poison", Destination: "no-such-queue-for-outbox", Key: "k-poison", Body: []byte("x")}})
+	relaytest.StartRelays(t, pool, pub, 2, relaytest.FastConfig())
+	relaytest.WaitFor(t, func() string { return relaytest.Describe(t, pool) }, func() bool {
+		c := relaytest.Counts(t, pool)
+		return c.Pending == 0 && c.Parked == 1
+	})
+	if c := relaytest.Counts(t, pool); c.Sent != int64(len(want)) {
+		t.Fatalf("%s, want %d sent", relaytest.Describe(t, pool), len(want))
+	}
+	got := receiveAll(t, c, url, len(want))
+	relaytest.Check(t, want, got, false)
+}
+
+// On a standard queue the partition key travels as an attribute; every
+// row arrives once.
+func TestRelaySQSStandard(t *testing.T) {
+	c := newClient(t)
+	url := newQueue(t, c, false)
+	pool, _, _ := relaytest.NewPool(t)
+	pub, err := sqsoutbox.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := relaytest.Messages("s", url, 50, 1000) // one key each: no order to check
+	relaytest.Insert(t, pool, want)
+	relaytest.StartRelays(t, pool, pub, 1, relaytest.FastConfig())
+	relaytest.WaitFor(t, func() string { return relaytest.Describe(t, pool) }, func() bool {
+		return relaytest.Counts(t, pool).Sent == int64(len(want))
+	})
+	relaytest.Check(t, want, receiveAll(t, c, url, len(want)), false)
+}
