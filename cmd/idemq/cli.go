@@ -40,8 +40,9 @@ type command struct {
 func commands() []command {
 	return []command{
 		{name: "demo", args: "[flags]", summary: "run the checkout worker under chaos (in-process Kafka, SQLite) and prove every order was charged once", run: runDemo},
-		{name: "migrate", args: "--dsn DSN [--print] [--schema S] [--table T]", summary: "apply (or print) the migrations of the processed-messages table", run: runMigrate},
+		{name: "migrate", args: "--dsn DSN [--print] [--schema S] [--table T] [--outbox]", summary: "apply (or print) the migrations of the processed-messages table", run: runMigrate},
 		{name: "inspect", args: "--dsn DSN --scope NAME KEY", summary: "show the record of a processed message: when, payload hash, expiry", run: runInspect},
+		relayCommand,
 		{name: "purge", args: "--dsn DSN --scope NAME KEY", summary: "delete the record of a key, so that its next delivery runs the handler again", run: runPurge},
 		{name: "help", args: "[COMMAND]", summary: "show this help or a command's flags", run: nil},
 		{name: "demo-worker", hidden: true, run: runDemoWorker},
@@ -198,11 +199,15 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var sf storeFlags
 	sf.register(fs)
 	print := fs.Bool("print", false, "print the SQL instead of applying it (no connection is made)")
+	outboxTable := fs.Bool("outbox", false, "the outbox table's migrations (sinks/outbox) instead of the processed-messages table's")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	if *outboxTable {
+		return migrateOutbox(ctx, sf.dsn, *print, stdout)
 	}
 	store, closeDB, err := sf.open(ctx, !*print)
 	if err != nil {

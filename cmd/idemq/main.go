@@ -2,6 +2,8 @@
 //
 //	idemq demo                         # the zero-setup demo: checkout worker, in-process Kafka, SQLite, chaos
 //	idemq migrate --dsn URL [--print]  # apply (or print) the processed-messages table migrations
+//	idemq migrate --outbox --dsn URL [--print]  # the same for the outbox table (sinks/outbox)
+//	idemq relay --dsn URL --broker kafka|sqs|rabbitmq  # publish committed outbox rows; --stats shows their counts
 //	idemq inspect --dsn URL --scope NAME KEY   # show a processed record
 //	idemq purge --dsn URL --scope NAME KEY     # forget a record, so its next delivery runs again
 //

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/dedup/sqldedup"
+	"github.com/idemq/idemq/sinks/outbox"
+	"github.com/idemq/idemq/sinks/outbox/amqpoutbox"
+	"github.com/idemq/idemq/sinks/outbox/kafkaoutbox"
+	"github.com/idemq/idemq/sinks/outbox/sqsoutbox"
+	"github.com/idemq/idemq/sources/sqssource"
+)
+
+// relayCommand is the relay's entry in the command table.
+var relayCommand = command{
+	name:    "relay",
+	args:    "--dsn DSN --broker kafka|sqs|rabbitmq [--brokers H:P,..|--sqs-endpoint URL|--amqp-url URL] [--stats]",
+	summary: "publish the committed rows of the outbox table (sinks/outbox) to a broker, or show their counts",
+	run:     runRelay,
+}
+
+// migrateOutbox applies or prints the outbox table's migrations
+// (idemq migrate --outbox).
+func migrateOutbox(ctx context.Context, dsn string, print bool, stdout io.Writer) error {
+	dialect, source, err := dialectOf(dsn)
+	if err != nil {
+		return err
+	}
+	if print {
+		s, err := outbox.MigrationSQL(dialect)
+		if err != nil {
+			return err
+		}
+		fmt.Fprint(stdout, s)
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	db, closeDB, err := openOutboxDB(ctx, dialect, source)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	if err := outbox.Migrate(ctx, db, dialect); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "migrated: %s (%s) is up to date\n", outbox.Table, dialect)
+	return nil
+}
+
+// openOutboxDB opens a pgx pool (PostgreSQL) or a *sql.DB (SQLite).
+func openOutboxDB(ctx context.Context, dialect sqldedup.Dialect, source string) (any, func(), error) {
+	if dialect == sqldedup.SQLite {
+		db, err := sqldedup.OpenSQLite(ctx, source)
+		if err != nil {
+			return nil, nil, err
+		}
+		return db, func() { db.Close() }, nil
+	}
+	pool, err := pgxpool.New(ctx, source)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("connect: %w", err)
+	}
+	return pool, pool.Close, nil
+}
+
+func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("relay", stderr)
+	dsn := fs.String("dsn", os.Getenv("IDEMQ_DSN"), "database with the outbox table: postgres://... URL or sqlite:FILE (default $IDEMQ_DSN)")
+	broker := fs.String("broker", "", "kafka, sqs or rabbitmq")
+	brokers := fs.String("brokers", env("127.0.0.1:9092", "IDEMQ_KAFKA_BROKERS"), "Kafka bootstrap addresses, comma-separated; env IDEMQ_KAFKA_BROKERS")
+	sqsEndpoint := fs.String("sqs-endpoint", os.Getenv("IDEMQ_SQS_ENDPOINT"), "SQS endpoint URL, for ElasticMQ or LocalStack (env IDEMQ_SQS_ENDPOINT; empty: the AWS configuration)")
+	amqpURL := fs.String("amqp-url", env("amqp://guest:guest@127.0.0.1:5672/", "IDEMQ_AMQP_URL"), "RabbitMQ URL; env IDEMQ_AMQP_URL")
+	stats := fs.Bool("stats", false, "print the outbox's row counts (pending, sent, parked) and exit")
+	var cfg outbox.Config
+	fs.IntVar(&cfg.BatchSize, "batch", 100, "rows claimed and published at once")
+	fs.DurationVar(&cfg.PollInterval, "poll", time.Second, "poll interval (the fallback of LISTEN/NOTIFY on PostgreSQL)")
+	fs.IntVar(&cfg.MaxAttempts, "max-attempts", 10, "failed publishes after which a row is parked")
+	fs.DurationVar(&cfg.Retention, "retention", 24*time.Hour, "how long sent rows are kept; negative deletes them when sent")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	dialect, source, err := dialectOf(*dsn)
+	if err != nil {
+		return err
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, nil))
+
+	var pub outbox.Publisher
+	switch {
+	case *stats:
+		pub = statsOnly{}
+	case *broker == "kafka":
+		p, err := kafkaoutbox.New(kafkaoutbox.Config{Brokers: strings.Split(*brokers, ",")})
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		defer p.Close()
+		pub = p
+	case *broker == "sqs":
+		c, err := sqssource.NewClient(ctx, *sqsEndpoint)
+		if err != nil {
+			return err
+		}
+		if pub, err = sqsoutbox.New(c); err != nil {
+			return err
+		}
+	case *broker == "rabbitmq":
+		p, err := amqpoutbox.New(amqpoutbox.Config{URL: *amqpURL})
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		defer p.Close()
+		pub = p
+	default:
+		return fmt.Errorf("%w: --broker must be kafka, sqs or rabbitmq, not %q", errUsage, *broker)
+	}
+
+	db, closeDB, err := openOutboxDB(ctx, dialect, source)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	var r *outbox.Relay
+	switch d := db.(type) {
+	case *pgxpool.Pool:
+		r, err = outbox.NewRelay(d, pub, cfg)
+	case *sql.DB:
+		r, err = outbox.NewSQLiteRelay(d, pub, cfg)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if *stats {
+		c, err := r.Counts(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "pending         %d\n", c.Pending)
+		fmt.Fprintf(stdout, "sent            %d\n", c.Sent)
+		fmt.Fprintf(stdout, "parked          %d\n", c.Parked)
+		fmt.Fprintf(stdout, "oldest pending  %s\n", c.OldestPending.Round(time.Millisecond))
+		return nil
+	}
+	fmt.Fprintf(stderr, "idemq relay: publishing %s rows to %s; Ctrl-C stops\n", outbox.Table, *broker)
+	return r.Run(ctx)
+}
+
+// statsOnly is the publisher of `idemq relay --stats`, which publishes
+// nothing.
+type statsOnly struct{}
+
+func (statsOnly) Publish(context.Context, []outbox.Message) error {
+	return fmt.Errorf("%w: --stats publishes nothing", outbox.ErrUnavailable)
+}
