@@ -1,0 +1,240 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/sinks/outbox"
+)
+
+// recorder is a Publisher that records what it was given and fails the
+// messages fail says.
+type recorder struct {
+	mu   sync.Mutex
+	got  []outbox.Message
+	fail func(m outbox.Message) error
+}
+
+func (r *recorder) Publish(_ context.Context, msgs []outbox.Message) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	errs := make([]error, len(msgs))
+	failed := false
+	for i, m := range msgs {
+		if r.fail != nil {
+			errs[i] = r.fail(m)
+		}
+		if errs[i] != nil {
+			failed = true
+			continue
+		}
+		r.got = append(r.got, m)
+	}
+	if failed {
+		return &outbox.BatchError{Errs: errs}
+	}
+	return nil
+}
+
+func (r *recorder) ids() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ids := make([]string, len(r.got))
+	for i, m := range r.got {
+		ids[i] = m.ID
+	}
+	return ids
+}
+
+func testConfig() outbox.Config {
+	return outbox.Config{PollInterval: 20 * time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, MaxAttempts: 3}
+}
+
+func insertPG(t *testing.T, pool *pgxpool.Pool, msgs ...outbox.Message) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	for _, m := range msgs {
+		if _, err := outbox.Publish(ctx, tx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// drain runs RelayOnce until it claims nothing.
+func drain(t *testing.T, r *outbox.Relay) {
+	t.Helper()
+	for range 1000 {
+		n, err := r.RelayOnce(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+	}
+	t.Fatal("relay never ran out of rows")
+}
+
+// A row that fails holds back the later rows of its key until it is sent
+// (or parked), while other keys go on.
+func TestRelayKeyWaitsForFailedRow(t *testing.T) {
+	pool := newPool(t)
+	insertPG(t, pool,
+		outbox.Message{ID: "a1", Destination: "d", Key: "a"},
+		outbox.Message{ID: "a2", Destination: "d", Key: "a"},
+		outbox.Message{ID: "b1", Destination: "d", Key: "b"},
+	)
+	failures := 0
+	pub := &recorder{fail: func(m outbox.Message) error {
+		if m.ID == "a1" && failures < 2 {
+			failures++
+			return errors.New("refused")
+		}
+		return nil
+	}}
+	cfg := testConfig()
+	cfg.MinBackoff, cfg.MaxBackoff = 50*time.Millisecond, 50*time.Millisecond
+	r, err := outbox.NewRelay(pool, pub, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.RelayOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(pub.ids()); got != "[b1]" {
+		t.Fatalf("after a1 failed: published %s, want [b1] (a2 waits for a1)", got)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(pub.ids()) < 3 && time.Now().Before(deadline) {
+		if _, err := r.RelayOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := fmt.Sprint(pub.ids()); got != "[b1 a1 a2]" {
+		t.Fatalf("published %s, want [b1 a1 a2]", got)
+	}
+	c, err := r.Counts(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Sent != 3 || c.Pending != 0 || c.Parked != 0 {
+		t.Fatalf("counts %+v", c)
+	}
+}
+
+// Sent rows are kept for Retention and then deleted by Cleanup; with a
+// negative Retention they are deleted when sent.
+func TestRelayRetention(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t)
+	insertPG(t, pool, outbox.Message{ID: "r1", Destination: "d"}, outbox.Message{ID: "r2", Destination: "d"})
+	cfg := testConfig()
+	cfg.Retention = time.Hour
+	r, err := outbox.NewRelay(pool, &recorder{}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(t, r)
+	if n, err := r.Cleanup(ctx); err != nil || n != 0 {
+		t.Fatalf("cleanup within retention deleted %d, %v", n, err)
+	}
+	cfg.Retention = time.Millisecond
+	r, _ = outbox.NewRelay(pool, &recorder{}, cfg)
+	time.Sleep(5 * time.Millisecond)
+	if n, err := r.Cleanup(ctx); err != nil || n != 2 {
+		t.Fatalf("cleanup after retention deleted %d, %v; want 2", n, err)
+	}
+
+	cfg.Retention = -1
+	r, _ = outbox.NewRelay(pool, &recorder{}, cfg)
+	insertPG(t, pool, outbox.Message{ID: "r3", Destination: "d"})
+	drain(t, r)
+	if c, _ := r.Counts(ctx); c.Sent != 0 || c.Pending != 0 {
+		t.Fatalf("with negative retention: counts %+v, want no rows", c)
+	}
+}
+
+// The SQLite relay publishes, retries, parks and keeps per-key order like
+// the PostgreSQL one.
+func TestSQLiteRelay(t *testing.T) {
+	ctx := context.Background()
+	db := newSQLite(t)
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []outbox.Message{
+		{ID: "a1", Destination: "d", Key: "a", Headers: map[string]string{"h": "v"}, Body: []byte("x")},
+		{ID: "p1", Destination: "missing", Key: "p"},
+		{ID: "a2", Destination: "d", Key: "a"},
+		{ID: "p2", Destination: "d", Key: "p"},
+	} {
+		if _, err := outbox.Publish(ctx, tx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	pub := &recorder{fail: func(m outbox.Message) error {
+		if m.Destination == "missing" {
+			return outbox.NoDestination(errors.New("no such topic"))
+		}
+		return nil
+	}}
+	r, err := outbox.NewSQLiteRelay(db, pub, testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := r.Counts(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Sent == 3 && c.Parked == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("counts %+v", c)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(pub.ids()); got != "[a1 a2 p2]" {
+		t.Fatalf("published %s, want [a1 a2 p2]", got)
+	}
+	if pub.got[0].Headers["h"] != "v" || string(pub.got[0].Body) != "x" {
+		t.Fatalf("a1 published as %+v", pub.got[0])
+	}
+	var attempts int
+	var lastErr sql.NullString
+	if err := db.QueryRow(`SELECT attempts, last_error FROM idemq_outbox WHERE id = 'p1'`).Scan(&attempts, &lastErr); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 3 || !errors.Is(outbox.NoDestination(errors.New("x")), outbox.ErrNoDestination) || lastErr.String == "" {
+		t.Fatalf("parked row: attempts %d, last error %q", attempts, lastErr.String)
+	}
+}
