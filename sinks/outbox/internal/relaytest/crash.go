@@ -1,0 +1,163 @@
+package relaytest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/sinks/outbox"
+)
+
+// Environment of the relay child process.
+const (
+	childEnv      = "IDEMQ_OUTBOX_RELAY_CHILD" // "1" in the child
+	childURLEnv   = "IDEMQ_OUTBOX_RELAY_DB"
+	childKillEnv  = "IDEMQ_OUTBOX_RELAY_KILL_AFTER" // confirmed batches after which the child kills itself
+	childBatchEnv = "IDEMQ_OUTBOX_RELAY_BATCH"
+)
+
+// ChildTestName is the name of the test function each broker's package
+// defines to run ChildMain.
+const ChildTestName = "TestHelperRelayChild"
+
+// killingPublisher SIGKILLs its own process right after the broker
+// confirmed the after-th batch: between the confirm and the row update.
+type killingPublisher struct {
+	outbox.Publisher
+	after     int64
+	confirmed atomic.Int64
+}
+
+func (k *killingPublisher) Publish(ctx context.Context, msgs []outbox.Message) error {
+	err := k.Publisher.Publish(ctx, msgs)
+	if err == nil && k.after > 0 && k.confirmed.Add(1) >= k.after {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	}
+	return err
+}
+
+// ChildMain is the body of the relay child process: it runs a relay over
+// the database the parent named, through the publisher newPub returns,
+// and kills itself after the broker confirmed the number of batches the
+// parent asked for. It skips the test when not started by RunKills.
+func ChildMain(t *testing.T, newPub func(t *testing.T) outbox.Publisher) {
+	if os.Getenv(childEnv) != "1" {
+		t.Skip("helper process of a relay crash test")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	pool, err := pgxpool.New(ctx, os.Getenv(childURLEnv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	after, _ := strconv.ParseInt(os.Getenv(childKillEnv), 10, 64)
+	cfg := FastConfig()
+	cfg.BatchSize, _ = strconv.Atoi(os.Getenv(childBatchEnv))
+	r, err := outbox.NewRelay(pool, &killingPublisher{Publisher: newPub(t), after: after}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// syncBuffer is a strings.Builder safe for a child's output.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// RunKills starts relay child processes (this test binary running
+// ChildTestName, with env added) over the database at dbURL, each of
+// which is SIGKILLed right after the broker confirmed its 1st, 2nd or 3rd
+// batch of batch rows, until kills children were killed or no row is
+// pending. It fails the test when fewer than kills kills happened, and
+// returns the number of kills.
+func RunKills(t *testing.T, pool *pgxpool.Pool, dbURL string, env []string, kills, batch int) int {
+	t.Helper()
+	run := func(killAfter int) {
+		cmd := exec.Command(os.Args[0], "-test.run=^"+ChildTestName+"$", "-test.count=1", "-test.v")
+		cmd.Env = append(append(os.Environ(), env...),
+			childEnv+"=1",
+			childURLEnv+"="+dbURL,
+			childKillEnv+"="+strconv.Itoa(killAfter),
+			childBatchEnv+"="+strconv.Itoa(batch),
+		)
+		out := &syncBuffer{}
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+					return
+				}
+			}
+			t.Fatalf("relay child ended without being killed: %v\n%s", err, out)
+		case <-time.After(WaitTimeout):
+			_ = cmd.Process.Kill()
+			<-done
+			t.Fatalf("relay child did not kill itself; %s\n%s", Describe(t, pool), out)
+		}
+	}
+	killed := 0
+	for i := 0; killed < kills; i++ {
+		pending := Counts(t, pool).Pending
+		if pending == 0 {
+			break
+		}
+		// Kill after the 1st, 2nd or 3rd confirmed batch, if that many remain.
+		run(min(1+i%3, int((pending+int64(batch)-1)/int64(batch))))
+		killed++
+	}
+	if killed < kills {
+		t.Fatalf("only %d kills before all rows were sent; the test proves too little", killed)
+	}
+	return killed
+}
+
+// CheckEffects verifies the downstream effects table: one row per event of
+// want, none twice.
+func CheckEffects(t testing.TB, pool *pgxpool.Pool, n int) string {
+	t.Helper()
+	var effects, distinct int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT event_id) FROM effects`).Scan(&effects, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	if effects != n || distinct != n {
+		t.Fatalf("%d effects for %d distinct events, want %d: duplicate effects %d, missing events %d", effects, distinct, n, effects-distinct, n-distinct)
+	}
+	return fmt.Sprintf("%d effects for %d distinct events", effects, distinct)
+}
