@@ -87,6 +87,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	stats := fs.Bool("stats", false, "print the outbox's row counts (pending, sent, parked) and exit")
 	var cfg outbox.Config
 	fs.IntVar(&cfg.BatchSize, "batch", 100, "rows claimed and published at once")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 1, "batches in flight at once (PostgreSQL only)")
 	fs.DurationVar(&cfg.PollInterval, "poll", time.Second, "poll interval (the fallback of LISTEN/NOTIFY on PostgreSQL)")
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", 10, "failed publishes after which a row is parked")
 	fs.DurationVar(&cfg.Retention, "retention", 24*time.Hour, "how long sent rows are kept; negative deletes them when sent")

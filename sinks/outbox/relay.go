@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 )
 
@@ -80,6 +81,12 @@ type Config struct {
 	// BatchSize is the largest number of rows claimed and published at
 	// once. Defaults to 100.
 	BatchSize int
+	// Concurrency is the number of batches a relay claims and publishes at
+	// once, each in its own transaction (PostgreSQL only: SQLite relays
+	// take 1). More than one overlaps one batch's database work with
+	// another's publish; the rows of one key still go out one at a time,
+	// in order. Defaults to 1.
+	Concurrency int
 	// PollInterval is how often the relay looks for rows without a
 	// notification (the only wake-up on SQLite, the fallback on
 	// PostgreSQL). Defaults to 1 s.
@@ -109,6 +116,9 @@ func (c Config) WithDefaults() Config {
 	if c.BatchSize == 0 {
 		c.BatchSize = 100
 	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 1
+	}
 	if c.PollInterval == 0 {
 		c.PollInterval = time.Second
 	}
@@ -137,6 +147,8 @@ func (c Config) validate() error {
 	switch {
 	case c.BatchSize < 1:
 		return fmt.Errorf("%w: BatchSize must be at least 1", ErrInvalidConfig)
+	case c.Concurrency < 1:
+		return fmt.Errorf("%w: Concurrency must be at least 1", ErrInvalidConfig)
 	case c.PollInterval < 0, c.MinBackoff < 0, c.MaxBackoff < c.MinBackoff, c.CleanupInterval < 0:
 		return fmt.Errorf("%w: intervals must be positive and MaxBackoff at least MinBackoff", ErrInvalidConfig)
 	case c.MaxAttempts < 1:
@@ -216,7 +228,8 @@ type Counts struct {
 // again with the same stable id: downstream idemq consumers absorb the
 // duplicate.
 //
-// On PostgreSQL several relays can run at once: the claim locks rows with
+// On PostgreSQL several relays (and several claim loops of one relay, see
+// Config.Concurrency) can run at once: the claim locks rows with
 // FOR UPDATE SKIP LOCKED in a transaction held while the batch is
 // published, and a key whose oldest row is locked by one relay has no
 // eligible row for the others. Relays wake on LISTEN/NOTIFY (a trigger
@@ -234,23 +247,41 @@ type Relay struct {
 	cfg Config
 }
 
-// Run publishes rows until ctx is cancelled, then returns nil. It returns
-// an error only when it cannot start. Run also deletes sent rows older than
-// Retention every CleanupInterval.
+// Run publishes rows until ctx is cancelled, then returns nil. It runs
+// Concurrency claim loops, one goroutine that waits for notifications (or
+// PollInterval) and wakes idle loops, and the cleanup loop, which deletes
+// sent rows older than Retention every CleanupInterval.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.st.close()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		r.cleanupLoop(ctx)
-	}()
-	defer func() { <-done }()
+	w := &wakeup{ch: make(chan struct{})}
+	var wg sync.WaitGroup
+	wg.Go(func() { r.cleanupLoop(ctx) })
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			if err := r.st.wait(ctx, r.cfg.PollInterval); err != nil && ctx.Err() == nil {
+				r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: wait for notifications", slog.String("error", err.Error()))
+				sleep(ctx, r.cfg.PollInterval)
+			}
+			w.signal()
+		}
+	})
+	for range r.cfg.Concurrency {
+		wg.Go(func() { r.claimLoop(ctx, w) })
+	}
+	wg.Wait()
+	return nil
+}
+
+// claimLoop relays batches while there are rows, and waits for a wake-up
+// (a notification or PollInterval) when there are none.
+func (r *Relay) claimLoop(ctx context.Context, w *wakeup) {
 	outage := time.Duration(0)
 	for ctx.Err() == nil {
+		woken := w.next() // taken before the claim, so no wake-up is missed
 		n, err := r.RelayOnce(ctx)
 		switch {
 		case ctx.Err() != nil:
-			return nil
+			return
 		case err != nil:
 			if outage == 0 {
 				outage = r.cfg.MinBackoff
@@ -259,23 +290,41 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: publish failed, backing off",
 				slog.String("error", err.Error()), slog.Duration("backoff", outage))
-			if !sleep(ctx, jitter(outage)) {
-				return nil
-			}
+			sleep(ctx, jitter(outage))
 			continue
 		case n > 0:
 			outage = 0
 			continue // more rows may be waiting
 		}
 		outage = 0
-		if err := r.st.wait(ctx, r.cfg.PollInterval); err != nil && ctx.Err() == nil {
-			r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: wait for notifications", slog.String("error", err.Error()))
-			if !sleep(ctx, r.cfg.PollInterval) {
-				return nil
-			}
+		t := time.NewTimer(r.cfg.PollInterval)
+		select {
+		case <-ctx.Done():
+		case <-woken:
+		case <-t.C:
 		}
+		t.Stop()
 	}
-	return nil
+}
+
+// wakeup broadcasts "rows may have arrived" to idle claim loops.
+type wakeup struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// next returns a channel closed at the next signal.
+func (w *wakeup) next() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ch
+}
+
+func (w *wakeup) signal() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	close(w.ch)
+	w.ch = make(chan struct{})
 }
 
 // RelayOnce claims one batch, publishes it and records the outcome. It

@@ -20,6 +20,9 @@ func NewSQLiteRelay(db *sql.DB, pub Publisher, cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if cfg.Concurrency != 1 {
+		return nil, fmt.Errorf("%w: a SQLite relay has Concurrency 1", ErrInvalidConfig)
+	}
 	return &Relay{st: &sqliteStore{db: db}, pub: pub, cfg: cfg}, nil
 }
 

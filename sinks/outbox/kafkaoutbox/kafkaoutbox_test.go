@@ -135,7 +135,8 @@ func TestRelayKafka(t *testing.T) {
 	relaytest.Check(t, want, readAll(t, brokers, topic), false)
 }
 
-// Two relays at once publish every row once and keep each key's order.
+// Two relays at once, with two batches in flight each, publish every row
+// once and keep each key's order.
 func TestRelayKafkaConcurrent(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers)
@@ -143,6 +144,7 @@ func TestRelayKafkaConcurrent(t *testing.T) {
 	pub := newPublisher(t, brokers)
 	cfg := relaytest.FastConfig()
 	cfg.BatchSize = 10
+	cfg.Concurrency = 2
 	relaytest.StartRelays(t, pool, pub, 2, cfg)
 	// Rows arrive while the relays run, woken by notifications.
 	want := relaytest.Messages("c", topic, 400, 5)

@@ -21,6 +21,9 @@ CREATE TABLE IF NOT EXISTS idemq_outbox (
 CREATE INDEX IF NOT EXISTS idemq_outbox_pending_idx
     ON idemq_outbox (partition_key, seq) WHERE state = 0;
 
+CREATE INDEX IF NOT EXISTS idemq_outbox_pending_seq_idx
+    ON idemq_outbox (seq) WHERE state = 0;
+
 CREATE INDEX IF NOT EXISTS idemq_outbox_source_key_idx
     ON idemq_outbox (source_key) WHERE source_key IS NOT NULL;
 
