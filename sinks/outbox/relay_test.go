@@ -238,3 +238,38 @@ func TestSQLiteRelay(t *testing.T) {
 		t.Fatalf("parked row: attempts %d, last error %q", attempts, lastErr.String)
 	}
 }
+
+// A relay that polls once an hour publishes a row committed while it is
+// idle: the insert's NOTIFY wakes it.
+func TestRelayWokenByNotify(t *testing.T) {
+	pool := newPool(t)
+	pub := &recorder{}
+	cfg := testConfig()
+	cfg.PollInterval = time.Hour
+	r, err := outbox.NewRelay(pool, pub, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	// Let the relay find nothing and go idle, listening.
+	time.Sleep(200 * time.Millisecond)
+	for i := range 3 {
+		id := fmt.Sprintf("n%d", i)
+		insertPG(t, pool, outbox.Message{ID: id, Destination: "d"})
+		deadline := time.Now().Add(30 * time.Second)
+		for len(pub.ids()) < i+1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("row %s not published: the notification did not wake the relay (published %v)", id, pub.ids())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
