@@ -3,6 +3,10 @@
 // payment-vendor calls. Each sink lives in its own package (sinks/webhook is
 // the first); this package holds what they share.
 //
+// sinks/outbox is the other way to reach a broker from a handler: it writes
+// the message in the handler's database transaction, and its relay
+// publishes it after the commit (transactional path, no lease).
+//
 // # The contract of a sink
 //
 // A sink performs one attempt of an effect per call and leaves retrying to

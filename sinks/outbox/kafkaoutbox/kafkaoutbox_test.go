@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -41,7 +42,7 @@ func newTopic(t testing.TB, brokers []string) string {
 		if err != nil {
 			return
 		}
-		cc, err := kafka.Dial("tcp", ctl.Host+":"+itoa(ctl.Port))
+		cc, err := kafka.Dial("tcp", ctl.Host+":"+strconv.Itoa(ctl.Port))
 		if err != nil {
 			return
 		}
@@ -50,10 +51,6 @@ func newTopic(t testing.TB, brokers []string) string {
 	})
 	return topic
 }
-
-func itoa(i int) string { return strconv.Itoa(i) }
-
-func fmtInt(i int) string { return strconv.Itoa(i) }
 
 // readAll reads every message of topic, partition by partition, in offset
 // order.
@@ -196,5 +193,5 @@ func TestRelayKafkaOutage(t *testing.T) {
 }
 
 func fmtCounts(c outbox.Counts) string {
-	return "pending=" + fmtInt(int(c.Pending)) + " sent=" + fmtInt(int(c.Sent)) + " parked=" + fmtInt(int(c.Parked))
+	return fmt.Sprintf("pending=%d sent=%d parked=%d", c.Pending, c.Sent, c.Parked)
 }
