@@ -10,6 +10,12 @@
 // reported sent only after the broker's ack. A message the broker returns
 // as unroutable (mandatory) and a missing exchange (checked passively
 // before the first publish to it) fail with outbox.ErrNoDestination.
+//
+// Known limit: an exchange is checked once per connection. If it is deleted
+// afterwards, the broker closes the channel on the next publish to it; the
+// Publisher reports that as an outage (outbox.ErrUnavailable), reconnects
+// and checks again, so the row is counted and parked from the next batch
+// on, but the other rows of the failing batch are re-sent.
 package amqpoutbox
 
 import (

@@ -10,7 +10,10 @@
 // attribute (outbox.HeaderPartitionKey); on a FIFO queue (URL ending in
 // .fifo) it is the MessageGroupId ("default" when empty) and the
 // MessageDeduplicationId is a hash of the stable id, so SQS itself drops
-// re-sends within its 5-minute window.
+// re-sends within its 5-minute window. Bodies are sent as strings: SQS
+// refuses characters outside its allowed set (binary data), and such a row
+// is parked after MaxAttempts; encode binary bodies (base64) before
+// Publish.
 //
 // A downstream sqssource consumer deduplicates the relay's re-sends when
 // its Config.KeyAttribute is "idempotency-key" (sqssource has no default
