@@ -90,6 +90,12 @@ type Config struct {
 	// HorizonReporter); Run then logs one WARN with both durations. Defaults
 	// to false: Run refuses with a *ConfigError.
 	AllowShortRetention bool
+
+	// Hooks observe the runner: each is checked once, in NewRunner, for the
+	// Hook* interfaces it implements (see Hook), and called on those
+	// events. consumer/otelidemq provides OpenTelemetry traces and metrics
+	// as a hook. Defaults to none, which costs nothing.
+	Hooks []Hook
 }
 
 // Default values used by Config.WithDefaults.

@@ -213,6 +213,7 @@ func (p *leasePath) refreshQueued(ctx context.Context, r *Runner, batch []*job, 
 				r.storeOut.ok(ctx, r.log)
 			default:
 				r.storeOut.failed(ctx, r.log, fmt.Errorf("idemq: refresh lease: %w", err))
+				r.hookRefreshFailed(ctx, err)
 			}
 			// Other errors: retried on the next tick. If they last, the
 			// message's confirmation grows old and claim takes the key
@@ -261,11 +262,18 @@ func (p *leasePath) claim(ctx context.Context, r *Runner, j *job, pc *preclaim) 
 
 func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
 	scope := r.cfg.Name
+	if len(r.hooks.claimed) > 0 {
+		j.claimStart = time.Now()
+	}
 	token, c, err := p.claim(ctx, r, j, pc)
+	if len(r.hooks.claimed) > 0 {
+		j.claimEnd = time.Now()
+	}
 	if err != nil {
 		j.set(outRetryInfra, err)
 		if errors.Is(err, dedup.ErrLeaseLost) {
 			j.delay = p.opts.InProgressDelay
+			r.hookLeaseLost(j, err)
 		} else {
 			j.delay = r.infraDelay()
 		}
@@ -284,6 +292,7 @@ func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
 		j.delay = p.opts.InProgressDelay
 		return
 	case dedup.StateNew:
+		j.claimedNew = true
 	default:
 		j.set(outRetryInfra, fmt.Errorf("idemq: claim of key %q returned state %v", j.key, c.State))
 		return
@@ -296,7 +305,12 @@ func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
 	var cerr error
 	if err == nil {
 		// The lease is still refreshed while the key is marked done.
+		var start time.Time
+		if len(r.hooks.commit) > 0 {
+			start = time.Now()
+		}
 		cerr = p.complete(ctx, r, j.key, token)
+		r.hookCommit(j, start, cerr)
 	}
 	lost := stop()
 
@@ -312,6 +326,7 @@ func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
 	case lost != nil:
 		// Another worker may own the key now: record nothing under this
 		// token and let the retry find out what happened.
+		r.hookLeaseLost(j, lost)
 		j.set(outRetryInfra, fmt.Errorf("idemq: lease of key %q lost while handling: %w", j.key, lost))
 		j.delay = p.opts.InProgressDelay
 	default:
@@ -391,6 +406,7 @@ func (p *leasePath) refresh(ctx context.Context, r *Runner, cancel context.Cance
 				}
 				if err != nil && ctx.Err() == nil {
 					r.storeOut.failed(ctx, r.log, fmt.Errorf("idemq: refresh lease: %w", err))
+					r.hookRefreshFailed(ctx, err)
 				} else if err == nil {
 					r.storeOut.ok(ctx, r.log)
 				}

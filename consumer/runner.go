@@ -75,6 +75,14 @@ type job struct {
 	// failures is the key's handler failures as the store counted them (0:
 	// not counted; the broker's Attempt applies).
 	failures int
+
+	// For hooks (see hooks.go). ctx is the message's context: the
+	// receive context without its cancellation, or what HookReceived
+	// returned.
+	ctx                  context.Context
+	follower             bool // the same key came earlier in the batch
+	claimedNew           bool // the path claimed the key as new
+	claimStart, claimEnd time.Time
 }
 
 func (j *job) set(o outcome, err error) { j.out, j.err = o, err }
@@ -92,6 +100,7 @@ type Runner struct {
 	draining    atomic.Bool
 	lastReceive atomic.Int64 // UnixNano of the last successful Receive
 	stats       counters
+	hooks       hooks
 
 	// Consecutive failures of each dependency (see Health).
 	receiveOut, storeOut, ackOut *outage
@@ -128,6 +137,7 @@ func NewRunner(src Source, path Path, cfg Config) (*Runner, error) {
 		receiveOut: newOutage(DependencyBroker, cfg),
 		storeOut:   newOutage(DependencyStore, cfg),
 		ackOut:     newOutage(DependencyBrokerAck, cfg),
+		hooks:      resolveHooks(cfg.Hooks),
 	}, nil
 }
 
@@ -189,6 +199,7 @@ func (r *Runner) Run(ctx context.Context) error {
 // ctx is done.
 func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
 	max := r.cfg.BatchSize * r.cfg.Concurrency
+	mctx := context.WithoutCancel(ctx) // a message's context: values only
 	for ctx.Err() == nil {
 		msgs, err := r.src.Receive(ctx, max)
 		if err != nil {
@@ -208,13 +219,17 @@ func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
 		r.receiveOut.ok(ctx, r.log)
 		for _, m := range msgs {
 			r.stats.received.Add(1)
-			j := &job{msg: m}
+			j := &job{msg: m, ctx: mctx}
+			for _, h := range r.hooks.received {
+				j.ctx = h.OnReceived(j.ctx, m)
+			}
 			j.key, j.keyErr = r.keyOf(m)
 			select {
 			case lanes[r.laneOf(j)] <- j:
 			case <-ctx.Done():
 				// Stopping while a lane is full: what was not handed to a
 				// lane stays unacknowledged and returns to the broker.
+				r.hookSettled(j, OutcomeLeft, 0, nil)
 				return nil
 			}
 		}
@@ -271,7 +286,14 @@ func (r *Runner) lane(ctx context.Context, in <-chan *job) {
 			}
 		}
 		if ctx.Err() != nil {
-			continue // drain timed out: leave the rest to the broker
+			// Drain timed out: leave the rest to the broker.
+			for _, j := range batch {
+				r.hookSettled(j, OutcomeLeft, len(batch), nil)
+			}
+			continue
+		}
+		for _, h := range r.hooks.batch {
+			h.OnBatch(ctx, len(batch))
 		}
 		r.handle(ctx, batch)
 	}
@@ -292,6 +314,7 @@ func (r *Runner) handle(ctx context.Context, batch []*job) {
 		}
 		if leaders[j.key] != nil {
 			// The same key twice in one batch: settle it after its leader.
+			j.follower = true
 			followers = append(followers, j)
 			continue
 		}
@@ -398,11 +421,13 @@ var errKeyBusy = errors.New("being handled by another worker")
 func (r *Runner) settle(ctx context.Context, batch []*job) {
 	var acks []*Message
 	for _, j := range batch {
+		r.hookClaimed(j)
 		if ctx.Err() != nil && j.out != outAck && j.out != outDuplicate && j.out != outNone {
 			r.stats.left.Add(1)
-			r.log.LogAttrs(ctx, slog.LevelInfo, "stopping: message left to the broker",
+			r.log.LogAttrs(r.msgCtx(ctx, j), slog.LevelInfo, "stopping: message left to the broker",
 				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt),
 				slog.Any(LogKeyError, j.err))
+			r.hookSettled(j, OutcomeLeft, len(batch), j.err)
 			continue
 		}
 		switch j.out {
@@ -411,20 +436,36 @@ func (r *Runner) settle(ctx context.Context, batch []*job) {
 			acks = append(acks, j.msg)
 		case outDuplicate:
 			r.stats.duplicates.Add(1)
-			r.log.LogAttrs(ctx, slog.LevelDebug, "duplicate acknowledged",
+			r.log.LogAttrs(r.msgCtx(ctx, j), slog.LevelDebug, "duplicate acknowledged",
 				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt))
 			acks = append(acks, j.msg)
 		case outRetry, outRetryInfra:
-			r.retry(ctx, j)
+			r.hookSettled(j, r.retry(ctx, j), len(batch), j.err)
 		case outDeadLetter:
-			r.deadLetter(ctx, j, j.err)
+			r.hookSettled(j, r.deadLetter(ctx, j, j.err), len(batch), j.err)
 		case outNone:
+			r.hookSettled(j, OutcomeLeft, len(batch), nil)
 		}
 	}
 	if len(acks) == 0 {
 		return
 	}
-	if err := r.src.Ack(ctx, acks); err != nil {
+	err := r.src.Ack(ctx, acks)
+	for _, h := range r.hooks.ack {
+		h.OnAck(ctx, len(acks), err)
+	}
+	if len(r.hooks.settled) > 0 {
+		for _, j := range batch {
+			switch {
+			case ctx.Err() != nil && j.out != outAck && j.out != outDuplicate:
+			case j.out == outAck:
+				r.hookSettled(j, OutcomeHandled, len(batch), err)
+			case j.out == outDuplicate:
+				r.hookSettled(j, OutcomeDuplicate, len(batch), err)
+			}
+		}
+	}
+	if err != nil {
 		// Harmless for correctness: the effect is committed, and the
 		// redelivery is recognised as a duplicate.
 		r.stats.ackFailures.Add(uint64(len(acks)))
@@ -436,9 +477,24 @@ func (r *Runner) settle(ctx context.Context, batch []*job) {
 	r.ackOut.ok(ctx, r.log)
 }
 
-func (r *Runner) retry(ctx context.Context, j *job) {
+// msgCtx returns ctx seen through the message context of j when a
+// HookReceived may have given it values (a span, so that a trace-aware log
+// handler ties a line to the message, and the handler's spans join it).
+// Without such hooks it is ctx itself.
+func (r *Runner) msgCtx(ctx context.Context, j *job) context.Context {
+	if len(r.hooks.received) == 0 || j.ctx == nil {
+		return ctx
+	}
+	return overlay{Context: ctx, vals: j.ctx}
+}
+
+// retry hands j back for a later attempt, or dead-letters it once its
+// attempts are exhausted, and returns the outcome.
+func (r *Runner) retry(ctx context.Context, j *job) Outcome {
 	m := j.msg
+	ctx = r.msgCtx(ctx, j)
 	var delay time.Duration
+	kind := RetryHandler
 	switch {
 	case j.out == outRetryInfra:
 		// Not the message's fault: never dead-letter for it.
@@ -446,29 +502,36 @@ func (r *Runner) retry(ctx context.Context, j *job) {
 		if delay <= 0 {
 			delay = r.cfg.Retry.Backoff(1)
 		}
+		kind = RetryInfrastructure
 	case r.countFailure(ctx, j) >= r.cfg.Retry.MaxAttempts:
-		r.deadLetter(ctx, j, fmt.Errorf("%w after %d attempts: %w", ErrMaxAttempts, j.attempt(), j.err))
-		return
+		return r.deadLetter(ctx, j, fmt.Errorf("%w after %d attempts: %w", ErrMaxAttempts, j.attempt(), j.err))
 	default:
 		delay = r.backoff(j)
 	}
 	r.stats.retried.Add(1)
-	r.log.Info("message will be retried", LogKeyKey, j.key, LogKeyID, m.ID, LogKeyTopic, m.Topic,
-		LogKeyAttempt, j.attempt(), LogKeyDelay, delay, LogKeyError, j.err)
+	r.log.LogAttrs(ctx, slog.LevelInfo, "message will be retried", slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID),
+		slog.String(LogKeyTopic, m.Topic), slog.Int(LogKeyAttempt, j.attempt()), slog.Duration(LogKeyDelay, delay),
+		slog.Any(LogKeyError, j.err))
+	for _, h := range r.hooks.retry {
+		h.OnRetry(j.ctx, m, kind, delay, j.err)
+	}
 	retry := r.src.Retry
 	if rel, ok := r.src.(Releaser); ok && j.out == outRetryInfra {
 		retry = rel.Release
 	}
 	if err := retry(ctx, m, delay); err != nil {
 		r.stats.settleFailures.Add(1)
-		r.log.Warn("retry failed; the broker will redeliver", LogKeyID, m.ID, LogKeyError, err)
+		r.log.LogAttrs(ctx, slog.LevelWarn, "retry failed; the broker will redeliver", slog.String(LogKeyID, m.ID), slog.Any(LogKeyError, err))
+		return OutcomeLeft
 	}
+	return OutcomeRetried
 }
 
 // deadLetter hands j to the source's dead-letter route. Only a dead letter
-// the source accepted is counted and logged as one.
-func (r *Runner) deadLetter(ctx context.Context, j *job, cause error) {
+// the source accepted is counted and logged as one. It returns the outcome.
+func (r *Runner) deadLetter(ctx context.Context, j *job, cause error) Outcome {
 	m := j.msg
+	ctx = r.msgCtx(ctx, j)
 	reason := &DeadLetterError{Key: j.key, Attempts: j.attempt(), Err: cause}
 	attrs := []slog.Attr{slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID), slog.String(LogKeyTopic, m.Topic),
 		slog.Int(LogKeyAttempt, j.attempt()), slog.Any(LogKeyError, cause)}
@@ -481,24 +544,43 @@ func (r *Runner) deadLetter(ctx context.Context, j *job, cause error) {
 		r.stats.left.Add(1)
 		r.log.LogAttrs(ctx, slog.LevelError, "dead-letter failed; the broker will redeliver",
 			append(attrs, slog.Any(LogKeySettleError, err))...)
-		return
+		return OutcomeLeft
 	}
 	r.stats.deadLettered.Add(1)
 	if errors.Is(cause, ErrPayloadMismatch) {
 		r.stats.mismatches.Add(1)
 	}
 	r.log.LogAttrs(ctx, slog.LevelError, "message dead-lettered", attrs...)
+	if len(r.hooks.deadLetter) > 0 {
+		reason := deadLetterReason(cause)
+		for _, h := range r.hooks.deadLetter {
+			h.OnDeadLetter(j.ctx, m, reason, cause)
+		}
+	}
 	r.forgetFailures(ctx, j)
+	return OutcomeDeadLettered
 }
 
 // call runs a handler with the key in its context, the handler timeout, and
 // panic recovery.
 func (r *Runner) call(ctx context.Context, j *job, fn func(ctx context.Context) error) (err error) {
-	ctx = withKeys(ctx, r.cfg.Name, j.key)
+	ctx = withKeys(r.msgCtx(ctx, j), r.cfg.Name, j.key)
 	if r.cfg.HandlerTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, r.cfg.HandlerTimeout)
 		defer cancel()
+	}
+	if len(r.hooks.handlerStart) > 0 || len(r.hooks.handlerEnd) > 0 {
+		for _, h := range r.hooks.handlerStart {
+			ctx = h.OnHandlerStart(ctx, j.msg)
+		}
+		start := time.Now()
+		defer func() {
+			d := time.Since(start)
+			for _, h := range r.hooks.handlerEnd {
+				h.OnHandlerEnd(ctx, j.msg, d, err)
+			}
+		}()
 	}
 	defer func() {
 		if v := recover(); v != nil {

@@ -1,0 +1,436 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Hook is a value that observes a Runner. It implements any number of the
+// Hook* interfaces below (HookReceived, HookClaimed, ...); the runner finds
+// out which once, in NewRunner, by type assertion, so new events can be added
+// without breaking existing hooks. Set hooks with Config.Hooks.
+//
+// Hook methods are called synchronously from the runner's goroutines (the
+// receive loop and the lanes), concurrently for different messages: they must
+// be safe for concurrent use and fast, and must not block. They must not
+// modify the Message. A runner without hooks pays nothing for them: no call,
+// no allocation.
+//
+// The ctx passed to per-message events is the message's context: the one the
+// HookReceived hooks returned for it (so a tracing hook can carry a span from
+// event to event), holding the runner's context values but not its
+// cancellation.
+type Hook any
+
+// HookReceived is called once per message received from the source, in the
+// receive loop, before the message is handed to a lane. The context it returns
+// becomes the message's context: it is passed to the message's later events,
+// and its values are visible to the handler's context (for example a span, so
+// that the handler's spans and logs join the message's trace). Return ctx
+// unchanged to add nothing.
+type HookReceived interface {
+	OnReceived(ctx context.Context, m *Message) context.Context
+}
+
+// HookBatch is called when a lane forms a batch, before the batch's keys
+// are checked and claimed, with the number of messages in it.
+type HookBatch interface {
+	OnBatch(ctx context.Context, size int)
+}
+
+// ClaimState is the result of claiming a message's key.
+type ClaimState int
+
+// Claim states.
+const (
+	// ClaimNew: the key was not processed; the handler runs.
+	ClaimNew ClaimState = iota + 1
+	// ClaimDuplicate: the key was processed before; the message is
+	// acknowledged without running the handler.
+	ClaimDuplicate
+)
+
+// String returns "new" or "duplicate".
+func (s ClaimState) String() string {
+	switch s {
+	case ClaimNew:
+		return "new"
+	case ClaimDuplicate:
+		return "duplicate"
+	}
+	return "unknown"
+}
+
+// DuplicateReason is the runner's best guess of why a duplicate arrived. The
+// runner cannot see the producer or the other workers, so it guesses from
+// what it knows, in this order:
+//
+//   - DuplicateConcurrent: the same key came earlier in the same batch, so
+//     two copies were in flight at once (a producer's quick re-send or the
+//     broker redelivering while the first copy was still being handled);
+//   - DuplicateRedelivery: the broker marks the delivery as a repeat
+//     (Message.Redelivered, or Attempt above 1): the first delivery's effect
+//     committed but its acknowledgement was lost, or the consumer stopped
+//     before acknowledging;
+//   - DuplicateProducer: a first delivery whose key is already processed,
+//     that is another broker message carrying the same key: the producer
+//     sent it again. Brokers that do not mark redeliveries (Kafka after a
+//     rebalance or a lost offset commit; SQS reports its receive count, and
+//     RabbitMQ its redelivered flag, so they do) put their redeliveries here
+//     too.
+type DuplicateReason int
+
+// Duplicate reasons; see DuplicateReason.
+const (
+	DuplicateRedelivery DuplicateReason = iota + 1
+	DuplicateConcurrent
+	DuplicateProducer
+)
+
+// String returns "redelivery", "concurrent" or "producer".
+func (r DuplicateReason) String() string {
+	switch r {
+	case DuplicateRedelivery:
+		return "redelivery"
+	case DuplicateConcurrent:
+		return "concurrent"
+	case DuplicateProducer:
+		return "producer"
+	}
+	return "unknown"
+}
+
+// ClaimInfo describes the claim of one message's key.
+type ClaimInfo struct {
+	// State is ClaimNew or ClaimDuplicate.
+	State ClaimState
+	// Reason is why a duplicate arrived; zero for ClaimNew.
+	Reason DuplicateReason
+	// Start and End bound the call to the store that claimed the key, when
+	// the path measured it (the lease path does); both are zero otherwise,
+	// and for a duplicate of a key earlier in the same batch, which is
+	// settled without a claim of its own.
+	Start, End time.Time
+}
+
+// HookClaimed is called once per message whose key was claimed: for every
+// duplicate (as many calls as Stats.Duplicates counts), and for every new
+// key whose handler went on to run. It is called when the message is
+// settled, after the claim, so ClaimInfo carries the claim's own timing.
+type HookClaimed interface {
+	OnClaimed(ctx context.Context, m *Message, c ClaimInfo)
+}
+
+// HookHandlerStart is called right before a handler runs (every attempt).
+// The context it returns is the handler's context; it must be derived from
+// ctx (for example with a child span), or be ctx itself.
+type HookHandlerStart interface {
+	OnHandlerStart(ctx context.Context, m *Message) context.Context
+}
+
+// HookHandlerEnd is called right after a handler returned, with how long it
+// ran and its error (nil on success; a panic is a *PanicError). ctx is the
+// handler's context, as HookHandlerStart returned it.
+type HookHandlerEnd interface {
+	OnHandlerEnd(ctx context.Context, m *Message, d time.Duration, err error)
+}
+
+// CommitInfo describes the write that made a message's effect durable.
+type CommitInfo struct {
+	// Start and End bound the commit (the transaction's commit, or marking
+	// the key done on the lease path). A batch's messages share one commit.
+	Start, End time.Time
+	// Err is the commit's error; nil when it succeeded.
+	Err error
+}
+
+// HookCommit is called once per message for the write that makes its effect
+// durable: marking its key done (lease path).
+type HookCommit interface {
+	OnCommit(ctx context.Context, m *Message, c CommitInfo)
+}
+
+// HookAck is called after each Source.Ack call with the number of messages
+// acknowledged and its error. A failed ack of n messages adds n to
+// Stats.AckFailures.
+type HookAck interface {
+	OnAck(ctx context.Context, n int, err error)
+}
+
+// RetryKind tells why a message is handed back for a later attempt.
+type RetryKind int
+
+// Retry kinds.
+const (
+	// RetryHandler: the handler failed; the attempt counts towards
+	// RetryPolicy.MaxAttempts.
+	RetryHandler RetryKind = iota + 1
+	// RetryInfrastructure: not the message's fault (the store failed,
+	// another worker holds the key, an earlier message of its partition
+	// failed); no attempt is counted and it is never dead-lettered for it.
+	RetryInfrastructure
+)
+
+// String returns "handler" or "infrastructure".
+func (k RetryKind) String() string {
+	switch k {
+	case RetryHandler:
+		return "handler"
+	case RetryInfrastructure:
+		return "infrastructure"
+	}
+	return "unknown"
+}
+
+// HookRetry is called once per message handed back for a later attempt (as
+// many calls as Stats.Retried counts), before Source.Retry or Release.
+type HookRetry interface {
+	OnRetry(ctx context.Context, m *Message, kind RetryKind, delay time.Duration, err error)
+}
+
+// DeadLetterReason classifies why a message was dead-lettered.
+type DeadLetterReason string
+
+// Dead-letter reasons, from the error that sent the message there.
+const (
+	DeadLetterMaxAttempts DeadLetterReason = "max_attempts"     // ErrMaxAttempts
+	DeadLetterMismatch    DeadLetterReason = "payload_mismatch" // ErrPayloadMismatch
+	DeadLetterMissingKey  DeadLetterReason = "missing_key"      // ErrMissingKey
+	DeadLetterInvalidKey  DeadLetterReason = "invalid_key"      // ErrInvalidKey
+	DeadLetterOversized   DeadLetterReason = "oversized"        // ErrOversized
+	DeadLetterMalformed   DeadLetterReason = "malformed"        // ErrMalformed
+	DeadLetterPermanent   DeadLetterReason = "permanent"        // Permanent, and anything else
+)
+
+// deadLetterReason classifies the cause of a dead letter.
+func deadLetterReason(cause error) DeadLetterReason {
+	switch {
+	case errors.Is(cause, ErrMaxAttempts):
+		return DeadLetterMaxAttempts
+	case errors.Is(cause, ErrPayloadMismatch):
+		return DeadLetterMismatch
+	case errors.Is(cause, ErrMissingKey):
+		return DeadLetterMissingKey
+	case errors.Is(cause, ErrInvalidKey):
+		return DeadLetterInvalidKey
+	case errors.Is(cause, ErrOversized):
+		return DeadLetterOversized
+	case errors.Is(cause, ErrMalformed):
+		return DeadLetterMalformed
+	}
+	return DeadLetterPermanent
+}
+
+// HookDeadLetter is called once per message the source accepted into its
+// dead-letter route (as many calls as Stats.DeadLettered counts).
+type HookDeadLetter interface {
+	OnDeadLetter(ctx context.Context, m *Message, reason DeadLetterReason, err error)
+}
+
+// HookLeaseLost is called when the lease path finds a message's lease lost
+// (another worker may own the key): while the handler ran, or while the
+// message waited in its batch.
+type HookLeaseLost interface {
+	OnLeaseLost(ctx context.Context, m *Message, err error)
+}
+
+// HookLeaseRefreshFailed is called when refreshing a lease failed for another
+// reason than losing it (the lease store is unreachable); the refresh is
+// retried on the next tick.
+type HookLeaseRefreshFailed interface {
+	OnLeaseRefreshFailed(ctx context.Context, err error)
+}
+
+// Outcome is how the runner settled a message.
+type Outcome int
+
+// Outcomes.
+const (
+	// OutcomeHandled: the handler ran, its effect is durable, and the
+	// message was acknowledged (or the ack failed; see SettleInfo.Err).
+	OutcomeHandled Outcome = iota + 1
+	// OutcomeDuplicate: the key was processed before; acknowledged.
+	OutcomeDuplicate
+	// OutcomeRetried: handed back for a later attempt.
+	OutcomeRetried
+	// OutcomeDeadLettered: moved to the dead-letter route.
+	OutcomeDeadLettered
+	// OutcomeLeft: left to the broker, which redelivers it (a failed
+	// Retry or DeadLetter, a drain cut short, nothing decided).
+	OutcomeLeft
+)
+
+// String returns the outcome's name.
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeHandled:
+		return "handled"
+	case OutcomeDuplicate:
+		return "duplicate"
+	case OutcomeRetried:
+		return "retried"
+	case OutcomeDeadLettered:
+		return "dead_lettered"
+	case OutcomeLeft:
+		return "left"
+	}
+	return "unknown"
+}
+
+// SettleInfo describes how a message was settled.
+type SettleInfo struct {
+	Outcome Outcome
+	// BatchSize is the number of messages in the message's batch.
+	BatchSize int
+	// Err is the error that decided the outcome (the handler's, the
+	// store's), or the failed acknowledgement's for OutcomeHandled and
+	// OutcomeDuplicate; nil otherwise.
+	Err error
+}
+
+// HookSettled is called exactly once per received message, last of its
+// events: when it was acknowledged (after Source.Ack returned), handed back,
+// dead-lettered, or left to the broker. A tracing hook ends the message's span
+// here.
+type HookSettled interface {
+	OnSettled(ctx context.Context, m *Message, s SettleInfo)
+}
+
+// hooks holds the Config.Hooks that implement each event, resolved once.
+type hooks struct {
+	received     []HookReceived
+	batch        []HookBatch
+	claimed      []HookClaimed
+	handlerStart []HookHandlerStart
+	handlerEnd   []HookHandlerEnd
+	commit       []HookCommit
+	ack          []HookAck
+	retry        []HookRetry
+	deadLetter   []HookDeadLetter
+	leaseLost    []HookLeaseLost
+	refreshFail  []HookLeaseRefreshFailed
+	settled      []HookSettled
+}
+
+func resolveHooks(hs []Hook) hooks {
+	var h hooks
+	for _, x := range hs {
+		if v, ok := x.(HookReceived); ok {
+			h.received = append(h.received, v)
+		}
+		if v, ok := x.(HookBatch); ok {
+			h.batch = append(h.batch, v)
+		}
+		if v, ok := x.(HookClaimed); ok {
+			h.claimed = append(h.claimed, v)
+		}
+		if v, ok := x.(HookHandlerStart); ok {
+			h.handlerStart = append(h.handlerStart, v)
+		}
+		if v, ok := x.(HookHandlerEnd); ok {
+			h.handlerEnd = append(h.handlerEnd, v)
+		}
+		if v, ok := x.(HookCommit); ok {
+			h.commit = append(h.commit, v)
+		}
+		if v, ok := x.(HookAck); ok {
+			h.ack = append(h.ack, v)
+		}
+		if v, ok := x.(HookRetry); ok {
+			h.retry = append(h.retry, v)
+		}
+		if v, ok := x.(HookDeadLetter); ok {
+			h.deadLetter = append(h.deadLetter, v)
+		}
+		if v, ok := x.(HookLeaseLost); ok {
+			h.leaseLost = append(h.leaseLost, v)
+		}
+		if v, ok := x.(HookLeaseRefreshFailed); ok {
+			h.refreshFail = append(h.refreshFail, v)
+		}
+		if v, ok := x.(HookSettled); ok {
+			h.settled = append(h.settled, v)
+		}
+	}
+	return h
+}
+
+// duplicateReason guesses why j is a duplicate; see DuplicateReason.
+func duplicateReason(j *job) DuplicateReason {
+	switch {
+	case j.follower:
+		return DuplicateConcurrent
+	case j.msg.Redelivered || j.msg.Attempt > 1:
+		return DuplicateRedelivery
+	}
+	return DuplicateProducer
+}
+
+// overlay is a context with the cancellation and values of its Context and,
+// first, the values of vals: the handler's context seen through the
+// message's context (see HookReceived).
+type overlay struct {
+	context.Context
+	vals context.Context
+}
+
+func (c overlay) Value(k any) any {
+	if v := c.vals.Value(k); v != nil {
+		return v
+	}
+	return c.Context.Value(k)
+}
+
+// hookSettled reports the outcome of j to the HookSettled hooks.
+func (r *Runner) hookSettled(j *job, o Outcome, size int, err error) {
+	for _, h := range r.hooks.settled {
+		h.OnSettled(j.ctx, j.msg, SettleInfo{Outcome: o, BatchSize: size, Err: err})
+	}
+}
+
+// hookClaimed reports the claim of j, if it had one, to the HookClaimed
+// hooks.
+func (r *Runner) hookClaimed(j *job) {
+	if len(r.hooks.claimed) == 0 {
+		return
+	}
+	c := ClaimInfo{Start: j.claimStart, End: j.claimEnd}
+	switch {
+	case j.out == outDuplicate:
+		c.State, c.Reason = ClaimDuplicate, duplicateReason(j)
+	case j.claimedNew || j.out == outAck:
+		c.State = ClaimNew
+	default:
+		return
+	}
+	for _, h := range r.hooks.claimed {
+		h.OnClaimed(j.ctx, j.msg, c)
+	}
+}
+
+// hookCommit reports the commit of j to the HookCommit hooks.
+func (r *Runner) hookCommit(j *job, start time.Time, err error) {
+	if len(r.hooks.commit) == 0 {
+		return
+	}
+	c := CommitInfo{Start: start, End: time.Now(), Err: err}
+	for _, h := range r.hooks.commit {
+		h.OnCommit(j.ctx, j.msg, c)
+	}
+}
+
+// hookLeaseLost reports the lost lease of j to the HookLeaseLost hooks.
+func (r *Runner) hookLeaseLost(j *job, err error) {
+	for _, h := range r.hooks.leaseLost {
+		h.OnLeaseLost(j.ctx, j.msg, err)
+	}
+}
+
+// hookRefreshFailed reports a failed lease refresh to the
+// HookLeaseRefreshFailed hooks.
+func (r *Runner) hookRefreshFailed(ctx context.Context, err error) {
+	for _, h := range r.hooks.refreshFail {
+		h.OnLeaseRefreshFailed(ctx, err)
+	}
+}
