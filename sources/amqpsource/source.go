@@ -327,7 +327,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	switch {
 	case errors.Is(err, ErrUnroutable):
 		s.stats.unroutable.Add(1)
-		s.log.Error("dead-letter destination does not exist; message parked in a retry queue",
+		s.log.ErrorContext(ctx, "dead-letter destination does not exist; message parked in a retry queue",
 			"exchange", s.cfg.DeadLetterExchange, "routing_key", s.cfg.DeadLetterRoutingKey,
 			consumer.LogKeyDelay, s.cfg.UnroutableDelay, consumer.LogKeyID, msg.ID)
 		if perr := s.retry(ctx, h, attempts, s.cfg.UnroutableDelay); perr != nil {

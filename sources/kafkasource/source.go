@@ -513,7 +513,7 @@ func (s *Source) fetchLoop(ctx context.Context) {
 			}
 			failures++
 			err = fmt.Errorf("kafkasource: fetch: %w", err)
-			s.log.Warn("fetch failed", consumer.LogKeyError, err, consumer.LogKeyAttempt, failures)
+			s.log.WarnContext(ctx, "fetch failed", consumer.LogKeyError, err, consumer.LogKeyAttempt, failures)
 			select {
 			case s.errs <- err:
 			default: // an earlier error is still waiting to be reported

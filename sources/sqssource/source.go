@@ -562,7 +562,7 @@ func (s *Source) setVisibility(ctx context.Context, h *handle, d time.Duration) 
 	cancel()
 	for chunk := range slices.Chunk(followers, MaxBatch) {
 		if _, ferr := s.changeVisibility(ctx, chunk, func(*handle) time.Duration { return 0 }); ferr != nil {
-			s.log.Warn("returning later messages of a FIFO group failed; they return after their visibility timeout",
+			s.log.WarnContext(ctx, "returning later messages of a FIFO group failed; they return after their visibility timeout",
 				consumer.LogKeyID, h.id, consumer.LogKeyError, ferr)
 		}
 	}
@@ -627,7 +627,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 		dropped, cut, fits := fitDeadLetter(aws.ToString(h.raw.Body), attrs, s.cfg.KeyAttribute, s.deadLetterLimit)
 		switch {
 		case !fits && s.maxReceiveCount > 0:
-			s.log.Error("message is larger than the dead-letter queue's MaximumMessageSize; left to the queue's redrive policy",
+			s.log.ErrorContext(ctx, "message is larger than the dead-letter queue's MaximumMessageSize; left to the queue's redrive policy",
 				consumer.LogKeyID, h.id, "size", len(aws.ToString(h.raw.Body)), "limit", s.deadLetterLimit)
 			attrs = nil
 		case !fits:
@@ -635,12 +635,12 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 			return fmt.Errorf("sqssource: dead letter %s: its body (%d bytes) is larger than the dead-letter queue's MaximumMessageSize (%d) and the queue has no redrive policy (the original stays and comes back)",
 				h.id, len(aws.ToString(h.raw.Body)), s.deadLetterLimit)
 		case cut || len(dropped) > 0:
-			s.log.Warn("dead letter cut to the dead-letter queue's maximum message size", consumer.LogKeyID, h.id,
+			s.log.WarnContext(ctx, "dead letter cut to the dead-letter queue's maximum message size", consumer.LogKeyID, h.id,
 				"reason_cut", cut, "dropped", dropped, "limit", s.deadLetterLimit)
 		}
 	}
 	if attrs == nil {
-		s.log.Warn("message left to the queue's redrive policy", consumer.LogKeyID, h.id,
+		s.log.WarnContext(ctx, "message left to the queue's redrive policy", consumer.LogKeyID, h.id,
 			consumer.LogKeyAttempt, attempts, "max_receive_count", s.maxReceiveCount, consumer.LogKeyError, reason)
 		if err := s.setVisibility(ctx, h, s.redriveDelay(h)); err != nil {
 			return fmt.Errorf("sqssource: dead letter %s through the redrive policy: %w", h.id, err)
@@ -694,7 +694,7 @@ func (s *Source) redriveDelay(h *handle) time.Duration {
 // then comes back when its current visibility timeout ends.
 func (s *Source) putBack(ctx context.Context, h *handle) {
 	if err := s.setVisibility(ctx, h, s.redriveDelay(h)); err != nil {
-		s.log.Warn("handing back a message that was not dead-lettered failed; it returns after its visibility timeout",
+		s.log.WarnContext(ctx, "handing back a message that was not dead-lettered failed; it returns after its visibility timeout",
 			consumer.LogKeyID, h.id, consumer.LogKeyError, err)
 	}
 }
