@@ -1,0 +1,419 @@
+package otelidemq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// ScopeName is the instrumentation scope of the tracer and the meter.
+const ScopeName = "github.com/idemq/idemq/consumer/otelidemq"
+
+// Attribute keys: the OpenTelemetry messaging semantic conventions, and
+// idemq's own.
+const (
+	AttrSystem          = attribute.Key("messaging.system")
+	AttrDestination     = attribute.Key("messaging.destination.name")
+	AttrConsumerGroup   = attribute.Key("messaging.consumer.group.name")
+	AttrMessageID       = attribute.Key("messaging.message.id")
+	AttrOperationType   = attribute.Key("messaging.operation.type")
+	AttrOperationName   = attribute.Key("messaging.operation.name")
+	AttrBatchCount      = attribute.Key("messaging.batch.message_count")
+	AttrDeliveryCount   = attribute.Key("messaging.message.delivery_count") // the broker's attempt
+	AttrErrorType       = attribute.Key("error.type")
+	AttrOutcome         = attribute.Key("idemq.outcome")
+	AttrDuplicateReason = attribute.Key("idemq.duplicate.reason")
+	AttrDeadLetter      = attribute.Key("idemq.dead_letter.reason")
+	AttrRetryKind       = attribute.Key("idemq.retry.kind")
+	AttrClaim           = attribute.Key("idemq.claim")
+)
+
+// Span event names.
+const (
+	EventDuplicate  = "idemq.duplicate"
+	EventRetry      = "idemq.retry"
+	EventDeadLetter = "idemq.dead_letter"
+	EventLeaseLost  = "idemq.lease_lost"
+)
+
+// Messaging systems, as messaging.system names them.
+const (
+	SystemKafka    = "kafka"
+	SystemSQS      = "aws_sqs"
+	SystemRabbitMQ = "rabbitmq"
+)
+
+// HeaderAWSTrace is the SQS system attribute carrying an AWS X-Ray trace
+// header; sources/sqssource surfaces it in Message.Headers.
+const HeaderAWSTrace = "AWSTraceHeader"
+
+// Config configures a Hook. The zero value uses the global providers.
+type Config struct {
+	// TracerProvider makes the spans. Defaults to otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// MeterProvider makes the metrics. Defaults to otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+	// Propagator extracts the producer's context from Message.Headers.
+	// Defaults to otel.GetTextMapPropagator(), or, while that is the
+	// no-op default, W3C trace context and baggage.
+	Propagator propagation.TextMapPropagator
+	// System is messaging.system. Defaults to what the message's Raw type
+	// tells (SystemKafka, SystemSQS, SystemRabbitMQ), else "idemq".
+	System string
+	// ConsumerGroup is messaging.consumer.group.name: the Kafka group, or
+	// the consumer's name for queues. Defaults to none (the attribute is
+	// left out).
+	ConsumerGroup string
+}
+
+// Hook is a consumer.Hook that traces every message with OpenTelemetry and
+// records metrics. Pass it in consumer.Config.Hooks. It is safe for
+// concurrent use; one Hook may serve several runners.
+//
+// Spans: one "process <destination>" span (kind consumer) per delivery,
+// from receipt to settlement, whose parent is the producer's span found in
+// the message's headers (W3C traceparent/tracestate, or an SQS
+// AWSTraceHeader); child spans "claim", "handler" and "commit" where the
+// path reports them. A duplicate is a span event with its reason, not an
+// error; a dead letter sets the span's status to Error. The handler's
+// context carries the handler span, so that spans and trace-aware logs made
+// by the handler join the message's trace, and Inject forwards it.
+type Hook struct {
+	tracer trace.Tracer
+	prop   propagation.TextMapPropagator
+	system string
+	group  string
+	base   metric.MeasurementOption // system (if set) and group
+
+	consumed, duplicates, deadLetters, retries, ackFailures metric.Int64Counter
+	leaseRefreshFail, leaseLost                             metric.Int64Counter
+	inFlight                                                metric.Int64UpDownCounter
+	processDur, handlerDur, commitDur                       metric.Float64Histogram
+	batchSize                                               metric.Int64Histogram
+}
+
+var (
+	_ consumer.HookReceived           = (*Hook)(nil)
+	_ consumer.HookBatch              = (*Hook)(nil)
+	_ consumer.HookClaimed            = (*Hook)(nil)
+	_ consumer.HookHandlerStart       = (*Hook)(nil)
+	_ consumer.HookHandlerEnd         = (*Hook)(nil)
+	_ consumer.HookCommit             = (*Hook)(nil)
+	_ consumer.HookAck                = (*Hook)(nil)
+	_ consumer.HookRetry              = (*Hook)(nil)
+	_ consumer.HookDeadLetter         = (*Hook)(nil)
+	_ consumer.HookLeaseLost          = (*Hook)(nil)
+	_ consumer.HookLeaseRefreshFailed = (*Hook)(nil)
+	_ consumer.HookSettled            = (*Hook)(nil)
+)
+
+// New returns a Hook, or an error if an instrument cannot be created.
+func New(cfg Config) (*Hook, error) {
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = otel.GetTracerProvider()
+	}
+	if cfg.MeterProvider == nil {
+		cfg.MeterProvider = otel.GetMeterProvider()
+	}
+	if cfg.Propagator == nil {
+		cfg.Propagator = propagator()
+	}
+	h := &Hook{
+		tracer: cfg.TracerProvider.Tracer(ScopeName),
+		prop:   cfg.Propagator,
+		system: cfg.System,
+		group:  cfg.ConsumerGroup,
+	}
+	var base []attribute.KeyValue
+	if cfg.System != "" {
+		base = append(base, AttrSystem.String(cfg.System))
+	}
+	if cfg.ConsumerGroup != "" {
+		base = append(base, AttrConsumerGroup.String(cfg.ConsumerGroup))
+	}
+	h.base = metric.WithAttributeSet(attribute.NewSet(base...))
+
+	m := cfg.MeterProvider.Meter(ScopeName)
+	var errs []error
+	counter := func(name, unit, desc string) metric.Int64Counter {
+		c, err := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
+	}
+	seconds := func(name, desc string) metric.Float64Histogram {
+		c, err := m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
+			metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+		errs = append(errs, err)
+		return c
+	}
+	h.consumed = counter(MetricConsumed, "{message}", "Messages received from the broker.")
+	h.duplicates = counter(MetricDuplicates, "{message}", "Messages acknowledged without running the handler, by idemq.duplicate.reason.")
+	h.deadLetters = counter(MetricDeadLetters, "{message}", "Messages dead-lettered, by idemq.dead_letter.reason.")
+	h.retries = counter(MetricRetries, "{message}", "Messages handed back for a later attempt, by idemq.retry.kind.")
+	h.ackFailures = counter(MetricAckFailures, "{message}", "Messages whose acknowledgement failed after their effect was durable.")
+	h.leaseRefreshFail = counter(MetricLeaseRefreshFailures, "{failure}", "Lease refreshes that failed (the lease store was unreachable).")
+	h.leaseLost = counter(MetricLeaseLost, "{lease}", "Leases found lost while handling or waiting.")
+	var err error
+	h.inFlight, err = m.Int64UpDownCounter(MetricInFlight, metric.WithUnit("{message}"), metric.WithDescription("Messages received and not settled yet."))
+	errs = append(errs, err)
+	h.batchSize, err = m.Int64Histogram(MetricBatchSize, metric.WithUnit("{message}"), metric.WithDescription("Messages per batch formed by a lane."),
+		metric.WithExplicitBucketBoundaries(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000))
+	errs = append(errs, err)
+	h.processDur = seconds(MetricProcessDuration, "Time from receipt to settlement of a message.")
+	h.handlerDur = seconds(MetricHandlerDuration, "Handler run time, per attempt.")
+	h.commitDur = seconds(MetricCommitDuration, "Time to make a message's effect durable (commit, or mark done).")
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("otelidemq: create instruments: %w", err)
+	}
+	return h, nil
+}
+
+// Metric names.
+const (
+	MetricConsumed             = "messaging.client.consumed.messages"
+	MetricProcessDuration      = "messaging.process.duration"
+	MetricDuplicates           = "idemq.duplicates"
+	MetricDeadLetters          = "idemq.dead_letters"
+	MetricRetries              = "idemq.retries"
+	MetricAckFailures          = "idemq.ack.failures"
+	MetricLeaseRefreshFailures = "idemq.lease.refresh_failures"
+	MetricLeaseLost            = "idemq.lease.lost"
+	MetricInFlight             = "idemq.in_flight"
+	MetricBatchSize            = "idemq.batch.size"
+	MetricHandlerDuration      = "idemq.handler.duration"
+	MetricCommitDuration       = "idemq.commit.duration"
+)
+
+// state is what a message's context carries from event to event.
+type state struct {
+	span  trace.Span
+	start time.Time
+	attrs metric.MeasurementOption // system, destination, group
+	kvs   []attribute.KeyValue
+}
+
+type stateKey struct{}
+
+func stateOf(ctx context.Context) *state {
+	s, _ := ctx.Value(stateKey{}).(*state)
+	return s
+}
+
+// opts returns the metric attributes of the message in ctx, plus extra.
+func (h *Hook) opts(ctx context.Context, extra ...attribute.KeyValue) metric.MeasurementOption {
+	s := stateOf(ctx)
+	if s == nil {
+		if len(extra) == 0 {
+			return h.base
+		}
+		return metric.WithAttributes(extra...)
+	}
+	if len(extra) == 0 {
+		return s.attrs
+	}
+	return metric.WithAttributes(append(append(make([]attribute.KeyValue, 0, len(s.kvs)+len(extra)), s.kvs...), extra...)...)
+}
+
+// OnReceived starts the message's process span, parented on the producer's
+// span found in its headers, and counts it as consumed.
+func (h *Hook) OnReceived(ctx context.Context, m *consumer.Message) context.Context {
+	now := time.Now()
+	ctx = Extract(ctx, h.prop, m)
+	system := h.system
+	if system == "" {
+		system = systemOf(m)
+	}
+	kvs := []attribute.KeyValue{AttrSystem.String(system), AttrDestination.String(m.Topic), AttrOperationName.String("process")}
+	if h.group != "" {
+		kvs = append(kvs, AttrConsumerGroup.String(h.group))
+	}
+	spanAttrs := append(kvs[:len(kvs):len(kvs)],
+		AttrOperationType.String("process"),
+		AttrMessageID.String(m.ID),
+		AttrDeliveryCount.Int(m.Attempt))
+	ctx, span := h.tracer.Start(ctx, "process "+m.Topic, trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithTimestamp(now), trace.WithAttributes(spanAttrs...))
+	s := &state{span: span, start: now, kvs: kvs, attrs: metric.WithAttributes(kvs...)}
+	h.consumed.Add(ctx, 1, s.attrs)
+	h.inFlight.Add(ctx, 1, s.attrs)
+	return context.WithValue(ctx, stateKey{}, s)
+}
+
+// OnBatch records the batch's size.
+func (h *Hook) OnBatch(ctx context.Context, size int) {
+	h.batchSize.Record(ctx, int64(size), h.base)
+}
+
+// OnClaimed adds a "claim" child span when the claim was timed, and for a
+// duplicate an event with its reason and a count by reason.
+func (h *Hook) OnClaimed(ctx context.Context, m *consumer.Message, c consumer.ClaimInfo) {
+	if !c.Start.IsZero() {
+		_, span := h.tracer.Start(ctx, "claim", trace.WithTimestamp(c.Start),
+			trace.WithAttributes(AttrClaim.String(c.State.String())))
+		span.End(trace.WithTimestamp(c.End))
+	}
+	if c.State != consumer.ClaimDuplicate {
+		return
+	}
+	reason := AttrDuplicateReason.String(c.Reason.String())
+	trace.SpanFromContext(ctx).AddEvent(EventDuplicate, trace.WithAttributes(reason))
+	h.duplicates.Add(ctx, 1, h.opts(ctx, reason))
+}
+
+// OnHandlerStart starts the "handler" child span; the handler's context
+// carries it.
+func (h *Hook) OnHandlerStart(ctx context.Context, m *consumer.Message) context.Context {
+	ctx, _ = h.tracer.Start(ctx, "handler")
+	return ctx
+}
+
+// OnHandlerEnd ends the "handler" span, recording the handler's error, and
+// records its duration.
+func (h *Hook) OnHandlerEnd(ctx context.Context, m *consumer.Message, d time.Duration, err error) {
+	span := trace.SpanFromContext(ctx)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		h.handlerDur.Record(ctx, d.Seconds(), h.opts(ctx, AttrErrorType.String(errorType(err))))
+	} else {
+		h.handlerDur.Record(ctx, d.Seconds(), h.opts(ctx))
+	}
+	span.End()
+}
+
+// OnCommit adds a "commit" child span and records the commit's duration.
+func (h *Hook) OnCommit(ctx context.Context, m *consumer.Message, c consumer.CommitInfo) {
+	if c.Start.IsZero() {
+		return
+	}
+	_, span := h.tracer.Start(ctx, "commit", trace.WithTimestamp(c.Start))
+	if c.Err != nil {
+		span.RecordError(c.Err)
+		span.SetStatus(codes.Error, c.Err.Error())
+	}
+	span.End(trace.WithTimestamp(c.End))
+	h.commitDur.Record(ctx, c.End.Sub(c.Start).Seconds(), h.opts(ctx))
+}
+
+// OnAck counts the messages of a failed acknowledgement.
+func (h *Hook) OnAck(ctx context.Context, n int, err error) {
+	if err != nil {
+		h.ackFailures.Add(ctx, int64(n), h.base)
+	}
+}
+
+// OnRetry adds a retry event and counts it by kind.
+func (h *Hook) OnRetry(ctx context.Context, m *consumer.Message, kind consumer.RetryKind, delay time.Duration, err error) {
+	k := AttrRetryKind.String(kind.String())
+	attrs := []attribute.KeyValue{k, attribute.String("idemq.retry.delay", delay.String())}
+	if err != nil {
+		attrs = append(attrs, attribute.String("exception.message", err.Error()))
+	}
+	trace.SpanFromContext(ctx).AddEvent(EventRetry, trace.WithAttributes(attrs...))
+	h.retries.Add(ctx, 1, h.opts(ctx, k))
+}
+
+// OnDeadLetter adds a dead-letter event, sets the span's status to Error,
+// and counts it by reason.
+func (h *Hook) OnDeadLetter(ctx context.Context, m *consumer.Message, reason consumer.DeadLetterReason, err error) {
+	r := AttrDeadLetter.String(string(reason))
+	span := trace.SpanFromContext(ctx)
+	span.AddEvent(EventDeadLetter, trace.WithAttributes(r))
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+	}
+	h.deadLetters.Add(ctx, 1, h.opts(ctx, r))
+}
+
+// OnLeaseLost adds a lease-lost event and counts it.
+func (h *Hook) OnLeaseLost(ctx context.Context, m *consumer.Message, err error) {
+	trace.SpanFromContext(ctx).AddEvent(EventLeaseLost)
+	h.leaseLost.Add(ctx, 1, h.opts(ctx))
+}
+
+// OnLeaseRefreshFailed counts a failed lease refresh.
+func (h *Hook) OnLeaseRefreshFailed(ctx context.Context, err error) {
+	h.leaseRefreshFail.Add(ctx, 1, h.base)
+}
+
+// OnSettled ends the process span with the outcome and records the
+// processing duration.
+func (h *Hook) OnSettled(ctx context.Context, m *consumer.Message, s consumer.SettleInfo) {
+	st := stateOf(ctx)
+	if st == nil {
+		return
+	}
+	now := time.Now()
+	outcome := AttrOutcome.String(s.Outcome.String())
+	st.span.SetAttributes(outcome, AttrBatchCount.Int(s.BatchSize))
+	var extra []attribute.KeyValue
+	switch s.Outcome {
+	case consumer.OutcomeRetried, consumer.OutcomeDeadLettered, consumer.OutcomeLeft:
+		if s.Err != nil {
+			extra = append(extra, AttrErrorType.String(errorType(s.Err)))
+		}
+	}
+	h.processDur.Record(ctx, now.Sub(st.start).Seconds(), h.opts(ctx, append(extra, outcome)...))
+	h.inFlight.Add(ctx, -1, st.attrs)
+	st.span.End(trace.WithTimestamp(now))
+}
+
+// errorType names an error for the error.type attribute: the idemq
+// sentinel it matches, else its Go type.
+func errorType(err error) string {
+	for _, s := range []struct {
+		err  error
+		name string
+	}{
+		{consumer.ErrMaxAttempts, "max_attempts"},
+		{consumer.ErrPayloadMismatch, "payload_mismatch"},
+		{consumer.ErrMissingKey, "missing_key"},
+		{consumer.ErrInvalidKey, "invalid_key"},
+		{consumer.ErrOversized, "oversized"},
+		{consumer.ErrMalformed, "malformed"},
+		{consumer.ErrHandlerPanic, "panic"},
+		{consumer.ErrCommit, "commit"},
+		{context.DeadlineExceeded, "timeout"},
+	} {
+		if errors.Is(err, s.err) {
+			return s.name
+		}
+	}
+	if consumer.IsPermanent(err) {
+		return "permanent"
+	}
+	return "_OTHER"
+}
+
+// systemOf tells the messaging system from the package of the message's
+// Raw value.
+func systemOf(m *consumer.Message) string {
+	if m.Raw == nil {
+		return "idemq"
+	}
+	t := reflect.TypeOf(m.Raw)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch p := t.PkgPath(); {
+	case strings.Contains(p, "kafka"):
+		return SystemKafka
+	case strings.Contains(p, "service/sqs"):
+		return SystemSQS
+	case strings.Contains(p, "amqp"):
+		return SystemRabbitMQ
+	}
+	return "idemq"
+}

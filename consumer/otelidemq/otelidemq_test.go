@@ -1,0 +1,429 @@
+package otelidemq_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/otelidemq"
+	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/sources/memsource"
+)
+
+// telemetry is an SDK tracer provider with an in-memory span recorder and a
+// meter provider with a ManualReader.
+type telemetry struct {
+	spans  *tracetest.SpanRecorder
+	reader *sdkmetric.ManualReader
+	hook   *otelidemq.Hook
+}
+
+func newTelemetry(t *testing.T, cfg otelidemq.Config) *telemetry {
+	t.Helper()
+	tel := &telemetry{spans: tracetest.NewSpanRecorder(), reader: sdkmetric.NewManualReader()}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(tel.spans))
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(tel.reader))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()); _ = mp.Shutdown(context.Background()) })
+	cfg.TracerProvider, cfg.MeterProvider = tp, mp
+	h, err := otelidemq.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tel.hook = h
+	return tel
+}
+
+// producerSpan starts a span as a producer would and returns its context
+// and the headers carrying it.
+func producerSpan(t *testing.T) (trace.SpanContext, map[string]string) {
+	t.Helper()
+	tp := sdktrace.NewTracerProvider()
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	ctx, span := tp.Tracer("producer").Start(context.Background(), "send", trace.WithSpanKind(trace.SpanKindProducer))
+	defer span.End()
+	headers := map[string]string{}
+	propagation.TraceContext{}.Inject(ctx, propagation.MapCarrier(headers))
+	if headers["traceparent"] == "" {
+		t.Fatal("no traceparent injected")
+	}
+	return span.SpanContext(), headers
+}
+
+// processSpans returns the ended process spans, by message ID.
+func (tel *telemetry) processSpans() map[string][]sdktrace.ReadOnlySpan {
+	out := map[string][]sdktrace.ReadOnlySpan{}
+	for _, s := range tel.spans.Ended() {
+		if s.SpanKind() != trace.SpanKindConsumer {
+			continue
+		}
+		for _, a := range s.Attributes() {
+			if a.Key == otelidemq.AttrMessageID {
+				out[a.Value.AsString()] = append(out[a.Value.AsString()], s)
+			}
+		}
+	}
+	return out
+}
+
+func attr(s sdktrace.ReadOnlySpan, k attribute.Key) (attribute.Value, bool) {
+	for _, a := range s.Attributes() {
+		if a.Key == k {
+			return a.Value, true
+		}
+	}
+	return attribute.Value{}, false
+}
+
+// checkProcessSpan asserts that s is a process span whose parent is the
+// producer's span, with the messaging attributes.
+func checkProcessSpan(t *testing.T, s sdktrace.ReadOnlySpan, parent trace.SpanContext, system, destination string) {
+	t.Helper()
+	if s.SpanKind() != trace.SpanKindConsumer {
+		t.Errorf("span %q kind %v, want consumer", s.Name(), s.SpanKind())
+	}
+	if got := s.Parent(); got.TraceID() != parent.TraceID() || got.SpanID() != parent.SpanID() || !got.IsRemote() {
+		t.Errorf("process span parent %s/%s (remote %v), want the producer's %s/%s",
+			got.TraceID(), got.SpanID(), got.IsRemote(), parent.TraceID(), parent.SpanID())
+	}
+	if s.Name() != "process "+destination {
+		t.Errorf("span name %q, want %q", s.Name(), "process "+destination)
+	}
+	want := map[attribute.Key]string{
+		otelidemq.AttrSystem:        system,
+		otelidemq.AttrDestination:   destination,
+		otelidemq.AttrOperationType: "process",
+	}
+	for k, v := range want {
+		if got, ok := attr(s, k); !ok || got.AsString() != v {
+			t.Errorf("attribute %s = %q (present %v), want %q", k, got.AsString(), ok, v)
+		}
+	}
+	for _, k := range []attribute.Key{otelidemq.AttrMessageID, otelidemq.AttrBatchCount, otelidemq.AttrConsumerGroup, otelidemq.AttrOutcome} {
+		if _, ok := attr(s, k); !ok {
+			t.Errorf("attribute %s missing", k)
+		}
+	}
+}
+
+// children returns the names of the spans whose parent is s.
+func (tel *telemetry) children(s sdktrace.ReadOnlySpan) map[string]sdktrace.ReadOnlySpan {
+	out := map[string]sdktrace.ReadOnlySpan{}
+	for _, c := range tel.spans.Ended() {
+		if c.Parent().SpanID() == s.SpanContext().SpanID() {
+			out[c.Name()] = c
+		}
+	}
+	return out
+}
+
+func runIdle(t *testing.T, r *consumer.Runner, between ...func()) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	for _, f := range append([]func(){func() {}}, between...) {
+		f()
+		if err := r.WaitIdle(ctx, 500*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The process span of a message is parented on the producer's span carried
+// in its traceparent header, has the messaging attributes, and has claim,
+// handler and commit children (lease path); the handler's context carries
+// the handler span, in the same trace. A redelivered duplicate is an event,
+// not an error.
+func TestProcessSpanParentedOnProducer(t *testing.T) {
+	parent, headers := producerSpan(t)
+	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "orders-consumer"})
+	store, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond})
+	t.Cleanup(func() { b.Close() })
+	b.Inject(memsource.Fault{Kind: memsource.FaultDropAck})
+	ids := b.Publish("orders", memsource.Outgoing{Key: "k1", Body: []byte("b"), Headers: headers})
+
+	var mu sync.Mutex
+	var handlerSpans []trace.SpanContext
+	path := consumer.Leased(store.Leases(), func(ctx context.Context, m *consumer.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		handlerSpans = append(handlerSpans, trace.SpanContextFromContext(ctx))
+		return nil
+	}, consumer.LeaseOptions{})
+	r, err := consumer.NewRunner(b.Source("orders"), path, consumer.Config{Name: "orders-consumer", Concurrency: 1, Hooks: []consumer.Hook{tel.hook}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runIdle(t, r)
+	if st := r.Stats(); st.Handled != 1 || st.Duplicates != 1 {
+		t.Fatalf("stats %+v, want 1 handled and 1 duplicate (the dropped ack's redelivery)", st)
+	}
+
+	spans := tel.processSpans()[ids[0]]
+	if len(spans) != 2 {
+		t.Fatalf("%d process spans for the message, want 2 (delivery and redelivery)", len(spans))
+	}
+	for _, s := range spans {
+		checkProcessSpan(t, s, parent, "idemq", "orders")
+	}
+	first, second := spans[0], spans[1]
+	if v, _ := attr(first, otelidemq.AttrOutcome); v.AsString() != "handled" {
+		first, second = second, first
+	}
+	kids := tel.children(first)
+	for _, name := range []string{"claim", "handler", "commit"} {
+		if _, ok := kids[name]; !ok {
+			t.Errorf("process span has no %q child (children: %v)", name, kids)
+		}
+	}
+	if len(handlerSpans) != 1 || handlerSpans[0].SpanID() != kids["handler"].SpanContext().SpanID() || handlerSpans[0].TraceID() != parent.TraceID() {
+		t.Errorf("handler's context span %v, want the handler span in the producer's trace", handlerSpans)
+	}
+	if second.Status().Code == codes.Error {
+		t.Errorf("duplicate's span has status Error")
+	}
+	var found bool
+	for _, e := range second.Events() {
+		if e.Name == otelidemq.EventDuplicate {
+			for _, a := range e.Attributes {
+				found = found || (a.Key == otelidemq.AttrDuplicateReason && a.Value.AsString() == "redelivery")
+			}
+		}
+	}
+	if !found {
+		t.Errorf("duplicate's span events %v, want %s with reason redelivery", second.Events(), otelidemq.EventDuplicate)
+	}
+}
+
+// A message without trace headers starts a new trace.
+func TestProcessSpanWithoutHeadersIsRoot(t *testing.T) {
+	tel := newTelemetry(t, otelidemq.Config{})
+	store, _ := memstore.New(memstore.Config{})
+	b := memsource.New(memsource.Config{})
+	t.Cleanup(func() { b.Close() })
+	b.Publish("t", memsource.Outgoing{Key: "k"})
+	r, err := consumer.NewRunner(b.Source("t"), consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
+		consumer.Config{Name: "c", Hooks: []consumer.Hook{tel.hook}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runIdle(t, r)
+	for _, ss := range tel.processSpans() {
+		for _, s := range ss {
+			if s.Parent().IsValid() {
+				t.Errorf("process span has parent %v, want none", s.Parent())
+			}
+		}
+	}
+}
+
+// metrics collects the ManualReader's data: the sum of every counter by
+// metric name and attribute value of key (or "" for the total).
+func (tel *telemetry) metrics(t *testing.T) metricdata.ResourceMetrics {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := tel.reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	return rm
+}
+
+func sum(rm metricdata.ResourceMetrics, name string, key attribute.Key, value string) int64 {
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			match := func(set attribute.Set) bool {
+				if key == "" {
+					return true
+				}
+				v, ok := set.Value(key)
+				return ok && v.AsString() == value
+			}
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					if match(p.Attributes) {
+						n += p.Value
+					}
+				}
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					if match(p.Attributes) {
+						n += int64(p.Count)
+					}
+				}
+			case metricdata.Histogram[int64]:
+				for _, p := range d.DataPoints {
+					if match(p.Attributes) {
+						n += int64(p.Count)
+					}
+				}
+			}
+		}
+	}
+	return n
+}
+
+// The counters read through a ManualReader equal Runner.Stats after a run
+// with a concurrent duplicate, a producer re-send, redeliveries, a failed
+// ack, retries and dead letters.
+func TestMetricsMatchStats(t *testing.T) {
+	for name, leased := range map[string]bool{"transactional": false, "leased": true} {
+		t.Run(name, func(t *testing.T) {
+			tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "hooks"})
+			store, err := memstore.New(memstore.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
+			t.Cleanup(func() { b.Close() })
+			b.Inject(memsource.Fault{Kind: memsource.FaultDropAck, Key: "drop"})
+			b.Inject(memsource.Fault{Kind: memsource.FaultAckError, Key: "ackerr"})
+			var mu sync.Mutex
+			calls := map[string]int{}
+			h := func(ctx context.Context, m *consumer.Message) error {
+				mu.Lock()
+				calls[m.Key]++
+				n := calls[m.Key]
+				mu.Unlock()
+				switch {
+				case m.Key == "retry" && n == 1:
+					return errors.New("downstream busy")
+				case m.Key == "perm":
+					return consumer.Permanent(errors.New("refused"))
+				case m.Key == "max":
+					return errors.New("always failing")
+				}
+				return nil
+			}
+			var path consumer.Path
+			if leased {
+				path = consumer.Leased(store.Leases(), h, consumer.LeaseOptions{})
+			} else {
+				path = consumer.Transactional(store, func(ctx context.Context, _ *memstore.Tx, m *consumer.Message) error { return h(ctx, m) })
+			}
+			r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{
+				Name: "hooks", Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{tel.hook},
+				Retry: consumer.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Jitter: -1},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range []string{"a", "same", "same", "re", "drop", "ackerr", "retry", "perm", "max"} {
+				b.Publish("t", memsource.Outgoing{Key: k, Body: []byte("body-" + k)})
+			}
+			runIdle(t, r, func() { b.Publish("t", memsource.Outgoing{Key: "re", Body: []byte("body-re")}) })
+			st := r.Stats()
+			rm := tel.metrics(t)
+
+			checks := []struct {
+				what string
+				got  int64
+				want uint64
+			}{
+				{"consumed", sum(rm, otelidemq.MetricConsumed, "", ""), st.Received},
+				{"process durations", sum(rm, otelidemq.MetricProcessDuration, "", ""), st.Received},
+				{"handled outcomes", sum(rm, otelidemq.MetricProcessDuration, otelidemq.AttrOutcome, "handled"), st.Handled},
+				{"duplicates", sum(rm, otelidemq.MetricDuplicates, "", ""), st.Duplicates},
+				{"retries", sum(rm, otelidemq.MetricRetries, "", ""), st.Retried},
+				{"dead letters", sum(rm, otelidemq.MetricDeadLetters, "", ""), st.DeadLettered},
+				{"ack failures", sum(rm, otelidemq.MetricAckFailures, "", ""), st.AckFailures},
+				{"in flight", sum(rm, otelidemq.MetricInFlight, "", ""), 0},
+				{"batch sizes", sum(rm, otelidemq.MetricBatchSize, "", ""), 0},
+			}
+			for _, c := range checks {
+				if c.what == "batch sizes" {
+					if c.got == 0 {
+						t.Errorf("no batch sizes recorded")
+					}
+					continue
+				}
+				if uint64(c.got) != c.want {
+					t.Errorf("%s: metric %d, Stats %d (%+v)", c.what, c.got, c.want, st)
+				}
+			}
+			for _, reason := range []string{"redelivery", "concurrent", "producer"} {
+				if sum(rm, otelidemq.MetricDuplicates, otelidemq.AttrDuplicateReason, reason) == 0 {
+					t.Errorf("no duplicate with reason %s", reason)
+				}
+			}
+			for _, reason := range []string{"permanent", "max_attempts"} {
+				if n := sum(rm, otelidemq.MetricDeadLetters, otelidemq.AttrDeadLetter, reason); n != 1 {
+					t.Errorf("dead letters with reason %s: %d, want 1", reason, n)
+				}
+			}
+			if sum(rm, otelidemq.MetricRetries, otelidemq.AttrRetryKind, "handler") < 2 {
+				t.Errorf("handler retries below 2")
+			}
+			if sum(rm, otelidemq.MetricHandlerDuration, "", "") == 0 {
+				t.Errorf("no handler durations")
+			}
+			if leased && uint64(sum(rm, otelidemq.MetricCommitDuration, "", "")) != st.Handled {
+				t.Errorf("commit durations %d, Stats.Handled %d", sum(rm, otelidemq.MetricCommitDuration, "", ""), st.Handled)
+			}
+			if st.Duplicates == 0 || st.Retried == 0 || st.DeadLettered == 0 || st.AckFailures == 0 {
+				t.Fatalf("the run did not exercise everything: %+v", st)
+			}
+		})
+	}
+}
+
+// Inject writes the handler's span into an outgoing carrier, so that the
+// downstream's spans join the trace; without a span it writes nothing.
+func TestInject(t *testing.T) {
+	c := propagation.MapCarrier{}
+	otelidemq.Inject(context.Background(), c)
+	if len(c) != 0 {
+		t.Fatalf("injected %v without a span", c)
+	}
+	tp := sdktrace.NewTracerProvider()
+	ctx, span := tp.Tracer("t").Start(context.Background(), "handler")
+	defer span.End()
+	otelidemq.Inject(ctx, c)
+	got := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), c))
+	if got.SpanID() != span.SpanContext().SpanID() || got.TraceID() != span.SpanContext().TraceID() {
+		t.Fatalf("extracted %v from %v, want the span %v", got, c, span.SpanContext())
+	}
+}
+
+// An SQS AWSTraceHeader parents the span when no traceparent is present.
+func TestExtractAWSTraceHeader(t *testing.T) {
+	m := &consumer.Message{Headers: map[string]string{
+		otelidemq.HeaderAWSTrace: "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1",
+	}}
+	sc := trace.SpanContextFromContext(otelidemq.Extract(context.Background(), nil, m))
+	if sc.TraceID().String() != "5759e988bd862e3fe1be46a994272793" || sc.SpanID().String() != "53995c3f42cd8ad8" || !sc.IsSampled() || !sc.IsRemote() {
+		t.Fatalf("span context %v", sc)
+	}
+	for _, bad := range []string{"Root=1-xx;Parent=53995c3f42cd8ad8", "Root=1-5759e988-bd862e3fe1be46a994272793", "garbage"} {
+		m.Headers[otelidemq.HeaderAWSTrace] = bad
+		if sc := trace.SpanContextFromContext(otelidemq.Extract(context.Background(), nil, m)); sc.IsValid() {
+			t.Errorf("%q gave %v, want none", bad, sc)
+		}
+	}
+}

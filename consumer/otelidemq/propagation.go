@@ -1,0 +1,106 @@
+package otelidemq
+
+import (
+	"context"
+	"encoding/hex"
+	"strings"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// defaultPropagator is used while the global propagator is the no-op one.
+var defaultPropagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+
+// propagator returns the global propagator, or W3C trace context and
+// baggage while none is set.
+func propagator() propagation.TextMapPropagator {
+	p := otel.GetTextMapPropagator()
+	if len(p.Fields()) == 0 {
+		return defaultPropagator
+	}
+	return p
+}
+
+// Inject writes the span context of ctx (and its baggage) into carrier with
+// the global propagator, or W3C trace context and baggage while none is set,
+// so that the downstream system's spans join the message's trace. Sinks call
+// it on their outgoing requests (sinks/webhook does, with a
+// propagation.HeaderCarrier); an outbox stores the carrier with the row.
+// Without a span in ctx it writes nothing.
+func Inject(ctx context.Context, carrier propagation.TextMapCarrier) {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return
+	}
+	propagator().Inject(ctx, carrier)
+}
+
+// Extract returns ctx with the producer's span context found in m's headers
+// as its remote parent: what p finds (W3C traceparent and tracestate by
+// default: Kafka headers, SQS message attributes, AMQP headers), else an
+// AWS X-Ray trace header (the SQS AWSTraceHeader system attribute, which
+// sources/sqssource puts in Message.Headers). Without either, ctx is
+// returned unchanged.
+func Extract(ctx context.Context, p propagation.TextMapPropagator, m *consumer.Message) context.Context {
+	if len(m.Headers) == 0 {
+		return ctx
+	}
+	if p == nil {
+		p = propagator()
+	}
+	out := p.Extract(ctx, propagation.MapCarrier(m.Headers))
+	if trace.SpanContextFromContext(out).IsRemote() {
+		return out
+	}
+	if sc, ok := parseXRay(m.Headers[HeaderAWSTrace]); ok {
+		return trace.ContextWithRemoteSpanContext(out, sc)
+	}
+	return out
+}
+
+// parseXRay reads an X-Ray trace header,
+// "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1".
+func parseXRay(h string) (trace.SpanContext, bool) {
+	if h == "" {
+		return trace.SpanContext{}, false
+	}
+	var cfg trace.SpanContextConfig
+	var haveTrace, haveSpan bool
+	for part := range strings.SplitSeq(h, ";") {
+		k, v, _ := strings.Cut(strings.TrimSpace(part), "=")
+		switch k {
+		case "Root":
+			// 1-<8 hex epoch>-<24 hex>
+			f := strings.Split(v, "-")
+			if len(f) != 3 || f[0] != "1" || len(f[1]) != 8 || len(f[2]) != 24 {
+				return trace.SpanContext{}, false
+			}
+			b, err := hex.DecodeString(f[1] + f[2])
+			if err != nil {
+				return trace.SpanContext{}, false
+			}
+			copy(cfg.TraceID[:], b)
+			haveTrace = true
+		case "Parent":
+			b, err := hex.DecodeString(v)
+			if err != nil || len(b) != 8 {
+				return trace.SpanContext{}, false
+			}
+			copy(cfg.SpanID[:], b)
+			haveSpan = true
+		case "Sampled":
+			if v == "1" {
+				cfg.TraceFlags = trace.FlagsSampled
+			}
+		}
+	}
+	if !haveTrace || !haveSpan {
+		return trace.SpanContext{}, false
+	}
+	cfg.Remote = true
+	sc := trace.NewSpanContext(cfg)
+	return sc, sc.IsValid()
+}
