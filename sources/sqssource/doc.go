@@ -55,6 +55,12 @@
 // which serializes the messages of one entity (one lane of the runner) so
 // that concurrent transactions do not deadlock on its rows.
 //
+// Message.Headers holds the String and Number message attributes, and the
+// AWSTraceHeader system attribute (an X-Ray trace header, set by AWS
+// services or by SendMessage's MessageSystemAttributes) under the key
+// "AWSTraceHeader" unless a message attribute has that name, so that
+// consumer/otelidemq can parent its spans on the producer's trace.
+//
 // # Guarantees
 //
 // With the runner's transactional path, every message's effect is applied

@@ -76,6 +76,7 @@ var systemAttributes = []types.MessageSystemAttributeName{
 	types.MessageSystemAttributeNameMessageDeduplicationId,
 	types.MessageSystemAttributeNameSentTimestamp,
 	types.MessageSystemAttributeNameSequenceNumber,
+	types.MessageSystemAttributeNameAWSTraceHeader,
 }
 
 // Source receives messages from one SQS queue for a consumer.Runner. It
@@ -382,6 +383,13 @@ func (s *Source) message(h *handle, now time.Time) *consumer.Message {
 	for name, v := range m.MessageAttributes {
 		if v.StringValue != nil {
 			headers[name] = *v.StringValue // String and Number types; Binary only in Raw
+		}
+	}
+	// The X-Ray trace header rides along for tracing hooks (otelidemq),
+	// unless a message attribute of that name exists.
+	if v, ok := m.Attributes[string(types.MessageSystemAttributeNameAWSTraceHeader)]; ok && v != "" {
+		if _, taken := headers[string(types.MessageSystemAttributeNameAWSTraceHeader)]; !taken {
+			headers[string(types.MessageSystemAttributeNameAWSTraceHeader)] = v
 		}
 	}
 	key := ""
