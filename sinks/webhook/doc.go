@@ -1,7 +1,10 @@
 // Package webhook is an HTTP webhook sink for idemq's lease path. Every
 // attempt of a message sends the same stable idempotency key,
 // consumer.IdempotencyKey(ctx), in an Idempotency-Key header, so that the receiver
-// can recognise a repeated delivery.
+// can recognise a repeated delivery. When the handler's context carries a
+// span (consumer/otelidemq), the request carries it too, as a W3C
+// traceparent header (otelidemq.Inject), so the receiver's spans join the
+// message's trace.
 //
 //	sink, err := webhook.New(webhook.Config{URL: "https://hooks.example.com/notify"})
 //	...

@@ -13,7 +13,10 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/otelidemq"
 	"github.com/idemq/idemq/sinks"
 )
 
@@ -210,6 +213,8 @@ func (s *Sink) Send(ctx context.Context, req Request) error {
 	}
 	hr.Header.Set("Content-Type", s.cfg.ContentType)
 	hr.Header.Set(s.cfg.KeyHeader, key)
+	// The handler's span (consumer/otelidemq) continues downstream.
+	otelidemq.Inject(ctx, propagation.HeaderCarrier(hr.Header))
 	if err := checkHeader(hr.Header); err != nil {
 		// net/http would refuse it on every attempt.
 		return consumer.Permanent(fmt.Errorf("webhook: building the request: %w", err))

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/sinks"
 	"github.com/idemq/idemq/sinks/webhook"
@@ -254,5 +256,35 @@ func TestUnsendableRequestIsPermanent(t *testing.T) {
 	// A tab is allowed in a value.
 	if err := s.Send(testContext(t), webhook.Request{Body: []byte("{}"), Key: "k", Header: http.Header{"X-Trace": {"a\tb"}}}); err != nil {
 		t.Fatalf("value with a tab: %v", err)
+	}
+}
+
+// A request sent from a traced handler carries its span as a W3C
+// traceparent header, so that the receiver's spans join the message's
+// trace; without a span there is none.
+func TestSendCarriesTraceparent(t *testing.T) {
+	var seen http.Header
+	rcv := webhooktest.New(t, func(c webhooktest.Call) webhooktest.Response {
+		seen = c.Request.Header.Clone()
+		return webhooktest.Response{Status: http.StatusOK}
+	})
+	s := newSink(t, webhook.Config{URL: rcv.URL()})
+	if err := s.Send(testContext(t), webhook.Request{Key: "k0"}); err != nil {
+		t.Fatalf("Send: %v", err)
+	}
+	if tp := seen.Get("Traceparent"); tp != "" {
+		t.Fatalf("traceparent %q sent without a span", tp)
+	}
+	sc := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID:    trace.TraceID{0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36},
+		SpanID:     trace.SpanID{0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7},
+		TraceFlags: trace.FlagsSampled,
+	})
+	ctx := trace.ContextWithSpanContext(testContext(t), sc)
+	if err := s.Send(ctx, webhook.Request{Key: "k1"}); err != nil {
+		t.Fatalf("Send: %v", err)
+	}
+	if got, want := seen.Get("Traceparent"), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"; got != want {
+		t.Fatalf("traceparent %q, want %q", got, want)
 	}
 }
