@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -102,7 +103,52 @@ type Hook struct {
 	inFlight                                                metric.Int64UpDownCounter
 	processDur, handlerDur, commitDur                       metric.Float64Histogram
 	batchSize                                               metric.Int64Histogram
+
+	mu    sync.RWMutex
+	dests map[destKey]*destAttrs
 }
+
+// destKey names the metric attributes of one destination.
+type destKey struct{ system, destination string }
+
+// destAttrs are the metric attributes of one destination, built once: an
+// attribute set per measurement would cost more than the measurement.
+type destAttrs struct {
+	kvs      []attribute.KeyValue
+	opt      metric.MeasurementOption
+	outcomes [consumer.OutcomeLeft + 1]metric.MeasurementOption
+}
+
+// attrsOf returns the metric attributes of a destination.
+func (h *Hook) attrsOf(system, destination string) *destAttrs {
+	k := destKey{system, destination}
+	h.mu.RLock()
+	d := h.dests[k]
+	h.mu.RUnlock()
+	if d != nil {
+		return d
+	}
+	kvs := []attribute.KeyValue{AttrSystem.String(system), AttrDestination.String(destination), AttrOperationName.String("process")}
+	if h.group != "" {
+		kvs = append(kvs, AttrConsumerGroup.String(h.group))
+	}
+	d = &destAttrs{kvs: kvs, opt: metric.WithAttributes(kvs...)}
+	for o := range d.outcomes {
+		d.outcomes[o] = metric.WithAttributes(append(kvs[:len(kvs):len(kvs)], AttrOutcome.String(consumer.Outcome(o).String()))...)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.dests == nil {
+		h.dests = map[destKey]*destAttrs{}
+	}
+	if len(h.dests) < maxDestinations {
+		h.dests[k] = d
+	}
+	return d
+}
+
+// maxDestinations bounds the cache of destination attributes.
+const maxDestinations = 1000
 
 var (
 	_ consumer.HookReceived           = (*Hook)(nil)
@@ -200,8 +246,7 @@ const (
 type state struct {
 	span  trace.Span
 	start time.Time
-	attrs metric.MeasurementOption // system, destination, group
-	kvs   []attribute.KeyValue
+	dest  *destAttrs
 }
 
 type stateKey struct{}
@@ -221,9 +266,9 @@ func (h *Hook) opts(ctx context.Context, extra ...attribute.KeyValue) metric.Mea
 		return metric.WithAttributes(extra...)
 	}
 	if len(extra) == 0 {
-		return s.attrs
+		return s.dest.opt
 	}
-	return metric.WithAttributes(append(append(make([]attribute.KeyValue, 0, len(s.kvs)+len(extra)), s.kvs...), extra...)...)
+	return metric.WithAttributes(append(append(make([]attribute.KeyValue, 0, len(s.dest.kvs)+len(extra)), s.dest.kvs...), extra...)...)
 }
 
 // OnReceived starts the message's process span, parented on the producer's
@@ -235,19 +280,15 @@ func (h *Hook) OnReceived(ctx context.Context, m *consumer.Message) context.Cont
 	if system == "" {
 		system = systemOf(m)
 	}
-	kvs := []attribute.KeyValue{AttrSystem.String(system), AttrDestination.String(m.Topic), AttrOperationName.String("process")}
-	if h.group != "" {
-		kvs = append(kvs, AttrConsumerGroup.String(h.group))
-	}
-	spanAttrs := append(kvs[:len(kvs):len(kvs)],
-		AttrOperationType.String("process"),
-		AttrMessageID.String(m.ID),
-		AttrDeliveryCount.Int(m.Attempt))
+	dest := h.attrsOf(system, m.Topic)
 	ctx, span := h.tracer.Start(ctx, "process "+m.Topic, trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithTimestamp(now), trace.WithAttributes(spanAttrs...))
-	s := &state{span: span, start: now, kvs: kvs, attrs: metric.WithAttributes(kvs...)}
-	h.consumed.Add(ctx, 1, s.attrs)
-	h.inFlight.Add(ctx, 1, s.attrs)
+		trace.WithTimestamp(now), trace.WithAttributes(dest.kvs...), trace.WithAttributes(
+			AttrOperationType.String("process"),
+			AttrMessageID.String(m.ID),
+			AttrDeliveryCount.Int(m.Attempt)))
+	s := &state{span: span, start: now, dest: dest}
+	h.consumed.Add(ctx, 1, dest.opt)
+	h.inFlight.Add(ctx, 1, dest.opt)
 	return context.WithValue(ctx, stateKey{}, s)
 }
 
@@ -358,15 +399,18 @@ func (h *Hook) OnSettled(ctx context.Context, m *consumer.Message, s consumer.Se
 	now := time.Now()
 	outcome := AttrOutcome.String(s.Outcome.String())
 	st.span.SetAttributes(outcome, AttrBatchCount.Int(s.BatchSize))
-	var extra []attribute.KeyValue
+	opt := st.dest.outcomes[consumer.OutcomeLeft]
+	if s.Outcome >= 0 && int(s.Outcome) < len(st.dest.outcomes) {
+		opt = st.dest.outcomes[s.Outcome]
+	}
 	switch s.Outcome {
 	case consumer.OutcomeRetried, consumer.OutcomeDeadLettered, consumer.OutcomeLeft:
 		if s.Err != nil {
-			extra = append(extra, AttrErrorType.String(errorType(s.Err)))
+			opt = h.opts(ctx, outcome, AttrErrorType.String(errorType(s.Err)))
 		}
 	}
-	h.processDur.Record(ctx, now.Sub(st.start).Seconds(), h.opts(ctx, append(extra, outcome)...))
-	h.inFlight.Add(ctx, -1, st.attrs)
+	h.processDur.Record(ctx, now.Sub(st.start).Seconds(), opt)
+	h.inFlight.Add(ctx, -1, st.dest.opt)
 	st.span.End(trace.WithTimestamp(now))
 }
 

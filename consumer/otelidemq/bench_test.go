@@ -1,0 +1,112 @@
+package otelidemq_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/otelidemq"
+	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/sources/memsource"
+)
+
+// sdkHook returns a Hook on a real SDK: every span sampled and batched to
+// a no-op exporter, metrics aggregated for a reader.
+func sdkHook(b *testing.B) consumer.Hook {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	b.Cleanup(func() { _ = tp.Shutdown(context.Background()); _ = mp.Shutdown(context.Background()) })
+	h, err := otelidemq.New(otelidemq.Config{TracerProvider: tp, MeterProvider: mp, ConsumerGroup: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return h
+}
+
+// runBench publishes b.N messages to memsource and times a runner (batch
+// 100, one lane) handling them all.
+func runBench(b *testing.B, path consumer.Path, hooks []consumer.Hook) {
+	br := memsource.New(memsource.Config{})
+	defer br.Close()
+	r, err := consumer.NewRunner(br.Source("t"), path, consumer.Config{Name: "bench", Concurrency: 1, BatchSize: 100, Hooks: hooks})
+	if err != nil {
+		b.Fatal(err)
+	}
+	msgs := make([]memsource.Outgoing, b.N)
+	prefix := strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
+	for i := range msgs {
+		msgs[i] = memsource.Outgoing{Key: prefix + strconv.Itoa(i), Body: []byte(`{"amount":1}`)}
+	}
+	br.Publish("t", msgs...)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b.ReportAllocs()
+	b.ResetTimer()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	for r.Stats().Handled < uint64(b.N) {
+		time.Sleep(200 * time.Microsecond)
+	}
+	b.StopTimer()
+	cancel()
+	<-done
+}
+
+// BenchmarkOverhead measures the transactional path at batch 100 with no
+// hooks and with otelidemq on the OpenTelemetry SDK, over memstore (the
+// framework alone) and over PostgreSQL (a handler inserting one row).
+func BenchmarkOverhead(b *testing.B) {
+	hooks := map[string]func(*testing.B) []consumer.Hook{
+		"none": func(*testing.B) []consumer.Hook { return nil },
+		"otel": func(b *testing.B) []consumer.Hook { return []consumer.Hook{sdkHook(b)} },
+	}
+	for _, h := range []string{"none", "otel"} {
+		b.Run("memstore/"+h, func(b *testing.B) {
+			store, err := memstore.New(memstore.Config{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			runBench(b, consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }), hooks[h](b))
+		})
+	}
+	if testing.Short() {
+		return
+	}
+	url := testenv.DatabaseURL(b)
+	schema := testenv.Schema(b, url)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	table := pgx.Identifier{schema, "effects"}.Sanitize()
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE `+table+` (key text PRIMARY KEY, body text NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	handler := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (key, body) VALUES ($1, $2)`, m.Key, string(m.Body))
+		return err
+	}
+	for _, h := range []string{"none", "otel"} {
+		b.Run("postgres/"+h, func(b *testing.B) {
+			runBench(b, consumer.Transactional(store, handler), hooks[h](b))
+		})
+	}
+}
