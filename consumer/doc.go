@@ -72,6 +72,23 @@
 // one ERROR line naming it and the error (reminders at most every
 // Config.OutageReminder), and one INFO line when it recovers.
 //
+// # Hooks
+//
+// Config.Hooks observe a runner the way franz-go's hooks observe a client:
+// each hook implements any of the small Hook* interfaces (HookReceived,
+// HookClaimed, HookHandlerStart, HookSettled, ...), found once by type
+// assertion in NewRunner, so adding an event never breaks a hook. Events:
+// received, batch formed, claimed (new, or a duplicate with its
+// DuplicateReason), handler start and end, commit, ack, retry (by
+// RetryKind), dead letter (by DeadLetterReason), lease lost, lease refresh
+// failed, and settled, the last event of every received message. The
+// context a HookReceived returns is the message's: later events get it, and
+// the handler's context and the runner's log lines about the message see its
+// values, so a span started there parents the handler's spans and a
+// trace-aware slog handler can name the trace. consumer/otelidemq implements
+// them with OpenTelemetry. A runner without hooks makes no call and no
+// allocation for them.
+//
 // # Remaining duplicate window
 //
 // The transactional path has none. The lease path has one: a crash after the
