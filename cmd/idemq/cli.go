@@ -43,6 +43,7 @@ func commands() []command {
 		{name: "migrate", args: "--dsn DSN [--print] [--schema S] [--table T] [--outbox]", summary: "apply (or print) the migrations of the processed-messages table", run: runMigrate},
 		{name: "inspect", args: "--dsn DSN --scope NAME KEY", summary: "show the record of a processed message: when, payload hash, expiry", run: runInspect},
 		relayCommand,
+		{name: "stats", args: "--dsn DSN [--json]", summary: "records per scope, their ages, the expired ones not deleted yet, the table's and indexes' size", run: runStats},
 		{name: "purge", args: "--dsn DSN --scope NAME KEY", summary: "delete the record of a key, so that its next delivery runs the handler again", run: runPurge},
 		{name: "help", args: "[COMMAND]", summary: "show this help or a command's flags", run: nil},
 		{name: "demo-worker", hidden: true, run: runDemoWorker},

@@ -1,0 +1,211 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/dedup/sqldedup"
+)
+
+// ageBuckets are the upper bounds of the age distribution of `idemq stats`.
+var ageBuckets = []struct {
+	name string
+	max  time.Duration
+}{
+	{"<1m", time.Minute},
+	{"<1h", time.Hour},
+	{"<1d", 24 * time.Hour},
+	{"<7d", 7 * 24 * time.Hour},
+}
+
+// scopeStats describes the records of one scope.
+type scopeStats struct {
+	Scope   string    `json:"scope"`
+	Records int64     `json:"records"`
+	Oldest  time.Time `json:"oldest"`
+	Newest  time.Time `json:"newest"`
+	// Expired counts records past their expiry that the janitor has not
+	// deleted yet: they no longer deduplicate.
+	Expired int64 `json:"expired_not_deleted"`
+	// Ages counts records by age (now minus processed_at): <1m, <1h, <1d,
+	// <7d, >=7d; each record is in one bucket.
+	Ages map[string]int64 `json:"ages"`
+}
+
+// tableStats is the output of `idemq stats`.
+type tableStats struct {
+	Table  string       `json:"table"`
+	At     time.Time    `json:"at"`
+	Scopes []scopeStats `json:"scopes"`
+	Total  int64        `json:"records"`
+	// TableBytes and IndexBytes are the table's and its indexes' sizes on
+	// disk (PostgreSQL only; -1 when unknown).
+	TableBytes int64 `json:"table_bytes"`
+	IndexBytes int64 `json:"index_bytes"`
+}
+
+func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("stats", stderr)
+	var sf storeFlags
+	sf.register(fs)
+	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return fmt.Errorf("%w: stats takes no arguments", errUsage)
+	}
+	dialect, source, err := dialectOf(sf.dsn)
+	if err != nil {
+		return err
+	}
+	var db *sql.DB
+	if dialect == sqldedup.SQLite {
+		if sf.schema != "" {
+			return fmt.Errorf("%w: --schema is for PostgreSQL; SQLite has none", errUsage)
+		}
+		db, err = sqldedup.OpenSQLite(ctx, source)
+	} else {
+		db, err = sql.Open("pgx", source)
+	}
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	st, err := collectStats(ctx, db, dialect, sf.schema, sf.table, time.Now())
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	printStats(stdout, st)
+	return nil
+}
+
+// collectStats reads the statistics of the processed-messages table.
+func collectStats(ctx context.Context, db *sql.DB, dialect sqldedup.Dialect, schema, table string, now time.Time) (*tableStats, error) {
+	if schema == "" {
+		schema = "public"
+	}
+	if table == "" {
+		table = "processed_messages"
+	}
+	st := &tableStats{At: now.UTC(), TableBytes: -1, IndexBytes: -1, Scopes: []scopeStats{}}
+	var name, q string
+	var cutoffs []any
+	if dialect == sqldedup.Postgres {
+		name = pgx.Identifier{schema, table}.Sanitize()
+		var b strings.Builder
+		b.WriteString(`SELECT scope, count(*), min(processed_at), max(processed_at), count(*) FILTER (WHERE expires_at <= $1)`)
+		for i := range ageBuckets {
+			fmt.Fprintf(&b, `, count(*) FILTER (WHERE processed_at > $%d)`, i+2)
+			cutoffs = append(cutoffs, now.Add(-ageBuckets[i].max))
+		}
+		q = b.String() + ` FROM ` + name + ` GROUP BY scope ORDER BY scope`
+		cutoffs = append([]any{now}, cutoffs...)
+	} else {
+		name = `"` + strings.ReplaceAll(table, `"`, `""`) + `"`
+		var b strings.Builder
+		b.WriteString(`SELECT scope, count(*), min(processed_at), max(processed_at), sum(expires_at <= ?)`)
+		for i := range ageBuckets {
+			b.WriteString(`, sum(processed_at > ?)`)
+			cutoffs = append(cutoffs, now.Add(-ageBuckets[i].max).UnixMicro())
+		}
+		q = b.String() + ` FROM ` + name + ` GROUP BY scope ORDER BY scope`
+		cutoffs = append([]any{now.UnixMicro()}, cutoffs...)
+	}
+	st.Table = name
+	rows, err := db.QueryContext(ctx, q, cutoffs...)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var s scopeStats
+		younger := make([]int64, len(ageBuckets))
+		dest := []any{&s.Scope, &s.Records, nil, nil, &s.Expired}
+		var oldestT, newestT time.Time
+		var oldestU, newestU int64
+		if dialect == sqldedup.Postgres {
+			dest[2], dest[3] = &oldestT, &newestT
+		} else {
+			dest[2], dest[3] = &oldestU, &newestU
+		}
+		for i := range younger {
+			dest = append(dest, &younger[i])
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, fmt.Errorf("read %s: %w", name, err)
+		}
+		if dialect != sqldedup.Postgres {
+			oldestT, newestT = time.UnixMicro(oldestU), time.UnixMicro(newestU)
+		}
+		s.Oldest, s.Newest = oldestT.UTC(), newestT.UTC()
+		// younger[i] counts records newer than bound i: cumulative.
+		s.Ages = map[string]int64{}
+		prev := int64(0)
+		for i, b := range ageBuckets {
+			s.Ages[b.name] = younger[i] - prev
+			prev = younger[i]
+		}
+		s.Ages[">=7d"] = s.Records - prev
+		st.Total += s.Records
+		st.Scopes = append(st.Scopes, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	if dialect == sqldedup.Postgres {
+		err := db.QueryRowContext(ctx, `SELECT pg_table_size(to_regclass($1)), pg_indexes_size(to_regclass($1))`, name).Scan(&st.TableBytes, &st.IndexBytes)
+		if err != nil {
+			return nil, fmt.Errorf("size of %s: %w", name, err)
+		}
+	}
+	return st, nil
+}
+
+func printStats(w io.Writer, st *tableStats) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "scope\trecords\texpired, not deleted\toldest\tnewest")
+	for _, b := range ageBuckets {
+		fmt.Fprintf(tw, "\t%s", b.name)
+	}
+	fmt.Fprintf(tw, "\t>=7d\n")
+	for _, s := range st.Scopes {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s", s.Scope, s.Records, s.Expired,
+			s.Oldest.Format(time.RFC3339), s.Newest.Format(time.RFC3339))
+		for _, b := range ageBuckets {
+			fmt.Fprintf(tw, "\t%d", s.Ages[b.name])
+		}
+		fmt.Fprintf(tw, "\t%d\n", s.Ages[">=7d"])
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\n%s: %d records in %d scopes", st.Table, st.Total, len(st.Scopes))
+	if st.TableBytes >= 0 {
+		fmt.Fprintf(w, "; table %s, indexes %s", bytesString(st.TableBytes), bytesString(st.IndexBytes))
+	}
+	fmt.Fprintln(w)
+}
+
+func bytesString(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
