@@ -114,6 +114,7 @@ type destKey struct{ system, destination string }
 // destAttrs are the metric attributes of one destination, built once: an
 // attribute set per measurement would cost more than the measurement.
 type destAttrs struct {
+	spanName string // "process <destination>"
 	kvs      []attribute.KeyValue
 	opt      metric.MeasurementOption
 	outcomes [consumer.OutcomeLeft + 1]metric.MeasurementOption
@@ -132,7 +133,7 @@ func (h *Hook) attrsOf(system, destination string) *destAttrs {
 	if h.group != "" {
 		kvs = append(kvs, AttrConsumerGroup.String(h.group))
 	}
-	d = &destAttrs{kvs: kvs, opt: metric.WithAttributes(kvs...)}
+	d = &destAttrs{spanName: "process " + destination, kvs: kvs, opt: metric.WithAttributes(kvs...)}
 	for o := range d.outcomes {
 		d.outcomes[o] = metric.WithAttributes(append(kvs[:len(kvs):len(kvs)], AttrOutcome.String(consumer.Outcome(o).String()))...)
 	}
@@ -281,11 +282,13 @@ func (h *Hook) OnReceived(ctx context.Context, m *consumer.Message) context.Cont
 		system = systemOf(m)
 	}
 	dest := h.attrsOf(system, m.Topic)
-	ctx, span := h.tracer.Start(ctx, "process "+m.Topic, trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithTimestamp(now), trace.WithAttributes(dest.kvs...), trace.WithAttributes(
-			AttrOperationType.String("process"),
-			AttrMessageID.String(m.ID),
-			AttrDeliveryCount.Int(m.Attempt)))
+	attrs := make([]attribute.KeyValue, 0, len(dest.kvs)+3)
+	attrs = append(append(attrs, dest.kvs...),
+		AttrOperationType.String("process"),
+		AttrMessageID.String(m.ID),
+		AttrDeliveryCount.Int(m.Attempt))
+	ctx, span := h.tracer.Start(ctx, dest.spanName, trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithTimestamp(now), trace.WithAttributes(attrs...))
 	s := &state{span: span, start: now, dest: dest}
 	h.consumed.Add(ctx, 1, dest.opt)
 	h.inFlight.Add(ctx, 1, dest.opt)
