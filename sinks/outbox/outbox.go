@@ -6,10 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/otelidemq"
 )
 
 // Table is the name of the outbox table that the migrations create and
@@ -61,7 +65,9 @@ type Message struct {
 	// the order they were published, one at a time.
 	Key string
 	// Headers are sent as Kafka headers, SQS string attributes or AMQP
-	// headers.
+	// headers. When ctx carries a span (consumer/otelidemq's handler span),
+	// Publish adds its W3C traceparent (and tracestate) unless Headers has
+	// a traceparent already.
 	Headers map[string]string
 	// Body is the payload.
 	Body []byte
@@ -115,6 +121,14 @@ func Publish(ctx context.Context, tx any, m Message) (string, error) {
 			return "", ErrNoID
 		}
 		sourceKey = &k
+	}
+	if _, set := m.Headers["traceparent"]; !set && trace.SpanContextFromContext(ctx).IsValid() {
+		// The handler's span (consumer/otelidemq) travels with the row,
+		// so the downstream consumer's spans join the message's trace.
+		h := make(map[string]string, len(m.Headers)+2)
+		maps.Copy(h, m.Headers)
+		otelidemq.Inject(ctx, propagation.MapCarrier(h))
+		m.Headers = h
 	}
 	headers := []byte("{}")
 	if len(m.Headers) > 0 {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 	_ "modernc.org/sqlite"
 
 	"github.com/idemq/idemq/consumer"
@@ -350,5 +351,53 @@ func TestPublishExplicitID(t *testing.T) {
 	}
 	if rows := pgRows(pool)(t); len(rows) != 1 || rows[0].id != "invoice-7" || rows[0].sourceKey != "" {
 		t.Fatalf("rows %+v", rows)
+	}
+}
+
+// A publish from a traced handler carries the handler's span as a
+// traceparent header; a traceparent the caller set is kept; without a span
+// none is added.
+func TestPublishCarriesTraceparent(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t)
+	sc := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID:    trace.TraceID{0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36},
+		SpanID:     trace.SpanID{0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7},
+		TraceFlags: trace.FlagsSampled,
+	})
+	traced := trace.ContextWithSpanContext(ctx, sc)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	for _, p := range []struct {
+		ctx context.Context
+		m   outbox.Message
+	}{
+		{traced, outbox.Message{ID: "traced", Destination: "events", Headers: map[string]string{"a": "1"}}},
+		{traced, outbox.Message{ID: "own", Destination: "events", Headers: map[string]string{"traceparent": "mine"}}},
+		{ctx, outbox.Message{ID: "plain", Destination: "events"}},
+	} {
+		if _, err := outbox.Publish(p.ctx, tx, p.m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"traced": `{"a":"1","traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}`,
+		"own":    `{"traceparent":"mine"}`,
+		"plain":  `{}`,
+	}
+	for id, w := range want {
+		var got string
+		if err := pool.QueryRow(ctx, `SELECT headers::text FROM `+outbox.Table+` WHERE id = $1`, id).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != w {
+			t.Errorf("row %s: headers %s, want %s", id, got, w)
+		}
 	}
 }
