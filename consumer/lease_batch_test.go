@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -97,4 +98,122 @@ func leaseExpiredWhileQueued(t *testing.T) (batched bool, k2Effects int) {
 	default:
 	}
 	return batched, env.rcv.Successes(env.key("k2"))
+}
+
+// refreshInFlight is a Redis lease store whose first refresh of a queued
+// lease of key k2 finds the lease gone (the key is deleted, as if it had
+// expired while the process stalled) and stays in flight until k2's handler
+// starts or a second passes.
+type refreshInFlight struct {
+	*redisdedup.Store
+	rkey       func(key string) string
+	del        func(ctx context.Context, rkey string) error
+	once       sync.Once
+	inFlight   chan struct{} // closed when the refresh of k2 is under way
+	k2Started  chan struct{} // closed when a handler of k2 starts
+	lostToken  chan string   // the token whose lease the refresh found gone
+	batchSizes chan int
+}
+
+func (s *refreshInFlight) ClaimBatch(ctx context.Context, scope string, recs []dedup.Record, tokens []string, lease time.Duration) ([]dedup.Claim, error) {
+	select {
+	case s.batchSizes <- len(recs):
+	default:
+	}
+	return s.Store.ClaimBatch(ctx, scope, recs, tokens, lease)
+}
+
+func (s *refreshInFlight) Refresh(ctx context.Context, scope, key, token string, lease time.Duration) error {
+	if _, running := consumer.LeaseToken(ctx); key != "k2" || running {
+		return s.Store.Refresh(ctx, scope, key, token, lease)
+	}
+	first := false
+	s.once.Do(func() { first = true })
+	if !first {
+		return s.Store.Refresh(ctx, scope, key, token, lease)
+	}
+	if err := s.del(ctx, s.rkey(key)); err != nil {
+		return err
+	}
+	s.lostToken <- token
+	close(s.inFlight)
+	select {
+	case <-s.k2Started:
+	case <-time.After(time.Second):
+	}
+	return s.Store.Refresh(ctx, scope, key, token, lease) // ErrLeaseLost
+}
+
+// A queued message is handed to its handler while a refresh of its lease is
+// still in flight; that refresh then reports the lease lost. The handler must
+// not run under that lease: the runner waits for the refresh before it uses
+// the message's claim. (Under load, TestLeaseBatchedClaims caught handlers
+// started after their queued lease had been reported lost this way.)
+func TestLeaseQueuedRefreshInFlightWhenHandedOut(t *testing.T) {
+	for attempt := 1; ; attempt++ {
+		batched, ranUnderLost := refreshInFlightWhenHandedOut(t)
+		if !batched {
+			if attempt == 5 {
+				t.Fatal("k1 and k2 never landed in one batch")
+			}
+			continue
+		}
+		if ranUnderLost {
+			t.Fatal("k2's handler ran under the lease its in-flight refresh found lost")
+		}
+		return
+	}
+}
+
+func refreshInFlightWhenHandedOut(t *testing.T) (batched, ranUnderLost bool) {
+	env := newLeaseEnv(t, memsource.Config{}, nil)
+	env.batch = 2
+	opts := consumer.LeaseOptions{Lease: 2 * time.Second, RefreshInterval: 100 * time.Millisecond, InProgressDelay: 50 * time.Millisecond}
+	redisA, rdb := newRedisStore(t)
+	store := &refreshInFlight{
+		Store:      redisA,
+		rkey:       func(key string) string { return redisA.RedisKey(env.name, key) },
+		del:        func(ctx context.Context, rkey string) error { return rdb.Del(ctx, rkey).Err() },
+		inFlight:   make(chan struct{}),
+		k2Started:  make(chan struct{}),
+		lostToken:  make(chan string, 1),
+		batchSizes: make(chan int, 1),
+	}
+	send := env.sink.Handler()
+	var k2Once sync.Once
+	var mu sync.Mutex
+	h := func(ctx context.Context, m *consumer.Message) error {
+		switch m.Key {
+		case "k1":
+			// Run until the queued refresh of k2 is in flight.
+			select {
+			case <-store.inFlight:
+			case <-time.After(5 * time.Second):
+			}
+		case "k2":
+			token, _ := consumer.LeaseToken(ctx)
+			mu.Lock()
+			select {
+			case lost := <-store.lostToken:
+				ranUnderLost = ranUnderLost || lost == token
+				store.lostToken <- lost
+			default:
+			}
+			mu.Unlock()
+			k2Once.Do(func() { close(store.k2Started) })
+		}
+		return send(ctx, m)
+	}
+	env.publish("k1", `{"n":1}`, 1)
+	env.publish("k2", `{"n":2}`, 1)
+	a := env.runner(t, store, h, opts, 1)
+	runUntil(t, func() bool { return env.settled() && env.rcv.Successes(env.key("k2")) > 0 }, a)
+	select {
+	case n := <-store.batchSizes:
+		batched = n == 2
+	default:
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return batched, ranUnderLost
 }

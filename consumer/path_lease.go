@@ -71,7 +71,8 @@ func (o LeaseOptions) WithDefaults() LeaseOptions {
 // message never runs under a lease that may have expired: if its refreshes
 // failed for longer than Lease minus RefreshInterval, its key is claimed
 // again under the same token first, and the message runs only if that claim
-// is granted.
+// is granted; if a refresh of its lease is in flight when its turn comes,
+// the runner waits for it, and a lease it finds lost is not used.
 //
 // Duplicate window: a crash after the effect and before the key is marked
 // done lets the effect run again once the lease expires. Forward IdempotencyKey to
@@ -121,18 +122,28 @@ type queuedLeases struct {
 	mu      sync.Mutex
 	pre     []preclaim
 	started int // messages before this index are handed out
-	done    chan struct{}
-	wg      sync.WaitGroup
+	// refreshing is 1 + the index of the message whose lease is being
+	// refreshed right now, 0 if none; refreshed is signalled when that
+	// refresh has returned and its result is in pre.
+	refreshing int
+	refreshed  *sync.Cond
+	done       chan struct{}
+	wg         sync.WaitGroup
 }
 
-// take hands out the claim of message i (nil without a batch claim).
+// take hands out the claim of message i (nil without a batch claim). If a
+// refresh of its lease is in flight, take waits for its result: a refresh
+// that finds the lease lost must keep the message from running.
 func (q *queuedLeases) take(i int) *preclaim {
 	if q == nil {
 		return nil
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.started = i + 1
+	q.started = i + 1 // no refresh of message i starts after this
+	for q.refreshing == i+1 {
+		q.refreshed.Wait()
+	}
 	pc := q.pre[i]
 	return &pc
 }
@@ -154,6 +165,7 @@ func (p *leasePath) claimBatch(ctx context.Context, r *Runner, batch []*job) *qu
 		return nil
 	}
 	q := &queuedLeases{pre: make([]preclaim, len(batch))}
+	q.refreshed = sync.NewCond(&q.mu)
 	recs := make([]dedup.Record, len(batch))
 	tokens := make([]string, len(batch))
 	for i, j := range batch {
@@ -194,6 +206,9 @@ func (p *leasePath) refreshQueued(ctx context.Context, r *Runner, batch []*job, 
 			q.mu.Lock()
 			pc := q.pre[i]
 			skip := i < q.started || pc.claim.State != dedup.StateNew || pc.lost != nil
+			if !skip {
+				q.refreshing = i + 1 // take(i) waits for the result
+			}
 			q.mu.Unlock()
 			if skip {
 				continue
@@ -207,6 +222,8 @@ func (p *leasePath) refreshQueued(ctx context.Context, r *Runner, batch []*job, 
 			case errors.Is(err, dedup.ErrLeaseLost):
 				q.pre[i].lost = err
 			}
+			q.refreshing = 0
+			q.refreshed.Broadcast()
 			q.mu.Unlock()
 			switch {
 			case err == nil || errors.Is(err, dedup.ErrLeaseLost):
