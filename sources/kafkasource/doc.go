@@ -150,7 +150,6 @@
 //     partition whose commit the fence skipped, until the next message of
 //     the partition is settled and committed;
 //   - after a failed commit, until the next successful one;
-//
 //   - after Close, the messages not settled (Close commits the settled
 //     prefixes before leaving the group).
 //
