@@ -16,9 +16,11 @@
 package handwritten
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -111,8 +113,12 @@ func (d DB) Batch(ctx context.Context, ms []Msg) (int, error) {
 	if err := rows.Err(); err != nil {
 		return 0, err
 	}
+	// Rows in one order in every transaction: concurrent batches never
+	// deadlock on crossing row locks.
+	sorted := slices.Clone(ms)
+	slices.SortStableFunc(sorted, func(a, b Msg) int { return cmp.Compare(a.Account, b.Account) })
 	var b pgx.Batch
-	for _, m := range ms {
+	for _, m := range sorted {
 		if fresh[m.Key] {
 			fresh[m.Key] = false // a key twice in one batch applies once
 			b.Queue(`UPDATE `+d.Schema+`.accounts SET balance = balance + $1 WHERE id = $2`, m.Amount, m.Account)
@@ -137,6 +143,21 @@ type Workload struct {
 	Groups []string
 	Base   bool
 	Run    func(ctx context.Context, round int) (time.Duration, error)
+}
+
+// Filter returns the workloads whose name contains substr (all of them when
+// substr is empty).
+func Filter(ws []*Workload, substr string) []*Workload {
+	if substr == "" {
+		return ws
+	}
+	var out []*Workload
+	for _, w := range ws {
+		if strings.Contains(w.Name, substr) {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 // Result is one measured run.

@@ -68,6 +68,8 @@ func main() {
 		n           = flag.Int("n", 100000, "messages for the raw baseline and the batch-100 runs")
 		n1          = flag.Int("n1", 20000, "messages for the batch-1 runs")
 		rounds      = flag.Int("rounds", 2, "rounds of every workload, in alternating order")
+		only        = flag.String("only", "", "run only the workloads whose name contains this")
+		interval    = flag.Duration("commit-interval", 0, "kafkasource.Config.CommitInterval of the idemq runs (0: its default)")
 		partitions  = flag.Int("partitions", 8, "partitions of the benchmark topic")
 		concurrency = flag.Int("concurrency", 4, "Runner.Concurrency")
 		accounts    = flag.Int("accounts", 1000, "rows in the accounts table")
@@ -87,7 +89,7 @@ func main() {
 	defer cancel()
 	b := &bench{
 		brokers: strings.Split(*brokers, ","), dsn: *dsn, n: *n, n1: *n1,
-		partitions: *partitions, concurrency: *concurrency, accounts: *accounts, rounds: *rounds,
+		partitions: *partitions, concurrency: *concurrency, accounts: *accounts, rounds: *rounds, commitInterval: *interval, only: *only,
 		log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	if err := b.run(ctx); err != nil {
@@ -102,6 +104,8 @@ type bench struct {
 	dsn                            string
 	n, n1, partitions, concurrency int
 	accounts, rounds               int
+	commitInterval                 time.Duration
+	only                           string
 	log                            *slog.Logger
 	topic                          string
 	pool                           *pgxpool.Pool
@@ -160,6 +164,7 @@ func (b *bench) run(ctx context.Context) error {
 			return b.runnerRun(ctx, fmt.Sprintf("idemq-100-%d", round), b.n, 100)
 		}},
 	}
+	ws = handwritten.Filter(ws, b.only)
 	results, err := handwritten.Rounds(ctx, ws, b.rounds)
 	if err != nil {
 		return err
@@ -420,8 +425,9 @@ func (b *bench) runner(ctx context.Context, name string, n, batch int, path cons
 	src, err := kafkasource.New(kafkasource.Config{
 		Brokers: b.brokers, Topics: []string{b.topic}, GroupID: group,
 		HeartbeatInterval: time.Second, SessionTimeout: 10 * time.Second,
-		MaxInFlight: max(kafkasource.DefaultMaxInFlight, 4*batch*b.concurrency),
-		Logger:      b.log,
+		MaxInFlight:    max(kafkasource.DefaultMaxInFlight, 4*batch*b.concurrency),
+		CommitInterval: b.commitInterval,
+		Logger:         b.log,
 	})
 	if err != nil {
 		return 0, none, err
