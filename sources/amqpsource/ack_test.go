@@ -6,46 +6,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/sources/amqpsource"
 )
 
-// Acknowledgements of separate Ack calls that complete a contiguous run
-// share one multiple-ack frame.
-func TestAcksOfSeveralCallsShareFrames(t *testing.T) {
-	t.Parallel()
-	url := brokerURL(t)
-	q := newQueue(t, url, classic, 0)
-	const n = 10
-	publish(t, url, q, outgoing("frames", n)...)
-
-	src := newSource(t, amqpsource.Config{URL: url, Queue: q, Prefetch: 20})
-	msgs := receive(t, src, n, testTimeout) // in delivery-tag order
-	// Newest first: every call but the last settles a delivery behind the
-	// unsettled oldest one, which the last call settles.
-	for i := n - 1; i >= 0; i-- {
-		if err := src.Ack(context.Background(), []*consumer.Message{msgs[i]}); err != nil {
-			t.Fatalf("Ack: %v", err)
-		}
-	}
-	if err := src.Close(); err != nil {
-		t.Fatal(err)
-	}
-	st := src.Stats()
-	if st.Acked != n {
-		t.Fatalf("Stats().Acked = %d, want %d", st.Acked, n)
-	}
-	if st.AckFrames >= n {
-		t.Errorf("Stats().AckFrames = %d for %d acknowledgements, want them to share frames", st.AckFrames, n)
-	}
-	next := newSource(t, amqpsource.Config{URL: url, Queue: q})
-	expectNothing(t, next, 500*time.Millisecond)
-}
-
 // A settled delivery behind one that stays unsettled is acknowledged on its
-// own after a short hold, so it does not keep its prefetch slot; the
-// unsettled one is not covered.
-func TestSettledBehindUnsettledIsAckedAfterHold(t *testing.T) {
+// own, so it does not keep its prefetch slot; the unsettled one is not
+// covered.
+func TestSettledBehindUnsettledIsAcked(t *testing.T) {
 	t.Parallel()
 	url := brokerURL(t)
 	q := newQueue(t, url, classic, 0)

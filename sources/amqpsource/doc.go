@@ -23,14 +23,13 @@
 //     unacknowledged deliveries of the channel that are all settled go out
 //     as one multiple-ack (Stats.Acked, Stats.AckFrames). A multiple-ack
 //     never covers a delivery that was not passed to Ack; a settled delivery
-//     behind an unsettled one is acknowledged on its own after 50 ms, so it
-//     does not keep its prefetch slot. Close sends every recorded
+//     behind an unsettled one is acknowledged on its own in the same pass,
+//     so it does not keep its prefetch slot. Close sends every recorded
 //     acknowledgement before it closes the connection. This widens the
-//     redelivery window a little: if the process crashes or the connection
-//     drops between Ack and the send (at most 50 ms for a delivery behind an
-//     unsettled one, usually one loop pass), the broker redelivers those
-//     deliveries, and the deduplication record absorbs them: the Runner
-//     acknowledges them without running the handler.
+//     redelivery window by one pass of the loop: if the process crashes or
+//     the connection drops between Ack and the send, the broker redelivers
+//     those deliveries, and the deduplication record absorbs them: the
+//     Runner acknowledges them without running the handler.
 //   - Prefetch bounds the work in flight: Config.Prefetch is the channel's
 //     QoS; PrefetchFor sizes it from the Runner's Concurrency and BatchSize.
 //   - Nothing is lost on a dropped connection. When the connection or the

@@ -72,7 +72,7 @@ func (s *session) alive() bool {
 func (s *session) kill() {
 	s.ackMu.Lock()
 	if s.alive() {
-		if _, err := s.flushLocked(true); err != nil {
+		if err := s.flushLocked(); err != nil {
 			s.ackFailedLocked()
 		}
 	}
@@ -126,63 +126,46 @@ func (s *session) ack(tags []uint64) error {
 }
 
 // ackLoop sends the acknowledgements recorded by ack until the session
-// dies. Each pass acknowledges the longest prefix of the pending tags that
-// are all settled with one multiple-ack, so the acknowledgements of several
-// Ack calls (of concurrent lanes) share one frame and no worker waits for a
-// socket write. A settled tag behind an unsettled one waits for the prefix to
-// reach it, but at most hold: then it is acknowledged on its own, so that a
-// delivery held for a long time (a slow handler, a copy waiting to be
-// requeued) does not keep the prefetch slots of the deliveries behind it.
-func (s *session) ackLoop(hold time.Duration) {
-	timer := time.NewTimer(hold)
-	timer.Stop()
-	defer timer.Stop()
-	armed := false
+// dies. Each pass sends everything recorded since the last one: the longest
+// prefix of the pending tags that are all settled as one multiple-ack, and
+// the settled tags behind an unsettled one on their own (holding them back
+// would keep their prefetch slots, and with the small prefetch of a batch-1
+// Runner that starves the channel). So the acknowledgements that several Ack
+// calls (of concurrent lanes) record while a pass runs share a frame, and no
+// worker waits for a socket write.
+func (s *session) ackLoop() {
 	for {
 		select {
 		case <-s.dead:
 			return
 		case <-s.kick:
-		case <-timer.C:
-			armed = false
 		}
 		s.ackMu.Lock()
 		if !s.alive() {
 			s.ackMu.Unlock()
 			return
 		}
-		waiting, err := s.flushLocked(false)
-		if err != nil {
+		if err := s.flushLocked(); err != nil {
 			s.ackFailedLocked()
 			s.ackMu.Unlock()
 			return // the channel is closing; supervise replaces the session
 		}
 		s.ackMu.Unlock()
-		if waiting && !armed {
-			timer.Reset(hold)
-			armed = true
-		}
 	}
 }
 
-// ackHold is how long a settled delivery waits behind an unsettled one for a
-// shared multiple-ack before it is acknowledged on its own.
-const ackHold = 50 * time.Millisecond
-
 // flushLocked sends the acknowledgements owed: one multiple-ack (or a
 // single ack) for the longest settled prefix of pending, then a single ack
-// for each settled tag behind an unsettled one that waited ackHold, or for
-// all of them if all is set. It reports whether settled tags are left
-// waiting. A send error means the channel is closing: what was not sent is
-// redelivered by the broker.
-func (s *session) flushLocked(all bool) (waiting bool, err error) {
+// for each settled tag behind an unsettled one. A send error means the
+// channel is closing: what was not sent is redelivered by the broker.
+func (s *session) flushLocked() error {
 	prefix := 0
 	for prefix < len(s.pending) && s.settled[s.pending[prefix]] != 0 {
 		prefix++
 	}
 	if prefix > 0 {
 		if err := s.ch.Ack(s.pending[prefix-1], prefix > 1); err != nil {
-			return false, fmt.Errorf("%w: %w", ErrStaleDelivery, err)
+			return fmt.Errorf("%w: %w", ErrStaleDelivery, err)
 		}
 		s.stats.ackFrames.Add(1)
 		s.stats.acked.Add(uint64(prefix))
@@ -191,15 +174,10 @@ func (s *session) flushLocked(all bool) (waiting bool, err error) {
 		}
 		s.pending = slices.Delete(s.pending, 0, prefix)
 	}
-	cutoff := time.Now().Add(-ackHold).UnixNano()
+	var err error
 	sent := 0
 	for i, t := range s.pending {
-		at := s.settled[t]
-		if at == 0 {
-			continue
-		}
-		if !all && at > cutoff {
-			waiting = true
+		if s.settled[t] == 0 {
 			continue
 		}
 		if err = s.ch.Ack(t, false); err != nil {
@@ -215,7 +193,7 @@ func (s *session) flushLocked(all bool) (waiting bool, err error) {
 	if sent > 0 {
 		s.pending = slices.DeleteFunc(s.pending, func(t uint64) bool { return t == 0 })
 	}
-	return waiting, err
+	return err
 }
 
 // ackFailedLocked counts the recorded acknowledgements that could not be

@@ -190,9 +190,8 @@ func (s *Source) accept(in inbound, now time.Time) *consumer.Message {
 // background loop per channel sends them, so that the acknowledgements of
 // concurrent Ack calls share frames: the oldest unacknowledged deliveries of
 // a channel that are all settled go out as one multiple-ack, and a
-// multiple-ack never covers a delivery that was not passed to Ack. A settled
-// delivery behind an unsettled one is acknowledged on its own after 50 ms.
-// Close sends every recorded acknowledgement before it closes the
+// multiple-ack never covers a delivery that was not passed to Ack (a settled
+// delivery behind an unsettled one is acknowledged on its own). Close sends every recorded acknowledgement before it closes the
 // connection. Messages of a channel that has died since are not acknowledged
 // (their tags are invalid); Ack then returns an error matching
 // ErrStaleDelivery, which is harmless: the broker redelivers them and
@@ -506,7 +505,7 @@ func (s *Source) dial(ctx context.Context) (*session, error) {
 	s.gen++
 	sess.gen = s.gen
 	s.mu.Unlock()
-	go sess.ackLoop(ackHold)
+	go sess.ackLoop()
 	return sess, nil
 }
 
