@@ -59,6 +59,7 @@ type options struct {
 	rawN, b1N, b100N      int
 	concurrency, accounts int
 	rounds                int
+	only                  string
 	quorum                bool
 }
 
@@ -70,6 +71,7 @@ func main() {
 	flag.IntVar(&o.b1N, "n1", 20000, "messages for the batch-1 runs")
 	flag.IntVar(&o.b100N, "n100", 30000, "messages for the batch-100 runs")
 	flag.IntVar(&o.rounds, "rounds", 2, "rounds of every workload, in alternating order")
+	flag.StringVar(&o.only, "only", "", "run only the workloads whose name contains this")
 	flag.IntVar(&o.concurrency, "concurrency", 4, "Runner.Concurrency")
 	flag.IntVar(&o.accounts, "accounts", 1000, "rows in the accounts table")
 	flag.BoolVar(&o.quorum, "quorum", false, "use quorum queues instead of classic queues")
@@ -161,6 +163,7 @@ func run(ctx context.Context, o options) error {
 		{Name: "hand-written amqp091+pgx, batch 100", N: o.b100N, Groups: []string{b100}, Base: true, Run: hand(100)},
 		{Name: "idemq Transactional+pgdedup, batch 100", N: o.b100N, Groups: []string{b100}, Run: idemq(100)},
 	}
+	ws = handwritten.Filter(ws, o.only)
 	results, err := handwritten.Rounds(ctx, ws, o.rounds)
 	if err != nil {
 		return err
@@ -187,8 +190,11 @@ func nOf(o options, batch int) int {
 	return o.b100N
 }
 
-// handWorker is the hand-written worker: concurrency goroutines share one
-// channel's deliveries; each takes up to batch deliveries that have arrived,
+// handWorker is the hand-written worker: a dispatcher hands one channel's
+// deliveries to concurrency goroutines by their account header (as the
+// Runner's lanes do with PartitionKeyHeader, so that concurrent
+// transactions do not wait on each other's row locks); each takes up to
+// batch deliveries that have arrived,
 // applies them (one transaction per delivery at batch 1, one per batch
 // otherwise), and then acknowledges them one by one. It returns when n
 // deliveries are acknowledged, with the number of UPDATEs applied.
@@ -215,7 +221,29 @@ func handWorker(ctx context.Context, conn *amqp.Connection, pool *pgxpool.Pool, 
 		errc          = make(chan error, concurrency)
 		wg            sync.WaitGroup
 	)
-	for range concurrency {
+	lanes := make([]chan amqp.Delivery, concurrency)
+	for i := range lanes {
+		lanes[i] = make(chan amqp.Delivery, 2*batch)
+	}
+	go func() {
+		for {
+			select {
+			case d, ok := <-deliveries:
+				if !ok {
+					return
+				}
+				acct, _ := strconv.Atoi(fmt.Sprint(d.Headers["account"]))
+				select {
+				case lanes[acct%concurrency] <- d:
+				case <-runCtx.Done():
+					return
+				}
+			case <-runCtx.Done():
+				return
+			}
+		}
+	}()
+	for _, deliveries := range lanes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -60,6 +60,7 @@ type options struct {
 	concurrency   int
 	accounts      int
 	rounds        int
+	only          string
 }
 
 func main() {
@@ -72,6 +73,7 @@ func main() {
 	flag.IntVar(&opt.concurrency, "concurrency", 4, "consumer.Config.Concurrency")
 	flag.IntVar(&opt.accounts, "accounts", 1000, "rows in the accounts table")
 	flag.IntVar(&opt.rounds, "rounds", 2, "rounds of every workload, in alternating order")
+	flag.StringVar(&opt.only, "only", "", "run only the workloads whose name contains this")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
@@ -123,6 +125,7 @@ func run(ctx context.Context, opt options) error {
 			return b.idemq(ctx, 100)
 		}},
 	}
+	ws = handwritten.Filter(ws, opt.only)
 	results, err := handwritten.Rounds(ctx, ws, opt.rounds)
 	if err != nil {
 		return err
