@@ -137,13 +137,13 @@ func run(ctx context.Context, o options) error {
 			return d, err
 		}
 	}
-	idemq := func(batch int) func(ctx context.Context, round int) (time.Duration, error) {
+	idemq := func(batch int, api bool) func(ctx context.Context, round int) (time.Duration, error) {
 		return func(ctx context.Context, round int) (time.Duration, error) {
 			q, err := fill(fmt.Sprintf("idemq%d-%d", batch, round), nOf(o, batch))
 			if err != nil {
 				return 0, err
 			}
-			d, k, err := runner(ctx, o, q, store, nOf(o, batch), batch)
+			d, k, err := runner(ctx, o, q, store, nOf(o, batch), batch, api)
 			applied += k
 			return d, err
 		}
@@ -159,9 +159,10 @@ func run(ctx context.Context, o options) error {
 			return raw(ctx, conn, q, o.rawN, prefetch100, 100)
 		}},
 		{Name: "hand-written amqp091+pgx, batch 1", N: o.b1N, Groups: []string{b1}, Base: true, Run: hand(1)},
-		{Name: "idemq Transactional+pgdedup, default config (batch 1)", N: o.b1N, Groups: []string{b1}, Run: idemq(1)},
+		{Name: "idemq Transactional+pgdedup, default config (batch 1)", N: o.b1N, Groups: []string{b1}, Run: idemq(1, false)},
 		{Name: "hand-written amqp091+pgx, batch 100", N: o.b100N, Groups: []string{b100}, Base: true, Run: hand(100)},
-		{Name: "idemq Transactional+pgdedup, batch 100", N: o.b100N, Groups: []string{b100}, Run: idemq(100)},
+		{Name: "idemq Transactional+pgdedup, batch 100", N: o.b100N, Groups: []string{b100}, Run: idemq(100, false)},
+		{Name: "idemq TransactionalBatch (batch API)+pgdedup, batch 100", N: o.b100N, Groups: []string{b100}, Run: idemq(100, true)},
 	}
 	ws = handwritten.Filter(ws, o.only)
 	results, err := handwritten.Rounds(ctx, ws, o.rounds)
@@ -444,7 +445,7 @@ func raw(ctx context.Context, conn *amqp.Connection, q string, n, prefetch, ackE
 
 // runner runs the idemq Runner with the one-UPDATE handler over q until n
 // messages are handled, and returns the number it handled.
-func runner(ctx context.Context, o options, q string, store *pgdedup.Store, n, batch int) (time.Duration, int64, error) {
+func runner(ctx context.Context, o options, q string, store *pgdedup.Store, n, batch int, api bool) (time.Duration, int64, error) {
 	rc := consumer.Config{
 		Name: "bench-amqp", Concurrency: o.concurrency, BatchSize: batch,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
@@ -462,7 +463,17 @@ func runner(ctx context.Context, o options, q string, store *pgdedup.Store, n, b
 		_, err := tx.Exec(ctx, `UPDATE `+schema+`.accounts SET balance = balance + $1 WHERE id = $2`, v.Amount, v.Account)
 		return err
 	})
-	r, err := consumer.NewRunner(src, consumer.Transactional(store, handler), rc)
+	path := consumer.Transactional(store, handler)
+	if api {
+		path = consumer.TransactionalBatch(store, consumer.TxBatchJSON(func(ctx context.Context, tx pgx.Tx, items []consumer.BatchItem[order]) error {
+			batch := &pgx.Batch{}
+			for _, it := range items {
+				batch.Queue(`UPDATE `+schema+`.accounts SET balance = balance + $1 WHERE id = $2`, it.Value.Amount, it.Value.Account)
+			}
+			return tx.SendBatch(ctx, batch).Close()
+		}))
+	}
+	r, err := consumer.NewRunner(src, path, rc)
 	if err != nil {
 		return 0, 0, err
 	}

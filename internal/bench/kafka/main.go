@@ -163,6 +163,11 @@ func (b *bench) run(ctx context.Context) error {
 		{Name: "idemq Transactional+pgdedup, batch 100", N: b.n, Groups: []string{hb100}, Run: func(ctx context.Context, round int) (time.Duration, error) {
 			return b.runnerRun(ctx, fmt.Sprintf("idemq-100-%d", round), b.n, 100)
 		}},
+		{Name: "idemq TransactionalBatch (batch API)+pgdedup, batch 100", N: b.n, Groups: []string{hb100}, Run: func(ctx context.Context, round int) (time.Duration, error) {
+			d, st, err := b.runner(ctx, fmt.Sprintf("idemq-api-%d", round), b.n, 100, b.pgBatchPath())
+			b.handledTotal += int64(st.Handled)
+			return d, err
+		}},
 	}
 	ws = handwritten.Filter(ws, b.only)
 	results, err := handwritten.Rounds(ctx, ws, b.rounds)
@@ -415,6 +420,18 @@ func (b *bench) pgPath() consumer.Path {
 		return err
 	}
 	return consumer.Transactional(b.store, consumer.TxJSON(handler))
+}
+
+// pgBatchPath is the transactional path with the batch API: the batch's
+// UPDATEs go out pipelined in one round trip.
+func (b *bench) pgBatchPath() consumer.Path {
+	return consumer.TransactionalBatch(b.store, consumer.TxBatchJSON(func(ctx context.Context, tx pgx.Tx, items []consumer.BatchItem[order]) error {
+		batch := &pgx.Batch{}
+		for _, it := range items {
+			batch.Queue(`UPDATE `+schema+`.accounts SET balance = balance + $1 WHERE id = $2`, it.Value.Amount, it.Value.Account)
+		}
+		return tx.SendBatch(ctx, batch).Close()
+	}))
 }
 
 // runner runs the idemq runner until n messages were handled and

@@ -116,13 +116,16 @@ func run(ctx context.Context, opt options) error {
 			return b.hand(ctx, round, 1)
 		}},
 		{Name: "idemq Transactional+pgdedup, default config (batch 1)", N: opt.n1, Groups: []string{b1}, Run: func(ctx context.Context, _ int) (time.Duration, error) {
-			return b.idemq(ctx, 1)
+			return b.idemq(ctx, 1, false)
 		}},
 		{Name: "hand-written SQS+pgx, batch 100", N: opt.n, Groups: []string{b100}, Base: true, Run: func(ctx context.Context, round int) (time.Duration, error) {
 			return b.hand(ctx, round, 100)
 		}},
 		{Name: "idemq Transactional+pgdedup, batch 100", N: opt.n, Groups: []string{b100}, Run: func(ctx context.Context, _ int) (time.Duration, error) {
-			return b.idemq(ctx, 100)
+			return b.idemq(ctx, 100, false)
+		}},
+		{Name: "idemq TransactionalBatch (batch API)+pgdedup, batch 100", N: opt.n, Groups: []string{b100}, Run: func(ctx context.Context, _ int) (time.Duration, error) {
+			return b.idemq(ctx, 100, true)
 		}},
 	}
 	ws = handwritten.Filter(ws, opt.only)
@@ -371,7 +374,7 @@ func (b *bench) raw(ctx context.Context) (time.Duration, error) {
 }
 
 // idemq drains a queue through a Runner whose handler updates one row.
-func (b *bench) idemq(ctx context.Context, batch int) (time.Duration, error) {
+func (b *bench) idemq(ctx context.Context, batch int, api bool) (time.Duration, error) {
 	queueURL, dlqURL, err := b.filledQueue(ctx, fmt.Sprintf("idemq-%d", batch), b.nOf(batch))
 	if err != nil {
 		return 0, err
@@ -391,7 +394,17 @@ func (b *bench) idemq(ctx context.Context, batch int) (time.Duration, error) {
 		_, err := tx.Exec(ctx, update, o.Amount, o.Account)
 		return err
 	})
-	r, err := consumer.NewRunner(src, consumer.Transactional(b.store, handler), consumer.Config{
+	path := consumer.Transactional(b.store, handler)
+	if api {
+		path = consumer.TransactionalBatch(b.store, consumer.TxBatchJSON(func(ctx context.Context, tx pgx.Tx, items []consumer.BatchItem[order]) error {
+			batch := &pgx.Batch{}
+			for _, it := range items {
+				batch.Queue(update, it.Value.Amount, it.Value.Account)
+			}
+			return tx.SendBatch(ctx, batch).Close()
+		}))
+	}
+	r, err := consumer.NewRunner(src, path, consumer.Config{
 		Name:        fmt.Sprintf("bench-%d-%s", batch, rand.Text()[:6]),
 		Concurrency: b.opt.concurrency,
 		BatchSize:   batch,
