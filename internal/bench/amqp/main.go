@@ -219,7 +219,7 @@ func handWorker(ctx context.Context, conn *amqp.Connection, pool *pgxpool.Pool, 
 	var (
 		done, applied atomic.Int64
 		end           = make(chan time.Time, 1)
-		errc          = make(chan error, concurrency)
+		errc          = make(chan error, concurrency+1)
 		wg            sync.WaitGroup
 	)
 	lanes := make([]chan amqp.Delivery, concurrency)
@@ -231,6 +231,7 @@ func handWorker(ctx context.Context, conn *amqp.Connection, pool *pgxpool.Pool, 
 			select {
 			case d, ok := <-deliveries:
 				if !ok {
+					errc <- errors.New("delivery channel closed (connection lost)")
 					return
 				}
 				acct, _ := strconv.Atoi(fmt.Sprint(d.Headers["account"]))
