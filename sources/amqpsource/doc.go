@@ -17,10 +17,19 @@
 //
 //   - Ack after commit. A delivery is acknowledged only when the Runner
 //     calls Ack, which it does after the transaction that recorded it has
-//     committed. Acknowledgements are grouped into one multiple-ack where the
-//     oldest unacknowledged deliveries of the channel are all being
-//     acknowledged; a multiple-ack never covers a delivery that was not passed
-//     to Ack.
+//     committed. Ack records the acknowledgement and returns; a background
+//     loop per channel sends it, so no worker waits for a socket write and
+//     the acknowledgements of concurrent Ack calls share frames: the oldest
+//     unacknowledged deliveries of the channel that are all settled go out
+//     as one multiple-ack (Stats.Acked, Stats.AckFrames). A multiple-ack
+//     never covers a delivery that was not passed to Ack; a settled delivery
+//     behind an unsettled one is acknowledged on its own in the same pass,
+//     so it does not keep its prefetch slot. Close sends every recorded
+//     acknowledgement before it closes the connection. This widens the
+//     redelivery window by one pass of the loop: if the process crashes or
+//     the connection drops between Ack and the send, the broker redelivers
+//     those deliveries, and the deduplication record absorbs them: the
+//     Runner acknowledges them without running the handler.
 //   - Prefetch bounds the work in flight: Config.Prefetch is the channel's
 //     QoS; PrefetchFor sizes it from the Runner's Concurrency and BatchSize.
 //   - Nothing is lost on a dropped connection. When the connection or the

@@ -27,16 +27,25 @@ type session struct {
 	chClosed   chan *amqp.Error
 	cancelled  chan string
 
-	dead     chan struct{}
-	deadOnce sync.Once
+	dead      chan struct{}
+	deadOnce  sync.Once
+	closeOnce sync.Once
 
-	// ackMu guards pending and serialises acknowledgements, so that a
-	// multiple-ack never covers a tag that is not being acknowledged.
+	// ackMu guards pending and settled and serialises acknowledgements, so
+	// that a multiple-ack never covers a tag that was not passed to Ack.
 	ackMu sync.Mutex
-	// pending holds the tags forwarded towards Receive and not yet settled,
-	// in ascending order (the broker issues tags in ascending order and one
-	// goroutine forwards them).
+	// pending holds the tags forwarded towards Receive whose
+	// acknowledgement or reject was not sent yet, in ascending order (the
+	// broker issues tags in ascending order and one goroutine forwards
+	// them).
 	pending []uint64
+	// settled maps every pending tag to the time Ack was called for it, or
+	// to 0 while it is not acknowledged.
+	settled map[uint64]int64
+	// kick wakes ackLoop after an Ack.
+	kick chan struct{}
+	// stats is the source's; ackLoop counts what it sends.
+	stats *counters
 
 	// pubMu serialises publishes of retry and dead-letter copies, so that a
 	// returned copy is attributed to the publish that caused it.
@@ -57,11 +66,19 @@ func (s *session) alive() bool {
 	}
 }
 
-// kill marks the session dead and closes its connection. The broker puts
-// every unacknowledged delivery of the session back in its queue.
+// kill sends the acknowledgements still owed (if the channel is alive),
+// marks the session dead and closes its connection. The broker puts every
+// unacknowledged delivery of the session back in its queue.
 func (s *session) kill() {
-	s.deadOnce.Do(func() {
-		close(s.dead)
+	s.ackMu.Lock()
+	if s.alive() {
+		if err := s.flushLocked(); err != nil {
+			s.ackFailedLocked()
+		}
+	}
+	s.deadOnce.Do(func() { close(s.dead) })
+	s.ackMu.Unlock()
+	s.closeOnce.Do(func() {
 		// An error means the connection was closed already (the broker
 		// dropped it) or the close handshake timed out; either way the
 		// socket is closed.
@@ -73,60 +90,122 @@ func (s *session) kill() {
 func (s *session) track(tag uint64) {
 	s.ackMu.Lock()
 	s.pending = append(s.pending, tag)
+	s.settled[tag] = 0
 	s.ackMu.Unlock()
 }
 
-// ack acknowledges tags on the session's channel. The longest prefix of the
-// pending tags that is being acknowledged goes out as one multiple-ack; the
-// rest one by one. It acknowledges nothing when the session is dead.
+// ack records that tags may be acknowledged and wakes ackLoop, which sends
+// the acknowledgements; it does not wait for them. It records nothing when
+// the session is dead.
 func (s *session) ack(tags []uint64) error {
+	now := time.Now().UnixNano()
 	s.ackMu.Lock()
-	defer s.ackMu.Unlock()
 	if !s.alive() {
+		s.ackMu.Unlock()
 		return ErrStaleDelivery
-	}
-	want := make(map[uint64]bool, len(tags))
-	for _, t := range tags {
-		want[t] = true
 	}
 	// Tags not pending were settled before (or never issued): acknowledging
 	// them would close the channel with PRECONDITION_FAILED.
-	prefix, found := 0, 0
-	for i, t := range s.pending {
-		if !want[t] {
+	unknown := 0
+	for _, t := range tags {
+		if at, ok := s.settled[t]; !ok || at != 0 {
+			unknown++
 			continue
 		}
-		found++
-		if i == prefix {
-			prefix++
-		}
+		s.settled[t] = now
 	}
-	var unknown error
-	if found != len(want) {
-		unknown = fmt.Errorf("amqpsource: %d delivery tag(s) already settled; not acknowledged again", len(want)-found)
+	s.ackMu.Unlock()
+	select {
+	case s.kick <- struct{}{}:
+	default: // a wake-up is pending already
 	}
+	if unknown > 0 {
+		return fmt.Errorf("amqpsource: %d delivery tag(s) already settled; not acknowledged again", unknown)
+	}
+	return nil
+}
 
-	var err error
-	switch {
-	case prefix > 1:
-		err = s.ch.Ack(s.pending[prefix-1], true)
-	case prefix == 1:
-		err = s.ch.Ack(s.pending[0], false)
+// ackLoop sends the acknowledgements recorded by ack until the session
+// dies. Each pass sends everything recorded since the last one: the longest
+// prefix of the pending tags that are all settled as one multiple-ack, and
+// the settled tags behind an unsettled one on their own (holding them back
+// would keep their prefetch slots, and with the small prefetch of a batch-1
+// Runner that starves the channel). So the acknowledgements that several Ack
+// calls (of concurrent lanes) record while a pass runs share a frame, and no
+// worker waits for a socket write.
+func (s *session) ackLoop() {
+	for {
+		select {
+		case <-s.dead:
+			return
+		case <-s.kick:
+		}
+		s.ackMu.Lock()
+		if !s.alive() {
+			s.ackMu.Unlock()
+			return
+		}
+		if err := s.flushLocked(); err != nil {
+			s.ackFailedLocked()
+			s.ackMu.Unlock()
+			return // the channel is closing; supervise replaces the session
+		}
+		s.ackMu.Unlock()
 	}
-	for _, t := range s.pending[prefix:] {
-		if err != nil {
+}
+
+// flushLocked sends the acknowledgements owed: one multiple-ack (or a
+// single ack) for the longest settled prefix of pending, then a single ack
+// for each settled tag behind an unsettled one. A send error means the
+// channel is closing: what was not sent is redelivered by the broker.
+func (s *session) flushLocked() error {
+	prefix := 0
+	for prefix < len(s.pending) && s.settled[s.pending[prefix]] != 0 {
+		prefix++
+	}
+	if prefix > 0 {
+		if err := s.ch.Ack(s.pending[prefix-1], prefix > 1); err != nil {
+			return fmt.Errorf("%w: %w", ErrStaleDelivery, err)
+		}
+		s.stats.ackFrames.Add(1)
+		s.stats.acked.Add(uint64(prefix))
+		for _, t := range s.pending[:prefix] {
+			delete(s.settled, t)
+		}
+		s.pending = slices.Delete(s.pending, 0, prefix)
+	}
+	var err error
+	sent := 0
+	for i, t := range s.pending {
+		if s.settled[t] == 0 {
+			continue
+		}
+		if err = s.ch.Ack(t, false); err != nil {
+			err = fmt.Errorf("%w: %w", ErrStaleDelivery, err)
 			break
 		}
-		if want[t] {
-			err = s.ch.Ack(t, false)
+		s.stats.ackFrames.Add(1)
+		s.stats.acked.Add(1)
+		delete(s.settled, t)
+		s.pending[i] = 0 // delivery tags start at 1
+		sent++
+	}
+	if sent > 0 {
+		s.pending = slices.DeleteFunc(s.pending, func(t uint64) bool { return t == 0 })
+	}
+	return err
+}
+
+// ackFailedLocked counts the recorded acknowledgements that could not be
+// sent because the channel closed, and forgets them; the broker redelivers
+// those deliveries.
+func (s *session) ackFailedLocked() {
+	for t, at := range s.settled {
+		if at != 0 {
+			s.stats.staleSettles.Add(1)
+			s.settled[t] = 0
 		}
 	}
-	s.pending = slices.DeleteFunc(s.pending, func(t uint64) bool { return want[t] })
-	if err != nil {
-		// The channel is closing: what was not sent is redelivered.
-		return errors.Join(fmt.Errorf("%w: %w", ErrStaleDelivery, err), unknown)
-	}
-	return unknown
 }
 
 // requeue hands the delivery tag back to its queue (basic.reject with
@@ -147,10 +226,11 @@ func (s *session) requeue(tag uint64) (bool, error) {
 		return false, nil
 	}
 	i := slices.Index(s.pending, tag)
-	if i < 0 {
+	if i < 0 || s.settled[tag] != 0 {
 		return false, nil
 	}
 	s.pending = slices.Delete(s.pending, i, i+1)
+	delete(s.settled, tag)
 	if err := s.ch.Reject(tag, true); err != nil {
 		// The channel is closing: the broker requeues the delivery itself.
 		return false, fmt.Errorf("%w: %w", ErrStaleDelivery, err)

@@ -46,12 +46,16 @@ type Source struct {
 	mu  sync.Mutex
 	gen uint64 // generation of the newest session
 
-	stats struct {
-		reconnects, staleDropped, staleSettles, unroutable, requeued atomic.Uint64
-	}
+	stats counters
 	// copyFailures counts the retry and dead-letter copies that failed in a
 	// row; it grows the hold before their originals are requeued.
 	copyFailures atomic.Int64
+}
+
+// counters are the source's statistics; see Stats.
+type counters struct {
+	reconnects, staleDropped, staleSettles, unroutable, requeued atomic.Uint64
+	acked, ackFrames                                             atomic.Uint64
 }
 
 type inbound struct {
@@ -101,9 +105,16 @@ type Stats struct {
 	// before Receive returned them; the broker redelivers them.
 	StaleDropped uint64
 	// StaleSettles is the number of Ack, Retry and DeadLetter calls for
-	// messages of a dead channel, which sent nothing; the broker redelivers
-	// those messages and deduplication absorbs them.
+	// messages of a dead channel, which sent nothing, plus the
+	// acknowledgements recorded by Ack that the channel closed before they
+	// were sent; the broker redelivers those messages and deduplication
+	// absorbs them.
 	StaleSettles uint64
+	// Acked is the number of deliveries whose acknowledgement was sent.
+	Acked uint64
+	// AckFrames is the number of basic.ack frames sent for them: one
+	// multiple-ack covers every settled delivery of a contiguous run.
+	AckFrames uint64
 	// Unroutable is the number of dead-letter copies the broker returned
 	// because the dead-letter destination does not exist.
 	Unroutable uint64
@@ -122,6 +133,8 @@ func (s *Source) Stats() Stats {
 		StaleSettles: s.stats.staleSettles.Load(),
 		Unroutable:   s.stats.unroutable.Load(),
 		Requeued:     s.stats.requeued.Load(),
+		Acked:        s.stats.acked.Load(),
+		AckFrames:    s.stats.ackFrames.Load(),
 	}
 }
 
@@ -173,12 +186,18 @@ func (s *Source) accept(in inbound, now time.Time) *consumer.Message {
 }
 
 // Ack acknowledges msgs on the channel each was delivered on, after their
-// effects are durable. Where the oldest unacknowledged deliveries of a channel
-// are all in msgs, they go out as one multiple-ack; a multiple-ack never
-// covers a delivery that was not passed to Ack. Messages of a channel that has
-// died since are not acknowledged (their tags are invalid); Ack then returns
-// an error matching ErrStaleDelivery, which is harmless: the broker redelivers
-// them and deduplication absorbs the redelivery.
+// effects are durable. It records the acknowledgements and returns; a
+// background loop per channel sends them, so that the acknowledgements of
+// concurrent Ack calls share frames: the oldest unacknowledged deliveries of
+// a channel that are all settled go out as one multiple-ack, and a
+// multiple-ack never covers a delivery that was not passed to Ack (a settled
+// delivery behind an unsettled one is acknowledged on its own). Close sends every recorded acknowledgement before it closes the
+// connection. Messages of a channel that has died since are not acknowledged
+// (their tags are invalid); Ack then returns an error matching
+// ErrStaleDelivery, which is harmless: the broker redelivers them and
+// deduplication absorbs the redelivery. The same holds for a recorded
+// acknowledgement whose channel dies before it is sent (counted in
+// Stats.StaleSettles).
 func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	if s.isClosing() {
 		return consumer.ErrClosed
@@ -451,6 +470,9 @@ func (s *Source) dial(ctx context.Context) (*session, error) {
 		conn:       conn,
 		connClosed: conn.NotifyClose(make(chan *amqp.Error, 1)),
 		dead:       make(chan struct{}),
+		settled:    make(map[uint64]int64),
+		kick:       make(chan struct{}, 1),
+		stats:      &s.stats,
 	}
 	fail := func(what string, err error) (*session, error) {
 		sess.deadOnce.Do(func() { close(sess.dead) })
@@ -483,6 +505,7 @@ func (s *Source) dial(ctx context.Context) (*session, error) {
 	s.gen++
 	sess.gen = s.gen
 	s.mu.Unlock()
+	go sess.ackLoop()
 	return sess, nil
 }
 

@@ -201,10 +201,13 @@ func TestConcurrentAcksCommitEverything(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	if err := src.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
 	got := committedOffsets(t, brokers, group, topic, 2)
 	for p, off := range want {
 		if got[p] != off {
-			t.Errorf("partition %d: committed %d after every Ack returned, want %d", p, got[p], off)
+			t.Errorf("partition %d: committed %d after every Ack returned and Close, want %d", p, got[p], off)
 		}
 	}
 }

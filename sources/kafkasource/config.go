@@ -202,8 +202,18 @@ type Config struct {
 	// error. Defaults to 5 s.
 	JoinGroupBackoff time.Duration
 
-	// CommitTimeout bounds one synchronous offset commit when the caller's
-	// context has no earlier deadline. Defaults to 10 s.
+	// CommitInterval is how often the settled offsets are committed. Ack
+	// only records them; a background loop commits the highest settled
+	// prefix of each partition at most once per interval, and always when
+	// the group rebalances (before the generation ends) and on Close. A
+	// crash loses at most the last CommitInterval of commits: those
+	// messages are redelivered, and the deduplication record absorbs them.
+	// Defaults to 1 s.
+	CommitInterval time.Duration
+
+	// CommitTimeout bounds queueing an offset commit (Ack, DeadLetter) and
+	// the request Close sends, when the caller's context has no earlier
+	// deadline. Defaults to 10 s.
 	CommitTimeout time.Duration
 
 	// DeadLetterTopic is the topic every dead-lettered message is written
@@ -248,6 +258,7 @@ const (
 	DefaultHeartbeatInterval    = time.Second
 	DefaultRebalanceTimeout     = 30 * time.Second
 	DefaultJoinGroupBackoff     = 5 * time.Second
+	DefaultCommitInterval       = time.Second
 	DefaultCommitTimeout        = 10 * time.Second
 	DefaultDeadLetterTimeout    = 10 * time.Second
 	DefaultDeadLetterRetryDelay = 5 * time.Second
@@ -298,6 +309,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.JoinGroupBackoff == 0 {
 		c.JoinGroupBackoff = DefaultJoinGroupBackoff
+	}
+	if c.CommitInterval == 0 {
+		c.CommitInterval = DefaultCommitInterval
 	}
 	if c.CommitTimeout == 0 {
 		c.CommitTimeout = DefaultCommitTimeout
@@ -397,6 +411,8 @@ func (c Config) validate() error {
 		return &ConfigError{Field: "JoinGroupBackoff", Reason: "must not be negative"}
 	case c.HeartbeatInterval >= c.SessionTimeout:
 		return &ConfigError{Field: "HeartbeatInterval", Reason: "must be below SessionTimeout"}
+	case c.CommitInterval < 0:
+		return &ConfigError{Field: "CommitInterval", Reason: "must not be negative"}
 	case c.CommitTimeout < 0:
 		return &ConfigError{Field: "CommitTimeout", Reason: "must not be negative"}
 	case c.DeadLetterTimeout < 0:

@@ -12,10 +12,23 @@
 // # Reading and committing
 //
 // Messages are fetched with Reader.FetchMessage (never ReadMessage, which
-// commits before the message is processed) and offsets are committed with
-// synchronous Reader.CommitMessages calls (CommitInterval 0), only from Ack
-// and DeadLetter, that is after the message's effect (or its dead-letter
-// copy) is durable.
+// commits before the message is processed). Offsets are requested for
+// commit only from Ack and DeadLetter, that is after the message's effect (or
+// its dead-letter copy) is durable, and only requested: Ack does not wait for
+// the broker. The reader's commit loop (kafka-go's CommitInterval mode) merges
+// the requests and commits the highest requested offset of each partition
+// once per Config.CommitInterval (default 1 s), again when the group
+// rebalances (kafka-go commits before the generation ends, so the next owner
+// of a partition starts after everything this member settled), and on Close.
+// A failed commit is retried at the next tick and counted in
+// Stats.CommitFailures. So one commit request per interval reaches the broker
+// instead of one per Ack, and no broker round trip is on the worker's path.
+//
+// The price is a wider redelivery window: a crash (not a Close and not a
+// rebalance, which both commit) loses at most the last CommitInterval of
+// commits, and those messages are delivered again. Their effects and records
+// are already committed, so the deduplication record absorbs them: the
+// runner acknowledges them without running the handler.
 //
 // Committing offset N commits every earlier offset of the partition, while the
 // runner handles a partition's messages concurrently (messages of different
@@ -126,23 +139,17 @@
 //
 //   - after a crash or kill, every message of the partition at or after the
 //     last successful commit: the ones in flight, the ones settled behind an
-//     unsettled (for example retried) one, and those whose commit had not
-//     returned yet;
-//   - after a rebalance, the same set for every partition of this member
-//     (also for partitions it keeps, since kafka-go restarts their readers
-//     at the committed offset), and the stale messages whose commits were
-//     fenced;
+//     unsettled (for example retried) one, and those settled in the last
+//     Config.CommitInterval, whose commit was not sent yet;
+//   - after a rebalance, the messages in flight and those settled behind an
+//     unsettled one, for every partition of this member (also for
+//     partitions it keeps, since kafka-go restarts their readers at the
+//     committed offset), and the stale messages whose commits were fenced;
+//     the settled prefixes are committed as the generation ends;
 //   - after a partition leader change, the settled messages of that
 //     partition whose commit the fence skipped, until the next message of
 //     the partition is settled and committed;
 //   - after a failed commit, until the next successful one;
-//
-// Commits do not overlap (one CommitMessages call at a time, each bounded by
-// Config.CommitTimeout), so that a partition's offsets reach the broker in
-// increasing order. Acks that arrive while a commit runs share the next one,
-// so while the group rebalances (kafka-go holds a commit until the new
-// generation starts) an Ack waits for at most two commits, not for one per
-// lane.
 //   - after Close, the messages not settled (Close commits the settled
 //     prefixes before leaving the group).
 //

@@ -112,9 +112,35 @@ func testConfig(brokers []string, topic, group string) kafkasource.Config {
 		JoinGroupBackoff:     200 * time.Millisecond,
 		MaxWait:              250 * time.Millisecond,
 		DeadLetterRetryDelay: 500 * time.Millisecond,
+		CommitInterval:       testCommitInterval,
 		Logger:               testLogger(),
 	}
 }
+
+// testCommitInterval is the CommitInterval of testConfig.
+const testCommitInterval = 100 * time.Millisecond
+
+// waitOffset waits until the group's committed offset of partition 0 of
+// topic is want, and fails t if it is not within waitTimeout.
+func waitOffset(t testing.TB, brokers []string, group, topic string, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		got := committedOffsets(t, brokers, group, topic, 1)[0]
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("committed offset %d after %s, want %d", got, waitTimeout, want)
+		}
+		time.Sleep(testCommitInterval / 2)
+	}
+}
+
+// afterCommitTicks gives the source's commit loop several CommitInterval
+// ticks to send anything it would send, so that a check that nothing was
+// committed is not vacuous.
+func afterCommitTicks() { time.Sleep(5 * testCommitInterval) }
 
 // openSource opens a source and closes it when the test ends.
 func openSource(t testing.TB, cfg kafkasource.Config) *kafkasource.Source {

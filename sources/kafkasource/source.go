@@ -36,13 +36,19 @@ var (
 	// produce.
 	ErrForeignMessage = errors.New("kafkasource: message was not received from this source")
 
+	// ErrFinalCommit reports that the offset commit Close sends failed. The
+	// settled messages since the last successful commit are redelivered to
+	// the group, which deduplication absorbs.
+	ErrFinalCommit = errors.New("kafkasource: final offset commit failed")
+
 	// ErrSettled reports a Retry or DeadLetter of a message that was
 	// already acknowledged or dead-lettered. Nothing is done.
 	ErrSettled = errors.New("kafkasource: message already settled")
 )
 
 // Source is a consumer.Source over Kafka topics, read by a consumer group
-// with kafka-go's Reader (FetchMessage and synchronous CommitMessages).
+// with kafka-go's Reader (FetchMessage, and CommitMessages queued to the
+// reader's periodic commit loop).
 //
 // It commits, for each partition, only the contiguous prefix of fetched
 // messages that were acknowledged or dead-lettered, and only while the
@@ -76,13 +82,6 @@ type Source struct {
 	closeOnce   sync.Once
 	closeErr    error
 
-	// commitMu guards commitCur and commitNext. One commit flight runs at
-	// a time, so that a partition's commits are sent in increasing order;
-	// the callers that arrive meanwhile share the next flight (see commit).
-	commitMu   sync.Mutex
-	commitCur  *commitFlight // running, or nil
-	commitNext *commitFlight // waiting for commitCur, or nil
-
 	// genMu serialises reads of the reader's rebalance counter, which
 	// kafka-go resets on every read; gen accumulates it.
 	genMu sync.Mutex
@@ -96,7 +95,7 @@ type Source struct {
 	holds      map[string]*hold
 	timers     map[*entry]*time.Timer
 
-	stats counters
+	stats *counters
 }
 
 var _ consumer.Source = (*Source)(nil)
@@ -167,6 +166,7 @@ func New(cfg Config) (src *Source, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	stats := new(counters)
 	rc := kafka.ReaderConfig{
 		Brokers:           cfg.Brokers,
 		GroupID:           cfg.GroupID,
@@ -177,14 +177,14 @@ func New(cfg Config) (src *Source, err error) {
 		MaxWait:           cfg.MaxWait,
 		ReadLagInterval:   -1,
 		HeartbeatInterval: cfg.HeartbeatInterval,
-		CommitInterval:    0, // synchronous commits
+		CommitInterval:    cfg.CommitInterval, // kafka-go's commit loop; see commit.go
 		SessionTimeout:    cfg.SessionTimeout,
 		RebalanceTimeout:  cfg.RebalanceTimeout,
 		JoinGroupBackoff:  cfg.JoinGroupBackoff,
 		StartOffset:       cfg.StartOffset,
 		IsolationLevel:    cfg.IsolationLevel,
-		Logger:            kafkaLogger(cfg.Logger, slog.LevelDebug),
-		ErrorLogger:       kafkaLogger(cfg.Logger, slog.LevelWarn),
+		Logger:            readerLogger(cfg.Logger, stats),
+		ErrorLogger:       readerErrorLogger(cfg.Logger, stats),
 	}
 	if len(cfg.Topics) == 1 {
 		rc.Topic = cfg.Topics[0]
@@ -236,6 +236,7 @@ func New(cfg Config) (src *Source, err error) {
 		dirty:      make(map[*partition]struct{}),
 		holds:      make(map[string]*hold),
 		timers:     make(map[*entry]*time.Timer),
+		stats:      stats,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.fetchCancel = cancel
@@ -296,17 +297,19 @@ func (s *Source) drain(first *consumer.Message, limit int) []*consumer.Message {
 	return out
 }
 
-// Ack marks msgs settled and synchronously commits, for every partition they
-// belong to, the offset after the longest prefix of fetched messages that are
-// all settled. A message behind an unsettled one is committed later, with the
-// commit that passes it; until then a crash or rebalance redelivers it, which
-// deduplication absorbs. Ack commits nothing for a partition whose newest
-// settled message was fetched before the group's latest rebalance (see the
-// package documentation).
+// Ack marks msgs settled and requests, for every partition they belong to, the
+// commit of the offset after the longest prefix of fetched messages that are
+// all settled. It does not wait for the broker: the offsets are committed
+// within Config.CommitInterval, when the group rebalances, or on Close,
+// whichever comes first (see the package documentation for the redelivery
+// window this leaves). A message behind an unsettled one is committed later,
+// with the commit that passes it; until then a crash or rebalance redelivers
+// it, which deduplication absorbs. Ack requests nothing for a partition whose
+// newest settled message was fetched before the group's latest rebalance.
 //
-// An error means the commit did not happen (or the source is closed); it is
-// harmless, because the settled offsets are committed by the next successful
-// commit, and a redelivery in between is recognised as a duplicate.
+// An error means the request was not queued (or the source is closed); it is
+// harmless, because the settled offsets are carried by the next request, and
+// a redelivery in between is recognised as a duplicate.
 func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	var errs []error
 	s.mu.Lock()
@@ -323,7 +326,7 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 		s.settleLocked(e)
 	}
 	s.mu.Unlock()
-	if err := s.commit(ctx); err != nil {
+	if err := s.requestCommit(ctx); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -373,7 +376,7 @@ func (s *Source) redeliver(msg *consumer.Message, attempt int, delay time.Durati
 // headers plus HeaderReason, HeaderAttempts, HeaderOriginTopic,
 // HeaderOriginPartition, HeaderOriginOffset, HeaderGroup, HeaderKey and
 // HeaderDeadLetteredAt, waits until every in-sync replica has it, and only
-// then settles msg and commits as Ack does.
+// then settles msg and requests its commit as Ack does.
 //
 // HeaderReason is cut to MaxReasonBytes.
 //
@@ -441,16 +444,16 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	}
 	s.settleLocked(e)
 	s.mu.Unlock()
-	if err := s.commit(ctx); err != nil {
-		s.log.Warn("offset commit after dead-letter failed; a redelivery may be dead-lettered again",
+	if err := s.requestCommit(ctx); err != nil {
+		s.log.Warn("offset commit request after dead-letter failed; a redelivery may be dead-lettered again",
 			consumer.LogKeyID, msg.ID, consumer.LogKeyError, err)
 	}
 	return nil
 }
 
 // Close stops fetching, commits the settled prefixes (bounded by
-// Config.CommitTimeout), leaves the consumer group and closes the
-// connections. Messages fetched and not settled, including those waiting for
+// Config.CommitTimeout; a failure is returned), leaves the consumer group and
+// closes the connections. Messages fetched and not settled, including those waiting for
 // a retry, are not committed: the group hands them out again. Close is safe to
 // call more than once and concurrently with the other methods, which then
 // fail with consumer.ErrClosed; every call returns the first call's result.
@@ -475,11 +478,17 @@ func (s *Source) close() error {
 	var errs []error
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CommitTimeout)
 	defer cancel()
-	if err := s.commit(ctx); err != nil {
+	if err := s.requestCommit(ctx); err != nil {
 		errs = append(errs, err)
 	}
+	// Closing the reader ends its generation, and kafka-go's commit loop
+	// sends the offsets requested since its last tick before it returns.
+	failures := s.stats.commitFailures.Load()
 	if err := s.reader.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("kafkasource: close reader: %w", err))
+	}
+	if s.stats.commitFailures.Load() != failures {
+		errs = append(errs, ErrFinalCommit)
 	}
 	if err := s.dlq.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("kafkasource: close dead-letter writer: %w", err))
@@ -768,116 +777,6 @@ func (s *Source) unwaitLocked(e *entry) {
 	if i := slices.Index(h.waiting, e); i >= 0 {
 		h.waiting = slices.Delete(h.waiting, i, i+1)
 	}
-}
-
-// commitFlight is one offset commit, shared by every caller that joined it.
-type commitFlight struct {
-	done chan struct{} // closed when err is set
-	err  error
-}
-
-// commit commits the settled prefix of every partition that advanced since
-// the last commit, for partitions whose newest passed message belongs to the
-// current group generation.
-//
-// Commits do not overlap. A caller that arrives while one runs joins the
-// single next flight, which starts when the running one ends and takes its
-// offsets after every joiner settled its messages; so concurrent callers
-// (one per lane) wait for at most two commits, not for one commit each. The
-// caller that starts a flight runs it under its own ctx; joiners stop
-// waiting when their ctx is done.
-func (s *Source) commit(ctx context.Context) error {
-	var mine *commitFlight
-	for {
-		if mine != nil {
-			select {
-			case <-mine.done:
-				return mine.err
-			default:
-			}
-		}
-		s.commitMu.Lock()
-		if s.commitCur == nil {
-			f := s.commitNext // mine, if joined
-			if f == nil {
-				f = &commitFlight{done: make(chan struct{})}
-			}
-			s.commitNext, s.commitCur = nil, f
-			s.commitMu.Unlock()
-			f.err = s.commitOnce(ctx)
-			s.commitMu.Lock()
-			s.commitCur = nil
-			close(f.done)
-			s.commitMu.Unlock()
-			return f.err
-		}
-		if mine == nil {
-			if s.commitNext == nil {
-				s.commitNext = &commitFlight{done: make(chan struct{})}
-			}
-			mine = s.commitNext
-		}
-		wait := s.commitCur.done
-		if s.commitCur == mine {
-			wait = nil // run by another caller; wait on mine.done below
-		}
-		s.commitMu.Unlock()
-		select {
-		case <-wait:
-		case <-mine.done:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-// commitOnce sends one commit of the settled prefixes.
-func (s *Source) commitOnce(ctx context.Context) error {
-	gen := s.observeGeneration()
-
-	s.mu.Lock()
-	var (
-		offsets []kafka.Message
-		parts   []*partition
-	)
-	for p := range s.dirty {
-		delete(s.dirty, p)
-		switch {
-		case p.doneUpTo < p.committed:
-			// Nothing new (or behind what this source committed before).
-		case p.doneGen != gen:
-			s.stats.staleCommitsSkipped.Add(1)
-			s.log.Info("commit skipped: the settled messages were fetched before the latest rebalance; the partition's owner recommits",
-				consumer.LogKeyTopic, p.topic, LogKeyPartition, p.partition, LogKeyOffset, p.doneUpTo+1,
-				LogKeyGeneration, gen)
-		default:
-			offsets = append(offsets, kafka.Message{Topic: p.topic, Partition: p.partition, Offset: p.doneUpTo})
-			parts = append(parts, p)
-		}
-	}
-	s.mu.Unlock()
-	if len(offsets) == 0 {
-		return nil
-	}
-
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.CommitTimeout)
-	defer cancel()
-	if err := s.reader.CommitMessages(cctx, offsets...); err != nil {
-		s.stats.commitFailures.Add(1)
-		s.mu.Lock()
-		for _, p := range parts {
-			s.dirty[p] = struct{}{}
-		}
-		s.mu.Unlock()
-		return fmt.Errorf("kafkasource: commit offsets of %d partition(s): %w", len(offsets), err)
-	}
-	s.stats.commits.Add(1)
-	s.mu.Lock()
-	for i, p := range parts {
-		p.committed = max(p.committed, offsets[i].Offset+1)
-	}
-	s.mu.Unlock()
-	return nil
 }
 
 // observeGeneration returns the reader's rebalance count so far. kafka-go

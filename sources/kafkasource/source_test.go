@@ -126,15 +126,14 @@ func TestCommitsOnlySettledPrefix(t *testing.T) {
 	if err := src.Ack(ctx, msgs[1:]); err != nil {
 		t.Fatalf("Ack: %v", err)
 	}
+	afterCommitTicks()
 	if got := committedOffsets(t, brokers, group, topic, 1)[0]; got != -1 {
 		t.Fatalf("committed offset %d after acknowledging offsets 1-9 but not 0; want nothing committed", got)
 	}
 	if err := src.Ack(ctx, msgs[:1]); err != nil {
 		t.Fatalf("Ack: %v", err)
 	}
-	if got := committedOffsets(t, brokers, group, topic, 1)[0]; got != 10 {
-		t.Fatalf("committed offset %d after acknowledging offsets 0-9, want 10", got)
-	}
+	waitOffset(t, brokers, group, topic, 10)
 
 	// Offsets 10-14: leave 10 unsettled, acknowledge the rest, close.
 	publish(t, brokers, topic, outgoing("b", 5)...)
@@ -173,6 +172,7 @@ func TestRetryRedeliversInProcess(t *testing.T) {
 	if err := src.Ack(ctx, msgs[1:]); err != nil {
 		t.Fatalf("Ack: %v", err)
 	}
+	afterCommitTicks()
 	if got := committedOffsets(t, brokers, group, topic, 1)[0]; got != -1 {
 		t.Fatalf("committed offset %d while offset 0 waits for a retry; want nothing committed", got)
 	}
@@ -184,9 +184,7 @@ func TestRetryRedeliversInProcess(t *testing.T) {
 	if err := src.Ack(ctx, []*consumer.Message{r}); err != nil {
 		t.Fatalf("Ack: %v", err)
 	}
-	if got := committedOffsets(t, brokers, group, topic, 1)[0]; got != 2 {
-		t.Fatalf("committed offset %d after the retry was acknowledged, want 2", got)
-	}
+	waitOffset(t, brokers, group, topic, 2)
 	if err := src.Retry(ctx, r, 0); !errors.Is(err, kafkasource.ErrSettled) {
 		t.Fatalf("Retry of an acknowledged message: %v, want ErrSettled", err)
 	}
@@ -272,9 +270,7 @@ func TestDeadLetterWritesCopyAndCommits(t *testing.T) {
 	if err := src.DeadLetter(context.Background(), m, reason); err != nil {
 		t.Fatalf("DeadLetter: %v", err)
 	}
-	if got := committedOffsets(t, brokers, group, topic, 1)[0]; got != 1 {
-		t.Fatalf("committed offset %d after the dead-letter write, want 1", got)
-	}
+	waitOffset(t, brokers, group, topic, 1)
 	dead := readTopic(t, brokers, kafkasource.DeadLetterTopic(topic))
 	if len(dead) != 1 {
 		t.Fatalf("dead-letter topic holds %d messages, want 1", len(dead))
@@ -317,6 +313,7 @@ func TestDeadLetterFailureKeepsMessage(t *testing.T) {
 	if err := src.DeadLetter(context.Background(), m, errors.New("poison")); err == nil {
 		t.Fatalf("DeadLetter to an invalid topic succeeded")
 	}
+	afterCommitTicks()
 	if got := committedOffsets(t, brokers, group, topic, 1)[0]; got != -1 {
 		t.Fatalf("committed offset %d after a failed dead-letter write, want nothing committed", got)
 	}
@@ -353,6 +350,7 @@ func TestStaleMessagesAreNotCommitted(t *testing.T) {
 	if err := a.Ack(context.Background(), stale); err != nil {
 		t.Fatalf("Ack: %v", err)
 	}
+	afterCommitTicks()
 	if got := committedOffsets(t, brokers, group, topic, 1)[0]; got != -1 {
 		t.Fatalf("stale acknowledgements committed offset %d; want nothing committed", got)
 	}
@@ -382,9 +380,7 @@ func TestStaleMessagesAreNotCommitted(t *testing.T) {
 			}
 		}
 	}
-	if got := committedOffsets(t, brokers, group, topic, 1)[0]; got != 3 {
-		t.Fatalf("committed offset %d after the owner acknowledged, want 3", got)
-	}
+	waitOffset(t, brokers, group, topic, 3)
 }
 
 func TestMethodsRejectForeignMessages(t *testing.T) {

@@ -12,10 +12,13 @@ type Stats struct {
 	// messages handed out again after a failed dead-letter write.
 	Redelivered uint64
 	// Commits is the number of successful offset commits (each may cover
-	// several partitions).
+	// several partitions). Commits are coalesced: at most one per
+	// Config.CommitInterval, plus one when a generation ends and on Close.
 	Commits uint64
 	// CommitFailures is the number of offset commits that failed. Their
-	// offsets are committed by a later commit.
+	// offsets are retried at the next CommitInterval tick of the same
+	// generation; a failed commit at the end of a generation (or on Close)
+	// leaves its messages to be redelivered and deduplicated.
 	CommitFailures uint64
 	// StaleCommitsSkipped is the number of partition commits not sent
 	// because their messages were fetched before the group's latest
@@ -62,7 +65,7 @@ func (s *Source) Stats() Stats {
 		uncommitted += len(p.queue)
 	}
 	s.mu.Unlock()
-	c := &s.stats
+	c := s.stats
 	return Stats{
 		Fetched:             c.fetched.Load(),
 		Redelivered:         c.redelivered.Load(),

@@ -22,6 +22,13 @@
 //   - Ack deletes with DeleteMessageBatch. The runner calls it only after
 //     the transaction that recorded the messages committed; entries that fail
 //     are sent again when that can help, and nothing else is ever deleted.
+//     The deletes of one Ack go out in batches of 10, in parallel, and Ack
+//     waits for them: unlike the Kafka and RabbitMQ sources, which defer
+//     their offset commits and acks, this source does not widen the
+//     redelivery window. A crash between the commit and the delete (one
+//     DeleteMessageBatch call) brings the message back after its visibility
+//     timeout, and the deduplication record absorbs it: it is deleted
+//     without running the handler.
 //   - A heartbeat extends the visibility timeout of every message that is in
 //     flight (received and not yet settled) with ChangeMessageVisibilityBatch,
 //     up to Config.MaxExtension, so that no other worker receives a message

@@ -1,17 +1,20 @@
-// Command amqp measures the RabbitMQ source against a raw consumer, in one
-// run on the same broker and database:
+// Command amqp measures the RabbitMQ source against a hand-written worker
+// that does the same work, in one run on the same broker and database:
 //
-//   - raw: an amqp091-go consumer that acknowledges every delivery at once
-//     (manual ack, no handler, no database), as most consumers do; and the
-//     same with one multiple-ack per 100 deliveries, the broker's ceiling;
-//   - amqpsource Receive+Ack: the Source alone, acknowledging what it
-//     receives (no handler, no database): the adapter's cost;
-//   - the idemq Runner with a one-UPDATE handler (an accounts row per
-//     message, the dedup record in the same transaction) at batch 1 and at
-//     batch 100.
+//   - raw: an amqp091-go consumer with one multiple-ack per 100 deliveries,
+//     no handler and no database (the ceiling);
+//   - hand-written amqp091 + pgx workers (-concurrency goroutines on one
+//     channel, prefetch as the Runner's): per delivery BEGIN; INSERT INTO
+//     processed … ON CONFLICT DO NOTHING; UPDATE accounts …; COMMIT, then
+//     basic.ack; and a batch variant: one transaction per up to 100
+//     deliveries (an unnest INSERT … RETURNING and pipelined UPDATEs), then
+//     their acks;
+//   - the idemq Runner with Transactional, pgdedup and a one-UPDATE TxJSON
+//     handler at the default config (batch 1) and at batch 100.
 //
-// Each workload consumes its own pre-filled durable queue; publishing is not
-// timed. Run it with
+// Each run consumes its own pre-filled durable queue; publishing is not
+// timed. Every workload runs twice, in alternating order; ratios to the
+// hand-written workers are printed per round and over the means. Run it with
 //
 //	go run ./internal/bench/amqp
 //
@@ -30,6 +33,8 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,6 +43,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/bench/handwritten"
 	"github.com/idemq/idemq/sources/amqpsource"
 )
 
@@ -52,6 +58,8 @@ type options struct {
 	amqpURL, dsn          string
 	rawN, b1N, b100N      int
 	concurrency, accounts int
+	rounds                int
+	only                  string
 	quorum                bool
 }
 
@@ -59,28 +67,22 @@ func main() {
 	var o options
 	flag.StringVar(&o.amqpURL, "amqp", envOr("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
 	flag.StringVar(&o.dsn, "dsn", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable"), "PostgreSQL URL")
-	flag.IntVar(&o.rawN, "raw", 50000, "messages for the raw consumer and the bare source")
-	flag.IntVar(&o.b1N, "n1", 3000, "messages for the runner at batch 1")
-	flag.IntVar(&o.b100N, "n100", 30000, "messages for the runner at batch 100")
+	flag.IntVar(&o.rawN, "raw", 50000, "messages for the raw consumer")
+	flag.IntVar(&o.b1N, "n1", 20000, "messages for the batch-1 runs")
+	flag.IntVar(&o.b100N, "n100", 30000, "messages for the batch-100 runs")
+	flag.IntVar(&o.rounds, "rounds", 2, "rounds of every workload, in alternating order")
+	flag.StringVar(&o.only, "only", "", "run only the workloads whose name contains this")
 	flag.IntVar(&o.concurrency, "concurrency", 4, "Runner.Concurrency")
 	flag.IntVar(&o.accounts, "accounts", 1000, "rows in the accounts table")
 	flag.BoolVar(&o.quorum, "quorum", false, "use quorum queues instead of classic queues")
 	flag.Parse()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	if err := run(ctx, o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
-
-type result struct {
-	name string
-	n    int
-	d    time.Duration
-}
-
-func (r result) rate() float64 { return float64(r.n) / r.d.Seconds() }
 
 func run(ctx context.Context, o options) error {
 	pool, store, err := setupDatabase(ctx, o)
@@ -104,7 +106,6 @@ func run(ctx context.Context, o options) error {
 	fmt.Printf("RabbitMQ source benchmark: %s queues, persistent messages, Runner concurrency %d, %d accounts, synchronous_commit=%s\n\n",
 		queueType, o.concurrency, o.accounts, fsync)
 
-	var results []result
 	var queues []string
 	defer func() {
 		if ch, err := conn.Channel(); err == nil {
@@ -124,72 +125,200 @@ func run(ctx context.Context, o options) error {
 		return q, publish(ctx, conn, q, n, o.accounts)
 	}
 
-	// Raw consumer: ack every delivery as it arrives.
+	var applied int64 // UPDATEs of every run, for the balance check
+	hand := func(batch int) func(ctx context.Context, round int) (time.Duration, error) {
+		return func(ctx context.Context, round int) (time.Duration, error) {
+			q, err := fill(fmt.Sprintf("hand%d-%d", batch, round), nOf(o, batch))
+			if err != nil {
+				return 0, err
+			}
+			d, k, err := handWorker(ctx, conn, pool, q, nOf(o, batch), batch, o.concurrency)
+			applied += k
+			return d, err
+		}
+	}
+	idemq := func(batch int, api bool) func(ctx context.Context, round int) (time.Duration, error) {
+		return func(ctx context.Context, round int) (time.Duration, error) {
+			q, err := fill(fmt.Sprintf("idemq%d-%d", batch, round), nOf(o, batch))
+			if err != nil {
+				return 0, err
+			}
+			d, k, err := runner(ctx, o, q, store, nOf(o, batch), batch, api)
+			applied += k
+			return d, err
+		}
+	}
 	prefetch100 := amqpsource.PrefetchFor(consumer.Config{Concurrency: o.concurrency, BatchSize: 100})
-	q, err := fill("raw", o.rawN)
+	b1, b100 := "batch 1 vs hand-written", "batch 100 vs hand-written batch"
+	ws := []*handwritten.Workload{
+		{Name: "raw amqp091 consume + multiple-ack / 100", N: o.rawN, Run: func(ctx context.Context, round int) (time.Duration, error) {
+			q, err := fill(fmt.Sprintf("raw-%d", round), o.rawN)
+			if err != nil {
+				return 0, err
+			}
+			return raw(ctx, conn, q, o.rawN, prefetch100, 100)
+		}},
+		{Name: "hand-written amqp091+pgx, batch 1", N: o.b1N, Groups: []string{b1}, Base: true, Run: hand(1)},
+		{Name: "idemq Transactional+pgdedup, default config (batch 1)", N: o.b1N, Groups: []string{b1}, Run: idemq(1, false)},
+		{Name: "hand-written amqp091+pgx, batch 100", N: o.b100N, Groups: []string{b100}, Base: true, Run: hand(100)},
+		{Name: "idemq Transactional+pgdedup, batch 100", N: o.b100N, Groups: []string{b100}, Run: idemq(100, false)},
+		{Name: "idemq TransactionalBatch (batch API)+pgdedup, batch 100", N: o.b100N, Groups: []string{b100}, Run: idemq(100, true)},
+	}
+	ws = handwritten.Filter(ws, o.only)
+	results, err := handwritten.Rounds(ctx, ws, o.rounds)
 	if err != nil {
 		return err
-	}
-	d, err := raw(ctx, conn, q, o.rawN, prefetch100, 1)
-	if err != nil {
-		return fmt.Errorf("raw: %w", err)
-	}
-	results = append(results, result{"raw amqp091 consume + ack each", o.rawN, d})
-	if q, err = fill("rawmulti", o.rawN); err != nil {
-		return err
-	}
-	if d, err = raw(ctx, conn, q, o.rawN, prefetch100, 100); err != nil {
-		return fmt.Errorf("raw: %w", err)
-	}
-	results = append(results, result{"raw amqp091 consume + multiple-ack / 100", o.rawN, d})
-
-	// The Source alone.
-	if q, err = fill("source", o.rawN); err != nil {
-		return err
-	}
-	if d, err = bareSource(ctx, o, q, prefetch100); err != nil {
-		return fmt.Errorf("source: %w", err)
-	}
-	results = append(results, result{"amqpsource Receive + Ack (no handler)", o.rawN, d})
-
-	// The Runner with the one-UPDATE handler.
-	for _, r := range []struct {
-		name  string
-		n     int
-		batch int
-	}{
-		{"idemq runner, one UPDATE, batch 1", o.b1N, 1},
-		{"idemq runner, one UPDATE, batch 100", o.b100N, 100},
-	} {
-		if q, err = fill("b"+strconv.Itoa(r.batch), r.n); err != nil {
-			return err
-		}
-		d, err := runner(ctx, o, q, store, r.n, r.batch)
-		if err != nil {
-			return fmt.Errorf("%s: %w", r.name, err)
-		}
-		results = append(results, result{r.name, r.n, d})
 	}
 
 	var total int64
 	if err := pool.QueryRow(ctx, `SELECT sum(balance) FROM `+schema+`.accounts`).Scan(&total); err != nil {
 		return err
 	}
-	if want := int64(o.b1N + o.b100N); total != want {
-		return fmt.Errorf("effects: sum of balances %d, want %d (each message applied once)", total, want)
+	if total != applied {
+		return fmt.Errorf("effects: sum of balances %d, want %d (each message applied once)", total, applied)
 	}
-
-	base := results[0].rate()
-	fmt.Printf("%-42s %9s %9s %11s %9s\n", "workload", "messages", "seconds", "msg/s", "vs raw")
-	for _, r := range results {
-		fmt.Printf("%-42s %9d %9.2f %11.0f %8.3fx\n", r.name, r.n, r.d.Seconds(), r.rate(), r.rate()/base)
-	}
-	b1, b100, ceiling := results[3], results[4], results[1]
-	fmt.Printf("\nrunner batch 100 vs batch 1: %.1fx\n", b100.rate()/b1.rate())
-	fmt.Printf("runner vs raw ack-each:       batch 1 %.3fx, batch 100 %.3fx\n", b1.rate()/base, b100.rate()/base)
-	fmt.Printf("runner vs raw multiple-ack:   batch 1 %.3fx, batch 100 %.3fx\n", b1.rate()/ceiling.rate(), b100.rate()/ceiling.rate())
-	fmt.Printf("effects: sum of balances = %d = messages applied once each\n", total)
+	handwritten.Report(ws, results, o.rounds)
+	fmt.Printf("\neffects: sum of balances = %d = messages applied once each\n", total)
+	fmt.Println("targets: >= 1.0x the hand-written worker at batch 1 and at batch 100")
 	return nil
+}
+
+// nOf is the message count of a run at batch.
+func nOf(o options, batch int) int {
+	if batch == 1 {
+		return o.b1N
+	}
+	return o.b100N
+}
+
+// handWorker is the hand-written worker: a dispatcher hands one channel's
+// deliveries to concurrency goroutines by their account header (as the
+// Runner's lanes do with PartitionKeyHeader, so that concurrent
+// transactions do not wait on each other's row locks); each takes up to
+// batch deliveries that have arrived,
+// applies them (one transaction per delivery at batch 1, one per batch
+// otherwise), and then acknowledges them one by one. It returns when n
+// deliveries are acknowledged, with the number of UPDATEs applied.
+func handWorker(ctx context.Context, conn *amqp.Connection, pool *pgxpool.Pool, q string, n, batch, concurrency int) (time.Duration, int64, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, 0, err
+	}
+	defer ch.Close()
+	if err := ch.Qos(amqpsource.PrefetchFor(consumer.Config{Concurrency: concurrency, BatchSize: batch}), 0, false); err != nil {
+		return 0, 0, err
+	}
+	db := handwritten.DB{Pool: pool, Schema: schema}
+	start := time.Now()
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	deliveries, err := ch.ConsumeWithContext(runCtx, q, "", false, false, false, false, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	var (
+		done, applied atomic.Int64
+		end           = make(chan time.Time, 1)
+		errc          = make(chan error, concurrency+1)
+		wg            sync.WaitGroup
+	)
+	lanes := make([]chan amqp.Delivery, concurrency)
+	for i := range lanes {
+		lanes[i] = make(chan amqp.Delivery, 2*batch)
+	}
+	go func() {
+		for {
+			select {
+			case d, ok := <-deliveries:
+				if !ok {
+					errc <- errors.New("delivery channel closed (connection lost)")
+					return
+				}
+				acct, _ := strconv.Atoi(fmt.Sprint(d.Headers["account"]))
+				select {
+				case lanes[acct%concurrency] <- d:
+				case <-runCtx.Done():
+					return
+				}
+			case <-runCtx.Done():
+				return
+			}
+		}
+	}()
+	for _, deliveries := range lanes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ds := make([]amqp.Delivery, 0, batch)
+			ms := make([]handwritten.Msg, 0, batch)
+			for {
+				ds, ms = ds[:0], ms[:0]
+				select {
+				case d, ok := <-deliveries:
+					if !ok {
+						return
+					}
+					ds = append(ds, d)
+				case <-runCtx.Done():
+					return
+				}
+			drain:
+				for len(ds) < batch {
+					select {
+					case d, ok := <-deliveries:
+						if !ok {
+							break drain
+						}
+						ds = append(ds, d)
+					default:
+						break drain
+					}
+				}
+				for _, d := range ds {
+					key, _ := d.Headers[amqpsource.DefaultKeyHeader].(string)
+					m, err := handwritten.Decode(key, d.Body)
+					if err != nil {
+						errc <- err
+						return
+					}
+					ms = append(ms, m)
+				}
+				var k int
+				if batch == 1 {
+					k, err = db.One(ctx, ms[0])
+				} else {
+					k, err = db.Batch(ctx, ms)
+				}
+				if err != nil {
+					errc <- err
+					return
+				}
+				applied.Add(int64(k))
+				for _, d := range ds {
+					if err := d.Ack(false); err != nil {
+						errc <- err
+						return
+					}
+				}
+				if done.Add(int64(len(ds))) >= int64(n) {
+					select {
+					case end <- time.Now():
+					default:
+					}
+				}
+			}
+		}()
+	}
+	select {
+	case t := <-end:
+		cancel()
+		wg.Wait()
+		return t.Sub(start), applied.Load(), nil
+	case err := <-errc:
+		cancel()
+		wg.Wait()
+		return 0, applied.Load(), err
+	}
 }
 
 func setupDatabase(ctx context.Context, o options) (*pgxpool.Pool, *pgdedup.Store, error) {
@@ -216,6 +345,9 @@ func setupDatabase(ctx context.Context, o options) (*pgxpool.Pool, *pgdedup.Stor
 	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
 	if err == nil {
 		err = store.Migrate(ctx)
+	}
+	if err == nil {
+		err = handwritten.DB{Pool: pool, Schema: schema}.Setup(ctx)
 	}
 	if err != nil {
 		pool.Close()
@@ -312,31 +444,9 @@ func raw(ctx context.Context, conn *amqp.Connection, q string, n, prefetch, ackE
 	return time.Since(start), nil
 }
 
-// bareSource receives n messages through amqpsource and acknowledges each
-// batch Receive returned.
-func bareSource(ctx context.Context, o options, q string, prefetch int) (time.Duration, error) {
-	start := time.Now()
-	src, err := amqpsource.New(ctx, amqpsource.Config{URL: o.amqpURL, Queue: q, Prefetch: prefetch})
-	if err != nil {
-		return 0, err
-	}
-	defer src.Close()
-	for got := 0; got < o.rawN; {
-		msgs, err := src.Receive(ctx, 100)
-		if err != nil {
-			return 0, err
-		}
-		if err := src.Ack(ctx, msgs); err != nil {
-			return 0, err
-		}
-		got += len(msgs)
-	}
-	return time.Since(start), nil
-}
-
 // runner runs the idemq Runner with the one-UPDATE handler over q until n
-// messages are handled.
-func runner(ctx context.Context, o options, q string, store *pgdedup.Store, n, batch int) (time.Duration, error) {
+// messages are handled, and returns the number it handled.
+func runner(ctx context.Context, o options, q string, store *pgdedup.Store, n, batch int, api bool) (time.Duration, int64, error) {
 	rc := consumer.Config{
 		Name: "bench-amqp", Concurrency: o.concurrency, BatchSize: batch,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
@@ -347,16 +457,26 @@ func runner(ctx context.Context, o options, q string, store *pgdedup.Store, n, b
 		PartitionKeyHeader: "account", // batches never lock accounts in crossing orders
 	})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer src.Close()
 	handler := consumer.TxJSON(func(ctx context.Context, tx pgx.Tx, _ *consumer.Message, v order) error {
 		_, err := tx.Exec(ctx, `UPDATE `+schema+`.accounts SET balance = balance + $1 WHERE id = $2`, v.Amount, v.Account)
 		return err
 	})
-	r, err := consumer.NewRunner(src, consumer.Transactional(store, handler), rc)
+	path := consumer.Transactional(store, handler)
+	if api {
+		path = consumer.TransactionalBatch(store, consumer.TxBatchJSON(func(ctx context.Context, tx pgx.Tx, items []consumer.BatchItem[order]) error {
+			batch := &pgx.Batch{}
+			for _, it := range items {
+				batch.Queue(`UPDATE `+schema+`.accounts SET balance = balance + $1 WHERE id = $2`, it.Value.Amount, it.Value.Account)
+			}
+			return tx.SendBatch(ctx, batch).Close()
+		}))
+	}
+	r, err := consumer.NewRunner(src, path, rc)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -368,18 +488,18 @@ func runner(ctx context.Context, o options, q string, store *pgdedup.Store, n, b
 		case <-tick.C:
 		case err := <-done:
 			cancel()
-			return 0, fmt.Errorf("runner stopped early: %v", err)
+			return 0, 0, fmt.Errorf("runner stopped early: %v", err)
 		}
 	}
 	d := time.Since(start)
 	cancel()
 	if err := <-done; err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if s := r.Stats(); s.Retried+s.DeadLettered+s.Duplicates > 0 {
-		return 0, fmt.Errorf("unexpected: %+v", s)
+		return 0, 0, fmt.Errorf("unexpected: %+v", s)
 	}
-	return d, nil
+	return d, int64(r.Stats().Handled), nil
 }
 
 func randHex() string {

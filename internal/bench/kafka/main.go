@@ -1,18 +1,27 @@
 // Command kafka measures, in one run against a real Kafka broker and a real
-// PostgreSQL, how fast messages flow:
+// PostgreSQL, idemq against a hand-written worker that does the same work:
 //
 //   - raw kafka-go: a consumer-group Reader that fetches with FetchMessage
-//     and commits synchronously with CommitMessages once every 100 messages
-//     (and, for reference, after every message), with no handler and no
-//     database;
-//   - the idemq runner over kafkasource with the transactional path
-//     (pgdedup) and a handler of one UPDATE, at batch size 1 and at batch
-//     size 100.
+//     and commits synchronously every 100 messages, with no handler and no
+//     database (the ceiling);
+//   - hand-written kafka-go + pgx workers (one goroutine per partition
+//     slot, -concurrency of them, like the Runner's lanes): per message
+//     BEGIN; INSERT INTO processed … ON CONFLICT DO NOTHING; UPDATE
+//     accounts …; COMMIT, then the offset commit — synchronous
+//     CommitMessages (kafka-go's documented explicit commit), or queued to
+//     kafka-go's 1 s commit loop (CommitInterval, the faster variant); and
+//     a batch variant: one transaction per up to 100 messages (an unnest
+//     INSERT … RETURNING and pipelined UPDATEs), then one commit of the
+//     batch's offsets;
+//   - the idemq Runner over kafkasource with Transactional and pgdedup and
+//     a one-UPDATE TxJSON handler, at the default config (batch 1) and at
+//     batch 100.
 //
 // Every run reads the same topic from its start with a fresh consumer group
-// (and a fresh deduplication scope), and the clock starts when its first
-// message is fetched, so group joins are not counted. It prints messages/s
-// and the ratio to the raw baseline.
+// (and fresh deduplication keys), and the clock starts when its first
+// message is fetched, so group joins are not counted. Every workload runs
+// twice, in alternating order; ratios to the hand-written workers are printed
+// per round and over the means.
 //
 //	go run ./internal/bench/kafka
 //
@@ -31,6 +40,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -40,7 +50,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/internal/bench/handwritten"
 	"github.com/idemq/idemq/sources/kafkasource"
 )
 
@@ -55,8 +65,11 @@ func main() {
 	var (
 		brokers     = flag.String("brokers", envOr("TEST_KAFKA_BROKERS", "127.0.0.1:9092"), "comma-separated Kafka bootstrap brokers")
 		dsn         = flag.String("dsn", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable"), "PostgreSQL URL")
-		n           = flag.Int("n", 100000, "messages for the raw baseline and the batch-100 run")
-		n1          = flag.Int("n1", 5000, "messages for the batch-1 run and the commit-per-message baseline")
+		n           = flag.Int("n", 100000, "messages for the raw baseline and the batch-100 runs")
+		n1          = flag.Int("n1", 20000, "messages for the batch-1 runs")
+		rounds      = flag.Int("rounds", 2, "rounds of every workload, in alternating order")
+		only        = flag.String("only", "", "run only the workloads whose name contains this")
+		interval    = flag.Duration("commit-interval", 0, "kafkasource.Config.CommitInterval of the idemq runs (0: its default)")
 		partitions  = flag.Int("partitions", 8, "partitions of the benchmark topic")
 		concurrency = flag.Int("concurrency", 4, "Runner.Concurrency")
 		accounts    = flag.Int("accounts", 1000, "rows in the accounts table")
@@ -72,11 +85,11 @@ func main() {
 		_ = pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	b := &bench{
 		brokers: strings.Split(*brokers, ","), dsn: *dsn, n: *n, n1: *n1,
-		partitions: *partitions, concurrency: *concurrency, accounts: *accounts,
+		partitions: *partitions, concurrency: *concurrency, accounts: *accounts, rounds: *rounds, commitInterval: *interval, only: *only,
 		log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	if err := b.run(ctx); err != nil {
@@ -90,7 +103,9 @@ type bench struct {
 	brokers                        []string
 	dsn                            string
 	n, n1, partitions, concurrency int
-	accounts                       int
+	accounts, rounds               int
+	commitInterval                 time.Duration
+	only                           string
 	log                            *slog.Logger
 	topic                          string
 	pool                           *pgxpool.Pool
@@ -98,14 +113,6 @@ type bench struct {
 	suffix                         string
 	handledTotal                   int64
 }
-
-type result struct {
-	name string
-	n    int
-	d    time.Duration
-}
-
-func (r result) rate() float64 { return float64(r.n) / r.d.Seconds() }
 
 func (b *bench) run(ctx context.Context) error {
 	suffix := make([]byte, 4)
@@ -136,56 +143,174 @@ func (b *bench) run(ctx context.Context) error {
 	fmt.Printf("Kafka source benchmark: topic %s, %d partitions, %d messages produced in %s; runner concurrency %d; PostgreSQL synchronous_commit=%s\n\n",
 		b.topic, b.partitions, total, time.Since(t0).Round(time.Millisecond), b.concurrency, fsync)
 
-	var results []result
-	raw, err := b.raw(ctx, "raw-100", b.n, 100)
-	if err != nil {
-		return fmt.Errorf("raw: %w", err)
+	hb1, hb1a, hb100 := "batch 1 vs hand-written, sync offset commit", "batch 1 vs hand-written, 1 s offset commit loop", "batch 100 vs hand-written batch"
+	ws := []*handwritten.Workload{
+		{Name: "raw kafka-go: FetchMessage, sync commit every 100", N: b.n, Run: func(ctx context.Context, round int) (time.Duration, error) {
+			return b.raw(ctx, fmt.Sprintf("raw-100-%d", round), b.n, 100)
+		}},
+		{Name: "hand-written kafka-go+pgx, batch 1, sync commit", N: b.n1, Groups: []string{hb1}, Base: true, Run: func(ctx context.Context, round int) (time.Duration, error) {
+			return b.hand(ctx, fmt.Sprintf("hand-1-sync-%d", round), b.n1, 1, 0)
+		}},
+		{Name: "hand-written kafka-go+pgx, batch 1, 1 s commit loop", N: b.n1, Groups: []string{hb1a}, Base: true, Run: func(ctx context.Context, round int) (time.Duration, error) {
+			return b.hand(ctx, fmt.Sprintf("hand-1-async-%d", round), b.n1, 1, time.Second)
+		}},
+		{Name: "idemq Transactional+pgdedup, default config (batch 1)", N: b.n1, Groups: []string{hb1, hb1a}, Run: func(ctx context.Context, round int) (time.Duration, error) {
+			return b.runnerRun(ctx, fmt.Sprintf("idemq-1-%d", round), b.n1, 1)
+		}},
+		{Name: "hand-written kafka-go+pgx, batch 100, sync commit", N: b.n, Groups: []string{hb100}, Base: true, Run: func(ctx context.Context, round int) (time.Duration, error) {
+			return b.hand(ctx, fmt.Sprintf("hand-100-%d", round), b.n, 100, 0)
+		}},
+		{Name: "idemq Transactional+pgdedup, batch 100", N: b.n, Groups: []string{hb100}, Run: func(ctx context.Context, round int) (time.Duration, error) {
+			return b.runnerRun(ctx, fmt.Sprintf("idemq-100-%d", round), b.n, 100)
+		}},
+		{Name: "idemq TransactionalBatch (batch API)+pgdedup, batch 100", N: b.n, Groups: []string{hb100}, Run: func(ctx context.Context, round int) (time.Duration, error) {
+			d, st, err := b.runner(ctx, fmt.Sprintf("idemq-api-%d", round), b.n, 100, b.pgBatchPath())
+			b.handledTotal += int64(st.Handled)
+			return d, err
+		}},
 	}
-	results = append(results, result{"raw kafka-go: FetchMessage, sync commit every 100", b.n, raw})
-	raw1, err := b.raw(ctx, "raw-1", b.n1, 1)
-	if err != nil {
-		return fmt.Errorf("raw: %w", err)
-	}
-	results = append(results, result{"raw kafka-go: FetchMessage, sync commit every message", b.n1, raw1})
-
-	mem, err := memstore.New(memstore.Config{})
+	ws = handwritten.Filter(ws, b.only)
+	results, err := handwritten.Rounds(ctx, ws, b.rounds)
 	if err != nil {
 		return err
-	}
-	memPath := consumer.Transactional(mem, func(_ context.Context, tx *memstore.Tx, msg *consumer.Message) error {
-		return tx.Add("handled", 1)
-	})
-	for _, r := range []struct {
-		name  string
-		n     int
-		batch int
-		path  consumer.Path
-	}{
-		{"idemq runner + kafkasource + pgdedup, batch 1", b.n1, 1, b.pgPath()},
-		{"idemq runner + kafkasource + pgdedup, batch 100", b.n, 100, b.pgPath()},
-		{"idemq runner + kafkasource, in-memory store, batch 100", b.n, 100, memPath},
-	} {
-		d, st, err := b.runner(ctx, "batch-"+strconv.Itoa(r.batch)+"-"+strconv.Itoa(len(results)), r.n, r.batch, r.path)
-		if err != nil {
-			return fmt.Errorf("%s: %w", r.name, err)
-		}
-		if r.path != memPath {
-			b.handledTotal += int64(st.Handled)
-		}
-		results = append(results, result{r.name, r.n, d})
 	}
 	if err := b.checkBalances(ctx); err != nil {
 		return err
 	}
-
-	base := results[0].rate()
-	fmt.Printf("%-58s %9s %10s %12s %9s\n", "workload", "messages", "seconds", "messages/s", "vs raw")
-	for _, r := range results {
-		fmt.Printf("%-58s %9d %10.2f %12.0f %8.2fx\n", r.name, r.n, r.d.Seconds(), r.rate(), r.rate()/base)
-	}
-	fmt.Printf("\nratio idemq batch 100 (PostgreSQL) / raw: %.2f; without the database: %.2f (target >= 0.5)\n",
-		results[3].rate()/base, results[4].rate()/base)
+	handwritten.Report(ws, results, b.rounds)
+	fmt.Println("\ntargets: batch 1 >= 1.0x, batch 100 >= 0.9x the hand-written worker")
 	return nil
+}
+
+// runnerRun runs the idemq runner on the PostgreSQL path and counts its
+// UPDATEs for the balance check.
+func (b *bench) runnerRun(ctx context.Context, name string, n, batch int) (time.Duration, error) {
+	d, st, err := b.runner(ctx, name, n, batch, b.pgPath())
+	b.handledTotal += int64(st.Handled)
+	return d, err
+}
+
+// hand runs the hand-written worker on n messages with a fresh group:
+// -concurrency goroutines, each owning the partitions p with
+// p % concurrency == its index, so a partition's messages are applied and
+// committed in offset order. Each takes up to batch messages that are
+// already fetched, applies them (one transaction per message at batch 1,
+// one per batch otherwise) and then commits their offsets, synchronously
+// when commitInterval is 0 and through kafka-go's commit loop otherwise.
+// The clock runs from the first fetch to the commit of the n-th message.
+func (b *bench) hand(ctx context.Context, name string, n, batch int, commitInterval time.Duration) (time.Duration, error) {
+	r := kafka.NewReader(kafka.ReaderConfig{
+		Brokers: b.brokers, GroupID: "idemq-bench-" + name + "-" + b.suffix, Topic: b.topic,
+		MaxWait: time.Second, HeartbeatInterval: time.Second, SessionTimeout: 10 * time.Second,
+		CommitInterval: commitInterval,
+	})
+	defer r.Close()
+	db := handwritten.DB{Pool: b.pool, Schema: schema}
+	dbctx := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	lanes := make([]chan kafka.Message, b.concurrency)
+	for i := range lanes {
+		lanes[i] = make(chan kafka.Message, 1000)
+	}
+	var (
+		first   atomic.Int64
+		done    atomic.Int64
+		applied atomic.Int64
+		end     = make(chan time.Time, 1)
+		errc    = make(chan error, b.concurrency+1)
+	)
+	go func() {
+		for {
+			m, err := r.FetchMessage(ctx)
+			if err != nil {
+				errc <- err
+				return
+			}
+			first.CompareAndSwap(0, time.Now().UnixNano())
+			select {
+			case lanes[m.Partition%len(lanes)] <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, lane := range lanes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			msgs := make([]kafka.Message, 0, batch)
+			decoded := make([]handwritten.Msg, 0, batch)
+			for {
+				msgs, decoded = msgs[:0], decoded[:0]
+				select {
+				case m := <-lane:
+					msgs = append(msgs, m)
+				case <-ctx.Done():
+					return
+				}
+			drain:
+				for len(msgs) < batch {
+					select {
+					case m := <-lane:
+						msgs = append(msgs, m)
+					default:
+						break drain
+					}
+				}
+				for _, m := range msgs {
+					key := name + "/"
+					for _, h := range m.Headers {
+						if h.Key == kafkasource.DefaultKeyHeader {
+							key += string(h.Value)
+						}
+					}
+					dm, err := handwritten.Decode(key, m.Value)
+					if err != nil {
+						errc <- err
+						return
+					}
+					decoded = append(decoded, dm)
+				}
+				// The transaction is not cancelled with the run, so that
+				// applied counts exactly what committed.
+				var k int
+				var err error
+				if batch == 1 {
+					k, err = db.One(dbctx, decoded[0])
+				} else {
+					k, err = db.Batch(dbctx, decoded)
+				}
+				if err == nil {
+					applied.Add(int64(k))
+					err = r.CommitMessages(ctx, msgs...)
+				}
+				if err != nil {
+					if ctx.Err() == nil {
+						errc <- err
+					}
+					return
+				}
+				if done.Add(int64(len(msgs))) >= int64(n) {
+					select {
+					case end <- time.Now():
+					default:
+					}
+				}
+			}
+		}()
+	}
+	select {
+	case t := <-end:
+		cancel()
+		wg.Wait()
+		b.handledTotal += applied.Load()
+		return t.Sub(time.Unix(0, first.Load())), nil
+	case err := <-errc:
+		return 0, err
+	}
 }
 
 func (b *bench) setupDatabase(ctx context.Context) error {
@@ -206,6 +331,9 @@ func (b *bench) setupDatabase(ctx context.Context) error {
 		if _, err := b.pool.Exec(ctx, sql); err != nil {
 			return err
 		}
+	}
+	if err := (handwritten.DB{Pool: b.pool, Schema: schema}).Setup(ctx); err != nil {
+		return err
 	}
 	if b.store, err = pgdedup.New(b.pool, pgdedup.Config{Schema: schema}); err != nil {
 		return err
@@ -294,6 +422,18 @@ func (b *bench) pgPath() consumer.Path {
 	return consumer.Transactional(b.store, consumer.TxJSON(handler))
 }
 
+// pgBatchPath is the transactional path with the batch API: the batch's
+// UPDATEs go out pipelined in one round trip.
+func (b *bench) pgBatchPath() consumer.Path {
+	return consumer.TransactionalBatch(b.store, consumer.TxBatchJSON(func(ctx context.Context, tx pgx.Tx, items []consumer.BatchItem[order]) error {
+		batch := &pgx.Batch{}
+		for _, it := range items {
+			batch.Queue(`UPDATE `+schema+`.accounts SET balance = balance + $1 WHERE id = $2`, it.Value.Amount, it.Value.Account)
+		}
+		return tx.SendBatch(ctx, batch).Close()
+	}))
+}
+
 // runner runs the idemq runner until n messages were handled and
 // acknowledged, and returns the time from the first fetch.
 func (b *bench) runner(ctx context.Context, name string, n, batch int, path consumer.Path) (time.Duration, consumer.Stats, error) {
@@ -302,8 +442,9 @@ func (b *bench) runner(ctx context.Context, name string, n, batch int, path cons
 	src, err := kafkasource.New(kafkasource.Config{
 		Brokers: b.brokers, Topics: []string{b.topic}, GroupID: group,
 		HeartbeatInterval: time.Second, SessionTimeout: 10 * time.Second,
-		MaxInFlight: max(kafkasource.DefaultMaxInFlight, 4*batch*b.concurrency),
-		Logger:      b.log,
+		MaxInFlight:    max(kafkasource.DefaultMaxInFlight, 4*batch*b.concurrency),
+		CommitInterval: b.commitInterval,
+		Logger:         b.log,
 	})
 	if err != nil {
 		return 0, none, err

@@ -1,15 +1,23 @@
-// Command sqs measures the SQS source against the raw SQS API in one run, on
-// the same SQS server and PostgreSQL, and prints one table with ratios:
+// Command sqs measures the SQS source against a hand-written worker that
+// does the same work, in one run on the same SQS server and PostgreSQL:
 //
 //   - raw: receive-and-delete with no handler and no database, the ceiling
 //     of the queue (Receivers goroutines, each ReceiveMessage of 10 then
 //     DeleteMessageBatch);
-//   - idemq: a consumer.Runner over sqssource with the transactional path
-//     (pgdedup), the handler doing one UPDATE of an accounts row per message,
-//     at database batch size 10 and at larger batch sizes.
+//   - hand-written SQS + pgx workers (-concurrency goroutines): each
+//     receives 10 messages, applies each in its own transaction (BEGIN;
+//     INSERT INTO processed … ON CONFLICT DO NOTHING; UPDATE accounts …;
+//     COMMIT) and then deletes them with one DeleteMessageBatch; and a
+//     batch variant that gathers up to 100 messages (up to 10 receives),
+//     applies them in one transaction (an unnest INSERT … RETURNING and
+//     pipelined UPDATEs) and then deletes them in batches of 10;
+//   - idemq: a consumer.Runner over sqssource with Transactional, pgdedup
+//     and a one-UPDATE TxJSON handler, at the default config (batch 1) and
+//     at batch 100.
 //
-// Every workload drains its own queue, filled beforehand (the fill is not
-// timed). Run it with
+// Every run drains its own queue, filled beforehand (the fill is not
+// timed). Every workload runs twice, in alternating order; ratios to the
+// hand-written workers are printed per round and over the means. Run it with
 //
 //	bash testdata/services/services.sh up postgres elasticmq
 //	go run ./internal/bench/sqs
@@ -29,7 +37,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"text/tabwriter"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -42,54 +49,39 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/bench/handwritten"
 	"github.com/idemq/idemq/sources/sqssource"
 )
 
 type options struct {
 	endpoint, dsn string
-	n             int
+	n, n1         int
 	receivers     int
 	concurrency   int
-	batches       []int
 	accounts      int
+	rounds        int
+	only          string
 }
 
 func main() {
-	var (
-		opt     options
-		batches string
-	)
+	var opt options
 	flag.StringVar(&opt.endpoint, "endpoint", envOr("TEST_SQS_ENDPOINT", "http://127.0.0.1:9324"), "SQS endpoint")
 	flag.StringVar(&opt.dsn, "dsn", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable"), "PostgreSQL URL")
-	flag.IntVar(&opt.n, "n", 20000, "messages per workload")
+	flag.IntVar(&opt.n, "n", 20000, "messages per run of the raw and batch-100 workloads")
+	flag.IntVar(&opt.n1, "n1", 3000, "messages per run of the batch-1 workloads (at least 5 s each here)")
 	flag.IntVar(&opt.receivers, "receivers", 4, "parallel receivers (raw) and sqssource.Config.MaxReceivers")
 	flag.IntVar(&opt.concurrency, "concurrency", 4, "consumer.Config.Concurrency")
-	flag.StringVar(&batches, "batches", "10,50,100", "consumer.Config.BatchSize values, comma-separated")
 	flag.IntVar(&opt.accounts, "accounts", 1000, "rows in the accounts table")
+	flag.IntVar(&opt.rounds, "rounds", 2, "rounds of every workload, in alternating order")
+	flag.StringVar(&opt.only, "only", "", "run only the workloads whose name contains this")
 	flag.Parse()
-	for _, f := range strings.Split(batches, ",") {
-		b, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || b < 1 {
-			fmt.Fprintf(os.Stderr, "bench: bad -batches value %q\n", f)
-			os.Exit(2)
-		}
-		opt.batches = append(opt.batches, b)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	if err := run(ctx, opt); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
-
-type result struct {
-	name string
-	n    int
-	d    time.Duration
-}
-
-func (r result) rate() float64 { return float64(r.n) / r.d.Seconds() }
 
 type bench struct {
 	opt    options
@@ -98,6 +90,8 @@ type bench struct {
 	store  *pgdedup.Store
 	schema string
 	queues []string
+	// applied counts the UPDATEs of every run, for the balance check.
+	applied atomic.Int64
 }
 
 func run(ctx context.Context, opt options) error {
@@ -113,28 +107,133 @@ func run(ctx context.Context, opt options) error {
 		return err
 	}
 
-	var results []result
-	raw, err := b.raw(ctx)
-	if err != nil {
-		return fmt.Errorf("raw: %w", err)
-	}
-	results = append(results, raw)
-	for _, batch := range opt.batches {
-		r, err := b.idemq(ctx, batch)
-		if err != nil {
-			return fmt.Errorf("idemq batch %d: %w", batch, err)
-		}
-		results = append(results, r)
-	}
-
-	fmt.Printf("SQS at %s, PostgreSQL, %d messages per workload, %d receivers, runner concurrency %d\n\n",
+	fmt.Printf("SQS at %s, PostgreSQL, %d messages per run, %d receivers, runner concurrency %d\n\n",
 		opt.endpoint, opt.n, opt.receivers, opt.concurrency)
-	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "workload\tmessages\tseconds\tmessages/s\tratio to raw\t")
-	for _, r := range results {
-		fmt.Fprintf(w, "%s\t%d\t%.2f\t%.0f\t%.2f\t\n", r.name, r.n, r.d.Seconds(), r.rate(), r.rate()/raw.rate())
+	b1, b100 := "batch 1 vs hand-written", "batch 100 vs hand-written batch"
+	ws := []*handwritten.Workload{
+		{Name: "raw receive+delete, no handler", N: opt.n, Run: func(ctx context.Context, _ int) (time.Duration, error) { return b.raw(ctx) }},
+		{Name: "hand-written SQS+pgx, batch 1, DeleteMessageBatch", N: opt.n1, Groups: []string{b1}, Base: true, Run: func(ctx context.Context, round int) (time.Duration, error) {
+			return b.hand(ctx, round, 1)
+		}},
+		{Name: "idemq Transactional+pgdedup, default config (batch 1)", N: opt.n1, Groups: []string{b1}, Run: func(ctx context.Context, _ int) (time.Duration, error) {
+			return b.idemq(ctx, 1, false)
+		}},
+		{Name: "hand-written SQS+pgx, batch 100", N: opt.n, Groups: []string{b100}, Base: true, Run: func(ctx context.Context, round int) (time.Duration, error) {
+			return b.hand(ctx, round, 100)
+		}},
+		{Name: "idemq Transactional+pgdedup, batch 100", N: opt.n, Groups: []string{b100}, Run: func(ctx context.Context, _ int) (time.Duration, error) {
+			return b.idemq(ctx, 100, false)
+		}},
+		{Name: "idemq TransactionalBatch (batch API)+pgdedup, batch 100", N: opt.n, Groups: []string{b100}, Run: func(ctx context.Context, _ int) (time.Duration, error) {
+			return b.idemq(ctx, 100, true)
+		}},
 	}
-	return w.Flush()
+	ws = handwritten.Filter(ws, opt.only)
+	results, err := handwritten.Rounds(ctx, ws, opt.rounds)
+	if err != nil {
+		return err
+	}
+	var total int64
+	if err := b.pool.QueryRow(ctx, `SELECT sum(balance) FROM `+pgx.Identifier{b.schema}.Sanitize()+`.accounts`).Scan(&total); err != nil {
+		return err
+	}
+	if total != b.applied.Load() {
+		return fmt.Errorf("effects: sum of balances %d, want %d (each message applied once)", total, b.applied.Load())
+	}
+	handwritten.Report(ws, results, opt.rounds)
+	fmt.Printf("\neffects: sum of balances = %d = messages applied once each\n", total)
+	fmt.Println("targets: >= 1.0x the hand-written worker at batch 1 and at batch 100")
+	return nil
+}
+
+// hand drains a queue with the hand-written worker: -concurrency
+// goroutines, each gathering up to batch messages (receives of 10),
+// applying them (a transaction per message at batch 1, one per gathering
+// otherwise) and then deleting them with DeleteMessageBatch.
+func (b *bench) hand(ctx context.Context, round, batch int) (time.Duration, error) {
+	queueURL, _, err := b.filledQueue(ctx, fmt.Sprintf("hand-%d-%d", batch, round), b.nOf(batch))
+	if err != nil {
+		return 0, err
+	}
+	db := handwritten.DB{Pool: b.pool, Schema: pgx.Identifier{b.schema}.Sanitize()}
+	var (
+		done     atomic.Int64
+		wg       sync.WaitGroup
+		firstErr error
+		once     sync.Once
+	)
+	var failed atomic.Bool
+	fail := func(err error) {
+		once.Do(func() { firstErr = err })
+		failed.Store(true)
+	}
+	start := time.Now()
+	for range b.opt.concurrency {
+		wg.Go(func() {
+			for done.Load() < int64(b.nOf(batch)) && !failed.Load() {
+				var got []types.Message
+				for len(got) < batch {
+					wait := int32(1)
+					if len(got) > 0 {
+						wait = 0 // gather what is there, do not wait for more
+					}
+					out, err := b.client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
+						QueueUrl: aws.String(queueURL), MaxNumberOfMessages: int32(min(10, batch-len(got))), WaitTimeSeconds: wait, VisibilityTimeout: 30,
+					})
+					if err != nil {
+						fail(err)
+						return
+					}
+					got = append(got, out.Messages...)
+					if len(out.Messages) == 0 || batch == 1 {
+						break
+					}
+				}
+				if len(got) == 0 {
+					continue
+				}
+				ms := make([]handwritten.Msg, len(got))
+				for i, m := range got {
+					if ms[i], err = handwritten.Decode(aws.ToString(m.MessageId), []byte(aws.ToString(m.Body))); err != nil {
+						fail(err)
+						return
+					}
+				}
+				if batch == 1 {
+					for _, m := range ms {
+						k, err := db.One(ctx, m)
+						if err != nil {
+							fail(err)
+							return
+						}
+						b.applied.Add(int64(k))
+					}
+				} else {
+					k, err := db.Batch(ctx, ms)
+					if err != nil {
+						fail(err)
+						return
+					}
+					b.applied.Add(int64(k))
+				}
+				for i := 0; i < len(got); i += 10 {
+					chunk := got[i:min(i+10, len(got))]
+					entries := make([]types.DeleteMessageBatchRequestEntry, len(chunk))
+					for j, m := range chunk {
+						entries[j] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(j)), ReceiptHandle: m.ReceiptHandle}
+					}
+					del, err := b.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(queueURL), Entries: entries})
+					if err != nil {
+						fail(err)
+						return
+					}
+					done.Add(int64(len(del.Successful)))
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return time.Since(start), firstErr
 }
 
 func (b *bench) setupDatabase(ctx context.Context) error {
@@ -156,6 +255,9 @@ func (b *bench) setupDatabase(ctx context.Context) error {
 	if err := b.store.Migrate(ctx); err != nil {
 		return err
 	}
+	if err := (handwritten.DB{Pool: b.pool, Schema: ident}).Setup(ctx); err != nil {
+		return err
+	}
 	_, err = b.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s.accounts (id int PRIMARY KEY, balance bigint NOT NULL);
 		INSERT INTO %s.accounts SELECT g, 0 FROM generate_series(0, %d) g`, ident, ident, b.opt.accounts-1))
 	return err
@@ -174,11 +276,12 @@ func (b *bench) cleanup() {
 }
 
 type order struct {
-	Account int `json:"account"`
+	Account int   `json:"account"`
+	Amount  int64 `json:"amount"`
 }
 
 // filledQueue creates a queue (and its dead-letter queue) holding n messages.
-func (b *bench) filledQueue(ctx context.Context, name string) (queueURL, dlqURL string, err error) {
+func (b *bench) filledQueue(ctx context.Context, name string, n int) (queueURL, dlqURL string, err error) {
 	name = fmt.Sprintf("bench-%s-%s", name, strings.ToLower(rand.Text()[:8]))
 	create := func(n string) (string, error) {
 		out, err := b.client.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(n)})
@@ -204,12 +307,12 @@ func (b *bench) filledQueue(ctx context.Context, name string) (queueURL, dlqURL 
 		wg.Go(func() {
 			for {
 				start := int(next.Add(10)) - 10
-				if start >= b.opt.n {
+				if start >= n {
 					return
 				}
 				var entries []types.SendMessageBatchRequestEntry
-				for i := start; i < min(start+10, b.opt.n); i++ {
-					body, _ := json.Marshal(order{Account: i % b.opt.accounts})
+				for i := start; i < min(start+10, n); i++ {
+					body, _ := json.Marshal(order{Account: i % b.opt.accounts, Amount: 1})
 					entries = append(entries, types.SendMessageBatchRequestEntry{
 						Id: aws.String(strconv.Itoa(i - start)), MessageBody: aws.String(string(body)),
 					})
@@ -230,10 +333,10 @@ func (b *bench) filledQueue(ctx context.Context, name string) (queueURL, dlqURL 
 }
 
 // raw receives and deletes every message with no handler.
-func (b *bench) raw(ctx context.Context) (result, error) {
-	queueURL, _, err := b.filledQueue(ctx, "raw")
+func (b *bench) raw(ctx context.Context) (time.Duration, error) {
+	queueURL, _, err := b.filledQueue(ctx, "raw", b.opt.n)
 	if err != nil {
-		return result{}, err
+		return 0, err
 	}
 	var (
 		done     atomic.Int64
@@ -267,14 +370,14 @@ func (b *bench) raw(ctx context.Context) (result, error) {
 		})
 	}
 	wg.Wait()
-	return result{name: "raw receive+delete, no handler", n: b.opt.n, d: time.Since(start)}, firstErr
+	return time.Since(start), firstErr
 }
 
 // idemq drains a queue through a Runner whose handler updates one row.
-func (b *bench) idemq(ctx context.Context, batch int) (result, error) {
-	queueURL, dlqURL, err := b.filledQueue(ctx, fmt.Sprintf("idemq-%d", batch))
+func (b *bench) idemq(ctx context.Context, batch int, api bool) (time.Duration, error) {
+	queueURL, dlqURL, err := b.filledQueue(ctx, fmt.Sprintf("idemq-%d", batch), b.nOf(batch))
 	if err != nil {
-		return result{}, err
+		return 0, err
 	}
 	src, err := sqssource.New(ctx, b.client, sqssource.Config{
 		QueueURL:           queueURL,
@@ -283,21 +386,31 @@ func (b *bench) idemq(ctx context.Context, batch int) (result, error) {
 		WaitTime:           time.Second,
 	})
 	if err != nil {
-		return result{}, err
+		return 0, err
 	}
 	defer src.Close()
-	update := fmt.Sprintf(`UPDATE %s.accounts SET balance = balance + 1 WHERE id = $1`, pgx.Identifier{b.schema}.Sanitize())
+	update := fmt.Sprintf(`UPDATE %s.accounts SET balance = balance + $1 WHERE id = $2`, pgx.Identifier{b.schema}.Sanitize())
 	handler := consumer.TxJSON(func(ctx context.Context, tx pgx.Tx, _ *consumer.Message, o order) error {
-		_, err := tx.Exec(ctx, update, o.Account)
+		_, err := tx.Exec(ctx, update, o.Amount, o.Account)
 		return err
 	})
-	r, err := consumer.NewRunner(src, consumer.Transactional(b.store, handler), consumer.Config{
+	path := consumer.Transactional(b.store, handler)
+	if api {
+		path = consumer.TransactionalBatch(b.store, consumer.TxBatchJSON(func(ctx context.Context, tx pgx.Tx, items []consumer.BatchItem[order]) error {
+			batch := &pgx.Batch{}
+			for _, it := range items {
+				batch.Queue(update, it.Value.Amount, it.Value.Account)
+			}
+			return tx.SendBatch(ctx, batch).Close()
+		}))
+	}
+	r, err := consumer.NewRunner(src, path, consumer.Config{
 		Name:        fmt.Sprintf("bench-%d-%s", batch, rand.Text()[:6]),
 		Concurrency: b.opt.concurrency,
 		BatchSize:   batch,
 	})
 	if err != nil {
-		return result{}, err
+		return 0, err
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -306,26 +419,35 @@ func (b *bench) idemq(ctx context.Context, batch int) (result, error) {
 	go func() { errc <- r.Run(runCtx) }()
 	for {
 		st := r.Stats()
-		if src.Stats().Deleted >= uint64(b.opt.n) {
+		if src.Stats().Deleted >= uint64(b.nOf(batch)) {
 			break
 		}
 		if st.DeadLettered > 0 || st.CommitFailures > 0 {
-			return result{}, fmt.Errorf("runner stats %+v", st)
+			return 0, fmt.Errorf("runner stats %+v", st)
 		}
 		select {
 		case err := <-errc:
-			return result{}, errors.Join(errors.New("runner stopped early"), err)
+			return 0, errors.Join(errors.New("runner stopped early"), err)
 		case <-ctx.Done():
-			return result{}, fmt.Errorf("timed out: %+v", r.Stats())
+			return 0, fmt.Errorf("timed out: %+v", r.Stats())
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
 	d := time.Since(start)
 	stop()
 	if err := <-errc; err != nil {
-		return result{}, err
+		return 0, err
 	}
-	return result{name: fmt.Sprintf("idemq runner, 1 UPDATE, batch %d", batch), n: b.opt.n, d: d}, nil
+	b.applied.Add(int64(r.Stats().Handled))
+	return d, nil
+}
+
+// nOf is the message count of a run at batch.
+func (b *bench) nOf(batch int) int {
+	if batch == 1 {
+		return b.opt.n1
+	}
+	return b.opt.n
 }
 
 func envOr(key, def string) string {

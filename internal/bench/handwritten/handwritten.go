@@ -1,0 +1,260 @@
+// Package handwritten is the database half of the hand-written workers the
+// broker benchmarks compare idemq against: what a careful user writes by hand
+// with pgx for the same effect as an idemq Transactional handler of one
+// UPDATE, and the same exactly-once guarantee (a processed-key row in the
+// same transaction, the broker acknowledgement after the commit).
+//
+//   - One: per message BEGIN; INSERT INTO processed … ON CONFLICT DO
+//     NOTHING; UPDATE accounts … (only if the key was new); COMMIT.
+//   - Batch: per batch BEGIN; one INSERT … SELECT unnest($1) ON CONFLICT DO
+//     NOTHING RETURNING key; the UPDATEs of the new keys pipelined in one
+//     round trip; COMMIT.
+//
+// It also has the round-robin driver and the report the benchmarks share:
+// every workload runs twice, in alternating order, and the ratios are
+// printed from the same run.
+package handwritten
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Msg is one decoded message for the hand-written worker.
+type Msg struct {
+	Key     string
+	Account int
+	Amount  int64
+}
+
+// Decode parses the benchmarks' JSON body {"account":…,"amount":…}.
+func Decode(key string, body []byte) (Msg, error) {
+	var o struct {
+		Account int   `json:"account"`
+		Amount  int64 `json:"amount"`
+	}
+	if err := json.Unmarshal(body, &o); err != nil {
+		return Msg{}, fmt.Errorf("decode %s: %w", key, err)
+	}
+	return Msg{Key: key, Account: o.Account, Amount: o.Amount}, nil
+}
+
+// DB runs the hand-written transactions against schema's accounts table and
+// its own processed table.
+type DB struct {
+	Pool   *pgxpool.Pool
+	Schema string
+}
+
+func (d DB) processed() string { return d.Schema + ".hand_processed" }
+
+// Setup creates the processed table.
+func (d DB) Setup(ctx context.Context) error {
+	_, err := d.Pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+d.processed()+
+		` (key text PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now())`)
+	return err
+}
+
+// One applies m in its own transaction, unless its key was processed before,
+// and returns the number of UPDATEs it applied (0 or 1).
+func (d DB) One(ctx context.Context, m Msg) (int, error) {
+	tx, err := d.Pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after Commit it is a no-op
+	tag, err := tx.Exec(ctx, `INSERT INTO `+d.processed()+` (key) VALUES ($1) ON CONFLICT DO NOTHING`, m.Key)
+	if err != nil {
+		return 0, err
+	}
+	applied := int(tag.RowsAffected())
+	if applied == 1 {
+		if _, err := tx.Exec(ctx, `UPDATE `+d.Schema+`.accounts SET balance = balance + $1 WHERE id = $2`, m.Amount, m.Account); err != nil {
+			return 0, err
+		}
+	}
+	return applied, tx.Commit(ctx)
+}
+
+// Batch applies the messages of ms whose keys were not processed before, in
+// one transaction, and returns the number of UPDATEs it applied.
+func (d DB) Batch(ctx context.Context, ms []Msg) (int, error) {
+	keys := make([]string, len(ms))
+	for i, m := range ms {
+		keys[i] = m.Key
+	}
+	tx, err := d.Pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after Commit it is a no-op
+	rows, err := tx.Query(ctx, `INSERT INTO `+d.processed()+` (key) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING RETURNING key`, keys)
+	if err != nil {
+		return 0, err
+	}
+	fresh := make(map[string]bool, len(ms))
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		fresh[k] = true
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	// Rows in one order in every transaction: concurrent batches never
+	// deadlock on crossing row locks.
+	sorted := slices.Clone(ms)
+	slices.SortStableFunc(sorted, func(a, b Msg) int { return cmp.Compare(a.Account, b.Account) })
+	var b pgx.Batch
+	for _, m := range sorted {
+		if fresh[m.Key] {
+			fresh[m.Key] = false // a key twice in one batch applies once
+			b.Queue(`UPDATE `+d.Schema+`.accounts SET balance = balance + $1 WHERE id = $2`, m.Amount, m.Account)
+		}
+	}
+	if b.Len() > 0 {
+		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+			return 0, err
+		}
+	}
+	return b.Len(), tx.Commit(ctx)
+}
+
+// Workload is one row of a benchmark. Run consumes N messages and returns
+// the time from the first message to the last acknowledgement, and the
+// number of UPDATEs it applied (for the balance check).
+type Workload struct {
+	Name string
+	N    int
+	// Groups names the comparisons the workload takes part in; Base marks
+	// the hand-written baseline of each of its groups.
+	Groups []string
+	Base   bool
+	Run    func(ctx context.Context, round int) (time.Duration, error)
+}
+
+// Filter returns the workloads whose name contains substr (all of them when
+// substr is empty).
+func Filter(ws []*Workload, substr string) []*Workload {
+	if substr == "" {
+		return ws
+	}
+	var out []*Workload
+	for _, w := range ws {
+		if strings.Contains(w.Name, substr) {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// Result is one measured run.
+type Result struct {
+	Workload *Workload
+	Round    int
+	D        time.Duration
+}
+
+// Rate is messages per second.
+func (r Result) Rate() float64 { return float64(r.Workload.N) / r.D.Seconds() }
+
+// Rounds runs every workload rounds times, in forward order in odd rounds
+// and in reverse order in even ones, printing each result as it comes.
+func Rounds(ctx context.Context, ws []*Workload, rounds int) ([]Result, error) {
+	var out []Result
+	for round := 1; round <= rounds; round++ {
+		order := make([]*Workload, len(ws))
+		copy(order, ws)
+		if round%2 == 0 {
+			for i, j := 0, len(order)-1; i < j; i, j = i+1, j-1 {
+				order[i], order[j] = order[j], order[i]
+			}
+		}
+		for _, w := range order {
+			d, err := w.Run(ctx, round)
+			if err != nil {
+				return out, fmt.Errorf("%s (round %d): %w", w.Name, round, err)
+			}
+			r := Result{Workload: w, Round: round, D: d}
+			fmt.Printf("  round %d  %-62s %7d msgs %7.2f s %9.0f msg/s\n", round, w.Name, w.N, d.Seconds(), r.Rate())
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// Report prints, per workload, the rate of each round and the mean, and for
+// every group the ratio of each workload to the group's hand-written
+// baseline, per round and over the means.
+func Report(ws []*Workload, results []Result, rounds int) {
+	rates := map[*Workload][]float64{}
+	for _, r := range results {
+		rates[r.Workload] = append(rates[r.Workload], r.Rate())
+	}
+	mean := func(w *Workload) float64 {
+		s := 0.0
+		for _, v := range rates[w] {
+			s += v
+		}
+		return s / float64(len(rates[w]))
+	}
+	fmt.Printf("\n%-62s %8s", "workload", "messages")
+	for i := 1; i <= rounds; i++ {
+		fmt.Printf(" %9s", fmt.Sprintf("round %d", i))
+	}
+	fmt.Printf(" %9s\n", "mean")
+	for _, w := range ws {
+		fmt.Printf("%-62s %8d", w.Name, w.N)
+		for _, v := range rates[w] {
+			fmt.Printf(" %9.0f", v)
+		}
+		fmt.Printf(" %9.0f\n", mean(w))
+	}
+	groups := map[string][]*Workload{}
+	var names []string
+	for _, w := range ws {
+		for _, g := range w.Groups {
+			if groups[g] == nil {
+				names = append(names, g)
+			}
+			groups[g] = append(groups[g], w)
+		}
+	}
+	sort.Strings(names)
+	fmt.Println()
+	for _, g := range names {
+		var base *Workload
+		for _, w := range groups[g] {
+			if w.Base {
+				base = w
+			}
+		}
+		if base == nil {
+			continue
+		}
+		for _, w := range groups[g] {
+			if w == base {
+				continue
+			}
+			var per []string
+			for i := range rates[w] {
+				if i < len(rates[base]) {
+					per = append(per, fmt.Sprintf("%.2fx", rates[w][i]/rates[base][i]))
+				}
+			}
+			fmt.Printf("ratio %s: %s / %s = %.2fx (rounds: %s)\n", g, w.Name, base.Name, mean(w)/mean(base), strings.Join(per, ", "))
+		}
+	}
+}

@@ -1,0 +1,131 @@
+package kafkasource
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"strings"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// requestCommit hands the settled prefix of every partition that advanced
+// since the last request to the reader's commit loop, for partitions whose
+// newest passed message belongs to the current group generation. It does not
+// wait for the broker: kafka-go merges the requests of a generation and
+// commits the highest offset of each partition every Config.CommitInterval,
+// again when the generation ends (a rebalance revokes the partitions) and
+// when the reader closes. A failed commit keeps its offsets for the next
+// tick.
+//
+// It returns an error only when the request could not be queued (ctx done or
+// the reader closed); the partitions stay dirty and the next request carries
+// them.
+func (s *Source) requestCommit(ctx context.Context) error {
+	gen := s.observeGeneration()
+
+	s.mu.Lock()
+	var (
+		offsets []kafka.Message
+		parts   []*partition
+		prev    []int64
+	)
+	for p := range s.dirty {
+		delete(s.dirty, p)
+		switch {
+		case p.doneUpTo < p.committed:
+			// Nothing new (or behind what this source requested before).
+		case p.doneGen != gen:
+			s.stats.staleCommitsSkipped.Add(1)
+			s.log.Info("commit skipped: the settled messages were fetched before the latest rebalance; the partition's owner recommits",
+				consumer.LogKeyTopic, p.topic, LogKeyPartition, p.partition, LogKeyOffset, p.doneUpTo+1,
+				LogKeyGeneration, gen)
+		default:
+			offsets = append(offsets, kafka.Message{Topic: p.topic, Partition: p.partition, Offset: p.doneUpTo})
+			parts = append(parts, p)
+			prev = append(prev, p.committed)
+			p.committed = p.doneUpTo + 1
+		}
+	}
+	s.mu.Unlock()
+	if len(offsets) == 0 {
+		return nil
+	}
+
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.CommitTimeout)
+	defer cancel()
+	if err := s.reader.CommitMessages(cctx, offsets...); err != nil {
+		s.mu.Lock()
+		for i, p := range parts {
+			// A concurrent request may have queued a higher offset; going
+			// back only makes the next request repeat it.
+			p.committed = min(p.committed, prev[i])
+			s.dirty[p] = struct{}{}
+		}
+		s.mu.Unlock()
+		return fmt.Errorf("kafkasource: queue offset commit of %d partition(s): %w", len(offsets), err)
+	}
+	return nil
+}
+
+// committedPrefix is the start of the line kafka-go's Generation.CommitOffsets
+// logs after every successful offset commit.
+const committedPrefix = "committed offsets for group"
+
+// commitLoopFunc is the kafka-go function that runs the periodic commits
+// and reports their failures to the error logger.
+const commitLoopFunc = "kafka-go.(*Reader).commitLoopInterval"
+
+// readerLogger returns kafka-go's Logger for the reader: it counts the
+// successful offset commits, which kafka-go reports only there, and passes
+// every line to l at Debug when l logs at that level.
+func readerLogger(l *slog.Logger, c *counters) kafka.Logger {
+	debug := kafkaLogger(l, slog.LevelDebug)
+	return kafka.LoggerFunc(func(format string, args ...any) {
+		if strings.HasPrefix(format, committedPrefix) {
+			c.commits.Add(1)
+		}
+		if debug != nil {
+			debug.Printf(format, args...)
+		}
+	})
+}
+
+// readerErrorLogger returns kafka-go's ErrorLogger for the reader: it counts
+// the failed offset commits of kafka-go's commit loop (identified by the
+// reporting function, since the group's join errors are reported with the
+// same format) and passes every line to l at Warn.
+func readerErrorLogger(l *slog.Logger, c *counters) kafka.Logger {
+	return kafka.LoggerFunc(func(format string, args ...any) {
+		if fromCommitLoop() {
+			c.commitFailures.Add(1)
+			l.LogAttrs(context.Background(), slog.LevelWarn, "offset commit failed; kafka-go retries it at the next CommitInterval tick",
+				slog.String(consumer.LogKeyError, strings.TrimSpace(fmt.Sprintf(format, args...))),
+				slog.String(LogKeyComponent, "kafka-go"))
+			return
+		}
+		if l.Enabled(context.Background(), slog.LevelWarn) {
+			l.Log(context.Background(), slog.LevelWarn, strings.TrimSpace(fmt.Sprintf(format, args...)), LogKeyComponent, "kafka-go")
+		}
+	})
+}
+
+// fromCommitLoop reports whether the caller's goroutine runs kafka-go's
+// commit loop. Errors are rare, so walking the stack is cheap enough.
+func fromCommitLoop() bool {
+	pcs := make([]uintptr, 16)
+	n := runtime.Callers(3, pcs)
+	frames := runtime.CallersFrames(pcs[:n])
+	for {
+		f, more := frames.Next()
+		if strings.HasSuffix(f.Function, commitLoopFunc) {
+			return true
+		}
+		if !more {
+			return false
+		}
+	}
+}
