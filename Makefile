@@ -54,11 +54,12 @@ FUZZFLAGS ?=
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME (default 10s) each, one after another; crashers land in <pkg>/testdata/fuzz.
-	@set -e; for t in $(FUZZ_TARGETS); do \
+	@failed=; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; name=$${t##*:}; \
 		echo "=== fuzz $$name ($$pkg, $(FUZZTIME))"; \
-		$(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=$(FUZZMINIMIZE) $(FUZZFLAGS) $$pkg; \
-	done
+		$(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=$(FUZZMINIMIZE) $(FUZZFLAGS) $$pkg || failed="$$failed $$name"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed"; exit 1; fi
 
 .PHONY: lint
 lint: ## gofmt and go vet.
