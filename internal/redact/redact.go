@@ -238,8 +238,9 @@ func Secrets(dsn string) []string {
 			}
 		}
 		for _, part := range strings.Split(u.RawQuery, "&") {
-			_, v, _ := strings.Cut(part, "=")
-			add(v)
+			if k, v, _ := strings.Cut(part, "="); !kept(k) {
+				add(v)
+			}
 		}
 	case isKeyValue(dsn):
 		s := dsn

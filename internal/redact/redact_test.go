@@ -53,7 +53,7 @@ func TestScrub(t *testing.T) {
 	if got := Scrub("db "+secret+"y pw "+secret+"x", kv); strings.Contains(got, secret) {
 		t.Fatalf("Scrub(key=value) left the secret: %q", got)
 	}
-	if got := Scrub("user app on host h", "postgres://app:pw@h/d"); got != "user app on host h" {
+	if got := Scrub("user app on host h, sslmode disable", "postgres://app:pw@h/d?sslmode=disable"); got != "user app on host h, sslmode disable" {
 		t.Fatalf("Scrub masked short parts: %q", got)
 	}
 }
