@@ -57,6 +57,7 @@ fuzz: ## Run every fuzz target for FUZZTIME (default 10s) each, one after anothe
 	@failed=; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; name=$${t##*:}; \
 		echo "=== fuzz $$name ($$pkg, $(FUZZTIME))"; \
+		if ! $(GO) test -list="^$$name\$$" $$pkg | grep -qx "$$name"; then echo "no fuzz target $$name in $$pkg"; failed="$$failed $$name"; continue; fi; \
 		$(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=$(FUZZMINIMIZE) $(FUZZFLAGS) $$pkg || failed="$$failed $$name"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed"; exit 1; fi
