@@ -218,16 +218,22 @@ func FuzzParseMaxReceiveCount(f *testing.F) {
 		var p struct {
 			MaxReceiveCount any `json:"maxReceiveCount"`
 		}
-		if err := json.Unmarshal([]byte(policy), &p); err != nil {
+		if !json.Valid([]byte(policy)) {
+			t.Fatalf("accepted a policy that is not JSON: %q", policy)
+		}
+		dec := json.NewDecoder(strings.NewReader(policy))
+		dec.UseNumber() // a float64 would round counts above 2^53
+		if err := dec.Decode(&p); err != nil {
 			t.Fatalf("accepted a policy encoding/json rejects: %q: %v", policy, err)
 		}
 		var want int
 		switch v := p.MaxReceiveCount.(type) {
-		case float64:
-			want = int(v)
-			if float64(want) != v {
-				t.Fatalf("accepted a fractional maxReceiveCount %v as %d", v, n)
+		case json.Number:
+			w, err := strconv.Atoi(v.String())
+			if err != nil {
+				t.Fatalf("accepted maxReceiveCount %s, not an integer, as %d", v, n)
 			}
+			want = w
 		case string:
 			w, err := strconv.Atoi(v)
 			if err != nil {
