@@ -26,7 +26,8 @@ func fuzzHeaders(spec string) []kafka.Header {
 }
 
 // FuzzKeyOf checks that keyOf returns the value of the last key header, and
-// exactly what Config.KeyFunc returns when one is set.
+// exactly what Config.KeyFunc returns when one is set, or its panic as a
+// *consumer.PanicError.
 func FuzzKeyOf(f *testing.F) {
 	f.Add("idempotency-key=k1", "", false)
 	f.Add("idempotency-key=k1\nidempotency-key=k2", "", false)
@@ -40,16 +41,28 @@ func FuzzKeyOf(f *testing.F) {
 			cfg.KeyHeader = DefaultKeyHeader
 		}
 		if useKeyFunc {
-			cfg.KeyFunc = func(km kafka.Message) string { return "fn:" + string(km.Value) }
+			// A KeyFunc that panics on some bodies, as one indexing a
+			// malformed body would.
+			cfg.KeyFunc = func(km kafka.Message) string { return "fn:" + string(km.Value[len(km.Value)%7]) }
 		}
 		s := &Source{cfg: cfg}
 		km := kafka.Message{Topic: "t", Value: []byte(spec), Headers: fuzzHeaders(spec)}
-		got := s.keyOf(km)
+		got, err := s.keyOf(km)
 		if useKeyFunc {
-			if got != "fn:"+spec {
-				t.Fatalf("keyOf = %q, KeyFunc returned %q", got, "fn:"+spec)
+			if len(spec) < 7 { // the index len%7 is out of range
+				var pe *consumer.PanicError
+				if !errors.As(err, &pe) || got != "" {
+					t.Fatalf("keyOf with a panicking KeyFunc = %q, %v; want a *consumer.PanicError", got, err)
+				}
+				return
+			}
+			if want := "fn:" + string(spec[len(spec)%7]); err != nil || got != want {
+				t.Fatalf("keyOf = %q, %v; KeyFunc returned %q", got, err, want)
 			}
 			return
+		}
+		if err != nil {
+			t.Fatalf("keyOf without a KeyFunc failed: %v", err)
 		}
 		want := ""
 		for _, h := range km.Headers {
