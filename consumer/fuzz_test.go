@@ -48,8 +48,8 @@ func FuzzValidKey(f *testing.F) {
 			if !utf8.ValidString(key) {
 				t.Fatalf("accepted invalid UTF-8 %q", key)
 			}
-			if strings.IndexByte(key, 0) >= 0 {
-				t.Fatalf("accepted a NUL byte in %q", key)
+			if strings.ContainsFunc(key, unicode.IsControl) {
+				t.Fatalf("accepted a control character (NUL, CR, LF, ...) in %q", key)
 			}
 			return
 		}
@@ -73,14 +73,19 @@ func notPrintable(r rune) bool { return !unicode.IsPrint(r) }
 
 // FuzzPrepare checks the runner's input checks end to end: a message either
 // gets a valid key equal to KeyFunc's and the digest of its body, or a
-// permanent error of the input kind, and the message is never modified.
+// permanent error of the input kind (a KeyFunc's error or panic, and a key
+// the source could not read, are ErrMissingKey), and the message is never
+// modified.
 func FuzzPrepare(f *testing.F) {
 	f.Add("k1", "id-1", []byte(`{"amount":1}`), 0, false)
 	f.Add("", "id-1", []byte("x"), 0, false)
 	f.Add("", "", []byte("x"), 0, false)
 	f.Add("k\x00", "id", []byte{}, 0, false)
+	f.Add("k\r\n", "id", []byte{}, 0, false)
 	f.Add("k", "id", []byte("0123456789"), 5, false)
 	f.Add("k", "id", []byte("body"), 0, true)
+	f.Add("k", "odd", []byte("body"), 0, true)
+	f.Add("k", "four", []byte("body"), 0, false)
 	f.Add("\xc3\x28", "", []byte(nil), 1, false)
 	runners := map[[2]int]*Runner{}
 	f.Fuzz(func(t *testing.T, key, id string, body []byte, maxBody int, keyErr bool) {
@@ -90,15 +95,21 @@ func FuzzPrepare(f *testing.F) {
 		if maxBody < 0 { // math.MinInt
 			maxBody = 0
 		}
-		keyFunc := DefaultKey
-		if keyErr {
-			keyFunc = func(m *Message) (string, error) { return m.Key, errors.New("no key here") }
-		}
 		maxBody %= 64 // a few limits, each runner built once
-		rk := [2]int{maxBody, 0}
+		// The KeyFunc: the default; one that fails; one that panics (an id
+		// of odd length picks it).
+		mode := 0
 		if keyErr {
-			rk[1] = 1
+			mode = 1 + len(id)%2
 		}
+		keyFunc := DefaultKey
+		switch mode {
+		case 1:
+			keyFunc = func(m *Message) (string, error) { return m.Key, errors.New("no key here") }
+		case 2:
+			keyFunc = func(m *Message) (string, error) { panic("malformed message") }
+		}
+		rk := [2]int{maxBody, mode}
 		r := runners[rk]
 		if r == nil {
 			r = fuzzRunner(t, keyFunc, maxBody)
@@ -106,40 +117,52 @@ func FuzzPrepare(f *testing.F) {
 		}
 		orig := append([]byte(nil), body...)
 		msg := &Message{ID: id, Key: key, Body: body, Attempt: 1}
+		sourceKeyErr := !keyErr && len(id) == 4 // the source could not read the key
+		if sourceKeyErr {
+			msg.KeyErr = errors.New("header not UTF-8")
+		}
 		j := &job{msg: msg}
 		err := r.prepare(j)
 		if msg.Key != key || msg.ID != id || string(msg.Body) != string(orig) {
 			t.Fatal("prepare modified the message")
 		}
-		want, _ := keyFunc(msg)
 		limit := r.cfg.MaxMessageBytes
+		want := ""
+		if mode == 0 {
+			want, _ = DefaultKey(msg)
+		}
 		if err != nil {
 			if !IsPermanent(err) {
 				t.Fatalf("prepare: %v is not a permanent input error", err)
 			}
+			if j.hash != (dedup.Hash{}) {
+				t.Fatal("a rejected message got a digest")
+			}
+			var pe *PanicError
 			switch {
 			case errors.Is(err, ErrOversized):
 				if len(body) <= limit {
 					t.Fatalf("oversized error for %d bytes, limit %d", len(body), limit)
 				}
 			case errors.Is(err, ErrMissingKey):
-				if !keyErr && want != "" {
+				if mode == 2 && !errors.As(err, &pe) {
+					t.Fatalf("a KeyFunc's panic gave %v, want a *PanicError", err)
+				}
+				if mode == 0 && !sourceKeyErr && want != "" {
 					t.Fatalf("missing key error for key %q", want)
 				}
 			case errors.Is(err, ErrInvalidKey):
-				if validKey(want) == nil {
-					t.Fatalf("invalid key error for a valid key %q", want)
+				if mode != 0 || validKey(want) == nil {
+					t.Fatalf("invalid key error for the valid key %q", want)
 				}
 			default:
 				t.Fatalf("prepare: unexpected error kind %v", err)
 			}
-			if j.key != "" {
-				t.Fatalf("a rejected message got key %q", j.key)
-			}
 			return
 		}
-		if keyErr || len(body) > limit {
-			t.Fatalf("accepted a message it should reject (keyErr %v, %d bytes, limit %d)", keyErr, len(body), limit)
+		if mode != 0 || sourceKeyErr || len(body) > limit {
+			t.Fatalf("accepted a message it should reject (KeyFunc %d, source key error %v, %d bytes, limit %d)",
+				mode, sourceKeyErr, len(body), limit)
 		}
 		if j.key != want || validKey(j.key) != nil {
 			t.Fatalf("key %q, want the valid key %q", j.key, want)
