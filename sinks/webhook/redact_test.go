@@ -75,8 +75,8 @@ func TestNoSecretInOutput(t *testing.T) {
 
 	for _, raw := range []string{
 		"ftp://u:" + plantedSecret + "@127.0.0.1/" + plantedSecret + "?" + plantedSecret, // wrong scheme
-		"http://u:" + plantedSecret + "@127.0.0.1/%zz" + plantedSecret,                    // does not parse
-		"http:///" + plantedSecret + "?t=" + plantedSecret,                                // no host
+		"http://u:" + plantedSecret + "@127.0.0.1/%zz" + plantedSecret,                   // does not parse
+		"http:///" + plantedSecret + "?t=" + plantedSecret,                               // no host
 	} {
 		_, err := webhook.New(webhook.Config{URL: raw})
 		if !errors.Is(err, webhook.ErrInvalidConfig) {
