@@ -151,10 +151,10 @@ func dialectOf(dsn string) (sqldedup.Dialect, string, error) {
 }
 
 // dsnEnv are the environment variables a DSN flag's default comes from.
-var dsnEnv = []string{"IDEMQ_DSN", "DATABASE_URL", "TEST_DATABASE_URL"}
+var dsnEnv = []string{"IDEMQ_DSN", "DATABASE_URL", "TEST_DATABASE_URL", "IDEMQ_AMQP_URL", "IDEMQ_SQS_ENDPOINT"}
 
-// dsnFlags are the flags that take a DSN.
-var dsnFlags = []string{"dsn", "db"}
+// dsnFlags are the flags that take a DSN or a URL that may carry credentials.
+var dsnFlags = []string{"dsn", "db", "amqp-url", "sqs-endpoint"}
 
 // dsnValue is a flag holding a DSN: help text shows its default redacted.
 type dsnValue struct{ s *string }

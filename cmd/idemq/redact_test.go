@@ -32,9 +32,12 @@ func TestNoSecretInOutput(t *testing.T) {
 	sqlitePath := "sqlite:" + filepath.Join(t.TempDir(), "missing-"+plantedSecret, plantedSecret+".db")
 	keyValue := "host=127.0.0.1 port=1 user=idemq password='" + plantedSecret + "' dbname=" + plantedSecret
 
-	for _, name := range dsnEnv {
+	for _, name := range []string{"IDEMQ_DSN", "DATABASE_URL", "TEST_DATABASE_URL"} {
 		t.Setenv(name, closed)
 	}
+	closedAMQP := "amqp://idemq:" + plantedSecret + "@127.0.0.1:1/" + plantedSecret
+	t.Setenv("IDEMQ_AMQP_URL", closedAMQP)
+	t.Setenv("IDEMQ_SQS_ENDPOINT", "http://key:"+plantedSecret+"@127.0.0.1:1/"+plantedSecret)
 	t.Setenv("KAFKA_BROKERS", "127.0.0.1:1")
 
 	runs := [][]string{{"help"}}
@@ -59,6 +62,10 @@ func TestNoSecretInOutput(t *testing.T) {
 		[]string{"demo", "--store", "postgres", "--broker", "memory", "--messages", "1", "--kills", "-1"},
 		[]string{"demo", "--store", "postgres", "--db", wrongDB.String(), "--broker", "memory", "--messages", "1", "--kills", "-1"},
 		[]string{"demo", "--store", "postgres", "--db=" + keyValue, "--broker", "memory", "--messages", "1", "--kills", "-1"},
+		[]string{"relay", "--broker", "rabbitmq", "--dsn", sqlitePath},
+		[]string{"relay", "--broker", "rabbitmq", "--dsn", wrongDB.String(), "--amqp-url", closedAMQP + "x"},
+		[]string{"relay", "--stats", "--dsn", wrongDB.String()},
+		[]string{"relay", "--broker", "pulsar", "--dsn", closed},
 	)
 	for i, args := range runs {
 		code, out, errOut := idemq(t, args...)
