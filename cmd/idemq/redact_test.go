@@ -66,6 +66,8 @@ func TestNoSecretInOutput(t *testing.T) {
 		[]string{"relay", "--broker", "rabbitmq", "--dsn", wrongDB.String(), "--amqp-url", closedAMQP + "x"},
 		[]string{"relay", "--stats", "--dsn", wrongDB.String()},
 		[]string{"relay", "--broker", "pulsar", "--dsn", closed},
+		[]string{"stats", "--dsn", wrongDB.String()},
+		[]string{"stats", "--dsn", sqlitePath},
 	)
 	for i, args := range runs {
 		code, out, errOut := idemq(t, args...)
