@@ -38,6 +38,30 @@ test-short: ## Unit tests only: no service needed.
 bench: services ## PostgreSQL path vs hand-written careful and set-based workers: msg/s, ratios, round trips, statements, XIDs per message (BENCH_FLAGS=-sweep for batch sizes).
 	$(WITH_ENV) $(GO) run ./internal/bench/core $(BENCH_FLAGS)
 
+# Native fuzz targets, as package:Target; make fuzz runs each for FUZZTIME.
+FUZZ_TARGETS := \
+	./consumer:FuzzValidKey ./consumer:FuzzPrepare ./consumer:FuzzDecodeJSON \
+	./sources/amqpsource:FuzzHeaderReaders ./sources/amqpsource:FuzzToMessage \
+	./sources/sqssource:FuzzMessage ./sources/sqssource:FuzzDeadLetterAttributes ./sources/sqssource:FuzzParseMaxReceiveCount \
+	./sources/kafkasource:FuzzKeyOf ./sources/kafkasource:FuzzDeadLetterCopy \
+	./dedup/redisdedup:FuzzRedisKey ./dedup/redisdedup:FuzzRedisKeyPairs \
+	./dedup/internal/sqlstore:FuzzRender ./internal/redact:FuzzString
+FUZZTIME ?= 10s
+# Minimizing every new input of a large corpus entry can take the whole
+# FUZZTIME; a bounded number of tries keeps the fuzzer fuzzing.
+FUZZMINIMIZE ?= 200x
+FUZZFLAGS ?=
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for FUZZTIME (default 10s) each, one after another; crashers land in <pkg>/testdata/fuzz.
+	@failed=; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "=== fuzz $$name ($$pkg, $(FUZZTIME))"; \
+		if ! $(GO) test -list="^$$name\$$" $$pkg | grep -qx "$$name"; then echo "no fuzz target $$name in $$pkg"; failed="$$failed $$name"; continue; fi; \
+		$(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=$(FUZZMINIMIZE) $(FUZZFLAGS) $$pkg || failed="$$failed $$name"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed"; exit 1; fi
+
 .PHONY: lint
 lint: ## gofmt and go vet.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/internal/demo"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // Exit codes.
@@ -60,8 +62,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if name == "demo" && len(rest) > 0 && rest[0] == "worker" { // started by the demo's supervisor
 		name, rest = "demo-worker", rest[1:]
 	}
-	if name == "help" || name == "-h" || name == "--help" || name == "-help" {
-		if len(rest) > 0 {
+	if isHelp(name) {
+		if len(rest) > 0 && !isHelp(rest[0]) {
 			return run([]string{rest[0], "-h"}, stdout, stderr)
 		}
 		usage(stdout)
@@ -80,16 +82,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 		case errors.Is(err, flag.ErrHelp):
 			return exitOK
 		case errors.Is(err, errUsage):
-			fmt.Fprintf(stderr, "idemq %s: %v\nusage: idemq %s %s\n", name, err, c.name, c.args)
+			fmt.Fprintf(stderr, "idemq %s: %s\nusage: idemq %s %s\n", name, scrub(err, rest), c.name, c.args)
 			return exitUsage
 		default:
-			fmt.Fprintf(stderr, "idemq %s: %v\n", name, err)
+			fmt.Fprintf(stderr, "idemq %s: %s\n", name, scrub(err, rest))
 			return exitFailure
 		}
 	}
 	fmt.Fprintf(stderr, "idemq: unknown command %q\n\n", name)
 	usage(stderr)
 	return exitUsage
+}
+
+// isHelp reports whether arg asks for help.
+func isHelp(arg string) bool {
+	return arg == "help" || arg == "-h" || arg == "--help" || arg == "-help"
 }
 
 func usage(w io.Writer) {
@@ -140,7 +147,52 @@ func dialectOf(dsn string) (sqldedup.Dialect, string, error) {
 	case strings.HasSuffix(dsn, ".db"), strings.HasSuffix(dsn, ".sqlite"), strings.HasSuffix(dsn, ".sqlite3"):
 		return sqldedup.SQLite, dsn, nil
 	}
-	return "", "", fmt.Errorf("%w: cannot tell the database of DSN %q: use postgres://... or sqlite:FILE", errUsage, dsn)
+	return "", "", fmt.Errorf("%w: cannot tell the database of DSN %q: use postgres://... or sqlite:FILE", errUsage, redact.String(dsn))
+}
+
+// dsnEnv are the environment variables a DSN flag's default comes from.
+var dsnEnv = []string{"IDEMQ_DSN", "DATABASE_URL", "TEST_DATABASE_URL", "IDEMQ_AMQP_URL", "IDEMQ_SQS_ENDPOINT"}
+
+// dsnFlags are the flags that take a DSN or a URL that may carry credentials.
+var dsnFlags = []string{"dsn", "db", "amqp-url", "sqs-endpoint"}
+
+// dsnValue is a flag holding a DSN: help text shows its default redacted.
+type dsnValue struct{ s *string }
+
+func (v dsnValue) String() string {
+	if v.s == nil {
+		return ""
+	}
+	return redact.String(*v.s)
+}
+
+func (v dsnValue) Set(s string) error { *v.s = s; return nil }
+
+// dsnVar defines a DSN flag whose default, shown by -h, is redacted.
+func dsnVar(fs *flag.FlagSet, p *string, name, def, usage string) {
+	*p = def
+	fs.Var(dsnValue{p}, name, usage)
+}
+
+// scrub returns err's text with the secrets of every DSN the command line
+// or the environment gave masked: drivers quote database names and paths in
+// their errors, and the demo's workers report theirs.
+func scrub(err error, args []string) string {
+	var dsns []string
+	for _, n := range dsnEnv {
+		dsns = append(dsns, os.Getenv(n))
+	}
+	for i, a := range args {
+		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || !slices.Contains(dsnFlags, name) {
+			continue
+		}
+		if !hasValue && i+1 < len(args) {
+			value = args[i+1]
+		}
+		dsns = append(dsns, value)
+	}
+	return redact.Scrub(err.Error(), dsns...)
 }
 
 // storeFlags are the flags every database command takes.
@@ -149,7 +201,7 @@ type storeFlags struct {
 }
 
 func (f *storeFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.dsn, "dsn", os.Getenv("IDEMQ_DSN"), "database: postgres://... URL or sqlite:FILE (default $IDEMQ_DSN)")
+	dsnVar(fs, &f.dsn, "dsn", os.Getenv("IDEMQ_DSN"), "database `DSN`: postgres://... URL or sqlite:FILE; $IDEMQ_DSN if set (a default is shown redacted)")
 	fs.StringVar(&f.schema, "schema", "", `PostgreSQL schema of the table (default "public")`)
 	fs.StringVar(&f.table, "table", "", `table name (default "processed_messages")`)
 }
@@ -316,7 +368,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&kafka, "kafka", env("127.0.0.1:9092", "KAFKA_BROKERS", "TEST_KAFKA_BROKERS"), "Kafka bootstrap brokers for --broker kafka")
 	fs.StringVar(&cfg.Store, "store", demo.StoreSQLite, "sqlite or postgres (see --db)")
 	fs.StringVar(&cfg.SQLitePath, "sqlite", "", "SQLite file to keep (default: a temporary file, removed at the end)")
-	fs.StringVar(&cfg.DatabaseURL, "db", env("postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable", "DATABASE_URL", "TEST_DATABASE_URL"), "PostgreSQL URL for --store postgres")
+	dsnVar(fs, &cfg.DatabaseURL, "db", env("postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable", "DATABASE_URL", "TEST_DATABASE_URL"), "PostgreSQL `URL` for --store postgres; $DATABASE_URL if set (the default is shown redacted)")
 	fs.DurationVar(&cfg.Timeout, "timeout", demo.DefaultTimeout, "give up after this long")
 	fs.BoolVar(&cfg.Verbose, "v", false, "show the workers' logs")
 	if err := parse(fs, args); err != nil {

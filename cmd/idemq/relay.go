@@ -79,11 +79,12 @@ func openOutboxDB(ctx context.Context, dialect sqldedup.Dialect, source string) 
 
 func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("relay", stderr)
-	dsn := fs.String("dsn", os.Getenv("IDEMQ_DSN"), "database with the outbox table: postgres://... URL or sqlite:FILE (default $IDEMQ_DSN)")
+	dsn, sqsEndpoint, amqpURL := new(string), new(string), new(string)
+	dsnVar(fs, dsn, "dsn", os.Getenv("IDEMQ_DSN"), "database with the outbox table: postgres://... URL or sqlite:FILE; $IDEMQ_DSN if set (a default is shown redacted)")
 	broker := fs.String("broker", "", "kafka, sqs or rabbitmq")
 	brokers := fs.String("brokers", env("127.0.0.1:9092", "IDEMQ_KAFKA_BROKERS"), "Kafka bootstrap addresses, comma-separated; env IDEMQ_KAFKA_BROKERS")
-	sqsEndpoint := fs.String("sqs-endpoint", os.Getenv("IDEMQ_SQS_ENDPOINT"), "SQS endpoint URL, for ElasticMQ or LocalStack (env IDEMQ_SQS_ENDPOINT; empty: the AWS configuration)")
-	amqpURL := fs.String("amqp-url", env("amqp://guest:guest@127.0.0.1:5672/", "IDEMQ_AMQP_URL"), "RabbitMQ URL; env IDEMQ_AMQP_URL")
+	dsnVar(fs, sqsEndpoint, "sqs-endpoint", os.Getenv("IDEMQ_SQS_ENDPOINT"), "SQS endpoint `URL`, for ElasticMQ or LocalStack (env IDEMQ_SQS_ENDPOINT; empty: the AWS configuration)")
+	dsnVar(fs, amqpURL, "amqp-url", env("amqp://guest:guest@127.0.0.1:5672/", "IDEMQ_AMQP_URL"), "RabbitMQ `URL`; env IDEMQ_AMQP_URL (the default is shown redacted)")
 	stats := fs.Bool("stats", false, "print the outbox's row counts (pending, sent, parked) and exit")
 	var cfg outbox.Config
 	fs.IntVar(&cfg.BatchSize, "batch", 100, "rows claimed and published at once")

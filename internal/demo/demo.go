@@ -227,7 +227,7 @@ func (s *supervisor) startWorker(ctx context.Context, life int) (*worker, error)
 		command = []string{exe, "demo", "worker"}
 	}
 	cmd := exec.Command(command[0], append(command[1:len(command):len(command)], o.args()...)...)
-	cmd.Env = append(os.Environ(), s.cfg.WorkerEnv...)
+	cmd.Env = append(append(os.Environ(), o.env()...), s.cfg.WorkerEnv...)
 	cmd.SysProcAttr = childAttr()
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

@@ -19,5 +19,8 @@
 // the producer's re-sent copies. The runner absorbs all of them: the ledger
 // has no unique constraint on order_id, so a double charge would show.
 //
+// Workers get the PostgreSQL URL in their environment (WorkerDatabaseEnv),
+// never on their command line, which every user of the machine can read.
+//
 // The package is internal: its API serves cmd/idemq and its tests only.
 package demo

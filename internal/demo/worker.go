@@ -44,11 +44,22 @@ type WorkerOptions struct {
 	Verbose bool
 }
 
-// args renders o as the command-line flags ParseWorkerFlags reads.
+// WorkerDatabaseEnv is the environment variable that hands a worker process
+// its PostgreSQL URL: a command line is visible to every user of the
+// machine (ps), the environment is not.
+const WorkerDatabaseEnv = "IDEMQ_DEMO_DATABASE_URL"
+
+// env returns the environment entries that carry o's secrets.
+func (o WorkerOptions) env() []string {
+	return []string{WorkerDatabaseEnv + "=" + o.DatabaseURL}
+}
+
+// args renders o, except the secrets env carries, as the command-line flags
+// ParseWorkerFlags reads.
 func (o WorkerOptions) args() []string {
 	return []string{
 		"-broker", o.Broker, "-kafka", o.KafkaBrokers, "-topic", o.Topic, "-group", o.Group,
-		"-store", o.Store, "-sqlite", o.SQLitePath, "-db", o.DatabaseURL, "-schema", o.Schema,
+		"-store", o.Store, "-sqlite", o.SQLitePath, "-schema", o.Schema,
 		"-accounts", fmt.Sprint(o.Accounts), "-session-timeout", o.SessionTimeout.String(),
 		"-drop-acks", fmt.Sprint(o.DropAcks), "-seed", fmt.Sprint(o.Seed), fmt.Sprintf("-v=%v", o.Verbose),
 	}
@@ -65,7 +76,7 @@ func ParseWorkerFlags(args []string) (WorkerOptions, error) {
 	fs.StringVar(&o.Group, "group", "", "")
 	fs.StringVar(&o.Store, "store", StoreSQLite, "")
 	fs.StringVar(&o.SQLitePath, "sqlite", "", "")
-	fs.StringVar(&o.DatabaseURL, "db", "", "")
+	fs.StringVar(&o.DatabaseURL, "db", os.Getenv(WorkerDatabaseEnv), "")
 	fs.StringVar(&o.Schema, "schema", "", "")
 	fs.IntVar(&o.Accounts, "accounts", DefaultAccounts, "")
 	fs.DurationVar(&o.SessionTimeout, "session-timeout", 0, "")

@@ -35,4 +35,11 @@
 // Both repeats carry the same Idempotency-Key: a receiver that deduplicates
 // by it applies the effect once; one that ignores it applies it twice. The
 // sink never retries with a new key.
+//
+// # Secrets in the URL
+//
+// Errors, logs and dead-letter reasons show the endpoint redacted: its
+// scheme, user name, host and port, with the password, path, query and
+// fragment masked, since these may carry a token. StatusError.URL is that
+// redacted form.
 package webhook

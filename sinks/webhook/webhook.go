@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/otelidemq"
+	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/sinks"
 )
 
@@ -114,13 +115,13 @@ func (c Config) validate() (*url.URL, error) {
 	}
 	u, err := url.Parse(c.URL)
 	if err != nil {
-		return nil, fmt.Errorf("%w: URL: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: URL: %w", ErrInvalidConfig, redact.URLError(err))
 	}
 	switch {
 	case u.Scheme != "http" && u.Scheme != "https":
-		return nil, fmt.Errorf("%w: URL %q: scheme must be http or https", ErrInvalidConfig, u.Redacted())
+		return nil, fmt.Errorf("%w: URL %q: scheme must be http or https", ErrInvalidConfig, redact.URL(u))
 	case u.Host == "":
-		return nil, fmt.Errorf("%w: URL %q has no host", ErrInvalidConfig, u.Redacted())
+		return nil, fmt.Errorf("%w: URL %q has no host", ErrInvalidConfig, redact.URL(u))
 	case c.Method == http.MethodGet || c.Method == http.MethodHead || strings.ContainsAny(c.Method, " \t\r\n"):
 		return nil, fmt.Errorf("%w: Method %q cannot carry an effect", ErrInvalidConfig, c.Method)
 	case http.CanonicalHeaderKey(c.KeyHeader) == "Content-Type" || strings.ContainsAny(c.KeyHeader, " :\t\r\n"):
@@ -139,7 +140,7 @@ func (c Config) validate() (*url.URL, error) {
 // path cannot rule out. A Sink is safe for concurrent use.
 type Sink struct {
 	cfg      Config
-	endpoint string // scheme://host/path, without query or user info, for errors and logs
+	endpoint string // the URL redacted (internal/redact), for errors and logs
 }
 
 var _ sinks.Sender[Request] = (*Sink)(nil)
@@ -156,7 +157,7 @@ func New(cfg Config) (*Sink, error) {
 		return nil, fmt.Errorf("%w: Header: %w", ErrInvalidConfig, err)
 	}
 	cfg.Header = cfg.Header.Clone()
-	return &Sink{cfg: cfg, endpoint: u.Scheme + "://" + u.Host + u.Path}, nil
+	return &Sink{cfg: cfg, endpoint: redact.URL(u)}, nil
 }
 
 // Config returns the sink's configuration with defaults applied.
@@ -223,6 +224,7 @@ func (s *Sink) Send(ctx context.Context, req Request) error {
 	start := time.Now()
 	resp, err := s.cfg.Client.Do(hr)
 	if err != nil {
+		err = redact.URLError(err) // it quotes the whole URL: tokens in its path or query
 		s.cfg.Logger.DebugContext(ctx, "webhook attempt failed", "key", key, "url", s.endpoint,
 			"duration", time.Since(start), "err", err)
 		if ctx.Err() != nil {
@@ -296,7 +298,7 @@ func (s *Sink) Handler() consumer.Handler {
 // Classify decides; errors.As finds it through those wrappers.
 type StatusError struct {
 	Method     string
-	URL        string // scheme, host and path, without query or user info
+	URL        string // scheme, user, host and port; password, path and query masked
 	Key        string // the idempotency key sent
 	StatusCode int
 	Body       string // the start of the response body

@@ -25,6 +25,11 @@ type handle struct {
 	d       amqp.Delivery
 }
 
+// maxHeaderCount bounds the retry and delivery counts read from headers, so
+// that a hostile publisher's huge count cannot overflow the attempt number
+// into a negative one.
+const maxHeaderCount = 1 << 29
+
 // bodyHashPrefix starts keys derived from the body (Config.BodyHashKey).
 const bodyHashPrefix = "sha256:"
 
@@ -41,7 +46,7 @@ func (s *Source) toMessage(sess *session, d amqp.Delivery, now time.Time) *consu
 		h := dedup.HashPayload(d.Body)
 		key = bodyHashPrefix + hex.EncodeToString(h[:])
 	}
-	attempt := 1 + int(max(retries, 0)) + int(max(count, 0))
+	attempt := 1 + int(min(max(retries, 0), maxHeaderCount)) + int(min(max(count, 0), maxHeaderCount))
 	var partition string
 	if s.cfg.PartitionKeyHeader != "" {
 		partition, _ = stringHeader(d.Headers[s.cfg.PartitionKeyHeader])
@@ -118,13 +123,21 @@ func intHeader(v any) (int64, bool) {
 	case uint64:
 		return int64(min(v, 1<<62)), true
 	case string:
-		n, err := strconv.ParseInt(v, 10, 64)
-		return n, err == nil
+		return parseInt(v)
 	case []byte:
-		n, err := strconv.ParseInt(string(v), 10, 64)
-		return n, err == nil
+		return parseInt(string(v))
 	}
 	return 0, false
+}
+
+// parseInt parses a decimal integer header; a value out of range is not read
+// (strconv would return its clamped bound, which callers must not use).
+func parseInt(s string) (int64, bool) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return n, true
 }
 
 // copyOf returns a persistent publishing with d's body and properties and a
