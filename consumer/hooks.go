@@ -108,11 +108,10 @@ type ClaimInfo struct {
 	// Reason is why a duplicate arrived; zero for ClaimNew.
 	Reason DuplicateReason
 	// Start and End bound the call to the store that claimed the key (on
-	// the transactional path: the transaction's begin and claim of its
-	// batch's keys, in the last transaction the message ran in); both are
-	// zero when no hook implements HookClaimed,
-	// and for a duplicate of a key earlier in the same batch, which is
-	// settled without a claim of its own.
+	// the transactional path: the begin and claim of the batch's keys in
+	// the last transaction the message ran in); both are zero for a
+	// duplicate of a key earlier in the same batch, which is settled
+	// without a claim of its own.
 	Start, End time.Time
 }
 
