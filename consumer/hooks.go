@@ -107,10 +107,11 @@ type ClaimInfo struct {
 	State ClaimState
 	// Reason is why a duplicate arrived; zero for ClaimNew.
 	Reason DuplicateReason
-	// Start and End bound the call to the store that claimed the key, when
-	// the path measured it (the lease path does); both are zero otherwise,
-	// and for a duplicate of a key earlier in the same batch, which is
-	// settled without a claim of its own.
+	// Start and End bound the call to the store that claimed the key (on
+	// the transactional path: the begin and claim of the batch's keys in
+	// the last transaction the message ran in); both are zero for a
+	// duplicate of a key earlier in the same batch, which is settled
+	// without a claim of its own.
 	Start, End time.Time
 }
 
@@ -145,8 +146,14 @@ type CommitInfo struct {
 	Err error
 }
 
-// HookCommit is called once per message for the write that makes its effect
-// durable: marking its key done (lease path).
+// HookCommit is called once per message for each write that was to make its
+// effect durable: marking its key done (lease path), or committing the
+// transaction that holds its record and its handler's writes (transactional
+// path; every new message of the transaction gets the same CommitInfo). A
+// failed commit is reported with its error; a transactional batch rerun after
+// a refused commit reports its messages' next commit again, so each message
+// gets at most one successful commit event. A transaction rolled back before
+// its commit (a handler failed) reports none.
 type HookCommit interface {
 	OnCommit(ctx context.Context, m *Message, c CommitInfo)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/idemq/idemq/dedup"
 )
@@ -121,7 +122,21 @@ func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job) tryResult 
 	for i, j := range jobs {
 		recs[i] = dedup.Record{Key: j.key, PayloadHash: j.hash}
 	}
+	var claimStart time.Time
+	if len(r.hooks.claimed) > 0 {
+		claimStart = time.Now()
+	}
 	tx, claims, err := p.beginClaim(ctx, r.cfg.Name, recs)
+	if len(r.hooks.claimed) > 0 {
+		// A rerun claims again: the claim reported is the one of the
+		// job's last transaction, which committed it or decided its
+		// outcome.
+		claimEnd := time.Now()
+		for i, j := range jobs {
+			j.claimStart, j.claimEnd = claimStart, claimEnd
+			j.claimedNew = err == nil && i < len(claims) && claims[i].State == dedup.StateNew
+		}
+	}
 	if err != nil {
 		return tryResult{err: err, infra: true}
 	}
@@ -150,8 +165,18 @@ func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job) tryResult 
 	if res, failed := p.handle(ctx, r, tx, fresh); failed {
 		return res
 	}
-	if err := p.store.Commit(ctx, tx); err != nil {
+	var commitStart time.Time
+	if len(r.hooks.commit) > 0 {
+		commitStart = time.Now()
+	}
+	err = p.store.Commit(ctx, tx)
+	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrCommit, err)
+	}
+	for _, j := range fresh {
+		r.hookCommit(j, commitStart, err)
+	}
+	if err != nil {
 		if errors.Is(err, dedup.ErrTxRefused) {
 			// The database refused the content: a handler swallowed a
 			// statement's error, or a deferred constraint failed.
@@ -310,6 +335,7 @@ func (h heldPartitions) holds(j *job) bool {
 		return false
 	}
 	j.set(outRetryInfra, fmt.Errorf("idemq: held behind failed message %q of partition %q", failed.key, j.msg.PartitionKey))
+	j.claimedNew = false // its claim was rolled back and its handler did not run
 	j.delay = failed.delay
 	return true
 }

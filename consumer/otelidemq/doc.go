@@ -15,9 +15,11 @@
 // from receipt to settlement (after the acknowledgement), whose parent is the
 // producer's span taken from the message's headers: W3C traceparent and
 // tracestate (Kafka headers, SQS message attributes, AMQP headers), or the
-// SQS AWSTraceHeader system attribute. Child spans: "claim" (lease path; the
-// transactional path reports its claims without timing), "handler" (each
-// attempt), "commit" (lease path: marking the key done). A duplicate is an
+// SQS AWSTraceHeader system attribute. Child spans: "claim" (the key's claim;
+// on the transactional path the begin and claim of the message's last
+// transaction), "handler" (each attempt), "commit" (lease path: marking the
+// key done; transactional path: each commit of a transaction holding the
+// message, with status Error when it failed). A duplicate is an
 // "idemq.duplicate" event with its reason (redelivery, concurrent, producer;
 // see consumer.DuplicateReason), not an error; retries, dead letters and lost
 // leases are events too, and a dead letter sets the span's status to Error.

@@ -387,13 +387,101 @@ func TestMetricsMatchStats(t *testing.T) {
 			if sum(rm, otelidemq.MetricHandlerDuration, "", "") == 0 {
 				t.Errorf("no handler durations")
 			}
-			if leased && uint64(sum(rm, otelidemq.MetricCommitDuration, "", "")) != st.Handled {
+			if uint64(sum(rm, otelidemq.MetricCommitDuration, "", "")) != st.Handled {
 				t.Errorf("commit durations %d, Stats.Handled %d", sum(rm, otelidemq.MetricCommitDuration, "", ""), st.Handled)
 			}
 			if st.Duplicates == 0 || st.Retried == 0 || st.DeadLettered == 0 || st.AckFailures == 0 {
 				t.Fatalf("the run did not exercise everything: %+v", st)
 			}
 		})
+	}
+}
+
+// On the transactional path, a batch rerun without a failed handler's
+// message, then a failed commit and its retry: every process span of a
+// handled message has claim, handler and commit children, with one commit
+// child (status Ok); a delivery whose transaction failed to commit has one
+// commit child with status Error; one whose handler failed has none.
+func TestTransactionalSpans(t *testing.T) {
+	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "tx"})
+	store, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.Inject(memstore.Fault{Op: memstore.OpCommit})
+	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
+	t.Cleanup(func() { b.Close() })
+	var mu sync.Mutex
+	calls := map[string]int{}
+	path := consumer.Transactional(store, func(ctx context.Context, _ *memstore.Tx, m *consumer.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls[m.Key]++
+		if m.Key == "bad" && calls[m.Key] == 1 {
+			return errors.New("downstream busy")
+		}
+		return nil
+	})
+	r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{
+		Name: "tx", Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{tel.hook},
+		Retry: consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Jitter: -1},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"a", "b", "bad", "c"} {
+		b.Publish("t", memsource.Outgoing{Key: k, Body: []byte("body-" + k)})
+	}
+	runIdle(t, r)
+	st := r.Stats()
+	if st.Handled != 4 || st.CommitFailures != 1 {
+		t.Fatalf("stats %+v, want 4 handled and 1 commit failure", st)
+	}
+	var handled, failedCommits int
+	for id, spans := range tel.processSpans() {
+		for _, s := range spans {
+			var claims, handlers, okCommits, badCommits int
+			for _, c := range tel.spans.Ended() {
+				if c.Parent().SpanID() != s.SpanContext().SpanID() {
+					continue
+				}
+				switch c.Name() {
+				case "claim":
+					claims++
+				case "handler":
+					handlers++
+				case "commit":
+					if c.Status().Code == codes.Error {
+						badCommits++
+					} else {
+						okCommits++
+					}
+				}
+			}
+			outcome, _ := attr(s, otelidemq.AttrOutcome)
+			switch outcome.AsString() {
+			case "handled":
+				handled++
+				if claims != 1 || handlers != 1 || okCommits != 1 || badCommits != 0 {
+					t.Errorf("handled delivery %s: %d claim, %d handler, %d commit, %d failed commit children; want 1, 1, 1, 0",
+						id, claims, handlers, okCommits, badCommits)
+				}
+			case "retried":
+				failedCommits += badCommits
+				if claims != 1 || okCommits != 0 || badCommits > 1 {
+					t.Errorf("retried delivery %s: %d claim, %d commit, %d failed commit children; want 1, 0, at most 1",
+						id, claims, okCommits, badCommits)
+				}
+			default:
+				t.Errorf("delivery %s: outcome %q", id, outcome.AsString())
+			}
+		}
+	}
+	if handled != 4 || failedCommits == 0 {
+		t.Errorf("%d handled deliveries and %d failed commit spans; want 4 and at least 1", handled, failedCommits)
+	}
+	if n := sum(tel.metrics(t), otelidemq.MetricCommitDuration, "", ""); n != 4+int64(failedCommits) {
+		t.Errorf("%d commit durations, want one per commit event (%d)", n, 4+failedCommits)
 	}
 }
 

@@ -10,8 +10,10 @@
 //     keys pipelined in one pgx.Batch; COMMIT;
 //   - idemq at batch size 1 and 100 with a per-message TxJSON handler, idemq
 //     at batch size 100 with the batch API (TransactionalBatch, the same
-//     pipelined UPDATEs), and idemq re-reading messages already processed
-//     (all duplicates).
+//     pipelined UPDATEs), the same with the otelidemq hook on the
+//     OpenTelemetry SDK (every span sampled, exported to a no-op exporter
+//     through a batch span processor; metrics into a ManualReader), and
+//     idemq re-reading messages already processed (all duplicates).
 //
 // Every row runs until it has handled at least -n messages and for at least
 // -min (defaults 20,000 and 5 s). The rows run in two rounds, the second in
@@ -42,8 +44,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/otelidemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
 )
@@ -187,11 +193,12 @@ func run(ctx context.Context, o options) error {
 		logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	rows := []row{
 		{name: "careful worker (BEGIN; INSERT; UPDATE; COMMIT)", scope: "careful", run: b.careful},
-		{name: "idemq, batch 1", scope: "b1", base: "careful worker (BEGIN; INSERT; UPDATE; COMMIT)", run: b.idemq(1, false)},
+		{name: "idemq, batch 1", scope: "b1", base: "careful worker (BEGIN; INSERT; UPDATE; COMMIT)", run: b.idemq(1, false, false)},
 		{name: "set-based worker (100 per tx, unnest + pgx.Batch)", scope: "setbased", run: b.setBased(100)},
-		{name: "idemq, batch 100, per-message handler", scope: "b100", base: "set-based worker (100 per tx, unnest + pgx.Batch)", run: b.idemq(100, false)},
-		{name: "idemq, batch 100, batch API", scope: "api100", base: "set-based worker (100 per tx, unnest + pgx.Batch)", run: b.idemq(100, true)},
-		{name: "idemq, batch 100, all duplicates", scope: "api100", dup: true, run: b.idemq(100, true)},
+		{name: "idemq, batch 100, per-message handler", scope: "b100", base: "set-based worker (100 per tx, unnest + pgx.Batch)", run: b.idemq(100, false, false)},
+		{name: "idemq, batch 100, batch API", scope: "api100", base: "set-based worker (100 per tx, unnest + pgx.Batch)", run: b.idemq(100, true, false)},
+		{name: "idemq, batch 100, batch API, OTel SDK", scope: "otel100", base: "idemq, batch 100, batch API", run: b.idemq(100, true, true)},
+		{name: "idemq, batch 100, all duplicates", scope: "api100", dup: true, run: b.idemq(100, true, false)},
 	}
 	if o.rows != "" {
 		re, err := regexp.Compile(o.rows)
@@ -241,6 +248,9 @@ func run(ctx context.Context, o options) error {
 				continue
 			}
 			res, base := results[r.name], results[r.base]
+			if base.n == 0 {
+				continue // the baseline was not run (-rows)
+			}
 			fmt.Printf("  %s vs %s: %.2fx\n", r.name, r.base, res.rate()/base.rate())
 		}
 	}
@@ -249,7 +259,7 @@ func run(ctx context.Context, o options) error {
 		for _, api := range []bool{false, true} {
 			for _, size := range []int{10, 50, 100, 200, 500, 1000} {
 				name := fmt.Sprintf("idemq, batch %d, %s", size, map[bool]string{false: "per-message handler", true: "batch API"}[api])
-				res, err := b.measure(ctx, row{name: name, scope: fmt.Sprintf("sweep-%v-%d", api, size), run: b.idemq(size, api)}, 0)
+				res, err := b.measure(ctx, row{name: name, scope: fmt.Sprintf("sweep-%v-%d", api, size), run: b.idemq(size, api, false)}, 0)
 				if err != nil {
 					return fmt.Errorf("%s: %w", name, err)
 				}
@@ -543,8 +553,9 @@ ORDER BY u.k ON CONFLICT (scope, key) DO NOTHING RETURNING key`
 }
 
 // idemq runs a Runner at batch size size, with the per-message TxJSON
-// handler or the batch API doing the same UPDATEs in one pipelined batch.
-func (b *bench) idemq(size int, api bool) func(ctx context.Context, pool *pgxpool.Pool, store *pgdedup.Store, gen *generator) error {
+// handler or the batch API doing the same UPDATEs in one pipelined batch;
+// with otel, with the otelidemq hook on SDK providers.
+func (b *bench) idemq(size int, api, otel bool) func(ctx context.Context, pool *pgxpool.Pool, store *pgdedup.Store, gen *generator) error {
 	return func(ctx context.Context, pool *pgxpool.Pool, store *pgdedup.Store, gen *generator) error {
 		update := b.update()
 		var path consumer.Path
@@ -562,9 +573,20 @@ func (b *bench) idemq(size int, api bool) func(ctx context.Context, pool *pgxpoo
 				return err
 			}))
 		}
+		var hooks []consumer.Hook
+		if otel {
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+			defer func() { _ = tp.Shutdown(context.WithoutCancel(ctx)); _ = mp.Shutdown(context.WithoutCancel(ctx)) }()
+			h, err := otelidemq.New(otelidemq.Config{ConsumerGroup: gen.scope, TracerProvider: tp, MeterProvider: mp})
+			if err != nil {
+				return err
+			}
+			hooks = []consumer.Hook{h}
+		}
 		src := &genSource{gen: gen, done: make(chan struct{})}
 		runner, err := consumer.NewRunner(src, path, consumer.Config{
-			Name: gen.scope, Concurrency: b.o.concurrency, BatchSize: size, Logger: b.logger,
+			Name: gen.scope, Concurrency: b.o.concurrency, BatchSize: size, Logger: b.logger, Hooks: hooks,
 		})
 		if err != nil {
 			return err
