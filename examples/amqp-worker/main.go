@@ -61,8 +61,8 @@ type options struct {
 
 func main() {
 	o := options{log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel()}))}
-	flag.StringVar(&o.amqpURL, "amqp", envOr("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
-	flag.StringVar(&o.databaseURL, "db", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable"), "PostgreSQL URL")
+	flag.StringVar(&o.amqpURL, "amqp", "", "RabbitMQ URL (default: $TEST_AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/)")
+	flag.StringVar(&o.databaseURL, "db", "", "PostgreSQL URL (default: $TEST_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable)")
 	flag.StringVar(&o.queue, "queue", "idemq.example.payments", "queue to consume (declared if missing)")
 	flag.StringVar(&o.schema, "schema", "idemq_example", "PostgreSQL schema for the accounts and the dedup records")
 	flag.IntVar(&o.accounts, "accounts", 100, "number of accounts")
@@ -71,6 +71,12 @@ func main() {
 	flag.IntVar(&o.concurrency, "concurrency", 4, "batches handled at once")
 	flag.IntVar(&o.batch, "batch", 50, "messages per transaction")
 	flag.Parse()
+	if o.amqpURL == "" {
+		o.amqpURL = envOr("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	}
+	if o.databaseURL == "" {
+		o.databaseURL = envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable")
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

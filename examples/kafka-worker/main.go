@@ -71,7 +71,7 @@ type options struct {
 func main() {
 	o := options{log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel()}))}
 	brokers := flag.String("brokers", envOr("TEST_KAFKA_BROKERS", "127.0.0.1:9092"), "comma-separated Kafka bootstrap brokers")
-	flag.StringVar(&o.databaseURL, "db", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable"), "PostgreSQL URL")
+	flag.StringVar(&o.databaseURL, "db", "", "PostgreSQL URL (default: $TEST_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable)")
 	flag.StringVar(&o.topic, "topic", "idemq.example.payments", "topic to consume (created if missing, with <topic>.dlq)")
 	flag.StringVar(&o.group, "group", "idemq-example-billing", "consumer group, also the deduplication scope")
 	flag.StringVar(&o.schema, "schema", "idemq_example_kafka", "PostgreSQL schema for the accounts and the dedup records")
@@ -82,6 +82,9 @@ func main() {
 	flag.IntVar(&o.concurrency, "concurrency", 4, "batches handled at once")
 	flag.IntVar(&o.batch, "batch", 50, "messages per transaction")
 	flag.Parse()
+	if o.databaseURL == "" {
+		o.databaseURL = envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable")
+	}
 	o.brokers = strings.Split(*brokers, ",")
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -74,8 +74,8 @@ type options struct {
 
 func main() {
 	o := options{log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel()}))}
-	flag.StringVar(&o.amqpURL, "amqp", envOr("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
-	flag.StringVar(&o.redisURL, "redis", envOr("TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis URL")
+	flag.StringVar(&o.amqpURL, "amqp", "", "RabbitMQ URL (default: $TEST_AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/)")
+	flag.StringVar(&o.redisURL, "redis", "", "Redis URL (default: $TEST_REDIS_URL, else redis://127.0.0.1:6379/0)")
 	flag.StringVar(&o.queue, "queue", "idemq.example.notify", "queue to consume (declared if missing)")
 	flag.StringVar(&o.name, "name", "notify", "consumer name: the scope of the keys in Redis")
 	flag.StringVar(&o.webhookURL, "webhook", "", "webhook URL (default: a demo receiver on 127.0.0.1)")
@@ -84,6 +84,12 @@ func main() {
 	flag.IntVar(&o.concurrency, "concurrency", 8, "notifications handled at once")
 	flag.DurationVar(&o.lease, "lease", 30*time.Second, "lease on a notification while its webhook call runs")
 	flag.Parse()
+	if o.amqpURL == "" {
+		o.amqpURL = envOr("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	}
+	if o.redisURL == "" {
+		o.redisURL = envOr("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

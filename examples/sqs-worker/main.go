@@ -75,7 +75,7 @@ type options struct {
 func main() {
 	o := options{log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel()}))}
 	flag.StringVar(&o.endpoint, "endpoint", envOr("TEST_SQS_ENDPOINT", "http://127.0.0.1:9324"), `SQS endpoint; "" for AWS`)
-	flag.StringVar(&o.databaseURL, "db", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable"), "PostgreSQL URL")
+	flag.StringVar(&o.databaseURL, "db", "", "PostgreSQL URL (default: $TEST_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable)")
 	flag.StringVar(&o.queue, "queue", "idemq-example-payments", "queue to consume (created if missing, with <queue>-dlq)")
 	flag.StringVar(&o.schema, "schema", "idemq_example", "PostgreSQL schema for the accounts and the dedup records")
 	flag.IntVar(&o.accounts, "accounts", 100, "number of accounts")
@@ -84,6 +84,9 @@ func main() {
 	flag.IntVar(&o.concurrency, "concurrency", 4, "batches handled at once")
 	flag.IntVar(&o.batch, "batch", 10, "messages per transaction")
 	flag.Parse()
+	if o.databaseURL == "" {
+		o.databaseURL = envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable")
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

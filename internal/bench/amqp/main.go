@@ -65,8 +65,8 @@ type options struct {
 
 func main() {
 	var o options
-	flag.StringVar(&o.amqpURL, "amqp", envOr("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
-	flag.StringVar(&o.dsn, "dsn", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable"), "PostgreSQL URL")
+	flag.StringVar(&o.amqpURL, "amqp", "", "RabbitMQ URL (default: $TEST_AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/)")
+	flag.StringVar(&o.dsn, "dsn", "", "PostgreSQL URL (default: $TEST_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable)")
 	flag.IntVar(&o.rawN, "raw", 50000, "messages for the raw consumer")
 	flag.IntVar(&o.b1N, "n1", 20000, "messages for the batch-1 runs")
 	flag.IntVar(&o.b100N, "n100", 30000, "messages for the batch-100 runs")
@@ -76,6 +76,12 @@ func main() {
 	flag.IntVar(&o.accounts, "accounts", 1000, "rows in the accounts table")
 	flag.BoolVar(&o.quorum, "quorum", false, "use quorum queues instead of classic queues")
 	flag.Parse()
+	if o.amqpURL == "" {
+		o.amqpURL = envOr("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	}
+	if o.dsn == "" {
+		o.dsn = envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	if err := run(ctx, o); err != nil {

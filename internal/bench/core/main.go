@@ -74,7 +74,7 @@ type options struct {
 
 func main() {
 	var o options
-	flag.StringVar(&o.dsn, "dsn", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable"), "PostgreSQL URL")
+	flag.StringVar(&o.dsn, "dsn", "", "PostgreSQL URL (default: $TEST_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable)")
 	flag.IntVar(&o.n, "n", 20000, "least messages per row")
 	flag.DurationVar(&o.min, "min", 5*time.Second, "least duration per row")
 	flag.IntVar(&o.concurrency, "concurrency", 4, "workers (hand-written) and Runner.Concurrency (idemq)")
@@ -84,6 +84,9 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", 2, "rounds (every other one in reverse order)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if o.dsn == "" {
+		o.dsn = envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable")
+	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {

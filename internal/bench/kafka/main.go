@@ -64,7 +64,7 @@ type order struct {
 func main() {
 	var (
 		brokers     = flag.String("brokers", envOr("TEST_KAFKA_BROKERS", "127.0.0.1:9092"), "comma-separated Kafka bootstrap brokers")
-		dsn         = flag.String("dsn", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable"), "PostgreSQL URL")
+		dsn         = flag.String("dsn", "", "PostgreSQL URL (default: $TEST_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable)")
 		n           = flag.Int("n", 100000, "messages for the raw baseline and the batch-100 runs")
 		n1          = flag.Int("n1", 20000, "messages for the batch-1 runs")
 		rounds      = flag.Int("rounds", 2, "rounds of every workload, in alternating order")
@@ -76,6 +76,9 @@ func main() {
 		cpuprofile  = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	)
 	flag.Parse()
+	if *dsn == "" {
+		*dsn = envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable")
+	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {

@@ -55,9 +55,12 @@ func main() {
 	n := flag.Int("n", 20000, "messages per measurement")
 	concurrency := flag.Int("concurrency", 8, "goroutines of the raw loops and Config.Concurrency of the runner")
 	rounds := flag.Int("rounds", 3, "runs of each measurement; the best is reported")
-	url := flag.String("redis", envOr("TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis URL")
+	url := flag.String("redis", "", "Redis URL (default: $TEST_REDIS_URL, else redis://127.0.0.1:6379/0)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if *url == "" {
+		*url = envOr("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {

@@ -71,10 +71,16 @@ func main() {
 		n       = flag.Int("n", 20000, "messages per run (SQS runs use n/4)")
 		brokers = flag.String("brokers", envOr("TEST_KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka bootstrap brokers")
 		sqsURL  = flag.String("sqs", envOr("TEST_SQS_ENDPOINT", "http://127.0.0.1:9324"), "SQS endpoint")
-		amqpURL = flag.String("amqp", envOr("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
-		dsn     = flag.String("dsn", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable"), "PostgreSQL URL")
+		amqpURL = flag.String("amqp", "", "RabbitMQ URL (default: $TEST_AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/)")
+		dsn     = flag.String("dsn", "", "PostgreSQL URL (default: $TEST_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable)")
 	)
 	flag.Parse()
+	if *amqpURL == "" {
+		*amqpURL = envOr("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	}
+	if *dsn == "" {
+		*dsn = envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable")
+	}
 	ctx := context.Background()
 	pool, err := openPool(ctx, *dsn)
 	if err != nil {

@@ -66,7 +66,7 @@ type options struct {
 func main() {
 	var opt options
 	flag.StringVar(&opt.endpoint, "endpoint", envOr("TEST_SQS_ENDPOINT", "http://127.0.0.1:9324"), "SQS endpoint")
-	flag.StringVar(&opt.dsn, "dsn", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable"), "PostgreSQL URL")
+	flag.StringVar(&opt.dsn, "dsn", "", "PostgreSQL URL (default: $TEST_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable)")
 	flag.IntVar(&opt.n, "n", 20000, "messages per run of the raw and batch-100 workloads")
 	flag.IntVar(&opt.n1, "n1", 3000, "messages per run of the batch-1 workloads (at least 5 s each here)")
 	flag.IntVar(&opt.receivers, "receivers", 4, "parallel receivers (raw) and sqssource.Config.MaxReceivers")
@@ -75,6 +75,9 @@ func main() {
 	flag.IntVar(&opt.rounds, "rounds", 2, "rounds of every workload, in alternating order")
 	flag.StringVar(&opt.only, "only", "", "run only the workloads whose name contains this")
 	flag.Parse()
+	if opt.dsn == "" {
+		opt.dsn = envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	if err := run(ctx, opt); err != nil {

@@ -59,10 +59,10 @@ func main() {
 	flag.StringVar(&o.broker, "broker", env("memory", "CHECKOUT_BROKER"), "broker: memory, kafka, sqs or rabbitmq")
 	flag.StringVar(&o.store, "store", env("sqlite", "CHECKOUT_STORE"), "store: sqlite or postgres")
 	flag.StringVar(&o.sqlitePath, "sqlite", env("checkout.db", "CHECKOUT_SQLITE"), "SQLite file of the sqlite store")
-	flag.StringVar(&o.dbURL, "db", env("postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable", "DATABASE_URL", "TEST_DATABASE_URL"), "PostgreSQL URL of the postgres store")
+	flag.StringVar(&o.dbURL, "db", "", "PostgreSQL URL of the postgres store (default: $DATABASE_URL, else $TEST_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable)")
 	flag.StringVar(&o.schema, "schema", "checkout", "PostgreSQL schema of the postgres store")
 	flag.StringVar(&o.kafka, "kafka", env("127.0.0.1:9092", "KAFKA_BROKERS", "TEST_KAFKA_BROKERS"), "comma-separated Kafka bootstrap brokers")
-	flag.StringVar(&o.amqpURL, "amqp", env("amqp://guest:guest@127.0.0.1:5672/", "AMQP_URL", "TEST_AMQP_URL"), "RabbitMQ URL")
+	flag.StringVar(&o.amqpURL, "amqp", "", "RabbitMQ URL (default: $AMQP_URL, else $TEST_AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/)")
 	flag.StringVar(&o.sqs, "sqs", env("http://127.0.0.1:9324", "SQS_ENDPOINT", "TEST_SQS_ENDPOINT"), `SQS endpoint ("" for AWS)`)
 	flag.StringVar(&o.topic, "topic", "checkout-orders", "Kafka topic, SQS queue or RabbitMQ queue")
 	flag.IntVar(&o.publish, "publish", 0, "publish this many orders before consuming")
@@ -72,6 +72,14 @@ func main() {
 	flag.DurationVar(&o.idle, "idle", 0, "exit after no order arrived for this long (0: run until interrupted)")
 	flag.BoolVar(&o.verbose, "v", false, "log the runner's and the source's messages")
 	flag.Parse()
+	// URLs may carry passwords: they come from the environment after
+	// parsing, so that -h never prints them.
+	if o.dbURL == "" {
+		o.dbURL = env("postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable", "DATABASE_URL", "TEST_DATABASE_URL")
+	}
+	if o.amqpURL == "" {
+		o.amqpURL = env("amqp://guest:guest@127.0.0.1:5672/", "AMQP_URL", "TEST_AMQP_URL")
+	}
 	if o.broker == checkout.BrokerMemory && o.idle == 0 {
 		o.idle = 3 * time.Second // nothing else can publish to an in-process broker
 	}
