@@ -145,8 +145,6 @@
 // accepted), and it refuses a receipt handle with ReceiptHandleIsInvalid once
 // the message was received again, where SQS may answer success without
 // deleting (its documentation asks for the latest handle). Either way the
-// message comes back and is deleted as a duplicate. The local ElasticMQ of
-// testdata/services persists queues and messages (H2 messages-storage), so the
-// conformance suite restarts it in the middle of a stream; an emulator that
-// keeps queues in memory loses them on a restart, which SQS never does.
+// message comes back and is deleted as a duplicate. ElasticMQ keeps its queues
+// in memory, so the tests cannot restart it in the middle of a run.
 package sqssource

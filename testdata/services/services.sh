@@ -6,7 +6,7 @@
 #   redis      Redis (no persistence)                   127.0.0.1:6379
 #   rabbitmq   RabbitMQ                                 127.0.0.1:5672
 #   kafka      Apache Kafka, KRaft, jars from Maven     127.0.0.1:9092 (controller 9093)
-#   elasticmq  ElasticMQ (SQS API), jars from Maven     127.0.0.1:9324 (persistent)
+#   elasticmq  ElasticMQ (SQS API), jars from Maven     127.0.0.1:9324
 #
 # Usage:
 #   services.sh up      [svc...]   start what does not answer yet (default: all five)
@@ -473,17 +473,14 @@ kafka_stop() {
 }
 
 # ---------------------------------------------------------------------------
-# ElasticMQ: SQS-compatible server, jars from Maven; queues and messages
-# persist in $STATE_DIR/elasticmq/data across a restart.
+# ElasticMQ: SQS-compatible server, jars from Maven, in-memory queues.
 
 elasticmq_launch() {
 	fetch_jars elasticmq
 	local dir
 	dir=$(svc_dir elasticmq)
-	# elasticmq.conf keeps queues and messages here, so a restart loses none.
-	mkdir -p "$dir/data"
 	# shellcheck disable=SC2086 # ELASTICMQ_HEAP holds several options
-	launch_detached elasticmq "$dir/elasticmq.log" env IDEMQ_ELASTICMQ_DATA="$dir/data" java $ELASTICMQ_HEAP \
+	launch_detached elasticmq "$dir/elasticmq.log" java $ELASTICMQ_HEAP \
 		-XX:+UseSerialGC -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
 		-Dconfig.file="$HERE/elasticmq/elasticmq.conf" \
 		-cp "$dir/lib/*" org.elasticmq.server.Main
