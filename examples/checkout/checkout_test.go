@@ -105,7 +105,26 @@ func exercise(t *testing.T, cfg checkout.BrokerConfig, store checkout.Store, n i
 	if err != nil {
 		t.Fatal(err)
 	}
-	st2, err := checkout.Run(ctx, checkout.WorkerConfig{Broker: b, Store: store, BatchSize: 10, Idle: 3 * time.Second})
+	// The second runs until every order was charged and both bad ones
+	// dead-lettered, and then one more second for stray redeliveries. It
+	// does not stop at the first idle moment: messages that SQS hid for a
+	// receive the first worker cancelled when it stopped (or whose response
+	// was lost) come back only after their visibility timeout.
+	second, stop2 := context.WithCancel(ctx)
+	defer stop2()
+	var settledAt time.Time
+	st2, err := checkout.Run(second, checkout.WorkerConfig{Broker: b, Store: store, BatchSize: 10,
+		ReportInterval: 10 * time.Millisecond,
+		Report: func(st consumer.Stats) {
+			switch {
+			case st1.Handled+st.Handled < uint64(n) || st1.DeadLettered+st.DeadLettered < 2:
+				settledAt = time.Time{}
+			case settledAt.IsZero():
+				settledAt = time.Now()
+			case time.Since(settledAt) >= time.Second:
+				stop2()
+			}
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,6 +70,11 @@ type options struct {
 	idle                  time.Duration
 	concurrency, batch    int
 	log                   *slog.Logger
+	// settled, if set, holds off the idle exit until it reports true for
+	// the runner's counters: a test's way to wait out messages that SQS
+	// hid for a receive whose response was lost (they come back after
+	// their visibility timeout).
+	settled func(consumer.Stats) bool
 }
 
 func main() {
@@ -177,6 +182,13 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	defer cancel()
 	if o.idle > 0 {
 		go func() {
+			for o.settled != nil && !o.settled(r.Stats()) {
+				select {
+				case <-runCtx.Done():
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
 			if r.WaitIdle(runCtx, o.idle) == nil {
 				cancel()
 			}

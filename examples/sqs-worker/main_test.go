@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/sqssource"
 )
@@ -54,6 +55,11 @@ func TestWorkerCreditsEachPaymentOnce(t *testing.T) {
 		endpoint: endpoint, databaseURL: dbURL, queue: queue, schema: schema,
 		accounts: 10, publish: 200, idle: time.Second, concurrency: 2, batch: 10,
 		log: slog.New(slog.DiscardHandler),
+		// A ReceiveMessage response can be lost after SQS hid its
+		// messages (the SDK then retries the call); they come back after
+		// the 30 s visibility timeout. Idle time counts only once every
+		// payment was settled, so the test waits for them.
+		settled: func(s consumer.Stats) bool { return s.Handled+s.Duplicates+s.DeadLettered >= 221 },
 	}
 	if err := run(ctx, o, &out); err != nil {
 		t.Fatalf("run: %v\n%s", err, out.String())
