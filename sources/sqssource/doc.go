@@ -145,6 +145,9 @@
 // accepted), and it refuses a receipt handle with ReceiptHandleIsInvalid once
 // the message was received again, where SQS may answer success without
 // deleting (its documentation asks for the latest handle). Either way the
-// message comes back and is deleted as a duplicate. ElasticMQ keeps its queues
-// in memory, so the tests cannot restart it in the middle of a run.
+// message comes back and is deleted as a duplicate. The shared ElasticMQ keeps
+// its queues in memory; the restart test (TestDefaultConfigSurvivesBrokerRestart)
+// runs an ElasticMQ of its own that keeps queues and messages in a database
+// file, restarts it in the middle of a run with the default configuration,
+// and finds every message handled once.
 package sqssource

@@ -55,17 +55,20 @@ func sqsClient(t testing.TB) *sqs.Client {
 	t.Helper()
 	needServices(t)
 	endpoint := testenv.SQSEndpoint(t)
-	clientOnce.Do(func() {
-		client, clientErr = sqssource.NewClient(context.Background(), endpoint,
-			config.WithRegion(testenv.SQSRegion),
-			config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider(
-				testenv.SQSAccessKeyID, testenv.SQSSecretAccessKey, "")),
-		)
-	})
+	clientOnce.Do(func() { client, clientErr = newClient(endpoint) })
 	if clientErr != nil {
 		t.Fatalf("SQS client: %v", clientErr)
 	}
 	return client
+}
+
+// newClient returns a client for the local SQS-compatible server at endpoint.
+func newClient(endpoint string) (*sqs.Client, error) {
+	return sqssource.NewClient(context.Background(), endpoint,
+		config.WithRegion(testenv.SQSRegion),
+		config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider(
+			testenv.SQSAccessKeyID, testenv.SQSSecretAccessKey, "")),
+	)
 }
 
 // uniqueName returns a queue name unique to this run (at most 80 bytes with
@@ -158,7 +161,12 @@ type outMsg struct {
 // publish sends msgs to the queue, in order, 10 per SendMessageBatch.
 func publish(t testing.TB, queueURL string, fifo bool, msgs ...outMsg) {
 	t.Helper()
-	c := sqsClient(t)
+	publishWith(t, sqsClient(t), queueURL, fifo, msgs...)
+}
+
+// publishWith is publish through the client c.
+func publishWith(t testing.TB, c *sqs.Client, queueURL string, fifo bool, msgs ...outMsg) {
+	t.Helper()
 	ctx := testContext(t, 60*time.Second)
 	for start := 0; start < len(msgs); start += 10 {
 		batch := msgs[start:min(start+10, len(msgs))]
@@ -215,8 +223,14 @@ func numbered(prefix string, n int) []outMsg {
 // queueDepth returns the visible plus in-flight messages of a queue.
 func queueDepth(t testing.TB, queueURL string) int {
 	t.Helper()
+	return queueDepthWith(t, sqsClient(t), queueURL)
+}
+
+// queueDepthWith is queueDepth through the client c.
+func queueDepthWith(t testing.TB, c *sqs.Client, queueURL string) int {
+	t.Helper()
 	ctx := testContext(t, 10*time.Second)
-	out, err := sqsClient(t).GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
+	out, err := c.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
 		QueueUrl: aws.String(queueURL),
 		AttributeNames: []types.QueueAttributeName{
 			types.QueueAttributeNameApproximateNumberOfMessages,
