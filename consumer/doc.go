@@ -13,6 +13,12 @@
 //     handler while refreshing the lease, marks the key done, and only then
 //     acknowledges.
 //
+// Each lane acknowledges in the background, in order: it hands its settled
+// messages to its acker and goes on to the next batch while the broker
+// confirms, and what settles while an Ack is in flight leaves in the next
+// Ack call. A lost or failed Ack is harmless: the message is redelivered and
+// recognised.
+//
 // A redelivered message whose key is already recorded is acknowledged without
 // running the handler. Two deliveries of one key at the same moment never run
 // the handler twice: on the transactional path the second waits on the
@@ -51,8 +57,9 @@
 // message: the store's own begin, claim and commit, and the typed driver
 // errors its TransientClassifier recognises (a deadlock, a serialization
 // failure, a lost connection). Any other handler error, its HandlerTimeout
-// deadline included, is a counted attempt; Permanent always wins. Nothing is acknowledged before its effect is durable: a failed
-// commit (ErrCommit) acknowledges nothing.
+// deadline included, is a counted attempt; Permanent always wins. Nothing is
+// acknowledged before its effect is durable: a failed commit (ErrCommit)
+// acknowledges nothing.
 //
 // # Stopping
 //

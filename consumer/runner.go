@@ -268,8 +268,13 @@ func (r *Runner) laneOf(j *job) int {
 	return int(h.Sum32() % uint32(r.cfg.Concurrency))
 }
 
-// lane handles the jobs of one lane in batches of up to BatchSize.
+// lane handles the jobs of one lane in batches of up to BatchSize. Its
+// acknowledgements go through an acker of its own, so that the lane handles
+// its next batch while the broker confirms the last; lane returns once the
+// acker has sent them all.
 func (r *Runner) lane(ctx context.Context, in <-chan *job) {
+	a := r.startAcker(ctx)
+	defer a.stop()
 	batch := make([]*job, 0, r.cfg.BatchSize)
 	for j := range in {
 		batch = append(batch[:0], j)
@@ -295,12 +300,12 @@ func (r *Runner) lane(ctx context.Context, in <-chan *job) {
 		for _, h := range r.hooks.batch {
 			h.OnBatch(ctx, len(batch))
 		}
-		r.handle(ctx, batch)
+		r.handle(ctx, batch, a)
 	}
 }
 
 // handle validates a batch, runs its path and settles every message.
-func (r *Runner) handle(ctx context.Context, batch []*job) {
+func (r *Runner) handle(ctx context.Context, batch []*job, a *acker) {
 	live := make([]*job, 0, len(batch))
 	leaders := make(map[string]*job, len(batch))
 	var followers []*job
@@ -336,7 +341,7 @@ func (r *Runner) handle(ctx context.Context, batch []*job) {
 			f.set(outDuplicate, nil)
 		}
 	}
-	r.settle(ctx, batch)
+	r.settle(ctx, batch, a)
 }
 
 var errDuplicateUnsettled = errors.New("first copy not settled")
@@ -414,12 +419,13 @@ func infraErr(batch []*job) error {
 // worker holds (lease path).
 var errKeyBusy = errors.New("being handled by another worker")
 
-// settle acknowledges, retries or dead-letters every job of a batch. Once
-// ctx is cancelled (the drain timed out) nothing is retried or dead-lettered:
-// a handler cut short by the shutdown did not fail, so its message is left
-// to the broker without counting an attempt.
-func (r *Runner) settle(ctx context.Context, batch []*job) {
-	var acks []*Message
+// settle retries or dead-letters the jobs of a batch that failed and hands
+// those to acknowledge (handled and duplicates) to the lane's acker. Once ctx
+// is cancelled (the drain timed out) nothing is retried or dead-lettered: a
+// handler cut short by the shutdown did not fail, so its message is left to
+// the broker without counting an attempt.
+func (r *Runner) settle(ctx context.Context, batch []*job, a *acker) {
+	var acks []*job
 	for _, j := range batch {
 		r.hookClaimed(j)
 		if ctx.Err() != nil && j.out != outAck && j.out != outDuplicate && j.out != outNone {
@@ -433,12 +439,12 @@ func (r *Runner) settle(ctx context.Context, batch []*job) {
 		switch j.out {
 		case outAck:
 			r.stats.handled.Add(1)
-			acks = append(acks, j.msg)
+			acks = append(acks, j)
 		case outDuplicate:
 			r.stats.duplicates.Add(1)
 			r.log.LogAttrs(r.msgCtx(ctx, j), slog.LevelDebug, "duplicate acknowledged",
 				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt))
-			acks = append(acks, j.msg)
+			acks = append(acks, j)
 		case outRetry, outRetryInfra:
 			r.hookSettled(j, r.retry(ctx, j), len(batch), j.err)
 		case outDeadLetter:
@@ -447,34 +453,9 @@ func (r *Runner) settle(ctx context.Context, batch []*job) {
 			r.hookSettled(j, OutcomeLeft, len(batch), nil)
 		}
 	}
-	if len(acks) == 0 {
-		return
+	if len(acks) > 0 {
+		a.send(ackBatch{jobs: acks, size: len(batch)})
 	}
-	err := r.src.Ack(ctx, acks)
-	for _, h := range r.hooks.ack {
-		h.OnAck(ctx, len(acks), err)
-	}
-	if len(r.hooks.settled) > 0 {
-		for _, j := range batch {
-			switch {
-			case ctx.Err() != nil && j.out != outAck && j.out != outDuplicate:
-			case j.out == outAck:
-				r.hookSettled(j, OutcomeHandled, len(batch), err)
-			case j.out == outDuplicate:
-				r.hookSettled(j, OutcomeDuplicate, len(batch), err)
-			}
-		}
-	}
-	if err != nil {
-		// Harmless for correctness: the effect is committed, and the
-		// redelivery is recognised as a duplicate.
-		r.stats.ackFailures.Add(uint64(len(acks)))
-		r.ackOut.failed(ctx, r.log, err)
-		r.log.LogAttrs(ctx, slog.LevelWarn, "ack failed after commit; redeliveries will be deduplicated",
-			slog.Int(LogKeyCount, len(acks)), slog.Any(LogKeyError, err))
-		return
-	}
-	r.ackOut.ok(ctx, r.log)
 }
 
 // msgCtx returns ctx seen through the message context of j when a
