@@ -114,14 +114,16 @@ type Source struct {
 	// extension never overrides a retry delay.
 	visMu sync.RWMutex
 
-	mu       sync.Mutex
-	closed   bool
-	inflight map[*handle]struct{} // received, not settled; includes ready
-	ready    []*consumer.Message  // received, not yet returned by Receive
-	active   map[string]*handle   // strict FIFO: group -> message handed out, unsettled
-	polls    int                  // ReceiveMessage calls in progress
-	pollErr  error                // last failed call, for the next Receive
-	wake     chan struct{}        // closed and replaced when the above change
+	mu          sync.Mutex
+	closed      bool
+	inflight    map[*handle]struct{} // received, not settled; includes ready
+	ready       []*consumer.Message  // received, not yet returned by Receive
+	active      map[string]*handle   // strict FIFO: group -> message handed out, unsettled
+	polls       int                  // ReceiveMessage calls in progress
+	pollErr     error                // last failed call, for the next Receive
+	deletes     []pendingDelete      // Ack entries waiting for a DeleteMessageBatch call
+	deleteCalls int                  // DeleteMessageBatch calls in flight
+	wake        chan struct{}        // closed and replaced when the above change
 
 	stats counters
 }
@@ -226,8 +228,10 @@ func (s *Source) MaxReceiveCount() int { return s.maxReceiveCount }
 // at least one is available, ctx is done or the Source is closed. It keeps up
 // to Config.MaxReceivers ReceiveMessage calls in flight (one per 10
 // messages), and starts the next ones before it returns, so that receiving
-// overlaps with handling: at most max messages are buffered or being received
-// ahead of the caller. A call still in flight when Receive returns is not
+// overlaps with handling. Every call asks for 10 messages (the most SQS
+// returns at once, for the price of one), and a new call starts only while
+// fewer than max are buffered or being received, so at most max+9 messages
+// wait ahead of the caller, their visibility extended by the heartbeat. A call still in flight when Receive returns is not
 // cancelled, since SQS may already have hidden the messages it returns: its
 // messages are kept in flight, with their visibility extended, for the next
 // Receive. Close cancels the calls still in flight; messages that SQS had
@@ -274,14 +278,14 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 	}
 }
 
-// prefetch starts ReceiveMessage calls, one per 10 messages and at most
+// prefetch starts ReceiveMessage calls for 10 messages each, at most
 // Config.MaxReceivers at a time, until the messages buffered or being
 // received cover max. s.mu must be held.
 func (s *Source) prefetch(max int) {
 	want := min((max+MaxBatch-1)/MaxBatch, s.cfg.MaxReceivers)
 	for s.polls < want && len(s.ready)+s.polls*MaxBatch < max {
 		s.polls++
-		s.bg.Go(func() { s.poll(min(max, MaxBatch)) })
+		s.bg.Go(func() { s.poll(MaxBatch) })
 	}
 }
 
@@ -418,8 +422,11 @@ func (s *Source) message(h *handle, now time.Time) *consumer.Message {
 	}
 }
 
-// Ack deletes msgs from the queue with DeleteMessageBatch, 10 per call, the
-// calls in parallel. Entries that fail for a reason that is not the caller's
+// Ack deletes msgs from the queue with DeleteMessageBatch, 10 per call, and
+// returns once SQS answered for each. Concurrent Acks share calls: while a
+// call is in flight, the messages of other Acks wait for it and leave
+// together in the next (see deletes.go), so that one message per Ack does
+// not cost one call per message. Entries that fail for a reason that is not the caller's
 // fault are sent again (Config.DeleteAttempts in all); the others, such as an
 // expired receipt handle (the message was received again meanwhile), are
 // reported at once. The error holds a *BatchError naming the entries that
@@ -443,28 +450,12 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	}
 	s.untrack(hs...)
 
-	var (
-		wg     sync.WaitGroup
-		mu     sync.Mutex
-		failed []EntryError
-		last   error
-	)
-	for chunk := range slices.Chunk(hs, MaxBatch) {
-		wg.Go(func() {
-			f, err := s.deleteBatch(ctx, chunk)
-			mu.Lock()
-			defer mu.Unlock()
-			failed = append(failed, f...)
-			if err != nil {
-				last = err
-			}
-		})
-	}
-	wg.Wait()
-	s.stats.deleted.Add(uint64(len(hs) - len(failed)))
-	if len(failed) > 0 {
-		s.stats.deleteFailures.Add(uint64(len(failed)))
-		errs = append(errs, &BatchError{Op: "DeleteMessageBatch", Entries: failed, Err: last})
+	failed, err := s.deleteAll(ctx, hs)
+	switch {
+	case len(failed) > 0:
+		errs = append(errs, &BatchError{Op: "DeleteMessageBatch", Entries: failed, Err: err})
+	case err != nil:
+		errs = append(errs, fmt.Errorf("sqssource: ack: %w", err))
 	}
 	return errors.Join(errs...)
 }

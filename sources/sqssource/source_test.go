@@ -409,3 +409,65 @@ func TestDeadLetterKeepsOriginalUntilWritten(t *testing.T) {
 		t.Fatalf("%d dead letters, want none", n)
 	}
 }
+
+// countedDeletes passes DeleteMessageBatch to the real server, counting the
+// calls, and holds the first call back for hold.
+type countedDeletes struct {
+	sqssource.Client
+	hold time.Duration
+
+	mu      sync.Mutex
+	entries []int // per call
+}
+
+func (c *countedDeletes) DeleteMessageBatch(ctx context.Context, in *sqs.DeleteMessageBatchInput, optFns ...func(*sqs.Options)) (*sqs.DeleteMessageBatchOutput, error) {
+	c.mu.Lock()
+	c.entries = append(c.entries, len(in.Entries))
+	first := len(c.entries) == 1
+	c.mu.Unlock()
+	if first {
+		time.Sleep(c.hold)
+	}
+	return c.Client.DeleteMessageBatch(ctx, in, optFns...)
+}
+
+// TestConcurrentAcksShareDeleteCalls checks that Acks of one message each,
+// made at once (lanes at batch size 1), leave in shared DeleteMessageBatch
+// calls while one is in flight, instead of one call per message, and that
+// every message is deleted.
+func TestConcurrentAcksShareDeleteCalls(t *testing.T) {
+	t.Parallel()
+	q := newQueue(t, queueOptions{})
+	const n = 20
+	publish(t, q.URL, false, numbered("shared", n)...)
+	client := &countedDeletes{Client: sqsClient(t), hold: time.Second}
+	src, err := sqssource.New(testContext(t, 30*time.Second), client, sourceConfig(t, q))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = src.Close() })
+	msgs := receiveN(t, src, n, 20*time.Second)
+	ctx := testContext(t, 30*time.Second)
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i, m := range msgs {
+		wg.Go(func() { errs[i] = src.Ack(ctx, []*consumer.Message{m}) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("Ack: %v", err)
+	}
+	client.mu.Lock()
+	calls := slices.Clone(client.entries)
+	client.mu.Unlock()
+	t.Logf("entries per DeleteMessageBatch call: %v", calls)
+	if len(calls) > n/2 {
+		t.Errorf("%d DeleteMessageBatch calls for %d single-message Acks, want them to share calls", len(calls), n)
+	}
+	if got := src.Stats().Deleted; got != n {
+		t.Errorf("deleted %d, want %d", got, n)
+	}
+	if d := queueDepth(t, q.URL); d != 0 {
+		t.Errorf("%d messages left in the queue, want none", d)
+	}
+}
