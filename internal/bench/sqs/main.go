@@ -68,7 +68,7 @@ func main() {
 	flag.StringVar(&opt.endpoint, "endpoint", envOr("TEST_SQS_ENDPOINT", "http://127.0.0.1:9324"), "SQS endpoint")
 	flag.StringVar(&opt.dsn, "dsn", "", "PostgreSQL URL (default: $TEST_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable)")
 	flag.IntVar(&opt.n, "n", 20000, "messages per run of the raw and batch-100 workloads")
-	flag.IntVar(&opt.n1, "n1", 3000, "messages per run of the batch-1 workloads (at least 5 s each here)")
+	flag.IntVar(&opt.n1, "n1", 6000, "messages per run of the batch-1 workloads (at least 5 s each here)")
 	flag.IntVar(&opt.receivers, "receivers", 4, "parallel receivers (raw) and sqssource.Config.MaxReceivers")
 	flag.IntVar(&opt.concurrency, "concurrency", 4, "consumer.Config.Concurrency")
 	flag.IntVar(&opt.accounts, "accounts", 1000, "rows in the accounts table")
@@ -150,7 +150,7 @@ func run(ctx context.Context, opt options) error {
 }
 
 // hand drains a queue with the hand-written worker: -concurrency
-// goroutines, each gathering up to batch messages (receives of 10),
+// goroutines, each gathering up to max(batch, 10) messages (receives of 10),
 // applying them (a transaction per message at batch 1, one per gathering
 // otherwise) and then deleting them with DeleteMessageBatch.
 func (b *bench) hand(ctx context.Context, round, batch int) (time.Duration, error) {
@@ -174,14 +174,17 @@ func (b *bench) hand(ctx context.Context, round, batch int) (time.Duration, erro
 	for range b.opt.concurrency {
 		wg.Go(func() {
 			for done.Load() < int64(b.nOf(batch)) && !failed.Load() {
+				// At batch 1 a careful worker still receives 10 per call
+				// and deletes them in one call; it commits each alone.
+				want := max(batch, 10)
 				var got []types.Message
-				for len(got) < batch {
+				for len(got) < want {
 					wait := int32(1)
 					if len(got) > 0 {
 						wait = 0 // gather what is there, do not wait for more
 					}
 					out, err := b.client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
-						QueueUrl: aws.String(queueURL), MaxNumberOfMessages: int32(min(10, batch-len(got))), WaitTimeSeconds: wait, VisibilityTimeout: 30,
+						QueueUrl: aws.String(queueURL), MaxNumberOfMessages: int32(min(10, want-len(got))), WaitTimeSeconds: wait, VisibilityTimeout: 30,
 					})
 					if err != nil {
 						fail(err)
