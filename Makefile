@@ -63,9 +63,14 @@ fuzz: ## Run every fuzz target for FUZZTIME (default 10s) each, one after anothe
 	if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed"; exit 1; fi
 
 .PHONY: lint
-lint: ## gofmt and go vet.
+lint: ## gofmt and go vet (the container program in testdata/containers, a module of its own, too).
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	cd testdata/containers && $(GO) vet ./...
+
+.PHONY: deps-weight
+deps-weight: ## Count and weigh the modules a user downloads to import consumer and dedup/pgdedup (targets: 12, 40 MB).
+	bash .ci/deps-weight
 
 .PHONY: services
 services: ## Install (when missing) and start PostgreSQL, Redis, RabbitMQ, Kafka and ElasticMQ on 127.0.0.1.

@@ -1,185 +1,195 @@
 package testenv
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
-	"net/netip"
-	"strconv"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/moby/moby/api/types/container"
-	"github.com/moby/moby/api/types/network"
-	"github.com/testcontainers/testcontainers-go"
-	"github.com/testcontainers/testcontainers-go/wait"
 )
 
-// This file is the last resort of the resolution: a container started with
-// testcontainers-go when a Docker engine answers. Each container publishes
-// its service on the same fixed loopback port that services.sh uses, so the
-// default addresses apply, and it lives for the rest of the test process
-// (testcontainers' reaper removes it when the process ends).
+// This file is the last resort of the resolution: the service in a Docker
+// container, started by the program in testdata/containers (a module of its
+// own, on testcontainers-go, so that idemq's module never depends on it),
+// run with `go run . <service>`. The program publishes the service on a free
+// loopback port, prints its address as NAME=value and then obeys stop,
+// start and restart on its stdin; it lives until the test process ends
+// (its stdin closes), then removes the container.
 
-const containerStartTimeout = 3 * time.Minute
+// containerStartTimeout bounds building the program, pulling the image and
+// starting the service.
+const containerStartTimeout = 5 * time.Minute
 
-type containerSpec struct {
-	image string
-	port  uint16
-	env   map[string]string
-	cmd   []string
-	wait  func() wait.Strategy
-}
-
-var containerSpecs = map[string]containerSpec{
-	Postgres: {
-		image: "postgres:15-alpine",
-		port:  5432,
-		env:   map[string]string{"POSTGRES_HOST_AUTH_METHOD": "trust", "POSTGRES_DB": "idemq_test"},
-		wait: func() wait.Strategy {
-			return wait.ForAll(
-				wait.ForLog("database system is ready to accept connections").WithOccurrence(2),
-				wait.ForListeningPort("5432/tcp"))
-		},
-	},
-	Redis: {
-		image: "redis:7-alpine",
-		port:  6379,
-		cmd:   []string{"redis-server", "--save", "", "--appendonly", "no"},
-		wait:  func() wait.Strategy { return wait.ForListeningPort("6379/tcp") },
-	},
-	RabbitMQ: {
-		image: "rabbitmq:3.13-alpine",
-		port:  5672,
-		wait: func() wait.Strategy {
-			return wait.ForAll(wait.ForLog("Server startup complete"), wait.ForListeningPort("5672/tcp"))
-		},
-	},
-	Kafka: {
-		image: "apache/kafka:4.0.0",
-		port:  9092,
-		env: map[string]string{
-			"KAFKA_NODE_ID":                                          "1",
-			"KAFKA_PROCESS_ROLES":                                    "broker,controller",
-			"KAFKA_LISTENERS":                                        "PLAINTEXT://:9092,CONTROLLER://:9093",
-			"KAFKA_ADVERTISED_LISTENERS":                             "PLAINTEXT://127.0.0.1:9092",
-			"KAFKA_CONTROLLER_LISTENER_NAMES":                        "CONTROLLER",
-			"KAFKA_LISTENER_SECURITY_PROTOCOL_MAP":                   "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-			"KAFKA_CONTROLLER_QUORUM_VOTERS":                         "1@localhost:9093",
-			"KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR":                 "1",
-			"KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR":         "1",
-			"KAFKA_TRANSACTION_STATE_LOG_MIN_ISR":                    "1",
-			"KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR": "1",
-			"KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR":            "1",
-			"KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS":                 "0",
-			"KAFKA_NUM_PARTITIONS":                                   "4",
-			"KAFKA_AUTO_CREATE_TOPICS_ENABLE":                        "true",
-		},
-		wait: func() wait.Strategy {
-			return wait.ForAll(wait.ForLog("Kafka Server started"), wait.ForListeningPort("9092/tcp"))
-		},
-	},
-	ElasticMQ: {
-		image: "softwaremill/elasticmq-native:1.7.1",
-		port:  9324,
-		wait:  func() wait.Strategy { return wait.ForListeningPort("9324/tcp") },
-	},
+// container is a running testdata/containers program.
+type container struct {
+	mu     sync.Mutex // one command at a time
+	stdin  io.WriteCloser
+	stdout *bufio.Reader
+	stderr *bytes.Buffer
+	addr   string
 }
 
 var (
-	dockerOnce sync.Once
-	dockerErr  error
-
 	containersMu sync.Mutex
-	containers   = map[string]testcontainers.Container{}
+	containers   = map[string]*container{}
 )
 
-// dockerHealthy reports, once per process, whether a Docker engine answers.
-func dockerHealthy() (err error) {
-	dockerOnce.Do(func() {
-		defer func() {
-			if r := recover(); r != nil {
-				dockerErr = fmt.Errorf("no Docker engine answers for testcontainers: %v", r)
-			}
-		}()
-		p, err := testcontainers.NewDockerProvider()
-		if err != nil {
-			dockerErr = fmt.Errorf("no Docker engine answers for testcontainers: %w", err)
-			return
+// dockerPresent reports whether a Docker engine is configured on this
+// machine: DOCKER_HOST is set or the default socket exists. Whether it
+// answers, the program finds out.
+func dockerPresent() error {
+	if os.Getenv("DOCKER_HOST") != "" {
+		return nil
+	}
+	for _, sock := range []string{"/var/run/docker.sock", filepath.Join(os.Getenv("XDG_RUNTIME_DIR"), "docker.sock")} {
+		if _, err := os.Stat(sock); err == nil {
+			return nil
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := p.Health(ctx); err != nil {
-			dockerErr = fmt.Errorf("no Docker engine answers for testcontainers: %w", err)
-		}
-	})
-	return dockerErr
+	}
+	return errors.New("no Docker engine for a container (DOCKER_HOST unset, no docker.sock)")
 }
 
-// startContainer starts the service's container once per process and
-// returns the service's default address, which the container serves.
+// startContainer starts the service's container once per test process and
+// returns its address.
 func startContainer(t testing.TB, name string) (string, error) {
 	t.Helper()
-	if err := dockerHealthy(); err != nil {
-		return "", err
-	}
 	containersMu.Lock()
 	defer containersMu.Unlock()
-	def := services[name].def
-	if _, ok := containers[name]; ok {
-		return def, nil
+	if c, ok := containers[name]; ok {
+		return c.addr, nil
 	}
-	spec := containerSpecs[name]
-	port := network.MustParsePort(strconv.Itoa(int(spec.port)) + "/tcp")
-	req := testcontainers.ContainerRequest{
-		Image:        spec.image,
-		ExposedPorts: []string{port.String()},
-		Env:          spec.env,
-		Cmd:          spec.cmd,
-		WaitingFor:   spec.wait(),
-		HostConfigModifier: func(hc *container.HostConfig) {
-			hc.PortBindings = network.PortMap{port: {{
-				HostIP:   netip.MustParseAddr("127.0.0.1"),
-				HostPort: strconv.Itoa(int(spec.port)),
-			}}}
-		},
+	if err := dockerPresent(); err != nil {
+		return "", err
 	}
-	t.Logf("testenv: starting %s in a container (%s)", name, spec.image)
-	ctx, cancel := context.WithTimeout(context.Background(), containerStartTimeout)
-	defer cancel()
-	c, err := testcontainers.GenericContainer(ctx, testcontainers.GenericContainerRequest{
-		ContainerRequest: req,
-		Started:          true,
-	})
+	root, err := moduleRoot()
 	if err != nil {
-		if c != nil {
-			_ = c.Terminate(context.Background())
-		}
-		return "", fmt.Errorf("start %s container %s: %w", name, spec.image, err)
+		return "", err
+	}
+	cmd := exec.Command("go", "run", ".", name)
+	cmd.Dir = filepath.Join(root, "testdata", "containers")
+	t.Logf("testenv: starting %s in a container (go run in %s)", name, cmd.Dir)
+	c, err := launchContainer(cmd, services[name].envVar, containerStartTimeout)
+	if err != nil {
+		return "", fmt.Errorf("start %s container: %w", name, err)
 	}
 	containers[name] = c
-	return def, nil
+	return c.addr, nil
+}
+
+// launchContainer starts cmd, a program that speaks the testdata/containers
+// protocol, and waits up to timeout for its envVar=address line.
+func launchContainer(cmd *exec.Cmd, envVar string, timeout time.Duration) (*container, error) {
+	c := &container{stderr: &bytes.Buffer{}}
+	cmd.Stderr = c.stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c.stdin, c.stdout = stdin, bufio.NewReader(stdout)
+	line, err := c.readLine(timeout)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("%w; its output: %s", err, strings.TrimSpace(c.stderr.String()))
+	}
+	v, ok := strings.CutPrefix(line, envVar+"=")
+	if !ok || v == "" {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("it printed %q, want %s=<address>", line, envVar)
+	}
+	c.addr = v
+	return c, nil
+}
+
+// readLine reads one line of the program's output within timeout.
+func (c *container) readLine(timeout time.Duration) (string, error) {
+	type result struct {
+		line string
+		err  error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		line, err := c.stdout.ReadString('\n')
+		ch <- result{strings.TrimSpace(line), err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return "", fmt.Errorf("read its answer: %w", r.err)
+		}
+		return r.line, nil
+	case <-time.After(timeout):
+		return "", fmt.Errorf("no answer within %s", timeout)
+	}
+}
+
+// control sends command (stop, start or restart) and waits for the answer.
+func (c *container) control(ctx context.Context, command string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, err := io.WriteString(c.stdin, command+"\n"); err != nil {
+		return fmt.Errorf("send %s: %w", command, err)
+	}
+	timeout := containerStartTimeout
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+	}
+	line, err := c.readLine(timeout)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s: %w", command, err)
+	case line != "ok":
+		return fmt.Errorf("%s: %s", command, strings.TrimPrefix(line, "error: "))
+	}
+	return nil
 }
 
 // controlContainer stops, starts or restarts the service's container if this
 // process started one; ok is false when it did not.
 func controlContainer(ctx context.Context, command, service string) (ok bool, err error) {
 	containersMu.Lock()
-	defer containersMu.Unlock()
 	c, found := containers[service]
+	containersMu.Unlock()
 	if !found {
 		return false, nil
 	}
-	timeout := 30 * time.Second
-	if command == "stop" || command == "restart" {
-		if err := c.Stop(ctx, &timeout); err != nil {
-			return true, fmt.Errorf("stop %s container: %w", service, err)
-		}
-	}
-	if (command == "start" || command == "restart") && !c.IsRunning() {
-		if err := c.Start(ctx); err != nil {
-			return true, fmt.Errorf("start %s container: %w", service, err)
-		}
+	if err := c.control(ctx, command); err != nil {
+		return true, fmt.Errorf("%s container: %w", service, err)
 	}
 	return true, nil
+}
+
+// moduleRoot returns the directory holding idemq's go.mod, found by walking
+// up from the working directory.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("find the module root: %w", err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("find the module root: no go.mod above the working directory")
+		}
+		dir = parent
+	}
 }

@@ -11,14 +11,18 @@
 //     directory (${IDEMQ_SERVICES_DIR:-$HOME/.cache/idemq/services}/env),
 //     if the address there answers;
 //  3. the default loopback address, if it answers;
-//  4. a container started through testcontainers-go, when a Docker engine
-//     answers (once per test process, on the same fixed loopback port;
-//     testcontainers' reaper removes it when the process ends);
+//  4. a container, when a Docker engine is configured: the program in
+//     testdata/containers (a module of its own, built on testcontainers-go,
+//     so that idemq's module does not depend on it) starts the service once
+//     per test process on a free loopback port, and removes it when the
+//     process ends;
 //  5. otherwise the test fails with a message that says to run
 //     `make services`. A missing service is never a silent skip.
 //
-// Restart, Stop and Start run services.sh to bounce one service on the same
-// port and data directory, for reconnect tests. Schema and SchemaURL give
+// Restart, Stop and Start run services.sh (or ask the container program) to
+// bounce one service on the same port and data directory, for reconnect
+// tests. StartDurableSQS runs an SQS server of one test's own that keeps its
+// messages across a restart. Schema and SchemaURL give
 // each test its own PostgreSQL schema, dropped when the test ends, so that
 // test packages running in parallel against one database do not collide.
 //

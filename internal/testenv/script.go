@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -53,8 +52,8 @@ func control(t testing.TB, command, service string) {
 	}
 }
 
-// run bounces a service: through testcontainers when this process started
-// its container, else through services.sh.
+// run bounces a service: through its container when this process started
+// one, else through services.sh.
 func run(ctx context.Context, command, service string) error {
 	ctx, cancel := context.WithTimeout(ctx, scriptTimeout)
 	defer cancel()
@@ -78,22 +77,13 @@ func run(ctx context.Context, command, service string) error {
 // walking up from the working directory to the module root (the directory
 // holding go.mod).
 func ScriptPath() (string, error) {
-	dir, err := os.Getwd()
+	root, err := moduleRoot()
 	if err != nil {
 		return "", fmt.Errorf("find services.sh: %w", err)
 	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			script := filepath.Join(dir, "testdata", "services", "services.sh")
-			if _, err := os.Stat(script); err != nil {
-				return "", fmt.Errorf("find services.sh: %w", err)
-			}
-			return script, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("find services.sh: no go.mod above the working directory")
-		}
-		dir = parent
+	script := filepath.Join(root, "testdata", "services", "services.sh")
+	if _, err := os.Stat(script); err != nil {
+		return "", fmt.Errorf("find services.sh: %w", err)
 	}
+	return script, nil
 }
