@@ -1,9 +1,9 @@
 package sqssource
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -44,7 +44,7 @@ func fuzzSource(fifo bool) *Source {
 			KeyAttribute:          "idempotency-key",
 			PartitionKeyAttribute: "pk",
 		},
-		log:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+		log:       slog.New(slog.DiscardHandler),
 		queueName: "orders",
 		fifo:      fifo,
 	}
@@ -127,7 +127,7 @@ func FuzzDeadLetterAttributes(f *testing.F) {
 		if reason != "" {
 			reasonErr = &consumer.DeadLetterError{Key: "k", Attempts: attempts, Err: errors.New(reason)}
 		}
-		attrs := s.deadLetterAttributes(h, reasonErr, attempts)
+		attrs := s.deadLetterAttributes(context.Background(), h, reasonErr, attempts)
 
 		if len(attrs) > maxMessageAttributes {
 			t.Fatalf("%d attributes, SQS accepts %d", len(attrs), maxMessageAttributes)

@@ -108,7 +108,7 @@ func (s *Source) extendBatch(hs []*handle) {
 	var be *BatchError
 	if !errors.As(err, &be) {
 		s.stats.extendFailures.Add(uint64(len(live)))
-		s.log.Warn("extending visibility failed; retried on the next tick", consumer.LogKeyCount, len(live), consumer.LogKeyError, err)
+		s.log.WarnContext(s.closeCtx, "extending visibility failed; retried on the next tick", consumer.LogKeyCount, len(live), consumer.LogKeyError, err)
 		return
 	}
 	s.stats.extendFailures.Add(uint64(len(be.Entries)))
@@ -119,13 +119,13 @@ func (s *Source) extendBatch(hs []*handle) {
 			}
 		}
 	}
-	s.log.Warn("extending visibility failed for some messages", consumer.LogKeyCount, len(be.Entries), consumer.LogKeyError, be)
+	s.log.WarnContext(s.closeCtx, "extending visibility failed for some messages", consumer.LogKeyCount, len(be.Entries), consumer.LogKeyError, be)
 }
 
 // giveUp stops extending h, which reached MaxExtension. s.mu must be held.
 func (s *Source) giveUp(h *handle, now time.Time) {
 	h.done = true
 	s.stats.expired.Add(1)
-	s.log.Warn("message in flight for MaxExtension; no longer extended, it becomes visible again",
+	s.log.WarnContext(s.closeCtx, "message in flight for MaxExtension; no longer extended, it becomes visible again",
 		consumer.LogKeyID, h.id, "in_flight", now.Sub(h.receivedAt).Round(time.Millisecond), "max_extension", s.cfg.MaxExtension)
 }

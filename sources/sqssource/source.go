@@ -622,7 +622,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	}
 	var attrs map[string]types.MessageAttributeValue
 	if s.cfg.DeadLetterQueueURL != "" {
-		attrs = s.deadLetterAttributes(h, reason, attempts)
+		attrs = s.deadLetterAttributes(ctx, h, reason, attempts)
 		dropped, cut, fits := fitDeadLetter(aws.ToString(h.raw.Body), attrs, s.cfg.KeyAttribute, s.deadLetterLimit)
 		switch {
 		case !fits && s.maxReceiveCount > 0:
@@ -700,7 +700,7 @@ func (s *Source) putBack(ctx context.Context, h *handle) {
 
 // deadLetterAttributes returns the attributes of a dead letter: the reason
 // attributes and as many of the original's as fit.
-func (s *Source) deadLetterAttributes(h *handle, reason error, attempts int) map[string]types.MessageAttributeValue {
+func (s *Source) deadLetterAttributes(ctx context.Context, h *handle, reason error, attempts int) map[string]types.MessageAttributeValue {
 	text := "unknown"
 	if reason != nil {
 		text = truncate(reason.Error(), maxReasonBytes)
@@ -728,7 +728,7 @@ func (s *Source) deadLetterAttributes(h *handle, reason error, attempts int) map
 		attrs[name] = types.MessageAttributeValue{DataType: v.DataType, StringValue: v.StringValue, BinaryValue: v.BinaryValue}
 	}
 	if len(dropped) > 0 {
-		s.log.Warn("dead letter has too many message attributes; some were dropped", consumer.LogKeyID, h.id, "dropped", dropped)
+		s.log.WarnContext(ctx, "dead letter has too many message attributes; some were dropped", consumer.LogKeyID, h.id, "dropped", dropped)
 	}
 	return attrs
 }
@@ -778,13 +778,13 @@ func (s *Source) release() {
 		case errors.As(err, &be):
 			// Typically handles that went stale: those messages were
 			// received again or deleted already.
-			s.log.Debug("some messages were not released on close", consumer.LogKeyError, err)
+			s.log.DebugContext(ctx, "some messages were not released on close", consumer.LogKeyError, err)
 		case err != nil:
-			s.log.Warn("releasing messages on close failed; they return after their visibility timeout", consumer.LogKeyError, err)
+			s.log.WarnContext(ctx, "releasing messages on close failed; they return after their visibility timeout", consumer.LogKeyError, err)
 		}
 	}
 	s.stats.released.Add(uint64(released))
-	s.log.Debug("released unsettled messages", consumer.LogKeyCount, released)
+	s.log.DebugContext(ctx, "released unsettled messages", consumer.LogKeyCount, released)
 }
 
 // changeVisibility sets the visibility of up to 10 messages with one
