@@ -283,26 +283,3 @@ func TestFailureCounterDownFallsBackToBrokerAttempts(t *testing.T) {
 		t.Fatalf("fallback not logged:\n%s", e.logs())
 	}
 }
-
-// The lease path counts failures in Redis: a message whose delivery count
-// ten crashed consumers raised, and whose handler fails once, is retried and
-// completed, and the count in Redis is one.
-func TestLeasedCountsFailuresInRedis(t *testing.T) {
-	store, rdb := newRedisStore(t)
-	e := newAttemptsEnv(t, 10)
-	name := randomName("attempts")
-	cfg := e.config(5)
-	cfg.Name = name
-	r, err := consumer.NewRunner(e.src, consumer.Leased(store, e.handler(1), consumer.LeaseOptions{}), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runUntil(t, e.settled, r)
-	if st := e.broker.Stats("t"); st.DeadLettered != 0 || st.Acks != 1 {
-		t.Fatalf("dead-lettered %d, acked %d; want 0 and 1", st.DeadLettered, st.Acks)
-	}
-	n, err := rdb.HGet(context.Background(), store.FailuresKey(name, "k1"), "n").Int()
-	if err != nil || n != 1 {
-		t.Fatalf("failure count in Redis = %d, %v; want 1", n, err)
-	}
-}

@@ -64,7 +64,8 @@
 // it again and the effect runs a second time. The window in which a crash
 // causes a repeat is one Complete round trip (well under a millisecond on a
 // local network); the repeat happens up to one lease after the crash. The
-// tests of consumer.Leased demonstrate it (TestLeaseCrashWindow).
+// tests of consumer.Leased in internal/leasepath demonstrate it
+// (TestLeaseCrashWindow).
 //
 // Close the window downstream: the runner hands the handler a stable key,
 // consumer.IdempotencyKey(ctx), the same on every attempt. Send it to the

@@ -1,4 +1,4 @@
-package consumer_test
+package redisdedup_test
 
 import (
 	"context"
@@ -25,7 +25,7 @@ type Welcome struct {
 // uses the lease path: a Redis lease per message key, the webhook sink to
 // send the effect with the key as Idempotency-Key, and acknowledgement only
 // after the key is marked done.
-func ExampleLeased() {
+func Example_webhook() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
