@@ -27,8 +27,8 @@ test-race: services ## Like test, with the race detector.
 	$(WITH_ENV) $(GO) test -race $(TEST_FLAGS) ./...
 
 .PHONY: test-race-core
-test-race-core: services ## The race detector over the runner, the stores and the in-memory broker.
-	$(WITH_ENV) $(GO) test -race $(TEST_FLAGS) ./consumer/... ./dedup/... ./internal/memstore ./sources/memsource
+test-race-core: services ## The race detector over the runner (its lease path with Redis too), the stores and the in-memory broker.
+	$(WITH_ENV) $(GO) test -race $(TEST_FLAGS) ./consumer/... ./dedup/... ./internal/leasepath ./internal/memstore ./sources/memsource
 
 .PHONY: test-short
 test-short: ## Unit tests only: no service needed.
