@@ -99,6 +99,7 @@ func (s *Store) pipeline(ctx context.Context, script *redis.Script, keys []strin
 			}
 			return nil
 		})
+		s.reloadOn(err)
 		noScript := false
 		for _, cmd := range cmds {
 			if isNoScript(cmd.Err()) {

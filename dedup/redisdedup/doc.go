@@ -47,6 +47,20 @@
 // own), and CompleteWithResult and Result, which keep a small result (a
 // downstream id) with a done key for later deliveries to read.
 //
+// # Redis Cluster
+//
+// Every script touches one key, and a key's record and failure count share a
+// hash tag, so every call is single-slot and ClaimBatch and CompleteBatch
+// pipeline keys of any slots. When a call fails, the store asks a
+// redis.ClusterClient to reload its slot map: go-redis does that on its own
+// only on MOVED and READONLY replies and every ClusterStateReloadInterval
+// (60 s by default), so after a master died it kept calling the dead address
+// and leases expired unrefreshed. With the reload, a failover
+// (cluster-node-timeout 2 s in the tests) interrupts refreshes for a few
+// seconds. Replication is asynchronous: a lease or a done mark written just
+// before the master died and not yet replicated is lost with it, which opens
+// the same window as a restart without persistence (see below).
+//
 // # Guarantee
 //
 // While Redis keeps its data, an effect guarded by this store runs at most

@@ -49,6 +49,7 @@ func (s *Store) RecordFailure(ctx context.Context, scope string, rec dedup.Recor
 	}
 	ms := (s.cfg.FailureRetention.Microseconds() + 999) / 1000
 	n, err := recordFailureScript.Run(ctx, s.rdb, []string{s.FailuresKey(scope, rec.Key)}, rec.PayloadHash.String(), ms).Int()
+	s.reloadOn(err)
 	if err != nil {
 		return 0, fmt.Errorf("redisdedup: record failure of %q: %w", rec.Key, err)
 	}
@@ -59,6 +60,7 @@ func (s *Store) RecordFailure(ctx context.Context, scope string, rec dedup.Recor
 // count of key in scope.
 func (s *Store) ForgetFailures(ctx context.Context, scope, key string) error {
 	if err := s.rdb.Del(ctx, s.FailuresKey(scope, key)).Err(); err != nil {
+		s.reloadOn(err)
 		return fmt.Errorf("redisdedup: forget failures of %q: %w", key, err)
 	}
 	return nil

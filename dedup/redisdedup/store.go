@@ -124,6 +124,7 @@ func (s *Store) Claim(ctx context.Context, scope string, rec dedup.Record, token
 		return dedup.Claim{}, fmt.Errorf("redisdedup: claim: %w", err)
 	}
 	res, err := claimScript.Run(ctx, s.rdb, []string{s.RedisKey(scope, rec.Key)}, token, rec.PayloadHash.String(), ms).Slice()
+	s.reloadOn(err)
 	if err != nil {
 		return dedup.Claim{}, fmt.Errorf("redisdedup: claim %q: %w", rec.Key, err)
 	}
@@ -172,6 +173,7 @@ func (s *Store) Refresh(ctx context.Context, scope, key, token string, lease tim
 		return fmt.Errorf("redisdedup: refresh: %w", err)
 	}
 	n, err := refreshScript.Run(ctx, s.rdb, []string{s.RedisKey(scope, key)}, token, ms).Int64()
+	s.reloadOn(err)
 	if err != nil {
 		return fmt.Errorf("redisdedup: refresh %q: %w", key, err)
 	}
@@ -212,6 +214,7 @@ func (s *Store) complete(ctx context.Context, scope, key, token string, retentio
 		args = []any{token, ms, "1", result}
 	}
 	n, err := completeScript.Run(ctx, s.rdb, []string{s.RedisKey(scope, key)}, args...).Int64()
+	s.reloadOn(err)
 	if err != nil {
 		return fmt.Errorf("redisdedup: complete %q: %w", key, err)
 	}
@@ -230,6 +233,7 @@ func (s *Store) Release(ctx context.Context, scope, key, token string) error {
 		return fmt.Errorf("redisdedup: release: %w: empty key or token", ErrInvalidArgument)
 	}
 	if err := releaseScript.Run(ctx, s.rdb, []string{s.RedisKey(scope, key)}, token).Err(); err != nil {
+		s.reloadOn(err)
 		return fmt.Errorf("redisdedup: release %q: %w", key, err)
 	}
 	return nil
@@ -241,6 +245,7 @@ func (s *Store) Release(ctx context.Context, scope, key, token string) error {
 // dedup.ErrNotFound if the key is neither held nor done.
 func (s *Store) Inspect(ctx context.Context, scope, key string) (dedup.Entry, error) {
 	res, err := inspectScript.Run(ctx, s.rdb, []string{s.RedisKey(scope, key)}).Slice()
+	s.reloadOn(err)
 	if errors.Is(err, redis.Nil) {
 		return dedup.Entry{}, fmt.Errorf("redisdedup: inspect %q: %w", key, dedup.ErrNotFound)
 	}
@@ -285,6 +290,7 @@ func (s *Store) Inspect(ctx context.Context, scope, key string) (dedup.Entry, er
 // dedup.ErrNotFound unless the key is done.
 func (s *Store) Result(ctx context.Context, scope, key string) ([]byte, error) {
 	vals, err := s.rdb.HMGet(ctx, s.RedisKey(scope, key), "s", "r").Result()
+	s.reloadOn(err)
 	if err != nil {
 		return nil, fmt.Errorf("redisdedup: result %q: %w", key, err)
 	}
@@ -341,4 +347,20 @@ func parseHash(s string) (dedup.Hash, error) {
 		return dedup.Hash{}, fmt.Errorf("stored payload hash %q: %w", s, err)
 	}
 	return dedup.HashFromBytes(b)
+}
+
+// reloadOn asks a Cluster client to reload its slot map after a call failed
+// for a reason other than the caller's context. go-redis reloads it on its
+// own only on MOVED and READONLY replies and every
+// ClusterStateReloadInterval (60 s by default): while a failed master's
+// replica takes over, commands keep going to the dead address, so leases
+// could not be refreshed and expire. The reload is lazy and rate-limited by
+// go-redis; on other clients this does nothing.
+func (s *Store) reloadOn(err error) {
+	if err == nil || err == redis.Nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return
+	}
+	if c, ok := s.rdb.(*redis.ClusterClient); ok {
+		c.ReloadState(context.Background())
+	}
 }

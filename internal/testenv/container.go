@@ -66,6 +66,9 @@ func startContainer(t testing.TB, name string) (string, error) {
 	if c, ok := containers[name]; ok {
 		return c.addr, nil
 	}
+	if name == RedisCluster {
+		return "", errors.New("the Redis Cluster profile has no container")
+	}
 	if err := dockerPresent(); err != nil {
 		return "", err
 	}

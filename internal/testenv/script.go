@@ -43,7 +43,7 @@ func Start(t testing.TB, service string) {
 
 func control(t testing.TB, command, service string) {
 	t.Helper()
-	if _, ok := services[service]; !ok {
+	if _, ok := services[service]; !ok && !isRedisClusterNode(service) {
 		t.Fatalf("testenv: unknown service %q (known: %s, %s, %s, %s, %s)",
 			service, Postgres, Redis, RabbitMQ, Kafka, ElasticMQ)
 	}
@@ -86,4 +86,15 @@ func ScriptPath() (string, error) {
 		return "", fmt.Errorf("find services.sh: %w", err)
 	}
 	return script, nil
+}
+
+// isRedisClusterNode reports whether service names a node of the Redis
+// Cluster profile.
+func isRedisClusterNode(service string) bool {
+	for i := 1; i <= RedisClusterNodes; i++ {
+		if service == RedisClusterNode(i) {
+			return true
+		}
+	}
+	return false
 }

@@ -21,7 +21,18 @@ const (
 	RabbitMQ  = "rabbitmq"
 	Kafka     = "kafka"
 	ElasticMQ = "elasticmq"
+
+	// RedisCluster is the optional Redis Cluster profile: three masters
+	// and three replicas, nodes RedisClusterNode(1) .. RedisClusterNode(6).
+	RedisCluster = "redis-cluster"
 )
+
+// RedisClusterNodes is the number of nodes of the RedisCluster profile.
+const RedisClusterNodes = 6
+
+// RedisClusterNode returns the service name of node i (1 to
+// RedisClusterNodes) of the Redis Cluster, for Stop, Start and Restart.
+func RedisClusterNode(i int) string { return fmt.Sprintf("%s-%d", RedisCluster, i) }
 
 // Environment variables that override the addresses of the services.
 const (
@@ -30,6 +41,9 @@ const (
 	EnvAMQPURL      = "TEST_AMQP_URL"
 	EnvKafkaBrokers = "TEST_KAFKA_BROKERS" // comma-separated host:port list
 	EnvSQSEndpoint  = "TEST_SQS_ENDPOINT"
+	// EnvRedisClusterAddrs is a comma-separated host:port list of the
+	// Redis Cluster's nodes.
+	EnvRedisClusterAddrs = "TEST_REDIS_CLUSTER_ADDRS"
 
 	// EnvServicesDir overrides the state directory of services.sh.
 	EnvServicesDir = "IDEMQ_SERVICES_DIR"
@@ -42,6 +56,8 @@ const (
 	DefaultAMQPURL      = "amqp://guest:guest@127.0.0.1:5672/"
 	DefaultKafkaBrokers = "127.0.0.1:9092"
 	DefaultSQSEndpoint  = "http://127.0.0.1:9324"
+
+	DefaultRedisClusterAddrs = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005,127.0.0.1:7006"
 )
 
 // Settings an SQS client needs for the local SQS-compatible server, which
@@ -69,6 +85,8 @@ var services = map[string]service{
 	RabbitMQ:  {RabbitMQ, EnvAMQPURL, DefaultAMQPURL, urlHostPort},
 	Kafka:     {Kafka, EnvKafkaBrokers, DefaultKafkaBrokers, firstBroker},
 	ElasticMQ: {ElasticMQ, EnvSQSEndpoint, DefaultSQSEndpoint, urlHostPort},
+
+	RedisCluster: {RedisCluster, EnvRedisClusterAddrs, DefaultRedisClusterAddrs, firstBroker},
 }
 
 // DatabaseURL returns the PostgreSQL connection URL for tests. Tests that
@@ -94,6 +112,14 @@ func AMQPURL(t testing.TB) string {
 func KafkaBrokers(t testing.TB) []string {
 	t.Helper()
 	return splitBrokers(resolve(t, Kafka))
+}
+
+// RedisClusterAddrs returns the addresses (host:port) of the Redis Cluster's
+// nodes, for redis.NewClusterClient. Start the cluster with
+// `bash testdata/services/services.sh up redis-cluster` (make services does).
+func RedisClusterAddrs(t testing.TB) []string {
+	t.Helper()
+	return splitBrokers(resolve(t, RedisCluster))
 }
 
 // SQSEndpoint returns the base URL of the SQS-compatible server for tests.

@@ -8,6 +8,11 @@
 #   kafka      Apache Kafka, KRaft, jars from Maven     127.0.0.1:9092 (controller 9093)
 #   elasticmq  ElasticMQ (SQS API), jars from Maven     127.0.0.1:9324
 #
+# Optional profile (not part of the default five):
+#   redis-cluster  a Redis Cluster of 3 masters and 3 replicas, nodes
+#                  redis-cluster-1 .. redis-cluster-6 on 127.0.0.1:7001-7006;
+#                  each node can be stopped and started on its own
+#
 # Usage:
 #   services.sh up      [svc...]   start what does not answer yet (default: all five)
 #   services.sh down    [svc...]   stop what this script started (default: all five)
@@ -31,6 +36,8 @@ TIMEOUT="${IDEMQ_SERVICES_TIMEOUT:-180}"
 export DEBIAN_FRONTEND=noninteractive
 
 ALL_SERVICES=(postgres redis rabbitmq kafka elasticmq)
+REDIS_CLUSTER_BASE_PORT=7000
+REDIS_CLUSTER_NODES=(redis-cluster-1 redis-cluster-2 redis-cluster-3 redis-cluster-4 redis-cluster-5 redis-cluster-6)
 
 PG_VERSION=15
 PG_CLUSTER=main
@@ -148,10 +155,22 @@ sqs_ready() {
 	[[ "$r" == "HTTP/1."?" 200"* ]]
 }
 
+# rc_port prints the port of a Redis Cluster node (redis-cluster-N).
+rc_port() { echo $((REDIS_CLUSTER_BASE_PORT + ${1##*-})); }
+
+# rc_node_ready: the node answers PING.
+rc_node_ready() {
+	local r
+	r=$(timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/$(rc_port "$1") &&
+		printf 'PING\r\n' >&3 && head -n 1 <&3" 2>/dev/null) || return 1
+	[ "${r%$'\r'}" = "+PONG" ]
+}
+
 ready() {
 	case "$1" in
 	postgres) pg_ready ;;
 	redis) redis_ready ;;
+	redis-cluster-[1-6]) rc_node_ready "$1" ;;
 	rabbitmq) amqp_ready ;;
 	kafka) kafka_ready ;;
 	elasticmq) sqs_ready ;;
@@ -168,7 +187,7 @@ svc_dir() { printf '%s/%s' "$STATE_DIR" "$1"; }
 cmd_pattern() {
 	case "$1" in
 	postgres) echo 'postgres' ;;
-	redis) echo 'redis-server' ;;
+	redis | redis-cluster-[1-6]) echo 'redis-server' ;;
 	rabbitmq) echo 'beam' ;;
 	kafka) echo 'kafka\.Kafka' ;;
 	elasticmq) echo 'org\.elasticmq\.server\.Main' ;;
@@ -359,6 +378,72 @@ redis_stop() {
 }
 
 # ---------------------------------------------------------------------------
+# Redis Cluster: six redis-server nodes in cluster mode, no persistence; the
+# cluster layout (nodes.conf) lives in each node's data dir, so a node that
+# restarts rejoins (as a replica, if its replica was promoted meanwhile).
+# cluster-node-timeout is 2 s, so a master that stops fails over quickly.
+# The profile "redis-cluster" starts all six and creates the cluster once.
+
+rc_launch() {
+	local svc=$1 dir port
+	command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+	dir=$(svc_dir "$svc")
+	port=$(rc_port "$svc")
+	mkdir -p "$dir/data"
+	rm -f "$dir/redis.pid"
+	redis-server --daemonize yes --bind 127.0.0.1 --port "$port" \
+		--cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+		--save '' --appendonly no --dir "$dir/data" \
+		--pidfile "$dir/redis.pid" --logfile "$dir/redis.log" 9>&- ||
+		{
+			log_tail "$dir/redis.log"
+			die "$svc: redis-server failed to start"
+		}
+	local i
+	for i in $(seq 1 50); do
+		[ -s "$dir/redis.pid" ] && break
+		sleep 0.1
+	done
+	[ -s "$dir/redis.pid" ] && record_pid "$svc" "$(cat "$dir/redis.pid")"
+}
+
+rc_wait() { wait_ready "$1" "$(svc_dir "$1")/redis.log"; }
+rc_after() { :; }
+rc_stop() { redis_stop "$1"; }
+
+# rc_info prints a field of CLUSTER INFO as one node sees it.
+rc_info() {
+	redis-cli -p "$(rc_port "$1")" cluster info 2>/dev/null | tr -d '\r' | sed -n "s/^$2://p"
+}
+
+# rc_form creates the cluster when no node knows the others yet, then waits
+# until every node reports cluster_state:ok.
+rc_form() {
+	local node addrs=() start
+	if [ "$(rc_info redis-cluster-1 cluster_known_nodes)" != 6 ]; then
+		for node in "${REDIS_CLUSTER_NODES[@]}"; do
+			addrs+=("127.0.0.1:$(rc_port "$node")")
+		done
+		log "redis-cluster: creating the cluster (3 masters, 3 replicas)"
+		redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes >"$(svc_dir redis-cluster-1)/create.log" 2>&1 ||
+			{
+				log_tail "$(svc_dir redis-cluster-1)/create.log"
+				die "redis-cluster: redis-cli --cluster create failed"
+			}
+	fi
+	start=$(now)
+	for node in "${REDIS_CLUSTER_NODES[@]}"; do
+		while [ "$(rc_info "$node" cluster_state)" != ok ]; do
+			if [ $(($(now) - start)) -ge "$TIMEOUT" ]; then
+				die "redis-cluster: $node not in state ok after ${TIMEOUT}s"
+			fi
+			sleep 0.5
+		done
+	done
+	log "redis-cluster: cluster_state ok on all six nodes"
+}
+
+# ---------------------------------------------------------------------------
 # RabbitMQ: Debian's package, started by hand (no init system), loopback only.
 
 rabbit_node() { echo "rabbit@$(hostname -s)"; }
@@ -497,6 +582,15 @@ elasticmq_stop() {
 # ---------------------------------------------------------------------------
 # Commands
 
+# rc_addrs prints the Redis Cluster nodes' addresses, comma-separated.
+rc_addrs() {
+	local node out=()
+	for node in "${REDIS_CLUSTER_NODES[@]}"; do
+		out+=("127.0.0.1:$(rc_port "$node")")
+	done
+	(IFS=,; echo "${out[*]}")
+}
+
 env_lines() {
 	cat <<EOF
 export TEST_DATABASE_URL='postgres://postgres@127.0.0.1:$PG_PORT/$PG_DATABASE?sslmode=disable'
@@ -504,6 +598,7 @@ export TEST_REDIS_URL='redis://127.0.0.1:$REDIS_PORT/0'
 export TEST_AMQP_URL='amqp://guest:guest@127.0.0.1:$AMQP_PORT/'
 export TEST_KAFKA_BROKERS='127.0.0.1:$KAFKA_PORT'
 export TEST_SQS_ENDPOINT='http://127.0.0.1:$SQS_PORT'
+export TEST_REDIS_CLUSTER_ADDRS='$(rc_addrs)'
 EOF
 }
 
@@ -512,7 +607,14 @@ write_env() {
 	mv "$STATE_DIR/env.tmp" "$STATE_DIR/env"
 }
 
-svc_fn() { echo "${1}_$2"; }
+# svc_fn names a service's function: <svc>_<what>, rc_<what> for a Redis
+# Cluster node. The functions get the service name as their last argument.
+svc_fn() {
+	case "$1" in
+	redis-cluster-[1-6]) echo "rc_$2" ;;
+	*) echo "${1}_$2" ;;
+	esac
+}
 
 cmd_up() {
 	local svc pending=() t0 start
@@ -525,7 +627,7 @@ cmd_up() {
 			else
 				log "$svc: something already answers on its port; using it"
 			fi
-			"$(svc_fn "$svc" after)"
+			"$(svc_fn "$svc" after)" "$svc"
 			continue
 		fi
 		if our_pid "$svc" >/dev/null; then
@@ -533,14 +635,14 @@ cmd_up() {
 		else
 			forget_pid "$svc"
 			log "$svc: starting"
-			"$(svc_fn "$svc" launch)"
+			"$(svc_fn "$svc" launch)" "$svc"
 		fi
 		pending+=("$svc")
 	done
 	for svc in "${pending[@]}"; do
 		start=$(now)
-		"$(svc_fn "$svc" wait)"
-		"$(svc_fn "$svc" after)"
+		"$(svc_fn "$svc" wait)" "$svc"
+		"$(svc_fn "$svc" after)" "$svc"
 		log "$svc: ready (pid $(our_pid "$svc" || echo '?'); waited $(($(now) - start))s)"
 	done
 	write_env
@@ -552,7 +654,7 @@ cmd_stop() {
 	for svc in "$@"; do
 		if pid=$(our_pid "$svc"); then
 			log "$svc: stopping pid $pid"
-			"$(svc_fn "$svc" stop)" "$pid"
+			"$(svc_fn "$svc" stop)" "$pid" "$svc"
 			forget_pid "$svc"
 			log "$svc: stopped"
 		elif ready "$svc"; then
@@ -570,7 +672,7 @@ cmd_down() {
 		svc=${!i}
 		if pid=$(our_pid "$svc"); then
 			log "$svc: stopping pid $pid"
-			"$(svc_fn "$svc" stop)" "$pid"
+			"$(svc_fn "$svc" stop)" "$pid" "$svc"
 			log "$svc: stopped"
 		elif ready "$svc"; then
 			log "$svc: not started by this script; leaving it running"
@@ -599,15 +701,15 @@ cmd_status() {
 check_services() {
 	local svc known
 	for svc in "$@"; do
-		for known in "${ALL_SERVICES[@]}"; do
+		for known in "${ALL_SERVICES[@]}" "${REDIS_CLUSTER_NODES[@]}"; do
 			[ "$svc" = "$known" ] && continue 2
 		done
-		die "unknown service '$svc' (known: ${ALL_SERVICES[*]})"
+		die "unknown service '$svc' (known: ${ALL_SERVICES[*]} redis-cluster ${REDIS_CLUSTER_NODES[*]})"
 	done
 }
 
 usage() {
-	sed -n '11,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+	sed -n '11,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 }
 
@@ -630,6 +732,23 @@ main() {
 		usage
 		;;
 	esac
+	# The redis-cluster profile stands for its six nodes; starting any node
+	# ends with the cluster formed and in state ok.
+	local args=() svc cluster=
+	for svc in "$@"; do
+		case "$svc" in
+		redis-cluster)
+			args+=("${REDIS_CLUSTER_NODES[@]}")
+			cluster=1
+			;;
+		redis-cluster-[1-6])
+			args+=("$svc")
+			cluster=1
+			;;
+		*) args+=("$svc") ;;
+		esac
+	done
+	set -- "${args[@]}"
 	check_services "$@"
 	mkdir -p "$STATE_DIR"
 	if [ "$cmd" = status ]; then
@@ -650,6 +769,9 @@ main() {
 		cmd_up "$@"
 		;;
 	esac
+	if [ -n "$cluster" ] && { [ "$cmd" = up ] || [ "$cmd" = start ] || [ "$cmd" = restart ]; }; then
+		rc_form
+	fi
 }
 
 main "$@"
