@@ -30,6 +30,10 @@ test-race: services ## Like test, with the race detector.
 test-race-core: services ## The race detector over the runner (its lease path with Redis too), the stores and the in-memory broker.
 	$(WITH_ENV) $(GO) test -race $(TEST_FLAGS) ./consumer/... ./dedup/... ./internal/leasepath ./internal/memstore ./sources/memsource
 
+.PHONY: test-chain-long
+test-chain-long: services ## The outbox chain test (Kafka → A → relay → RabbitMQ → B → webhook) with 2000 orders and more SIGKILLs.
+	$(WITH_ENV) IDEMQ_CHAIN_LONG=1 $(GO) test -count=1 -timeout 30m -run '^TestChain$$' -v ./sinks/outbox/internal/chain
+
 .PHONY: test-short
 test-short: ## Unit tests only: no service needed.
 	$(GO) test -short -count=1 ./...
