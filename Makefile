@@ -15,7 +15,7 @@ help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: demo
-demo: ## Run the checkout worker on embedded defaults (in-process Kafka, SQLite) under chaos, and print the proof.
+demo: ## Run the checkout worker on embedded defaults (in-process Kafka, SQLite) under chaos, its events through the outbox to a notifier, and print the proof of both hops.
 	$(GO) run ./cmd/idemq demo
 
 .PHONY: test
