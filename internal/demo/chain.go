@@ -70,27 +70,17 @@ func startChain(ctx context.Context, store checkout.Store, runID string, seed ui
 	default:
 		err = fmt.Errorf("no outbox relay for a %T", store)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("demo: %w", err)
+	if err == nil {
+		c.recv, err = startReceiver()
 	}
-	if c.recv, err = startReceiver(); err != nil {
-		return nil, err
+	if err == nil {
+		err = c.newNotifier()
 	}
-	sink, err := webhook.New(webhook.Config{URL: c.recv.url, Timeout: 5 * time.Second})
 	if err != nil {
-		c.recv.close()
-		return nil, fmt.Errorf("demo: %w", err)
-	}
-	leases, err := memstore.New(memstore.Config{})
-	if err != nil {
-		c.recv.close()
-		return nil, fmt.Errorf("demo: %w", err)
-	}
-	c.runner, err = consumer.NewRunner(c.broker.Source(c.topic), consumer.Leased(leases.Leases(), sink.Handler(), consumer.LeaseOptions{Lease: 5 * time.Second}),
-		consumer.Config{Name: chainName, Concurrency: 4, BatchSize: 10, Logger: slog.New(slog.DiscardHandler),
-			Retry: consumer.RetryPolicy{InitialBackoff: 50 * time.Millisecond, MaxBackoff: time.Second}})
-	if err != nil {
-		c.recv.close()
+		if c.recv != nil {
+			c.recv.close()
+		}
+		_ = c.broker.Close()
 		return nil, fmt.Errorf("demo: %w", err)
 	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -107,6 +97,24 @@ func startChain(ctx context.Context, store checkout.Store, runID string, seed ui
 		})
 	}
 	return c, nil
+}
+
+// newNotifier creates the notifier: a runner on the lease path (over an
+// in-memory lease store) that sends each event to the receiver.
+func (c *chain) newNotifier() error {
+	sink, err := webhook.New(webhook.Config{URL: c.recv.url, Timeout: 5 * time.Second})
+	if err != nil {
+		return err
+	}
+	leases, err := memstore.New(memstore.Config{})
+	if err != nil {
+		return err
+	}
+	c.runner, err = consumer.NewRunner(c.broker.Source(c.topic),
+		consumer.Leased(leases.Leases(), sink.Handler(), consumer.LeaseOptions{Lease: 5 * time.Second}),
+		consumer.Config{Name: chainName, Concurrency: 4, BatchSize: 10, Logger: slog.New(slog.DiscardHandler),
+			Retry: consumer.RetryPolicy{InitialBackoff: 50 * time.Millisecond, MaxBackoff: time.Second}})
+	return err
 }
 
 // settled reports whether every order of n was notified and the relay has
@@ -183,7 +191,7 @@ type receiver struct {
 func startReceiver() (*receiver, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, fmt.Errorf("demo: start the webhook receiver: %w", err)
+		return nil, fmt.Errorf("start the webhook receiver: %w", err)
 	}
 	r := &receiver{url: "http://" + ln.Addr().String() + "/notify",
 		calls: map[string]int{}, amount: map[string]int64{}, keys: map[string]int{}}
