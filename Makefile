@@ -15,7 +15,7 @@ help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: demo
-demo: ## Run the checkout worker on embedded defaults (in-process Kafka, SQLite) under chaos, and print the proof.
+demo: ## Run the checkout worker on embedded defaults (in-process Kafka, SQLite) under chaos, its events through the outbox to a notifier, and print the proof of both hops.
 	$(GO) run ./cmd/idemq demo
 
 .PHONY: test
@@ -29,6 +29,10 @@ test-race: services ## Like test, with the race detector.
 .PHONY: test-race-core
 test-race-core: services ## The race detector over the runner (its lease path with Redis too), the stores and the in-memory broker.
 	$(WITH_ENV) $(GO) test -race $(TEST_FLAGS) ./consumer/... ./dedup/... ./internal/leasepath ./internal/memstore ./sources/memsource
+
+.PHONY: test-chain-long
+test-chain-long: services ## The outbox chain test (Kafka → A → relay → RabbitMQ → B → webhook) with 2000 orders and more SIGKILLs.
+	$(WITH_ENV) IDEMQ_CHAIN_LONG=1 $(GO) test -count=1 -timeout 30m -run '^TestChain$$' -v ./sinks/outbox/internal/chain
 
 .PHONY: test-short
 test-short: ## Unit tests only: no service needed.

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/dedup/sqldedup"
+	"github.com/idemq/idemq/sinks/outbox"
 )
 
 // ageBuckets are the upper bounds of the age distribution of `idemq stats`.
@@ -50,6 +51,21 @@ type tableStats struct {
 	// disk (PostgreSQL only; -1 when unknown).
 	TableBytes int64 `json:"table_bytes"`
 	IndexBytes int64 `json:"index_bytes"`
+	// Outbox describes the transactional outbox's table in the same schema
+	// (or SQLite file); nil when there is none.
+	Outbox *outboxStats `json:"outbox,omitempty"`
+}
+
+// outboxStats counts the rows of the outbox table (sinks/outbox) by state.
+type outboxStats struct {
+	Table   string `json:"table"`
+	Pending int64  `json:"pending"`
+	Sent    int64  `json:"sent"`
+	Parked  int64  `json:"parked"`
+	// OldestPending and OldestParked are the creation times of the oldest
+	// pending and parked rows; absent without one.
+	OldestPending *time.Time `json:"oldest_pending,omitempty"`
+	OldestParked  *time.Time `json:"oldest_parked,omitempty"`
 }
 
 func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -172,7 +188,58 @@ func collectStats(ctx context.Context, db *sql.DB, dialect sqldedup.Dialect, sch
 			return nil, fmt.Errorf("size of %s: %w", name, err)
 		}
 	}
+	if st.Outbox, err = collectOutboxStats(ctx, db, dialect, schema); err != nil {
+		return nil, err
+	}
 	return st, nil
+}
+
+// collectOutboxStats counts the outbox table's rows by state, and returns
+// nil when the schema (or SQLite file) has no outbox table.
+func collectOutboxStats(ctx context.Context, db *sql.DB, dialect sqldedup.Dialect, schema string) (*outboxStats, error) {
+	var name, exists, q string
+	// States: 0 pending, 1 sent, 2 parked (sinks/outbox).
+	if dialect == sqldedup.Postgres {
+		name = pgx.Identifier{schema, outbox.Table}.Sanitize()
+		exists = `SELECT to_regclass($1) IS NOT NULL`
+		q = `SELECT count(*) FILTER (WHERE state = 0), count(*) FILTER (WHERE state = 1), count(*) FILTER (WHERE state = 2),
+			min(created_at) FILTER (WHERE state = 0), min(created_at) FILTER (WHERE state = 2) FROM ` + name
+	} else {
+		name = outbox.Table
+		exists = `SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?`
+		q = `SELECT coalesce(sum(state = 0), 0), coalesce(sum(state = 1), 0), coalesce(sum(state = 2), 0),
+			min(CASE WHEN state = 0 THEN created_at END), min(CASE WHEN state = 2 THEN created_at END) FROM ` + name
+	}
+	var ok bool
+	if err := db.QueryRowContext(ctx, exists, name).Scan(&ok); err != nil {
+		return nil, fmt.Errorf("look for %s: %w", name, err)
+	}
+	if !ok {
+		return nil, nil
+	}
+	o := &outboxStats{Table: name}
+	var pendingT, parkedT sql.NullTime
+	var pendingMs, parkedMs sql.NullInt64 // SQLite: Unix milliseconds
+	dest := []any{&o.Pending, &o.Sent, &o.Parked, &pendingT, &parkedT}
+	if dialect != sqldedup.Postgres {
+		dest[3], dest[4] = &pendingMs, &parkedMs
+	}
+	if err := db.QueryRowContext(ctx, q).Scan(dest...); err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	at := func(t sql.NullTime, ms sql.NullInt64) *time.Time {
+		switch {
+		case t.Valid:
+			u := t.Time.UTC()
+			return &u
+		case ms.Valid:
+			u := time.UnixMilli(ms.Int64).UTC()
+			return &u
+		}
+		return nil
+	}
+	o.OldestPending, o.OldestParked = at(pendingT, pendingMs), at(parkedT, parkedMs)
+	return o, nil
 }
 
 func printStats(w io.Writer, st *tableStats) {
@@ -196,6 +263,18 @@ func printStats(w io.Writer, st *tableStats) {
 		fmt.Fprintf(w, "; table %s, indexes %s", bytesString(st.TableBytes), bytesString(st.IndexBytes))
 	}
 	fmt.Fprintln(w)
+	if o := st.Outbox; o != nil {
+		fmt.Fprintf(w, "%s: %d pending%s, %d parked%s, %d sent\n", o.Table,
+			o.Pending, oldestNote(o.OldestPending, st.At), o.Parked, oldestNote(o.OldestParked, st.At), o.Sent)
+	}
+}
+
+// oldestNote is " (oldest 3m0s ago)", or "" without a row.
+func oldestNote(t *time.Time, now time.Time) string {
+	if t == nil {
+		return ""
+	}
+	return fmt.Sprintf(" (oldest %s ago)", now.Sub(*t).Round(time.Second))
 }
 
 func bytesString(n int64) string {

@@ -36,4 +36,14 @@
 // idemq.duplicates, idemq.dead_letters, idemq.retries, idemq.ack.failures,
 // idemq.lease.refresh_failures, idemq.lease.lost, idemq.in_flight,
 // idemq.batch.size, idemq.handler.duration and idemq.commit.duration.
+//
+// # Outbox relay
+//
+// RelayHook measures a sinks/outbox Relay: pass NewRelayHook's result in
+// outbox.Config.Hooks. It counts the rows published by outcome
+// (messaging.client.sent.messages), times each batch's publish
+// (messaging.client.operation.duration), and reads the rows pending and
+// parked and the age of the oldest pending row from the outbox table at each
+// collection (idemq.outbox.pending, idemq.outbox.parked,
+// idemq.outbox.oldest_pending.age).
 package otelidemq

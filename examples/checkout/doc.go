@@ -24,6 +24,10 @@
 // a child process that it kills and restarts while a chaos producer re-sends
 // orders, and then checks the ledger.
 //
+// EnableEvents adds an "order charged" event to each charge, written with
+// sinks/outbox's Publish in the same transaction; `idemq demo` relays those
+// events to a second consumer.
+//
 // Remaining duplicate window: none. The charge, the ledger row and the
 // record commit in one transaction.
 package checkout

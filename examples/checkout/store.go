@@ -69,6 +69,10 @@ CREATE INDEX IF NOT EXISTS ledger_order_id_idx ON ledger (order_id);`
 type SQLiteStore struct {
 	DB    *sql.DB
 	Dedup *sqldedup.Store
+	// Events is the destination of the "order charged" events the
+	// charges publish through the outbox; "" publishes none. Set it with
+	// EnableEvents.
+	Events string
 }
 
 // OpenSQLite opens (creating if needed) the SQLite database at path with
@@ -118,7 +122,9 @@ func setupSQLite(ctx context.Context, db *sql.DB, accounts int) (*SQLiteStore, e
 }
 
 // Path implements Store.
-func (s *SQLiteStore) Path() consumer.Path { return consumer.Transactional(s.Dedup, ChargeSQL) }
+func (s *SQLiteStore) Path() consumer.Path {
+	return consumer.Transactional(s.Dedup, withEvents(ChargeSQL, s.Events))
+}
 
 // Ledger implements Store.
 func (s *SQLiteStore) Ledger(ctx context.Context) (Ledger, error) {
@@ -135,6 +141,10 @@ type PostgresStore struct {
 	Pool   *pgxpool.Pool
 	Dedup  *pgdedup.Store
 	Schema string
+	// Events is the destination of the "order charged" events the
+	// charges publish through the outbox (its table is in Schema, the
+	// pool's search_path); "" publishes none. Set it with EnableEvents.
+	Events string
 }
 
 // OpenPostgres connects to databaseURL, creates schema with the checkout
@@ -151,6 +161,9 @@ func OpenPostgres(ctx context.Context, databaseURL, schema string, accounts int)
 		// Concurrency.
 		poolCfg.MaxConns = max(poolCfg.MaxConns, 16)
 	}
+	// The outbox table (EnableEvents) is found through the search_path;
+	// the checkout and dedup tables are named with their schema.
+	poolCfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize()
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return nil, fmt.Errorf("checkout: connect: %w", err)
@@ -199,7 +212,7 @@ func setupPostgres(ctx context.Context, pool *pgxpool.Pool, schema string, accou
 
 // Path implements Store.
 func (s *PostgresStore) Path() consumer.Path {
-	return consumer.Transactional(s.Dedup, ChargePgx(s.Schema))
+	return consumer.Transactional(s.Dedup, withEvents(ChargePgx(s.Schema), s.Events))
 }
 
 // Ledger implements Store.

@@ -99,6 +99,12 @@ type Config struct {
 	Out io.Writer
 	// Verbose passes -v to the workers (logs on stderr).
 	Verbose bool
+	// NoChain runs the first hop only. By default each charge also
+	// publishes an "order charged" event through the transactional outbox
+	// (sinks/outbox), an outbox relay publishes the events to an
+	// in-process broker, and a notifier on the lease path sends each one to
+	// a webhook receiver on 127.0.0.1; the proof then covers both hops.
+	NoChain bool
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.

@@ -65,6 +65,7 @@ type supervisor struct {
 	broker   checkout.Broker
 	memory   *memsource.Broker
 	cluster  *kfake.Cluster
+	chain    *chain // the second hop; nil with Config.NoChain
 	cleanups []func()
 
 	sum Summary
@@ -135,6 +136,14 @@ func (s *supervisor) setup(ctx context.Context) error {
 	}
 	s.store = store
 	s.cleanups = append(s.cleanups, func() { store.Close() })
+	if !s.cfg.NoChain {
+		c, err := startChain(ctx, store, s.runID, s.cfg.Seed)
+		if err != nil {
+			return err
+		}
+		s.chain = c
+		s.cleanups = append(s.cleanups, c.stop)
+	}
 
 	b, err := checkout.OpenBroker(ctx, checkout.BrokerConfig{Kind: kind, Memory: s.memory, KafkaBrokers: s.kafka,
 		Topic: s.topic, Group: s.group, Partitions: 4})
@@ -195,8 +204,16 @@ func (s *supervisor) options(life int) WorkerOptions {
 		Broker: broker, KafkaBrokers: strings.Join(s.kafka, ","), Topic: s.topic, Group: s.group,
 		Store: s.cfg.Store, SQLitePath: s.sqlite, DatabaseURL: s.cfg.DatabaseURL, Schema: s.schema,
 		Accounts: s.cfg.Accounts, SessionTimeout: s.cfg.SessionTimeout, DropAcks: dropAcks,
-		Seed: s.cfg.Seed*1000 + uint64(life), Verbose: s.cfg.Verbose,
+		Seed: s.cfg.Seed*1000 + uint64(life), Verbose: s.cfg.Verbose, Events: s.events(),
 	}
+}
+
+// events is the destination of the charges' events, "" without the chain.
+func (s *supervisor) events() string {
+	if s.chain == nil {
+		return ""
+	}
+	return s.chain.topic
 }
 
 // startWorker starts life number life.
@@ -323,8 +340,13 @@ func (s *supervisor) produce(ctx context.Context, msgs []checkout.Outgoing, sent
 func (s *supervisor) run(ctx context.Context) (Summary, error) {
 	msgs := s.plan()
 	fmt.Fprintf(s.cfg.Out, "idemq demo: checkout worker on %s, ledger in %s\n", s.sum.Broker, s.sum.Store)
-	fmt.Fprintf(s.cfg.Out, "  %d orders, %d re-sent by the producer, %d malformed; %d worker kills; seed %d\n\n",
+	fmt.Fprintf(s.cfg.Out, "  %d orders, %d re-sent by the producer, %d malformed; %d worker kills; seed %d\n",
 		s.sum.Orders, s.sum.ProducerDuplicates, s.sum.BadOrders, max(s.cfg.Kills, 0), s.cfg.Seed)
+	if s.chain != nil {
+		fmt.Fprintf(s.cfg.Out, "  then each charge's event: outbox → relay (loses %.0f%% of its row updates) → memsource → notifier (lease path) → webhook on %s\n",
+			100*relayCrashRate, s.chain.recv.url)
+	}
+	fmt.Fprintln(s.cfg.Out)
 
 	// Kill moments: when the ledger passes these fractions of the orders.
 	// Each worker but the last is killed once the ledger passes its
@@ -428,10 +450,15 @@ func (s *supervisor) run(ctx context.Context) (Summary, error) {
 			if now.Sub(lastPrint) >= time.Second {
 				lastPrint = now
 				r := w.report()
-				s.printf("sent %d/%d  charged %d/%d  worker #%d: %d deliveries, %d duplicates absorbed",
-					sent.get(), s.sum.Sent, l.Orders, s.cfg.Messages, w.life, r.Received, r.Duplicates)
+				notified := ""
+				if s.chain != nil {
+					notified = fmt.Sprintf("  notified %d/%d", s.chain.recv.orders(), s.cfg.Messages)
+				}
+				s.printf("sent %d/%d  charged %d/%d%s  worker #%d: %d deliveries, %d duplicates absorbed",
+					sent.get(), s.sum.Sent, l.Orders, s.cfg.Messages, notified, w.life, r.Received, r.Duplicates)
 			}
-			done := !producing && len(killAt) == 0 && l.Orders >= int64(s.cfg.Messages)
+			done := !producing && len(killAt) == 0 && l.Orders >= int64(s.cfg.Messages) &&
+				(s.chain == nil || s.chain.settled(ctx, s.cfg.Messages))
 			if done && now.Sub(quietSince) >= time.Second {
 				s.printf("every order is charged and worker #%d is idle; stopping it", w.life)
 				w.stop(false)
@@ -440,6 +467,9 @@ func (s *supervisor) run(ctx context.Context) (Summary, error) {
 				case <-time.After(15 * time.Second):
 					w.stop(true)
 					<-w.done
+				}
+				if s.chain != nil {
+					s.chain.finish(ctx, &s.sum)
 				}
 				s.finish(append(finished, w.report()))
 				if err := s.countDeadLetters(ctx); err != nil {

@@ -72,6 +72,14 @@ func checkProof(t *testing.T, sum demo.Summary, kills int) {
 	if sum.DuplicatesAbsorbed == 0 || sum.Deliveries <= uint64(sum.Orders) {
 		t.Fatalf("%d deliveries and %d duplicates absorbed for %d orders: the chaos did not happen", sum.Deliveries, sum.DuplicatesAbsorbed, sum.Orders)
 	}
+	// The second hop: every charge's event relayed, and the notifier saw
+	// and absorbed duplicates.
+	if !sum.Chain || sum.EventsSent != int64(sum.Orders) || sum.EventsPending != 0 {
+		t.Fatalf("chain %v: %d events relayed, %d pending, want %d and 0", sum.Chain, sum.EventsSent, sum.EventsPending, sum.Orders)
+	}
+	if sum.EventDuplicatesAbsorbed == 0 || sum.EventDeliveries <= uint64(sum.Orders) {
+		t.Fatalf("%d event deliveries and %d duplicates absorbed for %d orders: the second hop saw no chaos", sum.EventDeliveries, sum.EventDuplicatesAbsorbed, sum.Orders)
+	}
 }
 
 func TestDemoOnKfakeAndSQLite(t *testing.T) {
@@ -101,6 +109,11 @@ func TestCheckCatchesBrokenLedgers(t *testing.T) {
 	if err := good.Check(); err != nil {
 		t.Fatalf("good ledger: %v", err)
 	}
+	chained := good
+	chained.Chain, chained.Notified, chained.NotifyCalls, chained.NotifiedTotal = true, 3, 3, 60
+	if err := chained.Check(); err != nil {
+		t.Fatalf("good ledger and notifications: %v", err)
+	}
 	for name, broken := range map[string]func(s *demo.Summary){
 		"double charge": func(s *demo.Summary) {
 			s.Ledger.Rows, s.Ledger.Total, s.Ledger.Debited, s.Ledger.DoubleCharged = 4, 80, 80, 1
@@ -109,6 +122,12 @@ func TestCheckCatchesBrokenLedgers(t *testing.T) {
 		"wrong amount":      func(s *demo.Summary) { s.Ledger.Total, s.Ledger.Debited = 61, 61 },
 		"debit without row": func(s *demo.Summary) { s.Ledger.Debited = 70 },
 		"bad order lost":    func(s *demo.Summary) { s.DeadLetterTopic = 0 },
+		"order not notified": func(s *demo.Summary) {
+			s.Chain, s.Notified, s.NotifyCalls, s.NotifiedTotal = true, 2, 2, 40
+		},
+		"order notified twice": func(s *demo.Summary) {
+			s.Chain, s.Notified, s.NotifyCalls, s.NotifiedTwice, s.NotifiedTotal = true, 3, 4, 1, 60
+		},
 	} {
 		s := good
 		broken(&s)

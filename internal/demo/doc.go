@@ -19,6 +19,18 @@
 // the producer's re-sent copies. The runner absorbs all of them: the ledger
 // has no unique constraint on order_id, so a double charge would show.
 //
+// The second hop (unless Config.NoChain): each charge also publishes an
+// "order charged" event with outbox.Publish in its transaction
+// (checkout.EnableEvents). An outbox relay in the supervisor publishes the
+// committed events to an in-process memsource broker (with injected
+// duplicate deliveries) and, for a tenth of its batches, reports an outage
+// after the broker took them, as a relay that died between the confirm and
+// the row update would: those events go out again with the same ids. A
+// notifier runner on the lease path (in-memory lease store) sends each
+// event through sinks/webhook to a receiver on 127.0.0.1 that counts the
+// requests per Idempotency-Key; the proof requires every order notified
+// exactly once.
+//
 // Workers get the PostgreSQL URL in their environment (WorkerDatabaseEnv),
 // never on their command line, which every user of the machine can read.
 //

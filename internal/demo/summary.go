@@ -39,14 +39,40 @@ type Summary struct {
 	Kills, Restarts int
 	// Ledger is read from the store at the end.
 	Ledger checkout.Ledger
+
+	// Chain is set when the run had the second hop: "order charged"
+	// events published through the outbox in each charge's transaction,
+	// relayed to a second broker, and sent by a notifier on the lease path
+	// to a webhook receiver (see Config.NoChain). The fields below are
+	// its figures.
+	Chain bool
+	// EventsSent and EventsPending are the outbox rows the relay marked
+	// sent, and those left pending at the end.
+	EventsSent, EventsPending int64
+	// RelayCrashes counts the relay's batches whose row update was lost
+	// after the broker confirmed them; RelayResent the rows those batches
+	// held, published again with the same ids.
+	RelayCrashes, RelayResent int
+	// EventDeliveries and EventDuplicatesAbsorbed are the notifier's
+	// runner counters.
+	EventDeliveries, EventDuplicatesAbsorbed uint64
+	// Notified is the number of distinct orders the webhook receiver was
+	// notified of, NotifyCalls the requests it got, NotifiedTwice the
+	// Idempotency-Keys it got more than once plus the orders it got under
+	// more than one key, NotifiedTotal the sum of the notified orders'
+	// amounts.
+	Notified, NotifyCalls, NotifiedTwice int
+	NotifiedTotal                        int64
 	// Elapsed is the run's duration.
 	Elapsed time.Duration
 }
 
 // Check returns nil when the ledger proves every valid order charged exactly
 // once (as many distinct orders as sent, one row each, the expected total, no
-// double charge, the accounts debited by exactly the ledger's total) and every
-// malformed order dead-lettered; otherwise an error matching ErrProofFailed
+// double charge, the accounts debited by exactly the ledger's total), every
+// malformed order dead-lettered, and, with the second hop (Chain), every
+// valid order notified exactly once (one request per Idempotency-Key, one
+// key per order, the expected total); otherwise an error matching ErrProofFailed
 // that lists what does not hold.
 func (s Summary) Check() error {
 	var failed []string
@@ -65,6 +91,14 @@ func (s Summary) Check() error {
 	}
 	if s.DeadLetterTopic != s.BadOrders {
 		failed = append(failed, fmt.Sprintf("%d malformed orders in the dead-letter destination, %d sent", s.DeadLetterTopic, s.BadOrders))
+	}
+	if s.Chain {
+		if s.Notified != s.Orders || s.NotifiedTotal != s.ExpectedTotal {
+			failed = append(failed, fmt.Sprintf("%d distinct orders notified for %d sent (amounts %d, want %d)", s.Notified, s.Orders, s.NotifiedTotal, s.ExpectedTotal))
+		}
+		if s.NotifiedTwice != 0 {
+			failed = append(failed, fmt.Sprintf("%d notifications repeated", s.NotifiedTwice))
+		}
 	}
 	if len(failed) > 0 {
 		return fmt.Errorf("%w: %s", ErrProofFailed, strings.Join(failed, "; "))
@@ -90,14 +124,29 @@ func (s Summary) Print(w io.Writer) {
 	fmt.Fprintf(w, "  dead-lettered          %6d  (malformed orders, found in the dead-letter topic)\n", s.DeadLetterTopic)
 	fmt.Fprintf(w, "  worker kills           %6d\n", s.Kills)
 	fmt.Fprintf(w, "  worker restarts        %6d\n", s.Restarts)
+	if s.Chain {
+		fmt.Fprintf(w, "  events relayed         %6d  (outbox rows published after their charge committed; %d left pending)\n", s.EventsSent, s.EventsPending)
+		fmt.Fprintf(w, "  relay crashes          %6d  (row update lost after the broker confirmed: %d events published again)\n", s.RelayCrashes, s.RelayResent)
+		fmt.Fprintf(w, "  event deliveries       %6d  (to the notifier; %d duplicates absorbed on the lease path)\n", s.EventDeliveries, s.EventDuplicatesAbsorbed)
+	}
 	fmt.Fprintf(w, "\nProof (read from the %s ledger)\n", s.Store)
 	fmt.Fprintf(w, "  distinct orders charged   %d of %d sent  %s\n", l.Orders, s.Orders, mark(l.Orders == int64(s.Orders)))
 	fmt.Fprintf(w, "  sum of charges            %d = sum of distinct orders %d  %s\n", l.Total, s.ExpectedTotal, mark(l.Total == s.ExpectedTotal))
 	fmt.Fprintf(w, "  orders charged twice      %d (%d ledger rows)  %s\n", l.DoubleCharged, l.Rows, mark(l.DoubleCharged == 0 && l.Rows == l.Orders))
 	fmt.Fprintf(w, "  accounts debited          %d = ledger total  %s\n", l.Debited, mark(l.Debited == l.Total))
 	fmt.Fprintf(w, "  malformed in dead letters %d of %d  %s\n", s.DeadLetterTopic, s.BadOrders, mark(s.DeadLetterTopic == s.BadOrders))
+	if s.Chain {
+		fmt.Fprintf(w, "\nProof of the second hop (read from the webhook receiver)\n")
+		fmt.Fprintf(w, "  distinct orders notified  %d of %d sent  %s\n", s.Notified, s.Orders, mark(s.Notified == s.Orders))
+		fmt.Fprintf(w, "  sum of notified amounts   %d = sum of distinct orders %d  %s\n", s.NotifiedTotal, s.ExpectedTotal, mark(s.NotifiedTotal == s.ExpectedTotal))
+		fmt.Fprintf(w, "  notified twice            %d (%d webhook requests)  %s\n", s.NotifiedTwice, s.NotifyCalls, mark(s.NotifiedTwice == 0))
+	}
 	if err := s.Check(); err != nil {
 		fmt.Fprintf(w, "\nPROOF FAILED: %v\n", err)
+		return
+	}
+	if s.Chain {
+		fmt.Fprintf(w, "\nPROOF HOLDS: %d deliveries, %d kills, every order charged exactly once and notified exactly once, none twice.\n", s.Deliveries, s.Kills)
 		return
 	}
 	fmt.Fprintf(w, "\nPROOF HOLDS: %d deliveries, %d kills, every order charged exactly once, none twice.\n", s.Deliveries, s.Kills)

@@ -42,6 +42,9 @@ type WorkerOptions struct {
 	Seed uint64
 	// Verbose logs the runner and the source to stderr.
 	Verbose bool
+	// Events is the destination of the "order charged" events each charge
+	// publishes through the outbox (checkout.EnableEvents); "" for none.
+	Events string
 }
 
 // WorkerDatabaseEnv is the environment variable that hands a worker process
@@ -62,6 +65,7 @@ func (o WorkerOptions) args() []string {
 		"-store", o.Store, "-sqlite", o.SQLitePath, "-schema", o.Schema,
 		"-accounts", fmt.Sprint(o.Accounts), "-session-timeout", o.SessionTimeout.String(),
 		"-drop-acks", fmt.Sprint(o.DropAcks), "-seed", fmt.Sprint(o.Seed), fmt.Sprintf("-v=%v", o.Verbose),
+		"-events", o.Events,
 	}
 }
 
@@ -83,6 +87,7 @@ func ParseWorkerFlags(args []string) (WorkerOptions, error) {
 	fs.Float64Var(&o.DropAcks, "drop-acks", 0, "")
 	fs.Uint64Var(&o.Seed, "seed", 1, "")
 	fs.BoolVar(&o.Verbose, "v", false, "")
+	fs.StringVar(&o.Events, "events", "", "")
 	if err := fs.Parse(args); err != nil {
 		return o, fmt.Errorf("demo worker: %w", err)
 	}
@@ -115,6 +120,11 @@ func RunWorker(ctx context.Context, o WorkerOptions, out io.Writer) error {
 		return err
 	}
 	defer store.Close()
+	if o.Events != "" {
+		if err := checkout.EnableEvents(ctx, store, o.Events); err != nil {
+			return err
+		}
+	}
 	b, err := checkout.OpenBroker(ctx, checkout.BrokerConfig{
 		Kind: o.Broker, KafkaBrokers: strings.Split(o.KafkaBrokers, ","), Topic: o.Topic, Group: o.Group,
 		KafkaSessionTimeout: o.SessionTimeout, KafkaRebalanceTimeout: 2 * o.SessionTimeout, Logger: logger,

@@ -16,7 +16,10 @@
 // confirmation, and only then marks the rows sent. A relay that crashes
 // between the confirmation and the update publishes the rows again: the
 // duplicate window is at the downstream consumer, which absorbs it by the
-// stable id. See Relay for ordering, concurrency, retries and retention.
+// stable id. See Relay for ordering, concurrency, retries and retention, and
+// Hook for its observers (consumer/otelidemq's RelayHook exports its
+// metrics). Publish stores the handler span's trace context in the row's
+// headers, so the published message continues the handler's trace.
 //
 // The migrations are embedded: Migrate, MigrateTx, MigrationSQL, and
 // `idemq migrate --outbox [--print]`.

@@ -109,6 +109,9 @@ type Config struct {
 	CleanupInterval time.Duration
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
+	// Hooks observe the relay (see Hook): for example
+	// consumer/otelidemq's RelayHook for metrics. Defaults to none.
+	Hooks []Hook
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -242,9 +245,10 @@ type Counts struct {
 // moves on. An outage (ErrUnavailable) counts nothing: the relay backs off
 // and retries the batch, so no row is ever dropped.
 type Relay struct {
-	st  store
-	pub Publisher
-	cfg Config
+	st    store
+	pub   Publisher
+	cfg   Config
+	hooks hooks
 }
 
 // Run publishes rows until ctx is cancelled, then returns nil. It runs
@@ -345,7 +349,9 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	for i, row := range rows {
 		msgs[i] = row.msg
 	}
+	start := time.Now()
 	perr := r.pub.Publish(ctx, msgs)
+	took := time.Since(start)
 	sent := make([]int64, 0, len(rows))
 	var failed []failure
 	var unavailable error
@@ -367,6 +373,17 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 					slog.Int("attempts", attempts), slog.String("error", f.err))
 			}
 			failed = append(failed, f)
+		}
+	}
+	if len(r.hooks.publish) > 0 {
+		parked := 0
+		for _, f := range failed {
+			if f.park {
+				parked++
+			}
+		}
+		for _, h := range r.hooks.publish {
+			h.OnRelayPublish(ctx, len(rows), len(sent), parked, took, perr)
 		}
 	}
 	if len(sent) == 0 && len(failed) == 0 {

@@ -21,7 +21,9 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Relay{st: &pgStore{pool: pool}, pub: pub, cfg: cfg}, nil
+	r := &Relay{st: &pgStore{pool: pool}, pub: pub, cfg: cfg}
+	r.setHooks()
+	return r, nil
 }
 
 // pgStore is the relay's store on PostgreSQL.

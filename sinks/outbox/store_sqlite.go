@@ -23,7 +23,9 @@ func NewSQLiteRelay(db *sql.DB, pub Publisher, cfg Config) (*Relay, error) {
 	if cfg.Concurrency != 1 {
 		return nil, fmt.Errorf("%w: a SQLite relay has Concurrency 1", ErrInvalidConfig)
 	}
-	return &Relay{st: &sqliteStore{db: db}, pub: pub, cfg: cfg}, nil
+	r := &Relay{st: &sqliteStore{db: db}, pub: pub, cfg: cfg}
+	r.setHooks()
+	return r, nil
 }
 
 // sqliteStore is the relay's store on SQLite; times are Unix milliseconds.

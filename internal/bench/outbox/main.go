@@ -12,9 +12,11 @@
 //     Concurrency 1 and 2 (two batches in flight, one's database work
 //     overlapping the other's publish).
 //
-// It prints messages/s and the ratio relay/raw.
+// It prints messages/s and the ratio relay/raw. The "none" row is the
+// database's ceiling: the relay over a publisher that confirms at once
+// (claim, update and commit of each batch only).
 //
-//	go run ./internal/bench/outbox [-broker kafka|sqs|rabbitmq|all] [-n 20000]
+//	go run ./internal/bench/outbox [-broker kafka|sqs|rabbitmq|none|all] [-n 20000]
 //
 // TEST_KAFKA_BROKERS, TEST_SQS_ENDPOINT, TEST_AMQP_URL and TEST_DATABASE_URL
 // select other servers.
@@ -67,7 +69,7 @@ func envOr(name, def string) string {
 
 func main() {
 	var (
-		broker  = flag.String("broker", "all", "kafka, sqs, rabbitmq or all")
+		broker  = flag.String("broker", "all", "kafka, sqs, rabbitmq, none (the relay's database ceiling) or all")
 		n       = flag.Int("n", 20000, "messages per run (SQS runs use n/4)")
 		brokers = flag.String("brokers", envOr("TEST_KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka bootstrap brokers")
 		sqsURL  = flag.String("sqs", envOr("TEST_SQS_ENDPOINT", "http://127.0.0.1:9324"), "SQS endpoint")
@@ -107,6 +109,17 @@ func main() {
 			fail(fmt.Errorf("%s relay: %w", name, err))
 		}
 		fmt.Printf("%-9s %8d %12.0f %12.0f %6.2fx %12.0f %6.2fx\n", name, count, rawRate, relay1, relay1/rawRate, relay2, relay2/rawRate)
+	}
+	if *broker == "all" || *broker == "none" {
+		relay1, err := relay(ctx, pool, confirmAtOnce{}, messages("none", *n), 1)
+		if err != nil {
+			fail(fmt.Errorf("none relay: %w", err))
+		}
+		relay2, err := relay(ctx, pool, confirmAtOnce{}, messages("none", *n), 2)
+		if err != nil {
+			fail(fmt.Errorf("none relay: %w", err))
+		}
+		fmt.Printf("%-9s %8d %12s %12.0f %7s %12.0f %7s\n", "none", *n, "-", relay1, "-", relay2, "-")
 	}
 	if *broker == "all" || *broker == "kafka" {
 		bs := strings.Split(*brokers, ",")
@@ -202,6 +215,11 @@ func main() {
 		conn.Close()
 	}
 }
+
+// confirmAtOnce is a publisher that sends nothing and confirms at once.
+type confirmAtOnce struct{}
+
+func (confirmAtOnce) Publish(context.Context, []outbox.Message) error { return nil }
 
 // routeTo publishes through the default exchange to one queue: the key of
 // every message becomes the queue's name (the bench's keys stay distinct

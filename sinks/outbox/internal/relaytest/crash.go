@@ -94,6 +94,95 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// Child is a process of this test binary started by StartChild: a relay
+// (ChildMain) or any other helper test of the calling package.
+type Child struct {
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+	err  error // cmd.Wait's result, set before done is closed
+}
+
+// StartChild runs this test binary's test named test as a child process,
+// with env added to this process's environment. The child is SIGKILLed at
+// the end of the test if it still runs.
+func StartChild(t testing.TB, test string, env []string) *Child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), env...)
+	c := &Child{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = c.out, c.out
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", test, err)
+	}
+	go func() {
+		c.err = cmd.Wait()
+		close(c.done)
+	}()
+	t.Cleanup(func() { c.Kill() })
+	return c
+}
+
+// RelayEnv is the environment of a relay child (ChildMain) over the
+// database at dbURL that claims batches of batch rows and SIGKILLs itself
+// right after the broker confirmed its killAfter-th batch (never when
+// killAfter is 0).
+func RelayEnv(dbURL string, killAfter, batch int) []string {
+	return []string{
+		childEnv + "=1",
+		childURLEnv + "=" + dbURL,
+		childKillEnv + "=" + strconv.Itoa(killAfter),
+		childBatchEnv + "=" + strconv.Itoa(batch),
+	}
+}
+
+// Pid is the child's process id.
+func (c *Child) Pid() int { return c.cmd.Process.Pid }
+
+// Done is closed when the child has exited.
+func (c *Child) Done() <-chan struct{} { return c.done }
+
+// Kill SIGKILLs the child (no drain, no commit, no ack) and waits for it
+// to exit. It does nothing when the child has exited already.
+func (c *Child) Kill() {
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	_ = c.cmd.Process.Kill()
+	<-c.done
+}
+
+// Killed reports whether the child has exited by SIGKILL.
+func (c *Child) Killed() bool {
+	select {
+	case <-c.done:
+	default:
+		return false
+	}
+	var ee *exec.ExitError
+	if errors.As(c.err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+			return true
+		}
+	}
+	return false
+}
+
+// Output is what the child printed so far.
+func (c *Child) Output() string { return c.out.String() }
+
+// Err is how the child exited (nil when it has not, or exited with 0).
+func (c *Child) Err() error {
+	select {
+	case <-c.done:
+		return c.err
+	default:
+		return nil
+	}
+}
+
 // RunKills starts relay child processes (this test binary running
 // ChildTestName, with env added) over the database at dbURL, each of
 // which is SIGKILLed right after the broker confirmed its 1st, 2nd or 3rd
@@ -103,33 +192,15 @@ func (s *syncBuffer) String() string {
 func RunKills(t *testing.T, pool *pgxpool.Pool, dbURL string, env []string, kills, batch int) int {
 	t.Helper()
 	run := func(killAfter int) {
-		cmd := exec.Command(os.Args[0], "-test.run=^"+ChildTestName+"$", "-test.count=1", "-test.v")
-		cmd.Env = append(append(os.Environ(), env...),
-			childEnv+"=1",
-			childURLEnv+"="+dbURL,
-			childKillEnv+"="+strconv.Itoa(killAfter),
-			childBatchEnv+"="+strconv.Itoa(batch),
-		)
-		out := &syncBuffer{}
-		cmd.Stdout, cmd.Stderr = out, out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
+		c := StartChild(t, ChildTestName, append(env[:len(env):len(env)], RelayEnv(dbURL, killAfter, batch)...))
 		select {
-		case err := <-done:
-			var ee *exec.ExitError
-			if errors.As(err, &ee) {
-				if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
-					return
-				}
+		case <-c.Done():
+			if !c.Killed() {
+				t.Fatalf("relay child ended without being killed: %v\n%s", c.Err(), c.Output())
 			}
-			t.Fatalf("relay child ended without being killed: %v\n%s", err, out)
 		case <-time.After(WaitTimeout):
-			_ = cmd.Process.Kill()
-			<-done
-			t.Fatalf("relay child did not kill itself; %s\n%s", Describe(t, pool), out)
+			c.Kill()
+			t.Fatalf("relay child did not kill itself; %s\n%s", Describe(t, pool), c.Output())
 		}
 	}
 	killed := 0

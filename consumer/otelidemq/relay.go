@@ -1,0 +1,150 @@
+package otelidemq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// Metric names of an outbox relay (RelayHook).
+const (
+	MetricSent                = "messaging.client.sent.messages"
+	MetricOperationDuration   = "messaging.client.operation.duration"
+	MetricOutboxPending       = "idemq.outbox.pending"
+	MetricOutboxParked        = "idemq.outbox.parked"
+	MetricOutboxOldestPending = "idemq.outbox.oldest_pending.age"
+	relayOutcomeSent          = "sent"
+	relayOutcomeParked        = "parked"
+	relayOutcomeRetried       = "retried"
+	relayOperationName        = "send"
+)
+
+// RelayHook measures a transactional outbox relay (sinks/outbox.Relay).
+// Pass it in the relay's outbox.Config.Hooks; it implements
+// outbox.HookPublish and outbox.HookCounts. It is safe for concurrent use.
+//
+// Instruments:
+//   - messaging.client.sent.messages: rows the relay handed to the broker,
+//     by idemq.outcome: "sent" (the broker confirmed), "parked" (failed for
+//     the last allowed time) or "retried" (failed, or an outage: published
+//     again later);
+//   - messaging.client.operation.duration (s): one publish of a batch,
+//     from the call to the broker's confirmation, with
+//     messaging.operation.name "send" and error.type when it failed;
+//   - idemq.outbox.pending, idemq.outbox.parked: rows waiting to be sent,
+//     and parked rows (observable gauges, read from the outbox table at
+//     each collection);
+//   - idemq.outbox.oldest_pending.age (s): the age of the oldest pending
+//     row, the relay's lag (observable gauge).
+//
+// Config.System, when set, is the messaging.system attribute of every
+// measurement; Config.TracerProvider, Propagator and ConsumerGroup are not
+// used. The gauges read the counts of the last relay the hook was given to:
+// use one RelayHook per relay, or per outbox table.
+type RelayHook struct {
+	base                  metric.MeasurementOption
+	sent, parked, retried metric.MeasurementOption
+	sentCount             metric.Int64Counter
+	duration              metric.Float64Histogram
+	kvs                   []attribute.KeyValue
+
+	mu     sync.Mutex
+	counts func(ctx context.Context) (pending, parked int64, oldestPending time.Duration, err error)
+}
+
+// NewRelayHook returns a RelayHook over cfg.MeterProvider (default
+// otel.GetMeterProvider()), or an error if an instrument cannot be created.
+func NewRelayHook(cfg Config) (*RelayHook, error) {
+	if cfg.MeterProvider == nil {
+		cfg.MeterProvider = otel.GetMeterProvider()
+	}
+	var kvs []attribute.KeyValue
+	if cfg.System != "" {
+		kvs = append(kvs, AttrSystem.String(cfg.System))
+	}
+	with := func(extra ...attribute.KeyValue) metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(append(kvs[:len(kvs):len(kvs)], extra...)...))
+	}
+	h := &RelayHook{
+		kvs:     kvs,
+		base:    with(AttrOperationName.String(relayOperationName)),
+		sent:    with(AttrOperationName.String(relayOperationName), AttrOutcome.String(relayOutcomeSent)),
+		parked:  with(AttrOperationName.String(relayOperationName), AttrOutcome.String(relayOutcomeParked)),
+		retried: with(AttrOperationName.String(relayOperationName), AttrOutcome.String(relayOutcomeRetried)),
+	}
+	m := cfg.MeterProvider.Meter(ScopeName)
+	var errs []error
+	var err error
+	h.sentCount, err = m.Int64Counter(MetricSent, metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox rows the relay published, by idemq.outcome (sent, parked, retried)."))
+	errs = append(errs, err)
+	h.duration, err = m.Float64Histogram(MetricOperationDuration, metric.WithUnit("s"),
+		metric.WithDescription("Time to publish one batch of outbox rows, until the broker confirmed it."),
+		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+	errs = append(errs, err)
+	pending, err := m.Int64ObservableGauge(MetricOutboxPending, metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox rows waiting to be published (including rows waiting for a retry)."))
+	errs = append(errs, err)
+	parked, err := m.Int64ObservableGauge(MetricOutboxParked, metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox rows parked after their last allowed attempt."))
+	errs = append(errs, err)
+	age, err := m.Float64ObservableGauge(MetricOutboxOldestPending, metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest pending outbox row (0 without one)."))
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("otelidemq: create relay instruments: %w", err)
+	}
+	gauges := metric.WithAttributeSet(attribute.NewSet(kvs...))
+	if _, err := m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		h.mu.Lock()
+		counts := h.counts
+		h.mu.Unlock()
+		if counts == nil {
+			return nil
+		}
+		p, k, oldest, err := counts(ctx)
+		if err != nil {
+			return fmt.Errorf("otelidemq: read outbox counts: %w", err)
+		}
+		o.ObserveInt64(pending, p, gauges)
+		o.ObserveInt64(parked, k, gauges)
+		o.ObserveFloat64(age, oldest.Seconds(), gauges)
+		return nil
+	}, pending, parked, age); err != nil {
+		return nil, fmt.Errorf("otelidemq: register relay gauges: %w", err)
+	}
+	return h, nil
+}
+
+// OnRelayPublish counts the batch's rows by outcome and records the
+// publish's duration.
+func (h *RelayHook) OnRelayPublish(ctx context.Context, rows, sent, parked int, d time.Duration, err error) {
+	if sent > 0 {
+		h.sentCount.Add(ctx, int64(sent), h.sent)
+	}
+	if parked > 0 {
+		h.sentCount.Add(ctx, int64(parked), h.parked)
+	}
+	if retried := rows - sent - parked; retried > 0 {
+		h.sentCount.Add(ctx, int64(retried), h.retried)
+	}
+	opt := h.base
+	if err != nil {
+		opt = metric.WithAttributes(append(h.kvs[:len(h.kvs):len(h.kvs)],
+			AttrOperationName.String(relayOperationName), AttrErrorType.String(errorType(err)))...)
+	}
+	h.duration.Record(ctx, d.Seconds(), opt)
+}
+
+// ObserveRelayCounts keeps counts for the gauges; the last call wins.
+func (h *RelayHook) ObserveRelayCounts(counts func(ctx context.Context) (pending, parked int64, oldestPending time.Duration, err error)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.counts = counts
+}
