@@ -171,7 +171,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	lanes := make([]chan *job, r.cfg.Concurrency)
 	var wg sync.WaitGroup
 	for i := range lanes {
-		lanes[i] = make(chan *job, r.cfg.BatchSize)
+		lanes[i] = make(chan *job, r.cfg.BatchSize+laneSlack)
 		wg.Go(func() { r.lane(workCtx, lanes[i]) })
 	}
 
@@ -194,6 +194,15 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	return err
 }
+
+// laneSlack is how many messages a lane queues beyond one batch. The
+// receiver hands each message to the lane of its key and waits when that
+// lane is full; with room for only one batch, one busy lane stalled the
+// receiver while the other lanes ran dry (at BatchSize 1 and four lanes,
+// idemq on Kafka ran at 0.45x a hand-written worker whose lanes queue 1,000).
+// A few messages per lane keep every lane fed; they are received, not
+// started, and a drain still finishes them (within Config.DrainTimeout).
+const laneSlack = 16
 
 // receive pulls messages from the source and dispatches them to lanes until
 // ctx is done.
