@@ -57,8 +57,8 @@ func (f Fault) String() string {
 
 // Delivery is one scripted message.
 type Delivery struct {
-	// Key is the message's deduplication key. Required and unique within a
-	// script.
+	// Key is the message's key (Message.Key), its deduplication key unless
+	// Options.KeyFunc derives another. Required and unique within a script.
 	Key string
 	// Body is the payload handed to the handler.
 	Body []byte
@@ -90,6 +90,19 @@ type Options struct {
 	Scope string
 	// Logger receives the runners' logs. Defaults to discarding them.
 	Logger *slog.Logger
+	// KeyFunc is the runners' consumer.Config.KeyFunc, so that a
+	// production KeyFunc is tested with the handler. Scripted messages
+	// carry Delivery.Key as Message.Key and their Headers. Defaults to
+	// consumer.DefaultKey.
+	KeyFunc func(*consumer.Message) (string, error)
+	// HandlerTimeout is the runners' consumer.Config.HandlerTimeout.
+	// Defaults to the runner's default.
+	HandlerTimeout time.Duration
+	// Retry is the runners' retry policy. Its zero fields default to short
+	// backoffs (5 ms to 50 ms), so that a replay with failures settles
+	// quickly; set MaxAttempts to see the dead letter your production
+	// policy gives.
+	Retry consumer.RetryPolicy
 }
 
 // Report is what happened during a replay.
@@ -110,7 +123,52 @@ type Report struct {
 	// destination, with their reasons.
 	DeadLetters []memsource.DeadLetter
 
-	keys []string
+	keys    []string
+	running running
+}
+
+// running tracks the handler calls in progress, so that a replay that does
+// not settle can say which handler it is waiting for.
+type running struct {
+	mu    sync.Mutex
+	calls map[string]time.Time // key -> start of the call in progress
+}
+
+// start records a call for key and returns the function that ends it.
+func (r *running) start(key string) func() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.calls == nil {
+		r.calls = map[string]time.Time{}
+	}
+	r.calls[key] = time.Now()
+	return func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		delete(r.calls, key)
+	}
+}
+
+// describe names the calls in progress, longest first.
+func (r *running) describe() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.calls) == 0 {
+		return "no handler is running"
+	}
+	keys := make([]string, 0, len(r.calls))
+	for k := range r.calls {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return r.calls[keys[i]].Before(r.calls[keys[j]]) })
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "\n  the handler for key %q has been running for %s", k, time.Since(r.calls[k]).Round(time.Millisecond))
+	}
+	b.WriteString("\n  a handler that waits for what the runner holds never returns: a second connection from a pool" +
+		" the lanes' transactions use up, or a row its own transaction locked through another connection;" +
+		" set Options.HandlerTimeout to see it fail instead")
+	return b.String()
 }
 
 // TB is the part of testing.TB the kit uses; *testing.T and *testing.B
@@ -147,7 +205,10 @@ func ReplayTx[Tx any](t TB, store dedup.TxStore[Tx], handler consumer.TxHandler[
 		rep.Calls[key]++
 		call := rep.Calls[key]
 		cs.mu.Unlock()
-		if err := handler(ctx, tx, msg); err != nil {
+		end := rep.running.start(key)
+		err := handler(ctx, tx, msg)
+		end()
+		if err != nil {
 			return err
 		}
 		if call <= fails[key] {
@@ -181,7 +242,10 @@ func Replay(t TB, store dedup.LeaseStore, handler consumer.Handler, lease consum
 		rep.Calls[key]++
 		call := rep.Calls[key]
 		ls.mu.Unlock()
-		if err := handler(ctx, msg); err != nil {
+		end := rep.running.start(key)
+		err := handler(ctx, msg)
+		end()
+		if err != nil {
 			return err
 		}
 		if call <= fails[key] {
@@ -209,6 +273,12 @@ func (o Options) withDefaults(t TB) Options {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.Retry.InitialBackoff == 0 {
+		o.Retry.InitialBackoff = 5 * time.Millisecond
+	}
+	if o.Retry.MaxBackoff == 0 {
+		o.Retry.MaxBackoff = 50 * time.Millisecond
+	}
 	return o
 }
 
@@ -224,7 +294,7 @@ func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Repo
 			t.Fatalf("consumertest: script keys must be non-empty and unique, got %q", d.Key)
 		}
 		seen[d.Key] = true
-		rep.keys = append(rep.keys, d.Key)
+		rep.keys = append(rep.keys, dedupKey(opts, d))
 		out := memsource.Outgoing{Key: d.Key, Body: d.Body, Headers: d.Headers, PartitionKey: d.PartitionKey}
 		ids := broker.Publish(topic, out)
 		switch d.Fault {
@@ -248,11 +318,13 @@ func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Repo
 	runners := make([]*consumer.Runner, opts.Workers)
 	for i := range runners {
 		r, err := consumer.NewRunner(broker.Source(topic), path, consumer.Config{
-			Name:        opts.Scope,
-			Concurrency: 2,
-			BatchSize:   opts.BatchSize,
-			Retry:       consumer.RetryPolicy{InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond},
-			Logger:      opts.Logger,
+			Name:           opts.Scope,
+			Concurrency:    2,
+			BatchSize:      opts.BatchSize,
+			KeyFunc:        opts.KeyFunc,
+			HandlerTimeout: opts.HandlerTimeout,
+			Retry:          opts.Retry,
+			Logger:         opts.Logger,
 		})
 		if err != nil {
 			t.Fatalf("consumertest: %v", err)
@@ -269,9 +341,12 @@ func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Repo
 			break
 		}
 		if time.Now().After(deadline) {
+			blocked := rep.running.describe()
 			cancel()
 			wg.Wait()
-			t.Fatalf("consumertest: replay did not settle within %s: %+v", opts.Timeout, st)
+			t.Fatalf("consumertest: replay did not settle within %s (broker: %d ready, %d in flight, %d pending): %s",
+				opts.Timeout, st.Ready, st.InFlight, st.Pending, blocked)
+			return
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -282,6 +357,20 @@ func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Repo
 		rep.Duplicates += r.Stats().Duplicates
 	}
 	rep.DeadLetters = broker.DeadLetters(topic)
+}
+
+// dedupKey returns the deduplication key the runners will see for d: the
+// Options.KeyFunc's key when one is set (d.Key if it fails: the message is
+// then dead-lettered, which RequireExactlyOnce reports), else d.Key.
+func dedupKey(opts Options, d Delivery) string {
+	if opts.KeyFunc == nil {
+		return d.Key
+	}
+	k, err := opts.KeyFunc(&consumer.Message{Key: d.Key, Body: d.Body, Headers: d.Headers, PartitionKey: d.PartitionKey})
+	if err != nil || k == "" {
+		return d.Key
+	}
+	return k
 }
 
 // RequireExactlyOnce fails t unless every scripted key's effect happened
