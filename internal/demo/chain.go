@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/examples/checkout"
+	"github.com/idemq/idemq/internal/checkout"
 	"github.com/idemq/idemq/internal/memstore"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/webhook"

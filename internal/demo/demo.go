@@ -23,7 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/examples/checkout"
+	"github.com/idemq/idemq/internal/checkout"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/memsource"
 )

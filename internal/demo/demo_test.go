@@ -14,7 +14,7 @@ import (
 
 	_ "modernc.org/sqlite"
 
-	"github.com/idemq/idemq/examples/checkout"
+	"github.com/idemq/idemq/internal/checkout"
 	"github.com/idemq/idemq/internal/demo"
 	"github.com/idemq/idemq/internal/testenv"
 )

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemq/idemq/examples/checkout"
+	"github.com/idemq/idemq/internal/checkout"
 )
 
 // ErrProofFailed is matched by the error of Summary.Check when the ledger does

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/examples/checkout"
+	"github.com/idemq/idemq/internal/checkout"
 )
 
 // WorkerOptions configure one worker process of the demo: the checkout worker

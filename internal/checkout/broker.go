@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -119,46 +116,21 @@ type Broker interface {
 // ErrUnknownBroker is returned by OpenBroker for an unknown BrokerConfig.Kind.
 var ErrUnknownBroker = errors.New("checkout: unknown broker")
 
-// Opener opens the broker of cfg (with defaults applied).
-type Opener func(ctx context.Context, cfg BrokerConfig) (Broker, error)
-
-var (
-	openersMu sync.RWMutex
-	openers   = map[string]Opener{
-		BrokerMemory: func(_ context.Context, cfg BrokerConfig) (Broker, error) { return &memBroker{cfg: cfg}, nil },
-		BrokerKafka:  func(ctx context.Context, cfg BrokerConfig) (Broker, error) { return openKafka(ctx, cfg) },
-	}
-)
-
-// RegisterBroker makes OpenBroker accept kind. The in-memory and Kafka
-// brokers are built in; importing examples/checkout/morebrokers registers SQS
-// and RabbitMQ, so that programs that need neither (the demo) do not build
-// their clients. It panics if kind is registered twice.
-func RegisterBroker(kind string, open Opener) {
-	openersMu.Lock()
-	defer openersMu.Unlock()
-	if _, dup := openers[kind]; dup {
-		panic("checkout: broker " + kind + " registered twice")
-	}
-	openers[kind] = open
-}
-
 // OpenBroker prepares the broker of cfg: it creates the topic or queue and
 // its dead-letter destination if missing and connects the producer.
 func OpenBroker(ctx context.Context, cfg BrokerConfig) (Broker, error) {
 	cfg = cfg.WithDefaults()
-	openersMu.RLock()
-	open, ok := openers[cfg.Kind]
-	kinds := make([]string, 0, len(openers))
-	for k := range openers {
-		kinds = append(kinds, k)
+	switch cfg.Kind {
+	case BrokerMemory:
+		return &memBroker{cfg: cfg}, nil
+	case BrokerKafka:
+		return openKafka(ctx, cfg)
+	case BrokerSQS:
+		return openSQS(ctx, cfg)
+	case BrokerRabbitMQ:
+		return openRabbitMQ(cfg)
 	}
-	openersMu.RUnlock()
-	if !ok {
-		sort.Strings(kinds)
-		return nil, fmt.Errorf("%w %q (registered: %s)", ErrUnknownBroker, cfg.Kind, strings.Join(kinds, ", "))
-	}
-	return open(ctx, cfg)
+	return nil, fmt.Errorf("%w %q (known: %s, %s, %s, %s)", ErrUnknownBroker, cfg.Kind, BrokerMemory, BrokerKafka, BrokerSQS, BrokerRabbitMQ)
 }
 
 type memBroker struct{ cfg BrokerConfig }

@@ -4,10 +4,10 @@
 // every order is charged exactly once although the broker delivers at least
 // once.
 //
-//	go run ./examples/checkout/cmd/checkout -publish 1000 -idle 3s                          # in-memory broker, SQLite file
-//	go run ./examples/checkout/cmd/checkout -broker kafka -store postgres -publish 1000 -idle 3s
-//	go run ./examples/checkout/cmd/checkout -broker rabbitmq -publish 1000 -idle 3s
-//	go run ./examples/checkout/cmd/checkout -broker sqs -publish 1000 -idle 3s
+//	go run ./cmd/checkout -publish 1000 -idle 3s                          # in-memory broker, SQLite file
+//	go run ./cmd/checkout -broker kafka -store postgres -publish 1000 -idle 3s
+//	go run ./cmd/checkout -broker rabbitmq -publish 1000 -idle 3s
+//	go run ./cmd/checkout -broker sqs -publish 1000 -idle 3s
 //
 // Every flag can also be set in the environment (CHECKOUT_BROKER,
 // CHECKOUT_STORE, CHECKOUT_SQLITE, DATABASE_URL, KAFKA_BROKERS, AMQP_URL,
@@ -38,8 +38,7 @@ import (
 
 	_ "modernc.org/sqlite"
 
-	"github.com/idemq/idemq/examples/checkout"
-	_ "github.com/idemq/idemq/examples/checkout/morebrokers" // SQS and RabbitMQ
+	"github.com/idemq/idemq/internal/checkout"
 )
 
 type options struct {

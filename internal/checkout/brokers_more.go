@@ -1,4 +1,4 @@
-package morebrokers
+package checkout
 
 import (
 	"context"
@@ -14,27 +14,17 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/examples/checkout"
 	"github.com/idemq/idemq/sources/amqpsource"
 	"github.com/idemq/idemq/sources/sqssource"
 )
 
-func init() {
-	checkout.RegisterBroker(checkout.BrokerSQS, func(ctx context.Context, cfg checkout.BrokerConfig) (checkout.Broker, error) {
-		return openSQS(ctx, cfg)
-	})
-	checkout.RegisterBroker(checkout.BrokerRabbitMQ, func(_ context.Context, cfg checkout.BrokerConfig) (checkout.Broker, error) {
-		return openRabbitMQ(cfg)
-	})
-}
-
 type sqsBroker struct {
-	cfg              checkout.BrokerConfig
+	cfg              BrokerConfig
 	client           *sqs.Client
 	queueURL, dlqURL string
 }
 
-func openSQS(ctx context.Context, cfg checkout.BrokerConfig) (*sqsBroker, error) {
+func openSQS(ctx context.Context, cfg BrokerConfig) (*sqsBroker, error) {
 	var opts []func(*config.LoadOptions) error
 	if cfg.SQSEndpoint != "" { // a local emulator accepts any credentials
 		opts = append(opts, config.WithRegion("us-east-1"),
@@ -59,19 +49,19 @@ func (b *sqsBroker) Source(ctx context.Context, _ *consumer.Config) (consumer.So
 	return sqssource.New(ctx, b.client, sqssource.Config{
 		QueueURL:              b.queueURL,
 		DeadLetterQueueURL:    b.dlqURL,
-		KeyAttribute:          checkout.KeyHeader,
+		KeyAttribute:          KeyHeader,
 		PartitionKeyAttribute: "account",
 		Logger:                b.cfg.Logger,
 	})
 }
 
-func (b *sqsBroker) Publish(ctx context.Context, msgs ...checkout.Outgoing) error {
+func (b *sqsBroker) Publish(ctx context.Context, msgs ...Outgoing) error {
 	for len(msgs) > 0 {
 		n := min(len(msgs), sqssource.MaxBatch)
 		entries := make([]sqstypes.SendMessageBatchRequestEntry, n)
 		for i, m := range msgs[:n] {
 			attrs := map[string]sqstypes.MessageAttributeValue{
-				checkout.KeyHeader: {DataType: aws.String("String"), StringValue: aws.String(m.Key)},
+				KeyHeader: {DataType: aws.String("String"), StringValue: aws.String(m.Key)},
 			}
 			if m.PartitionKey != "" {
 				attrs["account"] = sqstypes.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(m.PartitionKey)}
@@ -93,9 +83,9 @@ func (b *sqsBroker) Publish(ctx context.Context, msgs ...checkout.Outgoing) erro
 
 func (b *sqsBroker) Close() error { return nil }
 
-type rabbitBroker struct{ cfg checkout.BrokerConfig }
+type rabbitBroker struct{ cfg BrokerConfig }
 
-func openRabbitMQ(cfg checkout.BrokerConfig) (*rabbitBroker, error) {
+func openRabbitMQ(cfg BrokerConfig) (*rabbitBroker, error) {
 	if cfg.AMQPURL == "" {
 		return nil, fmt.Errorf("checkout: rabbitmq: no URL")
 	}
@@ -106,7 +96,7 @@ func (b *rabbitBroker) Source(ctx context.Context, rc *consumer.Config) (consume
 	src, err := amqpsource.New(ctx, amqpsource.Config{
 		URL:                b.cfg.AMQPURL,
 		Queue:              b.cfg.Topic,
-		KeyHeader:          checkout.KeyHeader,
+		KeyHeader:          KeyHeader,
 		Prefetch:           amqpsource.PrefetchFor(*rc),
 		PartitionKeyHeader: "account",
 		Declare:            &amqpsource.Topology{QueueType: amqpsource.QueueTypeQuorum},
@@ -121,7 +111,7 @@ func (b *rabbitBroker) Source(ctx context.Context, rc *consumer.Config) (consume
 
 // Publish declares nothing: the queue is declared by the first Source, so
 // open one before publishing.
-func (b *rabbitBroker) Publish(ctx context.Context, msgs ...checkout.Outgoing) error {
+func (b *rabbitBroker) Publish(ctx context.Context, msgs ...Outgoing) error {
 	conn, err := amqp.Dial(b.cfg.AMQPURL)
 	if err != nil {
 		return fmt.Errorf("checkout: rabbitmq: %w", err)
@@ -137,7 +127,7 @@ func (b *rabbitBroker) Publish(ctx context.Context, msgs ...checkout.Outgoing) e
 	confirms := make([]*amqp.DeferredConfirmation, 0, len(msgs))
 	for _, m := range msgs {
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", b.cfg.Topic, true, false, amqp.Publishing{
-			Headers:      amqp.Table{checkout.KeyHeader: m.Key, "account": m.PartitionKey},
+			Headers:      amqp.Table{KeyHeader: m.Key, "account": m.PartitionKey},
 			ContentType:  "application/json",
 			DeliveryMode: amqp.Persistent,
 			Body:         m.Body,

@@ -11,8 +11,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/examples/checkout"
-	_ "github.com/idemq/idemq/examples/checkout/morebrokers" // SQS and RabbitMQ
+	"github.com/idemq/idemq/internal/checkout"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/memsource"
 )

@@ -1,0 +1,113 @@
+package layering_test
+
+import (
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/idemq/idemq"
+
+// pkg is the part of `go list -json` the rules read.
+type pkg struct {
+	ImportPath string
+	Imports    []string // of the non-test files
+	Deps       []string // transitive, non-test
+}
+
+// list returns every package of the module (test-only packages included).
+func list(t *testing.T) []pkg {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-e", "-json=ImportPath,Imports,Deps", module+"/...")
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	var pkgs []pkg
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for dec.More() {
+		var p pkg
+		if err := dec.Decode(&p); err != nil {
+			t.Fatalf("go list output: %v", err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 20 {
+		t.Fatalf("go list found %d packages; run from the module", len(pkgs))
+	}
+	return pkgs
+}
+
+func under(path, prefix string) bool {
+	return path == prefix || strings.HasPrefix(path, prefix+"/")
+}
+
+// The core imports no broker SDK, no OpenTelemetry and no adapter: a user
+// who writes a worker with consumer and a store pays for nothing else.
+func TestCoreImportsNoAdapter(t *testing.T) {
+	forbidden := []string{
+		"github.com/segmentio/kafka-go", "github.com/aws/aws-sdk-go-v2", "github.com/rabbitmq/amqp091-go",
+		"go.opentelemetry.io", "github.com/twmb/franz-go",
+		module + "/sources", module + "/sinks", module + "/examples", module + "/cmd", module + "/internal/testenv",
+	}
+	core := map[string][]string{ // package -> extra forbidden prefixes
+		module + "/consumer":         {"github.com/redis/go-redis", module + "/dedup/pgdedup", module + "/dedup/sqldedup", module + "/dedup/redisdedup"},
+		module + "/dedup":            {"github.com/redis/go-redis", "github.com/jackc/pgx"},
+		module + "/dedup/pgdedup":    {"github.com/redis/go-redis"},
+		module + "/dedup/sqldedup":   {"github.com/redis/go-redis", "github.com/jackc/pgx"},
+		module + "/dedup/redisdedup": {"github.com/jackc/pgx"},
+	}
+	seen := 0
+	for _, p := range list(t) {
+		extra, ok := core[p.ImportPath]
+		if !ok {
+			continue
+		}
+		seen++
+		for _, d := range p.Deps {
+			for _, f := range append(forbidden, extra...) {
+				if under(d, f) {
+					t.Errorf("%s depends on %s", p.ImportPath, d)
+				}
+			}
+		}
+	}
+	if seen != len(core) {
+		t.Fatalf("found %d of the %d core packages", seen, len(core))
+	}
+}
+
+// internal/testenv (which starts services and containers) is for tests: only
+// test files, and test-helper packages (named …test), import it.
+func TestTestEnvOnlyInTests(t *testing.T) {
+	for _, p := range list(t) {
+		last := p.ImportPath[strings.LastIndex(p.ImportPath, "/")+1:]
+		if under(p.ImportPath, module+"/internal/testenv") || strings.HasSuffix(last, "test") {
+			continue
+		}
+		for _, imp := range p.Imports {
+			if under(imp, module+"/internal/testenv") {
+				t.Errorf("%s imports %s outside its tests", p.ImportPath, imp)
+			}
+		}
+	}
+}
+
+// Examples and commands are leaves: programs to run or copy, which no
+// package imports.
+func TestExamplesAndCommandsAreLeaves(t *testing.T) {
+	for _, p := range list(t) {
+		for _, leaf := range []string{module + "/examples", module + "/cmd"} {
+			if under(p.ImportPath, leaf) {
+				continue
+			}
+			for _, imp := range p.Imports {
+				if under(imp, leaf) {
+					t.Errorf("%s imports %s", p.ImportPath, imp)
+				}
+			}
+		}
+	}
+}
