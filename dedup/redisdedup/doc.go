@@ -47,7 +47,12 @@
 // own), and CompleteWithResult and Result, which keep a small result (a
 // downstream id) with a done key for later deliveries to read.
 //
-// # Redis Cluster
+// # Redis Cluster and Sentinel
+//
+// Both are tested against real deployments (the services script's
+// redis-cluster and redis-sentinel profiles): the lease-store conformance
+// suite passes on each, and a lease survives the failover of the primary
+// that held it once the replica had it.
 //
 // Every script touches one key, and a key's record and failure count share a
 // hash tag, so every call is single-slot and ClaimBatch and CompleteBatch

@@ -66,8 +66,8 @@ func startContainer(t testing.TB, name string) (string, error) {
 	if c, ok := containers[name]; ok {
 		return c.addr, nil
 	}
-	if name == RedisCluster {
-		return "", errors.New("the Redis Cluster profile has no container")
+	if name == RedisCluster || name == RedisSentinel {
+		return "", fmt.Errorf("the %s profile has no container", name)
 	}
 	if err := dockerPresent(); err != nil {
 		return "", err

@@ -43,7 +43,7 @@ func Start(t testing.TB, service string) {
 
 func control(t testing.TB, command, service string) {
 	t.Helper()
-	if _, ok := services[service]; !ok && !isRedisClusterNode(service) {
+	if _, ok := services[service]; !ok && !isProfileNode(service) {
 		t.Fatalf("testenv: unknown service %q (known: %s, %s, %s, %s, %s)",
 			service, Postgres, Redis, RabbitMQ, Kafka, ElasticMQ)
 	}
@@ -88,13 +88,14 @@ func ScriptPath() (string, error) {
 	return script, nil
 }
 
-// isRedisClusterNode reports whether service names a node of the Redis
-// Cluster profile.
-func isRedisClusterNode(service string) bool {
+// isProfileNode reports whether service names a node of the Redis Cluster
+// or Sentinel profile.
+func isProfileNode(service string) bool {
 	for i := 1; i <= RedisClusterNodes; i++ {
 		if service == RedisClusterNode(i) {
 			return true
 		}
 	}
-	return false
+	return service == RedisSentinelNode(1) || service == RedisSentinelNode(2) ||
+		service == "sentinel-1" || service == "sentinel-2" || service == "sentinel-3"
 }

@@ -25,7 +25,20 @@ const (
 	// RedisCluster is the optional Redis Cluster profile: three masters
 	// and three replicas, nodes RedisClusterNode(1) .. RedisClusterNode(6).
 	RedisCluster = "redis-cluster"
+
+	// RedisSentinel is the optional Sentinel profile: a primary and its
+	// replica, RedisSentinelNode(1) and (2), watched by three Sentinels
+	// that know the primary as RedisSentinelMaster.
+	RedisSentinel = "redis-sentinel"
 )
+
+// RedisSentinelMaster is the master name the Sentinels of the
+// RedisSentinel profile monitor.
+const RedisSentinelMaster = "idemq"
+
+// RedisSentinelNode returns the service name of data node i (1 or 2) of the
+// Sentinel profile, for Stop, Start and Restart.
+func RedisSentinelNode(i int) string { return fmt.Sprintf("%s-%d", RedisSentinel, i) }
 
 // RedisClusterNodes is the number of nodes of the RedisCluster profile.
 const RedisClusterNodes = 6
@@ -44,6 +57,9 @@ const (
 	// EnvRedisClusterAddrs is a comma-separated host:port list of the
 	// Redis Cluster's nodes.
 	EnvRedisClusterAddrs = "TEST_REDIS_CLUSTER_ADDRS"
+	// EnvRedisSentinelAddrs is a comma-separated host:port list of the
+	// Sentinels.
+	EnvRedisSentinelAddrs = "TEST_REDIS_SENTINEL_ADDRS"
 
 	// EnvServicesDir overrides the state directory of services.sh.
 	EnvServicesDir = "IDEMQ_SERVICES_DIR"
@@ -57,7 +73,8 @@ const (
 	DefaultKafkaBrokers = "127.0.0.1:9092"
 	DefaultSQSEndpoint  = "http://127.0.0.1:9324"
 
-	DefaultRedisClusterAddrs = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005,127.0.0.1:7006"
+	DefaultRedisClusterAddrs  = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005,127.0.0.1:7006"
+	DefaultRedisSentinelAddrs = "127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381"
 )
 
 // Settings an SQS client needs for the local SQS-compatible server, which
@@ -86,7 +103,8 @@ var services = map[string]service{
 	Kafka:     {Kafka, EnvKafkaBrokers, DefaultKafkaBrokers, firstBroker},
 	ElasticMQ: {ElasticMQ, EnvSQSEndpoint, DefaultSQSEndpoint, urlHostPort},
 
-	RedisCluster: {RedisCluster, EnvRedisClusterAddrs, DefaultRedisClusterAddrs, firstBroker},
+	RedisCluster:  {RedisCluster, EnvRedisClusterAddrs, DefaultRedisClusterAddrs, firstBroker},
+	RedisSentinel: {RedisSentinel, EnvRedisSentinelAddrs, DefaultRedisSentinelAddrs, firstBroker},
 }
 
 // DatabaseURL returns the PostgreSQL connection URL for tests. Tests that
@@ -120,6 +138,15 @@ func KafkaBrokers(t testing.TB) []string {
 func RedisClusterAddrs(t testing.TB) []string {
 	t.Helper()
 	return splitBrokers(resolve(t, RedisCluster))
+}
+
+// RedisSentinelAddrs returns the addresses (host:port) of the Sentinels that
+// watch RedisSentinelMaster, for redis.NewFailoverClient. Start them with
+// `bash testdata/services/services.sh up redis-sentinel` (make services
+// does).
+func RedisSentinelAddrs(t testing.TB) []string {
+	t.Helper()
+	return splitBrokers(resolve(t, RedisSentinel))
 }
 
 // SQSEndpoint returns the base URL of the SQS-compatible server for tests.

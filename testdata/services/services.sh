@@ -12,6 +12,10 @@
 #   redis-cluster  a Redis Cluster of 3 masters and 3 replicas, nodes
 #                  redis-cluster-1 .. redis-cluster-6 on 127.0.0.1:7001-7006;
 #                  each node can be stopped and started on its own
+#   redis-sentinel a Redis primary and replica (redis-sentinel-1, -2 on
+#                  127.0.0.1:7101-7102) watched by three Sentinels
+#                  (sentinel-1 .. -3 on 127.0.0.1:26379-26381), master name
+#                  "idemq"; each node can be stopped and started on its own
 #
 # Usage:
 #   services.sh up      [svc...]   start what does not answer yet (default: all five)
@@ -38,6 +42,10 @@ export DEBIAN_FRONTEND=noninteractive
 ALL_SERVICES=(postgres redis rabbitmq kafka elasticmq)
 REDIS_CLUSTER_BASE_PORT=7000
 REDIS_CLUSTER_NODES=(redis-cluster-1 redis-cluster-2 redis-cluster-3 redis-cluster-4 redis-cluster-5 redis-cluster-6)
+REDIS_SENTINEL_BASE_PORT=7100
+SENTINEL_BASE_PORT=26378
+SENTINEL_MASTER=idemq
+REDIS_SENTINEL_NODES=(redis-sentinel-1 redis-sentinel-2 sentinel-1 sentinel-2 sentinel-3)
 
 PG_VERSION=15
 PG_CLUSTER=main
@@ -166,11 +174,29 @@ rc_node_ready() {
 	[ "${r%$'\r'}" = "+PONG" ]
 }
 
+# rs_port prints the port of a Sentinel-profile node (redis-sentinel-N,
+# sentinel-N).
+rs_port() {
+	case "$1" in
+	sentinel-*) echo $((SENTINEL_BASE_PORT + ${1##*-})) ;;
+	*) echo $((REDIS_SENTINEL_BASE_PORT + ${1##*-})) ;;
+	esac
+}
+
+# ping_ready: the server on port $1 answers PING.
+ping_ready() {
+	local r
+	r=$(timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1 &&
+		printf 'PING\r\n' >&3 && head -n 1 <&3" 2>/dev/null) || return 1
+	[ "${r%$'\r'}" = "+PONG" ]
+}
+
 ready() {
 	case "$1" in
 	postgres) pg_ready ;;
 	redis) redis_ready ;;
 	redis-cluster-[1-6]) rc_node_ready "$1" ;;
+	redis-sentinel-[12] | sentinel-[1-3]) ping_ready "$(rs_port "$1")" ;;
 	rabbitmq) amqp_ready ;;
 	kafka) kafka_ready ;;
 	elasticmq) sqs_ready ;;
@@ -187,7 +213,7 @@ svc_dir() { printf '%s/%s' "$STATE_DIR" "$1"; }
 cmd_pattern() {
 	case "$1" in
 	postgres) echo 'postgres' ;;
-	redis | redis-cluster-[1-6]) echo 'redis-server' ;;
+	redis | redis-cluster-[1-6] | redis-sentinel-[12] | sentinel-[1-3]) echo 'redis-server' ;;
 	rabbitmq) echo 'beam' ;;
 	kafka) echo 'kafka\.Kafka' ;;
 	elasticmq) echo 'org\.elasticmq\.server\.Main' ;;
@@ -411,6 +437,103 @@ rc_wait() { wait_ready "$1" "$(svc_dir "$1")/redis.log"; }
 rc_after() { :; }
 rc_stop() { redis_stop "$1"; }
 
+# ---------------------------------------------------------------------------
+# Redis with Sentinel: two data nodes (a primary and its replica, no
+# persistence) and three Sentinels that fail over within about 3 s
+# (down-after 1 s). A data node that starts while the Sentinels know the
+# primary joins it as a replica; otherwise redis-sentinel-1 is the primary.
+
+rs_launch() {
+	local svc=$1 dir port master=() args=()
+	command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+	dir=$(svc_dir "$svc")
+	port=$(rs_port "$svc")
+	mkdir -p "$dir/data"
+	rm -f "$dir/redis.pid"
+	mapfile -t master < <(redis-cli -p "$(rs_port sentinel-1)" sentinel get-master-addr-by-name "$SENTINEL_MASTER" 2>/dev/null || true)
+	if [ "${#master[@]}" = 2 ] && [ -n "${master[1]}" ]; then
+		[ "${master[1]}" != "$port" ] && args=(--replicaof "${master[0]}" "${master[1]}")
+	elif [ "$svc" != redis-sentinel-1 ]; then
+		args=(--replicaof 127.0.0.1 "$(rs_port redis-sentinel-1)")
+	fi
+	redis-server --daemonize yes --bind 127.0.0.1 --port "$port" "${args[@]}" \
+		--save '' --appendonly no --dir "$dir/data" \
+		--pidfile "$dir/redis.pid" --logfile "$dir/redis.log" 9>&- ||
+		{
+			log_tail "$dir/redis.log"
+			die "$svc: redis-server failed to start"
+		}
+	rs_record "$svc"
+}
+
+# rs_record records the pid that redis-server wrote.
+rs_record() {
+	local dir i
+	dir=$(svc_dir "$1")
+	for i in $(seq 1 50); do
+		[ -s "$dir/redis.pid" ] && break
+		sleep 0.1
+	done
+	[ -s "$dir/redis.pid" ] && record_pid "$1" "$(cat "$dir/redis.pid")"
+}
+
+rs_wait() { wait_ready "$1" "$(svc_dir "$1")/redis.log"; }
+rs_after() { :; }
+rs_stop() { redis_stop "$1"; }
+
+# st_launch starts a Sentinel. Its config file lives in its state dir, and
+# the Sentinel rewrites it (the current primary, the other Sentinels).
+st_launch() {
+	local svc=$1 dir port
+	command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+	dir=$(svc_dir "$svc")
+	port=$(rs_port "$svc")
+	mkdir -p "$dir"
+	rm -f "$dir/redis.pid"
+	if [ ! -s "$dir/sentinel.conf" ]; then
+		printf '%s\n' "port $port" "bind 127.0.0.1" "dir $dir" \
+			"sentinel monitor $SENTINEL_MASTER 127.0.0.1 $(rs_port redis-sentinel-1) 2" \
+			"sentinel down-after-milliseconds $SENTINEL_MASTER 1000" \
+			"sentinel failover-timeout $SENTINEL_MASTER 5000" \
+			"sentinel parallel-syncs $SENTINEL_MASTER 1" >"$dir/sentinel.conf"
+	fi
+	redis-server "$dir/sentinel.conf" --sentinel --daemonize yes \
+		--pidfile "$dir/redis.pid" --logfile "$dir/redis.log" 9>&- ||
+		{
+			log_tail "$dir/redis.log"
+			die "$svc: redis-server --sentinel failed to start"
+		}
+	rs_record "$svc"
+}
+
+st_wait() { wait_ready "$1" "$(svc_dir "$1")/redis.log"; }
+st_after() { :; }
+st_stop() { redis_stop "$1"; }
+
+# rs_field prints a field of SENTINEL MASTER as sentinel $1 sees it.
+rs_field() {
+	redis-cli -p "$(rs_port "$1")" sentinel master "$SENTINEL_MASTER" 2>/dev/null |
+		awk -v f="$2" 'prev == f {print; exit} {prev = $0}'
+}
+
+# rs_form waits until the Sentinels that run agree on a primary with a
+# replica and know each other.
+rs_form() {
+	local start node
+	start=$(now)
+	for node in sentinel-1 sentinel-2 sentinel-3; do
+		ready "$node" || continue
+		while [ "$(rs_field "$node" num-slaves)" != 1 ] || [ "$(rs_field "$node" num-other-sentinels)" != 2 ] ||
+			[ "$(rs_field "$node" flags)" != master ]; do
+			if [ $(($(now) - start)) -ge "$TIMEOUT" ]; then
+				die "redis-sentinel: $node does not see a primary with a replica and two other Sentinels after ${TIMEOUT}s"
+			fi
+			sleep 0.5
+		done
+	done
+	log "redis-sentinel: the Sentinels see primary $(rs_field sentinel-1 ip):$(rs_field sentinel-1 port) with its replica"
+}
+
 # rc_info prints a field of CLUSTER INFO as one node sees it.
 rc_info() {
 	redis-cli -p "$(rc_port "$1")" cluster info 2>/dev/null | tr -d '\r' | sed -n "s/^$2://p"
@@ -599,6 +722,7 @@ export TEST_AMQP_URL='amqp://guest:guest@127.0.0.1:$AMQP_PORT/'
 export TEST_KAFKA_BROKERS='127.0.0.1:$KAFKA_PORT'
 export TEST_SQS_ENDPOINT='http://127.0.0.1:$SQS_PORT'
 export TEST_REDIS_CLUSTER_ADDRS='$(rc_addrs)'
+export TEST_REDIS_SENTINEL_ADDRS='127.0.0.1:$(rs_port sentinel-1),127.0.0.1:$(rs_port sentinel-2),127.0.0.1:$(rs_port sentinel-3)'
 EOF
 }
 
@@ -612,6 +736,8 @@ write_env() {
 svc_fn() {
 	case "$1" in
 	redis-cluster-[1-6]) echo "rc_$2" ;;
+	redis-sentinel-[12]) echo "rs_$2" ;;
+	sentinel-[1-3]) echo "st_$2" ;;
 	*) echo "${1}_$2" ;;
 	esac
 }
@@ -701,15 +827,15 @@ cmd_status() {
 check_services() {
 	local svc known
 	for svc in "$@"; do
-		for known in "${ALL_SERVICES[@]}" "${REDIS_CLUSTER_NODES[@]}"; do
+		for known in "${ALL_SERVICES[@]}" "${REDIS_CLUSTER_NODES[@]}" "${REDIS_SENTINEL_NODES[@]}"; do
 			[ "$svc" = "$known" ] && continue 2
 		done
-		die "unknown service '$svc' (known: ${ALL_SERVICES[*]} redis-cluster ${REDIS_CLUSTER_NODES[*]})"
+		die "unknown service '$svc' (known: ${ALL_SERVICES[*]} redis-cluster ${REDIS_CLUSTER_NODES[*]} redis-sentinel ${REDIS_SENTINEL_NODES[*]})"
 	done
 }
 
 usage() {
-	sed -n '11,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+	sed -n '11,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 }
 
@@ -734,9 +860,17 @@ main() {
 	esac
 	# The redis-cluster profile stands for its six nodes; starting any node
 	# ends with the cluster formed and in state ok.
-	local args=() svc cluster=
+	local args=() svc cluster= sentinel=
 	for svc in "$@"; do
 		case "$svc" in
+		redis-sentinel)
+			args+=("${REDIS_SENTINEL_NODES[@]}")
+			sentinel=1
+			;;
+		redis-sentinel-[12] | sentinel-[1-3])
+			args+=("$svc")
+			sentinel=1
+			;;
 		redis-cluster)
 			args+=("${REDIS_CLUSTER_NODES[@]}")
 			cluster=1
@@ -771,6 +905,9 @@ main() {
 	esac
 	if [ -n "$cluster" ] && { [ "$cmd" = up ] || [ "$cmd" = start ] || [ "$cmd" = restart ]; }; then
 		rc_form
+	fi
+	if [ -n "$sentinel" ] && { [ "$cmd" = up ] || [ "$cmd" = start ] || [ "$cmd" = restart ]; }; then
+		rs_form
 	fi
 }
 
