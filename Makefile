@@ -77,13 +77,13 @@ deps-weight: ## Count and weigh the modules a user downloads to import consumer 
 	bash .ci/deps-weight
 
 .PHONY: services
-services: ## Install (when missing) and start PostgreSQL, Redis, RabbitMQ, Kafka and ElasticMQ, a Redis Cluster and Redis with Sentinel, on 127.0.0.1.
+services: ## Install (when missing) and start PostgreSQL, Redis, RabbitMQ, Kafka and ElasticMQ, and the cluster profiles (3-node Kafka, Redis Cluster, Redis with Sentinel), on 127.0.0.1.
 	$(SERVICES) up
-	$(SERVICES) up redis-cluster redis-sentinel
+	$(SERVICES) up kafka-cluster redis-cluster redis-sentinel
 
 .PHONY: services-down
 services-down: ## Stop the services that make services started.
-	$(SERVICES) down redis-cluster redis-sentinel
+	$(SERVICES) down kafka-cluster redis-cluster redis-sentinel
 	$(SERVICES) down
 
 .PHONY: services-env

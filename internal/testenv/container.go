@@ -66,7 +66,7 @@ func startContainer(t testing.TB, name string) (string, error) {
 	if c, ok := containers[name]; ok {
 		return c.addr, nil
 	}
-	if name == RedisCluster || name == RedisSentinel {
+	if name == RedisCluster || name == RedisSentinel || name == KafkaCluster {
 		return "", fmt.Errorf("the %s profile has no container", name)
 	}
 	if err := dockerPresent(); err != nil {

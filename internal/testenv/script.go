@@ -35,6 +35,19 @@ func Stop(t testing.TB, service string) {
 	})
 }
 
+// Kill kills the service with SIGKILL, for tests of a node that dies
+// without a controlled shutdown (services.sh only). A cleanup registered on
+// t starts it again if the test does not call Start.
+func Kill(t testing.TB, service string) {
+	t.Helper()
+	control(t, "kill", service)
+	t.Cleanup(func() {
+		if err := run(context.Background(), "start", service); err != nil {
+			t.Errorf("testenv: restarting %s after the test: %v", service, err)
+		}
+	})
+}
+
 // Start starts the service again after Stop and returns once it answers.
 func Start(t testing.TB, service string) {
 	t.Helper()
@@ -96,6 +109,10 @@ func isProfileNode(service string) bool {
 			return true
 		}
 	}
-	return service == RedisSentinelNode(1) || service == RedisSentinelNode(2) ||
-		service == "sentinel-1" || service == "sentinel-2" || service == "sentinel-3"
+	for i := 1; i <= 3; i++ {
+		if service == KafkaClusterNode(i) || service == fmt.Sprintf("sentinel-%d", i) {
+			return true
+		}
+	}
+	return service == RedisSentinelNode(1) || service == RedisSentinelNode(2)
 }

@@ -30,7 +30,16 @@ const (
 	// replica, RedisSentinelNode(1) and (2), watched by three Sentinels
 	// that know the primary as RedisSentinelMaster.
 	RedisSentinel = "redis-sentinel"
+
+	// KafkaCluster is the optional Kafka cluster profile: three KRaft
+	// nodes, KafkaClusterNode(1) .. (3), replication factor 3 and
+	// min.insync.replicas 2 by default.
+	KafkaCluster = "kafka-cluster"
 )
+
+// KafkaClusterNode returns the service name of node i (1 to 3) of the Kafka
+// cluster, for Stop, Kill, Start and Restart.
+func KafkaClusterNode(i int) string { return fmt.Sprintf("%s-%d", KafkaCluster, i) }
 
 // RedisSentinelMaster is the master name the Sentinels of the
 // RedisSentinel profile monitor.
@@ -60,6 +69,9 @@ const (
 	// EnvRedisSentinelAddrs is a comma-separated host:port list of the
 	// Sentinels.
 	EnvRedisSentinelAddrs = "TEST_REDIS_SENTINEL_ADDRS"
+	// EnvKafkaClusterBrokers is a comma-separated host:port list of the
+	// Kafka cluster's brokers.
+	EnvKafkaClusterBrokers = "TEST_KAFKA_CLUSTER_BROKERS"
 
 	// EnvServicesDir overrides the state directory of services.sh.
 	EnvServicesDir = "IDEMQ_SERVICES_DIR"
@@ -73,8 +85,9 @@ const (
 	DefaultKafkaBrokers = "127.0.0.1:9092"
 	DefaultSQSEndpoint  = "http://127.0.0.1:9324"
 
-	DefaultRedisClusterAddrs  = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005,127.0.0.1:7006"
-	DefaultRedisSentinelAddrs = "127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381"
+	DefaultRedisClusterAddrs   = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005,127.0.0.1:7006"
+	DefaultRedisSentinelAddrs  = "127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381"
+	DefaultKafkaClusterBrokers = "127.0.0.1:9191,127.0.0.1:9192,127.0.0.1:9193"
 )
 
 // Settings an SQS client needs for the local SQS-compatible server, which
@@ -105,6 +118,7 @@ var services = map[string]service{
 
 	RedisCluster:  {RedisCluster, EnvRedisClusterAddrs, DefaultRedisClusterAddrs, firstBroker},
 	RedisSentinel: {RedisSentinel, EnvRedisSentinelAddrs, DefaultRedisSentinelAddrs, firstBroker},
+	KafkaCluster:  {KafkaCluster, EnvKafkaClusterBrokers, DefaultKafkaClusterBrokers, firstBroker},
 }
 
 // DatabaseURL returns the PostgreSQL connection URL for tests. Tests that
@@ -147,6 +161,14 @@ func RedisClusterAddrs(t testing.TB) []string {
 func RedisSentinelAddrs(t testing.TB) []string {
 	t.Helper()
 	return splitBrokers(resolve(t, RedisSentinel))
+}
+
+// KafkaClusterBrokers returns the bootstrap addresses of the three-node
+// Kafka cluster. Start it with `bash testdata/services/services.sh up
+// kafka-cluster` (make services does).
+func KafkaClusterBrokers(t testing.TB) []string {
+	t.Helper()
+	return splitBrokers(resolve(t, KafkaCluster))
 }
 
 // SQSEndpoint returns the base URL of the SQS-compatible server for tests.

@@ -12,6 +12,10 @@
 #   redis-cluster  a Redis Cluster of 3 masters and 3 replicas, nodes
 #                  redis-cluster-1 .. redis-cluster-6 on 127.0.0.1:7001-7006;
 #                  each node can be stopped and started on its own
+#   kafka-cluster  three Apache Kafka KRaft nodes (kafka-cluster-1 .. -3,
+#                  brokers on 127.0.0.1:9191-9193, controllers 9291-9293),
+#                  replication factor 3, min.insync.replicas 2; each node
+#                  can be stopped and started on its own
 #   redis-sentinel a Redis primary and replica (redis-sentinel-1, -2 on
 #                  127.0.0.1:7101-7102) watched by three Sentinels
 #                  (sentinel-1 .. -3 on 127.0.0.1:26379-26381), master name
@@ -22,6 +26,7 @@
 #   services.sh down    [svc...]   stop what this script started (default: all five)
 #   services.sh start   <svc...>   same as up
 #   services.sh stop    <svc...>   stop a service this script started
+#   services.sh kill    <svc...>   SIGKILL it instead (a node that dies)
 #   services.sh restart <svc...>   stop, then start again on the same port and data dir
 #   services.sh status  [svc...]   print whether each service answers
 #   services.sh env                print `export VAR=value` lines for the tests
@@ -43,6 +48,10 @@ ALL_SERVICES=(postgres redis rabbitmq kafka elasticmq)
 REDIS_CLUSTER_BASE_PORT=7000
 REDIS_CLUSTER_NODES=(redis-cluster-1 redis-cluster-2 redis-cluster-3 redis-cluster-4 redis-cluster-5 redis-cluster-6)
 REDIS_SENTINEL_BASE_PORT=7100
+KAFKA_CLUSTER_BASE_PORT=9190
+KAFKA_CLUSTER_CONTROLLER_BASE_PORT=9290
+KAFKA_CLUSTER_NODES=(kafka-cluster-1 kafka-cluster-2 kafka-cluster-3)
+KAFKA_CLUSTER_HEAP="-Xms256m -Xmx384m"
 SENTINEL_BASE_PORT=26378
 SENTINEL_MASTER=idemq
 REDIS_SENTINEL_NODES=(redis-sentinel-1 redis-sentinel-2 sentinel-1 sentinel-2 sentinel-3)
@@ -143,15 +152,19 @@ amqp_ready() {
 
 # kafka_ready: a Metadata v4 request (all topics) is answered and the answer
 # lists at least one broker, i.e. the broker is registered and unfenced.
-kafka_ready() {
-	local r
+kafka_ready() { kafka_port_ready "$KAFKA_PORT" 1; }
+
+# kafka_port_ready: as kafka_ready, for the broker on port $1, whose
+# metadata must list at least $2 brokers.
+kafka_port_ready() {
+	local r port=$1 want=$2
 	# size=20 | api_key=3 api_version=4 correlation_id=7 client_id="idemq" |
 	# topics=null (-1) allow_auto_topic_creation=false
-	r=$(timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/$KAFKA_PORT &&
+	r=$(timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port &&
 		printf '\x00\x00\x00\x14\x00\x03\x00\x04\x00\x00\x00\x07\x00\x05idemq\xff\xff\xff\xff\x00' >&3 &&
 		od -An -tx1 -N16 <&3" 2>/dev/null | tr -d ' \n') || return 1
 	# bytes 4-7: correlation id, 8-11: throttle time, 12-15: number of brokers
-	[ "${#r}" = 32 ] && [ "${r:8:8}" = "00000007" ] && [ "${r:24:8}" != "00000000" ]
+	[ "${#r}" = 32 ] && [ "${r:8:8}" = "00000007" ] && [ $((16#${r:24:8})) -ge "$want" ]
 }
 
 # sqs_ready: an SQS ListQueues call (AWS JSON 1.0 protocol) returns HTTP 200.
@@ -197,6 +210,7 @@ ready() {
 	redis) redis_ready ;;
 	redis-cluster-[1-6]) rc_node_ready "$1" ;;
 	redis-sentinel-[12] | sentinel-[1-3]) ping_ready "$(rs_port "$1")" ;;
+	kafka-cluster-[1-3]) kafka_port_ready "$((KAFKA_CLUSTER_BASE_PORT + ${1##*-}))" 1 ;;
 	rabbitmq) amqp_ready ;;
 	kafka) kafka_ready ;;
 	elasticmq) sqs_ready ;;
@@ -215,7 +229,7 @@ cmd_pattern() {
 	postgres) echo 'postgres' ;;
 	redis | redis-cluster-[1-6] | redis-sentinel-[12] | sentinel-[1-3]) echo 'redis-server' ;;
 	rabbitmq) echo 'beam' ;;
-	kafka) echo 'kafka\.Kafka' ;;
+	kafka | kafka-cluster-[1-3]) echo 'kafka\.Kafka' ;;
 	elasticmq) echo 'org\.elasticmq\.server\.Main' ;;
 	esac
 }
@@ -436,6 +450,76 @@ rc_launch() {
 rc_wait() { wait_ready "$1" "$(svc_dir "$1")/redis.log"; }
 rc_after() { :; }
 rc_stop() { redis_stop "$1"; }
+
+# ---------------------------------------------------------------------------
+# Kafka cluster: three KRaft nodes, each a broker and a controller, sharing
+# the single node's jars and one cluster id (formatted once per node).
+
+kc_launch() {
+	local svc=$1 n dir voters="" i cluster_id
+	n=${svc##*-}
+	fetch_jars kafka
+	dir=$(svc_dir "$svc")
+	mkdir -p "$dir/data"
+	for i in 1 2 3; do
+		voters+="${voters:+,}$i@127.0.0.1:$((KAFKA_CLUSTER_CONTROLLER_BASE_PORT + i))"
+	done
+	sed -e "s|@NODE_ID@|$n|g" -e "s|@DATA_DIR@|$dir/data|g" \
+		-e "s|@PORT@|$((KAFKA_CLUSTER_BASE_PORT + n))|g" \
+		-e "s|@CONTROLLER_PORT@|$((KAFKA_CLUSTER_CONTROLLER_BASE_PORT + n))|g" \
+		-e "s|@VOTERS@|$voters|g" "$HERE/kafka/cluster.properties" >"$dir/server.properties"
+	local java_opts=(-Dlog4j2.configurationFile="$HERE/kafka/log4j2.xml" -cp "$(svc_dir kafka)/lib/*")
+	if [ ! -f "$dir/data/meta.properties" ]; then
+		if [ ! -s "$STATE_DIR/kafka-cluster.id" ]; then
+			cluster_id=$(java "${java_opts[@]}" kafka.tools.StorageTool random-uuid 2>>"$dir/format.log" |
+				grep -E '^[A-Za-z0-9_-]{22}$' | tail -n 1) || true
+			[ -n "$cluster_id" ] || die "$svc: StorageTool random-uuid printed no cluster id"
+			echo "$cluster_id" >"$STATE_DIR/kafka-cluster.id"
+		fi
+		if ! java "${java_opts[@]}" kafka.tools.StorageTool format -t "$(cat "$STATE_DIR/kafka-cluster.id")" \
+			-c "$dir/server.properties" >>"$dir/format.log" 2>&1; then
+			log_tail "$dir/format.log"
+			die "$svc: formatting the storage failed"
+		fi
+	fi
+	# shellcheck disable=SC2086 # KAFKA_CLUSTER_HEAP holds several options
+	launch_detached "$svc" "$dir/kafka.log" java $KAFKA_CLUSTER_HEAP -server \
+		-XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
+		"${java_opts[@]}" kafka.Kafka "$dir/server.properties"
+}
+
+kc_wait() { wait_ready "$1" "$(svc_dir "$1")/kafka.log"; }
+kc_after() { :; }
+kc_stop() { kafka_stop "$1"; }
+
+# kc_form waits until a running node's metadata lists every running node.
+kc_form() {
+	local start node up=0 first=
+	for node in "${KAFKA_CLUSTER_NODES[@]}"; do
+		if ready "$node"; then
+			up=$((up + 1))
+			first=${first:-$node}
+		fi
+	done
+	[ -n "$first" ] || return 0
+	start=$(now)
+	until kafka_port_ready "$((KAFKA_CLUSTER_BASE_PORT + ${first##*-}))" "$up"; do
+		if [ $(($(now) - start)) -ge "$TIMEOUT" ]; then
+			die "kafka-cluster: $first does not list $up brokers after ${TIMEOUT}s"
+		fi
+		sleep 0.5
+	done
+	log "kafka-cluster: $up of 3 brokers registered"
+}
+
+# kc_addrs prints the cluster's broker addresses, comma-separated.
+kc_addrs() {
+	local i out=()
+	for i in 1 2 3; do
+		out+=("127.0.0.1:$((KAFKA_CLUSTER_BASE_PORT + i))")
+	done
+	(IFS=,; echo "${out[*]}")
+}
 
 # ---------------------------------------------------------------------------
 # Redis with Sentinel: two data nodes (a primary and its replica, no
@@ -722,6 +806,7 @@ export TEST_AMQP_URL='amqp://guest:guest@127.0.0.1:$AMQP_PORT/'
 export TEST_KAFKA_BROKERS='127.0.0.1:$KAFKA_PORT'
 export TEST_SQS_ENDPOINT='http://127.0.0.1:$SQS_PORT'
 export TEST_REDIS_CLUSTER_ADDRS='$(rc_addrs)'
+export TEST_KAFKA_CLUSTER_BROKERS='$(kc_addrs)'
 export TEST_REDIS_SENTINEL_ADDRS='127.0.0.1:$(rs_port sentinel-1),127.0.0.1:$(rs_port sentinel-2),127.0.0.1:$(rs_port sentinel-3)'
 EOF
 }
@@ -737,6 +822,7 @@ svc_fn() {
 	case "$1" in
 	redis-cluster-[1-6]) echo "rc_$2" ;;
 	redis-sentinel-[12]) echo "rs_$2" ;;
+	kafka-cluster-[1-3]) echo "kc_$2" ;;
 	sentinel-[1-3]) echo "st_$2" ;;
 	*) echo "${1}_$2" ;;
 	esac
@@ -792,6 +878,20 @@ cmd_stop() {
 	done
 }
 
+cmd_kill() {
+	local svc pid
+	for svc in "$@"; do
+		if pid=$(our_pid "$svc"); then
+			log "$svc: SIGKILL to pid $pid"
+			kill -KILL "$pid" 2>/dev/null || true
+			wait_gone "$pid" 10
+			forget_pid "$svc"
+		else
+			die "$svc: not started by this script; not killing it"
+		fi
+	done
+}
+
 cmd_down() {
 	local svc pid i
 	for ((i = $# ; i > 0 ; i--)); do
@@ -827,15 +927,15 @@ cmd_status() {
 check_services() {
 	local svc known
 	for svc in "$@"; do
-		for known in "${ALL_SERVICES[@]}" "${REDIS_CLUSTER_NODES[@]}" "${REDIS_SENTINEL_NODES[@]}"; do
+		for known in "${ALL_SERVICES[@]}" "${REDIS_CLUSTER_NODES[@]}" "${REDIS_SENTINEL_NODES[@]}" "${KAFKA_CLUSTER_NODES[@]}"; do
 			[ "$svc" = "$known" ] && continue 2
 		done
-		die "unknown service '$svc' (known: ${ALL_SERVICES[*]} redis-cluster ${REDIS_CLUSTER_NODES[*]} redis-sentinel ${REDIS_SENTINEL_NODES[*]})"
+		die "unknown service '$svc' (known: ${ALL_SERVICES[*]} redis-cluster ${REDIS_CLUSTER_NODES[*]} redis-sentinel ${REDIS_SENTINEL_NODES[*]} kafka-cluster ${KAFKA_CLUSTER_NODES[*]})"
 	done
 }
 
 usage() {
-	sed -n '11,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+	sed -n '11,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 }
 
@@ -851,7 +951,7 @@ main() {
 		return
 		;;
 	up | down | status) [ $# -gt 0 ] || set -- "${ALL_SERVICES[@]}" ;;
-	start | stop | restart) [ $# -gt 0 ] || usage ;;
+	start | stop | restart | kill) [ $# -gt 0 ] || usage ;;
 	-h | --help | help) usage ;;
 	*)
 		log "unknown command '$cmd'"
@@ -860,9 +960,17 @@ main() {
 	esac
 	# The redis-cluster profile stands for its six nodes; starting any node
 	# ends with the cluster formed and in state ok.
-	local args=() svc cluster= sentinel=
+	local args=() svc cluster= sentinel= kcluster=
 	for svc in "$@"; do
 		case "$svc" in
+		kafka-cluster)
+			args+=("${KAFKA_CLUSTER_NODES[@]}")
+			kcluster=1
+			;;
+		kafka-cluster-[1-3])
+			args+=("$svc")
+			kcluster=1
+			;;
 		redis-sentinel)
 			args+=("${REDIS_SENTINEL_NODES[@]}")
 			sentinel=1
@@ -898,6 +1006,7 @@ main() {
 	up | start) cmd_up "$@" ;;
 	down) cmd_down "$@" ;;
 	stop) cmd_stop "$@" ;;
+	kill) cmd_kill "$@" ;;
 	restart)
 		cmd_stop "$@"
 		cmd_up "$@"
@@ -908,6 +1017,9 @@ main() {
 	fi
 	if [ -n "$sentinel" ] && { [ "$cmd" = up ] || [ "$cmd" = start ] || [ "$cmd" = restart ]; }; then
 		rs_form
+	fi
+	if [ -n "$kcluster" ] && { [ "$cmd" = up ] || [ "$cmd" = start ] || [ "$cmd" = restart ]; }; then
+		kc_form
 	fi
 }
 
