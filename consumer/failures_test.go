@@ -13,6 +13,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -138,7 +139,7 @@ func TestAttemptsCountHandlerFailuresNotDeliveries(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			runUntil(t, e.settled, r)
+			runtest.RunUntil(t, e.settled, r)
 			st := e.broker.Stats("t")
 			if st.DeadLettered != 0 || st.Acks != 1 {
 				t.Fatalf("dead-lettered %d, acked %d; want 0 and 1 (dead letters: %+v)", st.DeadLettered, st.Acks, e.broker.DeadLetters("t"))
@@ -167,7 +168,7 @@ func TestMaxAttemptsCountsHandlerFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntil(t, e.settled, r)
+	runtest.RunUntil(t, e.settled, r)
 	if got := e.handlerCalls(); got != 3 {
 		t.Fatalf("handler ran %d times before the dead letter, want 3", got)
 	}
@@ -197,7 +198,7 @@ func TestFailedDeadLetterKeepsTheCount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntil(t, e.settled, r)
+	runtest.RunUntil(t, e.settled, r)
 	if got := e.handlerCalls(); got != 3 {
 		t.Fatalf("handler ran %d times, want 3 (2 failures, a failed dead letter, 1 more failure)", got)
 	}
@@ -224,7 +225,7 @@ func TestAnotherPayloadStartsTheCountAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntil(t, e.settled, r)
+	runtest.RunUntil(t, e.settled, r)
 	if st := e.broker.Stats("t"); st.Acks != 1 || st.DeadLettered != 0 {
 		t.Fatalf("acked %d, dead-lettered %d; want the new payload retried after its own first failure and acked", st.Acks, st.DeadLettered)
 	}
@@ -251,7 +252,7 @@ func TestBatchCountsOnlyTheFailedMessage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntil(t, func() bool { return e.broker.Stats("t").Acks == 3 }, r)
+	runtest.RunUntil(t, func() bool { return e.broker.Stats("t").Acks == 3 }, r)
 	for key, want := range map[string]int{"k1": 0, "k2": 1, "k3": 0} {
 		if got := e.store.Failures("attempts", key); got != want {
 			t.Errorf("failures of %s: %d, want %d", key, got, want)
@@ -270,7 +271,7 @@ func TestFailureCounterDownFallsBackToBrokerAttempts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntil(t, e.settled, r)
+	runtest.RunUntil(t, e.settled, r)
 	if got := e.handlerCalls(); got != 1 {
 		t.Fatalf("handler ran %d times, want 1 (broker attempt 11 >= MaxAttempts 5)", got)
 	}

@@ -2,7 +2,6 @@ package consumer_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -297,34 +296,4 @@ func (s *checkingSource) Ack(ctx context.Context, msgs []*consumer.Message) erro
 	s.acked += len(msgs)
 	s.mu.Unlock()
 	return s.Source.Ack(ctx, msgs)
-}
-
-// runTimeout bounds runUntil.
-const runTimeout = 60 * time.Second
-
-// runUntil runs the runners until done reports true (polled), then stops
-// them and waits for Run to return. It fails t if done never holds within
-// runTimeout.
-func runUntil(t *testing.T, done func() bool, runners ...*consumer.Runner) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	errs := make([]error, len(runners))
-	for i, r := range runners {
-		wg.Go(func() { errs[i] = r.Run(ctx) })
-	}
-	deadline := time.Now().Add(runTimeout)
-	ok := false
-	for !ok && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-		ok = done()
-	}
-	cancel()
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	if !ok {
-		t.Fatalf("condition not reached within %v", runTimeout)
-	}
 }

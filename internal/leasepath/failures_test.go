@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -53,7 +54,7 @@ func TestLeasedCountsFailuresInRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntil(t, func() bool { st := broker.Stats("t"); return st.Acks+st.DeadLettered > 0 }, r)
+	runtest.RunUntil(t, func() bool { st := broker.Stats("t"); return st.Acks+st.DeadLettered > 0 }, r)
 	if st := broker.Stats("t"); st.DeadLettered != 0 || st.Acks != 1 {
 		t.Fatalf("dead-lettered %d, acked %d; want 0 and 1", st.DeadLettered, st.Acks)
 	}

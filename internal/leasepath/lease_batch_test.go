@@ -10,6 +10,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisdedup"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sinks/webhook/webhooktest"
 	"github.com/idemq/idemq/sources/memsource"
 )
@@ -91,7 +92,7 @@ func leaseExpiredWhileQueued(t *testing.T) (batched bool, k2Effects int) {
 	b := env.runnerOn(t, other, redisB, nil, opts, 1)
 	storeA.afterBatch = func() { env.publishTo(other, "k2", `{"n":2}`, 1) }
 
-	runUntil(t, func() bool { return env.rcv.Successes(env.key("k1")) > 0 && env.settled(other) }, a, b)
+	runtest.RunUntil(t, func() bool { return env.rcv.Successes(env.key("k1")) > 0 && env.settled(other) }, a, b)
 	select {
 	case n := <-storeA.batchSizes:
 		batched = n == 2
@@ -207,7 +208,7 @@ func refreshInFlightWhenHandedOut(t *testing.T) (batched, ranUnderLost bool) {
 	env.publish("k1", `{"n":1}`, 1)
 	env.publish("k2", `{"n":2}`, 1)
 	a := env.runner(t, store, h, opts, 1)
-	runUntil(t, func() bool { return env.settled() && env.rcv.Successes(env.key("k2")) > 0 }, a)
+	runtest.RunUntil(t, func() bool { return env.settled() && env.rcv.Successes(env.key("k2")) > 0 }, a)
 	select {
 	case n := <-store.batchSizes:
 		batched = n == 2

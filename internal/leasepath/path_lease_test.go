@@ -19,6 +19,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisdedup"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sinks/webhook"
 	"github.com/idemq/idemq/sinks/webhook/webhooktest"
@@ -132,33 +133,6 @@ func (e *leaseEnv) settled(topics ...string) bool {
 	return true
 }
 
-// runUntil runs the runners until done reports true (polled), then stops
-// them and waits for Run to return. It fails t if done never holds within
-// leaseTestTimeout.
-func runUntil(t *testing.T, done func() bool, runners ...*consumer.Runner) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	errs := make([]error, len(runners))
-	for i, r := range runners {
-		wg.Go(func() { errs[i] = r.Run(ctx) })
-	}
-	deadline := time.Now().Add(leaseTestTimeout)
-	ok := false
-	for !ok && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-		ok = done()
-	}
-	cancel()
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	if !ok {
-		t.Fatalf("condition not reached within %v", leaseTestTimeout)
-	}
-}
-
 // key is the Idempotency-Key the env's runners send for message key k.
 func (e *leaseEnv) key(k string) string { return e.name + ":" + k }
 
@@ -209,12 +183,12 @@ func TestLeaseSequentialRedeliveries(t *testing.T) {
 	for _, k := range keys {
 		env.publish(k, `{"to":"`+k+`"}`, 1)
 	}
-	runUntil(t, func() bool { return env.settled() }, r)
+	runtest.RunUntil(t, func() bool { return env.settled() }, r)
 	// The same messages published again later, by a producer retrying.
 	for _, k := range keys {
 		env.publish(k, `{"to":"`+k+`"}`, 2)
 	}
-	runUntil(t, func() bool { return env.settled() }, r)
+	runtest.RunUntil(t, func() bool { return env.settled() }, r)
 
 	env.wantOncePerKey(t, keys, 1)
 	st := r.Stats()
@@ -243,7 +217,7 @@ func TestLeaseConcurrentRunners(t *testing.T) {
 	for _, k := range keys {
 		env.publish(k, `{"to":"`+k+`"}`, 3)
 	}
-	runUntil(t, func() bool { return env.settled() }, runners...)
+	runtest.RunUntil(t, func() bool { return env.settled() }, runners...)
 
 	env.wantOncePerKey(t, keys, 1)
 	if got := env.rcv.MaxConcurrent(); got != 1 {
@@ -300,7 +274,7 @@ func TestLeaseBatchedClaims(t *testing.T) {
 			env.publish(k, `{"to":"`+k+`"}`, 1)
 		}
 	}
-	runUntil(t, func() bool { return env.settled() }, runners...)
+	runtest.RunUntil(t, func() bool { return env.settled() }, runners...)
 
 	for _, v := range audit.violations {
 		t.Error(v)
@@ -400,7 +374,7 @@ func TestLeaseSlowHandlerRefreshKeepsKey(t *testing.T) {
 		<-started
 		env.publishTo(other, "slow", `{"to":"slow"}`, 1) // the second worker's copy
 	}()
-	runUntil(t, func() bool { return env.settled(other) && env.rcv.Successes(env.key("slow")) == 1 }, r1, r2)
+	runtest.RunUntil(t, func() bool { return env.settled(other) && env.rcv.Successes(env.key("slow")) == 1 }, r1, r2)
 
 	env.wantOncePerKey(t, []string{"slow"}, 1)
 	if lost := spy1.completesLost.Load() + spy2.completesLost.Load(); lost != 0 {
@@ -434,7 +408,7 @@ func TestLeaseSlowHandlerWithoutRefreshLosesKey(t *testing.T) {
 		<-started
 		env.publishTo(other, "slow", `{"to":"slow"}`, 1)
 	}()
-	runUntil(t, func() bool { return env.settled(other) && env.rcv.Calls(env.key("slow")) == 2 }, r1, r2)
+	runtest.RunUntil(t, func() bool { return env.settled(other) && env.rcv.Calls(env.key("slow")) == 2 }, r1, r2)
 
 	if got := env.rcv.Calls(env.key("slow")); got != 2 {
 		t.Fatalf("%d webhook calls, want 2: the slow one and the takeover", got)
@@ -484,7 +458,7 @@ func TestLeaseLostCancelsHandler(t *testing.T) {
 	opts := consumer.LeaseOptions{Lease: 5 * time.Second, RefreshInterval: 50 * time.Millisecond, InProgressDelay: 50 * time.Millisecond}
 	r := env.runner(t, spy, h, opts, 1)
 	env.publish("stolen", `{}`, 1)
-	runUntil(t, func() bool {
+	runtest.RunUntil(t, func() bool {
 		select {
 		case <-stolen:
 		default:
@@ -542,7 +516,7 @@ func TestLeaseWebhookOutcomes(t *testing.T) {
 	for _, k := range []string{"flaky", "throttled", "rejected", "down"} {
 		env.publish(k, `{"to":"`+k+`"}`, 1)
 	}
-	runUntil(t, func() bool { return env.settled() }, r)
+	runtest.RunUntil(t, func() bool { return env.settled() }, r)
 
 	for k, want := range map[string][2]int{"flaky": {3, 1}, "throttled": {2, 1}, "rejected": {1, 0}, "down": {fastRetry.MaxAttempts, 0}} {
 		if c, s := env.rcv.Calls(env.key(k)), env.rcv.Successes(env.key(k)); c != want[0] || s != want[1] {
@@ -595,13 +569,13 @@ func TestLeasePayloadMismatch(t *testing.T) {
 	}
 	r := env.runner(t, store, nil, consumer.LeaseOptions{}, 1)
 	env.publish("k", `{"amount":2}`, 1)
-	runUntil(t, func() bool { return env.settled() }, r)
+	runtest.RunUntil(t, func() bool { return env.settled() }, r)
 	if err := store.Complete(ctx, env.name, "k", "other", time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	env.publish("k", string(first), 1) // a duplicate of the done payload
 	env.publish("k", `{"amount":3}`, 1)
-	runUntil(t, func() bool { return env.settled() }, r)
+	runtest.RunUntil(t, func() bool { return env.settled() }, r)
 
 	if c := env.rcv.TotalCalls(); c != 0 {
 		t.Fatalf("%d webhook calls, want none", c)
@@ -684,7 +658,7 @@ func TestLeaseCrashWindow(t *testing.T) {
 	for _, k := range keys {
 		env.publish(k, `{"to":"`+k+`"}`, 1)
 	}
-	runUntil(t, func() bool { return env.settled() }, r)
+	runtest.RunUntil(t, func() bool { return env.settled() }, r)
 
 	if got := env.rcv.Calls(env.key("crash")); got != 2 {
 		t.Fatalf("crashed message: %d webhook calls, want 2 (the effect, and its repeat after the lease expired)", got)
@@ -835,7 +809,7 @@ func TestLeaseCompleteRetriedAfterStoreHiccup(t *testing.T) {
 	}
 	r := env.runner(t, spy, nil, consumer.LeaseOptions{Lease: 2 * time.Second}, 1)
 	env.publish("hiccup", `{"to":"hiccup"}`, 1)
-	runUntil(t, func() bool { return env.settled() }, r)
+	runtest.RunUntil(t, func() bool { return env.settled() }, r)
 
 	env.wantOncePerKey(t, []string{"hiccup"}, 1)
 	if st := r.Stats(); st.Handled != 1 || st.Retried != 0 {

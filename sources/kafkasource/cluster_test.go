@@ -49,29 +49,13 @@ func TestClusterNodeDiesMidRun(t *testing.T) {
 	src := openSource(t, kafkasource.Config{Brokers: brokers, Topics: []string{topic}, GroupID: "g-" + topic, Logger: testLogger()})
 	w := startWorker(t, src, path, consumer.Config{Name: "cluster", Logger: testLogger()})
 
-	deadline := time.Now().Add(2 * time.Minute)
-	for w.runner.Stats().Handled < n/3 {
-		if time.Now().After(deadline) {
-			t.Fatalf("a third of the messages not handled in time: %+v", w.runner.Stats())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	w.waitHandled(t, n/3, 2*time.Minute)
 	node := testenv.KafkaClusterNode(1)
 	testenv.Kill(t, node)
 	killed := time.Now()
 	t.Logf("killed %s; runner %+v", node, w.runner.Stats())
 
-	deadline = time.Now().Add(3 * time.Minute)
-	for {
-		_, keys := db.counts(t)
-		if keys == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d messages handled three minutes after the node died; runner %+v", keys, n, w.runner.Stats())
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	db.waitKeys(t, n, 3*time.Minute, w)
 	t.Logf("all %d handled %s after the node died", n, time.Since(killed).Round(time.Millisecond))
 	w.stop(t)
 	st := w.runner.Stats()

@@ -119,6 +119,35 @@ func (d *testDB) waitRows(t testing.TB, n int, timeout time.Duration) {
 	}
 }
 
+// waitKeys waits until the effects of n distinct keys exist, and fails t
+// with the runner's counters after timeout.
+func (d *testDB) waitKeys(t testing.TB, n int, timeout time.Duration, w *worker) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if _, keys := d.counts(t); keys == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			_, keys := d.counts(t)
+			t.Fatalf("%d of %d keys applied after %s; runner %+v", keys, n, timeout, w.runner.Stats())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// waitHandled waits until the runner has handled (committed) n messages.
+func (w *worker) waitHandled(t testing.TB, n uint64, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for w.runner.Stats().Handled < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d messages not handled after %s: %+v", n, timeout, w.runner.Stats())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // worker is a Runner over a Source, running in the background.
 type worker struct {
 	src    consumer.Source

@@ -48,28 +48,12 @@ func TestDefaultConfigSurvivesBrokerRestart(t *testing.T) {
 	})
 	w := startWorker(t, src, path, consumer.Config{Name: "restart", Logger: testLogger()})
 
-	deadline := time.Now().Add(2 * time.Minute)
-	for w.runner.Stats().Handled < n/3 {
-		if time.Now().After(deadline) {
-			t.Fatalf("a third of the messages not handled in time: %+v", w.runner.Stats())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	w.waitHandled(t, n/3, 2*time.Minute)
 	before := w.runner.Stats()
 	testenv.Restart(t, testenv.Kafka)
 	t.Logf("restarted Kafka; runner before: %+v", before)
 
-	deadline = time.Now().Add(3 * time.Minute)
-	for {
-		_, keys := db.counts(t)
-		if keys == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d messages handled three minutes after the restart; runner %+v", keys, n, w.runner.Stats())
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	db.waitKeys(t, n, 3*time.Minute, w)
 	w.stop(t)
 	t.Logf("runner after: %+v", w.runner.Stats())
 	if rows, keys := db.counts(t); rows != n || keys != n {
