@@ -68,7 +68,9 @@ var _ consumer.Source = (*Source)(nil)
 // New validates cfg (after WithDefaults), connects to the broker, declares
 // cfg.Declare if set, and starts consuming cfg.Queue. It fails if the first
 // connection cannot be made; after that the Source reconnects by itself until
-// Close. ctx bounds only this first connection.
+// Close. ctx bounds only this first connection; its values (not its
+// cancellation) are passed to the source's background log lines (reconnects),
+// so that a trace-aware or service-tagging slog handler sees them.
 func New(ctx context.Context, cfg Config) (*Source, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
@@ -89,7 +91,7 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 		return nil, err
 	}
 	s.wg.Add(1)
-	go s.supervise(first)
+	go s.supervise(context.WithoutCancel(ctx), first)
 	return s, nil
 }
 
@@ -288,7 +290,7 @@ func (s *Source) retry(ctx context.Context, h *handle, attempt int, delay time.D
 		return nil
 	}
 	if err := h.sess.publish(ctx, "", queue, p, declare); err != nil {
-		return s.copyFailed(h, fmt.Errorf("amqpsource: retry: %w", err), bucket)
+		return s.copyFailed(ctx, h, fmt.Errorf("amqpsource: retry: %w", err), bucket)
 	}
 	s.copyFailures.Store(0)
 	if err := h.sess.ack([]uint64{h.tag}); err != nil {
@@ -357,7 +359,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 		if errors.Is(err, ErrStaleDelivery) {
 			s.stats.staleSettles.Add(1)
 		}
-		return s.copyFailed(h, fmt.Errorf("amqpsource: dead-letter: %w", err), 0)
+		return s.copyFailed(ctx, h, fmt.Errorf("amqpsource: dead-letter: %w", err), 0)
 	}
 	s.copyFailures.Store(0)
 	if err := h.sess.ack([]uint64{h.tag}); err != nil {
@@ -380,7 +382,7 @@ const requeueBackoff = time.Second
 // keeps a copy that fails every time (a refused declaration, a resource
 // alarm) from looping hot; it is at most Config.UnroutableDelay, so that the
 // broker does not close the channel for a delivery held too long.
-func (s *Source) copyFailed(h *handle, err error, floor time.Duration) error {
+func (s *Source) copyFailed(ctx context.Context, h *handle, err error, floor time.Duration) error {
 	if errors.Is(err, ErrStaleDelivery) || !h.sess.alive() {
 		return err
 	}
@@ -392,14 +394,14 @@ func (s *Source) copyFailed(h *handle, err error, floor time.Duration) error {
 		Jitter:         0.2,
 	}.Backoff(int(min(n, 32)))
 	hold := min(max(floor, backoff), s.cfg.UnroutableDelay)
-	s.requeueLater(h, hold)
+	s.requeueLater(context.WithoutCancel(ctx), h, hold)
 	return fmt.Errorf("%w; the original returns to the queue in %s", err, hold.Round(time.Millisecond))
 }
 
 // requeueLater hands h back to its queue after hold, unless its channel
 // dies first (the broker then requeues it itself). Until then h's tag stays
-// pending, so that no multiple-ack covers it.
-func (s *Source) requeueLater(h *handle, hold time.Duration) {
+// pending, so that no multiple-ack covers it. Its log lines carry ctx.
+func (s *Source) requeueLater(ctx context.Context, h *handle, hold time.Duration) {
 	go func() {
 		t := time.NewTimer(hold)
 		defer t.Stop()
@@ -411,11 +413,11 @@ func (s *Source) requeueLater(h *handle, hold time.Duration) {
 		sent, err := h.sess.requeue(h.tag)
 		switch {
 		case err != nil:
-			s.log.Warn("could not requeue a delivery whose copy failed; it returns when its channel closes",
+			s.log.WarnContext(ctx, "could not requeue a delivery whose copy failed; it returns when its channel closes",
 				LogKeyGeneration, h.sess.gen, consumer.LogKeyID, h.d.MessageId, consumer.LogKeyError, err)
 		case sent:
 			s.stats.requeued.Add(1)
-			s.log.Debug("delivery whose copy failed returned to the queue",
+			s.log.DebugContext(ctx, "delivery whose copy failed returned to the queue",
 				LogKeyGeneration, h.sess.gen, consumer.LogKeyID, h.d.MessageId, consumer.LogKeyDelay, hold)
 		}
 	}()
@@ -541,8 +543,8 @@ func (s *Source) connect(ctx context.Context) (*amqp.Connection, error) {
 }
 
 // supervise forwards deliveries of the current session and, when it dies,
-// reconnects with backoff until Close.
-func (s *Source) supervise(sess *session) {
+// reconnects with backoff until Close. Its log lines carry base's values.
+func (s *Source) supervise(base context.Context, sess *session) {
 	defer s.wg.Done()
 	backoff := consumer.RetryPolicy{
 		MaxAttempts:    1,
@@ -551,7 +553,7 @@ func (s *Source) supervise(sess *session) {
 		Multiplier:     2,
 		Jitter:         0.2,
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(base)
 	defer cancel()
 	go func() {
 		<-s.closing
@@ -566,7 +568,7 @@ func (s *Source) supervise(sess *session) {
 				return
 			}
 			s.stats.reconnects.Add(1)
-			s.log.Warn("connection lost; unacknowledged deliveries return to the queue; reconnecting",
+			s.log.WarnContext(ctx, "connection lost; unacknowledged deliveries return to the queue; reconnecting",
 				LogKeyGeneration, sess.gen, consumer.LogKeyError, cause)
 			sess = nil
 		}
@@ -579,10 +581,10 @@ func (s *Source) supervise(sess *session) {
 			if s.isClosing() {
 				return
 			}
-			s.log.Warn("reconnect failed", consumer.LogKeyAttempt, failures, consumer.LogKeyError, err)
+			s.log.WarnContext(ctx, "reconnect failed", consumer.LogKeyAttempt, failures, consumer.LogKeyError, err)
 			continue
 		}
-		s.log.Info("reconnected", LogKeyGeneration, next.gen, consumer.LogKeyAttempt, failures)
+		s.log.InfoContext(ctx, "reconnected", LogKeyGeneration, next.gen, consumer.LogKeyAttempt, failures)
 		failures = 0
 		sess = next
 	}

@@ -25,7 +25,7 @@ import (
 // the reader closed); the partitions stay dirty and the next request carries
 // them.
 func (s *Source) requestCommit(ctx context.Context) error {
-	gen := s.observeGeneration()
+	gen := s.observeGeneration(ctx)
 
 	s.mu.Lock()
 	var (
@@ -40,7 +40,7 @@ func (s *Source) requestCommit(ctx context.Context) error {
 			// Nothing new (or behind what this source requested before).
 		case p.doneGen != gen:
 			s.stats.staleCommitsSkipped.Add(1)
-			s.log.Info("commit skipped: the settled messages were fetched before the latest rebalance; the partition's owner recommits",
+			s.log.InfoContext(ctx, "commit skipped: the settled messages were fetched before the latest rebalance; the partition's owner recommits",
 				consumer.LogKeyTopic, p.topic, LogKeyPartition, p.partition, LogKeyOffset, p.doneUpTo+1,
 				LogKeyGeneration, gen)
 		default:

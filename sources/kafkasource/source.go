@@ -445,7 +445,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	s.settleLocked(e)
 	s.mu.Unlock()
 	if err := s.requestCommit(ctx); err != nil {
-		s.log.Warn("offset commit request after dead-letter failed; a redelivery may be dead-lettered again",
+		s.log.WarnContext(ctx, "offset commit request after dead-letter failed; a redelivery may be dead-lettered again",
 			consumer.LogKeyID, msg.ID, consumer.LogKeyError, err)
 	}
 	return nil
@@ -531,7 +531,7 @@ func (s *Source) fetchLoop(ctx context.Context) {
 			continue
 		}
 		failures = 0
-		s.admit(km, s.observeGeneration())
+		s.admit(km, s.observeGeneration(ctx))
 	}
 }
 
@@ -786,13 +786,13 @@ func (s *Source) unwaitLocked(e *entry) {
 // time a partition reader loses its partition's leader. The count is
 // therefore a conservative generation tag: it grows at least once per
 // generation, and a growth without a rebalance only makes the fence skip
-// commits that were safe.
-func (s *Source) observeGeneration() int64 {
+// commits that were safe. A growth is logged with ctx.
+func (s *Source) observeGeneration(ctx context.Context) int64 {
 	s.genMu.Lock()
 	defer s.genMu.Unlock()
 	if n := s.reader.Stats().Rebalances; n > 0 {
 		g := s.gen.Add(n)
-		s.log.Info("consumer group rebalanced or partition leader moved", LogKeyGeneration, g)
+		s.log.InfoContext(ctx, "consumer group rebalanced or partition leader moved", LogKeyGeneration, g)
 	}
 	return s.gen.Load()
 }

@@ -335,7 +335,10 @@ func TestStaleMessagesAreNotCommitted(t *testing.T) {
 	group := uniqueName(t, "g")
 	publish(t, brokers, topic, outgoing("s", 3)...)
 
-	a := openSource(t, testConfig(brokers, topic, group))
+	logs := testenv.NewLogRecorder()
+	acfg := testConfig(brokers, topic, group)
+	acfg.Logger = logs.Logger()
+	a := openSource(t, acfg)
 	stale := receiveN(t, a, 3, waitTimeout)
 	gen := a.Stats().Rebalances
 
@@ -347,7 +350,7 @@ func TestStaleMessagesAreNotCommitted(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if err := a.Ack(context.Background(), stale); err != nil {
+	if err := a.Ack(testenv.MarkedContext(context.Background(), "ack"), stale); err != nil {
 		t.Fatalf("Ack: %v", err)
 	}
 	afterCommitTicks()
@@ -356,6 +359,16 @@ func TestStaleMessagesAreNotCommitted(t *testing.T) {
 	}
 	if s := a.Stats(); s.StaleCommitsSkipped == 0 {
 		t.Fatalf("Stats.StaleCommitsSkipped = 0 after acknowledging stale messages")
+	}
+	// The skip is logged with the Ack's context, for trace-aware handlers.
+	skipped := logs.Find("commit skipped")
+	if len(skipped) == 0 {
+		t.Fatalf("no \"commit skipped\" line logged")
+	}
+	for _, l := range skipped {
+		if l.Mark != "ack" {
+			t.Errorf("%q logged without the Ack call's context", l.Message)
+		}
 	}
 
 	// The partition's owner in the new generation receives them again and

@@ -1,6 +1,9 @@
 package kafkasource
 
-import "sync/atomic"
+import (
+	"context"
+	"sync/atomic"
+)
 
 // Stats counts what a Source did since it was created. Every counter only
 // grows; InFlight and Held are current values.
@@ -55,7 +58,7 @@ type counters struct {
 // Stats returns a snapshot of the source's counters. It is safe to call at
 // any time from any goroutine.
 func (s *Source) Stats() Stats {
-	gen := s.observeGeneration()
+	gen := s.observeGeneration(context.Background()) // Stats takes no ctx
 	s.mu.Lock()
 	held, inFlight, uncommitted := 0, s.inFlight, 0
 	for _, h := range s.holds {

@@ -1,6 +1,9 @@
 package memsource
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+)
 
 // FaultKind names a scripted failure.
 type FaultKind int
@@ -127,7 +130,7 @@ func (b *Broker) ClearFaults() {
 // fire returns the first scheduled fault of kind matching topic t and message
 // m (nil for receive faults) that fires now, using up one firing, or nil.
 // b.mu is held.
-func (b *Broker) fire(kind FaultKind, t *topic, m *stored) *activeFault {
+func (b *Broker) fire(ctx context.Context, kind FaultKind, t *topic, m *stored) *activeFault {
 	for i, f := range b.faults {
 		if f.Kind != kind || (f.Topic != "" && f.Topic != t.name) {
 			continue
@@ -144,7 +147,7 @@ func (b *Broker) fire(kind FaultKind, t *topic, m *stored) *activeFault {
 				b.faults = append(b.faults[:i:i], b.faults[i+1:]...)
 			}
 		}
-		b.log.Debug("memsource: injected fault", "fault", f.Kind.String(), "topic", t.name, "message_id", idOf(m))
+		b.log.DebugContext(ctx, "memsource: injected fault", "fault", f.Kind.String(), "topic", t.name, "message_id", idOf(m))
 		return f
 	}
 	return nil

@@ -106,13 +106,13 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 		}
 		if first {
 			first = false
-			if f := b.fire(FaultReceiveError, t, nil); f != nil {
+			if f := b.fire(ctx, FaultReceiveError, t, nil); f != nil {
 				b.mu.Unlock()
 				return nil, fmt.Errorf("%w: %w", ErrUnavailable, f.err())
 			}
 		}
 		now := time.Now()
-		msgs, events, wake := s.take(now, max)
+		msgs, events, wake := s.take(ctx, now, max)
 		changed := t.changed
 		b.mu.Unlock()
 		b.emit(events...)
@@ -141,7 +141,7 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 // take delivers up to max messages to s and returns them, the events to emit,
 // and the earliest future instant at which a delivery may expire or a delayed
 // message become ready (zero if none). b.mu is held.
-func (s *Source) take(now time.Time, max int) ([]*consumer.Message, []Event, time.Time) {
+func (s *Source) take(ctx context.Context, now time.Time, max int) ([]*consumer.Message, []Event, time.Time) {
 	b, t := s.b, s.t
 	var (
 		out     []*consumer.Message
@@ -217,7 +217,7 @@ func (s *Source) take(now time.Time, max int) ([]*consumer.Message, []Event, tim
 			delete(m.live, n)
 			t.stats.Expired++
 			events = append(events, b.event(EventExpire, t, d.src, m, d.attempt, nil))
-			b.log.Debug("memsource: visibility timeout passed", "topic", t.name, "message_id", m.id, "attempt", d.attempt)
+			b.log.DebugContext(ctx, "memsource: visibility timeout passed", "topic", t.name, "message_id", m.id, "attempt", d.attempt)
 		}
 		if len(m.live) > 0 {
 			for _, d := range m.live {
@@ -237,10 +237,10 @@ func (s *Source) take(now time.Time, max int) ([]*consumer.Message, []Event, tim
 			continue
 		}
 		deliver(m)
-		if b.fire(FaultDuplicate, t, m) != nil {
+		if b.fire(ctx, FaultDuplicate, t, m) != nil {
 			m.extra = append(m.extra, nil)
 		}
-		if b.fire(FaultConcurrentDuplicate, t, m) != nil {
+		if b.fire(ctx, FaultConcurrentDuplicate, t, m) != nil {
 			m.extra = append(m.extra, s)
 		}
 		owed(m)
@@ -311,12 +311,12 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 			continue
 		}
 		m := d.msg
-		if b.fire(FaultDropAck, t, m) != nil {
+		if b.fire(ctx, FaultDropAck, t, m) != nil {
 			t.stats.DroppedAcks++
 			events = append(events, b.event(EventAckDropped, t, s, m, d.attempt, nil))
 			continue
 		}
-		if f := b.fire(FaultAckError, t, m); f != nil {
+		if f := b.fire(ctx, FaultAckError, t, m); f != nil {
 			t.stats.DroppedAcks++
 			events = append(events, b.event(EventAckDropped, t, s, m, d.attempt, f.err()))
 			errs = append(errs, fmt.Errorf("memsource: ack of message %q: %w", m.id, f.err()))
@@ -348,7 +348,7 @@ func (s *Source) Retry(ctx context.Context, msg *consumer.Message, delay time.Du
 	d, err := s.current(msg, now, &events)
 	if err == nil && d != nil {
 		m := d.msg
-		if f := b.fire(FaultRetryError, t, m); f != nil {
+		if f := b.fire(ctx, FaultRetryError, t, m); f != nil {
 			err = fmt.Errorf("memsource: retry of message %q: %w", m.id, f.err())
 		} else {
 			delete(m.live, d.n)
@@ -380,7 +380,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	d, err := s.current(msg, now, &events)
 	if err == nil && d != nil {
 		m := d.msg
-		if f := b.fire(FaultDeadLetterError, t, m); f != nil {
+		if f := b.fire(ctx, FaultDeadLetterError, t, m); f != nil {
 			err = fmt.Errorf("memsource: dead-letter of message %q: %w", m.id, f.err())
 		} else {
 			if reason == nil {

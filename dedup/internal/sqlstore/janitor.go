@@ -21,7 +21,8 @@ func Cleanup(ctx context.Context, size int, batch func(ctx context.Context) (del
 }
 
 // RunJanitor calls cleanup every interval until ctx is done, logging failures
-// and deletions with the store's name, and returns nil when ctx is done.
+// and deletions with the store's name and ctx, and returns nil when ctx is
+// done.
 func RunJanitor(ctx context.Context, interval time.Duration, log *slog.Logger, store string, cleanup func(ctx context.Context) (int64, error)) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -31,9 +32,9 @@ func RunJanitor(ctx context.Context, interval time.Duration, log *slog.Logger, s
 		case ctx.Err() != nil:
 			return nil
 		case err != nil:
-			log.Warn(store+": cleanup failed", "err", err)
+			log.WarnContext(ctx, store+": cleanup failed", "err", err)
 		case n > 0:
-			log.Debug(store+": expired records deleted", "count", n)
+			log.DebugContext(ctx, store+": expired records deleted", "count", n)
 		}
 		select {
 		case <-ctx.Done():

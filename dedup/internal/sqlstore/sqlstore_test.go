@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 	"testing/fstest"
+	"time"
+
+	"github.com/idemq/idemq/internal/testenv"
 )
 
 func TestLoadOrdersAndSplits(t *testing.T) {
@@ -94,5 +97,28 @@ func TestTransientClassification(t *testing.T) {
 	}
 	if !PostgresAborted("25P02") || PostgresAborted("40001") {
 		t.Error("PostgresAborted misclassifies")
+	}
+}
+
+// TestJanitorLogsCarryItsContext checks that the janitor logs with the
+// context it runs with, so that a trace-aware handler sees its values.
+func TestJanitorLogsCarryItsContext(t *testing.T) {
+	rec := testenv.NewLogRecorder()
+	ctx, cancel := context.WithCancel(testenv.MarkedContext(t.Context(), "janitor"))
+	calls := 0
+	cleanup := func(context.Context) (int64, error) {
+		calls++
+		if calls == 1 {
+			return 3, nil
+		}
+		cancel()
+		return 0, errors.New("store gone")
+	}
+	if err := RunJanitor(ctx, time.Millisecond, rec.Logger(), "test", cleanup); err != nil {
+		t.Fatal(err)
+	}
+	lines := rec.Find("test: expired records deleted")
+	if len(lines) != 1 || lines[0].Mark != "janitor" {
+		t.Fatalf("deletion lines %+v, want one logged with the janitor's context", lines)
 	}
 }
