@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"time"
 
 	"github.com/idemq/idemq/dedup"
 )
@@ -52,6 +53,14 @@ func (e *MessageError) Unwrap() error { return e.Err }
 // Transactional; Config.BatchSize bounds the messages per call. The runner's
 // HandlerTimeout bounds each call, and DedupKey and IdempotencyKey are not
 // set in its context (a batch has many keys: see BatchItem).
+//
+// Hooks see the events of Transactional: a claim, a commit and a settlement
+// per message, the batch, and a handler start and end for every message of
+// each handler call, with the call's duration. The error of a MessageError
+// is reported for its message only (its batch-mates end without an error
+// and run again without it); any other error, or a panic, for every message
+// of the call. The handler's own ctx carries no message's hook values, since
+// it handles many.
 func TransactionalBatch[Tx any](store dedup.TxStore[Tx], h TxBatchHandler[Tx]) Path {
 	return &txPath[Tx]{store: store, bh: h}
 }
@@ -98,7 +107,7 @@ func (p *txPath[Tx]) handleBatch(ctx context.Context, r *Runner, tx Tx, fresh []
 	for i, j := range fresh {
 		msgs[i] = j.msg
 	}
-	err := r.callBatch(ctx, func(ctx context.Context) error { return p.bh(ctx, tx, msgs) })
+	err := r.callBatch(ctx, fresh, func(ctx context.Context) error { return p.bh(ctx, tx, msgs) })
 	if err == nil && p.failed(tx) {
 		err = errSwallowed
 	}
@@ -119,13 +128,39 @@ func (p *txPath[Tx]) handleBatch(ctx context.Context, r *Runner, tx Tx, fresh []
 	return tryResult{err: err, suspects: fresh}, true
 }
 
-// callBatch runs a batch handler with the handler timeout and panic
-// recovery.
-func (r *Runner) callBatch(ctx context.Context, fn func(ctx context.Context) error) (err error) {
+// callBatch runs a batch handler over the messages of jobs with the handler
+// timeout and panic recovery, and reports a handler start and end for each
+// of them to the hooks (see TransactionalBatch).
+func (r *Runner) callBatch(ctx context.Context, jobs []*job, fn func(ctx context.Context) error) (err error) {
 	if r.cfg.HandlerTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, r.cfg.HandlerTimeout)
 		defer cancel()
+	}
+	if len(r.hooks.handlerStart) > 0 || len(r.hooks.handlerEnd) > 0 {
+		hctx := make([]context.Context, len(jobs))
+		for i, j := range jobs {
+			c := withKeys(r.msgCtx(ctx, j), r.cfg.Name, j.key)
+			for _, h := range r.hooks.handlerStart {
+				c = h.OnHandlerStart(c, j.msg)
+			}
+			hctx[i] = c
+		}
+		start := time.Now()
+		defer func() {
+			d := time.Since(start)
+			var me *MessageError
+			named := errors.As(err, &me)
+			for i, j := range jobs {
+				jerr := err
+				if named && j.msg != me.Msg {
+					jerr = nil // a batch-mate failed; this message runs again without it
+				}
+				for _, h := range r.hooks.handlerEnd {
+					h.OnHandlerEnd(hctx[i], j.msg, d, jerr)
+				}
+			}
+		}()
 	}
 	defer func() {
 		if v := recover(); v != nil {

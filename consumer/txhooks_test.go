@@ -234,3 +234,121 @@ func TestTxHooksRefusedCommitPostgres(t *testing.T) {
 		t.Error("d005: no refused commit event")
 	}
 }
+
+// handlerErrs records the error of every handler end, by key, and the
+// sizes of the batches formed.
+type handlerErrs struct {
+	*keyEvents
+	errs    map[string][]error
+	batches []int
+}
+
+func (h *handlerErrs) OnHandlerEnd(ctx context.Context, m *consumer.Message, d time.Duration, err error) {
+	h.keyEvents.OnHandlerEnd(ctx, m, d, err)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.errs[m.Key] = append(h.errs[m.Key], err)
+}
+
+func (h *handlerErrs) OnBatch(_ context.Context, size int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.batches = append(h.batches, size)
+}
+
+// The batch API fires the events of the per-message transactional path:
+// each message of a handler call gets a handler start and end (the error of
+// a MessageError goes to its message only), a timed claim (new or
+// duplicate), one successful commit event, and the batch is reported; so
+// that hooks such as otelidemq cover batch users.
+func TestTxBatchHooksMatchPerMessagePath(t *testing.T) {
+	store, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The batch's first transaction fails in the handler for "bad", its
+	// rerun without "bad" fails to commit, its retry commits.
+	store.Inject(memstore.Fault{Op: memstore.OpCommit})
+	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
+	t.Cleanup(func() { b.Close() })
+
+	type order struct{ K string }
+	var mu sync.Mutex
+	calls := map[string]int{}
+	failedOnce := false
+	path := consumer.TransactionalBatch(store, consumer.TxBatchJSON(func(ctx context.Context, _ *memstore.Tx, items []consumer.BatchItem[order]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, it := range items {
+			calls[it.Msg.Key]++
+		}
+		for _, it := range items {
+			if it.Value.K == "bad" && !failedOnce {
+				failedOnce = true
+				return &consumer.MessageError{Msg: it.Msg, Err: errors.New("downstream busy")}
+			}
+		}
+		return nil
+	}))
+	rec := &handlerErrs{keyEvents: newKeyEvents(), errs: map[string][]error{}}
+	r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{
+		Name: "txbatchhooks", Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{rec},
+		Retry: consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Jitter: -1},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ks := []string{"a", "b", "bad", "c", "d"}
+	for _, k := range ks {
+		b.Publish("t", memsource.Outgoing{Key: k, Body: []byte(`{"K":"` + k + `"}`)})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	if err := r.WaitIdle(ctx, 300*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	b.Publish("t", memsource.Outgoing{Key: "a", Body: []byte(`{"K":"a"}`)}) // a duplicate
+	if err := r.WaitIdle(ctx, 300*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	st := r.Stats()
+	if st.Handled != uint64(len(ks)) || st.CommitFailures != 1 || st.Duplicates != 1 {
+		t.Fatalf("stats %+v, want %d handled, 1 commit failure, 1 duplicate", st, len(ks))
+	}
+	if failed := rec.check(t, ks, memstore.ErrInjected); failed == 0 {
+		t.Error("no failed commit event reported")
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	mu.Lock()
+	defer mu.Unlock()
+	dup := rec.claims["a"][len(rec.claims["a"])-1]
+	if dup.State != consumer.ClaimDuplicate || dup.Reason != consumer.DuplicateProducer || dup.Start.IsZero() {
+		t.Errorf("claim of the duplicate of a: %+v, want a timed producer duplicate", dup)
+	}
+	for _, k := range ks {
+		if rec.starts[k] != calls[k] || rec.ends[k] != calls[k] {
+			t.Errorf("%s: %d handler starts and %d ends for %d handler calls with it", k, rec.starts[k], rec.ends[k], calls[k])
+		}
+		var failed int
+		for _, err := range rec.errs[k] {
+			if err != nil {
+				failed++
+			}
+		}
+		if want := map[bool]int{true: 1}[k == "bad"]; failed != want {
+			t.Errorf("%s: %d handler ends with an error (%v), want %d", k, failed, rec.errs[k], want)
+		}
+	}
+	if len(rec.batches) == 0 {
+		t.Error("no batch reported")
+	}
+}

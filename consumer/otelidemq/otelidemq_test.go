@@ -532,3 +532,105 @@ func TestExtractAWSTraceHeader(t *testing.T) {
 		}
 	}
 }
+
+// The batch API is traced and measured like the per-message transactional
+// path: each message of a handler call gets a handler span and a handler
+// duration (with error.type for the message a MessageError names), claim
+// and commit spans, and duplicates and batches are counted.
+func TestTransactionalBatchSpansAndMetrics(t *testing.T) {
+	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "txbatch"})
+	store, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
+	t.Cleanup(func() { b.Close() })
+	type order struct{ K string }
+	var mu sync.Mutex
+	calls := map[string]int{}
+	failedOnce := false
+	path := consumer.TransactionalBatch(store, consumer.TxBatchJSON(func(ctx context.Context, _ *memstore.Tx, items []consumer.BatchItem[order]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, it := range items {
+			calls[it.Msg.Key]++
+		}
+		for _, it := range items {
+			if it.Value.K == "bad" && !failedOnce {
+				failedOnce = true
+				return &consumer.MessageError{Msg: it.Msg, Err: errors.New("downstream busy")}
+			}
+		}
+		return nil
+	}))
+	r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{
+		Name: "txbatch", Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{tel.hook},
+		Retry: consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Jitter: -1},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ks := []string{"a", "b", "bad", "c"}
+	for _, k := range ks {
+		b.Publish("t", memsource.Outgoing{Key: k, Body: []byte(`{"K":"` + k + `"}`)})
+	}
+	runIdle(t, r, func() { b.Publish("t", memsource.Outgoing{Key: "a", Body: []byte(`{"K":"a"}`)}) })
+	st := r.Stats()
+	if st.Handled != 4 || st.Duplicates != 1 {
+		t.Fatalf("stats %+v, want 4 handled and 1 duplicate", st)
+	}
+
+	var handled, handlerSpans, failedHandlerSpans int
+	for id, spans := range tel.processSpans() {
+		for _, s := range spans {
+			kids := 0
+			for _, c := range tel.spans.Ended() {
+				if c.Parent().SpanID() != s.SpanContext().SpanID() {
+					continue
+				}
+				kids++
+				if c.Name() == "handler" {
+					handlerSpans++
+					if c.Status().Code == codes.Error {
+						failedHandlerSpans++
+					}
+				}
+			}
+			if outcome, _ := attr(s, otelidemq.AttrOutcome); outcome.AsString() == "handled" {
+				handled++
+				ch := tel.children(s)
+				for _, name := range []string{"claim", "handler", "commit"} {
+					if _, ok := ch[name]; !ok {
+						t.Errorf("handled delivery %s: no %q child span (%d children)", id, name, kids)
+					}
+				}
+			}
+		}
+	}
+	mu.Lock()
+	var handlerCalls int
+	for _, n := range calls {
+		handlerCalls += n
+	}
+	mu.Unlock()
+	if handled != 4 || handlerSpans != handlerCalls || failedHandlerSpans != 1 {
+		t.Errorf("%d handled deliveries, %d handler spans (%d failed) for %d message handler calls; want 4, one per call, 1 failed",
+			handled, handlerSpans, failedHandlerSpans, handlerCalls)
+	}
+	rm := tel.metrics(t)
+	if n := sum(rm, otelidemq.MetricHandlerDuration, "", ""); n != int64(handlerCalls) {
+		t.Errorf("%d handler durations, want %d", n, handlerCalls)
+	}
+	if n := sum(rm, otelidemq.MetricHandlerDuration, otelidemq.AttrErrorType, "_OTHER"); n != 1 {
+		t.Errorf("%d failed handler durations, want 1", n)
+	}
+	if n := sum(rm, otelidemq.MetricDuplicates, otelidemq.AttrDuplicateReason, "producer"); n != 1 {
+		t.Errorf("%d producer duplicates counted, want 1", n)
+	}
+	if n := sum(rm, otelidemq.MetricCommitDuration, "", ""); n < 4 {
+		t.Errorf("%d commit durations, want at least one per handled message", n)
+	}
+	if n := sum(rm, otelidemq.MetricBatchSize, "", ""); n == 0 {
+		t.Error("no batch size recorded")
+	}
+}
