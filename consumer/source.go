@@ -59,3 +59,23 @@ type Source interface {
 type Releaser interface {
 	Release(ctx context.Context, msg *Message, delay time.Duration) error
 }
+
+// PartitionLag is how far a consumer is behind one partition of a log-based
+// broker (a Kafka topic partition).
+type PartitionLag struct {
+	Topic     string
+	Partition int
+	// Lag is the number of messages in the partition at or after the first
+	// one the consumer has not settled: fetched and not settled yet, or
+	// not fetched yet. It is the partition's high watermark minus the next
+	// offset the consumer will commit.
+	Lag int64
+}
+
+// LagReporter is an optional interface of a Source on a log-based broker,
+// implemented by kafkasource. Lag returns the lag of each partition the
+// source consumes, read from the broker within ctx (one request); it is safe
+// for concurrent use. otelidemq exports it as a gauge (Hook.ObserveLag).
+type LagReporter interface {
+	Lag(ctx context.Context) ([]PartitionLag, error)
+}

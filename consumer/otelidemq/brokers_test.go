@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +17,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/consumer"
@@ -287,5 +291,96 @@ func deleteAMQPQueues(url, queue string) {
 	}
 	for _, n := range []string{queue, queue + ".dlq"} { // no retry queue: nothing is retried
 		_, _ = ch.QueueDelete(n, false, false, false)
+	}
+}
+
+// gauge returns the value of the int64 gauge name at the data point whose
+// attributes include every one of want, and whether there is one.
+func gauge(rm metricdata.ResourceMetrics, name string, want ...attribute.KeyValue) (int64, bool) {
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			g, ok := m.Data.(metricdata.Gauge[int64])
+			if m.Name != name || !ok {
+				continue
+			}
+		points:
+			for _, p := range g.DataPoints {
+				for _, kv := range want {
+					if v, ok := p.Attributes.Value(kv.Key); !ok || v != kv.Value {
+						continue points
+					}
+				}
+				return p.Value, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// The Kafka lag per partition is exported as a gauge read from the real
+// broker: published, minus settled.
+func TestKafkaLagGauge(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Kafka; skipped with -short")
+	}
+	brokers := testenv.KafkaBrokers(t)
+	ctx := brokerCtx(t)
+	topic := "idemq-otel-lag-" + suffix()
+	if err := kafkasource.CreateTopics(ctx, nil, brokers,
+		kafkasource.TopicSpec{Name: topic, Partitions: 1},
+		kafkasource.TopicSpec{Name: kafkasource.DeadLetterTopic(topic), Partitions: 1}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteKafkaTopics(brokers, topic, kafkasource.DeadLetterTopic(topic)) })
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, RequiredAcks: kafka.RequireAll, Transport: &kafka.Transport{}}
+	defer w.Close()
+	const n, settled = 10, 4
+	var kms []kafka.Message
+	for i := range n {
+		kms = append(kms, kafka.Message{Value: []byte("body"), Headers: []kafka.Header{{Key: kafkasource.DefaultKeyHeader, Value: []byte("k" + strconv.Itoa(i))}}})
+	}
+	if err := w.WriteMessages(ctx, kms...); err != nil {
+		t.Fatal(err)
+	}
+
+	group := "idemq-otel-lag-" + suffix()
+	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: group})
+	src, err := kafkasource.New(kafkasource.Config{
+		Brokers: brokers, Topics: []string{topic}, GroupID: group,
+		SessionTimeout: 6 * time.Second, HeartbeatInterval: 300 * time.Millisecond, RebalanceTimeout: 10 * time.Second,
+		JoinGroupBackoff: 200 * time.Millisecond, MaxWait: 250 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	reg, err := tel.hook.ObserveLag(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Unregister() //nolint:errcheck // test cleanup
+
+	var msgs []*consumer.Message
+	for len(msgs) < n {
+		got, err := src.Receive(ctx, n-len(msgs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, got...)
+	}
+	slices.SortFunc(msgs, func(a, b *consumer.Message) int { return strings.Compare(a.Key, b.Key) })
+	var ack []*consumer.Message
+	for _, m := range msgs {
+		if k, _ := strconv.Atoi(strings.TrimPrefix(m.Key, "k")); k < settled {
+			ack = append(ack, m)
+		}
+	}
+	if err := src.Ack(ctx, ack); err != nil {
+		t.Fatal(err)
+	}
+	lag, ok := gauge(tel.metrics(t), otelidemq.MetricKafkaLag,
+		otelidemq.AttrDestination.String(topic), otelidemq.AttrPartition.String("0"), otelidemq.AttrConsumerGroup.String(group))
+	if !ok || lag != n-settled {
+		t.Fatalf("%s for %s/0 = %d (present %v), want %d", otelidemq.MetricKafkaLag, topic, lag, ok, n-settled)
 	}
 }

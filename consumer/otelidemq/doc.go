@@ -36,6 +36,8 @@
 // idemq.duplicates, idemq.dead_letters, idemq.retries, idemq.ack.failures,
 // idemq.lease.refresh_failures, idemq.lease.lost, idemq.in_flight,
 // idemq.batch.size, idemq.handler.duration and idemq.commit.duration.
+// ObserveLag adds the idemq.kafka.lag gauge for a source that reports its
+// lag per partition (consumer.LagReporter: kafkasource).
 //
 // # Outbox relay
 //

@@ -39,6 +39,7 @@ const (
 	AttrDeadLetter      = attribute.Key("idemq.dead_letter.reason")
 	AttrRetryKind       = attribute.Key("idemq.retry.kind")
 	AttrClaim           = attribute.Key("idemq.claim")
+	AttrPartition       = attribute.Key("messaging.destination.partition.id")
 )
 
 // Span event names.
@@ -103,6 +104,10 @@ type Hook struct {
 	inFlight                                                metric.Int64UpDownCounter
 	processDur, handlerDur, commitDur                       metric.Float64Histogram
 	batchSize                                               metric.Int64Histogram
+
+	// Observed on demand (ObserveLag, ...).
+	meter    metric.Meter
+	kafkaLag metric.Int64ObservableGauge
 
 	mu    sync.RWMutex
 	dests map[destKey]*destAttrs
@@ -221,6 +226,10 @@ func New(cfg Config) (*Hook, error) {
 	h.processDur = seconds(MetricProcessDuration, "Time from receipt to settlement of a message.")
 	h.handlerDur = seconds(MetricHandlerDuration, "Handler run time, per attempt.")
 	h.commitDur = seconds(MetricCommitDuration, "Time to make a message's effect durable (commit, or mark done).")
+	h.meter = m
+	h.kafkaLag, err = m.Int64ObservableGauge(MetricKafkaLag, metric.WithUnit("{message}"),
+		metric.WithDescription("Messages of a partition at and after the first one the consumer has not settled (high watermark minus the next offset to commit)."))
+	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("otelidemq: create instruments: %w", err)
 	}
@@ -241,6 +250,7 @@ const (
 	MetricBatchSize            = "idemq.batch.size"
 	MetricHandlerDuration      = "idemq.handler.duration"
 	MetricCommitDuration       = "idemq.commit.duration"
+	MetricKafkaLag             = "idemq.kafka.lag"
 )
 
 // state is what a message's context carries from event to event.

@@ -166,6 +166,11 @@
 // with little traffic a message can outlive retention.ms by up to its
 // segment.ms; the reported horizon does not include that slack.
 //
+// Source.Lag reports, per partition, the messages at and after the first one
+// not settled (the high watermark minus the next offset to commit), read
+// with one ListOffsets request (consumer.LagReporter); otelidemq's
+// Hook.ObserveLag exports it as the idemq.kafka.lag gauge.
+//
 // Attempts are counted in process: after a restart or rebalance a message's
 // Attempt starts again at 1. The runner's RetryPolicy does not rely on it
 // when its store counts handler failures per key (dedup.FailureCounter:

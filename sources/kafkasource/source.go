@@ -118,6 +118,8 @@ type partition struct {
 	doneGen int64
 	// committed is the next offset this source committed (0: none).
 	committed int64
+	// fetchGen is the generation tag of the newest entry fetched.
+	fetchGen int64
 }
 
 // hold keeps later messages of one key back while an earlier one waits for
@@ -570,6 +572,7 @@ func (s *Source) admit(km kafka.Message, gen int64) {
 		s.partitions[tp] = p
 	}
 	e.part = p
+	p.fetchGen = gen
 	p.queue = append(p.queue, e)
 	s.inFlight++
 	s.stats.fetched.Add(1)

@@ -1,0 +1,48 @@
+package otelidemq
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// observeTimeout bounds one read of an observed value (a request to the
+// broker or the database) during a metrics collection.
+const observeTimeout = 5 * time.Second
+
+// ObserveLag exports src's lag per partition as the idemq.kafka.lag gauge
+// (unit {message}; attributes messaging.system "kafka",
+// messaging.destination.name the topic, messaging.destination.partition.id
+// the partition, and the consumer group when Config.ConsumerGroup is set).
+// The lag is read from src at each metrics collection (kafkasource: one
+// request to the brokers, bounded by 5 s); a failed read is reported to the
+// SDK's error handler and observes nothing. Unregister the returned
+// registration when src closes.
+func (h *Hook) ObserveLag(src consumer.LagReporter) (metric.Registration, error) {
+	reg, err := h.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, observeTimeout)
+		defer cancel()
+		lags, err := src.Lag(ctx)
+		if err != nil {
+			return fmt.Errorf("otelidemq: read the lag: %w", err)
+		}
+		for _, l := range lags {
+			kvs := []attribute.KeyValue{AttrSystem.String(SystemKafka), AttrDestination.String(l.Topic), AttrPartition.String(strconv.Itoa(l.Partition))}
+			if h.group != "" {
+				kvs = append(kvs, AttrConsumerGroup.String(h.group))
+			}
+			o.ObserveInt64(h.kafkaLag, l.Lag, metric.WithAttributeSet(attribute.NewSet(kvs...)))
+		}
+		return nil
+	}, h.kafkaLag)
+	if err != nil {
+		return nil, fmt.Errorf("otelidemq: observe the lag: %w", err)
+	}
+	return reg, nil
+}
