@@ -37,7 +37,10 @@
 // idemq.lease.refresh_failures, idemq.lease.lost, idemq.in_flight,
 // idemq.batch.size, idemq.handler.duration and idemq.commit.duration.
 // ObserveLag adds the idemq.kafka.lag gauge for a source that reports its
-// lag per partition (consumer.LagReporter: kafkasource).
+// lag per partition (consumer.LagReporter: kafkasource), and ObserveDedup
+// the idemq.dedup.records and idemq.dedup.oldest_age gauges for a store
+// whose janitor measures its table (dedup.TableStatsReporter: pgdedup,
+// sqldedup).
 //
 // # Outbox relay
 //

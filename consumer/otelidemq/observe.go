@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
 )
 
 // observeTimeout bounds one read of an observed value (a request to the
@@ -43,6 +44,33 @@ func (h *Hook) ObserveLag(src consumer.LagReporter) (metric.Registration, error)
 	}, h.kafkaLag)
 	if err != nil {
 		return nil, fmt.Errorf("otelidemq: observe the lag: %w", err)
+	}
+	return reg, nil
+}
+
+// ObserveDedup exports the janitor's latest measurement of store's table
+// (dedup.TableStatsReporter: pgdedup and sqldedup, whose RunJanitor measures
+// every StatsInterval) as two gauges per scope (attribute idemq.dedup.scope):
+// idemq.dedup.records (unit {record}) and idemq.dedup.oldest_age (unit s, the
+// oldest record's age when the table was measured). A collection reads the
+// stored measurement and sends nothing to the database; before the first
+// measurement nothing is observed. Unregister the returned registration when
+// the store is no longer used.
+func (h *Hook) ObserveDedup(store dedup.TableStatsReporter) (metric.Registration, error) {
+	reg, err := h.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		st, ok := store.TableStats()
+		if !ok {
+			return nil
+		}
+		for _, sc := range st.Scopes {
+			opt := metric.WithAttributeSet(attribute.NewSet(AttrScope.String(sc.Scope)))
+			o.ObserveInt64(h.dedupRecords, sc.Records, opt)
+			o.ObserveFloat64(h.dedupOldest, max(st.At.Sub(sc.Oldest), 0).Seconds(), opt)
+		}
+		return nil
+	}, h.dedupRecords, h.dedupOldest)
+	if err != nil {
+		return nil, fmt.Errorf("otelidemq: observe the dedup table: %w", err)
 	}
 	return reg, nil
 }

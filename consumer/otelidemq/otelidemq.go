@@ -40,6 +40,7 @@ const (
 	AttrRetryKind       = attribute.Key("idemq.retry.kind")
 	AttrClaim           = attribute.Key("idemq.claim")
 	AttrPartition       = attribute.Key("messaging.destination.partition.id")
+	AttrScope           = attribute.Key("idemq.dedup.scope")
 )
 
 // Span event names.
@@ -106,8 +107,10 @@ type Hook struct {
 	batchSize                                               metric.Int64Histogram
 
 	// Observed on demand (ObserveLag, ...).
-	meter    metric.Meter
-	kafkaLag metric.Int64ObservableGauge
+	meter        metric.Meter
+	kafkaLag     metric.Int64ObservableGauge
+	dedupRecords metric.Int64ObservableGauge
+	dedupOldest  metric.Float64ObservableGauge
 
 	mu    sync.RWMutex
 	dests map[destKey]*destAttrs
@@ -230,6 +233,12 @@ func New(cfg Config) (*Hook, error) {
 	h.kafkaLag, err = m.Int64ObservableGauge(MetricKafkaLag, metric.WithUnit("{message}"),
 		metric.WithDescription("Messages of a partition at and after the first one the consumer has not settled (high watermark minus the next offset to commit)."))
 	errs = append(errs, err)
+	h.dedupRecords, err = m.Int64ObservableGauge(MetricDedupRecords, metric.WithUnit("{record}"),
+		metric.WithDescription("Records in the dedup table, by scope, at the janitor's latest measurement."))
+	errs = append(errs, err)
+	h.dedupOldest, err = m.Float64ObservableGauge(MetricDedupOldestAge, metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest record in the dedup table, by scope, at the janitor's latest measurement."))
+	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("otelidemq: create instruments: %w", err)
 	}
@@ -251,6 +260,8 @@ const (
 	MetricHandlerDuration      = "idemq.handler.duration"
 	MetricCommitDuration       = "idemq.commit.duration"
 	MetricKafkaLag             = "idemq.kafka.lag"
+	MetricDedupRecords         = "idemq.dedup.records"
+	MetricDedupOldestAge       = "idemq.dedup.oldest_age"
 )
 
 // state is what a message's context carries from event to event.

@@ -42,7 +42,10 @@
 // Runner, which refuses to start when its source's broker keeps messages
 // longer). An expired record no longer deduplicates; RunJanitor deletes expired records in small
 // batches, skipping rows that are locked, under an advisory lock so that one
-// process cleans at a time.
+// process cleans at a time. Every
+// Config.StatsInterval (5 min) it also measures the table after its cleanup
+// (records per scope, the oldest record), which Store.TableStats returns
+// without a query and otelidemq's Hook.ObserveDedup exports as gauges.
 //
 // # Handler failures
 //

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -50,6 +51,12 @@ type Config struct {
 	// transaction, so that cleanup never holds many locks for long.
 	// Defaults to 1000.
 	CleanupBatchSize int
+	// StatsInterval is how often RunJanitor measures the table after its
+	// cleanup (records per scope and the oldest record, for TableStats and
+	// otelidemq's dedup gauges): one query that reads the whole table, so
+	// keep it well above the time that takes. Negative: never. Defaults to
+	// 5 min.
+	StatsInterval time.Duration
 	// Logger receives the janitor's logs. Defaults to a logger that
 	// discards everything.
 	Logger *slog.Logger
@@ -61,6 +68,7 @@ const (
 	DefaultTable            = "processed_messages"
 	DefaultCleanupInterval  = time.Minute
 	DefaultCleanupBatchSize = 1000
+	DefaultStatsInterval    = 5 * time.Minute
 )
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -79,6 +87,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.CleanupBatchSize == 0 {
 		c.CleanupBatchSize = DefaultCleanupBatchSize
+	}
+	if c.StatsInterval == 0 {
+		c.StatsInterval = DefaultStatsInterval
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -101,9 +112,10 @@ func validIdent(field, s string, max int) error {
 // Store is the PostgreSQL deduplication store of the transactional path. It
 // implements dedup.TxStore[pgx.Tx]. It is safe for concurrent use.
 type Store struct {
-	db  DB
-	cfg Config
-	q   queries
+	db    DB
+	cfg   Config
+	q     queries
+	stats atomic.Pointer[dedup.TableStats] // the janitor's latest measurement
 }
 
 var _ dedup.TxStore[pgx.Tx] = (*Store)(nil)

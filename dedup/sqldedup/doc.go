@@ -51,7 +51,10 @@
 // longer). An expired record no longer deduplicates and is claimed anew;
 // RunJanitor deletes expired records in small batches (on PostgreSQL
 // skipping locked rows, under an advisory lock so that one process cleans at
-// a time).
+// a time). Every
+// Config.StatsInterval (5 min) it also measures the table after its cleanup
+// (records per scope, the oldest record), which Store.TableStats returns
+// without a query and otelidemq's Hook.ObserveDedup exports as gauges.
 //
 // # Handler failures
 //

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
@@ -70,7 +71,50 @@ func (s *Store) cleanupBatch(ctx context.Context) (deleted int64, busy bool, err
 // RunJanitor calls Cleanup every Config.CleanupInterval until ctx is done,
 // logging failures, and returns nil when ctx is done. Run it in its own
 // goroutine in every worker process; on PostgreSQL an advisory lock keeps
-// them from working at the same time.
+// them from working at the same time. After a cleanup, at most once per
+// Config.StatsInterval, it measures the table for TableStats.
 func (s *Store) RunJanitor(ctx context.Context) error {
-	return sqlstore.RunJanitor(ctx, s.cfg.CleanupInterval, s.cfg.Logger, "sqldedup", s.Cleanup)
+	j := sqlstore.Janitor{Interval: s.cfg.CleanupInterval, Log: s.cfg.Logger, Store: "sqldedup", Cleanup: s.Cleanup}
+	if s.cfg.StatsInterval > 0 {
+		j.Measure, j.MeasureEvery = s.measure, s.cfg.StatsInterval
+	}
+	return sqlstore.RunJanitor(ctx, j)
+}
+
+var _ dedup.TableStatsReporter = (*Store)(nil)
+
+// TableStats returns the janitor's latest measurement of the table (see
+// RunJanitor and Config.StatsInterval), and false before the first one. It
+// does not touch the database.
+func (s *Store) TableStats() (dedup.TableStats, bool) {
+	if st := s.stats.Load(); st != nil {
+		return *st, true
+	}
+	return dedup.TableStats{}, false
+}
+
+// measure counts the table's records per scope and finds each scope's
+// oldest, for TableStats.
+func (s *Store) measure(ctx context.Context) error {
+	rows, err := s.db.QueryContext(ctx, "SELECT scope, count(*), min("+s.q.micros("processed_at")+") FROM "+s.q.table+" GROUP BY scope ORDER BY scope")
+	if err != nil {
+		return fmt.Errorf("sqldedup: measure the table: %w", err)
+	}
+	defer rows.Close()
+	st := dedup.TableStats{Scopes: []dedup.ScopeStats{}}
+	for rows.Next() {
+		var sc dedup.ScopeStats
+		var oldest int64
+		if err := rows.Scan(&sc.Scope, &sc.Records, &oldest); err != nil {
+			return fmt.Errorf("sqldedup: measure the table: %w", err)
+		}
+		sc.Oldest = time.UnixMicro(oldest)
+		st.Scopes = append(st.Scopes, sc)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("sqldedup: measure the table: %w", err)
+	}
+	st.At = time.Now()
+	s.stats.Store(&st)
+	return nil
 }

@@ -20,21 +20,43 @@ func Cleanup(ctx context.Context, size int, batch func(ctx context.Context) (del
 	}
 }
 
-// RunJanitor calls cleanup every interval until ctx is done, logging failures
-// and deletions with the store's name and ctx, and returns nil when ctx is
-// done.
-func RunJanitor(ctx context.Context, interval time.Duration, log *slog.Logger, store string, cleanup func(ctx context.Context) (int64, error)) error {
-	t := time.NewTicker(interval)
+// Janitor is what RunJanitor does on every tick.
+type Janitor struct {
+	// Interval is the time between two cleanups.
+	Interval time.Duration
+	// Log receives failures and deletions, prefixed with Store.
+	Log   *slog.Logger
+	Store string
+	// Cleanup deletes expired records and returns how many.
+	Cleanup func(ctx context.Context) (int64, error)
+	// Measure, if set, measures the table after a cleanup, at most once per
+	// MeasureEvery (every cleanup when zero).
+	Measure      func(ctx context.Context) error
+	MeasureEvery time.Duration
+}
+
+// RunJanitor calls j.Cleanup every j.Interval until ctx is done, then
+// j.Measure when due, logging failures and deletions with the store's name
+// and ctx, and returns nil when ctx is done.
+func RunJanitor(ctx context.Context, j Janitor) error {
+	t := time.NewTicker(j.Interval)
 	defer t.Stop()
+	var measured time.Time
 	for {
-		n, err := cleanup(ctx)
+		n, err := j.Cleanup(ctx)
 		switch {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil:
-			log.WarnContext(ctx, store+": cleanup failed", "err", err)
+			j.Log.WarnContext(ctx, j.Store+": cleanup failed", "err", err)
 		case n > 0:
-			log.DebugContext(ctx, store+": expired records deleted", "count", n)
+			j.Log.DebugContext(ctx, j.Store+": expired records deleted", "count", n)
+		}
+		if j.Measure != nil && (measured.IsZero() || time.Since(measured) >= j.MeasureEvery) {
+			measured = time.Now()
+			if err := j.Measure(ctx); err != nil && ctx.Err() == nil {
+				j.Log.WarnContext(ctx, j.Store+": measuring the table failed", "err", err)
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -114,7 +114,7 @@ func TestJanitorLogsCarryItsContext(t *testing.T) {
 		cancel()
 		return 0, errors.New("store gone")
 	}
-	if err := RunJanitor(ctx, time.Millisecond, rec.Logger(), "test", cleanup); err != nil {
+	if err := RunJanitor(ctx, Janitor{Interval: time.Millisecond, Log: rec.Logger(), Store: "test", Cleanup: cleanup}); err != nil {
 		t.Fatal(err)
 	}
 	lines := rec.Find("test: expired records deleted")
