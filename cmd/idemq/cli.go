@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -43,7 +44,7 @@ func commands() []command {
 	return []command{
 		{name: "demo", args: "[flags]", summary: "run the checkout worker under chaos (in-process Kafka, SQLite) and prove every order was charged once", run: runDemo},
 		{name: "migrate", args: "--dsn DSN [--print] [--schema S] [--table T] [--outbox]", summary: "apply (or print) the migrations of the processed-messages table", run: runMigrate},
-		{name: "inspect", args: "--dsn DSN --scope NAME KEY", summary: "show the record of a processed message: when, payload hash, expiry", run: runInspect},
+		{name: "inspect", args: "--dsn DSN --scope NAME [--json] KEY", summary: "show the record of a processed message: when, payload hash, expiry", run: runInspect},
 		relayCommand,
 		{name: "stats", args: "--dsn DSN [--json]", summary: "records per scope, their ages, the expired ones not deleted yet, the table's and indexes' size", run: runStats},
 		{name: "purge", args: "--dsn DSN --scope NAME KEY", summary: "delete the record of a key, so that its next delivery runs the handler again", run: runPurge},
@@ -289,12 +290,16 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return nil
 }
 
-// keyCommand parses the flags of inspect and purge: a DSN, a scope and one key.
-func keyCommand(ctx context.Context, name string, args []string, stderr io.Writer) (*sqldedup.Store, func(), string, string, error) {
+// keyCommand parses the flags of inspect and purge: a DSN, a scope, the
+// command's own flags (extra, if set) and one key.
+func keyCommand(ctx context.Context, name string, args []string, stderr io.Writer, extra func(*flag.FlagSet)) (*sqldedup.Store, func(), string, string, error) {
 	fs := newFlags(name, stderr)
 	var sf storeFlags
 	sf.register(fs)
 	scope := fs.String("scope", "", "the consumer's name (consumer.Config.Name), the scope of its records; required")
+	if extra != nil {
+		extra(fs)
+	}
 	if err := parse(fs, args); err != nil {
 		return nil, nil, "", "", err
 	}
@@ -311,8 +316,26 @@ func keyCommand(ctx context.Context, name string, args []string, stderr io.Write
 	return store, closeDB, *scope, fs.Arg(0), nil
 }
 
+// inspectOutput is the output of `idemq inspect --json`.
+type inspectOutput struct {
+	Scope string `json:"scope"`
+	Key   string `json:"key"`
+	// State is "processed", or "expired": the record no longer
+	// deduplicates and the janitor will delete it.
+	State       string    `json:"state"`
+	ProcessedAt time.Time `json:"processed_at"`
+	PayloadHash string    `json:"payload_hash"` // "sha256:<hex>"
+	ExpiresAt   time.Time `json:"expires_at"`
+	// ExpiresIn is the time left until ExpiresAt, in seconds (negative
+	// once expired).
+	ExpiresIn float64 `json:"expires_in_seconds"`
+}
+
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	store, closeDB, scope, key, err := keyCommand(ctx, "inspect", args, stderr)
+	var asJSON bool
+	store, closeDB, scope, key, err := keyCommand(ctx, "inspect", args, stderr, func(fs *flag.FlagSet) {
+		fs.BoolVar(&asJSON, "json", false, "print JSON instead of text")
+	})
 	if err != nil {
 		return err
 	}
@@ -324,8 +347,22 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	now := time.Now()
+	if asJSON {
+		state := "processed"
+		if !e.ExpiresAt.After(now) {
+			state = "expired"
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(inspectOutput{
+			Scope: e.Scope, Key: e.Key, State: state,
+			ProcessedAt: e.ProcessedAt.UTC(), PayloadHash: "sha256:" + e.PayloadHash.String(),
+			ExpiresAt: e.ExpiresAt.UTC(), ExpiresIn: e.ExpiresAt.Sub(now).Seconds(),
+		})
+	}
 	state := "processed"
-	if !e.ExpiresAt.After(time.Now()) {
+	if !e.ExpiresAt.After(now) {
 		state = "expired (no longer deduplicates; the janitor will delete it)"
 	}
 	fmt.Fprintf(stdout, "scope         %s\n", e.Scope)
@@ -338,7 +375,7 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 }
 
 func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	store, closeDB, scope, key, err := keyCommand(ctx, "purge", args, stderr)
+	store, closeDB, scope, key, err := keyCommand(ctx, "purge", args, stderr, nil)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -87,6 +88,17 @@ func record(t *testing.T, db *sql.DB, cfg sqldedup.Config, scope, key, body stri
 	}
 }
 
+// inspectJSON is the output of `idemq inspect --json`.
+type inspectJSON struct {
+	Scope            string    `json:"scope"`
+	Key              string    `json:"key"`
+	State            string    `json:"state"`
+	ProcessedAt      time.Time `json:"processed_at"`
+	PayloadHash      string    `json:"payload_hash"`
+	ExpiresAt        time.Time `json:"expires_at"`
+	ExpiresInSeconds float64   `json:"expires_in_seconds"`
+}
+
 // migrateInspectPurge runs the record's life through the command line.
 func migrateInspectPurge(t *testing.T, dsn string, extra []string, open func() (*sql.DB, sqldedup.Config)) {
 	t.Helper()
@@ -105,6 +117,18 @@ func migrateInspectPurge(t *testing.T, dsn string, extra []string, open func() (
 	if code != exitOK || !strings.Contains(out, "key           order-42") || !strings.Contains(out, hash) ||
 		!strings.Contains(out, "state         processed") || !strings.Contains(out, "expires at") {
 		t.Fatalf("inspect = %d:\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = idemq(t, append(append([]string{"inspect", "--dsn", dsn, "--json"}, extra...), "--scope", "checkout", "order-42")...)
+	var rec inspectJSON
+	if code != exitOK {
+		t.Fatalf("inspect --json = %d:\n%s%s", code, out, errOut)
+	}
+	if err := json.Unmarshal([]byte(out), &rec); err != nil {
+		t.Fatalf("inspect --json output %q: %v", out, err)
+	}
+	if rec.Scope != "checkout" || rec.Key != "order-42" || rec.State != "processed" || rec.PayloadHash != hash ||
+		rec.ProcessedAt.IsZero() || !rec.ExpiresAt.After(rec.ProcessedAt) || rec.ExpiresInSeconds <= 0 {
+		t.Fatalf("inspect --json = %+v", rec)
 	}
 	if code, _, errOut := idemq(t, append(append([]string{"inspect", "--dsn", dsn}, extra...), "--scope", "other", "order-42")...); code != exitFailure || !strings.Contains(errOut, "no record") {
 		t.Fatalf("inspect in another scope = %d:\n%s", code, errOut)
