@@ -34,6 +34,8 @@ type WorkerConfig struct {
 	ReportInterval time.Duration
 	// Logger receives the runner's logs. Defaults to discarding them.
 	Logger *slog.Logger
+	// Hooks observe the runner (consumer.Config.Hooks). Defaults to none.
+	Hooks []consumer.Hook
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -67,6 +69,7 @@ func (c WorkerConfig) RunnerConfig() consumer.Config {
 		DrainTimeout: 10 * time.Second,
 		Retry:        consumer.RetryPolicy{InitialBackoff: 50 * time.Millisecond, MaxBackoff: 2 * time.Second},
 		Logger:       c.Logger,
+		Hooks:        c.Hooks,
 	}
 }
 

@@ -224,12 +224,15 @@ func (s *supervisor) startWorker(ctx context.Context, life int) (*worker, error)
 		wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		w.stop = func(bool) { cancel() }
 		b := &lossyBroker{Broker: s.broker, p: o.DropAcks, rng: rand.New(rand.NewPCG(o.Seed, 0x1de))}
+		hook := newMetricsHook()
 		go func() {
 			defer close(w.done)
 			_, w.err = checkout.Run(wctx, checkout.WorkerConfig{Broker: b, Store: s.store, Concurrency: 4, BatchSize: 25,
-				ReportInterval: reportInterval, Report: func(st consumer.Stats) {
-					w.setReport(report{Received: st.Received, Handled: st.Handled, Duplicates: st.Duplicates,
-						Retried: st.Retried, DeadLettered: st.DeadLettered, DroppedAcks: b.dropped.Load()})
+				Hooks: []consumer.Hook{hook}, ReportInterval: reportInterval, Report: func(st consumer.Stats) {
+					r := report{Received: st.Received, Handled: st.Handled, Duplicates: st.Duplicates,
+						Retried: st.Retried, DeadLettered: st.DeadLettered, DroppedAcks: b.dropped.Load()}
+					hook.fill(&r)
+					w.setReport(r)
 				}})
 		}()
 		return w, nil
@@ -483,7 +486,14 @@ func (s *supervisor) run(ctx context.Context) (Summary, error) {
 
 // finish adds up the workers' reports and reads the final ledger.
 func (s *supervisor) finish(lives []report) {
+	dups := map[string]uint64{}
+	handler, commit := newHistogram(), newHistogram()
 	for _, r := range lives {
+		dups[consumer.DuplicateRedelivery.String()] += r.DupRedelivery
+		dups[consumer.DuplicateConcurrent.String()] += r.DupConcurrent
+		dups[consumer.DuplicateProducer.String()] += r.DupProducer
+		handler.add(r.Handler)
+		commit.add(r.Commit)
 		s.sum.Deliveries += r.Received
 		s.sum.DuplicatesAbsorbed += r.Duplicates
 		s.sum.Charged += r.Handled
@@ -491,6 +501,7 @@ func (s *supervisor) finish(lives []report) {
 		s.sum.DeadLettered += r.DeadLettered
 		s.sum.LostAcks += r.DroppedAcks
 	}
+	s.sum.Metrics = Metrics{Duplicates: dups, Handler: handler.latency(), Commit: commit.latency()}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if l, err := s.store.Ledger(ctx); err == nil {

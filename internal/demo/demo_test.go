@@ -41,7 +41,7 @@ func TestMain(m *testing.M) {
 }
 
 // runDemo runs a shortened demo with this test binary as the worker program.
-func runDemo(t *testing.T, cfg demo.Config) demo.Summary {
+func runDemo(t *testing.T, cfg demo.Config) (demo.Summary, string) {
 	t.Helper()
 	var out bytes.Buffer
 	cfg.WorkerCommand = []string{os.Args[0]}
@@ -56,7 +56,40 @@ func runDemo(t *testing.T, cfg demo.Config) demo.Summary {
 	if err != nil {
 		t.Fatalf("demo: %v", err)
 	}
-	return sum
+	return sum, out.String()
+}
+
+// checkMetrics fails t unless the summary's metrics section is printed with
+// its numbers, and, when exact (every worker life ended with a final
+// report), they match the runner's counters: the duplicates by reason add up
+// to the duplicates absorbed, and there is one successful commit per
+// charged order.
+func checkMetrics(t *testing.T, sum demo.Summary, out string, exact bool) {
+	t.Helper()
+	m := sum.Metrics
+	var dups uint64
+	for _, n := range m.Duplicates {
+		dups += n
+	}
+	if exact && (dups != sum.DuplicatesAbsorbed || m.Commit.Count != sum.Charged) {
+		t.Errorf("duplicates by reason %v add up to %d, %d absorbed; %d commits for %d charged orders",
+			m.Duplicates, dups, sum.DuplicatesAbsorbed, m.Commit.Count, sum.Charged)
+	}
+	if m.Handler.Count < m.Commit.Count || m.Commit.Count == 0 || m.Handler.P50 <= 0 || m.Handler.P99 < m.Handler.P50 ||
+		m.Commit.P50 <= 0 || m.Commit.P99 < m.Commit.P50 {
+		t.Errorf("latencies: handler %+v, commit %+v", m.Handler, m.Commit)
+	}
+	want := []string{
+		fmt.Sprintf("duplicates by reason   redelivery %d, concurrent %d, producer %d",
+			m.Duplicates["redelivery"], m.Duplicates["concurrent"], m.Duplicates["producer"]),
+		fmt.Sprintf("handler latency        p50 %s  p99 %s  (%d runs)", demo.FormatLatency(m.Handler.P50), demo.FormatLatency(m.Handler.P99), m.Handler.Count),
+		fmt.Sprintf("commit latency         p50 %s  p99 %s  (%d commits)", demo.FormatLatency(m.Commit.P50), demo.FormatLatency(m.Commit.P99), m.Commit.Count),
+	}
+	for _, line := range want {
+		if !strings.Contains(out, line) {
+			t.Errorf("the printed summary lacks %q", line)
+		}
+	}
 }
 
 // checkProof fails t unless the summary proves exactly-once and the chaos
@@ -83,20 +116,22 @@ func checkProof(t *testing.T, sum demo.Summary, kills int) {
 }
 
 func TestDemoOnKfakeAndSQLite(t *testing.T) {
-	sum := runDemo(t, demo.Config{Messages: 400, Kills: 2, Seed: 7})
+	sum, out := runDemo(t, demo.Config{Messages: 400, Kills: 2, Seed: 7})
 	checkProof(t, sum, 2)
+	checkMetrics(t, sum, out, false) // a killed worker's last report may lag
 }
 
 func TestDemoOnMemoryBroker(t *testing.T) {
-	sum := runDemo(t, demo.Config{Broker: demo.BrokerMemory, Messages: 300, Kills: 2, Seed: 3})
+	sum, out := runDemo(t, demo.Config{Broker: demo.BrokerMemory, Messages: 300, Kills: 2, Seed: 3})
 	checkProof(t, sum, 2)
+	checkMetrics(t, sum, out, true) // in-process workers stop with a final report
 }
 
 func TestDemoOnKafkaAndPostgres(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs Kafka and PostgreSQL")
 	}
-	sum := runDemo(t, demo.Config{Broker: demo.BrokerKafka, KafkaBrokers: testenv.KafkaBrokers(t),
+	sum, _ := runDemo(t, demo.Config{Broker: demo.BrokerKafka, KafkaBrokers: testenv.KafkaBrokers(t),
 		Store: demo.StorePostgres, DatabaseURL: testenv.DatabaseURL(t), Messages: 300, Kills: 1, Seed: 5})
 	checkProof(t, sum, 1)
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/checkout"
 )
 
@@ -37,6 +38,8 @@ type Summary struct {
 	// Kills is the number of workers killed; Restarts the number of worker
 	// starts after the first.
 	Kills, Restarts int
+	// Metrics is what the workers' hooks saw (reported with the counters).
+	Metrics Metrics
 	// Ledger is read from the store at the end.
 	Ledger checkout.Ledger
 
@@ -129,6 +132,13 @@ func (s Summary) Print(w io.Writer) {
 		fmt.Fprintf(w, "  relay crashes          %6d  (row update lost after the broker confirmed: %d events published again)\n", s.RelayCrashes, s.RelayResent)
 		fmt.Fprintf(w, "  event deliveries       %6d  (to the notifier; %d duplicates absorbed on the lease path)\n", s.EventDeliveries, s.EventDuplicatesAbsorbed)
 	}
+	m := s.Metrics
+	fmt.Fprintf(w, "\nMetrics (from the runner's hooks, reported with the counters above)\n")
+	fmt.Fprintf(w, "  duplicates by reason   redelivery %d, concurrent %d, producer %d\n",
+		m.Duplicates[consumer.DuplicateRedelivery.String()], m.Duplicates[consumer.DuplicateConcurrent.String()],
+		m.Duplicates[consumer.DuplicateProducer.String()])
+	fmt.Fprintf(w, "  handler latency        p50 %s  p99 %s  (%d runs)\n", FormatLatency(m.Handler.P50), FormatLatency(m.Handler.P99), m.Handler.Count)
+	fmt.Fprintf(w, "  commit latency         p50 %s  p99 %s  (%d commits)\n", FormatLatency(m.Commit.P50), FormatLatency(m.Commit.P99), m.Commit.Count)
 	fmt.Fprintf(w, "\nProof (read from the %s ledger)\n", s.Store)
 	fmt.Fprintf(w, "  distinct orders charged   %d of %d sent  %s\n", l.Orders, s.Orders, mark(l.Orders == int64(s.Orders)))
 	fmt.Fprintf(w, "  sum of charges            %d = sum of distinct orders %d  %s\n", l.Total, s.ExpectedTotal, mark(l.Total == s.ExpectedTotal))

@@ -103,6 +103,12 @@ type report struct {
 	Retried      uint64 `json:"retried"`
 	DeadLettered uint64 `json:"dead_lettered"`
 	DroppedAcks  uint64 `json:"dropped_acks"`
+	// What the worker's metricsHook saw.
+	DupRedelivery uint64    `json:"dup_redelivery"`
+	DupConcurrent uint64    `json:"dup_concurrent"`
+	DupProducer   uint64    `json:"dup_producer"`
+	Handler       histogram `json:"handler_buckets"`
+	Commit        histogram `json:"commit_buckets"`
 }
 
 const reportInterval = 10 * time.Millisecond
@@ -136,14 +142,18 @@ func RunWorker(ctx context.Context, o WorkerOptions, out io.Writer) error {
 	lossy := &lossyBroker{Broker: b, p: o.DropAcks, rng: rand.New(rand.NewPCG(o.Seed, 0x1de))}
 	enc := json.NewEncoder(out)
 	var mu sync.Mutex
+	hook := newMetricsHook()
 	_, err = checkout.Run(ctx, checkout.WorkerConfig{
 		Broker: lossy, Store: store, Concurrency: 4, BatchSize: 25, Logger: logger,
+		Hooks:          []consumer.Hook{hook},
 		ReportInterval: reportInterval,
 		Report: func(st consumer.Stats) {
 			mu.Lock()
 			defer mu.Unlock()
-			_ = enc.Encode(report{Received: st.Received, Handled: st.Handled, Duplicates: st.Duplicates,
-				Retried: st.Retried, DeadLettered: st.DeadLettered, DroppedAcks: lossy.dropped.Load()})
+			r := report{Received: st.Received, Handled: st.Handled, Duplicates: st.Duplicates,
+				Retried: st.Retried, DeadLettered: st.DeadLettered, DroppedAcks: lossy.dropped.Load()}
+			hook.fill(&r)
+			_ = enc.Encode(r)
 		},
 	})
 	return err
