@@ -416,14 +416,17 @@ func (r *Runner) hookClaimed(j *job) {
 	}
 }
 
-// hookCommit reports the commit of j to the HookCommit hooks.
-func (r *Runner) hookCommit(j *job, start time.Time, err error) {
+// hookCommit reports the commit of jobs (one write: the same CommitInfo for
+// each), from start to now, to the HookCommit hooks.
+func (r *Runner) hookCommit(jobs []*job, start time.Time, err error) {
 	if len(r.hooks.commit) == 0 {
 		return
 	}
 	c := CommitInfo{Start: start, End: time.Now(), Err: err}
-	for _, h := range r.hooks.commit {
-		h.OnCommit(j.ctx, j.msg, c)
+	for _, j := range jobs {
+		for _, h := range r.hooks.commit {
+			h.OnCommit(j.ctx, j.msg, c)
+		}
 	}
 }
 

@@ -327,7 +327,7 @@ func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
 			start = time.Now()
 		}
 		cerr = p.complete(ctx, r, j.key, token)
-		r.hookCommit(j, start, cerr)
+		r.hookCommit([]*job{j}, start, cerr)
 	}
 	lost := stop()
 

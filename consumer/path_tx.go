@@ -173,9 +173,7 @@ func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job) tryResult 
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrCommit, err)
 	}
-	for _, j := range fresh {
-		r.hookCommit(j, commitStart, err)
-	}
+	r.hookCommit(fresh, commitStart, err)
 	if err != nil {
 		if errors.Is(err, dedup.ErrTxRefused) {
 			// The database refused the content: a handler swallowed a

@@ -206,9 +206,16 @@ const laneSlack = 16
 
 // receive pulls messages from the source and dispatches them to lanes until
 // ctx is done.
+// mctxKey marks a message's base context (see receive).
+type mctxKey struct{}
+
 func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
 	max := r.cfg.BatchSize * r.cfg.Concurrency
-	mctx := context.WithoutCancel(ctx) // a message's context: values only
+	// A message's context: values only. The value on top makes lookups
+	// walk the chain inside the context package, which does not allocate
+	// where calling WithoutCancel's Value method directly does (hooks look
+	// up values in it for every message).
+	mctx := context.WithValue(context.WithoutCancel(ctx), mctxKey{}, true)
 	for ctx.Err() == nil {
 		msgs, err := r.src.Receive(ctx, max)
 		if err != nil {

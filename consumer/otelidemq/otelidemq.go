@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -98,7 +99,18 @@ type Hook struct {
 	prop   propagation.TextMapPropagator
 	system string
 	group  string
-	base   metric.MeasurementOption // system (if set) and group
+	// The measurement options of a measurement without a message (system,
+	// if set, and group), as the variadic slices the instruments take, so
+	// that a measurement allocates nothing for them.
+	baseAdd []metric.AddOption
+	baseRec []metric.RecordOption
+	// Span options built once.
+	kindOpt   trace.SpanStartOption
+	claimOpts [consumer.ClaimDuplicate + 1]trace.SpanStartOption
+	// The options of the latest claim and commit spans: a batch's messages
+	// share their claim's and commit's times, so consecutive messages
+	// reuse them instead of allocating their own.
+	lastClaim, lastCommit atomic.Pointer[timedOpts]
 
 	consumed, duplicates, deadLetters, retries, ackFailures metric.Int64Counter
 	leaseRefreshFail, leaseLost                             metric.Int64Counter
@@ -112,8 +124,34 @@ type Hook struct {
 	dedupRecords metric.Int64ObservableGauge
 	dedupOldest  metric.Float64ObservableGauge
 
-	mu    sync.RWMutex
-	dests map[destKey]*destAttrs
+	mu       sync.RWMutex
+	dests    map[destKey]*destAttrs
+	lastDest atomic.Pointer[destAttrs] // the latest destination looked up
+}
+
+// timedOpts are the options of a child span reported after the fact.
+type timedOpts struct {
+	start, end time.Time
+	state      consumer.ClaimState
+	startOpts  []trace.SpanStartOption
+	endOpts    []trace.SpanEndOption
+}
+
+// timed returns the options of a span from start to end (with the claim
+// state's attribute for a claim span), reusing *last when it has the same
+// times.
+func (h *Hook) timed(last *atomic.Pointer[timedOpts], start, end time.Time, state consumer.ClaimState) *timedOpts {
+	if t := last.Load(); t != nil && t.state == state && t.start.Equal(start) && t.end.Equal(end) {
+		return t
+	}
+	t := &timedOpts{start: start, end: end, state: state,
+		startOpts: []trace.SpanStartOption{trace.WithTimestamp(start)},
+		endOpts:   []trace.SpanEndOption{trace.WithTimestamp(end)}}
+	if state != 0 {
+		t.startOpts = append(t.startOpts, h.claimOpts[state])
+	}
+	last.Store(t)
+	return t
 }
 
 // destKey names the metric attributes of one destination.
@@ -122,29 +160,56 @@ type destKey struct{ system, destination string }
 // destAttrs are the metric attributes of one destination, built once: an
 // attribute set per measurement would cost more than the measurement.
 type destAttrs struct {
-	spanName string // "process <destination>"
-	kvs      []attribute.KeyValue
-	opt      metric.MeasurementOption
-	outcomes [consumer.OutcomeLeft + 1]metric.MeasurementOption
+	key      destKey
+	spanName string               // "process <destination>"
+	kvs      []attribute.KeyValue // the metric attributes
+	spanKVs  []attribute.KeyValue // kvs and messaging.operation.type
+	// The measurement options, as the variadic slices the instruments
+	// take: the destination's attributes, and with an outcome, a duplicate
+	// reason or a retry kind.
+	add      []metric.AddOption
+	rec      []metric.RecordOption
+	outcomes [consumer.OutcomeLeft + 1][]metric.RecordOption
+	dups     [consumer.DuplicateProducer + 1][]metric.AddOption
+	retries  [consumer.RetryInfrastructure + 1][]metric.AddOption
+}
+
+// with returns the measurement option of kvs and extra.
+func with(kvs []attribute.KeyValue, extra ...attribute.KeyValue) metric.MeasurementOption {
+	return metric.WithAttributeSet(attribute.NewSet(append(kvs[:len(kvs):len(kvs)], extra...)...))
 }
 
 // attrsOf returns the metric attributes of a destination.
 func (h *Hook) attrsOf(system, destination string) *destAttrs {
 	k := destKey{system, destination}
+	if d := h.lastDest.Load(); d != nil && d.key == k {
+		return d
+	}
 	h.mu.RLock()
 	d := h.dests[k]
 	h.mu.RUnlock()
 	if d != nil {
+		h.lastDest.Store(d)
 		return d
 	}
 	kvs := []attribute.KeyValue{AttrSystem.String(system), AttrDestination.String(destination), AttrOperationName.String("process")}
 	if h.group != "" {
 		kvs = append(kvs, AttrConsumerGroup.String(h.group))
 	}
-	d = &destAttrs{spanName: "process " + destination, kvs: kvs, opt: metric.WithAttributes(kvs...)}
+	opt := with(kvs)
+	d = &destAttrs{key: k, spanName: "process " + destination, kvs: kvs,
+		spanKVs: append(kvs[:len(kvs):len(kvs)], AttrOperationType.String("process")),
+		add:     []metric.AddOption{opt}, rec: []metric.RecordOption{opt}}
 	for o := range d.outcomes {
-		d.outcomes[o] = metric.WithAttributes(append(kvs[:len(kvs):len(kvs)], AttrOutcome.String(consumer.Outcome(o).String()))...)
+		d.outcomes[o] = []metric.RecordOption{with(kvs, AttrOutcome.String(consumer.Outcome(o).String()))}
 	}
+	for r := range d.dups {
+		d.dups[r] = []metric.AddOption{with(kvs, AttrDuplicateReason.String(consumer.DuplicateReason(r).String()))}
+	}
+	for k := range d.retries {
+		d.retries[k] = []metric.AddOption{with(kvs, AttrRetryKind.String(consumer.RetryKind(k).String()))}
+	}
+	h.lastDest.Store(d)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.dests == nil {
@@ -198,7 +263,12 @@ func New(cfg Config) (*Hook, error) {
 	if cfg.ConsumerGroup != "" {
 		base = append(base, AttrConsumerGroup.String(cfg.ConsumerGroup))
 	}
-	h.base = metric.WithAttributeSet(attribute.NewSet(base...))
+	baseOpt := metric.WithAttributeSet(attribute.NewSet(base...))
+	h.baseAdd, h.baseRec = []metric.AddOption{baseOpt}, []metric.RecordOption{baseOpt}
+	h.kindOpt = trace.WithSpanKind(trace.SpanKindConsumer)
+	for _, st := range []consumer.ClaimState{consumer.ClaimNew, consumer.ClaimDuplicate} {
+		h.claimOpts[st] = trace.WithAttributes(AttrClaim.String(st.String()))
+	}
 
 	m := cfg.MeterProvider.Meter(ScopeName)
 	var errs []error
@@ -264,8 +334,11 @@ const (
 	MetricDedupOldestAge       = "idemq.dedup.oldest_age"
 )
 
-// state is what a message's context carries from event to event.
+// state is what a message's context carries from event to event. It is the
+// message's context itself (one allocation for both), holding its process
+// span.
 type state struct {
+	context.Context
 	span  trace.Span
 	start time.Time
 	dest  *destAttrs
@@ -273,24 +346,46 @@ type state struct {
 
 type stateKey struct{}
 
+// Value returns s for stateKey, else the value of its context.
+func (s *state) Value(k any) any {
+	if _, ok := k.(stateKey); ok {
+		return s
+	}
+	return s.Context.Value(k)
+}
+
 func stateOf(ctx context.Context) *state {
 	s, _ := ctx.Value(stateKey{}).(*state)
 	return s
 }
 
-// opts returns the metric attributes of the message in ctx, plus extra.
-func (h *Hook) opts(ctx context.Context, extra ...attribute.KeyValue) metric.MeasurementOption {
+// addOpts returns the counter options of the message in ctx: its
+// destination's attributes, plus extra.
+func (h *Hook) addOpts(ctx context.Context, extra ...attribute.KeyValue) []metric.AddOption {
 	s := stateOf(ctx)
-	if s == nil {
-		if len(extra) == 0 {
-			return h.base
-		}
-		return metric.WithAttributes(extra...)
+	switch {
+	case s == nil && len(extra) == 0:
+		return h.baseAdd
+	case s == nil:
+		return []metric.AddOption{metric.WithAttributes(extra...)}
+	case len(extra) == 0:
+		return s.dest.add
 	}
-	if len(extra) == 0 {
-		return s.dest.opt
+	return []metric.AddOption{with(s.dest.kvs, extra...)}
+}
+
+// recOpts is addOpts for histograms.
+func (h *Hook) recOpts(ctx context.Context, extra ...attribute.KeyValue) []metric.RecordOption {
+	s := stateOf(ctx)
+	switch {
+	case s == nil && len(extra) == 0:
+		return h.baseRec
+	case s == nil:
+		return []metric.RecordOption{metric.WithAttributes(extra...)}
+	case len(extra) == 0:
+		return s.dest.rec
 	}
-	return metric.WithAttributes(append(append(make([]attribute.KeyValue, 0, len(s.dest.kvs)+len(extra)), s.dest.kvs...), extra...)...)
+	return []metric.RecordOption{with(s.dest.kvs, extra...)}
 }
 
 // OnReceived starts the message's process span, parented on the producer's
@@ -303,38 +398,37 @@ func (h *Hook) OnReceived(ctx context.Context, m *consumer.Message) context.Cont
 		system = systemOf(m)
 	}
 	dest := h.attrsOf(system, m.Topic)
-	attrs := make([]attribute.KeyValue, 0, len(dest.kvs)+3)
-	attrs = append(append(attrs, dest.kvs...),
-		AttrOperationType.String("process"),
-		AttrMessageID.String(m.ID),
-		AttrDeliveryCount.Int(m.Attempt))
-	ctx, span := h.tracer.Start(ctx, dest.spanName, trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithTimestamp(now), trace.WithAttributes(attrs...))
-	s := &state{span: span, start: now, dest: dest}
-	h.consumed.Add(ctx, 1, dest.opt)
-	h.inFlight.Add(ctx, 1, dest.opt)
-	return context.WithValue(ctx, stateKey{}, s)
+	attrs := make([]attribute.KeyValue, 0, len(dest.spanKVs)+2)
+	attrs = append(append(attrs, dest.spanKVs...), AttrMessageID.String(m.ID), AttrDeliveryCount.Int(m.Attempt))
+	ctx, span := h.tracer.Start(ctx, dest.spanName, h.kindOpt, trace.WithAttributes(attrs...))
+	h.consumed.Add(ctx, 1, dest.add...)
+	h.inFlight.Add(ctx, 1, dest.add...)
+	return &state{Context: ctx, span: span, start: now, dest: dest}
 }
 
 // OnBatch records the batch's size.
 func (h *Hook) OnBatch(ctx context.Context, size int) {
-	h.batchSize.Record(ctx, int64(size), h.base)
+	h.batchSize.Record(ctx, int64(size), h.baseRec...)
 }
 
 // OnClaimed adds a "claim" child span when the claim was timed, and for a
 // duplicate an event with its reason and a count by reason.
 func (h *Hook) OnClaimed(ctx context.Context, m *consumer.Message, c consumer.ClaimInfo) {
-	if !c.Start.IsZero() {
-		_, span := h.tracer.Start(ctx, "claim", trace.WithTimestamp(c.Start),
-			trace.WithAttributes(AttrClaim.String(c.State.String())))
-		span.End(trace.WithTimestamp(c.End))
+	if !c.Start.IsZero() && c.State > 0 && int(c.State) < len(h.claimOpts) {
+		t := h.timed(&h.lastClaim, c.Start, c.End, c.State)
+		_, span := h.tracer.Start(ctx, "claim", t.startOpts...)
+		span.End(t.endOpts...)
 	}
 	if c.State != consumer.ClaimDuplicate {
 		return
 	}
 	reason := AttrDuplicateReason.String(c.Reason.String())
 	trace.SpanFromContext(ctx).AddEvent(EventDuplicate, trace.WithAttributes(reason))
-	h.duplicates.Add(ctx, 1, h.opts(ctx, reason))
+	if s := stateOf(ctx); s != nil && c.Reason > 0 && int(c.Reason) < len(s.dest.dups) {
+		h.duplicates.Add(ctx, 1, s.dest.dups[c.Reason]...)
+		return
+	}
+	h.duplicates.Add(ctx, 1, h.addOpts(ctx, reason)...)
 }
 
 // OnHandlerStart starts the "handler" child span; the handler's context
@@ -351,9 +445,9 @@ func (h *Hook) OnHandlerEnd(ctx context.Context, m *consumer.Message, d time.Dur
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
-		h.handlerDur.Record(ctx, d.Seconds(), h.opts(ctx, AttrErrorType.String(errorType(err))))
+		h.handlerDur.Record(ctx, d.Seconds(), h.recOpts(ctx, AttrErrorType.String(errorType(err)))...)
 	} else {
-		h.handlerDur.Record(ctx, d.Seconds(), h.opts(ctx))
+		h.handlerDur.Record(ctx, d.Seconds(), h.recOpts(ctx)...)
 	}
 	span.End()
 }
@@ -363,19 +457,20 @@ func (h *Hook) OnCommit(ctx context.Context, m *consumer.Message, c consumer.Com
 	if c.Start.IsZero() {
 		return
 	}
-	_, span := h.tracer.Start(ctx, "commit", trace.WithTimestamp(c.Start))
+	t := h.timed(&h.lastCommit, c.Start, c.End, 0)
+	_, span := h.tracer.Start(ctx, "commit", t.startOpts...)
 	if c.Err != nil {
 		span.RecordError(c.Err)
 		span.SetStatus(codes.Error, c.Err.Error())
 	}
-	span.End(trace.WithTimestamp(c.End))
-	h.commitDur.Record(ctx, c.End.Sub(c.Start).Seconds(), h.opts(ctx))
+	span.End(t.endOpts...)
+	h.commitDur.Record(ctx, c.End.Sub(c.Start).Seconds(), h.recOpts(ctx)...)
 }
 
 // OnAck counts the messages of a failed acknowledgement.
 func (h *Hook) OnAck(ctx context.Context, n int, err error) {
 	if err != nil {
-		h.ackFailures.Add(ctx, int64(n), h.base)
+		h.ackFailures.Add(ctx, int64(n), h.baseAdd...)
 	}
 }
 
@@ -387,7 +482,11 @@ func (h *Hook) OnRetry(ctx context.Context, m *consumer.Message, kind consumer.R
 		attrs = append(attrs, attribute.String("exception.message", err.Error()))
 	}
 	trace.SpanFromContext(ctx).AddEvent(EventRetry, trace.WithAttributes(attrs...))
-	h.retries.Add(ctx, 1, h.opts(ctx, k))
+	if s := stateOf(ctx); s != nil && kind > 0 && int(kind) < len(s.dest.retries) {
+		h.retries.Add(ctx, 1, s.dest.retries[kind]...)
+		return
+	}
+	h.retries.Add(ctx, 1, h.addOpts(ctx, k)...)
 }
 
 // OnDeadLetter adds a dead-letter event, sets the span's status to Error,
@@ -399,18 +498,18 @@ func (h *Hook) OnDeadLetter(ctx context.Context, m *consumer.Message, reason con
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 	}
-	h.deadLetters.Add(ctx, 1, h.opts(ctx, r))
+	h.deadLetters.Add(ctx, 1, h.addOpts(ctx, r)...)
 }
 
 // OnLeaseLost adds a lease-lost event and counts it.
 func (h *Hook) OnLeaseLost(ctx context.Context, m *consumer.Message, err error) {
 	trace.SpanFromContext(ctx).AddEvent(EventLeaseLost)
-	h.leaseLost.Add(ctx, 1, h.opts(ctx))
+	h.leaseLost.Add(ctx, 1, h.addOpts(ctx)...)
 }
 
 // OnLeaseRefreshFailed counts a failed lease refresh.
 func (h *Hook) OnLeaseRefreshFailed(ctx context.Context, err error) {
-	h.leaseRefreshFail.Add(ctx, 1, h.base)
+	h.leaseRefreshFail.Add(ctx, 1, h.baseAdd...)
 }
 
 // OnSettled ends the process span with the outcome and records the
@@ -430,12 +529,12 @@ func (h *Hook) OnSettled(ctx context.Context, m *consumer.Message, s consumer.Se
 	switch s.Outcome {
 	case consumer.OutcomeRetried, consumer.OutcomeDeadLettered, consumer.OutcomeLeft:
 		if s.Err != nil {
-			opt = h.opts(ctx, outcome, AttrErrorType.String(errorType(s.Err)))
+			opt = h.recOpts(ctx, outcome, AttrErrorType.String(errorType(s.Err)))
 		}
 	}
-	h.processDur.Record(ctx, now.Sub(st.start).Seconds(), opt)
-	h.inFlight.Add(ctx, -1, st.dest.opt)
-	st.span.End(trace.WithTimestamp(now))
+	h.processDur.Record(ctx, now.Sub(st.start).Seconds(), opt...)
+	h.inFlight.Add(ctx, -1, st.dest.add...)
+	st.span.End()
 }
 
 // errorType names an error for the error.type attribute: the idemq
