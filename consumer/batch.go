@@ -59,8 +59,9 @@ func (e *MessageError) Unwrap() error { return e.Err }
 // each handler call, with the call's duration. The error of a MessageError
 // is reported for its message only (its batch-mates end without an error
 // and run again without it); any other error, or a panic, for every message
-// of the call. The handler's own ctx carries no message's hook values, since
-// it handles many.
+// of the call. The context those hooks get is the message's (with its
+// DedupKey, without the handler's cancellation); the handler's own ctx
+// carries no message's hook values, since it handles many.
 func TransactionalBatch[Tx any](store dedup.TxStore[Tx], h TxBatchHandler[Tx]) Path {
 	return &txPath[Tx]{store: store, bh: h}
 }
@@ -140,7 +141,14 @@ func (r *Runner) callBatch(ctx context.Context, jobs []*job, fn func(ctx context
 	if len(r.hooks.handlerStart) > 0 || len(r.hooks.handlerEnd) > 0 {
 		hctx := make([]context.Context, len(jobs))
 		for i, j := range jobs {
-			c := withKeys(r.msgCtx(ctx, j), r.cfg.Name, j.key)
+			// The handler does not run in this context: the message's
+			// values and its key are enough, without the lane's
+			// cancellation.
+			c := j.ctx
+			if c == nil {
+				c = ctx
+			}
+			c = withKeys(c, r.cfg.Name, j.key)
 			for _, h := range r.hooks.handlerStart {
 				c = h.OnHandlerStart(c, j.msg)
 			}

@@ -204,11 +204,11 @@ func (r *Runner) Run(ctx context.Context) error {
 // started, and a drain still finishes them (within Config.DrainTimeout).
 const laneSlack = 16
 
-// receive pulls messages from the source and dispatches them to lanes until
-// ctx is done.
 // mctxKey marks a message's base context (see receive).
 type mctxKey struct{}
 
+// receive pulls messages from the source and dispatches them to lanes until
+// ctx is done.
 func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
 	max := r.cfg.BatchSize * r.cfg.Concurrency
 	// A message's context: values only. The value on top makes lookups

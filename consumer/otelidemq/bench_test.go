@@ -64,7 +64,8 @@ func runBench(b *testing.B, path consumer.Path, hooks []consumer.Hook) {
 
 // BenchmarkOverhead measures the transactional path at batch 100 with no
 // hooks and with otelidemq on the OpenTelemetry SDK, over memstore (the
-// framework alone) and over PostgreSQL (a handler inserting one row).
+// framework alone; per-message handler and batch API) and over PostgreSQL
+// (a handler inserting one row).
 func BenchmarkOverhead(b *testing.B) {
 	hooks := map[string]func(*testing.B) []consumer.Hook{
 		"none": func(*testing.B) []consumer.Hook { return nil },
@@ -77,6 +78,15 @@ func BenchmarkOverhead(b *testing.B) {
 				b.Fatal(err)
 			}
 			runBench(b, consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }), hooks[h](b))
+		})
+	}
+	for _, h := range []string{"none", "otel"} {
+		b.Run("memstore-batch-api/"+h, func(b *testing.B) {
+			store, err := memstore.New(memstore.Config{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			runBench(b, consumer.TransactionalBatch(store, func(context.Context, *memstore.Tx, []*consumer.Message) error { return nil }), hooks[h](b))
 		})
 	}
 	if testing.Short() {
