@@ -94,7 +94,10 @@
 // values, so a span started there parents the handler's spans and a
 // trace-aware slog handler can name the trace. consumer/otelidemq implements
 // them with OpenTelemetry. A runner without hooks makes no call and no
-// allocation for them.
+// allocation for them. The batch API (TransactionalBatch) reports the same
+// events as the per-message path, a handler start and end per message of a
+// call included. A source on a log-based broker may report its lag per
+// partition (LagReporter; kafkasource does), which otelidemq exports.
 //
 // # Remaining duplicate window
 //

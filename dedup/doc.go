@@ -20,6 +20,10 @@
 // crashed or was killed while holding a message is not the message's fault).
 // All three stores do.
 //
+// A store whose janitor measures its table (records per scope, the oldest
+// record) implements TableStatsReporter: pgdedup and sqldedup do, and
+// consumer/otelidemq exports the measurement as gauges.
+//
 // Every store runs the conformance suites in dedup/deduptest against a real
 // server.
 package dedup
