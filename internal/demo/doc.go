@@ -30,10 +30,11 @@
 // event through sinks/webhook to a receiver on 127.0.0.1 that counts the
 // requests per Idempotency-Key; the proof requires every order notified
 // exactly once.
+//
 // Each worker runs a consumer.Hook that counts duplicates by reason and
 // histograms handler and commit times; its counts travel with the runner's
-// counters in the worker's reports, and Summary.Print ends with them
-// (Summary.Metrics).
+// counters in the worker's reports, and Summary.Print shows them after the
+// counters, before the proof (Summary.Metrics).
 //
 // Workers get the PostgreSQL URL in their environment (WorkerDatabaseEnv),
 // never on their command line, which every user of the machine can read.
