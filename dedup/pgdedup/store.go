@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
+	"github.com/idemq/idemq/internal/cfgerr"
 )
 
 // DB is what the store needs from a database handle. *pgxpool.Pool and
@@ -86,16 +87,17 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// ErrInvalidConfig is matched by the errors New returns for a bad Config.
-var ErrInvalidConfig = errors.New("pgdedup: invalid configuration")
+// ErrInvalidConfig is matched by the errors New returns for a bad Config. It
+// is dedup.ErrInvalidConfig (and so consumer.ErrInvalidConfig): each bad
+// field is a *dedup.ConfigError, and New reports all of them at once.
+var ErrInvalidConfig = dedup.ErrInvalidConfig
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-func validIdent(field, s string, max int) error {
+func validIdent(l *cfgerr.List, field, s string, max int) {
 	if !identRE.MatchString(s) || len(s) > max {
-		return fmt.Errorf("%w: %s %q is not a plain SQL identifier of at most %d bytes", ErrInvalidConfig, field, s, max)
+		l.Addf(field, "%q is not a plain SQL identifier of at most %d bytes", s, max)
 	}
-	return nil
 }
 
 // Store is the PostgreSQL deduplication store of the transactional path. It
@@ -111,21 +113,24 @@ var _ dedup.TxStore[pgx.Tx] = (*Store)(nil)
 // New returns a Store over db. It validates cfg; it does not touch the
 // database (call Migrate, or apply the SQL of Migrations yourself).
 func New(db DB, cfg Config) (*Store, error) {
+	l := cfgerr.List{Prefix: "pgdedup.Config."}
 	if db == nil {
-		return nil, fmt.Errorf("%w: nil DB", ErrInvalidConfig)
+		l.Include(&dedup.ConfigError{Field: "pgdedup.New(db)", Reason: "nil"})
 	}
 	cfg = cfg.WithDefaults()
-	if err := validIdent("Schema", cfg.Schema, 63); err != nil {
-		return nil, err
-	}
-	if err := validIdent("Table", cfg.Table, 50); err != nil {
-		return nil, err
-	}
+	validIdent(&l, "Schema", cfg.Schema, 63)
+	validIdent(&l, "Table", cfg.Table, 50)
 	if cfg.Retention < time.Second {
-		return nil, fmt.Errorf("%w: Retention %s is below 1s", ErrInvalidConfig, cfg.Retention)
+		l.Addf("Retention", "%s is below 1s", cfg.Retention)
 	}
-	if cfg.CleanupInterval < 0 || cfg.CleanupBatchSize < 1 {
-		return nil, fmt.Errorf("%w: CleanupInterval must not be negative and CleanupBatchSize must be positive", ErrInvalidConfig)
+	if cfg.CleanupInterval < 0 {
+		l.Addf("CleanupInterval", "%s is negative", cfg.CleanupInterval)
+	}
+	if cfg.CleanupBatchSize < 1 {
+		l.Addf("CleanupBatchSize", "%d is not positive", cfg.CleanupBatchSize)
+	}
+	if err := l.Err(); err != nil {
+		return nil, err
 	}
 	return &Store{db: db, cfg: cfg, q: newQueries(cfg.Schema, cfg.Table)}, nil
 }
