@@ -23,16 +23,16 @@ const (
 	HeaderRetries = "idemq-retries"
 	// HeaderReason holds the dead-letter reason (the error text) on a
 	// dead-lettered copy.
-	HeaderReason = "idemq-reason"
+	HeaderReason = consumer.MetaReason
 	// HeaderAttempts holds the number of attempts on a dead-lettered copy.
-	HeaderAttempts = "idemq-attempts"
+	HeaderAttempts = consumer.MetaAttempts
 	// HeaderQueue holds the queue a dead-lettered copy was consumed from.
 	HeaderQueue = "idemq-queue"
 	// HeaderKey holds the deduplication key of a dead-lettered copy, when
 	// it has one.
-	HeaderKey = "idemq-key"
+	HeaderKey = consumer.MetaKey
 	// HeaderDeadLetteredAt holds when the copy was dead-lettered (RFC 3339).
-	HeaderDeadLetteredAt = "idemq-dead-lettered-at"
+	HeaderDeadLetteredAt = consumer.MetaDeadLetteredAt
 
 	// headerDeliveryCount is set by quorum queues on redeliveries.
 	headerDeliveryCount = "x-delivery-count"

@@ -47,3 +47,18 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 		}
 	}
 }
+
+// TestDeadLetterMetadataNames: the dead-letter headers are the names defined
+// once in consumer.
+func TestDeadLetterMetadataNames(t *testing.T) {
+	for got, want := range map[string]string{
+		amqpsource.HeaderReason:         consumer.MetaReason,
+		amqpsource.HeaderAttempts:       consumer.MetaAttempts,
+		amqpsource.HeaderKey:            consumer.MetaKey,
+		amqpsource.HeaderDeadLetteredAt: consumer.MetaDeadLetteredAt,
+	} {
+		if got != want {
+			t.Errorf("header %q, want %q", got, want)
+		}
+	}
+}

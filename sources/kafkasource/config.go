@@ -20,10 +20,10 @@ const (
 	DefaultKeyHeader = "idempotency-key"
 	// HeaderReason holds the dead-letter reason (the error text) on a
 	// dead-lettered copy.
-	HeaderReason = "idemq-reason"
+	HeaderReason = consumer.MetaReason
 	// HeaderAttempts holds the number of attempts on a dead-lettered copy,
 	// in decimal.
-	HeaderAttempts = "idemq-attempts"
+	HeaderAttempts = consumer.MetaAttempts
 	// HeaderOriginTopic holds the topic a dead-lettered copy was consumed
 	// from.
 	HeaderOriginTopic = "idemq-origin-topic"
@@ -38,10 +38,10 @@ const (
 	HeaderGroup = "idemq-group"
 	// HeaderKey holds the deduplication key of a dead-lettered copy, when
 	// the runner computed one.
-	HeaderKey = "idemq-key"
+	HeaderKey = consumer.MetaKey
 	// HeaderDeadLetteredAt holds when the copy was dead-lettered (RFC 3339
 	// with nanoseconds, UTC).
-	HeaderDeadLetteredAt = "idemq-dead-lettered-at"
+	HeaderDeadLetteredAt = consumer.MetaDeadLetteredAt
 )
 
 // DeadLetterStuckAfter is the number of consecutive failed dead-letter writes

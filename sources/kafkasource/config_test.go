@@ -41,3 +41,18 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 		}
 	}
 }
+
+// TestDeadLetterMetadataNames: the dead-letter headers are the names defined
+// once in consumer.
+func TestDeadLetterMetadataNames(t *testing.T) {
+	for got, want := range map[string]string{
+		kafkasource.HeaderReason:         consumer.MetaReason,
+		kafkasource.HeaderAttempts:       consumer.MetaAttempts,
+		kafkasource.HeaderKey:            consumer.MetaKey,
+		kafkasource.HeaderDeadLetteredAt: consumer.MetaDeadLetteredAt,
+	} {
+		if got != want {
+			t.Errorf("header %q, want %q", got, want)
+		}
+	}
+}

@@ -40,3 +40,16 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 		}
 	}
 }
+
+// TestDeadLetterMetadataNames: the dead-letter attributes are the names
+// defined once in consumer.
+func TestDeadLetterMetadataNames(t *testing.T) {
+	for got, want := range map[string]string{
+		sqssource.AttrReason:   consumer.MetaReason,
+		sqssource.AttrAttempts: consumer.MetaAttempts,
+	} {
+		if got != want {
+			t.Errorf("attribute %q, want %q", got, want)
+		}
+	}
+}

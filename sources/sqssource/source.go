@@ -45,9 +45,9 @@ var _ consumer.Source = (*Source)(nil)
 const (
 	// AttrReason holds the error that sent the message to the dead-letter
 	// queue (at most 2 KiB of its text).
-	AttrReason = "idemq-reason"
+	AttrReason = consumer.MetaReason
 	// AttrAttempts holds the number of attempts made (a Number attribute).
-	AttrAttempts = "idemq-attempts"
+	AttrAttempts = consumer.MetaAttempts
 	// AttrSourceQueue holds the URL of the queue the message came from.
 	AttrSourceQueue = "idemq-source-queue"
 	// AttrMessageID holds the MessageId of the original message.
