@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -41,8 +40,8 @@ type Config struct {
 	// identifier of at most 50 bytes. Defaults to "processed_messages".
 	Table string
 	// Retention is how long a record is kept: a redelivery later than this
-	// is no longer recognised, and the janitor deletes the record. Defaults
-	// to dedup.DefaultRetention (8 days).
+	// is no longer recognised, and the janitor deletes the record. At least
+	// 1 s. Defaults to dedup.DefaultRetention (8 days).
 	Retention time.Duration
 	// CleanupInterval is how often RunJanitor deletes expired records.
 	// Defaults to 1 min.
@@ -92,14 +91,6 @@ func (c Config) WithDefaults() Config {
 // field is a *dedup.ConfigError, and New reports all of them at once.
 var ErrInvalidConfig = dedup.ErrInvalidConfig
 
-var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-func validIdent(l *cfgerr.List, field, s string, max int) {
-	if !identRE.MatchString(s) || len(s) > max {
-		l.Addf(field, "%q is not a plain SQL identifier of at most %d bytes", s, max)
-	}
-}
-
 // Store is the PostgreSQL deduplication store of the transactional path. It
 // implements dedup.TxStore[pgx.Tx]. It is safe for concurrent use.
 type Store struct {
@@ -118,17 +109,10 @@ func New(db DB, cfg Config) (*Store, error) {
 		l.Include(&dedup.ConfigError{Field: "pgdedup.New(db)", Reason: "nil"})
 	}
 	cfg = cfg.WithDefaults()
-	validIdent(&l, "Schema", cfg.Schema, 63)
-	validIdent(&l, "Table", cfg.Table, 50)
-	if cfg.Retention < time.Second {
-		l.Addf("Retention", "%s is below 1s", cfg.Retention)
-	}
-	if cfg.CleanupInterval < 0 {
-		l.Addf("CleanupInterval", "%s is negative", cfg.CleanupInterval)
-	}
-	if cfg.CleanupBatchSize < 1 {
-		l.Addf("CleanupBatchSize", "%d is not positive", cfg.CleanupBatchSize)
-	}
+	sqlstore.Settings{
+		Schema: cfg.Schema, CheckSchema: true, Table: cfg.Table, Retention: cfg.Retention,
+		CleanupInterval: cfg.CleanupInterval, CleanupBatchSize: cfg.CleanupBatchSize,
+	}.Validate(&l)
 	if err := l.Err(); err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/sqldedup"
@@ -28,6 +29,8 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 			[]string{"sqldedup.Config.Schema", "sqldedup.Config.Retention"}},
 		{"interval and batch", db, sqldedup.Config{Dialect: sqldedup.Postgres, CleanupInterval: -1, CleanupBatchSize: -1},
 			[]string{"sqldedup.Config.CleanupInterval", "sqldedup.Config.CleanupBatchSize"}},
+		{"retention below a second, as in pgdedup", db, sqldedup.Config{Dialect: sqldedup.SQLite, Retention: 500 * time.Millisecond, Table: "1t"},
+			[]string{"sqldedup.Config.Table", "sqldedup.Config.Retention"}},
 		{"nil db and dialect", nil, sqldedup.Config{Dialect: "mysql"},
 			[]string{"sqldedup.New(db)", "sqldedup.Config.Dialect"}},
 	}

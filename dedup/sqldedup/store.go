@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/internal/sqlstore"
 	"github.com/idemq/idemq/internal/cfgerr"
 )
 
@@ -41,7 +41,7 @@ type Config struct {
 	Table string
 	// Retention is how long a record is kept: a redelivery later than this
 	// is no longer recognised, and the janitor deletes the record. At least
-	// 1 ms. Defaults to dedup.DefaultRetention (8 days).
+	// 1 s. Defaults to dedup.DefaultRetention (8 days).
 	Retention time.Duration
 	// CleanupInterval is how often RunJanitor deletes expired records.
 	// Defaults to 1 min.
@@ -92,20 +92,11 @@ func (c Config) WithDefaults() Config {
 // field is a *dedup.ConfigError, and New reports all of them at once.
 var ErrInvalidConfig = dedup.ErrInvalidConfig
 
-var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-func validIdent(l *cfgerr.List, field, s string, max int) {
-	if !identRE.MatchString(s) || len(s) > max {
-		l.Addf(field, "%q is not a plain SQL identifier of at most %d bytes", s, max)
-	}
-}
-
 // validate reports every invalid field of c.
 func (c Config) validate() error {
 	l := cfgerr.List{Prefix: "sqldedup.Config."}
 	switch c.Dialect {
-	case Postgres:
-		validIdent(&l, "Schema", c.Schema, 63)
+	case Postgres: // Schema is checked with the fields pgdedup shares
 	case SQLite:
 		if c.Schema != "" {
 			l.Addf("Schema", "%q is set, but SQLite has no schemas (leave it empty)", c.Schema)
@@ -115,16 +106,10 @@ func (c Config) validate() error {
 	default:
 		l.Addf("Dialect", "unknown value %q (want %q or %q)", c.Dialect, SQLite, Postgres)
 	}
-	validIdent(&l, "Table", c.Table, 50)
-	if c.Retention < time.Millisecond {
-		l.Addf("Retention", "%s is below 1ms", c.Retention)
-	}
-	if c.CleanupInterval < 0 {
-		l.Addf("CleanupInterval", "%s is negative", c.CleanupInterval)
-	}
-	if c.CleanupBatchSize < 1 {
-		l.Addf("CleanupBatchSize", "%d is not positive", c.CleanupBatchSize)
-	}
+	sqlstore.Settings{
+		Schema: c.Schema, CheckSchema: c.Dialect == Postgres, Table: c.Table, Retention: c.Retention,
+		CleanupInterval: c.CleanupInterval, CleanupBatchSize: c.CleanupBatchSize,
+	}.Validate(&l)
 	return l.Err()
 }
 
