@@ -21,7 +21,8 @@ type ConfigError struct {
 	// Field names the field as a Go selector. Fields of consumer.Config
 	// are unqualified ("Name", "Retry.MaxAttempts"); the fields of other
 	// packages' Configs carry the package and type ("pgdedup.Config.Table",
-	// "kafkasource.Config.Brokers").
+	// "kafkasource.Config.Brokers"), and a missing constructor argument is
+	// named by its call ("pgdedup.New(db)").
 	Field string
 	// Reason says what is wrong with the value.
 	Reason string
