@@ -40,7 +40,8 @@ test-chain-long: services ## The outbox chain test (Kafka → A → relay → Ra
 NO_SERVICES := TEST_DATABASE_URL='postgres://127.0.0.1:1/none?sslmode=disable' \
 	TEST_REDIS_URL=redis://127.0.0.1:1/0 TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:1/ \
 	TEST_KAFKA_BROKERS=127.0.0.1:1 TEST_SQS_ENDPOINT=http://127.0.0.1:1 \
-	TEST_REDIS_CLUSTER_ADDRS=127.0.0.1:1 IDEMQ_SERVICES_DIR=/nonexistent
+	TEST_REDIS_CLUSTER_ADDRS=127.0.0.1:1 TEST_REDIS_SENTINEL_ADDRS=127.0.0.1:1 \
+	TEST_KAFKA_CLUSTER_BROKERS=127.0.0.1:1 IDEMQ_SERVICES_DIR=/nonexistent
 
 .PHONY: test-short
 test-short: ## Unit tests only: no service needed (and none used: every service address is a closed port).
