@@ -37,9 +37,18 @@ test-race-core: services ## The race detector over the runner (its lease path wi
 test-chain-long: services ## The outbox chain test (Kafka → A → relay → RabbitMQ → B → webhook) with 2000 orders and more SIGKILLs.
 	$(WITH_ENV) IDEMQ_CHAIN_LONG=1 $(GO) test -count=1 -timeout 30m -run '^TestChain$$' -v ./sinks/outbox/internal/chain
 
+# test-short points every service at a closed loopback port (and the
+# services' state directory nowhere), so a test that needs a service and does
+# not skip under -short fails here even on a machine where the services run.
+NO_SERVICES := TEST_DATABASE_URL='postgres://127.0.0.1:1/none?sslmode=disable' \
+	TEST_REDIS_URL=redis://127.0.0.1:1/0 TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:1/ \
+	TEST_KAFKA_BROKERS=127.0.0.1:1 TEST_SQS_ENDPOINT=http://127.0.0.1:1 \
+	TEST_REDIS_CLUSTER_ADDRS=127.0.0.1:1 TEST_REDIS_SENTINEL_ADDRS=127.0.0.1:1 \
+	TEST_KAFKA_CLUSTER_BROKERS=127.0.0.1:1 IDEMQ_SERVICES_DIR=/nonexistent
+
 .PHONY: test-short
-test-short: ## Unit tests only: no service needed.
-	$(GO) test -short -count=1 ./...
+test-short: ## Unit tests only: no service needed (and none used: every service address is a closed port).
+	$(NO_SERVICES) $(GO) test -short -count=1 ./...
 
 .PHONY: bench
 bench: services ## PostgreSQL path vs hand-written careful and set-based workers: msg/s, ratios, round trips, statements, XIDs per message (BENCH_FLAGS=-sweep for batch sizes).

@@ -6,6 +6,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"time"
+
+	"github.com/idemq/idemq/internal/cfgerr"
 )
 
 // Config configures a Runner. The zero value of every field except Name is a
@@ -142,26 +144,34 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// validate reports every invalid field of c (see ConfigError).
 func (c Config) validate() error {
-	switch {
-	case c.Name == "":
-		return &ConfigError{Field: "Name", Reason: "required (it scopes deduplication records)"}
-	case len(c.Name) > 200:
-		return &ConfigError{Field: "Name", Reason: "longer than 200 bytes"}
-	case c.Concurrency < 1:
-		return &ConfigError{Field: "Concurrency", Reason: "must be at least 1"}
-	case c.BatchSize < 1:
-		return &ConfigError{Field: "BatchSize", Reason: "must be at least 1"}
-	case c.HandlerTimeout < 0:
-		return &ConfigError{Field: "HandlerTimeout", Reason: "must not be negative"}
-	case c.DrainTimeout < 0:
-		return &ConfigError{Field: "DrainTimeout", Reason: "must not be negative"}
-	case c.OutageThreshold < 1:
-		return &ConfigError{Field: "OutageThreshold", Reason: "must be at least 1"}
-	case c.OutageReminder < 0:
-		return &ConfigError{Field: "OutageReminder", Reason: "must not be negative"}
+	var l cfgerr.List
+	if c.Name == "" {
+		l.Add("Name", "required (it scopes deduplication records)")
+	} else if len(c.Name) > 200 {
+		l.Add("Name", "longer than 200 bytes")
 	}
-	return c.Retry.validate()
+	if c.Concurrency < 1 {
+		l.Add("Concurrency", "must be at least 1")
+	}
+	if c.BatchSize < 1 {
+		l.Add("BatchSize", "must be at least 1")
+	}
+	if c.HandlerTimeout < 0 {
+		l.Add("HandlerTimeout", "must not be negative")
+	}
+	if c.DrainTimeout < 0 {
+		l.Add("DrainTimeout", "must not be negative")
+	}
+	if c.OutageThreshold < 1 {
+		l.Add("OutageThreshold", "must be at least 1")
+	}
+	if c.OutageReminder < 0 {
+		l.Add("OutageReminder", "must not be negative")
+	}
+	l.Include(c.Retry.validate())
+	return l.Err()
 }
 
 // DefaultKey is the default Config.KeyFunc: the message's Key, else its
@@ -241,19 +251,23 @@ func (p RetryPolicy) WithDefaults() RetryPolicy {
 }
 
 func (p RetryPolicy) validate() error {
-	switch {
-	case p.MaxAttempts < 1:
-		return &ConfigError{Field: "Retry.MaxAttempts", Reason: "must be at least 1"}
-	case p.InitialBackoff < 0 || p.MaxBackoff < 0:
-		return &ConfigError{Field: "Retry", Reason: "backoff must not be negative"}
-	case p.MaxBackoff < p.InitialBackoff:
-		return &ConfigError{Field: "Retry.MaxBackoff", Reason: "smaller than InitialBackoff"}
-	case p.Multiplier < 1:
-		return &ConfigError{Field: "Retry.Multiplier", Reason: "must be at least 1"}
-	case p.Jitter >= 1:
-		return &ConfigError{Field: "Retry.Jitter", Reason: "must be below 1"}
+	var l cfgerr.List
+	if p.MaxAttempts < 1 {
+		l.Add("Retry.MaxAttempts", "must be at least 1")
 	}
-	return nil
+	switch {
+	case p.InitialBackoff < 0 || p.MaxBackoff < 0:
+		l.Add("Retry", "backoff must not be negative")
+	case p.MaxBackoff < p.InitialBackoff:
+		l.Add("Retry.MaxBackoff", "smaller than InitialBackoff")
+	}
+	if p.Multiplier < 1 {
+		l.Add("Retry.Multiplier", "must be at least 1")
+	}
+	if p.Jitter >= 1 {
+		l.Add("Retry.Jitter", "must be below 1")
+	}
+	return l.Err()
 }
 
 // Backoff returns the delay before the attempt that follows attempt (1-based).

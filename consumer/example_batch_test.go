@@ -91,7 +91,7 @@ func ExampleTransactionalBatch() {
 	st := runner.Stats()
 	fmt.Printf("balances: %d %d\n", b1, b2)
 	fmt.Printf("handled %d, duplicates %d, dead-lettered %d\n", st.Handled, st.Duplicates, st.DeadLettered)
-	// Output:
+	// It prints (checked by TestServiceExamples: no Output line, as it needs PostgreSQL):
 	// balances: 500 500
 	// handled 10, duplicates 1, dead-lettered 1
 }

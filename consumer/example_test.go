@@ -94,7 +94,7 @@ func ExampleTransactional() {
 	st := runner.Stats()
 	fmt.Printf("balances: %d %d\n", b1, b2)
 	fmt.Printf("handled %d, duplicates %d\n", st.Handled, st.Duplicates)
-	// Output:
+	// It prints (checked by TestServiceExamples: no Output line, as it needs PostgreSQL):
 	// balances: 500 700
 	// handled 2, duplicates 2
 }

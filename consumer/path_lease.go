@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/cfgerr"
 )
 
 // Handler handles one message whose effect happens outside a database
@@ -380,21 +381,26 @@ func (p *leasePath) complete(ctx context.Context, r *Runner, key, token string) 
 }
 
 func (p *leasePath) validate() error {
-	switch o := p.opts; {
-	case p.store == nil:
-		return &ConfigError{Field: "Leased store", Reason: "nil"}
-	case p.h == nil:
-		return &ConfigError{Field: "Leased handler", Reason: "nil"}
-	case o.Lease <= 0:
-		return &ConfigError{Field: "LeaseOptions.Lease", Reason: "must be positive"}
-	case o.RefreshInterval >= 0 && 2*o.RefreshInterval >= o.Lease:
-		return &ConfigError{Field: "LeaseOptions.RefreshInterval", Reason: "must be below half the lease (or negative to disable refreshing)"}
-	case o.Retention < time.Second:
-		return &ConfigError{Field: "LeaseOptions.Retention", Reason: "must be at least 1s"}
-	case o.InProgressDelay < 0:
-		return &ConfigError{Field: "LeaseOptions.InProgressDelay", Reason: "must not be negative"}
+	var l cfgerr.List
+	o := p.opts
+	if p.store == nil {
+		l.Add("Leased store", "nil")
 	}
-	return nil
+	if p.h == nil {
+		l.Add("Leased handler", "nil")
+	}
+	if o.Lease <= 0 {
+		l.Add("LeaseOptions.Lease", "must be positive")
+	} else if o.RefreshInterval >= 0 && 2*o.RefreshInterval >= o.Lease {
+		l.Add("LeaseOptions.RefreshInterval", "must be below half the lease (or negative to disable refreshing)")
+	}
+	if o.Retention < time.Second {
+		l.Add("LeaseOptions.Retention", "must be at least 1s")
+	}
+	if o.InProgressDelay < 0 {
+		l.Add("LeaseOptions.InProgressDelay", "must not be negative")
+	}
+	return l.Err()
 }
 
 // refresh extends the lease every RefreshInterval until the returned stop

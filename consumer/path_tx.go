@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/cfgerr"
 )
 
 // TxHandler handles one message inside a database transaction. Everything it
@@ -60,13 +61,14 @@ type txPath[Tx any] struct {
 }
 
 func (p *txPath[Tx]) validate() error {
+	var l cfgerr.List
 	if p.store == nil {
-		return &ConfigError{Field: "Transactional store", Reason: "nil"}
+		l.Add("Transactional store", "nil")
 	}
 	if p.h == nil && p.bh == nil {
-		return &ConfigError{Field: "Transactional handler", Reason: "nil"}
+		l.Add("Transactional handler", "nil")
 	}
-	return nil
+	return l.Err()
 }
 
 func (p *txPath[Tx]) process(ctx context.Context, r *Runner, batch []*job) {

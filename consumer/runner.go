@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/cfgerr"
 )
 
 // Log attribute keys used by the runner.
@@ -107,7 +108,8 @@ type Runner struct {
 }
 
 // NewRunner returns a Runner that reads from src and applies path. It validates
-// cfg (after WithDefaults) and returns a *ConfigError for invalid fields,
+// cfg (after WithDefaults) and returns a *ConfigError for each invalid field
+// of cfg and path, all at once (see ConfigError),
 // including a Concurrency that the store's connection pool cannot serve
 // (see dedup.PoolSizer): the pool must hold more connections than
 // Concurrency. An unset Concurrency is lowered to one less than such a pool.
@@ -120,10 +122,10 @@ func NewRunner(src Source, path Path, cfg Config) (*Runner, error) {
 	}
 	explicitConcurrency := cfg.Concurrency != 0
 	cfg = cfg.WithDefaults()
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
-	if err := path.validate(); err != nil {
+	var bad cfgerr.List
+	bad.Include(cfg.validate())
+	bad.Include(path.validate())
+	if err := bad.Err(); err != nil {
 		return nil, err
 	}
 	if err := fitPool(path, &cfg, explicitConcurrency); err != nil {

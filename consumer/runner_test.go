@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/internal/memstore"
 	"github.com/idemq/idemq/sources/memsource"
 )
@@ -347,6 +349,38 @@ func TestPartitionKeyOrder(t *testing.T) {
 			t.Fatalf("partition %d: %d applied after %d", i%3, i, last[i%3])
 		}
 		last[i%3] = i
+	}
+}
+
+// TestConfigErrorsNameEveryField: a Config with several bad fields reports
+// each of them, every one a *ConfigError matching ErrInvalidConfig.
+func TestConfigErrorsNameEveryField(t *testing.T) {
+	src := memsource.New(memsource.Config{}).Source("t")
+	ms, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	noop := func(context.Context, *consumer.Message) error { return nil }
+	cases := []struct {
+		name string
+		cfg  consumer.Config
+		path consumer.Path
+		want []string
+	}{
+		{"two fields", consumer.Config{Concurrency: -1}, consumer.Leased(ms.Leases(), noop, consumer.LeaseOptions{}),
+			[]string{"Name", "Concurrency"}},
+		{"config, retry and path", consumer.Config{Name: "x", BatchSize: -1, Retry: consumer.RetryPolicy{Jitter: 2}},
+			consumer.Leased(nil, nil, consumer.LeaseOptions{}),
+			[]string{"BatchSize", "Retry.Jitter", "Leased store", "Leased handler"}},
+	}
+	for _, tc := range cases {
+		_, err := consumer.NewRunner(src, tc.path, tc.cfg)
+		if !errors.Is(err, consumer.ErrInvalidConfig) {
+			t.Errorf("%s: NewRunner = %v, want ErrInvalidConfig", tc.name, err)
+		}
+		if got := cfgerr.Fields(err); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: NewRunner = %v, reports fields %q, want %q", tc.name, err, got, tc.want)
+		}
 	}
 }
 

@@ -78,7 +78,7 @@ func ExampleReplayTx() {
 	}
 	fmt.Printf("ledger rows: %d, total charged: %d\n", rows, total)
 	fmt.Printf("handler calls for order-5: %d, effects: %d\n", rep.Calls["order-5"], rep.Committed["order-5"])
-	// Output:
+	// It prints (checked by TestServiceExamples: no Output line, as it needs PostgreSQL):
 	// ledger rows: 5, total charged: 1500
 	// handler calls for order-5: 3, effects: 1
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"sync/atomic"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
+	"github.com/idemq/idemq/internal/cfgerr"
 )
 
 // DB is what the store needs from a database handle. *pgxpool.Pool and
@@ -41,8 +41,8 @@ type Config struct {
 	// identifier of at most 50 bytes. Defaults to "processed_messages".
 	Table string
 	// Retention is how long a record is kept: a redelivery later than this
-	// is no longer recognised, and the janitor deletes the record. Defaults
-	// to dedup.DefaultRetention (8 days).
+	// is no longer recognised, and the janitor deletes the record. At least
+	// 1 s. Defaults to dedup.DefaultRetention (8 days).
 	Retention time.Duration
 	// CleanupInterval is how often RunJanitor deletes expired records.
 	// Defaults to 1 min.
@@ -97,17 +97,10 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// ErrInvalidConfig is matched by the errors New returns for a bad Config.
-var ErrInvalidConfig = errors.New("pgdedup: invalid configuration")
-
-var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-func validIdent(field, s string, max int) error {
-	if !identRE.MatchString(s) || len(s) > max {
-		return fmt.Errorf("%w: %s %q is not a plain SQL identifier of at most %d bytes", ErrInvalidConfig, field, s, max)
-	}
-	return nil
-}
+// ErrInvalidConfig is matched by the errors New returns for a bad Config. It
+// is dedup.ErrInvalidConfig (and so consumer.ErrInvalidConfig): each bad
+// field is a *dedup.ConfigError, and New reports all of them at once.
+var ErrInvalidConfig = dedup.ErrInvalidConfig
 
 // Store is the PostgreSQL deduplication store of the transactional path. It
 // implements dedup.TxStore[pgx.Tx]. It is safe for concurrent use.
@@ -123,21 +116,17 @@ var _ dedup.TxStore[pgx.Tx] = (*Store)(nil)
 // New returns a Store over db. It validates cfg; it does not touch the
 // database (call Migrate, or apply the SQL of Migrations yourself).
 func New(db DB, cfg Config) (*Store, error) {
+	l := cfgerr.List{Prefix: "pgdedup.Config."}
 	if db == nil {
-		return nil, fmt.Errorf("%w: nil DB", ErrInvalidConfig)
+		l.Include(&dedup.ConfigError{Field: "pgdedup.New(db)", Reason: "nil"})
 	}
 	cfg = cfg.WithDefaults()
-	if err := validIdent("Schema", cfg.Schema, 63); err != nil {
+	sqlstore.Settings{
+		Schema: cfg.Schema, CheckSchema: true, Table: cfg.Table, Retention: cfg.Retention,
+		CleanupInterval: cfg.CleanupInterval, CleanupBatchSize: cfg.CleanupBatchSize,
+	}.Validate(&l)
+	if err := l.Err(); err != nil {
 		return nil, err
-	}
-	if err := validIdent("Table", cfg.Table, 50); err != nil {
-		return nil, err
-	}
-	if cfg.Retention < time.Second {
-		return nil, fmt.Errorf("%w: Retention %s is below 1s", ErrInvalidConfig, cfg.Retention)
-	}
-	if cfg.CleanupInterval < 0 || cfg.CleanupBatchSize < 1 {
-		return nil, fmt.Errorf("%w: CleanupInterval must not be negative and CleanupBatchSize must be positive", ErrInvalidConfig)
 	}
 	return &Store{db: db, cfg: cfg, q: newQueries(cfg.Schema, cfg.Table)}, nil
 }

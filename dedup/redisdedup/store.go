@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/cfgerr"
 )
 
 // Default values used by Config.WithDefaults.
@@ -22,8 +23,10 @@ const (
 // Sentinel errors of the store. Match them with errors.Is.
 var (
 	// ErrInvalidConfig is matched by the errors of New for an unusable
-	// client or Config.
-	ErrInvalidConfig = errors.New("redisdedup: invalid configuration")
+	// client or Config. It is dedup.ErrInvalidConfig (and so
+	// consumer.ErrInvalidConfig): each bad field is a *dedup.ConfigError,
+	// and New reports all of them at once.
+	ErrInvalidConfig = dedup.ErrInvalidConfig
 	// ErrInvalidArgument is matched by the errors of calls with an empty
 	// key or token, a non-positive duration or an oversized result. Such a
 	// call does not reach Redis.
@@ -63,16 +66,19 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// validate reports every invalid field of c.
 func (c Config) validate() error {
-	switch {
-	case strings.ContainsAny(c.Prefix, "{}"):
-		return fmt.Errorf("%w: Prefix %q contains '{' or '}'", ErrInvalidConfig, c.Prefix)
-	case c.MaxResultBytes < 0:
-		return fmt.Errorf("%w: MaxResultBytes must not be negative", ErrInvalidConfig)
-	case c.FailureRetention < time.Millisecond:
-		return fmt.Errorf("%w: FailureRetention %s is below 1ms", ErrInvalidConfig, c.FailureRetention)
+	l := cfgerr.List{Prefix: "redisdedup.Config."}
+	if strings.ContainsAny(c.Prefix, "{}") {
+		l.Addf("Prefix", "%q contains '{' or '}'", c.Prefix)
 	}
-	return nil
+	if c.MaxResultBytes < 0 {
+		l.Add("MaxResultBytes", "must not be negative")
+	}
+	if c.FailureRetention < time.Millisecond {
+		l.Addf("FailureRetention", "%s is below 1ms", c.FailureRetention)
+	}
+	return l.Err()
 }
 
 // Store is a dedup.LeaseStore in Redis. It is safe for concurrent use by
@@ -91,11 +97,13 @@ var _ dedup.BatchClaimer = (*Store)(nil)
 // WithDefaults and does not contact Redis. The caller keeps ownership of rdb
 // and closes it after the last use of the Store.
 func New(rdb redis.UniversalClient, cfg Config) (*Store, error) {
+	var l cfgerr.List
 	if rdb == nil {
-		return nil, fmt.Errorf("%w: nil Redis client", ErrInvalidConfig)
+		l.Include(&dedup.ConfigError{Field: "redisdedup.New(rdb)", Reason: "nil Redis client"})
 	}
 	cfg = cfg.WithDefaults()
-	if err := cfg.validate(); err != nil {
+	l.Include(cfg.validate())
+	if err := l.Err(); err != nil {
 		return nil, err
 	}
 	return &Store{rdb: rdb, cfg: cfg}, nil

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
@@ -32,7 +33,7 @@ func Migrations(d Dialect) ([]Migration, error) {
 	case SQLite:
 		ms, err = sqlstore.Load(sqliteMigrations, "migrations/sqlite")
 	default:
-		return nil, fmt.Errorf("%w: unknown Dialect %q", ErrInvalidConfig, d)
+		return nil, &dedup.ConfigError{Field: "sqldedup.Migrations(d)", Reason: fmt.Sprintf("unknown Dialect %q", d)}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("sqldedup: %w", err)

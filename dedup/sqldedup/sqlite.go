@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/idemq/idemq/dedup"
 )
 
 // SQLiteDriver is the database/sql driver name that OpenSQLite uses: the one
@@ -60,7 +62,7 @@ func SQLiteDSN(path string) string {
 // otherwise OpenSQLite returns database/sql's "unknown driver" error.
 func OpenSQLite(ctx context.Context, path string) (*sql.DB, error) {
 	if path == "" || strings.ContainsAny(path, "?#") {
-		return nil, fmt.Errorf("%w: SQLite path %q is empty or contains '?' or '#'", ErrInvalidConfig, path)
+		return nil, &dedup.ConfigError{Field: "sqldedup.OpenSQLite(path)", Reason: fmt.Sprintf("%q is empty or contains '?' or '#'", path)}
 	}
 	db, err := sql.Open(SQLiteDriver, SQLiteDSN(path))
 	if err != nil {

@@ -6,11 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"sync/atomic"
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/internal/sqlstore"
+	"github.com/idemq/idemq/internal/cfgerr"
 )
 
 // DB is what the store needs from a database handle: *sql.DB and *sql.Conn
@@ -41,7 +42,7 @@ type Config struct {
 	Table string
 	// Retention is how long a record is kept: a redelivery later than this
 	// is no longer recognised, and the janitor deletes the record. At least
-	// 1 ms. Defaults to dedup.DefaultRetention (8 days).
+	// 1 s. Defaults to dedup.DefaultRetention (8 days).
 	Retention time.Duration
 	// CleanupInterval is how often RunJanitor deletes expired records.
 	// Defaults to 1 min.
@@ -97,46 +98,30 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// ErrInvalidConfig is matched by the errors New returns for a bad Config.
-var ErrInvalidConfig = errors.New("sqldedup: invalid configuration")
+// ErrInvalidConfig is matched by the errors New returns for a bad Config. It
+// is dedup.ErrInvalidConfig (and so consumer.ErrInvalidConfig): each bad
+// field is a *dedup.ConfigError, and New reports all of them at once.
+var ErrInvalidConfig = dedup.ErrInvalidConfig
 
-var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-func validIdent(field, s string, max int) error {
-	if !identRE.MatchString(s) || len(s) > max {
-		return fmt.Errorf("%w: %s %q is not a plain SQL identifier of at most %d bytes", ErrInvalidConfig, field, s, max)
-	}
-	return nil
-}
-
+// validate reports every invalid field of c.
 func (c Config) validate() error {
+	l := cfgerr.List{Prefix: "sqldedup.Config."}
 	switch c.Dialect {
-	case Postgres:
-		if err := validIdent("Schema", c.Schema, 63); err != nil {
-			return err
-		}
+	case Postgres: // Schema is checked with the fields pgdedup shares
 	case SQLite:
 		if c.Schema != "" {
-			return fmt.Errorf("%w: Schema %q is set, but SQLite has no schemas (leave it empty)", ErrInvalidConfig, c.Schema)
+			l.Addf("Schema", "%q is set, but SQLite has no schemas (leave it empty)", c.Schema)
 		}
 	case "":
-		return fmt.Errorf("%w: Dialect is required (sqldedup.SQLite or sqldedup.Postgres)", ErrInvalidConfig)
+		l.Add("Dialect", "required (sqldedup.SQLite or sqldedup.Postgres)")
 	default:
-		return fmt.Errorf("%w: unknown Dialect %q (want %q or %q)", ErrInvalidConfig, c.Dialect, SQLite, Postgres)
+		l.Addf("Dialect", "unknown value %q (want %q or %q)", c.Dialect, SQLite, Postgres)
 	}
-	if err := validIdent("Table", c.Table, 50); err != nil {
-		return err
-	}
-	if c.Retention < time.Millisecond {
-		return fmt.Errorf("%w: Retention %s is below 1ms", ErrInvalidConfig, c.Retention)
-	}
-	if c.CleanupInterval < 0 {
-		return fmt.Errorf("%w: CleanupInterval %s is negative", ErrInvalidConfig, c.CleanupInterval)
-	}
-	if c.CleanupBatchSize < 1 {
-		return fmt.Errorf("%w: CleanupBatchSize %d is not positive", ErrInvalidConfig, c.CleanupBatchSize)
-	}
-	return nil
+	sqlstore.Settings{
+		Schema: c.Schema, CheckSchema: c.Dialect == Postgres, Table: c.Table, Retention: c.Retention,
+		CleanupInterval: c.CleanupInterval, CleanupBatchSize: c.CleanupBatchSize,
+	}.Validate(&l)
+	return l.Err()
 }
 
 // Store is the database/sql deduplication store of the transactional path.
@@ -154,11 +139,13 @@ var _ dedup.TxStore[*sql.Tx] = (*Store)(nil)
 // New returns a Store over db. It validates cfg; it does not touch the
 // database (call Migrate, or apply the SQL of MigrationSQL yourself).
 func New(db DB, cfg Config) (*Store, error) {
+	var l cfgerr.List
 	if db == nil {
-		return nil, fmt.Errorf("%w: nil DB", ErrInvalidConfig)
+		l.Include(&dedup.ConfigError{Field: "sqldedup.New(db)", Reason: "nil"})
 	}
 	cfg = cfg.WithDefaults()
-	if err := cfg.validate(); err != nil {
+	l.Include(cfg.validate())
+	if err := l.Err(); err != nil {
 		return nil, err
 	}
 	return &Store{db: db, cfg: cfg, q: newQueries(cfg.Dialect, cfg.Schema, cfg.Table)}, nil

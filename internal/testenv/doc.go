@@ -19,6 +19,10 @@
 //  5. otherwise the test fails with a message that says to run
 //     `make services`. A missing service is never a silent skip.
 //
+// Under go test -short every getter skips its test instead, with a message
+// naming the service: -short promises tests that need no service (make
+// test-short), whether or not one is running.
+//
 // Restart, Stop and Start run services.sh (or ask the container program) to
 // bounce one service on the same port and data directory, for reconnect
 // tests. StartDurableSQS runs an SQS server of one test's own that keeps its

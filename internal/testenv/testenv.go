@@ -194,8 +194,15 @@ func StateDir() string {
 
 var resolved sync.Map // service name -> string, addresses that answered
 
+// short reports whether the tests run with -short; a variable for the
+// package's own tests of resolve.
+var short = func() bool { return testing.Testing() && testing.Short() }
+
 func resolve(t testing.TB, name string) string {
 	t.Helper()
+	if short() {
+		t.Skipf("testenv: needs %s; skipped with -short, which runs only tests that need no service", name)
+	}
 	svc := services[name]
 	if v := os.Getenv(svc.envVar); v != "" {
 		return v

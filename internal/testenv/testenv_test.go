@@ -90,6 +90,28 @@ func (f *fatalTB) Fatalf(format string, args ...any) {
 	runtime.Goexit()
 }
 
+func (f *fatalTB) Skipf(format string, args ...any) {
+	f.msg = "SKIP " + fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+// shortMode makes resolve see -short as on (true) or off for one test.
+func shortMode(t *testing.T, on bool) {
+	old := short
+	short = func() bool { return on }
+	t.Cleanup(func() { short = old })
+}
+
+// TestShortSkips: under -short every getter skips its test, even when the
+// environment variable names an address.
+func TestShortSkips(t *testing.T) {
+	shortMode(t, true)
+	t.Setenv(EnvDatabaseURL, "postgres://127.0.0.1:1/x")
+	if got, msg := resolveCapturing(t, Postgres); got != "" || !strings.HasPrefix(msg, "SKIP ") || !strings.Contains(msg, Postgres) {
+		t.Errorf("resolve under -short = %q, %q; want a skip naming %s", got, msg, Postgres)
+	}
+}
+
 func resolveCapturing(t *testing.T, name string) (value, fatal string) {
 	f := &fatalTB{TB: t}
 	done := make(chan struct{})
@@ -111,6 +133,7 @@ func withService(t *testing.T, svc service) {
 }
 
 func TestResolveOrder(t *testing.T) {
+	shortMode(t, false)
 	dir := t.TempDir()
 	t.Setenv(EnvServicesDir, dir)
 	const envVar = "TESTENV_FAKE_URL"
@@ -148,5 +171,25 @@ func TestScriptPath(t *testing.T) {
 	}
 	if !strings.HasSuffix(p, filepath.Join("testdata", "services", "services.sh")) {
 		t.Fatalf("ScriptPath = %q", p)
+	}
+}
+
+func TestExampleOutput(t *testing.T) {
+	stdout := os.Stdout
+	if got := ExampleOutput(t, func() { fmt.Println("one"); fmt.Print("two") }); got != "one\ntwo" {
+		t.Errorf("ExampleOutput = %q, want %q", got, "one\ntwo")
+	}
+	f := &fatalTB{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ExampleOutput(f, func() { fmt.Println("before"); panic("no database") })
+	}()
+	<-done
+	if !strings.Contains(f.msg, "no database") || !strings.Contains(f.msg, "before") {
+		t.Errorf("a panicking example failed the test with %q, want the panic and the output", f.msg)
+	}
+	if os.Stdout != stdout {
+		t.Fatal("os.Stdout not restored")
 	}
 }

@@ -8,6 +8,9 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/cfgerr"
 )
 
 // Errors of the relay and its publishers.
@@ -22,8 +25,11 @@ var (
 	// (topic, queue, exchange) does not exist or routes nowhere. It counts
 	// as an attempt.
 	ErrNoDestination = errors.New("outbox: destination does not exist")
-	// ErrInvalidConfig is returned by NewRelay for an invalid Config.
-	ErrInvalidConfig = errors.New("outbox: invalid relay config")
+	// ErrInvalidConfig is matched by the errors of NewRelay, NewSQLiteRelay
+	// and the publishers' New for an invalid argument or Config. It is
+	// consumer.ErrInvalidConfig: each bad field is a *consumer.ConfigError,
+	// and all bad fields are reported at once.
+	ErrInvalidConfig = consumer.ErrInvalidConfig
 )
 
 // Publisher sends messages to a broker. Implementations: kafkaoutbox,
@@ -146,18 +152,45 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-func (c Config) validate() error {
-	switch {
-	case c.BatchSize < 1:
-		return fmt.Errorf("%w: BatchSize must be at least 1", ErrInvalidConfig)
-	case c.Concurrency < 1:
-		return fmt.Errorf("%w: Concurrency must be at least 1", ErrInvalidConfig)
-	case c.PollInterval < 0, c.MinBackoff < 0, c.MaxBackoff < c.MinBackoff, c.CleanupInterval < 0:
-		return fmt.Errorf("%w: intervals must be positive and MaxBackoff at least MinBackoff", ErrInvalidConfig)
-	case c.MaxAttempts < 1:
-		return fmt.Errorf("%w: MaxAttempts must be at least 1", ErrInvalidConfig)
+// validate reports every invalid field of c; nil arguments of the
+// constructor (named by args) come first.
+func (c Config) validate(args ...*consumer.ConfigError) error {
+	var l cfgerr.List
+	for _, a := range args {
+		if a != nil {
+			l.Include(a)
+		}
 	}
-	return nil
+	l.Prefix = "outbox.Config."
+	if c.BatchSize < 1 {
+		l.Add("BatchSize", "must be at least 1")
+	}
+	if c.Concurrency < 1 {
+		l.Add("Concurrency", "must be at least 1")
+	}
+	if c.PollInterval < 0 {
+		l.Add("PollInterval", "must not be negative")
+	}
+	if c.MinBackoff < 0 {
+		l.Add("MinBackoff", "must not be negative")
+	} else if c.MaxBackoff < c.MinBackoff {
+		l.Add("MaxBackoff", "smaller than MinBackoff")
+	}
+	if c.CleanupInterval < 0 {
+		l.Add("CleanupInterval", "must not be negative")
+	}
+	if c.MaxAttempts < 1 {
+		l.Add("MaxAttempts", "must be at least 1")
+	}
+	return l.Err()
+}
+
+// argError names a nil constructor argument, or returns nil.
+func argError(name string, isNil bool) *consumer.ConfigError {
+	if !isNil {
+		return nil
+	}
+	return &consumer.ConfigError{Field: name, Reason: "required"}
 }
 
 // Row states.

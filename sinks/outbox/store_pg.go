@@ -14,11 +14,8 @@ import (
 // (found through the pool's search_path), publishing through pub. It uses
 // one connection of pool to LISTEN and one per batch in flight.
 func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
-	if pool == nil || pub == nil {
-		return nil, fmt.Errorf("%w: pool and publisher are required", ErrInvalidConfig)
-	}
 	cfg = cfg.WithDefaults()
-	if err := cfg.validate(); err != nil {
+	if err := cfg.validate(argError("outbox.NewRelay(pool)", pool == nil), argError("outbox.NewRelay(pub)", pub == nil)); err != nil {
 		return nil, err
 	}
 	r := &Relay{st: &pgStore{pool: pool}, pub: pub, cfg: cfg}

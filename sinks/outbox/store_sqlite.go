@@ -3,8 +3,9 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"time"
+
+	"github.com/idemq/idemq/consumer"
 )
 
 // NewSQLiteRelay returns a relay over the outbox table of a SQLite
@@ -13,15 +14,13 @@ import (
 // every PollInterval; it holds no transaction while it publishes, so
 // handlers keep writing meanwhile.
 func NewSQLiteRelay(db *sql.DB, pub Publisher, cfg Config) (*Relay, error) {
-	if db == nil || pub == nil {
-		return nil, fmt.Errorf("%w: db and publisher are required", ErrInvalidConfig)
-	}
 	cfg = cfg.WithDefaults()
-	if err := cfg.validate(); err != nil {
-		return nil, err
+	var sqliteConcurrency *consumer.ConfigError
+	if cfg.Concurrency > 1 {
+		sqliteConcurrency = &consumer.ConfigError{Field: "outbox.Config.Concurrency", Reason: "a SQLite relay has Concurrency 1"}
 	}
-	if cfg.Concurrency != 1 {
-		return nil, fmt.Errorf("%w: a SQLite relay has Concurrency 1", ErrInvalidConfig)
+	if err := cfg.validate(argError("outbox.NewSQLiteRelay(db)", db == nil), argError("outbox.NewSQLiteRelay(pub)", pub == nil), sqliteConcurrency); err != nil {
+		return nil, err
 	}
 	r := &Relay{st: &sqliteStore{db: db}, pub: pub, cfg: cfg}
 	r.setHooks()

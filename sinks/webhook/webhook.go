@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/otelidemq"
+	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/sinks"
 )
@@ -38,8 +39,10 @@ const (
 	drainBytes     = 64 << 10
 )
 
-// ErrInvalidConfig is matched by the errors of New for an unusable Config.
-var ErrInvalidConfig = errors.New("webhook: invalid configuration")
+// ErrInvalidConfig is matched by the errors of New for an unusable Config. It
+// is consumer.ErrInvalidConfig: each bad field is a *consumer.ConfigError,
+// and New reports all of them at once.
+var ErrInvalidConfig = consumer.ErrInvalidConfig
 
 // Config configures a Sink.
 type Config struct {
@@ -109,29 +112,37 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// validate reports every invalid field of c, and returns the parsed URL.
 func (c Config) validate() (*url.URL, error) {
+	l := cfgerr.List{Prefix: "webhook.Config."}
+	var u *url.URL
 	if c.URL == "" {
-		return nil, fmt.Errorf("%w: URL is required", ErrInvalidConfig)
+		l.Add("URL", "required")
+	} else if p, err := url.Parse(c.URL); err != nil {
+		l.AddErr("URL", "", redact.URLError(err))
+	} else if p.Scheme != "http" && p.Scheme != "https" {
+		l.Addf("URL", "%q: scheme must be http or https", redact.URL(p))
+	} else if p.Host == "" {
+		l.Addf("URL", "%q has no host", redact.URL(p))
+	} else {
+		u = p
 	}
-	u, err := url.Parse(c.URL)
-	if err != nil {
-		return nil, fmt.Errorf("%w: URL: %w", ErrInvalidConfig, redact.URLError(err))
+	if c.Method == http.MethodGet || c.Method == http.MethodHead || strings.ContainsAny(c.Method, " \t\r\n") {
+		l.Addf("Method", "%q cannot carry an effect", c.Method)
 	}
-	switch {
-	case u.Scheme != "http" && u.Scheme != "https":
-		return nil, fmt.Errorf("%w: URL %q: scheme must be http or https", ErrInvalidConfig, redact.URL(u))
-	case u.Host == "":
-		return nil, fmt.Errorf("%w: URL %q has no host", ErrInvalidConfig, redact.URL(u))
-	case c.Method == http.MethodGet || c.Method == http.MethodHead || strings.ContainsAny(c.Method, " \t\r\n"):
-		return nil, fmt.Errorf("%w: Method %q cannot carry an effect", ErrInvalidConfig, c.Method)
-	case http.CanonicalHeaderKey(c.KeyHeader) == "Content-Type" || strings.ContainsAny(c.KeyHeader, " :\t\r\n"):
-		return nil, fmt.Errorf("%w: KeyHeader %q is not usable", ErrInvalidConfig, c.KeyHeader)
-	case c.Timeout < 0:
-		return nil, fmt.Errorf("%w: Timeout must not be negative", ErrInvalidConfig)
-	case c.MaxRetryAfter < 0:
-		return nil, fmt.Errorf("%w: MaxRetryAfter must not be negative", ErrInvalidConfig)
+	if http.CanonicalHeaderKey(c.KeyHeader) == "Content-Type" || strings.ContainsAny(c.KeyHeader, " :\t\r\n") {
+		l.Addf("KeyHeader", "%q is not usable", c.KeyHeader)
 	}
-	return u, nil
+	if err := checkHeader(c.Header); err != nil {
+		l.AddErr("Header", "", err)
+	}
+	if c.Timeout < 0 {
+		l.Add("Timeout", "must not be negative")
+	}
+	if c.MaxRetryAfter < 0 {
+		l.Add("MaxRetryAfter", "must not be negative")
+	}
+	return u, l.Err()
 }
 
 // Sink sends webhooks for the lease path. Every attempt of one message
@@ -146,15 +157,13 @@ type Sink struct {
 var _ sinks.Sender[Request] = (*Sink)(nil)
 
 // New returns a Sink for cfg after WithDefaults, or an error matching
-// ErrInvalidConfig. It does not contact the endpoint.
+// ErrInvalidConfig that names every bad field. It does not contact the
+// endpoint.
 func New(cfg Config) (*Sink, error) {
 	cfg = cfg.WithDefaults()
 	u, err := cfg.validate()
 	if err != nil {
 		return nil, err
-	}
-	if err := checkHeader(cfg.Header); err != nil {
-		return nil, fmt.Errorf("%w: Header: %w", ErrInvalidConfig, err)
 	}
 	cfg.Header = cfg.Header.Clone()
 	return &Sink{cfg: cfg, endpoint: redact.URL(u)}, nil

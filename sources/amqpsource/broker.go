@@ -56,7 +56,7 @@ func (c Config) checkBroker(props amqp.Table) error {
 	major, minor, ok := parseVersion(version)
 	if !strings.EqualFold(product, "RabbitMQ") || !ok ||
 		major < minRetryQueueVersion[0] || (major == minRetryQueueVersion[0] && minor < minRetryQueueVersion[1]) {
-		return &ConfigError{Field: "ClassicRetryQueues", Reason: fmt.Sprintf(
+		return &ConfigError{Field: "amqpsource.Config.ClassicRetryQueues", Reason: fmt.Sprintf(
 			"the broker is %q version %q; at-least-once retry queues (quorum queues with x-message-ttl and x-dead-letter-strategy at-least-once) need RabbitMQ %d.%d or later: upgrade the broker, or set ClassicRetryQueues to accept that a retried message is lost when the broker stops while its copy expires",
 			product, version, minRetryQueueVersion[0], minRetryQueueVersion[1])}
 	}

@@ -38,7 +38,7 @@ func TestCheckBroker(t *testing.T) {
 			continue
 		}
 		var ce *ConfigError
-		if !errors.As(err, &ce) || ce.Field != "ClassicRetryQueues" || !errors.Is(err, consumer.ErrInvalidConfig) ||
+		if !errors.As(err, &ce) || ce.Field != "amqpsource.Config.ClassicRetryQueues" || !errors.Is(err, consumer.ErrInvalidConfig) ||
 			!strings.Contains(err.Error(), c.version) || !strings.Contains(err.Error(), "3.10") {
 			t.Errorf("%s %s: %v, want a ClassicRetryQueues *ConfigError naming the version", c.product, c.version, err)
 		}

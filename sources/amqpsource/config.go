@@ -1,13 +1,15 @@
 package amqpsource
 
 import (
-	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/cfgerr"
 )
 
 // Header names this package reads and writes.
@@ -21,16 +23,16 @@ const (
 	HeaderRetries = "idemq-retries"
 	// HeaderReason holds the dead-letter reason (the error text) on a
 	// dead-lettered copy.
-	HeaderReason = "idemq-reason"
+	HeaderReason = consumer.MetaReason
 	// HeaderAttempts holds the number of attempts on a dead-lettered copy.
-	HeaderAttempts = "idemq-attempts"
+	HeaderAttempts = consumer.MetaAttempts
 	// HeaderQueue holds the queue a dead-lettered copy was consumed from.
 	HeaderQueue = "idemq-queue"
 	// HeaderKey holds the deduplication key of a dead-lettered copy, when
 	// it has one.
-	HeaderKey = "idemq-key"
+	HeaderKey = consumer.MetaKey
 	// HeaderDeadLetteredAt holds when the copy was dead-lettered (RFC 3339).
-	HeaderDeadLetteredAt = "idemq-dead-lettered-at"
+	HeaderDeadLetteredAt = consumer.MetaDeadLetteredAt
 
 	// headerDeliveryCount is set by quorum queues on redeliveries.
 	headerDeliveryCount = "x-delivery-count"
@@ -314,64 +316,67 @@ func (t Topology) withDefaults(queue string) Topology {
 	return t
 }
 
-// ConfigError reports an invalid Config field. It matches
-// consumer.ErrInvalidConfig.
-type ConfigError struct {
-	Field  string
-	Reason string
-}
+// ConfigError reports an invalid Config field. It is consumer.ConfigError
+// and matches consumer.ErrInvalidConfig; its Field names the field as
+// "amqpsource.Config.Queue". New reports every bad field at once.
+type ConfigError = consumer.ConfigError
 
-// Error implements error.
-func (e *ConfigError) Error() string {
-	return fmt.Sprintf("amqpsource: invalid configuration: %s: %s", e.Field, e.Reason)
-}
-
-// Is makes errors.Is(err, consumer.ErrInvalidConfig) true.
-func (e *ConfigError) Is(target error) bool { return target == consumer.ErrInvalidConfig }
-
+// validate reports every invalid field of c.
 func (c Config) validate() error {
+	l := cfgerr.List{Prefix: "amqpsource.Config."}
+	if c.URL == "" {
+		l.Add("URL", "required")
+	}
 	switch {
-	case c.URL == "":
-		return &ConfigError{Field: "URL", Reason: "required"}
 	case c.Queue == "":
-		return &ConfigError{Field: "Queue", Reason: "required"}
+		l.Add("Queue", "required")
 	case len(c.Queue) > 200:
 		// Leaves room for the retry and dead-letter suffixes within
 		// AMQP's 255-byte short strings.
-		return &ConfigError{Field: "Queue", Reason: "longer than 200 bytes"}
-	case c.AMQP.Recovery != nil:
-		return &ConfigError{Field: "AMQP.Recovery", Reason: "must be nil: the source reconnects by itself and must know when a channel's delivery tags die"}
-	case c.Prefetch < 1 || c.Prefetch > 65535:
-		return &ConfigError{Field: "Prefetch", Reason: "must be between 1 and 65535"}
-	case c.DialTimeout < 0:
-		return &ConfigError{Field: "DialTimeout", Reason: "must not be negative"}
-	case c.UnroutableDelay < 0:
-		return &ConfigError{Field: "UnroutableDelay", Reason: "must not be negative"}
-	case c.PublishTimeout < 0:
-		return &ConfigError{Field: "PublishTimeout", Reason: "must not be negative"}
-	case c.ReconnectDelay < 0:
-		return &ConfigError{Field: "ReconnectDelay", Reason: "must not be negative"}
-	case c.MaxReconnectDelay < c.ReconnectDelay:
-		return &ConfigError{Field: "MaxReconnectDelay", Reason: "smaller than ReconnectDelay"}
-	case c.RetryQueuePrefix == c.Queue:
-		return &ConfigError{Field: "RetryQueuePrefix", Reason: "must differ from Queue"}
-	case c.DeadLetterExchange == "" && c.DeadLetterRoutingKey == c.Queue:
-		return &ConfigError{Field: "DeadLetterRoutingKey", Reason: "routes dead letters back to Queue"}
+		l.Add("Queue", "longer than 200 bytes")
+	default:
+		if c.RetryQueuePrefix == c.Queue {
+			l.Add("RetryQueuePrefix", "must differ from Queue")
+		}
+		if c.DeadLetterExchange == "" && c.DeadLetterRoutingKey == c.Queue {
+			l.Add("DeadLetterRoutingKey", "routes dead letters back to Queue")
+		}
+	}
+	if c.AMQP.Recovery != nil {
+		l.Add("AMQP.Recovery", "must be nil: the source reconnects by itself and must know when a channel's delivery tags die")
+	}
+	if c.Prefetch < 1 || c.Prefetch > 65535 {
+		l.Add("Prefetch", "must be between 1 and 65535")
+	}
+	if c.DialTimeout < 0 {
+		l.Add("DialTimeout", "must not be negative")
+	}
+	if c.UnroutableDelay < 0 {
+		l.Add("UnroutableDelay", "must not be negative")
+	}
+	if c.PublishTimeout < 0 {
+		l.Add("PublishTimeout", "must not be negative")
+	}
+	if c.ReconnectDelay < 0 {
+		l.Add("ReconnectDelay", "must not be negative")
+	} else if c.MaxReconnectDelay < c.ReconnectDelay {
+		l.Add("MaxReconnectDelay", "smaller than ReconnectDelay")
 	}
 	if !c.ClassicRetryQueues {
-		for k, want := range RetryQueueDefaults() {
-			if v, ok := c.RetryQueueArgs[k]; ok && v != want {
-				return &ConfigError{Field: "RetryQueueArgs", Reason: fmt.Sprintf("%s %v makes the trip back to Queue at-most-once (want %v); set ClassicRetryQueues to accept losing retried messages", k, v, want)}
+		defaults := RetryQueueDefaults()
+		for _, k := range slices.Sorted(maps.Keys(defaults)) {
+			if v, ok := c.RetryQueueArgs[k]; ok && v != defaults[k] {
+				l.Addf("RetryQueueArgs", "%s %v makes the trip back to Queue at-most-once (want %v); set ClassicRetryQueues to accept losing retried messages", k, v, defaults[k])
 			}
 		}
 	}
 	if t := c.Declare; t != nil {
-		switch {
-		case t.QueueType != QueueTypeQuorum && t.QueueType != QueueTypeClassic:
-			return &ConfigError{Field: "Declare.QueueType", Reason: fmt.Sprintf("%q is neither %q nor %q", t.QueueType, QueueTypeQuorum, QueueTypeClassic)}
-		case t.Exchange == "" && len(t.BindingKeys) > 0:
-			return &ConfigError{Field: "Declare.BindingKeys", Reason: "set without Declare.Exchange"}
+		if t.QueueType != QueueTypeQuorum && t.QueueType != QueueTypeClassic {
+			l.Addf("Declare.QueueType", "%q is neither %q nor %q", t.QueueType, QueueTypeQuorum, QueueTypeClassic)
+		}
+		if t.Exchange == "" && len(t.BindingKeys) > 0 {
+			l.Add("Declare.BindingKeys", "set without Declare.Exchange")
 		}
 	}
-	return nil
+	return l.Err()
 }

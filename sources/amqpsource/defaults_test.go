@@ -141,7 +141,7 @@ func TestRetryQueueArgsCannotDegradeSilently(t *testing.T) {
 	} {
 		_, err := amqpsource.New(context.Background(), amqpsource.Config{URL: url, Queue: q, RetryQueueArgs: args})
 		var ce *amqpsource.ConfigError
-		if !errors.As(err, &ce) || ce.Field != "RetryQueueArgs" || !errors.Is(err, consumer.ErrInvalidConfig) {
+		if !errors.As(err, &ce) || ce.Field != "amqpsource.Config.RetryQueueArgs" || !errors.Is(err, consumer.ErrInvalidConfig) {
 			t.Errorf("New with RetryQueueArgs %v = %v, want a RetryQueueArgs *ConfigError", args, err)
 		}
 	}

@@ -108,7 +108,7 @@ func TestConfigValidation(t *testing.T) {
 	for field, c := range bad {
 		err := c.WithDefaults().validate()
 		var ce *ConfigError
-		if !errors.As(err, &ce) || ce.Field != field || !errors.Is(err, consumer.ErrInvalidConfig) {
+		if !errors.As(err, &ce) || ce.Field != "amqpsource.Config."+field || !errors.Is(err, consumer.ErrInvalidConfig) {
 			t.Errorf("config with bad %s: got %v, want a *ConfigError for that field", field, err)
 		}
 	}

@@ -3,12 +3,14 @@ package kafkasource
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/cfgerr"
 )
 
 // Header names this package reads and writes.
@@ -18,10 +20,10 @@ const (
 	DefaultKeyHeader = "idempotency-key"
 	// HeaderReason holds the dead-letter reason (the error text) on a
 	// dead-lettered copy.
-	HeaderReason = "idemq-reason"
+	HeaderReason = consumer.MetaReason
 	// HeaderAttempts holds the number of attempts on a dead-lettered copy,
 	// in decimal.
-	HeaderAttempts = "idemq-attempts"
+	HeaderAttempts = consumer.MetaAttempts
 	// HeaderOriginTopic holds the topic a dead-lettered copy was consumed
 	// from.
 	HeaderOriginTopic = "idemq-origin-topic"
@@ -36,10 +38,10 @@ const (
 	HeaderGroup = "idemq-group"
 	// HeaderKey holds the deduplication key of a dead-lettered copy, when
 	// the runner computed one.
-	HeaderKey = "idemq-key"
+	HeaderKey = consumer.MetaKey
 	// HeaderDeadLetteredAt holds when the copy was dead-lettered (RFC 3339
 	// with nanoseconds, UTC).
-	HeaderDeadLetteredAt = "idemq-dead-lettered-at"
+	HeaderDeadLetteredAt = consumer.MetaDeadLetteredAt
 )
 
 // DeadLetterStuckAfter is the number of consecutive failed dead-letter writes
@@ -336,89 +338,92 @@ func (c Config) deadLetterTopic(topic string) string {
 	return topic + DefaultDeadLetterSuffix
 }
 
-// ConfigError reports an invalid Config field. It matches
-// consumer.ErrInvalidConfig.
-type ConfigError struct {
-	Field  string
-	Reason string
-}
-
-// Error implements error.
-func (e *ConfigError) Error() string {
-	return fmt.Sprintf("kafkasource: invalid configuration: %s: %s", e.Field, e.Reason)
-}
-
-// Is makes errors.Is(err, consumer.ErrInvalidConfig) true.
-func (e *ConfigError) Is(target error) bool { return target == consumer.ErrInvalidConfig }
+// ConfigError reports an invalid Config field. It is consumer.ConfigError
+// and matches consumer.ErrInvalidConfig; its Field names the field as
+// "kafkasource.Config.Brokers". New reports every bad field at once.
+type ConfigError = consumer.ConfigError
 
 // maxTopicLength is Kafka's limit on topic names.
 const maxTopicLength = 249
 
+// validate reports every invalid field of c.
 func (c Config) validate() error {
+	l := cfgerr.List{Prefix: "kafkasource.Config."}
 	if len(c.Brokers) == 0 {
-		return &ConfigError{Field: "Brokers", Reason: "required"}
-	}
-	for _, b := range c.Brokers {
-		if strings.TrimSpace(b) == "" {
-			return &ConfigError{Field: "Brokers", Reason: "contains an empty address"}
-		}
+		l.Add("Brokers", "required")
+	} else if slices.ContainsFunc(c.Brokers, func(b string) bool { return strings.TrimSpace(b) == "" }) {
+		l.Add("Brokers", "contains an empty address")
 	}
 	if len(c.Topics) == 0 {
-		return &ConfigError{Field: "Topics", Reason: "required"}
+		l.Add("Topics", "required")
 	}
 	seen := make(map[string]bool, len(c.Topics))
 	for _, t := range c.Topics {
 		switch {
 		case t == "":
-			return &ConfigError{Field: "Topics", Reason: "contains an empty topic name"}
+			l.Add("Topics", "contains an empty topic name")
 		case len(t) > maxTopicLength:
-			return &ConfigError{Field: "Topics", Reason: fmt.Sprintf("topic name %.20q... longer than %d bytes", t, maxTopicLength)}
+			l.Addf("Topics", "topic name %.20q... longer than %d bytes", t, maxTopicLength)
 		case seen[t]:
-			return &ConfigError{Field: "Topics", Reason: fmt.Sprintf("topic %q listed twice", t)}
+			l.Addf("Topics", "topic %q listed twice", t)
 		case c.deadLetterTopic(t) == t:
-			return &ConfigError{Field: "DeadLetterTopic", Reason: fmt.Sprintf("routes dead letters back to consumed topic %q", t)}
+			l.Addf("DeadLetterTopic", "routes dead letters back to consumed topic %q", t)
 		}
 		seen[t] = true
 	}
-	switch {
-	case c.GroupID == "":
-		return &ConfigError{Field: "GroupID", Reason: "required"}
-	case c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset:
-		return &ConfigError{Field: "StartOffset", Reason: "must be kafka.FirstOffset or kafka.LastOffset"}
-	case c.Ordering != OrderByKey && c.Ordering != OrderByPartition:
-		return &ConfigError{Field: "Ordering", Reason: fmt.Sprintf("unknown value %d", int(c.Ordering))}
-	case c.MaxInFlight < 1:
-		return &ConfigError{Field: "MaxInFlight", Reason: "must be at least 1"}
-	case c.MaxUncommitted < c.MaxInFlight:
-		return &ConfigError{Field: "MaxUncommitted", Reason: "must be at least MaxInFlight"}
-	case c.QueueCapacity < 1:
-		return &ConfigError{Field: "QueueCapacity", Reason: "must be at least 1"}
-	case c.MinBytes < 1:
-		return &ConfigError{Field: "MinBytes", Reason: "must be at least 1"}
-	case c.MaxBytes < c.MinBytes:
-		return &ConfigError{Field: "MaxBytes", Reason: "smaller than MinBytes"}
-	case c.MaxWait < 0:
-		return &ConfigError{Field: "MaxWait", Reason: "must not be negative"}
-	case c.IsolationLevel != kafka.ReadUncommitted && c.IsolationLevel != kafka.ReadCommitted:
-		return &ConfigError{Field: "IsolationLevel", Reason: fmt.Sprintf("unknown value %d", int(c.IsolationLevel))}
-	case c.SessionTimeout < 0:
-		return &ConfigError{Field: "SessionTimeout", Reason: "must not be negative"}
-	case c.HeartbeatInterval < 0:
-		return &ConfigError{Field: "HeartbeatInterval", Reason: "must not be negative"}
-	case c.RebalanceTimeout < 0:
-		return &ConfigError{Field: "RebalanceTimeout", Reason: "must not be negative"}
-	case c.JoinGroupBackoff < 0:
-		return &ConfigError{Field: "JoinGroupBackoff", Reason: "must not be negative"}
-	case c.HeartbeatInterval >= c.SessionTimeout:
-		return &ConfigError{Field: "HeartbeatInterval", Reason: "must be below SessionTimeout"}
-	case c.CommitInterval < 0:
-		return &ConfigError{Field: "CommitInterval", Reason: "must not be negative"}
-	case c.CommitTimeout < 0:
-		return &ConfigError{Field: "CommitTimeout", Reason: "must not be negative"}
-	case c.DeadLetterTimeout < 0:
-		return &ConfigError{Field: "DeadLetterTimeout", Reason: "must not be negative"}
-	case c.DeadLetterRetryDelay < 0:
-		return &ConfigError{Field: "DeadLetterRetryDelay", Reason: "must not be negative"}
+	if c.GroupID == "" {
+		l.Add("GroupID", "required")
 	}
-	return nil
+	if c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset {
+		l.Add("StartOffset", "must be kafka.FirstOffset or kafka.LastOffset")
+	}
+	if c.Ordering != OrderByKey && c.Ordering != OrderByPartition {
+		l.Addf("Ordering", "unknown value %d", int(c.Ordering))
+	}
+	if c.MaxInFlight < 1 {
+		l.Add("MaxInFlight", "must be at least 1")
+	} else if c.MaxUncommitted < c.MaxInFlight {
+		l.Add("MaxUncommitted", "must be at least MaxInFlight")
+	}
+	if c.QueueCapacity < 1 {
+		l.Add("QueueCapacity", "must be at least 1")
+	}
+	if c.MinBytes < 1 {
+		l.Add("MinBytes", "must be at least 1")
+	} else if c.MaxBytes < c.MinBytes {
+		l.Add("MaxBytes", "smaller than MinBytes")
+	}
+	if c.MaxWait < 0 {
+		l.Add("MaxWait", "must not be negative")
+	}
+	if c.IsolationLevel != kafka.ReadUncommitted && c.IsolationLevel != kafka.ReadCommitted {
+		l.Addf("IsolationLevel", "unknown value %d", int(c.IsolationLevel))
+	}
+	if c.SessionTimeout < 0 {
+		l.Add("SessionTimeout", "must not be negative")
+	}
+	if c.HeartbeatInterval < 0 {
+		l.Add("HeartbeatInterval", "must not be negative")
+	} else if c.SessionTimeout >= 0 && c.HeartbeatInterval >= c.SessionTimeout {
+		l.Add("HeartbeatInterval", "must be below SessionTimeout")
+	}
+	if c.RebalanceTimeout < 0 {
+		l.Add("RebalanceTimeout", "must not be negative")
+	}
+	if c.JoinGroupBackoff < 0 {
+		l.Add("JoinGroupBackoff", "must not be negative")
+	}
+	if c.CommitInterval < 0 {
+		l.Add("CommitInterval", "must not be negative")
+	}
+	if c.CommitTimeout < 0 {
+		l.Add("CommitTimeout", "must not be negative")
+	}
+	if c.DeadLetterTimeout < 0 {
+		l.Add("DeadLetterTimeout", "must not be negative")
+	}
+	if c.DeadLetterRetryDelay < 0 {
+		l.Add("DeadLetterRetryDelay", "must not be negative")
+	}
+	return l.Err()
 }

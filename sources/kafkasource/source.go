@@ -161,8 +161,8 @@ type entry struct {
 
 // New returns a Source for cfg and starts joining its consumer group and
 // fetching in the background. It validates cfg (after WithDefaults) and
-// returns a *ConfigError for invalid fields; it does not wait for the
-// brokers. Close it when done.
+// returns a *ConfigError for each invalid field, all at once; it does not
+// wait for the brokers. Close it when done.
 func New(cfg Config) (src *Source, err error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
@@ -194,7 +194,7 @@ func New(cfg Config) (src *Source, err error) {
 		rc.GroupTopics = cfg.Topics
 	}
 	if err := rc.Validate(); err != nil {
-		return nil, &ConfigError{Field: "Config", Reason: err.Error()}
+		return nil, &ConfigError{Field: "kafkasource.Config", Reason: "rejected by kafka-go", Err: err}
 	}
 	if cfg.ConnectTimeout >= 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), cfg.ConnectTimeout)
@@ -208,7 +208,7 @@ func New(cfg Config) (src *Source, err error) {
 	// kafka.NewReader panics on configurations it rejects; report them.
 	defer func() {
 		if v := recover(); v != nil {
-			src, err = nil, &ConfigError{Field: "Config", Reason: fmt.Sprint(v)}
+			src, err = nil, &ConfigError{Field: "kafkasource.Config", Reason: fmt.Sprint(v)}
 		}
 	}()
 	reader := kafka.NewReader(rc)

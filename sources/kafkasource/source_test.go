@@ -48,7 +48,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 			continue
 		}
 		var ce *kafkasource.ConfigError
-		if !errors.As(err, &ce) || ce.Field != tc.field || !errors.Is(err, consumer.ErrInvalidConfig) {
+		if !errors.As(err, &ce) || ce.Field != "kafkasource.Config."+tc.field || !errors.Is(err, consumer.ErrInvalidConfig) {
 			t.Errorf("%s: New returned %v, want a *ConfigError for field %s matching consumer.ErrInvalidConfig", tc.field, err, tc.field)
 		}
 	}

@@ -41,16 +41,16 @@ func CreateTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, t
 		dialer = kafka.DefaultDialer
 	}
 	if len(brokers) == 0 {
-		return &ConfigError{Field: "Brokers", Reason: "required"}
+		return &ConfigError{Field: "kafkasource.CreateTopics(brokers)", Reason: "required"}
 	}
 	topics = slices.Clone(topics)
 	configs := make([]kafka.TopicConfig, 0, len(topics))
 	for i, t := range topics {
 		if t.Name == "" {
-			return &ConfigError{Field: "TopicSpec.Name", Reason: fmt.Sprintf("topic %d has no name", i)}
+			return &ConfigError{Field: "kafkasource.TopicSpec.Name", Reason: fmt.Sprintf("topic %d has no name", i)}
 		}
 		if t.Partitions < 0 || t.ReplicationFactor < 0 {
-			return &ConfigError{Field: "TopicSpec", Reason: fmt.Sprintf("topic %q: negative partitions or replication factor", t.Name)}
+			return &ConfigError{Field: "kafkasource.TopicSpec", Reason: fmt.Sprintf("topic %q: negative partitions or replication factor", t.Name)}
 		}
 		topics[i].Partitions = max(t.Partitions, 1)
 		topics[i].ReplicationFactor = max(t.ReplicationFactor, 1)

@@ -8,6 +8,9 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/cfgerr"
 )
 
 // Errors returned by the broker and its sources. Match them with errors.Is.
@@ -26,8 +29,9 @@ var (
 	ErrForeignMessage = errors.New("memsource: message was not received by this source")
 	// ErrInjected is the default error of an injected fault.
 	ErrInjected = errors.New("memsource: injected fault")
-	// ErrInvalidConfig is matched by the errors of Config.Validate.
-	ErrInvalidConfig = errors.New("memsource: invalid configuration")
+	// ErrInvalidConfig is matched by the errors of Config.Validate. It is
+	// consumer.ErrInvalidConfig; each bad field is a *consumer.ConfigError.
+	ErrInvalidConfig = consumer.ErrInvalidConfig
 )
 
 // DefaultVisibilityTimeout is the default Config.VisibilityTimeout.
@@ -65,13 +69,14 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Validate reports an invalid field of c (after WithDefaults); the error
-// matches ErrInvalidConfig.
+// Validate reports every invalid field of c (after WithDefaults), each a
+// *consumer.ConfigError; the error matches ErrInvalidConfig.
 func (c Config) Validate() error {
+	l := cfgerr.List{Prefix: "memsource.Config."}
 	if c.WithDefaults().VisibilityTimeout < 0 {
-		return fmt.Errorf("%w: VisibilityTimeout must not be negative, got %s", ErrInvalidConfig, c.VisibilityTimeout)
+		l.Addf("VisibilityTimeout", "must not be negative, got %s", c.VisibilityTimeout)
 	}
-	return nil
+	return l.Err()
 }
 
 // Outgoing is a message to publish.

@@ -68,8 +68,8 @@ type Harness struct {
 	// when it returns. Required.
 	Publish func(t *testing.T, topic string, msgs ...Outgoing)
 	// DeadLetters returns the messages dead-lettered from topic so far, with
-	// the reason in Headers["idemq-reason"] (or the header named by
-	// ReasonHeader). Required when Features.DeadLetterReadable.
+	// the reason in Headers[ReasonHeader] (consumer.MetaReason). Required
+	// when Features.DeadLetterReadable.
 	DeadLetters func(t *testing.T, topic string) []Outgoing
 	// RestartBroker restarts the broker (or cuts and restores the
 	// connection to it) and returns once it accepts connections again.
@@ -78,9 +78,9 @@ type Harness struct {
 }
 
 // ReasonHeader is the header in which Harness.DeadLetters reports why a
-// message was dead-lettered. The suite checks that it is present and not
-// empty.
-const ReasonHeader = "idemq-reason"
+// message was dead-lettered: consumer.MetaReason, the name every source
+// writes. The suite checks that it is present and not empty.
+const ReasonHeader = consumer.MetaReason
 
 // StressEnv is the environment variable that turns on the stress mode: when it
 // is "1", the delivery tests run again with many more messages.

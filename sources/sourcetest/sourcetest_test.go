@@ -165,3 +165,11 @@ func (s *broken) Close() error {
 	s.closed.Store(true)
 	return s.Source.Close()
 }
+
+// TestDeadLetterMetadataNames: the suite reads the reason under the name
+// every source writes, defined once in consumer.
+func TestDeadLetterMetadataNames(t *testing.T) {
+	if sourcetest.ReasonHeader != consumer.MetaReason {
+		t.Errorf("ReasonHeader %q, want %q", sourcetest.ReasonHeader, consumer.MetaReason)
+	}
+}

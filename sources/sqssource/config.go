@@ -1,9 +1,10 @@
 package sqssource
 
 import (
-	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/idemq/idemq/internal/cfgerr"
 )
 
 // SQS limits that bound the configuration.
@@ -187,29 +188,39 @@ func (c Config) WithDefaults() Config {
 // heartbeat reports whether the heartbeat is enabled.
 func (c Config) heartbeat() bool { return c.HeartbeatInterval > 0 }
 
+// validate reports every invalid field of c.
 func (c Config) validate() error {
 	wholeSeconds := func(d time.Duration) bool { return d%time.Second == 0 }
-	switch {
-	case c.QueueURL == "":
-		return configError("QueueURL", "required")
-	case c.DeadLetterQueueURL == c.QueueURL:
-		return configError("DeadLetterQueueURL", "is the consumed queue itself")
-	case c.VisibilityTimeout < time.Second || c.VisibilityTimeout > MaxVisibility || !wholeSeconds(c.VisibilityTimeout):
-		return configError("VisibilityTimeout", fmt.Sprintf("%s is not a whole number of seconds between 1s and 12h", c.VisibilityTimeout))
-	case c.WaitTime < 0 || c.WaitTime > MaxWaitTime || !wholeSeconds(c.WaitTime):
-		return configError("WaitTime", fmt.Sprintf("%s is not a whole number of seconds up to 20s", c.WaitTime))
-	case c.MaxReceivers < 1:
-		return configError("MaxReceivers", "must be at least 1")
-	case c.heartbeat() && c.HeartbeatInterval > c.VisibilityTimeout/2:
-		return configError("HeartbeatInterval", fmt.Sprintf("%s is more than half of VisibilityTimeout %s", c.HeartbeatInterval, c.VisibilityTimeout))
-	case c.MaxExtension <= 0 || c.MaxExtension > MaxVisibility:
-		return configError("MaxExtension", fmt.Sprintf("%s is not above 0 and at most 12h", c.MaxExtension))
-	case c.RequestTimeout < 0:
-		return configError("RequestTimeout", "must not be negative")
-	case c.DeleteAttempts < 1:
-		return configError("DeleteAttempts", "must be at least 1")
-	case c.RedriveDelay > MaxVisibility:
-		return configError("RedriveDelay", fmt.Sprintf("%s is more than 12h", c.RedriveDelay))
+	l := cfgerr.List{Prefix: "sqssource.Config."}
+	if c.QueueURL == "" {
+		l.Add("QueueURL", "required")
+	} else if c.DeadLetterQueueURL == c.QueueURL {
+		l.Add("DeadLetterQueueURL", "is the consumed queue itself")
 	}
-	return nil
+	badVisibility := c.VisibilityTimeout < time.Second || c.VisibilityTimeout > MaxVisibility || !wholeSeconds(c.VisibilityTimeout)
+	if badVisibility {
+		l.Addf("VisibilityTimeout", "%s is not a whole number of seconds between 1s and 12h", c.VisibilityTimeout)
+	}
+	if c.WaitTime < 0 || c.WaitTime > MaxWaitTime || !wholeSeconds(c.WaitTime) {
+		l.Addf("WaitTime", "%s is not a whole number of seconds up to 20s", c.WaitTime)
+	}
+	if c.MaxReceivers < 1 {
+		l.Add("MaxReceivers", "must be at least 1")
+	}
+	if !badVisibility && c.heartbeat() && c.HeartbeatInterval > c.VisibilityTimeout/2 {
+		l.Addf("HeartbeatInterval", "%s is more than half of VisibilityTimeout %s", c.HeartbeatInterval, c.VisibilityTimeout)
+	}
+	if c.MaxExtension <= 0 || c.MaxExtension > MaxVisibility {
+		l.Addf("MaxExtension", "%s is not above 0 and at most 12h", c.MaxExtension)
+	}
+	if c.RequestTimeout < 0 {
+		l.Add("RequestTimeout", "must not be negative")
+	}
+	if c.DeleteAttempts < 1 {
+		l.Add("DeleteAttempts", "must be at least 1")
+	}
+	if c.RedriveDelay > MaxVisibility {
+		l.Addf("RedriveDelay", "%s is more than 12h", c.RedriveDelay)
+	}
+	return l.Err()
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/cfgerr"
 )
 
 // Client is the part of the SQS API that a Source uses. *sqs.Client satisfies
@@ -44,9 +45,9 @@ var _ consumer.Source = (*Source)(nil)
 const (
 	// AttrReason holds the error that sent the message to the dead-letter
 	// queue (at most 2 KiB of its text).
-	AttrReason = "idemq-reason"
+	AttrReason = consumer.MetaReason
 	// AttrAttempts holds the number of attempts made (a Number attribute).
-	AttrAttempts = "idemq-attempts"
+	AttrAttempts = consumer.MetaAttempts
 	// AttrSourceQueue holds the URL of the queue the message came from.
 	AttrSourceQueue = "idemq-source-queue"
 	// AttrMessageID holds the MessageId of the original message.
@@ -146,15 +147,18 @@ type handle struct {
 // reads whether it is a FIFO queue and its redrive policy, and checks the
 // dead-letter route: it returns ErrNoDeadLetterRoute when neither
 // cfg.DeadLetterQueueURL nor a redrive policy is set, and a
-// *consumer.ConfigError for an invalid cfg (after WithDefaults).
+// *consumer.ConfigError for each invalid field of cfg (after WithDefaults),
+// all at once.
 //
 // The heartbeat starts at once; Close stops it.
 func New(ctx context.Context, client Client, cfg Config) (*Source, error) {
+	var bad cfgerr.List
 	if client == nil {
-		return nil, configError("Client", "nil")
+		bad.Include(&consumer.ConfigError{Field: "sqssource.New(client)", Reason: "nil"})
 	}
 	cfg = cfg.WithDefaults()
-	if err := cfg.validate(); err != nil {
+	bad.Include(cfg.validate())
+	if err := bad.Err(); err != nil {
 		return nil, err
 	}
 	s := &Source{

@@ -1,14 +1,9 @@
 package sqlstore
 
 import (
-	"regexp"
 	"strings"
 	"testing"
 )
-
-// identRE is the identifier rule the stores validate table names with
-// (pgdedup and sqldedup validIdent); Render relies on it.
-var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // FuzzRender checks Render: with the default names it is the identity, and
 // with marked names every occurrence of the default table (or a name derived
@@ -38,7 +33,7 @@ func FuzzRender(f *testing.F) {
 		if got := Render(sql, DefaultTable, DefaultTable, func(s string) string { return s }); got != sql {
 			t.Fatalf("Render with the default names changed %q into %q", sql, got)
 		}
-		if !identRE.MatchString(table) || len(table) > 50 || strings.ContainsRune(sql, 0) {
+		if !IdentRE.MatchString(table) || len(table) > 50 || strings.ContainsRune(sql, 0) {
 			return
 		}
 		quote := func(s string) string { return "\x00Q" + s + "\x00" }

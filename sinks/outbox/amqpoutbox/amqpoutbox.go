@@ -27,6 +27,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/sinks/outbox"
 )
 
@@ -58,7 +59,7 @@ var _ outbox.Publisher = (*Publisher)(nil)
 // New returns a Publisher. Close it when done.
 func New(cfg Config) (*Publisher, error) {
 	if cfg.URL == "" {
-		return nil, fmt.Errorf("%w: amqpoutbox: URL is required", outbox.ErrInvalidConfig)
+		return nil, &consumer.ConfigError{Field: "amqpoutbox.Config.URL", Reason: "required"}
 	}
 	if cfg.ConfirmTimeout == 0 {
 		cfg.ConfirmTimeout = 30 * time.Second

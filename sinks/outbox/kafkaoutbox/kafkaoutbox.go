@@ -15,12 +15,12 @@ package kafkaoutbox
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/sinks/outbox"
 )
 
@@ -48,7 +48,7 @@ var _ outbox.Publisher = (*Publisher)(nil)
 // New returns a Publisher. Close it when done.
 func New(cfg Config) (*Publisher, error) {
 	if len(cfg.Brokers) == 0 {
-		return nil, fmt.Errorf("%w: kafkaoutbox: Brokers is required", outbox.ErrInvalidConfig)
+		return nil, &consumer.ConfigError{Field: "kafkaoutbox.Config.Brokers", Reason: "required"}
 	}
 	if cfg.WriteTimeout == 0 {
 		cfg.WriteTimeout = 10 * time.Second

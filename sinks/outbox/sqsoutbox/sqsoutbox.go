@@ -36,6 +36,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/aws/smithy-go"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/sinks/outbox"
 )
 
@@ -63,7 +64,7 @@ var _ outbox.Publisher = (*Publisher)(nil)
 // New returns a Publisher over c.
 func New(c Client) (*Publisher, error) {
 	if c == nil {
-		return nil, fmt.Errorf("%w: sqsoutbox: client is required", outbox.ErrInvalidConfig)
+		return nil, &consumer.ConfigError{Field: "sqsoutbox.New(c)", Reason: "required"}
 	}
 	return &Publisher{c: c, urls: map[string]string{}}, nil
 }

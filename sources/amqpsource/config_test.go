@@ -1,0 +1,64 @@
+package amqpsource_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/cfgerr"
+	"github.com/idemq/idemq/sources/amqpsource"
+)
+
+// TestConfigErrorsNameEveryField: New reports every bad field at once, each a
+// *consumer.ConfigError (amqpsource.ConfigError is the same type) matching
+// consumer.ErrInvalidConfig, before it dials.
+func TestConfigErrorsNameEveryField(t *testing.T) {
+	cases := []struct {
+		name string
+		cfg  amqpsource.Config
+		want []string
+	}{
+		{"url and queue", amqpsource.Config{},
+			[]string{"amqpsource.Config.URL", "amqpsource.Config.Queue"}},
+		{"recovery, prefetch and retry args", amqpsource.Config{URL: "amqp://127.0.0.1:1", Queue: "q",
+			AMQP: amqp.Config{Recovery: &amqp.Recovery{}}, Prefetch: 70000, PublishTimeout: -time.Second,
+			RetryQueueArgs: amqp.Table{"x-queue-type": "classic"}},
+			[]string{"amqpsource.Config.AMQP.Recovery", "amqpsource.Config.Prefetch", "amqpsource.Config.PublishTimeout", "amqpsource.Config.RetryQueueArgs"}},
+	}
+	for _, tc := range cases {
+		src, err := amqpsource.New(context.Background(), tc.cfg)
+		if err == nil {
+			_ = src.Close()
+		}
+		if !errors.Is(err, consumer.ErrInvalidConfig) {
+			t.Errorf("%s: New = %v, want consumer.ErrInvalidConfig", tc.name, err)
+		}
+		var ce *amqpsource.ConfigError
+		if !errors.As(err, &ce) {
+			t.Errorf("%s: New = %v, want a *amqpsource.ConfigError", tc.name, err)
+		}
+		if got := cfgerr.Fields(err); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: New = %v, reports fields %q, want %q", tc.name, err, got, tc.want)
+		}
+	}
+}
+
+// TestDeadLetterMetadataNames: the dead-letter headers are the names defined
+// once in consumer.
+func TestDeadLetterMetadataNames(t *testing.T) {
+	for got, want := range map[string]string{
+		amqpsource.HeaderReason:         consumer.MetaReason,
+		amqpsource.HeaderAttempts:       consumer.MetaAttempts,
+		amqpsource.HeaderKey:            consumer.MetaKey,
+		amqpsource.HeaderDeadLetteredAt: consumer.MetaDeadLetteredAt,
+	} {
+		if got != want {
+			t.Errorf("header %q, want %q", got, want)
+		}
+	}
+}

@@ -1,0 +1,58 @@
+package kafkasource_test
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/cfgerr"
+	"github.com/idemq/idemq/sources/kafkasource"
+)
+
+// TestConfigErrorsNameEveryField: New reports every bad field at once, each a
+// *consumer.ConfigError (kafkasource.ConfigError is the same type) matching
+// consumer.ErrInvalidConfig. It needs no broker.
+func TestConfigErrorsNameEveryField(t *testing.T) {
+	cases := []struct {
+		name string
+		cfg  kafkasource.Config
+		want []string
+	}{
+		{"brokers and group", kafkasource.Config{Topics: []string{"t"}},
+			[]string{"kafkasource.Config.Brokers", "kafkasource.Config.GroupID"}},
+		{"topics and in-flight", kafkasource.Config{Brokers: []string{"127.0.0.1:1"}, Topics: []string{"a", "a"}, GroupID: "g", MaxInFlight: -1, CommitTimeout: -1},
+			[]string{"kafkasource.Config.Topics", "kafkasource.Config.MaxInFlight", "kafkasource.Config.CommitTimeout"}},
+	}
+	for _, tc := range cases {
+		src, err := kafkasource.New(tc.cfg)
+		if err == nil {
+			_ = src.Close()
+		}
+		if !errors.Is(err, consumer.ErrInvalidConfig) {
+			t.Errorf("%s: New = %v, want consumer.ErrInvalidConfig", tc.name, err)
+		}
+		var ce *kafkasource.ConfigError
+		if !errors.As(err, &ce) {
+			t.Errorf("%s: New = %v, want a *kafkasource.ConfigError", tc.name, err)
+		}
+		if got := cfgerr.Fields(err); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: New = %v, reports fields %q, want %q", tc.name, err, got, tc.want)
+		}
+	}
+}
+
+// TestDeadLetterMetadataNames: the dead-letter headers are the names defined
+// once in consumer.
+func TestDeadLetterMetadataNames(t *testing.T) {
+	for got, want := range map[string]string{
+		kafkasource.HeaderReason:         consumer.MetaReason,
+		kafkasource.HeaderAttempts:       consumer.MetaAttempts,
+		kafkasource.HeaderKey:            consumer.MetaKey,
+		kafkasource.HeaderDeadLetteredAt: consumer.MetaDeadLetteredAt,
+	} {
+		if got != want {
+			t.Errorf("header %q, want %q", got, want)
+		}
+	}
+}
