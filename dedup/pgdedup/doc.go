@@ -42,7 +42,8 @@
 // Runner, which refuses to start when its source's broker keeps messages
 // longer). An expired record no longer deduplicates; RunJanitor deletes expired records in small
 // batches, skipping rows that are locked, under an advisory lock so that one
-// process cleans at a time. Every
+// process cleans at a time, with a pause (Config.CleanupPause) between two
+// batches so that a backlog does not starve the claims. Every
 // Config.StatsInterval (5 min) it also measures the table after its cleanup
 // (records per scope, the oldest record), which Store.TableStats returns
 // without a query and otelidemq's Hook.ObserveDedup exports as gauges.

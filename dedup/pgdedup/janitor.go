@@ -10,18 +10,18 @@ import (
 )
 
 // Cleanup deletes expired records in batches of Config.CleanupBatchSize, each
-// in its own short transaction, until none is left, and returns how many it
-// deleted. Rows locked by a concurrent claim are skipped, so cleanup never
+// in its own short transaction and Config.CleanupPause after the previous
+// one, until none is left, and returns how many it deleted. Rows locked by a concurrent claim are skipped, so cleanup never
 // blocks consumption. When another process is cleaning the same table, this
 // call returns at once (an advisory lock lets one cleaner run at a time).
 // Expired handler-failure counts (see RecordFailure) are deleted the same
 // way, after the records.
 func (s *Store) Cleanup(ctx context.Context) (int64, error) {
-	n, err := sqlstore.Cleanup(ctx, s.cfg.CleanupBatchSize, s.cleanupBatch)
+	n, err := sqlstore.CleanupPaced(ctx, s.cfg.CleanupBatchSize, s.cfg.CleanupPause, s.cleanupBatch)
 	if err != nil {
 		return n, err
 	}
-	m, err := sqlstore.Cleanup(ctx, s.cfg.CleanupBatchSize, s.cleanupFailuresBatch)
+	m, err := sqlstore.CleanupPaced(ctx, s.cfg.CleanupBatchSize, s.cfg.CleanupPause, s.cleanupFailuresBatch)
 	return n + m, err
 }
 

@@ -57,6 +57,17 @@ type Config struct {
 	// keep it well above the time that takes. Negative: never. Defaults to
 	// 5 min.
 	StatsInterval time.Duration
+	// CleanupPause is the pause between two batches of one Cleanup, so
+	// that a backlog of expired records (after a janitor outage, or the
+	// first cleanup of a large table) is deleted at a bounded pace and does
+	// not take a busy database from the claims: at most CleanupBatchSize
+	// records per CleanupPause plus the batch's own time (with the
+	// defaults, at most 100,000 records/s, about half that on a loaded
+	// 2-core machine; the README's Performance section has the
+	// measurements). It must leave the janitor faster than records are
+	// written: raise CleanupBatchSize or lower the pause if more expire
+	// per second. Defaults to 10 ms; a negative value means no pause.
+	CleanupPause time.Duration
 	// Logger receives the janitor's logs. Defaults to a logger that
 	// discards everything.
 	Logger *slog.Logger
@@ -69,6 +80,7 @@ const (
 	DefaultCleanupInterval  = time.Minute
 	DefaultCleanupBatchSize = 1000
 	DefaultStatsInterval    = 5 * time.Minute
+	DefaultCleanupPause     = 10 * time.Millisecond
 )
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -90,6 +102,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.StatsInterval == 0 {
 		c.StatsInterval = DefaultStatsInterval
+	}
+	if c.CleanupPause == 0 {
+		c.CleanupPause = DefaultCleanupPause
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -341,6 +341,44 @@ func TestExpiredRecordIsClaimedAgainAndCleanedUp(t *testing.T) {
 	}
 }
 
+// A backlog of expired records is deleted one batch per CleanupPause, so
+// that cleaning it does not take a busy database from the claims; a
+// negative pause deletes it back to back.
+func TestCleanupPausesBetweenBatches(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		pause time.Duration
+		want  int64
+		err   error
+	}{
+		{"pause", time.Hour, 2, context.DeadlineExceeded},
+		{"no pause", -1, 5, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store, pool := newStore(t, pgdedup.Config{CleanupBatchSize: 2, CleanupPause: tc.pause})
+			ctx := testCtx(t)
+			claimCommit(t, store, "s", rec("a", "x"), rec("b", "x"), rec("c", "x"), rec("d", "x"), rec("e", "x"))
+			table := pgx.Identifier{store.Config().Schema, "processed_messages"}.Sanitize()
+			if _, err := pool.Exec(ctx, `UPDATE `+table+` SET expires_at = now() - interval '1 second'`); err != nil {
+				t.Fatal(err)
+			}
+			// Far shorter than the pause: Cleanup returns in the first pause.
+			cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			n, err := store.Cleanup(cctx)
+			if n != tc.want || !errors.Is(err, tc.err) {
+				t.Fatalf("Cleanup of 5 expired records in batches of 2 with pause %s = %d, %v; want %d, %v", tc.pause, n, err, tc.want, tc.err)
+			}
+		})
+	}
+}
+
+func TestCleanupPauseDefault(t *testing.T) {
+	if got := (pgdedup.Config{}).WithDefaults().CleanupPause; got != pgdedup.DefaultCleanupPause || got <= 0 {
+		t.Fatalf("default CleanupPause = %s, want DefaultCleanupPause (%s), above 0", got, pgdedup.DefaultCleanupPause)
+	}
+}
+
 func TestCleanupSkipsLockedRows(t *testing.T) {
 	store, pool := newStore(t, pgdedup.Config{})
 	ctx := testCtx(t)

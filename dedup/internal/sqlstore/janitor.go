@@ -10,12 +10,30 @@ import (
 // (busy), fails, or deletes fewer than size records, and returns how many
 // records the calls deleted.
 func Cleanup(ctx context.Context, size int, batch func(ctx context.Context) (deleted int64, busy bool, err error)) (int64, error) {
+	return CleanupPaced(ctx, size, 0, batch)
+}
+
+// CleanupPaced is Cleanup with a pause between two batches, so that a
+// backlog is deleted at most size records per pause (fewer, by the batches'
+// own time) and the cleaner leaves the database to the claims in between. A
+// pause of 0 or less means none. When ctx is done during a pause, it returns
+// the records deleted so far and ctx's error.
+func CleanupPaced(ctx context.Context, size int, pause time.Duration, batch func(ctx context.Context) (deleted int64, busy bool, err error)) (int64, error) {
 	var total int64
 	for {
 		n, busy, err := batch(ctx)
 		total += n
 		if err != nil || busy || n < int64(size) {
 			return total, err
+		}
+		if pause > 0 {
+			t := time.NewTimer(pause)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return total, ctx.Err()
+			case <-t.C:
+			}
 		}
 	}
 }

@@ -86,6 +86,29 @@ func TestCleanupStopsOnShortBatchBusyOrError(t *testing.T) {
 	}
 }
 
+func TestCleanupPacedPausesBetweenFullBatches(t *testing.T) {
+	// The pause is far longer than ctx: Cleanup returns in the first one.
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	calls := 0
+	n, err := CleanupPaced(ctx, 10, time.Hour, func(context.Context) (int64, bool, error) {
+		calls++
+		return 10, false, nil
+	})
+	if n != 10 || !errors.Is(err, context.DeadlineExceeded) || calls != 1 {
+		t.Fatalf("CleanupPaced = %d, %v after %d calls; want 10, %v after 1", n, err, calls, context.DeadlineExceeded)
+	}
+	// No pause after a batch that was not full: the cleanup is over.
+	calls = 0
+	n, err = CleanupPaced(context.Background(), 10, time.Hour, func(context.Context) (int64, bool, error) {
+		calls++
+		return 3, false, nil
+	})
+	if n != 3 || err != nil || calls != 1 {
+		t.Fatalf("CleanupPaced = %d, %v after %d calls; want 3, nil after 1", n, err, calls)
+	}
+}
+
 func TestTransientClassification(t *testing.T) {
 	for code, want := range map[string]bool{
 		"40001": true, "40P01": true, "08006": true, "08001": true, "57P01": true, "57P02": true, "57P03": true,
