@@ -7,9 +7,9 @@
 //     claim and the commit) on the idle table, and while the janitor deletes
 //     a backlog of expired records as fast as it goes (store.Cleanup called
 //     again as soon as it returns), in two rounds of alternating order, and
-//     their ratio within each round; once for each janitor pause of
-//     -cleanup-pause (by default none, back to back, then pgdedup's default
-//     Config.CleanupPause);
+//     their ratio within each round; once for each janitor setting of
+//     -janitors (by default none, back to back, then pgdedup's default
+//     Config.CleanupBatchSize and Config.CleanupPause);
 //   - the janitor's delete rate (rows/s) during those phases, against the
 //     peak claim rate (the ingest rate it must keep up with);
 //   - the latency of the claim (BEGIN and the claim's INSERT, one pipelined
@@ -26,8 +26,8 @@
 // expiry order as a Runner writes them, the first -expired share of them
 // expired already; the primary key is built after the insert. The claims use
 // the same scope with new random keys, so they insert across the whole
-// primary key index, and a retention of -retention, so that later cycles
-// have records of the run itself to delete. Run it with `make
+// primary key index, and a retention of -retention (10 s), shorter than a
+// phase, so that every cycle has records of the run itself to delete. Run it with `make
 // bench-retention`; TEST_DATABASE_URL selects the server.
 package main
 
@@ -42,6 +42,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,17 +62,16 @@ const (
 )
 
 type options struct {
-	dsn          string
-	rows         int
-	expired      float64
-	concurrency  int
-	batch        int
-	phase        time.Duration
-	cleanupBatch int
-	pauses       []time.Duration
-	retention    time.Duration
-	cycles       int
-	cycleMax     time.Duration
+	dsn         string
+	rows        int
+	expired     float64
+	concurrency int
+	batch       int
+	phase       time.Duration
+	janitors    []janitorSetting
+	retention   time.Duration
+	cycles      int
+	cycleMax    time.Duration
 }
 
 func main() {
@@ -82,26 +82,18 @@ func main() {
 	flag.IntVar(&o.concurrency, "concurrency", 4, "Runner.Concurrency")
 	flag.IntVar(&o.batch, "batch", 100, "Runner.BatchSize")
 	flag.DurationVar(&o.phase, "phase", 20*time.Second, "duration of each measured phase")
-	flag.IntVar(&o.cleanupBatch, "cleanup-batch", pgdedup.DefaultCleanupBatchSize, "Config.CleanupBatchSize of the janitor")
-	pauses := flag.String("cleanup-pause", "none,default", "Config.CleanupPause of the janitor, a comma-separated list measured one after another (none: back to back; default: pgdedup's default)")
-	flag.DurationVar(&o.retention, "retention", time.Minute, "Config.Retention of the claims made by the run")
+	janitors := flag.String("janitors", "none,default", "janitor settings measured one after another, comma-separated, each [CleanupBatchSize/]CleanupPause (none: back to back; default: pgdedup's default); the last one runs the cycles")
+	flag.DurationVar(&o.retention, "retention", 10*time.Second, "Config.Retention of the claims made by the run")
 	flag.IntVar(&o.cycles, "cycles", 3, "cleanup cycles before the sizes are measured")
 	flag.DurationVar(&o.cycleMax, "cycle-max", 10*time.Minute, "give up a cycle's final cleanup after this long")
 	flag.Parse()
-	for _, p := range strings.Split(*pauses, ",") {
-		switch p = strings.TrimSpace(p); p {
-		case "none":
-			o.pauses = append(o.pauses, -1)
-		case "default":
-			o.pauses = append(o.pauses, pgdedup.DefaultCleanupPause)
-		default:
-			d, err := time.ParseDuration(p)
-			if err != nil || d <= 0 {
-				fmt.Fprintf(os.Stderr, "bench: -cleanup-pause: %q is not none, default or a positive duration\n", p)
-				os.Exit(2)
-			}
-			o.pauses = append(o.pauses, d)
+	for _, j := range strings.Split(*janitors, ",") {
+		js, err := parseJanitor(strings.TrimSpace(j))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench: -janitors:", err)
+			os.Exit(2)
 		}
+		o.janitors = append(o.janitors, js)
 	}
 	if o.dsn == "" {
 		o.dsn = envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable")
@@ -159,8 +151,8 @@ func run(ctx context.Context, o options) (err error) {
 	fmt.Printf("after fill: table %s, indexes %s, %d live and %d dead tuples\n", mib(sz.table), mib(sz.indexes), sz.live, sz.dead)
 	var peak float64
 	var last *pgdedup.Store
-	for _, pause := range o.pauses {
-		janitor, err := pgdedup.New(b.jpool, pgdedup.Config{Schema: schema, CleanupBatchSize: o.cleanupBatch, CleanupPause: pause})
+	for _, js := range o.janitors {
+		janitor, err := pgdedup.New(b.jpool, pgdedup.Config{Schema: schema, CleanupBatchSize: js.batch, CleanupPause: js.pause})
 		if err != nil {
 			return err
 		}
@@ -258,6 +250,37 @@ func (b *bench) rounds(ctx context.Context, janitor *pgdedup.Store) (float64, er
 	return peak, nil
 }
 
+// janitorSetting is one janitor configuration to measure.
+type janitorSetting struct {
+	batch int
+	pause time.Duration
+}
+
+// parseJanitor parses [batch/]pause; pause is none, default or a duration.
+func parseJanitor(s string) (janitorSetting, error) {
+	js := janitorSetting{batch: pgdedup.DefaultCleanupBatchSize}
+	if b, p, ok := strings.Cut(s, "/"); ok {
+		n, err := strconv.Atoi(b)
+		if err != nil || n < 1 {
+			return js, fmt.Errorf("%q: batch size %q is not a positive number", s, b)
+		}
+		js.batch, s = n, p
+	}
+	switch s {
+	case "none":
+		js.pause = -1
+	case "default":
+		js.pause = pgdedup.DefaultCleanupPause
+	default:
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			return js, fmt.Errorf("pause %q is not none, default or a positive duration", s)
+		}
+		js.pause = d
+	}
+	return js, nil
+}
+
 func pauseName(d time.Duration) string {
 	if d < 0 {
 		return "none"
@@ -302,8 +325,8 @@ LATERAL (SELECT CASE WHEN i <= %d THEN now() - interval '1 second' - (%d - i) * 
 		b.table, scope, b.o.rows, exp, exp, exp)
 	var version, syncCommit, sharedBuffers string
 	_ = b.admin.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('synchronous_commit'), current_setting('shared_buffers')`).Scan(&version, &syncCommit, &sharedBuffers)
-	fmt.Printf("retention benchmark: PostgreSQL %s (synchronous_commit=%s, shared_buffers=%s); %d records (%d expired); Runner batch API, batch %d, concurrency %d; janitor batch %d; phases of %s\n",
-		version, syncCommit, sharedBuffers, b.o.rows, exp, b.o.batch, b.o.concurrency, b.o.cleanupBatch, b.o.phase)
+	fmt.Printf("retention benchmark: PostgreSQL %s (synchronous_commit=%s, shared_buffers=%s); %d records (%d expired); Runner batch API, batch %d, concurrency %d, claims kept %s; phases of %s\n",
+		version, syncCommit, sharedBuffers, b.o.rows, exp, b.o.batch, b.o.concurrency, b.o.retention, b.o.phase)
 	// The primary key is built once after the insert (sorted) rather than
 	// row by row: the same index, in a fraction of the time.
 	start := time.Now()
