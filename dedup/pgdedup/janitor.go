@@ -11,8 +11,8 @@ import (
 
 // Cleanup deletes expired records in batches of Config.CleanupBatchSize, each
 // in its own short transaction and Config.CleanupPause after the previous
-// one, until none is left, and returns how many it deleted. Rows locked by a concurrent claim are skipped, so cleanup never
-// blocks consumption. When another process is cleaning the same table, this
+// one, until none is left, and returns how many it deleted. Rows locked by a
+// concurrent claim are skipped, so cleanup never blocks consumption. When another process is cleaning the same table, this
 // call returns at once (an advisory lock lets one cleaner run at a time).
 // Expired handler-failure counts (see RecordFailure) are deleted the same
 // way, after the records.
