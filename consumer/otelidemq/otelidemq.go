@@ -231,6 +231,7 @@ var (
 	_ consumer.HookHandlerStart       = (*Hook)(nil)
 	_ consumer.HookHandlerEnd         = (*Hook)(nil)
 	_ consumer.HookCommit             = (*Hook)(nil)
+	_ consumer.HookTx                 = (*Hook)(nil)
 	_ consumer.HookAck                = (*Hook)(nil)
 	_ consumer.HookRetry              = (*Hook)(nil)
 	_ consumer.HookDeadLetter         = (*Hook)(nil)
@@ -411,10 +412,12 @@ func (h *Hook) OnBatch(ctx context.Context, size int) {
 	h.batchSize.Record(ctx, int64(size), h.baseRec...)
 }
 
-// OnClaimed adds a "claim" child span when the claim was timed, and for a
-// duplicate an event with its reason and a count by reason.
+// OnClaimed adds a "claim" child span when the claim was timed and claimed
+// this message alone (a transaction's claim of several is one span, made
+// by OnTx), and for a duplicate an event with its reason and a count by
+// reason.
 func (h *Hook) OnClaimed(ctx context.Context, m *consumer.Message, c consumer.ClaimInfo) {
-	if !c.Start.IsZero() && c.State > 0 && int(c.State) < len(h.claimOpts) {
+	if !c.Start.IsZero() && c.Messages <= 1 && c.State > 0 && int(c.State) < len(h.claimOpts) {
 		t := h.timed(&h.lastClaim, c.Start, c.End, c.State)
 		_, span := h.tracer.Start(ctx, "claim", t.startOpts...)
 		span.End(t.endOpts...)
@@ -452,9 +455,11 @@ func (h *Hook) OnHandlerEnd(ctx context.Context, m *consumer.Message, d time.Dur
 	span.End()
 }
 
-// OnCommit adds a "commit" child span and records the commit's duration.
+// OnCommit adds a "commit" child span and records the commit's duration,
+// when the commit was of this message alone (a transaction's commit of
+// several is one span and one measurement, made by OnTx).
 func (h *Hook) OnCommit(ctx context.Context, m *consumer.Message, c consumer.CommitInfo) {
-	if c.Start.IsZero() {
+	if c.Start.IsZero() || c.Messages > 1 {
 		return
 	}
 	t := h.timed(&h.lastCommit, c.Start, c.End, 0)
@@ -465,6 +470,80 @@ func (h *Hook) OnCommit(ctx context.Context, m *consumer.Message, c consumer.Com
 	}
 	span.End(t.endOpts...)
 	h.commitDur.Record(ctx, c.End.Sub(c.Start).Seconds(), h.recOpts(ctx)...)
+}
+
+// OnTx makes the spans of the work a transaction does once for several
+// messages, following the messaging conventions for batches: a "claim" span
+// when it claimed more than one key, and a "handler" span (a batch
+// handler's call) and a "commit" span when more than one message was new.
+// Each is a root span (kind internal) linked to the process spans of the
+// messages it covered, with messaging.batch.message_count. The batch
+// handler's and the commit's durations are recorded once per transaction.
+// A transaction of one message gets child spans of its process span
+// instead, from the per-message events.
+func (h *Hook) OnTx(ctx context.Context, t consumer.TxInfo) {
+	var d *destAttrs
+	if len(t.Claimed) > 0 {
+		if s := stateOf(t.Claimed[0]); s != nil {
+			d = s.dest
+		}
+	}
+	if len(t.Claimed) > 1 && !t.ClaimStart.IsZero() {
+		h.txSpan(ctx, "claim", d, t.Claimed, nil, t.ClaimStart, t.ClaimEnd, t.ClaimErr)
+	}
+	if len(t.New) <= 1 {
+		return
+	}
+	rec := h.baseRec
+	if d != nil {
+		rec = d.rec
+	}
+	var links []trace.Link
+	if !t.HandlerStart.IsZero() {
+		links = h.txSpan(ctx, "handler", d, t.New, nil, t.HandlerStart, t.HandlerEnd, t.HandlerErr)
+		dur := t.HandlerEnd.Sub(t.HandlerStart).Seconds()
+		if t.HandlerErr != nil {
+			var kvs []attribute.KeyValue
+			if d != nil {
+				kvs = d.kvs
+			}
+			h.handlerDur.Record(ctx, dur, with(kvs, AttrErrorType.String(errorType(t.HandlerErr))))
+		} else {
+			h.handlerDur.Record(ctx, dur, rec...)
+		}
+	}
+	if c := t.Commit; !c.Start.IsZero() {
+		h.txSpan(ctx, "commit", d, t.New, links, c.Start, c.End, c.Err)
+		h.commitDur.Record(ctx, c.End.Sub(c.Start).Seconds(), rec...)
+	}
+}
+
+// txSpan makes a span of a transaction's work over msgs (message contexts)
+// from start to end, linked to their spans (links, or made from msgs when
+// links is nil), and returns the links.
+func (h *Hook) txSpan(ctx context.Context, name string, d *destAttrs, msgs []context.Context, links []trace.Link, start, end time.Time, err error) []trace.Link {
+	if links == nil {
+		links = make([]trace.Link, 0, len(msgs))
+		for _, c := range msgs {
+			if sc := trace.SpanContextFromContext(c); sc.IsValid() {
+				links = append(links, trace.Link{SpanContext: sc})
+			}
+		}
+	}
+	var kvs []attribute.KeyValue
+	if d != nil {
+		kvs = d.kvs
+	}
+	attrs := make([]attribute.KeyValue, 0, len(kvs)+1)
+	attrs = append(append(attrs, kvs...), AttrBatchCount.Int(len(msgs)))
+	_, span := h.tracer.Start(ctx, name, trace.WithNewRoot(), trace.WithTimestamp(start),
+		trace.WithLinks(links...), trace.WithAttributes(attrs...))
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End(trace.WithTimestamp(end))
+	return links
 }
 
 // OnAck counts the messages of a failed acknowledgement.
