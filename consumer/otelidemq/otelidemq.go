@@ -161,9 +161,10 @@ type destKey struct{ system, destination string }
 // attribute set per measurement would cost more than the measurement.
 type destAttrs struct {
 	key      destKey
-	spanName string               // "process <destination>"
-	kvs      []attribute.KeyValue // the metric attributes
-	spanKVs  []attribute.KeyValue // kvs and messaging.operation.type
+	spanName string                // "process <destination>"
+	kvs      []attribute.KeyValue  // the metric attributes
+	spanKVs  []attribute.KeyValue  // kvs and messaging.operation.type
+	spanOpt  trace.SpanStartOption // a process span's start attributes: spanKVs
 	// The measurement options, as the variadic slices the instruments
 	// take: the destination's attributes, and with an outcome, a duplicate
 	// reason or a retry kind.
@@ -200,6 +201,7 @@ func (h *Hook) attrsOf(system, destination string) *destAttrs {
 	d = &destAttrs{key: k, spanName: "process " + destination, kvs: kvs,
 		spanKVs: append(kvs[:len(kvs):len(kvs)], AttrOperationType.String("process")),
 		add:     []metric.AddOption{opt}, rec: []metric.RecordOption{opt}}
+	d.spanOpt = trace.WithAttributes(d.spanKVs...)
 	for o := range d.outcomes {
 		d.outcomes[o] = []metric.RecordOption{with(kvs, AttrOutcome.String(consumer.Outcome(o).String()))}
 	}
@@ -399,9 +401,10 @@ func (h *Hook) OnReceived(ctx context.Context, m *consumer.Message) context.Cont
 		system = systemOf(m)
 	}
 	dest := h.attrsOf(system, m.Topic)
-	attrs := make([]attribute.KeyValue, 0, len(dest.spanKVs)+2)
-	attrs = append(append(attrs, dest.spanKVs...), AttrMessageID.String(m.ID), AttrDeliveryCount.Int(m.Attempt))
-	ctx, span := h.tracer.Start(ctx, dest.spanName, h.kindOpt, trace.WithAttributes(attrs...))
+	// The attributes a sampler may use are set at the start; the message's
+	// own (its ID and delivery count) are set with its outcome, in one
+	// call, which saves the allocations of a start option per message.
+	ctx, span := h.tracer.Start(ctx, dest.spanName, h.kindOpt, dest.spanOpt)
 	h.consumed.Add(ctx, 1, dest.add...)
 	h.inFlight.Add(ctx, 1, dest.add...)
 	return &state{Context: ctx, span: span, start: now, dest: dest}
@@ -600,7 +603,7 @@ func (h *Hook) OnSettled(ctx context.Context, m *consumer.Message, s consumer.Se
 	}
 	now := time.Now()
 	outcome := AttrOutcome.String(s.Outcome.String())
-	st.span.SetAttributes(outcome, AttrBatchCount.Int(s.BatchSize))
+	st.span.SetAttributes(outcome, AttrBatchCount.Int(s.BatchSize), AttrMessageID.String(m.ID), AttrDeliveryCount.Int(m.Attempt))
 	opt := st.dest.outcomes[consumer.OutcomeLeft]
 	if s.Outcome >= 0 && int(s.Outcome) < len(st.dest.outcomes) {
 		opt = st.dest.outcomes[s.Outcome]
