@@ -89,11 +89,14 @@ type Config struct {
 // Spans: one "process <destination>" span (kind consumer) per delivery,
 // from receipt to settlement, whose parent is the producer's span found in
 // the message's headers (W3C traceparent/tracestate, or an SQS
-// AWSTraceHeader); child spans "claim", "handler" and "commit" where the
-// path reports them. A duplicate is a span event with its reason, not an
-// error; a dead letter sets the span's status to Error. The handler's
-// context carries the handler span, so that spans and trace-aware logs made
-// by the handler join the message's trace, and Inject forwards it.
+// AWSTraceHeader); "claim", "handler" and "commit" spans for the work done
+// for it: child spans where the work is per message, and one span per
+// transaction, linked to the process spans of its messages, where the
+// transactional path does it once for several (see the package doc). A
+// duplicate is a span event with its reason, not an error; a dead letter
+// sets the span's status to Error. A per-message handler's context carries
+// its handler span, so that spans and trace-aware logs made by the handler
+// join the message's trace, and Inject forwards it.
 type Hook struct {
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
@@ -107,10 +110,6 @@ type Hook struct {
 	// Span options built once.
 	kindOpt   trace.SpanStartOption
 	claimOpts [consumer.ClaimDuplicate + 1]trace.SpanStartOption
-	// The options of the latest claim and commit spans: a batch's messages
-	// share their claim's and commit's times, so consecutive messages
-	// reuse them instead of allocating their own.
-	lastClaim, lastCommit atomic.Pointer[timedOpts]
 
 	consumed, duplicates, deadLetters, retries, ackFailures metric.Int64Counter
 	leaseRefreshFail, leaseLost                             metric.Int64Counter
@@ -127,31 +126,6 @@ type Hook struct {
 	mu       sync.RWMutex
 	dests    map[destKey]*destAttrs
 	lastDest atomic.Pointer[destAttrs] // the latest destination looked up
-}
-
-// timedOpts are the options of a child span reported after the fact.
-type timedOpts struct {
-	start, end time.Time
-	state      consumer.ClaimState
-	startOpts  []trace.SpanStartOption
-	endOpts    []trace.SpanEndOption
-}
-
-// timed returns the options of a span from start to end (with the claim
-// state's attribute for a claim span), reusing *last when it has the same
-// times.
-func (h *Hook) timed(last *atomic.Pointer[timedOpts], start, end time.Time, state consumer.ClaimState) *timedOpts {
-	if t := last.Load(); t != nil && t.state == state && t.start.Equal(start) && t.end.Equal(end) {
-		return t
-	}
-	t := &timedOpts{start: start, end: end, state: state,
-		startOpts: []trace.SpanStartOption{trace.WithTimestamp(start)},
-		endOpts:   []trace.SpanEndOption{trace.WithTimestamp(end)}}
-	if state != 0 {
-		t.startOpts = append(t.startOpts, h.claimOpts[state])
-	}
-	last.Store(t)
-	return t
 }
 
 // destKey names the metric attributes of one destination.
@@ -421,9 +395,8 @@ func (h *Hook) OnBatch(ctx context.Context, size int) {
 // reason.
 func (h *Hook) OnClaimed(ctx context.Context, m *consumer.Message, c consumer.ClaimInfo) {
 	if !c.Start.IsZero() && c.Messages <= 1 && c.State > 0 && int(c.State) < len(h.claimOpts) {
-		t := h.timed(&h.lastClaim, c.Start, c.End, c.State)
-		_, span := h.tracer.Start(ctx, "claim", t.startOpts...)
-		span.End(t.endOpts...)
+		_, span := h.tracer.Start(ctx, "claim", trace.WithTimestamp(c.Start), h.claimOpts[c.State])
+		span.End(trace.WithTimestamp(c.End))
 	}
 	if c.State != consumer.ClaimDuplicate {
 		return
@@ -465,13 +438,12 @@ func (h *Hook) OnCommit(ctx context.Context, m *consumer.Message, c consumer.Com
 	if c.Start.IsZero() || c.Messages > 1 {
 		return
 	}
-	t := h.timed(&h.lastCommit, c.Start, c.End, 0)
-	_, span := h.tracer.Start(ctx, "commit", t.startOpts...)
+	_, span := h.tracer.Start(ctx, "commit", trace.WithTimestamp(c.Start))
 	if c.Err != nil {
 		span.RecordError(c.Err)
 		span.SetStatus(codes.Error, c.Err.Error())
 	}
-	span.End(t.endOpts...)
+	span.End(trace.WithTimestamp(c.End))
 	h.commitDur.Record(ctx, c.End.Sub(c.Start).Seconds(), h.recOpts(ctx)...)
 }
 
