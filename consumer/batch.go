@@ -59,7 +59,8 @@ func (e *MessageError) Unwrap() error { return e.Err }
 // each handler call, with the call's duration. The error of a MessageError
 // is reported for its message only (its batch-mates end without an error
 // and run again without it); any other error, or a panic, for every message
-// of the call. The context those hooks get is the message's (with its
+// of the call. A hook implementing HookTx gets a call over more than one
+// message once per transaction instead, in TxInfo. The context those hooks get is the message's (with its
 // DedupKey, without the handler's cancellation); the handler's own ctx
 // carries no message's hook values, since it handles many.
 func TransactionalBatch[Tx any](store dedup.TxStore[Tx], h TxBatchHandler[Tx]) Path {
@@ -103,12 +104,12 @@ func TxBatchJSON[T, Tx any](h func(ctx context.Context, tx Tx, items []BatchItem
 
 // handleBatch runs the batch handler over the new messages in tx. failed
 // reports that the transaction must be rolled back, with res saying why.
-func (p *txPath[Tx]) handleBatch(ctx context.Context, r *Runner, tx Tx, fresh []*job) (res tryResult, failed bool) {
+func (p *txPath[Tx]) handleBatch(ctx context.Context, r *Runner, tx Tx, fresh []*job, ti *TxInfo) (res tryResult, failed bool) {
 	msgs := make([]*Message, len(fresh))
 	for i, j := range fresh {
 		msgs[i] = j.msg
 	}
-	err := r.callBatch(ctx, fresh, func(ctx context.Context) error { return p.bh(ctx, tx, msgs) })
+	err := r.callBatch(ctx, fresh, ti, func(ctx context.Context) error { return p.bh(ctx, tx, msgs) })
 	if err == nil && p.failed(tx) {
 		err = errSwallowed
 	}
@@ -131,14 +132,24 @@ func (p *txPath[Tx]) handleBatch(ctx context.Context, r *Runner, tx Tx, fresh []
 
 // callBatch runs a batch handler over the messages of jobs with the handler
 // timeout and panic recovery, and reports a handler start and end for each
-// of them to the hooks (see TransactionalBatch).
-func (r *Runner) callBatch(ctx context.Context, jobs []*job, fn func(ctx context.Context) error) (err error) {
+// of them to the hooks (see TransactionalBatch), and the call to ti (nil
+// without HookTx hooks).
+func (r *Runner) callBatch(ctx context.Context, jobs []*job, ti *TxInfo, fn func(ctx context.Context) error) (err error) {
 	if r.cfg.HandlerTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, r.cfg.HandlerTimeout)
 		defer cancel()
 	}
-	if len(r.hooks.handlerStart) > 0 || len(r.hooks.handlerEnd) > 0 {
+	if ti != nil {
+		start := time.Now()
+		defer func() { ti.HandlerStart, ti.HandlerEnd, ti.HandlerErr = start, time.Now(), err }()
+	}
+	starts, ends := r.hooks.handlerStart, r.hooks.handlerEnd
+	if len(jobs) > 1 {
+		// The HookTx hooks get this call in TxInfo.
+		starts, ends = r.hooks.batchStart, r.hooks.batchEnd
+	}
+	if len(starts) > 0 || len(ends) > 0 {
 		hctx := make([]context.Context, len(jobs))
 		for i, j := range jobs {
 			// The handler does not run in this context: the message's
@@ -149,7 +160,7 @@ func (r *Runner) callBatch(ctx context.Context, jobs []*job, fn func(ctx context
 				c = ctx
 			}
 			c = withKeys(c, r.cfg.Name, j.key)
-			for _, h := range r.hooks.handlerStart {
+			for _, h := range starts {
 				c = h.OnHandlerStart(c, j.msg)
 			}
 			hctx[i] = c
@@ -164,7 +175,7 @@ func (r *Runner) callBatch(ctx context.Context, jobs []*job, fn func(ctx context
 				if named && j.msg != me.Msg {
 					jerr = nil // a batch-mate failed; this message runs again without it
 				}
-				for _, h := range r.hooks.handlerEnd {
+				for _, h := range ends {
 					h.OnHandlerEnd(hctx[i], j.msg, d, jerr)
 				}
 			}

@@ -88,7 +88,9 @@
 // received, batch formed, claimed (new, or a duplicate with its
 // DuplicateReason), handler start and end, commit, ack, retry (by
 // RetryKind), dead letter (by DeadLetterReason), lease lost, lease refresh
-// failed, and settled, the last event of every received message. The
+// failed, and settled, the last event of every received message; and, on
+// the transactional path, one event per transaction (HookTx: its claim, a
+// batch handler's call and its commit, with its messages' contexts). The
 // context a HookReceived returns is the message's: later events get it, and
 // the handler's context and the runner's log lines about the message see its
 // values, so a span started there parents the handler's spans and a
@@ -96,7 +98,8 @@
 // them with OpenTelemetry. A runner without hooks makes no call and no
 // allocation for them. The batch API (TransactionalBatch) reports the same
 // events as the per-message path, a handler start and end per message of a
-// call included. A source on a log-based broker may report its lag per
+// call included (except to a HookTx hook, which gets a call over more than
+// one message once, in TxInfo). A source on a log-based broker may report its lag per
 // partition (LagReporter; kafkasource does), which otelidemq exports.
 //
 // # Remaining duplicate window

@@ -113,6 +113,11 @@ type ClaimInfo struct {
 	// duplicate of a key earlier in the same batch, which is settled
 	// without a claim of its own.
 	Start, End time.Time
+	// Messages is the number of messages whose keys that call claimed
+	// together: all the messages of the transaction on the transactional
+	// path (HookTx reports that claim once), 1 on the lease path, 0 when
+	// Start is zero.
+	Messages int
 }
 
 // HookClaimed is called once per message whose key was claimed: for every
@@ -144,6 +149,10 @@ type CommitInfo struct {
 	Start, End time.Time
 	// Err is the commit's error; nil when it succeeded.
 	Err error
+	// Messages is the number of messages the commit covered: the new
+	// messages of the transaction on the transactional path (HookTx
+	// reports that commit once), 1 on the lease path.
+	Messages int
 }
 
 // HookCommit is called once per message for each write that was to make its
@@ -156,6 +165,46 @@ type CommitInfo struct {
 // its commit (a handler failed) reports none.
 type HookCommit interface {
 	OnCommit(ctx context.Context, m *Message, c CommitInfo)
+}
+
+// TxInfo describes one transaction of the transactional path: the work
+// done once for all of its messages.
+type TxInfo struct {
+	// Claimed holds the contexts of the messages whose keys the
+	// transaction claimed (the contexts HookReceived returned), in batch
+	// order. ClaimStart and ClaimEnd bound the begin and claim of their
+	// keys, and ClaimErr is its error (nil when it succeeded).
+	Claimed              []context.Context
+	ClaimStart, ClaimEnd time.Time
+	ClaimErr             error
+	// New holds the contexts of the messages claimed as new: the ones the
+	// handler ran over (or was to) and the commit covered.
+	New []context.Context
+	// HandlerStart, HandlerEnd and HandlerErr describe the one call of a
+	// batch handler (TransactionalBatch) over New; they are zero when
+	// the handler runs per message (each call is reported to
+	// HookHandlerStart and HookHandlerEnd) or was not called.
+	HandlerStart, HandlerEnd time.Time
+	HandlerErr               error
+	// Commit is the transaction's commit, as HookCommit gets it for each
+	// of New; zero when the transaction ended before committing (the
+	// claim or a handler failed, or no message was new).
+	Commit CommitInfo
+}
+
+// HookTx is called once per transaction of the transactional path, on the
+// lane's goroutine, after the transaction ended (committed or rolled back)
+// and before its messages are settled; ctx is the lane's context. It lets a
+// tracing hook make one span per transaction for the claim, a batch
+// handler's call and the commit, linked to the spans of the transaction's
+// messages, instead of one per message (OpenTelemetry's messaging
+// conventions for batches). The per-message events are reported as well,
+// except that a hook implementing HookTx is not called with HookHandlerStart
+// and HookHandlerEnd for the messages of a batch handler call over more than
+// one message: TxInfo reports that call. The slices of t are valid during
+// the call only.
+type HookTx interface {
+	OnTx(ctx context.Context, t TxInfo)
 }
 
 // HookAck is called after each Source.Ack call with the number of messages
@@ -311,13 +360,18 @@ type hooks struct {
 	claimed      []HookClaimed
 	handlerStart []HookHandlerStart
 	handlerEnd   []HookHandlerEnd
-	commit       []HookCommit
-	ack          []HookAck
-	retry        []HookRetry
-	deadLetter   []HookDeadLetter
-	leaseLost    []HookLeaseLost
-	refreshFail  []HookLeaseRefreshFailed
-	settled      []HookSettled
+	// The handler hooks called for the messages of a batch handler call
+	// over more than one message: the ones that do not implement HookTx.
+	batchStart  []HookHandlerStart
+	batchEnd    []HookHandlerEnd
+	tx          []HookTx
+	commit      []HookCommit
+	ack         []HookAck
+	retry       []HookRetry
+	deadLetter  []HookDeadLetter
+	leaseLost   []HookLeaseLost
+	refreshFail []HookLeaseRefreshFailed
+	settled     []HookSettled
 }
 
 func resolveHooks(hs []Hook) hooks {
@@ -332,11 +386,21 @@ func resolveHooks(hs []Hook) hooks {
 		if v, ok := x.(HookClaimed); ok {
 			h.claimed = append(h.claimed, v)
 		}
+		_, isTx := x.(HookTx)
+		if isTx {
+			h.tx = append(h.tx, x.(HookTx))
+		}
 		if v, ok := x.(HookHandlerStart); ok {
 			h.handlerStart = append(h.handlerStart, v)
+			if !isTx {
+				h.batchStart = append(h.batchStart, v)
+			}
 		}
 		if v, ok := x.(HookHandlerEnd); ok {
 			h.handlerEnd = append(h.handlerEnd, v)
+			if !isTx {
+				h.batchEnd = append(h.batchEnd, v)
+			}
 		}
 		if v, ok := x.(HookCommit); ok {
 			h.commit = append(h.commit, v)
@@ -402,7 +466,7 @@ func (r *Runner) hookClaimed(j *job) {
 	if len(r.hooks.claimed) == 0 {
 		return
 	}
-	c := ClaimInfo{Start: j.claimStart, End: j.claimEnd}
+	c := ClaimInfo{Start: j.claimStart, End: j.claimEnd, Messages: j.claimN}
 	switch {
 	case j.out == outDuplicate:
 		c.State, c.Reason = ClaimDuplicate, duplicateReason(j)
@@ -416,18 +480,45 @@ func (r *Runner) hookClaimed(j *job) {
 	}
 }
 
-// hookCommit reports the commit of jobs (one write: the same CommitInfo for
-// each), from start to now, to the HookCommit hooks.
-func (r *Runner) hookCommit(jobs []*job, start time.Time, err error) {
+// commitInfo returns the CommitInfo of a commit of n messages from start
+// (zero when no hook wants it) to now.
+func commitInfo(start time.Time, n int, err error) CommitInfo {
+	if start.IsZero() {
+		return CommitInfo{}
+	}
+	return CommitInfo{Start: start, End: time.Now(), Err: err, Messages: n}
+}
+
+// hookCommit reports the commit c of jobs (one write: the same CommitInfo
+// for each) to the HookCommit hooks.
+func (r *Runner) hookCommit(jobs []*job, c CommitInfo) {
 	if len(r.hooks.commit) == 0 {
 		return
 	}
-	c := CommitInfo{Start: start, End: time.Now(), Err: err}
 	for _, j := range jobs {
 		for _, h := range r.hooks.commit {
 			h.OnCommit(j.ctx, j.msg, c)
 		}
 	}
+}
+
+// hookTx reports a transaction to the HookTx hooks.
+func (r *Runner) hookTx(ctx context.Context, t *TxInfo) {
+	for _, h := range r.hooks.tx {
+		h.OnTx(ctx, *t)
+	}
+}
+
+// jobCtxs returns the message contexts of jobs (ctx for a job without one).
+func jobCtxs(ctx context.Context, jobs []*job) []context.Context {
+	cs := make([]context.Context, len(jobs))
+	for i, j := range jobs {
+		cs[i] = j.ctx
+		if cs[i] == nil {
+			cs[i] = ctx
+		}
+	}
+	return cs
 }
 
 // hookLeaseLost reports the lost lease of j to the HookLeaseLost hooks.

@@ -285,7 +285,7 @@ func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
 	}
 	token, c, err := p.claim(ctx, r, j, pc)
 	if len(r.hooks.claimed) > 0 {
-		j.claimEnd = time.Now()
+		j.claimEnd, j.claimN = time.Now(), 1
 	}
 	if err != nil {
 		j.set(outRetryInfra, err)
@@ -328,7 +328,7 @@ func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
 			start = time.Now()
 		}
 		cerr = p.complete(ctx, r, j.key, token)
-		r.hookCommit([]*job{j}, start, cerr)
+		r.hookCommit([]*job{j}, commitInfo(start, 1, cerr))
 	}
 	lost := stop()
 

@@ -124,18 +124,26 @@ func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job) tryResult 
 	for i, j := range jobs {
 		recs[i] = dedup.Record{Key: j.key, PayloadHash: j.hash}
 	}
+	var ti *TxInfo // for the HookTx hooks
+	if len(r.hooks.tx) > 0 {
+		ti = &TxInfo{Claimed: jobCtxs(ctx, jobs)}
+		defer r.hookTx(ctx, ti)
+	}
 	var claimStart time.Time
-	if len(r.hooks.claimed) > 0 {
+	if len(r.hooks.claimed) > 0 || ti != nil {
 		claimStart = time.Now()
 	}
 	tx, claims, err := p.beginClaim(ctx, r.cfg.Name, recs)
+	if ti != nil {
+		ti.ClaimStart, ti.ClaimEnd, ti.ClaimErr = claimStart, time.Now(), err
+	}
 	if len(r.hooks.claimed) > 0 {
 		// A rerun claims again: the claim reported is the one of the
 		// job's last transaction, which committed it or decided its
 		// outcome.
 		claimEnd := time.Now()
 		for i, j := range jobs {
-			j.claimStart, j.claimEnd = claimStart, claimEnd
+			j.claimStart, j.claimEnd, j.claimN = claimStart, claimEnd, len(jobs)
 			j.claimedNew = err == nil && i < len(claims) && claims[i].State == dedup.StateNew
 		}
 	}
@@ -164,18 +172,25 @@ func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job) tryResult 
 		return tryResult{} // duplicates and poison only: nothing to commit
 	}
 
-	if res, failed := p.handle(ctx, r, tx, fresh); failed {
+	if ti != nil {
+		ti.New = jobCtxs(ctx, fresh)
+	}
+	if res, failed := p.handle(ctx, r, tx, fresh, ti); failed {
 		return res
 	}
 	var commitStart time.Time
-	if len(r.hooks.commit) > 0 {
+	if len(r.hooks.commit) > 0 || ti != nil {
 		commitStart = time.Now()
 	}
 	err = p.store.Commit(ctx, tx)
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrCommit, err)
 	}
-	r.hookCommit(fresh, commitStart, err)
+	c := commitInfo(commitStart, len(fresh), err)
+	r.hookCommit(fresh, c)
+	if ti != nil {
+		ti.Commit = c
+	}
 	if err != nil {
 		if errors.Is(err, dedup.ErrTxRefused) {
 			// The database refused the content: a handler swallowed a
@@ -215,9 +230,9 @@ func (p *txPath[Tx]) beginClaim(ctx context.Context, scope string, recs []dedup.
 
 // handle runs the handlers of the new messages in tx. failed reports that
 // the transaction must be rolled back, with res saying why.
-func (p *txPath[Tx]) handle(ctx context.Context, r *Runner, tx Tx, fresh []*job) (res tryResult, failed bool) {
+func (p *txPath[Tx]) handle(ctx context.Context, r *Runner, tx Tx, fresh []*job, ti *TxInfo) (res tryResult, failed bool) {
 	if p.bh != nil {
-		return p.handleBatch(ctx, r, tx, fresh)
+		return p.handleBatch(ctx, r, tx, fresh, ti)
 	}
 	for i, j := range fresh {
 		err := r.call(ctx, j, func(ctx context.Context) error { return p.h(ctx, tx, j.msg) })

@@ -84,6 +84,7 @@ type job struct {
 	follower             bool // the same key came earlier in the batch
 	claimedNew           bool // the path claimed the key as new
 	claimStart, claimEnd time.Time
+	claimN               int // messages claimed with it (ClaimInfo.Messages)
 }
 
 func (j *job) set(o outcome, err error) { j.out, j.err = o, err }

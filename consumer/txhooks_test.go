@@ -352,3 +352,178 @@ func TestTxBatchHooksMatchPerMessagePath(t *testing.T) {
 		t.Error("no batch reported")
 	}
 }
+
+// txEvents records the transactions (HookTx) and the handler starts of a
+// hook that implements HookTx; HookReceived tags each message's context
+// with its key.
+type txEvents struct {
+	mu     sync.Mutex
+	txs    []txEvent
+	starts int
+}
+
+type txEvent struct {
+	claimed, fresh []string
+	t              consumer.TxInfo
+}
+
+type keyTag struct{}
+
+func (h *txEvents) OnReceived(ctx context.Context, m *consumer.Message) context.Context {
+	return context.WithValue(ctx, keyTag{}, m.Key)
+}
+
+func (h *txEvents) OnTx(_ context.Context, t consumer.TxInfo) {
+	keys := func(cs []context.Context) []string {
+		var ks []string
+		for _, c := range cs {
+			k, _ := c.Value(keyTag{}).(string)
+			ks = append(ks, k)
+		}
+		return ks
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.txs = append(h.txs, txEvent{claimed: keys(t.Claimed), fresh: keys(t.New), t: t})
+}
+
+func (h *txEvents) OnHandlerStart(ctx context.Context, _ *consumer.Message) context.Context {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.starts++
+	return ctx
+}
+
+// HookTx gets each transaction once, with its messages' contexts, the
+// claim, the batch handler's call and the commit; it is not called per
+// message for a batch handler's call over several messages (a hook without
+// HookTx still is), and ClaimInfo and CommitInfo say how many messages
+// their claim and commit covered.
+func TestHookTxReportsEachTransactionOnce(t *testing.T) {
+	store, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first transaction fails in the handler for "bad", its rerun
+	// without "bad" fails to commit; the retries commit.
+	store.Inject(memstore.Fault{Op: memstore.OpCommit})
+	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
+	t.Cleanup(func() { b.Close() })
+	type order struct{ K string }
+	var mu sync.Mutex
+	var calls, oneCalls, items int
+	failedOnce := false
+	path := consumer.TransactionalBatch(store, consumer.TxBatchJSON(func(ctx context.Context, _ *memstore.Tx, batch []consumer.BatchItem[order]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		items += len(batch)
+		if len(batch) == 1 {
+			oneCalls++
+		}
+		for _, it := range batch {
+			if it.Value.K == "bad" && !failedOnce {
+				failedOnce = true
+				return &consumer.MessageError{Msg: it.Msg, Err: errors.New("downstream busy")}
+			}
+		}
+		return nil
+	}))
+	plain := newKeyEvents()
+	txh := &txEvents{}
+	r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{
+		Name: "hooktx", Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{plain, txh},
+		Retry: consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Jitter: -1},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ks := []string{"a", "b", "bad", "c", "d"}
+	for _, k := range ks {
+		b.Publish("t", memsource.Outgoing{Key: k, Body: []byte(`{"K":"` + k + `"}`)})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	if err := r.WaitIdle(ctx, 300*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Stats(); st.Handled != uint64(len(ks)) || st.CommitFailures != 1 {
+		t.Fatalf("stats %+v, want %d handled and 1 commit failure", st, len(ks))
+	}
+
+	txh.mu.Lock()
+	defer txh.mu.Unlock()
+	mu.Lock()
+	defer mu.Unlock()
+	committed := map[string]int{}
+	var handlerCalls, failedCalls, failedCommits int
+	for i, e := range txh.txs {
+		ti := e.t
+		if len(e.claimed) == 0 || slices.Contains(e.claimed, "") || slices.Contains(e.fresh, "") {
+			t.Errorf("tx %d: claimed %q, new %q: want the messages' contexts", i, e.claimed, e.fresh)
+		}
+		if ti.ClaimStart.IsZero() || ti.ClaimEnd.Before(ti.ClaimStart) || ti.ClaimErr != nil {
+			t.Errorf("tx %d: claim %v..%v, %v", i, ti.ClaimStart, ti.ClaimEnd, ti.ClaimErr)
+		}
+		if !ti.HandlerStart.IsZero() {
+			handlerCalls++
+			if ti.HandlerErr != nil {
+				failedCalls++
+			}
+		}
+		if ti.Commit.Start.IsZero() {
+			continue
+		}
+		if ti.Commit.Messages != len(e.fresh) {
+			t.Errorf("tx %d: commit of %d messages, %d new", i, ti.Commit.Messages, len(e.fresh))
+		}
+		if ti.Commit.Err != nil {
+			failedCommits++
+			continue
+		}
+		for _, k := range e.fresh {
+			committed[k]++
+		}
+	}
+	if handlerCalls != calls || failedCalls != 1 || failedCommits != 1 {
+		t.Errorf("%d handler calls (%d failed) and %d failed commits reported; want %d, 1, 1", handlerCalls, failedCalls, failedCommits, calls)
+	}
+	for _, k := range ks {
+		if committed[k] != 1 {
+			t.Errorf("key %s committed in %d reported transactions, want 1", k, committed[k])
+		}
+	}
+	if txh.starts != oneCalls {
+		t.Errorf("HookTx hook got %d handler starts, want %d (the calls over one message)", txh.starts, oneCalls)
+	}
+	plain.mu.Lock()
+	defer plain.mu.Unlock()
+	var starts int
+	for _, n := range plain.starts {
+		starts += n
+	}
+	if starts != items {
+		t.Errorf("plain hook got %d handler starts, want %d (one per message of each call)", starts, items)
+	}
+	for k, cs := range plain.claims {
+		for _, c := range cs {
+			if !c.Start.IsZero() && c.Messages < 1 {
+				t.Errorf("key %s: claim of %d messages", k, c.Messages)
+			}
+		}
+	}
+	for k, cs := range plain.commits {
+		for _, c := range cs {
+			if c.Messages < 1 {
+				t.Errorf("key %s: commit of %d messages", k, c.Messages)
+			}
+		}
+	}
+}

@@ -93,8 +93,10 @@ func checkOne(t *testing.T, tel *telemetry, parent trace.SpanContext, system, de
 		t.Fatalf("process spans by message ID %v, want one for %q", spans, id)
 	}
 	checkProcessSpan(t, spans[id][0], parent, system, destination)
-	if _, ok := tel.children(spans[id][0])["handler"]; !ok {
-		t.Errorf("process span has no handler child")
+	for _, name := range []string{"claim", "handler", "commit"} {
+		if len(tel.covering(spans[id][0], name)) == 0 {
+			t.Errorf("process span has no %s span, child or linked", name)
+		}
 	}
 }
 

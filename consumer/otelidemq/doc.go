@@ -15,18 +15,39 @@
 // from receipt to settlement (after the acknowledgement), whose parent is the
 // producer's span taken from the message's headers: W3C traceparent and
 // tracestate (Kafka headers, SQS message attributes, AMQP headers), or the
-// SQS AWSTraceHeader system attribute. Child spans: "claim" (the key's claim;
-// on the transactional path the begin and claim of the message's last
-// transaction), "handler" (each attempt), "commit" (lease path: marking the
-// key done; transactional path: each commit of a transaction holding the
-// message, with status Error when it failed). A duplicate is an
+// SQS AWSTraceHeader system attribute. The work done for it is traced where
+// it is done: per message, or once per transaction, following the
+// messaging conventions for batches.
+//
+//   - "handler": a child span per attempt of a per-message handler (lease
+//     path, Transactional); a batch handler's call (TransactionalBatch) over
+//     several messages is one "handler" span for the call.
+//   - "claim": lease path: a child span per claim of the message's key;
+//     transactional path: one span per transaction for the begin and claim
+//     of all its keys.
+//   - "commit": lease path: a child span for marking the key done;
+//     transactional path: one span per commit tried, with status Error when
+//     it failed.
+//
+// A span made once per transaction is a root span linked to the process
+// spans of the messages it covered (its claimed messages, or the new ones
+// the handler and the commit covered), with messaging.batch.message_count;
+// a transaction of one message gets child spans instead. The SDK keeps 128
+// links per span by default (sdktrace.SpanLimits.LinkCountLimit): raise it
+// for larger batches. A duplicate is an
 // "idemq.duplicate" event with its reason (redelivery, concurrent, producer;
 // see consumer.DuplicateReason), not an error; retries, dead letters and lost
 // leases are events too, and a dead letter sets the span's status to Error.
 //
-// The handler's context carries the handler span, so spans and trace-aware
-// log lines made by the handler join the message's trace, and Inject writes
-// it into outgoing requests (sinks/webhook does).
+// A per-message handler's context carries its handler span, so spans and
+// trace-aware log lines made by the handler join the message's trace, and
+// Inject writes it into outgoing requests (sinks/webhook does). A batch
+// handler's context carries no message's span, since it handles many.
+//
+// Histograms record what they measure where it happens: the processing
+// duration per message, the handler's duration per call (per message, or
+// per batch call), the commit's duration per commit (per transaction on
+// the transactional path).
 //
 // # Metrics
 //

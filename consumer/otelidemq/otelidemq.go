@@ -89,11 +89,14 @@ type Config struct {
 // Spans: one "process <destination>" span (kind consumer) per delivery,
 // from receipt to settlement, whose parent is the producer's span found in
 // the message's headers (W3C traceparent/tracestate, or an SQS
-// AWSTraceHeader); child spans "claim", "handler" and "commit" where the
-// path reports them. A duplicate is a span event with its reason, not an
-// error; a dead letter sets the span's status to Error. The handler's
-// context carries the handler span, so that spans and trace-aware logs made
-// by the handler join the message's trace, and Inject forwards it.
+// AWSTraceHeader); "claim", "handler" and "commit" spans for the work done
+// for it: child spans where the work is per message, and one span per
+// transaction, linked to the process spans of its messages, where the
+// transactional path does it once for several (see the package doc). A
+// duplicate is a span event with its reason, not an error; a dead letter
+// sets the span's status to Error. A per-message handler's context carries
+// its handler span, so that spans and trace-aware logs made by the handler
+// join the message's trace, and Inject forwards it.
 type Hook struct {
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
@@ -107,10 +110,6 @@ type Hook struct {
 	// Span options built once.
 	kindOpt   trace.SpanStartOption
 	claimOpts [consumer.ClaimDuplicate + 1]trace.SpanStartOption
-	// The options of the latest claim and commit spans: a batch's messages
-	// share their claim's and commit's times, so consecutive messages
-	// reuse them instead of allocating their own.
-	lastClaim, lastCommit atomic.Pointer[timedOpts]
 
 	consumed, duplicates, deadLetters, retries, ackFailures metric.Int64Counter
 	leaseRefreshFail, leaseLost                             metric.Int64Counter
@@ -129,31 +128,6 @@ type Hook struct {
 	lastDest atomic.Pointer[destAttrs] // the latest destination looked up
 }
 
-// timedOpts are the options of a child span reported after the fact.
-type timedOpts struct {
-	start, end time.Time
-	state      consumer.ClaimState
-	startOpts  []trace.SpanStartOption
-	endOpts    []trace.SpanEndOption
-}
-
-// timed returns the options of a span from start to end (with the claim
-// state's attribute for a claim span), reusing *last when it has the same
-// times.
-func (h *Hook) timed(last *atomic.Pointer[timedOpts], start, end time.Time, state consumer.ClaimState) *timedOpts {
-	if t := last.Load(); t != nil && t.state == state && t.start.Equal(start) && t.end.Equal(end) {
-		return t
-	}
-	t := &timedOpts{start: start, end: end, state: state,
-		startOpts: []trace.SpanStartOption{trace.WithTimestamp(start)},
-		endOpts:   []trace.SpanEndOption{trace.WithTimestamp(end)}}
-	if state != 0 {
-		t.startOpts = append(t.startOpts, h.claimOpts[state])
-	}
-	last.Store(t)
-	return t
-}
-
 // destKey names the metric attributes of one destination.
 type destKey struct{ system, destination string }
 
@@ -161,9 +135,10 @@ type destKey struct{ system, destination string }
 // attribute set per measurement would cost more than the measurement.
 type destAttrs struct {
 	key      destKey
-	spanName string               // "process <destination>"
-	kvs      []attribute.KeyValue // the metric attributes
-	spanKVs  []attribute.KeyValue // kvs and messaging.operation.type
+	spanName string                // "process <destination>"
+	kvs      []attribute.KeyValue  // the metric attributes
+	spanKVs  []attribute.KeyValue  // kvs and messaging.operation.type
+	spanOpt  trace.SpanStartOption // a process span's start attributes: spanKVs
 	// The measurement options, as the variadic slices the instruments
 	// take: the destination's attributes, and with an outcome, a duplicate
 	// reason or a retry kind.
@@ -200,6 +175,7 @@ func (h *Hook) attrsOf(system, destination string) *destAttrs {
 	d = &destAttrs{key: k, spanName: "process " + destination, kvs: kvs,
 		spanKVs: append(kvs[:len(kvs):len(kvs)], AttrOperationType.String("process")),
 		add:     []metric.AddOption{opt}, rec: []metric.RecordOption{opt}}
+	d.spanOpt = trace.WithAttributes(d.spanKVs...)
 	for o := range d.outcomes {
 		d.outcomes[o] = []metric.RecordOption{with(kvs, AttrOutcome.String(consumer.Outcome(o).String()))}
 	}
@@ -231,6 +207,7 @@ var (
 	_ consumer.HookHandlerStart       = (*Hook)(nil)
 	_ consumer.HookHandlerEnd         = (*Hook)(nil)
 	_ consumer.HookCommit             = (*Hook)(nil)
+	_ consumer.HookTx                 = (*Hook)(nil)
 	_ consumer.HookAck                = (*Hook)(nil)
 	_ consumer.HookRetry              = (*Hook)(nil)
 	_ consumer.HookDeadLetter         = (*Hook)(nil)
@@ -398,9 +375,10 @@ func (h *Hook) OnReceived(ctx context.Context, m *consumer.Message) context.Cont
 		system = systemOf(m)
 	}
 	dest := h.attrsOf(system, m.Topic)
-	attrs := make([]attribute.KeyValue, 0, len(dest.spanKVs)+2)
-	attrs = append(append(attrs, dest.spanKVs...), AttrMessageID.String(m.ID), AttrDeliveryCount.Int(m.Attempt))
-	ctx, span := h.tracer.Start(ctx, dest.spanName, h.kindOpt, trace.WithAttributes(attrs...))
+	// The attributes a sampler may use are set at the start; the message's
+	// own (its ID and delivery count) are set with its outcome, in one
+	// call, which saves the allocations of a start option per message.
+	ctx, span := h.tracer.Start(ctx, dest.spanName, h.kindOpt, dest.spanOpt)
 	h.consumed.Add(ctx, 1, dest.add...)
 	h.inFlight.Add(ctx, 1, dest.add...)
 	return &state{Context: ctx, span: span, start: now, dest: dest}
@@ -411,13 +389,14 @@ func (h *Hook) OnBatch(ctx context.Context, size int) {
 	h.batchSize.Record(ctx, int64(size), h.baseRec...)
 }
 
-// OnClaimed adds a "claim" child span when the claim was timed, and for a
-// duplicate an event with its reason and a count by reason.
+// OnClaimed adds a "claim" child span when the claim was timed and claimed
+// this message alone (a transaction's claim of several is one span, made
+// by OnTx), and for a duplicate an event with its reason and a count by
+// reason.
 func (h *Hook) OnClaimed(ctx context.Context, m *consumer.Message, c consumer.ClaimInfo) {
-	if !c.Start.IsZero() && c.State > 0 && int(c.State) < len(h.claimOpts) {
-		t := h.timed(&h.lastClaim, c.Start, c.End, c.State)
-		_, span := h.tracer.Start(ctx, "claim", t.startOpts...)
-		span.End(t.endOpts...)
+	if !c.Start.IsZero() && c.Messages <= 1 && c.State > 0 && int(c.State) < len(h.claimOpts) {
+		_, span := h.tracer.Start(ctx, "claim", trace.WithTimestamp(c.Start), h.claimOpts[c.State])
+		span.End(trace.WithTimestamp(c.End))
 	}
 	if c.State != consumer.ClaimDuplicate {
 		return
@@ -452,19 +431,94 @@ func (h *Hook) OnHandlerEnd(ctx context.Context, m *consumer.Message, d time.Dur
 	span.End()
 }
 
-// OnCommit adds a "commit" child span and records the commit's duration.
+// OnCommit adds a "commit" child span and records the commit's duration,
+// when the commit was of this message alone (a transaction's commit of
+// several is one span and one measurement, made by OnTx).
 func (h *Hook) OnCommit(ctx context.Context, m *consumer.Message, c consumer.CommitInfo) {
-	if c.Start.IsZero() {
+	if c.Start.IsZero() || c.Messages > 1 {
 		return
 	}
-	t := h.timed(&h.lastCommit, c.Start, c.End, 0)
-	_, span := h.tracer.Start(ctx, "commit", t.startOpts...)
+	_, span := h.tracer.Start(ctx, "commit", trace.WithTimestamp(c.Start))
 	if c.Err != nil {
 		span.RecordError(c.Err)
 		span.SetStatus(codes.Error, c.Err.Error())
 	}
-	span.End(t.endOpts...)
+	span.End(trace.WithTimestamp(c.End))
 	h.commitDur.Record(ctx, c.End.Sub(c.Start).Seconds(), h.recOpts(ctx)...)
+}
+
+// OnTx makes the spans of the work a transaction does once for several
+// messages, following the messaging conventions for batches: a "claim" span
+// when it claimed more than one key, and a "handler" span (a batch
+// handler's call) and a "commit" span when more than one message was new.
+// Each is a root span (kind internal) linked to the process spans of the
+// messages it covered, with messaging.batch.message_count. The batch
+// handler's and the commit's durations are recorded once per transaction.
+// A transaction of one message gets child spans of its process span
+// instead, from the per-message events.
+func (h *Hook) OnTx(ctx context.Context, t consumer.TxInfo) {
+	var d *destAttrs
+	if len(t.Claimed) > 0 {
+		if s := stateOf(t.Claimed[0]); s != nil {
+			d = s.dest
+		}
+	}
+	if len(t.Claimed) > 1 && !t.ClaimStart.IsZero() {
+		h.txSpan(ctx, "claim", d, t.Claimed, nil, t.ClaimStart, t.ClaimEnd, t.ClaimErr)
+	}
+	if len(t.New) <= 1 {
+		return
+	}
+	rec := h.baseRec
+	if d != nil {
+		rec = d.rec
+	}
+	var links []trace.Link
+	if !t.HandlerStart.IsZero() {
+		links = h.txSpan(ctx, "handler", d, t.New, nil, t.HandlerStart, t.HandlerEnd, t.HandlerErr)
+		dur := t.HandlerEnd.Sub(t.HandlerStart).Seconds()
+		if t.HandlerErr != nil {
+			var kvs []attribute.KeyValue
+			if d != nil {
+				kvs = d.kvs
+			}
+			h.handlerDur.Record(ctx, dur, with(kvs, AttrErrorType.String(errorType(t.HandlerErr))))
+		} else {
+			h.handlerDur.Record(ctx, dur, rec...)
+		}
+	}
+	if c := t.Commit; !c.Start.IsZero() {
+		h.txSpan(ctx, "commit", d, t.New, links, c.Start, c.End, c.Err)
+		h.commitDur.Record(ctx, c.End.Sub(c.Start).Seconds(), rec...)
+	}
+}
+
+// txSpan makes a span of a transaction's work over msgs (message contexts)
+// from start to end, linked to their spans (links, or made from msgs when
+// links is nil), and returns the links.
+func (h *Hook) txSpan(ctx context.Context, name string, d *destAttrs, msgs []context.Context, links []trace.Link, start, end time.Time, err error) []trace.Link {
+	if links == nil {
+		links = make([]trace.Link, 0, len(msgs))
+		for _, c := range msgs {
+			if sc := trace.SpanContextFromContext(c); sc.IsValid() {
+				links = append(links, trace.Link{SpanContext: sc})
+			}
+		}
+	}
+	var kvs []attribute.KeyValue
+	if d != nil {
+		kvs = d.kvs
+	}
+	attrs := make([]attribute.KeyValue, 0, len(kvs)+1)
+	attrs = append(append(attrs, kvs...), AttrBatchCount.Int(len(msgs)))
+	_, span := h.tracer.Start(ctx, name, trace.WithNewRoot(), trace.WithTimestamp(start),
+		trace.WithLinks(links...), trace.WithAttributes(attrs...))
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End(trace.WithTimestamp(end))
+	return links
 }
 
 // OnAck counts the messages of a failed acknowledgement.
@@ -521,7 +575,7 @@ func (h *Hook) OnSettled(ctx context.Context, m *consumer.Message, s consumer.Se
 	}
 	now := time.Now()
 	outcome := AttrOutcome.String(s.Outcome.String())
-	st.span.SetAttributes(outcome, AttrBatchCount.Int(s.BatchSize))
+	st.span.SetAttributes(outcome, AttrBatchCount.Int(s.BatchSize), AttrMessageID.String(m.ID), AttrDeliveryCount.Int(m.Attempt))
 	opt := st.dest.outcomes[consumer.OutcomeLeft]
 	if s.Outcome >= 0 && int(s.Outcome) < len(st.dest.outcomes) {
 		opt = st.dest.outcomes[s.Outcome]

@@ -128,6 +128,60 @@ func (tel *telemetry) children(s sdktrace.ReadOnlySpan) map[string]sdktrace.Read
 	return out
 }
 
+// covering returns the spans named name that cover the process span s:
+// its children, and the spans of a transaction's work linked to it.
+func (tel *telemetry) covering(s sdktrace.ReadOnlySpan, name string) []sdktrace.ReadOnlySpan {
+	var out []sdktrace.ReadOnlySpan
+	for _, c := range tel.spans.Ended() {
+		if c.Name() != name {
+			continue
+		}
+		if c.Parent().SpanID() == s.SpanContext().SpanID() {
+			out = append(out, c)
+			continue
+		}
+		for _, l := range c.Links() {
+			if l.SpanContext.SpanID() == s.SpanContext().SpanID() {
+				out = append(out, c)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// checkLinkedSpans asserts that every span with links is a root span whose
+// messaging.batch.message_count is its number of links, and returns the
+// number of such spans by name.
+func (tel *telemetry) checkLinkedSpans(t *testing.T) map[string]int {
+	t.Helper()
+	n := map[string]int{}
+	for _, c := range tel.spans.Ended() {
+		if len(c.Links()) == 0 {
+			continue
+		}
+		n[c.Name()]++
+		if c.Parent().IsValid() {
+			t.Errorf("%s span with links has a parent", c.Name())
+		}
+		if v, ok := attr(c, otelidemq.AttrBatchCount); !ok || v.AsInt64() != int64(len(c.Links())) {
+			t.Errorf("%s span: %s %v, %d links", c.Name(), otelidemq.AttrBatchCount, v.AsInt64(), len(c.Links()))
+		}
+	}
+	return n
+}
+
+// spanCount returns the number of ended spans named name.
+func (tel *telemetry) spanCount(name string) int {
+	n := 0
+	for _, c := range tel.spans.Ended() {
+		if c.Name() == name {
+			n++
+		}
+	}
+	return n
+}
+
 func runIdle(t *testing.T, r *consumer.Runner, between ...func()) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -387,9 +441,13 @@ func TestMetricsMatchStats(t *testing.T) {
 			if sum(rm, otelidemq.MetricHandlerDuration, "", "") == 0 {
 				t.Errorf("no handler durations")
 			}
-			if uint64(sum(rm, otelidemq.MetricCommitDuration, "", "")) != st.Handled {
-				t.Errorf("commit durations %d, Stats.Handled %d", sum(rm, otelidemq.MetricCommitDuration, "", ""), st.Handled)
+			// One commit duration per commit: per message on the lease
+			// path, per transaction on the transactional path.
+			if n, spans := sum(rm, otelidemq.MetricCommitDuration, "", ""), tel.spanCount("commit"); n != int64(spans) || n == 0 ||
+				(leased && uint64(n) != st.Handled) || (!leased && uint64(n) >= st.Handled) {
+				t.Errorf("commit durations %d, commit spans %d, Stats.Handled %d", n, spans, st.Handled)
 			}
+			tel.checkLinkedSpans(t)
 			if st.Duplicates == 0 || st.Retried == 0 || st.DeadLettered == 0 || st.AckFailures == 0 {
 				t.Fatalf("the run did not exercise everything: %+v", st)
 			}
@@ -398,10 +456,13 @@ func TestMetricsMatchStats(t *testing.T) {
 }
 
 // On the transactional path, a batch rerun without a failed handler's
-// message, then a failed commit and its retry: every process span of a
-// handled message has claim, handler and commit children, with one commit
-// child (status Ok); a delivery whose transaction failed to commit has one
-// commit child with status Error; one whose handler failed has none.
+// message, then a failed commit and its retry: the claim and the commit of
+// a transaction of several messages are one span each, linked to their
+// process spans; every process span of a handled message is covered by
+// claim and commit spans and has a handler child per call, with one
+// successful commit; a delivery whose transaction failed to commit is
+// covered by one commit span with status Error; one whose handler failed by
+// none.
 func TestTransactionalSpans(t *testing.T) {
 	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "tx"})
 	store, err := memstore.New(memstore.Config{})
@@ -443,22 +504,13 @@ func TestTransactionalSpans(t *testing.T) {
 	var handled, failedCommits, handlerSpans int
 	for id, spans := range tel.processSpans() {
 		for _, s := range spans {
-			var claims, handlers, okCommits, badCommits int
-			for _, c := range tel.spans.Ended() {
-				if c.Parent().SpanID() != s.SpanContext().SpanID() {
-					continue
-				}
-				switch c.Name() {
-				case "claim":
-					claims++
-				case "handler":
-					handlers++
-				case "commit":
-					if c.Status().Code == codes.Error {
-						badCommits++
-					} else {
-						okCommits++
-					}
+			claims, handlers := len(tel.covering(s, "claim")), len(tel.covering(s, "handler"))
+			var okCommits, badCommits int
+			for _, c := range tel.covering(s, "commit") {
+				if c.Status().Code == codes.Error {
+					badCommits++
+				} else {
+					okCommits++
 				}
 			}
 			handlerSpans += handlers
@@ -466,14 +518,14 @@ func TestTransactionalSpans(t *testing.T) {
 			switch outcome.AsString() {
 			case "handled":
 				handled++
-				if claims != 1 || handlers < 1 || okCommits != 1 || badCommits != 0 {
-					t.Errorf("handled delivery %s: %d claim, %d handler, %d commit, %d failed commit children; want 1, at least 1, 1, 0",
+				if claims < 1 || handlers < 1 || okCommits != 1 || badCommits != 0 {
+					t.Errorf("handled delivery %s: %d claim, %d handler, %d commit, %d failed commit spans; want at least 1, at least 1, 1, 0",
 						id, claims, handlers, okCommits, badCommits)
 				}
 			case "retried":
 				failedCommits += badCommits
-				if claims != 1 || okCommits != 0 || badCommits > 1 {
-					t.Errorf("retried delivery %s: %d claim, %d commit, %d failed commit children; want 1, 0, at most 1",
+				if claims < 1 || okCommits != 0 || badCommits > 1 {
+					t.Errorf("retried delivery %s: %d claim, %d commit, %d failed commit spans; want at least 1, 0, at most 1",
 						id, claims, okCommits, badCommits)
 				}
 			default:
@@ -493,8 +545,11 @@ func TestTransactionalSpans(t *testing.T) {
 	if handled != 4 || failedCommits == 0 {
 		t.Errorf("%d handled deliveries and %d failed commit spans; want 4 and at least 1", handled, failedCommits)
 	}
-	if n := sum(tel.metrics(t), otelidemq.MetricCommitDuration, "", ""); n != 4+int64(failedCommits) {
-		t.Errorf("%d commit durations, want one per commit event (%d)", n, 4+failedCommits)
+	if n, spans := sum(tel.metrics(t), otelidemq.MetricCommitDuration, "", ""), tel.spanCount("commit"); n != int64(spans) {
+		t.Errorf("%d commit durations, want one per commit span (%d)", n, spans)
+	}
+	if linked := tel.checkLinkedSpans(t); linked["claim"] == 0 || linked["commit"] == 0 || linked["handler"] != 0 {
+		t.Errorf("spans with links by name %v: want claim and commit, and no handler (per-message handlers)", linked)
 	}
 }
 
@@ -533,10 +588,13 @@ func TestExtractAWSTraceHeader(t *testing.T) {
 	}
 }
 
-// The batch API is traced and measured like the per-message transactional
-// path: each message of a handler call gets a handler span and a handler
-// duration (with error.type for the message a MessageError names), claim
-// and commit spans, and duplicates and batches are counted.
+// The batch API is traced and measured per transaction where the work is
+// per transaction: each handler call over several messages is one handler
+// span linked to their process spans, with one handler duration (with
+// error.type when it failed, a MessageError included); claims and commits
+// are spans linked the same way, with one commit duration each; every
+// handled delivery is covered by claim, handler and commit spans; and
+// duplicates and batches are counted.
 func TestTransactionalBatchSpansAndMetrics(t *testing.T) {
 	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "txbatch"})
 	store, err := memstore.New(memstore.Config{})
@@ -547,14 +605,12 @@ func TestTransactionalBatchSpansAndMetrics(t *testing.T) {
 	t.Cleanup(func() { b.Close() })
 	type order struct{ K string }
 	var mu sync.Mutex
-	calls := map[string]int{}
+	batchCalls := 0
 	failedOnce := false
 	path := consumer.TransactionalBatch(store, consumer.TxBatchJSON(func(ctx context.Context, _ *memstore.Tx, items []consumer.BatchItem[order]) error {
 		mu.Lock()
 		defer mu.Unlock()
-		for _, it := range items {
-			calls[it.Msg.Key]++
-		}
+		batchCalls++
 		for _, it := range items {
 			if it.Value.K == "bad" && !failedOnce {
 				failedOnce = true
@@ -580,46 +636,41 @@ func TestTransactionalBatchSpansAndMetrics(t *testing.T) {
 		t.Fatalf("stats %+v, want 4 handled and 1 duplicate", st)
 	}
 
-	var handled, handlerSpans, failedHandlerSpans int
+	var handled int
 	for id, spans := range tel.processSpans() {
 		for _, s := range spans {
-			kids := 0
-			for _, c := range tel.spans.Ended() {
-				if c.Parent().SpanID() != s.SpanContext().SpanID() {
-					continue
-				}
-				kids++
-				if c.Name() == "handler" {
-					handlerSpans++
-					if c.Status().Code == codes.Error {
-						failedHandlerSpans++
-					}
-				}
-			}
 			if outcome, _ := attr(s, otelidemq.AttrOutcome); outcome.AsString() == "handled" {
 				handled++
-				ch := tel.children(s)
 				for _, name := range []string{"claim", "handler", "commit"} {
-					if _, ok := ch[name]; !ok {
-						t.Errorf("handled delivery %s: no %q child span (%d children)", id, name, kids)
+					if len(tel.covering(s, name)) == 0 {
+						t.Errorf("handled delivery %s: no %q span, child or linked", id, name)
 					}
 				}
 			}
 		}
 	}
-	mu.Lock()
-	var handlerCalls int
-	for _, n := range calls {
-		handlerCalls += n
+	var handlerSpans, failedHandlerSpans int
+	for _, c := range tel.spans.Ended() {
+		if c.Name() == "handler" {
+			handlerSpans++
+			if c.Status().Code == codes.Error {
+				failedHandlerSpans++
+			}
+		}
 	}
+	mu.Lock()
+	handlerCalls := batchCalls
 	mu.Unlock()
 	if handled != 4 || handlerSpans != handlerCalls || failedHandlerSpans != 1 {
-		t.Errorf("%d handled deliveries, %d handler spans (%d failed) for %d message handler calls; want 4, one per call, 1 failed",
+		t.Errorf("%d handled deliveries, %d handler spans (%d failed) for %d handler calls; want 4, one per call, 1 failed",
 			handled, handlerSpans, failedHandlerSpans, handlerCalls)
+	}
+	if linked := tel.checkLinkedSpans(t); linked["claim"] == 0 || linked["handler"] == 0 || linked["commit"] == 0 {
+		t.Errorf("spans with links by name %v: want claim, handler and commit", linked)
 	}
 	rm := tel.metrics(t)
 	if n := sum(rm, otelidemq.MetricHandlerDuration, "", ""); n != int64(handlerCalls) {
-		t.Errorf("%d handler durations, want %d", n, handlerCalls)
+		t.Errorf("%d handler durations, want one per call (%d)", n, handlerCalls)
 	}
 	if n := sum(rm, otelidemq.MetricHandlerDuration, otelidemq.AttrErrorType, "_OTHER"); n != 1 {
 		t.Errorf("%d failed handler durations, want 1", n)
@@ -627,8 +678,8 @@ func TestTransactionalBatchSpansAndMetrics(t *testing.T) {
 	if n := sum(rm, otelidemq.MetricDuplicates, otelidemq.AttrDuplicateReason, "producer"); n != 1 {
 		t.Errorf("%d producer duplicates counted, want 1", n)
 	}
-	if n := sum(rm, otelidemq.MetricCommitDuration, "", ""); n < 4 {
-		t.Errorf("%d commit durations, want at least one per handled message", n)
+	if n, spans := sum(rm, otelidemq.MetricCommitDuration, "", ""), tel.spanCount("commit"); n != int64(spans) || n == 0 {
+		t.Errorf("%d commit durations, want one per commit span (%d)", n, spans)
 	}
 	if n := sum(rm, otelidemq.MetricBatchSize, "", ""); n == 0 {
 		t.Error("no batch size recorded")
