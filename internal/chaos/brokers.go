@@ -1,0 +1,368 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemq/idemq/sources/amqpsource"
+	"github.com/idemq/idemq/sources/kafkasource"
+	"github.com/idemq/idemq/sources/sqssource"
+)
+
+// sqsKeyAttribute is the SQS message attribute that carries the key.
+const sqsKeyAttribute = "chaos-key"
+
+// outMsg is one message the producer sends.
+type outMsg struct {
+	Key  string
+	Body []byte
+}
+
+// broker is one scenario's broker: its destinations, its producer and its
+// dead-letter destination.
+type broker interface {
+	// setup creates the destinations the workers read.
+	setup(ctx context.Context) error
+	// workerArgs are the worker's flags that name the broker and the
+	// destination.
+	workerArgs() []string
+	// ready reports whether the producer may send (the workers declared
+	// what they declare).
+	ready(ctx context.Context) bool
+	// send sends msgs, each once.
+	send(ctx context.Context, msgs []outMsg) error
+	// deadLetters adds to seen the keys of the messages in the dead-letter
+	// destination it has not returned before.
+	deadLetters(ctx context.Context, seen map[string]int) error
+	// cleanup deletes the destinations.
+	cleanup(ctx context.Context)
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// newBroker returns the broker of kind for the run's names.
+func newBroker(kind, name string) (broker, error) {
+	switch kind {
+	case "kafka":
+		return &kafkaBroker{brokers: strings.Split(envOr("TEST_KAFKA_BROKERS", "127.0.0.1:9092"), ","), topic: name}, nil
+	case "sqs":
+		return &sqsBroker{endpoint: envOr("TEST_SQS_ENDPOINT", "http://127.0.0.1:9324"), name: name}, nil
+	case "amqp":
+		return &amqpBroker{url: envOr("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), queue: name}, nil
+	}
+	return nil, fmt.Errorf("unknown broker %q (want kafka, sqs or amqp)", kind)
+}
+
+// kafkaBroker is a topic of 6 partitions and its dead-letter topic.
+type kafkaBroker struct {
+	brokers []string
+	topic   string
+	w       *kafka.Writer
+	dlqNext int64 // the next dead-letter offset to read
+}
+
+func (k *kafkaBroker) setup(ctx context.Context) error {
+	if err := kafkasource.CreateTopics(ctx, nil, k.brokers,
+		kafkasource.TopicSpec{Name: k.topic, Partitions: 6},
+		kafkasource.TopicSpec{Name: kafkasource.DeadLetterTopic(k.topic), Partitions: 1},
+	); err != nil {
+		return err
+	}
+	k.w = &kafka.Writer{
+		Addr: kafka.TCP(k.brokers...), Topic: k.topic, Balancer: &kafka.Hash{},
+		RequiredAcks: kafka.RequireAll, BatchTimeout: 5 * time.Millisecond, Transport: &kafka.Transport{},
+	}
+	return nil
+}
+
+func (k *kafkaBroker) workerArgs() []string {
+	return []string{"-broker", "kafka", "-dest", k.topic, "-group", k.topic}
+}
+
+func (k *kafkaBroker) ready(context.Context) bool { return true }
+
+func (k *kafkaBroker) send(ctx context.Context, msgs []outMsg) error {
+	km := make([]kafka.Message, len(msgs))
+	for i, m := range msgs {
+		km[i] = kafka.Message{Key: []byte(m.Key), Value: m.Body,
+			Headers: []kafka.Header{{Key: kafkasource.DefaultKeyHeader, Value: []byte(m.Key)}}}
+	}
+	return k.w.WriteMessages(ctx, km...)
+}
+
+func (k *kafkaBroker) deadLetters(ctx context.Context, seen map[string]int) error {
+	dlq := kafkasource.DeadLetterTopic(k.topic)
+	conn, err := kafka.DialLeader(ctx, "tcp", k.brokers[0], dlq, 0)
+	if err != nil {
+		return err
+	}
+	last, err := conn.ReadLastOffset()
+	conn.Close()
+	if err != nil || last <= k.dlqNext {
+		return err
+	}
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: k.brokers, Topic: dlq, Partition: 0, MaxWait: 100 * time.Millisecond})
+	defer r.Close()
+	if err := r.SetOffset(k.dlqNext); err != nil {
+		return err
+	}
+	for k.dlqNext < last {
+		m, err := r.ReadMessage(ctx)
+		if err != nil {
+			return err
+		}
+		k.dlqNext = m.Offset + 1
+		key := ""
+		for _, h := range m.Headers {
+			if h.Key == kafkasource.HeaderKey || (key == "" && h.Key == kafkasource.DefaultKeyHeader) {
+				key = string(h.Value)
+			}
+		}
+		seen[key]++
+	}
+	return nil
+}
+
+func (k *kafkaBroker) cleanup(context.Context) {
+	if k.w != nil {
+		_ = k.w.Close()
+	}
+	conn, err := kafka.Dial("tcp", k.brokers[0])
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	c, err := conn.Controller()
+	if err != nil {
+		return
+	}
+	cc, err := kafka.Dial("tcp", c.Host+":"+strconv.Itoa(c.Port))
+	if err != nil {
+		return
+	}
+	defer cc.Close()
+	if err := cc.DeleteTopics(k.topic, kafkasource.DeadLetterTopic(k.topic)); err != nil && !errors.Is(err, kafka.UnknownTopicOrPartition) {
+		fmt.Fprintln(os.Stderr, "chaos: delete topics:", err)
+	}
+}
+
+// sqsBroker is a queue and its dead-letter queue on the SQS emulator.
+type sqsBroker struct {
+	endpoint, name  string
+	client          *sqs.Client
+	queueURL, dlURL string
+}
+
+func (s *sqsBroker) setup(ctx context.Context) error {
+	client, err := sqssource.NewClient(ctx, s.endpoint, config.WithRegion("us-east-1"),
+		config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("local", "local", "")))
+	if err != nil {
+		return err
+	}
+	s.client = client
+	create := func(name string) (string, error) {
+		out, err := client.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(name)})
+		if err != nil {
+			return "", fmt.Errorf("create queue %s: %w", name, err)
+		}
+		return aws.ToString(out.QueueUrl), nil
+	}
+	if s.dlURL, err = create(s.name + "-dlq"); err != nil {
+		return err
+	}
+	s.queueURL, err = create(s.name)
+	return err
+}
+
+func (s *sqsBroker) workerArgs() []string {
+	return []string{"-broker", "sqs", "-dest", s.queueURL, "-dlq", s.dlURL, "-key-attribute", sqsKeyAttribute,
+		"-group", s.name, "-batch", strconv.Itoa(sqssource.MaxBatch)}
+}
+
+func (s *sqsBroker) ready(context.Context) bool { return true }
+
+func (s *sqsBroker) send(ctx context.Context, msgs []outMsg) error {
+	for len(msgs) > 0 {
+		n := min(len(msgs), sqssource.MaxBatch)
+		entries := make([]types.SendMessageBatchRequestEntry, n)
+		for i, m := range msgs[:n] {
+			entries[i] = types.SendMessageBatchRequestEntry{
+				Id:          aws.String(strconv.Itoa(i)),
+				MessageBody: aws.String(string(m.Body)),
+				MessageAttributes: map[string]types.MessageAttributeValue{
+					sqsKeyAttribute: {DataType: aws.String("String"), StringValue: aws.String(m.Key)},
+				},
+			}
+		}
+		out, err := s.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(s.queueURL), Entries: entries})
+		if err == nil && len(out.Failed) > 0 {
+			err = fmt.Errorf("%d messages not sent: %s", len(out.Failed), aws.ToString(out.Failed[0].Message))
+		}
+		if err != nil {
+			return err
+		}
+		msgs = msgs[n:]
+	}
+	return nil
+}
+
+// deadLetters receives the dead-letter queue's messages and deletes them,
+// so each is counted once.
+func (s *sqsBroker) deadLetters(ctx context.Context, seen map[string]int) error {
+	for {
+		out, err := s.client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
+			QueueUrl: aws.String(s.dlURL), MaxNumberOfMessages: sqssource.MaxBatch,
+			MessageAttributeNames: []string{"All"}, VisibilityTimeout: 60,
+		})
+		if err != nil {
+			return err
+		}
+		if len(out.Messages) == 0 {
+			return nil
+		}
+		for _, m := range out.Messages {
+			if a, ok := m.MessageAttributes[sqsKeyAttribute]; ok {
+				seen[aws.ToString(a.StringValue)]++
+			}
+			if _, err := s.client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(s.dlURL), ReceiptHandle: m.ReceiptHandle}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (s *sqsBroker) cleanup(ctx context.Context) {
+	for _, u := range []string{s.queueURL, s.dlURL} {
+		if u != "" {
+			_, _ = s.client.DeleteQueue(ctx, &sqs.DeleteQueueInput{QueueUrl: aws.String(u)})
+		}
+	}
+}
+
+// amqpBroker is a quorum queue the workers declare, with its dead-letter
+// queue.
+type amqpBroker struct {
+	url, queue string
+	conn       *amqp.Connection
+	ch         *amqp.Channel
+}
+
+func (a *amqpBroker) dlq() string {
+	return amqpsource.DeadLetterQueue(amqpsource.Config{Queue: a.queue})
+}
+
+func (a *amqpBroker) setup(context.Context) error {
+	conn, err := amqp.Dial(a.url)
+	if err != nil {
+		return err
+	}
+	a.conn = conn
+	return nil
+}
+
+func (a *amqpBroker) workerArgs() []string {
+	return []string{"-broker", "amqp", "-dest", a.queue, "-group", a.queue}
+}
+
+// ready reports whether a worker has declared the queue: messages
+// published before would be unroutable.
+func (a *amqpBroker) ready(context.Context) bool {
+	ch, err := a.conn.Channel()
+	if err != nil {
+		return false
+	}
+	defer ch.Close()
+	_, err = ch.QueueDeclarePassive(a.queue, true, false, false, false, nil)
+	return err == nil
+}
+
+func (a *amqpBroker) send(ctx context.Context, msgs []outMsg) error {
+	if a.ch == nil {
+		ch, err := a.conn.Channel()
+		if err != nil {
+			return err
+		}
+		if err := ch.Confirm(false); err != nil {
+			return err
+		}
+		a.ch = ch
+	}
+	confirms := make([]*amqp.DeferredConfirmation, 0, len(msgs))
+	for _, m := range msgs {
+		dc, err := a.ch.PublishWithDeferredConfirmWithContext(ctx, "", a.queue, true, false, amqp.Publishing{
+			Headers:      amqp.Table{amqpsource.DefaultKeyHeader: m.Key},
+			ContentType:  "application/json",
+			DeliveryMode: amqp.Persistent,
+			Body:         m.Body,
+		})
+		if err != nil {
+			return err
+		}
+		confirms = append(confirms, dc)
+	}
+	for _, dc := range confirms {
+		if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+			return errors.Join(errors.New("publish not confirmed"), err)
+		}
+	}
+	return nil
+}
+
+// deadLetters takes the dead-letter queue's messages, so each is counted
+// once.
+func (a *amqpBroker) deadLetters(_ context.Context, seen map[string]int) error {
+	ch, err := a.conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	for {
+		d, ok, err := ch.Get(a.dlq(), true)
+		if err != nil || !ok {
+			return err
+		}
+		if k, ok := d.Headers[amqpsource.HeaderKey].(string); ok {
+			seen[k]++
+		} else if k, ok := d.Headers[amqpsource.DefaultKeyHeader].(string); ok {
+			seen[k]++
+		}
+	}
+}
+
+func (a *amqpBroker) cleanup(context.Context) {
+	if a.conn == nil {
+		return
+	}
+	defer a.conn.Close()
+	ch, err := a.conn.Channel()
+	if err != nil {
+		return
+	}
+	defer ch.Close()
+	for _, q := range []string{a.queue, a.dlq()} {
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			fmt.Fprintf(os.Stderr, "chaos: delete queue %s: %v\n", q, err)
+			if ch, err = a.conn.Channel(); err != nil {
+				return
+			}
+		}
+	}
+}

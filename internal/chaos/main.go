@@ -1,0 +1,163 @@
+// Command chaos is the project's chaos suite: for each broker (Kafka, SQS on
+// the ElasticMQ emulator, RabbitMQ) it builds the worker of
+// internal/chaos/worker, a consumer written from the public API as a user
+// would, runs several of its processes against one PostgreSQL store
+// (dedup/pgdedup), produces items with about 10 % producer re-sends (same
+// key) and a few poison messages (a body that is not JSON), SIGKILLs workers
+// at random moments and restarts them, and terminates the workers'
+// PostgreSQL backends a few times. Then it checks, from the database and the
+// dead-letter destination, that every item has exactly one effect, that
+// none is missing and that every poison message was dead-lettered, and
+// prints a table: kills, rebalances seen, duplicates absorbed, effects, time
+// to converge. It exits 1 when a scenario fails.
+//
+//	make chaos                # CHAOS=short: a few minutes for the three brokers
+//	make chaos CHAOS=long     # over 1,000 process kills in total
+//	go run ./internal/chaos -brokers kafka -mode short
+//
+// The services must run (make services); their addresses come from the
+// environment the services script prints. Every run uses topics, queues and
+// a schema of its own, and deletes them at the end. The suite never restarts
+// a broker or the database: other suites may share them.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+)
+
+// mode sizes a run.
+type mode struct {
+	items   int // distinct items per scenario
+	poison  int // poison messages per scenario
+	workers int // worker processes per scenario
+	// kills is the number of SIGKILLs per broker.
+	kills map[string]int
+	// pgKills is the number of times the workers' PostgreSQL backends are
+	// terminated per scenario.
+	pgKills int
+	// gaps bounds the random pause before each kill, per broker.
+	gaps map[string][2]time.Duration
+	// converge bounds the wait for every effect and dead letter after the
+	// last fault.
+	converge time.Duration
+}
+
+// Kafka's gaps are longer: after a kill the group rebalances when the
+// session of the killed member expires (6 s) and again when its successor
+// joins, and kills are meant to land inside those rebalances.
+var modes = map[string]mode{
+	"short": {
+		items: 2000, poison: 5, workers: 3, pgKills: 3, converge: 2 * time.Minute,
+		kills: map[string]int{"kafka": 20, "sqs": 30, "amqp": 30},
+		gaps: map[string][2]time.Duration{
+			"kafka": {time.Second, 3 * time.Second},
+			"sqs":   {300 * time.Millisecond, 1500 * time.Millisecond},
+			"amqp":  {300 * time.Millisecond, 1500 * time.Millisecond},
+		},
+	},
+	"long": {
+		items: 20000, poison: 20, workers: 3, pgKills: 20, converge: 5 * time.Minute,
+		kills: map[string]int{"kafka": 300, "sqs": 360, "amqp": 360},
+		gaps: map[string][2]time.Duration{
+			"kafka": {500 * time.Millisecond, 2500 * time.Millisecond},
+			"sqs":   {200 * time.Millisecond, 1200 * time.Millisecond},
+			"amqp":  {200 * time.Millisecond, 1200 * time.Millisecond},
+		},
+	},
+}
+
+func main() {
+	modeName := flag.String("mode", envOr("CHAOS", "short"), "short or long (default: $CHAOS, else short)")
+	brokers := flag.String("brokers", "kafka,sqs,amqp", "comma-separated scenarios to run")
+	verbose := flag.Bool("v", false, "workers log at Debug to stderr")
+	flag.Parse()
+	m, ok := modes[*modeName]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "chaos: unknown mode %q (want short or long)\n", *modeName)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, m, *modeName, strings.Split(*brokers, ","), *verbose))
+}
+
+func run(ctx context.Context, m mode, modeName string, kinds []string, verbose bool) int {
+	start := time.Now()
+	id := make([]byte, 4)
+	_, _ = rand.Read(id)
+	runID := hex.EncodeToString(id)
+	fmt.Printf("chaos: mode %s, run %s, %s, load average %s\n", modeName, runID, start.UTC().Format(time.RFC3339), loadAvg())
+
+	dir, err := os.MkdirTemp("", "idemq-chaos-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "worker")
+	build := exec.CommandContext(ctx, envOr("GO", "go"), "build", "-o", bin, "github.com/idemq/idemq/internal/chaos/worker")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos: build the worker:", err)
+		return 1
+	}
+
+	dbURL := envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable")
+	var results []result
+	for _, kind := range kinds {
+		s := &scenario{kind: kind, mode: m, bin: bin, runID: runID, dbURL: dbURL, verbose: verbose}
+		r := s.run(ctx)
+		results = append(results, r)
+		fmt.Printf("chaos: %s done in %s: %s\n", kind, r.total.Round(time.Second), r.verdict())
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	fmt.Printf("\nchaos: mode %s, %s, %s in total, load average %s\n", modeName, time.Now().UTC().Format(time.RFC3339),
+		time.Since(start).Round(time.Second), loadAvg())
+	printTable(os.Stdout, results)
+	failed := false
+	for _, r := range results {
+		for _, f := range r.failures {
+			fmt.Printf("FAIL %s: %s\n", r.kind, f)
+			failed = true
+		}
+	}
+	if failed || len(results) < len(kinds) {
+		return 1
+	}
+	return 0
+}
+
+// loadAvg is the first three fields of /proc/loadavg, or "n/a".
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "n/a"
+}
+
+// printTable prints one row per scenario.
+func printTable(w *os.File, results []result) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "scenario\tworkers\tsent\tre-sends\tpoison\tkills\tin batch\tin rebalance\tpg kills (backends)\trebalances\tduplicates absorbed\teffects\tmissing\textra\tdead-lettered\tconverged in\tresult\t")
+	for _, r := range results {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%d (%d)\t%s\t%d\t%d\t%d\t%d\t%d/%d\t%s\t%s\t\n",
+			r.kind, r.workers, r.sent, r.resends, r.poison, r.kills, r.killsInFlight, r.killsInRebalanceCol(), r.pgKills, r.pgBackends, r.rebalances(),
+			r.lives.Duplicates, r.effects, r.missing, r.extra, r.deadLettered, r.poison, r.converged.Round(100*time.Millisecond), r.verdict())
+	}
+	_ = tw.Flush()
+}
