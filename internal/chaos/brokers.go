@@ -141,9 +141,14 @@ func (k *kafkaBroker) deadLetters(ctx context.Context, seen map[string]int) erro
 	return nil
 }
 
-func (k *kafkaBroker) cleanup(context.Context) {
+func (k *kafkaBroker) cleanup(ctx context.Context) {
 	if k.w != nil {
 		_ = k.w.Close()
+	}
+	// The workers' group has the topic's name; it has no member left.
+	client := &kafka.Client{Addr: kafka.TCP(k.brokers...)}
+	if _, err := client.DeleteGroups(ctx, &kafka.DeleteGroupsRequest{GroupIDs: []string{k.topic}}); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos: delete group:", err)
 	}
 	conn, err := kafka.Dial("tcp", k.brokers[0])
 	if err != nil {

@@ -27,6 +27,7 @@ import (
 	"encoding/hex"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -151,7 +152,7 @@ func loadAvg() string {
 }
 
 // printTable prints one row per scenario.
-func printTable(w *os.File, results []result) {
+func printTable(w io.Writer, results []result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "scenario\tworkers\tsent\tre-sends\tpoison\tkills\tin batch\tin rebalance\tpg kills (backends)\trebalances\tduplicates absorbed\teffects\tmissing\textra\tdead-lettered\tconverged in\tresult\t")
 	for _, r := range results {

@@ -227,7 +227,7 @@ func run(ctx context.Context, o options) error {
 
 	var mu sync.Mutex
 	enc := json.NewEncoder(os.Stdout)
-	print := func(final bool) {
+	emit := func(final bool) {
 		st := r.Stats()
 		mu.Lock()
 		defer mu.Unlock()
@@ -241,13 +241,13 @@ func run(ctx context.Context, o options) error {
 	for {
 		select {
 		case err := <-done:
-			print(true)
+			emit(true)
 			if errors.Is(err, context.Canceled) {
 				err = nil
 			}
 			return err
 		case <-tick.C:
-			print(false)
+			emit(false)
 		}
 	}
 }
