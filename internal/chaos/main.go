@@ -122,6 +122,9 @@ func run(ctx context.Context, m mode, modeName string, kinds []string, verbose b
 		r := s.run(ctx)
 		results = append(results, r)
 		fmt.Printf("chaos: %s done in %s: %s\n", kind, r.total.Round(time.Second), r.verdict())
+		for _, f := range r.failures {
+			fmt.Printf("chaos: %s: %s\n", kind, f)
+		}
 		if ctx.Err() != nil {
 			break
 		}
