@@ -125,6 +125,9 @@ func run(ctx context.Context, m mode, modeName string, kinds []string, verbose b
 		for _, f := range r.failures {
 			fmt.Printf("chaos: %s: %s\n", kind, f)
 		}
+		if r.selfExits > 3 {
+			fmt.Printf("chaos: %s: %d workers exited by themselves in all\n", kind, r.selfExits)
+		}
 		if ctx.Err() != nil {
 			break
 		}
@@ -134,8 +137,8 @@ func run(ctx context.Context, m mode, modeName string, kinds []string, verbose b
 	printTable(os.Stdout, results)
 	failed := false
 	for _, r := range results {
-		for _, f := range r.failures {
-			fmt.Printf("FAIL %s: %s\n", r.kind, f)
+		if len(r.failures) > 0 {
+			fmt.Printf("FAIL %s: %s (and %d more failures, listed above)\n", r.kind, firstLine(r.failures[0]), len(r.failures)-1)
 			failed = true
 		}
 	}
@@ -143,6 +146,12 @@ func run(ctx context.Context, m mode, modeName string, kinds []string, verbose b
 		return 1
 	}
 	return 0
+}
+
+// firstLine is s up to its first newline.
+func firstLine(s string) string {
+	first, _, _ := strings.Cut(s, "\n")
+	return first
 }
 
 // loadAvg is the first three fields of /proc/loadavg, or "n/a".

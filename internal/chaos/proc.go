@@ -127,10 +127,13 @@ func (p *proc) kill() {
 }
 
 // killed reports whether the process ended by SIGKILL.
-func (p *proc) killed() bool {
+func (p *proc) killed() bool { return p.signaled(syscall.SIGKILL) }
+
+// signaled reports whether the process ended by sig.
+func (p *proc) signaled(sig syscall.Signal) bool {
 	var ee *exec.ExitError
 	if errors.As(p.err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == sig {
 			return true
 		}
 	}
