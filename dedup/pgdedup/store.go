@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -123,7 +122,7 @@ type Store struct {
 	db    DB
 	cfg   Config
 	q     queries
-	stats atomic.Pointer[dedup.TableStats] // the janitor's latest measurement
+	stats sqlstore.TableStats // the janitor's latest measurement
 }
 
 var _ dedup.TxStore[pgx.Tx] = (*Store)(nil)

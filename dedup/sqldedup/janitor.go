@@ -74,11 +74,8 @@ func (s *Store) cleanupBatch(ctx context.Context) (deleted int64, busy bool, err
 // them from working at the same time. After a cleanup, at most once per
 // Config.StatsInterval, it measures the table for TableStats.
 func (s *Store) RunJanitor(ctx context.Context) error {
-	j := sqlstore.Janitor{Interval: s.cfg.CleanupInterval, Log: s.cfg.Logger, Store: "sqldedup", Cleanup: s.Cleanup}
-	if s.cfg.StatsInterval > 0 {
-		j.Measure, j.MeasureEvery = s.measure, s.cfg.StatsInterval
-	}
-	return sqlstore.RunJanitor(ctx, j)
+	return sqlstore.RunJanitor(ctx, sqlstore.Janitor{Interval: s.cfg.CleanupInterval, Log: s.cfg.Logger, Store: "sqldedup",
+		Cleanup: s.Cleanup, Measure: s.measure, MeasureEvery: s.cfg.StatsInterval})
 }
 
 var _ dedup.TableStatsReporter = (*Store)(nil)
@@ -87,10 +84,7 @@ var _ dedup.TableStatsReporter = (*Store)(nil)
 // RunJanitor and Config.StatsInterval), and false before the first one. It
 // does not touch the database.
 func (s *Store) TableStats() (dedup.TableStats, bool) {
-	if st := s.stats.Load(); st != nil {
-		return *st, true
-	}
-	return dedup.TableStats{}, false
+	return s.stats.Get()
 }
 
 // measure counts the table's records per scope and finds each scope's
@@ -101,20 +95,16 @@ func (s *Store) measure(ctx context.Context) error {
 		return fmt.Errorf("sqldedup: measure the table: %w", err)
 	}
 	defer rows.Close()
-	st := dedup.TableStats{Scopes: []dedup.ScopeStats{}}
-	for rows.Next() {
-		var sc dedup.ScopeStats
+	err = s.stats.Collect(rows, func(sc *dedup.ScopeStats) error {
 		var oldest int64
 		if err := rows.Scan(&sc.Scope, &sc.Records, &oldest); err != nil {
-			return fmt.Errorf("sqldedup: measure the table: %w", err)
+			return err
 		}
 		sc.Oldest = time.UnixMicro(oldest)
-		st.Scopes = append(st.Scopes, sc)
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return fmt.Errorf("sqldedup: measure the table: %w", err)
 	}
-	st.At = time.Now()
-	s.stats.Store(&st)
 	return nil
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/idemq/idemq/dedup"
@@ -131,7 +130,7 @@ type Store struct {
 	db    DB
 	cfg   Config
 	q     queries
-	stats atomic.Pointer[dedup.TableStats] // the janitor's latest measurement
+	stats sqlstore.TableStats // the janitor's latest measurement
 }
 
 var _ dedup.TxStore[*sql.Tx] = (*Store)(nil)

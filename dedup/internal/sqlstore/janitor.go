@@ -48,7 +48,7 @@ type Janitor struct {
 	// Cleanup deletes expired records and returns how many.
 	Cleanup func(ctx context.Context) (int64, error)
 	// Measure, if set, measures the table after a cleanup, at most once per
-	// MeasureEvery (every cleanup when zero).
+	// MeasureEvery (every cleanup when zero, never when negative).
 	Measure      func(ctx context.Context) error
 	MeasureEvery time.Duration
 }
@@ -70,7 +70,7 @@ func RunJanitor(ctx context.Context, j Janitor) error {
 		case n > 0:
 			j.Log.DebugContext(ctx, j.Store+": expired records deleted", "count", n)
 		}
-		if j.Measure != nil && (measured.IsZero() || time.Since(measured) >= j.MeasureEvery) {
+		if j.Measure != nil && j.MeasureEvery >= 0 && (measured.IsZero() || time.Since(measured) >= j.MeasureEvery) {
 			measured = time.Now()
 			if err := j.Measure(ctx); err != nil && ctx.Err() == nil {
 				j.Log.WarnContext(ctx, j.Store+": measuring the table failed", "err", err)
