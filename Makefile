@@ -82,13 +82,7 @@ FUZZFLAGS ?=
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME (default 10s) each, one after another; crashers land in <pkg>/testdata/fuzz.
-	@failed=; for t in $(FUZZ_TARGETS); do \
-		pkg=$${t%%:*}; name=$${t##*:}; \
-		echo "=== fuzz $$name ($$pkg, $(FUZZTIME))"; \
-		if ! $(GO) test -list="^$$name\$$" $$pkg | grep -qx "$$name"; then echo "no fuzz target $$name in $$pkg"; failed="$$failed $$name"; continue; fi; \
-		$(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=$(FUZZMINIMIZE) $(FUZZFLAGS) $$pkg || failed="$$failed $$name"; \
-	done; \
-	if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed"; exit 1; fi
+	GO=$(GO) FUZZTIME=$(FUZZTIME) FUZZMINIMIZE=$(FUZZMINIMIZE) FUZZFLAGS='$(FUZZFLAGS)' bash .ci/fuzz $(FUZZ_TARGETS)
 
 .PHONY: lint
 lint: ## gofmt, go vet (the container program in testdata/containers, a module of its own, too), and sloglint (every log call passes a ctx).
