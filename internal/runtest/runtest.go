@@ -1,4 +1,6 @@
-// Package runtest holds helpers for idemq's own tests that run Runners.
+// Package runtest holds the helpers idemq's own tests share: running
+// Runners, waiting for a condition, a test logger, unique names for topics
+// and queues. One helper per check, used by every package.
 package runtest
 
 import (

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/amqpsource"
 )
 
@@ -42,5 +43,5 @@ func TestSettledBehindUnsettledIsAcked(t *testing.T) {
 	if err := next.Ack(context.Background(), back); err != nil {
 		t.Fatal(err)
 	}
-	expectNothing(t, next, 300*time.Millisecond)
+	runtest.ExpectNothing(t, next, 300*time.Millisecond)
 }

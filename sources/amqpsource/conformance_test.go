@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/amqpsource"
 	"github.com/idemq/idemq/sources/sourcetest"
@@ -30,7 +31,7 @@ func TestConformance(t *testing.T) {
 				Queue:          topic,
 				Prefetch:       32,
 				ReconnectDelay: 50 * time.Millisecond,
-				Logger:         testLogger(),
+				Logger:         runtest.Logger(t),
 			})
 		},
 		Publish: func(t *testing.T, topic string, msgs ...sourcetest.Outgoing) {

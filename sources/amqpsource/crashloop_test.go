@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/amqpsource"
 	"github.com/idemq/idemq/sources/sourcetest"
 )
@@ -210,7 +211,7 @@ func TestCrashLoopIsNotCounted(t *testing.T) {
 	}
 	w.expect(t, "FAILED")
 	t.Logf("the handler failed once at delivery attempt %d after %d SIGKILLs", attempt, kills)
-	waitFor(t, testTimeout, "the effect or a dead letter", func() bool {
+	runtest.WaitFor(t, testTimeout, runtest.Say("the effect or a dead letter"), func() bool {
 		return db.effects(t)["crash-1"] > 0 || queueDepth(t, url, q+".dlq") > 0
 	})
 	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {

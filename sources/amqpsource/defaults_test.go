@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/amqpsource"
 )
@@ -36,7 +37,7 @@ func TestDefaultRetryQueuesSurviveBrokerRestart(t *testing.T) {
 	delays := []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 5 * time.Second, 10 * time.Second}
 	var mu sync.Mutex
 	failed := map[string]bool{}
-	src := newSource(t, amqpsource.Config{URL: url, Queue: q, Logger: testLogger()})
+	src := newSource(t, amqpsource.Config{URL: url, Queue: q, Logger: runtest.Logger(t)})
 	r, err := consumer.NewRunner(src, consumer.Transactional(db.store, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		mu.Lock()
 		first := !failed[m.Key]
@@ -48,12 +49,12 @@ func TestDefaultRetryQueuesSurviveBrokerRestart(t *testing.T) {
 			return consumer.RetryAfter(delays[i%len(delays)], errors.New("first attempt fails"))
 		}
 		return apply(ctx, tx, m.Key)
-	}), consumer.Config{Name: "restart", Logger: testLogger()})
+	}), consumer.Config{Name: "restart", Logger: runtest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := runRunner(t, r)
-	waitFor(t, 2*testTimeout, "a third of the messages in retry queues", func() bool { return r.Stats().Retried >= n/3 })
+	stop := runtest.Start(t, r)
+	runtest.WaitFor(t, 2*testTimeout, runtest.Say("a third of the messages in retry queues"), func() bool { return r.Stats().Retried >= n/3 })
 	before := r.Stats()
 	testenv.Restart(t, testenv.RabbitMQ)
 	t.Logf("restarted RabbitMQ; before: %+v", before)

@@ -7,11 +7,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
-	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -233,17 +230,6 @@ func receive(t testing.TB, src consumer.Source, n int, timeout time.Duration) []
 	return out
 }
 
-// expectNothing fails t if src receives anything within window.
-func expectNothing(t testing.TB, src consumer.Source, window time.Duration) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), window)
-	defer cancel()
-	msgs, err := src.Receive(ctx, 100)
-	if err == nil {
-		t.Fatalf("expected no message, got %d (first key %q attempt %d)", len(msgs), msgs[0].Key, msgs[0].Attempt)
-	}
-}
-
 // forceCloseConnections closes, broker-side, every connection whose client
 // name is amqpsource's default for queue, as a network failure would. It
 // returns the number closed.
@@ -356,55 +342,10 @@ func (db *database) requireExactlyOnce(t testing.TB, keys []string) {
 	}
 }
 
-// waitFor polls cond every 50 ms until it holds or timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// runner runs a consumer.Runner in the background until the returned stop
-// function is called; stop waits for Run to return and fails t on its error.
-func runRunner(t testing.TB, r *consumer.Runner) (stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Runner.Run: %v", err)
-				}
-			case <-time.After(testTimeout):
-				t.Errorf("Runner.Run did not return after cancel")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
-}
-
 func keysOf(msgs []sourcetest.Outgoing) []string {
 	keys := make([]string, len(msgs))
 	for i, m := range msgs {
 		keys[i] = m.Key
 	}
 	return keys
-}
-
-// testLogger logs to stderr when IDEMQ_TEST_LOG=1, else discards.
-func testLogger() *slog.Logger {
-	if os.Getenv("IDEMQ_TEST_LOG") == "1" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.DiscardHandler)
 }

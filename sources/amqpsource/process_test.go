@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/amqpsource"
 )
 
@@ -183,7 +184,7 @@ func TestProcessKillMidStream(t *testing.T) {
 	publish(t, url, q, out...)
 
 	w := startWorker(t, url, q, db, 10, 2*time.Millisecond)
-	waitFor(t, testTimeout, "100 effects", func() bool { return len(db.effects(t)) >= 100 })
+	runtest.WaitFor(t, testTimeout, runtest.Say("100 effects"), func() bool { return len(db.effects(t)) >= 100 })
 	w.kill(t)
 	applied := len(db.effects(t))
 	if applied == len(out) {
@@ -192,7 +193,7 @@ func TestProcessKillMidStream(t *testing.T) {
 	t.Logf("killed the worker after %d of %d effects", applied, len(out))
 
 	w = startWorker(t, url, q, db, 10, 2*time.Millisecond)
-	waitFor(t, testTimeout, "300 effects", func() bool { return len(db.effects(t)) == len(out) })
+	runtest.WaitFor(t, testTimeout, runtest.Say("300 effects"), func() bool { return len(db.effects(t)) == len(out) })
 	s := w.stop(t)
 	t.Logf("second worker: %+v", s)
 	db.requireExactlyOnce(t, keysOf(out))
@@ -216,13 +217,13 @@ func TestCompetingConsumersOneKilledMidBatch(t *testing.T) {
 
 	a := startWorker(t, url, q, db, 20, 2*time.Millisecond)
 	b := startWorker(t, url, q, db, 20, 2*time.Millisecond)
-	waitFor(t, testTimeout, "100 effects", func() bool { return len(db.effects(t)) >= 100 })
+	runtest.WaitFor(t, testTimeout, runtest.Say("100 effects"), func() bool { return len(db.effects(t)) >= 100 })
 	a.kill(t)
 	applied := len(db.effects(t))
 	if applied == len(out) {
 		t.Fatalf("the workers finished all %d messages before one was killed; the test proves nothing", applied)
 	}
-	waitFor(t, testTimeout, "400 effects", func() bool { return len(db.effects(t)) == len(out) })
+	runtest.WaitFor(t, testTimeout, runtest.Say("400 effects"), func() bool { return len(db.effects(t)) == len(out) })
 	s := b.stop(t)
 	t.Logf("killed worker A after %d of %d effects; worker B: %+v", applied, len(out), s)
 	db.requireExactlyOnce(t, keysOf(out))

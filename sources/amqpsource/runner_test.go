@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/amqpsource"
 	"github.com/idemq/idemq/sources/sourcetest"
 )
@@ -36,8 +37,8 @@ func TestRunnerExactlyOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := runRunner(t, r)
-	waitFor(t, testTimeout, "220 messages settled", func() bool {
+	stop := runtest.Start(t, r)
+	runtest.WaitFor(t, testTimeout, runtest.Say("220 messages settled"), func() bool {
 		s := r.Stats()
 		return s.Handled+s.Duplicates == 220
 	})
@@ -80,8 +81,8 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := runRunner(t, r1)
-	waitFor(t, testTimeout, "50 effects committed", func() bool { return len(db.effects(t)) == 50 })
+	stop := runtest.Start(t, r1)
+	runtest.WaitFor(t, testTimeout, runtest.Say("50 effects committed"), func() bool { return len(db.effects(t)) == 50 })
 	stop()
 	_ = first.Close() // the "crash": every delivery goes back to the queue
 	if c := calls.Load(); c != 50 {
@@ -93,8 +94,8 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop = runRunner(t, r2)
-	waitFor(t, testTimeout, "50 redeliveries acknowledged", func() bool { return r2.Stats().Duplicates == 50 })
+	stop = runtest.Start(t, r2)
+	runtest.WaitFor(t, testTimeout, runtest.Say("50 redeliveries acknowledged"), func() bool { return r2.Stats().Duplicates == 50 })
 	stop()
 	if c := calls.Load(); c != 50 {
 		t.Errorf("handler ran %d times in all, want 50: a redelivery re-ran it", c)
@@ -140,8 +141,8 @@ func TestRetryWithDelayThenSuccess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := runRunner(t, r)
-	waitFor(t, testTimeout, "5 messages handled", func() bool { return r.Stats().Handled == 5 })
+	stop := runtest.Start(t, r)
+	runtest.WaitFor(t, testTimeout, runtest.Say("5 messages handled"), func() bool { return r.Stats().Handled == 5 })
 	stop()
 
 	db.requireExactlyOnce(t, keysOf(out)) // the failed attempts' writes were rolled back
@@ -196,9 +197,9 @@ func TestPoisonToDeadLetterQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := runRunner(t, r)
-	waitFor(t, testTimeout, "3 dead letters", func() bool { return len(peek(t, url, q+".dlq")) == 3 })
-	waitFor(t, testTimeout, "10 messages handled", func() bool { return r.Stats().Handled == 10 })
+	stop := runtest.Start(t, r)
+	runtest.WaitFor(t, testTimeout, runtest.Say("3 dead letters"), func() bool { return len(peek(t, url, q+".dlq")) == 3 })
+	runtest.WaitFor(t, testTimeout, runtest.Say("10 messages handled"), func() bool { return r.Stats().Handled == 10 })
 	stop()
 
 	db.requireExactlyOnce(t, keysOf(good))
@@ -259,15 +260,15 @@ func TestReconnectMidStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := runRunner(t, r)
-	waitFor(t, testTimeout, "handlers waiting mid-batch", func() bool { return calls.Load() >= 104 })
+	stop := runtest.Start(t, r)
+	runtest.WaitFor(t, testTimeout, runtest.Say("handlers waiting mid-batch"), func() bool { return calls.Load() >= 104 })
 	if n := forceCloseConnections(t, q); n != 1 {
 		t.Fatalf("closed %d connections, want 1", n)
 	}
-	waitFor(t, testTimeout, "the reconnect", func() bool { return src.Stats().Reconnects == 1 })
+	runtest.WaitFor(t, testTimeout, runtest.Say("the reconnect"), func() bool { return src.Stats().Reconnects == 1 })
 	close(gate)
-	waitFor(t, testTimeout, "300 effects", func() bool { return len(db.effects(t)) == 300 })
-	waitFor(t, testTimeout, "an empty queue", func() bool { return queueDepth(t, url, q) == 0 })
+	runtest.WaitFor(t, testTimeout, runtest.Say("300 effects"), func() bool { return len(db.effects(t)) == 300 })
+	runtest.WaitFor(t, testTimeout, runtest.Say("an empty queue"), func() bool { return queueDepth(t, url, q) == 0 })
 	stop()
 	db.requireExactlyOnce(t, keysOf(out))
 	rs, ss := r.Stats(), src.Stats()

@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/amqpsource"
 )
 
@@ -60,7 +61,7 @@ func TestFailedRetryReleasesDelivery(t *testing.T) {
 	if back.Key != first.Key || !back.Redelivered {
 		t.Fatalf("got %q redelivered %v, want %q redelivered", back.Key, back.Redelivered, first.Key)
 	}
-	waitFor(t, 5*time.Second, "Stats().Requeued = 1", func() bool { return src.Stats().Requeued == 1 })
+	runtest.WaitFor(t, 5*time.Second, runtest.Say("Stats().Requeued = 1"), func() bool { return src.Stats().Requeued == 1 })
 	if err := src.Ack(context.Background(), []*consumer.Message{back}); err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +72,7 @@ func TestFailedRetryReleasesDelivery(t *testing.T) {
 	if err := src.Ack(context.Background(), []*consumer.Message{second}); err != nil {
 		t.Fatal(err)
 	}
-	expectNothing(t, src, 300*time.Millisecond)
+	runtest.ExpectNothing(t, src, 300*time.Millisecond)
 }
 
 // A DeadLetter whose copy the broker refuses (a negative confirm: the
@@ -96,7 +97,7 @@ func TestNegativelyConfirmedDeadLetterReleasesDelivery(t *testing.T) {
 	if back.Key != m.Key || !back.Redelivered {
 		t.Fatalf("got %q redelivered %v, want %q redelivered", back.Key, back.Redelivered, m.Key)
 	}
-	waitFor(t, 5*time.Second, "Stats().Requeued = 1", func() bool { return src.Stats().Requeued == 1 })
+	runtest.WaitFor(t, 5*time.Second, runtest.Say("Stats().Requeued = 1"), func() bool { return src.Stats().Requeued == 1 })
 	if got := src.Stats().Unroutable; got != 0 {
 		t.Errorf("Stats().Unroutable = %d, want 0", got)
 	}
@@ -137,7 +138,7 @@ func TestClosedPublishingChannelIsNotUnroutable(t *testing.T) {
 	if back.Key != m.Key || back.Attempt != m.Attempt {
 		t.Fatalf("got %q attempt %d, want %q attempt %d (requeued, not parked)", back.Key, back.Attempt, m.Key, m.Attempt)
 	}
-	waitFor(t, 5*time.Second, "Stats().Requeued = 1", func() bool { return src.Stats().Requeued == 1 })
+	runtest.WaitFor(t, 5*time.Second, runtest.Say("Stats().Requeued = 1"), func() bool { return src.Stats().Requeued == 1 })
 	if got := src.Stats().Unroutable; got != 0 {
 		t.Errorf("Stats().Unroutable = %d, want 0", got)
 	}
@@ -212,7 +213,7 @@ func TestHeldDeliveryIsNotCoveredByLaterAcks(t *testing.T) {
 	if err := next.Ack(context.Background(), back); err != nil {
 		t.Fatal(err)
 	}
-	expectNothing(t, next, 300*time.Millisecond)
+	runtest.ExpectNothing(t, next, 300*time.Millisecond)
 }
 
 // Through the Runner: with Prefetch 1, a message whose retry copy is refused
@@ -248,8 +249,8 @@ func TestRunnerKeepsConsumingWhenRetryCopyFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := runRunner(t, r)
-	waitFor(t, 20*time.Second, "3 messages handled", func() bool { return r.Stats().Handled == 3 })
+	stop := runtest.Start(t, r)
+	runtest.WaitFor(t, 20*time.Second, runtest.Say("3 messages handled"), func() bool { return r.Stats().Handled == 3 })
 	stop()
 
 	db.requireExactlyOnce(t, keysOf(out))

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/amqpsource"
 	"github.com/idemq/idemq/sources/sourcetest"
 )
@@ -62,7 +63,7 @@ func TestAckNeverCoversOtherDeliveries(t *testing.T) {
 			t.Errorf("message %s: Redelivered is false after a requeue", m.Key)
 		}
 	}
-	expectNothing(t, next, 500*time.Millisecond)
+	runtest.ExpectNothing(t, next, 500*time.Millisecond)
 }
 
 // When the connection dies, acknowledgements of the dead channel's
@@ -134,7 +135,7 @@ func TestCloseReturnsBufferedDeliveries(t *testing.T) {
 	src := newSource(t, amqpsource.Config{URL: url, Queue: q, Prefetch: 50})
 	first := receive(t, src, 1, testTimeout)
 	// Let the rest arrive in the client's buffer.
-	waitFor(t, testTimeout, "the broker to hand out every message", func() bool { return queueDepth(t, url, q) == 0 })
+	runtest.WaitFor(t, testTimeout, runtest.Say("the broker to hand out every message"), func() bool { return queueDepth(t, url, q) == 0 })
 	if err := src.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/sourcetest"
 )
@@ -36,7 +37,7 @@ func BenchmarkSourceReceiveAck(b *testing.B) {
 	skipShort(b)
 	brokers := testenv.KafkaBrokers(b)
 	topic := benchTopic(b, brokers, b.N)
-	src := openSource(b, testConfig(brokers, topic, uniqueName(b, "g")))
+	src := openSource(b, testConfig(b, brokers, topic, runtest.UniqueName(b, "g")))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	b.ResetTimer()
@@ -64,7 +65,7 @@ func BenchmarkRawKafkaGo(b *testing.B) {
 	skipShort(b)
 	brokers := testenv.KafkaBrokers(b)
 	topic := benchTopic(b, brokers, b.N)
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, GroupID: uniqueName(b, "g"), Topic: topic, MaxWait: 250 * time.Millisecond})
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, GroupID: runtest.UniqueName(b, "g"), Topic: topic, MaxWait: 250 * time.Millisecond})
 	defer r.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

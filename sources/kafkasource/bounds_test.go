@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/sourcetest"
@@ -25,9 +26,9 @@ func TestDeadLetterFailureBoundsUncommitted(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 	publish(t, brokers, topic, outgoing("d", 10)...)
-	cfg := testConfig(brokers, topic, group)
+	cfg := testConfig(t, brokers, topic, group)
 	cfg.DeadLetterTopic = "invalid topic name!" // the broker refuses it
 	cfg.DeadLetterTimeout = 3 * time.Second
 	cfg.DeadLetterRetryDelay = 50 * time.Millisecond
@@ -75,9 +76,9 @@ func TestDeadLetterTruncatesLongReason(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 	publish(t, brokers, topic, outgoing("r", 1)...)
-	src := openSource(t, testConfig(brokers, topic, group))
+	src := openSource(t, testConfig(t, brokers, topic, group))
 	m := receiveN(t, src, 1, waitTimeout)[0]
 	reason := errors.New(strings.Repeat("é", 1<<20)) // 2 MiB
 	if err := src.DeadLetter(context.Background(), m, reason); err != nil {
@@ -100,7 +101,7 @@ func TestHeldMessagesDoNotStopOtherPartitions(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 2)
-	cfg := testConfig(brokers, topic, uniqueName(t, "g"))
+	cfg := testConfig(t, brokers, topic, runtest.UniqueName(t, "g"))
 	cfg.Ordering = kafkasource.OrderByPartition
 	cfg.MaxInFlight = 2
 	src := openSource(t, cfg)
@@ -145,7 +146,7 @@ func TestRetriesOfKeyComeBackInOrder(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
-	src := openSource(t, testConfig(brokers, topic, uniqueName(t, "g")))
+	src := openSource(t, testConfig(t, brokers, topic, runtest.UniqueName(t, "g")))
 	ctx := context.Background()
 
 	const n = 50
@@ -177,10 +178,10 @@ func TestConcurrentAcksCommitEverything(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 2)
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 	const n = 200
 	publish(t, brokers, topic, outgoing("c", n)...)
-	src := openSource(t, testConfig(brokers, topic, group))
+	src := openSource(t, testConfig(t, brokers, topic, group))
 	msgs := receiveN(t, src, n, waitTimeout)
 	want := map[int]int64{}
 	for _, m := range msgs {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/kafkasource"
 )
@@ -24,7 +25,7 @@ func TestClusterNodeDiesMidRun(t *testing.T) {
 	brokers := testenv.KafkaClusterBrokers(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	topic := uniqueName(t, "cluster")
+	topic := runtest.UniqueName(t, "cluster")
 	if err := kafkasource.CreateTopics(ctx, nil, brokers,
 		kafkasource.TopicSpec{Name: topic, Partitions: 6, ReplicationFactor: 3},
 		kafkasource.TopicSpec{Name: kafkasource.DeadLetterTopic(topic), Partitions: 1, ReplicationFactor: 3}); err != nil {
@@ -46,8 +47,8 @@ func TestClusterNodeDiesMidRun(t *testing.T) {
 		}
 		return nil
 	})
-	src := openSource(t, kafkasource.Config{Brokers: brokers, Topics: []string{topic}, GroupID: "g-" + topic, Logger: testLogger()})
-	w := startWorker(t, src, path, consumer.Config{Name: "cluster", Logger: testLogger()})
+	src := openSource(t, kafkasource.Config{Brokers: brokers, Topics: []string{topic}, GroupID: "g-" + topic, Logger: runtest.Logger(t)})
+	w := startWorker(t, src, path, consumer.Config{Name: "cluster", Logger: runtest.Logger(t)})
 
 	w.waitHandled(t, n/3, 2*time.Minute)
 	node := testenv.KafkaClusterNode(1)

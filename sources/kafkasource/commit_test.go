@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 )
 
@@ -17,10 +18,10 @@ func TestAckCommitsWithinInterval(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 	publish(t, brokers, topic, outgoing("i", 5)...)
 
-	src := openSource(t, testConfig(brokers, topic, group))
+	src := openSource(t, testConfig(t, brokers, topic, group))
 	msgs := receiveN(t, src, 5, waitTimeout)
 	if err := src.Ack(context.Background(), msgs); err != nil {
 		t.Fatalf("Ack: %v", err)
@@ -35,11 +36,11 @@ func TestAckDefersAndCoalescesCommitsUntilClose(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 	const n = 20
 	publish(t, brokers, topic, outgoing("c", n)...)
 
-	cfg := testConfig(brokers, topic, group)
+	cfg := testConfig(t, brokers, topic, group)
 	cfg.CommitInterval = never
 	src := openSource(t, cfg)
 	for _, m := range sortByOffset(receiveN(t, src, n, waitTimeout)) {
@@ -69,10 +70,10 @@ func TestRebalanceFlushesSettledPrefix(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 	publish(t, brokers, topic, outgoing("r", 5)...)
 
-	cfg := testConfig(brokers, topic, group)
+	cfg := testConfig(t, brokers, topic, group)
 	cfg.CommitInterval = never
 	a := openSource(t, cfg)
 	msgs := sortByOffset(receiveN(t, a, 5, waitTimeout))

@@ -28,7 +28,7 @@ func TestConformance(t *testing.T) {
 		},
 		NewTopic: func(t *testing.T) string { return newTopic(t, brokers, testPartitions) },
 		NewSource: func(t *testing.T, topic string) consumer.Source {
-			return openSource(t, testConfig(brokers, topic, "g-"+topic))
+			return openSource(t, testConfig(t, brokers, topic, "g-"+topic))
 		},
 		Publish: func(t *testing.T, topic string, msgs ...sourcetest.Outgoing) {
 			publish(t, brokers, topic, msgs...)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/kafkasource"
 )
@@ -54,7 +55,7 @@ func TestNewFailsWhenNoBrokerAnswers(t *testing.T) {
 func TestPing(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
-	src := openSource(t, testConfig(brokers, "idemq-ping", uniqueName(t, "g")))
+	src := openSource(t, testConfig(t, brokers, "idemq-ping", runtest.UniqueName(t, "g")))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := src.Ping(ctx); err != nil {

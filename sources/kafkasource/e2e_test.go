@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/sourcetest"
@@ -276,14 +277,14 @@ func TestCrashAfterDatabaseCommitBeforeOffsetCommit(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	db := newTestDB(t)
 	topic := newTopic(t, brokers, testPartitions)
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 	const n = 400
 	publish(t, brokers, topic, keyed("crash", n, 16)...)
 	rc := consumer.Config{Name: group, BatchSize: 10, Concurrency: 4}
 
 	// First life: every effect commits, only the first 100 offsets are
 	// acknowledged, then the process "dies" (no further commits).
-	crashing := &ackCrash{Source: openSource(t, testConfig(brokers, topic, group)), limit: 100}
+	crashing := &ackCrash{Source: openSource(t, testConfig(t, brokers, topic, group)), limit: 100}
 	first := startWorker(t, crashing, db.path(nil), rc)
 	db.waitRows(t, n, waitTimeout)
 	first.stop(t)
@@ -293,7 +294,7 @@ func TestCrashAfterDatabaseCommitBeforeOffsetCommit(t *testing.T) {
 
 	// Second life: the redeliveries must not run the handler.
 	var calls atomic.Int64
-	second := startWorker(t, openSource(t, testConfig(brokers, topic, group)), db.path(func(*consumer.Message) error {
+	second := startWorker(t, openSource(t, testConfig(t, brokers, topic, group)), db.path(func(*consumer.Message) error {
 		calls.Add(1)
 		return nil
 	}), rc)
@@ -340,7 +341,7 @@ func TestHelperWorker(t *testing.T) {
 	}
 	defer db.pool.Close()
 	group := os.Getenv(envGroup)
-	src, err := kafkasource.New(testConfig(brokers, os.Getenv(envTopic), group))
+	src, err := kafkasource.New(testConfig(t, brokers, os.Getenv(envTopic), group))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -364,7 +365,7 @@ func TestKilledWorkerProcess(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	db := newTestDB(t)
 	topic := newTopic(t, brokers, testPartitions)
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 	const n = 3000
 	publish(t, brokers, topic, keyed("kill", n, 64)...)
 
@@ -429,7 +430,7 @@ func TestRebalancesApplyEveryEffectOnce(t *testing.T) {
 	db := newTestDB(t)
 	const partitions = 6
 	topic := newTopic(t, brokers, partitions)
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 	const n, chunk = 3000, 100
 	msgs := keyed("reb", n, 200)
 
@@ -447,7 +448,7 @@ func TestRebalancesApplyEveryEffectOnce(t *testing.T) {
 	rc := consumer.Config{Name: group, BatchSize: 10, Concurrency: 4}
 	slow := db.path(func(*consumer.Message) error { time.Sleep(time.Millisecond); return nil })
 	newMember := func() (*worker, *kafkasource.Source) {
-		src := openSource(t, testConfig(brokers, topic, group))
+		src := openSource(t, testConfig(t, brokers, topic, group))
 		return startWorker(t, src, slow, rc), src
 	}
 	a, _ := newMember()
@@ -477,7 +478,7 @@ func TestProducerDuplicateAppliedOnce(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	db := newTestDB(t)
 	topic := newTopic(t, brokers, testPartitions)
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 
 	event := sourcetest.Outgoing{Key: "order-42", Body: []byte(`{"order":42,"amount":100}`), PartitionKey: "customer-1"}
 	noKey := sourcetest.Outgoing{Body: []byte(`{"order":43}`), PartitionKey: "customer-2"}
@@ -485,7 +486,7 @@ func TestProducerDuplicateAppliedOnce(t *testing.T) {
 	publish(t, brokers, topic, event, noKey) // the producer sends both again
 
 	var calls sync.Map
-	w := startWorker(t, openSource(t, testConfig(brokers, topic, group)), db.path(func(m *consumer.Message) error {
+	w := startWorker(t, openSource(t, testConfig(t, brokers, topic, group)), db.path(func(m *consumer.Message) error {
 		c, _ := calls.LoadOrStore(string(m.Body), new(atomic.Int64))
 		c.(*atomic.Int64).Add(1)
 		return nil
@@ -518,7 +519,7 @@ func TestPoisonGoesToDeadLetterTopic(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	db := newTestDB(t)
 	topic := newTopic(t, brokers, 1) // one partition: poison sits in the middle of it
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 
 	msgs := keyed("p", 10, 0)
 	msgs[2].Body = []byte(`{"poison":"retry"}`)                                       // always fails: retried, then dead-lettered
@@ -529,7 +530,7 @@ func TestPoisonGoesToDeadLetterTopic(t *testing.T) {
 	publish(t, brokers, topic, msgs...)
 
 	var attempts atomic.Int64
-	w := startWorker(t, openSource(t, testConfig(brokers, topic, group)), db.path(func(m *consumer.Message) error {
+	w := startWorker(t, openSource(t, testConfig(t, brokers, topic, group)), db.path(func(m *consumer.Message) error {
 		switch string(m.Body) {
 		case `{"poison":"retry"}`:
 			attempts.Add(1)

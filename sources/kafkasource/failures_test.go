@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/sourcetest"
@@ -21,7 +22,7 @@ func TestFailureCountSurvivesRestart(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	db := newTestDB(t)
 	topic := newTopic(t, brokers, 1)
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 	publish(t, brokers, topic, sourcetest.Outgoing{Key: "poison-1", Body: []byte(`{"poison":true}`)})
 
 	var calls atomic.Int64
@@ -36,7 +37,7 @@ func TestFailureCountSurvivesRestart(t *testing.T) {
 		Retry: consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: 2 * time.Second, MaxBackoff: 10 * time.Second, Jitter: -1},
 	}
 
-	first := startWorker(t, openSource(t, testConfig(brokers, topic, group)), path, cfg)
+	first := startWorker(t, openSource(t, testConfig(t, brokers, topic, group)), path, cfg)
 	deadline := time.Now().Add(waitTimeout)
 	for calls.Load() < 2 {
 		if time.Now().After(deadline) {
@@ -49,7 +50,7 @@ func TestFailureCountSurvivesRestart(t *testing.T) {
 		t.Fatalf("handler ran %d times before the restart, want 2", c)
 	}
 
-	second := startWorker(t, openSource(t, testConfig(brokers, topic, group)), path, cfg)
+	second := startWorker(t, openSource(t, testConfig(t, brokers, topic, group)), path, cfg)
 	waitCommitted(t, brokers, group, topic, 1, waitTimeout)
 	st := second.runner.Stats()
 	second.stop(t)

@@ -2,21 +2,15 @@ package kafkasource_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
-	"log/slog"
 	"net"
-	"os"
-	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/sourcetest"
 )
@@ -27,29 +21,6 @@ const testPartitions = 4
 
 // waitTimeout bounds every wait of these tests for messages or rows.
 const waitTimeout = 60 * time.Second
-
-// testLogger logs to stderr at Debug when IDEMQ_TEST_LOG=1, else discards.
-// (t.Log cannot be used: kafka-go's goroutines may log after a test ends.)
-func testLogger() *slog.Logger {
-	if os.Getenv("IDEMQ_TEST_LOG") == "1" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.DiscardHandler)
-}
-
-var unsafeTopicChars = regexp.MustCompile(`[^a-zA-Z0-9-]+`)
-
-// uniqueName returns a name derived from the test's name with a random
-// suffix, usable as a topic or group name.
-func uniqueName(t testing.TB, prefix string) string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	base := strings.Trim(unsafeTopicChars.ReplaceAllString(t.Name(), "-"), "-")
-	if len(base) > 80 {
-		base = base[len(base)-80:]
-	}
-	return prefix + "-" + strings.ToLower(base) + "-" + hex.EncodeToString(b)
-}
 
 // skipShort skips tests that need the real services under -short (make
 // test-short); without -short, a missing service fails them.
@@ -64,7 +35,7 @@ func skipShort(t testing.TB) {
 // when the test ends.
 func newTopic(t testing.TB, brokers []string, partitions int) string {
 	t.Helper()
-	topic := uniqueName(t, "idemq")
+	topic := runtest.UniqueName(t, "idemq")
 	t.Cleanup(func() { deleteTopics(brokers, topic, kafkasource.DeadLetterTopic(topic)) })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -101,7 +72,7 @@ func deleteTopics(brokers []string, topics ...string) {
 
 // testConfig returns a source configuration with group timeouts short enough
 // for tests (the broker's minimum session timeout is 6 s).
-func testConfig(brokers []string, topic, group string) kafkasource.Config {
+func testConfig(t testing.TB, brokers []string, topic, group string) kafkasource.Config {
 	return kafkasource.Config{
 		Brokers:              brokers,
 		Topics:               []string{topic},
@@ -113,7 +84,7 @@ func testConfig(brokers []string, topic, group string) kafkasource.Config {
 		MaxWait:              250 * time.Millisecond,
 		DeadLetterRetryDelay: 500 * time.Millisecond,
 		CommitInterval:       testCommitInterval,
-		Logger:               testLogger(),
+		Logger:               runtest.Logger(t),
 	}
 }
 
@@ -315,18 +286,4 @@ func receiveN(t testing.TB, src consumer.Source, n int, timeout time.Duration) [
 		got = append(got, msgs...)
 	}
 	return got
-}
-
-// expectNothing fails t if src hands out a message within window.
-func expectNothing(t testing.TB, src consumer.Source, window time.Duration) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), window)
-	defer cancel()
-	msgs, err := src.Receive(ctx, 10)
-	if err == nil {
-		t.Fatalf("expected no message within %s, got %d (first %s attempt %d)", window, len(msgs), msgs[0].ID, msgs[0].Attempt)
-	}
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Receive: %v", err)
-	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 )
 
@@ -18,7 +19,7 @@ import (
 // retention.ms ("" for the broker's default), deleted when t ends.
 func createTopicWithRetention(t *testing.T, brokers []string, retentionMS string) string {
 	t.Helper()
-	topic := uniqueName(t, "idemq-retention")
+	topic := runtest.UniqueName(t, "idemq-retention")
 	t.Cleanup(func() { deleteTopics(brokers, topic) })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -57,7 +58,7 @@ func TestRetentionGuardOnKafka(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			topic := createTopicWithRetention(t, brokers, tc.retention)
-			src := openSource(t, testConfig(brokers, topic, uniqueName(t, "group")))
+			src := openSource(t, testConfig(t, brokers, topic, runtest.UniqueName(t, "group")))
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			horizon, err := src.RedeliveryHorizon(ctx)
@@ -72,7 +73,7 @@ func TestRetentionGuardOnKafka(t *testing.T) {
 				t.Fatal(err)
 			}
 			r, err := consumer.NewRunner(src, consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
-				consumer.Config{Name: "retention", Logger: testLogger()})
+				consumer.Config{Name: "retention", Logger: runtest.Logger(t)})
 			if err != nil {
 				t.Fatal(err)
 			}

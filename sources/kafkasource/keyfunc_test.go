@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/sourcetest"
@@ -22,11 +23,11 @@ func TestKeyFuncPanicIsDeadLettered(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 	publish(t, brokers, topic,
 		sourcetest.Outgoing{Body: []byte("a")}, sourcetest.Outgoing{Body: []byte("boom")}, sourcetest.Outgoing{Body: []byte("b")})
 
-	cfg := testConfig(brokers, topic, group)
+	cfg := testConfig(t, brokers, topic, group)
 	cfg.KeyFunc = func(m kafka.Message) string {
 		if string(m.Value) == "boom" {
 			var fields []string
@@ -64,7 +65,7 @@ func TestRequireKeyDeadLettersKeylessRecords(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 	publish(t, brokers, topic, sourcetest.Outgoing{Key: "k1", Body: []byte("a")}, sourcetest.Outgoing{Body: []byte("keyless")})
 	store, err := memstore.New(memstore.Config{})
 	if err != nil {
@@ -73,7 +74,7 @@ func TestRequireKeyDeadLettersKeylessRecords(t *testing.T) {
 	path := consumer.Transactional(store, func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
 		return tx.Add("effects/"+m.Key, 1)
 	})
-	w := startWorker(t, openSource(t, testConfig(brokers, topic, group)), path,
+	w := startWorker(t, openSource(t, testConfig(t, brokers, topic, group)), path,
 		consumer.Config{Name: group, KeyFunc: consumer.RequireKey, DrainTimeout: 10 * time.Second})
 	waitCommitted(t, brokers, group, topic, 1, waitTimeout)
 	w.stop(t)

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 )
 
@@ -14,10 +15,10 @@ func TestLagPerPartition(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 	publish(t, brokers, topic, outgoing("lag", 10)...)
 
-	src := openSource(t, testConfig(brokers, topic, group))
+	src := openSource(t, testConfig(t, brokers, topic, group))
 	if lags, err := src.Lag(context.Background()); err != nil || len(lags) != 0 {
 		t.Fatalf("Lag before any fetch = %+v, %v; want nothing", lags, err)
 	}

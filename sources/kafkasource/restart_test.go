@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/kafkasource"
 )
@@ -44,9 +45,9 @@ func TestDefaultConfigSurvivesBrokerRestart(t *testing.T) {
 		Brokers: brokers,
 		Topics:  []string{topic},
 		GroupID: "g-" + topic,
-		Logger:  testLogger(),
+		Logger:  runtest.Logger(t),
 	})
-	w := startWorker(t, src, path, consumer.Config{Name: "restart", Logger: testLogger()})
+	w := startWorker(t, src, path, consumer.Config{Name: "restart", Logger: runtest.Logger(t)})
 
 	w.waitHandled(t, n/3, 2*time.Minute)
 	before := w.runner.Stats()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 )
 
@@ -52,10 +53,10 @@ func TestScopesShareOneTable(t *testing.T) {
 			_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (scope, key) VALUES ($1, $2)`, scope, m.Key)
 			return err
 		})
-		group := uniqueName(t, "g-"+scope)
+		group := runtest.UniqueName(t, "g-"+scope)
 		for range 2 {
-			src := openSource(t, testConfig(brokers, topic, group))
-			startWorker(t, src, path, consumer.Config{Name: scope, Concurrency: 2, BatchSize: 10, AllowShortRetention: allowShort, Logger: testLogger()})
+			src := openSource(t, testConfig(t, brokers, topic, group))
+			startWorker(t, src, path, consumer.Config{Name: scope, Concurrency: 2, BatchSize: 10, AllowShortRetention: allowShort, Logger: runtest.Logger(t)})
 		}
 	}
 

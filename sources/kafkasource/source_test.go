@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/sourcetest"
@@ -71,7 +72,7 @@ func TestReceiveFillsMessage(t *testing.T) {
 		Key: "order-1", Body: []byte(`{"n":1}`), PartitionKey: "account-7",
 		Headers: map[string]string{"trace": "abc"},
 	})
-	src := openSource(t, testConfig(brokers, topic, uniqueName(t, "g")))
+	src := openSource(t, testConfig(t, brokers, topic, runtest.UniqueName(t, "g")))
 	m := receiveN(t, src, 1, waitTimeout)[0]
 
 	km, ok := m.Raw.(kafka.Message)
@@ -101,7 +102,7 @@ func TestKeyFuncAndOrderByPartition(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
 	publish(t, brokers, topic, sourcetest.Outgoing{Body: []byte("b"), PartitionKey: "k"})
-	cfg := testConfig(brokers, topic, uniqueName(t, "g"))
+	cfg := testConfig(t, brokers, topic, runtest.UniqueName(t, "g"))
 	cfg.KeyFunc = func(m kafka.Message) string { return "from-func-" + string(m.Value) }
 	cfg.Ordering = kafkasource.OrderByPartition
 	m := receiveN(t, openSource(t, cfg), 1, waitTimeout)[0]
@@ -117,10 +118,10 @@ func TestCommitsOnlySettledPrefix(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 	publish(t, brokers, topic, outgoing("a", 10)...)
 
-	src := openSource(t, testConfig(brokers, topic, group))
+	src := openSource(t, testConfig(t, brokers, topic, group))
 	msgs := sortByOffset(receiveN(t, src, 10, waitTimeout))
 	ctx := context.Background()
 	if err := src.Ack(ctx, msgs[1:]); err != nil {
@@ -148,7 +149,7 @@ func TestCommitsOnlySettledPrefix(t *testing.T) {
 		t.Fatalf("committed offset %d with offset 10 unsettled, want 10", got)
 	}
 
-	again := sortByOffset(receiveN(t, openSource(t, testConfig(brokers, topic, group)), 5, waitTimeout))
+	again := sortByOffset(receiveN(t, openSource(t, testConfig(t, brokers, topic, group)), 5, waitTimeout))
 	for i, m := range again {
 		if want := more[i].ID; m.ID != want {
 			t.Fatalf("redelivery %d is %s, want %s (everything from the unsettled offset on)", i, m.ID, want)
@@ -160,9 +161,9 @@ func TestRetryRedeliversInProcess(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 	publish(t, brokers, topic, outgoing("r", 2)...)
-	src := openSource(t, testConfig(brokers, topic, group))
+	src := openSource(t, testConfig(t, brokers, topic, group))
 	msgs := sortByOffset(receiveN(t, src, 2, waitTimeout))
 	ctx := context.Background()
 
@@ -188,7 +189,7 @@ func TestRetryRedeliversInProcess(t *testing.T) {
 	if err := src.Retry(ctx, r, 0); !errors.Is(err, kafkasource.ErrSettled) {
 		t.Fatalf("Retry of an acknowledged message: %v, want ErrSettled", err)
 	}
-	other := openSource(t, testConfig(brokers, topic, uniqueName(t, "other")))
+	other := openSource(t, testConfig(t, brokers, topic, runtest.UniqueName(t, "other")))
 	if err := other.Ack(ctx, []*consumer.Message{r}); !errors.Is(err, kafkasource.ErrForeignMessage) {
 		t.Fatalf("Ack of another source's message: %v, want ErrForeignMessage", err)
 	}
@@ -201,7 +202,7 @@ func TestReleaseKeepsAttempt(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
 	publish(t, brokers, topic, outgoing("rel", 1)...)
-	src := openSource(t, testConfig(brokers, topic, uniqueName(t, "g")))
+	src := openSource(t, testConfig(t, brokers, topic, runtest.UniqueName(t, "g")))
 	m := receiveN(t, src, 1, waitTimeout)[0]
 	if err := src.Release(context.Background(), m, 10*time.Millisecond); err != nil {
 		t.Fatalf("Release: %v", err)
@@ -221,7 +222,7 @@ func TestRetryHoldsLaterMessagesOfKey(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
-	src := openSource(t, testConfig(brokers, topic, uniqueName(t, "g")))
+	src := openSource(t, testConfig(t, brokers, topic, runtest.UniqueName(t, "g")))
 	ctx := context.Background()
 
 	publish(t, brokers, topic, sourcetest.Outgoing{Key: "k1", Body: []byte("1"), PartitionKey: "acct"})
@@ -242,7 +243,7 @@ func TestRetryHoldsLaterMessagesOfKey(t *testing.T) {
 	if held := src.Stats().Held; held != 1 {
 		t.Fatalf("Stats.Held = %d, want 1 (k2)", held)
 	}
-	expectNothing(t, src, time.Second)
+	runtest.ExpectNothing(t, src, time.Second)
 
 	retried := got[0]
 	if retried.Key != "k1" {
@@ -260,11 +261,11 @@ func TestDeadLetterWritesCopyAndCommits(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 	publish(t, brokers, topic, sourcetest.Outgoing{
 		Key: "bad-1", Body: []byte("poison"), PartitionKey: "acct", Headers: map[string]string{"trace": "t1"},
 	})
-	src := openSource(t, testConfig(brokers, topic, group))
+	src := openSource(t, testConfig(t, brokers, topic, group))
 	m := receiveN(t, src, 1, waitTimeout)[0]
 	reason := &consumer.DeadLetterError{Key: "bad-1", Attempts: 3, Err: fmt.Errorf("%w after 3 attempts: boom", consumer.ErrMaxAttempts)}
 	if err := src.DeadLetter(context.Background(), m, reason); err != nil {
@@ -303,9 +304,9 @@ func TestDeadLetterFailureKeepsMessage(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 	publish(t, brokers, topic, outgoing("d", 1)...)
-	cfg := testConfig(brokers, topic, group)
+	cfg := testConfig(t, brokers, topic, group)
 	cfg.DeadLetterTopic = "invalid topic name!" // the broker refuses it
 	cfg.DeadLetterTimeout = 3 * time.Second
 	src := openSource(t, cfg)
@@ -332,17 +333,17 @@ func TestStaleMessagesAreNotCommitted(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
-	group := uniqueName(t, "g")
+	group := runtest.UniqueName(t, "g")
 	publish(t, brokers, topic, outgoing("s", 3)...)
 
 	logs := testenv.NewLogRecorder()
-	acfg := testConfig(brokers, topic, group)
+	acfg := testConfig(t, brokers, topic, group)
 	acfg.Logger = logs.Logger()
 	a := openSource(t, acfg)
 	stale := receiveN(t, a, 3, waitTimeout)
 	gen := a.Stats().Rebalances
 
-	b := openSource(t, testConfig(brokers, topic, group)) // joins: the group rebalances
+	b := openSource(t, testConfig(t, brokers, topic, group)) // joins: the group rebalances
 	deadline := time.Now().Add(waitTimeout)
 	for a.Stats().Rebalances <= gen {
 		if time.Now().After(deadline) {
@@ -400,7 +401,7 @@ func TestMethodsRejectForeignMessages(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
-	src := openSource(t, testConfig(brokers, topic, uniqueName(t, "g")))
+	src := openSource(t, testConfig(t, brokers, topic, runtest.UniqueName(t, "g")))
 	foreign := &consumer.Message{ID: "x", Handle: "not ours"}
 	ctx := context.Background()
 	for name, err := range map[string]error{

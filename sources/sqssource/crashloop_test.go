@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/sqssource"
 )
@@ -212,7 +213,7 @@ func TestCrashLoopIsNotCounted(t *testing.T) {
 	}
 	w.expect(t, "FAILED", 10*time.Second)
 	t.Logf("the handler failed once at receive count %d after %d SIGKILLs", attempt, kills)
-	waitFor(t, 60*time.Second, func() string {
+	runtest.WaitFor(t, 60*time.Second, func() string {
 		rows, _ := effectCounts(t, db)
 		return fmt.Sprintf("%d effects, queue depth %d, dead letters %d; worker output:\n%s",
 			rows, queueDepth(t, q.URL), queueDepth(t, q.DLQURL), w.out)

@@ -15,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/sqssource"
 )
 
@@ -115,7 +116,7 @@ func TestBodyAboveDeadLetterQueueLimit(t *testing.T) {
 	needServices(t)
 	c := sqsClient(t)
 	ctx := testContext(t, 60*time.Second)
-	name := uniqueName(t)
+	name := runtest.UniqueName(t, "")
 	dlq := createQueue(ctx, t, c, name+"-dlq", map[string]string{"MaximumMessageSize": "1024"})
 	client := sizeLimited{Client: c, limits: map[string]int{dlq: 1024}}
 	arn, err := c.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(dlq), AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameQueueArn}})

@@ -4,9 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
-	"log/slog"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/sqssource"
 )
@@ -71,21 +70,6 @@ func newClient(endpoint string) (*sqs.Client, error) {
 	)
 }
 
-// uniqueName returns a queue name unique to this run (at most 80 bytes with
-// a .fifo suffix).
-func uniqueName(t testing.TB) string {
-	base := strings.Map(func(r rune) rune {
-		if r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
-			return r
-		}
-		return '-'
-	}, t.Name())
-	if len(base) > 40 {
-		base = base[len(base)-40:]
-	}
-	return strings.Trim(base, "-") + "-" + strings.ToLower(rand.Text()[:10])
-}
-
 // queueOptions describe a test queue.
 type queueOptions struct {
 	FIFO bool
@@ -107,7 +91,7 @@ func newQueue(t testing.TB, opt queueOptions) testQueue {
 	t.Helper()
 	c := sqsClient(t)
 	ctx := testContext(t, 30*time.Second)
-	name := uniqueName(t)
+	name := runtest.UniqueName(t, "")
 	q := testQueue{Name: name, DLQName: name + "-dlq", FIFO: opt.FIFO}
 	suffix := ""
 	attrs := map[string]string{}
@@ -280,7 +264,7 @@ func sourceConfig(t testing.TB, q testQueue) sqssource.Config {
 		KeyAttribute:       keyAttribute,
 		VisibilityTimeout:  4 * time.Second,
 		WaitTime:           1 * time.Second,
-		Logger:             testLogger(t),
+		Logger:             runtest.Logger(t),
 	}
 }
 
@@ -293,33 +277,6 @@ func newSource(t testing.TB, cfg sqssource.Config) *sqssource.Source {
 	}
 	t.Cleanup(func() { _ = src.Close() })
 	return src
-}
-
-// testLogger logs warnings and errors into the test's output.
-func testLogger(t testing.TB) *slog.Logger {
-	w := &testWriter{t: t}
-	t.Cleanup(func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		w.done = true
-	})
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-// testWriter writes to t.Log until the test ends, then drops.
-type testWriter struct {
-	mu   sync.Mutex
-	t    testing.TB
-	done bool
-}
-
-func (w *testWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimSpace(string(p)))
-	}
-	return len(p), nil
 }
 
 // database is a fresh schema with a dedup store and an effects table.
@@ -381,12 +338,10 @@ func effectCounts(t testing.TB, db database) (rows, keys int) {
 	return rows, keys
 }
 
-// runner is a consumer.Runner running in the background.
+// runner is a consumer.Runner running in the background (runtest.Start).
 type runner struct {
 	*consumer.Runner
-	cancel context.CancelFunc
-	done   chan error
-	once   sync.Once
+	halt func()
 }
 
 // startRunner runs a runner over src until stop is called or the test ends.
@@ -396,7 +351,7 @@ func startRunner(t testing.TB, src consumer.Source, path consumer.Path, cfg cons
 		cfg.Name = "sqssource-test"
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = testLogger(t)
+		cfg.Logger = runtest.Logger(t)
 	}
 	if cfg.DrainTimeout == 0 {
 		cfg.DrainTimeout = 10 * time.Second
@@ -405,39 +360,9 @@ func startRunner(t testing.TB, src consumer.Source, path consumer.Path, cfg cons
 	if err != nil {
 		t.Fatalf("NewRunner: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	rr := &runner{Runner: r, cancel: cancel, done: make(chan error, 1)}
-	go func() { rr.done <- r.Run(ctx) }()
-	t.Cleanup(func() { rr.stop(t) })
-	return rr
+	return &runner{Runner: r, halt: runtest.Start(t, r)}
 }
 
 // stop cancels the runner and waits for Run to return. It may be called more
 // than once.
-func (r *runner) stop(t testing.TB) {
-	t.Helper()
-	r.once.Do(func() {
-		r.cancel()
-		select {
-		case err := <-r.done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("Run did not return within 30s of cancellation")
-		}
-	})
-}
-
-// waitFor polls cond every 100 ms until it is true or timeout passes, then
-// fails t with what.
-func waitFor(t testing.TB, timeout time.Duration, what func() string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not done within %s: %s", timeout, what())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
+func (r *runner) stop() { r.halt() }

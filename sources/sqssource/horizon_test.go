@@ -13,6 +13,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/runtest"
 )
 
 // The source reports the queue's MessageRetentionPeriod, and the Runner
@@ -23,7 +24,7 @@ func TestRetentionGuardOnSQS(t *testing.T) {
 	needServices(t)
 	c := sqsClient(t)
 	ctx := testContext(t, 30*time.Second)
-	name := uniqueName(t)
+	name := runtest.UniqueName(t, "")
 	dlq := createQueue(ctx, t, c, name+"-dlq", nil)
 	q := createQueue(ctx, t, c, name, map[string]string{
 		string(types.QueueAttributeNameMessageRetentionPeriod): strconv.Itoa(int((4 * 24 * time.Hour).Seconds())),

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/sqssource"
 )
@@ -181,7 +182,7 @@ func TestProcessKill(t *testing.T) {
 	// Worker 1 stops deleting after a quarter of the messages, right after a
 	// commit, and is killed there, while its other lane is anywhere.
 	w1 := start("w1", n/4)
-	waitFor(t, 60*time.Second, func() string { return fmt.Sprintf("%d rows; worker output:\n%s", rows(), w1.out) },
+	runtest.WaitFor(t, 60*time.Second, func() string { return fmt.Sprintf("%d rows; worker output:\n%s", rows(), w1.out) },
 		func() bool { return strings.Contains(w1.out.String(), "BLOCKED") })
 	if err := syscall.Kill(w1.cmd.Process.Pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill worker: %v", err)
@@ -195,7 +196,7 @@ func TestProcessKill(t *testing.T) {
 	}
 
 	w2 := start("w2", 0)
-	waitFor(t, 90*time.Second, func() string {
+	runtest.WaitFor(t, 90*time.Second, func() string {
 		return fmt.Sprintf("%d rows, queue depth %d; worker output:\n%s", rows(), queueDepth(t, q.URL), w2.out)
 	}, func() bool {
 		_, keys := effectCounts(t, db)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/sqssource"
 )
@@ -34,7 +35,7 @@ func TestDefaultConfigSurvivesBrokerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := testContext(t, 30*time.Second)
-	name := uniqueName(t)
+	name := runtest.UniqueName(t, "")
 	dlq := createQueue(ctx, t, c, name+"-dlq", nil)
 	queue := createQueue(ctx, t, c, name, nil)
 	const n = 600
@@ -45,7 +46,7 @@ func TestDefaultConfigSurvivesBrokerRestart(t *testing.T) {
 		QueueURL:           queue,
 		DeadLetterQueueURL: dlq,
 		KeyAttribute:       keyAttribute,
-		Logger:             testLogger(t),
+		Logger:             runtest.Logger(t),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -68,21 +69,21 @@ func TestDefaultConfigSurvivesBrokerRestart(t *testing.T) {
 	}
 	r := startRunner(t, src, consumer.Transactional(db.Store, handler), consumer.Config{Name: "restart"})
 
-	waitFor(t, time.Minute, func() string { return "a third of the messages handled" },
+	runtest.WaitFor(t, time.Minute, func() string { return "a third of the messages handled" },
 		func() bool { return r.Stats().Handled >= n/3 })
 	before := r.Stats()
 	server.Restart(t)
 	t.Logf("restarted the SQS server; runner before: %+v", before)
 
 	// In-flight messages return after the 30 s visibility timeout.
-	waitFor(t, 2*time.Minute, func() string {
+	runtest.WaitFor(t, 2*time.Minute, func() string {
 		rows, keys := effectCounts(t, db)
 		return fmt.Sprintf("every message handled: %d keys in %d effect rows", keys, rows)
 	}, func() bool {
 		_, keys := effectCounts(t, db)
 		return keys == n
 	})
-	r.stop(t)
+	r.stop()
 	t.Logf("runner after: %+v; source %+v", r.Stats(), src.Stats())
 	if rows, keys := effectCounts(t, db); rows != n || keys != n {
 		t.Fatalf("%d effect rows for %d keys, want %d each: a message applied twice", rows, keys, n)

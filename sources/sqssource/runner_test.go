@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/sqssource"
 )
 
@@ -82,11 +83,11 @@ func TestSlowHandler(t *testing.T) {
 			}
 			publish(t, q.URL, false, outMsg{Key: "slow-1", Body: `{"slow":true}`})
 
-			waitFor(t, 40*time.Second, func() string {
+			runtest.WaitFor(t, 40*time.Second, func() string {
 				return fmt.Sprintf("handler calls %d, queue depth %d", calls.Load(), queueDepth(t, q.URL))
 			}, func() bool { return calls.Load() > 0 && running.Load() == 0 && queueDepth(t, q.URL) == 0 })
 			for _, r := range runners {
-				r.stop(t)
+				r.stop()
 			}
 
 			var received, concurrent int64
@@ -168,9 +169,9 @@ func TestCrashAfterCommitBeforeDelete(t *testing.T) {
 
 	first := &lostDeleteSource{Source: newSource(t, sourceConfig(t, q)), drop: func(*consumer.Message) bool { return true }}
 	r1 := startRunner(t, first, path, cfg)
-	waitFor(t, 30*time.Second, func() string { return fmt.Sprintf("%d of %d handled", calls.Load(), n) },
+	runtest.WaitFor(t, 30*time.Second, func() string { return fmt.Sprintf("%d of %d handled", calls.Load(), n) },
 		func() bool { return calls.Load() >= n })
-	r1.stop(t)
+	r1.stop()
 	if err := first.Close(); err != nil { // releases the undeleted messages
 		t.Fatal(err)
 	}
@@ -180,9 +181,9 @@ func TestCrashAfterCommitBeforeDelete(t *testing.T) {
 
 	second := newSource(t, sourceConfig(t, q))
 	r2 := startRunner(t, second, path, cfg)
-	waitFor(t, 30*time.Second, func() string { return fmt.Sprintf("queue depth %d", queueDepth(t, q.URL)) },
+	runtest.WaitFor(t, 30*time.Second, func() string { return fmt.Sprintf("queue depth %d", queueDepth(t, q.URL)) },
 		func() bool { return queueDepth(t, q.URL) == 0 })
-	r2.stop(t)
+	r2.stop()
 
 	rows, keys := effectCounts(t, db)
 	st := r2.Stats()
@@ -238,14 +239,14 @@ func TestFIFOOrderAndDuplicates(t *testing.T) {
 	}
 	r := startRunner(t, src, consumer.Transactional(db.Store, handler),
 		consumer.Config{Name: "fifo", Concurrency: 3, BatchSize: 4, Retry: fastRetry})
-	waitFor(t, 60*time.Second, func() string {
+	runtest.WaitFor(t, 60*time.Second, func() string {
 		rows, _ := effectCounts(t, db)
 		return fmt.Sprintf("%d effect rows, queue depth %d", rows, queueDepth(t, q.URL))
 	}, func() bool {
 		rows, _ := effectCounts(t, db)
 		return rows >= groups*perGroup && queueDepth(t, q.URL) == 0
 	})
-	r.stop(t)
+	r.stop()
 
 	rows, keys := effectCounts(t, db)
 	if rows != groups*perGroup || keys != rows {
@@ -301,9 +302,9 @@ func TestPoisonToDeadLetterQueue(t *testing.T) {
 		consumer.Config{Name: "poison", Concurrency: 2, BatchSize: 5, Retry: fastRetry})
 
 	dead := drain(t, q.DLQURL, 2, 40*time.Second)
-	waitFor(t, 30*time.Second, func() string { return fmt.Sprintf("queue depth %d", queueDepth(t, q.URL)) },
+	runtest.WaitFor(t, 30*time.Second, func() string { return fmt.Sprintf("queue depth %d", queueDepth(t, q.URL)) },
 		func() bool { return queueDepth(t, q.URL) == 0 })
-	r.stop(t)
+	r.stop()
 
 	if len(dead) != 2 {
 		t.Fatalf("%d dead letters, want 2", len(dead))
@@ -364,9 +365,9 @@ func TestRedrivePolicyDeadLetters(t *testing.T) {
 		consumer.Config{Name: "redrive", Concurrency: 2, Retry: retry})
 
 	dead := drain(t, q.DLQURL, 1, 40*time.Second)
-	waitFor(t, 30*time.Second, func() string { return fmt.Sprintf("queue depth %d", queueDepth(t, q.URL)) },
+	runtest.WaitFor(t, 30*time.Second, func() string { return fmt.Sprintf("queue depth %d", queueDepth(t, q.URL)) },
 		func() bool { return queueDepth(t, q.URL) == 0 })
-	r.stop(t)
+	r.stop()
 
 	if len(dead) != 1 || aws.ToString(dead[0].Body) != "poison" {
 		t.Fatalf("dead letters %v, want the poison message", dead)
