@@ -127,7 +127,7 @@ func TestKafkaTraceparent(t *testing.T) {
 
 	group := "idemq-otel-" + suffix()
 	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: group})
-	src, err := kafkasource.New(kafkasource.Config{
+	src, err := kafkasource.New(ctx, kafkasource.Config{
 		Brokers: brokers, Topics: []string{topic}, GroupID: group,
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: 300 * time.Millisecond, RebalanceTimeout: 10 * time.Second,
 		JoinGroupBackoff: 200 * time.Millisecond, MaxWait: 250 * time.Millisecond,
@@ -347,7 +347,7 @@ func TestKafkaLagGauge(t *testing.T) {
 
 	group := "idemq-otel-lag-" + suffix()
 	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: group})
-	src, err := kafkasource.New(kafkasource.Config{
+	src, err := kafkasource.New(ctx, kafkasource.Config{
 		Brokers: brokers, Topics: []string{topic}, GroupID: group,
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: 300 * time.Millisecond, RebalanceTimeout: 10 * time.Second,
 		JoinGroupBackoff: 200 * time.Millisecond, MaxWait: 250 * time.Millisecond,

@@ -130,7 +130,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		fmt.Fprintf(out, "published %d payments (%d of them twice) and 1 to an unknown account\n", o.publish, twice)
 	}
 
-	src, err := kafkasource.New(kafkasource.Config{
+	src, err := kafkasource.New(ctx, kafkasource.Config{
 		Brokers: o.brokers,
 		Topics:  []string{o.topic},
 		GroupID: o.group,

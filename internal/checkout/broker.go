@@ -175,8 +175,8 @@ func openKafka(ctx context.Context, cfg BrokerConfig) (*kafkaBroker, error) {
 	}}, nil
 }
 
-func (b *kafkaBroker) Source(_ context.Context, _ *consumer.Config) (consumer.Source, error) {
-	return kafkasource.New(kafkasource.Config{
+func (b *kafkaBroker) Source(ctx context.Context, _ *consumer.Config) (consumer.Source, error) {
+	return kafkasource.New(ctx, kafkasource.Config{
 		Brokers:           b.cfg.KafkaBrokers,
 		Topics:            []string{b.cfg.Topic},
 		GroupID:           b.cfg.Group,

@@ -55,7 +55,7 @@ func Example() {
 		return err
 	}
 
-	src, err := kafkasource.New(kafkasource.Config{Brokers: []string{"127.0.0.1:9092"}, Topics: []string{"orders"}, GroupID: "billing"})
+	src, err := kafkasource.New(ctx, kafkasource.Config{Brokers: []string{"127.0.0.1:9092"}, Topics: []string{"orders"}, GroupID: "billing"})
 	if err != nil {
 		log.Fatal(err)
 	}

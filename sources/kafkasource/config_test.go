@@ -25,7 +25,7 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 			[]string{"kafkasource.Config.Topics", "kafkasource.Config.MaxInFlight", "kafkasource.Config.CommitTimeout"}},
 	}
 	for _, tc := range cases {
-		src, err := kafkasource.New(tc.cfg)
+		src, err := kafkasource.New(t.Context(), tc.cfg)
 		if err == nil {
 			_ = src.Close()
 		}

@@ -35,7 +35,7 @@ func closedPort(t *testing.T) string {
 func TestNewFailsWhenNoBrokerAnswers(t *testing.T) {
 	addr := closedPort(t)
 	cfg := kafkasource.Config{Brokers: []string{addr}, Topics: []string{"t"}, GroupID: "g", ConnectTimeout: 2 * time.Second}
-	src, err := kafkasource.New(cfg)
+	src, err := kafkasource.New(t.Context(), cfg)
 	if err == nil {
 		_ = src.Close()
 		t.Fatal("New succeeded against a closed port")
@@ -44,7 +44,7 @@ func TestNewFailsWhenNoBrokerAnswers(t *testing.T) {
 		t.Fatalf("New = %v, want ErrUnreachable naming %s and the dial error", err, addr)
 	}
 	cfg.ConnectTimeout = -1 // opt out of the check
-	src, err = kafkasource.New(cfg)
+	src, err = kafkasource.New(t.Context(), cfg)
 	if err != nil {
 		t.Fatalf("New without the check: %v", err)
 	}
@@ -86,7 +86,7 @@ func (s *syncBuffer) String() string {
 // naming the broker and reports it in Health.
 func TestUnreachableClusterShowsInRunnerHealth(t *testing.T) {
 	addr := closedPort(t)
-	src, err := kafkasource.New(kafkasource.Config{
+	src, err := kafkasource.New(t.Context(), kafkasource.Config{
 		Brokers: []string{addr}, Topics: []string{"t"}, GroupID: "g",
 		ConnectTimeout: -1, JoinGroupBackoff: 50 * time.Millisecond,
 	})

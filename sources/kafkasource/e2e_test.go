@@ -341,7 +341,7 @@ func TestHelperWorker(t *testing.T) {
 	}
 	defer db.pool.Close()
 	group := os.Getenv(envGroup)
-	src, err := kafkasource.New(testConfig(t, brokers, os.Getenv(envTopic), group))
+	src, err := kafkasource.New(ctx, testConfig(t, brokers, os.Getenv(envTopic), group))
 	if err != nil {
 		t.Fatal(err)
 	}

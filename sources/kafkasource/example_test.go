@@ -21,7 +21,7 @@ func Example() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
-	src, err := kafkasource.New(kafkasource.Config{
+	src, err := kafkasource.New(ctx, kafkasource.Config{
 		Brokers: []string{"127.0.0.1:9092"},
 		Topics:  []string{"orders"},
 		GroupID: "billing",

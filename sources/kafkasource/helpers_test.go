@@ -116,7 +116,7 @@ func afterCommitTicks() { time.Sleep(5 * testCommitInterval) }
 // openSource opens a source and closes it when the test ends.
 func openSource(t testing.TB, cfg kafkasource.Config) *kafkasource.Source {
 	t.Helper()
-	src, err := kafkasource.New(cfg)
+	src, err := kafkasource.New(t.Context(), cfg)
 	if err != nil {
 		t.Fatalf("kafkasource.New: %v", err)
 	}

@@ -143,7 +143,7 @@ type entry struct {
 	gen          int64
 	id           string
 	key          string
-	keyErr       error // Config.KeyFunc panicked
+	keyErr       error // Config.KeyOf panicked
 	partitionKey string
 	holdKey      string
 
@@ -161,9 +161,12 @@ type entry struct {
 
 // New returns a Source for cfg and starts joining its consumer group and
 // fetching in the background. It validates cfg (after WithDefaults) and
-// returns a *ConfigError for each invalid field, all at once; it does not
-// wait for the brokers. Close it when done.
-func New(cfg Config) (src *Source, err error) {
+// returns a *ConfigError for each invalid field, all at once. Unless
+// cfg.ConnectTimeout is negative, it then checks that a broker answers,
+// within ctx and ConnectTimeout, and returns ErrUnreachable if none does;
+// it does not wait for the group. ctx bounds that check only: the Source
+// runs until Close.
+func New(ctx context.Context, cfg Config) (src *Source, err error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -197,8 +200,8 @@ func New(cfg Config) (src *Source, err error) {
 		return nil, &ConfigError{Field: "kafkasource.Config", Reason: "rejected by kafka-go", Err: err}
 	}
 	if cfg.ConnectTimeout >= 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), cfg.ConnectTimeout)
-		err := ping(ctx, cfg)
+		pctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
+		err := ping(pctx, cfg)
 		cancel()
 		if err != nil {
 			return nil, err
@@ -592,16 +595,16 @@ func (s *Source) admit(km kafka.Message, gen int64) {
 }
 
 // keyOf returns the deduplication key the message carries, or "". A panic
-// of Config.KeyFunc is returned as an error, which the runner dead-letters
+// of Config.KeyOf is returned as an error, which the runner dead-letters
 // the message with, instead of crashing the fetch loop.
 func (s *Source) keyOf(km kafka.Message) (key string, err error) {
-	if s.cfg.KeyFunc != nil {
+	if s.cfg.KeyOf != nil {
 		defer func() {
 			if v := recover(); v != nil {
 				key, err = "", &consumer.PanicError{Value: v, Stack: debug.Stack()}
 			}
 		}()
-		return s.cfg.KeyFunc(km), nil
+		return s.cfg.KeyOf(km), nil
 	}
 	key = ""
 	for _, h := range km.Headers {

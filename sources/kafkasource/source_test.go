@@ -42,7 +42,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 	for _, tc := range cases {
 		cfg := valid
 		tc.edit(&cfg)
-		src, err := kafkasource.New(cfg)
+		src, err := kafkasource.New(t.Context(), cfg)
 		if err == nil {
 			_ = src.Close()
 			t.Errorf("%s: New accepted an invalid configuration", tc.field)
@@ -97,13 +97,13 @@ func TestReceiveFillsMessage(t *testing.T) {
 	}
 }
 
-func TestKeyFuncAndOrderByPartition(t *testing.T) {
+func TestKeyOfAndOrderByPartition(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
 	publish(t, brokers, topic, sourcetest.Outgoing{Body: []byte("b"), PartitionKey: "k"})
 	cfg := testConfig(t, brokers, topic, runtest.UniqueName(t, "g"))
-	cfg.KeyFunc = func(m kafka.Message) string { return "from-func-" + string(m.Value) }
+	cfg.KeyOf = func(m kafka.Message) string { return "from-func-" + string(m.Value) }
 	cfg.Ordering = kafkasource.OrderByPartition
 	m := receiveN(t, openSource(t, cfg), 1, waitTimeout)[0]
 	if m.Key != "from-func-b" || m.PartitionKey != topic+"/0" {

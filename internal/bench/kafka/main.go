@@ -442,7 +442,7 @@ func (b *bench) pgBatchPath() consumer.Path {
 func (b *bench) runner(ctx context.Context, name string, n, batch int, path consumer.Path) (time.Duration, consumer.Stats, error) {
 	var none consumer.Stats
 	group := "idemq-bench-" + name + "-" + b.suffix
-	src, err := kafkasource.New(kafkasource.Config{
+	src, err := kafkasource.New(ctx, kafkasource.Config{
 		Brokers: b.brokers, Topics: []string{b.topic}, GroupID: group,
 		HeartbeatInterval: time.Second, SessionTimeout: 10 * time.Second,
 		MaxInFlight:    max(kafkasource.DefaultMaxInFlight, 4*batch*b.concurrency),

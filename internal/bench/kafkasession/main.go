@@ -419,7 +419,7 @@ func produce(ctx context.Context, brokers []string, topic string, partitions int
 func runWorker(brokers []string, topic, group string, session, heartbeat time.Duration, burn int) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	src, err := kafkasource.New(kafkasource.Config{
+	src, err := kafkasource.New(ctx, kafkasource.Config{
 		Brokers: brokers, Topics: []string{topic}, GroupID: group,
 		SessionTimeout: session, HeartbeatInterval: heartbeat,
 		JoinGroupBackoff: 500 * time.Millisecond, MaxWait: 100 * time.Millisecond,

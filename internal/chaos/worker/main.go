@@ -141,7 +141,7 @@ func run(ctx context.Context, o options) error {
 	)
 	switch o.broker {
 	case "kafka":
-		k, err := kafkasource.New(kafkasource.Config{
+		k, err := kafkasource.New(ctx, kafkasource.Config{
 			Brokers: strings.Split(os.Getenv("TEST_KAFKA_BROKERS"), ","),
 			Topics:  []string{o.dest},
 			GroupID: o.group,

@@ -77,7 +77,7 @@ func TestRelayCrash(t *testing.T) {
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	src, err := kafkasource.New(kafkasource.Config{Brokers: brokers, Topics: []string{topic}, GroupID: topic + "-downstream", Logger: relaytest.Logger()})
+	src, err := kafkasource.New(ctx, kafkasource.Config{Brokers: brokers, Topics: []string{topic}, GroupID: topic + "-downstream", Logger: relaytest.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}

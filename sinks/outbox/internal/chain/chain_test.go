@@ -124,7 +124,7 @@ func consumerA(ctx context.Context, t *testing.T) *consumer.Runner {
 		t.Fatal(err)
 	}
 	topic := os.Getenv(topicEnv)
-	src, err := kafkasource.New(kafkasource.Config{
+	src, err := kafkasource.New(ctx, kafkasource.Config{
 		Brokers: testenv.KafkaBrokers(t), Topics: []string{topic}, GroupID: topic + "-a",
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: 300 * time.Millisecond, RebalanceTimeout: 10 * time.Second,
 		JoinGroupBackoff: 200 * time.Millisecond, MaxWait: 250 * time.Millisecond, CommitInterval: 100 * time.Millisecond,

@@ -16,10 +16,10 @@ import (
 	"github.com/idemq/idemq/sources/sourcetest"
 )
 
-// A Config.KeyFunc that panics on one malformed record must not crash the
+// A Config.KeyOf that panics on one malformed record must not crash the
 // fetch loop (and the process): the record is dead-lettered with the panic as
 // its reason, and the records around it are handled.
-func TestKeyFuncPanicIsDeadLettered(t *testing.T) {
+func TestKeyOfPanicIsDeadLettered(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
@@ -28,7 +28,7 @@ func TestKeyFuncPanicIsDeadLettered(t *testing.T) {
 		sourcetest.Outgoing{Body: []byte("a")}, sourcetest.Outgoing{Body: []byte("boom")}, sourcetest.Outgoing{Body: []byte("b")})
 
 	cfg := testConfig(t, brokers, topic, group)
-	cfg.KeyFunc = func(m kafka.Message) string {
+	cfg.KeyOf = func(m kafka.Message) string {
 		if string(m.Value) == "boom" {
 			var fields []string
 			return fields[3] // index out of range
