@@ -309,6 +309,9 @@ func (r *Runner) lane(ctx context.Context, in <-chan *job) {
 				break fill
 			}
 		}
+		if len(batch) < r.cfg.BatchSize && r.cfg.BatchWait > 0 {
+			batch = r.fillWithin(batch, in, r.cfg.BatchWait)
+		}
 		if ctx.Err() != nil {
 			// Drain timed out: leave the rest to the broker.
 			for _, j := range batch {
@@ -321,6 +324,26 @@ func (r *Runner) lane(ctx context.Context, in <-chan *job) {
 		}
 		r.handle(ctx, batch, a)
 	}
+}
+
+// fillWithin adds jobs from in to batch until it holds BatchSize, wait has
+// passed or in is closed (the Runner is draining: what is queued is
+// handled at once).
+func (r *Runner) fillWithin(batch []*job, in <-chan *job, wait time.Duration) []*job {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for len(batch) < r.cfg.BatchSize {
+		select {
+		case j, ok := <-in:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, j)
+		case <-timer.C:
+			return batch
+		}
+	}
+	return batch
 }
 
 // handle validates a batch, runs its path and settles every message.

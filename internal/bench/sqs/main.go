@@ -13,7 +13,8 @@
 //     pipelined UPDATEs) and then deletes them in batches of 10;
 //   - idemq: a consumer.Runner over sqssource with Transactional, pgdedup
 //     and a one-UPDATE TxJSON handler, at the default config (batch 1) and
-//     at batch 100.
+//     at batch 100 (Config.BatchWait from -batch-wait, default 0), and the
+//     batch API (TransactionalBatch) at batch 100.
 //
 // Every run drains its own queue, filled beforehand (the fill is not
 // timed). Every workload runs twice, in alternating order; ratios to the
@@ -61,6 +62,7 @@ type options struct {
 	accounts      int
 	rounds        int
 	only          string
+	batchWait     time.Duration
 }
 
 func main() {
@@ -74,6 +76,7 @@ func main() {
 	flag.IntVar(&opt.accounts, "accounts", 1000, "rows in the accounts table")
 	flag.IntVar(&opt.rounds, "rounds", 2, "rounds of every workload, in alternating order")
 	flag.StringVar(&opt.only, "only", "", "run only the workloads whose name contains this")
+	flag.DurationVar(&opt.batchWait, "batch-wait", 0, "consumer.Config.BatchWait of the batch-100 runners")
 	flag.Parse()
 	if opt.dsn == "" {
 		opt.dsn = envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable")
@@ -110,8 +113,8 @@ func run(ctx context.Context, opt options) error {
 		return err
 	}
 
-	fmt.Printf("SQS at %s, PostgreSQL, %d messages per run, %d receivers, runner concurrency %d\n\n",
-		opt.endpoint, opt.n, opt.receivers, opt.concurrency)
+	fmt.Printf("SQS at %s, PostgreSQL, %d messages per run, %d receivers, runner concurrency %d, BatchWait %v at batch 100\n\n",
+		opt.endpoint, opt.n, opt.receivers, opt.concurrency, opt.batchWait)
 	b1, b100 := "batch 1 vs hand-written", "batch 100 vs hand-written batch"
 	ws := []*handwritten.Workload{
 		{Name: "raw receive+delete, no handler", N: opt.n, Run: func(ctx context.Context, _ int) (time.Duration, error) { return b.raw(ctx) }},
@@ -410,11 +413,20 @@ func (b *bench) idemq(ctx context.Context, batch int, api bool) (time.Duration, 
 			return tx.SendBatch(ctx, batch).Close()
 		}))
 	}
-	r, err := consumer.NewRunner(src, path, consumer.Config{
+	cfg := consumer.Config{
 		Name:        fmt.Sprintf("bench-%d-%s", batch, rand.Text()[:6]),
 		Concurrency: b.opt.concurrency,
 		BatchSize:   batch,
-	})
+	}
+	sizes := new(batchSizes)
+	cfg.Hooks = []consumer.Hook{sizes}
+	if batch > 1 {
+		// SQS hands out at most 10 messages per receive, spread over the
+		// lanes: a lane waits for its batch to fill, as the hand-written
+		// worker gathers 100 before its transaction.
+		cfg.BatchWait = b.opt.batchWait
+	}
+	r, err := consumer.NewRunner(src, path, cfg)
 	if err != nil {
 		return 0, err
 	}
@@ -445,7 +457,19 @@ func (b *bench) idemq(ctx context.Context, batch int, api bool) (time.Duration, 
 		return 0, err
 	}
 	b.applied.Add(int64(r.Stats().Handled))
+	if n := sizes.batches.Load(); n > 0 {
+		fmt.Printf("           (%d transactions, %.1f messages each)\n", n, float64(sizes.messages.Load())/float64(n))
+	}
 	return d, nil
+}
+
+// batchSizes counts a Runner's batches and their messages.
+type batchSizes struct{ batches, messages atomic.Int64 }
+
+// OnBatch implements consumer.HookBatch.
+func (s *batchSizes) OnBatch(_ context.Context, size int) {
+	s.batches.Add(1)
+	s.messages.Add(int64(size))
 }
 
 // nOf is the message count of a run at batch.
