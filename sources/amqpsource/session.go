@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/consumer"
 )
 
 // closeTimeout bounds the close handshake of a connection.
@@ -54,6 +57,190 @@ type session struct {
 	returns   chan amqp.Return
 	pubClosed chan *amqp.Error
 	declared  map[string]bool
+}
+
+// dial opens a connection and a consuming channel, declares the topology if
+// configured, and starts consuming.
+func (s *Source) dial(ctx context.Context) (*session, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	conn, err := s.connect(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("amqpsource: connect: %w", err)
+	}
+	sess := &session{
+		conn:       conn,
+		connClosed: conn.NotifyClose(make(chan *amqp.Error, 1)),
+		dead:       make(chan struct{}),
+		settled:    make(map[uint64]int64),
+		kick:       make(chan struct{}, 1),
+		stats:      &s.stats,
+	}
+	fail := func(what string, err error) (*session, error) {
+		sess.deadOnce.Do(func() { close(sess.dead) })
+		_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
+		return nil, fmt.Errorf("amqpsource: %s: %w", what, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fail("connect", err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return fail("open channel", err)
+	}
+	sess.ch = ch
+	sess.chClosed = ch.NotifyClose(make(chan *amqp.Error, 1))
+	sess.cancelled = ch.NotifyCancel(make(chan string, 1))
+	if s.cfg.Declare != nil {
+		if err := declareTopology(ch, s.cfg); err != nil {
+			return fail("declare topology", err)
+		}
+	}
+	if err := ch.Qos(s.cfg.Prefetch, 0, false); err != nil {
+		return fail("set prefetch", err)
+	}
+	sess.deliveries, err = ch.Consume(s.cfg.Queue, s.cfg.ConsumerTag, false, false, false, false, nil)
+	if err != nil {
+		return fail(fmt.Sprintf("consume queue %q", s.cfg.Queue), err)
+	}
+	s.mu.Lock()
+	s.gen++
+	sess.gen = s.gen
+	s.mu.Unlock()
+	go sess.ackLoop()
+	return sess, nil
+}
+
+// connect dials the broker. Unless Config.AMQP.Dial is set, the TCP dial and
+// the handshake are bounded by DialTimeout and abandoned when ctx is done.
+func (s *Source) connect(ctx context.Context) (*amqp.Connection, error) {
+	ac := s.cfg.AMQP
+	if ac.Dial != nil {
+		return amqp.DialConfig(s.cfg.URL, ac)
+	}
+	var stops []func() bool
+	ac.Dial = func(network, addr string) (net.Conn, error) {
+		d := net.Dialer{Timeout: s.cfg.DialTimeout}
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		// Heartbeats start after the handshake; until then a deadline keeps
+		// a dead server from stalling the dial. The client clears it once
+		// the connection is open.
+		if err := c.SetDeadline(time.Now().Add(s.cfg.DialTimeout)); err != nil {
+			_ = c.Close()
+			return nil, err
+		}
+		stops = append(stops, context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) }))
+		return c, nil
+	}
+	conn, err := amqp.DialConfig(s.cfg.URL, ac)
+	for _, stop := range stops {
+		stop()
+	}
+	return conn, err
+}
+
+// supervise forwards deliveries of the current session and, when it dies,
+// reconnects with backoff until Close. Its log lines carry base's values.
+func (s *Source) supervise(base context.Context, sess *session) {
+	defer s.wg.Done()
+	backoff := consumer.RetryPolicy{
+		MaxAttempts:    1,
+		InitialBackoff: s.cfg.ReconnectDelay,
+		MaxBackoff:     s.cfg.MaxReconnectDelay,
+		Multiplier:     2,
+		Jitter:         0.2,
+	}
+	ctx, cancel := context.WithCancel(base)
+	defer cancel()
+	go func() {
+		<-s.closing
+		cancel()
+	}()
+	failures := 0
+	for {
+		if sess != nil {
+			cause := s.forward(sess)
+			sess.kill()
+			if s.isClosing() {
+				return
+			}
+			s.stats.reconnects.Add(1)
+			s.log.WarnContext(ctx, "connection lost; unacknowledged deliveries return to the queue; reconnecting",
+				LogKeyGeneration, sess.gen, consumer.LogKeyError, cause)
+			sess = nil
+		}
+		failures++
+		if !sleep(s.closing, backoff.Backoff(failures)) {
+			return
+		}
+		next, err := s.dial(ctx)
+		if err != nil {
+			if s.isClosing() {
+				return
+			}
+			s.log.WarnContext(ctx, "reconnect failed", consumer.LogKeyAttempt, failures, consumer.LogKeyError, err)
+			continue
+		}
+		s.log.InfoContext(ctx, "reconnected", LogKeyGeneration, next.gen, consumer.LogKeyAttempt, failures)
+		failures = 0
+		sess = next
+	}
+}
+
+var errDeliveriesClosed = errors.New("amqpsource: delivery channel closed")
+
+// forward hands sess's deliveries to Receive until the session dies or the
+// source closes, and returns why it stopped.
+func (s *Source) forward(sess *session) error {
+	for {
+		select {
+		case <-s.closing:
+			return nil
+		case e := <-sess.connClosed:
+			return closeCause("connection", e)
+		case e := <-sess.chClosed:
+			return closeCause("channel", e)
+		case tag := <-sess.cancelled:
+			return fmt.Errorf("amqpsource: broker cancelled consumer %q (queue deleted?)", tag)
+		case d, ok := <-sess.deliveries:
+			if !ok {
+				return errDeliveriesClosed
+			}
+			sess.track(d.DeliveryTag)
+			select {
+			case s.in <- inbound{sess: sess, d: d}:
+			case <-s.closing:
+				return nil
+			case e := <-sess.connClosed:
+				return closeCause("connection", e)
+			case e := <-sess.chClosed:
+				return closeCause("channel", e)
+			}
+		}
+	}
+}
+
+func closeCause(what string, e *amqp.Error) error {
+	if e == nil {
+		return fmt.Errorf("amqpsource: %s closed", what)
+	}
+	return fmt.Errorf("amqpsource: %s closed: %w", what, e)
+}
+
+// sleep waits d or until stop is closed; it reports whether d elapsed.
+func sleep(stop <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-stop:
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // alive reports whether the session's channel can still settle its tags.

@@ -1,5 +1,7 @@
 package sqssource
 
+import "sync/atomic"
+
 // Stats counts what a Source did since it was created. Every field only
 // grows.
 type Stats struct {
@@ -42,4 +44,10 @@ func (s *Source) Stats() Stats {
 		DeleteFailures:  c.deleteFailures.Load(),
 		ExtendFailures:  c.extendFailures.Load(),
 	}
+}
+
+// counters back Stats.
+type counters struct {
+	received, deleted, retried, deadLettered, extended, released atomic.Uint64
+	receiveFailures, deleteFailures, extendFailures, expired     atomic.Uint64
 }
