@@ -10,11 +10,14 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 
@@ -34,21 +37,34 @@ const (
 // errUsage marks an error caused by the command line.
 var errUsage = errors.New("usage")
 
+// command is an entry of the command table.
 type command struct {
+	// args are the positional arguments, as the usage line shows them
+	// after "[flags]".
 	name, args, summary string
 	run                 func(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	hidden              bool
 }
 
+// synopsis is the command's usage line, without "usage: ".
+func (c command) synopsis() string {
+	s := "idemq " + c.name + " [flags]"
+	if c.args != "" {
+		s += " " + c.args
+	}
+	return s
+}
+
 func commands() []command {
 	return []command{
-		{name: "demo", args: "[flags]", summary: "run the checkout worker under chaos (in-process Kafka, SQLite) and prove every order was charged once", run: runDemo},
-		{name: "migrate", args: "--dsn DSN [--print] [--schema S] [--table T] [--outbox]", summary: "apply (or print) the migrations of the processed-messages table", run: runMigrate},
-		{name: "inspect", args: "--dsn DSN --scope NAME [--json] KEY", summary: "show the record of a processed message: when, payload hash, expiry", run: runInspect},
-		relayCommand,
-		{name: "stats", args: "--dsn DSN [--json]", summary: "records per scope, their ages, the expired ones not deleted yet, the table's and indexes' size", run: runStats},
-		{name: "purge", args: "--dsn DSN --scope NAME KEY", summary: "delete the record of a key, so that its next delivery runs the handler again", run: runPurge},
-		{name: "help", args: "[COMMAND]", summary: "show this help or a command's flags", run: nil},
+		{name: "demo", summary: "run the checkout worker under chaos (in-process Kafka, SQLite) and prove every order was charged once", run: runDemo},
+		{name: "migrate", summary: "apply (or print) the migrations of the processed-messages table (--outbox: of the outbox table)", run: runMigrate},
+		{name: "inspect", args: "SCOPE KEY", summary: "show the record of a processed message: when, payload hash, expiry", run: runInspect},
+		relayCommand(),
+		{name: "stats", summary: "records per scope, their ages, the expired ones not deleted yet, the table's and indexes' size", run: runStats},
+		{name: "purge", args: "SCOPE KEY", summary: "delete the record of a key, so that its next delivery runs the handler again", run: runPurge},
+		{name: "version", summary: "print idemq's version and the Go version it was built with", run: runVersion},
+		{name: "help", args: "[COMMAND]", summary: "show this help or a command's arguments and flags", run: nil},
 		{name: "demo-worker", hidden: true, run: runDemoWorker},
 	}
 }
@@ -63,9 +79,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if name == "demo" && len(rest) > 0 && rest[0] == "worker" { // started by the demo's supervisor
 		name, rest = "demo-worker", rest[1:]
 	}
+	if name == "-version" || name == "--version" {
+		name = "version"
+	}
 	if isHelp(name) {
 		if len(rest) > 0 && !isHelp(rest[0]) {
-			return run([]string{rest[0], "-h"}, stdout, stderr)
+			// Asked for, the help goes to stdout.
+			return run([]string{rest[0], "-h"}, stdout, stdout)
 		}
 		usage(stdout)
 		return exitOK
@@ -83,7 +103,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		case errors.Is(err, flag.ErrHelp):
 			return exitOK
 		case errors.Is(err, errUsage):
-			fmt.Fprintf(stderr, "idemq %s: %s\nusage: idemq %s %s\n", name, scrub(err, rest), c.name, c.args)
+			fmt.Fprintf(stderr, "idemq %s: %s\nusage: %s\nRun 'idemq help %s' for the flags.\n", name, scrub(err, rest), c.synopsis(), c.name)
 			return exitUsage
 		default:
 			fmt.Fprintf(stderr, "idemq %s: %s\n", name, scrub(err, rest))
@@ -113,25 +133,87 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "A DSN is a PostgreSQL URL (postgres://user@host:5432/db) or a SQLite file")
 	fmt.Fprintln(w, "(sqlite:path/to/file.db, or a path ending in .db, .sqlite or .sqlite3).")
-	fmt.Fprintln(w, "Run 'idemq help COMMAND' for a command's flags.")
+	fmt.Fprintln(w, "Run 'idemq help COMMAND' for a command's arguments and flags.")
 }
 
-// newFlags returns a flag set that reports errors instead of exiting.
+// newFlags returns a flag set that reports errors instead of exiting, and
+// whose help shows the command's usage line (with its positional
+// arguments), its summary and its flags.
 func newFlags(name string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("idemq "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	c := command{name: name}
+	for _, cmd := range commands() {
+		if cmd.name == name {
+			c = cmd
+		}
+	}
+	fs.Usage = func() {
+		w := fs.Output()
+		fmt.Fprintf(w, "usage: %s\n", c.synopsis())
+		if c.summary != "" {
+			fmt.Fprintf(w, "\n%s.\n", strings.ToUpper(c.summary[:1])+c.summary[1:])
+		}
+		if c.args != "" {
+			fmt.Fprintf(w, "\nFlags may come before or after the arguments; -- ends the flags.\n")
+		}
+		n := 0
+		fs.VisitAll(func(*flag.Flag) { n++ })
+		if n > 0 {
+			fmt.Fprintf(w, "\nflags:\n")
+			fs.PrintDefaults()
+		}
+	}
 	return fs
 }
 
-// parse parses args, turning flag errors into usage errors.
-func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
+// parse parses args, flags and positional arguments in any order, and
+// returns the positional arguments. Go's flag package stops at the first
+// argument that is not a flag; parse takes that argument and goes on with
+// the rest. After "--", every argument is positional. Flag errors become
+// usage errors.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w: %v", errUsage, err)
 		}
-		return fmt.Errorf("%w: %v", errUsage, err)
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return positional, nil
+		}
+		if endedByTerminator(fs, args[:len(args)-len(rest)]) {
+			return append(positional, rest...), nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
 	}
-	return nil
+}
+
+// endedByTerminator reports whether fs stopped parsing parsed (the
+// arguments it consumed) at a "--" that ends the flags, rather than one
+// that is a flag's value.
+func endedByTerminator(fs *flag.FlagSet, parsed []string) bool {
+	for i := 0; i < len(parsed); i++ {
+		a := parsed[i]
+		if a == "--" {
+			return true
+		}
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if hasValue {
+			continue
+		}
+		if f := fs.Lookup(name); f != nil {
+			if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+				continue
+			}
+		}
+		i++ // the flag's value
+	}
+	return false
 }
 
 // dialectOf tells the dialect and the driver data source of a DSN.
@@ -207,9 +289,76 @@ func (f *storeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.table, "table", "", `table name (default "processed_messages")`)
 }
 
-// open opens the database and the store. For --print, connect is false and
-// no connection is made.
-func (f *storeFlags) open(ctx context.Context, connect bool) (*sqldedup.Store, func(), error) {
+// openMode tells storeFlags.open whether to connect, and whether a SQLite
+// file may be created.
+type openMode int
+
+const (
+	// noConnect makes no connection (migrate --print).
+	noConnect openMode = iota
+	// createDB creates a missing SQLite file (migrate).
+	createDB
+	// existingDB refuses a missing SQLite file (inspect, purge, stats): a
+	// command that reads the table never creates an empty database.
+	existingDB
+)
+
+// noTableError is the error of a command that reads a table that does not
+// exist, or a SQLite file that does not exist.
+type noTableError struct {
+	// Table is the table's name, schema-qualified on PostgreSQL.
+	Table string
+	// MissingFile is the SQLite file that does not exist, if that is why.
+	MissingFile string
+}
+
+func (e *noTableError) Error() string {
+	if e.MissingFile != "" {
+		return fmt.Sprintf("the database file %s does not exist, so there is no table %s: check --dsn, or create both with idemq migrate", e.MissingFile, e.Table)
+	}
+	return fmt.Sprintf("there is no table %s in this database: check --dsn, --schema and --table, or create it with idemq migrate", e.Table)
+}
+
+// isNoTable reports whether err is the database's "no such table" error.
+func isNoTable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "42P01" || pgErr.Code == "3F000" // undefined_table, invalid_schema_name
+	}
+	return err != nil && strings.Contains(err.Error(), "no such table")
+}
+
+// noTable returns a *noTableError for table if err is a "no such table"
+// error, else err.
+func noTable(err error, table string) error {
+	if isNoTable(err) {
+		return &noTableError{Table: table}
+	}
+	return err
+}
+
+// openSQLite opens the SQLite file at path; with existingDB, a missing file
+// is a *noTableError naming table, and is not created.
+func openSQLite(ctx context.Context, path string, mode openMode, table string) (*sql.DB, error) {
+	if mode == existingDB {
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			return nil, &noTableError{Table: table, MissingFile: path}
+		}
+	}
+	return sqldedup.OpenSQLite(ctx, path)
+}
+
+// tableName is the processed-messages table of c as messages name it:
+// schema-qualified on PostgreSQL.
+func tableName(c sqldedup.Config) string {
+	if c.Dialect == sqldedup.Postgres {
+		return c.Schema + "." + c.Table
+	}
+	return c.Table
+}
+
+// open opens the database and the store; see openMode.
+func (f *storeFlags) open(ctx context.Context, mode openMode) (*sqldedup.Store, func(), error) {
 	dialect, source, err := dialectOf(f.dsn)
 	if err != nil {
 		return nil, nil, err
@@ -218,12 +367,17 @@ func (f *storeFlags) open(ctx context.Context, connect bool) (*sqldedup.Store, f
 		return nil, nil, fmt.Errorf("%w: --schema is for PostgreSQL; SQLite has none", errUsage)
 	}
 	cfg := sqldedup.Config{Dialect: dialect, Schema: f.schema, Table: f.table}
+	// Validate the names before any connection or file is made.
+	store, err := sqldedup.New(&sql.DB{}, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
 	var db *sql.DB
 	switch {
-	case !connect:
-		db = &sql.DB{} // never used: MigrationSQL does not touch the database
+	case mode == noConnect:
+		return store, func() {}, nil // MigrationSQL does not touch the database
 	case dialect == sqldedup.SQLite:
-		if db, err = sqldedup.OpenSQLite(ctx, source); err != nil {
+		if db, err = openSQLite(ctx, source, mode, tableName(store.Config())); err != nil {
 			return nil, nil, err
 		}
 	default:
@@ -235,12 +389,8 @@ func (f *storeFlags) open(ctx context.Context, connect bool) (*sqldedup.Store, f
 			return nil, nil, fmt.Errorf("connect: %w", err)
 		}
 	}
-	closeDB := func() {
-		if connect {
-			db.Close()
-		}
-	}
-	store, err := sqldedup.New(db, cfg)
+	closeDB := func() { db.Close() }
+	store, err = sqldedup.New(db, cfg)
 	if err != nil {
 		closeDB()
 		return nil, nil, fmt.Errorf("%w: %v", errUsage, err)
@@ -254,16 +404,19 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	sf.register(fs)
 	print := fs.Bool("print", false, "print the SQL instead of applying it (no connection is made)")
 	outboxTable := fs.Bool("outbox", false, "the outbox table's migrations (sinks/outbox) instead of the processed-messages table's")
-	if err := parse(fs, args); err != nil {
+	if pos, err := parse(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	} else if len(pos) > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, pos)
 	}
 	if *outboxTable {
 		return migrateOutbox(ctx, sf.dsn, *print, stdout)
 	}
-	store, closeDB, err := sf.open(ctx, !*print)
+	mode := createDB
+	if *print {
+		mode = noConnect
+	}
+	store, closeDB, err := sf.open(ctx, mode)
 	if err != nil {
 		return err
 	}
@@ -278,42 +431,51 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := store.Migrate(ctx); err != nil {
+	applied, err := store.ApplyMigrations(ctx)
+	if err != nil {
 		return err
 	}
 	c := store.Config()
-	where := c.Table
-	if c.Dialect == sqldedup.Postgres {
-		where = c.Schema + "." + c.Table
+	where := tableName(c)
+	if len(applied) == 0 {
+		fmt.Fprintf(stdout, "%s (%s) is already up to date: no migration applied\n", where, c.Dialect)
+		return nil
 	}
-	fmt.Fprintf(stdout, "migrated: %s (%s) is up to date\n", where, c.Dialect)
+	for _, m := range applied {
+		fmt.Fprintf(stdout, "applied migration %d (%s) to %s (%s)\n", m.Version, m.Name, where, c.Dialect)
+	}
+	fmt.Fprintf(stdout, "%s (%s) is up to date\n", where, c.Dialect)
 	return nil
 }
 
-// keyCommand parses the flags of inspect and purge: a DSN, a scope, the
-// command's own flags (extra, if set) and one key.
+// keyCommand parses the command line of inspect and purge: a DSN, the
+// command's own flags (extra, if set), and a scope and a key (or --scope
+// and a key).
 func keyCommand(ctx context.Context, name string, args []string, stderr io.Writer, extra func(*flag.FlagSet)) (*sqldedup.Store, func(), string, string, error) {
 	fs := newFlags(name, stderr)
 	var sf storeFlags
 	sf.register(fs)
-	scope := fs.String("scope", "", "the consumer's name (consumer.Config.Name), the scope of its records; required")
+	scope := fs.String("scope", "", "the scope (the consumer's name, consumer.Config.Name), instead of the SCOPE argument: then KEY is the only argument")
 	if extra != nil {
 		extra(fs)
 	}
-	if err := parse(fs, args); err != nil {
-		return nil, nil, "", "", err
-	}
-	if *scope == "" {
-		return nil, nil, "", "", fmt.Errorf("%w: --scope is required", errUsage)
-	}
-	if fs.NArg() != 1 {
-		return nil, nil, "", "", fmt.Errorf("%w: want exactly one KEY after the flags, got %d arguments", errUsage, fs.NArg())
-	}
-	store, closeDB, err := sf.open(ctx, true)
+	pos, err := parse(fs, args)
 	if err != nil {
 		return nil, nil, "", "", err
 	}
-	return store, closeDB, *scope, fs.Arg(0), nil
+	switch {
+	case *scope != "" && len(pos) != 1:
+		return nil, nil, "", "", fmt.Errorf("%w: with --scope, want one argument, KEY; got %d", errUsage, len(pos))
+	case *scope == "" && len(pos) != 2:
+		return nil, nil, "", "", fmt.Errorf("%w: want two arguments, SCOPE and KEY (the scope is the consumer's name); got %d", errUsage, len(pos))
+	case *scope == "":
+		*scope, pos = pos[0], pos[1:]
+	}
+	store, closeDB, err := sf.open(ctx, existingDB)
+	if err != nil {
+		return nil, nil, "", "", err
+	}
+	return store, closeDB, *scope, pos[0], nil
 }
 
 // inspectOutput is the output of `idemq inspect --json`.
@@ -341,6 +503,7 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	defer closeDB()
 	e, err := store.Inspect(ctx, scope, key)
+	err = noTable(err, tableName(store.Config()))
 	if errors.Is(err, dedup.ErrNotFound) {
 		return fmt.Errorf("no record of key %q in scope %q: it was never processed, or its record expired and was cleaned up", key, scope)
 	}
@@ -382,7 +545,7 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	defer closeDB()
 	ok, err := store.Purge(ctx, scope, key)
 	if err != nil {
-		return err
+		return noTable(err, tableName(store.Config()))
 	}
 	if !ok {
 		return fmt.Errorf("no record of key %q in scope %q", key, scope)
@@ -408,11 +571,10 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	dsnVar(fs, &cfg.DatabaseURL, "db", env("postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable", "DATABASE_URL", "TEST_DATABASE_URL"), "PostgreSQL `URL` for --store postgres; $DATABASE_URL if set (the default is shown redacted)")
 	fs.DurationVar(&cfg.Timeout, "timeout", demo.DefaultTimeout, "give up after this long")
 	fs.BoolVar(&cfg.Verbose, "v", false, "show the workers' logs")
-	if err := parse(fs, args); err != nil {
+	if pos, err := parse(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	} else if len(pos) > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, pos)
 	}
 	cfg.KafkaBrokers = strings.Split(kafka, ",")
 	if cfg.Store != demo.StorePostgres {
@@ -449,4 +611,54 @@ func env(def string, names ...string) string {
 		}
 	}
 	return def
+}
+
+func runVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("version", stderr)
+	if pos, err := parse(fs, args); err != nil {
+		return err
+	} else if len(pos) > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, pos)
+	}
+	bi, ok := debug.ReadBuildInfo()
+	fmt.Fprintln(stdout, versionString(bi, ok))
+	return nil
+}
+
+// versionString describes the build: the main module's version (a release
+// such as v1.2.0 when installed with go install ...@version; "(devel)" or
+// a pseudo-version when built from a checkout), the VCS revision and
+// whether the checkout was modified when known, and the Go version, OS and
+// architecture.
+func versionString(bi *debug.BuildInfo, ok bool) string {
+	goVersion := runtime.Version()
+	if !ok || bi == nil {
+		return fmt.Sprintf("idemq (unknown version: no build information) %s %s/%s", goVersion, runtime.GOOS, runtime.GOARCH)
+	}
+	if bi.GoVersion != "" {
+		goVersion = bi.GoVersion
+	}
+	v := bi.Main.Version
+	if v == "" {
+		v = "(devel)"
+	}
+	parts := []string{"idemq", v}
+	var rev, modified string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			modified = s.Value
+		}
+	}
+	if rev != "" {
+		r := "revision " + rev
+		if modified == "true" {
+			r += " (modified)"
+		}
+		parts = append(parts, r)
+	}
+	parts = append(parts, goVersion, runtime.GOOS+"/"+runtime.GOARCH)
+	return strings.Join(parts, " ")
 }

@@ -1,17 +1,22 @@
 // Command idemq is idemq's command-line tool:
 //
 //	idemq demo                         # the zero-setup demo: checkout worker, in-process Kafka, SQLite, chaos
-//	idemq migrate --dsn URL [--print]  # apply (or print) the processed-messages table migrations
+//	idemq migrate --dsn URL [--print]  # apply (or print) the processed-messages table migrations; lists those applied
 //	idemq migrate --outbox --dsn URL [--print]  # the same for the outbox table (sinks/outbox)
 //	idemq relay --dsn URL --broker kafka|sqs|rabbitmq  # publish committed outbox rows; --stats shows their counts
-//	idemq inspect --dsn URL --scope NAME KEY   # show a processed record
-//	idemq purge --dsn URL --scope NAME KEY     # forget a record, so its next delivery runs again
+//	idemq inspect --dsn URL SCOPE KEY  # show a processed record (or --scope SCOPE KEY)
+//	idemq purge --dsn URL SCOPE KEY    # forget a record, so its next delivery runs again
+//	idemq stats --dsn URL              # records per scope, their ages, table size, outbox rows
+//	idemq version                      # the module version (or VCS revision) and the Go version
 //
 // A DSN is a PostgreSQL URL (postgres://...) or a SQLite file
 // (sqlite:path/to/file.db, or a path ending in .db, .sqlite or .sqlite3).
-// Run `idemq help COMMAND` for a command's flags. Exit status: 0 on success,
-// 1 when the command failed (for demo: when the proof does not hold), 2 for
-// a usage error.
+// Flags may come before or after a command's arguments; "--" ends them.
+// inspect, purge and stats never create a missing SQLite file: they report
+// that it, and so the table, does not exist.
+// Run `idemq help COMMAND` for a command's arguments and flags. Exit
+// status: 0 on success, 1 when the command failed (for demo: when the proof
+// does not hold), 2 for a usage error.
 package main
 
 import (

@@ -7,9 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup/sqldedup"
@@ -21,11 +23,12 @@ import (
 )
 
 // relayCommand is the relay's entry in the command table.
-var relayCommand = command{
-	name:    "relay",
-	args:    "--dsn DSN --broker kafka|sqs|rabbitmq [--brokers H:P,..|--sqs-endpoint URL|--amqp-url URL] [--stats]",
-	summary: "publish the committed rows of the outbox table (sinks/outbox) to a broker, or show their counts",
-	run:     runRelay,
+func relayCommand() command {
+	return command{
+		name:    "relay",
+		summary: "publish the committed rows of the outbox table (sinks/outbox) to a broker (--broker), or show their counts (--stats)",
+		run:     runRelay,
+	}
 }
 
 // migrateOutbox applies or prints the outbox table's migrations
@@ -50,11 +53,81 @@ func migrateOutbox(ctx context.Context, dsn string, print bool, stdout io.Writer
 		return err
 	}
 	defer closeDB()
+	before, err := outboxObjects(ctx, db)
+	if err != nil {
+		return err
+	}
 	if err := outbox.Migrate(ctx, db, dialect); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "migrated: %s (%s) is up to date\n", outbox.Table, dialect)
+	after, err := outboxObjects(ctx, db)
+	if err != nil {
+		return err
+	}
+	// The outbox's migrations are idempotent statements without a versions
+	// table: what they applied is what they created.
+	var created []string
+	for _, o := range after {
+		if !slices.Contains(before, o) {
+			created = append(created, o)
+		}
+	}
+	if len(created) == 0 {
+		fmt.Fprintf(stdout, "%s (%s) is already up to date: no migration applied\n", outbox.Table, dialect)
+		return nil
+	}
+	fmt.Fprintf(stdout, "applied the outbox migrations to %s (%s), which created:\n", outbox.Table, dialect)
+	for _, o := range created {
+		fmt.Fprintf(stdout, "  %s\n", o)
+	}
+	fmt.Fprintf(stdout, "%s (%s) is up to date\n", outbox.Table, dialect)
 	return nil
+}
+
+// outboxObjects lists the outbox's schema objects ("table idemq_outbox",
+// "index ...", "trigger ...") in the database db (a *pgxpool.Pool, in the
+// schema the migrations use: the first of the search path; or a SQLite
+// *sql.DB), sorted.
+func outboxObjects(ctx context.Context, db any) ([]string, error) {
+	switch d := db.(type) {
+	case *pgxpool.Pool:
+		rows, err := d.Query(ctx, `
+SELECT CASE c.relkind WHEN 'r' THEN 'table' WHEN 'i' THEN 'index' WHEN 'S' THEN 'sequence' ELSE 'relation' END || ' ' || c.relname
+  FROM pg_class c WHERE c.relnamespace = to_regnamespace(current_schema()) AND c.relname LIKE $1 || '%'
+UNION ALL
+SELECT 'trigger ' || t.tgname FROM pg_trigger t WHERE t.tgrelid = to_regclass($1) AND NOT t.tgisinternal
+UNION ALL
+SELECT 'function ' || p.proname FROM pg_proc p WHERE p.pronamespace = to_regnamespace(current_schema()) AND p.proname LIKE $1 || '%'
+ORDER BY 1`, outbox.Table)
+		if err != nil {
+			return nil, fmt.Errorf("list the outbox's objects: %w", err)
+		}
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, fmt.Errorf("list the outbox's objects: %w", err)
+		}
+		return out, nil
+	case *sql.DB:
+		rows, err := d.QueryContext(ctx, `SELECT type || ' ' || name FROM sqlite_master
+  WHERE tbl_name = ? AND name NOT LIKE 'sqlite_autoindex%' ORDER BY 1`, outbox.Table)
+		if err != nil {
+			return nil, fmt.Errorf("list the outbox's objects: %w", err)
+		}
+		defer rows.Close()
+		var out []string
+		for rows.Next() {
+			var o string
+			if err := rows.Scan(&o); err != nil {
+				return nil, fmt.Errorf("list the outbox's objects: %w", err)
+			}
+			out = append(out, o)
+		}
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("list the outbox's objects: %w", err)
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("list the outbox's objects: unsupported database %T", db)
 }
 
 // openOutboxDB opens a pgx pool (PostgreSQL) or a *sql.DB (SQLite).
@@ -92,11 +165,10 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&cfg.PollInterval, "poll", time.Second, "poll interval (the fallback of LISTEN/NOTIFY on PostgreSQL)")
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", 10, "failed publishes after which a row is parked")
 	fs.DurationVar(&cfg.Retention, "retention", 24*time.Hour, "how long sent rows are kept; negative deletes them when sent")
-	if err := parse(fs, args); err != nil {
+	if pos, err := parse(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	} else if len(pos) > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, pos)
 	}
 	dialect, source, err := dialectOf(*dsn)
 	if err != nil {

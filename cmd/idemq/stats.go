@@ -73,11 +73,10 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var sf storeFlags
 	sf.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
-	if err := parse(fs, args); err != nil {
+	if pos, err := parse(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() != 0 {
-		return fmt.Errorf("%w: stats takes no arguments", errUsage)
+	} else if len(pos) > 0 {
+		return fmt.Errorf("%w: stats takes no arguments, got %q", errUsage, pos)
 	}
 	dialect, source, err := dialectOf(sf.dsn)
 	if err != nil {
@@ -88,7 +87,11 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if sf.schema != "" {
 			return fmt.Errorf("%w: --schema is for PostgreSQL; SQLite has none", errUsage)
 		}
-		db, err = sqldedup.OpenSQLite(ctx, source)
+		table := sf.table
+		if table == "" {
+			table = sqldedup.DefaultTable
+		}
+		db, err = openSQLite(ctx, source, existingDB, table)
 	} else {
 		db, err = sql.Open("pgx", source)
 	}
@@ -143,6 +146,9 @@ func collectStats(ctx context.Context, db *sql.DB, dialect sqldedup.Dialect, sch
 	}
 	st.Table = name
 	rows, err := db.QueryContext(ctx, q, cutoffs...)
+	if isNoTable(err) {
+		return nil, &noTableError{Table: strings.ReplaceAll(name, `"`, "")}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", name, err)
 	}

@@ -64,6 +64,6 @@
 // Migrate applies the embedded, numbered migrations (see Migrations; the files
 // are dedup/internal/sqlstore/postgres/*.sql, plain SQL with goose annotations,
 // shared with dedup/sqldedup) for the configured schema and table;
-// MigrationSQL prints them. Schema and table names are validated as plain identifiers
+// ApplyMigrations also returns the ones it applied, and MigrationSQL prints them. Schema and table names are validated as plain identifiers
 // and quoted; configuration cannot inject SQL.
 package pgdedup

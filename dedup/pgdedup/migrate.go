@@ -52,26 +52,41 @@ func (s *Store) MigrationSQL() (string, error) {
 // one transaction. Concurrent calls are serialised by an advisory lock, so
 // every worker may call it at start-up.
 func (s *Store) Migrate(ctx context.Context) error {
+	_, err := s.ApplyMigrations(ctx)
+	return err
+}
+
+// ApplyMigrations is Migrate that also returns the migrations it applied, in
+// version order: none when the table was already up to date. Of concurrent
+// calls, only the first to take the lock applies and reports them.
+func (s *Store) ApplyMigrations(ctx context.Context) ([]Migration, error) {
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("pgdedup: migrate: %w", err)
+		return nil, fmt.Errorf("pgdedup: migrate: %w", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // safe after commit
-	if err := s.MigrateTx(ctx, tx); err != nil {
-		return err
+	applied, err := s.migrateTx(ctx, tx)
+	if err != nil {
+		return nil, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("pgdedup: migrate: commit: %w", err)
+		return nil, fmt.Errorf("pgdedup: migrate: commit: %w", err)
 	}
-	return nil
+	return applied, nil
 }
 
 // MigrateTx is Migrate inside the caller's transaction, for applications that
 // run their own migrations in one transaction.
 func (s *Store) MigrateTx(ctx context.Context, tx pgx.Tx) error {
+	_, err := s.migrateTx(ctx, tx)
+	return err
+}
+
+// migrateTx applies the pending migrations in tx and returns them.
+func (s *Store) migrateTx(ctx context.Context, tx pgx.Tx) ([]Migration, error) {
 	ms, err := Migrations()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	versions := pgx.Identifier{s.cfg.Schema, s.cfg.Table + "_migrations"}.Sanitize()
 	steps := []string{
@@ -85,31 +100,25 @@ func (s *Store) MigrateTx(ctx context.Context, tx pgx.Tx) error {
 	}
 	for _, sql := range steps {
 		if _, err := tx.Exec(ctx, sql); err != nil {
-			return fmt.Errorf("pgdedup: migrate: %w", err)
+			return nil, fmt.Errorf("pgdedup: migrate: %w", err)
 		}
 	}
 	rows, err := tx.Query(ctx, `SELECT version FROM `+versions)
 	if err != nil {
-		return fmt.Errorf("pgdedup: migrate: %w", err)
+		return nil, fmt.Errorf("pgdedup: migrate: %w", err)
 	}
-	applied, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	done, err := pgx.CollectRows(rows, pgx.RowTo[int])
 	if err != nil {
-		return fmt.Errorf("pgdedup: migrate: %w", err)
+		return nil, fmt.Errorf("pgdedup: migrate: %w", err)
 	}
-	done := make(map[int]bool, len(applied))
-	for _, v := range applied {
-		done[int(v)] = true
-	}
-	for _, m := range ms {
-		if done[m.Version] {
-			continue
-		}
+	pending := sqlstore.Pending(ms, done)
+	for _, m := range pending {
 		if _, err := tx.Exec(ctx, s.render(m.Up)); err != nil {
-			return fmt.Errorf("pgdedup: migration %s: %w", m.Name, err)
+			return nil, fmt.Errorf("pgdedup: migration %s: %w", m.Name, err)
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO `+versions+` (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
-			return fmt.Errorf("pgdedup: migration %s: %w", m.Name, err)
+			return nil, fmt.Errorf("pgdedup: migration %s: %w", m.Name, err)
 		}
 	}
-	return nil
+	return pending, nil
 }

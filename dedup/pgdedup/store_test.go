@@ -105,6 +105,38 @@ func TestNewRejectsNonIdentifiers(t *testing.T) {
 	}
 }
 
+// ApplyMigrations reports the migrations it applied: all of them on an
+// empty schema, none on a second call.
+func TestApplyMigrationsReportsApplied(t *testing.T) {
+	ctx := testCtx(t)
+	url := testenv.DatabaseURL(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := pgdedup.New(pool, pgdedup.Config{Schema: testenv.Schema(t, url)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := pgdedup.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := store.ApplyMigrations(ctx)
+	if err != nil || len(got) != len(want) || len(got) == 0 {
+		t.Fatalf("first ApplyMigrations = %d migrations, %v; want %d", len(got), err, len(want))
+	}
+	for i := range got {
+		if got[i].Version != want[i].Version || got[i].Name != want[i].Name {
+			t.Errorf("applied[%d] = %d %s, want %d %s", i, got[i].Version, got[i].Name, want[i].Version, want[i].Name)
+		}
+	}
+	if again, err := store.ApplyMigrations(ctx); err != nil || len(again) != 0 {
+		t.Fatalf("second ApplyMigrations = %v, %v; want none", again, err)
+	}
+}
+
 func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	store, pool := newStore(t, pgdedup.Config{Table: "Mixed_Case"})
 	ctx := testCtx(t)

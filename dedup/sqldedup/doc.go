@@ -72,7 +72,8 @@
 // Migrate applies the embedded, numbered migrations of the dialect (see
 // Migrations; plain SQL with goose annotations: migrations/sqlite here, and
 // for PostgreSQL the files shared with dedup/pgdedup)
-// for the configured schema and table; MigrationSQL prints them. Schema and
+// for the configured schema and table; ApplyMigrations also returns the
+// ones it applied, and MigrationSQL prints them. Schema and
 // table names are validated as plain identifiers and quoted; configuration
 // cannot inject SQL. SQLite stores times as Unix microseconds (UTC).
 package sqldedup

@@ -81,26 +81,41 @@ func (s *Store) MigrationSQL() (string, error) {
 // lock on PostgreSQL, the write lock on SQLite), so every worker may call it
 // at start-up.
 func (s *Store) Migrate(ctx context.Context) error {
+	_, err := s.ApplyMigrations(ctx)
+	return err
+}
+
+// ApplyMigrations is Migrate that also returns the migrations it applied, in
+// version order: none when the table was already up to date. Of concurrent
+// calls, only the first to take the lock applies and reports them.
+func (s *Store) ApplyMigrations(ctx context.Context) ([]Migration, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("sqldedup: migrate: %w", err)
+		return nil, fmt.Errorf("sqldedup: migrate: %w", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // safe after commit
-	if err := s.MigrateTx(ctx, tx); err != nil {
-		return err
+	applied, err := s.migrateTx(ctx, tx)
+	if err != nil {
+		return nil, err
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("sqldedup: migrate: commit: %w", err)
+		return nil, fmt.Errorf("sqldedup: migrate: commit: %w", err)
 	}
-	return nil
+	return applied, nil
 }
 
 // MigrateTx is Migrate inside the caller's transaction, for applications that
 // run their own migrations in one transaction.
 func (s *Store) MigrateTx(ctx context.Context, tx *sql.Tx) error {
+	_, err := s.migrateTx(ctx, tx)
+	return err
+}
+
+// migrateTx applies the pending migrations in tx and returns them.
+func (s *Store) migrateTx(ctx context.Context, tx *sql.Tx) ([]Migration, error) {
 	ms, err := Migrations(s.cfg.Dialect)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	versions := s.versionsTable()
 	var steps []string
@@ -130,43 +145,41 @@ func (s *Store) MigrateTx(ctx context.Context, tx *sql.Tx) error {
 	}
 	for _, q := range steps {
 		if _, err := tx.ExecContext(ctx, q); err != nil {
-			return fmt.Errorf("sqldedup: migrate: %w", err)
+			return nil, fmt.Errorf("sqldedup: migrate: %w", err)
 		}
 	}
 	done, err := appliedVersions(ctx, tx, versions)
 	if err != nil {
-		return fmt.Errorf("sqldedup: migrate: %w", err)
+		return nil, fmt.Errorf("sqldedup: migrate: %w", err)
 	}
 	insert := `INSERT INTO ` + versions + ` (version, name) VALUES (` + s.q.ph(1) + `, ` + s.q.ph(2) + `)`
-	for _, m := range ms {
-		if done[m.Version] {
-			continue
-		}
+	pending := sqlstore.Pending(ms, done)
+	for _, m := range pending {
 		for _, stmt := range splitStatements(s.render(m.Up)) {
 			if _, err := tx.ExecContext(ctx, stmt); err != nil {
-				return fmt.Errorf("sqldedup: migration %s: %w", m.Name, err)
+				return nil, fmt.Errorf("sqldedup: migration %s: %w", m.Name, err)
 			}
 		}
 		if _, err := tx.ExecContext(ctx, insert, m.Version, m.Name); err != nil {
-			return fmt.Errorf("sqldedup: migration %s: %w", m.Name, err)
+			return nil, fmt.Errorf("sqldedup: migration %s: %w", m.Name, err)
 		}
 	}
-	return nil
+	return pending, nil
 }
 
-func appliedVersions(ctx context.Context, tx *sql.Tx, versions string) (map[int]bool, error) {
+func appliedVersions(ctx context.Context, tx *sql.Tx, versions string) ([]int, error) {
 	rows, err := tx.QueryContext(ctx, `SELECT version FROM `+versions)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	done := make(map[int]bool)
+	var done []int
 	for rows.Next() {
 		var v int
 		if err := rows.Scan(&v); err != nil {
 			return nil, err
 		}
-		done[v] = true
+		done = append(done, v)
 	}
 	return done, rows.Err()
 }

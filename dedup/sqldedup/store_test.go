@@ -217,6 +217,45 @@ func TestMigrateTwiceAndConcurrently(t *testing.T) {
 	}
 }
 
+// ApplyMigrations reports the migrations it applied: all of them on an
+// empty database, none on a second call.
+func TestApplyMigrationsReportsApplied(t *testing.T) {
+	for name, open := range map[string]func(t *testing.T) (*sql.DB, sqldedup.Config){
+		"sqlite": func(t *testing.T) (*sql.DB, sqldedup.Config) {
+			return sqliteFile(t), sqldedup.Config{Dialect: sqldedup.SQLite}
+		},
+		"postgres": func(t *testing.T) (*sql.DB, sqldedup.Config) {
+			db, schema := postgres(t)
+			return db, sqldedup.Config{Dialect: sqldedup.Postgres, Schema: schema}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			db, cfg := open(t)
+			store, err := sqldedup.New(db, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := testCtx(t)
+			want, err := sqldedup.Migrations(cfg.Dialect)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := store.ApplyMigrations(ctx)
+			if err != nil || len(got) != len(want) || len(got) == 0 {
+				t.Fatalf("first ApplyMigrations = %d migrations, %v; want %d", len(got), err, len(want))
+			}
+			for i := range got {
+				if got[i].Version != want[i].Version || got[i].Name != want[i].Name {
+					t.Errorf("applied[%d] = %d %s, want %d %s", i, got[i].Version, got[i].Name, want[i].Version, want[i].Name)
+				}
+			}
+			if again, err := store.ApplyMigrations(ctx); err != nil || len(again) != 0 {
+				t.Fatalf("second ApplyMigrations = %v, %v; want none", again, err)
+			}
+		})
+	}
+}
+
 func rec(key, body string) dedup.Record {
 	return dedup.Record{Key: key, PayloadHash: dedup.HashPayload([]byte(body))}
 }

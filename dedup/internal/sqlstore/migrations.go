@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io/fs"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -87,4 +88,16 @@ func Render(sql, qualifiedTable, table string, quote func(string) string) string
 			return quote(table + suffix)
 		}
 	})
+}
+
+// Pending returns the migrations of ms whose versions are not in applied,
+// in the order of ms.
+func Pending(ms []Migration, applied []int) []Migration {
+	var out []Migration
+	for _, m := range ms {
+		if !slices.Contains(applied, m.Version) {
+			out = append(out, m)
+		}
+	}
+	return out
 }
