@@ -170,7 +170,7 @@ func (s *Source) supervise(base context.Context, sess *session) {
 			}
 			s.stats.reconnects.Add(1)
 			s.log.WarnContext(ctx, "connection lost; unacknowledged deliveries return to the queue; reconnecting",
-				LogKeyGeneration, sess.gen, consumer.LogKeyError, cause)
+				logKeyGeneration, sess.gen, consumer.LogKeyError, cause)
 			sess = nil
 		}
 		failures++
@@ -185,7 +185,7 @@ func (s *Source) supervise(base context.Context, sess *session) {
 			s.log.WarnContext(ctx, "reconnect failed", consumer.LogKeyAttempt, failures, consumer.LogKeyError, err)
 			continue
 		}
-		s.log.InfoContext(ctx, "reconnected", LogKeyGeneration, next.gen, consumer.LogKeyAttempt, failures)
+		s.log.InfoContext(ctx, "reconnected", logKeyGeneration, next.gen, consumer.LogKeyAttempt, failures)
 		failures = 0
 		sess = next
 	}

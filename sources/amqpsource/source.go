@@ -15,11 +15,11 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// Log attribute keys used by the source, besides the consumer.LogKey* ones.
+// Log attribute keys of the source, besides the Runner's (consumer.LogKey*).
 const (
-	LogKeyQueue      = "queue"
-	LogKeyGeneration = "channel_generation"
-	LogKeyRetryQueue = "retry_queue"
+	logKeyQueue      = "queue"
+	logKeyGeneration = "channel_generation"
+	logKeyRetryQueue = "retry_queue"
 )
 
 // maxReasonBytes caps the dead-letter reason header.
@@ -77,7 +77,7 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	s := &Source{
 		cfg:     cfg,
-		log:     cfg.Logger.With(LogKeyQueue, cfg.Queue),
+		log:     cfg.Logger.With(logKeyQueue, cfg.Queue),
 		in:      make(chan inbound, cfg.Prefetch),
 		closing: make(chan struct{}),
 	}
@@ -413,11 +413,11 @@ func (s *Source) requeueLater(ctx context.Context, h *handle, hold time.Duration
 		switch {
 		case err != nil:
 			s.log.WarnContext(ctx, "could not requeue a delivery whose copy failed; it returns when its channel closes",
-				LogKeyGeneration, h.sess.gen, consumer.LogKeyID, h.d.MessageId, consumer.LogKeyError, err)
+				logKeyGeneration, h.sess.gen, consumer.LogKeyID, h.d.MessageId, consumer.LogKeyError, err)
 		case sent:
 			s.stats.requeued.Add(1)
 			s.log.DebugContext(ctx, "delivery whose copy failed returned to the queue",
-				LogKeyGeneration, h.sess.gen, consumer.LogKeyID, h.d.MessageId, consumer.LogKeyDelay, hold)
+				logKeyGeneration, h.sess.gen, consumer.LogKeyID, h.d.MessageId, consumer.LogKeyDelay, hold)
 		}
 	}()
 }

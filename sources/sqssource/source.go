@@ -38,9 +38,9 @@ var _ Client = (*sqs.Client)(nil)
 
 var _ consumer.Source = (*Source)(nil)
 
-// Log attribute keys used by the source, in addition to consumer's LogKey*.
+// Log attribute keys of the source, besides the Runner's (consumer.LogKey*).
 const (
-	LogKeyQueue = "queue"
+	logKeyQueue = "queue"
 )
 
 // Source receives messages from one SQS queue for a consumer.Runner. It
@@ -132,7 +132,7 @@ func New(ctx context.Context, client Client, cfg Config) (*Source, error) {
 		active:    make(map[string]*handle),
 		wake:      make(chan struct{}),
 	}
-	s.log = cfg.Logger.With(LogKeyQueue, s.queueName)
+	s.log = cfg.Logger.With(logKeyQueue, s.queueName)
 
 	attrs, err := s.queueAttributes(ctx, cfg.QueueURL, types.QueueAttributeNameFifoQueue, types.QueueAttributeNameRedrivePolicy)
 	if err != nil {
