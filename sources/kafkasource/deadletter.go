@@ -1,0 +1,161 @@
+package kafkasource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// DeadLetter writes a copy of msg to the dead-letter topic
+// (Config.DeadLetterTopic, by default "<topic>.dlq") with the original key, value and
+// headers plus HeaderReason, HeaderAttempts, HeaderOriginTopic,
+// HeaderOriginPartition, HeaderOriginOffset, HeaderGroup, HeaderKey and
+// HeaderDeadLetteredAt, waits until every in-sync replica has it, and only
+// then settles msg and requests its commit as Ack does.
+//
+// HeaderReason is cut to MaxReasonBytes.
+//
+// If the write fails, the error is returned and msg stays uncommitted and is
+// handed out again after Config.DeadLetterRetryDelay (the runner will route
+// it again), so nothing is lost; but its partition's commit cannot pass it
+// until a write succeeds, and a write that never succeeds (a missing topic,
+// a denied ACL, a copy too large) blocks that commit for good and stops
+// fetching once Config.MaxUncommitted messages are retained. From the
+// DeadLetterStuckAfter-th consecutive failure on, each failure is logged at
+// Error level; Stats.DeadLetterStuck counts such messages. A commit failure after a successful write is
+// only logged: the copy is durable, and a redelivery would write a second
+// copy with the same origin headers.
+func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason error) error {
+	e, err := s.entryOf(msg)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		return consumer.ErrClosed
+	case e.settled:
+		s.mu.Unlock()
+		return fmt.Errorf("kafkasource: dead-letter of %s: %w", msg.ID, ErrSettled)
+	}
+	km := e.km
+	s.mu.Unlock()
+
+	dead := s.deadLetterCopy(km, msg, reason)
+	wctx, cancel := context.WithTimeout(ctx, s.cfg.DeadLetterTimeout)
+	err = s.dlq.WriteMessages(wctx, dead)
+	cancel()
+	if err != nil {
+		s.stats.deadLetterFailures.Add(1)
+		s.mu.Lock()
+		failures := 0
+		if !s.closed && !e.settled {
+			e.deadLetterFailures++
+			failures = e.deadLetterFailures
+			s.blockLocked(e)
+			s.redeliverLocked(e, msg.Attempt, s.cfg.DeadLetterRetryDelay)
+		}
+		s.mu.Unlock()
+		level := slog.LevelWarn
+		if failures >= DeadLetterStuckAfter {
+			level = slog.LevelError
+			if failures == DeadLetterStuckAfter {
+				s.stats.deadLetterStuck.Add(1)
+			}
+		}
+		s.log.Log(ctx, level, "dead-letter write failed; the message blocks its partition's commit until a write succeeds",
+			consumer.LogKeyID, msg.ID, consumer.LogKeyTopic, dead.Topic, consumer.LogKeyCount, failures,
+			consumer.LogKeyError, err)
+		return fmt.Errorf("kafkasource: dead-letter %s to topic %q (handed out again in %s): %w",
+			msg.ID, dead.Topic, s.cfg.DeadLetterRetryDelay, err)
+	}
+	s.stats.deadLettered.Add(1)
+
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil // durable copy; the uncommitted original comes back and is copied again
+	}
+	s.settleLocked(e)
+	s.mu.Unlock()
+	if err := s.requestCommit(ctx); err != nil {
+		s.log.WarnContext(ctx, "offset commit request after dead-letter failed; a redelivery may be dead-lettered again",
+			consumer.LogKeyID, msg.ID, consumer.LogKeyError, err)
+	}
+	return nil
+}
+
+// deadLetterCopy builds the dead-letter message for km.
+func (s *Source) deadLetterCopy(km kafka.Message, msg *consumer.Message, reason error) kafka.Message {
+	attempts := msg.Attempt
+	key := msg.Key
+	var dl *consumer.DeadLetterError
+	if errors.As(reason, &dl) {
+		attempts = dl.Attempts
+		if dl.Key != "" {
+			key = dl.Key
+		}
+	}
+	text := "unknown"
+	if reason != nil {
+		text = truncateReason(reason.Error())
+	}
+	headers := make([]kafka.Header, 0, len(km.Headers)+8)
+	for _, h := range km.Headers {
+		if !isDeadLetterHeader(h.Key) {
+			headers = append(headers, h)
+		}
+	}
+	headers = append(headers,
+		kafka.Header{Key: HeaderReason, Value: []byte(text)},
+		kafka.Header{Key: HeaderAttempts, Value: []byte(strconv.Itoa(attempts))},
+		kafka.Header{Key: HeaderOriginTopic, Value: []byte(km.Topic)},
+		kafka.Header{Key: HeaderOriginPartition, Value: []byte(strconv.Itoa(km.Partition))},
+		kafka.Header{Key: HeaderOriginOffset, Value: []byte(strconv.FormatInt(km.Offset, 10))},
+		kafka.Header{Key: HeaderGroup, Value: []byte(s.cfg.GroupID)},
+		kafka.Header{Key: HeaderDeadLetteredAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
+	)
+	if key != "" {
+		headers = append(headers, kafka.Header{Key: HeaderKey, Value: []byte(key)})
+	}
+	return kafka.Message{
+		Topic:   s.cfg.deadLetterTopic(km.Topic),
+		Key:     km.Key,
+		Value:   km.Value,
+		Headers: headers,
+	}
+}
+
+// MaxReasonBytes is the longest HeaderReason value written; a longer reason
+// is cut at a UTF-8 boundary and ends with " ...(truncated)".
+const MaxReasonBytes = 4096
+
+func truncateReason(s string) string {
+	if len(s) <= MaxReasonBytes {
+		return s
+	}
+	const suffix = " ...(truncated)"
+	cut := MaxReasonBytes - len(suffix)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + suffix
+}
+
+func isDeadLetterHeader(k string) bool {
+	switch k {
+	case HeaderReason, HeaderAttempts, HeaderOriginTopic, HeaderOriginPartition, HeaderOriginOffset,
+		HeaderGroup, HeaderKey, HeaderDeadLetteredAt:
+		return true
+	}
+	return false
+}

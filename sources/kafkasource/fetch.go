@@ -1,0 +1,237 @@
+package kafkasource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// Receive blocks until at least one message is available, then returns up to
+// limit of them (at least one). It returns ctx.Err() when ctx is done,
+// consumer.ErrClosed after Close, and the latest fetch error (a broker or
+// group failure, which the Runner retries with backoff) when one occurred
+// since the last call and no message is ready. Receive commits nothing.
+func (s *Source) Receive(ctx context.Context, limit int) ([]*consumer.Message, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	select {
+	case <-s.closing:
+		return nil, consumer.ErrClosed
+	default:
+	}
+	limit = max(limit, 1)
+	// Messages first: a fetch error of one partition must not hold up the
+	// messages of the others.
+	select {
+	case m := <-s.ready:
+		return s.drain(m, limit), nil
+	default:
+	}
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-s.closing:
+		return nil, consumer.ErrClosed
+	case m := <-s.ready:
+		return s.drain(m, limit), nil
+	case err := <-s.errs:
+		return nil, err
+	}
+}
+
+// drain returns first and up to limit-1 more ready messages, without
+// blocking.
+func (s *Source) drain(first *consumer.Message, limit int) []*consumer.Message {
+	out := make([]*consumer.Message, 1, min(limit, 1+len(s.ready)))
+	out[0] = first
+	for len(out) < limit {
+		select {
+		case m := <-s.ready:
+			out = append(out, m)
+		default:
+			return out
+		}
+	}
+	return out
+}
+
+// fetchLoop fetches messages while fewer than MaxUncommitted are retained and
+// fewer than MaxInFlight are unsettled and not held, until ctx is cancelled.
+func (s *Source) fetchLoop(ctx context.Context) {
+	defer close(s.fetchDone)
+	failures := 0
+	for {
+		select {
+		case s.retained <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		select {
+		case s.slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		km, err := s.reader.FetchMessage(ctx)
+		if err != nil {
+			<-s.slots
+			<-s.retained
+			if ctx.Err() != nil || errors.Is(err, io.EOF) {
+				return
+			}
+			failures++
+			err = fmt.Errorf("kafkasource: fetch: %w", err)
+			s.log.WarnContext(ctx, "fetch failed", consumer.LogKeyError, err, consumer.LogKeyAttempt, failures)
+			select {
+			case s.errs <- err:
+			default: // an earlier error is still waiting to be reported
+			}
+			sleep(ctx, fetchBackoff(failures))
+			continue
+		}
+		failures = 0
+		s.admit(km, s.observeGeneration(ctx))
+	}
+}
+
+// admit records a fetched message in its partition's commit queue and hands
+// it out, or holds it behind a retried message of the same key.
+func (s *Source) admit(km kafka.Message, gen int64) {
+	e := &entry{
+		src:    s,
+		km:     km,
+		offset: km.Offset,
+		gen:    gen,
+		id:     km.Topic + "/" + strconv.Itoa(km.Partition) + "/" + strconv.FormatInt(km.Offset, 10),
+		slot:   true,
+	}
+	e.key, e.keyErr = s.keyOf(km)
+	switch s.cfg.Ordering {
+	case OrderByPartition:
+		e.partitionKey = km.Topic + "/" + strconv.Itoa(km.Partition)
+		e.holdKey = e.partitionKey
+	default:
+		if len(km.Key) > 0 {
+			e.partitionKey = string(km.Key)
+			e.holdKey = km.Topic + "/" + strconv.Itoa(km.Partition) + "/" + e.partitionKey
+		}
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	tp := topicPartition{km.Topic, km.Partition}
+	p := s.partitions[tp]
+	if p == nil {
+		p = &partition{topicPartition: tp, doneUpTo: -1}
+		s.partitions[tp] = p
+	}
+	e.part = p
+	p.fetchGen = gen
+	p.queue = append(p.queue, e)
+	s.inFlight++
+	s.stats.fetched.Add(1)
+	if e.holdKey != "" {
+		if h := s.holds[e.holdKey]; h != nil {
+			// A held message gives its fetch slot back, so that one retried
+			// message (with OrderByPartition: one retried partition) does
+			// not stop the fetching of the others; MaxUncommitted still
+			// bounds the held messages.
+			h.queue = append(h.queue, e)
+			<-s.slots
+			e.slot = false
+			return
+		}
+	}
+	s.ready <- s.message(e, 1)
+}
+
+// keyOf returns the deduplication key the message carries, or "". A panic
+// of Config.KeyOf is returned as an error, which the runner dead-letters
+// the message with, instead of crashing the fetch loop.
+func (s *Source) keyOf(km kafka.Message) (key string, err error) {
+	if s.cfg.KeyOf != nil {
+		defer func() {
+			if v := recover(); v != nil {
+				key, err = "", &consumer.PanicError{Value: v, Stack: debug.Stack()}
+			}
+		}()
+		return s.cfg.KeyOf(km), nil
+	}
+	key = ""
+	for _, h := range km.Headers {
+		if h.Key == s.cfg.KeyHeader {
+			key = string(h.Value) // the last one wins, as for Headers
+		}
+	}
+	return key, nil
+}
+
+// message builds the consumer.Message of one delivery of e.
+func (s *Source) message(e *entry, attempt int) *consumer.Message {
+	headers := make(map[string]string, len(e.km.Headers))
+	for _, h := range e.km.Headers {
+		headers[h.Key] = string(h.Value)
+	}
+	return &consumer.Message{
+		ID:           e.id,
+		Key:          e.key,
+		KeyErr:       e.keyErr,
+		Body:         e.km.Value,
+		Headers:      headers,
+		PartitionKey: e.partitionKey,
+		Topic:        e.km.Topic,
+		Attempt:      attempt,
+		Redelivered:  attempt > 1,
+		ReceivedAt:   time.Now(),
+		Raw:          e.km,
+		Handle:       e,
+	}
+}
+
+// observeGeneration returns the reader's rebalance count so far. kafka-go
+// counts every consumer-group generation it joins, before it starts that
+// generation's partition readers (so a message fetched after this count was
+// read belongs to the generation counted or an older one), and also every
+// time a partition reader loses its partition's leader. The count is
+// therefore a conservative generation tag: it grows at least once per
+// generation, and a growth without a rebalance only makes the fence skip
+// commits that were safe. A growth is logged with ctx.
+func (s *Source) observeGeneration(ctx context.Context) int64 {
+	s.genMu.Lock()
+	defer s.genMu.Unlock()
+	if n := s.reader.Stats().Rebalances; n > 0 {
+		g := s.gen.Add(n)
+		s.log.InfoContext(ctx, "consumer group rebalanced or partition leader moved", LogKeyGeneration, g)
+	}
+	return s.gen.Load()
+}
+
+// fetchBackoff is the pause after the n-th consecutive fetch failure:
+// 100 ms doubling up to 5 s.
+func fetchBackoff(n int) time.Duration {
+	d := 100 * time.Millisecond
+	for i := 1; i < n && d < 5*time.Second; i++ {
+		d *= 2
+	}
+	return min(d, 5*time.Second)
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
