@@ -28,43 +28,28 @@ func (s *Source) requestCommit(ctx context.Context) error {
 	gen := s.observeGeneration(ctx)
 
 	s.mu.Lock()
-	var (
-		offsets []kafka.Message
-		parts   []*partition
-		prev    []int64
-	)
-	for p := range s.dirty {
-		delete(s.dirty, p)
-		switch {
-		case p.doneUpTo < p.committed:
-			// Nothing new (or behind what this source requested before).
-		case p.doneGen != gen:
-			s.stats.staleCommitsSkipped.Add(1)
-			s.log.InfoContext(ctx, "commit skipped: the settled messages were fetched before the latest rebalance; the partition's owner recommits",
-				consumer.LogKeyTopic, p.topic, LogKeyPartition, p.partition, LogKeyOffset, p.doneUpTo+1,
-				LogKeyGeneration, gen)
-		default:
-			offsets = append(offsets, kafka.Message{Topic: p.topic, Partition: p.partition, Offset: p.doneUpTo})
-			parts = append(parts, p)
-			prev = append(prev, p.committed)
-			p.committed = p.doneUpTo + 1
-		}
-	}
+	commit, stale := s.ledger.committable(gen)
 	s.mu.Unlock()
-	if len(offsets) == 0 {
+	for _, p := range stale {
+		s.stats.staleCommitsSkipped.Add(1)
+		s.log.InfoContext(ctx, "commit skipped: the settled messages were fetched before the latest rebalance; the partition's owner recommits",
+			consumer.LogKeyTopic, p.topic, LogKeyPartition, p.partition, LogKeyOffset, p.last+1,
+			LogKeyGeneration, gen)
+	}
+	if len(commit) == 0 {
 		return nil
 	}
 
+	// kafka-go commits the offset after each message's.
+	offsets := make([]kafka.Message, len(commit))
+	for i, p := range commit {
+		offsets[i] = kafka.Message{Topic: p.topic, Partition: p.partition, Offset: p.last}
+	}
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.CommitTimeout)
 	defer cancel()
 	if err := s.reader.CommitMessages(cctx, offsets...); err != nil {
 		s.mu.Lock()
-		for i, p := range parts {
-			// A concurrent request may have queued a higher offset; going
-			// back only makes the next request repeat it.
-			p.committed = min(p.committed, prev[i])
-			s.dirty[p] = struct{}{}
-		}
+		s.ledger.uncommit(commit)
 		s.mu.Unlock()
 		return fmt.Errorf("kafkasource: queue offset commit of %d partition(s): %w", len(offsets), err)
 	}

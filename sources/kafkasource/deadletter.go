@@ -61,7 +61,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 		if !s.closed && !e.settled {
 			e.deadLetterFailures++
 			failures = e.deadLetterFailures
-			s.blockLocked(e)
+			s.ledger.block(e)
 			s.redeliverLocked(e, msg.Attempt, s.cfg.DeadLetterRetryDelay)
 		}
 		s.mu.Unlock()

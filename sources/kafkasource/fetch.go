@@ -130,28 +130,17 @@ func (s *Source) admit(km kafka.Message, gen int64) {
 	if s.closed {
 		return
 	}
-	tp := topicPartition{km.Topic, km.Partition}
-	p := s.partitions[tp]
-	if p == nil {
-		p = &partition{topicPartition: tp, doneUpTo: -1}
-		s.partitions[tp] = p
-	}
-	e.part = p
-	p.fetchGen = gen
-	p.queue = append(p.queue, e)
+	held := s.ledger.record(topicPartition{km.Topic, km.Partition}, e)
 	s.inFlight++
 	s.stats.fetched.Add(1)
-	if e.holdKey != "" {
-		if h := s.holds[e.holdKey]; h != nil {
-			// A held message gives its fetch slot back, so that one retried
-			// message (with OrderByPartition: one retried partition) does
-			// not stop the fetching of the others; MaxUncommitted still
-			// bounds the held messages.
-			h.queue = append(h.queue, e)
-			<-s.slots
-			e.slot = false
-			return
-		}
+	if held {
+		// A held message gives its fetch slot back, so that one retried
+		// message (with OrderByPartition: one retried partition) does
+		// not stop the fetching of the others; MaxUncommitted still
+		// bounds the held messages.
+		<-s.slots
+		e.slot = false
+		return
 	}
 	s.ready <- s.message(e, 1)
 }

@@ -30,14 +30,7 @@ func (s *Source) Lag(ctx context.Context) ([]consumer.PartitionLag, error) {
 	}
 	var lags []consumer.PartitionLag
 	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
-	for tp, p := range s.partitions {
-		if p.fetchGen != gen {
-			continue // fetched before the latest rebalance: maybe another member's now
-		}
-		next := p.doneUpTo + 1
-		if p.doneUpTo < 0 && len(p.queue) > 0 {
-			next = p.queue[0].offset
-		}
+	for tp, next := range s.ledger.next(gen) {
 		// Lag holds the next offset until the high watermark is known.
 		lags = append(lags, consumer.PartitionLag{Topic: tp.topic, Partition: tp.partition, Lag: next})
 		req.Topics[tp.topic] = append(req.Topics[tp.topic], kafka.LastOffsetOf(tp.partition))

@@ -1,10 +1,32 @@
 package kafkasource
 
 import (
+	"cmp"
 	"slices"
-
-	"github.com/segmentio/kafka-go"
+	"time"
 )
+
+// ledger is a Source's record of what it fetched and settled, which decides
+// what it may commit and in which order it hands messages out:
+//
+//   - per partition, the fetched messages in fetch order and the settled
+//     prefix: the longest run of settled messages at the head of the queue,
+//     which is all that is ever committed;
+//   - the generation fence: a prefix whose newest message was fetched in an
+//     older consumer-group generation than the current one is not committed;
+//   - per key (Config.Ordering), the holds: messages fetched while an earlier
+//     message of their key waits for a retry are held back until it settles.
+//
+// The ledger does no I/O, starts no timers and takes no locks; the Source
+// calls it with Source.mu held and turns what it returns into channel sends
+// and commit requests.
+type ledger struct {
+	partitions map[topicPartition]*partition
+	// dirty holds the partitions whose settled prefix advanced since
+	// committable last ran.
+	dirty map[*partition]struct{}
+	holds map[string]*hold
+}
 
 type topicPartition struct {
 	topic     string
@@ -40,88 +62,228 @@ type hold struct {
 	waiting []*entry
 }
 
-// settleLocked marks e settled, frees its slot, releases messages held
-// behind it and advances its partition's settled prefix.
-func (s *Source) settleLocked(e *entry) {
+// prefix is the settled prefix of one partition, as committable hands it to
+// a commit request.
+type prefix struct {
+	topicPartition
+	// last is the offset of the newest message passed; the offset to
+	// commit is last+1.
+	last int64
+	// prev is the partition's committed offset before this request, which
+	// uncommit restores when the request fails.
+	prev int64
+	part *partition
+}
+
+func newLedger() *ledger {
+	return &ledger{
+		partitions: make(map[topicPartition]*partition),
+		dirty:      make(map[*partition]struct{}),
+		holds:      make(map[string]*hold),
+	}
+}
+
+// record appends e, fetched from tp in generation e.gen, to its partition's
+// queue. It reports whether e is held back behind a retried message of its
+// key; a held message is returned by a later settle, when its key's last
+// blocker settles, and must not be handed out before.
+func (l *ledger) record(tp topicPartition, e *entry) (held bool) {
+	p := l.partitions[tp]
+	if p == nil {
+		p = &partition{topicPartition: tp, doneUpTo: -1}
+		l.partitions[tp] = p
+	}
+	e.part = p
+	p.fetchGen = e.gen
+	p.queue = append(p.queue, e)
+	if e.holdKey == "" {
+		return false
+	}
+	h := l.holds[e.holdKey]
+	if h == nil {
+		return false
+	}
+	h.queue = append(h.queue, e)
+	return true
+}
+
+// settle marks e settled and advances its partition's settled prefix past
+// every settled entry at the head of the queue. It returns the entries held
+// behind e that are to be handed out now (when e was the last blocker of its
+// key; they become the blockers of the messages fetched after them), and how
+// many entries the prefix passed. Settling an entry twice does nothing.
+func (l *ledger) settle(e *entry) (released []*entry, passed int) {
 	if e.settled {
-		return
+		return nil, 0
 	}
 	e.settled = true
-	e.km = kafka.Message{} // the payload is no longer needed
-	e.timerSeq++           // a pending redelivery is void
-	if t := s.timers[e]; t != nil {
-		t.Stop()
-		delete(s.timers, e)
-		s.unwaitLocked(e)
-	}
-	if e.slot {
-		<-s.slots
-		e.slot = false
-	}
-	s.inFlight--
 	if e.blocker {
-		s.unblockLocked(e)
+		released = l.unblock(e)
 	}
 	p := e.part
-	advanced := false
 	for len(p.queue) > 0 && p.queue[0].settled {
 		head := p.queue[0]
 		p.queue[0] = nil
 		p.queue = p.queue[1:]
-		<-s.retained
 		p.doneUpTo = max(p.doneUpTo, head.offset)
 		p.doneGen = head.gen
-		advanced = true
+		passed++
 	}
-	if advanced {
-		s.dirty[p] = struct{}{}
+	if passed > 0 {
+		l.dirty[p] = struct{}{}
 	}
+	return released, passed
 }
 
-// blockLocked makes e a message that later messages of its key wait for.
-func (s *Source) blockLocked(e *entry) {
+// block makes e, which waits for a retry, a message that the later fetched
+// messages of its key wait for. It does nothing for a message without a
+// hold key or one that already blocks.
+func (l *ledger) block(e *entry) {
 	if e.holdKey == "" || e.blocker {
 		return
 	}
-	h := s.holds[e.holdKey]
+	h := l.holds[e.holdKey]
 	if h == nil {
 		h = &hold{}
-		s.holds[e.holdKey] = h
+		l.holds[e.holdKey] = h
 	}
 	h.blockers++
 	e.blocker = true
 }
 
-// unblockLocked is called when blocker e is settled. When no blocker of its
-// key is left, the messages held behind them are handed out together, and
-// they become the blockers of the messages fetched after them.
-func (s *Source) unblockLocked(e *entry) {
+// unblock is called when blocker e is settled. When no blocker of its key is
+// left, it returns the messages held behind them, which become the blockers
+// of the messages fetched after them.
+func (l *ledger) unblock(e *entry) []*entry {
 	e.blocker = false
-	h := s.holds[e.holdKey]
+	h := l.holds[e.holdKey]
 	h.blockers--
 	if h.blockers > 0 {
-		return
+		return nil
 	}
 	if len(h.queue) == 0 {
-		delete(s.holds, e.holdKey)
-		return
+		delete(l.holds, e.holdKey)
+		return nil
 	}
 	released := h.queue
 	h.queue = nil
 	h.blockers = len(released)
 	for _, q := range released {
 		q.blocker = true
-		s.ready <- s.message(q, 1)
+	}
+	return released
+}
+
+// wait records that e's redelivery timer started (due at e.due), when its
+// key is held.
+func (l *ledger) wait(e *entry) {
+	if h := l.holds[e.holdKey]; e.holdKey != "" && h != nil {
+		h.waiting = append(h.waiting, e)
 	}
 }
 
-// unwaitLocked removes e from its key's messages waiting for a redelivery.
-func (s *Source) unwaitLocked(e *entry) {
-	h := s.holds[e.holdKey]
+// unwait removes e from its key's messages waiting for a redelivery.
+func (l *ledger) unwait(e *entry) {
+	h := l.holds[e.holdKey]
 	if e.holdKey == "" || h == nil {
 		return
 	}
 	if i := slices.Index(h.waiting, e); i >= 0 {
 		h.waiting = slices.Delete(h.waiting, i, i+1)
 	}
+}
+
+// due is called when e's redelivery timer fires. It returns e together with
+// every other message of its key whose redelivery is due at now, in offset
+// order, and stops counting them as waiting: their timers race, and a later
+// message must not overtake an earlier one.
+func (l *ledger) due(e *entry, now time.Time) []*entry {
+	h := l.holds[e.holdKey]
+	if e.holdKey == "" || h == nil {
+		return []*entry{e}
+	}
+	var due []*entry
+	kept := h.waiting[:0]
+	for _, w := range h.waiting {
+		if w == e || !w.due.After(now) {
+			due = append(due, w)
+		} else {
+			kept = append(kept, w)
+		}
+	}
+	clear(h.waiting[len(kept):])
+	h.waiting = kept
+	slices.SortFunc(due, func(a, b *entry) int { return cmp.Compare(a.offset, b.offset) })
+	return due
+}
+
+// committable empties the set of partitions whose prefix advanced and
+// returns, for each of them whose prefix passed an offset not requested
+// before, its prefix: in commit, marked as requested, when the newest
+// message passed was fetched in generation gen; in stale, not marked, when
+// it was fetched in another (older) generation, whose partitions the group
+// may have given to another member.
+func (l *ledger) committable(gen int64) (commit, stale []prefix) {
+	for p := range l.dirty {
+		delete(l.dirty, p)
+		switch {
+		case p.doneUpTo < p.committed:
+			// Nothing new (or behind what this source requested before).
+		case p.doneGen != gen:
+			stale = append(stale, prefix{topicPartition: p.topicPartition, last: p.doneUpTo, prev: p.committed, part: p})
+		default:
+			commit = append(commit, prefix{topicPartition: p.topicPartition, last: p.doneUpTo, prev: p.committed, part: p})
+			p.committed = p.doneUpTo + 1
+		}
+	}
+	return commit, stale
+}
+
+// uncommit undoes committable's marking of commit, whose request failed, so
+// that the next committable returns those prefixes again.
+func (l *ledger) uncommit(commit []prefix) {
+	for _, c := range commit {
+		// A concurrent request may have queued a higher offset; going
+		// back only makes the next request repeat it.
+		c.part.committed = min(c.part.committed, c.prev)
+		l.dirty[c.part] = struct{}{}
+	}
+}
+
+// next returns, for each partition fetched from in generation gen, the
+// first offset its settled prefix has not passed: the offset the source
+// will commit next.
+func (l *ledger) next(gen int64) map[topicPartition]int64 {
+	out := make(map[topicPartition]int64)
+	for tp, p := range l.partitions {
+		if p.fetchGen != gen {
+			continue // fetched before the latest rebalance: maybe another member's now
+		}
+		next := p.doneUpTo + 1
+		if p.doneUpTo < 0 && len(p.queue) > 0 {
+			next = p.queue[0].offset
+		}
+		out[tp] = next
+	}
+	return out
+}
+
+// held returns the number of messages held behind a retried message of
+// their key.
+func (l *ledger) held() int {
+	n := 0
+	for _, h := range l.holds {
+		n += len(h.queue)
+	}
+	return n
+}
+
+// uncommitted returns the number of messages not yet passed by their
+// partition's settled prefix.
+func (l *ledger) uncommitted() int {
+	n := 0
+	for _, p := range l.partitions {
+		n += len(p.queue)
+	}
+	return n
 }

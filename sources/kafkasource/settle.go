@@ -1,12 +1,12 @@
 package kafkasource
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
+
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/consumer"
 )
@@ -80,17 +80,45 @@ func (s *Source) redeliver(msg *consumer.Message, attempt int, delay time.Durati
 	case e.settled:
 		return fmt.Errorf("kafkasource: retry of %s: %w", msg.ID, ErrSettled)
 	}
-	s.blockLocked(e)
+	s.ledger.block(e)
 	s.redeliverLocked(e, attempt, delay)
 	return nil
+}
+
+// settleLocked marks e settled, voids its pending redelivery, frees its
+// slot, hands out the messages held behind it and gives back the retained
+// tokens of the messages its partition's settled prefix passed.
+func (s *Source) settleLocked(e *entry) {
+	if e.settled {
+		return
+	}
+	e.km = kafka.Message{} // the payload is no longer needed
+	e.timerSeq++           // a pending redelivery is void
+	if t := s.timers[e]; t != nil {
+		t.Stop()
+		delete(s.timers, e)
+		s.ledger.unwait(e)
+	}
+	if e.slot {
+		<-s.slots
+		e.slot = false
+	}
+	s.inFlight--
+	released, passed := s.ledger.settle(e)
+	for _, q := range released {
+		s.ready <- s.message(q, 1)
+	}
+	for range passed {
+		<-s.retained
+	}
 }
 
 // redeliverLocked hands e out again as attempt after delay.
 func (s *Source) redeliverLocked(e *entry, attempt int, delay time.Duration) {
 	if t := s.timers[e]; t != nil {
 		t.Stop()
-	} else if h := s.holds[e.holdKey]; e.holdKey != "" && h != nil {
-		h.waiting = append(h.waiting, e)
+	} else {
+		s.ledger.wait(e)
 	}
 	delay = max(delay, 0)
 	e.timerSeq++
@@ -110,23 +138,7 @@ func (s *Source) redeliverDue(e *entry, seq uint64) {
 	if s.closed || e.settled || e.timerSeq != seq {
 		return
 	}
-	due := []*entry{e}
-	if h := s.holds[e.holdKey]; e.holdKey != "" && h != nil {
-		now := time.Now()
-		due = due[:0]
-		kept := h.waiting[:0]
-		for _, w := range h.waiting {
-			if w == e || !w.due.After(now) {
-				due = append(due, w)
-			} else {
-				kept = append(kept, w)
-			}
-		}
-		clear(h.waiting[len(kept):])
-		h.waiting = kept
-		slices.SortFunc(due, func(a, b *entry) int { return cmp.Compare(a.offset, b.offset) })
-	}
-	for _, w := range due {
+	for _, w := range s.ledger.due(e, time.Now()) {
 		if t := s.timers[w]; t != nil {
 			t.Stop()
 			delete(s.timers, w)

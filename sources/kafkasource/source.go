@@ -81,13 +81,11 @@ type Source struct {
 	genMu sync.Mutex
 	gen   atomic.Int64
 
-	mu         sync.Mutex // guards everything below
-	closed     bool
-	inFlight   int // admitted and not settled
-	partitions map[topicPartition]*partition
-	dirty      map[*partition]struct{}
-	holds      map[string]*hold
-	timers     map[*entry]*time.Timer
+	mu       sync.Mutex // guards everything below
+	closed   bool
+	inFlight int // admitted and not settled
+	ledger   *ledger
+	timers   map[*entry]*time.Timer
 
 	stats *counters
 }
@@ -97,20 +95,23 @@ var _ consumer.Source = (*Source)(nil)
 // entry is one fetched message. It is consumer.Message.Handle.
 type entry struct {
 	src          *Source
-	part         *partition
 	km           kafka.Message
-	offset       int64
-	gen          int64
 	id           string
 	key          string
 	keyErr       error // Config.KeyOf panicked
 	partitionKey string
-	holdKey      string
+
+	// What the ledger reads: offset, generation tag (see observeGeneration)
+	// and hold key ("": never held) are set before ledger.record.
+	offset  int64
+	gen     int64
+	holdKey string
 
 	// Guarded by Source.mu.
-	settled  bool
-	blocker  bool
-	slot     bool // holds a token of Source.slots
+	part     *partition // set by ledger.record
+	settled  bool       // set by ledger.settle
+	blocker  bool       // later messages of holdKey wait for this one
+	slot     bool       // holds a token of Source.slots
 	timerSeq uint64
 	// due and attempt describe the pending redelivery, if any.
 	due     time.Time
@@ -191,17 +192,15 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 			Logger:       kafkaLogger(cfg.Logger, slog.LevelDebug),
 			ErrorLogger:  kafkaLogger(cfg.Logger, slog.LevelWarn),
 		},
-		slots:      make(chan struct{}, cfg.MaxInFlight),
-		retained:   make(chan struct{}, cfg.MaxUncommitted),
-		ready:      make(chan *consumer.Message, cfg.MaxUncommitted),
-		errs:       make(chan error, 1),
-		fetchDone:  make(chan struct{}),
-		closing:    make(chan struct{}),
-		partitions: make(map[topicPartition]*partition),
-		dirty:      make(map[*partition]struct{}),
-		holds:      make(map[string]*hold),
-		timers:     make(map[*entry]*time.Timer),
-		stats:      stats,
+		slots:     make(chan struct{}, cfg.MaxInFlight),
+		retained:  make(chan struct{}, cfg.MaxUncommitted),
+		ready:     make(chan *consumer.Message, cfg.MaxUncommitted),
+		errs:      make(chan error, 1),
+		fetchDone: make(chan struct{}),
+		closing:   make(chan struct{}),
+		ledger:    newLedger(),
+		timers:    make(map[*entry]*time.Timer),
+		stats:     stats,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.fetchCancel = cancel

@@ -60,13 +60,7 @@ type counters struct {
 func (s *Source) Stats() Stats {
 	gen := s.observeGeneration(context.Background()) // Stats takes no ctx
 	s.mu.Lock()
-	held, inFlight, uncommitted := 0, s.inFlight, 0
-	for _, h := range s.holds {
-		held += len(h.queue)
-	}
-	for _, p := range s.partitions {
-		uncommitted += len(p.queue)
-	}
+	held, inFlight, uncommitted := s.ledger.held(), s.inFlight, s.ledger.uncommitted()
 	s.mu.Unlock()
 	c := s.stats
 	return Stats{
