@@ -33,8 +33,8 @@ func (s *Source) requestCommit(ctx context.Context) error {
 	for _, p := range stale {
 		s.stats.staleCommitsSkipped.Add(1)
 		s.log.InfoContext(ctx, "commit skipped: the settled messages were fetched before the latest rebalance; the partition's owner recommits",
-			consumer.LogKeyTopic, p.topic, LogKeyPartition, p.partition, LogKeyOffset, p.last+1,
-			LogKeyGeneration, gen)
+			consumer.LogKeyTopic, p.topic, logKeyPartition, p.partition, logKeyOffset, p.last+1,
+			logKeyGeneration, gen)
 	}
 	if len(commit) == 0 {
 		return nil
@@ -89,11 +89,11 @@ func readerErrorLogger(l *slog.Logger, c *counters) kafka.Logger {
 			c.commitFailures.Add(1)
 			l.LogAttrs(context.Background(), slog.LevelWarn, "offset commit failed; kafka-go retries it at the next CommitInterval tick",
 				slog.String(consumer.LogKeyError, strings.TrimSpace(fmt.Sprintf(format, args...))),
-				slog.String(LogKeyComponent, "kafka-go"))
+				slog.String(logKeyComponent, "kafka-go"))
 			return
 		}
 		if l.Enabled(context.Background(), slog.LevelWarn) {
-			l.Log(context.Background(), slog.LevelWarn, strings.TrimSpace(fmt.Sprintf(format, args...)), LogKeyComponent, "kafka-go")
+			l.Log(context.Background(), slog.LevelWarn, strings.TrimSpace(fmt.Sprintf(format, args...)), logKeyComponent, "kafka-go")
 		}
 	})
 }

@@ -44,10 +44,10 @@ const (
 	HeaderDeadLetteredAt = consumer.MetaDeadLetteredAt
 )
 
-// DeadLetterStuckAfter is the number of consecutive failed dead-letter writes
+// deadLetterStuckAfter is the number of consecutive failed dead-letter writes
 // of one message after which the source logs each further failure at Error
 // level and counts the message in Stats.DeadLetterStuck.
-const DeadLetterStuckAfter = 3
+const deadLetterStuckAfter = 3
 
 // DefaultDeadLetterSuffix is appended to a topic's name to name its
 // dead-letter topic when Config.DeadLetterTopic is empty.
@@ -237,7 +237,7 @@ type Config struct {
 	// 1 MiB or the topic's max.message.bytes) holds the partition's commit
 	// for good, and fetching stops once MaxUncommitted messages are
 	// retained. Such a message is logged at Error level from its
-	// DeadLetterStuckAfter-th failed write on, and counted in
+	// deadLetterStuckAfter-th failed write on, and counted in
 	// Stats.DeadLetterStuck. Defaults to 5 s.
 	DeadLetterRetryDelay time.Duration
 

@@ -21,7 +21,7 @@ import (
 // HeaderDeadLetteredAt, waits until every in-sync replica has it, and only
 // then settles msg and requests its commit as Ack does.
 //
-// HeaderReason is cut to MaxReasonBytes.
+// HeaderReason is cut to maxReasonBytes.
 //
 // If the write fails, the error is returned and msg stays uncommitted and is
 // handed out again after Config.DeadLetterRetryDelay (the runner will route
@@ -29,7 +29,7 @@ import (
 // until a write succeeds, and a write that never succeeds (a missing topic,
 // a denied ACL, a copy too large) blocks that commit for good and stops
 // fetching once Config.MaxUncommitted messages are retained. From the
-// DeadLetterStuckAfter-th consecutive failure on, each failure is logged at
+// deadLetterStuckAfter-th consecutive failure on, each failure is logged at
 // Error level; Stats.DeadLetterStuck counts such messages. A commit failure after a successful write is
 // only logged: the copy is durable, and a redelivery would write a second
 // copy with the same origin headers.
@@ -66,9 +66,9 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 		}
 		s.mu.Unlock()
 		level := slog.LevelWarn
-		if failures >= DeadLetterStuckAfter {
+		if failures >= deadLetterStuckAfter {
 			level = slog.LevelError
-			if failures == DeadLetterStuckAfter {
+			if failures == deadLetterStuckAfter {
 				s.stats.deadLetterStuck.Add(1)
 			}
 		}
@@ -135,16 +135,16 @@ func (s *Source) deadLetterCopy(km kafka.Message, msg *consumer.Message, reason 
 	}
 }
 
-// MaxReasonBytes is the longest HeaderReason value written; a longer reason
+// maxReasonBytes is the longest HeaderReason value written; a longer reason
 // is cut at a UTF-8 boundary and ends with " ...(truncated)".
-const MaxReasonBytes = 4096
+const maxReasonBytes = 4096
 
 func truncateReason(s string) string {
-	if len(s) <= MaxReasonBytes {
+	if len(s) <= maxReasonBytes {
 		return s
 	}
 	const suffix = " ...(truncated)"
-	cut := MaxReasonBytes - len(suffix)
+	cut := maxReasonBytes - len(suffix)
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}

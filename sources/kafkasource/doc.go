@@ -81,10 +81,10 @@
 // redelivered after a restart or rebalance (and deduplicated), and once
 // Config.MaxUncommitted messages are retained the source stops fetching
 // altogether, so memory stays bounded but consumption stops. From the
-// Config.DeadLetterStuckAfter-th consecutive failure on, every failed write
+// Config.deadLetterStuckAfter-th consecutive failure on, every failed write
 // of the message is logged at Error level, and Stats.DeadLetterStuck counts
 // the message: alert on it, then fix the topic or its ACL. The reason
-// header is cut to MaxReasonBytes. The dead-letter topic is written at least
+// header is cut to maxReasonBytes. The dead-letter topic is written at least
 // once: deduplicate it on the origin headers.
 //
 // # Deduplication key

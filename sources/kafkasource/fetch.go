@@ -201,7 +201,7 @@ func (s *Source) observeGeneration(ctx context.Context) int64 {
 	defer s.genMu.Unlock()
 	if n := s.reader.Stats().Rebalances; n > 0 {
 		g := s.gen.Add(n)
-		s.log.InfoContext(ctx, "consumer group rebalanced or partition leader moved", LogKeyGeneration, g)
+		s.log.InfoContext(ctx, "consumer group rebalanced or partition leader moved", logKeyGeneration, g)
 	}
 	return s.gen.Load()
 }

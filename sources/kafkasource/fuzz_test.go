@@ -87,7 +87,7 @@ var reservedHeaders = []string{HeaderReason, HeaderAttempts, HeaderOriginTopic, 
 func FuzzDeadLetterCopy(f *testing.F) {
 	f.Add("a=1\nb=2", "handler failed", "order-1", 3, int64(42), 1, "")
 	f.Add(HeaderReason+"=forged\n"+HeaderAttempts+"=0\n"+HeaderKey+"=forged", "boom", "k", 1, int64(0), 0, "dlq")
-	f.Add("", strings.Repeat("é", MaxReasonBytes/2+1), "", 0, int64(-1), -1, "")
+	f.Add("", strings.Repeat("é", maxReasonBytes/2+1), "", 0, int64(-1), -1, "")
 	f.Add("x=\xff", "\xff\xfe", "\x00", -5, int64(1<<62), 1<<30, "")
 	f.Fuzz(func(t *testing.T, spec, reason, key string, attempts int, offset int64, part int, dlTopic string) {
 		s := &Source{cfg: Config{GroupID: "g", DeadLetterTopic: dlTopic}}
@@ -144,8 +144,8 @@ func FuzzDeadLetterCopy(f *testing.F) {
 			t.Fatalf("unexpected headers after the original's: %v", got)
 		}
 		text := got[HeaderReason][0]
-		if len(text) > MaxReasonBytes {
-			t.Fatalf("reason of %d bytes, limit %d", len(text), MaxReasonBytes)
+		if len(text) > maxReasonBytes {
+			t.Fatalf("reason of %d bytes, limit %d", len(text), maxReasonBytes)
 		}
 		if reasonErr != nil {
 			full := reasonErr.Error()

@@ -16,13 +16,13 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// Log attribute keys used by the source, beside consumer's LogKey constants.
+// Log attribute keys of the source, besides the Runner's (consumer.LogKey*).
 const (
-	LogKeyGroup      = "group"
-	LogKeyPartition  = "partition"
-	LogKeyOffset     = "offset"
-	LogKeyGeneration = "generation"
-	LogKeyComponent  = "component"
+	logKeyGroup      = "group"
+	logKeyPartition  = "partition"
+	logKeyOffset     = "offset"
+	logKeyGeneration = "generation"
+	logKeyComponent  = "component"
 )
 
 var (
@@ -180,7 +180,7 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 	transport := transportFor(cfg.Dialer)
 	s := &Source{
 		cfg:       cfg,
-		log:       cfg.Logger.With(LogKeyGroup, cfg.GroupID),
+		log:       cfg.Logger.With(logKeyGroup, cfg.GroupID),
 		reader:    reader,
 		transport: transport,
 		dlq: &kafka.Writer{
@@ -299,6 +299,6 @@ func kafkaLogger(l *slog.Logger, level slog.Level) kafka.Logger {
 		return nil
 	}
 	return kafka.LoggerFunc(func(format string, args ...any) {
-		l.Log(context.Background(), level, strings.TrimSpace(fmt.Sprintf(format, args...)), LogKeyComponent, "kafka-go")
+		l.Log(context.Background(), level, strings.TrimSpace(fmt.Sprintf(format, args...)), logKeyComponent, "kafka-go")
 	})
 }

@@ -32,7 +32,7 @@ type Stats struct {
 	// DeadLetterFailures is the number of failed dead-letter writes.
 	DeadLetterFailures uint64
 	// DeadLetterStuck is the number of messages whose dead-letter write
-	// failed DeadLetterStuckAfter times in a row. Such a message holds its
+	// failed deadLetterStuckAfter times in a row. Such a message holds its
 	// partition's commit until a write succeeds.
 	DeadLetterStuck uint64
 	// Rebalances is the number of consumer-group generations this source

@@ -1,0 +1,7 @@
+package kafkasource
+
+// Unexported limits the external tests check.
+const (
+	DeadLetterStuckAfter = deadLetterStuckAfter
+	MaxReasonBytes       = maxReasonBytes
+)
