@@ -128,7 +128,7 @@ func isNoScript(err error) bool {
 // pipeline as a whole.
 func hasCmdErr(cmds []*redis.Cmd, err error) bool {
 	for _, cmd := range cmds {
-		if cmd.Err() == err {
+		if errors.Is(err, cmd.Err()) {
 			return true
 		}
 	}

@@ -320,9 +320,9 @@ func (s *Store) RedisKey(scope, key string) string {
 	b.Grow(len(s.cfg.Prefix) + len(scope) + len(key) + 3)
 	b.WriteString(s.cfg.Prefix)
 	b.WriteByte('{')
-	scopeEscaper.WriteString(&b, scope) //nolint:errcheck // strings.Builder never fails
+	_, _ = scopeEscaper.WriteString(&b, scope) // strings.Builder never fails
 	b.WriteByte(':')
-	keyEscaper.WriteString(&b, key) //nolint:errcheck // strings.Builder never fails
+	_, _ = keyEscaper.WriteString(&b, key)
 	b.WriteByte('}')
 	return b.String()
 }
@@ -365,7 +365,7 @@ func parseHash(s string) (dedup.Hash, error) {
 // could not be refreshed and expire. The reload is lazy and rate-limited by
 // go-redis; on other clients this does nothing.
 func (s *Store) reloadOn(err error) {
-	if err == nil || err == redis.Nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if err == nil || errors.Is(err, redis.Nil) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return
 	}
 	if c, ok := s.rdb.(*redis.ClusterClient); ok {

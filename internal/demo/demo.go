@@ -279,7 +279,7 @@ func (s *supervisor) startWorker(ctx context.Context, life int) (*worker, error)
 			}
 		}
 		if err := cmd.Wait(); err != nil {
-			w.err = fmt.Errorf("%w: %v: %s", errWorkerExited, err, strings.TrimSpace(stderr.String()))
+			w.err = fmt.Errorf("%w: %w: %s", errWorkerExited, err, strings.TrimSpace(stderr.String()))
 		}
 	}()
 	return w, nil
@@ -403,7 +403,7 @@ func (s *supervisor) run(ctx context.Context) (Summary, error) {
 			unplanned++
 			finished = append(finished, w.report())
 			if unplanned > 3 {
-				return s.sum, fmt.Errorf("demo: workers keep exiting: %v", w.err)
+				return s.sum, fmt.Errorf("demo: workers keep exiting: %w", w.err)
 			}
 			s.printf("worker #%d exited on its own (%v); restarting", w.life, w.err)
 			life++
@@ -567,7 +567,7 @@ func (s *supervisor) countDeadLetters(ctx context.Context) error {
 			return fmt.Errorf("demo: read the dead-letter topic: %w", err)
 		}
 		last, err := conn.ReadLastOffset()
-		conn.Close()
+		_ = conn.Close() // read only: the read's error is the one that counts
 		if err != nil {
 			return fmt.Errorf("demo: read the dead-letter topic: %w", err)
 		}

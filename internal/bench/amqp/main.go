@@ -96,7 +96,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer pool.Close()
-	defer pool.Exec(context.WithoutCancel(ctx), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) //nolint:errcheck // best effort
+	defer pool.Exec(context.WithoutCancel(ctx), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) // best effort
 	conn, err := amqp.Dial(o.amqpURL)
 	if err != nil {
 		return err
@@ -494,7 +494,7 @@ func runner(ctx context.Context, o options, q string, store *pgdedup.Store, n, b
 		case <-tick.C:
 		case err := <-done:
 			cancel()
-			return 0, 0, fmt.Errorf("runner stopped early: %v", err)
+			return 0, 0, fmt.Errorf("runner stopped early: %w", err)
 		}
 	}
 	d := time.Since(start)

@@ -128,7 +128,7 @@ func (b *bench) run(ctx context.Context) error {
 		return fmt.Errorf("database: %w", err)
 	}
 	defer b.pool.Close()
-	defer b.pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) //nolint:errcheck
+	defer b.pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
 
 	if err := kafkasource.CreateTopics(ctx, nil, b.brokers,
 		kafkasource.TopicSpec{Name: b.topic, Partitions: b.partitions},
@@ -473,7 +473,7 @@ func (b *bench) runner(ctx context.Context, name string, n, batch int, path cons
 		select {
 		case err := <-done:
 			stop()
-			return 0, none, fmt.Errorf("runner stopped early: %v", err)
+			return 0, none, fmt.Errorf("runner stopped early: %w", err)
 		case <-ctx.Done():
 			stop()
 			return 0, none, ctx.Err()

@@ -267,7 +267,7 @@ func runLeasePath(ctx context.Context, store *redisdedup.Store, n, concurrency, 
 	for r.Stats().Handled < uint64(n) {
 		select {
 		case err := <-done:
-			return 0, fmt.Errorf("runner stopped early: %v", err)
+			return 0, fmt.Errorf("runner stopped early: %w", err)
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
