@@ -367,7 +367,9 @@ func BenchmarkHooks(b *testing.B) {
 			}
 			b.StopTimer()
 			cancel()
-			<-done
+			if err := <-done; err != nil {
+				b.Fatalf("Run: %v", err)
+			}
 		})
 	}
 }

@@ -46,8 +46,8 @@ func (b *syncBuffer) String() string {
 }
 
 // runBriefly runs r until one message is handled or Run returns, and returns
-// Run's error and the log.
-func runBriefly(t *testing.T, src horizonSource, path consumer.Path, allow bool) (error, string) {
+// the log and Run's error.
+func runBriefly(t *testing.T, src horizonSource, path consumer.Path, allow bool) (string, error) {
 	t.Helper()
 	var logs syncBuffer
 	r, err := consumer.NewRunner(src, path, consumer.Config{
@@ -65,14 +65,15 @@ func runBriefly(t *testing.T, src horizonSource, path consumer.Path, allow bool)
 	for r.Stats().Handled == 0 {
 		select {
 		case err := <-done:
-			return err, logs.String()
+			return logs.String(), err
 		case <-deadline:
 			t.Fatal("nothing handled and Run did not return")
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
 	cancel()
-	return <-done, logs.String()
+	err = <-done
+	return logs.String(), err
 }
 
 // The Runner compares the source's redelivery horizon with the store's
@@ -114,7 +115,7 @@ func TestRetentionGuard(t *testing.T) {
 				path = consumer.Leased(store.Leases(), func(context.Context, *consumer.Message) error { return nil },
 					consumer.LeaseOptions{Retention: c.retention})
 			}
-			err, logs := runBriefly(t, src, path, c.allow)
+			logs, err := runBriefly(t, src, path, c.allow)
 			if c.refuse {
 				var ce *consumer.ConfigError
 				if !errors.As(err, &ce) || !errors.Is(err, consumer.ErrInvalidConfig) ||

@@ -59,7 +59,9 @@ func runBench(b *testing.B, path consumer.Path, hooks []consumer.Hook) {
 	}
 	b.StopTimer()
 	cancel()
-	<-done
+	if err := <-done; err != nil {
+		b.Fatalf("Run: %v", err)
+	}
 }
 
 // BenchmarkOverhead measures the transactional path at batch 100 with no

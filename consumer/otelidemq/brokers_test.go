@@ -73,7 +73,9 @@ func consumeOne(t *testing.T, tel *telemetry, src consumer.Source, name string) 
 	case <-handled:
 	case <-time.After(60 * time.Second):
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
 		t.Fatalf("message not handled in time; stats %+v", r.Stats())
 	}
 	// The process span ends once the message is acknowledged.
@@ -360,7 +362,11 @@ func TestKafkaLagGauge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer reg.Unregister() //nolint:errcheck // test cleanup
+	defer func() {
+		if err := reg.Unregister(); err != nil {
+			t.Errorf("Unregister: %v", err)
+		}
+	}()
 
 	var msgs []*consumer.Message
 	for len(msgs) < n {

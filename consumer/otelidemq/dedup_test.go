@@ -59,7 +59,11 @@ func TestDedupTableGauges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer reg.Unregister() //nolint:errcheck // test cleanup
+	defer func() {
+		if err := reg.Unregister(); err != nil {
+			t.Errorf("Unregister: %v", err)
+		}
+	}()
 	if _, ok := gauge(tel.metrics(t), otelidemq.MetricDedupRecords); ok {
 		t.Fatal("records observed before the janitor measured the table")
 	}

@@ -65,7 +65,7 @@ func main() {
 
 // run publishes n messages, runs the worker until ctx is done, and serves
 // /healthz and /metrics on ln meanwhile.
-func run(ctx context.Context, ln net.Listener, n int, logs io.Writer) error {
+func run(ctx context.Context, ln net.Listener, n int, logs io.Writer) (err error) {
 	// The SDK is the application's: a Prometheus exporter as the meter
 	// provider's reader, and a tracer provider (add an exporter to it).
 	reg := prometheus.NewRegistry()
@@ -74,9 +74,11 @@ func run(ctx context.Context, ln net.Listener, n int, logs io.Writer) error {
 		return fmt.Errorf("prometheus exporter: %w", err)
 	}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
-	defer mp.Shutdown(context.Background()) //nolint:errcheck // best effort at exit
 	tp := sdktrace.NewTracerProvider()
-	defer tp.Shutdown(context.Background()) //nolint:errcheck // best effort at exit
+	// Shutdown flushes what the providers still hold: its error is run's.
+	defer func() {
+		err = errors.Join(err, tp.Shutdown(context.WithoutCancel(ctx)), mp.Shutdown(context.WithoutCancel(ctx)))
+	}()
 
 	hook, err := otelidemq.New(otelidemq.Config{TracerProvider: tp, MeterProvider: mp, ConsumerGroup: "observability"})
 	if err != nil {

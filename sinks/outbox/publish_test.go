@@ -111,7 +111,9 @@ func runUntil(t *testing.T, r *consumer.Runner, cond func(consumer.Stats) bool) 
 	for !cond(r.Stats()) {
 		if time.Now().After(deadline) {
 			cancel()
-			<-done
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
 			t.Fatalf("runner did not get there: %+v", r.Stats())
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -37,6 +37,7 @@ import (
 	"regexp"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -147,8 +148,7 @@ type row struct {
 	name  string
 	scope string
 	base  string // the name of the hand-written row it is compared with
-	dup   bool   // replays the keys of the row named by dupOf
-	dupOf string
+	dup   bool   // replays the keys of the other row with the same scope
 	run   func(ctx context.Context, pool *pgxpool.Pool, store *pgdedup.Store, gen *generator) error
 }
 
@@ -178,7 +178,7 @@ func run(ctx context.Context, o options) error {
 			return fmt.Errorf("setup: %w", err)
 		}
 	}
-	defer admin.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) //nolint:errcheck
+	defer admin.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
 	store, err := pgdedup.New(admin, pgdedup.Config{Schema: schema})
 	if err != nil {
 		return err
@@ -412,8 +412,10 @@ func (g *generator) produced() []string {
 // message is the message of key: an amount of 1 on the account the key's
 // number selects. The same key always has the same body.
 func message(key string, accounts int) *consumer.Message {
-	var n int
-	fmt.Sscanf(key[strings.LastIndexByte(key, '-')+1:], "%d", &n) //nolint:errcheck // keys are ours
+	n, err := strconv.Atoi(key[strings.LastIndexByte(key, '-')+1:])
+	if err != nil {
+		panic(fmt.Sprintf("bench: key %q does not end in a number", key)) // keys are ours
+	}
 	acct := n % accounts
 	body, _ := json.Marshal(order{Account: int32(acct), Amount: 1})
 	// Partitioning by account keeps one account's updates in one lane, so
@@ -494,7 +496,7 @@ VALUES ($1, $2, $3, now() + interval '72 hours') ON CONFLICT (scope, key) DO NOT
 		if err != nil {
 			return err
 		}
-		defer tx.Rollback(ctx) //nolint:errcheck
+		defer tx.Rollback(ctx)
 		tag, err := tx.Exec(ctx, insert, gen.scope, m.ID, h[:])
 		if err != nil {
 			return err
@@ -531,7 +533,7 @@ ORDER BY u.k ON CONFLICT (scope, key) DO NOTHING RETURNING key`
 			if err != nil {
 				return err
 			}
-			defer tx.Rollback(ctx) //nolint:errcheck
+			defer tx.Rollback(ctx)
 			rows, err := tx.Query(ctx, insert, gen.scope, keys, hashes)
 			if err != nil {
 				return err

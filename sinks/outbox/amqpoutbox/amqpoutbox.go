@@ -79,11 +79,11 @@ func (p *Publisher) connect() error {
 	}
 	ch, err := conn.Channel()
 	if err != nil {
-		conn.Close()
+		_ = conn.Close() // the channel's error is the one to report
 		return outbox.Unavailable(fmt.Errorf("amqpoutbox: channel: %w", err))
 	}
 	if err := ch.Confirm(false); err != nil {
-		conn.Close()
+		_ = conn.Close() // the confirm mode's error is the one to report
 		return outbox.Unavailable(fmt.Errorf("amqpoutbox: confirm mode: %w", err))
 	}
 	p.conn, p.ch = conn, ch
