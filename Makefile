@@ -9,9 +9,9 @@ SERVICES := bash testdata/services/services.sh
 WITH_ENV := set -a; eval "$$($(SERVICES) env)"; set +a;
 # One package at a time: some tests restart a shared broker.
 TEST_FLAGS ?= -p 1 -count=1 -timeout 30m
-# sloglint with the settings of .golangci.yml (context: all), run on its own
-# so that make lint needs no golangci-lint install.
-SLOGLINT ?= $(GO) run go-simpler.org/sloglint/cmd/sloglint@v0.12.0
+# golangci-lint with .golangci.yml, built from source by go run (the first
+# run takes a few minutes), so make lint needs no install.
+GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
 .PHONY: help
 help: ## List the targets.
@@ -85,11 +85,13 @@ fuzz: ## Run every fuzz target for FUZZTIME (default 10s) each, one after anothe
 	GO=$(GO) FUZZTIME=$(FUZZTIME) FUZZMINIMIZE=$(FUZZMINIMIZE) FUZZFLAGS='$(FUZZFLAGS)' bash .ci/fuzz $(FUZZ_TARGETS)
 
 .PHONY: lint
-lint: ## gofmt, go vet (the container program in testdata/containers, a module of its own, too), and sloglint (every log call passes a ctx).
+lint: ## gofmt, go vet, golangci-lint (.golangci.yml: staticcheck, errcheck, revive, sloglint, depguard's layering rules, ...), go mod tidy -diff; testdata/containers (a module of its own) too.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	cd testdata/containers && $(GO) vet ./...
-	$(SLOGLINT) -ctx-only=all -no-mixed-args=false ./...
+	$(GOLANGCI_LINT) run ./...
+	$(GO) mod tidy -diff
+	cd testdata/containers && $(GO) mod tidy -diff
 
 .PHONY: deps-weight
 deps-weight: ## Count and weigh the modules a user downloads to import consumer and dedup/pgdedup (targets: 12, 40 MB).

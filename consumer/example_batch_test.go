@@ -36,7 +36,7 @@ func ExampleTransactionalBatch() {
 		INSERT INTO consumer_batch_example.accounts VALUES (1, 0), (2, 0)`); err != nil {
 		panic(err)
 	}
-	defer pool.Exec(context.Background(), `DROP SCHEMA consumer_batch_example CASCADE`) //nolint:errcheck
+	defer pool.Exec(context.Background(), `DROP SCHEMA consumer_batch_example CASCADE`)
 	store, err := pgdedup.New(pool, pgdedup.Config{Schema: "consumer_batch_example"})
 	if err != nil {
 		panic(err)

@@ -43,7 +43,7 @@ func ExampleTransactional() {
 		INSERT INTO consumer_example.accounts VALUES (1, 0), (2, 0)`); err != nil {
 		panic(err)
 	}
-	defer pool.Exec(context.Background(), `DROP SCHEMA consumer_example CASCADE`) //nolint:errcheck
+	defer pool.Exec(context.Background(), `DROP SCHEMA consumer_example CASCADE`)
 	store, err := pgdedup.New(pool, pgdedup.Config{Schema: "consumer_example"})
 	if err != nil {
 		panic(err)

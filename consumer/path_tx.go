@@ -150,7 +150,7 @@ func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job) tryResult 
 	if err != nil {
 		return tryResult{err: err, infra: true}
 	}
-	defer p.store.Rollback(context.WithoutCancel(ctx), tx) //nolint:errcheck // safe after commit
+	defer p.store.Rollback(context.WithoutCancel(ctx), tx) // safe after commit
 	if len(claims) != len(jobs) {
 		return tryResult{err: fmt.Errorf("idemq: claim returned %d results for %d keys", len(claims), len(jobs)), infra: true}
 	}

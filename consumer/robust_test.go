@@ -161,7 +161,7 @@ func TestKeyFuncPanicIsDeadLettered(t *testing.T) {
 			keyFunc := func(m *consumer.Message) (string, error) {
 				if m.Key == "boom" {
 					var headers map[string]string
-					headers["x"] = "assignment to entry in nil map"
+					headers["x"] = "assignment to entry in nil map" //nolint:staticcheck // SA5000: the runtime panic is the test
 				}
 				return m.Key, nil
 			}

@@ -48,7 +48,7 @@ func ExampleReplayTx() {
 		CREATE TABLE consumertest_example.ledger (order_id text NOT NULL, amount bigint NOT NULL)`); err != nil {
 		panic(err)
 	}
-	defer pool.Exec(ctx, `DROP SCHEMA consumertest_example CASCADE`) //nolint:errcheck
+	defer pool.Exec(ctx, `DROP SCHEMA consumertest_example CASCADE`)
 	store, err := pgdedup.New(pool, pgdedup.Config{Schema: "consumertest_example"})
 	if err != nil {
 		panic(err)

@@ -62,7 +62,7 @@ func inTx[Tx any](ctx context.Context, t *testing.T, s dedup.TxStore[Tx], commit
 	if err != nil {
 		t.Fatalf("Begin: %v", err)
 	}
-	defer s.Rollback(context.WithoutCancel(ctx), tx) //nolint:errcheck // safe after Commit
+	defer s.Rollback(context.WithoutCancel(ctx), tx) // safe after Commit
 	fn(tx)
 	if !commit {
 		if err := s.Rollback(ctx, tx); err != nil {
@@ -208,7 +208,7 @@ func txBeginClaim[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
 		if err != nil {
 			t.Fatalf("BeginClaim: %v", err)
 		}
-		defer s.Rollback(context.WithoutCancel(ctx), tx) //nolint:errcheck // safe after Commit
+		defer s.Rollback(context.WithoutCancel(ctx), tx) // safe after Commit
 		if len(cs) != len(recs) {
 			t.Fatalf("BeginClaim of %d records returned %d claims", len(recs), len(cs))
 		}
@@ -265,7 +265,7 @@ func contendOne[Tx any](ctx context.Context, s dedup.TxStore[Tx], scope string, 
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
-	defer s.Rollback(context.WithoutCancel(ctx), tx) //nolint:errcheck // safe after Commit
+	defer s.Rollback(context.WithoutCancel(ctx), tx) // safe after Commit
 	cs, err := s.Claim(ctx, tx, scope, recs)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)

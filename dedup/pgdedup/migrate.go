@@ -64,7 +64,7 @@ func (s *Store) ApplyMigrations(ctx context.Context) ([]Migration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgdedup: migrate: %w", err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // safe after commit
+	defer tx.Rollback(ctx) // safe after commit
 	applied, err := s.migrateTx(ctx, tx)
 	if err != nil {
 		return nil, err

@@ -45,7 +45,7 @@ func (s *Store) cleanupBatch(ctx context.Context) (deleted int64, busy bool, err
 	if err != nil {
 		return 0, false, fmt.Errorf("sqldedup: cleanup: %w", err)
 	}
-	defer tx.Rollback() //nolint:errcheck // safe after commit
+	defer tx.Rollback() // safe after commit
 	var locked bool
 	lockKey := "idemq.pgdedup.cleanup:" + s.q.table
 	if err := tx.QueryRowContext(ctx, `SELECT pg_try_advisory_xact_lock(hashtext($1))`, lockKey).Scan(&locked); err != nil {

@@ -93,7 +93,7 @@ func (s *Store) ApplyMigrations(ctx context.Context) ([]Migration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqldedup: migrate: %w", err)
 	}
-	defer tx.Rollback() //nolint:errcheck // safe after commit
+	defer tx.Rollback() // safe after commit
 	applied, err := s.migrateTx(ctx, tx)
 	if err != nil {
 		return nil, err

@@ -497,7 +497,7 @@ func TestCommitRefusedSQLite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Rollback(ctx, tx) //nolint:errcheck
+	defer store.Rollback(ctx, tx)
 	if _, err := tx.ExecContext(ctx, `INSERT INTO child VALUES ('orphan')`); err != nil {
 		t.Fatal(err)
 	}

@@ -105,7 +105,7 @@ func setupSQLite(ctx context.Context, db *sql.DB, accounts int) (*SQLiteStore, e
 	if err != nil {
 		return nil, err
 	}
-	defer tx.Rollback() //nolint:errcheck // safe after commit
+	defer tx.Rollback() // safe after commit
 	if _, err := tx.ExecContext(ctx, sqliteSchema); err != nil {
 		return nil, err
 	}

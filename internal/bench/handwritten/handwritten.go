@@ -71,7 +71,7 @@ func (d DB) One(ctx context.Context, m Msg) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // after Commit it is a no-op
+	defer tx.Rollback(ctx) // after Commit it is a no-op
 	tag, err := tx.Exec(ctx, `INSERT INTO `+d.processed()+` (key) VALUES ($1) ON CONFLICT DO NOTHING`, m.Key)
 	if err != nil {
 		return 0, err
@@ -96,7 +96,7 @@ func (d DB) Batch(ctx context.Context, ms []Msg) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // after Commit it is a no-op
+	defer tx.Rollback(ctx) // after Commit it is a no-op
 	rows, err := tx.Query(ctx, `INSERT INTO `+d.processed()+` (key) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING RETURNING key`, keys)
 	if err != nil {
 		return 0, err
