@@ -13,7 +13,7 @@
 //     pipelined UPDATEs) and then deletes them in batches of 10;
 //   - idemq: a consumer.Runner over sqssource with Transactional, pgdedup
 //     and a one-UPDATE TxJSON handler, at the default config (batch 1) and
-//     at batch 100 (Config.BatchWait from -batch-wait, default 0), and the
+//     at batch 100 (Config.BatchWait from -batch-wait, 50 ms), and the
 //     batch API (TransactionalBatch) at batch 100.
 //
 // Every run drains its own queue, filled beforehand (the fill is not
@@ -76,7 +76,7 @@ func main() {
 	flag.IntVar(&opt.accounts, "accounts", 1000, "rows in the accounts table")
 	flag.IntVar(&opt.rounds, "rounds", 2, "rounds of every workload, in alternating order")
 	flag.StringVar(&opt.only, "only", "", "run only the workloads whose name contains this")
-	flag.DurationVar(&opt.batchWait, "batch-wait", 0, "consumer.Config.BatchWait of the batch-100 runners")
+	flag.DurationVar(&opt.batchWait, "batch-wait", 50*time.Millisecond, "consumer.Config.BatchWait of the batch-100 runners")
 	flag.Parse()
 	if opt.dsn == "" {
 		opt.dsn = envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable")
@@ -458,7 +458,12 @@ func (b *bench) idemq(ctx context.Context, batch int, api bool) (time.Duration, 
 	}
 	b.applied.Add(int64(r.Stats().Handled))
 	if n := sizes.batches.Load(); n > 0 {
-		fmt.Printf("           (%d transactions, %.1f messages each)\n", n, float64(sizes.messages.Load())/float64(n))
+		kind := "per-message handler"
+		if api {
+			kind = "batch API"
+		}
+		fmt.Printf("           idemq batch %d, %s, BatchWait %v: %d transactions, %.1f messages each\n",
+			batch, kind, cfg.BatchWait, n, float64(sizes.messages.Load())/float64(n))
 	}
 	return d, nil
 }
