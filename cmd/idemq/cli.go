@@ -179,7 +179,7 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 			if errors.Is(err, flag.ErrHelp) {
 				return nil, err
 			}
-			return nil, fmt.Errorf("%w: %v", errUsage, err)
+			return nil, fmt.Errorf("%w: %w", errUsage, err)
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
@@ -370,7 +370,7 @@ func (f *storeFlags) open(ctx context.Context, mode openMode) (*sqldedup.Store, 
 	// Validate the names before any connection or file is made.
 	store, err := sqldedup.New(&sql.DB{}, cfg)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %v", errUsage, err)
+		return nil, nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
 	var db *sql.DB
 	switch {
@@ -385,15 +385,14 @@ func (f *storeFlags) open(ctx context.Context, mode openMode) (*sqldedup.Store, 
 			return nil, nil, err
 		}
 		if err := db.PingContext(ctx); err != nil {
-			db.Close()
-			return nil, nil, fmt.Errorf("connect: %w", err)
+			return nil, nil, errors.Join(fmt.Errorf("connect: %w", err), db.Close())
 		}
 	}
 	closeDB := func() { db.Close() }
 	store, err = sqldedup.New(db, cfg)
 	if err != nil {
 		closeDB()
-		return nil, nil, fmt.Errorf("%w: %v", errUsage, err)
+		return nil, nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
 	return store, closeDB, nil
 }
@@ -583,7 +582,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	cfg.Out = stdout
 	sum, err := demo.Run(ctx, cfg)
 	if errors.Is(err, demo.ErrConfig) {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if err != nil {
 		if sum.Sent > 0 {
@@ -598,7 +597,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 func runDemoWorker(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	o, err := demo.ParseWorkerFlags(args)
 	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	return demo.RunWorker(ctx, o, stdout)
 }

@@ -141,7 +141,7 @@ func openOutboxDB(ctx context.Context, dialect sqldedup.Dialect, source string) 
 	}
 	pool, err := pgxpool.New(ctx, source)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %v", errUsage, err)
+		return nil, nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
@@ -183,7 +183,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case *broker == "kafka":
 		p, err := kafkaoutbox.New(kafkaoutbox.Config{Brokers: strings.Split(*brokers, ",")})
 		if err != nil {
-			return fmt.Errorf("%w: %v", errUsage, err)
+			return fmt.Errorf("%w: %w", errUsage, err)
 		}
 		defer p.Close()
 		pub = p
@@ -198,7 +198,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case *broker == "rabbitmq":
 		p, err := amqpoutbox.New(amqpoutbox.Config{URL: *amqpURL})
 		if err != nil {
-			return fmt.Errorf("%w: %v", errUsage, err)
+			return fmt.Errorf("%w: %w", errUsage, err)
 		}
 		defer p.Close()
 		pub = p
@@ -219,7 +219,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		r, err = outbox.NewSQLiteRelay(d, pub, cfg)
 	}
 	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if *stats {
 		c, err := r.Counts(ctx)

@@ -145,7 +145,7 @@ func publish(t testing.TB, url, queue string, msgs ...sourcetest.Outgoing) {
 		}
 		for _, dc := range pending {
 			if ok, err := dc.WaitContext(ctx); err != nil || !ok {
-				return fmt.Errorf("publish not confirmed (acked %v): %v", ok, err)
+				return fmt.Errorf("publish not confirmed (acked %v): %w", ok, err)
 			}
 		}
 		return nil

@@ -99,7 +99,7 @@ func CreateTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, t
 			}
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("kafkasource: create topics: waiting for %q to appear: %w (last error: %v)", t.Name, ctx.Err(), err)
+				return fmt.Errorf("kafkasource: create topics: waiting for %q to appear: %w (last error: %w)", t.Name, ctx.Err(), err)
 			case <-time.After(50 * time.Millisecond):
 			}
 		}
