@@ -26,7 +26,7 @@ import (
 // attempt, its retry copy waits between 0.5 s and 10 s, and the broker is
 // restarted once a third of the messages are in retry queues. Not parallel:
 // the other tests of the package would see the restart.
-func TestDefaultRetryQueuesSurviveBrokerRestart(t *testing.T) {
+func TestDefaultConfigSurvivesBrokerRestart(t *testing.T) {
 	url := brokerURL(t)
 	db := newDatabase(t)
 	q := newQueue(t, url, quorum, 0) // Declare's defaults

@@ -169,7 +169,7 @@
 // confirmed, is then gone, without an error anywhere, when:
 //   - the broker crashes or restarts at the moment the copy expires, or
 //     the copy expires while the broker is down (measured with
-//     TestDefaultRetryQueuesSurviveBrokerRestart on RabbitMQ 3.10: with
+//     TestDefaultConfigSurvivesBrokerRestart on RabbitMQ 3.10: with
 //     classic retry queues one restart lost 1,114 of 3,000 retried
 //     messages, those whose copies waited 5 s or 10 s; with the default
 //     quorum retry queues none);

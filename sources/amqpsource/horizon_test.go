@@ -21,7 +21,7 @@ import (
 // The source reports the declared queue's x-message-ttl, and the Runner
 // refuses a dedup retention below it; a queue without a TTL is unbounded,
 // which the Runner warns about and runs.
-func TestRetentionGuardOnRabbitMQ(t *testing.T) {
+func TestRetentionGuard(t *testing.T) {
 	t.Parallel()
 	url := brokerURL(t)
 	db := newDatabase(t)

@@ -175,7 +175,7 @@ func (w *worker) stop(t *testing.T) consumer.Stats {
 
 // A real process kill mid-stream: SIGKILL the worker while its batches are
 // inside their transactions, start a new one, and count the rows.
-func TestProcessKillMidStream(t *testing.T) {
+func TestProcessKill(t *testing.T) {
 	t.Parallel()
 	url := brokerURL(t)
 	db := newDatabase(t)

@@ -167,7 +167,7 @@ func TestRetryWithDelayThenSuccess(t *testing.T) {
 
 // Poison goes to the dead-letter queue with its reason: a permanent handler
 // error, a message without a key, and a message whose retries ran out.
-func TestPoisonToDeadLetterQueue(t *testing.T) {
+func TestPoisonIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	url := brokerURL(t)
 	db := newDatabase(t)

@@ -114,7 +114,7 @@ func TestConfigValidation(t *testing.T) {
 	}
 }
 
-func TestDefaults(t *testing.T) {
+func TestConfigDefaults(t *testing.T) {
 	c := Config{URL: "amqp://x", Queue: "orders", Declare: &Topology{Exchange: "ex"}}.WithDefaults()
 	switch {
 	case c.Prefetch != 8:

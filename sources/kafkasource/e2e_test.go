@@ -269,10 +269,10 @@ func (a *ackCrash) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	return a.Source.Ack(ctx, keep)
 }
 
-// TestCrashAfterDatabaseCommitBeforeOffsetCommit checks that messages whose
+// TestCrashAfterCommitBeforeAck checks that messages whose
 // effect committed but whose offset did not are redelivered to the next
 // consumer and acknowledged without running the handler again.
-func TestCrashAfterDatabaseCommitBeforeOffsetCommit(t *testing.T) {
+func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	db := newTestDB(t)
@@ -322,12 +322,12 @@ const (
 	envSchema = "KAFKASOURCE_HELPER_SCHEMA"
 )
 
-// TestHelperWorker is not a test: TestKilledWorkerProcess runs the test
+// TestHelperWorker is not a test: TestProcessKill runs the test
 // binary with -test.run=^TestHelperWorker$ and envHelper=1 as a worker
 // process, and kills it.
 func TestHelperWorker(t *testing.T) {
 	if os.Getenv(envHelper) != "1" {
-		t.Skip("helper process for TestKilledWorkerProcess")
+		t.Skip("helper process for TestProcessKill")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
@@ -357,10 +357,10 @@ func TestHelperWorker(t *testing.T) {
 	fmt.Printf("helper worker stopped: handled=%d duplicates=%d\n", st.Handled, st.Duplicates)
 }
 
-// TestKilledWorkerProcess runs the consumer in a child process, kills it with
+// TestProcessKill runs the consumer in a child process, kills it with
 // SIGKILL at random points while it works, restarts it, and checks that every
 // message's effect is applied exactly once.
-func TestKilledWorkerProcess(t *testing.T) {
+func TestProcessKill(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	db := newTestDB(t)
@@ -512,9 +512,9 @@ func TestProducerDuplicateAppliedOnce(t *testing.T) {
 	}
 }
 
-// TestPoisonGoesToDeadLetterTopic checks that failing messages are retried,
+// TestPoisonIsDeadLettered checks that failing messages are retried,
 // then dead-lettered with the reason, while their partition continues.
-func TestPoisonGoesToDeadLetterTopic(t *testing.T) {
+func TestPoisonIsDeadLettered(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	db := newTestDB(t)

@@ -43,7 +43,7 @@ func createTopicWithRetention(t *testing.T, brokers []string, retentionMS string
 // 24 h on the test broker) passes with dedup.DefaultRetention, a topic keeping 10 days is refused, and a topic
 // keeping messages for ever is reported as unbounded (a warning, not a
 // refusal).
-func TestRetentionGuardOnKafka(t *testing.T) {
+func TestRetentionGuard(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	for _, tc := range []struct {

@@ -20,7 +20,7 @@ import (
 // refuses a dedup retention below it: a queue keeping messages 4 days (SQS's
 // default) with a store forgetting them after 72 h is refused, with 8 days
 // (dedup.DefaultRetention) it runs.
-func TestRetentionGuardOnSQS(t *testing.T) {
+func TestRetentionGuard(t *testing.T) {
 	needServices(t)
 	c := sqsClient(t)
 	ctx := testContext(t, 30*time.Second)

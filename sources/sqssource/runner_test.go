@@ -150,10 +150,10 @@ func (l *lostDeleteSource) Ack(ctx context.Context, msgs []*consumer.Message) er
 	return l.Source.Ack(ctx, keep)
 }
 
-// TestCrashAfterCommitBeforeDelete commits every message but loses every
+// TestCrashAfterCommitBeforeAck commits every message but loses every
 // delete, as a worker that dies right after its commits; the next worker
 // deletes every redelivery without running the handler again.
-func TestCrashAfterCommitBeforeDelete(t *testing.T) {
+func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	t.Parallel()
 	const n = 30
 	q := newQueue(t, queueOptions{})
@@ -276,10 +276,10 @@ func TestFIFOOrderAndDuplicates(t *testing.T) {
 	}
 }
 
-// TestPoisonToDeadLetterQueue sends a malformed message and one whose handler
+// TestPoisonIsDeadLettered sends a malformed message and one whose handler
 // always fails among good ones: both land in the dead-letter queue with their
 // reason and attempt count, and the rest of the queue is applied.
-func TestPoisonToDeadLetterQueue(t *testing.T) {
+func TestPoisonIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	q := newQueue(t, queueOptions{})
 	db := newDatabase(t)
