@@ -298,7 +298,7 @@ const (
 	noConnect openMode = iota
 	// createDB creates a missing SQLite file (migrate).
 	createDB
-	// existingDB refuses a missing SQLite file (inspect, purge, stats): a
+	// existingDB refuses a missing SQLite file (inspect, purge, stats, relay): a
 	// command that reads the table never creates an empty database.
 	existingDB
 )
@@ -313,11 +313,18 @@ type noTableError struct {
 }
 
 func (e *noTableError) Error() string {
-	if e.MissingFile != "" {
-		return fmt.Sprintf("the database file %s does not exist, so there is no table %s: check --dsn, or create both with idemq migrate", e.MissingFile, e.Table)
+	create := "idemq migrate"
+	if e.Table == outboxTable {
+		create = "idemq migrate --outbox"
 	}
-	return fmt.Sprintf("there is no table %s in this database: check --dsn, --schema and --table, or create it with idemq migrate", e.Table)
+	if e.MissingFile != "" {
+		return fmt.Sprintf("the database file %s does not exist, so there is no table %s: check --dsn, or create both with %s", e.MissingFile, e.Table, create)
+	}
+	return fmt.Sprintf("there is no table %s in this database: check --dsn, --schema and --table, or create it with %s", e.Table, create)
 }
+
+// outboxTable is the outbox's table (sinks/outbox's migrations).
+const outboxTable = "idemq_outbox"
 
 // isNoTable reports whether err is the database's "no such table" error.
 func isNoTable(err error) bool {

@@ -359,6 +359,8 @@ func TestNoDatabaseOrNoTable(t *testing.T) {
 		{[]string{"inspect", "--dsn", "sqlite:" + empty, "checkout", "order-1"}, "there is no table processed_messages in this database"},
 		{[]string{"purge", "--dsn", "sqlite:" + empty, "checkout", "order-1"}, "there is no table processed_messages in this database"},
 		{[]string{"stats", "--dsn", "sqlite:" + empty, "--table", "seen"}, "there is no table seen in this database"},
+		{[]string{"relay", "--dsn", "sqlite:" + missing, "--stats"}, "does not exist, so there is no table idemq_outbox: check --dsn, or create both with idemq migrate --outbox"},
+		{[]string{"relay", "--dsn", "sqlite:" + missing, "--broker", "kafka"}, "does not exist, so there is no table idemq_outbox"},
 	}
 	if !testing.Short() {
 		url := testenv.DatabaseURL(t)

@@ -48,7 +48,7 @@ func migrateOutbox(ctx context.Context, dsn string, print bool, stdout io.Writer
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	db, closeDB, err := openOutboxDB(ctx, dialect, source)
+	db, closeDB, err := openOutboxDB(ctx, dialect, source, createDB)
 	if err != nil {
 		return err
 	}
@@ -130,10 +130,11 @@ ORDER BY 1`, outbox.Table)
 	return nil, fmt.Errorf("list the outbox's objects: unsupported database %T", db)
 }
 
-// openOutboxDB opens a pgx pool (PostgreSQL) or a *sql.DB (SQLite).
-func openOutboxDB(ctx context.Context, dialect sqldedup.Dialect, source string) (any, func(), error) {
+// openOutboxDB opens a pgx pool (PostgreSQL) or a *sql.DB (SQLite); see
+// openMode.
+func openOutboxDB(ctx context.Context, dialect sqldedup.Dialect, source string, mode openMode) (any, func(), error) {
 	if dialect == sqldedup.SQLite {
-		db, err := sqldedup.OpenSQLite(ctx, source)
+		db, err := openSQLite(ctx, source, mode, outboxTable)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -206,7 +207,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("%w: --broker must be kafka, sqs or rabbitmq, not %q", errUsage, *broker)
 	}
 
-	db, closeDB, err := openOutboxDB(ctx, dialect, source)
+	db, closeDB, err := openOutboxDB(ctx, dialect, source, existingDB)
 	if err != nil {
 		return err
 	}
