@@ -16,7 +16,12 @@
 // database's ceiling: the relay over a publisher that confirms at once
 // (claim, update and commit of each batch only).
 //
-//	go run ./internal/bench/outbox [-broker kafka|sqs|rabbitmq|none|all] [-n 20000]
+// Each relay column is followed by the relay's PostgreSQL round trips per
+// batch (a pgx tracer on the relay's own pool). -cpuprofile writes a CPU
+// profile of the run whose samples carry the label phase=raw or phase=relay
+// (go tool pprof -tagfocus phase=relay).
+//
+//	go run ./internal/bench/outbox [-broker kafka|sqs|rabbitmq|none|all] [-n 20000] [-cpuprofile f]
 //
 // TEST_KAFKA_BROKERS, TEST_SQS_ENDPOINT, TEST_AMQP_URL and TEST_DATABASE_URL
 // select other servers.
@@ -31,6 +36,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -41,6 +47,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/segmentio/kafka-go"
@@ -75,8 +82,20 @@ func main() {
 		sqsURL  = flag.String("sqs", envOr("TEST_SQS_ENDPOINT", "http://127.0.0.1:9324"), "SQS endpoint")
 		amqpURL = flag.String("amqp", "", "RabbitMQ URL (default: $TEST_AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/)")
 		dsn     = flag.String("dsn", "", "PostgreSQL URL (default: $TEST_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable)")
+		cpuprof = flag.String("cpuprofile", "", "write a CPU profile of the run to this file (samples labelled phase=raw or phase=relay)")
 	)
 	flag.Parse()
+	if *cpuprof != "" {
+		f, err := os.Create(*cpuprof)
+		if err != nil {
+			fail(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fail(err)
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
 	if *amqpURL == "" {
 		*amqpURL = envOr("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 	}
@@ -90,36 +109,39 @@ func main() {
 	}
 	defer pool.Close()
 	suffix := randomSuffix()
-	fmt.Printf("%-9s %8s %12s %12s %7s %12s %7s\n", "broker", "messages", "raw msg/s", "relay c=1", "ratio", "relay c=2", "ratio")
+	fmt.Printf("%-9s %8s %12s %12s %7s %8s %12s %7s %8s\n", "broker", "messages", "raw msg/s", "relay c=1", "ratio", "rt/batch", "relay c=2", "ratio", "rt/batch")
 	run := func(name string, count int, dest string, raw func([]outbox.Message) error, pub outbox.Publisher) {
 		msgs := messages(dest, count)
 		start := time.Now()
-		for i := 0; i < len(msgs); i += batch {
-			if err := raw(msgs[i:min(i+batch, len(msgs))]); err != nil {
-				fail(fmt.Errorf("%s raw: %w", name, err))
+		pprof.Do(ctx, pprof.Labels("phase", "raw"), func(context.Context) {
+			for i := 0; i < len(msgs); i += batch {
+				if err := raw(msgs[i:min(i+batch, len(msgs))]); err != nil {
+					fail(fmt.Errorf("%s raw: %w", name, err))
+				}
 			}
-		}
+		})
 		rawRate := float64(count) / time.Since(start).Seconds()
-		relay1, err := relay(ctx, pool, pub, msgs, 1)
+		relay1, err := relay(ctx, pool, *dsn, pub, msgs, 1)
 		if err != nil {
 			fail(fmt.Errorf("%s relay: %w", name, err))
 		}
-		relay2, err := relay(ctx, pool, pub, messages(dest, count), 2)
+		relay2, err := relay(ctx, pool, *dsn, pub, messages(dest, count), 2)
 		if err != nil {
 			fail(fmt.Errorf("%s relay: %w", name, err))
 		}
-		fmt.Printf("%-9s %8d %12.0f %12.0f %6.2fx %12.0f %6.2fx\n", name, count, rawRate, relay1, relay1/rawRate, relay2, relay2/rawRate)
+		fmt.Printf("%-9s %8d %12.0f %12.0f %6.2fx %8.2f %12.0f %6.2fx %8.2f\n", name, count, rawRate,
+			relay1.rate, relay1.rate/rawRate, relay1.tripsPerBatch, relay2.rate, relay2.rate/rawRate, relay2.tripsPerBatch)
 	}
 	if *broker == "all" || *broker == "none" {
-		relay1, err := relay(ctx, pool, confirmAtOnce{}, messages("none", *n), 1)
+		relay1, err := relay(ctx, pool, *dsn, confirmAtOnce{}, messages("none", *n), 1)
 		if err != nil {
 			fail(fmt.Errorf("none relay: %w", err))
 		}
-		relay2, err := relay(ctx, pool, confirmAtOnce{}, messages("none", *n), 2)
+		relay2, err := relay(ctx, pool, *dsn, confirmAtOnce{}, messages("none", *n), 2)
 		if err != nil {
 			fail(fmt.Errorf("none relay: %w", err))
 		}
-		fmt.Printf("%-9s %8d %12s %12.0f %7s %12.0f %7s\n", "none", *n, "-", relay1, "-", relay2, "-")
+		fmt.Printf("%-9s %8d %12s %12.0f %7s %8.2f %12.0f %7s %8.2f\n", "none", *n, "-", relay1.rate, "-", relay1.tripsPerBatch, relay2.rate, "-", relay2.tripsPerBatch)
 	}
 	if *broker == "all" || *broker == "kafka" {
 		bs := strings.Split(*brokers, ",")
@@ -250,70 +272,129 @@ func messages(dest string, count int) []outbox.Message {
 	return msgs
 }
 
-// relay commits msgs to the outbox, then times one relay draining them.
-func relay(ctx context.Context, pool *pgxpool.Pool, pub outbox.Publisher, msgs []outbox.Message, concurrency int) (float64, error) {
+// relayResult is one relay run's measurement.
+type relayResult struct {
+	rate          float64 // messages per second
+	tripsPerBatch float64 // the relay's PostgreSQL round trips per claimed batch
+}
+
+// relay commits msgs to the outbox through pool, then times one relay,
+// on a traced pool of its own, draining them.
+func relay(ctx context.Context, pool *pgxpool.Pool, dsn string, pub outbox.Publisher, msgs []outbox.Message, concurrency int) (relayResult, error) {
 	if _, err := pool.Exec(ctx, `TRUNCATE idemq_outbox`); err != nil {
-		return 0, err
+		return relayResult{}, err
 	}
 	for i := 0; i < len(msgs); i += 1000 {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
-			return 0, err
+			return relayResult{}, err
 		}
 		for _, m := range msgs[i:min(i+1000, len(msgs))] {
 			if _, err := outbox.Publish(ctx, tx, m); err != nil {
 				_ = tx.Rollback(ctx)
-				return 0, err
+				return relayResult{}, err
 			}
 		}
 		if err := tx.Commit(ctx); err != nil {
-			return 0, err
+			return relayResult{}, err
 		}
 	}
 	if _, err := pool.Exec(ctx, `ANALYZE idemq_outbox`); err != nil {
-		return 0, err
+		return relayResult{}, err
 	}
+	tr := &tripCounter{}
+	rpool, err := tracedPool(ctx, dsn, tr)
+	if err != nil {
+		return relayResult{}, err
+	}
+	defer rpool.Close()
 	tp := &countingPublisher{Publisher: pub, done: make(chan struct{}), want: int64(len(msgs))}
-	r, err := outbox.NewRelay(pool, tp, outbox.Config{BatchSize: batch, Concurrency: concurrency, Retention: time.Hour,
+	r, err := outbox.NewRelay(rpool, tp, outbox.Config{BatchSize: batch, Concurrency: concurrency, Retention: time.Hour,
 		PollInterval: 10 * time.Millisecond,
 		Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
-		return 0, err
+		return relayResult{}, err
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	start := time.Now()
 	ran := make(chan error, 1)
-	go func() { ran <- r.Run(rctx) }()
+	tr.trips.Store(0)
+	go pprof.Do(rctx, pprof.Labels("phase", "relay"), func(rctx context.Context) { ran <- r.Run(rctx) })
 	select {
 	case <-tp.done:
 	case <-time.After(5 * time.Minute):
 		cancel()
-		return 0, fmt.Errorf("relay confirmed %d of %d rows in 5 minutes", tp.n.Load(), len(msgs))
+		return relayResult{}, fmt.Errorf("relay confirmed %d of %d rows in 5 minutes", tp.n.Load(), len(msgs))
 	}
 	elapsed := time.Since(start)
+	trips, batches := tr.trips.Load(), tp.batches.Load()
 	cancel()
 	if err := <-ran; err != nil {
-		return 0, fmt.Errorf("relay: %w", err)
+		return relayResult{}, fmt.Errorf("relay: %w", err)
 	}
 	c, err := r.Counts(ctx)
 	if err != nil {
-		return 0, err
+		return relayResult{}, err
 	}
 	if c.Sent != int64(len(msgs)) {
-		return 0, fmt.Errorf("%d of %d rows marked sent", c.Sent, len(msgs))
+		return relayResult{}, fmt.Errorf("%d of %d rows marked sent", c.Sent, len(msgs))
 	}
-	return float64(len(msgs)) / elapsed.Seconds(), nil
+	return relayResult{rate: float64(len(msgs)) / elapsed.Seconds(), tripsPerBatch: float64(trips) / float64(batches)}, nil
 }
 
-// countingPublisher closes done once want messages were confirmed.
+// tracedPool opens a pool on dsn, in the bench's schema, whose round trips
+// tr counts.
+func tracedPool(ctx context.Context, dsn string, tr *tripCounter) (*pgxpool.Pool, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return nil, err
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	cfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.Tracer = tr
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return pool, pool.Ping(ctx)
+}
+
+// tripCounter is a pgx tracer counting round trips: a query, an Exec
+// (BEGIN, COMMIT included) or a batch is one.
+type tripCounter struct{ trips atomic.Int64 }
+
+func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.trips.Add(1)
+	return ctx
+}
+
+func (c *tripCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *tripCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.trips.Add(1)
+	return ctx
+}
+
+func (c *tripCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *tripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// countingPublisher closes done once want messages were confirmed, and
+// counts the batches it was given.
 type countingPublisher struct {
 	outbox.Publisher
-	want int64
-	n    atomic.Int64
-	done chan struct{}
+	want    int64
+	n       atomic.Int64
+	batches atomic.Int64
+	done    chan struct{}
 }
 
 func (c *countingPublisher) Publish(ctx context.Context, msgs []outbox.Message) error {
+	c.batches.Add(1)
 	err := c.Publisher.Publish(ctx, msgs)
 	if err == nil && c.n.Add(int64(len(msgs))) == c.want {
 		close(c.done)
