@@ -6,16 +6,23 @@
 // key, its headers, and the stable id as the message-id property and the
 // "idempotency-key" header, which amqpsource reads (header first, then
 // message-id), so a downstream idemq consumer deduplicates the relay's
-// re-sends with no configuration. The channel is in confirm mode: a row is
-// reported sent only after the broker's ack. A message the broker returns
-// as unroutable (mandatory) and a missing exchange (checked passively
-// before the first publish to it) fail with outbox.ErrNoDestination.
+// re-sends with no configuration. Each Publish call takes a confirm-mode
+// channel of its own (the Publisher keeps a free list on one connection),
+// publishes the whole batch, then waits for the confirms: a relay's
+// Concurrency publishes in parallel. A row is reported sent only after the
+// broker's ack. A message the broker returns as unroutable (mandatory) and
+// a missing exchange (checked passively before the first publish to it)
+// fail with outbox.ErrNoDestination; a nacked message fails with an attempt
+// counted; a channel that closes before a message's confirm, or a confirm
+// that does not come within ConfirmTimeout, fails it as an outage
+// (outbox.ErrUnavailable).
 //
 // Known limit: an exchange is checked once per connection. If it is deleted
 // afterwards, the broker closes the channel on the next publish to it; the
-// Publisher reports that as an outage (outbox.ErrUnavailable), reconnects
-// and checks again, so the row is counted and parked from the next batch
-// on, but the other rows of the failing batch are re-sent.
+// Publisher reports that batch as an outage (outbox.ErrUnavailable), drops
+// the channel and checks the exchanges again on the next call, so the row
+// is counted and parked from the next batch on, but the other rows of the
+// failing batch are re-sent.
 package amqpoutbox
 
 import (
@@ -41,17 +48,26 @@ type Config struct {
 	ConfirmTimeout time.Duration
 }
 
-// Publisher publishes outbox rows to RabbitMQ through one connection and
-// one confirm-mode channel, dialled on first use and again after it
-// breaks. It is safe for concurrent use; publishes are serialised.
+// Publisher publishes outbox rows to RabbitMQ through one connection,
+// dialled on first use and again after it breaks. Each Publish takes a
+// confirm-mode channel of its own (opened when none is free, kept for the
+// next call), so concurrent calls (a relay's Concurrency, several relays
+// sharing the Publisher) publish and wait for their confirms in parallel.
+// It is safe for concurrent use.
 type Publisher struct {
 	cfg Config
 
 	mu        sync.Mutex
 	conn      *amqp.Connection
-	ch        *amqp.Channel
-	returns   chan amqp.Return
-	exchanges map[string]bool // exchanges known to exist on conn
+	idle      []*confirmChannel // channels of conn no Publish uses
+	exchanges map[string]bool   // exchanges known to exist on conn
+}
+
+// confirmChannel is a confirm-mode channel and the returns it receives.
+type confirmChannel struct {
+	conn    *amqp.Connection
+	ch      *amqp.Channel
+	returns chan amqp.Return
 }
 
 var _ outbox.Publisher = (*Publisher)(nil)
@@ -67,38 +83,86 @@ func New(cfg Config) (*Publisher, error) {
 	return &Publisher{cfg: cfg}, nil
 }
 
-// connect dials when there is no open channel. Callers hold mu.
-func (p *Publisher) connect() error {
-	if p.ch != nil && !p.ch.IsClosed() && p.conn != nil && !p.conn.IsClosed() {
-		return nil
+// acquire returns a free channel of the connection, dialling when the
+// connection is closed and opening a channel when none is free.
+func (p *Publisher) acquire() (*confirmChannel, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn == nil || p.conn.IsClosed() {
+		p.closeLocked()
+		conn, err := amqp.Dial(p.cfg.URL)
+		if err != nil {
+			return nil, outbox.Unavailable(fmt.Errorf("amqpoutbox: dial: %w", err))
+		}
+		p.conn = conn
+		p.exchanges = map[string]bool{"": true}
 	}
-	p.closeLocked()
-	conn, err := amqp.Dial(p.cfg.URL)
-	if err != nil {
-		return outbox.Unavailable(fmt.Errorf("amqpoutbox: dial: %w", err))
+	for len(p.idle) > 0 {
+		cc := p.idle[len(p.idle)-1]
+		p.idle = p.idle[:len(p.idle)-1]
+		if !cc.ch.IsClosed() {
+			return cc, nil
+		}
 	}
-	ch, err := conn.Channel()
+	ch, err := p.conn.Channel()
 	if err != nil {
-		_ = conn.Close() // the channel's error is the one to report
-		return outbox.Unavailable(fmt.Errorf("amqpoutbox: channel: %w", err))
+		return nil, outbox.Unavailable(fmt.Errorf("amqpoutbox: channel: %w", err))
 	}
 	if err := ch.Confirm(false); err != nil {
-		_ = conn.Close() // the confirm mode's error is the one to report
-		return outbox.Unavailable(fmt.Errorf("amqpoutbox: confirm mode: %w", err))
+		_ = ch.Close() // the confirm mode's error is the one to report
+		return nil, outbox.Unavailable(fmt.Errorf("amqpoutbox: confirm mode: %w", err))
 	}
-	p.conn, p.ch = conn, ch
-	p.returns = ch.NotifyReturn(make(chan amqp.Return, 1024))
-	p.exchanges = map[string]bool{"": true}
-	return nil
+	return &confirmChannel{conn: p.conn, ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1024))}, nil
+}
+
+// release gives cc back for the next Publish, or closes it when it broke
+// (a broken channel may be a deleted exchange: the exchanges are checked
+// again) or belongs to a closed connection.
+func (p *Publisher) release(cc *confirmChannel, broken bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if broken || cc.conn != p.conn || cc.ch.IsClosed() {
+		_ = cc.ch.Close()
+		if cc.conn == p.conn {
+			p.exchanges = map[string]bool{"": true}
+		}
+		return
+	}
+	p.idle = append(p.idle, cc)
+}
+
+// checkExchanges returns, for each destination of msgs not known to exist
+// on conn, nil once checked or the error of its check.
+func (p *Publisher) checkExchanges(conn *amqp.Connection, msgs []outbox.Message) map[string]error {
+	var out map[string]error
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, m := range msgs {
+		if p.exchanges[m.Destination] && conn == p.conn {
+			continue
+		}
+		if _, done := out[m.Destination]; done {
+			continue
+		}
+		if out == nil {
+			out = map[string]error{}
+		}
+		err := exchangeExists(conn, m.Destination)
+		if err == nil && conn == p.conn {
+			p.exchanges[m.Destination] = true
+		}
+		out[m.Destination] = err
+	}
+	return out
 }
 
 // exchangeExists checks name passively on a throwaway channel (a missing
-// exchange closes the channel it was checked on). Callers hold mu.
-func (p *Publisher) exchangeExists(name string) error {
-	if p.exchanges[name] {
+// exchange closes the channel it was checked on).
+func exchangeExists(conn *amqp.Connection, name string) error {
+	if name == "" {
 		return nil
 	}
-	ch, err := p.conn.Channel()
+	ch, err := conn.Channel()
 	if err != nil {
 		return outbox.Unavailable(fmt.Errorf("amqpoutbox: channel: %w", err))
 	}
@@ -110,28 +174,48 @@ func (p *Publisher) exchangeExists(name string) error {
 		}
 		return outbox.Unavailable(fmt.Errorf("amqpoutbox: check exchange %q: %w", name, err))
 	}
-	p.exchanges[name] = true
 	return nil
 }
 
-// Publish publishes msgs and returns once the broker confirmed every one of
-// them (nil) or with an *outbox.BatchError.
+// Publish publishes msgs on a channel of its own and returns once the
+// broker confirmed every one of them (nil) or with an *outbox.BatchError.
+// All messages are sent before the first confirm is awaited. A message the
+// broker returned (mandatory, unroutable) or nacked fails with an attempt
+// counted; a channel or connection that closed before a message's confirm,
+// or a confirm that did not come within ConfirmTimeout, fails it as an
+// outage (outbox.ErrUnavailable).
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err := p.connect(); err != nil {
+	cc, err := p.acquire()
+	if err != nil {
 		return err
 	}
+	checked := p.checkExchanges(cc.conn, msgs)
 	errs := make([]error, len(msgs))
 	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
 	byID := make(map[string]int, len(msgs))
 	broken := false
+	// A mandatory message that routed nowhere is returned before its ack.
+	// Returns are read while publishing and while waiting: amqp091-go's
+	// reader blocks on a full returns buffer and drops the return after
+	// 5 s, and its message's ack would then read as a confirmation.
+	returns := cc.returns
+	onReturn := func(r amqp.Return, ok bool) {
+		if !ok {
+			returns = nil // the channel closed
+			return
+		}
+		if i, ok := byID[r.MessageId]; ok {
+			errs[i] = outbox.NoDestination(fmt.Errorf("amqpoutbox: returned by the broker: %d %s (exchange %q, routing key %q)",
+				r.ReplyCode, r.ReplyText, r.Exchange, r.RoutingKey))
+		}
+	}
+	now := time.Now()
 	for i, m := range msgs {
 		if broken {
 			errs[i] = outbox.Unavailable(errors.New("amqpoutbox: channel closed"))
 			continue
 		}
-		if err := p.exchangeExists(m.Destination); err != nil {
+		if err := checked[m.Destination]; err != nil {
 			errs[i] = err
 			continue
 		}
@@ -140,11 +224,11 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
 			headers[k] = v
 		}
 		headers[outbox.HeaderIdempotencyKey] = m.ID
-		dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, m.Destination, m.Key, true, false, amqp.Publishing{
+		dc, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, m.Destination, m.Key, true, false, amqp.Publishing{
 			MessageId:    m.ID,
 			Headers:      headers,
 			DeliveryMode: amqp.Persistent,
-			Timestamp:    time.Now(),
+			Timestamp:    now,
 			Body:         m.Body,
 		})
 		if err != nil {
@@ -154,6 +238,11 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
 		}
 		confirms[i] = dc
 		byID[m.ID] = i
+		select {
+		case r, ok := <-returns:
+			onReturn(r, ok)
+		default:
+		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, p.cfg.ConfirmTimeout)
 	defer cancel()
@@ -161,31 +250,45 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
 		if dc == nil {
 			continue
 		}
-		ok, err := dc.WaitContext(wctx)
+	wait:
+		for {
+			select {
+			case <-dc.Done():
+				break wait
+			default:
+			}
+			select {
+			case <-dc.Done():
+				break wait
+			case r, ok := <-returns:
+				onReturn(r, ok)
+			case <-wctx.Done():
+				break wait
+			}
+		}
 		switch {
-		case err != nil:
-			errs[i] = outbox.Unavailable(fmt.Errorf("amqpoutbox: wait for confirm: %w", err))
+		case dc.Acked():
+		case !isDone(dc):
+			errs[i] = outbox.Unavailable(fmt.Errorf("amqpoutbox: wait for confirm: %w", wctx.Err()))
 			broken = true
-		case !ok:
+		case cc.ch.IsClosed():
+			// The channel closed before the broker confirmed; amqp091-go
+			// then ends the wait unconfirmed. Not the message's fault.
+			errs[i] = outbox.Unavailable(errors.New("amqpoutbox: channel closed before the broker confirmed"))
+			broken = true
+		case errs[i] == nil:
 			errs[i] = errors.New("amqpoutbox: broker nacked the message")
 		}
 	}
-	// A mandatory message that routed nowhere is returned before its ack,
-	// so every return of this batch is in the channel by now.
-	for drained := false; !drained; {
+	for drained := false; !drained && returns != nil; {
 		select {
-		case r := <-p.returns:
-			if i, ok := byID[r.MessageId]; ok {
-				errs[i] = outbox.NoDestination(fmt.Errorf("amqpoutbox: returned by the broker: %d %s (exchange %q, routing key %q)",
-					r.ReplyCode, r.ReplyText, r.Exchange, r.RoutingKey))
-			}
+		case r, ok := <-returns:
+			onReturn(r, ok)
 		default:
 			drained = true
 		}
 	}
-	if broken {
-		p.closeLocked()
-	}
+	p.release(cc, broken)
 	for _, err := range errs {
 		if err != nil {
 			return &outbox.BatchError{Errs: errs}
@@ -194,11 +297,22 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
 	return nil
 }
 
+// isDone reports whether the broker's confirm (or the channel's close)
+// ended dc's wait.
+func isDone(dc *amqp.DeferredConfirmation) bool {
+	select {
+	case <-dc.Done():
+		return true
+	default:
+		return false
+	}
+}
+
 func (p *Publisher) closeLocked() {
 	if p.conn != nil {
 		_ = p.conn.Close()
 	}
-	p.conn, p.ch, p.returns = nil, nil, nil
+	p.conn, p.idle, p.exchanges = nil, nil, nil
 }
 
 // Close closes the connection.
