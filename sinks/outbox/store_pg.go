@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -44,37 +45,52 @@ ORDER BY o.seq
 LIMIT $1
 FOR UPDATE OF o SKIP LOCKED`
 
+// claimBatch opens a transaction on a connection of its own and claims
+// the rows in it: BEGIN and the claim go out in one round trip.
 func (s *pgStore) claimBatch(ctx context.Context, n int) (claim, error) {
-	tx, err := s.pool.Begin(ctx)
+	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := tx.Query(ctx, claimSQL, n)
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN`)
+	b.Queue(claimSQL, n)
+	br := conn.SendBatch(ctx, b)
+	out, err := scanClaim(br)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	c := &pgClaim{conn: conn, claimed: out}
 	if err != nil {
-		_ = tx.Rollback(ctx)
+		c.abort(ctx)
 		return nil, err
 	}
+	return c, nil
+}
+
+// scanClaim reads the results of BEGIN and claimSQL.
+func scanClaim(br pgx.BatchResults) ([]row, error) {
+	if _, err := br.Exec(); err != nil {
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
 	var out []row
 	for rows.Next() {
 		var r row
 		var headers string
 		if err := rows.Scan(&r.seq, &r.attempts, &r.msg.ID, &r.msg.Destination, &r.msg.Key, &headers, &r.msg.Body); err != nil {
-			rows.Close()
-			_ = tx.Rollback(ctx)
 			return nil, err
 		}
 		if err := decodeHeaders(headers, &r.msg); err != nil {
-			rows.Close()
-			_ = tx.Rollback(ctx)
 			return nil, err
 		}
 		out = append(out, r)
 	}
-	if err := rows.Err(); err != nil {
-		_ = tx.Rollback(ctx)
-		return nil, err
-	}
-	return &pgClaim{tx: tx, claimed: out}, nil
+	return out, rows.Err()
 }
 
 // decodeHeaders decodes a row's headers column into m.Headers.
@@ -88,21 +104,34 @@ func decodeHeaders(s string, m *Message) error {
 	return nil
 }
 
+// pgClaim is a claimed batch: its rows are locked by the transaction open
+// on conn until finish commits it or abort rolls it back; both give conn
+// back to the pool.
 type pgClaim struct {
-	tx      pgx.Tx
+	conn    *pgxpool.Conn
 	claimed []row
 }
 
 func (c *pgClaim) rows() []row { return c.claimed }
 
-func (c *pgClaim) abort(ctx context.Context) { _ = c.tx.Rollback(context.WithoutCancel(ctx)) }
+func (c *pgClaim) abort(ctx context.Context) {
+	if c.conn == nil {
+		return
+	}
+	// A connection still in a transaction when released (the ROLLBACK
+	// failed) is closed by the pool, which rolls the transaction back.
+	_, _ = c.conn.Exec(context.WithoutCancel(ctx), `ROLLBACK`)
+	c.conn.Release()
+	c.conn = nil
+}
 
+// finish records the outcome and commits in one round trip.
 func (c *pgClaim) finish(ctx context.Context, sent []int64, failed []failure, deleteSent bool) error {
 	// The broker confirmed: record it even if ctx is being cancelled, so a
 	// shutting-down relay does not publish these rows again.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	defer func() { _ = c.tx.Rollback(ctx) }()
+	defer c.abort(ctx) // after a failure; a no-op after the commit
 	b := &pgx.Batch{}
 	if len(sent) > 0 {
 		if deleteSent {
@@ -120,10 +149,29 @@ func (c *pgClaim) finish(ctx context.Context, sent []int64, failed []failure, de
 			next_attempt_at = now() + make_interval(secs => $4) WHERE seq = $1`,
 			f.seq, f.err, state, f.nextRetry.Seconds())
 	}
-	if err := c.tx.SendBatch(ctx, b).Close(); err != nil {
+	b.Queue(`COMMIT`)
+	br := c.conn.SendBatch(ctx, b)
+	var err error
+	for range b.Len() - 1 {
+		if _, err = br.Exec(); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		var tag pgconn.CommandTag
+		if tag, err = br.Exec(); err == nil && tag.String() != "COMMIT" {
+			err = pgx.ErrTxCommitRollback // the transaction had failed: nothing recorded
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return err
 	}
-	return c.tx.Commit(ctx)
+	c.conn.Release()
+	c.conn = nil
+	return nil
 }
 
 func (s *pgStore) wait(ctx context.Context, d time.Duration) error {
