@@ -87,10 +87,12 @@ type Config struct {
 	// BatchSize is the largest number of rows claimed and published at
 	// once. Defaults to 100.
 	BatchSize int
-	// Concurrency is the number of batches a relay claims and publishes at
-	// once, each in its own transaction (PostgreSQL only: SQLite relays
-	// take 1). More than one overlaps one batch's database work with
-	// another's publish; the rows of one key still go out one at a time,
+	// Concurrency is the number of claim loops of a relay, each claiming
+	// and publishing its batches in a transaction of its own (PostgreSQL
+	// only: SQLite relays take 1). On PostgreSQL each loop also records a
+	// batch (update and commit) while it claims and publishes the next, so
+	// it uses up to two pool connections; more than one loop publishes
+	// batches in parallel. The rows of one key still go out one at a time,
 	// in order. Defaults to 1.
 	Concurrency int
 	// PollInterval is how often the relay looks for rows without a
@@ -267,8 +269,11 @@ type Counts struct {
 // On PostgreSQL several relays (and several claim loops of one relay, see
 // Config.Concurrency) can run at once: the claim locks rows with
 // FOR UPDATE SKIP LOCKED in a transaction held while the batch is
-// published, and a key whose oldest row is locked by one relay has no
-// eligible row for the others. Relays wake on LISTEN/NOTIFY (a trigger
+// published and recorded, and a key whose oldest row is locked by one
+// relay has no eligible row for the others. For the same reason a claim
+// loop records one batch while it claims and publishes the next: the
+// next claim cannot take a row whose key's previous row is not yet
+// recorded. Relays wake on LISTEN/NOTIFY (a trigger
 // notifies at each committed insert) and poll every PollInterval as a
 // fallback. On SQLite run one relay per database; it polls.
 //
@@ -282,6 +287,9 @@ type Relay struct {
 	pub   Publisher
 	cfg   Config
 	hooks hooks
+	// overlap: the store's claims lock their rows, so a claim loop may
+	// record one batch while it claims the next.
+	overlap bool
 }
 
 // Run publishes rows until ctx is cancelled, then returns nil. It runs
@@ -311,11 +319,49 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // claimLoop relays batches while there are rows, and waits for a wake-up
 // (a notification or PollInterval) when there are none.
+//
+// On a store whose claims lock their rows (PostgreSQL), the outcome of a
+// batch is recorded (update and commit) in the background while the loop
+// claims and publishes the next batch: at most one batch of the loop is
+// being recorded at a time. The next claim skips the rows of the batch
+// being recorded (they are locked) and the later rows of their keys (their
+// oldest row is still pending until the commit), so per-key order holds,
+// and rows are still marked only after the broker confirmed them.
 func (r *Relay) claimLoop(ctx context.Context, w *wakeup) {
+	var recording chan error // the outcome of the batch being recorded
+	waitRecording := func() (bool, error) {
+		if recording == nil {
+			return false, nil
+		}
+		err := <-recording
+		recording = nil
+		return true, err
+	}
+	defer func() {
+		// Run returns only after the last batch is recorded; a failure to
+		// record it leaves its rows pending, to be published again.
+		if _, err := waitRecording(); err != nil {
+			r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: record publish", slog.String("error", err.Error()))
+		}
+	}()
 	outage := time.Duration(0)
 	for ctx.Err() == nil {
 		woken := w.next() // taken before the claim, so no wake-up is missed
-		n, err := r.RelayOnce(ctx)
+		n, record, err := r.publishBatch(ctx)
+		recorded, rerr := waitRecording()
+		switch {
+		case record == nil:
+		case err == nil && rerr == nil && r.overlap:
+			recording = make(chan error, 1)
+			go func() { recording <- record() }()
+		default:
+			if e := record(); err == nil {
+				err = e
+			}
+		}
+		if err == nil {
+			err = rerr
+		}
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -329,9 +375,11 @@ func (r *Relay) claimLoop(ctx context.Context, w *wakeup) {
 				slog.String("error", err.Error()), slog.Duration("backoff", outage))
 			sleep(ctx, jitter(outage))
 			continue
-		case n > 0:
+		case n > 0 || recorded:
+			// More rows may be waiting, or be eligible now that the
+			// previous batch is recorded.
 			outage = 0
-			continue // more rows may be waiting
+			continue
 		}
 		outage = 0
 		t := time.NewTimer(r.cfg.PollInterval)
@@ -369,14 +417,28 @@ func (w *wakeup) signal() {
 // be claimed or recorded, or the broker is unavailable (ErrUnavailable);
 // rows of such a batch stay pending, with no attempt counted.
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
+	n, record, err := r.publishBatch(ctx)
+	if record != nil {
+		if rerr := record(); rerr != nil {
+			err = rerr
+		}
+	}
+	return n, err
+}
+
+// publishBatch claims one batch and publishes it. It returns the number of
+// rows claimed; record, when not nil, records the outcome and must be
+// called (once) whatever the error; err is the claim's or the publish's
+// error (a failure of record is record's).
+func (r *Relay) publishBatch(ctx context.Context) (n int, record func() error, err error) {
 	c, err := r.st.claimBatch(ctx, r.cfg.BatchSize)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: claim: %w", err)
+		return 0, nil, fmt.Errorf("outbox: claim: %w", err)
 	}
 	rows := c.rows()
 	if len(rows) == 0 {
 		c.abort(ctx)
-		return 0, nil
+		return 0, nil, nil
 	}
 	msgs := make([]Message, len(rows))
 	for i, row := range rows {
@@ -419,19 +481,21 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 			h.OnRelayPublish(ctx, len(rows), len(sent), parked, took, perr)
 		}
 	}
+	if unavailable != nil {
+		err = fmt.Errorf("outbox: publish: %w", unavailable)
+	}
 	if len(sent) == 0 && len(failed) == 0 {
 		c.abort(ctx)
-		return len(rows), fmt.Errorf("outbox: publish: %w", unavailable)
+		return len(rows), nil, err
 	}
 	// Record what the broker confirmed even when part of the batch hit an
 	// outage: the rows of the outage stay pending with no attempt counted.
-	if err := c.finish(ctx, sent, failed, r.cfg.Retention < 0); err != nil {
-		return len(rows), fmt.Errorf("outbox: record publish: %w", err)
-	}
-	if unavailable != nil {
-		return len(rows), fmt.Errorf("outbox: publish: %w", unavailable)
-	}
-	return len(rows), nil
+	return len(rows), func() error {
+		if err := c.finish(ctx, sent, failed, r.cfg.Retention < 0); err != nil {
+			return fmt.Errorf("outbox: record publish: %w", err)
+		}
+		return nil
+	}, err
 }
 
 // Counts returns the number of rows per state, for monitoring.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sinks/outbox"
 )
 
@@ -271,5 +272,149 @@ func TestRelayWokenByNotify(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
+	}
+}
+
+// orderChecker is a recorder that, before it confirms a batch, checks in
+// the database that no earlier row of any of the batch's keys is still
+// pending: a row goes out only after its key's previous row was recorded.
+type orderChecker struct {
+	recorder
+	pool       *pgxpool.Pool
+	violations []string
+}
+
+func (o *orderChecker) Publish(ctx context.Context, msgs []outbox.Message) error {
+	ids := make([]string, len(msgs))
+	keys := make([]string, len(msgs))
+	for i, m := range msgs {
+		ids[i], keys[i] = m.ID, m.Key
+	}
+	rows, err := o.pool.Query(ctx, `SELECT b.id, p.id FROM idemq_outbox p
+		JOIN unnest($1::text[], $2::text[]) AS b(id, key) ON p.partition_key = b.key
+		WHERE p.state = 0 AND p.id < b.id`, ids, keys)
+	if err != nil {
+		return outbox.Unavailable(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, earlier string
+		if err := rows.Scan(&id, &earlier); err != nil {
+			return outbox.Unavailable(err)
+		}
+		o.mu.Lock()
+		o.violations = append(o.violations, id+" published while "+earlier+" was pending")
+		o.mu.Unlock()
+	}
+	if err := rows.Err(); err != nil {
+		return outbox.Unavailable(err)
+	}
+	return o.recorder.Publish(ctx, msgs)
+}
+
+// A running relay records a batch while it claims and publishes the next
+// (and with Concurrency 2 two loops do so at once): each row is published
+// only after its key's previous row was recorded, every key's rows are
+// confirmed in insert order, a failed publish leaves its row pending, and
+// every row ends sent. With a pool smaller than the loops could use (3
+// connections: LISTEN and one batch in flight at a time besides) the
+// loops wait for connections and still finish.
+func TestRelayOverlapKeepsKeyOrder(t *testing.T) {
+	for _, tc := range []struct {
+		concurrency int
+		poolSize    int // of the relay's pool; 0: pgxpool's default
+	}{{1, 0}, {2, 0}, {2, 3}} {
+		t.Run(fmt.Sprintf("Concurrency%d-Pool%d", tc.concurrency, tc.poolSize), func(t *testing.T) {
+			concurrency := tc.concurrency
+			pool, schema := newPoolSchema(t)
+			relayPool := pool
+			if tc.poolSize > 0 {
+				u, err := testenv.WithSearchPath(testenv.DatabaseURL(t), schema)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cfg, err := pgxpool.ParseConfig(u)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cfg.MaxConns = int32(tc.poolSize)
+				if relayPool, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(relayPool.Close)
+			}
+			const n, keys = 400, 7
+			var msgs []outbox.Message
+			for i := range n {
+				msgs = append(msgs, outbox.Message{ID: fmt.Sprintf("o-%05d", i), Destination: "d", Key: fmt.Sprintf("k%d", i%keys)})
+			}
+			insertPG(t, pool, msgs...)
+			failed := map[string]bool{}
+			pub := &orderChecker{pool: pool}
+			pub.fail = func(m outbox.Message) error {
+				// Every 13th row fails once: an attempt, the row stays
+				// pending and its key waits.
+				var i int
+				_, _ = fmt.Sscanf(m.ID, "o-%05d", &i)
+				if i%13 == 0 && !failed[m.ID] {
+					failed[m.ID] = true
+					return errors.New("refused")
+				}
+				return nil
+			}
+			cfg := testConfig()
+			cfg.BatchSize, cfg.Concurrency, cfg.MaxAttempts = 10, concurrency, 100
+			r, err := outbox.NewRelay(relayPool, pub, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- r.Run(ctx) }()
+			deadline := time.Now().Add(60 * time.Second)
+			for {
+				c, err := r.Counts(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if c.Sent == n {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("counts %+v", c)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if len(pub.violations) > 0 {
+				t.Fatalf("%d rows published before their key's previous row was recorded, first: %s", len(pub.violations), pub.violations[0])
+			}
+			perKey := map[string][]string{}
+			for _, m := range pub.got {
+				perKey[m.Key] = append(perKey[m.Key], m.ID)
+			}
+			for k := range keys {
+				key := fmt.Sprintf("k%d", k)
+				var want []string
+				for _, m := range msgs {
+					if m.Key == key {
+						want = append(want, m.ID)
+					}
+				}
+				if fmt.Sprint(perKey[key]) != fmt.Sprint(want) {
+					t.Fatalf("key %s confirmed %v, want %v", key, perKey[key], want)
+				}
+			}
+			var attempts int
+			if err := pool.QueryRow(context.Background(), `SELECT sum(attempts) FROM idemq_outbox`).Scan(&attempts); err != nil {
+				t.Fatal(err)
+			}
+			if attempts != len(failed) || len(failed) != (n+12)/13 {
+				t.Fatalf("%d attempts recorded for %d failed publishes", attempts, len(failed))
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@ package amqpoutbox_test
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"strings"
 	"testing"
 	"time"
 
@@ -126,4 +127,60 @@ func TestRelayAMQP(t *testing.T) {
 		t.Fatalf("%s, want %d sent", relaytest.Describe(t, pool), len(want))
 	}
 	relaytest.Check(t, want, consumeAll(t, url, queue, len(want)), false)
+}
+
+// One relay with Concurrency 2 (two claim loops, each recording a batch
+// while it publishes the next, on channels of their own) publishes every
+// row once, in order per key; a row the broker returns stays pending with
+// its attempts counted, and the later row of its key waits behind it.
+func TestRelayAMQPConcurrency2(t *testing.T) {
+	url := testenv.AMQPURL(t)
+	exchange, unbound, queue := topology(t, url)
+	pool, _, _ := relaytest.NewPool(t)
+	pub, err := amqpoutbox.New(amqpoutbox.Config{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	want := relaytest.Messages("c", exchange, 400, 5)
+	relaytest.Insert(t, pool, []outbox.Message{
+		{ID: "returned", Destination: unbound, Key: "k-r", Body: []byte("x")},
+		{ID: "after-returned", Destination: exchange, Key: "k-r", Body: []byte("y")},
+	})
+	relaytest.Insert(t, pool, want)
+	cfg := relaytest.FastConfig()
+	cfg.BatchSize, cfg.Concurrency, cfg.MaxAttempts = 20, 2, 1000
+	relaytest.StartRelays(t, pool, pub, 1, cfg)
+	relaytest.WaitFor(t, func() string { return relaytest.Describe(t, pool) }, func() bool {
+		return relaytest.Counts(t, pool).Sent == int64(len(want))
+	})
+	relaytest.Check(t, want, consumeAll(t, url, queue, len(want)), false)
+	relaytest.WaitFor(t, func() string { return relaytest.Describe(t, pool) }, func() bool {
+		var attempts int
+		_ = pool.QueryRow(t.Context(), `SELECT attempts FROM idemq_outbox WHERE id = 'returned'`).Scan(&attempts)
+		return attempts >= 2
+	})
+	rows, err := pool.Query(t.Context(), `SELECT id, state, attempts, coalesce(last_error, '') FROM idemq_outbox WHERE partition_key = 'k-r' ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, lastErr string
+		var state, attempts int
+		if err := rows.Scan(&id, &state, &attempts, &lastErr); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case state != 0:
+			t.Fatalf("row %s: state %d, want pending", id, state)
+		case id == "returned" && !strings.Contains(lastErr, "returned by the broker"):
+			t.Fatalf("returned row: last error %q", lastErr)
+		case id == "after-returned" && attempts != 0:
+			t.Fatalf("the row after the returned one was tried %d times; it must wait", attempts)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
 }
