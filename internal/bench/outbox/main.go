@@ -5,12 +5,14 @@
 //   - raw: the broker's client publishing the same messages in batches of
 //     the relay's size and waiting for each batch's confirmation (kafka-go
 //     Writer with RequireAll; SQS SendMessageBatch of 10, one call after
-//     another; RabbitMQ publisher confirms);
+//     another; RabbitMQ publisher confirms, mandatory), each message with
+//     the idempotency-key header or attribute the relay sends;
 //   - relay: one outbox.Relay (batch 100) draining the same number of rows
 //     committed beforehand to the outbox table, claiming, publishing
 //     through the broker's Publisher and marking each batch sent, with
-//     Concurrency 1 and 2 (two batches in flight, one's database work
-//     overlapping the other's publish).
+//     Concurrency 1 and 2 (one claim loop or two; each loop records one
+//     batch while it claims and publishes the next), on a pool of
+//     2 × Concurrency + 2 connections.
 //
 // It prints messages/s and the ratio relay/raw. The "none" row is the
 // database's ceiling: the relay over a publisher that confirms at once
@@ -21,7 +23,7 @@
 // profile of the run whose samples carry the label phase=raw or phase=relay
 // (go tool pprof -tagfocus phase=relay).
 //
-//	go run ./internal/bench/outbox [-broker kafka|sqs|rabbitmq|none|all] [-n 20000] [-cpuprofile f]
+//	go run ./internal/bench/outbox [-broker kafka|sqs|rabbitmq|none|all] [-n 20000] [-rounds 1] [-cpuprofile f]
 //
 // TEST_KAFKA_BROKERS, TEST_SQS_ENDPOINT, TEST_AMQP_URL and TEST_DATABASE_URL
 // select other servers.
@@ -82,6 +84,7 @@ func main() {
 		sqsURL  = flag.String("sqs", envOr("TEST_SQS_ENDPOINT", "http://127.0.0.1:9324"), "SQS endpoint")
 		amqpURL = flag.String("amqp", "", "RabbitMQ URL (default: $TEST_AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/)")
 		dsn     = flag.String("dsn", "", "PostgreSQL URL (default: $TEST_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable)")
+		rounds  = flag.Int("rounds", 1, "rounds per broker; even rounds measure in the reverse order (relay c=2, c=1, then raw)")
 		cpuprof = flag.String("cpuprofile", "", "write a CPU profile of the run to this file (samples labelled phase=raw or phase=relay)")
 	)
 	flag.Parse()
@@ -109,28 +112,47 @@ func main() {
 	}
 	defer pool.Close()
 	suffix := randomSuffix()
-	fmt.Printf("%-9s %8s %12s %12s %7s %8s %12s %7s %8s\n", "broker", "messages", "raw msg/s", "relay c=1", "ratio", "rt/batch", "relay c=2", "ratio", "rt/batch")
+	fmt.Printf("%-11s %8s %12s %12s %7s %8s %12s %7s %8s\n", "broker", "messages", "raw msg/s", "relay c=1", "ratio", "rt/batch", "relay c=2", "ratio", "rt/batch")
 	run := func(name string, count int, dest string, raw func([]outbox.Message) error, pub outbox.Publisher) {
-		msgs := messages(dest, count)
-		start := time.Now()
-		pprof.Do(ctx, pprof.Labels("phase", "raw"), func(context.Context) {
-			for i := 0; i < len(msgs); i += batch {
-				if err := raw(msgs[i:min(i+batch, len(msgs))]); err != nil {
-					fail(fmt.Errorf("%s raw: %w", name, err))
+		for round := 1; round <= *rounds; round++ {
+			var rawRate float64
+			measureRaw := func() {
+				msgs := messages(dest, count)
+				start := time.Now()
+				pprof.Do(ctx, pprof.Labels("phase", "raw"), func(context.Context) {
+					for i := 0; i < len(msgs); i += batch {
+						if err := raw(msgs[i:min(i+batch, len(msgs))]); err != nil {
+							fail(fmt.Errorf("%s raw: %w", name, err))
+						}
+					}
+				})
+				rawRate = float64(count) / time.Since(start).Seconds()
+			}
+			var relays [2]relayResult
+			measureRelay := func(concurrency int) {
+				var err error
+				if relays[concurrency-1], err = relay(ctx, pool, *dsn, pub, messages(dest, count), concurrency); err != nil {
+					fail(fmt.Errorf("%s relay: %w", name, err))
 				}
 			}
-		})
-		rawRate := float64(count) / time.Since(start).Seconds()
-		relay1, err := relay(ctx, pool, *dsn, pub, msgs, 1)
-		if err != nil {
-			fail(fmt.Errorf("%s relay: %w", name, err))
+			// Even rounds run in the reverse order: raw, relay c=1, relay c=2,
+			// then relay c=2, relay c=1, raw.
+			if round%2 == 1 {
+				measureRaw()
+				measureRelay(1)
+				measureRelay(2)
+			} else {
+				measureRelay(2)
+				measureRelay(1)
+				measureRaw()
+			}
+			label := name
+			if *rounds > 1 {
+				label = fmt.Sprintf("%s r%d", name, round)
+			}
+			fmt.Printf("%-11s %8d %12.0f %12.0f %6.2fx %8.2f %12.0f %6.2fx %8.2f\n", label, count, rawRate,
+				relays[0].rate, relays[0].rate/rawRate, relays[0].tripsPerBatch, relays[1].rate, relays[1].rate/rawRate, relays[1].tripsPerBatch)
 		}
-		relay2, err := relay(ctx, pool, *dsn, pub, messages(dest, count), 2)
-		if err != nil {
-			fail(fmt.Errorf("%s relay: %w", name, err))
-		}
-		fmt.Printf("%-9s %8d %12.0f %12.0f %6.2fx %8.2f %12.0f %6.2fx %8.2f\n", name, count, rawRate,
-			relay1.rate, relay1.rate/rawRate, relay1.tripsPerBatch, relay2.rate, relay2.rate/rawRate, relay2.tripsPerBatch)
 	}
 	if *broker == "all" || *broker == "none" {
 		relay1, err := relay(ctx, pool, *dsn, confirmAtOnce{}, messages("none", *n), 1)
@@ -141,7 +163,7 @@ func main() {
 		if err != nil {
 			fail(fmt.Errorf("none relay: %w", err))
 		}
-		fmt.Printf("%-9s %8d %12s %12.0f %7s %8.2f %12.0f %7s %8.2f\n", "none", *n, "-", relay1.rate, "-", relay1.tripsPerBatch, relay2.rate, "-", relay2.tripsPerBatch)
+		fmt.Printf("%-11s %8d %12s %12.0f %7s %8.2f %12.0f %7s %8.2f\n", "none", *n, "-", relay1.rate, "-", relay1.tripsPerBatch, relay2.rate, "-", relay2.tripsPerBatch)
 	}
 	if *broker == "all" || *broker == "kafka" {
 		bs := strings.Split(*brokers, ",")
@@ -220,7 +242,8 @@ func main() {
 			dcs := make([]*amqp.DeferredConfirmation, len(msgs))
 			for i, m := range msgs {
 				dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false,
-					amqp.Publishing{MessageId: m.ID, DeliveryMode: amqp.Persistent, Body: m.Body})
+					amqp.Publishing{MessageId: m.ID, DeliveryMode: amqp.Persistent, Body: m.Body,
+						Headers: amqp.Table{outbox.HeaderIdempotencyKey: m.ID}})
 				if err != nil {
 					return err
 				}
@@ -303,7 +326,7 @@ func relay(ctx context.Context, pool *pgxpool.Pool, dsn string, pub outbox.Publi
 		return relayResult{}, err
 	}
 	tr := &tripCounter{}
-	rpool, err := tracedPool(ctx, dsn, tr)
+	rpool, err := tracedPool(ctx, dsn, tr, int32(2*concurrency+2))
 	if err != nil {
 		return relayResult{}, err
 	}
@@ -342,9 +365,9 @@ func relay(ctx context.Context, pool *pgxpool.Pool, dsn string, pub outbox.Publi
 	return relayResult{rate: float64(len(msgs)) / elapsed.Seconds(), tripsPerBatch: float64(trips) / float64(batches)}, nil
 }
 
-// tracedPool opens a pool on dsn, in the bench's schema, whose round trips
-// tr counts.
-func tracedPool(ctx context.Context, dsn string, tr *tripCounter) (*pgxpool.Pool, error) {
+// tracedPool opens a pool of size connections on dsn, in the bench's
+// schema, whose round trips tr counts.
+func tracedPool(ctx context.Context, dsn string, tr *tripCounter, size int32) (*pgxpool.Pool, error) {
 	u, err := url.Parse(dsn)
 	if err != nil {
 		return nil, err
@@ -357,6 +380,7 @@ func tracedPool(ctx context.Context, dsn string, tr *tripCounter) (*pgxpool.Pool
 		return nil, err
 	}
 	cfg.ConnConfig.Tracer = tr
+	cfg.MaxConns = size
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
