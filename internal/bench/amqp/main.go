@@ -218,7 +218,11 @@ func handWorker(ctx context.Context, conn *amqp.Connection, pool *pgxpool.Pool, 
 	start := time.Now()
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	deliveries, err := ch.ConsumeWithContext(runCtx, q, "", false, false, false, false, nil)
+	// Not ConsumeWithContext: it sends basic.cancel from a goroutine of its
+	// own when runCtx ends, concurrently with the deferred Close. A round-2
+	// run hung in that Close (waiting for its close-ok) after the worker
+	// had consumed every message; Close alone cancels the consumer.
+	deliveries, err := ch.Consume(q, "", false, false, false, false, nil)
 	if err != nil {
 		return 0, 0, err
 	}
