@@ -37,12 +37,14 @@ test-race-core: services ## The race detector over the runner (its lease path wi
 test-chain-long: services ## The outbox chain test (Kafka → A → relay → RabbitMQ → B → webhook) with 2000 orders and more SIGKILLs.
 	$(WITH_ENV) IDEMQ_CHAIN_LONG=1 $(GO) test -count=1 -timeout 30m -run '^TestChain$$' -v ./sinks/outbox/internal/chain
 
-# CHAOS=short (a few minutes, run by CI) or CHAOS=long (over 1,000 SIGKILLs).
+# CHAOS=short (a few minutes, run by CI) or CHAOS=long (over 1,000 SIGKILLs);
+# both fire the node faults. CHAOS_FLAGS=-node-faults=false turns them off.
 CHAOS ?= short
+CHAOS_FLAGS ?=
 
 .PHONY: chaos
-chaos: services ## SIGKILL worker processes and PostgreSQL backends on Kafka, SQS and RabbitMQ, then prove one effect per key, none missing, poison dead-lettered (CHAOS=short|long).
-	$(WITH_ENV) CHAOS=$(CHAOS) $(GO) run ./internal/chaos
+chaos: services ## SIGKILL workers and PostgreSQL backends on Kafka, SQS, RabbitMQ and the Redis lease path; kill a Kafka node and a Redis Cluster master, restart RabbitMQ and PostgreSQL; prove one effect per key, none missing, poison dead-lettered (CHAOS=short|long, CHAOS_FLAGS).
+	$(WITH_ENV) CHAOS=$(CHAOS) $(GO) run ./internal/chaos $(CHAOS_FLAGS)
 
 # test-short points every service at a closed loopback port (and the
 # services' state directory nowhere), so a test that needs a service and does

@@ -58,31 +58,52 @@ func envOr(name, def string) string {
 	return def
 }
 
-// newBroker returns the broker of kind for the run's names.
-func newBroker(kind, name string) (broker, error) {
+// newBroker returns the broker of kind for the run's names. The lease
+// scenario's broker is SQS. With cluster, the Kafka scenario runs on the
+// three brokers of the kafka-cluster profile, its topics replicated three
+// times.
+func newBroker(kind, name string, cluster bool) (broker, error) {
 	switch kind {
 	case "kafka":
-		return &kafkaBroker{brokers: strings.Split(envOr("TEST_KAFKA_BROKERS", "127.0.0.1:9092"), ","), topic: name}, nil
-	case "sqs":
+		if cluster {
+			return &kafkaBroker{brokers: strings.Split(envOr("TEST_KAFKA_CLUSTER_BROKERS", "127.0.0.1:9191,127.0.0.1:9192,127.0.0.1:9193"), ","),
+				topic: name, replicas: 3}, nil
+		}
+		return &kafkaBroker{brokers: strings.Split(envOr("TEST_KAFKA_BROKERS", "127.0.0.1:9092"), ","), topic: name, replicas: 1}, nil
+	case "sqs", "lease":
 		return &sqsBroker{endpoint: envOr("TEST_SQS_ENDPOINT", "http://127.0.0.1:9324"), name: name}, nil
 	case "amqp":
 		return &amqpBroker{url: envOr("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), queue: name}, nil
 	}
-	return nil, fmt.Errorf("unknown broker %q (want kafka, sqs or amqp)", kind)
+	return nil, fmt.Errorf("unknown scenario %q (want kafka, sqs, amqp or lease)", kind)
 }
 
 // kafkaBroker is a topic of 6 partitions and its dead-letter topic.
 type kafkaBroker struct {
-	brokers []string
-	topic   string
-	w       *kafka.Writer
-	dlqNext int64 // the next dead-letter offset to read
+	brokers  []string
+	topic    string
+	replicas int // replication factor of the topics
+	w        *kafka.Writer
+	dlqNext  int64 // the next dead-letter offset to read
+}
+
+// dial connects to the first broker that answers: one may be down.
+func (k *kafkaBroker) dial(ctx context.Context, dial func(ctx context.Context, addr string) (*kafka.Conn, error)) (*kafka.Conn, error) {
+	var errs []error
+	for _, b := range k.brokers {
+		c, err := dial(ctx, b)
+		if err == nil {
+			return c, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
 }
 
 func (k *kafkaBroker) setup(ctx context.Context) error {
 	if err := kafkasource.CreateTopics(ctx, nil, k.brokers,
-		kafkasource.TopicSpec{Name: k.topic, Partitions: 6},
-		kafkasource.TopicSpec{Name: kafkasource.DeadLetterTopic(k.topic), Partitions: 1},
+		kafkasource.TopicSpec{Name: k.topic, Partitions: 6, ReplicationFactor: k.replicas},
+		kafkasource.TopicSpec{Name: kafkasource.DeadLetterTopic(k.topic), Partitions: 1, ReplicationFactor: k.replicas},
 	); err != nil {
 		return err
 	}
@@ -94,7 +115,7 @@ func (k *kafkaBroker) setup(ctx context.Context) error {
 }
 
 func (k *kafkaBroker) workerArgs() []string {
-	return []string{"-broker", "kafka", "-dest", k.topic, "-group", k.topic}
+	return []string{"-broker", "kafka", "-kafka-brokers", strings.Join(k.brokers, ","), "-dest", k.topic, "-group", k.topic}
 }
 
 func (k *kafkaBroker) ready(context.Context) bool { return true }
@@ -110,7 +131,9 @@ func (k *kafkaBroker) send(ctx context.Context, msgs []outMsg) error {
 
 func (k *kafkaBroker) deadLetters(ctx context.Context, seen map[string]int) error {
 	dlq := kafkasource.DeadLetterTopic(k.topic)
-	conn, err := kafka.DialLeader(ctx, "tcp", k.brokers[0], dlq, 0)
+	conn, err := k.dial(ctx, func(ctx context.Context, addr string) (*kafka.Conn, error) {
+		return kafka.DialLeader(ctx, "tcp", addr, dlq, 0)
+	})
 	if err != nil {
 		return err
 	}
@@ -150,7 +173,9 @@ func (k *kafkaBroker) cleanup(ctx context.Context) {
 	if _, err := client.DeleteGroups(ctx, &kafka.DeleteGroupsRequest{GroupIDs: []string{k.topic}}); err != nil {
 		fmt.Fprintln(os.Stderr, "chaos: delete group:", err)
 	}
-	conn, err := kafka.Dial("tcp", k.brokers[0])
+	conn, err := k.dial(ctx, func(ctx context.Context, addr string) (*kafka.Conn, error) {
+		return kafka.DefaultDialer.DialContext(ctx, "tcp", addr)
+	})
 	if err != nil {
 		return
 	}
@@ -274,13 +299,23 @@ func (a *amqpBroker) dlq() string {
 	return amqpsource.DeadLetterQueue(amqpsource.Config{Queue: a.queue})
 }
 
-func (a *amqpBroker) setup(context.Context) error {
+// connection returns the connection, dialling again when RabbitMQ closed
+// it (a restart).
+func (a *amqpBroker) connection() (*amqp.Connection, error) {
+	if a.conn != nil && !a.conn.IsClosed() {
+		return a.conn, nil
+	}
 	conn, err := amqp.Dial(a.url)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	a.conn = conn
-	return nil
+	a.conn, a.ch = conn, nil
+	return conn, nil
+}
+
+func (a *amqpBroker) setup(context.Context) error {
+	_, err := a.connection()
+	return err
 }
 
 func (a *amqpBroker) workerArgs() []string {
@@ -290,7 +325,11 @@ func (a *amqpBroker) workerArgs() []string {
 // ready reports whether a worker has declared the queue: messages
 // published before would be unroutable.
 func (a *amqpBroker) ready(context.Context) bool {
-	ch, err := a.conn.Channel()
+	conn, err := a.connection()
+	if err != nil {
+		return false
+	}
+	ch, err := conn.Channel()
 	if err != nil {
 		return false
 	}
@@ -300,8 +339,12 @@ func (a *amqpBroker) ready(context.Context) bool {
 }
 
 func (a *amqpBroker) send(ctx context.Context, msgs []outMsg) error {
-	if a.ch == nil {
-		ch, err := a.conn.Channel()
+	conn, err := a.connection()
+	if err != nil {
+		return err
+	}
+	if a.ch == nil || a.ch.IsClosed() {
+		ch, err := conn.Channel()
 		if err != nil {
 			return err
 		}
@@ -334,7 +377,11 @@ func (a *amqpBroker) send(ctx context.Context, msgs []outMsg) error {
 // deadLetters takes the dead-letter queue's messages, so each is counted
 // once.
 func (a *amqpBroker) deadLetters(_ context.Context, seen map[string]int) error {
-	ch, err := a.conn.Channel()
+	conn, err := a.connection()
+	if err != nil {
+		return err
+	}
+	ch, err := conn.Channel()
 	if err != nil {
 		return err
 	}
@@ -353,11 +400,13 @@ func (a *amqpBroker) deadLetters(_ context.Context, seen map[string]int) error {
 }
 
 func (a *amqpBroker) cleanup(context.Context) {
-	if a.conn == nil {
+	conn, err := a.connection()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "chaos: delete queues: %v\n", err)
 		return
 	}
-	defer a.conn.Close()
-	ch, err := a.conn.Channel()
+	defer conn.Close()
+	ch, err := conn.Channel()
 	if err != nil {
 		return
 	}
@@ -365,7 +414,7 @@ func (a *amqpBroker) cleanup(context.Context) {
 	for _, q := range []string{a.queue, a.dlq()} {
 		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 			fmt.Fprintf(os.Stderr, "chaos: delete queue %s: %v\n", q, err)
-			if ch, err = a.conn.Channel(); err != nil {
+			if ch, err = conn.Channel(); err != nil {
 				return
 			}
 		}

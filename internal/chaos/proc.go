@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // report is the JSON line a worker process prints every 50 ms and once
@@ -40,9 +41,12 @@ type proc struct {
 	done chan struct{}
 	err  error // cmd.Wait's result, set before done is closed
 
-	mu     sync.Mutex
-	last   report
-	stderr tail
+	started time.Time
+
+	mu      sync.Mutex
+	last    report
+	hasLast bool // a report was printed: the runner was created
+	stderr  tail
 }
 
 // tail keeps the last 4 KiB written to it.
@@ -78,6 +82,7 @@ func startProc(bin string, args, env []string) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.started = time.Now()
 	if err := p.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start worker: %w", err)
 	}
@@ -87,7 +92,7 @@ func startProc(bin string, args, env []string) (*proc, error) {
 			var r report
 			if json.Unmarshal(sc.Bytes(), &r) == nil {
 				p.mu.Lock()
-				p.last = r
+				p.last, p.hasLast = r, true
 				p.mu.Unlock()
 			}
 		}
@@ -105,6 +110,14 @@ func (p *proc) report() report {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.last
+}
+
+// reported reports whether the process printed a report: its runner was
+// created, so it got past connecting to its services.
+func (p *proc) reported() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.hasLast
 }
 
 // exited reports whether the process has exited.

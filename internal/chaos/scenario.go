@@ -25,6 +25,11 @@ const databaseEnv = "CHAOS_DATABASE_URL"
 // its transaction: batches last long enough for kills to land inside them.
 const handlerWork = 5 * time.Millisecond
 
+// leaseFor is the lease path's lease (consumer.LeaseOptions.Lease): a
+// killed worker's keys come back after it; refreshed every third of it, it
+// outlasts a Redis Cluster failover (about 4 s here).
+const leaseFor = 10 * time.Second
+
 // aimFor bounds how long a kill waits, after its gap, for a worker with
 // messages in flight to kill.
 const aimFor = 500 * time.Millisecond
@@ -48,6 +53,20 @@ type result struct {
 	converged, total        time.Duration
 	failures                []string
 	selfExits               int // workers that exited although nobody killed them
+	// refusedStarts counts the workers that exited before their runner
+	// started, started while a node fault had a service down: the service
+	// refused them at start-up (amqpsource.New connects), as it would
+	// refuse a supervisor's restart. They are restarted, and no failure.
+	refusedStarts int
+	// events are the node faults fired, in order.
+	events []faultEvent
+	// sendRetries counts the producer's chunks sent again after an error
+	// (a broker node down): producer re-sends too.
+	sendRetries int
+	// requests is, on the lease path, the webhook requests the receiver
+	// got; requests - effects were repeats of an applied key, which the
+	// key closed (the lease window).
+	requests int
 }
 
 func (r *result) fail(format string, args ...any) {
@@ -70,6 +89,31 @@ func (r result) rebalances() string {
 	return strconv.FormatInt(r.lives.Rebalances, 10)
 }
 
+// repeats is, on the lease path, the requests of a key already applied,
+// "-" elsewhere.
+func (r result) repeats() string {
+	if r.kind != "lease" {
+		return "-"
+	}
+	return strconv.Itoa(r.requests - r.effects)
+}
+
+// faultsCol lists the node faults fired, "-" when none.
+func (r result) faultsCol() string {
+	if len(r.events) == 0 {
+		return "-"
+	}
+	var parts []string
+	for _, e := range r.events {
+		parts = append(parts, e.String())
+	}
+	col := strings.Join(parts, "; ")
+	if r.refusedStarts > 0 {
+		col += fmt.Sprintf(" (%d worker starts refused meanwhile)", r.refusedStarts)
+	}
+	return col
+}
+
 // killsInRebalanceCol is killsInRebalance on Kafka, "-" elsewhere.
 func (r result) killsInRebalanceCol() string {
 	if r.kind != "kafka" {
@@ -86,13 +130,24 @@ type scenario struct {
 	runID   string
 	dbURL   string
 	verbose bool
+	// faults fires the node faults named in nodeFaults; nil when node
+	// faults are off.
+	faults     *faults
+	nodeFaults []string
 
-	pool   *pgxpool.Pool
-	schema string
-	b      broker
-	rng    *rand.Rand
-	slots  []*proc
-	res    result
+	pool       *pgxpool.Pool
+	recv       *receiver // the lease path's downstream
+	redisAddrs []string
+	phaseStart time.Time // the start of the fault phase
+	// outages are the node faults' spans, from the kill or restart of the
+	// node until it answered again; a zero to is one still going on.
+	outagesMu sync.Mutex
+	outages   []outage
+	schema    string
+	b         broker
+	rng       *rand.Rand
+	slots     []*proc
+	res       result
 }
 
 // name is the run's topic, queue and group name of the scenario.
@@ -150,7 +205,13 @@ func (s *scenario) setup(ctx context.Context) error {
 	if err := store.Migrate(ctx); err != nil {
 		return err
 	}
-	if s.b, err = newBroker(s.kind, s.name()); err != nil {
+	if s.kind == "lease" {
+		s.redisAddrs = redisClusterAddrs()
+		if s.recv, err = startReceiver(s.name()); err != nil {
+			return err
+		}
+	}
+	if s.b, err = newBroker(s.kind, s.name(), slices.Contains(s.nodeFaults, faultKafkaNode)); err != nil {
 		return err
 	}
 	return s.b.setup(ctx)
@@ -165,6 +226,9 @@ func (s *scenario) cleanup() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if s.recv != nil {
+		s.recv.close()
+	}
 	if s.b != nil {
 		s.b.cleanup(ctx)
 	}
@@ -181,6 +245,9 @@ func (s *scenario) cleanup() {
 // start starts (or restarts) the worker of slot i.
 func (s *scenario) start(i int) error {
 	args := append(s.b.workerArgs(), "-schema", s.schema, "-app", s.app(i), "-work", handlerWork.String(), fmt.Sprintf("-v=%v", s.verbose))
+	if s.recv != nil {
+		args = append(args, "-store", "redis-cluster", "-webhook", s.recv.url, "-lease", leaseFor.String())
+	}
 	p, err := startProc(s.bin, args, []string{databaseEnv + "=" + s.dbURL})
 	if err != nil {
 		return err
@@ -201,8 +268,14 @@ func (s *scenario) retire(i int, killed bool) {
 }
 
 // selfExit notes that the worker of slot i exited although nobody killed
-// it: the first three in full, then a count.
+// it: the first three in full, then a count. A worker that never started its
+// runner, started while a node fault had a service down, was refused at
+// start-up: counted apart.
 func (s *scenario) selfExit(i int, p *proc) {
+	if !p.reported() && s.duringOutage(p.started) {
+		s.res.refusedStarts++
+		return
+	}
 	s.res.selfExits++
 	if s.res.selfExits <= 3 {
 		s.res.fail("worker %d (pid %d) exited by itself: %v\n%s", i, p.pid(), p.err, p.stderr.String())
@@ -214,7 +287,7 @@ func (s *scenario) selfExit(i int, p *proc) {
 func (s *scenario) messages() []outMsg {
 	var msgs []outMsg
 	for n := range s.mode.items {
-		m := outMsg{Key: fmt.Sprintf("item-%s-%05d", s.runID, n), Body: []byte(fmt.Sprintf(`{"n":%d}`, n))}
+		m := outMsg{Key: itemKey(s.runID, n), Body: []byte(fmt.Sprintf(`{"n":%d}`, n))}
 		msgs = append(msgs, m)
 		if s.rng.Float64() < 0.1 {
 			msgs = append(msgs, m)
@@ -261,6 +334,7 @@ func (s *scenario) chaos(ctx context.Context) error {
 	phase := time.Duration(kills) * (gaps[0] + gaps[1]) / 2
 	chunks := max(1, len(msgs)/50)
 	pause := phase / time.Duration(chunks)
+	s.phaseStart = time.Now()
 	var (
 		wg      sync.WaitGroup
 		sendErr error
@@ -270,10 +344,7 @@ func (s *scenario) chaos(ctx context.Context) error {
 		defer close(produced)
 		for c := range chunks {
 			lo, hi := c*len(msgs)/chunks, (c+1)*len(msgs)/chunks
-			sctx, cancel := context.WithTimeout(ctx, time.Minute)
-			err := s.b.send(sctx, msgs[lo:hi])
-			cancel()
-			if err != nil {
+			if err := s.send(ctx, msgs[lo:hi]); err != nil {
 				sendErr = fmt.Errorf("send: %w", err)
 				return
 			}
@@ -287,6 +358,21 @@ func (s *scenario) chaos(ctx context.Context) error {
 	})
 	defer wg.Wait()
 
+	// Each node fault fires once, after a random kill in the first 60 %
+	// of them (after the first 20 %), and runs beside the kills.
+	var (
+		faultsWG sync.WaitGroup
+		eventsMu sync.Mutex
+	)
+	fireAt := map[int][]string{}
+	if s.faults != nil {
+		for _, f := range s.nodeFaults {
+			k := kills/5 + 1 + s.rng.IntN(max(1, 2*kills/5))
+			fireAt[k] = append(fireAt[k], f)
+		}
+	}
+	defer faultsWG.Wait()
+
 	nextPG := 1
 	for k := 1; k <= kills; k++ {
 		gap := gaps[0] + time.Duration(s.rng.Int64N(int64(gaps[1]-gaps[0])+1))
@@ -294,6 +380,15 @@ func (s *scenario) chaos(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(gap):
+		}
+		for _, f := range fireAt[k] {
+			faultsWG.Go(func() {
+				ev := s.faults.fire(ctx, s, f)
+				eventsMu.Lock()
+				s.res.events = append(s.res.events, ev)
+				eventsMu.Unlock()
+				fmt.Printf("chaos: %s: %s: %s\n", s.kind, f, ev)
+			})
 		}
 		s.restartExited()
 		i := s.victim(ctx)
@@ -309,11 +404,31 @@ func (s *scenario) chaos(ctx context.Context) error {
 		if err := s.start(i); err != nil {
 			return err
 		}
-		if nextPG <= s.mode.pgKills && k >= nextPG*kills/(s.mode.pgKills+1) {
+		// The lease path's workers have no PostgreSQL backends.
+		if s.kind != "lease" && nextPG <= s.mode.pgKills && k >= nextPG*kills/(s.mode.pgKills+1) {
 			nextPG++
 			if err := s.terminateBackends(ctx); err != nil {
 				return err
 			}
+		}
+	}
+	// The node faults end (their nodes answer again) before convergence is
+	// timed; the workers keep being restarted meanwhile.
+	faultsDone := make(chan struct{})
+	go func() { faultsWG.Wait(); close(faultsDone) }()
+	for waiting := true; waiting; {
+		select {
+		case <-faultsDone:
+			waiting = false
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+			s.restartExited()
+		}
+	}
+	for _, ev := range s.res.events {
+		if ev.err != nil {
+			s.res.fail("node fault %s: %v", ev.fault, ev.err)
 		}
 	}
 	select {
@@ -325,6 +440,27 @@ func (s *scenario) chaos(ctx context.Context) error {
 		return sendErr
 	}
 	return s.converge(ctx)
+}
+
+// sendFor bounds the producer's tries of one chunk: a broker node may be
+// down or restarting meanwhile.
+const sendFor = 3 * time.Minute
+
+// send sends msgs, and again after an error until sendFor has passed: the
+// messages of a failed try may have arrived, so a try again is a
+// producer's re-send, which the workers must absorb.
+func (s *scenario) send(ctx context.Context, msgs []outMsg) error {
+	deadline := time.Now().Add(sendFor)
+	for {
+		sctx, cancel := context.WithTimeout(ctx, time.Minute)
+		err := s.b.send(sctx, msgs)
+		cancel()
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		s.res.sendRetries++
+		sleep(ctx, time.Second)
+	}
 }
 
 // victim returns the slot to kill: one whose worker reports messages in
@@ -361,12 +497,21 @@ func (s *scenario) restartExited() {
 
 // terminateBackends terminates the PostgreSQL backends of the scenario's
 // workers, wherever they are (idle, inside a batch, committing).
+//
+// PostgreSQL may be restarting (a node fault): it tries for up to a minute.
 func (s *scenario) terminateBackends(ctx context.Context) error {
 	var n int
-	err := s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE $1`,
-		"chaos-"+s.runID+"-"+s.kind+"-w%").Scan(&n)
-	if err != nil {
-		return fmt.Errorf("terminate backends: %w", err)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE $1`,
+			"chaos-"+s.runID+"-"+s.kind+"-w%").Scan(&n)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return fmt.Errorf("terminate backends: %w", err)
+		}
+		sleep(ctx, 500*time.Millisecond)
 	}
 	s.res.pgKills++
 	s.res.pgBackends += n
@@ -374,8 +519,13 @@ func (s *scenario) terminateBackends(ctx context.Context) error {
 }
 
 // counts returns the number of effects, of distinct keys among them, and
-// of keys that are no item.
+// of keys that are no item. On the lease path the effects are the keys the
+// receiver applied: one each, whatever the repeats.
 func (s *scenario) counts(ctx context.Context) (effects, distinct, extra int, err error) {
+	if s.recv != nil {
+		_, applied, extra, _ := s.recv.counts()
+		return applied, applied, extra, nil
+	}
 	err = s.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT key), count(DISTINCT key) FILTER (WHERE key NOT LIKE 'item-%')
 		FROM `+pgx.Identifier{s.schema, "effects"}.Sanitize()).Scan(&effects, &distinct, &extra)
 	return effects, distinct, extra, err
@@ -390,12 +540,20 @@ func (s *scenario) converge(ctx context.Context) error {
 	deadline := began.Add(s.mode.converge)
 	for {
 		s.restartExited()
+		// A query or a read that fails (a node still settling after a
+		// fault) is tried again until the deadline.
 		_, distinct, extra, err := s.counts(ctx)
-		if err != nil {
-			return err
+		if err == nil {
+			if derr := s.b.deadLetters(ctx, seen); derr != nil {
+				err = fmt.Errorf("read dead letters: %w", derr)
+			}
 		}
-		if err := s.b.deadLetters(ctx, seen); err != nil {
-			return fmt.Errorf("read dead letters: %w", err)
+		if err != nil {
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return err
+			}
+			sleep(ctx, 500*time.Millisecond)
+			continue
 		}
 		poison := 0
 		for k := range seen {
@@ -464,6 +622,13 @@ func (s *scenario) verify(ctx context.Context) {
 	}
 	s.res.effects, s.res.extra = effects, extra
 	s.res.missing = s.mode.items - (distinct - extra)
+	if s.recv != nil {
+		var foreign []string
+		s.res.requests, _, _, foreign = s.recv.counts()
+		if len(foreign) > 0 {
+			s.res.fail("%d webhook requests without the run's Idempotency-Key, the first %q", len(foreign), foreign[0])
+		}
+	}
 	if effects != distinct {
 		s.res.fail("%d effects for %d distinct keys: %d duplicate effects", effects, distinct, effects-distinct)
 	}
@@ -476,4 +641,33 @@ func (s *scenario) verify(ctx context.Context) {
 	if s.res.deadLettered != s.mode.poison {
 		s.res.fail("%d of %d poison messages dead-lettered", s.res.deadLettered, s.mode.poison)
 	}
+}
+
+// outage is the span of one node fault.
+type outage struct{ from, to time.Time }
+
+// outageBegins notes that a node fault took a service down now, and
+// returns what ends the span.
+func (s *scenario) outageBegins() (end func()) {
+	s.outagesMu.Lock()
+	defer s.outagesMu.Unlock()
+	s.outages = append(s.outages, outage{from: time.Now()})
+	i := len(s.outages) - 1
+	return func() {
+		s.outagesMu.Lock()
+		defer s.outagesMu.Unlock()
+		s.outages[i].to = time.Now()
+	}
+}
+
+// duringOutage reports whether t fell inside a node fault's span.
+func (s *scenario) duringOutage(t time.Time) bool {
+	s.outagesMu.Lock()
+	defer s.outagesMu.Unlock()
+	for _, o := range s.outages {
+		if !t.Before(o.from) && (o.to.IsZero() || !t.After(o.to)) {
+			return true
+		}
+	}
+	return false
 }

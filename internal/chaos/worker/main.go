@@ -5,6 +5,12 @@
 // transaction that also records the item's key (consumer.Transactional with
 // dedup/pgdedup). A body that is not JSON is poison: TxJSON dead-letters it.
 //
+// With -store redis-cluster it takes the lease path instead
+// (consumer.Leased with dedup/redisdedup on the Redis Cluster of
+// $TEST_REDIS_CLUSTER_ADDRS): its effect is one webhook call per item
+// (sinks/webhook) to -webhook, with the item's idempotency key; a body that
+// is not JSON is dead-lettered by consumer.JSON.
+//
 // The chaos suite SIGKILLs it at random moments; on SIGTERM it drains and
 // exits. Every 50 ms, and once more after it stopped, it prints its counters
 // as one JSON line on stdout (see report), so that the suite can add up what
@@ -12,8 +18,8 @@
 //
 // The PostgreSQL URL comes from $CHAOS_DATABASE_URL (not the command line,
 // which every user of the machine can read); the broker addresses from the
-// services' environment ($TEST_KAFKA_BROKERS, $TEST_SQS_ENDPOINT,
-// $TEST_AMQP_URL).
+// services' environment ($TEST_KAFKA_BROKERS unless -kafka-brokers,
+// $TEST_SQS_ENDPOINT, $TEST_AMQP_URL, $TEST_REDIS_CLUSTER_ADDRS).
 package main
 
 import (
@@ -35,9 +41,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/dedup/redisdedup"
+	"github.com/idemq/idemq/sinks/webhook"
 	"github.com/idemq/idemq/sources/amqpsource"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/sqssource"
@@ -74,6 +83,10 @@ type options struct {
 	batch       int
 	work        time.Duration // time each handler call takes, inside its transaction
 	verbose     bool
+	kafka       string        // Kafka bootstrap brokers, comma-separated
+	store       string        // pg (transactional path) or redis-cluster (lease path)
+	webhook     string        // lease path: the URL of the effect
+	lease       time.Duration // lease path: consumer.LeaseOptions.Lease
 }
 
 func main() {
@@ -89,6 +102,10 @@ func main() {
 	flag.IntVar(&o.batch, "batch", 20, "messages per transaction")
 	flag.DurationVar(&o.work, "work", 0, "time each handler call takes, inside its transaction")
 	flag.BoolVar(&o.verbose, "v", false, "log at Debug to stderr")
+	flag.StringVar(&o.kafka, "kafka-brokers", os.Getenv("TEST_KAFKA_BROKERS"), "Kafka bootstrap brokers, comma-separated")
+	flag.StringVar(&o.store, "store", "pg", "pg (consumer.Transactional, pgdedup) or redis-cluster (consumer.Leased, redisdedup)")
+	flag.StringVar(&o.webhook, "webhook", "", "lease path: the webhook each item is sent to")
+	flag.DurationVar(&o.lease, "lease", 5*time.Second, "lease path: how long a claim holds without a refresh")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -113,21 +130,11 @@ func run(ctx context.Context, o options) error {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
-	poolCfg, err := pgxpool.ParseConfig(os.Getenv("CHAOS_DATABASE_URL"))
-	if err != nil {
-		return fmt.Errorf("database URL: %w", err)
-	}
-	poolCfg.ConnConfig.RuntimeParams["application_name"] = o.app
-	poolCfg.MaxConns = int32(o.concurrency + 2)
-	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	path, closePath, err := newPath(ctx, o, log)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	store, err := pgdedup.New(pool, pgdedup.Config{Schema: o.schema})
-	if err != nil {
-		return err
-	}
+	defer closePath()
 
 	rc := consumer.Config{
 		Name: o.group, Concurrency: o.concurrency, BatchSize: o.batch, Logger: log,
@@ -142,7 +149,7 @@ func run(ctx context.Context, o options) error {
 	switch o.broker {
 	case "kafka":
 		k, err := kafkasource.New(ctx, kafkasource.Config{
-			Brokers: strings.Split(os.Getenv("TEST_KAFKA_BROKERS"), ","),
+			Brokers: strings.Split(o.kafka, ","),
 			Topics:  []string{o.dest},
 			GroupID: o.group,
 			// A killed member holds its partitions for the session
@@ -206,21 +213,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 
-	effects := pgx.Identifier{o.schema, "effects"}.Sanitize()
-	handler := consumer.TxJSON(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message, it Item) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO `+effects+` (key, n, worker) VALUES ($1, $2, $3)`, msg.Key, it.N, o.app); err != nil {
-			return err
-		}
-		if o.work > 0 {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(o.work):
-			}
-		}
-		return nil
-	})
-	r, err := consumer.NewRunner(src, consumer.Transactional(store, handler), rc)
+	r, err := consumer.NewRunner(src, path, rc)
 	if err != nil {
 		return err
 	}
@@ -250,4 +243,65 @@ func run(ctx context.Context, o options) error {
 			emit(false)
 		}
 	}
+}
+
+// newPath returns the runner's path of o.store and what closes its
+// clients.
+func newPath(ctx context.Context, o options, log *slog.Logger) (consumer.Path, func(), error) {
+	work := func(ctx context.Context) error {
+		if o.work > 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(o.work):
+			}
+		}
+		return nil
+	}
+	switch o.store {
+	case "pg":
+		poolCfg, err := pgxpool.ParseConfig(os.Getenv("CHAOS_DATABASE_URL"))
+		if err != nil {
+			return nil, nil, fmt.Errorf("database URL: %w", err)
+		}
+		poolCfg.ConnConfig.RuntimeParams["application_name"] = o.app
+		poolCfg.MaxConns = int32(o.concurrency + 2)
+		pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		store, err := pgdedup.New(pool, pgdedup.Config{Schema: o.schema})
+		if err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
+		effects := pgx.Identifier{o.schema, "effects"}.Sanitize()
+		handler := consumer.TxJSON(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message, it Item) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+effects+` (key, n, worker) VALUES ($1, $2, $3)`, msg.Key, it.N, o.app); err != nil {
+				return err
+			}
+			return work(ctx)
+		})
+		return consumer.Transactional(store, handler), pool.Close, nil
+	case "redis-cluster":
+		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(os.Getenv("TEST_REDIS_CLUSTER_ADDRS"), ",")})
+		store, err := redisdedup.New(rdb, redisdedup.Config{})
+		if err != nil {
+			_ = rdb.Close()
+			return nil, nil, err
+		}
+		sink, err := webhook.New(webhook.Config{URL: o.webhook, Timeout: 5 * time.Second, Logger: log})
+		if err != nil {
+			_ = rdb.Close()
+			return nil, nil, err
+		}
+		handler := consumer.JSON(func(ctx context.Context, _ *consumer.Message, it Item) error {
+			if err := work(ctx); err != nil {
+				return err
+			}
+			return sink.Send(ctx, webhook.Request{Body: []byte(fmt.Sprintf(`{"n":%d}`, it.N))})
+		})
+		return consumer.Leased(store, handler, consumer.LeaseOptions{Lease: o.lease}), func() { _ = rdb.Close() }, nil
+	}
+	return nil, nil, fmt.Errorf("unknown store %q (want pg or redis-cluster)", o.store)
 }
