@@ -321,3 +321,6 @@ func sameAddr(a, b string) bool {
 
 // itemKey is the key of item n of a run.
 func itemKey(runID string, n int) string { return fmt.Sprintf("item-%s-%05d", runID, n) }
+
+// poisonKey is the key of poison message n of a run.
+func poisonKey(runID string, n int) string { return fmt.Sprintf("poison-%s-%d", runID, n) }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"os/exec"
@@ -14,7 +15,7 @@ import (
 // The receiver applies each key of the run's scope once, counts the
 // repeats, and sets apart requests without the run's key.
 func TestReceiverCountsRepeatsAndForeignKeys(t *testing.T) {
-	r, err := startReceiver("idemq-chaos-x-lease")
+	r, err := startReceiver("idemq-chaos-x-lease", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,6 +50,49 @@ func TestReceiverCountsRepeatsAndForeignKeys(t *testing.T) {
 	}
 	if len(foreign) != 2 || foreign[0] != "other-scope:item-x-00003" || foreign[1] != "" {
 		t.Errorf("foreign keys %q; want the other scope's and the empty one", foreign)
+	}
+}
+
+// A request for a key the lease store holds as done is recorded with its
+// arrival; outside a failover's window it fails the run.
+func TestReceiverRecordsRequestsAfterDone(t *testing.T) {
+	done := func(_ context.Context, key string) (bool, error) {
+		switch key {
+		case "item-x-00002":
+			return true, nil
+		case "item-x-00003":
+			return false, errors.New("master down")
+		}
+		return false, nil
+	}
+	r, err := startReceiver("s", done)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.close()
+	for _, k := range []string{"s:item-x-00001", "s:item-x-00002", "s:item-x-00003"} {
+		req, _ := http.NewRequest(http.MethodPost, r.url, strings.NewReader(`{}`))
+		req.Header.Set(webhook.DefaultKeyHeader, k)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+	}
+	afterDone, unchecked := r.checks()
+	if len(afterDone) != 1 || afterDone[0].key != "item-x-00002" || unchecked != 1 {
+		t.Fatalf("after done %+v, unchecked %d; want item-x-00002 and 1", afterDone, unchecked)
+	}
+
+	s := &scenario{}
+	at := afterDone[0].at
+	s.outages = []outage{{from: at.Add(-time.Minute), to: at.Add(-leaseFor - time.Second)}}
+	if s.nearOutage(at, leaseFor) {
+		t.Error("a request more than a lease after the failover counted as its window")
+	}
+	s.outages = append(s.outages, outage{from: at.Add(-time.Minute), to: at.Add(-leaseFor + time.Second)})
+	if !s.nearOutage(at, leaseFor) {
+		t.Error("a request within a lease of the failover did not count as its window")
 	}
 }
 

@@ -19,24 +19,41 @@ import (
 // applying it again. It counts every request per key, so that the suite
 // sees both the effects (keys applied) and the repeats the lease window let
 // through and the key closed.
+//
+// Before it answers, it asks done whether the lease store already holds the
+// key as done: the handler of a done key must not run again, so such a
+// request is a broken promise, unless a failover lost the lease (see
+// scenario.verify).
 type receiver struct {
 	srv    *http.Server
 	url    string
 	prefix string // the Idempotency-Key's scope part, "<scope>:"
+	done   func(ctx context.Context, key string) (bool, error)
 
 	mu       sync.Mutex
 	requests map[string]int // per message key
 	foreign  []string       // keys without the scope prefix, or none
+	// afterDone are the requests that arrived for a key already done.
+	afterDone []arrival
+	// unchecked counts the requests done could not check (the store
+	// failed: a master down).
+	unchecked int
+}
+
+// arrival is one request of key at a time.
+type arrival struct {
+	key string
+	at  time.Time
 }
 
 // startReceiver serves on a free loopback port. Keys are expected as
-// consumer.IdempotencyKey makes them for scope.
-func startReceiver(scope string) (*receiver, error) {
+// consumer.IdempotencyKey makes them for scope. done may be nil.
+func startReceiver(scope string, done func(ctx context.Context, key string) (bool, error)) (*receiver, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	r := &receiver{prefix: scope + ":", requests: map[string]int{}, url: "http://" + ln.Addr().String() + "/effects"}
+	r := &receiver{prefix: scope + ":", done: done, requests: map[string]int{}, url: "http://" + ln.Addr().String() + "/effects"}
 	r.srv = &http.Server{Handler: http.HandlerFunc(r.serve), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := r.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -51,7 +68,19 @@ func startReceiver(scope string) (*receiver, error) {
 func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
 	_, _ = io.Copy(io.Discard, req.Body)
 	key, ok := strings.CutPrefix(req.Header.Get(webhook.DefaultKeyHeader), r.prefix)
+	at := time.Now()
+	var isDone bool
+	var doneErr error
+	if ok && key != "" && r.done != nil {
+		isDone, doneErr = r.done(req.Context(), key)
+	}
 	r.mu.Lock()
+	if isDone {
+		r.afterDone = append(r.afterDone, arrival{key: key, at: at})
+	}
+	if doneErr != nil {
+		r.unchecked++
+	}
 	if ok && key != "" {
 		r.requests[key]++
 	} else {
@@ -75,6 +104,14 @@ func (r *receiver) counts() (requests, applied, extra int, foreign []string) {
 		}
 	}
 	return requests, applied, extra, append([]string(nil), r.foreign...)
+}
+
+// checks returns the requests that arrived for a key already done, and
+// the number of requests that could not be checked.
+func (r *receiver) checks() (afterDone []arrival, unchecked int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]arrival(nil), r.afterDone...), r.unchecked
 }
 
 func (r *receiver) close() {

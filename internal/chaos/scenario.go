@@ -14,8 +14,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/dedup/redisdedup"
 )
 
 // databaseEnv hands a worker its PostgreSQL URL (see internal/chaos/worker).
@@ -67,6 +70,11 @@ type result struct {
 	// got; requests - effects were repeats of an applied key, which the
 	// key closed (the lease window).
 	requests int
+	// afterDone counts, on the lease path, the requests of a key already
+	// done in the lease store, outside a failover's window (a failure);
+	// afterDoneInWindow those within a lease of a failover; unchecked the
+	// requests the store could not be asked about.
+	afterDone, afterDoneInWindow, unchecked int
 }
 
 func (r *result) fail(format string, args ...any) {
@@ -95,7 +103,11 @@ func (r result) repeats() string {
 	if r.kind != "lease" {
 		return "-"
 	}
-	return strconv.Itoa(r.requests - r.effects)
+	col := strconv.Itoa(r.requests - r.effects)
+	if n := r.afterDone + r.afterDoneInWindow; n > 0 {
+		col += fmt.Sprintf(" (%d after done)", n)
+	}
+	return col
 }
 
 // faultsCol lists the node faults fired, "-" when none.
@@ -136,7 +148,9 @@ type scenario struct {
 	nodeFaults []string
 
 	pool       *pgxpool.Pool
-	recv       *receiver // the lease path's downstream
+	recv       *receiver            // the lease path's downstream
+	rdb        *redis.ClusterClient // the receiver's look into the lease store
+	lease      *redisdedup.Store
 	redisAddrs []string
 	phaseStart time.Time // the start of the fault phase
 	// outages are the node faults' spans, from the kill or restart of the
@@ -207,7 +221,18 @@ func (s *scenario) setup(ctx context.Context) error {
 	}
 	if s.kind == "lease" {
 		s.redisAddrs = redisClusterAddrs()
-		if s.recv, err = startReceiver(s.name()); err != nil {
+		s.rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.redisAddrs, ReadTimeout: time.Second, WriteTimeout: time.Second})
+		if s.lease, err = redisdedup.New(s.rdb, redisdedup.Config{}); err != nil {
+			return err
+		}
+		done := func(ctx context.Context, key string) (bool, error) {
+			e, err := s.lease.Inspect(ctx, s.name(), key)
+			if errors.Is(err, dedup.ErrNotFound) {
+				return false, nil
+			}
+			return err == nil && !e.InProgress, err
+		}
+		if s.recv, err = startReceiver(s.name(), done); err != nil {
 			return err
 		}
 	}
@@ -228,6 +253,10 @@ func (s *scenario) cleanup() {
 	defer cancel()
 	if s.recv != nil {
 		s.recv.close()
+	}
+	if s.rdb != nil {
+		s.deleteLeaseKeys(ctx)
+		_ = s.rdb.Close()
 	}
 	if s.b != nil {
 		s.b.cleanup(ctx)
@@ -295,7 +324,7 @@ func (s *scenario) messages() []outMsg {
 		}
 	}
 	for n := range s.mode.poison {
-		msgs = append(msgs, outMsg{Key: fmt.Sprintf("poison-%s-%d", s.runID, n), Body: []byte(`{"n":` + strconv.Itoa(n) + `, not json`)})
+		msgs = append(msgs, outMsg{Key: poisonKey(s.runID, n), Body: []byte(`{"n":` + strconv.Itoa(n) + `, not json`)})
 	}
 	s.rng.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
 	return msgs
@@ -628,6 +657,36 @@ func (s *scenario) verify(ctx context.Context) {
 		if len(foreign) > 0 {
 			s.res.fail("%d webhook requests without the run's Idempotency-Key, the first %q", len(foreign), foreign[0])
 		}
+		// A done key's handler must not run again. A failover may lose a
+		// lease not yet replicated (the README's window): a request after
+		// done within a lease of the failover is that window, any other a
+		// failure.
+		// The check is no check if it never sees a done key. A node of the
+		// cluster may be down for a moment: each key is asked for up to
+		// 20 s.
+		for n := range min(10, s.mode.items) {
+			e, err := s.lease.Inspect(ctx, s.name(), itemKey(s.runID, n))
+			for deadline := time.Now().Add(20 * time.Second); err != nil && !errors.Is(err, dedup.ErrNotFound) && time.Now().Before(deadline); {
+				sleep(ctx, 500*time.Millisecond)
+				e, err = s.lease.Inspect(ctx, s.name(), itemKey(s.runID, n))
+			}
+			if err != nil || e.InProgress {
+				s.res.fail("item %s is not done in the lease store after the run (in progress %v, %v): the receiver's check after done sees nothing", itemKey(s.runID, n), e.InProgress, err)
+				break
+			}
+		}
+		afterDone, unchecked := s.recv.checks()
+		s.res.unchecked = unchecked
+		for _, a := range afterDone {
+			if s.nearOutage(a.at, leaseFor) {
+				s.res.afterDoneInWindow++
+				continue
+			}
+			s.res.afterDone++
+			if s.res.afterDone <= 3 {
+				s.res.fail("item %s: a request %s into the fault phase, after the key was done", a.key, a.at.Sub(s.phaseStart).Round(time.Millisecond))
+			}
+		}
 	}
 	if effects != distinct {
 		s.res.fail("%d effects for %d distinct keys: %d duplicate effects", effects, distinct, effects-distinct)
@@ -660,6 +719,19 @@ func (s *scenario) outageBegins() (end func()) {
 	}
 }
 
+// nearOutage reports whether t fell inside a node fault's span widened by
+// d on both sides.
+func (s *scenario) nearOutage(t time.Time, d time.Duration) bool {
+	s.outagesMu.Lock()
+	defer s.outagesMu.Unlock()
+	for _, o := range s.outages {
+		if !t.Before(o.from.Add(-d)) && (o.to.IsZero() || !t.After(o.to.Add(d))) {
+			return true
+		}
+	}
+	return false
+}
+
 // duringOutage reports whether t fell inside a node fault's span.
 func (s *scenario) duringOutage(t time.Time) bool {
 	s.outagesMu.Lock()
@@ -670,4 +742,24 @@ func (s *scenario) duringOutage(t time.Time) bool {
 		}
 	}
 	return false
+}
+
+// deleteLeaseKeys deletes the lease path's records of the run (each
+// item's and poison message's key and failure count) from the Redis
+// Cluster, which would keep them for the retention.
+func (s *scenario) deleteLeaseKeys(ctx context.Context) {
+	var keys []string
+	for n := range s.mode.items {
+		keys = append(keys, itemKey(s.runID, n))
+	}
+	for n := range s.mode.poison {
+		keys = append(keys, poisonKey(s.runID, n))
+	}
+	pipe := s.rdb.Pipeline()
+	for _, k := range keys {
+		pipe.Del(ctx, s.lease.RedisKey(s.name(), k), s.lease.FailuresKey(s.name(), k))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		fmt.Printf("chaos: delete the lease records: %v\n", err)
+	}
 }
