@@ -65,6 +65,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // mode sizes a run.
@@ -131,6 +133,7 @@ func main() {
 			os.Exit(2)
 		}
 	}
+	redis.SetLogger(quietRedis{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, m, *modeName, strings.Split(*brokers, ","), *verbose, f))

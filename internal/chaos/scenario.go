@@ -239,7 +239,13 @@ func (s *scenario) setup(ctx context.Context) error {
 	if s.b, err = newBroker(s.kind, s.name(), slices.Contains(s.nodeFaults, faultKafkaNode)); err != nil {
 		return err
 	}
-	return s.b.setup(ctx)
+	if err := s.b.setup(ctx); err != nil {
+		if slices.Contains(s.nodeFaults, faultKafkaNode) {
+			return fmt.Errorf("%w (the kafka-node fault runs Kafka on the kafka-cluster profile: services.sh up kafka-cluster, or -node-faults=false)", err)
+		}
+		return err
+	}
+	return nil
 }
 
 // cleanup deletes the destinations and the schema.
