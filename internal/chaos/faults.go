@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -140,8 +141,9 @@ func (e faultEvent) String() string {
 }
 
 // fire runs one node fault of s and returns what it did. It blocks until the
-// node is back.
-func (f *faults) fire(ctx context.Context, s *scenario, fault string) faultEvent {
+// node is back. rng picks the node; it is fire's own, as fire runs beside
+// the kills.
+func (f *faults) fire(ctx context.Context, s *scenario, fault string, rng *rand.Rand) faultEvent {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	ev := faultEvent{fault: fault, dry: f.dry[fault]}
@@ -149,7 +151,7 @@ func (f *faults) fire(ctx context.Context, s *scenario, fault string) faultEvent
 	defer s.outageBegins()()
 	switch fault {
 	case faultKafkaNode:
-		ev.node, ev.verb = fmt.Sprintf("kafka-cluster-%d", 1+s.rng.IntN(3)), "killed"
+		ev.node, ev.verb = fmt.Sprintf("kafka-cluster-%d", 1+rng.IntN(3)), "killed"
 		ev.down = since()
 		if ev.err = f.services(ctx, fault, "kill", ev.node); ev.err != nil {
 			return ev
@@ -157,7 +159,7 @@ func (f *faults) fire(ctx context.Context, s *scenario, fault string) faultEvent
 		sleep(ctx, nodeDownFor)
 		ev.err = f.services(ctx, fault, "start", ev.node)
 	case faultRedisMaster:
-		node, slot, err := s.redisMasterOfRunKey(ctx)
+		node, slot, err := s.redisMasterOfRunKey(ctx, rng)
 		if err != nil {
 			ev.node, ev.err = "redis-cluster", err
 			return ev
@@ -239,14 +241,14 @@ func (s *scenario) redisNodeAddr(node string) string {
 // redisMasterOfRunKey returns the services script's name of the Redis
 // Cluster master that owns the slot of one of the run's items (chosen at
 // random), and that slot.
-func (s *scenario) redisMasterOfRunKey(ctx context.Context) (string, int64, error) {
+func (s *scenario) redisMasterOfRunKey(ctx context.Context, rng *rand.Rand) (string, int64, error) {
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.redisAddrs})
 	defer rdb.Close()
 	store, err := redisdedup.New(rdb, redisdedup.Config{})
 	if err != nil {
 		return "", 0, err
 	}
-	key := store.RedisKey(s.name(), itemKey(s.runID, s.rng.IntN(s.mode.items)))
+	key := store.RedisKey(s.name(), itemKey(s.runID, rng.IntN(s.mode.items)))
 	slot, err := rdb.ClusterKeySlot(ctx, key).Result()
 	if err != nil {
 		return "", 0, fmt.Errorf("slot of %s: %w", key, err)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"net/http"
 	"os/exec"
 	"strings"
@@ -151,7 +152,7 @@ func TestFaultsDryRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &scenario{kind: "amqp", phaseStart: time.Now()}
-	ev := f.fire(t.Context(), s, faultRabbitMQRestart)
+	ev := f.fire(t.Context(), s, faultRabbitMQRestart, rand.New(rand.NewPCG(1, 2)))
 	if ev.err != nil || !ev.dry || ev.node != "rabbitmq" {
 		t.Fatalf("dry run: %+v", ev)
 	}
@@ -160,7 +161,7 @@ func TestFaultsDryRun(t *testing.T) {
 	}
 	// A fault that is no dry run runs the script, which is missing here.
 	f.dry = map[string]bool{}
-	if ev := f.fire(t.Context(), s, faultPostgresRestart); ev.err == nil {
+	if ev := f.fire(t.Context(), s, faultPostgresRestart, rand.New(rand.NewPCG(1, 2))); ev.err == nil {
 		t.Fatal("a missing services script did not fail the fault")
 	}
 	if len(s.outages) != 2 || s.outages[0].to.IsZero() || s.outages[1].to.IsZero() {

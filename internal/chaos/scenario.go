@@ -417,8 +417,9 @@ func (s *scenario) chaos(ctx context.Context) error {
 		case <-time.After(gap):
 		}
 		for _, f := range fireAt[k] {
+			rng := rand.New(rand.NewPCG(s.rng.Uint64(), s.rng.Uint64()))
 			faultsWG.Go(func() {
-				ev := s.faults.fire(ctx, s, f)
+				ev := s.faults.fire(ctx, s, f, rng)
 				eventsMu.Lock()
 				s.res.events = append(s.res.events, ev)
 				eventsMu.Unlock()
