@@ -138,7 +138,7 @@ func (k *kafkaBroker) deadLetters(ctx context.Context, seen map[string]int) erro
 		return err
 	}
 	last, err := conn.ReadLastOffset()
-	conn.Close()
+	_ = conn.Close() // a read-only connection: nothing to flush
 	if err != nil || last <= k.dlqNext {
 		return err
 	}
@@ -293,6 +293,10 @@ type amqpBroker struct {
 	url, queue string
 	conn       *amqp.Connection
 	ch         *amqp.Channel
+	// returns receives the messages the broker returned as unroutable:
+	// a mandatory publish that reaches no queue is returned, then
+	// confirmed, so a confirm alone does not prove it was enqueued.
+	returns chan amqp.Return
 }
 
 func (a *amqpBroker) dlq() string {
@@ -351,7 +355,7 @@ func (a *amqpBroker) send(ctx context.Context, msgs []outMsg) error {
 		if err := ch.Confirm(false); err != nil {
 			return err
 		}
-		a.ch = ch
+		a.ch, a.returns = ch, ch.NotifyReturn(make(chan amqp.Return, 4096))
 	}
 	confirms := make([]*amqp.DeferredConfirmation, 0, len(msgs))
 	for _, m := range msgs {
@@ -370,6 +374,16 @@ func (a *amqpBroker) send(ctx context.Context, msgs []outMsg) error {
 		if ok, err := dc.WaitContext(ctx); err != nil || !ok {
 			return errors.Join(errors.New("publish not confirmed"), err)
 		}
+	}
+	// A return precedes its message's confirm on the wire, and the client
+	// hands it over before it reads the confirm: every return of this chunk
+	// is in the channel now.
+	if n := len(a.returns); n > 0 {
+		for range n {
+			<-a.returns
+		}
+		fmt.Printf("chaos: amqp: %d of %d messages returned unroutable (the queue was not there yet); the chunk is sent again\n", n, len(msgs))
+		return fmt.Errorf("%d messages returned unroutable", n)
 	}
 	return nil
 }

@@ -218,8 +218,11 @@ func redisClusterNode(i int) string { return fmt.Sprintf("redis-cluster-%d", i) 
 func servicesScript() (string, error) {
 	out, err := exec.Command(envOr("GO", "go"), "env", "GOMOD").Output()
 	gomod := strings.TrimSpace(string(out))
-	if err != nil || gomod == "" || gomod == os.DevNull {
-		return "", fmt.Errorf("find services.sh: no go.mod above the working directory (%v)", err)
+	if err != nil {
+		return "", fmt.Errorf("find services.sh: go env GOMOD: %w", err)
+	}
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("find services.sh: no go.mod above the working directory")
 	}
 	script := filepath.Join(filepath.Dir(gomod), "testdata", "services", "services.sh")
 	if _, err := os.Stat(script); err != nil {
@@ -274,7 +277,11 @@ func slotMaster(ctx context.Context, addrs []string, slot int64, skip string) (s
 			continue
 		}
 		c := redis.NewClient(&redis.Options{Addr: a, DialTimeout: time.Second, ReadTimeout: 2 * time.Second, MaxRetries: -1})
-		slots, err := c.ClusterSlots(ctx).Result()
+		// CLUSTER SLOTS names a slot's owner as the cluster sees it, the
+		// killed master until a replica has taken its slots over, which is
+		// the moment waitFailover waits for; CLUSTER SHARDS, its successor,
+		// reports roles and health per node instead.
+		slots, err := c.ClusterSlots(ctx).Result() //nolint:staticcheck // see above
 		_ = c.Close()
 		if err != nil {
 			errs = append(errs, err)
@@ -299,7 +306,10 @@ func waitFailover(ctx context.Context, addrs []string, slot int64, dead string) 
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("slot %d still served by %s %s after its master was killed (%v)", slot, m, failoverWithin, err)
+			if err != nil {
+				return fmt.Errorf("slot %d: no master found %s after its master was killed: %w", slot, failoverWithin, err)
+			}
+			return fmt.Errorf("slot %d still served by %s %s after its master was killed", slot, m, failoverWithin)
 		}
 		sleep(ctx, 200*time.Millisecond)
 	}
