@@ -413,6 +413,26 @@ func (a *amqpBroker) deadLetters(_ context.Context, seen map[string]int) error {
 	}
 }
 
+// depther is a broker that can tell how many messages wait in its queue.
+type depther interface {
+	depth(ctx context.Context) (int, error)
+}
+
+// depth is the number of messages ready in the queue.
+func (a *amqpBroker) depth(context.Context) (int, error) {
+	conn, err := a.connection()
+	if err != nil {
+		return 0, err
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(a.queue, true, false, false, false, nil)
+	return q.Messages, err
+}
+
 func (a *amqpBroker) cleanup(context.Context) {
 	conn, err := a.connection()
 	if err != nil {

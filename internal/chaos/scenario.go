@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -184,7 +185,12 @@ func (s *scenario) run(ctx context.Context) result {
 		s.stopWorkers()
 		s.verify(ctx)
 	}
-	s.cleanup()
+	if len(s.res.failures) > 0 && os.Getenv("CHAOS_KEEP") == "1" {
+		s.stopWorkers()
+		fmt.Printf("chaos: %s: failed; CHAOS_KEEP=1 keeps its destination %s and schema %s for inspection\n", s.kind, s.name(), s.schema)
+	} else {
+		s.cleanup()
+	}
 	s.res.total = time.Since(began)
 	return s.res
 }
@@ -607,8 +613,20 @@ func (s *scenario) converge(ctx context.Context) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("not converged within %s: %d of %d items have an effect, %d of %d poison messages dead-lettered",
-				s.mode.converge, distinct-extra, s.mode.items, poison, s.mode.poison)
+			var items []string
+			for k := range seen {
+				if !strings.HasPrefix(k, "poison-") {
+					items = append(items, k)
+				}
+			}
+			where := ""
+			if d, ok := s.b.(depther); ok {
+				if n, err := d.depth(ctx); err == nil {
+					where = fmt.Sprintf("; %d messages ready in the queue", n)
+				}
+			}
+			return fmt.Errorf("not converged within %s: %d of %d items have an effect, %d of %d poison messages dead-lettered, items dead-lettered %q%s",
+				s.mode.converge, distinct-extra, s.mode.items, poison, s.mode.poison, items, where)
 		}
 		select {
 		case <-ctx.Done():
