@@ -191,8 +191,12 @@ func run(ctx context.Context, o options) error {
 			Queue:    o.dest,
 			Prefetch: amqpsource.PrefetchFor(rc),
 			Declare:  &amqpsource.Topology{QueueType: amqpsource.QueueTypeQuorum},
-			// Retry queues of a finished run expire on their own.
-			RetryQueueArgs: amqp.Table{"x-expires": int32(60_000)},
+			// Retry queues of a finished run expire on their own, an hour
+			// after their last declaration. A retry queue has no consumer
+			// and publishing does not renew its lease: with a shorter
+			// expiry (it was 60 s) a queue declared once by a long-lived
+			// session is deleted mid-run with the retry copies in it.
+			RetryQueueArgs: amqp.Table{"x-expires": int32(time.Hour / time.Millisecond)},
 			Logger:         log,
 		})
 		if err != nil {
