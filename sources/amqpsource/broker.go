@@ -44,6 +44,24 @@ func (c Config) retryQueueArgs(bucket time.Duration) amqp.Table {
 	return args
 }
 
+// retryRedeclareEvery returns how often a retry queue whose delay is bucket
+// is declared again while copies go into it (0: never), from the
+// "x-expires" of RetryQueueArgs. RabbitMQ deletes such a queue x-expires
+// after its last declaration, copies and all; declared again once
+// (x-expires - bucket) / 2 has passed, it outlives every copy put in it. A
+// bucket not shorter than x-expires cannot be kept safe: a *ConfigError.
+func (c Config) retryRedeclareEvery(bucket time.Duration) (time.Duration, error) {
+	expires, ok, err := millisArg(c.RetryQueueArgs, "x-expires")
+	if !ok || err != nil { // validate reported a bad value
+		return 0, nil
+	}
+	if expires <= bucket {
+		return 0, &ConfigError{Field: "amqpsource.Config.RetryQueueArgs", Reason: fmt.Sprintf(
+			"x-expires %v is not longer than the retry delay %v: the broker could delete the retry queue with the copy in it", expires, bucket)}
+	}
+	return max((expires-bucket)/2, time.Millisecond), nil
+}
+
 // checkBroker reports, as a *ConfigError, a broker that cannot run the
 // configured retry queues: at-least-once retry queues need RabbitMQ 3.10 or
 // later. props are the server properties of connection.start.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -83,6 +84,41 @@ func TestDeadLetterReason(t *testing.T) {
 	} {
 		if got := DeadLetterReason(c.h); got != c.want {
 			t.Errorf("DeadLetterReason(%v) = %q, want %q", c.h, got, c.want)
+		}
+	}
+}
+
+// With x-expires, a retry queue is declared again often enough that a copy
+// put in just before the next declaration is due still leaves before the
+// queue expires; a delay as long as x-expires is refused.
+func TestRetryRedeclareEvery(t *testing.T) {
+	cases := []struct {
+		args   amqp.Table
+		bucket time.Duration
+		every  time.Duration
+		err    bool
+	}{
+		{nil, time.Second, 0, false},
+		{amqp.Table{"x-max-length": int64(10)}, time.Second, 0, false},
+		{amqp.Table{"x-expires": int32(60_000)}, time.Second, 29500 * time.Millisecond, false},
+		{amqp.Table{"x-expires": int64(60_000)}, 30 * time.Second, 15 * time.Second, false},
+		{amqp.Table{"x-expires": 3000}, 2999 * time.Millisecond, time.Millisecond, false},
+		{amqp.Table{"x-expires": int32(60_000)}, time.Minute, 0, true},
+		{amqp.Table{"x-expires": int32(60_000)}, time.Hour, 0, true},
+	}
+	for _, c := range cases {
+		every, err := Config{Queue: "q", RetryQueueArgs: c.args}.retryRedeclareEvery(c.bucket)
+		var ce *ConfigError
+		if c.err != (errors.As(err, &ce) && ce.Field == "amqpsource.Config.RetryQueueArgs") || every != c.every {
+			t.Errorf("%v, delay %v: every %v, error %v; want every %v, error %v", c.args, c.bucket, every, err, c.every, c.err)
+		}
+	}
+	// validate refuses an x-expires that is not a positive integer.
+	for _, v := range []any{"60s", int64(0), int32(-1)} {
+		err := Config{Queue: "q", RetryQueueArgs: amqp.Table{"x-expires": v}}.WithDefaults().validate()
+		var ce *ConfigError
+		if !errors.As(err, &ce) || !strings.Contains(err.Error(), "x-expires") {
+			t.Errorf("validate with x-expires %v = %v, want a RetryQueueArgs *ConfigError", v, err)
 		}
 	}
 }

@@ -108,7 +108,12 @@ type Config struct {
 
 	// RetryQueueArgs are extra arguments for the retry queues, merged over
 	// the defaults (see RetryQueueDefaults), for example
-	// {"x-max-length": 100000}. Unless ClassicRetryQueues is set, they must
+	// {"x-max-length": 100000}. With "x-expires" (milliseconds, an integer),
+	// which lets the broker delete a retry queue nobody declared for that
+	// long, the source declares a retry queue again while it puts copies in
+	// it, so that the queue outlives them; a retry delay not shorter than
+	// x-expires is refused at retry (the message is handed back, as after a
+	// failed copy). Unless ClassicRetryQueues is set, they must
 	// not weaken the at-least-once trip back to Queue: New rejects an
 	// "x-queue-type" other than "quorum", an "x-dead-letter-strategy" other
 	// than "at-least-once" and an "x-overflow" other than "reject-publish".
@@ -369,6 +374,11 @@ func (c Config) validate() error {
 				l.Addf("RetryQueueArgs", "%s %v makes the trip back to Queue at-most-once (want %v); set ClassicRetryQueues to accept losing retried messages", k, v, defaults[k])
 			}
 		}
+	}
+	if expires, ok, err := millisArg(c.RetryQueueArgs, "x-expires"); err != nil {
+		l.Add("RetryQueueArgs", err.Error())
+	} else if ok && expires <= 0 {
+		l.Addf("RetryQueueArgs", "x-expires %v must be positive", expires)
 	}
 	if t := c.Declare; t != nil {
 		if t.QueueType != QueueTypeQuorum && t.QueueType != QueueTypeClassic {

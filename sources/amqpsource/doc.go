@@ -155,6 +155,16 @@
 // queues (RabbitMQ 3.10, one node, two runs). Retries are the exception, so
 // this rarely shows in throughput.
 //
+// With "x-expires" in Config.RetryQueueArgs, so that the retry queues of a
+// retired consumer go away by themselves, note that RabbitMQ deletes a
+// queue x-expires after its last declaration (or consumer, or basic.get),
+// whatever it holds: publishing into it does not count, and a retry queue
+// has no consumer. The source therefore declares a retry queue again before
+// a copy goes in once (x-expires - delay) / 2 has passed since it last did,
+// so that every copy leaves before the queue can expire; a retry whose delay
+// is not shorter than x-expires is refused (the message is handed back, as
+// after a failed copy, and Retry returns an error wrapping a *ConfigError).
+//
 // A retry queue's arguments cannot change while it exists. A classic retry
 // queue left by an older configuration makes its retries fail (the broker
 // refuses the declaration with PRECONDITION_FAILED, the error says so, and

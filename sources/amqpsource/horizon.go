@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/idemq/idemq/consumer"
 )
 
@@ -24,9 +26,23 @@ func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, error) {
 	if s.cfg.Declare == nil {
 		return consumer.Unbounded, nil
 	}
-	v, ok := s.cfg.Declare.QueueArgs["x-message-ttl"]
+	ttl, ok, err := millisArg(s.cfg.Declare.QueueArgs, "x-message-ttl")
+	if err != nil {
+		return 0, fmt.Errorf("amqpsource: queue %q: %w", s.cfg.Queue, err)
+	}
 	if !ok {
 		return consumer.Unbounded, nil
+	}
+	return ttl, nil
+}
+
+// millisArg returns the queue argument name of args, a number of
+// milliseconds, as a duration; ok is false when args does not have it, and
+// err is not nil when it is not an integer.
+func millisArg(args amqp.Table, name string) (d time.Duration, ok bool, err error) {
+	v, ok := args[name]
+	if !ok {
+		return 0, false, nil
 	}
 	var ms int64
 	switch n := v.(type) {
@@ -39,7 +55,7 @@ func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, error) {
 	case uint32:
 		ms = int64(n)
 	default:
-		return 0, fmt.Errorf("amqpsource: queue %q: x-message-ttl %v (%T) is not an integer", s.cfg.Queue, v, v)
+		return 0, true, fmt.Errorf("%s %v (%T) is not an integer", name, v, v)
 	}
-	return time.Duration(ms) * time.Millisecond, nil
+	return time.Duration(ms) * time.Millisecond, true, nil
 }

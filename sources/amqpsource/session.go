@@ -56,7 +56,18 @@ type session struct {
 	pub       *amqp.Channel
 	returns   chan amqp.Return
 	pubClosed chan *amqp.Error
-	declared  map[string]bool
+	declared  map[string]time.Time // when each retry queue was last declared on pub
+}
+
+// declaration declares the queue a publish goes to: before the first publish
+// to it on a confirm channel, and again before a publish when the last
+// declaration is older than every (when every is positive). RabbitMQ deletes
+// a queue with "x-expires" that long after its last declaration, consumer or
+// basic.get, whatever it holds, and publishing to it does not count: a retry
+// queue, which has no consumer, must be declared again while copies go in.
+type declaration struct {
+	run   func(*amqp.Channel) error
+	every time.Duration
 }
 
 // dial opens a connection and a consuming channel, declares the topology if
@@ -426,12 +437,12 @@ func (s *session) requeue(tag uint64) (bool, error) {
 }
 
 // publish publishes p with the mandatory flag on the session's confirm
-// channel and waits for the broker's confirm. declare, when not nil, is run
-// once per confirm channel before the first publish to key. A copy the broker
+// channel and waits for the broker's confirm. decl, when not nil, declares
+// the queue named key first (see declaration). A copy the broker
 // returns as unroutable, or whose exchange does not exist, yields
 // ErrUnroutable; a publishing channel closed before the confirm yields
 // ErrPublishChannelClosed.
-func (s *session) publish(ctx context.Context, exchange, key string, p amqp.Publishing, declare func(*amqp.Channel) error) error {
+func (s *session) publish(ctx context.Context, exchange, key string, p amqp.Publishing, decl *declaration) error {
 	s.pubMu.Lock()
 	defer s.pubMu.Unlock()
 	if !s.alive() {
@@ -441,12 +452,15 @@ func (s *session) publish(ctx context.Context, exchange, key string, p amqp.Publ
 	if err != nil {
 		return err
 	}
-	if declare != nil && !s.declared[key] {
-		if err := declare(ch); err != nil {
-			s.dropConfirmChannel()
-			return err
+	if decl != nil {
+		last, ok := s.declared[key]
+		if now := time.Now(); !ok || (decl.every > 0 && now.Sub(last) >= decl.every) {
+			if err := decl.run(ch); err != nil {
+				s.dropConfirmChannel()
+				return err
+			}
+			s.declared[key] = now
 		}
-		s.declared[key] = true
 	}
 	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, p)
 	if err != nil {
@@ -508,7 +522,7 @@ func (s *session) confirmChannel() (*amqp.Channel, error) {
 	s.returns = ch.NotifyReturn(make(chan amqp.Return, 4))
 	s.pubClosed = ch.NotifyClose(make(chan *amqp.Error, 1))
 	s.pub = ch
-	s.declared = make(map[string]bool)
+	s.declared = make(map[string]time.Time)
 	return ch, nil
 }
 

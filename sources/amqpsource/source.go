@@ -282,13 +282,17 @@ func (s *Source) retry(ctx context.Context, h *handle, attempt int, delay time.D
 
 	ctx, cancel := publishContext(ctx, s.cfg.PublishTimeout)
 	defer cancel()
-	declare := func(ch *amqp.Channel) error {
+	every, err := s.cfg.retryRedeclareEvery(bucket)
+	if err != nil {
+		return s.copyFailed(ctx, h, fmt.Errorf("amqpsource: retry: %w", err), bucket)
+	}
+	decl := &declaration{every: every, run: func(ch *amqp.Channel) error {
 		if _, err := ch.QueueDeclare(queue, true, false, false, false, s.cfg.retryQueueArgs(bucket)); err != nil {
 			return retryDeclareError(queue, err)
 		}
 		return nil
-	}
-	if err := h.sess.publish(ctx, "", queue, p, declare); err != nil {
+	}}
+	if err := h.sess.publish(ctx, "", queue, p, decl); err != nil {
 		return s.copyFailed(ctx, h, fmt.Errorf("amqpsource: retry: %w", err), bucket)
 	}
 	s.copyFailures.Store(0)

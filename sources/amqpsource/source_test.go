@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/amqpsource"
@@ -306,5 +308,49 @@ func TestRetryThroughQuorumRetryQueue(t *testing.T) {
 	}
 	if err := src.Ack(context.Background(), []*consumer.Message{back}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// RabbitMQ deletes a queue with x-expires that long after its last
+// declaration, whatever it holds: publishing into it does not renew it. A
+// retry queue has no consumer, so the source declares it again while it puts
+// copies in it. Here the second copy goes in 2.2 s after the first
+// declaration and leaves 1 s later, after the 3 s x-expires of that
+// declaration: without a second declaration the broker deletes it with the
+// queue. (Classic retry queues, whose expiry timer is exact; the redeclaring
+// is the same for quorum ones.)
+func TestRetryQueueWithExpiresOutlivesItsCopies(t *testing.T) {
+	t.Parallel()
+	url := brokerURL(t)
+	q := newQueue(t, url, classic, 0)
+	publish(t, url, q, outgoing("expires", 2)...)
+	src := newSource(t, amqpsource.Config{URL: url, Queue: q, ClassicRetryQueues: true,
+		RetryQueueArgs: amqp.Table{"x-expires": int32(3000)}})
+	ctx := context.Background()
+	msgs := receive(t, src, 2, testTimeout)
+	declared := time.Now()
+	if err := src.Retry(ctx, msgs[0], time.Second); err != nil {
+		t.Fatalf("Retry: %v", err)
+	}
+	time.Sleep(time.Until(declared.Add(2200 * time.Millisecond)))
+	if err := src.Retry(ctx, msgs[1], time.Second); err != nil {
+		t.Fatalf("Retry: %v", err)
+	}
+	back := receive(t, src, 2, 10*time.Second)
+	if err := src.Ack(ctx, back); err != nil {
+		t.Fatal(err)
+	}
+	// The x-expires is in force: 3 s after the last declaration (at the
+	// second copy) the broker deleted the queue. A passive declaration
+	// renews it too, so look once.
+	time.Sleep(time.Until(declared.Add(2200*time.Millisecond + 4*time.Second)))
+	retryQueue := amqpsource.RetryQueueName(q+".retry.", time.Second)
+	err := withChannel(t, url, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclarePassive(retryQueue, true, false, false, false, nil)
+		return err
+	})
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.NotFound {
+		t.Fatalf("retry queue %s 4 s after its x-expires: passive declare = %v, want NOT_FOUND (deleted)", retryQueue, err)
 	}
 }
