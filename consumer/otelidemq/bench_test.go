@@ -21,12 +21,13 @@ import (
 )
 
 // sdkHook returns a Hook on a real SDK: every span sampled and batched to
-// a no-op exporter, metrics aggregated for a reader.
-func sdkHook(b *testing.B) consumer.Hook {
+// a no-op exporter, metrics aggregated for a reader; with perTx, a span per
+// transaction.
+func sdkHook(b *testing.B, perTx bool) consumer.Hook {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithBatcher(tracetest.NewNoopExporter()))
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	b.Cleanup(func() { _ = tp.Shutdown(context.Background()); _ = mp.Shutdown(context.Background()) })
-	h, err := otelidemq.New(otelidemq.Config{TracerProvider: tp, MeterProvider: mp, ConsumerGroup: "bench"})
+	h, err := otelidemq.New(otelidemq.Config{TracerProvider: tp, MeterProvider: mp, ConsumerGroup: "bench", SpanPerTransaction: perTx})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -70,8 +71,9 @@ func runBench(b *testing.B, path consumer.Path, hooks []consumer.Hook) {
 // (a handler inserting one row).
 func BenchmarkOverhead(b *testing.B) {
 	hooks := map[string]func(*testing.B) []consumer.Hook{
-		"none": func(*testing.B) []consumer.Hook { return nil },
-		"otel": func(b *testing.B) []consumer.Hook { return []consumer.Hook{sdkHook(b)} },
+		"none":       func(*testing.B) []consumer.Hook { return nil },
+		"otel":       func(b *testing.B) []consumer.Hook { return []consumer.Hook{sdkHook(b, false)} },
+		"otel-pertx": func(b *testing.B) []consumer.Hook { return []consumer.Hook{sdkHook(b, true)} },
 	}
 	for _, h := range []string{"none", "otel"} {
 		b.Run("memstore/"+h, func(b *testing.B) {
@@ -82,7 +84,7 @@ func BenchmarkOverhead(b *testing.B) {
 			runBench(b, consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }), hooks[h](b))
 		})
 	}
-	for _, h := range []string{"none", "otel"} {
+	for _, h := range []string{"none", "otel", "otel-pertx"} {
 		b.Run("memstore-batch-api/"+h, func(b *testing.B) {
 			store, err := memstore.New(memstore.Config{})
 			if err != nil {

@@ -49,6 +49,25 @@
 // per batch call), the commit's duration per commit (per transaction on
 // the transactional path).
 //
+// # Span per transaction
+//
+// With Config.SpanPerTransaction the hook makes one "process <destination>"
+// span per transaction of the transactional path instead of one per
+// message, as the messaging conventions trace batch processing: a root span
+// of kind consumer from the transaction's claim to its commit, linked to
+// the producer's span of every message it claimed, with
+// messaging.batch.message_count (messages claimed) and
+// idemq.batch.new_count (claimed as new), status Error when its claim,
+// batch handler or commit failed, and "claim", "handler" (a batch
+// handler's call) and "commit" children. The metrics are the same. Not
+// traced in this mode: a per-message handler's calls (their durations are
+// measured), span events (duplicates, retries, dead letters and lost
+// leases are counted only), and messages settled outside a transaction
+// (the lease path; a dead letter for a missing or invalid key or an
+// oversized body).
+// The handler's context carries the producer's span context, not a span of
+// its own.
+//
 // # Metrics
 //
 // See the README's Observability section for every instrument, its unit

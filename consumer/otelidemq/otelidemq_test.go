@@ -3,6 +3,7 @@ package otelidemq_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -683,5 +684,115 @@ func TestTransactionalBatchSpansAndMetrics(t *testing.T) {
 	}
 	if n := sum(rm, otelidemq.MetricBatchSize, "", ""); n == 0 {
 		t.Error("no batch size recorded")
+	}
+}
+
+// With SpanPerTransaction, a TransactionalBatch runner makes one process
+// span per transaction, linked to the producer's span of each message it
+// claimed, with claim, handler and commit children, and none per message;
+// the metrics are those of the per-message mode.
+func TestSpanPerTransaction(t *testing.T) {
+	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "pertx", SpanPerTransaction: true})
+	store, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
+	t.Cleanup(func() { b.Close() })
+	type order struct{ K string }
+	var mu sync.Mutex
+	batchCalls, failedOnce := 0, false
+	path := consumer.TransactionalBatch(store, consumer.TxBatchJSON(func(ctx context.Context, _ *memstore.Tx, items []consumer.BatchItem[order]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		batchCalls++
+		for _, it := range items {
+			if it.Value.K == "k7" && !failedOnce {
+				failedOnce = true
+				return &consumer.MessageError{Msg: it.Msg, Err: errors.New("downstream busy")}
+			}
+		}
+		return nil
+	}))
+	r, err := consumer.NewRunner(b.Source("orders"), path, consumer.Config{
+		Name: "pertx", Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{tel.hook},
+		Retry: consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Jitter: -1},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	producers := map[trace.SpanID]bool{}
+	var msgs []memsource.Outgoing
+	for i := range 25 {
+		sc, headers := producerSpan(t)
+		producers[sc.SpanID()] = true
+		msgs = append(msgs, memsource.Outgoing{Key: fmt.Sprintf("k%d", i), Body: []byte(fmt.Sprintf(`{"K":"k%d"}`, i)), Headers: headers})
+	}
+	b.Publish("orders", msgs...)
+	runIdle(t, r, func() { b.Publish("orders", msgs[3]) })
+	st := r.Stats()
+	if st.Handled != 25 || st.Duplicates != 1 || st.Retried != 1 {
+		t.Fatalf("stats %+v, want 25 handled, 1 duplicate, 1 retried", st)
+	}
+
+	linked := map[trace.SpanID]int{}
+	var process, failed int
+	for _, s := range tel.spans.Ended() {
+		if s.SpanKind() != trace.SpanKindConsumer {
+			continue
+		}
+		process++
+		if s.Name() != "process orders" || s.Parent().IsValid() {
+			t.Errorf("consumer span %q with parent %v, want a root %q", s.Name(), s.Parent(), "process orders")
+		}
+		n, ok := attr(s, otelidemq.AttrBatchCount)
+		if !ok || n.AsInt64() != int64(len(s.Links())) {
+			t.Errorf("process span: %s %v, %d links (every message carried a traceparent)", otelidemq.AttrBatchCount, n.AsInt64(), len(s.Links()))
+		}
+		for _, l := range s.Links() {
+			linked[l.SpanContext.SpanID()]++
+		}
+		kids := tel.children(s)
+		if _, ok := kids["claim"]; !ok {
+			t.Errorf("process span without a claim child: %v", kids)
+		}
+		if s.Status().Code == codes.Error {
+			failed++
+			if h, ok := kids["handler"]; !ok || h.Status().Code != codes.Error {
+				t.Errorf("failed process span: handler child %v", kids)
+			}
+		} else if nw, _ := attr(s, otelidemq.AttrBatchNew); nw.AsInt64() > 0 {
+			if _, ok := kids["commit"]; !ok {
+				t.Errorf("committed process span without a commit child: %v", kids)
+			}
+		}
+	}
+	mu.Lock()
+	calls := batchCalls
+	mu.Unlock()
+	if process != calls+1 || failed != 1 {
+		t.Errorf("%d process spans (%d failed) for %d batch calls; want one per transaction (each call, and the re-send's claim), 1 failed", process, failed, calls)
+	}
+	for id := range producers {
+		if linked[id] == 0 {
+			t.Errorf("producer span %s linked from no process span", id)
+		}
+	}
+	for _, name := range []string{"handler", "claim", "commit"} {
+		for _, s := range tel.spans.Ended() {
+			if s.Name() == name && !s.Parent().IsValid() {
+				t.Errorf("%s span is a root span, want a child of a process span", name)
+			}
+		}
+	}
+	rm := tel.metrics(t)
+	if n := sum(rm, otelidemq.MetricConsumed, "", ""); n != 27 {
+		t.Errorf("%d consumed, want 27 (25, a retry and a re-send)", n)
+	}
+	if n := sum(rm, otelidemq.MetricDuplicates, otelidemq.AttrDuplicateReason, "producer"); n != 1 {
+		t.Errorf("%d producer duplicates counted, want 1", n)
+	}
+	if n := sum(rm, otelidemq.MetricHandlerDuration, "", ""); n != int64(calls) {
+		t.Errorf("%d handler durations, want one per call (%d)", n, calls)
 	}
 }

@@ -12,8 +12,10 @@
 //     at batch size 100 with the batch API (TransactionalBatch, the same
 //     pipelined UPDATEs), the same with the otelidemq hook on the
 //     OpenTelemetry SDK (every span sampled, exported to a no-op exporter
-//     through a batch span processor; metrics into a ManualReader), and
-//     idemq re-reading messages already processed (all duplicates).
+//     through a batch span processor; metrics into a ManualReader), with a
+//     span per message and with a span per transaction
+//     (otelidemq.Config.SpanPerTransaction), and idemq re-reading messages
+//     already processed (all duplicates).
 //
 // Every row runs until it has handled at least -n messages and for at least
 // -min (defaults 20,000 and 5 s). The rows run in two rounds, the second in
@@ -196,12 +198,13 @@ func run(ctx context.Context, o options) error {
 		logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	rows := []row{
 		{name: "careful worker (BEGIN; INSERT; UPDATE; COMMIT)", scope: "careful", run: b.careful},
-		{name: "idemq, batch 1", scope: "b1", base: "careful worker (BEGIN; INSERT; UPDATE; COMMIT)", run: b.idemq(1, false, false)},
+		{name: "idemq, batch 1", scope: "b1", base: "careful worker (BEGIN; INSERT; UPDATE; COMMIT)", run: b.idemq(1, false, noHook)},
 		{name: "set-based worker (100 per tx, unnest + pgx.Batch)", scope: "setbased", run: b.setBased(100)},
-		{name: "idemq, batch 100, per-message handler", scope: "b100", base: "set-based worker (100 per tx, unnest + pgx.Batch)", run: b.idemq(100, false, false)},
-		{name: "idemq, batch 100, batch API", scope: "api100", base: "set-based worker (100 per tx, unnest + pgx.Batch)", run: b.idemq(100, true, false)},
-		{name: "idemq, batch 100, batch API, OTel SDK", scope: "otel100", base: "idemq, batch 100, batch API", run: b.idemq(100, true, true)},
-		{name: "idemq, batch 100, all duplicates", scope: "api100", dup: true, run: b.idemq(100, true, false)},
+		{name: "idemq, batch 100, per-message handler", scope: "b100", base: "set-based worker (100 per tx, unnest + pgx.Batch)", run: b.idemq(100, false, noHook)},
+		{name: "idemq, batch 100, batch API", scope: "api100", base: "set-based worker (100 per tx, unnest + pgx.Batch)", run: b.idemq(100, true, noHook)},
+		{name: "idemq, batch 100, batch API, OTel SDK", scope: "otel100", base: "idemq, batch 100, batch API", run: b.idemq(100, true, otelPerMessage)},
+		{name: "idemq, batch 100, batch API, OTel SDK, span per transaction", scope: "oteltx100", base: "idemq, batch 100, batch API", run: b.idemq(100, true, otelPerTransaction)},
+		{name: "idemq, batch 100, all duplicates", scope: "api100", dup: true, run: b.idemq(100, true, noHook)},
 	}
 	if o.rows != "" {
 		re, err := regexp.Compile(o.rows)
@@ -262,7 +265,7 @@ func run(ctx context.Context, o options) error {
 		for _, api := range []bool{false, true} {
 			for _, size := range []int{10, 50, 100, 200, 500, 1000} {
 				name := fmt.Sprintf("idemq, batch %d, %s", size, map[bool]string{false: "per-message handler", true: "batch API"}[api])
-				res, err := b.measure(ctx, row{name: name, scope: fmt.Sprintf("sweep-%v-%d", api, size), run: b.idemq(size, api, false)}, 0)
+				res, err := b.measure(ctx, row{name: name, scope: fmt.Sprintf("sweep-%v-%d", api, size), run: b.idemq(size, api, noHook)}, 0)
 				if err != nil {
 					return fmt.Errorf("%s: %w", name, err)
 				}
@@ -557,10 +560,19 @@ ORDER BY u.k ON CONFLICT (scope, key) DO NOTHING RETURNING key`
 	}
 }
 
+// hook selects the hook of an idemq row.
+type hook int
+
+const (
+	noHook             hook = iota
+	otelPerMessage          // otelidemq on the SDK, a span per message
+	otelPerTransaction      // otelidemq on the SDK, SpanPerTransaction
+)
+
 // idemq runs a Runner at batch size size, with the per-message TxJSON
-// handler or the batch API doing the same UPDATEs in one pipelined batch;
-// with otel, with the otelidemq hook on SDK providers.
-func (b *bench) idemq(size int, api, otel bool) func(ctx context.Context, pool *pgxpool.Pool, store *pgdedup.Store, gen *generator) error {
+// handler or the batch API doing the same UPDATEs in one pipelined batch,
+// and with the otelidemq hook on SDK providers unless h is noHook.
+func (b *bench) idemq(size int, api bool, h hook) func(ctx context.Context, pool *pgxpool.Pool, store *pgdedup.Store, gen *generator) error {
 	return func(ctx context.Context, pool *pgxpool.Pool, store *pgdedup.Store, gen *generator) error {
 		update := b.update()
 		var path consumer.Path
@@ -579,15 +591,16 @@ func (b *bench) idemq(size int, api, otel bool) func(ctx context.Context, pool *
 			}))
 		}
 		var hooks []consumer.Hook
-		if otel {
+		if h != noHook {
 			tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithBatcher(tracetest.NewNoopExporter()))
 			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 			defer func() { _ = tp.Shutdown(context.WithoutCancel(ctx)); _ = mp.Shutdown(context.WithoutCancel(ctx)) }()
-			h, err := otelidemq.New(otelidemq.Config{ConsumerGroup: gen.scope, TracerProvider: tp, MeterProvider: mp})
+			oh, err := otelidemq.New(otelidemq.Config{ConsumerGroup: gen.scope, TracerProvider: tp, MeterProvider: mp,
+				SpanPerTransaction: h == otelPerTransaction})
 			if err != nil {
 				return err
 			}
-			hooks = []consumer.Hook{h}
+			hooks = []consumer.Hook{oh}
 		}
 		src := &genSource{gen: gen, done: make(chan struct{})}
 		runner, err := consumer.NewRunner(src, path, consumer.Config{
