@@ -124,3 +124,39 @@ func BenchmarkOverhead(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkHook measures the hook alone, per message, on the SDK: the
+// events a TransactionalBatch runner sends for a batch of 100 new messages
+// (receipt, batch, the transaction, settlement), with a span per message
+// and with SpanPerTransaction.
+func BenchmarkHook(b *testing.B) {
+	for _, perTx := range []bool{false, true} {
+		name := map[bool]string{false: "span-per-message", true: "span-per-transaction"}[perTx]
+		b.Run(name, func(b *testing.B) {
+			h := sdkHook(b, perTx).(*otelidemq.Hook)
+			const batch = 100
+			msgs := make([]*consumer.Message, batch)
+			for i := range msgs {
+				msgs[i] = &consumer.Message{ID: strconv.Itoa(i), Key: strconv.Itoa(i), Topic: "orders", Attempt: 1}
+			}
+			ctxs := make([]context.Context, batch)
+			ctx := context.Background()
+			b.ReportAllocs()
+			n := 0
+			for b.Loop() {
+				i := n % batch
+				ctxs[i] = h.OnReceived(ctx, msgs[i])
+				if n++; i < batch-1 {
+					continue
+				}
+				h.OnBatch(ctx, batch)
+				now := time.Now()
+				h.OnTx(ctx, consumer.TxInfo{Claimed: ctxs, New: ctxs, ClaimStart: now, ClaimEnd: now,
+					HandlerStart: now, HandlerEnd: now, Commit: consumer.CommitInfo{Start: now, End: now, Messages: batch}})
+				for j, c := range ctxs {
+					h.OnSettled(c, msgs[j], consumer.SettleInfo{Outcome: consumer.OutcomeHandled, BatchSize: batch})
+				}
+			}
+		})
+	}
+}

@@ -203,7 +203,7 @@ func run(ctx context.Context, o options) error {
 		{name: "idemq, batch 100, per-message handler", scope: "b100", base: "set-based worker (100 per tx, unnest + pgx.Batch)", run: b.idemq(100, false, noHook)},
 		{name: "idemq, batch 100, batch API", scope: "api100", base: "set-based worker (100 per tx, unnest + pgx.Batch)", run: b.idemq(100, true, noHook)},
 		{name: "idemq, batch 100, batch API, OTel SDK", scope: "otel100", base: "idemq, batch 100, batch API", run: b.idemq(100, true, otelPerMessage)},
-		{name: "idemq, batch 100, batch API, OTel SDK, span per transaction", scope: "oteltx100", base: "idemq, batch 100, batch API", run: b.idemq(100, true, otelPerTransaction)},
+		{name: "idemq, batch 100, batch API, OTel SDK, tx spans", scope: "oteltx100", base: "idemq, batch 100, batch API", run: b.idemq(100, true, otelPerTransaction)},
 		{name: "idemq, batch 100, all duplicates", scope: "api100", dup: true, run: b.idemq(100, true, noHook)},
 	}
 	if o.rows != "" {
