@@ -191,12 +191,10 @@ func run(ctx context.Context, o options) error {
 			Queue:    o.dest,
 			Prefetch: amqpsource.PrefetchFor(rc),
 			Declare:  &amqpsource.Topology{QueueType: amqpsource.QueueTypeQuorum},
-			// Retry queues of a finished run expire on their own, an hour
-			// after their last declaration. A retry queue has no consumer
-			// and publishing does not renew its lease: with a shorter
-			// expiry (it was 60 s) a queue declared once by a long-lived
-			// session is deleted mid-run with the retry copies in it.
-			RetryQueueArgs: amqp.Table{"x-expires": int32(time.Hour / time.Millisecond)},
+			// Retry queues of a finished run expire on their own, 60 s
+			// after their last declaration; amqpsource declares a retry
+			// queue again while copies go into it, so a live one is kept.
+			RetryQueueArgs: amqp.Table{"x-expires": int32(60_000)},
 			Logger:         log,
 		})
 		if err != nil {
