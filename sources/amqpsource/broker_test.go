@@ -107,18 +107,27 @@ func TestRetryRedeclareEvery(t *testing.T) {
 		{amqp.Table{"x-expires": int32(60_000)}, time.Hour, 0, true},
 	}
 	for _, c := range cases {
-		every, err := Config{Queue: "q", RetryQueueArgs: c.args}.retryRedeclareEvery(c.bucket)
+		every, err := Config{Queue: "q", RetryQueueArgs: c.args, ClassicRetryQueues: true}.retryRedeclareEvery(c.bucket)
 		var ce *ConfigError
 		if c.err != (errors.As(err, &ce) && ce.Field == "amqpsource.Config.RetryQueueArgs") || every != c.every {
 			t.Errorf("%v, delay %v: every %v, error %v; want every %v, error %v", c.args, c.bucket, every, err, c.every, c.err)
 		}
 	}
-	// validate refuses an x-expires that is not a positive integer.
+	// validate refuses an x-expires that is not a positive integer, and
+	// any x-expires on at-least-once retry queues.
 	for _, v := range []any{"60s", int64(0), int32(-1)} {
-		err := Config{Queue: "q", RetryQueueArgs: amqp.Table{"x-expires": v}}.WithDefaults().validate()
+		err := Config{Queue: "q", RetryQueueArgs: amqp.Table{"x-expires": v}, ClassicRetryQueues: true}.WithDefaults().validate()
 		var ce *ConfigError
 		if !errors.As(err, &ce) || !strings.Contains(err.Error(), "x-expires") {
 			t.Errorf("validate with x-expires %v = %v, want a RetryQueueArgs *ConfigError", v, err)
 		}
+	}
+	err := Config{Queue: "q", RetryQueueArgs: amqp.Table{"x-expires": int32(60_000)}}.WithDefaults().validate()
+	var ce *ConfigError
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "x-expires") {
+		t.Errorf("validate with x-expires on at-least-once retry queues = %v, want a RetryQueueArgs *ConfigError", err)
+	}
+	if err := (Config{URL: "amqp://127.0.0.1:1/", Queue: "q", RetryQueueArgs: amqp.Table{"x-expires": int32(60_000)}, ClassicRetryQueues: true}).WithDefaults().validate(); err != nil {
+		t.Errorf("validate with x-expires on classic retry queues = %v, want nil", err)
 	}
 }

@@ -108,15 +108,18 @@ type Config struct {
 
 	// RetryQueueArgs are extra arguments for the retry queues, merged over
 	// the defaults (see RetryQueueDefaults), for example
-	// {"x-max-length": 100000}. With "x-expires" (milliseconds, an integer),
-	// which lets the broker delete a retry queue nobody declared for that
-	// long, the source declares a retry queue again while it puts copies in
-	// it, so that the queue outlives them; a retry delay not shorter than
-	// x-expires is refused at retry (the message is handed back, as after a
-	// failed copy). Unless ClassicRetryQueues is set, they must
+	// {"x-max-length": 100000}. Unless ClassicRetryQueues is set, they must
 	// not weaken the at-least-once trip back to Queue: New rejects an
 	// "x-queue-type" other than "quorum", an "x-dead-letter-strategy" other
-	// than "at-least-once" and an "x-overflow" other than "reject-publish".
+	// than "at-least-once", an "x-overflow" other than "reject-publish", and
+	// any "x-expires" (a quorum retry queue keeps an expired copy until Queue
+	// confirms it, which can take longer than any expiry while Queue is
+	// unavailable, and the broker deletes an expiring queue with what it
+	// holds). With ClassicRetryQueues, "x-expires" (milliseconds, an
+	// integer) is allowed: the source then declares a retry queue again
+	// while it puts copies in it, so that the queue outlives them, and
+	// refuses a retry delay not shorter than x-expires (the message is handed
+	// back, as after a failed copy).
 	// Defaults to none.
 	RetryQueueArgs amqp.Table
 
@@ -379,6 +382,10 @@ func (c Config) validate() error {
 		l.Add("RetryQueueArgs", err.Error())
 	} else if ok && expires <= 0 {
 		l.Addf("RetryQueueArgs", "x-expires %v must be positive", expires)
+	} else if ok && !c.ClassicRetryQueues {
+		l.Add("RetryQueueArgs", "x-expires would let the broker delete a retry queue with the copies it holds until Queue confirms them "+
+			"(at-least-once dead-lettering keeps an expired copy there as long as Queue is unavailable, for example across a broker restart): "+
+			"delete retry queues when the consumer is retired instead, or set ClassicRetryQueues to accept losing retried messages")
 	}
 	if t := c.Declare; t != nil {
 		if t.QueueType != QueueTypeQuorum && t.QueueType != QueueTypeClassic {

@@ -139,6 +139,7 @@ func TestRetryQueueArgsCannotDegradeSilently(t *testing.T) {
 		{"x-queue-type": "classic"},
 		{"x-dead-letter-strategy": "at-most-once"},
 		{"x-overflow": "drop-head"},
+		{"x-expires": int32(3_600_000)},
 	} {
 		_, err := amqpsource.New(context.Background(), amqpsource.Config{URL: url, Queue: q, RetryQueueArgs: args})
 		var ce *amqpsource.ConfigError

@@ -155,15 +155,19 @@
 // queues (RabbitMQ 3.10, one node, two runs). Retries are the exception, so
 // this rarely shows in throughput.
 //
-// With "x-expires" in Config.RetryQueueArgs, so that the retry queues of a
-// retired consumer go away by themselves, note that RabbitMQ deletes a
-// queue x-expires after its last declaration (or consumer, or basic.get),
-// whatever it holds: publishing into it does not count, and a retry queue
-// has no consumer. The source therefore declares a retry queue again before
-// a copy goes in once (x-expires - delay) / 2 has passed since it last did,
-// so that every copy leaves before the queue can expire; a retry whose delay
-// is not shorter than x-expires is refused (the message is handed back, as
-// after a failed copy, and Retry returns an error wrapping a *ConfigError).
+// A retry queue does not expire: an at-least-once retry queue keeps an
+// expired copy until the source queue has confirmed it, as long as that
+// takes (a broker restart, the source queue's leader not elected yet), and
+// RabbitMQ deletes a queue with "x-expires" with whatever it holds, so New
+// refuses "x-expires" in Config.RetryQueueArgs. Delete the retry queues
+// ("<prefix><delay>") when a consumer is retired. With ClassicRetryQueues,
+// "x-expires" is allowed; as RabbitMQ counts it from the last declaration
+// (publishing does not count, and a retry queue has no consumer), the
+// source then declares a retry queue again before a copy goes in once
+// (x-expires - delay) / 2 has passed since it last did, so that every copy
+// leaves before the queue can expire, and refuses a retry whose delay is not
+// shorter than x-expires (the message is handed back, as after a failed
+// copy, and Retry returns an error wrapping a *ConfigError).
 //
 // A retry queue's arguments cannot change while it exists. A classic retry
 // queue left by an older configuration makes its retries fail (the broker

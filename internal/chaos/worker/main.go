@@ -40,7 +40,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/consumer"
@@ -191,11 +190,7 @@ func run(ctx context.Context, o options) error {
 			Queue:    o.dest,
 			Prefetch: amqpsource.PrefetchFor(rc),
 			Declare:  &amqpsource.Topology{QueueType: amqpsource.QueueTypeQuorum},
-			// Retry queues of a finished run expire on their own, 60 s
-			// after their last declaration; amqpsource declares a retry
-			// queue again while copies go into it, so a live one is kept.
-			RetryQueueArgs: amqp.Table{"x-expires": int32(60_000)},
-			Logger:         log,
+			Logger:   log,
 		})
 		if err != nil {
 			return err
