@@ -589,6 +589,47 @@ func TestExtractAWSTraceHeader(t *testing.T) {
 	}
 }
 
+// batchRunner returns a memsource broker and a TransactionalBatch runner
+// (batch 10, one lane, quick retries) consuming topic with tel's hook. Its
+// batch handler takes {"K": ...} bodies and fails once, naming the message
+// whose K is bad; calls returns how many times it ran.
+func batchRunner(t *testing.T, tel *telemetry, name, topic, bad string) (b *memsource.Broker, r *consumer.Runner, calls func() int) {
+	t.Helper()
+	store, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
+	t.Cleanup(func() { b.Close() })
+	type order struct{ K string }
+	var mu sync.Mutex
+	batchCalls, failedOnce := 0, false
+	path := consumer.TransactionalBatch(store, consumer.TxBatchJSON(func(ctx context.Context, _ *memstore.Tx, items []consumer.BatchItem[order]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		batchCalls++
+		for _, it := range items {
+			if it.Value.K == bad && !failedOnce {
+				failedOnce = true
+				return &consumer.MessageError{Msg: it.Msg, Err: errors.New("downstream busy")}
+			}
+		}
+		return nil
+	}))
+	r, err = consumer.NewRunner(b.Source(topic), path, consumer.Config{
+		Name: name, Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{tel.hook},
+		Retry: consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Jitter: -1},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, r, func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return batchCalls
+	}
+}
+
 // The batch API is traced and measured per transaction where the work is
 // per transaction: each handler call over several messages is one handler
 // span linked to their process spans, with one handler duration (with
@@ -598,35 +639,7 @@ func TestExtractAWSTraceHeader(t *testing.T) {
 // duplicates and batches are counted.
 func TestTransactionalBatchSpansAndMetrics(t *testing.T) {
 	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "txbatch"})
-	store, err := memstore.New(memstore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
-	t.Cleanup(func() { b.Close() })
-	type order struct{ K string }
-	var mu sync.Mutex
-	batchCalls := 0
-	failedOnce := false
-	path := consumer.TransactionalBatch(store, consumer.TxBatchJSON(func(ctx context.Context, _ *memstore.Tx, items []consumer.BatchItem[order]) error {
-		mu.Lock()
-		defer mu.Unlock()
-		batchCalls++
-		for _, it := range items {
-			if it.Value.K == "bad" && !failedOnce {
-				failedOnce = true
-				return &consumer.MessageError{Msg: it.Msg, Err: errors.New("downstream busy")}
-			}
-		}
-		return nil
-	}))
-	r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{
-		Name: "txbatch", Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{tel.hook},
-		Retry: consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Jitter: -1},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, r, batchCalls := batchRunner(t, tel, "txbatch", "t", "bad")
 	ks := []string{"a", "b", "bad", "c"}
 	for _, k := range ks {
 		b.Publish("t", memsource.Outgoing{Key: k, Body: []byte(`{"K":"` + k + `"}`)})
@@ -659,9 +672,7 @@ func TestTransactionalBatchSpansAndMetrics(t *testing.T) {
 			}
 		}
 	}
-	mu.Lock()
-	handlerCalls := batchCalls
-	mu.Unlock()
+	handlerCalls := batchCalls()
 	if handled != 4 || handlerSpans != handlerCalls || failedHandlerSpans != 1 {
 		t.Errorf("%d handled deliveries, %d handler spans (%d failed) for %d handler calls; want 4, one per call, 1 failed",
 			handled, handlerSpans, failedHandlerSpans, handlerCalls)
@@ -693,34 +704,7 @@ func TestTransactionalBatchSpansAndMetrics(t *testing.T) {
 // the metrics are those of the per-message mode.
 func TestSpanPerTransaction(t *testing.T) {
 	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "pertx", SpanPerTransaction: true})
-	store, err := memstore.New(memstore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
-	t.Cleanup(func() { b.Close() })
-	type order struct{ K string }
-	var mu sync.Mutex
-	batchCalls, failedOnce := 0, false
-	path := consumer.TransactionalBatch(store, consumer.TxBatchJSON(func(ctx context.Context, _ *memstore.Tx, items []consumer.BatchItem[order]) error {
-		mu.Lock()
-		defer mu.Unlock()
-		batchCalls++
-		for _, it := range items {
-			if it.Value.K == "k7" && !failedOnce {
-				failedOnce = true
-				return &consumer.MessageError{Msg: it.Msg, Err: errors.New("downstream busy")}
-			}
-		}
-		return nil
-	}))
-	r, err := consumer.NewRunner(b.Source("orders"), path, consumer.Config{
-		Name: "pertx", Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{tel.hook},
-		Retry: consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Jitter: -1},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, r, batchCalls := batchRunner(t, tel, "pertx", "orders", "k7")
 	producers := map[trace.SpanID]bool{}
 	var msgs []memsource.Outgoing
 	for i := range 25 {
@@ -767,9 +751,7 @@ func TestSpanPerTransaction(t *testing.T) {
 			}
 		}
 	}
-	mu.Lock()
-	calls := batchCalls
-	mu.Unlock()
+	calls := batchCalls()
 	if process != calls+1 || failed != 1 {
 		t.Errorf("%d process spans (%d failed) for %d batch calls; want one per transaction (each call, and the re-send's claim), 1 failed", process, failed, calls)
 	}
