@@ -453,8 +453,7 @@ func (h *Hook) OnHandlerEnd(ctx context.Context, m *consumer.Message, d time.Dur
 	}
 	span := trace.SpanFromContext(ctx)
 	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
+		recordFailure(span, err)
 	}
 	span.End()
 }
@@ -469,8 +468,7 @@ func (h *Hook) OnCommit(ctx context.Context, m *consumer.Message, c consumer.Com
 	if !h.perTx {
 		_, span := h.tracer.Start(ctx, "commit", trace.WithTimestamp(c.Start))
 		if c.Err != nil {
-			span.RecordError(c.Err)
-			span.SetStatus(codes.Error, c.Err.Error())
+			recordFailure(span, c.Err)
 		}
 		span.End(trace.WithTimestamp(c.End))
 	}
@@ -536,12 +534,7 @@ func (h *Hook) OnTx(ctx context.Context, t consumer.TxInfo) {
 // links is nil), and returns the links.
 func (h *Hook) txSpan(ctx context.Context, name string, d *destAttrs, msgs []context.Context, links []trace.Link, start, end time.Time, err error) []trace.Link {
 	if links == nil {
-		links = make([]trace.Link, 0, len(msgs))
-		for _, c := range msgs {
-			if sc := trace.SpanContextFromContext(c); sc.IsValid() {
-				links = append(links, trace.Link{SpanContext: sc})
-			}
-		}
+		links = linksTo(msgs)
 	}
 	var kvs []attribute.KeyValue
 	if d != nil {
@@ -552,11 +545,27 @@ func (h *Hook) txSpan(ctx context.Context, name string, d *destAttrs, msgs []con
 	_, span := h.tracer.Start(ctx, name, trace.WithNewRoot(), trace.WithTimestamp(start),
 		trace.WithLinks(links...), trace.WithAttributes(attrs...))
 	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
+		recordFailure(span, err)
 	}
 	span.End(trace.WithTimestamp(end))
 	return links
+}
+
+// linksTo returns links to the spans of the contexts that carry one.
+func linksTo(ctxs []context.Context) []trace.Link {
+	links := make([]trace.Link, 0, len(ctxs))
+	for _, c := range ctxs {
+		if sc := trace.SpanContextFromContext(c); sc.IsValid() {
+			links = append(links, trace.Link{SpanContext: sc})
+		}
+	}
+	return links
+}
+
+// recordFailure records err on span and sets its status to Error.
+func recordFailure(span trace.Span, err error) {
+	span.RecordError(err)
+	span.SetStatus(codes.Error, err.Error())
 }
 
 // txProcess makes the process span of a transaction (SpanPerTransaction):
@@ -595,12 +604,7 @@ func (h *Hook) txProcess(ctx context.Context, d *destAttrs, t consumer.TxInfo) {
 	if start.IsZero() || len(t.Claimed) == 0 {
 		return
 	}
-	links := make([]trace.Link, 0, len(t.Claimed))
-	for _, c := range t.Claimed {
-		if sc := trace.SpanContextFromContext(c); sc.IsValid() {
-			links = append(links, trace.Link{SpanContext: sc})
-		}
-	}
+	links := linksTo(t.Claimed)
 	name := "process"
 	var kvs []attribute.KeyValue
 	if d != nil {
@@ -616,8 +620,7 @@ func (h *Hook) txProcess(ctx context.Context, d *destAttrs, t consumer.TxInfo) {
 		}
 		_, child := h.tracer.Start(pctx, st.name, trace.WithTimestamp(st.start))
 		if st.err != nil {
-			child.RecordError(st.err)
-			child.SetStatus(codes.Error, st.err.Error())
+			recordFailure(child, st.err)
 		}
 		child.End(trace.WithTimestamp(st.end))
 	}
@@ -637,11 +640,11 @@ func (h *Hook) OnAck(ctx context.Context, n int, err error) {
 // OnRetry adds a retry event and counts it by kind.
 func (h *Hook) OnRetry(ctx context.Context, m *consumer.Message, kind consumer.RetryKind, delay time.Duration, err error) {
 	k := AttrRetryKind.String(kind.String())
-	attrs := []attribute.KeyValue{k, attribute.String("idemq.retry.delay", delay.String())}
-	if err != nil {
-		attrs = append(attrs, attribute.String("exception.message", err.Error()))
-	}
 	if !h.perTx {
+		attrs := []attribute.KeyValue{k, attribute.String("idemq.retry.delay", delay.String())}
+		if err != nil {
+			attrs = append(attrs, attribute.String("exception.message", err.Error()))
+		}
 		trace.SpanFromContext(ctx).AddEvent(EventRetry, trace.WithAttributes(attrs...))
 	}
 	if s := stateOf(ctx); s != nil && kind > 0 && int(kind) < len(s.dest.retries) {
