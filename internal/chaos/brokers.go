@@ -446,13 +446,9 @@ func (a *amqpBroker) cleanup(context.Context) {
 	}
 	defer ch.Close()
 	// The retry queues do not expire (amqpsource refuses x-expires on
-	// at-least-once retry queues): delete those the worker's delays (at
-	// most 1 s, and UnroutableDelay, 1 min) may have declared.
-	queues := []string{a.queue, a.dlq()}
-	for _, d := range []string{"100ms", "200ms", "500ms", "1s", "1m"} {
-		queues = append(queues, a.queue+".retry."+d)
-	}
-	for _, q := range queues {
+	// at-least-once retry queues): delete them too.
+	prefix := amqpsource.Config{Queue: a.queue}.WithDefaults().RetryQueuePrefix
+	for _, q := range append([]string{a.queue, a.dlq()}, amqpsource.RetryQueueNames(prefix)...) {
 		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 			fmt.Fprintf(os.Stderr, "chaos: delete queue %s: %v\n", q, err)
 			if ch, err = conn.Channel(); err != nil {

@@ -55,3 +55,16 @@ func bucketName(b time.Duration) string {
 	}
 	return strconv.FormatInt(b.Milliseconds(), 10) + "ms"
 }
+
+// RetryQueueNames returns the names of the retry queues a source whose
+// RetryQueuePrefix is prefix may declare for delays up to an hour: one per
+// step of the delay ladder. Retry queues do not expire (see RetryQueueArgs);
+// delete these when a consumer is retired. A Retry of more than an hour waits
+// in "<prefix><n>h", not listed.
+func RetryQueueNames(prefix string) []string {
+	names := make([]string, 0, len(retryDelays))
+	for _, d := range retryDelays {
+		names = append(names, prefix+bucketName(d))
+	}
+	return names
+}
