@@ -193,6 +193,20 @@ type BeginClaimer[Tx any] interface {
 	BeginClaim(ctx context.Context, scope string, recs []Record) (Tx, []Claim, error)
 }
 
+// CommitChainer is an optional interface of a TxStore. CommitChain commits
+// tx and, in the same round trip where the driver can pipeline them, begins
+// the next transaction on the same connection and claims recs in it, as
+// Claim would (PostgreSQL's COMMIT AND CHAIN). tx then stands for the next
+// transaction: it is used, committed and rolled back like one from Begin.
+//
+// committed reports whether the commit happened. An error with committed
+// false is what Commit would have returned, and the claim was not made; an
+// error with committed true is the claim's. After an error the caller must
+// Rollback tx, which ends whatever the connection still holds.
+type CommitChainer[Tx any] interface {
+	CommitChain(ctx context.Context, tx Tx, scope string, recs []Record) (claims []Claim, committed bool, err error)
+}
+
 // ErrTxRefused is matched by the error of a TxStore's Commit when the
 // database refused the commit because of the transaction's own content: a
 // statement in it had failed (and an error was swallowed), or a deferred

@@ -32,6 +32,7 @@ func RunTxStore[Tx any](t *testing.T, newStore func(t *testing.T, retention time
 		{"PayloadMismatch", time.Hour, txMismatch[Tx]},
 		{"BatchRerunWithoutCulprit", time.Hour, txBatchRerun[Tx]},
 		{"BeginClaim", time.Hour, txBeginClaim[Tx]},
+		{"CommitChain", time.Hour, txCommitChain[Tx]},
 		{"ConcurrentClaimRace", time.Hour, txRace[Tx]},
 		{"ConcurrentClaimRaceWinnerRollsBack", time.Hour, txRaceRollback[Tx]},
 		{"NoDeadlockAcrossKeyOrders", time.Hour, txKeyOrders[Tx]},
@@ -234,6 +235,62 @@ func txBeginClaim[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
 	for range 3 { // the connection goes back to the pool in a clean state
 		wantStates(t, "BeginClaim again", beginClaim(false, rec("new", h), rec("fresh", h)), sDone, sNew)
 	}
+}
+
+// txCommitChain checks a store's CommitChain, if it has one: the commit is
+// durable, the chained claim answers as Claim would (a key of the
+// transaction just committed is done), the chained transaction commits and
+// rolls back like one from Begin, and a chain can run many times over.
+func txCommitChain[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+	cc, ok := s.(dedup.CommitChainer[Tx])
+	if !ok {
+		t.Skip("the store has no CommitChain")
+	}
+	ctx := testContext(t)
+	scope, h, other := newScope(t), payload("a"), payload("other")
+	claimCommitted(ctx, t, s, scope, rec("changed", h))
+	chain := func(tx Tx, recs ...dedup.Record) []dedup.Claim {
+		t.Helper()
+		cs, committed, err := cc.CommitChain(ctx, tx, scope, recs)
+		if err != nil || !committed {
+			t.Fatalf("CommitChain: committed %v, %v", committed, err)
+		}
+		if len(cs) != len(recs) {
+			t.Fatalf("CommitChain of %d records returned %d claims", len(recs), len(cs))
+		}
+		for i := range recs {
+			if cs[i].Key != recs[i].Key {
+				t.Fatalf("CommitChain result %d is for key %q, want %q", i, cs[i].Key, recs[i].Key)
+			}
+		}
+		return cs
+	}
+	for range 3 { // the connection goes back to the pool in a clean state
+		tx, err := s.Begin(ctx)
+		if err != nil {
+			t.Fatalf("Begin: %v", err)
+		}
+		wantStates(t, "first claim", claimIn(ctx, t, s, tx, scope, rec("a", h)), sNew)
+		wantStates(t, "chained after a", chain(tx, rec("a", h), rec("b", h), rec("changed", other)), sDone, sNew, sMismatch)
+		wantStates(t, "chained after b", chain(tx, rec("b", h), rec("c", h)), sDone, sNew)
+		if err := s.Rollback(ctx, tx); err != nil {
+			t.Fatalf("Rollback: %v", err)
+		}
+		wantStates(t, "after the rollback", peek(ctx, t, s, scope, rec("a", h), rec("b", h), rec("c", h)), sDone, sDone, sNew)
+		scope = newScope(t)
+		claimCommitted(ctx, t, s, scope, rec("changed", h))
+	}
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatalf("Begin: %v", err)
+	}
+	defer s.Rollback(context.WithoutCancel(ctx), tx) // safe after Commit
+	claimIn(ctx, t, s, tx, scope, rec("x", h))
+	wantStates(t, "chained after x", chain(tx, rec("y", h)), sNew)
+	if err := s.Commit(ctx, tx); err != nil {
+		t.Fatalf("Commit of the chained transaction: %v", err)
+	}
+	wantStates(t, "after the commit", peek(ctx, t, s, scope, rec("x", h), rec("y", h)), sDone, sDone)
 }
 
 // txContend lets n goroutines claim recs in their own transactions at once.

@@ -26,9 +26,12 @@
 // # Round trips
 //
 // With a *pgxpool.Pool or a *pgx.Conn, BeginClaim sends BEGIN and the claim's
-// insert in one pipelined round trip (pgx.Batch.BeginTx), so a message at
-// batch size 1 costs three round trips: BEGIN and claim, the handler's
-// statement, COMMIT. A batch takes no savepoints (see dedup.TxStore), so it
+// insert in one pipelined round trip (pgx.Batch.BeginTx). CommitChain sends
+// COMMIT AND CHAIN and the next batch's claim in one round trip on the same
+// connection: the Runner uses it when a lane's next batch is already queued,
+// so a busy lane at batch size 1 costs two round trips per message (the
+// commit with the next claim, the handler's statement), and an idle one
+// three (BEGIN and claim, the handler's statement, COMMIT). A batch takes no savepoints (see dedup.TxStore), so it
 // takes one transaction ID however many messages it holds. Commit reports a
 // commit the database refused for the transaction's content with
 // dedup.ErrTxRefused, and IsAborted recognises the statements refused after

@@ -187,6 +187,44 @@ func (s *Store) BeginClaim(ctx context.Context, scope string, recs []dedup.Recor
 
 var _ dedup.BeginClaimer[pgx.Tx] = (*Store)(nil)
 
+// CommitChain implements dedup.CommitChainer: COMMIT AND CHAIN and the next
+// claim's insert go to the server in one pipelined round trip on tx's
+// connection, which stays out of the pool. Keys already recorded need one
+// more statement, as in Claim. A failed COMMIT AND CHAIN begins nothing and
+// the server skips the insert; a transaction that had failed is rolled back
+// and refused (ErrTxRefused), as by Commit.
+func (s *Store) CommitChain(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, bool, error) {
+	sql, args := s.insertArgs(scope, recs)
+	b := &pgx.Batch{}
+	b.Queue(`COMMIT AND CHAIN`)
+	b.Queue(sql, args...)
+	br := tx.SendBatch(ctx, b)
+	tag, err := br.Exec()
+	if err != nil {
+		return nil, false, refusedCommit(errors.Join(err, br.Close()))
+	}
+	if tag.String() == "ROLLBACK" {
+		// The transaction had failed: the server rolled it back and
+		// chained the next one, which the caller rolls back.
+		return nil, false, refusedCommit(errors.Join(pgx.ErrTxCommitRollback, br.Close()))
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, true, fmt.Errorf("pgdedup: claim after commit: %w", errors.Join(err, br.Close()))
+	}
+	inserted, err := collectKeys(rows)
+	if err = errors.Join(err, br.Close()); err != nil {
+		return nil, true, fmt.Errorf("pgdedup: claim after commit: %w", err)
+	}
+	cs, err := sqlstore.Claim(ctx, &preInserted{pgClaim: pgClaim{s: s, tx: tx, scope: scope}, first: inserted}, recs, 0)
+	if err != nil {
+		return nil, true, fmt.Errorf("pgdedup: %w", err)
+	}
+	return cs, true, nil
+}
+
+var _ dedup.CommitChainer[pgx.Tx] = (*Store)(nil)
+
 // readBeginClaim reads the results of a BEGIN and claim batch: the keys
 // the insert recorded.
 func readBeginClaim(br pgx.BatchResults) (map[string]bool, error) {

@@ -158,7 +158,13 @@ func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(c
 // swallowed an error) or a deferred constraint the server rejected. Any other
 // error (a lost connection) leaves the outcome unknown.
 func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error {
-	err := tx.Commit(ctx)
+	return refusedCommit(tx.Commit(ctx))
+}
+
+// refusedCommit marks the error of a commit with dedup.ErrTxRefused when the
+// server refused the transaction's content, and returns any other error as
+// it is (the outcome is unknown).
+func refusedCommit(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.Is(err, pgx.ErrTxCommitRollback) || (errors.As(err, &pgErr) && !sqlstore.PostgresTransient(pgErr.Code)) {
 		return fmt.Errorf("%w: %w", dedup.ErrTxRefused, err)

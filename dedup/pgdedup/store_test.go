@@ -242,6 +242,54 @@ func TestCommitRefusedAndAborted(t *testing.T) {
 	}
 }
 
+// A chained commit the server refuses (the transaction had failed, or a
+// deferred constraint fails) reports committed false and ErrTxRefused,
+// records neither the transaction's keys nor the next claim's, and leaves a
+// connection that goes back to the pool clean.
+func TestCommitChainRefused(t *testing.T) {
+	store, pool := newStore(t, pgdedup.Config{})
+	ctx := testCtx(t)
+	unique := pgx.Identifier{store.Config().Schema, "chain_unique"}.Sanitize()
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+unique+` (id int, UNIQUE (id) DEFERRABLE INITIALLY DEFERRED)`); err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range []struct{ name, sql string }{
+		{"aborted", `SELECT 1/0`},
+		{"deferred constraint", `INSERT INTO ` + unique + ` VALUES (1), (1)`},
+	} {
+		mine, next := fmt.Sprintf("mine-%d", i), fmt.Sprintf("next-%d", i)
+		tx, cs, err := store.BeginClaim(ctx, "s", []dedup.Record{rec(mine, "x")})
+		if err != nil || cs[0].State != dedup.StateNew {
+			t.Fatalf("%s: BeginClaim: %v %v", tc.name, cs, err)
+		}
+		_, _ = tx.Exec(ctx, tc.sql) // the error is swallowed, or comes at commit
+		cs, committed, err := store.CommitChain(ctx, tx, "s", []dedup.Record{rec(next, "x")})
+		if committed || !errors.Is(err, dedup.ErrTxRefused) || cs != nil {
+			t.Fatalf("%s: CommitChain = %v, committed %v, %v; want nothing, false, ErrTxRefused", tc.name, cs, committed, err)
+		}
+		if err := store.Rollback(ctx, tx); err != nil {
+			t.Fatalf("%s: Rollback after a refused chain: %v", tc.name, err)
+		}
+		for _, k := range []string{mine, next} {
+			if _, err := store.Inspect(ctx, "s", k); !errors.Is(err, dedup.ErrNotFound) {
+				t.Fatalf("%s: record of %s: %v, want ErrNotFound", tc.name, k, err)
+			}
+		}
+	}
+	for range 4 { // every connection of the pool is clean
+		tx, cs, err := store.BeginClaim(ctx, "s", []dedup.Record{rec("after", "x")})
+		if err != nil || cs[0].State != dedup.StateNew {
+			t.Fatalf("BeginClaim after the refused chains: %v %v", cs, err)
+		}
+		if store.Failed(tx) {
+			t.Fatal("a pooled connection is in a failed transaction")
+		}
+		if err := store.Rollback(ctx, tx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestConcurrentClaimWaitsForOutcome: a second transaction claiming a key
 // held by an uncommitted first one waits, then sees the first's outcome.
 func TestConcurrentClaimWaitsForOutcome(t *testing.T) {
