@@ -88,7 +88,7 @@ type leasePath struct {
 	opts  LeaseOptions
 }
 
-func (p *leasePath) process(ctx context.Context, r *Runner, batch []*job) {
+func (p *leasePath) process(ctx context.Context, r *Runner, batch []*job, _ *lane) {
 	q := p.claimBatch(ctx, r, batch)
 	defer q.stop()
 	var held heldPartitions

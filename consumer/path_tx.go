@@ -45,6 +45,14 @@ var ErrCommit = errors.New("idemq: commit failed")
 // its own transaction, again counting only the culprit. A handler's writes
 // never commit twice.
 //
+// When store chains commits (dedup.CommitChainer, as pgdedup does) and a
+// lane's next batch is already queued, the lane takes that batch before it
+// commits, and the commit begins the next transaction and claims the next
+// batch's keys in the same round trip. Nothing of the next batch is
+// acknowledged before its own commit. With Config.BatchWait set (and
+// BatchSize above 1), batches wait to fill instead and commits are not
+// chained.
+//
 // There is no duplicate window on this path: the record and the effect commit
 // together, and a concurrent delivery of the same key waits on the record's
 // row lock for the first transaction's outcome.
@@ -71,21 +79,24 @@ func (p *txPath[Tx]) validate() error {
 	return l.Err()
 }
 
-func (p *txPath[Tx]) process(ctx context.Context, r *Runner, batch []*job) {
+func (p *txPath[Tx]) process(ctx context.Context, r *Runner, batch []*job, l *lane) {
 	var held heldPartitions
-	p.runAll(ctx, r, &held, batch)
+	p.runAll(ctx, r, &held, batch, l)
 }
 
 // runAll settles every job of jobs, in as many transactions as it takes:
 // one on the happy path, one more per culprit found by its own error, and a
-// halving of the suspects for a failure that names no culprit.
-func (p *txPath[Tx]) runAll(ctx context.Context, r *Runner, held *heldPartitions, jobs []*job) {
+// halving of the suspects for a failure that names no culprit. With a lane
+// (not while it searches for a culprit among suspects), a transaction may
+// use the one chained for jobs and chain its commit to the lane's next
+// batch; a successful transaction is always the last.
+func (p *txPath[Tx]) runAll(ctx context.Context, r *Runner, held *heldPartitions, jobs []*job, l *lane) {
 	for {
 		jobs = held.pending(jobs)
 		if len(jobs) == 0 {
 			return
 		}
-		res := p.try(ctx, r, jobs)
+		res := p.try(ctx, r, jobs, l)
 		switch {
 		case res.err == nil:
 			r.infraOK()
@@ -103,7 +114,7 @@ func (p *txPath[Tx]) runAll(ctx context.Context, r *Runner, held *heldPartitions
 			// loop then takes the rest.
 			r.log.DebugContext(ctx, "transaction failed without naming a message; splitting it",
 				LogKeyCount, len(res.suspects), LogKeyError, res.err)
-			p.runAll(ctx, r, held, res.suspects[:len(res.suspects)/2])
+			p.runAll(ctx, r, held, res.suspects[:len(res.suspects)/2], nil)
 		}
 	}
 }
@@ -119,38 +130,35 @@ type tryResult struct {
 // try runs jobs in one transaction. Duplicates and mismatches are settled
 // from the claim whatever happens next; the new messages are marked outAck
 // only once the commit succeeded.
-func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job) tryResult {
-	recs := make([]dedup.Record, len(jobs))
-	for i, j := range jobs {
-		recs[i] = dedup.Record{Key: j.key, PayloadHash: j.hash}
-	}
+func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job, l *lane) tryResult {
 	var ti *TxInfo // for the HookTx hooks
 	if len(r.hooks.tx) > 0 {
 		ti = &TxInfo{Claimed: jobCtxs(ctx, jobs)}
 		defer r.hookTx(ctx, ti)
 	}
-	var claimStart time.Time
-	if len(r.hooks.claimed) > 0 || ti != nil {
-		claimStart = time.Now()
-	}
-	tx, claims, err := p.beginClaim(ctx, r.cfg.Name, recs)
+	o := p.open(ctx, r, jobs, l)
+	tx, claims, err := o.tx, o.claims, o.err
 	if ti != nil {
-		ti.ClaimStart, ti.ClaimEnd, ti.ClaimErr = claimStart, time.Now(), err
+		ti.ClaimStart, ti.ClaimEnd, ti.ClaimErr = o.start, o.end, err
 	}
 	if len(r.hooks.claimed) > 0 {
 		// A rerun claims again: the claim reported is the one of the
 		// job's last transaction, which committed it or decided its
 		// outcome.
-		claimEnd := time.Now()
 		for i, j := range jobs {
-			j.claimStart, j.claimEnd, j.claimN = claimStart, claimEnd, len(jobs)
+			j.claimStart, j.claimEnd, j.claimN = o.start, o.end, len(jobs)
 			j.claimedNew = err == nil && i < len(claims) && claims[i].State == dedup.StateNew
 		}
 	}
 	if err != nil {
 		return tryResult{err: err, infra: true}
 	}
-	defer p.store.Rollback(context.WithoutCancel(ctx), tx) // safe after commit
+	chained := false
+	defer func() {
+		if !chained {
+			_ = p.store.Rollback(context.WithoutCancel(ctx), tx) // safe after commit
+		}
+	}()
 	if len(claims) != len(jobs) {
 		return tryResult{err: fmt.Errorf("idemq: claim returned %d results for %d keys", len(claims), len(jobs)), infra: true}
 	}
@@ -182,7 +190,7 @@ func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job) tryResult 
 	if len(r.hooks.commit) > 0 || ti != nil {
 		commitStart = time.Now()
 	}
-	err = p.store.Commit(ctx, tx)
+	chained, err = p.commit(ctx, r, tx, l)
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrCommit, err)
 	}
@@ -204,6 +212,90 @@ func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job) tryResult 
 		j.set(outAck, nil)
 	}
 	return tryResult{}
+}
+
+// openTx is a transaction that claimed the keys of jobs: begun for them, or
+// chained into the commit of the lane's last batch.
+type openTx[Tx any] struct {
+	store      dedup.TxStore[Tx]
+	jobs       []*job
+	tx         Tx
+	claims     []dedup.Claim
+	err        error // of the begin or claim: no transaction is open
+	start, end time.Time
+}
+
+func (o *openTx[Tx]) abandon(ctx context.Context) {
+	_ = o.store.Rollback(context.WithoutCancel(ctx), o.tx)
+}
+
+// open returns a transaction that claimed the keys of jobs: the lane's
+// chained one when it was chained for these jobs, else a new one. The claim
+// is timed for the hooks that report it.
+func (p *txPath[Tx]) open(ctx context.Context, r *Runner, jobs []*job, l *lane) *openTx[Tx] {
+	if l != nil && l.chain != nil {
+		o, ok := l.chain.(*openTx[Tx])
+		if ok && slices.Equal(o.jobs, jobs) {
+			l.chain = nil
+			return o
+		}
+		l.abandon(ctx) // its claims would block ours
+	}
+	o := &openTx[Tx]{store: p.store, jobs: jobs}
+	timed := len(r.hooks.claimed) > 0 || len(r.hooks.tx) > 0
+	if timed {
+		o.start = time.Now()
+	}
+	o.tx, o.claims, o.err = p.beginClaim(ctx, r.cfg.Name, records(jobs))
+	if timed {
+		o.end = time.Now()
+	}
+	return o
+}
+
+// records returns the dedup records of jobs.
+func records(jobs []*job) []dedup.Record {
+	recs := make([]dedup.Record, len(jobs))
+	for i, j := range jobs {
+		recs[i] = dedup.Record{Key: j.key, PayloadHash: j.hash}
+	}
+	return recs
+}
+
+// commit commits tx. When the store can chain a commit and the lane has a
+// next batch queued, the commit begins that batch's transaction and claims
+// its keys in the same round trip; chained reports that tx is then open
+// for it, in l.chain. err is the commit's: a failed claim after a commit
+// only leaves the next batch to begin on its own.
+func (p *txPath[Tx]) commit(ctx context.Context, r *Runner, tx Tx, l *lane) (chained bool, err error) {
+	cc, ok := p.store.(dedup.CommitChainer[Tx])
+	if !ok || l == nil {
+		return false, p.store.Commit(ctx, tx)
+	}
+	next := r.takeAhead(ctx, l)
+	if next == nil || len(next.live) == 0 {
+		return false, p.store.Commit(ctx, tx)
+	}
+	o := &openTx[Tx]{store: p.store, jobs: next.live, tx: tx}
+	timed := len(r.hooks.claimed) > 0 || len(r.hooks.tx) > 0
+	if timed {
+		o.start = time.Now()
+	}
+	claims, committed, err := cc.CommitChain(ctx, tx, r.cfg.Name, records(next.live))
+	if timed {
+		o.end = time.Now()
+	}
+	switch {
+	case err == nil:
+		o.claims = claims
+		l.chain = o
+		return true, nil
+	case committed:
+		r.log.DebugContext(ctx, "claim chained to a commit failed; the next batch begins its own transaction", LogKeyError, err)
+		return false, nil
+	default:
+		return false, err
+	}
 }
 
 // beginClaim begins a transaction and claims recs in it, in one round trip

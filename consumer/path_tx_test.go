@@ -126,34 +126,40 @@ func TestHandlerSerializationFailureIsNotCounted(t *testing.T) {
 	}
 }
 
-// savepointSpy is a pgx tracer that records every statement naming a
-// savepoint.
-type savepointSpy struct {
-	mu  sync.Mutex
-	sql []string
+// statementSpy is a pgx tracer that records every statement starting with
+// one of its prefixes (upper case).
+type statementSpy struct {
+	prefixes []string
+	mu       sync.Mutex
+	sql      []string
 }
 
-func (s *savepointSpy) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+// savepointSpy records the statements naming a savepoint.
+func savepointSpy() *statementSpy {
+	return &statementSpy{prefixes: []string{"SAVEPOINT", "RELEASE", "ROLLBACK TO"}}
+}
+
+func (s *statementSpy) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	s.saw(d.SQL)
 	return ctx
 }
 
-func (s *savepointSpy) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (s *statementSpy) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-func (s *savepointSpy) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+func (s *statementSpy) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
 	for _, q := range d.Batch.QueuedQueries {
 		s.saw(q.SQL)
 	}
 	return ctx
 }
 
-func (s *savepointSpy) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (s *savepointSpy) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+func (s *statementSpy) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (s *statementSpy) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
-func (s *savepointSpy) saw(sql string) {
+func (s *statementSpy) saw(sql string) {
 	for _, stmt := range strings.Split(strings.ToUpper(sql), ";") {
 		stmt = strings.TrimSpace(stmt)
-		if !strings.HasPrefix(stmt, "SAVEPOINT") && !strings.HasPrefix(stmt, "RELEASE") && !strings.HasPrefix(stmt, "ROLLBACK TO") {
+		if !slices.ContainsFunc(s.prefixes, func(p string) bool { return strings.HasPrefix(stmt, p) }) {
 			continue
 		}
 		s.mu.Lock()
@@ -162,8 +168,15 @@ func (s *savepointSpy) saw(sql string) {
 	}
 }
 
+// count returns how many statements the spy recorded.
+func (s *statementSpy) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.sql)
+}
+
 // spiedStore is the fixture's store over a pool whose statements spy sees.
-func spiedStore(t *testing.T, f *fixture, spy *savepointSpy) *pgdedup.Store {
+func spiedStore(t *testing.T, f *fixture, spy *statementSpy) *pgdedup.Store {
 	t.Helper()
 	cfg := f.pool.Config().Copy()
 	cfg.ConnConfig.Tracer = spy
@@ -183,7 +196,7 @@ func spiedStore(t *testing.T, f *fixture, spy *savepointSpy) *pgdedup.Store {
 // none of its record committed, while the rest of the batch commits.
 func TestSavepointFreeBatchDropsOnlyTheFailure(t *testing.T) {
 	f := newFixture(t)
-	spy := &savepointSpy{}
+	spy := savepointSpy()
 	store := spiedStore(t, f, spy)
 	ks := keys(10, "b")
 	f.publish(ks...)
@@ -211,7 +224,7 @@ func TestSavepointFreeBatchDropsOnlyTheFailure(t *testing.T) {
 	if len(dl) != 1 || dl[0].Key != "b004" || f.calls("b004") != 1 {
 		t.Fatalf("dead letters %+v after %d calls, want b004 alone after 1 call", dl, f.calls("b004"))
 	}
-	if len(spy.sql) > 0 {
+	if spy.count() > 0 {
 		t.Fatalf("the batch used savepoints: %q", spy.sql)
 	}
 }
@@ -402,27 +415,85 @@ func TestTransactionalBatchFindsCulprit(t *testing.T) {
 // against any other message would dead-letter it.
 func TestRefusedCommitInBatchBlamesOnlyTheCulprit(t *testing.T) {
 	f := newFixture(t)
+	r := f.refusedCommitOf("d005", keys(8, "d"), f.store, consumer.Config{Concurrency: 1, BatchSize: 8, Retry: quickRetry(1)})
+	if r.Stats().CommitFailures == 0 {
+		t.Fatal("no commit failure counted")
+	}
+}
+
+// refusedCommitOf publishes ks, whose handler writes commit only if their
+// key is allowed by a deferred foreign key (bad is not), runs them through
+// store with cfg and checks that bad alone is dead-lettered, for its
+// refused commit, and every other key's effect committed once.
+func (f *fixture) refusedCommitOf(bad string, ks []string, store dedup.TxStore[pgx.Tx], cfg consumer.Config) *running {
+	f.t.Helper()
 	allowed := strings.Replace(f.table, `"effects"`, `"allowed"`, 1)
 	f.exec(`CREATE TABLE ` + allowed + ` (key text PRIMARY KEY)`)
 	f.exec(`ALTER TABLE ` + f.table + ` ADD FOREIGN KEY (key) REFERENCES ` + allowed + ` DEFERRABLE INITIALLY DEFERRED`)
-	ks := keys(8, "d")
 	for _, k := range ks {
-		if k != "d005" {
+		if k != bad {
 			f.exec(`INSERT INTO `+allowed+` VALUES ($1)`, k)
 		}
 	}
 	f.publish(ks...)
-	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)),
-		consumer.Config{Concurrency: 1, BatchSize: 8, Retry: quickRetry(1)})
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(store, f.handler(nil)), cfg)
+	f.settled()
+	r.stop(f.t)
+	f.requireOnce(slices.DeleteFunc(slices.Clone(ks), func(k string) bool { return k == bad })...)
+	dl := f.broker.DeadLetters(f.topic)
+	if len(dl) != 1 || dl[0].Key != bad || !errors.Is(dl[0].Err, dedup.ErrTxRefused) {
+		f.t.Fatalf("dead letters = %+v, want %s alone, for its refused commit", dl, bad)
+	}
+	return r
+}
+
+// At batch 1 with messages queued, a lane's commit begins the next
+// message's transaction and claims its key in the same round trip (COMMIT
+// AND CHAIN). Handler failures between chained commits (the failed
+// message's writes and record roll back, the next message begins its own
+// transaction) still leave every effect exactly once.
+func TestChainedCommits(t *testing.T) {
+	f := newFixture(t)
+	spy := &statementSpy{prefixes: []string{"COMMIT AND CHAIN"}}
+	store := spiedStore(t, f, spy)
+	ks := keys(300, "c")
+	f.publish(ks...)
+	fail := func(msg *consumer.Message, call int) error {
+		if call == 1 && strings.HasSuffix(msg.Key, "7") {
+			return errors.New("fails once, after its write")
+		}
+		return nil
+	}
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(store, f.handler(fail)),
+		consumer.Config{Concurrency: 2, Retry: quickRetry(3)})
 	f.settled()
 	r.stop(t)
-	f.requireOnce(slices.DeleteFunc(slices.Clone(ks), func(k string) bool { return k == "d005" })...)
-	dl := f.broker.DeadLetters(f.topic)
-	if len(dl) != 1 || dl[0].Key != "d005" || !errors.Is(dl[0].Err, dedup.ErrTxRefused) {
-		t.Fatalf("dead letters = %+v, want d005 alone, for its refused commit", dl)
+	f.requireOnce(ks...)
+	if dl := f.broker.DeadLetters(f.topic); len(dl) > 0 {
+		t.Fatalf("dead letters: %+v", dl)
 	}
+	if n := f.calls("c007"); n != 2 {
+		t.Fatalf("c007 ran %d times, want 2 (a failure, then its retry)", n)
+	}
+	if n := spy.count(); n == 0 {
+		t.Fatal("no commit was chained")
+	}
+	t.Logf("%d of %d commits chained", spy.count(), len(ks))
+}
+
+// A chained commit the database refuses (a deferred constraint) blames its
+// own message alone; the next message, whose claim was not made, begins its
+// own transaction.
+func TestRefusedChainedCommitBlamesOnlyTheCulprit(t *testing.T) {
+	f := newFixture(t)
+	spy := &statementSpy{prefixes: []string{"COMMIT AND CHAIN"}}
+	store := spiedStore(t, f, spy)
+	r := f.refusedCommitOf("e005", keys(12, "e"), store, consumer.Config{Concurrency: 1, Retry: quickRetry(1)})
 	if r.Stats().CommitFailures == 0 {
 		t.Fatal("no commit failure counted")
+	}
+	if spy.count() == 0 {
+		t.Fatal("no commit was chained")
 	}
 }
 

@@ -44,8 +44,10 @@ var ErrRunning = errors.New("idemq: runner already running")
 type Path interface {
 	// process decides the outcome of every job in batch. It must not return
 	// before every job has an outcome, and it must only report outAck for a
-	// job whose effect is durable.
-	process(ctx context.Context, r *Runner, batch []*job)
+	// job whose effect is durable. l is the lane the batch runs in: a path
+	// may take the lane's next batch ahead (Runner.takeAhead) and leave an
+	// open transaction for it in l.chain.
+	process(ctx context.Context, r *Runner, batch []*job, l *lane)
 	// validate reports a misconfigured path as a *ConfigError.
 	validate() error
 }
@@ -294,36 +296,105 @@ func (r *Runner) laneOf(j *job) int {
 func (r *Runner) lane(ctx context.Context, in <-chan *job) {
 	a := r.startAcker(ctx)
 	defer a.stop()
-	batch := make([]*job, 0, r.cfg.BatchSize)
-	for j := range in {
-		batch = append(batch[:0], j)
-	fill:
-		for len(batch) < r.cfg.BatchSize {
-			select {
-			case j, ok := <-in:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, j)
-			default:
-				break fill
+	l := &lane{in: in}
+	buf := make([]*job, 0, r.cfg.BatchSize)
+	for {
+		b := l.ahead
+		l.ahead = nil
+		if b == nil {
+			j, ok := <-in
+			if !ok {
+				return
 			}
-		}
-		if len(batch) < r.cfg.BatchSize && r.cfg.BatchWait > 0 {
-			batch = r.fillWithin(batch, in, r.cfg.BatchWait)
-		}
-		if ctx.Err() != nil {
-			// Drain timed out: leave the rest to the broker.
-			for _, j := range batch {
-				r.hookSettled(j, OutcomeLeft, len(batch), nil)
+			batch := r.fill(append(buf[:0], j), in)
+			if len(batch) < r.cfg.BatchSize && r.cfg.BatchWait > 0 {
+				batch = r.fillWithin(batch, in, r.cfg.BatchWait)
 			}
+			if r.leftOnDrain(ctx, batch) {
+				continue
+			}
+			b = r.prepareBatch(ctx, batch)
+		} else if r.leftOnDrain(ctx, b.batch) {
+			l.abandon(ctx)
 			continue
 		}
-		for _, h := range r.hooks.batch {
-			h.OnBatch(ctx, len(batch))
-		}
-		r.handle(ctx, batch, a)
+		r.handle(ctx, b, a, l)
 	}
+}
+
+// lane is what one lane carries from one batch to the next: the batch it
+// took ahead while committing the last one, and the open transaction that
+// commit chained and that already claimed that batch's keys.
+type lane struct {
+	in    <-chan *job
+	ahead *prepared
+	chain chained
+}
+
+// chained is a path's open transaction for the batch a lane took ahead.
+type chained interface {
+	// abandon rolls the transaction back.
+	abandon(ctx context.Context)
+}
+
+// abandon rolls back the transaction chained for the batch taken ahead, if
+// any.
+func (l *lane) abandon(ctx context.Context) {
+	if l.chain != nil {
+		l.chain.abandon(ctx)
+		l.chain = nil
+	}
+}
+
+// takeAhead takes the lane's next batch without waiting, for a commit to
+// chain its claim to, and prepares it; the lane handles it next. It takes
+// nothing when no job is queued, when batches wait to fill (BatchWait) or
+// when the Runner is stopping.
+func (r *Runner) takeAhead(ctx context.Context, l *lane) *prepared {
+	if l.ahead != nil || (r.cfg.BatchWait > 0 && r.cfg.BatchSize > 1) || ctx.Err() != nil {
+		return nil
+	}
+	var j *job
+	select {
+	case next, ok := <-l.in:
+		if !ok {
+			return nil
+		}
+		j = next
+	default:
+		return nil
+	}
+	l.ahead = r.prepareBatch(ctx, r.fill(append(make([]*job, 0, r.cfg.BatchSize), j), l.in))
+	return l.ahead
+}
+
+// fill adds the jobs queued in in to batch, without waiting, until it holds
+// BatchSize.
+func (r *Runner) fill(batch []*job, in <-chan *job) []*job {
+	for len(batch) < r.cfg.BatchSize {
+		select {
+		case j, ok := <-in:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, j)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// leftOnDrain reports whether the Runner's drain timed out, leaving batch to
+// the broker.
+func (r *Runner) leftOnDrain(ctx context.Context, batch []*job) bool {
+	if ctx.Err() == nil {
+		return false
+	}
+	for _, j := range batch {
+		r.hookSettled(j, OutcomeLeft, len(batch), nil)
+	}
+	return true
 }
 
 // fillWithin adds jobs from in to batch until it holds BatchSize, wait has
@@ -346,11 +417,21 @@ func (r *Runner) fillWithin(batch []*job, in <-chan *job, wait time.Duration) []
 	return batch
 }
 
-// handle validates a batch, runs its path and settles every message.
-func (r *Runner) handle(ctx context.Context, batch []*job, a *acker) {
-	live := make([]*job, 0, len(batch))
-	leaders := make(map[string]*job, len(batch))
-	var followers []*job
+// prepared is a batch ready for its path: the jobs to run (live, one per
+// key) and the later copies of their keys (followers), settled after them.
+// The jobs with bad input already have their outcome.
+type prepared struct {
+	batch, live, followers []*job
+	leaders                map[string]*job
+}
+
+// prepareBatch validates a batch's jobs and splits it for its path. It
+// calls the HookBatch hooks.
+func (r *Runner) prepareBatch(ctx context.Context, batch []*job) *prepared {
+	for _, h := range r.hooks.batch {
+		h.OnBatch(ctx, len(batch))
+	}
+	b := &prepared{batch: batch, live: make([]*job, 0, len(batch)), leaders: make(map[string]*job, len(batch))}
 	for _, j := range batch {
 		if err := r.prepare(j); err != nil {
 			// A key no store can hold must not travel into the dead
@@ -359,31 +440,36 @@ func (r *Runner) handle(ctx context.Context, batch []*job, a *acker) {
 			j.set(outDeadLetter, err)
 			continue
 		}
-		if leaders[j.key] != nil {
+		if b.leaders[j.key] != nil {
 			// The same key twice in one batch: settle it after its leader.
 			j.follower = true
-			followers = append(followers, j)
+			b.followers = append(b.followers, j)
 			continue
 		}
-		leaders[j.key] = j
-		live = append(live, j)
+		b.leaders[j.key] = j
+		b.live = append(b.live, j)
 	}
-	if len(live) > 0 {
-		r.path.process(ctx, r, live)
-		r.storeOut.report(ctx, r.log, infraErr(live))
+	return b
+}
+
+// handle runs a prepared batch's path and settles every message.
+func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane) {
+	if len(b.live) > 0 {
+		r.path.process(ctx, r, b.live, l)
+		r.storeOut.report(ctx, r.log, infraErr(b.live))
 	}
-	for _, f := range followers {
-		l := leaders[f.key]
+	for _, f := range b.followers {
+		leader := b.leaders[f.key]
 		switch {
-		case l.out != outAck && l.out != outDuplicate:
+		case leader.out != outAck && leader.out != outDuplicate:
 			f.set(outRetryInfra, fmt.Errorf("idemq: duplicate of key %q in the same batch is retried after its first copy: %w", f.key, errDuplicateUnsettled))
-		case f.hash != l.hash:
-			f.set(outDeadLetter, &dedup.MismatchError{Scope: r.cfg.Name, Key: f.key, Stored: l.hash, Received: f.hash})
+		case f.hash != leader.hash:
+			f.set(outDeadLetter, &dedup.MismatchError{Scope: r.cfg.Name, Key: f.key, Stored: leader.hash, Received: f.hash})
 		default:
 			f.set(outDuplicate, nil)
 		}
 	}
-	r.settle(ctx, batch, a)
+	r.settle(ctx, b.batch, a)
 }
 
 var errDuplicateUnsettled = errors.New("first copy not settled")

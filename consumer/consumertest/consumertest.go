@@ -217,7 +217,11 @@ func ReplayTx[Tx any](t TB, store dedup.TxStore[Tx], handler consumer.TxHandler[
 		cs.succeeded(tx, key)
 		return nil
 	}
-	replay(t, consumer.Transactional[Tx](cs, h), script, opts, rep)
+	var path consumer.Path = consumer.Transactional[Tx](cs, h)
+	if _, ok := store.(dedup.CommitChainer[Tx]); ok {
+		path = consumer.Transactional[Tx](&chainingStore[Tx]{cs}, h)
+	}
+	replay(t, path, script, opts, rep)
 	return rep
 }
 
@@ -427,23 +431,39 @@ func (s *countingStore[Tx]) BeginClaim(ctx context.Context, scope string, recs [
 	return tx, cs, nil
 }
 
-func (s *countingStore[Tx]) Commit(ctx context.Context, tx Tx) error {
-	err := s.TxStore.Commit(ctx, tx)
+// ended forgets the handler calls of tx, counting them if it committed.
+func (s *countingStore[Tx]) ended(tx Tx, committed bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err == nil {
+	if committed {
 		for _, k := range s.pending[any(tx)] {
 			s.report.Committed[k]++
 		}
 	}
 	delete(s.pending, any(tx))
+}
+
+func (s *countingStore[Tx]) Commit(ctx context.Context, tx Tx) error {
+	err := s.TxStore.Commit(ctx, tx)
+	s.ended(tx, err == nil)
 	return err
 }
 
+// chainingStore is a countingStore over a store that chains commits (see
+// dedup.CommitChainer): a chained commit counts the keys of the transaction
+// it committed, as Commit does.
+type chainingStore[Tx any] struct {
+	*countingStore[Tx]
+}
+
+func (s *chainingStore[Tx]) CommitChain(ctx context.Context, tx Tx, scope string, recs []dedup.Record) ([]dedup.Claim, bool, error) {
+	claims, committed, err := s.TxStore.(dedup.CommitChainer[Tx]).CommitChain(ctx, tx, scope, recs)
+	s.ended(tx, committed)
+	return claims, committed, err
+}
+
 func (s *countingStore[Tx]) Rollback(ctx context.Context, tx Tx) error {
-	s.mu.Lock()
-	delete(s.pending, any(tx))
-	s.mu.Unlock()
+	s.ended(tx, false)
 	return s.TxStore.Rollback(ctx, tx)
 }
 
