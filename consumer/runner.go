@@ -297,6 +297,7 @@ func (r *Runner) lane(ctx context.Context, in <-chan *job) {
 	a := r.startAcker(ctx)
 	defer a.stop()
 	l := &lane{in: in}
+	defer l.abandon(ctx) // nothing is chained once the last batch ran; a safety net
 	buf := make([]*job, 0, r.cfg.BatchSize)
 	for {
 		b := l.ahead

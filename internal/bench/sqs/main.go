@@ -70,7 +70,7 @@ func main() {
 	flag.StringVar(&opt.endpoint, "endpoint", envOr("TEST_SQS_ENDPOINT", "http://127.0.0.1:9324"), "SQS endpoint")
 	flag.StringVar(&opt.dsn, "dsn", "", "PostgreSQL URL (default: $TEST_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable)")
 	flag.IntVar(&opt.n, "n", 20000, "messages per run of the raw and batch-100 workloads")
-	flag.IntVar(&opt.n1, "n1", 6000, "messages per run of the batch-1 workloads (at least 5 s each here)")
+	flag.IntVar(&opt.n1, "n1", 20000, "messages per run of the batch-1 workloads")
 	flag.IntVar(&opt.receivers, "receivers", 4, "parallel receivers (raw) and sqssource.Config.MaxReceivers")
 	flag.IntVar(&opt.concurrency, "concurrency", 4, "consumer.Config.Concurrency")
 	flag.IntVar(&opt.accounts, "accounts", 1000, "rows in the accounts table")
