@@ -509,6 +509,10 @@ func runner(ctx context.Context, o options, q string, store *pgdedup.Store, n, b
 	if s := r.Stats(); s.Retried+s.DeadLettered+s.Duplicates > 0 {
 		return 0, 0, fmt.Errorf("unexpected: %+v", s)
 	}
+	if st := src.Stats(); st.AckFrames > 0 {
+		fmt.Printf("           idemq batch %d: %d acknowledged in %d basic.ack frames (%.1f per frame)\n",
+			batch, st.Acked, st.AckFrames, float64(st.Acked)/float64(st.AckFrames))
+	}
 	return d, int64(r.Stats().Handled), nil
 }
 
