@@ -217,7 +217,7 @@ func ReplayTx[Tx any](t TB, store dedup.TxStore[Tx], handler consumer.TxHandler[
 		cs.succeeded(tx, key)
 		return nil
 	}
-	var path consumer.Path = consumer.Transactional[Tx](cs, h)
+	path := consumer.Transactional[Tx](cs, h)
 	if _, ok := store.(dedup.CommitChainer[Tx]); ok {
 		path = consumer.Transactional[Tx](&chainingStore[Tx]{cs}, h)
 	}
