@@ -84,15 +84,22 @@ func claimIn[Tx any](ctx context.Context, t *testing.T, s dedup.TxStore[Tx], tx 
 	if err != nil {
 		t.Fatalf("Claim: %v", err)
 	}
+	wantClaimsOf(t, "Claim", recs, cs)
+	return cs
+}
+
+// wantClaimsOf fails t unless cs, returned by the claim op, hold one claim
+// per record, in the order of recs.
+func wantClaimsOf(t *testing.T, op string, recs []dedup.Record, cs []dedup.Claim) {
+	t.Helper()
 	if len(cs) != len(recs) {
-		t.Fatalf("Claim of %d records returned %d claims", len(recs), len(cs))
+		t.Fatalf("%s of %d records returned %d claims", op, len(recs), len(cs))
 	}
 	for i := range recs {
 		if cs[i].Key != recs[i].Key {
-			t.Fatalf("Claim result %d is for key %q, want %q (results must follow the order of the records)", i, cs[i].Key, recs[i].Key)
+			t.Fatalf("%s result %d is for key %q, want %q (results must follow the order of the records)", op, i, cs[i].Key, recs[i].Key)
 		}
 	}
-	return cs
 }
 
 // claimCommitted claims recs in a transaction of its own and commits.
@@ -210,14 +217,7 @@ func txBeginClaim[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
 			t.Fatalf("BeginClaim: %v", err)
 		}
 		defer s.Rollback(context.WithoutCancel(ctx), tx) // safe after Commit
-		if len(cs) != len(recs) {
-			t.Fatalf("BeginClaim of %d records returned %d claims", len(recs), len(cs))
-		}
-		for i := range recs {
-			if cs[i].Key != recs[i].Key {
-				t.Fatalf("BeginClaim result %d is for key %q, want %q", i, cs[i].Key, recs[i].Key)
-			}
-		}
+		wantClaimsOf(t, "BeginClaim", recs, cs)
 		if commit {
 			if err := s.Commit(ctx, tx); err != nil {
 				t.Fatalf("Commit: %v", err)
@@ -255,14 +255,7 @@ func txCommitChain[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
 		if err != nil || !committed {
 			t.Fatalf("CommitChain: committed %v, %v", committed, err)
 		}
-		if len(cs) != len(recs) {
-			t.Fatalf("CommitChain of %d records returned %d claims", len(recs), len(cs))
-		}
-		for i := range recs {
-			if cs[i].Key != recs[i].Key {
-				t.Fatalf("CommitChain result %d is for key %q, want %q", i, cs[i].Key, recs[i].Key)
-			}
-		}
+		wantClaimsOf(t, "CommitChain", recs, cs)
 		return cs
 	}
 	for range 3 { // the connection goes back to the pool in a clean state
