@@ -486,7 +486,11 @@ func TestTransactionalSpans(t *testing.T) {
 	})
 	r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{
 		Name: "tx", Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{tel.hook},
-		Retry: consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Jitter: -1},
+		// The four messages share a transaction however the receiver
+		// hands them over (one at a time on a slow machine); the wait
+		// stays well inside the broker's visibility timeout.
+		BatchWait: 30 * time.Millisecond,
+		Retry:     consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Jitter: -1},
 	})
 	if err != nil {
 		t.Fatal(err)
