@@ -155,6 +155,16 @@
 // queues (RabbitMQ 3.10, one node, two runs). Retries are the exception, so
 // this rarely shows in throughput.
 //
+// A delayed copy can come back late after a broker restart: when a retry
+// queue's dead-letter worker starts before the default exchange is back
+// (RabbitMQ logs "Cannot forward any dead-letter messages ... does not
+// exist"), it resends the copies that expired meanwhile only after RabbitMQ's
+// dead_letter_worker_publisher_confirm_timeout, 3 minutes by default (an
+// advanced.config setting). They are not lost:
+// TestDefaultConfigSurvivesBrokerRestart took 190 s instead of about 25 s
+// when it happened. The test broker of this repository sets 10 s; a copy
+// resent early is a duplicate the deduplication record absorbs.
+//
 // A retry queue does not expire: an at-least-once retry queue keeps an
 // expired copy until the source queue has confirmed it, as long as that
 // takes (a broker restart, the source queue's leader not elected yet), and

@@ -676,7 +676,7 @@ rabbitmq_launch() {
 	ensure_hostname_resolves
 	command -v rabbitmq-server >/dev/null 2>&1 || apt_install rabbitmq-server
 	local f
-	for f in rabbitmq.conf rabbitmq-env.conf; do
+	for f in rabbitmq.conf rabbitmq-env.conf advanced.config; do
 		if ! cmp -s "$HERE/rabbitmq/$f" "/etc/rabbitmq/$f"; then
 			as_root install -D -m 644 "$HERE/rabbitmq/$f" "/etc/rabbitmq/$f"
 		fi
