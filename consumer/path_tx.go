@@ -242,15 +242,20 @@ func (p *txPath[Tx]) open(ctx context.Context, r *Runner, jobs []*job, l *lane) 
 		l.abandon(ctx) // its claims would block ours
 	}
 	o := &openTx[Tx]{store: p.store, jobs: jobs}
-	timed := len(r.hooks.claimed) > 0 || len(r.hooks.tx) > 0
-	if timed {
-		o.start = time.Now()
-	}
-	o.tx, o.claims, o.err = p.beginClaim(ctx, r.cfg.Name, records(jobs))
-	if timed {
-		o.end = time.Now()
-	}
+	o.timed(r, func() { o.tx, o.claims, o.err = p.beginClaim(ctx, r.cfg.Name, records(jobs)) })
 	return o
+}
+
+// timed runs claim and, when hooks report claims, records when it started
+// and ended.
+func (o *openTx[Tx]) timed(r *Runner, claim func()) {
+	if len(r.hooks.claimed) == 0 && len(r.hooks.tx) == 0 {
+		claim()
+		return
+	}
+	o.start = time.Now()
+	claim()
+	o.end = time.Now()
 }
 
 // records returns the dedup records of jobs.
@@ -277,14 +282,11 @@ func (p *txPath[Tx]) commit(ctx context.Context, r *Runner, tx Tx, l *lane) (cha
 		return false, p.store.Commit(ctx, tx)
 	}
 	o := &openTx[Tx]{store: p.store, jobs: next.live, tx: tx}
-	timed := len(r.hooks.claimed) > 0 || len(r.hooks.tx) > 0
-	if timed {
-		o.start = time.Now()
-	}
-	claims, committed, err := cc.CommitChain(ctx, tx, r.cfg.Name, records(next.live))
-	if timed {
-		o.end = time.Now()
-	}
+	var (
+		claims    []dedup.Claim
+		committed bool
+	)
+	o.timed(r, func() { claims, committed, err = cc.CommitChain(ctx, tx, r.cfg.Name, records(next.live)) })
 	switch {
 	case err == nil:
 		o.claims = claims
