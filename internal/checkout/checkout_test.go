@@ -8,11 +8,13 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	_ "modernc.org/sqlite"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/checkout"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/sources/amqpsource"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -156,8 +158,32 @@ func TestKafkaOnPostgres(t *testing.T) {
 }
 
 func TestRabbitMQOnSQLite(t *testing.T) {
-	exercise(t, checkout.BrokerConfig{Kind: checkout.BrokerRabbitMQ, AMQPURL: testenv.AMQPURL(t),
-		Topic: "checkout-test-" + suffix()}, sqliteStore(t), 300)
+	url, q := testenv.AMQPURL(t), "checkout-test-"+suffix()
+	t.Cleanup(func() { deleteQueues(t, url, q) })
+	exercise(t, checkout.BrokerConfig{Kind: checkout.BrokerRabbitMQ, AMQPURL: url, Topic: q}, sqliteStore(t), 300)
+}
+
+// deleteQueues deletes q with its dead-letter and retry queues, the
+// quorum queues the worker's source declares.
+func deleteQueues(t *testing.T, url, q string) {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Errorf("delete queues: %v", err)
+		return
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Errorf("delete queues: %v", err)
+		return
+	}
+	for _, name := range append([]string{q, q + ".dlq"}, amqpsource.RetryQueueNames(q+".retry.")...) {
+		if _, err := ch.QueueDelete(name, false, false, false); err != nil {
+			t.Errorf("delete queue %s: %v", name, err)
+			return
+		}
+	}
 }
 
 func TestSQSOnSQLite(t *testing.T) {
