@@ -59,7 +59,7 @@ type options struct {
 	rawN, b1N, b100N      int
 	concurrency, accounts int
 	rounds                int
-	only                  string
+	only, cpuprofile      string
 	quorum                bool
 }
 
@@ -69,12 +69,13 @@ func main() {
 	flag.StringVar(&o.dsn, "dsn", "", "PostgreSQL URL (default: $TEST_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable)")
 	flag.IntVar(&o.rawN, "raw", 50000, "messages for the raw consumer")
 	flag.IntVar(&o.b1N, "n1", 20000, "messages for the batch-1 runs")
-	flag.IntVar(&o.b100N, "n100", 30000, "messages for the batch-100 runs")
+	flag.IntVar(&o.b100N, "n100", 100000, "messages for the batch-100 runs (at least 5 s each)")
 	flag.IntVar(&o.rounds, "rounds", 2, "rounds of every workload, in alternating order")
 	flag.StringVar(&o.only, "only", "", "run only the workloads whose name contains this")
 	flag.IntVar(&o.concurrency, "concurrency", 4, "Runner.Concurrency")
 	flag.IntVar(&o.accounts, "accounts", 1000, "rows in the accounts table")
 	flag.BoolVar(&o.quorum, "quorum", false, "use quorum queues instead of classic queues")
+	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if o.amqpURL == "" {
 		o.amqpURL = envOr("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
@@ -82,9 +83,16 @@ func main() {
 	if o.dsn == "" {
 		o.dsn = envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable")
 	}
+	stopProfile, err := handwritten.StartCPUProfile(o.cpuprofile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	defer cancel()
-	if err := run(ctx, o); err != nil {
+	err = run(ctx, o)
+	cancel()
+	stopProfile()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}

@@ -20,6 +20,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strings"
@@ -257,4 +259,25 @@ func Report(ws []*Workload, results []Result, rounds int) {
 			fmt.Printf("ratio %s: %s / %s = %.2fx (rounds: %s)\n", g, w.Name, base.Name, mean(w)/mean(base), strings.Join(per, ", "))
 		}
 	}
+}
+
+// StartCPUProfile starts a CPU profile of the process into the file at path
+// and returns the function that stops it and closes the file. An empty path
+// profiles nothing (stop does nothing).
+func StartCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
 }
