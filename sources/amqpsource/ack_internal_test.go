@@ -71,7 +71,7 @@ func TestFlushCoalescesRecordedAcks(t *testing.T) {
 		for i := len(msgs) - 1; i >= 0; i-- {
 			sess.settled[msgs[i].Handle.(*handle).tag] = time.Now().UnixNano()
 		}
-		if err := sess.flushLocked(); err != nil {
+		if _, err := sess.flushLocked(0); err != nil {
 			t.Fatal(err)
 		}
 	}

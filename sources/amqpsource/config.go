@@ -72,6 +72,22 @@ type Config struct {
 	// PrefetchFor(consumer.Config{}), that is 8.
 	Prefetch int
 
+	// AckHold is how long an acknowledgement may wait for a multiple-ack.
+	// Concurrent lanes settle interleaved delivery tags, and a multiple-ack
+	// covers only the settled run at the head of the channel: a delivery
+	// settled behind one still being handled waits for it, up to AckHold,
+	// so that one frame acknowledges both; past AckHold, or while more than
+	// half of Prefetch would wait, the waiting deliveries are acknowledged
+	// one frame each, so that a slow delivery ahead never keeps more than
+	// half of the prefetch slots. RabbitMQ's queue handles acknowledgements
+	// frame by frame, and fewer frames leave it more time to deliver (see
+	// the package documentation for the measurement). Waiting happens only
+	// after the commit and only widens the redelivery window of a crash,
+	// which the deduplication record absorbs; Close sends every waiting
+	// acknowledgement. Defaults to DefaultAckHold (20 ms); negative sends
+	// each acknowledgement in the loop's next pass; at most MaxAckHold.
+	AckHold time.Duration
+
 	// KeyHeader is the message header holding the deduplication key. When
 	// a message lacks it, the message-id property is the key. Defaults to
 	// DefaultKeyHeader ("idempotency-key").
@@ -243,6 +259,11 @@ const (
 	DefaultPublishTimeout    = 30 * time.Second
 	DefaultReconnectDelay    = 200 * time.Millisecond
 	DefaultMaxReconnectDelay = 15 * time.Second
+	// DefaultAckHold is Config.AckHold's default: a few batch commits of a
+	// Runner at BatchSize 100 on a small machine.
+	DefaultAckHold = 20 * time.Millisecond
+	// MaxAckHold is the longest Config.AckHold New accepts.
+	MaxAckHold = time.Minute
 	// DefaultDeliveryLimit is Topology.DeliveryLimit's default: far above
 	// consumer.RetryPolicy's MaxAttempts (5 by default), which counts
 	// handler failures, so that the broker dead-letters only a message that
@@ -276,6 +297,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Prefetch == 0 {
 		c.Prefetch = PrefetchFor(consumer.Config{})
+	}
+	if c.AckHold == 0 {
+		c.AckHold = DefaultAckHold
 	}
 	if c.KeyHeader == "" {
 		c.KeyHeader = DefaultKeyHeader
@@ -355,6 +379,9 @@ func (c Config) validate() error {
 	}
 	if c.Prefetch < 1 || c.Prefetch > 65535 {
 		l.Add("Prefetch", "must be between 1 and 65535")
+	}
+	if c.AckHold > MaxAckHold {
+		l.Add("AckHold", "longer than MaxAckHold (1 min): held deliveries keep their prefetch slots and near the broker's consumer_timeout")
 	}
 	if c.DialTimeout < 0 {
 		l.Add("DialTimeout", "must not be negative")

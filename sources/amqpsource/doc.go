@@ -22,14 +22,24 @@
 //     the acknowledgements of concurrent Ack calls share frames: the oldest
 //     unacknowledged deliveries of the channel that are all settled go out
 //     as one multiple-ack (Stats.Acked, Stats.AckFrames). A multiple-ack
-//     never covers a delivery that was not passed to Ack; a settled delivery
-//     behind an unsettled one is acknowledged on its own in the same pass,
-//     so it does not keep its prefetch slot. Close sends every recorded
-//     acknowledgement before it closes the connection. This widens the
-//     redelivery window by one pass of the loop: if the process crashes or
-//     the connection drops between Ack and the send, the broker redelivers
-//     those deliveries, and the deduplication record absorbs them: the
-//     Runner acknowledges them without running the handler.
+//     never covers a delivery that was not passed to Ack. Concurrent lanes
+//     settle interleaved delivery tags, so a delivery settled behind one
+//     still being handled waits for it, up to Config.AckHold (20 ms), and
+//     the multiple-ack that follows covers both; past the hold, or while
+//     more than half of the prefetch would wait, the waiting deliveries are
+//     acknowledged one frame each, so a slow delivery ahead never keeps more
+//     than half of the prefetch slots. RabbitMQ's queue handles
+//     acknowledgements frame by frame: with four lanes at BatchSize 100,
+//     the hold took the frames from 1.3 deliveries each to 10–12, and the
+//     throughput of TransactionalBatch from 0.94–1.02× to 1.41× that of a
+//     hand-written worker that acknowledges each delivery
+//     (internal/bench/amqp). Close
+//     sends every recorded acknowledgement before it closes the
+//     connection. This widens the redelivery window by the hold: if the
+//     process crashes or the connection drops between Ack and the send,
+//     the broker redelivers those deliveries, and the deduplication record
+//     absorbs them: the Runner acknowledges them without running the
+//     handler.
 //   - Prefetch bounds the work in flight: Config.Prefetch is the channel's
 //     QoS; PrefetchFor sizes it from the Runner's Concurrency and BatchSize.
 //   - Nothing is lost on a dropped connection. When the connection or the

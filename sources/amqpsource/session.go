@@ -47,6 +47,11 @@ type session struct {
 	settled map[uint64]int64
 	// kick wakes ackLoop after an Ack.
 	kick chan struct{}
+	// holdFor and holdMax bound how long and how many settled tags behind
+	// an unsettled one wait for a multiple-ack (Config.AckHold, half the
+	// prefetch; see flushLocked); holdFor 0 holds none.
+	holdFor time.Duration
+	holdMax int
 	// stats is the source's; ackLoop counts what it sends.
 	stats *counters
 
@@ -87,6 +92,9 @@ func (s *Source) dial(ctx context.Context) (*session, error) {
 		settled:    make(map[uint64]int64),
 		kick:       make(chan struct{}, 1),
 		stats:      &s.stats,
+	}
+	if s.cfg.AckHold > 0 {
+		sess.holdFor, sess.holdMax = s.cfg.AckHold, s.cfg.Prefetch/2
 	}
 	fail := func(what string, err error) (*session, error) {
 		sess.deadOnce.Do(func() { close(sess.dead) })
@@ -270,7 +278,7 @@ func (s *session) alive() bool {
 func (s *session) kill() {
 	s.ackMu.Lock()
 	if s.alive() {
-		if err := s.flushLocked(); err != nil {
+		if _, err := s.flushLocked(0); err != nil {
 			s.ackFailedLocked()
 		}
 	}
@@ -324,46 +332,59 @@ func (s *session) ack(tags []uint64) error {
 }
 
 // ackLoop sends the acknowledgements recorded by ack until the session
-// dies. Each pass sends everything recorded since the last one: the longest
-// prefix of the pending tags that are all settled as one multiple-ack, and
-// the settled tags behind an unsettled one on their own (holding them back
-// would keep their prefetch slots, and with the small prefetch of a batch-1
-// Runner that starves the channel). So the acknowledgements that several Ack
-// calls (of concurrent lanes) record while a pass runs share a frame, and no
-// worker waits for a socket write.
+// dies. Each pass sends what flushLocked finds owed, so the
+// acknowledgements that several Ack calls (of concurrent lanes) record while
+// a pass runs share a frame, and no worker waits for a socket write. When a
+// pass holds acknowledgements back, a timer runs the next pass at the end of
+// the hold.
 func (s *session) ackLoop() {
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
 	for {
 		select {
 		case <-s.dead:
 			return
 		case <-s.kick:
+		case <-timer.C:
 		}
 		s.ackMu.Lock()
 		if !s.alive() {
 			s.ackMu.Unlock()
 			return
 		}
-		if err := s.flushLocked(); err != nil {
+		wait, err := s.flushLocked(time.Now().UnixNano())
+		if err != nil {
 			s.ackFailedLocked()
 			s.ackMu.Unlock()
 			return // the channel is closing; supervise replaces the session
 		}
 		s.ackMu.Unlock()
+		if wait > 0 {
+			timer.Reset(wait)
+		}
 	}
 }
 
 // flushLocked sends the acknowledgements owed: one multiple-ack (or a
-// single ack) for the longest settled prefix of pending, then a single ack
-// for each settled tag behind an unsettled one. A send error means the
-// channel is closing: what was not sent is redelivered by the broker.
-func (s *session) flushLocked() error {
+// single ack) for the longest settled prefix of pending, then the settled
+// tags behind an unsettled one. Those are held back while there are at most
+// holdMax of them and the oldest was recorded less than holdFor before now,
+// so that the multiple-ack of a later pass covers them once the tags ahead
+// are settled (concurrent lanes settle interleaved tags); past either bound,
+// or when now is 0 (the session is ending), each goes out as a single ack,
+// so that a slow delivery ahead does not keep their prefetch slots. wait is
+// how long the hold may still last (0 when nothing is held). A send error
+// means the channel is closing: what was not sent is redelivered by the
+// broker.
+func (s *session) flushLocked(now int64) (wait time.Duration, err error) {
 	prefix := 0
 	for prefix < len(s.pending) && s.settled[s.pending[prefix]] != 0 {
 		prefix++
 	}
 	if prefix > 0 {
 		if err := s.ch.Ack(s.pending[prefix-1], prefix > 1); err != nil {
-			return fmt.Errorf("%w: %w", ErrStaleDelivery, err)
+			return 0, fmt.Errorf("%w: %w", ErrStaleDelivery, err)
 		}
 		s.stats.ackFrames.Add(1)
 		s.stats.acked.Add(uint64(prefix))
@@ -372,7 +393,23 @@ func (s *session) flushLocked() error {
 		}
 		s.pending = slices.Delete(s.pending, 0, prefix)
 	}
-	var err error
+	held, oldest := 0, int64(0)
+	for _, t := range s.pending {
+		if at := s.settled[t]; at != 0 {
+			held++
+			if oldest == 0 || at < oldest {
+				oldest = at
+			}
+		}
+	}
+	if held == 0 {
+		return 0, nil
+	}
+	if now != 0 && held <= s.holdMax {
+		if left := s.holdFor - time.Duration(now-oldest); left > 0 {
+			return left, nil
+		}
+	}
 	sent := 0
 	for i, t := range s.pending {
 		if s.settled[t] == 0 {
@@ -391,7 +428,7 @@ func (s *session) flushLocked() error {
 	if sent > 0 {
 		s.pending = slices.DeleteFunc(s.pending, func(t uint64) bool { return t == 0 })
 	}
-	return err
+	return 0, err
 }
 
 // ackFailedLocked counts the recorded acknowledgements that could not be

@@ -100,6 +100,7 @@ func TestConfigValidation(t *testing.T) {
 		"Queue":                {URL: "amqp://x"},
 		"AMQP.Recovery":        {URL: "amqp://x", Queue: "q", AMQP: amqp.Config{Recovery: &amqp.Recovery{}}},
 		"Prefetch":             {URL: "amqp://x", Queue: "q", Prefetch: -1},
+		"AckHold":              {URL: "amqp://x", Queue: "q", AckHold: MaxAckHold + time.Millisecond},
 		"MaxReconnectDelay":    {URL: "amqp://x", Queue: "q", ReconnectDelay: time.Minute, MaxReconnectDelay: time.Second},
 		"DeadLetterRoutingKey": {URL: "amqp://x", Queue: "q", DeadLetterRoutingKey: "q"},
 		"Declare.QueueType":    {URL: "amqp://x", Queue: "q", Declare: &Topology{QueueType: "stream"}},
@@ -119,6 +120,8 @@ func TestConfigDefaults(t *testing.T) {
 	switch {
 	case c.Prefetch != 8:
 		t.Errorf("Prefetch = %d, want 8", c.Prefetch)
+	case c.AckHold != DefaultAckHold:
+		t.Errorf("AckHold = %v, want %v", c.AckHold, DefaultAckHold)
 	case c.KeyHeader != DefaultKeyHeader:
 		t.Errorf("KeyHeader = %q", c.KeyHeader)
 	case c.RetryQueuePrefix != "orders.retry.":
