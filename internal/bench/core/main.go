@@ -37,7 +37,6 @@ import (
 	"log/slog"
 	"os"
 	"regexp"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -55,6 +54,7 @@ import (
 	"github.com/idemq/idemq/consumer/otelidemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/bench/handwritten"
 )
 
 const schema = "idemq_bench"
@@ -90,25 +90,18 @@ func main() {
 	if o.dsn == "" {
 		o.dsn = envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable")
 	}
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			os.Exit(1)
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			os.Exit(1)
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := handwritten.StartCPUProfile(*cpuprofile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	defer cancel()
-	if err := run(ctx, o); err != nil {
+	err = run(ctx, o)
+	cancel()
+	stopProfile()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
-		pprof.StopCPUProfile()
-		os.Exit(1) //nolint:gocritic // the profile is flushed above
+		os.Exit(1)
 	}
 }
 

@@ -37,7 +37,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -79,24 +78,21 @@ func main() {
 	if *dsn == "" {
 		*dsn = envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable")
 	}
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			os.Exit(1)
-		}
-		_ = pprof.StartCPUProfile(f)
-		defer pprof.StopCPUProfile()
+	stopProfile, err := handwritten.StartCPUProfile(*cpuprofile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	defer cancel()
 	b := &bench{
 		brokers: strings.Split(*brokers, ","), dsn: *dsn, n: *n, n1: *n1,
 		partitions: *partitions, concurrency: *concurrency, accounts: *accounts, rounds: *rounds, commitInterval: *interval, only: *only,
 		log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
-	if err := b.run(ctx); err != nil {
-		pprof.StopCPUProfile()
+	err = b.run(ctx)
+	cancel()
+	stopProfile()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}

@@ -32,7 +32,6 @@ import (
 	"io"
 	"os"
 	"runtime"
-	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,6 +42,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisdedup"
+	"github.com/idemq/idemq/internal/bench/handwritten"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -61,20 +61,14 @@ func main() {
 	if *url == "" {
 		*url = envOr("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 	}
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "lease bench:", err)
-			os.Exit(1)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintln(os.Stderr, "lease bench:", err)
-			os.Exit(1)
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := handwritten.StartCPUProfile(*cpuprofile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lease bench:", err)
+		os.Exit(1)
 	}
-	if err := run(os.Stdout, *url, *n, *concurrency, *rounds); err != nil {
-		pprof.StopCPUProfile()
+	err = run(os.Stdout, *url, *n, *concurrency, *rounds)
+	stopProfile()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "lease bench:", err)
 		os.Exit(1)
 	}

@@ -55,6 +55,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/dedup/sqldedup"
+	"github.com/idemq/idemq/internal/bench/handwritten"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/outbox/amqpoutbox"
 	"github.com/idemq/idemq/sinks/outbox/kafkaoutbox"
@@ -88,17 +89,11 @@ func main() {
 		cpuprof = flag.String("cpuprofile", "", "write a CPU profile of the run to this file (samples labelled phase=raw or phase=relay)")
 	)
 	flag.Parse()
-	if *cpuprof != "" {
-		f, err := os.Create(*cpuprof)
-		if err != nil {
-			fail(err)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fail(err)
-		}
-		defer f.Close()
-		defer pprof.StopCPUProfile()
+	stopProfile, err := handwritten.StartCPUProfile(*cpuprof)
+	if err != nil {
+		fail(err)
 	}
+	defer stopProfile()
 	if *amqpURL == "" {
 		*amqpURL = envOr("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 	}
