@@ -476,7 +476,8 @@ func newTopic(t testing.TB, brokers []string, topic string) string {
 	return topic
 }
 
-// newQueue declares a topic exchange and a queue bound to it with "#".
+// newQueue declares a topic exchange and a queue bound to it with "#"; the
+// test's cleanup deletes them with the queue's retry queues.
 func newQueue(t testing.TB, url, name string) (exchange, queue string) {
 	t.Helper()
 	exchange, queue = name+"-x", name+"-q"
@@ -505,7 +506,10 @@ func newQueue(t testing.TB, url, name string) (exchange, queue string) {
 		}
 		defer conn.Close()
 		if ch, err := conn.Channel(); err == nil {
-			_, _ = ch.QueueDelete(queue, false, false, false)
+			// B's source declares its retry queues on first use.
+			for _, q := range append([]string{queue}, amqpsource.RetryQueueNames(queue+".retry.")...) {
+				_, _ = ch.QueueDelete(q, false, false, false)
+			}
 			_ = ch.ExchangeDelete(exchange, false, false)
 		}
 	})
