@@ -39,10 +39,10 @@ func TestFlushCoalescesRecordedAcks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
+	defer func() { // before pub closes
 		_, _ = ch.QueueDelete(q, false, false, false)
 		_, _ = ch.QueueDelete(q+".dlq", false, false, false)
-	})
+	}()
 	const n = 10
 	deliver := func() []*consumer.Message {
 		t.Helper()
@@ -69,7 +69,7 @@ func TestFlushCoalescesRecordedAcks(t *testing.T) {
 		sess.ackMu.Lock()
 		defer sess.ackMu.Unlock()
 		for i := len(msgs) - 1; i >= 0; i-- {
-			sess.settled[msgs[i].Handle.(*handle).tag] = time.Now().UnixNano()
+			sess.settled[msgs[i].Handle.(*handle).tag] = sess.clock()
 		}
 		if _, err := sess.flushLocked(0); err != nil {
 			t.Fatal(err)

@@ -42,9 +42,11 @@ type session struct {
 	// broker issues tags in ascending order and one goroutine forwards
 	// them).
 	pending []uint64
-	// settled maps every pending tag to the time Ack was called for it, or
-	// to 0 while it is not acknowledged.
+	// settled maps every pending tag to the time Ack was called for it (a
+	// clock reading), or to 0 while it is not acknowledged.
 	settled map[uint64]int64
+	// born is when the session was made: clock counts from it.
+	born time.Time
 	// kick wakes ackLoop after an Ack.
 	kick chan struct{}
 	// holdFor and holdMax bound how long and how many settled tags behind
@@ -90,6 +92,7 @@ func (s *Source) dial(ctx context.Context) (*session, error) {
 		connClosed: conn.NotifyClose(make(chan *amqp.Error, 1)),
 		dead:       make(chan struct{}),
 		settled:    make(map[uint64]int64),
+		born:       time.Now(),
 		kick:       make(chan struct{}, 1),
 		stats:      &s.stats,
 	}
@@ -304,7 +307,7 @@ func (s *session) track(tag uint64) {
 // the acknowledgements; it does not wait for them. It records nothing when
 // the session is dead.
 func (s *session) ack(tags []uint64) error {
-	now := time.Now().UnixNano()
+	now := s.clock()
 	s.ackMu.Lock()
 	if !s.alive() {
 		s.ackMu.Unlock()
@@ -331,6 +334,11 @@ func (s *session) ack(tags []uint64) error {
 	return nil
 }
 
+// clock returns the nanoseconds since the session was made, plus one: a
+// monotonic reading (a wall-clock step does not stretch a hold) that is
+// never 0.
+func (s *session) clock() int64 { return int64(time.Since(s.born)) + 1 }
+
 // ackLoop sends the acknowledgements recorded by ack until the session
 // dies. Each pass sends what flushLocked finds owed, so the
 // acknowledgements that several Ack calls (of concurrent lanes) record while
@@ -353,7 +361,7 @@ func (s *session) ackLoop() {
 			s.ackMu.Unlock()
 			return
 		}
-		wait, err := s.flushLocked(time.Now().UnixNano())
+		wait, err := s.flushLocked(s.clock())
 		if err != nil {
 			s.ackFailedLocked()
 			s.ackMu.Unlock()
