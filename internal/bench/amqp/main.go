@@ -61,6 +61,7 @@ type options struct {
 	rounds                int
 	only, cpuprofile      string
 	quorum                bool
+	ackHold               time.Duration
 }
 
 func main() {
@@ -75,6 +76,7 @@ func main() {
 	flag.IntVar(&o.concurrency, "concurrency", 4, "Runner.Concurrency")
 	flag.IntVar(&o.accounts, "accounts", 1000, "rows in the accounts table")
 	flag.BoolVar(&o.quorum, "quorum", false, "use quorum queues instead of classic queues")
+	flag.DurationVar(&o.ackHold, "ack-hold", 0, "amqpsource.Config.AckHold of the idemq runs (0: its default; negative: no hold)")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if o.amqpURL == "" {
@@ -117,8 +119,9 @@ func run(ctx context.Context, o options) error {
 	}
 	var fsync string
 	_ = pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&fsync)
-	fmt.Printf("RabbitMQ source benchmark: %s queues, persistent messages, Runner concurrency %d, %d accounts, synchronous_commit=%s\n\n",
-		queueType, o.concurrency, o.accounts, fsync)
+	hold := amqpsource.Config{AckHold: o.ackHold}.WithDefaults().AckHold
+	fmt.Printf("RabbitMQ source benchmark: %s queues, persistent messages, Runner concurrency %d, AckHold %v, %d accounts, synchronous_commit=%s\n\n",
+		queueType, o.concurrency, hold, o.accounts, fsync)
 
 	var queues []string
 	defer func() {
@@ -471,7 +474,7 @@ func runner(ctx context.Context, o options, q string, store *pgdedup.Store, n, b
 	}
 	start := time.Now()
 	src, err := amqpsource.New(ctx, amqpsource.Config{
-		URL: o.amqpURL, Queue: q, Prefetch: amqpsource.PrefetchFor(rc),
+		URL: o.amqpURL, Queue: q, Prefetch: amqpsource.PrefetchFor(rc), AckHold: o.ackHold,
 		PartitionKeyHeader: "account", // batches never lock accounts in crossing orders
 	})
 	if err != nil {
