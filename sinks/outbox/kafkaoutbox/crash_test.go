@@ -2,15 +2,9 @@ package kafkaoutbox_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
-	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/outbox/internal/relaytest"
@@ -67,43 +61,10 @@ func TestRelayCrash(t *testing.T) {
 
 	// The downstream consumer: effect and record in one transaction.
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `CREATE TABLE effects (event_id text NOT NULL, body text NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	src, err := kafkasource.New(ctx, kafkasource.Config{Brokers: brokers, Topics: []string{topic}, GroupID: topic + "-downstream", Logger: relaytest.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	r, err := consumer.NewRunner(src, consumer.Transactional(store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
-		_, err := tx.Exec(ctx, `INSERT INTO effects (event_id, body) VALUES ($1, $2)`, msg.Key, string(msg.Body))
-		return err
-	}), consumer.Config{Name: "downstream", BatchSize: 20, Logger: relaytest.Logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
-	relaytest.WaitFor(t, func() string { return fmt.Sprintf("%+v", r.Stats()) }, func() bool {
-		s := r.Stats()
-		return s.Handled+s.Duplicates >= uint64(len(got))
-	})
-	cancel()
-	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-		t.Fatal(err)
-	}
-	s := r.Stats()
-	t.Logf("downstream: %d deliveries, %d handled, %d duplicates absorbed; %s", s.Handled+s.Duplicates, s.Handled, s.Duplicates, relaytest.CheckEffects(t, pool, n))
-	if s.Duplicates == 0 {
-		t.Fatal("the consumer absorbed no duplicate; the test proves nothing")
-	}
+	relaytest.Downstream(t, pool, schema, src, 20, len(got), n)
 }

@@ -2,8 +2,6 @@ package sqsoutbox_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -11,10 +9,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
-	"github.com/jackc/pgx/v5"
 
-	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/outbox/internal/relaytest"
@@ -86,16 +81,6 @@ func TestRelayCrash(t *testing.T) {
 	t.Logf("queue holds %d messages for %d events: %d duplicates from the kills", total, n, total-n)
 
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `CREATE TABLE effects (event_id text NOT NULL, body text NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	src, err := sqssource.New(ctx, c, sqssource.Config{
 		QueueURL:              url,
 		DeadLetterQueueURL:    newQueue(t, c, false),
@@ -108,28 +93,5 @@ func TestRelayCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	r, err := consumer.NewRunner(src, consumer.Transactional(store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
-		_, err := tx.Exec(ctx, `INSERT INTO effects (event_id, body) VALUES ($1, $2)`, msg.Key, string(msg.Body))
-		return err
-	}), consumer.Config{Name: "downstream", BatchSize: 10, Logger: relaytest.Logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
-	relaytest.WaitFor(t, func() string { return fmt.Sprintf("%+v", r.Stats()) }, func() bool {
-		s := r.Stats()
-		return s.Handled+s.Duplicates >= uint64(total)
-	})
-	cancel()
-	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-		t.Fatal(err)
-	}
-	s := r.Stats()
-	t.Logf("downstream: %d deliveries, %d handled, %d duplicates absorbed; %s", s.Handled+s.Duplicates, s.Handled, s.Duplicates, relaytest.CheckEffects(t, pool, n))
-	if s.Duplicates == 0 {
-		t.Fatal("the consumer absorbed no duplicate; the test proves nothing")
-	}
+	relaytest.Downstream(t, pool, schema, src, 10, total, n)
 }

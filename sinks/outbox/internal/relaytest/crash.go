@@ -15,8 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/sinks/outbox"
 )
 
@@ -219,16 +222,54 @@ func RunKills(t *testing.T, pool *pgxpool.Pool, dbURL string, env []string, kill
 	return killed
 }
 
-// CheckEffects verifies the downstream effects table: one row per event of
-// want, none twice.
-func CheckEffects(t testing.TB, pool *pgxpool.Pool, n int) string {
+// Downstream runs an idemq consumer over src, at batch, until it has
+// taken deliveries messages: a Transactional handler over pgdedup (in
+// schema) that inserts each event into an effects table, so that the effect
+// and the event's record commit together. It then fails t unless each of
+// the n events took effect exactly once and the consumer absorbed at least
+// one duplicate (else the test proves nothing).
+func Downstream(t *testing.T, pool *pgxpool.Pool, schema string, src consumer.Source, batch, deliveries, n int) {
 	t.Helper()
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE effects (event_id text NOT NULL, body text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r, err := consumer.NewRunner(src, consumer.Transactional(store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO effects (event_id, body) VALUES ($1, $2)`, msg.Key, string(msg.Body))
+		return err
+	}), consumer.Config{Name: "downstream", BatchSize: batch, Logger: Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	WaitFor(t, func() string { return fmt.Sprintf("%+v", r.Stats()) }, func() bool {
+		s := r.Stats()
+		return s.Handled+s.Duplicates >= uint64(deliveries)
+	})
+	cancel()
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
 	var effects, distinct int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT event_id) FROM effects`).Scan(&effects, &distinct); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT event_id) FROM effects`).Scan(&effects, &distinct); err != nil {
 		t.Fatal(err)
 	}
 	if effects != n || distinct != n {
 		t.Fatalf("%d effects for %d distinct events, want %d: duplicate effects %d, missing events %d", effects, distinct, n, effects-distinct, n-distinct)
 	}
-	return fmt.Sprintf("%d effects for %d distinct events", effects, distinct)
+	s := r.Stats()
+	t.Logf("downstream: %d deliveries, %d handled, %d duplicates absorbed; %d effects for %d distinct events", s.Handled+s.Duplicates, s.Handled, s.Duplicates, effects, distinct)
+	if s.Duplicates == 0 {
+		t.Fatal("the consumer absorbed no duplicate; the test proves nothing")
+	}
 }
