@@ -2,7 +2,8 @@
 // store runs against a real server: RunTxStore for the stores of the
 // transactional path (dedup.TxStore, such as dedup/pgdedup) and
 // RunLeaseStore for the stores of the lease path (dedup.LeaseStore, such as
-// dedup/redisdedup).
+// dedup/redisdedup). CheckJanitorStats checks the table measurement of a
+// store whose janitor reports one (dedup.TableStatsReporter).
 //
 // A store's test calls the suite with a constructor:
 //

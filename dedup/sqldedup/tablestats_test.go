@@ -1,11 +1,11 @@
 package sqldedup_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/deduptest"
 	"github.com/idemq/idemq/dedup/sqldedup"
 )
 
@@ -41,34 +41,7 @@ func TestJanitorMeasuresTable(t *testing.T) {
 			}
 			before := time.Now()
 
-			jctx, stop := context.WithCancel(ctx)
-			done := make(chan error, 1)
-			go func() { done <- store.RunJanitor(jctx) }()
-			var st dedup.TableStats
-			for {
-				var ok bool
-				if st, ok = store.TableStats(); ok && !st.At.Before(before) {
-					break
-				}
-				select {
-				case <-ctx.Done():
-					t.Fatal("the janitor reported no measurement in time")
-				case <-time.After(10 * time.Millisecond):
-				}
-			}
-			stop()
-			if err := <-done; err != nil {
-				t.Fatal(err)
-			}
-			if len(st.Scopes) != 2 || st.Scopes[0].Scope != "a" || st.Scopes[1].Scope != "b" {
-				t.Fatalf("scopes %+v, want a and b", st.Scopes)
-			}
-			if a := st.Scopes[0]; a.Records != 3 || !a.Oldest.Equal(oldest) {
-				t.Errorf("scope a: %d records, oldest %v; want 3, %v", a.Records, a.Oldest, oldest)
-			}
-			if b := st.Scopes[1]; b.Records != 1 {
-				t.Errorf("scope b: %d records, want 1 (the expired one deleted first)", b.Records)
-			}
+			deduptest.CheckJanitorStats(t, ctx, store, before, oldest)
 		})
 	}
 }
