@@ -15,6 +15,7 @@ import (
 	"github.com/idemq/idemq/internal/checkout"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/amqpsource"
+	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -153,8 +154,10 @@ func TestMemoryBrokerWithFaultsOnSQLite(t *testing.T) {
 }
 
 func TestKafkaOnPostgres(t *testing.T) {
-	exercise(t, checkout.BrokerConfig{Kind: checkout.BrokerKafka, KafkaBrokers: testenv.KafkaBrokers(t),
-		Topic: "checkout-test-" + suffix(), Group: "checkout-test-" + suffix()}, postgresStore(t), 300)
+	brokers, topic := testenv.KafkaBrokers(t), "checkout-test-"+suffix()
+	testenv.DeleteTopicsAtCleanup(t, brokers, topic, kafkasource.DeadLetterTopic(topic))
+	exercise(t, checkout.BrokerConfig{Kind: checkout.BrokerKafka, KafkaBrokers: brokers,
+		Topic: topic, Group: "checkout-test-" + suffix()}, postgresStore(t), 300)
 }
 
 func TestRabbitMQOnSQLite(t *testing.T) {

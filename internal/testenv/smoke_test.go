@@ -191,6 +191,7 @@ func TestKafkaSmoke(t *testing.T) {
 	ctx := testContext(t, 90*time.Second)
 	brokers := testenv.KafkaBrokers(t)
 	topic, group := unique("testenv-smoke"), unique("testenv-group")
+	testenv.DeleteTopicsAtCleanup(t, brokers, topic)
 	client := &kafka.Client{Addr: kafka.TCP(brokers...)}
 	res, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
 		Topic: topic, NumPartitions: 1, ReplicationFactor: 1,
