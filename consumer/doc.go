@@ -31,8 +31,9 @@
 // transaction without savepoints. TransactionalBatch gives one handler call
 // the batch's new messages, for set-based writes. When a message fails, the
 // transaction is rolled back and rerun without it (see Transactional): only
-// the culprit's attempt is counted, later messages of its PartitionKey wait
-// for it, and no handler's writes commit twice.
+// the culprit's attempt is counted, the later messages of its PartitionKey in
+// the batch wait for it (the earlier ones commit in the rerun), and no
+// handler's writes commit twice.
 //
 // # Failures
 //

@@ -414,7 +414,7 @@ func (p *txPath[Tx]) infra(ctx context.Context, r *Runner, jobs []*job, err erro
 // heldPartitions tracks the partition keys of a batch whose message failed.
 // Later messages of the same partition are not handled in that batch (they
 // would overtake the failed one); they are retried without counting an
-// attempt.
+// attempt. Earlier ones are handled: they precede it anyway.
 type heldPartitions map[string]*job
 
 func (h *heldPartitions) hold(failed *job) {
@@ -428,25 +428,51 @@ func (h *heldPartitions) hold(failed *job) {
 }
 
 // pending returns the jobs still to run, in order: those without an outcome
-// that do not wait behind a failed message of their partition. The held
-// ones get their outcome.
+// that do not come after a failed message of their partition in jobs. The
+// held ones get their outcome. A failed job stays in jobs (with its
+// outcome) until the pending call after its failure, so the jobs held then
+// are exactly the later ones.
 func (h heldPartitions) pending(jobs []*job) []*job {
-	return slices.DeleteFunc(slices.Clone(jobs), func(j *job) bool {
-		return j.out != outNone || h.holds(j)
-	})
+	var behind map[string]bool // partitions whose failed job came earlier in jobs
+	out := make([]*job, 0, len(jobs))
+	for _, j := range jobs {
+		if pk := j.msg.PartitionKey; pk != "" && h[pk] == j {
+			if behind == nil {
+				behind = map[string]bool{}
+			}
+			behind[pk] = true
+		}
+		if j.out != outNone {
+			continue
+		}
+		if behind[j.msg.PartitionKey] {
+			h.holdBack(j)
+			continue
+		}
+		out = append(out, j)
+	}
+	return out
 }
 
-// holds reports whether j waits behind a failed message of its partition, and
-// if so sets its outcome.
+// holds reports whether a failed message of j's partition was held before
+// j's turn came (the lease path runs its batch in order), and if so holds j
+// back.
 func (h heldPartitions) holds(j *job) bool {
-	failed := h[j.msg.PartitionKey]
-	if j.msg.PartitionKey == "" || failed == nil {
+	if j.msg.PartitionKey == "" || h[j.msg.PartitionKey] == nil {
 		return false
 	}
+	h.holdBack(j)
+	return true
+}
+
+// holdBack gives j, which comes after a failed message of its partition, the
+// outcome of waiting for it: retried without counting an attempt, as late
+// as the failed one.
+func (h heldPartitions) holdBack(j *job) {
+	failed := h[j.msg.PartitionKey]
 	j.set(outRetryInfra, fmt.Errorf("idemq: held behind failed message %q of partition %q", failed.key, j.msg.PartitionKey))
 	j.claimedNew = false // its claim was rolled back and its handler did not run
 	j.delay = failed.delay
-	return true
 }
 
 // failureCounter returns the store's handler-failure counter, or nil.
