@@ -114,7 +114,7 @@ func TestKafkaTraceparent(t *testing.T) {
 		kafkasource.TopicSpec{Name: kafkasource.DeadLetterTopic(topic), Partitions: 1}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { deleteKafkaTopics(brokers, topic, kafkasource.DeadLetterTopic(topic)) })
+	testenv.DeleteTopicsAtCleanup(t, brokers, topic, kafkasource.DeadLetterTopic(topic))
 
 	parent, headers := producerSpan(t)
 	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, RequiredAcks: kafka.RequireAll, Transport: &kafka.Transport{}}
@@ -140,17 +140,6 @@ func TestKafkaTraceparent(t *testing.T) {
 	defer src.Close()
 	consumeOne(t, tel, src, group)
 	checkOne(t, tel, parent, otelidemq.SystemKafka, topic, topic+"/0/0")
-}
-
-func deleteKafkaTopics(brokers []string, topics ...string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := kafka.DialContext(ctx, "tcp", brokers[0])
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	_ = conn.DeleteTopics(topics...)
 }
 
 func sqsTestClient(t *testing.T) *sqs.Client {
@@ -335,7 +324,7 @@ func TestKafkaLagGauge(t *testing.T) {
 		kafkasource.TopicSpec{Name: kafkasource.DeadLetterTopic(topic), Partitions: 1}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { deleteKafkaTopics(brokers, topic, kafkasource.DeadLetterTopic(topic)) })
+	testenv.DeleteTopicsAtCleanup(t, brokers, topic, kafkasource.DeadLetterTopic(topic))
 	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, RequiredAcks: kafka.RequireAll, Transport: &kafka.Transport{}}
 	defer w.Close()
 	const n, settled = 10, 4

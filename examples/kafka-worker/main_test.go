@@ -5,13 +5,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/kafkasource"
@@ -25,10 +21,11 @@ func TestWorkerCreditsEachPaymentOnce(t *testing.T) {
 	}
 	dbURL := testenv.DatabaseURL(t)
 	schema := testenv.Schema(t, dbURL)
-	t.Cleanup(func() { deleteTopics(testenv.KafkaBrokers(t), "idemq.example.test."+schema) })
+	topic := "idemq.example.test." + schema
+	testenv.DeleteTopicsAtCleanup(t, testenv.KafkaBrokers(t), topic, kafkasource.DeadLetterTopic(topic))
 	o := options{
 		brokers: testenv.KafkaBrokers(t), databaseURL: dbURL,
-		topic: "idemq.example.test." + schema, group: "idemq-example-test-" + schema, schema: schema,
+		topic: topic, group: "idemq-example-test-" + schema, schema: schema,
 		partitions: 4, accounts: 10, publish: 200, idle: 2 * time.Second, concurrency: 2, batch: 20,
 		log: slog.New(slog.DiscardHandler),
 	}
@@ -51,24 +48,4 @@ func TestWorkerCreditsEachPaymentOnce(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", line, out.String())
 		}
 	}
-}
-
-// deleteTopics deletes the test's topic and its dead-letter topic, best
-// effort.
-func deleteTopics(brokers []string, topic string) {
-	conn, err := kafka.Dial("tcp", brokers[0])
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	c, err := conn.Controller()
-	if err != nil {
-		return
-	}
-	cc, err := kafka.Dial("tcp", net.JoinHostPort(c.Host, strconv.Itoa(c.Port)))
-	if err != nil {
-		return
-	}
-	defer cc.Close()
-	_ = cc.DeleteTopics(topic, kafkasource.DeadLetterTopic(topic))
 }

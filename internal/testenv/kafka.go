@@ -18,7 +18,12 @@ func DeleteTopicsAtCleanup(t testing.TB, brokers []string, topics ...string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		client := &kafka.Client{Addr: kafka.TCP(brokers...)}
+		// A transport of its own: kafka-go's default one pools connections
+		// across tests, and a test that restarted the broker leaves it a
+		// dead one.
+		transport := &kafka.Transport{}
+		defer transport.CloseIdleConnections()
+		client := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: transport}
 		res, err := client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: topics})
 		if err != nil {
 			t.Logf("delete topics %v: %v", topics, err)

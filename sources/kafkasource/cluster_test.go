@@ -31,7 +31,7 @@ func TestClusterNodeDiesMidRun(t *testing.T) {
 		kafkasource.TopicSpec{Name: kafkasource.DeadLetterTopic(topic), Partitions: 1, ReplicationFactor: 3}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { deleteTopics(brokers, topic, kafkasource.DeadLetterTopic(topic)) })
+	testenv.DeleteTopicsAtCleanup(t, brokers, topic, kafkasource.DeadLetterTopic(topic))
 	const n = 3000
 	publish(t, brokers, topic, keyed("cluster", n, 0)...)
 

@@ -2,8 +2,6 @@ package kafkasource_test
 
 import (
 	"context"
-	"net"
-	"strconv"
 	"testing"
 	"time"
 
@@ -11,6 +9,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/runtest"
+	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/sourcetest"
 )
@@ -36,7 +35,7 @@ func skipShort(t testing.TB) {
 func newTopic(t testing.TB, brokers []string, partitions int) string {
 	t.Helper()
 	topic := runtest.UniqueName(t, "idemq")
-	t.Cleanup(func() { deleteTopics(brokers, topic, kafkasource.DeadLetterTopic(topic)) })
+	testenv.DeleteTopicsAtCleanup(t, brokers, topic, kafkasource.DeadLetterTopic(topic))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := kafkasource.CreateTopics(ctx, nil, brokers,
@@ -47,27 +46,6 @@ func newTopic(t testing.TB, brokers []string, partitions int) string {
 		t.Fatalf("create topic %s: %v", topic, err)
 	}
 	return topic
-}
-
-// deleteTopics deletes topics through the controller, best effort.
-func deleteTopics(brokers []string, topics ...string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := kafka.DialContext(ctx, "tcp", brokers[0])
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	c, err := conn.Controller()
-	if err != nil {
-		return
-	}
-	cc, err := kafka.DialContext(ctx, "tcp", net.JoinHostPort(c.Host, strconv.Itoa(c.Port)))
-	if err != nil {
-		return
-	}
-	defer cc.Close()
-	_ = cc.DeleteTopics(topics...)
 }
 
 // testConfig returns a source configuration with group timeouts short enough

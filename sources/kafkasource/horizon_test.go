@@ -20,7 +20,7 @@ import (
 func createTopicWithRetention(t *testing.T, brokers []string, retentionMS string) string {
 	t.Helper()
 	topic := runtest.UniqueName(t, "idemq-retention")
-	t.Cleanup(func() { deleteTopics(brokers, topic) })
+	testenv.DeleteTopicsAtCleanup(t, brokers, topic)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	tc := kafka.TopicConfig{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}

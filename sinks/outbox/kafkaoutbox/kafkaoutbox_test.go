@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -32,23 +31,7 @@ func newTopic(t testing.TB, brokers []string) string {
 	if err := kafkasource.CreateTopics(ctx, nil, brokers, kafkasource.TopicSpec{Name: topic, Partitions: partitions}); err != nil {
 		t.Fatalf("create topic: %v", err)
 	}
-	t.Cleanup(func() {
-		c, err := kafka.Dial("tcp", brokers[0])
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		ctl, err := c.Controller()
-		if err != nil {
-			return
-		}
-		cc, err := kafka.Dial("tcp", ctl.Host+":"+strconv.Itoa(ctl.Port))
-		if err != nil {
-			return
-		}
-		defer cc.Close()
-		_ = cc.DeleteTopics(topic)
-	})
+	testenv.DeleteTopicsAtCleanup(t, brokers, topic)
 	return topic
 }
 

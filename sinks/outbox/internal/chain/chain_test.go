@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -456,23 +455,7 @@ func newTopic(t testing.TB, brokers []string, topic string) string {
 	if err := kafkasource.CreateTopics(ctx, nil, brokers, kafkasource.TopicSpec{Name: topic, Partitions: 4}); err != nil {
 		t.Fatalf("create topic: %v", err)
 	}
-	t.Cleanup(func() {
-		c, err := kafka.Dial("tcp", brokers[0])
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		ctl, err := c.Controller()
-		if err != nil {
-			return
-		}
-		cc, err := kafka.Dial("tcp", net.JoinHostPort(ctl.Host, strconv.Itoa(ctl.Port)))
-		if err != nil {
-			return
-		}
-		defer cc.Close()
-		_ = cc.DeleteTopics(topic)
-	})
+	testenv.DeleteTopicsAtCleanup(t, brokers, topic)
 	return topic
 }
 
