@@ -173,24 +173,10 @@ func (k *kafkaBroker) cleanup(ctx context.Context) {
 	if _, err := client.DeleteGroups(ctx, &kafka.DeleteGroupsRequest{GroupIDs: []string{k.topic}}); err != nil {
 		fmt.Fprintln(os.Stderr, "chaos: delete group:", err)
 	}
-	conn, err := k.dial(ctx, func(ctx context.Context, addr string) (*kafka.Conn, error) {
-		return kafka.DefaultDialer.DialContext(ctx, "tcp", addr)
-	})
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	c, err := conn.Controller()
-	if err != nil {
-		return
-	}
-	cc, err := kafka.Dial("tcp", c.Host+":"+strconv.Itoa(c.Port))
-	if err != nil {
-		return
-	}
-	defer cc.Close()
-	if err := cc.DeleteTopics(k.topic, kafkasource.DeadLetterTopic(k.topic)); err != nil && !errors.Is(err, kafka.UnknownTopicOrPartition) {
-		fmt.Fprintln(os.Stderr, "chaos: delete topics:", err)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := kafkasource.DeleteTopics(ctx, nil, k.brokers, k.topic, kafkasource.DeadLetterTopic(k.topic)); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
 	}
 }
 

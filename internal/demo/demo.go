@@ -103,7 +103,11 @@ func (s *supervisor) setup(ctx context.Context) error {
 		s.kafka = s.cfg.KafkaBrokers
 		s.sum.Broker = "Kafka at " + strings.Join(s.kafka, ",")
 		// The run's topics are its own, like its schema.
-		s.cleanups = append(s.cleanups, func() { deleteTopics(s.kafka, s.topic, kafkasource.DeadLetterTopic(s.topic)) })
+		s.cleanups = append(s.cleanups, func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = kafkasource.DeleteTopics(ctx, nil, s.kafka, s.topic, kafkasource.DeadLetterTopic(s.topic))
+		})
 	case BrokerMemory:
 		kind = checkout.BrokerMemory
 		s.memory = memsource.New(memsource.Config{VisibilityTimeout: time.Second, Seed: s.cfg.Seed})
@@ -166,15 +170,6 @@ func dropSchema(databaseURL, schema string) {
 	}
 	defer conn.Close(ctx)
 	_, _ = conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
-}
-
-// deleteTopics deletes the run's topics from the Kafka cluster at brokers,
-// best effort.
-func deleteTopics(brokers []string, topics ...string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	client := &kafka.Client{Addr: kafka.TCP(brokers...)}
-	_, _ = client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: topics})
 }
 
 // worker is one life of a worker: a child process, or a goroutine on the

@@ -94,12 +94,12 @@ type Config struct {
 	// Required.
 	GroupID string
 
-	// Dialer opens every connection of the reader, of the dead-letter
-	// writer and of CreateTopics: set its TLS and SASLMechanism fields for a
-	// secured cluster, ClientID to name the client, DialFunc to route
-	// connections (for example to an in-process broker). Its Resolver is not
-	// used by the dead-letter writer. Defaults to kafka.DefaultDialer
-	// (plaintext, 10 s dial timeout).
+	// Dialer opens every connection of the reader and of the dead-letter
+	// writer (pass it to CreateTopics and DeleteTopics too): set its TLS and
+	// SASLMechanism fields for a secured cluster, ClientID to name the
+	// client, DialFunc to route connections (for example to an in-process
+	// broker). Its Resolver is not used by the dead-letter writer. Defaults
+	// to kafka.DefaultDialer (plaintext, 10 s dial timeout).
 	Dialer *kafka.Dialer
 
 	// ConnectTimeout bounds the connectivity check of New: one of Brokers

@@ -215,10 +215,11 @@
 // # Brokers
 //
 // The source uses only the Kafka protocol through kafka-go (a consumer group,
-// fetch, offset commit, produce with acks=all, and CreateTopics), so it runs
-// against Apache Kafka and against in-process fakes such as franz-go's kfake.
-// Config.Dialer carries TLS, SASL and a custom dial function to the reader,
-// the dead-letter writer and CreateTopics alike.
+// fetch, offset commit, produce with acks=all; CreateTopics and DeleteTopics
+// for tests and demos), so it runs against Apache Kafka and against in-process
+// fakes such as franz-go's kfake. Config.Dialer carries TLS, SASL and a custom
+// dial function to the reader and the dead-letter writer alike; give
+// CreateTopics and DeleteTopics the same dialer.
 //
 // New checks that one of Config.Brokers answers a metadata request within
 // Config.ConnectTimeout (5 s) and fails with ErrUnreachable otherwise, so a

@@ -64,28 +64,12 @@ func CreateTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, t
 		return nil
 	}
 
-	var conn *kafka.Conn
-	var err error
-	for _, b := range brokers {
-		if conn, err = dialer.DialContext(ctx, "tcp", b); err == nil {
-			break
-		}
-	}
+	conn, cc, err := dialController(ctx, dialer, brokers)
 	if err != nil {
-		return fmt.Errorf("kafkasource: create topics: dial: %w", err)
+		return fmt.Errorf("kafkasource: create topics: %w", err)
 	}
 	defer conn.Close()
-	setDeadline(ctx, conn)
-	controller, err := conn.Controller()
-	if err != nil {
-		return fmt.Errorf("kafkasource: create topics: find controller: %w", err)
-	}
-	cc, err := dialer.DialContext(ctx, "tcp", net.JoinHostPort(controller.Host, strconv.Itoa(controller.Port)))
-	if err != nil {
-		return fmt.Errorf("kafkasource: create topics: dial controller: %w", err)
-	}
 	defer cc.Close()
-	setDeadline(ctx, cc)
 	if err := cc.CreateTopics(configs...); err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
 		return fmt.Errorf("kafkasource: create topics: %w", err)
 	}
@@ -105,6 +89,82 @@ func CreateTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, t
 		}
 	}
 	return nil
+}
+
+// DeleteTopics deletes the topics through the cluster's controller and waits
+// until the brokers' metadata no longer lists any of them, so that a topic of
+// the same name created next starts empty. A topic that does not exist is
+// fine. dialer may be nil (kafka.DefaultDialer). The context bounds the whole
+// call.
+//
+// It is meant for tests and demos, to remove what CreateTopics made; remember
+// the dead-letter topics (DeadLetterTopic).
+func DeleteTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, topics ...string) error {
+	if dialer == nil {
+		dialer = kafka.DefaultDialer
+	}
+	if len(brokers) == 0 {
+		return &ConfigError{Field: "kafkasource.DeleteTopics(brokers)", Reason: "required"}
+	}
+	if slices.Contains(topics, "") {
+		return &ConfigError{Field: "kafkasource.DeleteTopics(topics)", Reason: "a topic has no name"}
+	}
+	if len(topics) == 0 {
+		return nil
+	}
+	conn, cc, err := dialController(ctx, dialer, brokers)
+	if err != nil {
+		return fmt.Errorf("kafkasource: delete topics: %w", err)
+	}
+	defer conn.Close()
+	defer cc.Close()
+	// kafka-go reports the first topic's error only; a topic that could not
+	// be deleted for another reason stays listed, and the wait below ends
+	// with the context.
+	if err := cc.DeleteTopics(topics...); err != nil && !errors.Is(err, kafka.UnknownTopicOrPartition) {
+		return fmt.Errorf("kafkasource: delete topics: %w", err)
+	}
+
+	// Wait for the metadata to list none of them. The request names no
+	// topic: one that names a deleted topic could create it again on a
+	// broker that creates topics automatically.
+	for {
+		parts, err := conn.ReadPartitions()
+		if err == nil && !slices.ContainsFunc(parts, func(p kafka.Partition) bool { return slices.Contains(topics, p.Topic) }) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kafkasource: delete topics: waiting for %v to go: %w (last error: %w)", topics, ctx.Err(), err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// dialController connects to the first of brokers that answers and to the
+// cluster's controller, each with ctx's deadline.
+func dialController(ctx context.Context, dialer *kafka.Dialer, brokers []string) (conn, controller *kafka.Conn, err error) {
+	for _, b := range brokers {
+		if conn, err = dialer.DialContext(ctx, "tcp", b); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("dial: %w", err)
+	}
+	setDeadline(ctx, conn)
+	c, err := conn.Controller()
+	if err != nil {
+		_ = conn.Close()
+		return nil, nil, fmt.Errorf("find controller: %w", err)
+	}
+	controller, err = dialer.DialContext(ctx, "tcp", net.JoinHostPort(c.Host, strconv.Itoa(c.Port)))
+	if err != nil {
+		_ = conn.Close()
+		return nil, nil, fmt.Errorf("dial controller: %w", err)
+	}
+	setDeadline(ctx, controller)
+	return conn, controller, nil
 }
 
 func allLed(parts []kafka.Partition) bool {

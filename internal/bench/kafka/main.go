@@ -32,7 +32,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -500,22 +499,10 @@ func (b *bench) checkBalances(ctx context.Context) error {
 }
 
 func (b *bench) deleteTopics() {
-	conn, err := kafka.Dial("tcp", b.brokers[0])
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	c, err := conn.Controller()
-	if err != nil {
-		return
-	}
-	cc, err := kafka.Dial("tcp", c.Host+":"+strconv.Itoa(c.Port))
-	if err != nil {
-		return
-	}
-	defer cc.Close()
-	if err := cc.DeleteTopics(b.topic, kafkasource.DeadLetterTopic(b.topic)); err != nil && !errors.Is(err, kafka.UnknownTopicOrPartition) {
-		fmt.Fprintln(os.Stderr, "bench: delete topics:", err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := kafkasource.DeleteTopics(ctx, nil, b.brokers, b.topic, kafkasource.DeadLetterTopic(b.topic)); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
 	}
 }
 
