@@ -240,7 +240,7 @@ func TestRabbitMQTraceparent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	t.Cleanup(func() { deleteAMQPQueues(url, queue) })
+	testenv.DeleteQueuesAtCleanup(t, url, queue, queue+".dlq") // no retry queue: nothing is retried
 
 	parent, headers := producerSpan(t)
 	conn, err := amqp.Dial(url)
@@ -270,21 +270,6 @@ func TestRabbitMQTraceparent(t *testing.T) {
 	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "amqp-consumer"})
 	consumeOne(t, tel, src, "amqp-consumer")
 	checkOne(t, tel, parent, otelidemq.SystemRabbitMQ, queue, "id-k1")
-}
-
-func deleteAMQPQueues(url, queue string) {
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return
-	}
-	for _, n := range []string{queue, queue + ".dlq"} { // no retry queue: nothing is retried
-		_, _ = ch.QueueDelete(n, false, false, false)
-	}
 }
 
 // gauge returns the value of the int64 gauge name at the data point whose

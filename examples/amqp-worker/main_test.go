@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/idemq/idemq/internal/testenv"
 )
 
@@ -33,7 +31,7 @@ func TestWorkerCreditsEachPaymentOnce(t *testing.T) {
 		o.schema = testenv.Schema(t, dbURL)
 		queue := "idemq.example.test." + o.schema
 		o.queue = queue
-		t.Cleanup(func() { deleteQueue(t, amqpURL, queue) })
+		testenv.DeleteQueuesAtCleanup(t, amqpURL, queue, queue+".dlq") // no retry queue: the handler never fails
 		out.Reset()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		err := run(ctx, o, &out)
@@ -58,21 +56,5 @@ func TestWorkerCreditsEachPaymentOnce(t *testing.T) {
 		if !strings.Contains(out.String(), line) {
 			t.Errorf("output lacks %q:\n%s", line, out.String())
 		}
-	}
-}
-
-func deleteQueue(t *testing.T, url, queue string) {
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Logf("cleanup: %v", err)
-		return
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return
-	}
-	for _, q := range []string{queue, queue + ".dlq"} {
-		_, _ = ch.QueueDelete(q, false, false, false)
 	}
 }

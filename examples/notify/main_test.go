@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/sources/amqpsource"
 )
 
 // Every notification reaches the webhook once, although a tenth of them were
@@ -35,7 +35,7 @@ func TestWorkerNotifiesEachOnce(t *testing.T) {
 	for attempt := 1; ; attempt++ {
 		id := randomID()
 		o.queue, o.name = "idemq.example.notify.test."+id, "notify-test-"+id
-		t.Cleanup(func() { deleteQueue(t, amqpURL, o.queue) })
+		testenv.DeleteQueuesAtCleanup(t, amqpURL, append([]string{o.queue, o.queue + ".dlq"}, amqpsource.RetryQueueNames(o.queue+".retry.")...)...)
 		out.Reset()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		err := run(ctx, o, &out)
@@ -98,24 +98,4 @@ func redisRunID(t *testing.T, url string) string {
 	}
 	t.Fatal("Redis INFO has no run_id")
 	return ""
-}
-
-func deleteQueue(t *testing.T, url, queue string) {
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Logf("cleanup: %v", err)
-		return
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return
-	}
-	queues := []string{queue, queue + ".dlq"}
-	for _, d := range []string{"100ms", "200ms", "500ms", "1s", "2s", "5s"} {
-		queues = append(queues, queue+".retry."+d)
-	}
-	for _, q := range queues {
-		_, _ = ch.QueueDelete(q, false, false, false)
-	}
 }

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	_ "modernc.org/sqlite"
 
 	"github.com/idemq/idemq/consumer"
@@ -162,31 +161,9 @@ func TestKafkaOnPostgres(t *testing.T) {
 
 func TestRabbitMQOnSQLite(t *testing.T) {
 	url, q := testenv.AMQPURL(t), "checkout-test-"+suffix()
-	t.Cleanup(func() { deleteQueues(t, url, q) })
+	// The quorum queues the worker's source declares.
+	testenv.DeleteQueuesAtCleanup(t, url, append([]string{q, q + ".dlq"}, amqpsource.RetryQueueNames(q+".retry.")...)...)
 	exercise(t, checkout.BrokerConfig{Kind: checkout.BrokerRabbitMQ, AMQPURL: url, Topic: q}, sqliteStore(t), 300)
-}
-
-// deleteQueues deletes q with its dead-letter and retry queues, the
-// quorum queues the worker's source declares.
-func deleteQueues(t *testing.T, url, q string) {
-	t.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Errorf("delete queues: %v", err)
-		return
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Errorf("delete queues: %v", err)
-		return
-	}
-	for _, name := range append([]string{q, q + ".dlq"}, amqpsource.RetryQueueNames(q+".retry.")...) {
-		if _, err := ch.QueueDelete(name, false, false, false); err != nil {
-			t.Errorf("delete queue %s: %v", name, err)
-			return
-		}
-	}
 }
 
 func TestSQSOnSQLite(t *testing.T) {

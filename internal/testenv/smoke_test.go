@@ -122,6 +122,9 @@ func TestRabbitMQQuorumDeadLetter(t *testing.T) {
 	ctx := testContext(t, 30*time.Second)
 	ch := amqpChannel(t)
 	dlx, dlq, work := unique("testenv-dlx"), unique("testenv-dlq"), unique("testenv-work")
+	// Auto-delete does not cover these: the queues never get a consumer.
+	testenv.DeleteExchangesAtCleanup(t, testenv.AMQPURL(t), dlx)
+	testenv.DeleteQueuesAtCleanup(t, testenv.AMQPURL(t), work, dlq)
 	if err := ch.ExchangeDeclare(dlx, amqp.ExchangeFanout, false, true, false, false, nil); err != nil {
 		t.Fatalf("declare exchange: %v", err)
 	}
@@ -137,11 +140,6 @@ func TestRabbitMQQuorumDeadLetter(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("declare quorum queue: %v", err)
 	}
-	t.Cleanup(func() {
-		if _, err := ch.QueueDelete(work, false, false, false); err != nil {
-			t.Logf("delete %s: %v", work, err)
-		}
-	})
 	if err := ch.PublishWithContext(ctx, "", work, false, false, amqp.Publishing{Body: []byte("poison")}); err != nil {
 		t.Fatalf("publish: %v", err)
 	}

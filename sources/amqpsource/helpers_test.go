@@ -96,23 +96,15 @@ func newQueue(t testing.TB, url string, kind queueKind, deliveryLimit int) strin
 		t.Fatalf("declare queue %s: %v", name, err)
 	}
 	_ = src.Close()
-	t.Cleanup(func() { deleteQueues(t, url, name) })
+	deleteQueuesAtCleanup(t, url, name)
 	return name
 }
 
-func deleteQueues(t testing.TB, url, queue string) {
-	names := append([]string{queue, queue + ".dlq"}, amqpsource.RetryQueueNames(queue+".retry.")...)
-	err := withChannel(t, url, func(ch *amqp.Channel) error {
-		for _, n := range names {
-			if _, err := ch.QueueDelete(n, false, false, false); err != nil {
-				return fmt.Errorf("delete %s: %w", n, err)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Logf("cleanup of queue %s: %v", queue, err)
-	}
+// deleteQueuesAtCleanup deletes queue, its dead-letter queue and its retry
+// queues when t ends.
+func deleteQueuesAtCleanup(t testing.TB, url, queue string) {
+	t.Helper()
+	testenv.DeleteQueuesAtCleanup(t, url, append([]string{queue, queue + ".dlq"}, amqpsource.RetryQueueNames(queue+".retry.")...)...)
 }
 
 // publish publishes msgs to queue through the default exchange, persistent

@@ -37,7 +37,7 @@ func TestRetentionGuard(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			q := queueName(t)
-			t.Cleanup(func() { deleteQueues(t, url, q) })
+			deleteQueuesAtCleanup(t, url, q)
 			src := newSource(t, amqpsource.Config{URL: url, Queue: q, Declare: &amqpsource.Topology{QueueArgs: tc.args}})
 			horizon, err := src.RedeliveryHorizon(context.Background())
 			if err != nil || horizon != tc.horizon {

@@ -43,20 +43,8 @@ func topology(t testing.TB, url string) (exchange, unbound, queue string) {
 	if err := ch.QueueBind(queue, "#", exchange, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		conn, err := amqp.Dial(url)
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		ch, err := conn.Channel()
-		if err != nil {
-			return
-		}
-		_, _ = ch.QueueDelete(queue, false, false, false)
-		_ = ch.ExchangeDelete(exchange, false, false)
-		_ = ch.ExchangeDelete(unbound, false, false)
-	})
+	testenv.DeleteExchangesAtCleanup(t, url, exchange, unbound)
+	testenv.DeleteQueuesAtCleanup(t, url, queue)
 	return exchange, unbound, queue
 }
 

@@ -482,19 +482,8 @@ func newQueue(t testing.TB, url, name string) (exchange, queue string) {
 	if err := ch.QueueBind(queue, "#", exchange, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		conn, err := amqp.Dial(url)
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		if ch, err := conn.Channel(); err == nil {
-			// B's source declares its retry queues on first use.
-			for _, q := range append([]string{queue}, amqpsource.RetryQueueNames(queue+".retry.")...) {
-				_, _ = ch.QueueDelete(q, false, false, false)
-			}
-			_ = ch.ExchangeDelete(exchange, false, false)
-		}
-	})
+	testenv.DeleteExchangesAtCleanup(t, url, exchange)
+	// B's source declares its retry queues on first use.
+	testenv.DeleteQueuesAtCleanup(t, url, append([]string{queue}, amqpsource.RetryQueueNames(queue+".retry.")...)...)
 	return exchange, queue
 }
