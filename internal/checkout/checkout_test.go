@@ -167,8 +167,9 @@ func TestRabbitMQOnSQLite(t *testing.T) {
 }
 
 func TestSQSOnSQLite(t *testing.T) {
-	exercise(t, checkout.BrokerConfig{Kind: checkout.BrokerSQS, SQSEndpoint: testenv.SQSEndpoint(t),
-		Topic: "checkout-test-" + suffix()}, sqliteStore(t), 300)
+	endpoint, q := testenv.SQSEndpoint(t), "checkout-test-"+suffix()
+	testenv.DeleteSQSQueuesAtCleanup(t, endpoint, q, q+"-dlq")
+	exercise(t, checkout.BrokerConfig{Kind: checkout.BrokerSQS, SQSEndpoint: endpoint, Topic: q}, sqliteStore(t), 300)
 }
 
 func TestUnknownBroker(t *testing.T) {
