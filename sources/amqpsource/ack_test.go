@@ -2,6 +2,7 @@ package amqpsource_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -102,6 +103,36 @@ func TestCloseSendsHeldAcks(t *testing.T) {
 		t.Fatalf("Close sent %d acknowledgements, want the 9 held", st.Acked)
 	}
 	expectOnly(t, q, msgs[0])
+}
+
+// Retry and DeadLetter acknowledge the original at once, even behind an
+// unsettled delivery: its copy is out, and a crash before the
+// acknowledgement would bring back both. What was held goes out with it.
+func TestCopiedOriginalIsNotHeld(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for name, copyOut := range map[string]func(*amqpsource.Source, *consumer.Message) error{
+		"retry": func(src *amqpsource.Source, m *consumer.Message) error { return src.Retry(ctx, m, time.Minute) },
+		"dead letter": func(src *amqpsource.Source, m *consumer.Message) error {
+			return src.DeadLetter(ctx, m, errors.New("poison"))
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			_, src, msgs := holdSetup(t, 3, 20, holdLong)
+			if err := src.Ack(ctx, msgs[1:2]); err != nil {
+				t.Fatalf("Ack: %v", err)
+			}
+			time.Sleep(100 * time.Millisecond) // as in TestAckHoldCoalescesBehindUnsettled
+			if st := src.Stats(); st.Acked != 0 {
+				t.Fatalf("%d acknowledged while the oldest delivery is unsettled, want 0", st.Acked)
+			}
+			if err := copyOut(src, msgs[2]); err != nil {
+				t.Fatal(err)
+			}
+			ackedOnce(t, src, 2, 2) // the oldest is still unsettled
+		})
+	}
 }
 
 // expectOnly checks that q holds exactly the message of want's key.

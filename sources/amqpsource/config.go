@@ -84,7 +84,8 @@ type Config struct {
 	// the package documentation for the measurement). Waiting happens only
 	// after the commit and only widens the redelivery window of a crash,
 	// which the deduplication record absorbs; Close sends every waiting
-	// acknowledgement. Defaults to DefaultAckHold (20 ms); negative sends
+	// acknowledgement, and so does the acknowledgement of an original by
+	// Retry or DeadLetter, whose copy is out already. Defaults to DefaultAckHold (20 ms); negative sends
 	// each acknowledgement in the loop's next pass; at most MaxAckHold.
 	AckHold time.Duration
 

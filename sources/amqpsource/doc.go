@@ -35,7 +35,8 @@
 //     hand-written worker that acknowledges each delivery
 //     (internal/bench/amqp). Close
 //     sends every recorded acknowledgement before it closes the
-//     connection. This widens the redelivery window by the hold: if the
+//     connection; Retry and DeadLetter, whose copy is out, acknowledge the
+//     original without a hold (and end the hold of the others). This widens the redelivery window by the hold: if the
 //     process crashes or the connection drops between Ack and the send,
 //     the broker redelivers those deliveries, and the deduplication record
 //     absorbs them: the Runner acknowledges them without running the

@@ -54,6 +54,9 @@ type session struct {
 	// prefetch; see flushLocked); holdFor 0 holds none.
 	holdFor time.Duration
 	holdMax int
+	// flushNow ends the hold at the next pass: an acknowledgement that must
+	// not wait (see ack) was recorded.
+	flushNow bool
 	// stats is the source's; ackLoop counts what it sends.
 	stats *counters
 
@@ -304,9 +307,12 @@ func (s *session) track(tag uint64) {
 }
 
 // ack records that tags may be acknowledged and wakes ackLoop, which sends
-// the acknowledgements; it does not wait for them. It records nothing when
-// the session is dead.
-func (s *session) ack(tags []uint64) error {
+// the acknowledgements; it does not wait for them. Unless hold, the next
+// pass holds nothing back (see flushLocked): Retry and DeadLetter
+// acknowledge an original whose copy is out, and a crash before that
+// acknowledgement brings both back. It records nothing when the session is
+// dead.
+func (s *session) ack(tags []uint64, hold bool) error {
 	now := s.clock()
 	s.ackMu.Lock()
 	if !s.alive() {
@@ -323,6 +329,7 @@ func (s *session) ack(tags []uint64) error {
 		}
 		s.settled[t] = now
 	}
+	s.flushNow = s.flushNow || !hold
 	s.ackMu.Unlock()
 	select {
 	case s.kick <- struct{}{}:
@@ -377,7 +384,8 @@ func (s *session) ackLoop() {
 // flushLocked sends the acknowledgements owed: one multiple-ack (or a
 // single ack) for the longest settled prefix of pending, then the settled
 // tags behind an unsettled one. Those are held back while there are at most
-// holdMax of them and the oldest was recorded less than holdFor before now,
+// holdMax of them, the oldest was recorded less than holdFor before now and
+// no acknowledgement that must not wait was recorded (flushNow),
 // so that the multiple-ack of a later pass covers them once the tags ahead
 // are settled (concurrent lanes settle interleaved tags); past either bound,
 // or when now is 0 (the session is ending), each goes out as a single ack,
@@ -410,10 +418,12 @@ func (s *session) flushLocked(now int64) (wait time.Duration, err error) {
 			}
 		}
 	}
+	flushNow := s.flushNow
+	s.flushNow = false
 	if held == 0 {
 		return 0, nil
 	}
-	if now != 0 && held <= s.holdMax {
+	if now != 0 && held <= s.holdMax && !flushNow {
 		if left := s.holdFor - time.Duration(now-oldest); left > 0 {
 			return left, nil
 		}

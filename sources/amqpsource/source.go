@@ -225,7 +225,7 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 		groups[i].tags = append(groups[i].tags, h.tag)
 	}
 	for _, g := range groups {
-		if err := g.sess.ack(g.tags); err != nil {
+		if err := g.sess.ack(g.tags, true); err != nil {
 			if errors.Is(err, ErrStaleDelivery) {
 				s.stats.staleSettles.Add(uint64(len(g.tags)))
 			}
@@ -296,7 +296,7 @@ func (s *Source) retry(ctx context.Context, h *handle, attempt int, delay time.D
 		return s.copyFailed(ctx, h, fmt.Errorf("amqpsource: retry: %w", err), bucket)
 	}
 	s.copyFailures.Store(0)
-	if err := h.sess.ack([]uint64{h.tag}); err != nil {
+	if err := h.sess.ack([]uint64{h.tag}, false); err != nil {
 		return fmt.Errorf("amqpsource: retry: copy is in %q but the original was not acknowledged: %w", queue, err)
 	}
 	return nil
@@ -365,7 +365,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 		return s.copyFailed(ctx, h, fmt.Errorf("amqpsource: dead-letter: %w", err), 0)
 	}
 	s.copyFailures.Store(0)
-	if err := h.sess.ack([]uint64{h.tag}); err != nil {
+	if err := h.sess.ack([]uint64{h.tag}, false); err != nil {
 		return fmt.Errorf("amqpsource: dead-letter: copy published but the original was not acknowledged: %w", err)
 	}
 	return nil
