@@ -12,16 +12,9 @@ import (
 // logged, not fatal.
 func DeleteQueuesAtCleanup(t testing.TB, url string, queues ...string) {
 	t.Helper()
-	t.Cleanup(func() {
-		withAMQPChannel(t, url, func(ch *amqp.Channel) error {
-			for _, q := range queues {
-				if _, err := ch.QueueDelete(q, false, false, false); err != nil {
-					t.Logf("delete queue %s: %v", q, err)
-					return err // the broker has closed the channel
-				}
-			}
-			return nil
-		})
+	deleteAtCleanup(t, url, "queue", queues, func(ch *amqp.Channel, q string) error {
+		_, err := ch.QueueDelete(q, false, false, false)
+		return err
 	})
 }
 
@@ -29,32 +22,32 @@ func DeleteQueuesAtCleanup(t testing.TB, url string, queues ...string) {
 // when t and its subtests end, as DeleteQueuesAtCleanup deletes queues.
 func DeleteExchangesAtCleanup(t testing.TB, url string, exchanges ...string) {
 	t.Helper()
-	t.Cleanup(func() {
-		withAMQPChannel(t, url, func(ch *amqp.Channel) error {
-			for _, x := range exchanges {
-				if err := ch.ExchangeDelete(x, false, false); err != nil {
-					t.Logf("delete exchange %s: %v", x, err)
-					return err // the broker has closed the channel
-				}
-			}
-			return nil
-		})
+	deleteAtCleanup(t, url, "exchange", exchanges, func(ch *amqp.Channel, x string) error {
+		return ch.ExchangeDelete(x, false, false)
 	})
 }
 
-// withAMQPChannel runs f on a channel of a connection of its own, and logs
-// why it could not.
-func withAMQPChannel(t testing.TB, url string, f func(*amqp.Channel) error) {
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Logf("cleanup: %v", err)
-		return
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Logf("cleanup: %v", err)
-		return
-	}
-	_ = f(ch)
+// deleteAtCleanup runs del for each name, on a channel of a connection of
+// its own, when t ends; it logs the first failure and stops there (the
+// broker closes a channel on an error).
+func deleteAtCleanup(t testing.TB, url, what string, names []string, del func(*amqp.Channel, string) error) {
+	t.Cleanup(func() {
+		conn, err := amqp.Dial(url)
+		if err != nil {
+			t.Logf("delete %ss %v: %v", what, names, err)
+			return
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Logf("delete %ss %v: %v", what, names, err)
+			return
+		}
+		for _, n := range names {
+			if err := del(ch, n); err != nil {
+				t.Logf("delete %s %s: %v", what, n, err)
+				return
+			}
+		}
+	})
 }
