@@ -482,8 +482,11 @@ func runWorker(brokers []string, topic, group string, session, heartbeat time.Du
 }
 
 func deleteTopic(brokers []string, topic string) {
-	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
-	_, _ = c.DeleteTopics(context.Background(), &kafka.DeleteTopicsRequest{Topics: []string{topic}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := kafkasource.DeleteTopics(ctx, nil, brokers, topic); err != nil {
+		fmt.Fprintln(os.Stderr, "kafkasession:", err)
+	}
 }
 
 func unique(prefix string) string {
