@@ -37,9 +37,6 @@ func DeadLetterTopic(topic string) string { return topic + DefaultDeadLetterSuff
 // usually created by operations, with the partition count and replication
 // the workload needs. Remember the dead-letter topics (DeadLetterTopic).
 func CreateTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, topics ...TopicSpec) error {
-	if dialer == nil {
-		dialer = kafka.DefaultDialer
-	}
 	if len(brokers) == 0 {
 		return &ConfigError{Field: "kafkasource.CreateTopics(brokers)", Reason: "required"}
 	}
@@ -100,9 +97,6 @@ func CreateTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, t
 // It is meant for tests and demos, to remove what CreateTopics made; remember
 // the dead-letter topics (DeadLetterTopic).
 func DeleteTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, topics ...string) error {
-	if dialer == nil {
-		dialer = kafka.DefaultDialer
-	}
 	if len(brokers) == 0 {
 		return &ConfigError{Field: "kafkasource.DeleteTopics(brokers)", Reason: "required"}
 	}
@@ -142,8 +136,12 @@ func DeleteTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, t
 }
 
 // dialController connects to the first of brokers that answers and to the
-// cluster's controller, each with ctx's deadline.
+// cluster's controller, each with ctx's deadline, through dialer (nil:
+// kafka.DefaultDialer).
 func dialController(ctx context.Context, dialer *kafka.Dialer, brokers []string) (conn, controller *kafka.Conn, err error) {
+	if dialer == nil {
+		dialer = kafka.DefaultDialer
+	}
 	for _, b := range brokers {
 		if conn, err = dialer.DialContext(ctx, "tcp", b); err == nil {
 			break
