@@ -240,7 +240,7 @@ func TestRabbitMQTraceparent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	testenv.DeleteQueuesAtCleanup(t, url, queue, queue+".dlq") // no retry queue: nothing is retried
+	testenv.DeleteQueuesAtCleanup(t, url, amqpsource.QueueNames(amqpsource.Config{Queue: queue})...)
 
 	parent, headers := producerSpan(t)
 	conn, err := amqp.Dial(url)

@@ -35,7 +35,7 @@ func TestWorkerNotifiesEachOnce(t *testing.T) {
 	for attempt := 1; ; attempt++ {
 		id := randomID()
 		o.queue, o.name = "idemq.example.notify.test."+id, "notify-test-"+id
-		testenv.DeleteQueuesAtCleanup(t, amqpURL, append([]string{o.queue, o.queue + ".dlq"}, amqpsource.RetryQueueNames(o.queue+".retry.")...)...)
+		testenv.DeleteQueuesAtCleanup(t, amqpURL, amqpsource.QueueNames(amqpsource.Config{Queue: o.queue})...)
 		out.Reset()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		err := run(ctx, o, &out)

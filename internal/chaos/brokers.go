@@ -433,8 +433,7 @@ func (a *amqpBroker) cleanup(context.Context) {
 	defer ch.Close()
 	// The retry queues do not expire (amqpsource refuses x-expires on
 	// at-least-once retry queues): delete them too.
-	prefix := amqpsource.Config{Queue: a.queue}.WithDefaults().RetryQueuePrefix
-	for _, q := range append([]string{a.queue, a.dlq()}, amqpsource.RetryQueueNames(prefix)...) {
+	for _, q := range amqpsource.QueueNames(amqpsource.Config{Queue: a.queue}) {
 		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 			fmt.Fprintf(os.Stderr, "chaos: delete queue %s: %v\n", q, err)
 			if ch, err = conn.Channel(); err != nil {

@@ -162,7 +162,7 @@ func TestKafkaOnPostgres(t *testing.T) {
 func TestRabbitMQOnSQLite(t *testing.T) {
 	url, q := testenv.AMQPURL(t), "checkout-test-"+suffix()
 	// The quorum queues the worker's source declares.
-	testenv.DeleteQueuesAtCleanup(t, url, append([]string{q, q + ".dlq"}, amqpsource.RetryQueueNames(q+".retry.")...)...)
+	testenv.DeleteQueuesAtCleanup(t, url, amqpsource.QueueNames(amqpsource.Config{Queue: q})...)
 	exercise(t, checkout.BrokerConfig{Kind: checkout.BrokerRabbitMQ, AMQPURL: url, Topic: q}, sqliteStore(t), 300)
 }
 

@@ -62,3 +62,22 @@ func TestDeadLetterMetadataNames(t *testing.T) {
 		}
 	}
 }
+
+// QueueNames lists the queue, the dead-letter queue the configuration names
+// and the retry queues of its prefix.
+func TestQueueNames(t *testing.T) {
+	for _, tc := range []struct {
+		cfg       amqpsource.Config
+		head      []string
+		retryFrom string
+	}{
+		{amqpsource.Config{Queue: "orders"}, []string{"orders", "orders.dlq"}, "orders.retry."},
+		{amqpsource.Config{Queue: "orders", DeadLetterRoutingKey: "orders-dead", RetryQueuePrefix: "delay.orders."},
+			[]string{"orders", "orders-dead"}, "delay.orders."},
+	} {
+		want := append(tc.head, amqpsource.RetryQueueNames(tc.retryFrom)...)
+		if got := amqpsource.QueueNames(tc.cfg); !slices.Equal(got, want) {
+			t.Errorf("QueueNames(%+v) = %v, want %v", tc.cfg, got, want)
+		}
+	}
+}

@@ -181,7 +181,8 @@
 // takes (a broker restart, the source queue's leader not elected yet), and
 // RabbitMQ deletes a queue with "x-expires" with whatever it holds, so New
 // refuses "x-expires" in Config.RetryQueueArgs. Delete the retry queues
-// (RetryQueueNames) when a consumer is retired. With ClassicRetryQueues,
+// (RetryQueueNames; QueueNames lists them with the queue and its dead-letter
+// queue) when a consumer is retired. With ClassicRetryQueues,
 // "x-expires" is allowed; as RabbitMQ counts it from the last declaration
 // (publishing does not count, and a retry queue has no consumer), the
 // source then declares a retry queue again before a copy goes in once

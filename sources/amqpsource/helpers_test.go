@@ -104,7 +104,7 @@ func newQueue(t testing.TB, url string, kind queueKind, deliveryLimit int) strin
 // queues when t ends.
 func deleteQueuesAtCleanup(t testing.TB, url, queue string) {
 	t.Helper()
-	testenv.DeleteQueuesAtCleanup(t, url, append([]string{queue, queue + ".dlq"}, amqpsource.RetryQueueNames(queue+".retry.")...)...)
+	testenv.DeleteQueuesAtCleanup(t, url, amqpsource.QueueNames(amqpsource.Config{Queue: queue})...)
 }
 
 // publish publishes msgs to queue through the default exchange, persistent

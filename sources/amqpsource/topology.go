@@ -18,6 +18,15 @@ func DeadLetterQueue(cfg Config) string {
 	return cfg.Queue + ".dlq"
 }
 
+// QueueNames returns the queues a source of cfg may declare: Queue, its
+// dead-letter queue (DeadLetterQueue) and its retry queues (RetryQueueNames
+// of RetryQueuePrefix). They outlive the source; delete them when the
+// consumer is retired. cfg need not have defaults applied.
+func QueueNames(cfg Config) []string {
+	cfg = cfg.WithDefaults()
+	return append([]string{cfg.Queue, DeadLetterQueue(cfg)}, RetryQueueNames(cfg.RetryQueuePrefix)...)
+}
+
 // declareTopology declares cfg.Declare on ch: the dead-letter destination,
 // the queue (with its dead-letter arguments, so that messages the broker
 // dead-letters by itself, for example over a quorum queue's delivery limit,

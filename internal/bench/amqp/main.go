@@ -127,8 +127,9 @@ func run(ctx context.Context, o options) error {
 	defer func() {
 		if ch, err := conn.Channel(); err == nil {
 			for _, q := range queues {
-				_, _ = ch.QueueDelete(q, false, false, false)
-				_, _ = ch.QueueDelete(q+".dlq", false, false, false)
+				for _, name := range amqpsource.QueueNames(amqpsource.Config{Queue: q}) {
+					_, _ = ch.QueueDelete(name, false, false, false)
+				}
 			}
 			_ = ch.Close()
 		}

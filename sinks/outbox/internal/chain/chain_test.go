@@ -484,6 +484,6 @@ func newQueue(t testing.TB, url, name string) (exchange, queue string) {
 	}
 	testenv.DeleteExchangesAtCleanup(t, url, exchange)
 	// B's source declares its retry queues on first use.
-	testenv.DeleteQueuesAtCleanup(t, url, append([]string{queue}, amqpsource.RetryQueueNames(queue+".retry.")...)...)
+	testenv.DeleteQueuesAtCleanup(t, url, amqpsource.QueueNames(amqpsource.Config{Queue: queue})...)
 	return exchange, queue
 }
