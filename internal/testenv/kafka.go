@@ -36,3 +36,38 @@ func DeleteTopicsAtCleanup(t testing.TB, brokers []string, topics ...string) {
 		}
 	})
 }
+
+// LastOffset returns the end offset of topic's partition, the offset its
+// next message gets, from the partition's leader (found through brokers[0]). It asks
+// again while the leader answers with a retriable error (a partition just
+// created is led in the metadata a moment before its leader serves it) and
+// fails t after 30 s.
+func LastOffset(t testing.TB, brokers []string, topic string, partition int) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		last, err := lastOffset(ctx, brokers[0], topic, partition)
+		if err == nil {
+			return last
+		}
+		var ke kafka.Error
+		if !errors.As(err, &ke) || !ke.Temporary() {
+			t.Fatalf("last offset of %s/%d: %v", topic, partition, err)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("last offset of %s/%d: %v (%v)", topic, partition, err, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func lastOffset(ctx context.Context, addr, topic string, partition int) (int64, error) {
+	conn, err := kafka.DialLeader(ctx, "tcp", addr, topic, partition)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	return conn.ReadLastOffset()
+}

@@ -190,20 +190,9 @@ func (w *worker) stop(t testing.TB) {
 // highWatermarks returns the next offset of every partition of topic.
 func highWatermarks(t testing.TB, brokers []string, topic string, partitions int) map[int]int64 {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	out := make(map[int]int64, partitions)
 	for p := range partitions {
-		conn, err := kafka.DialLeader(ctx, "tcp", brokers[0], topic, p)
-		if err != nil {
-			t.Fatalf("dial leader %s/%d: %v", topic, p, err)
-		}
-		last, err := conn.ReadLastOffset()
-		conn.Close()
-		if err != nil {
-			t.Fatalf("last offset %s/%d: %v", topic, p, err)
-		}
-		out[p] = last
+		out[p] = testenv.LastOffset(t, brokers, topic, p)
 	}
 	return out
 }

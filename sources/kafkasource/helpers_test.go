@@ -163,15 +163,7 @@ func readTopic(t testing.TB, brokers []string, topic string) []kafka.Message {
 	}
 	var out []kafka.Message
 	for _, p := range parts {
-		pc, err := kafka.DialLeader(ctx, "tcp", brokers[0], topic, p.ID)
-		if err != nil {
-			t.Fatalf("dial leader of %s/%d: %v", topic, p.ID, err)
-		}
-		last, err := pc.ReadLastOffset()
-		pc.Close()
-		if err != nil {
-			t.Fatalf("last offset of %s/%d: %v", topic, p.ID, err)
-		}
+		last := testenv.LastOffset(t, brokers, topic, p.ID)
 		if last == 0 {
 			continue
 		}

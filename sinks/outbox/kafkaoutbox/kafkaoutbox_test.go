@@ -43,15 +43,7 @@ func readAll(t testing.TB, brokers []string, topic string) []relaytest.Got {
 	defer cancel()
 	var got []relaytest.Got
 	for p := range partitions {
-		conn, err := kafka.DialLeader(ctx, "tcp", brokers[0], topic, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		last, err := conn.ReadLastOffset()
-		conn.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
+		last := testenv.LastOffset(t, brokers, topic, p)
 		if last == 0 {
 			continue
 		}
