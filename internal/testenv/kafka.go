@@ -7,41 +7,30 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/idemq/idemq/sources/kafkasource"
 )
 
 // DeleteTopicsAtCleanup deletes topics from the Kafka cluster at brokers
-// when t and its subtests end, so that test runs do not pile topics up on a
-// long-lived broker. A topic that does not exist is fine; another failure is
-// logged, not fatal.
+// when t and its subtests end (kafkasource.DeleteTopics), so that test runs
+// do not pile topics up on a long-lived broker. A topic that does not exist
+// is fine; another failure is logged, not fatal.
 func DeleteTopicsAtCleanup(t testing.TB, brokers []string, topics ...string) {
 	t.Helper()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		// A transport of its own: kafka-go's default one pools connections
-		// across tests, and a test that restarted the broker leaves it a
-		// dead one.
-		transport := &kafka.Transport{}
-		defer transport.CloseIdleConnections()
-		client := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: transport}
-		res, err := client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: topics})
-		if err != nil {
+		if err := kafkasource.DeleteTopics(ctx, nil, brokers, topics...); err != nil {
 			t.Logf("delete topics %v: %v", topics, err)
-			return
-		}
-		for topic, err := range res.Errors {
-			if err != nil && !errors.Is(err, kafka.UnknownTopicOrPartition) {
-				t.Logf("delete topic %s: %v", topic, err)
-			}
 		}
 	})
 }
 
 // LastOffset returns the end offset of topic's partition, the offset its
-// next message gets, from the partition's leader (found through brokers[0]). It asks
-// again while the leader answers with a retriable error (a partition just
-// created is led in the metadata a moment before its leader serves it) and
-// fails t after 30 s.
+// next message gets, from the partition's leader (found through brokers[0]).
+// It asks again while the leader answers with a retriable error (a partition
+// just created is led in the metadata a moment before its leader serves it)
+// and fails t after 30 s.
 func LastOffset(t testing.TB, brokers []string, topic string, partition int) int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
