@@ -80,7 +80,7 @@ func CreateTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, t
 			}
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("kafkasource: create topics: waiting for %q to appear: %w (last error: %w)", t.Name, ctx.Err(), err)
+				return fmt.Errorf("kafkasource: create topics: waiting for %q to appear: %w", t.Name, waitEnded(ctx, err))
 			case <-time.After(50 * time.Millisecond):
 			}
 		}
@@ -129,7 +129,7 @@ func DeleteTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, t
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("kafkasource: delete topics: waiting for %v to go: %w (last error: %w)", topics, ctx.Err(), err)
+			return fmt.Errorf("kafkasource: delete topics: waiting for %v to go: %w", topics, waitEnded(ctx, err))
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -163,6 +163,16 @@ func dialController(ctx context.Context, dialer *kafka.Dialer, brokers []string)
 	}
 	setDeadline(ctx, controller)
 	return conn, controller, nil
+}
+
+// waitEnded is the error of a wait that ctx ended: ctx's error, with the
+// last error of the wait when there was one (the metadata may have answered
+// without showing what the wait was for).
+func waitEnded(ctx context.Context, last error) error {
+	if last == nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("%w (last error: %w)", ctx.Err(), last)
 }
 
 func allLed(parts []kafka.Partition) bool {
