@@ -85,8 +85,9 @@ type Config struct {
 	// after the commit and only widens the redelivery window of a crash,
 	// which the deduplication record absorbs; Close sends every waiting
 	// acknowledgement, and so does the acknowledgement of an original by
-	// Retry or DeadLetter, whose copy is out already. Defaults to DefaultAckHold (20 ms); negative sends
-	// each acknowledgement in the loop's next pass; at most MaxAckHold.
+	// Retry or DeadLetter, whose copy is out already. Defaults to
+	// DefaultAckHold (20 ms); negative sends each acknowledgement in the
+	// loop's next pass; at most MaxAckHold.
 	AckHold time.Duration
 
 	// KeyHeader is the message header holding the deduplication key. When

@@ -33,10 +33,10 @@
 //     the hold took the frames from 1.3 deliveries each to 10–12, and the
 //     throughput of TransactionalBatch from 0.94–1.02× to 1.41× that of a
 //     hand-written worker that acknowledges each delivery
-//     (internal/bench/amqp). Close
-//     sends every recorded acknowledgement before it closes the
-//     connection; Retry and DeadLetter, whose copy is out, acknowledge the
-//     original without a hold (and end the hold of the others). This widens the redelivery window by the hold: if the
+//     (internal/bench/amqp). Close sends every recorded acknowledgement
+//     before it closes the connection; Retry and DeadLetter, whose copy is
+//     out, acknowledge the original without a hold (and end the hold of the
+//     others). This widens the redelivery window by the hold: if the
 //     process crashes or the connection drops between Ack and the send,
 //     the broker redelivers those deliveries, and the deduplication record
 //     absorbs them: the Runner acknowledges them without running the
