@@ -38,10 +38,9 @@ type Config struct {
 	// transaction is rolled back and rerun without it. Larger batches raise
 	// throughput (one transaction ID, one claim and one commit per batch);
 	// 1 gives one transaction per message and the lowest latency. For
-	// throughput, 100 is a balanced choice: in `make bench` (the batch
-	// API) it runs 2.3 times batch 10, and larger batches still gain
-	// (about 1.2× at 200, 1.35× at 500) while a batch holds its row locks
-	// longer, a failure reruns more work, and each lane buffers up to
+	// throughput, 100 is a balanced choice (docs/performance.md has the
+	// measurements): larger batches still gain while a batch holds its row
+	// locks longer, a failure reruns more work, and each lane buffers up to
 	// BatchSize messages. Defaults to 1.
 	BatchSize int
 

@@ -203,8 +203,7 @@ func (r *Runner) Run(ctx context.Context) error {
 // laneSlack is how many messages a lane queues beyond one batch. The
 // receiver hands each message to the lane of its key and waits when that
 // lane is full; with room for only one batch, one busy lane stalled the
-// receiver while the other lanes ran dry (at BatchSize 1 and four lanes,
-// idemq on Kafka ran at 0.45x a hand-written worker whose lanes queue 1,000).
+// receiver while the other lanes ran dry (docs/performance.md).
 // A few messages per lane keep every lane fed; they are received, not
 // started, and a drain still finishes them (within Config.DrainTimeout).
 const laneSlack = 16

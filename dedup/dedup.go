@@ -16,9 +16,7 @@ import (
 // queues 4 days), which bounds how late a redelivery can come; the Runner
 // refuses to start when the source reports a longer horizon (see
 // consumer.HorizonReporter). The cost is storage: one record per processed
-// message for 8 days. In PostgreSQL a record with an 18-byte key takes about
-// 160 bytes with its indexes (measured on 200,000 records), so a million
-// messages a day keep about 1.3 GB, where the former 72 h kept 0.5 GB.
+// message for 8 days (docs/performance.md has the size of a record).
 const DefaultRetention = 8 * 24 * time.Hour
 
 // Hash is the SHA-256 digest of a message payload. Records store it so that

@@ -70,7 +70,7 @@
 //
 // # Metrics
 //
-// See the README's Observability section for every instrument, its unit
+// See docs/observability.md for every instrument, its unit
 // and attributes: messaging.client.consumed.messages and
 // messaging.process.duration from the messaging semantic conventions, and
 // idemq.duplicates, idemq.dead_letters, idemq.retries, idemq.ack.failures,

@@ -61,8 +61,7 @@ type Config struct {
 	// first cleanup of a large table) is deleted at a bounded pace and does
 	// not take a busy database from the claims: at most CleanupBatchSize
 	// records per CleanupPause plus the batch's own time (with the
-	// defaults, at most 100,000 records/s, about half that on a loaded
-	// 2-core machine; the README's Performance section has the
+	// defaults, at most 100,000 records/s; docs/performance.md has the
 	// measurements). It must leave the janitor faster than records are
 	// written: raise CleanupBatchSize or lower the pause if more expire
 	// per second. Defaults to 10 ms; a negative value means no pause.

@@ -9,7 +9,7 @@
 // path: the workers consume from SQS with consumer.Leased and
 // dedup/redisdedup on the Redis Cluster, and their effect is a webhook call
 // (sinks/webhook) to a receiver in the suite's process that applies each
-// Idempotency-Key once and counts the repeats, as the README's lease rows
+// Idempotency-Key once and counts the repeats, as the lease rows of docs/guarantees.md
 // promise: a repeat (the lease window) is possible and closed by the key; a
 // request for a key the lease store already holds as done is not, except
 // within one lease of a failover, which may lose a record not yet

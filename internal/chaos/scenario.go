@@ -683,7 +683,7 @@ func (s *scenario) verify(ctx context.Context) {
 			s.res.fail("%d webhook requests without the run's Idempotency-Key, the first %q", len(foreign), foreign[0])
 		}
 		// A done key's handler must not run again. A failover may lose a
-		// lease not yet replicated (the README's window): a request after
+		// lease not yet replicated (the window in docs/guarantees.md): a request after
 		// done within a lease of the failover is that window, any other a
 		// failure.
 		// The check is no check if it never sees a done key. A node of the

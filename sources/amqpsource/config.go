@@ -80,8 +80,8 @@ type Config struct {
 	// half of Prefetch would wait, the waiting deliveries are acknowledged
 	// one frame each, so that a slow delivery ahead never keeps more than
 	// half of the prefetch slots. RabbitMQ's queue handles acknowledgements
-	// frame by frame, and fewer frames leave it more time to deliver (see
-	// the package documentation for the measurement). Waiting happens only
+	// frame by frame, and fewer frames leave it more time to deliver
+	// (docs/performance.md has the measurements). Waiting happens only
 	// after the commit and only widens the redelivery window of a crash,
 	// which the deduplication record absorbs; Close sends every waiting
 	// acknowledgement, and so does the acknowledgement of an original by
@@ -145,9 +145,8 @@ type Config struct {
 	// queues are classic queues, which dead-letter an expired copy at most
 	// once. A retried message is then LOST, without an error anywhere, when
 	// the broker stops or crashes while its copy expires, or when Queue
-	// refuses the copy or no longer exists (see the package documentation;
-	// measured: one restart lost 1,114 of 3,000 retried messages). Set it only for
-	// a broker without quorum queues or at-least-once dead-lettering
+	// refuses the copy or no longer exists (see the package documentation).
+	// Set it only for a broker without quorum queues or at-least-once dead-lettering
 	// (RabbitMQ before 3.10, or another AMQP 0.9.1 broker), where New fails
 	// otherwise, or where losing a retried message is acceptable. Classic
 	// queues cost less memory and disk per queue. Defaults to false.

@@ -29,11 +29,9 @@
 //     more than half of the prefetch would wait, the waiting deliveries are
 //     acknowledged one frame each, so a slow delivery ahead never keeps more
 //     than half of the prefetch slots. RabbitMQ's queue handles
-//     acknowledgements frame by frame: with four lanes at BatchSize 100,
-//     the hold took the frames from 1.3 deliveries each to 10–12, and the
-//     throughput of TransactionalBatch from 0.94–1.02× to 1.41× that of a
-//     hand-written worker that acknowledges each delivery
-//     (internal/bench/amqp). Close sends every recorded acknowledgement
+//     acknowledgements frame by frame, and fewer frames leave it more time
+//     to deliver (docs/performance.md has the measurements, from
+//     internal/bench/amqp). Close sends every recorded acknowledgement
 //     before it closes the connection; Retry and DeadLetter, whose copy is
 //     out, acknowledge the original without a hold (and end the hold of the
 //     others). This widens the redelivery window by the hold: if the
@@ -161,10 +159,9 @@
 // with a *ConfigError (errors.Is consumer.ErrInvalidConfig) on an older or
 // another broker. The cost: a quorum queue per retry delay used (at most 16
 // plus one per hour of longer delays), each with its own Raft log on disk,
-// and more time per retry copy: BenchmarkRetry, one Retry at a time with its
-// confirm, measured 472-522 retries/s against 564-615 with classic retry
-// queues (RabbitMQ 3.10, one node, two runs). Retries are the exception, so
-// this rarely shows in throughput.
+// and more time per retry copy (BenchmarkRetry measures it against classic
+// retry queues; docs/performance.md has the numbers). Retries are the
+// exception, so this rarely shows in throughput.
 //
 // A delayed copy can come back late after a broker restart: when a retry
 // queue's dead-letter worker starts before the default exchange is back

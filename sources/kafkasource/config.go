@@ -179,20 +179,18 @@ type Config struct {
 
 	// SessionTimeout is how long the group coordinator waits without a
 	// heartbeat before it evicts a member and gives its partitions to the
-	// others. It is how long a killed or frozen consumer's partitions stall
-	// (measured: 10.4-10.7 s at 10 s, 31.8-32.6 s at 30 s), and how long a
-	// live member may go without heartbeating (a stop-the-world stall, a
-	// CPU-starved container, a network blip) before it is evicted and the
-	// group rebalances for nothing (measured: a 7 s stall survived at 10 s,
-	// 25 s at 30 s). See "Session timeout" in the package documentation. The broker refuses values outside
+	// others. It is how long a killed or frozen consumer's partitions stall,
+	// and how long a live member may go without heartbeating (a
+	// stop-the-world stall, a CPU-starved container, a network blip) before
+	// it is evicted and the group rebalances for nothing. See "Session
+	// timeout" in the package documentation. The broker refuses values outside
 	// group.min.session.timeout.ms (6 s by default) and
 	// group.max.session.timeout.ms. Defaults to DefaultSessionTimeout (10 s).
 	SessionTimeout time.Duration
 
 	// HeartbeatInterval is how often the member heartbeats; it is also how
 	// soon a member learns that a rebalance started, so it adds up to one
-	// interval to the stall after a kill (measured: 10.4-10.7 s with 1 s,
-	// 10.7-12.6 s with 3 s, at SessionTimeout 10 s). Must be below
+	// interval to the stall after a kill. Must be below
 	// SessionTimeout. Defaults to DefaultHeartbeatInterval (1 s).
 	HeartbeatInterval time.Duration
 

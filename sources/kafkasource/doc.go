@@ -188,25 +188,13 @@
 // without heartbeating (a frozen VM, a throttled container, a network blip)
 // before it is evicted for nothing: a false rebalance pauses the whole group
 // for a moment and redelivers the uncommitted messages, which deduplication
-// absorbs. Measured on one machine against Kafka 4.4 in KRaft mode, 4
-// partitions, two worker processes, with go run
-// ./internal/bench/kafkasession: the stall after a SIGKILL (3 kills per
-// setting), rebalances in 60 s with no member leaving while each worker runs
-// two CPU-burning goroutines (false rebalances), and the longest stall of one
-// worker (SIGSTOP … SIGCONT) that did not evict it:
-//
-//	session/heartbeat    stall after a kill   false rebalances   stall survived
-//	30 s / 3 s (former)  31.8-32.6 s          0                  25 s (35 s evicted)
-//	10 s / 3 s           10.7-12.6 s          0                  -
-//	10 s / 1 s (default) 10.4-10.7 s          0                  7 s (8 s evicted)
-//	6 s / 2 s            6.6-7.6 s            0                  -
-//	6 s / 500 ms         6.2-6.5 s            0                  4 s (6 s evicted)
+// absorbs. go run ./internal/bench/kafkasession measures both (its results
+// are in docs/performance.md).
 //
 // The stall after a kill is SessionTimeout plus up to one HeartbeatInterval
 // (the survivors learn of the rebalance at their next heartbeat). CPU load
 // alone never delayed a heartbeat enough: kafka-go heartbeats from its own
-// goroutine. The defaults, 10 s and 1 s, cut the stall after a kill to a
-// third and still ride out stalls of 7 s; raise SessionTimeout (Kafka's Java
+// goroutine. The defaults are 10 s and 1 s; raise SessionTimeout (Kafka's Java
 // client uses 45 s) where members may freeze for longer, for example VMs
 // that pause for live migration or containers throttled hard, and lower it
 // toward the broker's minimum (group.min.session.timeout.ms, 6 s) where

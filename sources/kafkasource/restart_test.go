@@ -12,7 +12,7 @@ import (
 	"github.com/idemq/idemq/sources/kafkasource"
 )
 
-// With the configuration the README shows (brokers, topics and group;
+// With the configuration docs/guarantees.md names (brokers, topics and group;
 // everything else at its default), a Kafka restart in the middle of a run
 // loses nothing and applies nothing twice. Every third message fails its
 // first attempt and waits 0.5 to 2 s for its retry, and the broker restarts

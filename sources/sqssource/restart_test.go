@@ -16,7 +16,7 @@ import (
 	"github.com/idemq/idemq/sources/sqssource"
 )
 
-// With the configuration the README shows (queue, dead-letter queue and key
+// With the configuration docs/guarantees.md names (queue, dead-letter queue and key
 // attribute; everything else at its default), an SQS restart in the middle
 // of a run loses nothing and applies nothing twice. The server keeps its
 // messages across the restart, as SQS does (testenv.DurableSQS); every third
