@@ -97,7 +97,7 @@
 // producer that sends the same event twice (a producer retry without the
 // idempotent producer, an outbox relayed twice): those are two records with
 // two offsets, and both are applied. Give events a key header, or set
-// consumer.Config.KeyOf to consumer.RequireKey to dead-letter messages that
+// consumer.Config.KeyFunc to consumer.RequireKey to dead-letter messages that
 // have none. A Config.KeyOf that panics is recovered: the message is
 // dead-lettered with consumer.ErrMissingKey and the panic as the reason.
 //
