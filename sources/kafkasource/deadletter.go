@@ -19,7 +19,11 @@ import (
 // headers plus HeaderReason, HeaderAttempts, HeaderOriginTopic,
 // HeaderOriginPartition, HeaderOriginOffset, HeaderGroup, HeaderKey and
 // HeaderDeadLetteredAt, waits until every in-sync replica has it, and only
-// then settles msg and requests its commit as Ack does.
+// then settles msg and requests its commit as Ack does. A message fetched in
+// a consumer-group generation that has ended is not written: its partition's
+// owner in the new generation fetches it again and routes it (Retry and
+// Release drop such a message too, and so does a pending retry when it comes
+// due); Stats.StaleSettlesDropped counts them.
 //
 // HeaderReason is cut to maxReasonBytes. The reason, key and group are
 // written as internal/metatext.Clean makes them, the same text on every
@@ -49,6 +53,10 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	case e.settled:
 		s.mu.Unlock()
 		return fmt.Errorf("kafkasource: dead-letter of %s: %w", msg.ID, ErrSettled)
+	case s.endedLocked(e):
+		s.dropLocked(ctx, e, "dead letter")
+		s.mu.Unlock()
+		return nil
 	}
 	km := e.km
 	s.mu.Unlock()

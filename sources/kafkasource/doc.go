@@ -123,6 +123,16 @@
 // partition's owner in the new generation commits it. Stats.StaleCommitsSkipped
 // counts the skipped commits.
 //
+// Retries and dead letters are fenced too, on the count of generations the
+// reader joined (a leader change does not move it): a message fetched in a
+// generation that has ended is fetched again from the committed offset by
+// its partition's owner in the new one, so its Retry, Release and
+// DeadLetter, and a retry pending when it comes due, are dropped (logged at
+// Info, counted in Stats.StaleSettlesDropped), and its owner alone routes
+// it. A dropped message counts as settled but not durable: no commit of
+// this source passes its offset until a message of a later generation at
+// or past it is settled.
+//
 // A commit requested just before a rebalance may still reach the broker after
 // it (kafka-go queues it for the next generation). Such a late commit is
 // truthful (see above): at worst it moves the partition's offset backwards
