@@ -75,7 +75,7 @@ FUZZ_TARGETS := \
 	./sources/sqssource:FuzzMessage ./sources/sqssource:FuzzDeadLetterAttributes ./sources/sqssource:FuzzParseMaxReceiveCount \
 	./sources/kafkasource:FuzzKeyOf ./sources/kafkasource:FuzzDeadLetterCopy \
 	./dedup/redisdedup:FuzzRedisKey ./dedup/redisdedup:FuzzRedisKeyPairs \
-	./dedup/internal/sqlstore:FuzzRender ./internal/redact:FuzzString
+	./dedup/internal/sqlstore:FuzzRender ./internal/redact:FuzzString ./internal/metatext:FuzzClean
 FUZZTIME ?= 10s
 # Minimizing every new input of a large corpus entry can take the whole
 # FUZZTIME; a bounded number of tries keeps the fuzzer fuzzing.

@@ -3,6 +3,7 @@ package amqpsource
 import (
 	"log/slog"
 	"maps"
+	"net/url"
 	"slices"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/cfgerr"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // Header names this package reads and writes.
@@ -359,6 +361,12 @@ func (c Config) validate() error {
 	l := cfgerr.List{Prefix: "amqpsource.Config."}
 	if c.URL == "" {
 		l.Add("URL", "required")
+	} else if _, err := url.Parse(c.URL); err != nil {
+		// url.Parse's error quotes the whole URL, password included, and
+		// amqp.ParseURI's quotes it before it can be redacted.
+		l.AddErr("URL", "", redact.URLError(err))
+	} else if _, err := amqp.ParseURI(c.URL); err != nil {
+		l.AddErr("URL", "", err)
 	}
 	switch {
 	case c.Queue == "":

@@ -8,11 +8,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/metatext"
 )
 
 // Log attribute keys of the source, besides the Runner's (consumer.LogKey*).
@@ -306,7 +306,10 @@ func (s *Source) retry(ctx context.Context, h *handle, attempt int, delay time.D
 // routing key Config.DeadLetterRoutingKey, with the reason in the
 // HeaderReason header and the attempt count, queue, key and time in the other
 // Header* headers, waits for the broker's confirm, and only then acknowledges
-// msg.
+// msg. The reason (at most 4 KiB, a longer one ending with
+// " ...(truncated)"), queue and key are written as internal/metatext.Clean
+// makes them, the same text on every broker: characters outside the XML 1.0
+// range and invalid UTF-8 become Go escapes (\x01).
 //
 // If the dead-letter destination does not exist (the broker returns the copy
 // as unroutable, or the exchange is missing), msg goes to the retry queue for
@@ -337,12 +340,12 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 		}
 	}
 	p := copyOf(h.d)
-	p.Headers[HeaderReason] = truncate(reason.Error(), maxReasonBytes)
+	p.Headers[HeaderReason] = metatext.Clean(reason.Error(), maxReasonBytes)
 	p.Headers[HeaderAttempts] = int64(attempts)
-	p.Headers[HeaderQueue] = s.cfg.Queue
+	p.Headers[HeaderQueue] = metatext.Clean(s.cfg.Queue, maxReasonBytes)
 	p.Headers[HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	if key != "" {
-		p.Headers[HeaderKey] = key
+		p.Headers[HeaderKey] = metatext.Clean(key, consumer.MaxKeyBytes)
 	}
 
 	pctx, cancel := publishContext(ctx, s.cfg.PublishTimeout)
@@ -459,15 +462,4 @@ func (s *Source) handleOf(m *consumer.Message) (*handle, error) {
 		return nil, fmt.Errorf("%w: message %q", ErrForeignMessage, m.ID)
 	}
 	return h, nil
-}
-
-// truncate cuts s to at most n bytes on a rune boundary.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
 }

@@ -60,18 +60,27 @@ func (s *Source) requestCommit(ctx context.Context) error {
 // logs after every successful offset commit.
 const committedPrefix = "committed offsets for group"
 
+// joinedPrefix is the start of the line kafka-go's ConsumerGroup logs after
+// it joined a new generation, before the reader starts that generation's
+// partition readers at the committed offsets.
+const joinedPrefix = "Joined group "
+
 // commitLoopFunc is the kafka-go function that runs the periodic commits
 // and reports their failures to the error logger.
 const commitLoopFunc = "kafka-go.(*Reader).commitLoopInterval"
 
 // readerLogger returns kafka-go's Logger for the reader: it counts the
-// successful offset commits, which kafka-go reports only there, and passes
-// every line to l at Debug when l logs at that level.
+// successful offset commits and the generations joined, which kafka-go
+// reports only there, and passes every line to l at Debug when l logs at
+// that level.
 func readerLogger(l *slog.Logger, c *counters) kafka.Logger {
 	debug := kafkaLogger(l, slog.LevelDebug)
 	return kafka.LoggerFunc(func(format string, args ...any) {
-		if strings.HasPrefix(format, committedPrefix) {
+		switch {
+		case strings.HasPrefix(format, committedPrefix):
 			c.commits.Add(1)
+		case strings.HasPrefix(format, joinedPrefix):
+			c.joins.Add(1)
 		}
 		if debug != nil {
 			debug.Printf(format, args...)

@@ -7,11 +7,11 @@ import (
 	"log/slog"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/metatext"
 )
 
 // DeadLetter writes a copy of msg to the dead-letter topic
@@ -19,9 +19,16 @@ import (
 // headers plus HeaderReason, HeaderAttempts, HeaderOriginTopic,
 // HeaderOriginPartition, HeaderOriginOffset, HeaderGroup, HeaderKey and
 // HeaderDeadLetteredAt, waits until every in-sync replica has it, and only
-// then settles msg and requests its commit as Ack does.
+// then settles msg and requests its commit as Ack does. A message fetched in
+// a consumer-group generation that has ended is not written: its partition's
+// owner in the new generation fetches it again and routes it (Retry and
+// Release drop such a message too, and so does a pending retry when it comes
+// due); Stats.StaleSettlesDropped counts them.
 //
-// HeaderReason is cut to maxReasonBytes.
+// HeaderReason is cut to maxReasonBytes. The reason, key and group are
+// written as internal/metatext.Clean makes them, the same text on every
+// broker: characters outside the XML 1.0 range and invalid UTF-8 become Go
+// escapes (\x01).
 //
 // If the write fails, the error is returned and msg stays uncommitted and is
 // handed out again after Config.DeadLetterRetryDelay (the runner will route
@@ -46,6 +53,10 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	case e.settled:
 		s.mu.Unlock()
 		return fmt.Errorf("kafkasource: dead-letter of %s: %w", msg.ID, ErrSettled)
+	case s.endedLocked(e):
+		s.dropLocked(ctx, e, "dead letter")
+		s.mu.Unlock()
+		return nil
 	}
 	km := e.km
 	s.mu.Unlock()
@@ -107,7 +118,7 @@ func (s *Source) deadLetterCopy(km kafka.Message, msg *consumer.Message, reason 
 	}
 	text := "unknown"
 	if reason != nil {
-		text = truncateReason(reason.Error())
+		text = metatext.Clean(reason.Error(), maxReasonBytes)
 	}
 	headers := make([]kafka.Header, 0, len(km.Headers)+8)
 	for _, h := range km.Headers {
@@ -121,11 +132,11 @@ func (s *Source) deadLetterCopy(km kafka.Message, msg *consumer.Message, reason 
 		kafka.Header{Key: HeaderOriginTopic, Value: []byte(km.Topic)},
 		kafka.Header{Key: HeaderOriginPartition, Value: []byte(strconv.Itoa(km.Partition))},
 		kafka.Header{Key: HeaderOriginOffset, Value: []byte(strconv.FormatInt(km.Offset, 10))},
-		kafka.Header{Key: HeaderGroup, Value: []byte(s.cfg.GroupID)},
+		kafka.Header{Key: HeaderGroup, Value: []byte(metatext.Clean(s.cfg.GroupID, maxReasonBytes))},
 		kafka.Header{Key: HeaderDeadLetteredAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
 	)
 	if key != "" {
-		headers = append(headers, kafka.Header{Key: HeaderKey, Value: []byte(key)})
+		headers = append(headers, kafka.Header{Key: HeaderKey, Value: []byte(metatext.Clean(key, consumer.MaxKeyBytes))})
 	}
 	return kafka.Message{
 		Topic:   s.cfg.deadLetterTopic(km.Topic),
@@ -136,20 +147,8 @@ func (s *Source) deadLetterCopy(km kafka.Message, msg *consumer.Message, reason 
 }
 
 // maxReasonBytes is the longest HeaderReason value written; a longer reason
-// is cut at a UTF-8 boundary and ends with " ...(truncated)".
+// is cut (see metatext.Clean) and ends with " ...(truncated)".
 const maxReasonBytes = 4096
-
-func truncateReason(s string) string {
-	if len(s) <= maxReasonBytes {
-		return s
-	}
-	const suffix = " ...(truncated)"
-	cut := maxReasonBytes - len(suffix)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + suffix
-}
 
 func isDeadLetterHeader(k string) bool {
 	switch k {

@@ -97,7 +97,7 @@
 // producer that sends the same event twice (a producer retry without the
 // idempotent producer, an outbox relayed twice): those are two records with
 // two offsets, and both are applied. Give events a key header, or set
-// consumer.Config.KeyOf to consumer.RequireKey to dead-letter messages that
+// consumer.Config.KeyFunc to consumer.RequireKey to dead-letter messages that
 // have none. A Config.KeyOf that panics is recovered: the message is
 // dead-lettered with consumer.ErrMissingKey and the panic as the reason.
 //
@@ -122,6 +122,16 @@
 // settles it in this process but commits nothing for its partition; the
 // partition's owner in the new generation commits it. Stats.StaleCommitsSkipped
 // counts the skipped commits.
+//
+// Retries and dead letters are fenced too, on the count of generations the
+// reader joined (a leader change does not move it): a message fetched in a
+// generation that has ended is fetched again from the committed offset by
+// its partition's owner in the new one, so its Retry, Release and
+// DeadLetter, and a retry pending when it comes due, are dropped (logged at
+// Info, counted in Stats.StaleSettlesDropped), and its owner alone routes
+// it. A dropped message counts as settled but not durable: no commit of
+// this source passes its offset until a message of a later generation at
+// or past it is settled.
 //
 // A commit requested just before a rebalance may still reach the broker after
 // it (kafka-go queues it for the next generation). Such a late commit is

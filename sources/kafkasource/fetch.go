@@ -110,6 +110,7 @@ func (s *Source) admit(km kafka.Message, gen int64) {
 		km:     km,
 		offset: km.Offset,
 		gen:    gen,
+		join:   s.stats.joins.Load(),
 		id:     km.Topic + "/" + strconv.Itoa(km.Partition) + "/" + strconv.FormatInt(km.Offset, 10),
 		slot:   true,
 	}

@@ -5,11 +5,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"unicode/utf8"
 
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/metatext"
 )
 
 // fuzzHeaders builds Kafka headers from newline-separated name=value pairs.
@@ -83,12 +83,15 @@ var reservedHeaders = []string{HeaderReason, HeaderAttempts, HeaderOriginTopic, 
 // FuzzDeadLetterCopy checks the dead-letter copy of a message with hostile
 // headers: a producer cannot forge the copy's reserved headers, each is
 // written once, the other headers, the key and the value are kept in order,
-// and the reason is bounded and cut on a UTF-8 boundary.
+// the reason is bounded and cut on a UTF-8 boundary, and every value written
+// is UTF-8 within the XML range (what SQS accepts: the same text on every
+// broker).
 func FuzzDeadLetterCopy(f *testing.F) {
 	f.Add("a=1\nb=2", "handler failed", "order-1", 3, int64(42), 1, "")
 	f.Add(HeaderReason+"=forged\n"+HeaderAttempts+"=0\n"+HeaderKey+"=forged", "boom", "k", 1, int64(0), 0, "dlq")
 	f.Add("", strings.Repeat("é", maxReasonBytes/2+1), "", 0, int64(-1), -1, "")
 	f.Add("x=\xff", "\xff\xfe", "\x00", -5, int64(1<<62), 1<<30, "")
+	f.Add("", "invalid input syntax for type integer: \"1\x01\"", "k\x01", 1, int64(7), 0, "")
 	f.Fuzz(func(t *testing.T, spec, reason, key string, attempts int, offset int64, part int, dlTopic string) {
 		s := &Source{cfg: Config{GroupID: "g", DeadLetterTopic: dlTopic}}
 		km := kafka.Message{Topic: "orders", Partition: part, Offset: offset, Key: []byte("pk"), Value: []byte(spec), Headers: fuzzHeaders(spec)}
@@ -148,18 +151,24 @@ func FuzzDeadLetterCopy(f *testing.F) {
 			t.Fatalf("reason of %d bytes, limit %d", len(text), maxReasonBytes)
 		}
 		if reasonErr != nil {
-			full := reasonErr.Error()
-			if utf8.ValidString(full) && !utf8.ValidString(text) {
-				t.Fatal("reason cut inside a UTF-8 sequence")
-			}
-			if !strings.HasPrefix(full, strings.TrimSuffix(text, " ...(truncated)")) {
+			full := metatext.Clean(reasonErr.Error(), 0)
+			if !strings.HasPrefix(full, strings.TrimSuffix(text, metatext.Truncated)) {
 				t.Fatalf("reason %q is not a prefix of %q", text, full)
+			}
+		}
+		// Every value written is the same text the other brokers carry:
+		// UTF-8 within the XML range that SQS accepts.
+		for name, vs := range got {
+			for _, v := range vs {
+				if !metatext.ValidString(v) {
+					t.Fatalf("header %s = %q holds a character outside the XML range", name, v)
+				}
 			}
 		}
 		if got[HeaderAttempts][0] != strconv.Itoa(wantAttempts) {
 			t.Fatalf("attempts header %q, want %d", got[HeaderAttempts][0], wantAttempts)
 		}
-		if wantKey != "" && got[HeaderKey][0] != wantKey {
+		if wantKey != "" && got[HeaderKey][0] != metatext.Clean(wantKey, consumer.MaxKeyBytes) {
 			t.Fatalf("key header %q, want %q", got[HeaderKey][0], wantKey)
 		}
 		if o, err := strconv.ParseInt(got[HeaderOriginOffset][0], 10, 64); err != nil || o != offset {

@@ -44,6 +44,12 @@ type partition struct {
 	doneUpTo int64
 	// doneGen is the generation tag of the newest entry passed.
 	doneGen int64
+	// hole is the lowest offset of a dropped entry (settled without an
+	// effect) that the prefix passed (-1: none); holeJoin is the newest
+	// generation join of such entries. No commit passes hole until the
+	// prefix passes an entry of a later join at or past it.
+	hole     int64
+	holeJoin int64
 	// committed is the next offset this source committed (0: none).
 	committed int64
 	// fetchGen is the generation tag of the newest entry fetched.
@@ -90,7 +96,7 @@ func newLedger() *ledger {
 func (l *ledger) record(tp topicPartition, e *entry) (held bool) {
 	p := l.partitions[tp]
 	if p == nil {
-		p = &partition{topicPartition: tp, doneUpTo: -1}
+		p = &partition{topicPartition: tp, doneUpTo: -1, hole: -1}
 		l.partitions[tp] = p
 	}
 	e.part = p
@@ -125,9 +131,23 @@ func (l *ledger) settle(e *entry) (released []*entry, passed int) {
 		head := p.queue[0]
 		p.queue[0] = nil
 		p.queue = p.queue[1:]
+		passed++
+		if head.dropped {
+			// Not durable: the new generation fetches it again from
+			// the committed offset, which must not pass it.
+			if p.hole < 0 || head.offset < p.hole {
+				p.hole = head.offset
+			}
+			p.holeJoin = max(p.holeJoin, head.join)
+			continue
+		}
 		p.doneUpTo = max(p.doneUpTo, head.offset)
 		p.doneGen = head.gen
-		passed++
+		if p.hole >= 0 && head.join > p.holeJoin && head.offset >= p.hole {
+			// A later generation fetched from at most hole and
+			// settled every message up to here, in offset order.
+			p.hole = -1
+		}
 	}
 	if passed > 0 {
 		l.dirty[p] = struct{}{}
@@ -226,17 +246,27 @@ func (l *ledger) due(e *entry, now time.Time) []*entry {
 func (l *ledger) committable(gen int64) (commit, stale []prefix) {
 	for p := range l.dirty {
 		delete(l.dirty, p)
+		last := p.durableUpTo()
 		switch {
-		case p.doneUpTo < p.committed:
+		case last < p.committed:
 			// Nothing new (or behind what this source requested before).
 		case p.doneGen != gen:
-			stale = append(stale, prefix{topicPartition: p.topicPartition, last: p.doneUpTo, prev: p.committed, part: p})
+			stale = append(stale, prefix{topicPartition: p.topicPartition, last: last, prev: p.committed, part: p})
 		default:
-			commit = append(commit, prefix{topicPartition: p.topicPartition, last: p.doneUpTo, prev: p.committed, part: p})
-			p.committed = p.doneUpTo + 1
+			commit = append(commit, prefix{topicPartition: p.topicPartition, last: last, prev: p.committed, part: p})
+			p.committed = last + 1
 		}
 	}
 	return commit, stale
+}
+
+// durableUpTo is the highest offset that may be committed past: doneUpTo,
+// held below a dropped entry's offset (see settle).
+func (p *partition) durableUpTo() int64 {
+	if p.hole >= 0 {
+		return min(p.doneUpTo, p.hole-1)
+	}
+	return p.doneUpTo
 }
 
 // uncommit undoes committable's marking of commit, whose request failed, so
@@ -259,8 +289,8 @@ func (l *ledger) next(gen int64) map[topicPartition]int64 {
 		if p.fetchGen != gen {
 			continue // fetched before the latest rebalance: maybe another member's now
 		}
-		next := p.doneUpTo + 1
-		if p.doneUpTo < 0 && len(p.queue) > 0 {
+		next := p.durableUpTo() + 1
+		if p.durableUpTo() < 0 && len(p.queue) > 0 {
 			next = p.queue[0].offset
 		}
 		out[tp] = next

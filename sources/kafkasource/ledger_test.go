@@ -14,10 +14,10 @@ import (
 
 // ledgerStep is one call on the ledger and what it must return.
 type ledgerStep struct {
-	op   string // "fetch", "settle", "block", "commit" or "fail"
+	op   string // "fetch", "settle", "drop", "block", "commit" or "fail"
 	part int
 	off  int64
-	gen  int64  // fetch: the entry's generation; commit: the current one
+	gen  int64  // fetch: the entry's generation (and join); commit: the current one
 	key  string // fetch: the hold key
 
 	held     bool          // fetch: held back behind a retried message
@@ -37,6 +37,12 @@ func fetchKeyStep(part int, off, gen int64, key string, held bool) ledgerStep {
 
 func settleStep(part int, off int64, passed int, released ...int64) ledgerStep {
 	return ledgerStep{op: "settle", part: part, off: off, passed: passed, released: released}
+}
+
+// dropStep settles an entry of an ended generation without an effect, as
+// Source.dropLocked does.
+func dropStep(part int, off int64, passed int) ledgerStep {
+	return ledgerStep{op: "drop", part: part, off: off, passed: passed}
 }
 
 func blockStep(part int, off int64) ledgerStep {
@@ -84,7 +90,7 @@ func (r *ledgerRig) run(i int, s ledgerStep) {
 	switch s.op {
 	case "fetch":
 		tp := ledgerTP(s.part)
-		e := &entry{offset: s.off, gen: s.gen, holdKey: s.key}
+		e := &entry{offset: s.off, gen: s.gen, join: s.gen, holdKey: s.key}
 		if r.entries[tp] == nil {
 			r.entries[tp] = map[int64]*entry{}
 		}
@@ -92,8 +98,10 @@ func (r *ledgerRig) run(i int, s ledgerStep) {
 		if held := r.l.record(tp, e); held != s.held {
 			r.t.Fatalf("%s: record held = %t, want %t", at, held, s.held)
 		}
-	case "settle":
-		released, passed := r.l.settle(r.entry(s.part, s.off))
+	case "settle", "drop":
+		e := r.entry(s.part, s.off)
+		e.dropped = s.op == "drop"
+		released, passed := r.l.settle(e)
 		var offs []int64
 		for _, q := range released {
 			offs = append(offs, q.offset)
@@ -259,6 +267,24 @@ func TestLedger(t *testing.T) {
 			commitStep(1, map[int]int64{0: 1, 1: 1}),
 			settleStep(0, 1, 1),
 			commitStep(1, map[int]int64{0: 2}),
+		},
+	}, {
+		// 6 waited for a retry when generation 1 ended; its retry was
+		// dropped. 5 (in flight) and 7 were settled with an effect. The
+		// new generation fetches again from 5; no commit may pass 6 until
+		// the new 6 settles, or a crash would lose it.
+		name: "a dropped retry holds the commit below it until a later generation settles it",
+		steps: []ledgerStep{
+			fetchStep(0, 5, 1), fetchStep(0, 6, 1), fetchStep(0, 7, 1),
+			dropStep(0, 6, 0),
+			settleStep(0, 7, 0),
+			settleStep(0, 5, 3),
+			commitStaleStep(2, noCommit, map[int]int64{0: 6}),
+			fetchStep(0, 5, 2), fetchStep(0, 6, 2), fetchStep(0, 7, 2),
+			settleStep(0, 5, 1),
+			commitStep(2, map[int]int64{0: 6}),
+			settleStep(0, 6, 1),
+			commitStep(2, map[int]int64{0: 8}),
 		},
 	}}
 	for _, tt := range tests {

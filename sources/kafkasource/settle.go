@@ -79,6 +79,9 @@ func (s *Source) redeliver(msg *consumer.Message, attempt int, delay time.Durati
 		return consumer.ErrClosed
 	case e.settled:
 		return fmt.Errorf("kafkasource: retry of %s: %w", msg.ID, ErrSettled)
+	case s.endedLocked(e):
+		s.dropLocked(context.Background(), e, "retry")
+		return nil
 	}
 	s.ledger.block(e)
 	s.redeliverLocked(e, attempt, delay)
@@ -144,6 +147,35 @@ func (s *Source) redeliverDue(e *entry, seq uint64) {
 			delete(s.timers, w)
 		}
 		w.timerSeq++
+		if s.endedLocked(w) { // due no longer counts it as waiting
+			s.dropLocked(context.Background(), w, "retry")
+			continue
+		}
 		s.ready <- s.message(w, w.attempt)
 	}
+}
+
+// endedLocked reports whether e was fetched in a group generation that has
+// ended. Its partition's owner in the current generation (this source or
+// another member) fetches it again from the committed offset, which the
+// settled prefix never moves past an unsettled message; a retry or dead
+// letter of e would then repeat the new owner's. Unlike the commit fence's
+// rebalance count, the count it compares does not move when a partition's
+// leader changes, since the reader then goes on from where it was and
+// fetches nothing again.
+func (s *Source) endedLocked(e *entry) bool {
+	return e.join < s.stats.joins.Load()
+}
+
+// dropLocked settles e, fetched in an ended generation, without an effect
+// (what, "retry" or "dead letter", names the settle dropped): it no longer
+// takes a slot nor blocks its key, and its partition's settled prefix passes
+// it, but no commit of this source passes its offset until a message of a
+// later generation at or past that offset settles (see ledger.settle).
+func (s *Source) dropLocked(ctx context.Context, e *entry, what string) {
+	s.stats.staleSettlesDropped.Add(1)
+	s.log.InfoContext(ctx, what+" dropped: the message was fetched in a consumer-group generation that has ended; its partition's owner fetches it again",
+		consumer.LogKeyID, e.id, logKeyGeneration, e.join)
+	e.dropped = true
+	s.settleLocked(e)
 }

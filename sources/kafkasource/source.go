@@ -106,10 +106,15 @@ type entry struct {
 	offset  int64
 	gen     int64
 	holdKey string
+	// join is the number of group generations joined when it was
+	// fetched (counters.joins): once it is behind, the generation that
+	// fetched it has ended, and its partition's owner fetches it again.
+	join int64
 
 	// Guarded by Source.mu.
 	part     *partition // set by ledger.record
 	settled  bool       // set by ledger.settle
+	dropped  bool       // settled without an effect: see Source.dropLocked
 	blocker  bool       // later messages of holdKey wait for this one
 	slot     bool       // holds a token of Source.slots
 	timerSeq uint64

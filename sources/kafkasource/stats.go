@@ -31,6 +31,11 @@ type Stats struct {
 	DeadLettered uint64
 	// DeadLetterFailures is the number of failed dead-letter writes.
 	DeadLetterFailures uint64
+	// StaleSettlesDropped is the number of retries, releases and dead
+	// letters dropped because their message was fetched in a group
+	// generation that has ended: the partition's owner in the new
+	// generation fetches the message again and handles it.
+	StaleSettlesDropped uint64
 	// DeadLetterStuck is the number of messages whose dead-letter write
 	// failed deadLetterStuckAfter times in a row. Such a message holds its
 	// partition's commit until a write succeeds.
@@ -53,6 +58,11 @@ type Stats struct {
 type counters struct {
 	fetched, redelivered, commits, commitFailures, staleCommitsSkipped atomic.Uint64
 	deadLettered, deadLetterFailures, deadLetterStuck                  atomic.Uint64
+	staleSettlesDropped                                                atomic.Uint64
+	// joins counts the group generations the reader joined (see
+	// readerLogger); unlike the rebalance count, a leader change does not
+	// move it.
+	joins atomic.Int64
 }
 
 // Stats returns a snapshot of the source's counters. It is safe to call at
@@ -72,6 +82,7 @@ func (s *Source) Stats() Stats {
 		DeadLettered:        c.deadLettered.Load(),
 		DeadLetterFailures:  c.deadLetterFailures.Load(),
 		DeadLetterStuck:     c.deadLetterStuck.Load(),
+		StaleSettlesDropped: c.staleSettlesDropped.Load(),
 		Rebalances:          gen,
 		InFlight:            inFlight,
 		Held:                held,

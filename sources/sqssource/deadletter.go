@@ -14,13 +14,17 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/metatext"
 )
 
 // Message attributes that DeadLetter adds to the copy it sends to
 // Config.DeadLetterQueueURL.
 const (
 	// AttrReason holds the error that sent the message to the dead-letter
-	// queue (at most 2 KiB of its text).
+	// queue: at most 2 KiB of its text, a longer one cut and ending with
+	// " ...(truncated)"; characters SQS refuses in an attribute (control
+	// characters, invalid UTF-8, U+FFFE, U+FFFF) are written as Go escapes
+	// (\x01).
 	AttrReason = consumer.MetaReason
 	// AttrAttempts holds the number of attempts made (a Number attribute).
 	AttrAttempts = consumer.MetaAttempts
@@ -176,13 +180,16 @@ func (s *Source) putBack(ctx context.Context, h *handle) {
 func (s *Source) deadLetterAttributes(ctx context.Context, h *handle, reason error, attempts int) map[string]types.MessageAttributeValue {
 	text := "unknown"
 	if reason != nil {
-		text = truncate(reason.Error(), maxReasonBytes)
+		text = metatext.Clean(reason.Error(), maxReasonBytes)
+	}
+	if text == "" {
+		text = "unknown" // SQS refuses an empty String attribute
 	}
 	attrs := map[string]types.MessageAttributeValue{
 		AttrReason:      {DataType: aws.String("String"), StringValue: aws.String(text)},
 		AttrAttempts:    {DataType: aws.String("Number"), StringValue: aws.String(strconv.Itoa(attempts))},
-		AttrSourceQueue: {DataType: aws.String("String"), StringValue: aws.String(s.cfg.QueueURL)},
-		AttrMessageID:   {DataType: aws.String("String"), StringValue: aws.String(h.id)},
+		AttrSourceQueue: {DataType: aws.String("String"), StringValue: aws.String(metatext.Clean(s.cfg.QueueURL, maxReasonBytes))},
+		AttrMessageID:   {DataType: aws.String("String"), StringValue: aws.String(metatext.Clean(h.id, maxReasonBytes))},
 	}
 	names := make([]string, 0, len(h.raw.MessageAttributes))
 	for name := range h.raw.MessageAttributes {
@@ -204,17 +211,6 @@ func (s *Source) deadLetterAttributes(ctx context.Context, h *handle, reason err
 		s.log.WarnContext(ctx, "dead letter has too many message attributes; some were dropped", consumer.LogKeyID, h.id, "dropped", dropped)
 	}
 	return attrs
-}
-
-// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && s[n]&0xC0 == 0x80 {
-		n--
-	}
-	return s[:n]
 }
 
 // sortKeyFirst sorts names, with key (if present) first.

@@ -7,6 +7,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/idemq/idemq/internal/metatext"
 )
 
 // MaxMessageSize is the largest message SQS accepts, in bytes: the body plus
@@ -91,7 +93,7 @@ func fitDeadLetter(body string, attrs map[string]types.MessageAttributeValue, ke
 		case n >= len(text):
 			attrs[AttrReason] = reason
 		case n >= 1: // SQS refuses an empty String attribute
-			attrs[AttrReason] = types.MessageAttributeValue{DataType: reason.DataType, StringValue: aws.String(truncate(text, n))}
+			attrs[AttrReason] = types.MessageAttributeValue{DataType: reason.DataType, StringValue: aws.String(metatext.Cut(text, n))}
 			cut = true
 		default:
 			dropped = append(dropped, AttrReason)

@@ -9,12 +9,12 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/metatext"
 )
 
 // fuzzAttributes builds message attributes from ';'-separated names and
@@ -112,13 +112,17 @@ func FuzzMessage(f *testing.F) {
 }
 
 // FuzzDeadLetterAttributes checks the attributes of a dead letter: never more
-// than SQS accepts, the reason bounded and cut on a UTF-8 boundary, the key
-// attribute kept first, and every copied attribute unchanged.
+// than SQS accepts, the reason bounded and cut on a UTF-8 boundary, every
+// value it writes itself one that SQS accepts (not empty, only characters of
+// the XML range), the key attribute kept first, and every copied attribute
+// unchanged.
 func FuzzDeadLetterAttributes(f *testing.F) {
 	f.Add("idempotency-key;a;b", "k;1;2", uint16(0), "handler failed", 3)
 	f.Add("a;b;c;d;e;f;g;h;i;j;k;idempotency-key", "1;2;3;4;5;6;7;8;9;10;11;key", uint16(5), strings.Repeat("é", 3000), 1)
 	f.Add(AttrReason+";"+AttrAttempts, "forged;999", uint16(0), "", 0)
 	f.Add("", "", uint16(0), "\xff\xfe", -1)
+	f.Add("", "", uint16(0), "invalid input syntax for type integer: \"1\x01\"", 1)
+	f.Add("", "", uint16(0), strings.Repeat("\x00", 2000)+"\ufffe", 2)
 	f.Fuzz(func(t *testing.T, names, values string, binary uint16, reason string, attempts int) {
 		s := fuzzSource(false)
 		raw := types.Message{MessageId: aws.String("m-1"), Body: aws.String("b"), MessageAttributes: fuzzAttributes(names, values, binary)}
@@ -141,12 +145,17 @@ func FuzzDeadLetterAttributes(f *testing.F) {
 			t.Fatalf("reason of %d bytes, limit %d", len(text), maxReasonBytes)
 		}
 		if reasonErr != nil {
-			full := reasonErr.Error()
-			if utf8.ValidString(full) && !utf8.ValidString(text) {
-				t.Fatalf("reason cut inside a UTF-8 sequence: %q", text[max(0, len(text)-4):])
-			}
+			full := metatext.Clean(reasonErr.Error(), 0)
 			if !strings.HasPrefix(full, strings.TrimSuffix(text, truncatedSuffix(text))) {
 				t.Fatalf("reason %q is not a prefix of %q", text, full)
+			}
+		}
+		// What SQS accepts: String and Number values that are not empty
+		// and hold only characters of the XML range.
+		for _, name := range []string{AttrReason, AttrAttempts, AttrSourceQueue, AttrMessageID} {
+			v := aws.ToString(attrs[name].StringValue)
+			if v == "" || !metatext.ValidString(v) {
+				t.Fatalf("attribute %s = %q, which SQS refuses", name, v)
 			}
 		}
 		a, ok := attrs[AttrAttempts]

@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/cfgerr"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // Client is the part of the SQS API that a Source uses. *sqs.Client satisfies
@@ -170,7 +171,20 @@ func New(ctx context.Context, client Client, cfg Config) (*Source, error) {
 // identity, container and instance roles), adjusted by optFns (for example
 // config.WithRegion). A non-empty endpoint overrides the service endpoint,
 // for ElasticMQ or LocalStack; the chain also honours AWS_ENDPOINT_URL_SQS.
+// An endpoint that is not an absolute URL is a *consumer.ConfigError, which
+// shows it redacted (internal/redact).
 func NewClient(ctx context.Context, endpoint string, optFns ...func(*config.LoadOptions) error) (*sqs.Client, error) {
+	if endpoint != "" {
+		// url.Parse's error, and the SDK's, quote the whole URL.
+		const field = "sqssource.NewClient(endpoint)"
+		u, err := url.Parse(endpoint)
+		switch {
+		case err != nil:
+			return nil, &consumer.ConfigError{Field: field, Err: redact.URLError(err)}
+		case u.Scheme == "" || u.Host == "":
+			return nil, &consumer.ConfigError{Field: field, Reason: fmt.Sprintf("%q is not an absolute URL", redact.URL(u))}
+		}
+	}
 	cfg, err := config.LoadDefaultConfig(ctx, optFns...)
 	if err != nil {
 		return nil, fmt.Errorf("sqssource: load AWS configuration: %w", err)
