@@ -51,14 +51,18 @@ func TestBrokerOutageRecoversFast(t *testing.T) {
 	rep := proxy.CutFor(t, 14*time.Second, 3*time.Second, func() {
 		publish(t, brokers, topic, sourcetest.Outgoing{Key: "during", Body: []byte("y")})
 	})
+	kinds := map[string]int{}
 	var warns int
 	for _, rec := range logs.Find("")[lines:] {
 		if rec.Level >= slog.LevelWarn {
 			warns++
+			kinds[rec.Message]++
 		}
 	}
-	if warns > 15 {
-		t.Errorf("%d WARN or ERROR lines during a 14 s outage, want at most 15 (rate-limited)", warns)
+	// At most, within a minute: 5 of kafka-go's error lines and 5 of its
+	// commit loop's, 3 fetch failures, 2 failed receives and the outage.
+	if warns > 16 {
+		t.Errorf("%d WARN or ERROR lines during a 14 s outage, want at most 16 (rate-limited): %v", warns, kinds)
 	}
 	if rep.LateDials < 3 {
 		t.Errorf("%d connection attempts to Kafka in the last 3 s of the outage, want at least 3 (a capped backoff)", rep.LateDials)
