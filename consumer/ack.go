@@ -97,7 +97,7 @@ func (r *Runner) ack(ctx context.Context, bs []ackBatch) {
 		// redelivery is recognised as a duplicate.
 		r.stats.ackFailures.Add(uint64(len(msgs)))
 		r.ackOut.failed(ctx, r.log, err)
-		r.log.LogAttrs(ctx, slog.LevelWarn, "ack failed after commit; redeliveries will be deduplicated",
+		r.ackOut.warn(ctx, r.log, "ack failed after commit; redeliveries will be deduplicated",
 			slog.Int(LogKeyCount, len(msgs)), slog.Any(LogKeyError, err))
 		return
 	}

@@ -89,11 +89,16 @@ type Config struct {
 	// dependency (the broker's Receive or Ack, the store) after which the
 	// runner logs one ERROR line naming it and the error, and Health
 	// reports it and is no longer Ready. One INFO line reports the
-	// recovery. Defaults to 3.
+	// recovery. Once the store has failed that often, the runner also
+	// stops receiving (back-pressure: the messages would only go back to
+	// the broker) and probes the store every 500 ms, receiving again once
+	// it answers. Defaults to 3.
 	OutageThreshold int
 
 	// OutageReminder is the least time between two ERROR lines about one
-	// outage that lasts. Defaults to 1 min.
+	// outage that lasts, and between two WARN lines about single failures
+	// of that dependency (a failed transaction, receive or ack) once the
+	// outage is reported. Defaults to 1 min.
 	OutageReminder time.Duration
 
 	// Logger receives the runner's logs. Defaults to a logger that discards

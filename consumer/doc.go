@@ -78,7 +78,13 @@
 // Ack and of the store, with a Ready verdict for readiness probes. After
 // Config.OutageThreshold failures in a row of one dependency the runner logs
 // one ERROR line naming it and the error (reminders at most every
-// Config.OutageReminder), and one INFO line when it recovers.
+// Config.OutageReminder), and one INFO line when it recovers; the WARN lines
+// about single failures stop until the next reminder. While the store is
+// down the runner receives nothing and probes the store instead. Whatever
+// failed, the next attempt comes within 500 ms (a failed receive, the
+// messages a store failure sent back, the store probe), so the runner goes
+// on within about that once the dependency answers again, however long the
+// outage lasted.
 //
 // # Hooks
 //

@@ -2,9 +2,13 @@ package consumer
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/idemq/idemq/dedup"
 )
 
 // Dependency names, as logged under LogKeyDependency by the outage lines.
@@ -24,7 +28,22 @@ const (
 	LogKeyDependency = "dependency"
 	LogKeyFailures   = "consecutive_failures"
 	LogKeyOutage     = "outage"
+	// LogKeySuppressed counts the WARN lines about single failures of a
+	// dependency that were left out while its outage was reported.
+	LogKeySuppressed = "suppressed"
 )
+
+// outageProbe is the longest pause between two attempts to reach a failing
+// dependency: the delay after a failed Receive, the retry delay of messages
+// sent back for a store failure, and the interval of the store probe while
+// receiving is paused are capped at it, so that the runner goes on within
+// about outageProbe of the dependency answering again, however long the
+// outage lasted (RetryPolicy's backoff counts handler failures; it would
+// grow past a minute in a long outage).
+const outageProbe = 500 * time.Millisecond
+
+// probeTimeout bounds one probe of the store (a stalled connection).
+const probeTimeout = 5 * time.Second
 
 // outage follows the consecutive failures of one dependency and makes an
 // outage visible: once Config.OutageThreshold calls in a row failed, one
@@ -44,6 +63,12 @@ type outage struct {
 	recovered bool // a reported outage ended; its INFO line is due
 	lasted    time.Duration
 	failures  int // of the outage that ended
+
+	warnedAt   time.Time // the last WARN line about a single failure
+	suppressed int       // WARN lines left out since
+	// answered: a probe reached the dependency since its last failure (see
+	// Runner.awaitStore); only a real call ends the outage.
+	answered bool
 }
 
 func newOutage(dep string, cfg Config) *outage {
@@ -58,6 +83,7 @@ func (o *outage) fail() int {
 		o.since = time.Now()
 	}
 	o.streak++
+	o.answered = false
 	return o.streak
 }
 
@@ -71,7 +97,7 @@ func (o *outage) succeed() {
 	if o.reported {
 		o.recovered, o.lasted, o.failures = true, time.Since(o.since), o.streak
 	}
-	o.streak, o.reported = 0, false
+	o.streak, o.reported, o.suppressed = 0, false, 0
 }
 
 // failed counts a failure and logs what is due.
@@ -114,6 +140,109 @@ func (o *outage) report(ctx context.Context, log *slog.Logger, err error) {
 		log.LogAttrs(ctx, slog.LevelError, msg, slog.String(LogKeyDependency, o.dep), slog.Int(LogKeyFailures, streak),
 			slog.Duration(LogKeyOutage, time.Since(since).Round(time.Millisecond)), slog.Any(LogKeyError, err))
 	}
+}
+
+// warn logs a WARN line about a single failure of the dependency (one
+// failed transaction, one failed Receive): every one until the outage is
+// reported, then at most one per Config.OutageReminder while it lasts, as
+// the outage's ERROR line and its reminders speak for the others. The next
+// line logged counts those left out under LogKeySuppressed. Count the
+// failure (fail, failed) before calling it.
+func (o *outage) warn(ctx context.Context, log *slog.Logger, msg string, attrs ...slog.Attr) {
+	o.mu.Lock()
+	now := time.Now()
+	if o.reported && now.Sub(o.warnedAt) < o.reminder {
+		o.suppressed++
+		o.mu.Unlock()
+		return
+	}
+	o.warnedAt = now
+	n := o.suppressed
+	o.suppressed = 0
+	o.mu.Unlock()
+	if n > 0 {
+		attrs = append(attrs, slog.Int(LogKeySuppressed, n))
+	}
+	log.LogAttrs(ctx, slog.LevelWarn, msg, attrs...)
+}
+
+// down reports whether the dependency's outage is declared (threshold
+// failures in a row) and no probe reached it since the last failure.
+func (o *outage) down() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.streak >= o.threshold && !o.answered
+}
+
+// probed records that a probe reached the dependency: the caller may try it
+// again. The outage lasts until a real call succeeds (succeed), since a
+// probe does not do what the calls do (a store may begin a transaction and
+// still refuse to write).
+func (o *outage) probed() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.answered = true
+}
+
+// prober is a Path that can check that its store answers, without touching
+// any message's record.
+type prober interface {
+	probe(ctx context.Context, r *Runner) error
+}
+
+// probe begins a transaction and rolls it back.
+func (p *txPath[Tx]) probe(ctx context.Context, _ *Runner) error {
+	tx, err := p.store.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("idemq: probe: begin: %w", err)
+	}
+	if err := p.store.Rollback(ctx, tx); err != nil {
+		return fmt.Errorf("idemq: probe: rollback: %w", err)
+	}
+	return nil
+}
+
+// probeKey is the key the lease path's probe inspects; no message has it
+// (the scope is the runner's, and a key never starts with a NUL: validKey).
+const probeKey = "\x00idemq-probe"
+
+// probe inspects a key that no message has.
+func (p *leasePath) probe(ctx context.Context, r *Runner) error {
+	if _, err := p.store.Inspect(ctx, r.cfg.Name, probeKey); err != nil && !errors.Is(err, dedup.ErrNotFound) {
+		return fmt.Errorf("idemq: probe: %w", err)
+	}
+	return nil
+}
+
+// awaitStore holds the receive loop while the store is down (back-pressure):
+// once its outage is declared (Config.OutageThreshold failures in a row),
+// a message received would only fail and go back to the broker, so the
+// runner receives nothing and probes the store every outageProbe until it
+// answers; it then receives again, and the next message handled ends the
+// outage or, failing, pauses receiving again. The messages the lanes hold
+// meanwhile are handled (and retried) as usual. It returns false when ctx
+// is done.
+func (r *Runner) awaitStore(ctx context.Context) bool {
+	pr, ok := r.path.(prober)
+	if !ok || !r.storeOut.down() {
+		return true
+	}
+	r.log.LogAttrs(ctx, slog.LevelInfo, "receiving paused until the store answers",
+		slog.String(LogKeyDependency, DependencyStore), slog.Duration(LogKeyDelay, outageProbe))
+	for ctx.Err() == nil && r.storeOut.down() {
+		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		err := pr.probe(pctx, r)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+		case err == nil:
+			r.storeOut.probed()
+		default:
+			r.storeOut.failed(ctx, r.log, err)
+			sleep(ctx, outageProbe)
+		}
+	}
+	return ctx.Err() == nil
 }
 
 // streakLen returns the current number of consecutive failures.

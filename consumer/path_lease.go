@@ -177,7 +177,7 @@ func (p *leasePath) claimBatch(ctx context.Context, r *Runner, batch []*job) *qu
 	sent := time.Now()
 	cs, err := bc.ClaimBatch(ctx, r.cfg.Name, recs, tokens, p.opts.Lease)
 	if err != nil || len(cs) != len(batch) {
-		r.log.LogAttrs(ctx, slog.LevelWarn, "batch claim failed; claiming one by one",
+		r.storeOut.warn(ctx, r.log, "batch claim failed; claiming one by one",
 			slog.Int(LogKeyCount, len(batch)), slog.Any(LogKeyError, err))
 		return q
 	}
@@ -242,7 +242,7 @@ func (p *leasePath) refreshQueued(ctx context.Context, r *Runner, batch []*job, 
 
 func (p *leasePath) release(ctx context.Context, r *Runner, key, token string) {
 	if err := p.store.Release(ctx, r.cfg.Name, key, token); err != nil {
-		r.log.LogAttrs(ctx, slog.LevelWarn, "release of lease failed; it expires by itself",
+		r.storeOut.warn(ctx, r.log, "release of lease failed; it expires by itself",
 			slog.String(LogKeyKey, key), slog.Any(LogKeyError, err))
 	}
 }
@@ -367,7 +367,7 @@ func (p *leasePath) complete(ctx context.Context, r *Runner, key, token string) 
 			return err
 		}
 		r.storeOut.failed(ctx, r.log, fmt.Errorf("idemq: mark key done: %w", err))
-		r.log.LogAttrs(ctx, slog.LevelWarn, "marking key done failed; retrying",
+		r.storeOut.warn(ctx, r.log, "marking key done failed; retrying",
 			slog.String(LogKeyKey, key), slog.Duration(LogKeyDelay, delay), slog.Any(LogKeyError, err))
 		t := time.NewTimer(delay)
 		select {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -408,7 +409,7 @@ func (p *txPath[Tx]) infra(ctx context.Context, r *Runner, jobs []*job, err erro
 		j.delay = delay
 		n++
 	}
-	r.log.WarnContext(ctx, "transaction failed; its messages will be retried", LogKeyCount, n, LogKeyError, err)
+	r.storeOut.warn(ctx, r.log, "transaction failed; its messages will be retried", slog.Int(LogKeyCount, n), slog.Any(LogKeyError, err))
 }
 
 // heldPartitions tracks the partition keys of a batch whose message failed.

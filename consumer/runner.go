@@ -221,6 +221,9 @@ func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
 	// up values in it for every message).
 	mctx := context.WithValue(context.WithoutCancel(ctx), mctxKey{}, true)
 	for ctx.Err() == nil {
+		if !r.awaitStore(ctx) {
+			return nil
+		}
 		msgs, err := r.src.Receive(ctx, max)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -230,8 +233,8 @@ func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
 				return err
 			}
 			r.stats.receiveFailures.Add(1)
-			delay := r.cfg.Retry.Backoff(r.receiveOut.failed(ctx, r.log, err))
-			r.log.LogAttrs(ctx, slog.LevelWarn, "receive failed", slog.Any(LogKeyError, err), slog.Duration(LogKeyDelay, delay))
+			delay := min(r.cfg.Retry.Backoff(r.receiveOut.failed(ctx, r.log, err)), outageProbe)
+			r.receiveOut.warn(ctx, r.log, "receive failed", slog.Any(LogKeyError, err), slog.Duration(LogKeyDelay, delay))
 			sleep(ctx, delay)
 			continue
 		}
@@ -522,9 +525,12 @@ func validKey(key string) error {
 
 // infraDelay counts a failure of the store and returns the retry delay,
 // growing with the run of such failures (not with the message's attempts,
-// which these failures do not count). handle logs the outage once it lasts.
+// which these failures do not count) up to outageProbe, so that the
+// messages sent back come again soon after the store answers; while the
+// outage lasts, receiving is paused (awaitStore). handle logs the outage
+// once it lasts.
 func (r *Runner) infraDelay() time.Duration {
-	return r.cfg.Retry.Backoff(r.storeOut.fail())
+	return min(r.cfg.Retry.Backoff(r.storeOut.fail()), outageProbe)
 }
 
 // infraOK ends a run of store failures.

@@ -201,19 +201,19 @@ func (s *Store) CommitChain(ctx context.Context, tx pgx.Tx, scope string, recs [
 	br := tx.SendBatch(ctx, b)
 	tag, err := br.Exec()
 	if err != nil {
-		return nil, false, refusedCommit(errors.Join(err, br.Close()))
+		return nil, false, refusedCommit(closeBatch(br, err))
 	}
 	if tag.String() == "ROLLBACK" {
 		// The transaction had failed: the server rolled it back and
 		// chained the next one, which the caller rolls back.
-		return nil, false, refusedCommit(errors.Join(pgx.ErrTxCommitRollback, br.Close()))
+		return nil, false, refusedCommit(closeBatch(br, pgx.ErrTxCommitRollback))
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, true, fmt.Errorf("pgdedup: claim after commit: %w", errors.Join(err, br.Close()))
+		return nil, true, fmt.Errorf("pgdedup: claim after commit: %w", closeBatch(br, err))
 	}
 	inserted, err := collectKeys(rows)
-	if err = errors.Join(err, br.Close()); err != nil {
+	if err = closeBatch(br, err); err != nil {
 		return nil, true, fmt.Errorf("pgdedup: claim after commit: %w", err)
 	}
 	cs, err := sqlstore.Claim(ctx, &preInserted{pgClaim: pgClaim{s: s, tx: tx, scope: scope}, first: inserted}, recs, 0)
@@ -225,18 +225,32 @@ func (s *Store) CommitChain(ctx context.Context, tx pgx.Tx, scope string, recs [
 
 var _ dedup.CommitChainer[pgx.Tx] = (*Store)(nil)
 
+// closeBatch closes br and returns err joined with the error of Close,
+// unless that error only repeats err: pgx's batch results return their
+// first error again from Close, and joining it printed every error twice.
+func closeBatch(br pgx.BatchResults, err error) error {
+	cerr := br.Close()
+	switch {
+	case err == nil:
+		return cerr
+	case cerr == nil || errors.Is(err, cerr) || cerr.Error() == err.Error():
+		return err
+	}
+	return errors.Join(err, cerr)
+}
+
 // readBeginClaim reads the results of a BEGIN and claim batch: the keys
 // the insert recorded.
 func readBeginClaim(br pgx.BatchResults) (map[string]bool, error) {
 	if _, err := br.Exec(); err != nil {
-		return nil, errors.Join(err, br.Close())
+		return nil, closeBatch(br, err)
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, errors.Join(err, br.Close())
+		return nil, closeBatch(br, err)
 	}
 	inserted, err := collectKeys(rows)
-	return inserted, errors.Join(err, br.Close())
+	return inserted, closeBatch(br, err)
 }
 
 // preInserted is a claim whose first insert was already sent (with BEGIN).

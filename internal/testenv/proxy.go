@@ -24,6 +24,7 @@ type Proxy struct {
 	state   proxyState
 	resume  chan struct{} // closed when the proxy leaves the stalled state
 	conns   map[net.Conn]struct{}
+	dials   int // connections clients opened to the proxy
 	closed  bool
 	working sync.WaitGroup
 }
@@ -77,6 +78,15 @@ func (p *Proxy) Stall() {
 	p.state = proxyStalled
 }
 
+// Dials returns how many connections clients have opened to the proxy so
+// far, refused ones (while cut) included: a client that retries a cut
+// service shows as Dials growing at its retry rate.
+func (p *Proxy) Dials() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.dials
+}
+
 // Restore forwards again: new connections reach the target, and stalled ones
 // go on where they stopped.
 func (p *Proxy) Restore() {
@@ -114,6 +124,7 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.mu.Lock()
+		p.dials++
 		if p.state == proxyCut || p.closed {
 			p.mu.Unlock()
 			_ = client.Close()

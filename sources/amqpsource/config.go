@@ -185,7 +185,12 @@ type Config struct {
 	// up to MaxReconnectDelay, with ±20 % jitter. Defaults to 200 ms.
 	ReconnectDelay time.Duration
 
-	// MaxReconnectDelay caps the reconnect delay. Defaults to 15 s.
+	// MaxReconnectDelay caps the reconnect delay, and so bounds how long
+	// the Source takes to reconnect once the broker answers again, however
+	// long it was away. Defaults to 500 ms (one connection attempt every
+	// half second costs a broker that is down nothing), or ReconnectDelay
+	// if that is longer; after a few attempts, failed reconnects are logged
+	// once a minute.
 	MaxReconnectDelay time.Duration
 
 	// Declare, when set, declares the topology (queue, dead-letter
@@ -261,7 +266,7 @@ const (
 	DefaultUnroutableDelay   = time.Minute
 	DefaultPublishTimeout    = 30 * time.Second
 	DefaultReconnectDelay    = 200 * time.Millisecond
-	DefaultMaxReconnectDelay = 15 * time.Second
+	DefaultMaxReconnectDelay = 500 * time.Millisecond
 	// DefaultAckHold is Config.AckHold's default: a few batch commits of a
 	// Runner at BatchSize 100 on a small machine.
 	DefaultAckHold = 20 * time.Millisecond
@@ -323,7 +328,7 @@ func (c Config) WithDefaults() Config {
 		c.ReconnectDelay = DefaultReconnectDelay
 	}
 	if c.MaxReconnectDelay == 0 {
-		c.MaxReconnectDelay = DefaultMaxReconnectDelay
+		c.MaxReconnectDelay = max(DefaultMaxReconnectDelay, c.ReconnectDelay)
 	}
 	if c.Declare != nil {
 		t := c.Declare.withDefaults(c.Queue)

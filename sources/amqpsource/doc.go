@@ -45,8 +45,9 @@
 //     channel dies, the broker requeues every unacknowledged delivery and
 //     redelivers it with Redelivered set; the deduplication record makes the
 //     redelivery a no-op if its effect had committed. The Source reconnects
-//     with exponential backoff (Config.ReconnectDelay, MaxReconnectDelay) and
-//     resumes consuming. Delivery tags belong to one channel: each
+//     with exponential backoff (Config.ReconnectDelay, MaxReconnectDelay,
+//     500 ms by default, so it is back within about that once the broker
+//     answers again) and resumes consuming. Delivery tags belong to one channel: each
 //     Message.Handle remembers the channel session that issued its tag, and
 //     settlements of a dead session send nothing (ErrStaleDelivery) instead of
 //     acknowledging an unrelated delivery that reuses the number on the new

@@ -186,6 +186,7 @@ func (s *Source) supervise(base context.Context, sess *session) {
 		cancel()
 	}()
 	failures := 0
+	var warnedAt time.Time // the last "reconnect failed" line
 	for {
 		if sess != nil {
 			cause := s.forward(sess)
@@ -207,7 +208,12 @@ func (s *Source) supervise(base context.Context, sess *session) {
 			if s.isClosing() {
 				return
 			}
-			s.log.WarnContext(ctx, "reconnect failed", consumer.LogKeyAttempt, failures, consumer.LogKeyError, err)
+			// A few lines, then one a minute: the broker may be away for
+			// long, and the attempts come every MaxReconnectDelay.
+			if failures <= reconnectWarnings || time.Since(warnedAt) >= consumer.DefaultOutageReminder {
+				warnedAt = time.Now()
+				s.log.WarnContext(ctx, "reconnect failed", consumer.LogKeyAttempt, failures, consumer.LogKeyError, err)
+			}
 			continue
 		}
 		s.log.InfoContext(ctx, "reconnected", logKeyGeneration, next.gen, consumer.LogKeyAttempt, failures)
@@ -215,6 +221,10 @@ func (s *Source) supervise(base context.Context, sess *session) {
 		sess = next
 	}
 }
+
+// reconnectWarnings is how many failed reconnects in a row are each
+// logged before the lines are limited to one a minute.
+const reconnectWarnings = 3
 
 var errDeliveriesClosed = errors.New("amqpsource: delivery channel closed")
 

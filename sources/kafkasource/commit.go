@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"runtime"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 
@@ -91,20 +93,58 @@ func readerLogger(l *slog.Logger, c *counters) kafka.Logger {
 // readerErrorLogger returns kafka-go's ErrorLogger for the reader: it counts
 // the failed offset commits of kafka-go's commit loop (identified by the
 // reporting function, since the group's join errors are reported with the
-// same format) and passes every line to l at Warn.
+// same format) and passes the lines to l at Warn, a few a minute each for the
+// commit loop and for the rest (see lineLimit): while the broker is away,
+// kafka-go reports every attempt to reach it, every JoinGroupBackoff.
 func readerErrorLogger(l *slog.Logger, c *counters) kafka.Logger {
+	var commits, others lineLimit
 	return kafka.LoggerFunc(func(format string, args ...any) {
 		if fromCommitLoop() {
 			c.commitFailures.Add(1)
-			l.LogAttrs(context.Background(), slog.LevelWarn, "offset commit failed; kafka-go retries it at the next CommitInterval tick",
-				slog.String(consumer.LogKeyError, strings.TrimSpace(fmt.Sprintf(format, args...))),
-				slog.String(logKeyComponent, "kafka-go"))
+			if n, ok := commits.pass(time.Now()); ok {
+				l.LogAttrs(context.Background(), slog.LevelWarn, "offset commit failed; kafka-go retries it at the next CommitInterval tick",
+					slog.String(consumer.LogKeyError, strings.TrimSpace(fmt.Sprintf(format, args...))),
+					slog.String(logKeyComponent, "kafka-go"), slog.Int(consumer.LogKeySuppressed, n))
+			}
 			return
 		}
-		if l.Enabled(context.Background(), slog.LevelWarn) {
-			l.Log(context.Background(), slog.LevelWarn, strings.TrimSpace(fmt.Sprintf(format, args...)), logKeyComponent, "kafka-go")
+		if !l.Enabled(context.Background(), slog.LevelWarn) {
+			return
+		}
+		if n, ok := others.pass(time.Now()); ok {
+			l.Log(context.Background(), slog.LevelWarn, strings.TrimSpace(fmt.Sprintf(format, args...)), logKeyComponent, "kafka-go",
+				consumer.LogKeySuppressed, n)
 		}
 	})
+}
+
+// lineLimit lets linesPerMinute lines through per minute and counts the
+// others. It is safe for concurrent use.
+type lineLimit struct {
+	mu         sync.Mutex
+	start      time.Time // of the current minute
+	passed     int       // lines passed in it
+	suppressed int       // lines held back since the last one passed
+}
+
+// linesPerMinute is how many lines of one kind lineLimit passes per minute.
+const linesPerMinute = 5
+
+// pass reports whether a line at now may be logged and, if so, how many were
+// held back before it.
+func (ll *lineLimit) pass(now time.Time) (suppressed int, ok bool) {
+	ll.mu.Lock()
+	defer ll.mu.Unlock()
+	if now.Sub(ll.start) >= time.Minute {
+		ll.start, ll.passed = now, 0
+	}
+	if ll.passed >= linesPerMinute {
+		ll.suppressed++
+		return 0, false
+	}
+	ll.passed++
+	suppressed, ll.suppressed = ll.suppressed, 0
+	return suppressed, true
 }
 
 // fromCommitLoop reports whether the caller's goroutine runs kafka-go's

@@ -199,7 +199,9 @@ type Config struct {
 	RebalanceTimeout time.Duration
 
 	// JoinGroupBackoff is the delay before rejoining the group after an
-	// error. Defaults to 5 s.
+	// error, such as the coordinator being unreachable: it bounds how long
+	// the Source takes to rejoin once the broker answers again. Defaults
+	// to 500 ms.
 	JoinGroupBackoff time.Duration
 
 	// CommitInterval is how often the settled offsets are committed. Ack
@@ -257,7 +259,7 @@ const (
 	DefaultSessionTimeout       = 10 * time.Second
 	DefaultHeartbeatInterval    = time.Second
 	DefaultRebalanceTimeout     = 30 * time.Second
-	DefaultJoinGroupBackoff     = 5 * time.Second
+	DefaultJoinGroupBackoff     = 500 * time.Millisecond
 	DefaultCommitInterval       = time.Second
 	DefaultCommitTimeout        = 10 * time.Second
 	DefaultDeadLetterTimeout    = 10 * time.Second

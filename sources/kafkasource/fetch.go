@@ -2,9 +2,7 @@ package kafkasource
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"runtime/debug"
 	"strconv"
 	"time"
@@ -69,6 +67,7 @@ func (s *Source) drain(first *consumer.Message, limit int) []*consumer.Message {
 func (s *Source) fetchLoop(ctx context.Context) {
 	defer close(s.fetchDone)
 	failures := 0
+	var warnedAt time.Time // the last "fetch failed" line
 	for {
 		select {
 		case s.retained <- struct{}{}:
@@ -84,12 +83,21 @@ func (s *Source) fetchLoop(ctx context.Context) {
 		if err != nil {
 			<-s.slots
 			<-s.retained
-			if ctx.Err() != nil || errors.Is(err, io.EOF) {
+			// Close cancels ctx before it closes the reader, so an
+			// io.EOF with ctx alive is the broker's: a connection that
+			// the broker (or the network) closed while it was away.
+			// Returning on it stopped fetching for good after an outage.
+			if ctx.Err() != nil {
 				return
 			}
 			failures++
 			err = fmt.Errorf("kafkasource: fetch: %w", err)
-			s.log.WarnContext(ctx, "fetch failed", consumer.LogKeyError, err, consumer.LogKeyAttempt, failures)
+			// A few lines, then one a minute: the runner reports the
+			// outage, and the attempts come every fetchBackoff.
+			if failures <= fetchWarnings || time.Since(warnedAt) >= consumer.DefaultOutageReminder {
+				warnedAt = time.Now()
+				s.log.WarnContext(ctx, "fetch failed", consumer.LogKeyError, err, consumer.LogKeyAttempt, failures)
+			}
 			select {
 			case s.errs <- err:
 			default: // an earlier error is still waiting to be reported
@@ -207,14 +215,22 @@ func (s *Source) observeGeneration(ctx context.Context) int64 {
 	return s.gen.Load()
 }
 
+// fetchWarnings is how many failed fetches in a row are each logged
+// before the lines are limited to one a minute.
+const fetchWarnings = 3
+
+// maxFetchBackoff caps the pause between fetch attempts, and so how long
+// fetching waits once the broker answers again.
+const maxFetchBackoff = 500 * time.Millisecond
+
 // fetchBackoff is the pause after the n-th consecutive fetch failure:
-// 100 ms doubling up to 5 s.
+// 100 ms doubling up to maxFetchBackoff.
 func fetchBackoff(n int) time.Duration {
 	d := 100 * time.Millisecond
-	for i := 1; i < n && d < 5*time.Second; i++ {
+	for i := 1; i < n && d < maxFetchBackoff; i++ {
 		d *= 2
 	}
-	return min(d, 5*time.Second)
+	return min(d, maxFetchBackoff)
 }
 
 func sleep(ctx context.Context, d time.Duration) {

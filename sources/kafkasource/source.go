@@ -152,6 +152,7 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 		SessionTimeout:    cfg.SessionTimeout,
 		RebalanceTimeout:  cfg.RebalanceTimeout,
 		JoinGroupBackoff:  cfg.JoinGroupBackoff,
+		ReadBackoffMax:    maxFetchBackoff, // a partition reader's reconnects (kafka-go: 1 s)
 		StartOffset:       cfg.StartOffset,
 		IsolationLevel:    cfg.IsolationLevel,
 		Logger:            readerLogger(cfg.Logger, stats),

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -173,6 +174,10 @@ func New(ctx context.Context, client Client, cfg Config) (*Source, error) {
 // for ElasticMQ or LocalStack; the chain also honours AWS_ENDPOINT_URL_SQS.
 // An endpoint that is not an absolute URL is a *consumer.ConfigError, which
 // shows it redacted (internal/redact).
+//
+// The client's retries of a failed call wait at most MaxRetryBackoff
+// between attempts (the SDK's default grows to 20 s), so that a call made
+// while SQS is unreachable goes on within about that once it answers again.
 func NewClient(ctx context.Context, endpoint string, optFns ...func(*config.LoadOptions) error) (*sqs.Client, error) {
 	if endpoint != "" {
 		// url.Parse's error, and the SDK's, quote the whole URL.
@@ -193,8 +198,13 @@ func NewClient(ctx context.Context, endpoint string, optFns ...func(*config.Load
 		if endpoint != "" {
 			o.BaseEndpoint = aws.String(endpoint)
 		}
+		o.Retryer = retry.AddWithMaxBackoffDelay(o.Retryer, MaxRetryBackoff)
 	}), nil
 }
+
+// MaxRetryBackoff is the longest wait between two attempts of one call by a
+// client from NewClient.
+const MaxRetryBackoff = 500 * time.Millisecond
 
 // FIFO reports whether the queue is a FIFO queue.
 func (s *Source) FIFO() bool { return s.fifo }
