@@ -57,7 +57,9 @@ type Config struct {
 	// kafka.DefaultDialer.
 	Dialer *kafka.Dialer
 	// Transport carries the admin requests and the replayed copies (TLS,
-	// SASL). Defaults to kafka.DefaultTransport.
+	// SASL). Defaults to a transport of the Broker's own (the shared
+	// kafka.DefaultTransport caches metadata and would not know a topic
+	// created after its last refresh).
 	Transport kafka.RoundTripper
 	// Timeout bounds each request and each read of a dead letter. Defaults
 	// to 10 s.
@@ -68,6 +70,7 @@ type Config struct {
 // concurrent use.
 type Broker struct {
 	cfg    Config
+	own    *kafka.Transport // the transport New made, closed by Close
 	client *kafka.Client
 	writer *kafka.Writer
 }
@@ -85,12 +88,15 @@ func New(cfg Config) (*Broker, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Second
 	}
+	var own *kafka.Transport
 	if cfg.Transport == nil {
-		cfg.Transport = kafka.DefaultTransport
+		own = &kafka.Transport{}
+		cfg.Transport = own
 	}
 	addr := kafka.TCP(cfg.Brokers...)
 	return &Broker{
 		cfg:    cfg,
+		own:    own,
 		client: &kafka.Client{Addr: addr, Timeout: cfg.Timeout, Transport: cfg.Transport},
 		writer: &kafka.Writer{
 			Addr:         addr,
@@ -104,8 +110,14 @@ func New(cfg Config) (*Broker, error) {
 	}, nil
 }
 
-// Close closes the producer of replayed copies.
-func (b *Broker) Close() error { return b.writer.Close() }
+// Close closes the producer of replayed copies and the idle connections.
+func (b *Broker) Close() error {
+	err := b.writer.Close()
+	if b.own != nil {
+		b.own.CloseIdleConnections()
+	}
+	return err
+}
 
 // partitionState is a partition's progress: every offset before committed
 // is done, and so is every offset in done.
