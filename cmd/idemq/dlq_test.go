@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/idemq/idemq/internal/runtest"
+	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/sources/sqssource"
+)
+
+// The command line refuses what would surprise an operator: no
+// subcommand, a purge of everything without --all, a malformed glob or
+// time; and it never prints a URL's password.
+func TestDLQUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"dlq", "--broker", "kafka", "--dlq", "t.dlq"},
+		{"dlq", "drop", "--broker", "kafka", "--dlq", "t.dlq"},
+		{"dlq", "purge", "--broker", "kafka", "--dlq", "t.dlq"},
+		{"dlq", "list", "--broker", "kafka", "--dlq", "t.dlq", "--key", "[a-"},
+		{"dlq", "list", "--broker", "kafka", "--dlq", "t.dlq", "--since", "yesterday"},
+		{"dlq", "list", "--broker", "kafka", "--dlq", "t.dlq", "--dry-run"},
+		{"dlq", "list", "--broker", "pulsar", "--dlq", "t.dlq"},
+		{"dlq", "list", "--broker", "kafka"},
+		{"dlq", "show", "--broker", "kafka", "--dlq", "t.dlq"},
+	} {
+		if code, _, errOut := idemq(t, args...); code != exitUsage {
+			t.Errorf("idemq %s = %d, want %d:\n%s", strings.Join(args, " "), code, exitUsage, errOut)
+		}
+	}
+	code, out, errOut := idemq(t, "dlq", "list", "--broker", "rabbitmq", "--dlq", "q.dlq", "--amqp-url", "amqp://ops:hunter2@127.0.0.1:1/")
+	if code != exitFailure || strings.Contains(out+errOut, "hunter2") {
+		t.Errorf("dlq list on an unreachable broker = %d, want %d and no password:\n%s%s", code, exitFailure, out, errOut)
+	}
+}
+
+// idemq dlq on ElasticMQ: list --json, show, purge --dry-run, a purge by
+// reason, a replay of a selection (receive, send, delete: idemq's metadata
+// dropped) and a replay of the rest (SQS's message-move task where the
+// endpoint has one, as this ElasticMQ does).
+func TestDLQCommandSQS(t *testing.T) {
+	endpoint := testenv.SQSEndpoint(t)
+	t.Setenv("AWS_REGION", testenv.SQSRegion)
+	t.Setenv("AWS_ACCESS_KEY_ID", testenv.SQSAccessKeyID)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", testenv.SQSSecretAccessKey)
+	c := sqs.New(sqs.Options{Region: testenv.SQSRegion, BaseEndpoint: aws.String(endpoint),
+		Credentials: credentials.NewStaticCredentialsProvider(testenv.SQSAccessKeyID, testenv.SQSSecretAccessKey, "")})
+	name := runtest.UniqueName(t, "idemq-cli")
+	testenv.DeleteSQSQueuesAtCleanup(t, endpoint, name, name+"-dlq")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var urls []string
+	for _, n := range []string{name, name + "-dlq"} {
+		out, err := c.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(n)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		urls = append(urls, aws.ToString(out.QueueUrl))
+	}
+	origin, dead := urls[0], urls[1]
+	str := func(s string) types.MessageAttributeValue {
+		return types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(s)}
+	}
+	for _, m := range []struct{ key, reason string }{{"o-1", "bad SKU"}, {"o-2", "bad SKU"}, {"o-3", "card declined"}} {
+		if _, err := c.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(dead), MessageBody: aws.String(`{"k":"` + m.key + `"}`),
+			MessageAttributes: map[string]types.MessageAttributeValue{
+				sqssource.AttrReason: str(m.reason), sqssource.AttrSourceQueue: str(origin), sqssource.AttrMessageID: str("m-" + m.key),
+				sqssource.AttrAttempts: {DataType: aws.String("Number"), StringValue: aws.String("5")}, "key": str(m.key),
+			}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := []string{"--broker", "sqs", "--dlq", dead, "--sqs-endpoint", endpoint, "--key-attribute", "key"}
+	dlqCmd := func(want int, args ...string) string {
+		t.Helper()
+		code, out, errOut := idemq(t, append(append([]string{"dlq"}, args...), base...)...)
+		if code != want {
+			t.Fatalf("idemq dlq %s = %d, want %d:\n%s%s", strings.Join(args, " "), code, want, out, errOut)
+		}
+		return out
+	}
+
+	var listed []letterJSON
+	if err := json.Unmarshal([]byte(dlqCmd(exitOK, "list", "--json")), &listed); err != nil || len(listed) != 3 {
+		t.Fatalf("list --json: %d letters, %v", len(listed), err)
+	}
+	if out := dlqCmd(exitOK, "show", "o-3"); !strings.Contains(out, "reason:           card declined") || !strings.Contains(out, `{"k":"o-3"}`) {
+		t.Errorf("show o-3:\n%s", out)
+	}
+	if out := dlqCmd(exitOK, "purge", "--dry-run", "--all"); !strings.Contains(out, "dry run, nothing changed") {
+		t.Errorf("purge --dry-run:\n%s", out)
+	}
+	if out := dlqCmd(exitOK, "list"); !strings.Contains(out, "3 dead letters") {
+		t.Fatalf("after purge --dry-run:\n%s", out)
+	}
+	if out := dlqCmd(exitOK, "purge", "--reason", "declined"); !strings.Contains(out, "purged 1 dead letters") {
+		t.Fatalf("purge --reason declined:\n%s", out)
+	}
+	if out := dlqCmd(exitOK, "replay", "--key", "o-1"); !strings.Contains(out, "replayed 1 dead letters") {
+		t.Fatalf("replay --key o-1:\n%s", out)
+	}
+	native := dlqCmd(exitOK, "replay")
+	if !strings.Contains(native, "replayed 1 dead letters") {
+		t.Fatalf("replay:\n%s", native)
+	}
+	t.Logf("idemq dlq replay: %s", native)
+	if out := dlqCmd(exitOK, "list"); !strings.Contains(out, "0 dead letters") {
+		t.Fatalf("after the replay:\n%s", out)
+	}
+	got := map[string]bool{}
+	for len(got) < 2 {
+		out, err := c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(origin), MaxNumberOfMessages: 10,
+			WaitTimeSeconds: 1, MessageAttributeNames: []string{"All"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out.Messages) == 0 {
+			t.Fatalf("the origin holds %v, want o-1 and o-2", got)
+		}
+		for _, m := range out.Messages {
+			key := aws.ToString(m.MessageAttributes["key"].StringValue)
+			if _, ok := m.MessageAttributes[sqssource.AttrReason]; ok && (key == "o-1" || !strings.Contains(native, "message-move task")) {
+				t.Errorf("replayed %s kept idemq's dead-letter metadata: %v", aws.ToString(m.Body), m.MessageAttributes)
+			}
+			got[key] = true
+		}
+	}
+	if !got["o-1"] || !got["o-2"] || got["o-3"] {
+		t.Errorf("the origin holds %v, want o-1 and o-2", got)
+	}
+}
