@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,9 +12,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/sqssource"
 )
 
@@ -135,5 +138,83 @@ func TestDLQCommandSQS(t *testing.T) {
 	}
 	if !got["o-1"] || !got["o-2"] || got["o-3"] {
 		t.Errorf("the origin holds %v, want o-1 and o-2", got)
+	}
+}
+
+// idemq dlq on Kafka: a replay of a selection, then of the rest; the
+// progress group remembers both, and the origin gets each copy once,
+// without idemq's metadata.
+func TestDLQCommandKafka(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	topic := runtest.UniqueName(t, "idemq-cli")
+	dead := kafkasource.DeadLetterTopic(topic)
+	testenv.DeleteTopicsAtCleanup(t, brokers, topic, dead)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := kafkasource.CreateTopics(ctx, nil, brokers, kafkasource.TopicSpec{Name: topic}, kafkasource.TopicSpec{Name: dead}); err != nil {
+		t.Fatal(err)
+	}
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: dead, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	defer w.Close()
+	var msgs []kafka.Message
+	for i, k := range []string{"k-1", "k-2", "x-3"} {
+		msgs = append(msgs, kafka.Message{Key: []byte(k), Value: []byte(`{"k":"` + k + `"}`), Headers: []kafka.Header{
+			{Key: "idempotency-key", Value: []byte(k)},
+			{Key: kafkasource.HeaderReason, Value: []byte("boom " + k)},
+			{Key: kafkasource.HeaderAttempts, Value: []byte("5")},
+			{Key: kafkasource.HeaderOriginTopic, Value: []byte(topic)},
+			{Key: kafkasource.HeaderOriginPartition, Value: []byte("0")},
+			{Key: kafkasource.HeaderOriginOffset, Value: []byte(strconv.Itoa(i))},
+			{Key: kafkasource.HeaderKey, Value: []byte(k)},
+			{Key: kafkasource.HeaderDeadLetteredAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
+		}})
+	}
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	group := runtest.UniqueName(t, "g")
+	dlqCmd := func(args ...string) string {
+		t.Helper()
+		args = append(append([]string{"dlq"}, args...), "--broker", "kafka", "--brokers", strings.Join(brokers, ","), "--dlq", dead, "--group", group)
+		code, out, errOut := idemq(t, args...)
+		if code != exitOK {
+			t.Fatalf("idemq %s = %d:\n%s%s", strings.Join(args, " "), code, out, errOut)
+		}
+		return out
+	}
+	if out := dlqCmd("replay", "--key", "*-2"); !strings.Contains(out, "replayed 1 dead letters") {
+		t.Fatalf("replay --key *-2:\n%s", out)
+	}
+	if out := dlqCmd("list"); !strings.Contains(out, "2 dead letters") || strings.Contains(out, "k-2") {
+		t.Fatalf("list after replaying k-2:\n%s", out)
+	}
+	if out := dlqCmd("replay"); !strings.Contains(out, "replayed 2 dead letters") {
+		t.Fatalf("replay:\n%s", out)
+	}
+	if out := dlqCmd("list"); !strings.Contains(out, "0 dead letters") {
+		t.Fatalf("list after the replay:\n%s", out)
+	}
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 200 * time.Millisecond})
+	defer r.Close()
+	got := map[string]int{}
+	for i := 0; i < 3; i++ {
+		m, err := r.ReadMessage(ctx)
+		if err != nil {
+			t.Fatalf("read the origin after %v: %v", got, err)
+		}
+		for _, h := range m.Headers {
+			if strings.HasPrefix(h.Key, "idemq-") {
+				t.Errorf("replayed %s kept header %s", m.Key, h.Key)
+			}
+		}
+		got[string(m.Key)]++
+	}
+	if got["k-1"] != 1 || got["k-2"] != 1 || got["x-3"] != 1 {
+		t.Errorf("the origin holds %v, want each key once", got)
+	}
+	if last := testenv.LastOffset(t, brokers, topic, 0); last != 3 {
+		t.Errorf("the origin holds %d messages, want 3", last)
 	}
 }

@@ -122,7 +122,9 @@ const (
 // Broker is the dead-letter store of one broker (kafkadlq, sqsdlq,
 // amqpdlq). Its methods are not safe for concurrent use.
 type Broker interface {
-	// Scan visits the dead letters, oldest first, each once, until visit
+	// Scan visits the dead letters in the store's order (Kafka: partition
+	// by partition, by offset; SQS: as received; RabbitMQ: queue order),
+	// each once, until visit
 	// returns ActionStop or every dead letter present when Scan started was
 	// visited, and applies the Action visit returns to each. An ActionReplay
 	// removes the dead letter only after the origin confirmed its copy, so
@@ -142,7 +144,7 @@ type Broker interface {
 // cannot send anywhere (it is left in the dead-letter store).
 var ErrNoOrigin = errors.New("dlq: the dead letter names no origin")
 
-// List returns the dead letters that f selects, oldest first, without
+// List returns the dead letters that f selects, in the store's order, without
 // changing the dead-letter store.
 func List(ctx context.Context, b Broker, f Filter) ([]*Letter, error) {
 	if err := f.Validate(); err != nil {
@@ -181,7 +183,7 @@ type Options struct {
 
 // Result is what Replay or Purge did.
 type Result struct {
-	// Letters are the dead letters selected, oldest first. Without DryRun,
+	// Letters are the dead letters selected, in the store's order. Without DryRun,
 	// the first Done of them were replayed or purged.
 	Letters []*Letter
 	// Done is the number of dead letters replayed or purged (0 with
