@@ -124,17 +124,16 @@ const (
 type Broker interface {
 	// Scan visits the dead letters in the store's order (Kafka: partition
 	// by partition, by offset; SQS: as received; RabbitMQ: queue order),
-	// each once, until visit
-	// returns ActionStop or every dead letter present when Scan started was
-	// visited, and applies the Action visit returns to each. An ActionReplay
-	// removes the dead letter only after the origin confirmed its copy, so
-	// a Scan interrupted at any point (an error, a crash) loses nothing: it
-	// can be run again, and a dead letter whose copy was confirmed but not
-	// removed is sent again (the runner absorbs it as a duplicate of its
-	// key). A replayed copy keeps the key, the body and the user's headers
-	// and drops idemq's dead-letter metadata. Scan returns the first error
-	// that stopped it; done is the number of ActionReplay and ActionPurge actions
-	// completed before it.
+	// each once, until visit returns ActionStop or every dead letter
+	// present when Scan started was visited, and applies the Action visit
+	// returns to each. An ActionReplay removes the dead letter only after
+	// the origin confirmed its copy, so a Scan interrupted at any point (an
+	// error, a crash) loses nothing: it can be run again, and a dead letter
+	// whose copy was confirmed but not removed is sent again (the runner
+	// absorbs it as a duplicate of its key). A replayed copy keeps the key,
+	// the body and the user's headers and drops idemq's dead-letter
+	// metadata. Scan returns the first error that stopped it; done is the
+	// number of ActionReplay and ActionPurge actions completed before it.
 	Scan(ctx context.Context, visit func(*Letter) Action) (done int, err error)
 	// Close releases the broker's connections.
 	Close() error
