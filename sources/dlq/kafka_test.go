@@ -2,11 +2,14 @@ package dlq_test
 
 import (
 	"context"
+	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol/offsetcommit"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/runtest"
@@ -18,13 +21,29 @@ import (
 
 func init() {
 	childBrokers["TestKafka"] = func(t *testing.T, env func(string) string) dlq.Broker {
-		return openKafkaDLQ(t, strings.Split(env("IDEMQ_DLQ_BROKERS"), ","), env("IDEMQ_DLQ_TOPIC"), "")
+		return openKafkaDLQ(t, strings.Split(env("IDEMQ_DLQ_BROKERS"), ","), env("IDEMQ_DLQ_TOPIC"),
+			&killingTransport{RoundTripper: &kafka.Transport{}})
 	}
 }
 
-func openKafkaDLQ(t *testing.T, brokers []string, topic, group string) *kafkadlq.Broker {
+// killingTransport SIGKILLs the process as it is about to commit the
+// progress of a dead letter past killAfter(): its copy is acknowledged at
+// the origin, its removal not recorded.
+type killingTransport struct {
+	kafka.RoundTripper
+	commits atomic.Int64
+}
+
+func (k *killingTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafka.Request) (kafka.Response, error) {
+	if _, ok := req.(*offsetcommit.Request); ok {
+		killAtRemoval(&k.commits)
+	}
+	return k.RoundTripper.RoundTrip(ctx, addr, req)
+}
+
+func openKafkaDLQ(t *testing.T, brokers []string, topic string, tr kafka.RoundTripper) *kafkadlq.Broker {
 	t.Helper()
-	b, err := kafkadlq.New(kafkadlq.Config{Brokers: brokers, Topic: topic, Group: group})
+	b, err := kafkadlq.New(kafkadlq.Config{Brokers: brokers, Topic: topic, Transport: tr})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +92,7 @@ func TestKafka(t *testing.T) {
 			t.Cleanup(func() { src.Close() })
 			return src
 		},
-		broker: func(t *testing.T) dlq.Broker { return openKafkaDLQ(t, brokers, dead, "") },
+		broker: func(t *testing.T) dlq.Broker { return openKafkaDLQ(t, brokers, dead, nil) },
 		// The dead-letter topic keeps what was replayed: rewinding the
 		// progress group replays it all again.
 		again: func(t *testing.T, _ dlq.Broker) {
@@ -86,6 +105,7 @@ func TestKafka(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		childEnv: []string{"IDEMQ_DLQ_BROKERS=" + strings.Join(brokers, ","), "IDEMQ_DLQ_TOPIC=" + dead},
+		childEnv:     []string{"IDEMQ_DLQ_BROKERS=" + strings.Join(brokers, ","), "IDEMQ_DLQ_TOPIC=" + dead},
+		killInWindow: true,
 	})
 }

@@ -48,6 +48,10 @@ type rig struct {
 	// childEnv is what the replay child needs to open the broker (see
 	// childBrokers).
 	childEnv []string
+	// killInWindow: the child's broker can be killed after the origin
+	// confirmed a copy and before its dead letter is removed (inWindowEnv),
+	// so that copy is sent twice.
+	killInWindow bool
 }
 
 // The poison messages, by key, and the reason their handler gives.
@@ -251,6 +255,9 @@ func runScenario(t *testing.T, rg rig) {
 		total *= 2
 	}
 	env := append([]string{childEnvVar + "=" + rootName(t.Name()), killAfterEnv + "=2"}, rg.childEnv...)
+	if rg.killInWindow {
+		env = append(env, inWindowEnv+"=1")
+	}
 	child := runtest.StartChild(t, "TestHelperReplayChild", env)
 	select {
 	case <-child.Done():
@@ -292,18 +299,22 @@ func runScenario(t *testing.T, rg rig) {
 			t.Logf("runner after the replay: %+v; effects %v", r.Stats(), db.effects(t))
 		}
 	}()
-	runtest.RunUntil(t, func() bool {
-		st := r.Stats()
-		return st.Handled >= uint64(len(poison)) && st.Duplicates >= uint64(len(poison))
-	}, r)
+	// Each poison message arrives twice (replayed twice), and once more
+	// when the child was killed between a copy and its removal.
+	deliveries := uint64(2 * len(poison))
+	if rg.killInWindow {
+		deliveries++
+	}
+	runtest.RunUntil(t, func() bool { return r.Stats().Received >= deliveries }, r)
+	t.Logf("the runner after the replays: %+v", r.Stats())
 	eff := db.effects(t)
 	for i := 1; i <= messages; i++ {
 		if n := eff[keyOf(i)]; n != 1 {
 			t.Errorf("%s took effect %d times, want once", keyOf(i), n)
 		}
 	}
-	if st := r.Stats(); st.DeadLettered != 0 {
-		t.Errorf("the replayed messages were dead-lettered again: %+v", st)
+	if st := r.Stats(); st.DeadLettered != 0 || st.Handled != uint64(len(poison)) || st.Duplicates < deliveries-uint64(len(poison)) {
+		t.Errorf("runner after the replays: %+v; want %d handled, at least %d duplicates, none dead-lettered", st, len(poison), deliveries-uint64(len(poison)))
 	}
 }
 
@@ -311,7 +322,29 @@ func runScenario(t *testing.T, rg rig) {
 const (
 	childEnvVar  = "IDEMQ_DLQ_REPLAY_CHILD"
 	killAfterEnv = "IDEMQ_DLQ_REPLAY_KILL_AFTER"
+	// inWindowEnv, set by a rig whose child broker can tell when a dead
+	// letter is about to be removed (Kafka: the progress commit; SQS:
+	// DeleteMessage), has the child killed there, after the origin
+	// confirmed the next copy and before that dead letter is removed,
+	// instead of between two dead letters.
+	inWindowEnv = "IDEMQ_DLQ_KILL_IN_WINDOW"
 )
+
+// killAfter is the number of dead letters the replay child removes before it
+// is killed.
+func killAfter() int {
+	n, _ := strconv.Atoi(os.Getenv(killAfterEnv))
+	return n
+}
+
+// killAtRemoval counts the removals the child is about to make and
+// SIGKILLs the process at the one after killAfter().
+func killAtRemoval(n *atomic.Int64) {
+	if n.Add(1) > int64(killAfter()) {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	}
+}
 
 // childBrokers open the dead-letter store of a replay child, by the name of
 // the test that started it, from rig.childEnv.
@@ -320,7 +353,9 @@ var childBrokers = map[string]func(t *testing.T, env func(string) string) dlq.Br
 // TestHelperReplayChild is the replay child process: it replays every dead
 // letter of the broker the parent names, and SIGKILLs itself once
 // IDEMQ_DLQ_REPLAY_KILL_AFTER of them were replayed (removed from the
-// dead-letter store after their origin's confirm), before it goes on.
+// dead-letter store after their origin's confirm): before it goes on, or,
+// with IDEMQ_DLQ_KILL_IN_WINDOW, once the next copy is confirmed and before
+// its dead letter is removed.
 func TestHelperReplayChild(t *testing.T) {
 	name := os.Getenv(childEnvVar)
 	if name == "" {
@@ -332,7 +367,10 @@ func TestHelperReplayChild(t *testing.T) {
 	}
 	b := open(t, os.Getenv)
 	defer b.Close()
-	after, _ := strconv.Atoi(os.Getenv(killAfterEnv))
+	after := killAfter()
+	if os.Getenv(inWindowEnv) == "1" {
+		after = 1 << 30 // the broker's hook kills it
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
 	_, err := dlq.Replay(ctx, b, dlq.Filter{}, dlq.Options{Progress: func(done int) {

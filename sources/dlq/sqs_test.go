@@ -2,11 +2,14 @@ package dlq_test
 
 import (
 	"context"
+	"net/http"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -23,15 +26,35 @@ func init() {
 	childBrokers["TestSQS"] = func(t *testing.T, env func(string) string) dlq.Broker {
 		// The child's scan hides what it received for 1 s only, so that
 		// what it held when killed comes back soon.
-		return openSQSDLQ(t, sqsClient(env("IDEMQ_DLQ_SQS_ENDPOINT")), env("IDEMQ_DLQ_QUEUE_URL"), time.Second)
+		c := sqsClient(env("IDEMQ_DLQ_SQS_ENDPOINT"), func(o *sqs.Options) {
+			o.HTTPClient = &killingHTTP{Doer: awshttp.NewBuildableClient()}
+		})
+		return openSQSDLQ(t, c, env("IDEMQ_DLQ_QUEUE_URL"), time.Second)
 	}
 }
 
-func sqsClient(endpoint string) *sqs.Client {
+// killingHTTP SIGKILLs the process as it is about to delete a dead letter
+// past killAfter(): its copy is in the origin queue, the dead letter not
+// deleted.
+type killingHTTP struct {
+	Doer interface {
+		Do(*http.Request) (*http.Response, error)
+	}
+	deletes atomic.Int64
+}
+
+func (k *killingHTTP) Do(r *http.Request) (*http.Response, error) {
+	if r.Header.Get("X-Amz-Target") == "AmazonSQS.DeleteMessage" {
+		killAtRemoval(&k.deletes)
+	}
+	return k.Doer.Do(r)
+}
+
+func sqsClient(endpoint string, opts ...func(*sqs.Options)) *sqs.Client {
 	return sqs.New(sqs.Options{
 		Region: testenv.SQSRegion, BaseEndpoint: aws.String(endpoint),
 		Credentials: credentials.NewStaticCredentialsProvider(testenv.SQSAccessKeyID, testenv.SQSSecretAccessKey, ""),
-	})
+	}, opts...)
 }
 
 func openSQSDLQ(t *testing.T, c *sqs.Client, url string, vis time.Duration) *sqsdlq.Broker {
@@ -107,7 +130,8 @@ func TestSQS(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		againBefore: true,
-		childEnv:    []string{"IDEMQ_DLQ_SQS_ENDPOINT=" + endpoint, "IDEMQ_DLQ_QUEUE_URL=" + dead},
+		againBefore:  true,
+		childEnv:     []string{"IDEMQ_DLQ_SQS_ENDPOINT=" + endpoint, "IDEMQ_DLQ_QUEUE_URL=" + dead},
+		killInWindow: true,
 	})
 }
