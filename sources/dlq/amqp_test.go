@@ -2,6 +2,9 @@ package dlq_test
 
 import (
 	"context"
+	"encoding/binary"
+	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,13 +20,45 @@ import (
 
 func init() {
 	childBrokers["TestRabbitMQ"] = func(t *testing.T, env func(string) string) dlq.Broker {
-		return openAMQPDLQ(t, env("IDEMQ_DLQ_AMQP_URL"), env("IDEMQ_DLQ_QUEUE"))
+		acks := &atomic.Int64{}
+		dial := func(network, addr string) (net.Conn, error) {
+			c, err := net.DialTimeout(network, addr, 10*time.Second)
+			if err != nil {
+				return nil, err
+			}
+			return &killingConn{Conn: c, acks: acks}, nil
+		}
+		return openAMQPDLQ(t, env("IDEMQ_DLQ_AMQP_URL"), env("IDEMQ_DLQ_QUEUE"), dial)
 	}
 }
 
-func openAMQPDLQ(t *testing.T, url, queue string) *amqpdlq.Broker {
+// killingConn SIGKILLs the process as it is about to acknowledge (remove)
+// a dead letter past killAfter(): its copy is confirmed in the origin
+// queue, the dead letter not acknowledged. It reads the AMQP frames each
+// Write carries (amqp091 flushes whole frames): a method frame (type 1)
+// whose class and method are basic (60) ack (80).
+type killingConn struct {
+	net.Conn
+	acks *atomic.Int64
+}
+
+func (k *killingConn) Write(p []byte) (int, error) {
+	for f := p; len(f) >= 11; {
+		size := int(binary.BigEndian.Uint32(f[3:7]))
+		if len(f) < 8+size {
+			break
+		}
+		if f[0] == 1 && binary.BigEndian.Uint16(f[7:9]) == 60 && binary.BigEndian.Uint16(f[9:11]) == 80 {
+			killAtRemoval(k.acks)
+		}
+		f = f[8+size:]
+	}
+	return k.Conn.Write(p)
+}
+
+func openAMQPDLQ(t *testing.T, url, queue string, dial func(network, addr string) (net.Conn, error)) *amqpdlq.Broker {
 	t.Helper()
-	b, err := amqpdlq.New(amqpdlq.Config{URL: url, Queue: queue})
+	b, err := amqpdlq.New(amqpdlq.Config{URL: url, Queue: queue, AMQP: amqp.Config{Dial: dial}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +121,7 @@ func TestRabbitMQ(t *testing.T) {
 			}
 			return openAMQPSource(t, cfg)
 		},
-		broker: func(t *testing.T) dlq.Broker { return openAMQPDLQ(t, url, dead) },
+		broker: func(t *testing.T) dlq.Broker { return openAMQPDLQ(t, url, dead, nil) },
 		// A second copy of each dead letter: replayed as well, absorbed.
 		again: func(t *testing.T, _ dlq.Broker) {
 			withChannel(t, url, func(ctx context.Context, ch *amqp.Channel) {
@@ -109,8 +144,9 @@ func TestRabbitMQ(t *testing.T) {
 				}
 			})
 		},
-		againBefore: true,
-		childEnv:    []string{"IDEMQ_DLQ_AMQP_URL=" + url, "IDEMQ_DLQ_QUEUE=" + dead},
+		againBefore:  true,
+		childEnv:     []string{"IDEMQ_DLQ_AMQP_URL=" + url, "IDEMQ_DLQ_QUEUE=" + dead},
+		killInWindow: true,
 	})
 }
 
