@@ -253,24 +253,28 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 }
 
 // nativeMove replays a whole SQS dead-letter queue with a message-move
-// task, to --origin or else to the one origin its dead letters name. done
-// reports whether the move was made (or failed after it started); when it
-// is false, the caller replays by receive, send and delete.
+// task: to --origin, else to the one origin its dead letters name, else
+// (none names one: a redrive policy moved them) back to where SQS took
+// them from. done reports whether the move was made (or failed after it
+// started); when it is false, the caller replays by receive, send and
+// delete.
 func nativeMove(ctx context.Context, b *sqsdlq.Broker, origin string, progress func(int)) (moved int, done bool, err error) {
 	if origin == "" {
 		ls, err := dlq.List(ctx, b, dlq.Filter{})
 		if err != nil {
 			return 0, false, err
 		}
+		if len(ls) == 0 {
+			return 0, false, nil
+		}
+		origins := map[string]bool{}
 		for _, l := range ls {
-			if origin != "" && l.Origin != origin {
-				return 0, false, fmt.Errorf("the dead letters come from several queues (%s, %s): a message-move task has one destination", origin, l.Origin)
-			}
-			origin = l.Origin
+			origins[l.Origin] = true
 		}
-		if origin == "" {
-			return 0, false, nil // empty, or no origin named: the scan reports it
+		if len(origins) > 1 {
+			return 0, false, errors.New("the dead letters come from several queues, or some name none: a message-move task has one destination")
 		}
+		origin = ls[0].Origin // "" when a redrive policy moved them all
 	}
 	moved, err = b.MoveAll(ctx, origin, progress)
 	if errors.Is(err, sqsdlq.ErrNativeUnsupported) {

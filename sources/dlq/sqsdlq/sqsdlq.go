@@ -92,7 +92,9 @@ func isMeta(name string) bool {
 }
 
 // Scan implements dlq.Broker, in the order SQS returns the dead letters
-// (oldest first on FIFO queues, roughly so on standard ones).
+// (oldest first on FIFO queues, roughly so on standard ones). It ends when
+// a receive returns nothing, or only dead letters it saw already (a scan
+// longer than Config.ScanVisibility comes round to them again).
 func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (done int, err error) {
 	var kept []types.ChangeMessageVisibilityBatchRequestEntry
 	defer func() {
@@ -113,6 +115,12 @@ func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (
 		}
 		if len(out.Messages) == 0 {
 			return done, nil
+		}
+		// Only dead letters seen already: the scan took longer than
+		// ScanVisibility and came round to them again.
+		wrapped := true
+		for _, m := range out.Messages {
+			wrapped = wrapped && seen[aws.ToString(m.MessageId)]
 		}
 		for i, m := range out.Messages {
 			id := aws.ToString(m.MessageId)
@@ -149,6 +157,9 @@ func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (
 			default:
 				keep()
 			}
+		}
+		if wrapped {
+			return done, nil
 		}
 	}
 }
@@ -241,7 +252,8 @@ func (b *Broker) letterOf(m types.Message) *dlq.Letter {
 }
 
 // MoveAll starts SQS's native message-move task from the dead-letter queue
-// to destinationURL (all of its messages, with their attributes, idemq's
+// to destinationURL, or, when it is "", back to the queues a redrive policy
+// moved them from (all of its messages, with their attributes, idemq's
 // dead-letter metadata included: the runner ignores them and a new dead
 // letter replaces them) and waits for it to finish, calling progress with
 // the number moved so far. It returns ErrNativeUnsupported when the endpoint
@@ -251,11 +263,15 @@ func (b *Broker) MoveAll(ctx context.Context, destinationURL string, progress fu
 	if err != nil {
 		return 0, err
 	}
-	dst, err := b.arn(ctx, destinationURL)
-	if err != nil {
-		return 0, err
+	in := &sqs.StartMessageMoveTaskInput{SourceArn: aws.String(src)}
+	if destinationURL != "" {
+		dst, err := b.arn(ctx, destinationURL)
+		if err != nil {
+			return 0, err
+		}
+		in.DestinationArn = aws.String(dst)
 	}
-	out, err := b.cfg.Client.StartMessageMoveTask(ctx, &sqs.StartMessageMoveTaskInput{SourceArn: aws.String(src), DestinationArn: aws.String(dst)})
+	out, err := b.cfg.Client.StartMessageMoveTask(ctx, in)
 	if err != nil {
 		if unsupported(err) {
 			return 0, fmt.Errorf("%w: %w", ErrNativeUnsupported, err)
