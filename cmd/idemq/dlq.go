@@ -50,7 +50,7 @@ func (f *dlqFlags) register(fs *flag.FlagSet) {
 	dsnVar(fs, &f.amqpURL, "amqp-url", env("amqp://guest:guest@127.0.0.1:5672/", "IDEMQ_AMQP_URL"), "RabbitMQ `URL`; env IDEMQ_AMQP_URL (the default is shown redacted)")
 	fs.StringVar(&f.origin, "origin", "", "SQS: the queue URL to replay dead letters to that name no origin (moved by a redrive policy)")
 	fs.StringVar(&f.keyAttr, "key-attribute", "", "SQS: the message attribute holding the key (sqssource.Config.KeyAttribute)")
-	fs.StringVar(&f.keyHeader, "key-header", "", `RabbitMQ: the header holding the key (default "idempotency-key")`)
+	fs.StringVar(&f.keyHeader, "key-header", "", `Kafka, RabbitMQ: the header holding the key, for dead letters without idemq-key (default "idempotency-key")`)
 	fs.StringVar(&f.reason, "reason", "", "select the dead letters whose reason contains this text (case-insensitive)")
 	fs.StringVar(&f.key, "key", "", "select the dead letters whose key matches this glob (*, ?, [a-z])")
 	fs.StringVar(&f.since, "since", "", "select the dead letters dead-lettered at or after this time (RFC 3339, or a duration ago: 2h)")
@@ -103,7 +103,7 @@ func (f *dlqFlags) open(ctx context.Context) (dlq.Broker, error) {
 	}
 	switch f.broker {
 	case "kafka":
-		b, err := kafkadlq.New(kafkadlq.Config{Brokers: strings.Split(f.brokers, ","), Topic: f.dlqName, Group: f.group})
+		b, err := kafkadlq.New(kafkadlq.Config{Brokers: strings.Split(f.brokers, ","), Topic: f.dlqName, Group: f.group, KeyHeader: f.keyHeader})
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", errUsage, err)
 		}

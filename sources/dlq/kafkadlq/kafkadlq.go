@@ -50,6 +50,10 @@ type Config struct {
 	Brokers []string
 	// Topic is the dead-letter topic, for example "orders.dlq". Required.
 	Topic string
+	// KeyHeader is the header holding the deduplication key
+	// (kafkasource.Config.KeyHeader), read when a dead letter has no
+	// kafkasource.HeaderKey. Defaults to kafkasource.DefaultKeyHeader.
+	KeyHeader string
 	// Group is the consumer group whose committed offsets record what was
 	// replayed or purged. Defaults to DefaultGroup.
 	Group string
@@ -84,6 +88,9 @@ func New(cfg Config) (*Broker, error) {
 	}
 	if cfg.Group == "" {
 		cfg.Group = DefaultGroup
+	}
+	if cfg.KeyHeader == "" {
+		cfg.KeyHeader = kafkasource.DefaultKeyHeader
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Second
@@ -237,7 +244,7 @@ func (b *Broker) scanPartition(ctx context.Context, p *partitionState, visit fun
 				p.advance(m.Offset)
 			}
 		} else {
-			l := letterOf(m)
+			l := letterOf(m, b.cfg.KeyHeader)
 			switch act := visit(l); act {
 			case dlq.ActionStop:
 				return done, true, nil
@@ -325,14 +332,18 @@ func (originPartition) Balance(m kafka.Message, partitions ...int) int {
 	return (&kafka.Hash{}).Balance(m, partitions...)
 }
 
-// letterOf describes m.
-func letterOf(m kafka.Message) *dlq.Letter {
+// letterOf describes m, whose key is in keyHeader when it has no
+// kafkasource.HeaderKey.
+func letterOf(m kafka.Message, keyHeader string) *dlq.Letter {
 	l := &dlq.Letter{
 		ID:      fmt.Sprintf("%d/%d", m.Partition, m.Offset),
 		Key:     header(m, kafkasource.HeaderKey),
 		Reason:  header(m, kafkasource.HeaderReason),
 		Origin:  header(m, kafkasource.HeaderOriginTopic),
 		Headers: map[string]string{},
+	}
+	if l.Key == "" {
+		l.Key = header(m, keyHeader)
 	}
 	l.Attempts, _ = strconv.Atoi(header(m, kafkasource.HeaderAttempts))
 	l.DeadLetteredAt, _ = time.Parse(time.RFC3339Nano, header(m, kafkasource.HeaderDeadLetteredAt))
