@@ -244,6 +244,9 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if err != nil {
 		_ = report(stdout, f.asJSON, f.dryRun, sub, verb, res, "")
+		if f.dryRun {
+			return fmt.Errorf("dry run: %w", err)
+		}
 		if res.Done > 0 || sub == "replay" {
 			return fmt.Errorf("%s %d dead letters, then: %w (nothing is lost: run the same command again to go on)", verb, res.Done, err)
 		}

@@ -41,9 +41,9 @@ type rig struct {
 	// by the next Replay: what a replay interrupted between the origin's
 	// confirm and the removal does (Kafka: rewind the progress; SQS and
 	// RabbitMQ: a second copy of each dead letter, made before the first
-	// replay). It reports whether it must run before the replay.
+	// replay).
 	again func(t *testing.T, b dlq.Broker)
-	// againBefore: again runs before the first replay.
+	// againBefore: again runs before the first replay, else after it.
 	againBefore bool
 	// childEnv is what the replay child needs to open the broker (see
 	// childBrokers).
