@@ -12,10 +12,12 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/sources/amqpsource"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/sqssource"
 )
@@ -216,5 +218,81 @@ func TestDLQCommandKafka(t *testing.T) {
 	}
 	if last := testenv.LastOffset(t, brokers, topic, 0); last != 3 {
 		t.Errorf("the origin holds %d messages, want 3", last)
+	}
+}
+
+// idemq dlq on RabbitMQ: show by key, purge --dry-run, a replay of a
+// selection, then a purge of the rest by reason.
+func TestDLQCommandRabbitMQ(t *testing.T) {
+	url := testenv.AMQPURL(t)
+	queue := runtest.UniqueName(t, "idemq-cli")
+	dead := queue + ".dlq"
+	testenv.DeleteQueuesAtCleanup(t, url, queue, dead)
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{queue, dead} {
+		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, m := range []struct{ key, reason string }{{"r-1", "bad SKU"}, {"r-2", "card declined"}, {"r-3", "bad SKU"}} {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", dead, true, false, amqp.Publishing{
+			DeliveryMode: amqp.Persistent, Body: []byte(`{"k":"` + m.key + `"}`),
+			Headers: amqp.Table{"idempotency-key": m.key, "tenant": "acme", amqpsource.HeaderReason: m.reason,
+				amqpsource.HeaderAttempts: int64(5), amqpsource.HeaderQueue: queue, amqpsource.HeaderKey: m.key,
+				amqpsource.HeaderDeadLetteredAt: time.Now().UTC().Format(time.RFC3339Nano)},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := dc.WaitContext(ctx); !ok || err != nil {
+			t.Fatalf("publish not confirmed: %v", err)
+		}
+	}
+	dlqCmd := func(args ...string) string {
+		t.Helper()
+		args = append(append([]string{"dlq"}, args...), "--broker", "rabbitmq", "--amqp-url", url, "--dlq", dead)
+		code, out, errOut := idemq(t, args...)
+		if code != exitOK {
+			t.Fatalf("idemq %s = %d:\n%s%s", strings.Join(args, " "), code, out, errOut)
+		}
+		return out
+	}
+	if out := dlqCmd("show", "r-2"); !strings.Contains(out, "card declined") || !strings.Contains(out, "header:           tenant=acme") || !strings.Contains(out, "origin:           "+queue) {
+		t.Errorf("show r-2:\n%s", out)
+	}
+	if out := dlqCmd("purge", "--dry-run", "--reason", "sku"); !strings.Contains(out, "dry run, nothing changed") || !strings.Contains(out, "2 dead letters") {
+		t.Errorf("purge --dry-run --reason sku:\n%s", out)
+	}
+	if out := dlqCmd("replay", "--reason", "declined"); !strings.Contains(out, "replayed 1 dead letters") {
+		t.Fatalf("replay --reason declined:\n%s", out)
+	}
+	if out := dlqCmd("purge", "--reason", "SKU"); !strings.Contains(out, "purged 2 dead letters") {
+		t.Fatalf("purge --reason SKU:\n%s", out)
+	}
+	if out := dlqCmd("list"); !strings.Contains(out, "0 dead letters") {
+		t.Fatalf("list:\n%s", out)
+	}
+	d, ok, err := ch.Get(queue, true)
+	if err != nil || !ok {
+		t.Fatalf("the origin queue holds no replayed copy: %v", err)
+	}
+	if d.Headers["idempotency-key"] != "r-2" || d.Headers["tenant"] != "acme" || d.Headers[amqpsource.HeaderReason] != nil {
+		t.Errorf("replayed copy's headers %v: want the key and tenant, no idemq metadata", d.Headers)
+	}
+	if _, more, _ := ch.Get(queue, true); more {
+		t.Errorf("the origin queue holds more than the one replayed copy")
 	}
 }
