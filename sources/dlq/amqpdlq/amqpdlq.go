@@ -96,6 +96,22 @@ func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (
 		return 0, fmt.Errorf("amqpdlq: publisher confirms: %w", err)
 	}
 	returns := pub.NotifyReturn(make(chan amqp.Return, 1))
+	// The dead letters kept go back to the queue before Scan returns, so
+	// that the next scan finds them: a rejection of all of them, then a
+	// wait (bounded by requeueWait) until the queue counts them again. A
+	// quorum queue applies the rejection after it confirmed the channel's
+	// close, and a connection closed with them unacknowledged requeues them
+	// later still.
+	var held uint64 // the highest delivery tag kept
+	kept := 0
+	defer func() {
+		if held == 0 {
+			return
+		}
+		_ = get.Nack(held, true, true)
+		_ = get.Close()
+		waitCounted(conn, b.cfg.Queue, kept)
+	}()
 	done := 0
 	for i := 1; i <= q.Messages; i++ {
 		if err := ctx.Err(); err != nil {
@@ -112,6 +128,7 @@ func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (
 		switch visit(l) {
 		case dlq.ActionReplay:
 			if err := b.replay(ctx, pub, returns, d, l); err != nil {
+				held, kept = d.DeliveryTag, kept+1
 				return done, err
 			}
 			fallthrough
@@ -121,10 +138,35 @@ func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (
 			}
 			done++
 		case dlq.ActionStop:
+			held, kept = d.DeliveryTag, kept+1
 			return done, nil
+		default:
+			held, kept = d.DeliveryTag, kept+1
 		}
 	}
 	return done, nil
+}
+
+// requeueWait bounds how long a scan waits for the dead letters it kept
+// to be counted in their queue again.
+const requeueWait = 5 * time.Second
+
+// waitCounted waits, at most requeueWait, until queue holds at least n
+// messages ready.
+func waitCounted(conn *amqp.Connection, queue string, n int) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return
+	}
+	defer ch.Close()
+	deadline := time.Now().Add(requeueWait)
+	for time.Now().Before(deadline) {
+		q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
+		if err != nil || q.Messages >= n {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // replay publishes the copy of d to its origin queue and waits for the
