@@ -1,0 +1,164 @@
+package dlq_test
+
+import (
+	"context"
+	"encoding/binary"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
+	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/sources/amqpsource"
+	"github.com/idemq/idemq/sources/dlq"
+	"github.com/idemq/idemq/sources/dlq/amqpdlq"
+)
+
+func init() {
+	childBrokers["TestRabbitMQ"] = func(t *testing.T, env func(string) string) dlq.Broker {
+		acks := &atomic.Int64{}
+		dial := func(network, addr string) (net.Conn, error) {
+			c, err := net.DialTimeout(network, addr, 10*time.Second)
+			if err != nil {
+				return nil, err
+			}
+			return &killingConn{Conn: c, acks: acks}, nil
+		}
+		return openAMQPDLQ(t, env("IDEMQ_DLQ_AMQP_URL"), env("IDEMQ_DLQ_QUEUE"), dial)
+	}
+}
+
+// killingConn SIGKILLs the process as it is about to acknowledge (remove)
+// a dead letter past killAfter(): its copy is confirmed in the origin
+// queue, the dead letter not acknowledged. It reads the AMQP frames each
+// Write carries (amqp091 flushes whole frames): a method frame (type 1)
+// whose class and method are basic (60) ack (80).
+type killingConn struct {
+	net.Conn
+	acks *atomic.Int64
+}
+
+func (k *killingConn) Write(p []byte) (int, error) {
+	for f := p; len(f) >= 11; {
+		size := int(binary.BigEndian.Uint32(f[3:7]))
+		if len(f) < 8+size {
+			break
+		}
+		if f[0] == 1 && binary.BigEndian.Uint16(f[7:9]) == 60 && binary.BigEndian.Uint16(f[9:11]) == 80 {
+			killAtRemoval(k.acks)
+		}
+		f = f[8+size:]
+	}
+	return k.Conn.Write(p)
+}
+
+func openAMQPDLQ(t *testing.T, url, queue string, dial func(network, addr string) (net.Conn, error)) *amqpdlq.Broker {
+	t.Helper()
+	b, err := amqpdlq.New(amqpdlq.Config{URL: url, Queue: queue, AMQP: amqp.Config{Dial: dial}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// withChannel runs fn on a confirming channel of a connection of its own.
+func withChannel(t *testing.T, url string, fn func(ctx context.Context, ch *amqp.Channel)) {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fn(ctx, ch)
+}
+
+func publishConfirmed(ctx context.Context, t *testing.T, ch *amqp.Channel, queue string, p amqp.Publishing) {
+	t.Helper()
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+		t.Fatalf("publish to %s not confirmed (acked %v): %v", queue, ok, err)
+	}
+}
+
+func TestRabbitMQ(t *testing.T) {
+	url := testenv.AMQPURL(t)
+	queue := runtest.UniqueName(t, "idemq-dlq")
+	cfg := amqpsource.Config{URL: url, Queue: queue, Declare: &amqpsource.Topology{}}
+	dead := amqpsource.DeadLetterQueue(cfg)
+	testenv.DeleteQueuesAtCleanup(t, url, queue, dead)
+	// The first source declares the queues; messages are published after.
+	first := openAMQPSource(t, cfg)
+	runScenario(t, rig{
+		publish: func(t *testing.T, key, body string) {
+			withChannel(t, url, func(ctx context.Context, ch *amqp.Channel) {
+				publishConfirmed(ctx, t, ch, queue, amqp.Publishing{
+					Headers:      amqp.Table{amqpsource.DefaultKeyHeader: key, "tenant": "acme"},
+					DeliveryMode: amqp.Persistent, MessageId: "id-" + key, Body: []byte(body),
+				})
+			})
+		},
+		source: func(t *testing.T) consumer.Source {
+			if first != nil {
+				src := first
+				first = nil
+				return src
+			}
+			return openAMQPSource(t, cfg)
+		},
+		broker: func(t *testing.T) dlq.Broker { return openAMQPDLQ(t, url, dead, nil) },
+		// A second copy of each dead letter: replayed as well, absorbed.
+		again: func(t *testing.T, _ dlq.Broker) {
+			withChannel(t, url, func(ctx context.Context, ch *amqp.Channel) {
+				var ds []amqp.Delivery
+				for {
+					d, ok, err := ch.Get(dead, false)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !ok {
+						break
+					}
+					ds = append(ds, d)
+				}
+				for _, d := range ds {
+					publishConfirmed(ctx, t, ch, dead, amqp.Publishing{Headers: d.Headers, DeliveryMode: amqp.Persistent, MessageId: d.MessageId, Body: d.Body})
+				}
+				if err := ch.Nack(ds[len(ds)-1].DeliveryTag, true, true); err != nil {
+					t.Fatal(err)
+				}
+			})
+		},
+		againBefore:  true,
+		childEnv:     []string{"IDEMQ_DLQ_AMQP_URL=" + url, "IDEMQ_DLQ_QUEUE=" + dead},
+		killInWindow: true,
+	})
+}
+
+func openAMQPSource(t *testing.T, cfg amqpsource.Config) consumer.Source {
+	t.Helper()
+	cfg.Logger = runtest.Logger(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	src, err := amqpsource.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = src.Close() })
+	return src
+}

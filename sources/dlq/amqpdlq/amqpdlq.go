@@ -1,0 +1,264 @@
+// Package amqpdlq is the dlq.Broker of a RabbitMQ dead-letter queue
+// (amqpsource.DeadLetterQueue: the queue bound to the dead-letter exchange).
+//
+// A scan takes the dead letters with basic.get and manual acknowledgement,
+// so no other consumer of the dead-letter queue sees them meanwhile, and
+// hands the ones it keeps back to the queue when it ends (or when its
+// connection dies). A replay publishes the copy to the origin queue through
+// the default exchange, mandatory and with publisher confirms, and
+// acknowledges the dead letter only after the broker confirmed the copy; if
+// the process dies between the two, the broker requeues the dead letter and
+// the next replay sends it again, which the runner absorbs as a duplicate of
+// its key.
+package amqpdlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/sources/amqpsource"
+	"github.com/idemq/idemq/sources/dlq"
+)
+
+// Config configures a Broker.
+type Config struct {
+	// URL is the AMQP URI of the broker. Required.
+	URL string
+	// Queue is the dead-letter queue. Required.
+	Queue string
+	// AMQP is passed to amqp091.DialConfig (TLS, SASL, vhost).
+	AMQP amqp.Config
+	// KeyHeader is the header holding the deduplication key
+	// (amqpsource.Config.KeyHeader), read when the dead letter has no
+	// amqpsource.HeaderKey. Defaults to amqpsource.DefaultKeyHeader.
+	KeyHeader string
+	// PublishTimeout bounds the wait for a replayed copy's confirm.
+	// Defaults to 10 s.
+	PublishTimeout time.Duration
+}
+
+// Broker reads and replays one RabbitMQ dead-letter queue. It is not safe
+// for concurrent use.
+type Broker struct {
+	cfg Config
+}
+
+var _ dlq.Broker = (*Broker)(nil)
+
+// New returns a Broker of cfg.Queue. It connects at each Scan.
+func New(cfg Config) (*Broker, error) {
+	if cfg.URL == "" || cfg.Queue == "" {
+		return nil, errors.New("amqpdlq: URL and Queue are required")
+	}
+	if cfg.KeyHeader == "" {
+		cfg.KeyHeader = amqpsource.DefaultKeyHeader
+	}
+	if cfg.PublishTimeout <= 0 {
+		cfg.PublishTimeout = 10 * time.Second
+	}
+	return &Broker{cfg: cfg}, nil
+}
+
+// Close does nothing: each Scan closes its connection.
+func (b *Broker) Close() error { return nil }
+
+// ErrUnroutable reports a replayed copy that the broker could not route:
+// the origin queue does not exist. The dead letter stays.
+var ErrUnroutable = errors.New("amqpdlq: the origin queue does not exist")
+
+// Scan implements dlq.Broker, in the dead-letter queue's order, visiting at
+// most as many dead letters as the queue held when Scan began.
+func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (int, error) {
+	conn, err := amqp.DialConfig(b.cfg.URL, b.cfg.AMQP)
+	if err != nil {
+		return 0, fmt.Errorf("amqpdlq: connect: %w", err)
+	}
+	defer conn.Close() // requeues every dead letter kept
+	get, err := conn.Channel()
+	if err != nil {
+		return 0, fmt.Errorf("amqpdlq: channel: %w", err)
+	}
+	q, err := get.QueueDeclarePassive(b.cfg.Queue, false, false, false, false, nil)
+	if err != nil {
+		return 0, fmt.Errorf("amqpdlq: dead-letter queue %q: %w", b.cfg.Queue, err)
+	}
+	pub, err := conn.Channel()
+	if err != nil {
+		return 0, fmt.Errorf("amqpdlq: channel: %w", err)
+	}
+	if err := pub.Confirm(false); err != nil {
+		return 0, fmt.Errorf("amqpdlq: publisher confirms: %w", err)
+	}
+	returns := pub.NotifyReturn(make(chan amqp.Return, 1))
+	// The dead letters kept go back to the queue before Scan returns, so
+	// that the next scan finds them: a rejection of all of them, then a
+	// wait (bounded by requeueWait) until the queue counts them again. A
+	// quorum queue applies the rejection after it confirmed the channel's
+	// close, and a connection closed with them unacknowledged requeues them
+	// later still.
+	var held uint64 // the highest delivery tag kept
+	kept := 0
+	defer func() {
+		if held == 0 {
+			return
+		}
+		_ = get.Nack(held, true, true)
+		_ = get.Close()
+		waitCounted(conn, b.cfg.Queue, kept)
+	}()
+	done := 0
+	for i := 1; i <= q.Messages; i++ {
+		if err := ctx.Err(); err != nil {
+			return done, err
+		}
+		d, ok, err := get.Get(b.cfg.Queue, false)
+		if err != nil {
+			return done, fmt.Errorf("amqpdlq: get from %q: %w", b.cfg.Queue, err)
+		}
+		if !ok {
+			return done, nil
+		}
+		l := b.letterOf(d, i)
+		switch visit(l) {
+		case dlq.ActionReplay:
+			if err := b.replay(ctx, pub, returns, d, l); err != nil {
+				held, kept = d.DeliveryTag, kept+1
+				return done, err
+			}
+			fallthrough
+		case dlq.ActionPurge:
+			if err := d.Ack(false); err != nil {
+				return done, fmt.Errorf("amqpdlq: remove dead letter %s (a replayed copy is sent again by the next replay): %w", l.ID, err)
+			}
+			done++
+		case dlq.ActionStop:
+			held, kept = d.DeliveryTag, kept+1
+			return done, nil
+		default:
+			held, kept = d.DeliveryTag, kept+1
+		}
+	}
+	return done, nil
+}
+
+// requeueWait bounds how long a scan waits for the dead letters it kept
+// to be counted in their queue again.
+const requeueWait = 5 * time.Second
+
+// waitCounted waits, at most requeueWait, until queue holds at least n
+// messages ready.
+func waitCounted(conn *amqp.Connection, queue string, n int) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return
+	}
+	defer ch.Close()
+	deadline := time.Now().Add(requeueWait)
+	for time.Now().Before(deadline) {
+		q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
+		if err != nil || q.Messages >= n {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// replay publishes the copy of d to its origin queue and waits for the
+// broker's confirm.
+func (b *Broker) replay(ctx context.Context, pub *amqp.Channel, returns <-chan amqp.Return, d amqp.Delivery, l *dlq.Letter) error {
+	headers := amqp.Table{}
+	for k, v := range d.Headers {
+		if !isMeta(k) {
+			headers[k] = v
+		}
+	}
+	p := amqp.Publishing{
+		Headers: headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
+		DeliveryMode: amqp.Persistent, Priority: d.Priority, CorrelationId: d.CorrelationId,
+		ReplyTo: d.ReplyTo, MessageId: d.MessageId, Timestamp: d.Timestamp, Type: d.Type,
+		UserId: d.UserId, AppId: d.AppId, Body: d.Body,
+	}
+	pctx, cancel := context.WithTimeout(ctx, b.cfg.PublishTimeout)
+	defer cancel()
+	dc, err := pub.PublishWithDeferredConfirmWithContext(pctx, "", l.Origin, true, false, p)
+	if err != nil {
+		return fmt.Errorf("amqpdlq: replay %s to %q (the dead letter stays): %w", l.ID, l.Origin, err)
+	}
+	acked, err := dc.WaitContext(pctx)
+	if err != nil {
+		return fmt.Errorf("amqpdlq: replay %s to %q: no confirm (the dead letter stays): %w", l.ID, l.Origin, err)
+	}
+	if !acked {
+		return fmt.Errorf("amqpdlq: replay %s to %q: the broker refused the copy (the dead letter stays)", l.ID, l.Origin)
+	}
+	select {
+	case r := <-returns:
+		return fmt.Errorf("%w: replay %s to %q returned: %s (the dead letter stays)", ErrUnroutable, l.ID, l.Origin, r.ReplyText)
+	default:
+	}
+	return nil
+}
+
+// isMeta reports whether k is a header that amqpsource.DeadLetter or the
+// broker's dead-lettering adds.
+func isMeta(k string) bool {
+	switch k {
+	case amqpsource.HeaderReason, amqpsource.HeaderAttempts, amqpsource.HeaderQueue, amqpsource.HeaderKey,
+		amqpsource.HeaderDeadLetteredAt, amqpsource.HeaderRetries, "x-death", "x-delivery-count":
+		return true
+	}
+	return strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-")
+}
+
+// letterOf describes d, the pos-th dead letter of the scan.
+func (b *Broker) letterOf(d amqp.Delivery, pos int) *dlq.Letter {
+	str := func(k string) string {
+		switch v := d.Headers[k].(type) {
+		case string:
+			return v
+		case []byte:
+			return string(v)
+		case int64, int32, int, int16, int8:
+			return fmt.Sprint(v)
+		}
+		return ""
+	}
+	l := &dlq.Letter{
+		ID:      d.MessageId,
+		Reason:  amqpsource.DeadLetterReason(d.Headers),
+		Origin:  str(amqpsource.HeaderQueue),
+		Key:     str(amqpsource.HeaderKey),
+		Headers: map[string]string{},
+	}
+	if l.ID == "" {
+		l.ID = "#" + strconv.Itoa(pos)
+	}
+	if l.Origin == "" {
+		l.Origin = str("x-first-death-queue")
+	}
+	if l.Key == "" {
+		l.Key = str(b.cfg.KeyHeader)
+	}
+	if l.Key == "" {
+		l.Key = d.MessageId
+	}
+	l.Attempts, _ = strconv.Atoi(str(amqpsource.HeaderAttempts))
+	if t, err := time.Parse(time.RFC3339Nano, str(amqpsource.HeaderDeadLetteredAt)); err == nil {
+		l.DeadLetteredAt = t
+	}
+	l.Body, l.Size = dlq.Preview(d.Body)
+	for k := range d.Headers {
+		if !isMeta(k) {
+			if v := str(k); v != "" {
+				l.Headers[k] = v
+			}
+		}
+	}
+	return l
+}

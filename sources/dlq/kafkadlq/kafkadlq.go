@@ -1,0 +1,408 @@
+// Package kafkadlq is the dlq.Broker of a Kafka dead-letter topic
+// (kafkasource's "<topic>.dlq").
+//
+// A topic is a log: a dead letter cannot be deleted from it. What was
+// replayed or purged is recorded as the offsets of a consumer group on the
+// dead-letter topic (Config.Group): the committed offset of a partition
+// says every dead letter before it is done, and the commit's metadata lists
+// the offsets after it that are done too (a replay or purge of a selection
+// leaves the dead letters it did not select in place). The commit follows
+// each replayed copy's acknowledgement by every in-sync replica, so a
+// replay interrupted at any point goes on where it stopped when run again;
+// at most the copy sent just before the interruption is sent again, and the
+// runner absorbs it as a duplicate of its key.
+package kafkadlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemq/idemq/sources/dlq"
+	"github.com/idemq/idemq/sources/kafkasource"
+)
+
+// DefaultGroup is the consumer group that records replay and purge progress
+// when Config.Group is empty.
+const DefaultGroup = "idemq-dlq"
+
+// maxMetadataBytes bounds the list of done offsets kept in a commit's
+// metadata, below Kafka's default offset.metadata.max.bytes (4096).
+const maxMetadataBytes = 3500
+
+// metadataPrefix starts the metadata of the commits this package makes.
+const metadataPrefix = "idemq-dlq/1:"
+
+// ErrTooScattered reports a selection whose done offsets no longer fit in a
+// commit's metadata, because too many dead letters before them were kept:
+// replay or purge the earlier dead letters first.
+var ErrTooScattered = errors.New("kafkadlq: too many kept dead letters before the selected ones to record the progress; replay or purge the earlier ones first")
+
+// Config configures a Broker.
+type Config struct {
+	// Brokers are the bootstrap addresses. Required.
+	Brokers []string
+	// Topic is the dead-letter topic, for example "orders.dlq". Required.
+	Topic string
+	// KeyHeader is the header holding the deduplication key
+	// (kafkasource.Config.KeyHeader), read when a dead letter has no
+	// kafkasource.HeaderKey. Defaults to kafkasource.DefaultKeyHeader.
+	KeyHeader string
+	// Group is the consumer group whose committed offsets record what was
+	// replayed or purged. Defaults to DefaultGroup.
+	Group string
+	// Dialer connects to the brokers (TLS, SASL). Defaults to
+	// kafka.DefaultDialer.
+	Dialer *kafka.Dialer
+	// Transport carries the admin requests and the replayed copies (TLS,
+	// SASL). Defaults to a transport of the Broker's own (the shared
+	// kafka.DefaultTransport caches metadata and would not know a topic
+	// created after its last refresh).
+	Transport kafka.RoundTripper
+	// Timeout bounds each request and each read of a dead letter. Defaults
+	// to 10 s.
+	Timeout time.Duration
+}
+
+// Broker reads and replays one dead-letter topic. It is not safe for
+// concurrent use.
+type Broker struct {
+	cfg    Config
+	own    *kafka.Transport // the transport New made, closed by Close
+	client *kafka.Client
+	writer *kafka.Writer
+}
+
+var _ dlq.Broker = (*Broker)(nil)
+
+// New returns a Broker of cfg.Topic. It connects lazily.
+func New(cfg Config) (*Broker, error) {
+	if len(cfg.Brokers) == 0 || cfg.Topic == "" {
+		return nil, errors.New("kafkadlq: Brokers and Topic are required")
+	}
+	if cfg.Group == "" {
+		cfg.Group = DefaultGroup
+	}
+	if cfg.KeyHeader == "" {
+		cfg.KeyHeader = kafkasource.DefaultKeyHeader
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	var own *kafka.Transport
+	if cfg.Transport == nil {
+		own = &kafka.Transport{}
+		cfg.Transport = own
+	}
+	addr := kafka.TCP(cfg.Brokers...)
+	return &Broker{
+		cfg:    cfg,
+		own:    own,
+		client: &kafka.Client{Addr: addr, Timeout: cfg.Timeout, Transport: cfg.Transport},
+		writer: &kafka.Writer{
+			Addr:         addr,
+			Transport:    cfg.Transport,
+			RequiredAcks: kafka.RequireAll,
+			Balancer:     originPartition{},
+			BatchTimeout: time.Millisecond,
+			WriteTimeout: cfg.Timeout,
+			MaxAttempts:  3,
+		},
+	}, nil
+}
+
+// Close closes the producer of replayed copies and the idle connections.
+func (b *Broker) Close() error {
+	err := b.writer.Close()
+	if b.own != nil {
+		b.own.CloseIdleConnections()
+	}
+	return err
+}
+
+// partitionState is a partition's progress: every offset before committed
+// is done, and so is every offset in done.
+type partitionState struct {
+	id          int
+	committed   int64
+	done        []int64 // sorted, all >= committed
+	first, last int64   // the log's first offset and its end (next offset)
+}
+
+// Scan implements dlq.Broker: partition by partition, each from the
+// group's committed offset to the end the partition had when Scan began.
+func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (int, error) {
+	parts, err := b.partitions(ctx)
+	if err != nil {
+		return 0, err
+	}
+	total := 0
+	for _, p := range parts {
+		n, stop, err := b.scanPartition(ctx, p, visit)
+		total += n
+		if err != nil || stop {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// partitions reads the partitions of the topic and their progress.
+func (b *Broker) partitions(ctx context.Context) ([]*partitionState, error) {
+	md, err := b.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{b.cfg.Topic}})
+	if err != nil {
+		return nil, fmt.Errorf("kafkadlq: metadata of %q: %w", b.cfg.Topic, err)
+	}
+	if len(md.Topics) != 1 || md.Topics[0].Error != nil {
+		var terr error
+		if len(md.Topics) == 1 {
+			terr = md.Topics[0].Error
+		}
+		return nil, fmt.Errorf("kafkadlq: dead-letter topic %q: %w", b.cfg.Topic, errors.Join(errors.New("not found"), terr))
+	}
+	var ids []int
+	var reqs []kafka.OffsetRequest
+	for _, p := range md.Topics[0].Partitions {
+		ids = append(ids, p.ID)
+		reqs = append(reqs, kafka.FirstOffsetOf(p.ID), kafka.LastOffsetOf(p.ID))
+	}
+	slices.Sort(ids)
+	lo, err := b.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{b.cfg.Topic: reqs}})
+	if err != nil {
+		return nil, fmt.Errorf("kafkadlq: offsets of %q: %w", b.cfg.Topic, err)
+	}
+	of, err := b.client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: b.cfg.Group, Topics: map[string][]int{b.cfg.Topic: ids}})
+	if err != nil {
+		return nil, fmt.Errorf("kafkadlq: committed offsets of group %q: %w", b.cfg.Group, err)
+	}
+	if of.Error != nil {
+		return nil, fmt.Errorf("kafkadlq: committed offsets of group %q: %w", b.cfg.Group, of.Error)
+	}
+	states := make(map[int]*partitionState, len(ids))
+	for _, id := range ids {
+		states[id] = &partitionState{id: id}
+	}
+	for _, po := range lo.Topics[b.cfg.Topic] {
+		if po.Error != nil {
+			return nil, fmt.Errorf("kafkadlq: offsets of %q partition %d: %w", b.cfg.Topic, po.Partition, po.Error)
+		}
+		if s := states[po.Partition]; s != nil {
+			s.first, s.last = po.FirstOffset, po.LastOffset
+		}
+	}
+	for _, fp := range of.Topics[b.cfg.Topic] {
+		if fp.Error != nil {
+			return nil, fmt.Errorf("kafkadlq: committed offset of %q partition %d: %w", b.cfg.Topic, fp.Partition, fp.Error)
+		}
+		if s := states[fp.Partition]; s != nil {
+			s.committed = fp.CommittedOffset
+			s.done = parseDone(fp.Metadata)
+		}
+	}
+	out := make([]*partitionState, 0, len(ids))
+	for _, id := range ids {
+		s := states[id]
+		s.committed = max(s.committed, s.first)
+		s.done = slices.DeleteFunc(s.done, func(o int64) bool { return o < s.committed })
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// scanPartition visits the dead letters of one partition.
+func (b *Broker) scanPartition(ctx context.Context, p *partitionState, visit func(*dlq.Letter) dlq.Action) (done int, stop bool, err error) {
+	if p.committed >= p.last {
+		return 0, false, nil
+	}
+	r := kafka.NewReader(kafka.ReaderConfig{
+		Brokers: b.cfg.Brokers, Topic: b.cfg.Topic, Partition: p.id, Dialer: b.cfg.Dialer,
+		MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 200 * time.Millisecond,
+	})
+	defer r.Close()
+	if err := r.SetOffset(p.committed); err != nil {
+		return 0, false, fmt.Errorf("kafkadlq: seek %q partition %d: %w", b.cfg.Topic, p.id, err)
+	}
+	kept := false // a dead letter at or after p.committed was kept
+	for {
+		rctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
+		m, err := r.FetchMessage(rctx)
+		cancel()
+		if err != nil {
+			return done, false, fmt.Errorf("kafkadlq: read %q partition %d at offset %d (end %d): %w", b.cfg.Topic, p.id, r.Offset(), p.last, err)
+		}
+		if m.Offset >= p.last {
+			return done, false, nil
+		}
+		if slices.Contains(p.done, m.Offset) {
+			if !kept {
+				p.advance(m.Offset)
+			}
+		} else {
+			l := letterOf(m, b.cfg.KeyHeader)
+			switch act := visit(l); act {
+			case dlq.ActionStop:
+				return done, true, nil
+			case dlq.ActionReplay, dlq.ActionPurge:
+				if kept && len(encodeDone(append(p.done, m.Offset))) > maxMetadataBytes {
+					return done, true, fmt.Errorf("%w (partition %d, offset %d)", ErrTooScattered, p.id, m.Offset)
+				}
+				if act == dlq.ActionReplay {
+					if err := b.replay(ctx, m, l); err != nil {
+						return done, true, err
+					}
+				}
+				if kept {
+					p.done = append(p.done, m.Offset)
+				} else {
+					p.advance(m.Offset)
+				}
+				if err := b.commit(ctx, p); err != nil {
+					return done, true, err
+				}
+				done++
+			default:
+				kept = true
+			}
+		}
+		if m.Offset+1 >= p.last {
+			return done, false, nil
+		}
+	}
+}
+
+// advance records that everything up to offset is done.
+func (p *partitionState) advance(offset int64) {
+	p.committed = offset + 1
+	p.done = slices.DeleteFunc(p.done, func(o int64) bool { return o < p.committed })
+}
+
+// commit records p's progress in the group.
+func (b *Broker) commit(ctx context.Context, p *partitionState) error {
+	resp, err := b.client.OffsetCommit(ctx, &kafka.OffsetCommitRequest{
+		GroupID: b.cfg.Group, GenerationID: -1,
+		Topics: map[string][]kafka.OffsetCommit{b.cfg.Topic: {{Partition: p.id, Offset: p.committed, Metadata: encodeDone(p.done)}}},
+	})
+	if err == nil {
+		for _, c := range resp.Topics[b.cfg.Topic] {
+			err = errors.Join(err, c.Error)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("kafkadlq: record progress in group %q (%q partition %d, offset %d; the last copy was sent and will be sent again): %w",
+			b.cfg.Group, b.cfg.Topic, p.id, p.committed, err)
+	}
+	return nil
+}
+
+// replay sends the copy of m to its origin and waits for every in-sync
+// replica.
+func (b *Broker) replay(ctx context.Context, m kafka.Message, l *dlq.Letter) error {
+	headers := make([]kafka.Header, 0, len(m.Headers))
+	for _, h := range m.Headers {
+		if !isMeta(h.Key) {
+			headers = append(headers, h)
+		}
+	}
+	part := -1
+	if v, err := strconv.Atoi(header(m, kafkasource.HeaderOriginPartition)); err == nil {
+		part = v
+	}
+	out := kafka.Message{Topic: l.Origin, Partition: part, Key: m.Key, Value: m.Value, Headers: headers}
+	if err := b.writer.WriteMessages(ctx, out); err != nil {
+		return fmt.Errorf("kafkadlq: replay %s to %q: %w", l.ID, l.Origin, err)
+	}
+	return nil
+}
+
+// originPartition writes a copy to its original partition when the topic
+// still has it, so that it keeps its place among its key's messages, and
+// else to the partition its key hashes to.
+type originPartition struct{}
+
+func (originPartition) Balance(m kafka.Message, partitions ...int) int {
+	if slices.Contains(partitions, m.Partition) {
+		return m.Partition
+	}
+	return (&kafka.Hash{}).Balance(m, partitions...)
+}
+
+// letterOf describes m, whose key is in keyHeader when it has no
+// kafkasource.HeaderKey.
+func letterOf(m kafka.Message, keyHeader string) *dlq.Letter {
+	l := &dlq.Letter{
+		ID:      fmt.Sprintf("%d/%d", m.Partition, m.Offset),
+		Key:     header(m, kafkasource.HeaderKey),
+		Reason:  header(m, kafkasource.HeaderReason),
+		Origin:  header(m, kafkasource.HeaderOriginTopic),
+		Headers: map[string]string{},
+	}
+	if l.Key == "" {
+		l.Key = header(m, keyHeader)
+	}
+	l.Attempts, _ = strconv.Atoi(header(m, kafkasource.HeaderAttempts))
+	l.DeadLetteredAt, _ = time.Parse(time.RFC3339Nano, header(m, kafkasource.HeaderDeadLetteredAt))
+	if l.DeadLetteredAt.IsZero() {
+		l.DeadLetteredAt = m.Time
+	}
+	l.Body, l.Size = dlq.Preview(m.Value)
+	for _, h := range m.Headers {
+		if !isMeta(h.Key) {
+			l.Headers[h.Key] = string(h.Value)
+		}
+	}
+	return l
+}
+
+// isMeta reports whether k is a header kafkasource.DeadLetter adds.
+func isMeta(k string) bool {
+	switch k {
+	case kafkasource.HeaderReason, kafkasource.HeaderAttempts, kafkasource.HeaderOriginTopic,
+		kafkasource.HeaderOriginPartition, kafkasource.HeaderOriginOffset, kafkasource.HeaderGroup,
+		kafkasource.HeaderKey, kafkasource.HeaderDeadLetteredAt:
+		return true
+	}
+	return false
+}
+
+// header returns the last value of header k of m.
+func header(m kafka.Message, k string) string {
+	v := ""
+	for _, h := range m.Headers {
+		if h.Key == k {
+			v = string(h.Value)
+		}
+	}
+	return v
+}
+
+func encodeDone(done []int64) string {
+	if len(done) == 0 {
+		return ""
+	}
+	parts := make([]string, len(done))
+	for i, o := range done {
+		parts[i] = strconv.FormatInt(o, 10)
+	}
+	return metadataPrefix + strings.Join(parts, ",")
+}
+
+func parseDone(md string) []int64 {
+	rest, ok := strings.CutPrefix(md, metadataPrefix)
+	if !ok || rest == "" {
+		return nil
+	}
+	var out []int64
+	for _, f := range strings.Split(rest, ",") {
+		if o, err := strconv.ParseInt(f, 10, 64); err == nil {
+			out = append(out, o)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,331 @@
+// Package sqsdlq is the dlq.Broker of an SQS dead-letter queue (sqssource's
+// Config.DeadLetterQueueURL, or a queue's redrive-policy dead-letter queue).
+//
+// A scan receives the dead letters with a visibility timeout
+// (Config.ScanVisibility), so no other consumer of the dead-letter queue
+// sees them meanwhile, and makes the ones it keeps visible again when it
+// ends. A replay sends the copy to the origin queue and deletes the dead
+// letter only after SendMessage succeeded; if the process dies between the
+// two, the dead letter reappears after Config.ScanVisibility and the next
+// replay sends it again, which the runner absorbs as a duplicate of its key.
+//
+// The key must travel in a message attribute (sqssource.Config.KeyAttribute)
+// or, on FIFO queues, as the deduplication id for a replay to keep it: a
+// standard queue's default key is the MessageId, which SQS assigns anew to
+// the replayed copy, so a copy sent twice would be handled twice.
+package sqsdlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/sources/dlq"
+	"github.com/idemq/idemq/sources/sqssource"
+)
+
+// ErrNativeUnsupported reports an endpoint without message-move tasks
+// (StartMessageMoveTask), such as ElasticMQ: use Scan (dlq.Replay) instead.
+var ErrNativeUnsupported = errors.New("sqsdlq: the endpoint does not support message-move tasks")
+
+// Config configures a Broker.
+type Config struct {
+	// Client is the SQS client (sqssource.NewClient). Required.
+	Client *sqs.Client
+	// QueueURL is the dead-letter queue's URL. Required.
+	QueueURL string
+	// OriginQueueURL is where dead letters without the
+	// sqssource.AttrSourceQueue attribute are replayed: those SQS moved by
+	// a redrive policy. Defaults to "" (they are kept, dlq.ErrNoOrigin).
+	OriginQueueURL string
+	// KeyAttribute is the message attribute holding the deduplication key
+	// (sqssource.Config.KeyAttribute). Defaults to "": the key shown is the
+	// FIFO deduplication id, else the original MessageId.
+	KeyAttribute string
+	// ScanVisibility is how long a scan hides the dead letters it received.
+	// Defaults to 60 s.
+	ScanVisibility time.Duration
+}
+
+// Broker reads and replays one SQS dead-letter queue. It is not safe for
+// concurrent use.
+type Broker struct {
+	cfg Config
+}
+
+var _ dlq.Broker = (*Broker)(nil)
+
+// New returns a Broker of cfg.QueueURL.
+func New(cfg Config) (*Broker, error) {
+	if cfg.Client == nil || cfg.QueueURL == "" {
+		return nil, errors.New("sqsdlq: Client and QueueURL are required")
+	}
+	if cfg.ScanVisibility <= 0 {
+		cfg.ScanVisibility = time.Minute
+	}
+	return &Broker{cfg: cfg}, nil
+}
+
+// Close does nothing: the client belongs to the caller.
+func (b *Broker) Close() error { return nil }
+
+// metaAttrs are the attributes sqssource.DeadLetter adds.
+var metaAttrs = []string{sqssource.AttrReason, sqssource.AttrAttempts, sqssource.AttrSourceQueue, sqssource.AttrMessageID,
+	consumer.MetaKey, consumer.MetaDeadLetteredAt}
+
+func isMeta(name string) bool {
+	for _, m := range metaAttrs {
+		if m == name {
+			return true
+		}
+	}
+	return false
+}
+
+// Scan implements dlq.Broker, in the order SQS returns the dead letters
+// (oldest first on FIFO queues, roughly so on standard ones). It ends when
+// a receive returns nothing, or only dead letters it saw already (a scan
+// longer than Config.ScanVisibility comes round to them again).
+func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (done int, err error) {
+	var kept []types.ChangeMessageVisibilityBatchRequestEntry
+	defer func() {
+		if rerr := b.release(context.WithoutCancel(ctx), kept); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+	}()
+	seen := map[string]bool{}
+	vis := int32(b.cfg.ScanVisibility / time.Second)
+	for {
+		out, err := b.cfg.Client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
+			QueueUrl: aws.String(b.cfg.QueueURL), MaxNumberOfMessages: 10, WaitTimeSeconds: 1, VisibilityTimeout: vis,
+			MessageAttributeNames:       []string{"All"},
+			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
+		})
+		if err != nil {
+			return done, fmt.Errorf("sqsdlq: receive from %s: %w", b.cfg.QueueURL, err)
+		}
+		if len(out.Messages) == 0 {
+			return done, nil
+		}
+		// Only dead letters seen already: the scan took longer than
+		// ScanVisibility and came round to them again.
+		wrapped := true
+		for _, m := range out.Messages {
+			wrapped = wrapped && seen[aws.ToString(m.MessageId)]
+		}
+		for i, m := range out.Messages {
+			id := aws.ToString(m.MessageId)
+			keep := func() {
+				kept = append(kept, types.ChangeMessageVisibilityBatchRequestEntry{
+					Id: aws.String(strconv.Itoa(len(kept))), ReceiptHandle: m.ReceiptHandle, VisibilityTimeout: 0})
+			}
+			if seen[id] {
+				keep()
+				continue
+			}
+			seen[id] = true
+			l := b.letterOf(m)
+			act := visit(l)
+			switch act {
+			case dlq.ActionReplay:
+				if err := b.replay(ctx, m, l); err != nil {
+					keep()
+					return done, err
+				}
+				fallthrough
+			case dlq.ActionPurge:
+				if _, err := b.cfg.Client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(b.cfg.QueueURL), ReceiptHandle: m.ReceiptHandle}); err != nil {
+					keep()
+					return done, fmt.Errorf("sqsdlq: delete dead letter %s (a replayed copy is sent again by the next replay): %w", id, err)
+				}
+				done++
+			case dlq.ActionStop:
+				for _, rest := range out.Messages[i:] {
+					m = rest
+					keep()
+				}
+				return done, nil
+			default:
+				keep()
+			}
+		}
+		if wrapped {
+			return done, nil
+		}
+	}
+}
+
+// release makes the kept dead letters visible again.
+func (b *Broker) release(ctx context.Context, kept []types.ChangeMessageVisibilityBatchRequestEntry) error {
+	var errs []error
+	for len(kept) > 0 {
+		n := min(len(kept), 10)
+		out, err := b.cfg.Client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{
+			QueueUrl: aws.String(b.cfg.QueueURL), Entries: kept[:n]})
+		if err != nil {
+			errs = append(errs, err)
+		} else if len(out.Failed) > 0 {
+			errs = append(errs, fmt.Errorf("%d entries failed, the first: %s", len(out.Failed), aws.ToString(out.Failed[0].Message)))
+		}
+		kept = kept[n:]
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("sqsdlq: make the kept dead letters visible again (they reappear after %s): %w", b.cfg.ScanVisibility, errors.Join(errs...))
+	}
+	return nil
+}
+
+// replay sends the copy of m to its origin.
+func (b *Broker) replay(ctx context.Context, m types.Message, l *dlq.Letter) error {
+	attrs := map[string]types.MessageAttributeValue{}
+	for name, v := range m.MessageAttributes {
+		if !isMeta(name) {
+			attrs[name] = types.MessageAttributeValue{DataType: v.DataType, StringValue: v.StringValue, BinaryValue: v.BinaryValue}
+		}
+	}
+	in := &sqs.SendMessageInput{QueueUrl: aws.String(l.Origin), MessageBody: m.Body, MessageAttributes: attrs}
+	if strings.HasSuffix(l.Origin, ".fifo") {
+		group := m.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
+		if group == "" {
+			group = "idemq-replay"
+		}
+		in.MessageGroupId = aws.String(group)
+		// A replay run again within SQS's deduplication interval is
+		// dropped by SQS itself.
+		in.MessageDeduplicationId = m.MessageId
+	}
+	if _, err := b.cfg.Client.SendMessage(ctx, in); err != nil {
+		return fmt.Errorf("sqsdlq: replay %s to %s (the dead letter stays): %w", l.ID, l.Origin, err)
+	}
+	return nil
+}
+
+// letterOf describes m.
+func (b *Broker) letterOf(m types.Message) *dlq.Letter {
+	attr := func(name string) string {
+		if v, ok := m.MessageAttributes[name]; ok {
+			return aws.ToString(v.StringValue)
+		}
+		return ""
+	}
+	l := &dlq.Letter{
+		ID:      aws.ToString(m.MessageId),
+		Reason:  attr(sqssource.AttrReason),
+		Origin:  attr(sqssource.AttrSourceQueue),
+		Headers: map[string]string{},
+	}
+	if l.Origin == "" {
+		l.Origin = b.cfg.OriginQueueURL
+	}
+	l.Attempts, _ = strconv.Atoi(attr(sqssource.AttrAttempts))
+	switch {
+	case b.cfg.KeyAttribute != "" && attr(b.cfg.KeyAttribute) != "":
+		l.Key = attr(b.cfg.KeyAttribute)
+	case attr(consumer.MetaKey) != "":
+		l.Key = attr(consumer.MetaKey)
+	case m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)] != "":
+		l.Key = m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)]
+	default:
+		l.Key = attr(sqssource.AttrMessageID)
+	}
+	if t, err := time.Parse(time.RFC3339Nano, attr(consumer.MetaDeadLetteredAt)); err == nil {
+		l.DeadLetteredAt = t
+	} else if ms, err := strconv.ParseInt(m.Attributes[string(types.MessageSystemAttributeNameSentTimestamp)], 10, 64); err == nil {
+		l.DeadLetteredAt = time.UnixMilli(ms).UTC()
+	}
+	l.Body, l.Size = dlq.Preview([]byte(aws.ToString(m.Body)))
+	for name, v := range m.MessageAttributes {
+		if !isMeta(name) && v.StringValue != nil {
+			l.Headers[name] = *v.StringValue
+		}
+	}
+	return l
+}
+
+// MoveAll starts SQS's native message-move task from the dead-letter queue
+// to destinationURL, or, when it is "", back to the queues a redrive policy
+// moved them from (all of its messages, with their attributes, idemq's
+// dead-letter metadata included: the runner ignores them and a new dead
+// letter replaces them) and waits for it to finish, calling progress with
+// the number moved so far. It returns ErrNativeUnsupported when the endpoint
+// has no message-move tasks, and the number of messages moved.
+func (b *Broker) MoveAll(ctx context.Context, destinationURL string, progress func(moved int)) (int, error) {
+	src, err := b.arn(ctx, b.cfg.QueueURL)
+	if err != nil {
+		return 0, err
+	}
+	in := &sqs.StartMessageMoveTaskInput{SourceArn: aws.String(src)}
+	if destinationURL != "" {
+		dst, err := b.arn(ctx, destinationURL)
+		if err != nil {
+			return 0, err
+		}
+		in.DestinationArn = aws.String(dst)
+	}
+	out, err := b.cfg.Client.StartMessageMoveTask(ctx, in)
+	if err != nil {
+		if unsupported(err) {
+			return 0, fmt.Errorf("%w: %w", ErrNativeUnsupported, err)
+		}
+		return 0, fmt.Errorf("sqsdlq: start the message-move task: %w", err)
+	}
+	for {
+		lt, err := b.cfg.Client.ListMessageMoveTasks(ctx, &sqs.ListMessageMoveTasksInput{SourceArn: aws.String(src), MaxResults: aws.Int32(10)})
+		if err != nil {
+			return 0, fmt.Errorf("sqsdlq: message-move task %s: %w", aws.ToString(out.TaskHandle), err)
+		}
+		for _, t := range lt.Results {
+			if aws.ToString(t.TaskHandle) != aws.ToString(out.TaskHandle) && len(lt.Results) > 1 {
+				continue
+			}
+			moved := int(t.ApproximateNumberOfMessagesMoved)
+			if progress != nil {
+				progress(moved)
+			}
+			switch aws.ToString(t.Status) {
+			case "COMPLETED":
+				return moved, nil
+			case "FAILED", "CANCELLED":
+				return moved, fmt.Errorf("sqsdlq: message-move task %s: %s", aws.ToString(t.Status), aws.ToString(t.FailureReason))
+			}
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (b *Broker) arn(ctx context.Context, url string) (string, error) {
+	out, err := b.cfg.Client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
+		QueueUrl: aws.String(url), AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameQueueArn}})
+	if err != nil {
+		return "", fmt.Errorf("sqsdlq: ARN of %s: %w", url, err)
+	}
+	return out.Attributes[string(types.QueueAttributeNameQueueArn)], nil
+}
+
+// unsupported reports an error that says the endpoint lacks the operation.
+func unsupported(err error) bool {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		switch c := ae.ErrorCode(); {
+		case c == "UnsupportedOperation", c == "InvalidAction", strings.Contains(c, "Unknown"), strings.Contains(c, "NotImplemented"):
+			return true
+		}
+		return strings.Contains(strings.ToLower(ae.ErrorMessage()), "not supported") ||
+			strings.Contains(strings.ToLower(ae.ErrorMessage()), "unknown")
+	}
+	return false
+}
