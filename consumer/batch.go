@@ -39,6 +39,9 @@ type MessageError struct {
 
 // Error implements error.
 func (e *MessageError) Error() string {
+	if e.Msg == nil {
+		return fmt.Sprintf("idemq: message <nil>: %v", e.Err)
+	}
 	return fmt.Sprintf("idemq: message %q: %v", e.Msg.ID, e.Err)
 }
 
@@ -169,7 +172,7 @@ func (r *Runner) callBatch(ctx context.Context, jobs []*job, ti *TxInfo, fn func
 		defer func() {
 			d := time.Since(start)
 			var me *MessageError
-			named := errors.As(err, &me)
+			named := errors.As(err, &me) && me.Msg != nil
 			for i, j := range jobs {
 				jerr := err
 				if named && j.msg != me.Msg {
