@@ -383,7 +383,7 @@ func (p *leasePath) complete(ctx context.Context, r *Runner, key, token string) 
 func (p *leasePath) validate() error {
 	var l cfgerr.List
 	o := p.opts
-	if p.store == nil {
+	if cfgerr.IsNil(p.store) {
 		l.Add("Leased store", "nil")
 	}
 	if p.h == nil {

@@ -70,7 +70,7 @@ type txPath[Tx any] struct {
 
 func (p *txPath[Tx]) validate() error {
 	var l cfgerr.List
-	if p.store == nil {
+	if cfgerr.IsNil(p.store) {
 		l.Add("Transactional store", "nil")
 	}
 	if p.h == nil && p.bh == nil {
