@@ -102,7 +102,7 @@ func (p *txPath[Tx]) runAll(ctx context.Context, r *Runner, held *heldPartitions
 			r.infraOK()
 			return
 		case res.infra || (res.culprit == nil && len(res.suspects) == 0):
-			p.infra(ctx, r, jobs, res.err)
+			p.infra(ctx, r, held, jobs, res.err)
 			return
 		case res.culprit != nil:
 			p.blame(ctx, r, held, res.culprit, res.err)
@@ -393,8 +393,10 @@ func (p *txPath[Tx]) blame(ctx context.Context, r *Runner, held *heldPartitions,
 
 // infra settles the unsettled jobs of a transaction that failed for a reason
 // of the store or the database (begin, claim or commit): nothing in it is
-// durable, and nothing is counted against the messages.
-func (p *txPath[Tx]) infra(ctx context.Context, r *Runner, jobs []*job, err error) {
+// durable, and nothing is counted against the messages. Their partitions are
+// held, so that when jobs is a half of a bisected batch, the later messages
+// of those partitions in the other half do not commit ahead of them.
+func (p *txPath[Tx]) infra(ctx context.Context, r *Runner, held *heldPartitions, jobs []*job, err error) {
 	if errors.Is(err, ErrCommit) {
 		r.stats.commitFailures.Add(1)
 	}
@@ -406,6 +408,9 @@ func (p *txPath[Tx]) infra(ctx context.Context, r *Runner, jobs []*job, err erro
 		}
 		j.set(outRetryInfra, err)
 		j.delay = delay
+		if pk := j.msg.PartitionKey; pk == "" || (*held)[pk] == nil {
+			held.hold(j) // the first of its partition: the later ones wait
+		}
 		n++
 	}
 	r.log.WarnContext(ctx, "transaction failed; its messages will be retried", LogKeyCount, n, LogKeyError, err)

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -515,4 +516,49 @@ func (b blindStore) IsAborted(err error) bool                      { return b.s.
 func (b blindStore) IsTransient(err error) bool                    { return b.s.IsTransient(err) }
 func (b blindStore) Claim(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, error) {
 	return b.s.Claim(ctx, tx, scope, recs)
+}
+
+// Order holds under bisect plus an infrastructure failure: A and B of one
+// partition key fail together without a culprit, so the batch is halved;
+// the half [A] then fails to commit for a reason of the database. B must
+// not commit ahead of A: it is held behind A and both are retried.
+func TestBisectInfraFailureHoldsPartition(t *testing.T) {
+	f := newFixture(t)
+	store := newRecordingStore(f.store)
+	for _, k := range []string{"A", "B"} {
+		f.broker.Publish(f.topic, memsource.Outgoing{Key: k, Body: []byte(k), PartitionKey: "acct-1"})
+	}
+	var calls atomic.Int32
+	h := func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+		for _, m := range msgs {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+f.table+` (key, body) VALUES ($1, $2)`, m.Key, string(m.Body)); err != nil {
+				return err
+			}
+		}
+		if calls.Add(1) == 1 {
+			if len(msgs) != 2 {
+				return nil // not the scenario: the test fails below
+			}
+			store.mu.Lock()
+			store.failNext = 1 // the commit of the half [A]
+			store.mu.Unlock()
+			return errors.New("one of these failed, which one is not said")
+		}
+		return nil
+	}
+	r := f.start(f.broker.Source(f.topic), consumer.TransactionalBatch[pgx.Tx](store, h),
+		consumer.Config{Concurrency: 1, BatchSize: 2, BatchWait: 500 * time.Millisecond, Retry: quickRetry(3)})
+	f.settled()
+	r.stop(t)
+	rows, err := f.pool.Query(context.Background(), `SELECT key FROM `+f.table+` ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	order, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(order, []string{"A", "B"}) {
+		t.Fatalf("committed in order %v, want [A B]", order)
+	}
 }
