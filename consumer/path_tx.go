@@ -277,6 +277,13 @@ func (p *txPath[Tx]) commit(ctx context.Context, r *Runner, tx Tx, l *lane) (cha
 	if !ok || l == nil {
 		return false, p.store.Commit(ctx, tx)
 	}
+	if !settlesQuietly(l.cur) {
+		// Settling this batch publishes a retry or a dead letter: a
+		// transaction chained now would idle through that broker I/O,
+		// and a server's idle_in_transaction_session_timeout would kill
+		// it under the next batch's first message.
+		return false, p.store.Commit(ctx, tx)
+	}
 	next := r.takeAhead(ctx, l)
 	if next == nil || len(next.live) == 0 {
 		return false, p.store.Commit(ctx, tx)
@@ -298,6 +305,32 @@ func (p *txPath[Tx]) commit(ctx context.Context, r *Runner, tx Tx, l *lane) (cha
 	default:
 		return false, err
 	}
+}
+
+// settlesQuietly reports whether settling b, once the transaction being
+// committed succeeds, takes no broker call but the coalesced
+// acknowledgements, which the lane's acker sends off its path: every job is
+// acknowledged (committed, a duplicate, or a follower of a committed leader
+// with the same payload), none is retried or dead-lettered. A job without
+// an outcome at this point is in the transaction being committed. Without
+// a batch (nil) it reports false.
+func settlesQuietly(b *prepared) bool {
+	if b == nil {
+		return false
+	}
+	for _, j := range b.batch {
+		switch j.out {
+		case outNone, outAck, outDuplicate:
+		default:
+			return false
+		}
+		if j.follower {
+			if leader := b.leaders[j.key]; leader == nil || leader.hash != j.hash {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // beginClaim begins a transaction and claims recs in it, in one round trip

@@ -562,3 +562,70 @@ func TestBisectInfraFailureHoldsPartition(t *testing.T) {
 		t.Fatalf("committed in order %v, want [A B]", order)
 	}
 }
+
+// slowDeadLetters is a source whose dead-letter publish takes delay, as a
+// slow broker's would.
+type slowDeadLetters struct {
+	consumer.Source
+	delay time.Duration
+}
+
+func (s slowDeadLetters) DeadLetter(ctx context.Context, m *consumer.Message, reason error) error {
+	time.Sleep(s.delay)
+	return s.Source.DeadLetter(ctx, m, reason)
+}
+
+// No open transaction waits on broker I/O. With the server's
+// idle_in_transaction_session_timeout at 200 ms (set for this test's
+// sessions only) and a dead-letter publish of 600 ms, a batch that commits
+// one message and dead-letters another must not leave the next batch's
+// chained transaction idle while it publishes: the server would kill it, and
+// the next message would take the blame (with MaxAttempts 1, a dead letter).
+func TestNoOpenTransactionWaitsOnDeadLetter(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.pool.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "200"
+	pool, err := pgxpool.NewWithConfig(testCtx(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := pgdedup.New(pool, f.store.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A visibility timeout longer than the dead-letter publish.
+	f.broker = memsource.New(memsource.Config{VisibilityTimeout: 10 * time.Second, Seed: 1})
+	t.Cleanup(func() { f.broker.Close() })
+	var ks, bad []string
+	for i := range 4 {
+		b, g := fmt.Sprintf("bad%d", i), fmt.Sprintf("g%d", i)
+		bad = append(bad, b)
+		ks = append(ks, g)
+		f.publish(g, b) // the next batch starts with an innocent message
+	}
+	fail := func(msg *consumer.Message, call int) error {
+		if strings.HasPrefix(msg.Key, "bad") {
+			return errors.New("poison")
+		}
+		return nil
+	}
+	src := slowDeadLetters{Source: f.broker.Source(f.topic), delay: 600 * time.Millisecond}
+	r := f.start(src, consumer.Transactional(store, f.handler(fail)),
+		consumer.Config{Concurrency: 1, BatchSize: 2, Retry: quickRetry(1)})
+	var dead []string
+	f.waitFor("every message settled, or an innocent one dead-lettered", func(st memsource.TopicStats) bool {
+		dead = dead[:0]
+		for _, dl := range f.broker.DeadLetters(f.topic) {
+			dead = append(dead, dl.Key)
+		}
+		innocent := slices.ContainsFunc(dead, func(k string) bool { return !strings.HasPrefix(k, "bad") })
+		return innocent || (st.Ready == 0 && st.InFlight == 0 && st.Pending == 0)
+	})
+	r.stop(t)
+	slices.Sort(dead)
+	if !slices.Equal(dead, bad) {
+		t.Fatalf("dead letters %v, want exactly %v", dead, bad)
+	}
+	f.requireOnce(ks...)
+}
