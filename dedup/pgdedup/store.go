@@ -216,8 +216,9 @@ func (s *Store) Unclaim(ctx context.Context, tx pgx.Tx, scope, key string) error
 
 // IsTransient implements dedup.TransientClassifier. Only typed driver errors
 // are transient: a *pgconn.PgError whose SQLSTATE is a serialization
-// failure or deadlock (40001, 40P01), a connection exception (class 08) or a
-// server shutting down or starting (57P01-57P03); a *pgconn.ConnectError; and
+// failure or deadlock (40001, 40P01), a connection exception (class 08), a
+// session terminated for idling in a transaction (25P03) or a server
+// shutting down or starting (57P01-57P03); a *pgconn.ConnectError; and
 // a pgconn error for a statement that was never sent. Anything else is the
 // message's own failure, counted against its attempts: a constraint
 // violation, a bad value, a context deadline or cancellation (a handler past
