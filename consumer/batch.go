@@ -113,6 +113,11 @@ func (p *txPath[Tx]) handleBatch(ctx context.Context, r *Runner, tx Tx, fresh []
 		msgs[i] = j.msg
 	}
 	err := r.callBatch(ctx, fresh, ti, func(ctx context.Context) error { return p.bh(ctx, tx, msgs) })
+	if p.ended(tx) {
+		// Which messages' effects a COMMIT in the call made durable is
+		// unknown: the call is refused as a whole.
+		return tryResult{err: errors.Join(errTxEnded, err), suspects: fresh}, true
+	}
 	if err == nil && p.failed(tx) {
 		err = errSwallowed
 	}

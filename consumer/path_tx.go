@@ -364,6 +364,12 @@ func (p *txPath[Tx]) handle(ctx context.Context, r *Runner, tx Tx, fresh []*job,
 	for i, j := range fresh {
 		err := r.call(ctx, j, func(ctx context.Context) error { return p.h(ctx, tx, j.msg) })
 		switch {
+		case p.ended(tx):
+			// Its COMMIT made the records of the later messages durable
+			// before their handlers ran: remove them, or their rerun
+			// would take them for duplicates.
+			p.unclaim(ctx, r, tx, fresh[i+1:])
+			return tryResult{err: errors.Join(errTxEnded, err), culprit: j}, true
 		case err == nil && p.failed(tx):
 			return tryResult{err: errSwallowed, culprit: j}, true
 		case err == nil:
@@ -377,6 +383,34 @@ func (p *txPath[Tx]) handle(ctx context.Context, r *Runner, tx Tx, fresh []*job,
 		}
 	}
 	return tryResult{}, false
+}
+
+// errTxEnded is the failure of a handler that ended the runner's transaction
+// itself (COMMIT or ROLLBACK through tx).
+var errTxEnded = errors.New("idemq: the handler ended the transaction itself (COMMIT or ROLLBACK through tx); " +
+	"the rest of its batch would have run in autocommit, so the transaction is refused")
+
+// ended reports whether the store knows, without a round trip, that tx was
+// ended by a handler.
+func (p *txPath[Tx]) ended(tx Tx) bool {
+	er, ok := p.store.(dedup.EndedTxReporter[Tx])
+	return ok && er.Ended(tx)
+}
+
+// unclaim removes the records of jobs, claimed in tx, after a handler ended
+// tx: each removal commits at once. A failure is logged; the job's rerun
+// then finds its key done.
+func (p *txPath[Tx]) unclaim(ctx context.Context, r *Runner, tx Tx, jobs []*job) {
+	u, ok := p.store.(dedup.Unclaimer[Tx])
+	if !ok {
+		return
+	}
+	for _, j := range jobs {
+		if err := u.Unclaim(ctx, tx, r.cfg.Name, j.key); err != nil {
+			r.log.ErrorContext(ctx, "removing the record of a message whose handler did not run failed; it may be taken for a duplicate",
+				LogKeyKey, j.key, LogKeyError, err)
+		}
+	}
 }
 
 // errSwallowed is the failure of a handler that returned nil although a

@@ -629,3 +629,41 @@ func TestNoOpenTransactionWaitsOnDeadLetter(t *testing.T) {
 	}
 	f.requireOnce(ks...)
 }
+
+// A handler that ends the runner's transaction itself (ROLLBACK or COMMIT
+// through tx) would leave the rest of its batch in autocommit: the earlier
+// messages' effects and records rolled back yet acknowledged, or the later
+// ones' records committed before their effects. The runner refuses to
+// commit such a transaction and blames that handler; every other message
+// takes effect exactly once.
+func TestHandlerEndingTheTransactionIsBlamed(t *testing.T) {
+	for _, stmt := range []string{"ROLLBACK", "COMMIT"} {
+		t.Run(stmt, func(t *testing.T) {
+			f := newFixture(t)
+			f.publish("a", "x", "c")
+			h := f.handler(nil)
+			ender := func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+				if err := h(ctx, tx, msg); err != nil || msg.Key != "x" {
+					return err
+				}
+				_, err := tx.Exec(ctx, stmt)
+				return err
+			}
+			r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, ender),
+				consumer.Config{Concurrency: 1, BatchSize: 3, BatchWait: 500 * time.Millisecond, Retry: quickRetry(1)})
+			f.settled()
+			r.stop(t)
+			var dead []string
+			for _, dl := range f.broker.DeadLetters(f.topic) {
+				dead = append(dead, dl.Key)
+			}
+			if !slices.Equal(dead, []string{"x"}) {
+				t.Errorf("dead letters %v, want [x]: the handler that ended the transaction is blamed", dead)
+			}
+			got := f.effects()
+			if got["a"] != 1 || got["c"] != 1 {
+				t.Errorf("effects %v, want a and c exactly once", got)
+			}
+		})
+	}
+}

@@ -236,6 +236,27 @@ type FailedTxReporter[Tx any] interface {
 	Failed(tx Tx) bool
 }
 
+// EndedTxReporter is an optional interface of a TxStore. Ended reports,
+// without a round trip, whether tx is no longer open on its connection
+// although the runner neither committed nor rolled it back: a handler sent
+// COMMIT or ROLLBACK through it, so the statements that follow would run in
+// autocommit (PostgreSQL's transaction status 'I'). A closed connection is
+// not ended: its commit fails. The runner asks after every handler and
+// refuses to commit an ended transaction, blaming that handler; with an
+// Unclaimer it first removes the records of the batch's keys whose handler
+// had not run, which a handler's COMMIT made durable.
+type EndedTxReporter[Tx any] interface {
+	Ended(tx Tx) bool
+}
+
+// Unclaimer is an optional interface of a TxStore. Unclaim removes the
+// record of key in scope through tx, so that the key is new again once that
+// statement commits (at once, when tx was ended by a handler: see
+// EndedTxReporter).
+type Unclaimer[Tx any] interface {
+	Unclaim(ctx context.Context, tx Tx, scope, key string) error
+}
+
 // TransientClassifier is an optional interface of a TxStore. IsTransient
 // reports whether err, returned by a handler inside one of the store's
 // transactions, is a typed driver error for a transient database condition

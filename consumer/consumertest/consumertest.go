@@ -481,6 +481,21 @@ func (s *countingStore[Tx]) Failed(tx Tx) bool {
 	return ok && fr.Failed(tx)
 }
 
+// Ended passes the store's report through (see dedup.EndedTxReporter).
+func (s *countingStore[Tx]) Ended(tx Tx) bool {
+	er, ok := s.TxStore.(dedup.EndedTxReporter[Tx])
+	return ok && er.Ended(tx)
+}
+
+// Unclaim passes through to the store (see dedup.Unclaimer); without one
+// it does nothing.
+func (s *countingStore[Tx]) Unclaim(ctx context.Context, tx Tx, scope, key string) error {
+	if u, ok := s.TxStore.(dedup.Unclaimer[Tx]); ok {
+		return u.Unclaim(ctx, tx, scope, key)
+	}
+	return nil
+}
+
 // IsAborted passes the store's classification through (see
 // dedup.AbortClassifier).
 func (s *countingStore[Tx]) IsAborted(err error) bool {

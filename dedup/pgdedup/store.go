@@ -198,6 +198,19 @@ func (s *Store) Failed(tx pgx.Tx) bool {
 
 var _ dedup.FailedTxReporter[pgx.Tx] = (*Store)(nil)
 
+// Ended implements dedup.EndedTxReporter: the connection of tx is open and
+// its transaction status is 'I' (idle, no transaction), which a handler's
+// COMMIT or ROLLBACK through tx leaves. It costs no round trip.
+func (s *Store) Ended(tx pgx.Tx) bool {
+	c := tx.Conn()
+	return c != nil && !c.IsClosed() && c.PgConn().TxStatus() == 'I'
+}
+
+var (
+	_ dedup.EndedTxReporter[pgx.Tx] = (*Store)(nil)
+	_ dedup.Unclaimer[pgx.Tx]       = (*Store)(nil)
+)
+
 // Claim implements dedup.TxStore. New keys are inserted in ascending key
 // order in one statement, so concurrent batches lock them in the same order.
 // A key held by a concurrent uncommitted transaction makes the statement wait
