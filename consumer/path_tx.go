@@ -368,7 +368,7 @@ func (p *txPath[Tx]) handle(ctx context.Context, r *Runner, tx Tx, fresh []*job,
 			// Its COMMIT made the records of the later messages durable
 			// before their handlers ran: remove them, or their rerun
 			// would take them for duplicates.
-			p.unclaim(ctx, r, tx, fresh[i+1:])
+			p.forgetEnded(ctx, r, tx, j, fresh[i+1:])
 			return tryResult{err: errors.Join(errTxEnded, err), culprit: j}, true
 		case err == nil && p.failed(tx):
 			return tryResult{err: errSwallowed, culprit: j}, true
@@ -397,19 +397,21 @@ func (p *txPath[Tx]) ended(tx Tx) bool {
 	return ok && er.Ended(tx)
 }
 
-// unclaim removes the records of jobs, claimed in tx, after a handler ended
-// tx: each removal commits at once. A failure is logged; the job's rerun
-// then finds its key done.
-func (p *txPath[Tx]) unclaim(ctx context.Context, r *Runner, tx Tx, jobs []*job) {
-	u, ok := p.store.(dedup.Unclaimer[Tx])
-	if !ok {
+// forgetEnded removes the records of later, whose handlers did not run,
+// after culprit's handler ended tx: a COMMIT made them durable, and their
+// rerun would take them for duplicates. A failure is logged.
+func (p *txPath[Tx]) forgetEnded(ctx context.Context, r *Runner, tx Tx, culprit *job, later []*job) {
+	er, ok := p.store.(dedup.EndedTxReporter[Tx])
+	if !ok || len(later) == 0 {
 		return
 	}
-	for _, j := range jobs {
-		if err := u.Unclaim(ctx, tx, r.cfg.Name, j.key); err != nil {
-			r.log.ErrorContext(ctx, "removing the record of a message whose handler did not run failed; it may be taken for a duplicate",
-				LogKeyKey, j.key, LogKeyError, err)
-		}
+	keys := make([]string, len(later))
+	for i, j := range later {
+		keys[i] = j.key
+	}
+	if err := er.ForgetEnded(ctx, tx, r.cfg.Name, culprit.key, keys); err != nil {
+		r.log.ErrorContext(ctx, "removing the records of messages whose handler did not run failed; they may be taken for duplicates",
+			LogKeyCount, len(keys), LogKeyError, err)
 	}
 }
 

@@ -242,19 +242,16 @@ type FailedTxReporter[Tx any] interface {
 // COMMIT or ROLLBACK through it, so the statements that follow would run in
 // autocommit (PostgreSQL's transaction status 'I'). A closed connection is
 // not ended: its commit fails. The runner asks after every handler and
-// refuses to commit an ended transaction, blaming that handler; with an
-// Unclaimer it first removes the records of the batch's keys whose handler
-// had not run, which a handler's COMMIT made durable.
+// refuses to commit an ended transaction, blaming that handler.
+//
+// ForgetEnded then removes the records of keys (claimed in tx, whose
+// handlers had not run) if the handler's COMMIT made them durable: only
+// those written by the same transaction as the record of culprit, the
+// handler's own key. After a ROLLBACK they are gone already, and a record
+// another worker wrote since is left alone.
 type EndedTxReporter[Tx any] interface {
 	Ended(tx Tx) bool
-}
-
-// Unclaimer is an optional interface of a TxStore. Unclaim removes the
-// record of key in scope through tx, so that the key is new again once that
-// statement commits (at once, when tx was ended by a handler: see
-// EndedTxReporter).
-type Unclaimer[Tx any] interface {
-	Unclaim(ctx context.Context, tx Tx, scope, key string) error
+	ForgetEnded(ctx context.Context, tx Tx, scope, culprit string, keys []string) error
 }
 
 // TransientClassifier is an optional interface of a TxStore. IsTransient

@@ -487,11 +487,10 @@ func (s *countingStore[Tx]) Ended(tx Tx) bool {
 	return ok && er.Ended(tx)
 }
 
-// Unclaim passes through to the store (see dedup.Unclaimer); without one
-// it does nothing.
-func (s *countingStore[Tx]) Unclaim(ctx context.Context, tx Tx, scope, key string) error {
-	if u, ok := s.TxStore.(dedup.Unclaimer[Tx]); ok {
-		return u.Unclaim(ctx, tx, scope, key)
+// ForgetEnded passes through to the store (see dedup.EndedTxReporter).
+func (s *countingStore[Tx]) ForgetEnded(ctx context.Context, tx Tx, scope, culprit string, keys []string) error {
+	if er, ok := s.TxStore.(dedup.EndedTxReporter[Tx]); ok {
+		return er.ForgetEnded(ctx, tx, scope, culprit, keys)
 	}
 	return nil
 }

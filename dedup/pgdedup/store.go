@@ -206,10 +206,20 @@ func (s *Store) Ended(tx pgx.Tx) bool {
 	return c != nil && !c.IsClosed() && c.PgConn().TxStatus() == 'I'
 }
 
-var (
-	_ dedup.EndedTxReporter[pgx.Tx] = (*Store)(nil)
-	_ dedup.Unclaimer[pgx.Tx]       = (*Store)(nil)
-)
+// ForgetEnded implements dedup.EndedTxReporter: one statement, in autocommit
+// on the connection of tx, deletes the records of keys whose xmin (the
+// inserting or renewing transaction) is that of culprit's record.
+func (s *Store) ForgetEnded(ctx context.Context, tx pgx.Tx, scope, culprit string, keys []string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, s.q.forgetEnded, scope, culprit, keys); err != nil {
+		return fmt.Errorf("pgdedup: forget the records of an ended transaction: %w", err)
+	}
+	return nil
+}
+
+var _ dedup.EndedTxReporter[pgx.Tx] = (*Store)(nil)
 
 // Claim implements dedup.TxStore. New keys are inserted in ascending key
 // order in one statement, so concurrent batches lock them in the same order.
