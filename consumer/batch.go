@@ -39,6 +39,9 @@ type MessageError struct {
 
 // Error implements error.
 func (e *MessageError) Error() string {
+	if e.Msg == nil {
+		return fmt.Sprintf("idemq: message <nil>: %v", e.Err)
+	}
 	return fmt.Sprintf("idemq: message %q: %v", e.Msg.ID, e.Err)
 }
 
@@ -110,6 +113,11 @@ func (p *txPath[Tx]) handleBatch(ctx context.Context, r *Runner, tx Tx, fresh []
 		msgs[i] = j.msg
 	}
 	err := r.callBatch(ctx, fresh, ti, func(ctx context.Context) error { return p.bh(ctx, tx, msgs) })
+	if p.ended(tx) {
+		// Which messages' effects a COMMIT in the call made durable is
+		// unknown: the call is refused as a whole.
+		return tryResult{err: errors.Join(errTxEnded, err), suspects: fresh}, true
+	}
 	if err == nil && p.failed(tx) {
 		err = errSwallowed
 	}
@@ -169,7 +177,7 @@ func (r *Runner) callBatch(ctx context.Context, jobs []*job, ti *TxInfo, fn func
 		defer func() {
 			d := time.Since(start)
 			var me *MessageError
-			named := errors.As(err, &me)
+			named := errors.As(err, &me) && me.Msg != nil
 			for i, j := range jobs {
 				jerr := err
 				if named && j.msg != me.Msg {

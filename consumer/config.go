@@ -228,8 +228,8 @@ func RequireKey(m *Message) (string, error) {
 
 // RetryPolicy says how often and how fast a failing message is retried before
 // it is dead-lettered. The delay after the n-th failed attempt is
-// InitialBackoff × Multiplier^(n-1), capped at MaxBackoff, with ±Jitter
-// applied (see MaxAttempts for what counts as an attempt).
+// InitialBackoff × Multiplier^(n-1) with ±Jitter applied, capped at
+// MaxBackoff (see MaxAttempts for what counts as an attempt).
 type RetryPolicy struct {
 	// MaxAttempts is the number of attempts after which a failing message is
 	// dead-lettered with ErrMaxAttempts. An attempt is a handler failure as
@@ -282,26 +282,35 @@ func (p RetryPolicy) validate() error {
 	case p.MaxBackoff < p.InitialBackoff:
 		l.Add("Retry.MaxBackoff", "smaller than InitialBackoff")
 	}
-	if p.Multiplier < 1 {
-		l.Add("Retry.Multiplier", "must be at least 1")
+	// Written so that NaN fails every check.
+	if !(p.Multiplier >= 1) || math.IsInf(p.Multiplier, 0) {
+		l.Add("Retry.Multiplier", "must be a finite number of at least 1")
 	}
-	if p.Jitter >= 1 {
-		l.Add("Retry.Jitter", "must be below 1")
+	if !(p.Jitter < 1) || math.IsInf(p.Jitter, 0) {
+		l.Add("Retry.Jitter", "must be a finite number below 1")
 	}
 	return l.Err()
 }
 
 // Backoff returns the delay before the attempt that follows attempt (1-based).
+// It saturates: whatever the policy holds (even an unvalidated one with NaN or
+// values near math.MaxInt64), the result is within [0, MaxBackoff], the
+// jitter included.
 func (p RetryPolicy) Backoff(attempt int) time.Duration {
+	ceil := max(p.MaxBackoff, 0)
 	if attempt < 1 {
 		attempt = 1
 	}
 	d := float64(p.InitialBackoff) * math.Pow(p.Multiplier, float64(attempt-1))
-	if d > float64(p.MaxBackoff) || math.IsInf(d, 0) {
-		d = float64(p.MaxBackoff)
-	}
-	if p.Jitter > 0 {
+	if p.Jitter > 0 && p.Jitter < 1 {
 		d *= 1 + p.Jitter*(2*rand.Float64()-1)
+	}
+	switch {
+	case math.IsNaN(d) || d >= float64(ceil):
+		// float64(ceil) may round above ceil: convert ceil, never d.
+		return ceil
+	case d <= 0:
+		return 0
 	}
 	return time.Duration(d)
 }

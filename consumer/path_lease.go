@@ -61,8 +61,11 @@ func (o LeaseOptions) WithDefaults() LeaseOptions {
 // refreshing the lease, marks the key done, and only then acknowledges. A key
 // already done is acknowledged without running the handler; a key another
 // worker holds is neither run nor acknowledged but retried later, so
-// duplicates never run concurrently. If a refresh finds the lease lost, the
-// handler's context is cancelled and its outcome is not marked done.
+// duplicates never run concurrently. If a refresh finds the lease lost, or
+// no refresh has been confirmed for Lease minus RefreshInterval (refreshes
+// time out or hang on a stalled connection), the handler's context is
+// cancelled, with a cause matching dedup.ErrLeaseLost, before the lease can
+// have expired, and its outcome is not marked done.
 //
 // With Config.BatchSize above 1 and a store that implements
 // dedup.BatchClaimer (dedup/redisdedup does), the keys of a batch are claimed
@@ -234,8 +237,8 @@ func (p *leasePath) refreshQueued(ctx context.Context, r *Runner, batch []*job, 
 				r.hookRefreshFailed(ctx, err)
 			}
 			// Other errors: retried on the next tick. If they last, the
-			// message's confirmation grows old and claim takes the key
-			// again before its handler may run.
+			// message's confirmation passes safeUntil and claim takes the
+			// key again before its handler may run.
 		}
 	}
 }
@@ -256,26 +259,37 @@ func (p *leasePath) release(ctx context.Context, r *Runner, key, token string) {
 // again under the same token. That returns StateNew only if this token still
 // holds the key or nobody took it meanwhile; otherwise the message is not
 // run (another worker holds it, or it is done).
-func (p *leasePath) claim(ctx context.Context, r *Runner, j *job, pc *preclaim) (string, dedup.Claim, error) {
+func (p *leasePath) claim(ctx context.Context, r *Runner, j *job, pc *preclaim) (token string, c dedup.Claim, confirmed time.Time, err error) {
 	if pc != nil && pc.ok {
 		if pc.lost != nil {
-			return pc.token, pc.claim, fmt.Errorf("idemq: lease of key %q lost while queued: %w", j.key, pc.lost)
+			return pc.token, pc.claim, pc.confirmed, fmt.Errorf("idemq: lease of key %q lost while queued: %w", j.key, pc.lost)
 		}
-		if pc.claim.State != dedup.StateNew || time.Since(pc.confirmed) < p.opts.Lease-p.opts.RefreshInterval {
-			return pc.token, pc.claim, nil
+		if pc.claim.State != dedup.StateNew || time.Now().Before(p.safeUntil(pc.confirmed)) {
+			return pc.token, pc.claim, pc.confirmed, nil
 		}
 		r.log.LogAttrs(ctx, slog.LevelDebug, "lease of a queued message may have expired; claiming it again",
 			slog.String(LogKeyKey, j.key), slog.Duration("since_confirmed", time.Since(pc.confirmed)))
 	}
-	token := newToken()
+	token = newToken()
 	if pc != nil {
 		token = pc.token // the failed batch claim may hold the key with it
 	}
-	c, err := p.store.Claim(ctx, r.cfg.Name, dedup.Record{Key: j.key, PayloadHash: j.hash}, token, p.opts.Lease)
+	confirmed = time.Now()
+	c, err = p.store.Claim(ctx, r.cfg.Name, dedup.Record{Key: j.key, PayloadHash: j.hash}, token, p.opts.Lease)
 	if err != nil {
-		return token, c, fmt.Errorf("idemq: claim lease: %w", err)
+		return token, c, confirmed, fmt.Errorf("idemq: claim lease: %w", err)
 	}
-	return token, c, nil
+	return token, c, confirmed, nil
+}
+
+// safeUntil is the one rule for how long a lease may be relied on: until
+// Lease minus RefreshInterval (the safety margin) after the last claim or
+// refresh the store confirmed was sent. A queued message whose lease is
+// older is claimed again before it runs; a running handler whose lease is
+// older has its context cancelled, whatever the refreshes failed with (lost
+// lease, timeout, stalled connection).
+func (p *leasePath) safeUntil(confirmed time.Time) time.Time {
+	return confirmed.Add(p.opts.Lease - p.opts.RefreshInterval)
 }
 
 func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
@@ -283,7 +297,7 @@ func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
 	if len(r.hooks.claimed) > 0 {
 		j.claimStart = time.Now()
 	}
-	token, c, err := p.claim(ctx, r, j, pc)
+	token, c, confirmed, err := p.claim(ctx, r, j, pc)
 	if len(r.hooks.claimed) > 0 {
 		j.claimEnd, j.claimN = time.Now(), 1
 	}
@@ -318,7 +332,7 @@ func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
 
 	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, ctxKeyToken, token))
 	defer cancel(nil)
-	stop := p.refresh(hctx, r, cancel, j.key, token)
+	stop := p.refresh(hctx, r, cancel, j.key, token, confirmed)
 	err = r.call(hctx, j, func(ctx context.Context) error { return p.h(ctx, j.msg) })
 	var cerr error
 	if err == nil {
@@ -383,7 +397,7 @@ func (p *leasePath) complete(ctx context.Context, r *Runner, key, token string) 
 func (p *leasePath) validate() error {
 	var l cfgerr.List
 	o := p.opts
-	if p.store == nil {
+	if cfgerr.IsNil(p.store) {
 		l.Add("Leased store", "nil")
 	}
 	if p.h == nil {
@@ -404,12 +418,30 @@ func (p *leasePath) validate() error {
 }
 
 // refresh extends the lease every RefreshInterval until the returned stop
-// function is called. If the lease is lost it cancels the handler's context;
-// stop then returns the reason.
-func (p *leasePath) refresh(ctx context.Context, r *Runner, cancel context.CancelCauseFunc, key, token string) (stop func() error) {
+// function is called. confirmed is when the claim the store confirmed was
+// sent. If a refresh finds the lease lost, or no refresh has been confirmed
+// by safeUntil (refreshes fail or hang), it cancels the handler's context
+// with a cause matching dedup.ErrLeaseLost; stop then returns that cause.
+func (p *leasePath) refresh(ctx context.Context, r *Runner, cancel context.CancelCauseFunc, key, token string, confirmed time.Time) (stop func() error) {
 	if p.opts.RefreshInterval < 0 {
 		return func() error { return nil }
 	}
+	var (
+		mu      sync.Mutex
+		lastErr error // the last refresh error since the last confirmation
+		expired error // set when the watchdog cancelled the handler
+	)
+	watchdog := time.AfterFunc(time.Until(p.safeUntil(confirmed)), func() {
+		mu.Lock()
+		why := "a refresh is still in flight"
+		if lastErr != nil {
+			why = "last refresh error: " + lastErr.Error()
+		}
+		expired = fmt.Errorf("%w: no refresh confirmed within %v of the last one (%s)",
+			dedup.ErrLeaseLost, p.opts.Lease-p.opts.RefreshInterval, why)
+		mu.Unlock()
+		cancel(expired)
+	})
 	done := make(chan struct{})
 	result := make(chan error, 1)
 	go func() {
@@ -421,12 +453,19 @@ func (p *leasePath) refresh(ctx context.Context, r *Runner, cancel context.Cance
 				result <- nil
 				return
 			case <-t.C:
+				sent := time.Now()
 				err := p.store.Refresh(ctx, r.cfg.Name, key, token, p.opts.Lease)
 				if errors.Is(err, dedup.ErrLeaseLost) {
 					cancel(err)
 					result <- err
 					return
 				}
+				mu.Lock()
+				if err == nil && expired == nil {
+					watchdog.Reset(time.Until(p.safeUntil(sent)))
+				}
+				lastErr = err
+				mu.Unlock()
 				if err != nil && ctx.Err() == nil {
 					r.storeOut.failed(ctx, r.log, fmt.Errorf("idemq: refresh lease: %w", err))
 					r.hookRefreshFailed(ctx, err)
@@ -434,13 +473,22 @@ func (p *leasePath) refresh(ctx context.Context, r *Runner, cancel context.Cance
 					r.storeOut.ok(ctx, r.log)
 				}
 				// Other errors (store briefly unreachable) are retried on
-				// the next tick; Complete checks the token at the end.
+				// the next tick; the watchdog cancels the handler before
+				// the lease can have expired, and Complete checks the
+				// token at the end.
 			}
 		}
 	}()
 	return func() error {
 		close(done)
-		return <-result
+		err := <-result
+		watchdog.Stop()
+		mu.Lock()
+		defer mu.Unlock()
+		if err == nil {
+			err = expired
+		}
+		return err
 	}
 }
 

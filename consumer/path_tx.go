@@ -71,7 +71,7 @@ type txPath[Tx any] struct {
 
 func (p *txPath[Tx]) validate() error {
 	var l cfgerr.List
-	if p.store == nil {
+	if cfgerr.IsNil(p.store) {
 		l.Add("Transactional store", "nil")
 	}
 	if p.h == nil && p.bh == nil {
@@ -103,7 +103,7 @@ func (p *txPath[Tx]) runAll(ctx context.Context, r *Runner, held *heldPartitions
 			r.infraOK()
 			return
 		case res.infra || (res.culprit == nil && len(res.suspects) == 0):
-			p.infra(ctx, r, jobs, res.err)
+			p.infra(ctx, r, held, jobs, res.err)
 			return
 		case res.culprit != nil:
 			p.blame(ctx, r, held, res.culprit, res.err)
@@ -278,6 +278,13 @@ func (p *txPath[Tx]) commit(ctx context.Context, r *Runner, tx Tx, l *lane) (cha
 	if !ok || l == nil {
 		return false, p.store.Commit(ctx, tx)
 	}
+	if !settlesQuietly(l.cur) {
+		// Settling this batch publishes a retry or a dead letter: a
+		// transaction chained now would idle through that broker I/O,
+		// and a server's idle_in_transaction_session_timeout would kill
+		// it under the next batch's first message.
+		return false, p.store.Commit(ctx, tx)
+	}
 	next := r.takeAhead(ctx, l)
 	if next == nil || len(next.live) == 0 {
 		return false, p.store.Commit(ctx, tx)
@@ -299,6 +306,32 @@ func (p *txPath[Tx]) commit(ctx context.Context, r *Runner, tx Tx, l *lane) (cha
 	default:
 		return false, err
 	}
+}
+
+// settlesQuietly reports whether settling b, once the transaction being
+// committed succeeds, takes no broker call but the coalesced
+// acknowledgements, which the lane's acker sends off its path: every job is
+// acknowledged (committed, a duplicate, or a follower of a committed leader
+// with the same payload), none is retried or dead-lettered. A job without
+// an outcome at this point is in the transaction being committed. Without
+// a batch (nil) it reports false.
+func settlesQuietly(b *prepared) bool {
+	if b == nil {
+		return false
+	}
+	for _, j := range b.batch {
+		switch j.out {
+		case outNone, outAck, outDuplicate:
+		default:
+			return false
+		}
+		if j.follower {
+			if leader := b.leaders[j.key]; leader == nil || leader.hash != j.hash {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // beginClaim begins a transaction and claims recs in it, in one round trip
@@ -332,6 +365,12 @@ func (p *txPath[Tx]) handle(ctx context.Context, r *Runner, tx Tx, fresh []*job,
 	for i, j := range fresh {
 		err := r.call(ctx, j, func(ctx context.Context) error { return p.h(ctx, tx, j.msg) })
 		switch {
+		case p.ended(tx):
+			// Its COMMIT made the records of the later messages durable
+			// before their handlers ran: remove them, or their rerun
+			// would take them for duplicates.
+			p.forgetEnded(ctx, r, tx, j, fresh[i+1:])
+			return tryResult{err: errors.Join(errTxEnded, err), culprit: j}, true
 		case err == nil && p.failed(tx):
 			return tryResult{err: errSwallowed, culprit: j}, true
 		case err == nil:
@@ -345,6 +384,36 @@ func (p *txPath[Tx]) handle(ctx context.Context, r *Runner, tx Tx, fresh []*job,
 		}
 	}
 	return tryResult{}, false
+}
+
+// errTxEnded is the failure of a handler that ended the runner's transaction
+// itself (COMMIT or ROLLBACK through tx).
+var errTxEnded = errors.New("idemq: the handler ended the transaction itself (COMMIT or ROLLBACK through tx); " +
+	"the rest of its batch would have run in autocommit, so the transaction is refused")
+
+// ended reports whether the store knows, without a round trip, that tx was
+// ended by a handler.
+func (p *txPath[Tx]) ended(tx Tx) bool {
+	er, ok := p.store.(dedup.EndedTxReporter[Tx])
+	return ok && er.Ended(tx)
+}
+
+// forgetEnded removes the records of later, whose handlers did not run,
+// after culprit's handler ended tx: a COMMIT made them durable, and their
+// rerun would take them for duplicates. A failure is logged.
+func (p *txPath[Tx]) forgetEnded(ctx context.Context, r *Runner, tx Tx, culprit *job, later []*job) {
+	er, ok := p.store.(dedup.EndedTxReporter[Tx])
+	if !ok || len(later) == 0 {
+		return
+	}
+	keys := make([]string, len(later))
+	for i, j := range later {
+		keys[i] = j.key
+	}
+	if err := er.ForgetEnded(ctx, tx, r.cfg.Name, culprit.key, keys); err != nil {
+		r.log.ErrorContext(ctx, "removing the records of messages whose handler did not run failed; they may be taken for duplicates",
+			LogKeyCount, len(keys), LogKeyError, err)
+	}
 }
 
 // errSwallowed is the failure of a handler that returned nil although a
@@ -394,8 +463,10 @@ func (p *txPath[Tx]) blame(ctx context.Context, r *Runner, held *heldPartitions,
 
 // infra settles the unsettled jobs of a transaction that failed for a reason
 // of the store or the database (begin, claim or commit): nothing in it is
-// durable, and nothing is counted against the messages.
-func (p *txPath[Tx]) infra(ctx context.Context, r *Runner, jobs []*job, err error) {
+// durable, and nothing is counted against the messages. Their partitions are
+// held, so that when jobs is a half of a bisected batch, the later messages
+// of those partitions in the other half do not commit ahead of them.
+func (p *txPath[Tx]) infra(ctx context.Context, r *Runner, held *heldPartitions, jobs []*job, err error) {
 	if errors.Is(err, ErrCommit) {
 		r.stats.commitFailures.Add(1)
 	}
@@ -407,6 +478,9 @@ func (p *txPath[Tx]) infra(ctx context.Context, r *Runner, jobs []*job, err erro
 		}
 		j.set(outRetryInfra, err)
 		j.delay = delay
+		if pk := j.msg.PartitionKey; pk == "" || (*held)[pk] == nil {
+			held.hold(j) // the first of its partition: the later ones wait
+		}
 		n++
 	}
 	r.storeOut.warn(ctx, r.log, "transaction failed; its messages will be retried", slog.Int(LogKeyCount, n), slog.Any(LogKeyError, err))

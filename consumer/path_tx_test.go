@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -515,4 +516,154 @@ func (b blindStore) IsAborted(err error) bool                      { return b.s.
 func (b blindStore) IsTransient(err error) bool                    { return b.s.IsTransient(err) }
 func (b blindStore) Claim(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, error) {
 	return b.s.Claim(ctx, tx, scope, recs)
+}
+
+// Order holds under bisect plus an infrastructure failure: A and B of one
+// partition key fail together without a culprit, so the batch is halved;
+// the half [A] then fails to commit for a reason of the database. B must
+// not commit ahead of A: it is held behind A and both are retried.
+func TestBisectInfraFailureHoldsPartition(t *testing.T) {
+	f := newFixture(t)
+	store := newRecordingStore(f.store)
+	for _, k := range []string{"A", "B"} {
+		f.broker.Publish(f.topic, memsource.Outgoing{Key: k, Body: []byte(k), PartitionKey: "acct-1"})
+	}
+	var calls atomic.Int32
+	h := func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+		for _, m := range msgs {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+f.table+` (key, body) VALUES ($1, $2)`, m.Key, string(m.Body)); err != nil {
+				return err
+			}
+		}
+		if calls.Add(1) == 1 {
+			if len(msgs) != 2 {
+				return nil // not the scenario: the test fails below
+			}
+			store.mu.Lock()
+			store.failNext = 1 // the commit of the half [A]
+			store.mu.Unlock()
+			return errors.New("one of these failed, which one is not said")
+		}
+		return nil
+	}
+	r := f.start(f.broker.Source(f.topic), consumer.TransactionalBatch[pgx.Tx](store, h),
+		consumer.Config{Concurrency: 1, BatchSize: 2, BatchWait: 500 * time.Millisecond, Retry: quickRetry(3)})
+	f.settled()
+	r.stop(t)
+	rows, err := f.pool.Query(context.Background(), `SELECT key FROM `+f.table+` ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	order, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(order, []string{"A", "B"}) {
+		t.Fatalf("committed in order %v, want [A B]", order)
+	}
+}
+
+// slowDeadLetters is a source whose dead-letter publish takes delay, as a
+// slow broker's would.
+type slowDeadLetters struct {
+	consumer.Source
+	delay time.Duration
+}
+
+func (s slowDeadLetters) DeadLetter(ctx context.Context, m *consumer.Message, reason error) error {
+	time.Sleep(s.delay)
+	return s.Source.DeadLetter(ctx, m, reason)
+}
+
+// No open transaction waits on broker I/O. With the server's
+// idle_in_transaction_session_timeout at 200 ms (set for this test's
+// sessions only) and a dead-letter publish of 600 ms, a batch that commits
+// one message and dead-letters another must not leave the next batch's
+// chained transaction idle while it publishes: the server would kill it, and
+// the next message would take the blame (with MaxAttempts 1, a dead letter).
+func TestNoOpenTransactionWaitsOnDeadLetter(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.pool.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "200"
+	pool, err := pgxpool.NewWithConfig(testCtx(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := pgdedup.New(pool, f.store.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A visibility timeout longer than the dead-letter publish.
+	f.broker = memsource.New(memsource.Config{VisibilityTimeout: 10 * time.Second, Seed: 1})
+	t.Cleanup(func() { f.broker.Close() })
+	var ks, bad []string
+	for i := range 4 {
+		b, g := fmt.Sprintf("bad%d", i), fmt.Sprintf("g%d", i)
+		bad = append(bad, b)
+		ks = append(ks, g)
+		f.publish(g, b) // the next batch starts with an innocent message
+	}
+	fail := func(msg *consumer.Message, call int) error {
+		if strings.HasPrefix(msg.Key, "bad") {
+			return errors.New("poison")
+		}
+		return nil
+	}
+	src := slowDeadLetters{Source: f.broker.Source(f.topic), delay: 600 * time.Millisecond}
+	r := f.start(src, consumer.Transactional(store, f.handler(fail)),
+		consumer.Config{Concurrency: 1, BatchSize: 2, Retry: quickRetry(1)})
+	var dead []string
+	f.waitFor("every message settled, or an innocent one dead-lettered", func(st memsource.TopicStats) bool {
+		dead = dead[:0]
+		for _, dl := range f.broker.DeadLetters(f.topic) {
+			dead = append(dead, dl.Key)
+		}
+		innocent := slices.ContainsFunc(dead, func(k string) bool { return !strings.HasPrefix(k, "bad") })
+		return innocent || (st.Ready == 0 && st.InFlight == 0 && st.Pending == 0)
+	})
+	r.stop(t)
+	slices.Sort(dead)
+	if !slices.Equal(dead, bad) {
+		t.Fatalf("dead letters %v, want exactly %v", dead, bad)
+	}
+	f.requireOnce(ks...)
+}
+
+// A handler that ends the runner's transaction itself (ROLLBACK or COMMIT
+// through tx) would leave the rest of its batch in autocommit: the earlier
+// messages' effects and records rolled back yet acknowledged, or the later
+// ones' records committed before their effects. The runner refuses to
+// commit such a transaction and blames that handler; every other message
+// takes effect exactly once.
+func TestHandlerEndingTheTransactionIsBlamed(t *testing.T) {
+	for _, stmt := range []string{"ROLLBACK", "COMMIT"} {
+		t.Run(stmt, func(t *testing.T) {
+			f := newFixture(t)
+			f.publish("a", "x", "c")
+			h := f.handler(nil)
+			ender := func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+				if err := h(ctx, tx, msg); err != nil || msg.Key != "x" {
+					return err
+				}
+				_, err := tx.Exec(ctx, stmt)
+				return err
+			}
+			r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, ender),
+				consumer.Config{Concurrency: 1, BatchSize: 3, BatchWait: 500 * time.Millisecond, Retry: quickRetry(1)})
+			f.settled()
+			r.stop(t)
+			var dead []string
+			for _, dl := range f.broker.DeadLetters(f.topic) {
+				dead = append(dead, dl.Key)
+			}
+			if !slices.Equal(dead, []string{"x"}) {
+				t.Errorf("dead letters %v, want [x]: the handler that ended the transaction is blamed", dead)
+			}
+			got := f.effects()
+			if got["a"] != 1 || got["c"] != 1 {
+				t.Errorf("effects %v, want a and c exactly once", got)
+			}
+		})
+	}
 }

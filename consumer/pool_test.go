@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/dedup/redisdedup"
 	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/memsource"
@@ -69,6 +70,33 @@ func TestConcurrencyMustFitThePool(t *testing.T) {
 			r, err = consumer.NewRunner(b.Source("t"), path, consumer.Config{Name: "pool"})
 			if err != nil || r.Config().Concurrency != 2 {
 				t.Fatalf("default Concurrency on a pool of 3: %v, Concurrency %d; want 2", err, r.Config().Concurrency)
+			}
+		})
+	}
+}
+
+// A store whose New failed and whose error was ignored is a typed nil: the
+// path's interface holds a nil pointer. NewRunner reports it as a
+// *ConfigError instead of panicking (pgdedup) or passing it on to crash a
+// lane in Run (redisdedup).
+func TestTypedNilStoresAreConfigErrors(t *testing.T) {
+	src := memsource.New(memsource.Config{}).Source("t")
+	paths := map[string]consumer.Path{
+		"pgdedup":  consumer.Transactional((*pgdedup.Store)(nil), func(context.Context, pgx.Tx, *consumer.Message) error { return nil }),
+		"sqldedup": consumer.Transactional((*sqldedup.Store)(nil), func(context.Context, *sql.Tx, *consumer.Message) error { return nil }),
+		"redisdedup": consumer.Leased((*redisdedup.Store)(nil), func(context.Context, *consumer.Message) error { return nil },
+			consumer.LeaseOptions{}),
+	}
+	for name, p := range paths {
+		t.Run(name, func(t *testing.T) {
+			var ce *consumer.ConfigError
+			defer func() {
+				if v := recover(); v != nil {
+					t.Fatalf("NewRunner with a nil *%s.Store panicked: %v", name, v)
+				}
+			}()
+			if _, err := consumer.NewRunner(src, p, consumer.Config{Name: "x"}); !errors.As(err, &ce) {
+				t.Fatalf("NewRunner with a nil *%s.Store = %v, want a *ConfigError", name, err)
 			}
 		})
 	}

@@ -330,6 +330,7 @@ func (r *Runner) lane(ctx context.Context, in <-chan *job) {
 // commit chained and that already claimed that batch's keys.
 type lane struct {
 	in    <-chan *job
+	cur   *prepared // the batch being handled
 	ahead *prepared
 	chain chained
 }
@@ -457,6 +458,9 @@ func (r *Runner) prepareBatch(ctx context.Context, batch []*job) *prepared {
 
 // handle runs a prepared batch's path and settles every message.
 func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane) {
+	if l != nil {
+		l.cur = b
+	}
 	if len(b.live) > 0 {
 		r.path.process(ctx, r, b.live, l)
 		r.storeOut.report(ctx, r.log, infraErr(b.live))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -649,4 +650,84 @@ func TestPoisonedBatchIsSplit(t *testing.T) {
 			t.Errorf("%s ran %d times, want at most 2 (the failed batch and its own transaction)", k, f.calls(k))
 		}
 	}
+}
+
+// A RetryPolicy with NaN, infinite or overflowing values is refused, and
+// Backoff saturates whatever it is given: never negative, never above
+// MaxBackoff, so that no retry loops without a pause.
+func TestRetryPolicyRefusesNaNAndSaturates(t *testing.T) {
+	src := memsource.New(memsource.Config{}).Source("t")
+	ms, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := consumer.Leased(ms.Leases(), func(context.Context, *consumer.Message) error { return nil }, consumer.LeaseOptions{})
+	bad := map[string]consumer.RetryPolicy{
+		"NaN multiplier":   {Multiplier: math.NaN()},
+		"Inf multiplier":   {Multiplier: math.Inf(1)},
+		"NaN jitter":       {Jitter: math.NaN()},
+		"-Inf jitter":      {Jitter: math.Inf(-1)},
+		"negative initial": {InitialBackoff: -time.Second},
+	}
+	for name, p := range bad {
+		var ce *consumer.ConfigError
+		if _, err := consumer.NewRunner(src, path, consumer.Config{Name: "x", Retry: p}); !errors.As(err, &ce) {
+			t.Errorf("%s: NewRunner = %v, want a *ConfigError", name, err)
+		}
+	}
+
+	huge := time.Duration(math.MaxInt64)
+	policies := []consumer.RetryPolicy{
+		{Multiplier: math.NaN()},
+		{Multiplier: math.Inf(1)},
+		{Multiplier: 2, Jitter: math.NaN()},
+		{InitialBackoff: huge, MaxBackoff: huge, Multiplier: 2, Jitter: 0.5},
+		{InitialBackoff: huge - 1, MaxBackoff: huge, Multiplier: 1, Jitter: 0.99},
+		{InitialBackoff: time.Second, MaxBackoff: huge, Multiplier: 1e300, Jitter: 0.2},
+		{InitialBackoff: time.Second, MaxBackoff: 2 * time.Second, Multiplier: 2, Jitter: 0.9},
+		{InitialBackoff: -time.Second, MaxBackoff: -time.Second},
+	}
+	for _, p := range policies {
+		p = p.WithDefaults()
+		for _, attempt := range []int{math.MinInt, 0, 1, 2, 3, 64, 1 << 20, math.MaxInt} {
+			for range 20 { // jitter is random
+				d := p.Backoff(attempt)
+				if d < 0 || d > max(p.MaxBackoff, 0) {
+					t.Fatalf("%+v.Backoff(%d) = %v, want within [0, %v]", p, attempt, d, max(p.MaxBackoff, 0))
+				}
+			}
+		}
+	}
+}
+
+// FuzzBackoff: whatever the policy, Backoff stays within [0, MaxBackoff].
+func FuzzBackoff(f *testing.F) {
+	f.Add(int64(200*time.Millisecond), int64(30*time.Second), 2.0, 0.2, 3)
+	f.Add(int64(math.MaxInt64), int64(math.MaxInt64), 2.0, 0.5, 1)
+	f.Add(int64(1), int64(math.MaxInt64), math.NaN(), math.NaN(), 7)
+	f.Fuzz(func(t *testing.T, initial, maxB int64, mult, jitter float64, attempt int) {
+		p := consumer.RetryPolicy{InitialBackoff: time.Duration(initial), MaxBackoff: time.Duration(maxB), Multiplier: mult, Jitter: jitter}
+		d := p.Backoff(attempt)
+		if d < 0 || d > max(p.MaxBackoff, 0) {
+			t.Fatalf("%+v.Backoff(%d) = %v, want within [0, %v]", p, attempt, d, max(p.MaxBackoff, 0))
+		}
+	})
+}
+
+// A MessageError without a message still prints, and a batch handler that
+// returns one blames no message by it.
+func TestMessageErrorWithoutMessage(t *testing.T) {
+	var got string
+	func() {
+		defer func() {
+			if v := recover(); v != nil {
+				t.Fatalf("MessageError{}.Error() panicked: %v", v)
+			}
+		}()
+		got = (&consumer.MessageError{Err: errors.New("boom")}).Error()
+	}()
+	if !strings.Contains(got, "boom") {
+		t.Errorf("MessageError{Err: boom}.Error() = %q, want it to name boom", got)
+	}
+	_ = (&consumer.MessageError{}).Error()
 }

@@ -234,6 +234,24 @@ type FailedTxReporter[Tx any] interface {
 	Failed(tx Tx) bool
 }
 
+// EndedTxReporter is an optional interface of a TxStore. Ended reports,
+// without a round trip, whether tx is no longer open on its connection
+// although the runner neither committed nor rolled it back: a handler sent
+// COMMIT or ROLLBACK through it, so the statements that follow would run in
+// autocommit (PostgreSQL's transaction status 'I'). A closed connection is
+// not ended: its commit fails. The runner asks after every handler and
+// refuses to commit an ended transaction, blaming that handler.
+//
+// ForgetEnded then removes the records of keys (claimed in tx, whose
+// handlers had not run) if the handler's COMMIT made them durable: only
+// those written by the same transaction as the record of culprit, the
+// handler's own key. After a ROLLBACK they are gone already, and a record
+// another worker wrote since is left alone.
+type EndedTxReporter[Tx any] interface {
+	Ended(tx Tx) bool
+	ForgetEnded(ctx context.Context, tx Tx, scope, culprit string, keys []string) error
+}
+
 // TransientClassifier is an optional interface of a TxStore. IsTransient
 // reports whether err, returned by a handler inside one of the store's
 // transactions, is a typed driver error for a transient database condition

@@ -481,6 +481,20 @@ func (s *countingStore[Tx]) Failed(tx Tx) bool {
 	return ok && fr.Failed(tx)
 }
 
+// Ended passes the store's report through (see dedup.EndedTxReporter).
+func (s *countingStore[Tx]) Ended(tx Tx) bool {
+	er, ok := s.TxStore.(dedup.EndedTxReporter[Tx])
+	return ok && er.Ended(tx)
+}
+
+// ForgetEnded passes through to the store (see dedup.EndedTxReporter).
+func (s *countingStore[Tx]) ForgetEnded(ctx context.Context, tx Tx, scope, culprit string, keys []string) error {
+	if er, ok := s.TxStore.(dedup.EndedTxReporter[Tx]); ok {
+		return er.ForgetEnded(ctx, tx, scope, culprit, keys)
+	}
+	return nil
+}
+
 // IsAborted passes the store's classification through (see
 // dedup.AbortClassifier).
 func (s *countingStore[Tx]) IsAborted(err error) bool {

@@ -14,7 +14,7 @@ import (
 
 // queries holds the store's SQL, rendered once for the configured table.
 type queries struct {
-	table, claimInsert, claimInsertOne, claimSelect, claimRenew, unclaim, inspect, cleanup string
+	table, claimInsert, claimInsertOne, claimSelect, claimRenew, unclaim, forgetEnded, inspect, cleanup string
 }
 
 func newQueries(schema, table string) queries {
@@ -47,6 +47,10 @@ FOR UPDATE`,
 SET payload_hash = $3, processed_at = now(), expires_at = now() + $4 * interval '1 microsecond'
 WHERE scope = $1 AND key = $2`,
 		unclaim: `DELETE FROM ` + t + ` WHERE scope = $1 AND key = $2`,
+		// The records a handler's COMMIT made durable share the xmin of
+		// the handler's own record; no other record does.
+		forgetEnded: `DELETE FROM ` + t + ` WHERE scope = $1 AND key = ANY($3::text[])
+AND xmin = (SELECT xmin FROM ` + t + ` WHERE scope = $1 AND key = $2)`,
 		inspect: `SELECT payload_hash, processed_at, expires_at FROM ` + t + ` WHERE scope = $1 AND key = $2`,
 		cleanup: `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
 SELECT ctid FROM ` + t + ` WHERE expires_at <= now()

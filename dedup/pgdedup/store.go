@@ -197,6 +197,29 @@ func (s *Store) Failed(tx pgx.Tx) bool {
 
 var _ dedup.FailedTxReporter[pgx.Tx] = (*Store)(nil)
 
+// Ended implements dedup.EndedTxReporter: the connection of tx is open and
+// its transaction status is 'I' (idle, no transaction), which a handler's
+// COMMIT or ROLLBACK through tx leaves. It costs no round trip.
+func (s *Store) Ended(tx pgx.Tx) bool {
+	c := tx.Conn()
+	return c != nil && !c.IsClosed() && c.PgConn().TxStatus() == 'I'
+}
+
+// ForgetEnded implements dedup.EndedTxReporter: one statement, in autocommit
+// on the connection of tx, deletes the records of keys whose xmin (the
+// inserting or renewing transaction) is that of culprit's record.
+func (s *Store) ForgetEnded(ctx context.Context, tx pgx.Tx, scope, culprit string, keys []string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, s.q.forgetEnded, scope, culprit, keys); err != nil {
+		return fmt.Errorf("pgdedup: forget the records of an ended transaction: %w", err)
+	}
+	return nil
+}
+
+var _ dedup.EndedTxReporter[pgx.Tx] = (*Store)(nil)
+
 // Claim implements dedup.TxStore. New keys are inserted in ascending key
 // order in one statement, so concurrent batches lock them in the same order.
 // A key held by a concurrent uncommitted transaction makes the statement wait
@@ -215,8 +238,9 @@ func (s *Store) Unclaim(ctx context.Context, tx pgx.Tx, scope, key string) error
 
 // IsTransient implements dedup.TransientClassifier. Only typed driver errors
 // are transient: a *pgconn.PgError whose SQLSTATE is a serialization
-// failure or deadlock (40001, 40P01), a connection exception (class 08) or a
-// server shutting down or starting (57P01-57P03); a *pgconn.ConnectError; and
+// failure or deadlock (40001, 40P01), a connection exception (class 08), a
+// session terminated for idling in a transaction (25P03) or a server
+// shutting down or starting (57P01-57P03); a *pgconn.ConnectError; and
 // a pgconn error for a statement that was never sent. Anything else is the
 // message's own failure, counted against its attempts: a constraint
 // violation, a bad value, a context deadline or cancellation (a handler past

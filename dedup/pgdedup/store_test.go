@@ -545,6 +545,8 @@ func TestIsTransient(t *testing.T) {
 		{fmt.Errorf("update: %w", &pgconn.PgError{Code: "40P01"}), true},
 		{&pgconn.PgError{Code: "08006"}, true},
 		{&pgconn.PgError{Code: "57P01"}, true},
+		{&pgconn.PgError{Code: "25P03"}, true},
+		{&pgconn.PgError{Code: "08003"}, true},
 		{&pgconn.PgError{Code: "23505"}, false},
 		{&pgconn.PgError{Code: "25P02"}, false},
 		{&pgconn.PgError{Code: "55P03"}, false},

@@ -327,3 +327,64 @@ func TestTransactionalBatch(t *testing.T) {
 		})
 	}
 }
+
+// A handler that ends the runner's transaction itself (ROLLBACK through
+// tx) on PostgreSQL through database/sql: the commit is refused, the
+// earlier message's effect is not lost, and the handler is blamed.
+func TestHandlerEndingTheTransactionIsRefused(t *testing.T) {
+	store, db := backends()["postgres"](t, sqldedup.Config{})
+	ctx := t.Context()
+	table := `"` + store.Config().Schema + `"."effects"`
+	if _, err := db.ExecContext(ctx, `CREATE TABLE `+table+` (key TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	broker := memsource.New(memsource.Config{VisibilityTimeout: 10 * time.Second})
+	t.Cleanup(func() { _ = broker.Close() })
+	for _, k := range []string{"a", "x"} {
+		broker.Publish("t", memsource.Outgoing{Key: k, Body: []byte(k)})
+	}
+	h := func(ctx context.Context, tx *sql.Tx, msg *consumer.Message) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+table+` (key) VALUES ($1)`, msg.Key); err != nil {
+			return err
+		}
+		if msg.Key == "x" {
+			_, err := tx.ExecContext(ctx, `ROLLBACK`)
+			return err
+		}
+		return nil
+	}
+	r, err := consumer.NewRunner(broker.Source("t"), consumer.Transactional(store, h), consumer.Config{
+		Name: "ended", Concurrency: 1, BatchSize: 2, BatchWait: 500 * time.Millisecond,
+		Retry: consumer.RetryPolicy{MaxAttempts: 1, InitialBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for st := broker.Stats("t"); st.Ready+st.InFlight+st.Pending > 0; st = broker.Stats("t") {
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			t.Fatalf("not settled: %+v", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var dead []string
+	for _, dl := range broker.DeadLetters("t") {
+		dead = append(dead, dl.Key)
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+table+` WHERE key = 'a'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || len(dead) != 1 || dead[0] != "x" {
+		t.Fatalf("a has %d effects and the dead letters are %v; want 1 effect and [x]", n, dead)
+	}
+}

@@ -168,12 +168,45 @@ func (s *Store) Begin(ctx context.Context) (*sql.Tx, error) { return s.db.BeginT
 // non-transient SQLState, or SQLite's SQLITE_CONSTRAINT), or a PostgreSQL
 // transaction that had failed, which pgx's stdlib driver and lib/pq report as
 // a rollback.
-func (s *Store) Commit(_ context.Context, tx *sql.Tx) error {
+//
+// On PostgreSQL, Commit first checks, in one round trip, that tx is still
+// open: a handler that sent COMMIT or ROLLBACK through tx left the rest of
+// its batch in autocommit, and the commit is then refused (dedup.ErrTxRefused)
+// so that the runner finds and blames that handler. database/sql gives no
+// access to the connection's transaction status without a round trip, so
+// this check runs once per commit, not after every handler as pgdedup's.
+func (s *Store) Commit(ctx context.Context, tx *sql.Tx) error {
+	if s.cfg.Dialect == Postgres {
+		if err := s.checkOpen(ctx, tx); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+	}
 	err := tx.Commit()
 	if err != nil && s.refused(err) {
 		return fmt.Errorf("%w: %w", dedup.ErrTxRefused, err)
 	}
 	return err
+}
+
+// errTxEnded is the refusal of a transaction a handler ended itself.
+var errTxEnded = errors.New("sqldedup: the transaction was ended by a statement sent through it (COMMIT or ROLLBACK in a handler)")
+
+// checkOpen returns an error matching dedup.ErrTxRefused when tx is no
+// longer open on PostgreSQL (SAVEPOINT is refused outside a transaction
+// block with SQLSTATE 25P01), and any other error of the check except the
+// 25P02 of a failed transaction, whose commit reports it.
+func (s *Store) checkOpen(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, `SAVEPOINT idemq_open; RELEASE SAVEPOINT idemq_open`)
+	var state interface{ SQLState() string }
+	switch {
+	case err == nil || s.IsAborted(err):
+		return nil
+	case errors.As(err, &state) && state.SQLState() == "25P01":
+		return fmt.Errorf("%w: %w", dedup.ErrTxRefused, errTxEnded)
+	default:
+		return fmt.Errorf("sqldedup: check that the transaction is open: %w", err)
+	}
 }
 
 // Rollback implements dedup.TxStore; it is safe after Commit.

@@ -430,6 +430,8 @@ func TestIsTransient(t *testing.T) {
 		{pg, fmt.Errorf("update: %w", pgErr("40P01")), true}, // deadlock
 		{pg, pgErr("40001"), true},                           // serialization failure
 		{pg, pgErr("08006"), true},                           // connection failure
+		{pg, pgErr("25P03"), true},                           // idle-in-transaction timeout killed the session
+		{pg, pgErr("57P01"), true},                           // admin shutdown
 		{pg, pgErr("23505"), false},                          // unique violation
 		{pg, sqliteErr(5), false},                            // a code from another dialect
 		{pg, fmt.Errorf("exec: %w", sql.ErrConnDone), true},  // lost connection

@@ -28,8 +28,9 @@ const (
 //   - SQLite: SQLITE_BUSY and SQLITE_LOCKED (and their extended codes), from
 //     drivers whose error has a Code() int method, as modernc.org/sqlite's;
 //   - PostgreSQL: deadlock (40P01), serialization failure (40001),
-//     connection exceptions (class 08) and a server shutting down or
-//     starting (57P01-57P03), from drivers whose error has a SQLState()
+//     connection exceptions (class 08), a session terminated for idling
+//     in a transaction (25P03) and a server shutting down or starting
+//     (57P01-57P03), from drivers whose error has a SQLState()
 //     string method, as pgx's and lib/pq's;
 //   - any dialect: driver.ErrBadConn and sql.ErrConnDone.
 //

@@ -5,6 +5,7 @@ package cfgerr
 
 import (
 	"fmt"
+	"reflect"
 	"strings"
 
 	"github.com/idemq/idemq/dedup"
@@ -107,4 +108,18 @@ func Fields(err error) []string {
 	}
 	walk(err)
 	return out
+}
+
+// IsNil reports whether v is nil, or an interface holding a nil pointer, map,
+// slice, channel or func: a store whose constructor failed and whose error
+// was ignored (a typed nil) passes a "== nil" check on the interface.
+func IsNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func, reflect.Interface, reflect.UnsafePointer:
+		return rv.IsNil()
+	}
+	return false
 }

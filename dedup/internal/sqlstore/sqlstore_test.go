@@ -112,6 +112,7 @@ func TestCleanupPacedPausesBetweenFullBatches(t *testing.T) {
 func TestTransientClassification(t *testing.T) {
 	for code, want := range map[string]bool{
 		"40001": true, "40P01": true, "08006": true, "08001": true, "57P01": true, "57P02": true, "57P03": true,
+		"25P03": true, "08003": true,
 		"55P03": false, "53300": false, "53100": false, "23505": false, "22021": false, "25P02": false, "42601": false,
 	} {
 		if got := PostgresTransient(code); got != want {
