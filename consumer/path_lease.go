@@ -27,7 +27,9 @@ type LeaseOptions struct {
 	// crashes holds the key this long. Defaults to 30 s.
 	Lease time.Duration
 	// RefreshInterval is how often the lease is extended while the handler
-	// runs; it must be below Lease/2. Defaults to Lease/3. Negative disables
+	// runs; it must be below Lease/2. It is also the safety margin: a lease
+	// with no refresh confirmed for Lease minus RefreshInterval is taken as
+	// lost (its handler's context is cancelled). Defaults to Lease/3. Negative disables
 	// refreshing: a handler slower than Lease then loses its key to another
 	// worker and its outcome is not recorded.
 	RefreshInterval time.Duration
