@@ -20,6 +20,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -184,7 +185,7 @@ func spiedStore(t *testing.T, f *fixture, spy *statementSpy) *pgdedup.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
+	testenv.ClosePoolAtCleanup(t, pool)
 	store, err := pgdedup.New(pool, f.store.Config())
 	if err != nil {
 		t.Fatal(err)

@@ -46,7 +46,7 @@ func TestDedupTableGauges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
+	testenv.ClosePoolAtCleanup(t, pool)
 	store, err := pgdedup.New(pool, pgdedup.Config{Schema: testenv.Schema(t, url), CleanupInterval: 20 * time.Millisecond, StatsInterval: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

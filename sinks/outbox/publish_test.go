@@ -45,7 +45,7 @@ func newPoolSchema(t *testing.T) (*pgxpool.Pool, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
+	testenv.ClosePoolAtCleanup(t, pool)
 	if err := outbox.Migrate(ctx, pool, sqldedup.Postgres); err != nil {
 		t.Fatal(err)
 	}

@@ -342,7 +342,7 @@ func TestRelayOverlapKeepsKeyOrder(t *testing.T) {
 				if relayPool, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
 					t.Fatal(err)
 				}
-				t.Cleanup(relayPool.Close)
+				testenv.ClosePoolAtCleanup(t, relayPool)
 			}
 			const n, keys = 400, 7
 			var msgs []outbox.Message

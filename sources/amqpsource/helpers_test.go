@@ -288,7 +288,7 @@ func openDatabase(t testing.TB, url, schema string) *database {
 	if err != nil {
 		t.Fatalf("connect to PostgreSQL: %v", err)
 	}
-	t.Cleanup(pool.Close)
+	testenv.ClosePoolAtCleanup(t, pool)
 	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
