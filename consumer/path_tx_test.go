@@ -57,6 +57,7 @@ func TestHandlerErrorsAreCountedAttempts(t *testing.T) {
 				}
 				return hErr(ctx, tx)
 			}
+			f.maxCalls("k", 2)
 			r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, h),
 				consumer.Config{HandlerTimeout: 100 * time.Millisecond, Retry: quickRetry(2)})
 			f.settled()
@@ -207,6 +208,7 @@ func TestSavepointFreeBatchDropsOnlyTheFailure(t *testing.T) {
 		}
 		return nil
 	}
+	f.maxCalls("b004", 1)
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(store, f.handler(fail)),
 		consumer.Config{Concurrency: 1, BatchSize: 10, Retry: quickRetry(1)})
 	f.settled()
