@@ -73,6 +73,7 @@ func TestDedupTableGauges(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer store.Rollback(ctx, tx) // released if the test fails first; a no-op after Commit
 		var recs []dedup.Record
 		for _, k := range keys {
 			recs = append(recs, dedup.Record{Key: k, PayloadHash: dedup.HashPayload([]byte(k))})
