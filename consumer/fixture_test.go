@@ -29,8 +29,34 @@ type fixture struct {
 	topic  string
 	table  string
 
-	mu   sync.Mutex
-	runs map[string]int // handler calls per key
+	mu     sync.Mutex
+	runs   map[string]int // handler calls per key
+	budget map[string]int // most handler calls allowed per key (see maxCalls)
+}
+
+// maxCalls makes waitFor fail as soon as the handler has run more than n
+// times for key: a test that expects n calls reports the extra one when it
+// happens instead of waiting for the messages to settle.
+func (f *fixture) maxCalls(key string, n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.budget == nil {
+		f.budget = map[string]int{}
+	}
+	f.budget[key] = n
+}
+
+// overBudget describes a key whose handler ran more often than maxCalls
+// allows, or returns "".
+func (f *fixture) overBudget() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for k, n := range f.budget {
+		if f.runs[k] > n {
+			return fmt.Sprintf("handler ran %d times for %s, want at most %d", f.runs[k], k, n)
+		}
+	}
+	return ""
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -42,7 +68,7 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
+	testenv.ClosePoolAtCleanup(t, pool)
 	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
@@ -210,6 +236,9 @@ func (f *fixture) waitFor(what string, cond func(memsource.TopicStats) bool) mem
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		st := f.broker.Stats(f.topic)
+		if bad := f.overBudget(); bad != "" {
+			f.t.Fatalf("waiting for %s: %s (%+v)", what, bad, st)
+		}
 		if cond(st) {
 			return st
 		}

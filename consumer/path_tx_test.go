@@ -21,6 +21,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -57,6 +58,7 @@ func TestHandlerErrorsAreCountedAttempts(t *testing.T) {
 				}
 				return hErr(ctx, tx)
 			}
+			f.maxCalls("k", 2)
 			r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, h),
 				consumer.Config{HandlerTimeout: 100 * time.Millisecond, Retry: quickRetry(2)})
 			f.settled()
@@ -185,7 +187,7 @@ func spiedStore(t *testing.T, f *fixture, spy *statementSpy) *pgdedup.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
+	testenv.ClosePoolAtCleanup(t, pool)
 	store, err := pgdedup.New(pool, f.store.Config())
 	if err != nil {
 		t.Fatal(err)
@@ -207,6 +209,7 @@ func TestSavepointFreeBatchDropsOnlyTheFailure(t *testing.T) {
 		}
 		return nil
 	}
+	f.maxCalls("b004", 1)
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(store, f.handler(fail)),
 		consumer.Config{Concurrency: 1, BatchSize: 10, Retry: quickRetry(1)})
 	f.settled()
@@ -324,6 +327,80 @@ func TestFailedMessageHoldsItsPartitionUncounted(t *testing.T) {
 	}
 	if dl := f.broker.DeadLetters(f.topic); len(dl) != 0 {
 		t.Fatalf("dead letters = %+v", dl)
+	}
+}
+
+// A batch handler that names the failing message with a *MessageError gets
+// the batch again without it, and that message alone is retried: the
+// error's type decides "this message" rather than "all of them". Its
+// batch-mates run twice (the failed call and the rerun), not once per
+// bisection round, and only the named message is counted and dead-lettered.
+func TestBatchMessageErrorRerunsWithoutTheNamedMessage(t *testing.T) {
+	f := newFixture(t)
+	// A broker of the test's own, whose deliveries do not expire under load.
+	broker := memsource.New(memsource.Config{VisibilityTimeout: time.Minute, Seed: 1})
+	t.Cleanup(func() { broker.Close() })
+	const topic, culprit = "named", "n003"
+	ks := keys(8, "n")
+	for _, k := range ks {
+		broker.Publish(topic, memsource.Outgoing{Key: k, Body: []byte("x")})
+	}
+	var mu sync.Mutex
+	calls := map[string]int{}
+	h := func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, m := range msgs {
+			calls[m.Key]++
+		}
+		for _, m := range msgs {
+			if m.Key == culprit {
+				return &consumer.MessageError{Msg: m, Err: errors.New("downstream refused " + culprit)}
+			}
+		}
+		return nil
+	}
+	overRun := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		for k, n := range calls {
+			if n > 2 {
+				return fmt.Sprintf("handler ran %d times for %s, want at most 2 (calls %v)", n, k, calls)
+			}
+		}
+		return ""
+	}
+	r := f.start(broker.Source(topic), consumer.TransactionalBatch(f.store, h),
+		consumer.Config{Concurrency: 1, BatchSize: len(ks), Retry: quickRetry(2)})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if bad := overRun(); bad != "" {
+			t.Fatal(bad)
+		}
+		st := broker.Stats(topic)
+		if st.Acks == uint64(len(ks)-1) && st.DeadLettered == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not settled within 10 s: %+v", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r.stop(t)
+	dl := broker.DeadLetters(topic)
+	if len(dl) != 1 || dl[0].Key != culprit || dl[0].Attempts != 2 {
+		t.Fatalf("dead letters %+v, want %s alone after 2 attempts", dl, culprit)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls[culprit] != 2 {
+		t.Fatalf("handler ran %d times for %s, want 2 (MaxAttempts)", calls[culprit], culprit)
+	}
+	for _, k := range ks {
+		_, err := f.store.Inspect(context.Background(), "test", k)
+		if k == culprit && !errors.Is(err, dedup.ErrNotFound) || k != culprit && err != nil {
+			t.Fatalf("record of %s: %v", k, err)
+		}
 	}
 }
 

@@ -33,7 +33,7 @@ func TestConcurrencyMustFitThePool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
+	testenv.ClosePoolAtCleanup(t, pool)
 	pg, err := pgdedup.New(pool, pgdedup.Config{})
 	if err != nil {
 		t.Fatal(err)

@@ -121,6 +121,9 @@ func TestFailedHandlerLeavesNoRecord(t *testing.T) {
 		}
 		return nil
 	}
+	f.maxCalls("flaky", 3)
+	f.maxCalls("panics", 2)
+	f.maxCalls("always", 4)
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(fail)),
 		consumer.Config{Retry: consumer.RetryPolicy{MaxAttempts: 4, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}})
 	f.settled()

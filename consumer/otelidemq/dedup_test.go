@@ -46,7 +46,7 @@ func TestDedupTableGauges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
+	testenv.ClosePoolAtCleanup(t, pool)
 	store, err := pgdedup.New(pool, pgdedup.Config{Schema: testenv.Schema(t, url), CleanupInterval: 20 * time.Millisecond, StatsInterval: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -73,6 +73,7 @@ func TestDedupTableGauges(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer store.Rollback(ctx, tx) // released if the test fails first; a no-op after Commit
 		var recs []dedup.Record
 		for _, k := range keys {
 			recs = append(recs, dedup.Record{Key: k, PayloadHash: dedup.HashPayload([]byte(k))})

@@ -33,7 +33,7 @@ func newStore(t *testing.T, cfg pgdedup.Config) (*pgdedup.Store, *pgxpool.Pool) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
+	testenv.ClosePoolAtCleanup(t, pool)
 	store, err := pgdedup.New(pool, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +114,7 @@ func TestApplyMigrationsReportsApplied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
+	testenv.ClosePoolAtCleanup(t, pool)
 	store, err := pgdedup.New(pool, pgdedup.Config{Schema: testenv.Schema(t, url)})
 	if err != nil {
 		t.Fatal(err)
@@ -201,6 +201,7 @@ func TestClaimRollbackLeavesNoRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer store.Rollback(ctx, tx) // released if the test fails first
 	if _, err := store.Claim(ctx, tx, "s", []dedup.Record{rec("k", "x")}); err != nil {
 		t.Fatal(err)
 	}
@@ -228,6 +229,7 @@ func TestCommitRefusedAndAborted(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer store.Rollback(ctx, tx) // released if the test fails first
 		_, swallowed := tx.Exec(ctx, "SELECT 1/0")
 		_, err = tx.Exec(ctx, "SELECT 1")
 		if swallowed == nil || store.IsAborted(swallowed) || !store.IsAborted(err) {
@@ -258,18 +260,29 @@ func TestCommitChainRefused(t *testing.T) {
 		{"deferred constraint", `INSERT INTO ` + unique + ` VALUES (1), (1)`},
 	} {
 		mine, next := fmt.Sprintf("mine-%d", i), fmt.Sprintf("next-%d", i)
-		tx, cs, err := store.BeginClaim(ctx, "s", []dedup.Record{rec(mine, "x")})
-		if err != nil || cs[0].State != dedup.StateNew {
-			t.Fatalf("%s: BeginClaim: %v %v", tc.name, cs, err)
-		}
-		_, _ = tx.Exec(ctx, tc.sql) // the error is swallowed, or comes at commit
-		cs, committed, err := store.CommitChain(ctx, tx, "s", []dedup.Record{rec(next, "x")})
-		if committed || !errors.Is(err, dedup.ErrTxRefused) || cs != nil {
-			t.Fatalf("%s: CommitChain = %v, committed %v, %v; want nothing, false, ErrTxRefused", tc.name, cs, committed, err)
-		}
-		if err := store.Rollback(ctx, tx); err != nil {
-			t.Fatalf("%s: Rollback after a refused chain: %v", tc.name, err)
-		}
+		func() {
+			tx, cs, err := store.BeginClaim(ctx, "s", []dedup.Record{rec(mine, "x")})
+			if err != nil || cs[0].State != dedup.StateNew {
+				t.Fatalf("%s: BeginClaim: %v %v", tc.name, cs, err)
+			}
+			// Released before a failure is reported: a transaction left
+			// open would hold its connection, and the pool's close, forever.
+			rolledBack := false
+			defer func() {
+				if !rolledBack {
+					_ = store.Rollback(ctx, tx)
+				}
+			}()
+			_, _ = tx.Exec(ctx, tc.sql) // the error is swallowed, or comes at commit
+			cs, committed, err := store.CommitChain(ctx, tx, "s", []dedup.Record{rec(next, "x")})
+			if committed || !errors.Is(err, dedup.ErrTxRefused) || cs != nil {
+				t.Fatalf("%s: CommitChain = %v, committed %v, %v; want nothing, false, ErrTxRefused", tc.name, cs, committed, err)
+			}
+			rolledBack = true
+			if err := store.Rollback(ctx, tx); err != nil {
+				t.Fatalf("%s: Rollback after a refused chain: %v", tc.name, err)
+			}
+		}()
 		for _, k := range []string{mine, next} {
 			if _, err := store.Inspect(ctx, "s", k); !errors.Is(err, dedup.ErrNotFound) {
 				t.Fatalf("%s: record of %s: %v, want ErrNotFound", tc.name, k, err)
@@ -281,11 +294,12 @@ func TestCommitChainRefused(t *testing.T) {
 		if err != nil || cs[0].State != dedup.StateNew {
 			t.Fatalf("BeginClaim after the refused chains: %v %v", cs, err)
 		}
-		if store.Failed(tx) {
-			t.Fatal("a pooled connection is in a failed transaction")
-		}
+		failed := store.Failed(tx)
 		if err := store.Rollback(ctx, tx); err != nil {
 			t.Fatal(err)
+		}
+		if failed {
+			t.Fatal("a pooled connection is in a failed transaction")
 		}
 	}
 }

@@ -135,7 +135,7 @@ func TestSharesTableWithPgdedup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
+	testenv.ClosePoolAtCleanup(t, pool)
 	pg, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
@@ -148,6 +148,7 @@ func TestSharesTableWithPgdedup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer tx.Rollback(ctx) // released if the test fails first; a no-op after Commit
 	if _, err := pg.MarkProcessedTx(ctx, tx, "s", "by-pgdedup", []byte("x")); err != nil {
 		t.Fatal(err)
 	}

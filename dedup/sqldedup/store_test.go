@@ -473,6 +473,7 @@ func TestCommitRefusedAndAborted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer store.Rollback(ctx, tx) // released if the test fails first
 	_, swallowed := tx.ExecContext(ctx, "SELECT 1/0")
 	_, err = tx.ExecContext(ctx, "SELECT 1")
 	if swallowed == nil || store.IsAborted(swallowed) || !store.IsAborted(err) {

@@ -6,6 +6,7 @@ package runtest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +22,16 @@ const Timeout = 60 * time.Second
 // holds within Timeout or a Run returns an error.
 func RunUntil(t testing.TB, done func() bool, runners ...*consumer.Runner) {
 	t.Helper()
+	RunUntilUnless(t, done, nil, runners...)
+}
+
+// RunUntilUnless is RunUntil that also polls wrong (nil: none) and, as soon
+// as it returns a description, stops the runners and fails t with it. A test
+// that can observe the failure it guards against (a handler run once too
+// often, a dead letter, an ack) reports it when it happens instead of
+// after Timeout.
+func RunUntilUnless(t testing.TB, done func() bool, wrong func() string, runners ...*consumer.Runner) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	errs := make([]error, len(runners))
@@ -28,17 +39,34 @@ func RunUntil(t testing.TB, done func() bool, runners ...*consumer.Runner) {
 		wg.Go(func() { errs[i] = r.Run(ctx) })
 	}
 	deadline := time.Now().Add(Timeout)
-	ok := false
-	for !ok && time.Now().Before(deadline) {
+	ok, bad := false, ""
+	for !ok && bad == "" && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
-		ok = done()
+		if wrong != nil {
+			bad = wrong()
+		}
+		ok = bad == "" && done()
 	}
 	cancel()
 	wg.Wait()
+	if bad != "" {
+		t.Fatal(bad)
+	}
 	if err := errors.Join(errs...); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	if !ok {
 		t.Fatalf("condition not reached within %v", Timeout)
+	}
+}
+
+// AtMost returns a wrong for RunUntilUnless that reports count() above n,
+// named what ("handler calls").
+func AtMost(what string, n int, count func() int) func() string {
+	return func() string {
+		if c := count(); c > n {
+			return fmt.Sprintf("%s: %d, want at most %d", what, c, n)
+		}
+		return ""
 	}
 }

@@ -45,7 +45,7 @@ func newPoolSchema(t *testing.T) (*pgxpool.Pool, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
+	testenv.ClosePoolAtCleanup(t, pool)
 	if err := outbox.Migrate(ctx, pool, sqldedup.Postgres); err != nil {
 		t.Fatal(err)
 	}
@@ -344,6 +344,7 @@ func TestPublishExplicitID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer tx.Rollback(ctx) // released if the test fails first; a no-op after Commit
 	id, err := outbox.Publish(ctx, tx, outbox.Message{ID: "invoice-7", Destination: "events", Body: []byte("x")})
 	if err != nil || id != "invoice-7" {
 		t.Fatalf("publish: %q, %v", id, err)

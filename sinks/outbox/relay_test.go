@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sinks/outbox"
+	"github.com/idemq/idemq/sinks/outbox/internal/relaytest"
 )
 
 // recorder is a Publisher that records what it was given and fails the
@@ -341,7 +342,7 @@ func TestRelayOverlapKeepsKeyOrder(t *testing.T) {
 				if relayPool, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
 					t.Fatal(err)
 				}
-				t.Cleanup(relayPool.Close)
+				testenv.ClosePoolAtCleanup(t, relayPool)
 			}
 			const n, keys = 400, 7
 			var msgs []outbox.Message
@@ -416,5 +417,131 @@ func TestRelayOverlapKeepsKeyOrder(t *testing.T) {
 				t.Fatalf("%d attempts recorded for %d failed publishes", attempts, len(failed))
 			}
 		})
+	}
+}
+
+// batchFailer is a Publisher that fails every batch with err, confirming
+// nothing, and counts the messages it was given.
+type batchFailer struct {
+	mu  sync.Mutex
+	n   int
+	err func(n int) error
+}
+
+func (b *batchFailer) Publish(_ context.Context, msgs []outbox.Message) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.n += len(msgs)
+	return b.err(len(msgs))
+}
+
+// A Publisher error that is not a *BatchError applies to every message of
+// the batch (the Publisher contract): a plain error counts one attempt for
+// each row (MaxAttempts of them park it), an Unavailable error counts none,
+// and in both cases no row is marked sent. A *BatchError shorter than the batch fails the messages it
+// says nothing about. Marking such rows sent would lose their messages.
+func TestRelayWholeBatchError(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		err         func(n int) error
+		unavailable bool // RelayOnce reports ErrUnavailable, no attempt counted
+	}{
+		{"Plain", func(int) error { return errors.New("broker said no") }, false},
+		{"Unavailable", func(int) error { return outbox.Unavailable(errors.New("dial tcp: connection refused")) }, true},
+		{"WrappedUnavailable", func(int) error {
+			return fmt.Errorf("publish: %w", outbox.Unavailable(errors.New("connection reset")))
+		}, true},
+		{"ShortBatchError", func(int) error { return &outbox.BatchError{Errs: []error{}} }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			for _, st := range []struct {
+				name  string
+				relay func(t *testing.T, pub outbox.Publisher, cfg outbox.Config) *outbox.Relay
+			}{
+				{"Postgres", func(t *testing.T, pub outbox.Publisher, cfg outbox.Config) *outbox.Relay {
+					pool := newPool(t)
+					insertPG(t, pool, wholeBatchRows()...)
+					r, err := outbox.NewRelay(pool, pub, cfg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return r
+				}},
+				{"SQLite", func(t *testing.T, pub outbox.Publisher, cfg outbox.Config) *outbox.Relay {
+					db := newSQLite(t)
+					tx, err := db.BeginTx(ctx, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer tx.Rollback()
+					for _, m := range wholeBatchRows() {
+						if _, err := outbox.Publish(ctx, tx, m); err != nil {
+							t.Fatal(err)
+						}
+					}
+					if err := tx.Commit(); err != nil {
+						t.Fatal(err)
+					}
+					r, err := outbox.NewSQLiteRelay(db, pub, cfg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return r
+				}},
+			} {
+				t.Run(st.name, func(t *testing.T) {
+					pub := &batchFailer{err: tc.err}
+					cfg := testConfig()
+					cfg.MaxAttempts = 3
+					cfg.Logger = relaytest.Logger()
+					cfg.MinBackoff, cfg.MaxBackoff = time.Nanosecond, time.Nanosecond
+					r := st.relay(t, pub, cfg)
+					want := int64(len(wholeBatchRows()))
+					for i := range 3 {
+						n, err := r.RelayOnce(ctx)
+						if n != int(want) {
+							t.Fatalf("pass %d claimed %d rows, want %d", i, n, want)
+						}
+						c, cerr := r.Counts(ctx)
+						if cerr != nil {
+							t.Fatal(cerr)
+						}
+						// A plain error counts an attempt per row: the third parks
+						// them all (MaxAttempts 3). An outage counts none.
+						wantPending, wantParked := want, int64(0)
+						if !tc.unavailable && i == 2 {
+							wantPending, wantParked = 0, want
+						}
+						if c.Sent != 0 || c.Parked != wantParked || c.Pending != wantPending {
+							t.Fatalf("pass %d after a whole-batch publish error (%v): counts %+v, want %d pending, %d parked, none sent",
+								i, tc.err(int(want)), c, wantPending, wantParked)
+						}
+						if tc.unavailable != errors.Is(err, outbox.ErrUnavailable) {
+							t.Fatalf("pass %d: RelayOnce returned %v; want ErrUnavailable: %t", i, err, tc.unavailable)
+						}
+						if !tc.unavailable && err != nil {
+							t.Fatalf("pass %d: RelayOnce returned %v; want nil (the failure is the rows')", i, err)
+						}
+						// Retries are due at once (nanosecond backoff), so every pass
+						// claims the whole batch again.
+						time.Sleep(time.Millisecond)
+					}
+					if pub.n != 3*int(want) {
+						t.Fatalf("publisher was given %d messages, want %d", pub.n, 3*want)
+					}
+				})
+			}
+		})
+	}
+}
+
+// wholeBatchRows are the rows of TestRelayWholeBatchError: one per key, so
+// that one claim takes all of them.
+func wholeBatchRows() []outbox.Message {
+	return []outbox.Message{
+		{ID: "w1", Destination: "d", Key: "a"},
+		{ID: "w2", Destination: "d", Key: "b"},
+		{ID: "w3", Destination: "e", Key: "c"},
 	}
 }

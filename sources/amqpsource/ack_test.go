@@ -13,16 +13,17 @@ import (
 	"github.com/idemq/idemq/sources/amqpsource"
 )
 
-// holdLong is an AckHold twice as long as ackedOnce waits: what it holds is
-// sent in time only by a multiple-ack, past the count bound or by Close.
+// holdLong is an AckHold far longer than ackedOnce waits (backTimeout): what
+// it holds is sent in time only by a multiple-ack, past the count bound or
+// by Close.
 const holdLong = amqpsource.MaxAckHold
 
-// ackedOnce waits until src has acknowledged acked deliveries and checks
-// the frames it took.
+// ackedOnce waits (at most backTimeout, well within holdLong) until src has
+// acknowledged acked deliveries and checks the frames it took.
 func ackedOnce(t *testing.T, src *amqpsource.Source, acked, frames uint64) {
 	t.Helper()
 	stats := func() string { st := src.Stats(); return fmt.Sprintf("Acked %d in %d frames", st.Acked, st.AckFrames) }
-	runtest.WaitFor(t, holdLong/2, stats, func() bool { return src.Stats().Acked >= acked })
+	runtest.WaitFor(t, min(backTimeout, holdLong/2), stats, func() bool { return src.Stats().Acked >= acked })
 	if st := src.Stats(); st.Acked != acked || st.AckFrames != frames {
 		t.Fatalf("%s, want %d in %d frames", stats(), acked, frames)
 	}
@@ -139,7 +140,7 @@ func TestCopiedOriginalIsNotHeld(t *testing.T) {
 func expectOnly(t *testing.T, q string, want *consumer.Message) {
 	t.Helper()
 	next := newSource(t, amqpsource.Config{URL: brokerURL(t), Queue: q})
-	back := receive(t, next, 1, testTimeout)
+	back := receive(t, next, 1, backTimeout)
 	if got := sortedKeys(back); !slices.Equal(got, []string{want.Key}) {
 		t.Fatalf("queue holds %v, want the unsettled %v", got, want.Key)
 	}

@@ -211,7 +211,8 @@ func TestCrashLoopIsNotCounted(t *testing.T) {
 	}
 	w.expect(t, "FAILED")
 	t.Logf("the handler failed once at delivery attempt %d after %d SIGKILLs", attempt, kills)
-	runtest.WaitFor(t, testTimeout, runtest.Say("the effect or a dead letter"), func() bool {
+	// The retry comes back after 200 ms (InitialBackoff).
+	runtest.WaitFor(t, backTimeout, runtest.Say("the effect or a dead letter"), func() bool {
 		return db.effects(t)["crash-1"] > 0 || queueDepth(t, url, q+".dlq") > 0
 	})
 	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {

@@ -97,7 +97,7 @@ func TestRetryQueuesAreAtLeastOnceByDefault(t *testing.T) {
 	if err := src.Retry(context.Background(), m, 100*time.Millisecond); err != nil {
 		t.Fatalf("Retry: %v", err)
 	}
-	back := receive(t, src, 1, testTimeout)[0]
+	back := receive(t, src, 1, backTimeout)[0]
 	if back.Key != m.Key || back.Attempt != 2 {
 		t.Fatalf("retried message came back as %q attempt %d, want %q attempt 2", back.Key, back.Attempt, m.Key)
 	}
@@ -154,7 +154,7 @@ func TestRetryQueueArgsCannotDegradeSilently(t *testing.T) {
 	if err := src.Retry(context.Background(), m, 100*time.Millisecond); err != nil {
 		t.Fatalf("Retry: %v", err)
 	}
-	back := receive(t, src, 1, testTimeout)[0]
+	back := receive(t, src, 1, backTimeout)[0]
 	if err := src.Ack(context.Background(), []*consumer.Message{back}); err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +234,7 @@ func TestOldClassicRetryQueueIsExplained(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "exists with other arguments") || !strings.Contains(err.Error(), "ClassicRetryQueues") {
 		t.Fatalf("Retry into an old classic retry queue = %v, want an error naming the way out", err)
 	}
-	back := receive(t, src, 1, 10*time.Second)[0]
+	back := receive(t, src, 1, backTimeout)[0]
 	if back.Key != m.Key {
 		t.Fatalf("got %q back, want %q", back.Key, m.Key)
 	}

@@ -26,6 +26,13 @@ import (
 // testTimeout bounds every wait of a test in this package.
 const testTimeout = 60 * time.Second
 
+// backTimeout bounds the wait for a message the test expects back within
+// a fraction of a second (a retry copy after a short delay, a parked copy
+// after a short UnroutableDelay, a delivery requeued by a Close): ample on a
+// loaded machine, and a message that never comes back (a settle that pins
+// the delivery) fails the test in seconds rather than after testTimeout.
+const backTimeout = 10 * time.Second
+
 // brokerURL returns the test broker's URL; tests needing it skip with -short
 // and fail when the broker is missing.
 func brokerURL(t testing.TB) string {
@@ -288,7 +295,7 @@ func openDatabase(t testing.TB, url, schema string) *database {
 	if err != nil {
 		t.Fatalf("connect to PostgreSQL: %v", err)
 	}
-	t.Cleanup(pool.Close)
+	testenv.ClosePoolAtCleanup(t, pool)
 	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)

@@ -142,7 +142,9 @@ func TestRetryWithDelayThenSuccess(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := runtest.Start(t, r)
-	runtest.WaitFor(t, testTimeout, runtest.Say("5 messages handled"), func() bool { return r.Stats().Handled == 5 })
+	// Two retries of 150 and 300 ms each: a message whose retry copy never
+	// comes back fails the test in seconds.
+	runtest.WaitFor(t, 2*backTimeout, runtest.Say("5 messages handled"), func() bool { return r.Stats().Handled == 5 })
 	stop()
 
 	db.requireExactlyOnce(t, keysOf(out)) // the failed attempts' writes were rolled back

@@ -54,7 +54,7 @@ func TestFailedRetryReleasesDelivery(t *testing.T) {
 	t.Logf("Retry: %v", err)
 	// The delivery comes back (classic queues requeue at the head), held
 	// back first so that a copy failing every time does not loop hot.
-	back := receive(t, src, 1, 10*time.Second)[0]
+	back := receive(t, src, 1, backTimeout)[0]
 	if waited := time.Since(start); waited < 100*time.Millisecond {
 		t.Errorf("released after %s, want at least the retry delay", waited)
 	}
@@ -65,7 +65,7 @@ func TestFailedRetryReleasesDelivery(t *testing.T) {
 	if err := src.Ack(context.Background(), []*consumer.Message{back}); err != nil {
 		t.Fatal(err)
 	}
-	second := receive(t, src, 1, 10*time.Second)[0]
+	second := receive(t, src, 1, backTimeout)[0]
 	if second.Key != out[1].Key {
 		t.Fatalf("next message is %q, want %q", second.Key, out[1].Key)
 	}
@@ -93,7 +93,7 @@ func TestNegativelyConfirmedDeadLetterReleasesDelivery(t *testing.T) {
 	if !errors.Is(err, amqpsource.ErrNotConfirmed) || errors.Is(err, amqpsource.ErrUnroutable) {
 		t.Fatalf("DeadLetter to a full queue = %v, want ErrNotConfirmed", err)
 	}
-	back := receive(t, src, 1, 10*time.Second)[0]
+	back := receive(t, src, 1, backTimeout)[0]
 	if back.Key != m.Key || !back.Redelivered {
 		t.Fatalf("got %q redelivered %v, want %q redelivered", back.Key, back.Redelivered, m.Key)
 	}
@@ -134,7 +134,7 @@ func TestClosedPublishingChannelIsNotUnroutable(t *testing.T) {
 	if !errors.As(err, &ae) || ae.Code != amqp.AccessRefused {
 		t.Errorf("DeadLetter error %v does not carry the broker's ACCESS_REFUSED", err)
 	}
-	back := receive(t, src, 1, 10*time.Second)[0]
+	back := receive(t, src, 1, backTimeout)[0]
 	if back.Key != m.Key || back.Attempt != m.Attempt {
 		t.Fatalf("got %q attempt %d, want %q attempt %d (requeued, not parked)", back.Key, back.Attempt, m.Key, m.Attempt)
 	}
@@ -146,7 +146,7 @@ func TestClosedPublishingChannelIsNotUnroutable(t *testing.T) {
 	if err := src.Retry(context.Background(), back, 100*time.Millisecond); err != nil {
 		t.Fatalf("Retry after the publishing channel closed: %v", err)
 	}
-	again := receive(t, src, 1, testTimeout)[0]
+	again := receive(t, src, 1, backTimeout)[0]
 	if err := src.Ack(context.Background(), []*consumer.Message{again}); err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestMissingDeadLetterExchangeIsParked(t *testing.T) {
 	if !errors.Is(err, amqpsource.ErrUnroutable) {
 		t.Fatalf("DeadLetter to a missing exchange = %v, want ErrUnroutable", err)
 	}
-	back := receive(t, src, 1, testTimeout)[0]
+	back := receive(t, src, 1, backTimeout)[0]
 	if back.Key != m.Key || back.Attempt != m.Attempt+1 {
 		t.Fatalf("parked message came back as %q attempt %d, want %q attempt %d", back.Key, back.Attempt, m.Key, m.Attempt+1)
 	}
@@ -206,7 +206,7 @@ func TestHeldDeliveryIsNotCoveredByLaterAcks(t *testing.T) {
 		t.Errorf("Stats().Requeued = %d before the hold ended, want 0", got)
 	}
 	next := newSource(t, amqpsource.Config{URL: url, Queue: q})
-	back := receive(t, next, 1, testTimeout)
+	back := receive(t, next, 1, backTimeout)
 	if back[0].Key != out[0].Key {
 		t.Fatalf("queue holds %q, want the held %q", back[0].Key, out[0].Key)
 	}
@@ -280,7 +280,7 @@ func TestRequeueAfterFailedCopyCountsOnQuorumQueue(t *testing.T) {
 	if err := src.Retry(context.Background(), m, 100*time.Millisecond); err == nil {
 		t.Fatal("Retry into a retry queue with conflicting arguments succeeded")
 	}
-	back := receive(t, src, 1, 10*time.Second)[0]
+	back := receive(t, src, 1, backTimeout)[0]
 	if back.Key != m.Key || back.Attempt != m.Attempt+1 || !back.Redelivered {
 		t.Fatalf("got %q attempt %d redelivered %v, want %q attempt %d redelivered",
 			back.Key, back.Attempt, back.Redelivered, m.Key, m.Attempt+1)

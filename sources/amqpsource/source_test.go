@@ -208,7 +208,7 @@ func TestUnroutableDeadLetterIsParked(t *testing.T) {
 	if !errors.Is(err, amqpsource.ErrUnroutable) {
 		t.Fatalf("DeadLetter to a missing queue = %v, want ErrUnroutable", err)
 	}
-	back := receive(t, src, 1, testTimeout)[0]
+	back := receive(t, src, 1, backTimeout)[0]
 	if back.Key != m.Key || back.Attempt != m.Attempt+1 || !back.Redelivered {
 		t.Errorf("parked message came back as key %q attempt %d redelivered %v, want %q attempt %d redelivered",
 			back.Key, back.Attempt, back.Redelivered, m.Key, m.Attempt+1)
@@ -302,7 +302,7 @@ func TestRetryThroughQuorumRetryQueue(t *testing.T) {
 	if err := src.Retry(context.Background(), m, 100*time.Millisecond); err != nil {
 		t.Fatalf("Retry: %v", err)
 	}
-	back := receive(t, src, 1, testTimeout)[0]
+	back := receive(t, src, 1, backTimeout)[0]
 	if back.Key != m.Key || back.Attempt != 2 {
 		t.Fatalf("retried message came back as %q attempt %d, want %q attempt 2", back.Key, back.Attempt, m.Key)
 	}
@@ -336,7 +336,7 @@ func TestRetryQueueWithExpiresOutlivesItsCopies(t *testing.T) {
 	if err := src.Retry(ctx, msgs[1], time.Second); err != nil {
 		t.Fatalf("Retry: %v", err)
 	}
-	back := receive(t, src, 2, 10*time.Second)
+	back := receive(t, src, 2, backTimeout)
 	if err := src.Ack(ctx, back); err != nil {
 		t.Fatal(err)
 	}

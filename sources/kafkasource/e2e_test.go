@@ -46,7 +46,7 @@ func newTestDB(t *testing.T) *testDB {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(db.pool.Close)
+	testenv.ClosePoolAtCleanup(t, db.pool)
 	if err := db.store.Migrate(ctx); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}

@@ -305,7 +305,7 @@ func newDatabase(t testing.TB) database {
 	if err != nil {
 		t.Fatalf("pgxpool: %v", err)
 	}
-	t.Cleanup(pool.Close)
+	testenv.ClosePoolAtCleanup(t, pool)
 	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)

@@ -196,6 +196,63 @@ func TestHeartbeatKeepsMessageHidden(t *testing.T) {
 	}
 }
 
+// callFailing is a Client whose next fails ChangeMessageVisibilityBatch
+// calls fail as a whole, with a plain error (a dropped connection), before
+// reaching SQS.
+type callFailing struct {
+	sqssource.Client
+	mu    sync.Mutex
+	fails int
+}
+
+func (c *callFailing) ChangeMessageVisibilityBatch(ctx context.Context, in *sqs.ChangeMessageVisibilityBatchInput, optFns ...func(*sqs.Options)) (*sqs.ChangeMessageVisibilityBatchOutput, error) {
+	c.mu.Lock()
+	fail := c.fails > 0
+	if fail {
+		c.fails--
+	}
+	c.mu.Unlock()
+	if fail {
+		return nil, errors.New("read tcp: connection reset by peer")
+	}
+	return c.Client.ChangeMessageVisibilityBatch(ctx, in, optFns...)
+}
+
+// A heartbeat call that fails as a whole (not a *BatchError naming
+// entries) applies to every message of the call, and none of them is given
+// up: the next tick extends them again, so a competing source still
+// receives nothing. Giving them up would let the message be handled twice
+// at once.
+func TestHeartbeatCallFailureKeepsExtending(t *testing.T) {
+	t.Parallel()
+	q := newQueue(t, queueOptions{})
+	cfg := sourceConfig(t, q)
+	cfg.VisibilityTimeout = 2 * time.Second
+	cfg.HeartbeatInterval = 500 * time.Millisecond
+	cfg.MaxExtension = time.Minute
+	client := &callFailing{Client: sqsClient(t), fails: 1}
+	holder, err := sqssource.New(testContext(t, 30*time.Second), client, cfg)
+	if err != nil {
+		t.Fatalf("sqssource.New: %v", err)
+	}
+	t.Cleanup(func() { _ = holder.Close() })
+	other := newSource(t, cfg)
+	publish(t, q.URL, false, outMsg{Key: "held", Body: "x"})
+
+	receiveN(t, holder, 1, 20*time.Second)
+	// Two and a half visibility timeouts: the failed call and the later ones.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*cfg.VisibilityTimeout/2)
+	msgs, err := other.Receive(ctx, 10)
+	cancel()
+	if err == nil {
+		t.Fatalf("competing source received %d message(s) (first %s, attempt %d) after a failed heartbeat call; stats %+v",
+			len(msgs), msgs[0].ID, msgs[0].Attempt, holder.Stats())
+	}
+	if st := holder.Stats(); st.ExtendFailures != 1 || st.Extended == 0 || st.Expired != 0 {
+		t.Fatalf("stats %+v, want 1 extend failure, extensions after it, none expired", st)
+	}
+}
+
 // TestCloseReleasesInFlightMessages checks that Close makes unsettled
 // messages visible at once instead of after their (long) visibility timeout.
 func TestCloseReleasesInFlightMessages(t *testing.T) {

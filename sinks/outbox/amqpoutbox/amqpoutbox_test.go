@@ -3,6 +3,7 @@ package amqpoutbox_test
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -171,4 +172,53 @@ func TestRelayAMQPConcurrency2(t *testing.T) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A relay whose broker cannot be dialled reports an outage
+// (outbox.ErrUnavailable, a plain error for the whole batch): every row
+// stays pending with no attempt counted, none is marked sent, and a relay
+// with the broker back publishes them all.
+func TestRelayAMQPOutage(t *testing.T) {
+	url := testenv.AMQPURL(t)
+	exchange, _, queue := topology(t, url)
+	pool, _, _ := relaytest.NewPool(t)
+	want := relaytest.Messages("o", exchange, 20, 3)
+	relaytest.Insert(t, pool, want)
+
+	// A publisher pointed at a closed port stands in for a broker that is down.
+	down, err := amqpoutbox.New(amqpoutbox.Config{URL: "amqp://guest:guest@127.0.0.1:1/", ConfirmTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer down.Close()
+	r, err := outbox.NewRelay(pool, down, relaytest.FastConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		_, err := r.RelayOnce(t.Context())
+		if c := relaytest.Counts(t, pool); c.Sent != 0 || c.Pending != int64(len(want)) {
+			t.Fatalf("relay with the broker down (%v): %s; want all %d pending, none sent", err, relaytest.Describe(t, pool), len(want))
+		}
+		if !errors.Is(err, outbox.ErrUnavailable) {
+			t.Fatalf("relay with the broker down: %v, want ErrUnavailable", err)
+		}
+	}
+	var attempts int
+	if err := pool.QueryRow(t.Context(), `SELECT coalesce(max(attempts), 0) FROM idemq_outbox`).Scan(&attempts); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 0 {
+		t.Fatalf("after an outage: max attempts %d, want 0", attempts)
+	}
+	pub, err := amqpoutbox.New(amqpoutbox.Config{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	relaytest.StartRelays(t, pool, pub, 1, relaytest.FastConfig())
+	relaytest.WaitFor(t, func() string { return relaytest.Describe(t, pool) }, func() bool {
+		return relaytest.Counts(t, pool).Sent == int64(len(want))
+	})
+	relaytest.Check(t, want, consumeAll(t, url, queue, len(want)), false)
 }

@@ -125,6 +125,12 @@ func toKafka(m outbox.Message) kafka.Message {
 }
 
 // classify marks err as an outage or a missing destination.
+//
+// A broker's error code (kafka.Error) is classified before the connection
+// errors: kafka.Error has Timeout and Temporary methods, so it satisfies
+// net.Error and would pass for a connection error, which would make a
+// message the broker refuses for good (too large, invalid) an outage that
+// is retried forever and never parked.
 func classify(err error) error {
 	var ke kafka.Error
 	switch {
@@ -132,10 +138,13 @@ func classify(err error) error {
 		return nil
 	case errors.Is(err, kafka.UnknownTopicOrPartition), errors.Is(err, kafka.InvalidTopic):
 		return outbox.NoDestination(err)
+	case errors.As(err, &ke):
+		if ke.Temporary() {
+			return outbox.Unavailable(err) // leader election, not enough replicas...
+		}
+		return err
 	case outbox.IsConnectionError(err):
 		return outbox.Unavailable(err)
-	case errors.As(err, &ke) && ke.Temporary():
-		return outbox.Unavailable(err) // leader election, not enough replicas...
 	}
 	return err
 }

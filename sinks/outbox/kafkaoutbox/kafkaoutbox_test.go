@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/internal/testenv"
@@ -169,4 +170,54 @@ func TestRelayKafkaOutage(t *testing.T) {
 
 func fmtCounts(c outbox.Counts) string {
 	return fmt.Sprintf("pending=%d sent=%d parked=%d", c.Pending, c.Sent, c.Parked)
+}
+
+// A message the broker refuses for good (larger than the broker's
+// message.max.bytes, 1 MiB by default) is an attempt, not an outage, and
+// fails as its element of the writer's per-message errors: it is not marked
+// sent. The rows of other partitions go out in the same batch (those of its
+// partition share its produce request and fail with it).
+func TestRelayKafkaMessageTooLarge(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	topic := newTopic(t, brokers)
+	pool, _, _ := relaytest.NewPool(t)
+	small := relaytest.Messages("s", topic, 12, 12)
+	relaytest.Insert(t, pool, small)
+	relaytest.Insert(t, pool, []outbox.Message{{ID: "big", Destination: topic, Key: "k-big", Body: make([]byte, 2<<20)}})
+	r, err := outbox.NewRelay(pool, newPublisher(t, brokers), relaytest.FastConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.RelayOnce(t.Context()); err != nil || n != len(small)+1 {
+		t.Fatalf("RelayOnce = %d, %v; want %d rows and no outage", n, err, len(small)+1)
+	}
+	var state, attempts int
+	var lastErr string
+	if err := pool.QueryRow(t.Context(), `SELECT state, attempts, coalesce(last_error, '') FROM idemq_outbox WHERE id = 'big'`).Scan(&state, &attempts, &lastErr); err != nil {
+		t.Fatal(err)
+	}
+	if state != 0 || attempts != 1 {
+		t.Fatalf("the refused message: state %d, attempts %d (%q); want pending (0) with 1 attempt, not sent", state, attempts, lastErr)
+	}
+	// Every row marked sent is in the topic, and some were (3 partitions).
+	rows, err := pool.Query(t.Context(), `SELECT id FROM idemq_outbox WHERE state = 1 ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	inTopic := map[string]bool{}
+	for _, g := range readAll(t, brokers, topic) {
+		inTopic[g.ID] = true
+	}
+	for _, id := range sent {
+		if !inTopic[id] {
+			t.Fatalf("row %s marked sent but not in the topic (sent %v)", id, sent)
+		}
+	}
+	if len(sent) == 0 || len(inTopic) != len(sent) {
+		t.Fatalf("%d rows marked sent, %d messages in the topic; want the same, more than 0", len(sent), len(inTopic))
+	}
 }

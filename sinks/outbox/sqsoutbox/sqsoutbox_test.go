@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -126,6 +127,59 @@ func TestRelaySQSStandard(t *testing.T) {
 	}
 	want := relaytest.Messages("s", url, 50, 1000) // one key each: no order to check
 	relaytest.Insert(t, pool, want)
+	relaytest.StartRelays(t, pool, pub, 1, relaytest.FastConfig())
+	relaytest.WaitFor(t, func() string { return relaytest.Describe(t, pool) }, func() bool {
+		return relaytest.Counts(t, pool).Sent == int64(len(want))
+	})
+	relaytest.Check(t, want, receiveAll(t, c, url, len(want)), false)
+}
+
+// A relay whose SQS endpoint cannot be reached reports an outage: the
+// SendMessageBatch call's error applies to every entry of the call, so every
+// row stays pending with no attempt counted and none is marked sent; a
+// publisher on the real endpoint then sends them all.
+func TestRelaySQSOutage(t *testing.T) {
+	c := newClient(t)
+	url := newQueue(t, c, false)
+	pool, _, _ := relaytest.NewPool(t)
+	want := relaytest.Messages("o", url, 25, 1000) // two SendMessageBatch calls of 10 and one of 5
+	relaytest.Insert(t, pool, want)
+
+	// A client pointed at a closed port stands in for an endpoint that is down.
+	down, err := sqssource.NewClient(context.Background(), "http://127.0.0.1:1",
+		config.WithRegion(testenv.SQSRegion), config.WithRetryMaxAttempts(1),
+		config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider(testenv.SQSAccessKeyID, testenv.SQSSecretAccessKey, "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	downPub, err := sqsoutbox.New(down)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := outbox.NewRelay(pool, downPub, relaytest.FastConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		_, err := r.RelayOnce(t.Context())
+		if c := relaytest.Counts(t, pool); c.Sent != 0 || c.Pending != int64(len(want)) {
+			t.Fatalf("relay with the endpoint down (%v): %s; want all %d pending, none sent", err, relaytest.Describe(t, pool), len(want))
+		}
+		if !errors.Is(err, outbox.ErrUnavailable) {
+			t.Fatalf("relay with the endpoint down: %v, want ErrUnavailable", err)
+		}
+	}
+	var attempts int
+	if err := pool.QueryRow(t.Context(), `SELECT coalesce(max(attempts), 0) FROM idemq_outbox`).Scan(&attempts); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 0 {
+		t.Fatalf("after an outage: max attempts %d, want 0", attempts)
+	}
+	pub, err := sqsoutbox.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
 	relaytest.StartRelays(t, pool, pub, 1, relaytest.FastConfig())
 	relaytest.WaitFor(t, func() string { return relaytest.Describe(t, pool) }, func() bool {
 		return relaytest.Counts(t, pool).Sent == int64(len(want))

@@ -117,7 +117,7 @@ func consumerA(ctx context.Context, t *testing.T) *consumer.Runner {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
+	testenv.ClosePoolAtCleanup(t, pool)
 	store, err := pgdedup.New(pool, pgdedup.Config{Schema: os.Getenv(schemaEnv)})
 	if err != nil {
 		t.Fatal(err)

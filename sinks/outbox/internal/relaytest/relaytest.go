@@ -46,7 +46,7 @@ func NewPool(t testing.TB) (*pgxpool.Pool, string, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
+	testenv.ClosePoolAtCleanup(t, pool)
 	if err := outbox.Migrate(ctx, pool, sqldedup.Postgres); err != nil {
 		t.Fatal(err)
 	}
