@@ -86,6 +86,16 @@ func newFixture(t *testing.T) *fixture {
 	return f
 }
 
+// visibility gives the fixture a broker of its own whose deliveries stay
+// invisible for d: a test that must not see a redelivery on a loaded machine
+// (an ack or retry that comes after the fixture's 300 ms) takes a longer one.
+// Call it before publishing.
+func (f *fixture) visibility(d time.Duration) {
+	f.t.Helper()
+	f.broker = memsource.New(memsource.Config{VisibilityTimeout: d, Seed: 1})
+	f.t.Cleanup(func() { f.broker.Close() })
+}
+
 func testCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)

@@ -51,6 +51,9 @@ func TestHandlerErrorsAreCountedAttempts(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := newFixture(t)
+			// A retry that comes after the visibility timeout (a loaded
+			// machine) would be a redelivery, not an attempt of this test.
+			f.visibility(10 * time.Second)
 			f.publish("k")
 			h := func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 				if err := f.handler(nil)(ctx, tx, msg); err != nil {
@@ -672,8 +675,7 @@ func TestNoOpenTransactionWaitsOnDeadLetter(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A visibility timeout longer than the dead-letter publish.
-	f.broker = memsource.New(memsource.Config{VisibilityTimeout: 10 * time.Second, Seed: 1})
-	t.Cleanup(func() { f.broker.Close() })
+	f.visibility(10 * time.Second)
 	var ks, bad []string
 	for i := range 4 {
 		b, g := fmt.Sprintf("bad%d", i), fmt.Sprintf("g%d", i)

@@ -294,6 +294,8 @@ func TestUnreachableBrokerIsRetried(t *testing.T) {
 // was not started goes back to the broker.
 func TestStopDrainsInFlight(t *testing.T) {
 	f := newFixture(t)
+	// The in-flight deliveries must still be valid when their acks go out.
+	f.visibility(10 * time.Second)
 	ks := keys(6, "s")
 	f.publish(ks...)
 	started := make(chan struct{}, len(ks))
