@@ -22,6 +22,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/sources/amqpsource"
 	"github.com/idemq/idemq/sources/dlq"
 )
@@ -53,8 +54,15 @@ var _ dlq.Broker = (*Broker)(nil)
 
 // New returns a Broker of cfg.Queue. It connects at each Scan.
 func New(cfg Config) (*Broker, error) {
-	if cfg.URL == "" || cfg.Queue == "" {
-		return nil, errors.New("amqpdlq: URL and Queue are required")
+	l := cfgerr.List{Prefix: "amqpdlq.Config."}
+	if cfg.URL == "" {
+		l.Add("URL", "required")
+	}
+	if cfg.Queue == "" {
+		l.Add("Queue", "required")
+	}
+	if err := l.Err(); err != nil {
+		return nil, err
 	}
 	if cfg.KeyHeader == "" {
 		cfg.KeyHeader = amqpsource.DefaultKeyHeader

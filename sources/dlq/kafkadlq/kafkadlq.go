@@ -24,6 +24,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/sources/dlq"
 	"github.com/idemq/idemq/sources/kafkasource"
 )
@@ -83,8 +84,15 @@ var _ dlq.Broker = (*Broker)(nil)
 
 // New returns a Broker of cfg.Topic. It connects lazily.
 func New(cfg Config) (*Broker, error) {
-	if len(cfg.Brokers) == 0 || cfg.Topic == "" {
-		return nil, errors.New("kafkadlq: Brokers and Topic are required")
+	l := cfgerr.List{Prefix: "kafkadlq.Config."}
+	if len(cfg.Brokers) == 0 {
+		l.Add("Brokers", "required")
+	}
+	if cfg.Topic == "" {
+		l.Add("Topic", "required")
+	}
+	if err := l.Err(); err != nil {
+		return nil, err
 	}
 	if cfg.Group == "" {
 		cfg.Group = DefaultGroup

@@ -29,6 +29,7 @@ import (
 	"github.com/aws/smithy-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/sources/dlq"
 	"github.com/idemq/idemq/sources/sqssource"
 )
@@ -66,8 +67,15 @@ var _ dlq.Broker = (*Broker)(nil)
 
 // New returns a Broker of cfg.QueueURL.
 func New(cfg Config) (*Broker, error) {
-	if cfg.Client == nil || cfg.QueueURL == "" {
-		return nil, errors.New("sqsdlq: Client and QueueURL are required")
+	l := cfgerr.List{Prefix: "sqsdlq.Config."}
+	if cfgerr.IsNil(cfg.Client) {
+		l.Add("Client", "required")
+	}
+	if cfg.QueueURL == "" {
+		l.Add("QueueURL", "required")
+	}
+	if err := l.Err(); err != nil {
+		return nil, err
 	}
 	if cfg.ScanVisibility <= 0 {
 		cfg.ScanVisibility = time.Minute
