@@ -78,7 +78,7 @@ func NewRelayHook(cfg Config) (*RelayHook, error) {
 		parked:  with(AttrOperationName.String(relayOperationName), AttrOutcome.String(relayOutcomeParked)),
 		retried: with(AttrOperationName.String(relayOperationName), AttrOutcome.String(relayOutcomeRetried)),
 	}
-	m := cfg.MeterProvider.Meter(ScopeName)
+	m := meter(cfg.MeterProvider)
 	var errs []error
 	var err error
 	h.sentCount, err = m.Int64Counter(MetricSent, metric.WithUnit("{message}"),
@@ -86,7 +86,7 @@ func NewRelayHook(cfg Config) (*RelayHook, error) {
 	errs = append(errs, err)
 	h.duration, err = m.Float64Histogram(MetricOperationDuration, metric.WithUnit("s"),
 		metric.WithDescription("Time to publish one batch of outbox rows, until the broker confirmed it."),
-		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+		metric.WithExplicitBucketBoundaries(durationBuckets...))
 	errs = append(errs, err)
 	pending, err := m.Int64ObservableGauge(MetricOutboxPending, metric.WithUnit("{message}"),
 		metric.WithDescription("Outbox rows waiting to be published (including rows waiting for a retry)."))
