@@ -93,3 +93,35 @@ func TestMetricConventions(t *testing.T) {
 		}
 	}
 }
+
+// On Kafka a first delivery of a processed key may be a producer's re-send
+// or a message fetched again after a rebalance: the duplicate reason is
+// "unknown", not the runner's guess "producer". Elsewhere it stays
+// "producer".
+func TestKafkaDuplicateReasonUnknown(t *testing.T) {
+	for _, c := range []struct{ system, want string }{
+		{otelidemq.SystemKafka, "unknown"},
+		{otelidemq.SystemRabbitMQ, "producer"},
+	} {
+		t.Run(c.system, func(t *testing.T) {
+			tel := newTelemetry(t, otelidemq.Config{System: c.system})
+			store, _ := memstore.New(memstore.Config{})
+			b := memsource.New(memsource.Config{})
+			t.Cleanup(func() { b.Close() })
+			b.Publish("orders", memsource.Outgoing{Key: "k1"})
+			r, err := consumer.NewRunner(b.Source("orders"), consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
+				consumer.Config{Name: "c", Hooks: []consumer.Hook{tel.hook}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runIdle(t, r, func() { b.Publish("orders", memsource.Outgoing{Key: "k1"}) })
+			if st := r.Stats(); st.Duplicates != 1 {
+				t.Fatalf("stats %+v, want 1 duplicate", st)
+			}
+			rm := tel.metrics(t)
+			if n := sum(rm, otelidemq.MetricDuplicates, otelidemq.AttrDuplicateReason, c.want); n != 1 {
+				t.Errorf("%s with reason %q: %d, want 1", otelidemq.MetricDuplicates, c.want, n)
+			}
+		})
+	}
+}
