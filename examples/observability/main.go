@@ -120,9 +120,11 @@ func run(ctx context.Context, o options, ln net.Listener, logs io.Writer) (err e
 	defer func() {
 		err = errors.Join(err, tp.Shutdown(context.WithoutCancel(ctx)), mp.Shutdown(context.WithoutCancel(ctx)))
 	}()
-	// The system, the consumer group and the server come from the messages
-	// (kafkasource fills consumer.Message.Broker): no Config.System needed.
-	hook, err := otelidemq.New(otelidemq.Config{TracerProvider: tp, MeterProvider: mp})
+	// The system, the consumer group and the server of a message's spans and
+	// metrics come from the message (kafkasource fills
+	// consumer.Message.Broker); ConsumerGroup also labels the lag gauge,
+	// which is read from the brokers, not from messages.
+	hook, err := otelidemq.New(otelidemq.Config{TracerProvider: tp, MeterProvider: mp, ConsumerGroup: o.group})
 	if err != nil {
 		return err
 	}
