@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"log/slog"
+	"time"
 )
 
 // ackQueue is how many settled batches a lane may hand to its acker before
@@ -77,9 +78,16 @@ func (r *Runner) ack(ctx context.Context, bs []ackBatch) {
 			msgs = append(msgs, j.msg)
 		}
 	}
+	start := time.Now()
 	err := r.src.Ack(ctx, msgs)
 	for _, h := range r.hooks.ack {
 		h.OnAck(ctx, len(msgs), err)
+	}
+	if len(r.hooks.ackDone) > 0 {
+		a := AckInfo{Messages: msgs, Start: start, End: time.Now(), Err: err}
+		for _, h := range r.hooks.ackDone {
+			h.OnAckDone(ctx, a)
+		}
 	}
 	if len(r.hooks.settled) > 0 {
 		for _, b := range bs {

@@ -367,6 +367,7 @@ type hooks struct {
 	tx          []HookTx
 	commit      []HookCommit
 	ack         []HookAck
+	ackDone     []HookAckDone
 	retry       []HookRetry
 	deadLetter  []HookDeadLetter
 	leaseLost   []HookLeaseLost
@@ -407,6 +408,9 @@ func resolveHooks(hs []Hook) hooks {
 		}
 		if v, ok := x.(HookAck); ok {
 			h.ack = append(h.ack, v)
+		}
+		if v, ok := x.(HookAckDone); ok {
+			h.ackDone = append(h.ackDone, v)
 		}
 		if v, ok := x.(HookRetry); ok {
 			h.retry = append(h.retry, v)

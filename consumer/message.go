@@ -48,6 +48,9 @@ type Message struct {
 	// SQS types.Message or an amqp091.Delivery); each source documents its
 	// type. Read-only.
 	Raw any
+	// Broker says where the message came from, for telemetry; see
+	// BrokerInfo. Read-only.
+	Broker BrokerInfo
 	// Handle is bookkeeping owned by the Source that produced the message
 	// (receipt handles, delivery tags, offsets). Nothing else may touch it.
 	Handle any

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net"
+	neturl "net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +21,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/consumer"
@@ -88,18 +92,68 @@ func consumeOne(t *testing.T, tel *telemetry, src consumer.Source, name string) 
 	}
 }
 
-func checkOne(t *testing.T, tel *telemetry, parent trace.SpanContext, system, destination, id string) {
+func checkOne(t *testing.T, tel *telemetry, producer trace.SpanContext, id string, want []attribute.KeyValue, absent ...attribute.Key) {
 	t.Helper()
 	spans := tel.processSpans()
 	if len(spans) != 1 || len(spans[id]) != 1 {
 		t.Fatalf("process spans by message ID %v, want one for %q", spans, id)
 	}
-	checkProcessSpan(t, spans[id][0], parent, system, destination)
+	checkConventions(t, spans[id][0], producer, want, absent)
 	for _, name := range []string{"claim", "handler", "commit"} {
 		if len(tel.covering(spans[id][0], name)) == 0 {
 			t.Errorf("process span has no %s span, child or linked", name)
 		}
 	}
+}
+
+// checkConventions asserts that s is a process span as the messaging
+// semantic conventions (semconv v1.41.0) make one by default: kind consumer,
+// named "process <messaging.destination.name>", a root span with one link,
+// to the producer's (creation) context, every attribute of want with its
+// value, and none of absent nor of the attributes the conventions rule out
+// on a single-message process span.
+func checkConventions(t *testing.T, s sdktrace.ReadOnlySpan, producer trace.SpanContext, want []attribute.KeyValue, absent []attribute.Key) {
+	t.Helper()
+	if s.SpanKind() != trace.SpanKindConsumer {
+		t.Errorf("span %q kind %v, want consumer", s.Name(), s.SpanKind())
+	}
+	if s.Parent().IsValid() {
+		t.Errorf("process span has parent %s/%s, want a root span linked to the producer", s.Parent().TraceID(), s.Parent().SpanID())
+	}
+	if l := s.Links(); len(l) != 1 || l[0].SpanContext.TraceID() != producer.TraceID() || l[0].SpanContext.SpanID() != producer.SpanID() {
+		t.Errorf("process span links %v, want one to the producer's %s/%s", l, producer.TraceID(), producer.SpanID())
+	}
+	for _, kv := range want {
+		if kv.Key == semconv.MessagingDestinationNameKey && s.Name() != "process "+kv.Value.AsString() {
+			t.Errorf("span name %q, want %q", s.Name(), "process "+kv.Value.AsString())
+		}
+		if got, ok := attr(s, kv.Key); !ok || got != kv.Value {
+			t.Errorf("attribute %s = %q (present %v), want %q", kv.Key, got.Emit(), ok, kv.Value.Emit())
+		}
+	}
+	absent = append(absent, semconv.MessagingBatchMessageCountKey, "messaging.message.delivery_count")
+	for _, k := range absent {
+		if v, ok := attr(s, k); ok {
+			t.Errorf("attribute %s = %q present, want absent", k, v.Emit())
+		}
+	}
+}
+
+// processAttrs are the attributes every process span has, for message id
+// of system from destination, received from server (host:port).
+func processAttrs(t *testing.T, system attribute.KeyValue, destination, id, server string) []attribute.KeyValue {
+	t.Helper()
+	host, port, err := net.SplitHostPort(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []attribute.KeyValue{system, semconv.MessagingDestinationName(destination), semconv.MessagingMessageID(id),
+		semconv.MessagingOperationName("process"), semconv.MessagingOperationTypeProcess,
+		semconv.ServerAddress(host), semconv.ServerPort(p)}
 }
 
 func TestKafkaTraceparent(t *testing.T) {
@@ -119,7 +173,7 @@ func TestKafkaTraceparent(t *testing.T) {
 	parent, headers := producerSpan(t)
 	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, RequiredAcks: kafka.RequireAll, Transport: &kafka.Transport{}}
 	defer w.Close()
-	km := kafka.Message{Value: []byte("body"), Headers: []kafka.Header{{Key: kafkasource.DefaultKeyHeader, Value: []byte("k1")}}}
+	km := kafka.Message{Key: []byte("order-7"), Value: []byte("body"), Headers: []kafka.Header{{Key: kafkasource.DefaultKeyHeader, Value: []byte("k1")}}}
 	for k, v := range headers {
 		km.Headers = append(km.Headers, kafka.Header{Key: k, Value: []byte(v)})
 	}
@@ -128,7 +182,8 @@ func TestKafkaTraceparent(t *testing.T) {
 	}
 
 	group := "idemq-otel-" + suffix()
-	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: group})
+	// No Config.ConsumerGroup: the group comes from the source.
+	tel := newTelemetry(t, otelidemq.Config{})
 	src, err := kafkasource.New(ctx, kafkasource.Config{
 		Brokers: brokers, Topics: []string{topic}, GroupID: group,
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: 300 * time.Millisecond, RebalanceTimeout: 10 * time.Second,
@@ -139,7 +194,10 @@ func TestKafkaTraceparent(t *testing.T) {
 	}
 	defer src.Close()
 	consumeOne(t, tel, src, group)
-	checkOne(t, tel, parent, otelidemq.SystemKafka, topic, topic+"/0/0")
+	want := append(processAttrs(t, semconv.MessagingSystemKafka, topic, topic+"/0/0", brokers[0]),
+		semconv.MessagingConsumerGroupName(group), semconv.MessagingDestinationPartitionID("0"),
+		semconv.MessagingKafkaOffset(0), semconv.MessagingKafkaMessageKey("order-7"))
+	checkOne(t, tel, parent, topic+"/0/0", want, semconv.AWSSQSQueueURLKey)
 }
 
 func sqsTestClient(t *testing.T) *sqs.Client {
@@ -170,6 +228,19 @@ func newSQSQueue(t *testing.T, c *sqs.Client) (name, url, dlq string) {
 	return name, urls[0], urls[1]
 }
 
+// checkSQS checks the process span of message id received from the queue
+// name at url: aws.sqs.queue.url, and no consumer group (the conventions
+// define none for SQS, whatever Config.ConsumerGroup says).
+func checkSQS(t *testing.T, tel *telemetry, producer trace.SpanContext, name, url, id string) {
+	t.Helper()
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append(processAttrs(t, semconv.MessagingSystemAWSSQS, name, id, u.Host), semconv.AWSSQSQueueURL(url))
+	checkOne(t, tel, producer, id, want, semconv.MessagingConsumerGroupNameKey, semconv.MessagingDestinationPartitionIDKey)
+}
+
 func consumeSQS(t *testing.T, c *sqs.Client, tel *telemetry, url, dlq string) {
 	t.Helper()
 	src, err := sqssource.New(brokerCtx(t), c, sqssource.Config{QueueURL: url, DeadLetterQueueURL: dlq, VisibilityTimeout: 4 * time.Second, WaitTime: time.Second})
@@ -198,7 +269,7 @@ func TestSQSTraceparentAttribute(t *testing.T) {
 	}
 	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "sqs-consumer"})
 	consumeSQS(t, c, tel, url, dlq)
-	checkOne(t, tel, parent, otelidemq.SystemSQS, name, aws.ToString(out.MessageId))
+	checkSQS(t, tel, parent, name, url, aws.ToString(out.MessageId))
 }
 
 // The AWSTraceHeader system attribute parents the span when there is no
@@ -224,7 +295,7 @@ func TestSQSAWSTraceHeader(t *testing.T) {
 	}
 	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "sqs-consumer"})
 	consumeSQS(t, c, tel, url, dlq)
-	checkOne(t, tel, parent, otelidemq.SystemSQS, name, aws.ToString(out.MessageId))
+	checkSQS(t, tel, parent, name, url, aws.ToString(out.MessageId))
 }
 
 // A traceparent in the AMQP headers parents the span.
@@ -256,10 +327,17 @@ func TestRabbitMQTraceparent(t *testing.T) {
 	for k, v := range headers {
 		h[k] = v
 	}
+	// Through a named exchange with a routing key other than the queue's
+	// name, so that the destination name has all three parts.
+	const exchange = "amq.direct"
+	routingKey := "rk." + suffix()
+	if err := ch.QueueBind(queue, routingKey, exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
-	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false,
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routingKey, true, false,
 		amqp.Publishing{Headers: h, MessageId: "id-k1", DeliveryMode: amqp.Persistent, Body: []byte("body")})
 	if err != nil {
 		t.Fatal(err)
@@ -269,7 +347,13 @@ func TestRabbitMQTraceparent(t *testing.T) {
 	}
 	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "amqp-consumer"})
 	consumeOne(t, tel, src, "amqp-consumer")
-	checkOne(t, tel, parent, otelidemq.SystemRabbitMQ, queue, "id-k1")
+	u, err := amqp.ParseURI(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append(processAttrs(t, semconv.MessagingSystemRabbitMQ, exchange+":"+routingKey+":"+queue, "id-k1", net.JoinHostPort(u.Host, strconv.Itoa(u.Port))),
+		semconv.MessagingRabbitMQDestinationRoutingKey(routingKey), semconv.MessagingRabbitMQMessageDeliveryTag(1))
+	checkOne(t, tel, parent, "id-k1", want, semconv.MessagingConsumerGroupNameKey, semconv.MessagingDestinationPartitionIDKey)
 }
 
 // gauge returns the value of the int64 gauge name at the data point whose

@@ -5,17 +5,27 @@
 // installs the SDK (tracer and meter providers, exporters) and passes the
 // providers in Config, or sets them globally.
 //
-//	hook, err := otelidemq.New(otelidemq.Config{ConsumerGroup: "orders"})
+//	hook, err := otelidemq.New(otelidemq.Config{})
 //	...
 //	runner, err := consumer.NewRunner(src, path, consumer.Config{Name: "orders", Hooks: []consumer.Hook{hook}})
 //
 // # Traces
 //
 // Every delivery gets one "process <destination>" span of kind consumer,
-// from receipt to settlement (after the acknowledgement), whose parent is the
-// producer's span taken from the message's headers: W3C traceparent and
-// tracestate (Kafka headers, SQS message attributes, AMQP headers), or the
-// SQS AWSTraceHeader system attribute. The work done for it is traced where
+// from receipt to settlement (after the acknowledgement), linked to the
+// producer's span taken from the message's headers (its creation context):
+// W3C traceparent and tracestate (Kafka headers, SQS message attributes,
+// AMQP headers), or the SQS AWSTraceHeader system attribute. As the
+// messaging semantic conventions advise, the span is a root span by
+// default; Config.ParentOnProducer makes it the producer span's child too.
+//
+// Attribute keys and values come from go.opentelemetry.io/otel/semconv
+// (v1.41.0, SchemaURL), so that they cannot drift from the conventions. The
+// broker-specific ones (server.address and server.port, the Kafka
+// partition, offset and key, the RabbitMQ routing key and delivery tag and
+// "{exchange}:{routing key}:{queue}" destination, the SQS queue URL, the
+// consumer group for Kafka only) come from consumer.Message.Broker, which
+// the sources fill; docs/observability.md lists them. The work done for it is traced where
 // it is done: per message, or once per transaction, following the
 // messaging conventions for batches.
 //
@@ -35,8 +45,9 @@
 // a transaction of one message gets child spans instead. The SDK keeps 128
 // links per span by default (sdktrace.SpanLimits.LinkCountLimit): raise it
 // for larger batches. A duplicate is an
-// "idemq.duplicate" event with its reason (redelivery, concurrent, producer;
-// see consumer.DuplicateReason), not an error; retries, dead letters and lost
+// "idemq.duplicate" event with its reason (redelivery, concurrent, producer,
+// and on Kafka unknown in place of producer: see DuplicateUnknown and
+// consumer.DuplicateReason), not an error; retries, dead letters and lost
 // leases are events too, and a dead letter sets the span's status to Error.
 //
 // A per-message handler's context carries its handler span, so spans and
@@ -71,8 +82,10 @@
 // # Metrics
 //
 // See docs/observability.md for every instrument, its unit
-// and attributes: messaging.client.consumed.messages and
-// messaging.process.duration from the messaging semantic conventions, and
+// and attributes: messaging.client.consumed.messages,
+// messaging.process.duration and messaging.client.operation.duration (each
+// acknowledgement, operation type settle) from the messaging semantic
+// conventions, with their advised histogram buckets, and
 // idemq.duplicates, idemq.dead_letters, idemq.retries, idemq.ack.failures,
 // idemq.lease.refresh_failures, idemq.lease.lost, idemq.in_flight,
 // idemq.batch.size, idemq.handler.duration and idemq.commit.duration.
@@ -84,8 +97,9 @@
 //
 // # Outbox relay
 //
-// RelayHook measures a sinks/outbox Relay: pass NewRelayHook's result in
-// outbox.Config.Hooks. It counts the rows published by outcome
+// RelayHook measures and traces a sinks/outbox Relay: pass NewRelayHook's
+// result in outbox.Config.Hooks. Each publish of a batch is a "send" span
+// linked to the trace context every message was published from. It counts the rows published by outcome
 // (messaging.client.sent.messages), times each batch's publish
 // (messaging.client.operation.duration), and reads the rows pending and
 // parked and the age of the oldest pending row from the outbox table at each

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,35 +16,84 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"go.opentelemetry.io/otel/semconv/v1.41.0/messagingconv"
 
 	"github.com/idemq/idemq/consumer"
 )
 
-// ScopeName is the instrumentation scope of the tracer and the meter.
+// ScopeName is the instrumentation scope of the tracer and the meter. The
+// scope's version is the idemq module's version in the binary's build
+// information ("devel" without one), and its schema URL is SchemaURL.
 const ScopeName = "github.com/idemq/idemq/consumer/otelidemq"
 
-// Attribute keys: the OpenTelemetry messaging semantic conventions, and
-// idemq's own.
+// SchemaURL is the version of the OpenTelemetry semantic conventions the
+// spans and metrics follow: go.opentelemetry.io/otel/semconv/v1.41.0.
+const SchemaURL = semconv.SchemaURL
+
+// modulePath is the module whose version the instrumentation scope carries.
+const modulePath = "github.com/idemq/idemq"
+
+// scopeVersion is the instrumentation scope's version; see ScopeName.
+var scopeVersion = func() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "devel"
+	}
+	if bi.Main.Path == modulePath && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	for _, d := range bi.Deps {
+		if d.Path == modulePath && d.Version != "" {
+			return d.Version
+		}
+	}
+	return "devel"
+}()
+
+// Attribute keys: the OpenTelemetry messaging semantic conventions, taken
+// from the official semconv package so that they cannot drift, and
+// idemq's own (idemq.*).
 const (
-	AttrSystem          = attribute.Key("messaging.system")
-	AttrDestination     = attribute.Key("messaging.destination.name")
-	AttrConsumerGroup   = attribute.Key("messaging.consumer.group.name")
-	AttrMessageID       = attribute.Key("messaging.message.id")
-	AttrOperationType   = attribute.Key("messaging.operation.type")
-	AttrOperationName   = attribute.Key("messaging.operation.name")
-	AttrBatchCount      = attribute.Key("messaging.batch.message_count")
-	AttrBatchNew        = attribute.Key("idemq.batch.new_count")            // messages claimed as new (SpanPerTransaction)
-	AttrDeliveryCount   = attribute.Key("messaging.message.delivery_count") // the broker's attempt
-	AttrErrorType       = attribute.Key("error.type")
+	AttrSystem        = semconv.MessagingSystemKey
+	AttrDestination   = semconv.MessagingDestinationNameKey
+	AttrConsumerGroup = semconv.MessagingConsumerGroupNameKey // Kafka only
+	AttrMessageID     = semconv.MessagingMessageIDKey
+	AttrOperationType = semconv.MessagingOperationTypeKey
+	AttrOperationName = semconv.MessagingOperationNameKey
+	// AttrBatchCount is set on spans covering more than one message only.
+	AttrBatchCount = semconv.MessagingBatchMessageCountKey
+	AttrBatchNew   = attribute.Key("idemq.batch.new_count") // messages claimed as new (SpanPerTransaction)
+	// AttrAttempt is the broker's delivery count (consumer.Message.Attempt,
+	// from 1). The conventions register no delivery count for Kafka, SQS
+	// or RabbitMQ, hence an idemq name.
+	AttrAttempt         = attribute.Key("idemq.message.attempt")
+	AttrErrorType       = semconv.ErrorTypeKey
+	AttrServerAddress   = semconv.ServerAddressKey
+	AttrServerPort      = semconv.ServerPortKey
+	AttrKafkaOffset     = semconv.MessagingKafkaOffsetKey
+	AttrKafkaKey        = semconv.MessagingKafkaMessageKeyKey
+	AttrRoutingKey      = semconv.MessagingRabbitMQDestinationRoutingKeyKey
+	AttrDeliveryTag     = semconv.MessagingRabbitMQMessageDeliveryTagKey
+	AttrSQSQueueURL     = semconv.AWSSQSQueueURLKey
 	AttrOutcome         = attribute.Key("idemq.outcome")
 	AttrDuplicateReason = attribute.Key("idemq.duplicate.reason")
 	AttrDeadLetter      = attribute.Key("idemq.dead_letter.reason")
 	AttrRetryKind       = attribute.Key("idemq.retry.kind")
 	AttrClaim           = attribute.Key("idemq.claim")
-	AttrPartition       = attribute.Key("messaging.destination.partition.id")
+	AttrPartition       = semconv.MessagingDestinationPartitionIDKey
 	AttrScope           = attribute.Key("idemq.dedup.scope")
 )
+
+// DuplicateUnknown is the duplicate reason ("unknown") reported on Kafka
+// in place of consumer.DuplicateProducer: Kafka does not mark a message
+// fetched again after a rebalance or a lost offset commit as redelivered,
+// so the runner cannot tell it from a producer's re-send, and otelidemq
+// does not guess. Redeliveries the Kafka source does recognise (its
+// in-process retries, Attempt above 1) stay "redelivery".
+const DuplicateUnknown consumer.DuplicateReason = 0
 
 // Span event names.
 const (
@@ -53,7 +103,9 @@ const (
 	EventLeaseLost  = "idemq.lease_lost"
 )
 
-// Messaging systems, as messaging.system names them.
+// Messaging systems, as messaging.system names them (the values of
+// semconv.MessagingSystemKafka, MessagingSystemAWSSQS and
+// MessagingSystemRabbitMQ; a test holds them equal).
 const (
 	SystemKafka    = "kafka"
 	SystemSQS      = "aws_sqs"
@@ -74,13 +126,23 @@ type Config struct {
 	// Defaults to otel.GetTextMapPropagator(), or, while that is the
 	// no-op default, W3C trace context and baggage.
 	Propagator propagation.TextMapPropagator
-	// System is messaging.system. Defaults to what the message's Raw type
-	// tells (SystemKafka, SystemSQS, SystemRabbitMQ), else "idemq".
+	// System is messaging.system. Defaults to the message's
+	// Broker.System, else what its Raw type tells (SystemKafka, SystemSQS,
+	// SystemRabbitMQ), else "idemq".
 	System string
-	// ConsumerGroup is messaging.consumer.group.name: the Kafka group, or
-	// the consumer's name for queues. Defaults to none (the attribute is
-	// left out).
+	// ConsumerGroup is messaging.consumer.group.name, which the
+	// conventions define for Kafka only: it is left out for every other
+	// system. Defaults to the message's Broker.ConsumerGroup (the Kafka
+	// source's GroupID).
 	ConsumerGroup string
+	// ParentOnProducer makes a message's process span a child of the
+	// producer's span found in its headers, as well as linked to it. The
+	// conventions make the link the default (a SHOULD) and parenting a
+	// MAY: parenting puts the consumer's work in the producer's trace,
+	// which a trace view shows as one tree, at the cost of traces that
+	// never end for long-lived producers. Defaults to false: the process
+	// span is a root span linked to the producer's.
+	ParentOnProducer bool
 	// SpanPerTransaction makes one "process <destination>" span per
 	// transaction of the transactional path instead of one per message,
 	// the way the messaging conventions trace batch processing: the span
@@ -99,9 +161,9 @@ type Config struct {
 // concurrent use; one Hook may serve several runners.
 //
 // Spans: one "process <destination>" span (kind consumer) per delivery,
-// from receipt to settlement, whose parent is the producer's span found in
-// the message's headers (W3C traceparent/tracestate, or an SQS
-// AWSTraceHeader); "claim", "handler" and "commit" spans for the work done
+// from receipt to settlement, linked to the producer's span found in the
+// message's headers (W3C traceparent/tracestate, or an SQS
+// AWSTraceHeader), and its child with Config.ParentOnProducer; "claim", "handler" and "commit" spans for the work done
 // for it: child spans where the work is per message, and one span per
 // transaction, linked to the process spans of its messages, where the
 // transactional path does it once for several (see the package doc). A
@@ -114,6 +176,7 @@ type Hook struct {
 	prop   propagation.TextMapPropagator
 	system string
 	group  string
+	parent bool // Config.ParentOnProducer
 	perTx  bool // Config.SpanPerTransaction
 	// The measurement options of a measurement without a message (system,
 	// if set, and group), as the variadic slices the instruments take, so
@@ -127,7 +190,7 @@ type Hook struct {
 	consumed, duplicates, deadLetters, retries, ackFailures metric.Int64Counter
 	leaseRefreshFail, leaseLost                             metric.Int64Counter
 	inFlight                                                metric.Int64UpDownCounter
-	processDur, handlerDur, commitDur                       metric.Float64Histogram
+	processDur, handlerDur, commitDur, clientDur            metric.Float64Histogram
 	batchSize                                               metric.Int64Histogram
 
 	// Observed on demand (ObserveLag, ...).
@@ -141,8 +204,58 @@ type Hook struct {
 	lastDest atomic.Pointer[destAttrs] // the latest destination looked up
 }
 
-// destKey names the metric attributes of one destination.
-type destKey struct{ system, destination string }
+// destKey names the metric attributes of one destination: the message's
+// system and topic, and what its BrokerInfo says of where it came from
+// (but for the per-message offset, key and delivery tag).
+type destKey struct {
+	system, topic, group string
+	server               string
+	port                 int
+	partition, queueURL  string
+	exchange, routingKey string
+}
+
+// keyOf returns the destKey of m for system.
+func (h *Hook) keyOf(system string, m *consumer.Message) destKey {
+	b := &m.Broker
+	k := destKey{system: system, topic: m.Topic, server: b.ServerAddress, port: b.ServerPort}
+	switch system {
+	case SystemKafka:
+		k.group, k.partition = h.group, b.Partition
+		if k.group == "" {
+			k.group = b.ConsumerGroup
+		}
+	case SystemRabbitMQ:
+		k.exchange, k.routingKey = b.Exchange, b.RoutingKey
+	case SystemSQS:
+		k.queueURL = b.QueueURL
+	default:
+		// An unknown system: Config.ConsumerGroup as given.
+		k.group, k.partition = h.group, b.Partition
+	}
+	return k
+}
+
+// destination returns messaging.destination.name: the topic or queue, and
+// for RabbitMQ "{exchange}:{routing key}:{queue}", leaving out an empty
+// part (the default exchange) and the routing key when it is the queue's
+// name, as the conventions ask.
+func (k destKey) destination() string {
+	if k.system != SystemRabbitMQ {
+		return k.topic
+	}
+	parts := make([]string, 0, 3)
+	if k.exchange != "" {
+		parts = append(parts, k.exchange)
+	}
+	if k.routingKey != "" && k.routingKey != k.topic {
+		parts = append(parts, k.routingKey)
+	}
+	if k.topic != "" {
+		parts = append(parts, k.topic)
+	}
+	return strings.Join(parts, ":")
+}
 
 // destAttrs are the metric attributes of one destination, built once: an
 // attribute set per measurement would cost more than the measurement.
@@ -150,8 +263,15 @@ type destAttrs struct {
 	key      destKey
 	spanName string                // "process <destination>"
 	kvs      []attribute.KeyValue  // the metric attributes
-	spanKVs  []attribute.KeyValue  // kvs and messaging.operation.type
+	spanKVs  []attribute.KeyValue  // kvs and those of spans only
 	spanOpt  trace.SpanStartOption // a process span's start attributes: spanKVs
+	// batch is the option of idemq.batch.size: kvs without the
+	// destination and partition, which a lane's batch may mix.
+	batch []metric.RecordOption
+	// settle and settleAny are the options of an acknowledgement's
+	// messaging.client.operation.duration, with and without the
+	// destination.
+	settle, settleAny []metric.RecordOption
 	// The measurement options, as the variadic slices the instruments
 	// take: the destination's attributes, and with an outcome, a duplicate
 	// reason or a retry kind.
@@ -168,8 +288,7 @@ func with(kvs []attribute.KeyValue, extra ...attribute.KeyValue) metric.Measurem
 }
 
 // attrsOf returns the metric attributes of a destination.
-func (h *Hook) attrsOf(system, destination string) *destAttrs {
-	k := destKey{system, destination}
+func (h *Hook) attrsOf(k destKey) *destAttrs {
 	if d := h.lastDest.Load(); d != nil && d.key == k {
 		return d
 	}
@@ -180,15 +299,37 @@ func (h *Hook) attrsOf(system, destination string) *destAttrs {
 		h.lastDest.Store(d)
 		return d
 	}
-	kvs := []attribute.KeyValue{AttrSystem.String(system), AttrDestination.String(destination), AttrOperationName.String("process")}
-	if h.group != "" {
-		kvs = append(kvs, AttrConsumerGroup.String(h.group))
+	destination := k.destination()
+	common := []attribute.KeyValue{AttrSystem.String(k.system), semconv.MessagingOperationName("process"), semconv.MessagingOperationTypeProcess}
+	if k.group != "" {
+		common = append(common, semconv.MessagingConsumerGroupName(k.group))
+	}
+	if k.server != "" {
+		common = append(common, semconv.ServerAddress(k.server))
+		if k.port > 0 {
+			common = append(common, semconv.ServerPort(k.port))
+		}
+	}
+	kvs := append(common[:len(common):len(common)], semconv.MessagingDestinationName(destination))
+	if k.partition != "" {
+		kvs = append(kvs, semconv.MessagingDestinationPartitionID(k.partition))
+	}
+	spanKVs := kvs[:len(kvs):len(kvs)]
+	switch {
+	case k.queueURL != "":
+		spanKVs = append(spanKVs, semconv.AWSSQSQueueURL(k.queueURL))
+	case k.routingKey != "":
+		spanKVs = append(spanKVs, semconv.MessagingRabbitMQDestinationRoutingKey(k.routingKey))
 	}
 	opt := with(kvs)
-	d = &destAttrs{key: k, spanName: "process " + destination, kvs: kvs,
-		spanKVs: append(kvs[:len(kvs):len(kvs)], AttrOperationType.String("process")),
-		add:     []metric.AddOption{opt}, rec: []metric.RecordOption{opt}}
+	d = &destAttrs{key: k, spanName: "process " + destination, kvs: kvs, spanKVs: spanKVs,
+		add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt},
+		batch: []metric.RecordOption{with(common)}}
 	d.spanOpt = trace.WithAttributes(d.spanKVs...)
+	settle := []attribute.KeyValue{AttrSystem.String(k.system), semconv.MessagingOperationName(settleName(k.system)), semconv.MessagingOperationTypeSettle}
+	settle = append(settle, common[3:]...) // group, server
+	d.settleAny = []metric.RecordOption{with(settle)}
+	d.settle = []metric.RecordOption{with(settle, semconv.MessagingDestinationName(destination))}
 	for o := range d.outcomes {
 		d.outcomes[o] = []metric.RecordOption{with(kvs, AttrOutcome.String(consumer.Outcome(o).String()))}
 	}
@@ -222,6 +363,7 @@ var (
 	_ consumer.HookCommit             = (*Hook)(nil)
 	_ consumer.HookTx                 = (*Hook)(nil)
 	_ consumer.HookAck                = (*Hook)(nil)
+	_ consumer.HookAckDone            = (*Hook)(nil)
 	_ consumer.HookRetry              = (*Hook)(nil)
 	_ consumer.HookDeadLetter         = (*Hook)(nil)
 	_ consumer.HookLeaseLost          = (*Hook)(nil)
@@ -241,17 +383,18 @@ func New(cfg Config) (*Hook, error) {
 		cfg.Propagator = propagator()
 	}
 	h := &Hook{
-		tracer: cfg.TracerProvider.Tracer(ScopeName),
+		tracer: cfg.TracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(scopeVersion), trace.WithSchemaURL(SchemaURL)),
 		prop:   cfg.Propagator,
 		system: cfg.System,
 		group:  cfg.ConsumerGroup,
+		parent: cfg.ParentOnProducer,
 		perTx:  cfg.SpanPerTransaction,
 	}
 	var base []attribute.KeyValue
 	if cfg.System != "" {
 		base = append(base, AttrSystem.String(cfg.System))
 	}
-	if cfg.ConsumerGroup != "" {
+	if cfg.ConsumerGroup != "" && (cfg.System == "" || cfg.System == SystemKafka) {
 		base = append(base, AttrConsumerGroup.String(cfg.ConsumerGroup))
 	}
 	baseOpt := metric.WithAttributeSet(attribute.NewSet(base...))
@@ -261,7 +404,7 @@ func New(cfg Config) (*Hook, error) {
 		h.claimOpts[st] = trace.WithAttributes(AttrClaim.String(st.String()))
 	}
 
-	m := cfg.MeterProvider.Meter(ScopeName)
+	m := meter(cfg.MeterProvider)
 	var errs []error
 	counter := func(name, unit, desc string) metric.Int64Counter {
 		c, err := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
@@ -270,7 +413,7 @@ func New(cfg Config) (*Hook, error) {
 	}
 	seconds := func(name, desc string) metric.Float64Histogram {
 		c, err := m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
-			metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+			metric.WithExplicitBucketBoundaries(durationBuckets...))
 		errs = append(errs, err)
 		return c
 	}
@@ -290,6 +433,7 @@ func New(cfg Config) (*Hook, error) {
 	h.processDur = seconds(MetricProcessDuration, "Time from receipt to settlement of a message.")
 	h.handlerDur = seconds(MetricHandlerDuration, "Handler run time, per attempt.")
 	h.commitDur = seconds(MetricCommitDuration, "Time to make a message's effect durable (commit, or mark done).")
+	h.clientDur = seconds(MetricOperationDuration, semconvClientDuration.Description())
 	h.meter = m
 	h.kafkaLag, err = m.Int64ObservableGauge(MetricKafkaLag, metric.WithUnit("{message}"),
 		metric.WithDescription("Messages of a partition at and after the first one the consumer has not settled (high watermark minus the next offset to commit)."))
@@ -304,6 +448,19 @@ func New(cfg Config) (*Hook, error) {
 		return nil, fmt.Errorf("otelidemq: create instruments: %w", err)
 	}
 	return h, nil
+}
+
+// durationBuckets are the bucket boundaries (s) the messaging conventions
+// advise for messaging.process.duration and
+// messaging.client.operation.duration; idemq's own durations use them too.
+var durationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
+
+// semconvClientDuration names messaging.client.operation.duration.
+var semconvClientDuration messagingconv.ClientOperationDuration
+
+// meter returns the meter of the instrumentation scope from mp.
+func meter(mp metric.MeterProvider) metric.Meter {
+	return mp.Meter(ScopeName, metric.WithInstrumentationVersion(scopeVersion), metric.WithSchemaURL(SchemaURL))
 }
 
 // Metric names.
@@ -387,23 +544,48 @@ func (h *Hook) OnReceived(ctx context.Context, m *consumer.Message) context.Cont
 	ctx = Extract(ctx, h.prop, m)
 	system := h.system
 	if system == "" {
+		system = m.Broker.System
+	}
+	if system == "" {
 		system = systemOf(m)
 	}
-	dest := h.attrsOf(system, m.Topic)
+	dest := h.attrsOf(h.keyOf(system, m))
 	// The attributes a sampler may use are set at the start; the message's
-	// own (its ID and delivery count) are set with its outcome, in one
+	// own (its ID, attempt, offset, ...) are set with its outcome, in one
 	// call, which saves the allocations of a start option per message.
 	var span trace.Span
 	if !h.perTx {
-		ctx, span = h.tracer.Start(ctx, dest.spanName, h.kindOpt, dest.spanOpt)
+		if h.parent {
+			ctx, span = h.tracer.Start(ctx, dest.spanName, h.kindOpt, dest.spanOpt, linkTo(ctx))
+		} else {
+			// A root span linked to the producer's: WithNewRoot ignores
+			// the producer's span in ctx, and the span replaces it there.
+			ctx, span = h.tracer.Start(ctx, dest.spanName, h.kindOpt, dest.spanOpt, trace.WithNewRoot(), linkTo(ctx))
+		}
 	}
 	h.consumed.Add(ctx, 1, dest.add...)
 	h.inFlight.Add(ctx, 1, dest.add...)
 	return &state{Context: ctx, span: span, start: now, dest: dest}
 }
 
-// OnBatch records the batch's size.
+// linkTo returns the option linking a span to the span context in ctx (the
+// producer's, from its headers), or no link without one.
+func linkTo(ctx context.Context) trace.SpanStartOption {
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() {
+		return trace.WithLinks()
+	}
+	return trace.WithLinks(trace.Link{SpanContext: sc})
+}
+
+// OnBatch records the batch's size, with the attributes of the latest
+// message received but for its destination and partition (the hook is
+// given no message, and a lane's batch may mix destinations).
 func (h *Hook) OnBatch(ctx context.Context, size int) {
+	if d := h.lastDest.Load(); d != nil {
+		h.batchSize.Record(ctx, int64(size), d.batch...)
+		return
+	}
 	h.batchSize.Record(ctx, int64(size), h.baseRec...)
 }
 
@@ -419,11 +601,18 @@ func (h *Hook) OnClaimed(ctx context.Context, m *consumer.Message, c consumer.Cl
 	if c.State != consumer.ClaimDuplicate {
 		return
 	}
+	s := stateOf(ctx)
+	if c.Reason == consumer.DuplicateProducer && s != nil && s.dest.key.system == SystemKafka {
+		// Kafka marks no redelivery: a message fetched again after a
+		// rebalance or a lost offset commit looks like the producer's
+		// re-send to the runner, so the reason is unknown.
+		c.Reason = DuplicateUnknown
+	}
 	reason := AttrDuplicateReason.String(c.Reason.String())
 	if !h.perTx {
 		trace.SpanFromContext(ctx).AddEvent(EventDuplicate, trace.WithAttributes(reason))
 	}
-	if s := stateOf(ctx); s != nil && c.Reason > 0 && int(c.Reason) < len(s.dest.dups) {
+	if s != nil && c.Reason >= 0 && int(c.Reason) < len(s.dest.dups) {
 		h.duplicates.Add(ctx, 1, s.dest.dups[c.Reason]...)
 		return
 	}
@@ -630,6 +819,49 @@ func (h *Hook) txProcess(ctx context.Context, d *destAttrs, t consumer.TxInfo) {
 	span.End(trace.WithTimestamp(end))
 }
 
+// settleName is messaging.operation.name of an acknowledgement on system:
+// the broker's own name for it.
+func settleName(system string) string {
+	switch system {
+	case SystemKafka:
+		return "commit"
+	case SystemSQS:
+		return "delete"
+	}
+	return "ack"
+}
+
+// OnAckDone records the acknowledgement's messaging.client.operation.duration
+// (operation type settle; name "commit" on Kafka, "delete" on SQS, "ack"
+// on RabbitMQ), with the destination when all its messages share one, and
+// error.type when it failed.
+func (h *Hook) OnAckDone(ctx context.Context, a consumer.AckInfo) {
+	if len(a.Messages) == 0 {
+		return
+	}
+	system := h.system
+	if system == "" {
+		system = a.Messages[0].Broker.System
+	}
+	if system == "" {
+		system = systemOf(a.Messages[0])
+	}
+	k := h.keyOf(system, a.Messages[0])
+	k.partition = ""
+	d := h.attrsOf(k)
+	opt := d.settle
+	for _, m := range a.Messages[1:] {
+		if mk := h.keyOf(system, m); mk.topic != k.topic || mk.exchange != k.exchange || mk.routingKey != k.routingKey {
+			opt = d.settleAny
+			break
+		}
+	}
+	if a.Err != nil {
+		opt = append(opt[:len(opt):len(opt)], metric.WithAttributes(AttrErrorType.String(errorType(a.Err))))
+	}
+	h.clientDur.Record(ctx, a.End.Sub(a.Start).Seconds(), opt...)
+}
+
 // OnAck counts the messages of a failed acknowledgement.
 func (h *Hook) OnAck(ctx context.Context, n int, err error) {
 	if err != nil {
@@ -691,7 +923,22 @@ func (h *Hook) OnSettled(ctx context.Context, m *consumer.Message, s consumer.Se
 	now := time.Now()
 	outcome := AttrOutcome.String(s.Outcome.String())
 	if st.span != nil {
-		st.span.SetAttributes(outcome, AttrBatchCount.Int(s.BatchSize), AttrMessageID.String(m.ID), AttrDeliveryCount.Int(m.Attempt))
+		b := &m.Broker
+		switch {
+		case st.dest.key.system == SystemKafka && b.Partition != "":
+			if b.MessageKey != "" {
+				st.span.SetAttributes(outcome, AttrMessageID.String(m.ID), AttrAttempt.Int(m.Attempt),
+					semconv.MessagingKafkaOffset(int(b.Offset)), semconv.MessagingKafkaMessageKey(b.MessageKey))
+			} else {
+				st.span.SetAttributes(outcome, AttrMessageID.String(m.ID), AttrAttempt.Int(m.Attempt),
+					semconv.MessagingKafkaOffset(int(b.Offset)))
+			}
+		case st.dest.key.system == SystemRabbitMQ && b.DeliveryTag > 0:
+			st.span.SetAttributes(outcome, AttrMessageID.String(m.ID), AttrAttempt.Int(m.Attempt),
+				semconv.MessagingRabbitMQMessageDeliveryTag(int(b.DeliveryTag)))
+		default:
+			st.span.SetAttributes(outcome, AttrMessageID.String(m.ID), AttrAttempt.Int(m.Attempt))
+		}
 	}
 	opt := st.dest.outcomes[consumer.OutcomeLeft]
 	if s.Outcome >= 0 && int(s.Outcome) < len(st.dest.outcomes) {

@@ -111,10 +111,16 @@ func checkProcessSpan(t *testing.T, s sdktrace.ReadOnlySpan, parent trace.SpanCo
 			t.Errorf("attribute %s = %q (present %v), want %q", k, got.AsString(), ok, v)
 		}
 	}
-	for _, k := range []attribute.Key{otelidemq.AttrMessageID, otelidemq.AttrBatchCount, otelidemq.AttrConsumerGroup, otelidemq.AttrOutcome} {
+	for _, k := range []attribute.Key{otelidemq.AttrMessageID, otelidemq.AttrConsumerGroup, otelidemq.AttrOutcome, otelidemq.AttrAttempt} {
 		if _, ok := attr(s, k); !ok {
 			t.Errorf("attribute %s missing", k)
 		}
+	}
+	if v, ok := attr(s, otelidemq.AttrBatchCount); ok {
+		t.Errorf("single-message span has %s %v", otelidemq.AttrBatchCount, v.Emit())
+	}
+	if l := s.Links(); len(l) != 1 || l[0].SpanContext.SpanID() != parent.SpanID() {
+		t.Errorf("process span links %v, want one to the producer's span", l)
 	}
 }
 
@@ -202,14 +208,14 @@ func runIdle(t *testing.T, r *consumer.Runner, between ...func()) {
 	}
 }
 
-// The process span of a message is parented on the producer's span carried
-// in its traceparent header, has the messaging attributes, and has claim,
+// With ParentOnProducer, the process span of a message is parented on (and
+// linked to) the producer's span carried in its traceparent header, has the messaging attributes, and has claim,
 // handler and commit children (lease path); the handler's context carries
 // the handler span, in the same trace. A redelivered duplicate is an event,
 // not an error.
 func TestProcessSpanParentedOnProducer(t *testing.T) {
 	parent, headers := producerSpan(t)
-	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "orders-consumer"})
+	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "orders-consumer", ParentOnProducer: true})
 	store, err := memstore.New(memstore.Config{})
 	if err != nil {
 		t.Fatal(err)

@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Metric names of an outbox relay (RelayHook).
@@ -43,11 +47,23 @@ const (
 //   - idemq.outbox.oldest_pending.age (s): the age of the oldest pending
 //     row, the relay's lag (observable gauge).
 //
+// Spans: one "send <destination>" span (kind client; "send" when the batch
+// mixes destinations) per publish of a batch, from the call to the
+// broker's confirmation, linked to the trace context each message was
+// published from (stored in its headers by outbox.Publish), with
+// messaging.operation.name and .type "send", messaging.batch.message_count
+// for a batch of several (messaging.message.id for one), and status Error
+// when the publish failed. It is kind client, not producer, because the
+// messages carry the context they were published from, not the send
+// span's: that is their creation context.
+//
 // Config.System, when set, is the messaging.system attribute of every
-// measurement; Config.TracerProvider, Propagator and ConsumerGroup are not
-// used. The gauges read the counts of the last relay the hook was given to:
+// measurement and span; Config.TracerProvider and Propagator make and
+// read the spans; Config.ConsumerGroup is not used. The gauges read the counts of the last relay the hook was given to:
 // use one RelayHook per relay, or per outbox table.
 type RelayHook struct {
+	tracer                trace.Tracer
+	prop                  propagation.TextMapPropagator
 	base                  metric.MeasurementOption
 	sent, parked, retried metric.MeasurementOption
 	sentCount             metric.Int64Counter
@@ -64,6 +80,12 @@ func NewRelayHook(cfg Config) (*RelayHook, error) {
 	if cfg.MeterProvider == nil {
 		cfg.MeterProvider = otel.GetMeterProvider()
 	}
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = otel.GetTracerProvider()
+	}
+	if cfg.Propagator == nil {
+		cfg.Propagator = propagator()
+	}
 	var kvs []attribute.KeyValue
 	if cfg.System != "" {
 		kvs = append(kvs, AttrSystem.String(cfg.System))
@@ -72,13 +94,15 @@ func NewRelayHook(cfg Config) (*RelayHook, error) {
 		return metric.WithAttributeSet(attribute.NewSet(append(kvs[:len(kvs):len(kvs)], extra...)...))
 	}
 	h := &RelayHook{
+		tracer:  cfg.TracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(scopeVersion), trace.WithSchemaURL(SchemaURL)),
+		prop:    cfg.Propagator,
 		kvs:     kvs,
 		base:    with(AttrOperationName.String(relayOperationName)),
 		sent:    with(AttrOperationName.String(relayOperationName), AttrOutcome.String(relayOutcomeSent)),
 		parked:  with(AttrOperationName.String(relayOperationName), AttrOutcome.String(relayOutcomeParked)),
 		retried: with(AttrOperationName.String(relayOperationName), AttrOutcome.String(relayOutcomeRetried)),
 	}
-	m := cfg.MeterProvider.Meter(ScopeName)
+	m := meter(cfg.MeterProvider)
 	var errs []error
 	var err error
 	h.sentCount, err = m.Int64Counter(MetricSent, metric.WithUnit("{message}"),
@@ -86,7 +110,7 @@ func NewRelayHook(cfg Config) (*RelayHook, error) {
 	errs = append(errs, err)
 	h.duration, err = m.Float64Histogram(MetricOperationDuration, metric.WithUnit("s"),
 		metric.WithDescription("Time to publish one batch of outbox rows, until the broker confirmed it."),
-		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+		metric.WithExplicitBucketBoundaries(durationBuckets...))
 	errs = append(errs, err)
 	pending, err := m.Int64ObservableGauge(MetricOutboxPending, metric.WithUnit("{message}"),
 		metric.WithDescription("Outbox rows waiting to be published (including rows waiting for a retry)."))
@@ -140,6 +164,39 @@ func (h *RelayHook) OnRelayPublish(ctx context.Context, rows, sent, parked int, 
 			AttrOperationName.String(relayOperationName), AttrErrorType.String(errorType(err)))...)
 	}
 	h.duration.Record(ctx, d.Seconds(), opt)
+}
+
+// OnRelaySend makes the batch's send span; see RelayHook.
+func (h *RelayHook) OnRelaySend(ctx context.Context, ids, destinations []string, headers []map[string]string, start time.Time, d time.Duration, err error) {
+	links := make([]trace.Link, 0, len(headers))
+	for _, hd := range headers {
+		if len(hd) == 0 {
+			continue
+		}
+		if sc := trace.SpanContextFromContext(h.prop.Extract(context.Background(), propagation.MapCarrier(hd))); sc.IsValid() {
+			links = append(links, trace.Link{SpanContext: sc})
+		}
+	}
+	attrs := make([]attribute.KeyValue, 0, len(h.kvs)+4)
+	attrs = append(attrs, h.kvs...)
+	attrs = append(attrs, semconv.MessagingOperationName(relayOperationName), semconv.MessagingOperationTypeSend)
+	name := relayOperationName
+	if len(destinations) > 0 && !slices.ContainsFunc(destinations[1:], func(s string) bool { return s != destinations[0] }) {
+		name += " " + destinations[0]
+		attrs = append(attrs, semconv.MessagingDestinationName(destinations[0]))
+	}
+	if len(ids) == 1 {
+		attrs = append(attrs, semconv.MessagingMessageID(ids[0]))
+	} else {
+		attrs = append(attrs, semconv.MessagingBatchMessageCount(len(ids)))
+	}
+	_, span := h.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(start),
+		trace.WithLinks(links...), trace.WithAttributes(attrs...))
+	if err != nil {
+		span.SetAttributes(AttrErrorType.String(errorType(err)))
+		recordFailure(span, err)
+	}
+	span.End(trace.WithTimestamp(start.Add(d)))
 }
 
 // ObserveRelayCounts keeps counts for the gauges; the last call wins.

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -10,6 +11,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/sources/kafkasource"
 )
 
 type syncBuffer struct {
@@ -40,33 +44,56 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// The worker serves its readiness and its metrics in the Prometheus format,
-// with the duplicate, retry and dead-letter counters moving, and its log
-// lines about messages carry their trace ids.
+// The worker, on the real Kafka and PostgreSQL, serves its probes and its
+// metrics in the Prometheus format: the messaging system is kafka, the
+// duplicate, retry and dead-letter counters move, the Kafka lag and dedup
+// table gauges are there, and its log lines about messages carry their
+// trace ids.
 func TestServesHealthAndMetrics(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Kafka and PostgreSQL; skipped with -short")
+	}
+	dbURL := testenv.DatabaseURL(t)
+	schema := testenv.Schema(t, dbURL)
+	topic := "idemq.example.obs." + schema
+	brokers := testenv.KafkaBrokers(t)
+	testenv.DeleteTopicsAtCleanup(t, brokers, topic, kafkasource.DeadLetterTopic(topic))
+	o := options{brokers: brokers, databaseURL: dbURL, topic: topic, group: "idemq-example-obs-" + schema,
+		schema: schema, publish: 100, janitor: 200 * time.Millisecond}
+
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var logs syncBuffer
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, ln, 200, &logs) }()
+	go func() { done <- run(ctx, o, ln, &logs) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("run: %v", err)
+		}
+	}()
 	base := "http://" + ln.Addr().String()
 
 	want := []string{
-		"messaging_client_consumed_messages",
+		`messaging_client_consumed_messages_total{`,
+		`messaging_system="kafka"`,
+		`messaging_consumer_group_name="` + o.group + `"`,
 		"messaging_process_duration_seconds_bucket",
+		"messaging_client_operation_duration_seconds_bucket",
 		`idemq_duplicates_total{`,
 		`idemq_dead_letters_total{`,
-		`idemq_retries_total{`,
-		"idemq_handler_duration_seconds_bucket",
+		`idemq_dead_letter_reason="malformed"`,
+		`idemq_retry_kind="handler"`,
 		"idemq_batch_size",
-		"idemq_in_flight",
+		"idemq_kafka_lag",
+		"idemq_dedup_records",
 	}
 	var body string
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(90 * time.Second)
 	for time.Now().Before(deadline) {
 		var code int
 		code, body = get(t, base+"/metrics")
@@ -77,26 +104,26 @@ func TestServesHealthAndMetrics(t *testing.T) {
 		if code == http.StatusOK && !missing {
 			break
 		}
-		time.Sleep(100 * time.Millisecond)
+		if err := ctx.Err(); err != nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 	for _, w := range want {
 		if !strings.Contains(body, w) {
 			t.Errorf("/metrics has no %s", w)
 		}
 	}
-	for _, w := range []string{`idemq_duplicate_reason="`, `idemq_dead_letter_reason="permanent"`, `idemq_retry_kind="handler"`} {
-		if !strings.Contains(body, w) {
-			t.Errorf("/metrics has no %s", w)
-		}
+	if strings.Contains(body, `messaging_system="idemq"`) {
+		t.Errorf(`/metrics reports messaging_system="idemq"`)
 	}
-	if code, h := get(t, base+"/healthz"); code != http.StatusOK || !strings.Contains(h, `"Ready":true`) {
-		t.Errorf("/healthz: %d %s", code, h)
+	if code, h := get(t, base+"/readyz"); code != http.StatusOK || !strings.Contains(h, `"Ready":true`) {
+		t.Errorf("/readyz: %d %s", code, h)
+	}
+	if code, _ := get(t, base+"/livez"); code != http.StatusOK {
+		t.Errorf("/livez: %d", code)
 	}
 	if !strings.Contains(logs.String(), "trace_id=") {
 		t.Errorf("no log line carries a trace id:\n%s", logs.String())
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
 	}
 }

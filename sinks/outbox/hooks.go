@@ -7,7 +7,7 @@ import (
 
 // Hook is a value that observes a Relay, like consumer.Hook observes a
 // Runner: it implements any number of the interfaces below (HookPublish,
-// HookCounts), which NewRelay and NewSQLiteRelay find once by type
+// HookSend, HookCounts), which NewRelay and NewSQLiteRelay find once by type
 // assertion, so new events can be added without breaking existing hooks.
 // Set hooks with Config.Hooks. consumer/otelidemq's RelayHook implements
 // them with OpenTelemetry metrics.
@@ -28,6 +28,17 @@ type HookPublish interface {
 	OnRelayPublish(ctx context.Context, rows, sent, parked int, d time.Duration, err error)
 }
 
+// HookSend is called after each publish of a claimed batch, with the
+// messages' IDs, destinations and headers (index i is the batch's row i;
+// the headers hold the W3C trace context Publish stored, if any), when
+// Publisher.Publish started, how long it took and its error. It lets a
+// hook make a send span linked to the trace contexts the messages were
+// published from. The slices are the relay's: read them during the call
+// only.
+type HookSend interface {
+	OnRelaySend(ctx context.Context, ids, destinations []string, headers []map[string]string, start time.Time, d time.Duration, err error)
+}
+
 // HookCounts is given, once in the relay's constructor, a function that
 // reads the outbox's counts (one query, like Relay.Counts): the rows
 // pending, the rows parked and the age of the oldest pending row. A
@@ -40,6 +51,7 @@ type HookCounts interface {
 // hooks are a relay's hooks, sorted by the events they observe.
 type hooks struct {
 	publish []HookPublish
+	send    []HookSend
 }
 
 // setHooks sorts cfg.Hooks into r.hooks and hands r's counts to the
@@ -48,6 +60,9 @@ func (r *Relay) setHooks() {
 	for _, h := range r.cfg.Hooks {
 		if p, ok := h.(HookPublish); ok {
 			r.hooks.publish = append(r.hooks.publish, p)
+		}
+		if s, ok := h.(HookSend); ok {
+			r.hooks.send = append(r.hooks.send, s)
 		}
 		if c, ok := h.(HookCounts); ok {
 			c.ObserveRelayCounts(func(ctx context.Context) (int64, int64, time.Duration, error) {

@@ -11,6 +11,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/consumer"
@@ -202,5 +204,85 @@ func TestRelayCarriesTraceContext(t *testing.T) {
 	want := span.SpanContext()
 	if got.TraceID() != want.TraceID() || got.SpanID() != want.SpanID() || !got.IsRemote() {
 		t.Fatalf("downstream parent %s/%s, want the handler span %s/%s", got.TraceID(), got.SpanID(), want.TraceID(), want.SpanID())
+	}
+}
+
+// The relay's publish of a batch is a "send" span (kind client: the stored
+// trace context, not the send span, is the messages' creation context)
+// linked to each message's stored trace context, with the messaging
+// conventions' send attributes.
+func TestRelaySendSpan(t *testing.T) {
+	ctx := context.Background()
+	db := newSQLite(t)
+	tp := sdktrace.NewTracerProvider()
+	var handlers []trace.SpanContext
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"e1", "e2"} {
+		hctx, span := tp.Tracer("test").Start(ctx, "handler")
+		if _, err := outbox.Publish(hctx, tx, outbox.Message{ID: id, Destination: "orders", Key: id, Body: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+		span.End()
+		handlers = append(handlers, span.SpanContext())
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+
+	spans := tracetest.NewSpanRecorder()
+	rtp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	t.Cleanup(func() { _ = rtp.Shutdown(context.Background()) })
+	hook, err := otelidemq.NewRelayHook(otelidemq.Config{TracerProvider: rtp, System: otelidemq.SystemKafka})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig()
+	cfg.Hooks = []outbox.Hook{hook}
+	r, err := outbox.NewSQLiteRelay(db, &recorder{}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(t, r)
+
+	var send []sdktrace.ReadOnlySpan
+	for _, s := range spans.Ended() {
+		if s.Name() == "send orders" {
+			send = append(send, s)
+		}
+	}
+	if len(send) != 1 {
+		t.Fatalf("%d \"send orders\" spans (all: %d), want 1 for the batch", len(send), len(spans.Ended()))
+	}
+	s := send[0]
+	if s.SpanKind() != trace.SpanKindClient {
+		t.Errorf("send span kind %v, want client", s.SpanKind())
+	}
+	linked := map[trace.SpanID]bool{}
+	for _, l := range s.Links() {
+		linked[l.SpanContext.SpanID()] = l.SpanContext.TraceID().IsValid()
+	}
+	for _, h := range handlers {
+		if !linked[h.SpanID()] {
+			t.Errorf("send span links %v, want one to stored context %s", s.Links(), h.SpanID())
+		}
+	}
+	want := map[attribute.Key]attribute.Value{
+		semconv.MessagingSystemKey:            attribute.StringValue("kafka"),
+		semconv.MessagingOperationNameKey:     attribute.StringValue("send"),
+		semconv.MessagingOperationTypeKey:     attribute.StringValue("send"),
+		semconv.MessagingDestinationNameKey:   attribute.StringValue("orders"),
+		semconv.MessagingBatchMessageCountKey: attribute.IntValue(2),
+	}
+	got := map[attribute.Key]attribute.Value{}
+	for _, a := range s.Attributes() {
+		got[a.Key] = a.Value
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("send span %s = %q, want %q", k, got[k].Emit(), v.Emit())
+		}
 	}
 }

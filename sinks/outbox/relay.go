@@ -470,6 +470,15 @@ func (r *Relay) publishBatch(ctx context.Context) (n int, record func() error, e
 			failed = append(failed, f)
 		}
 	}
+	if len(r.hooks.send) > 0 {
+		ids, dests, headers := make([]string, len(msgs)), make([]string, len(msgs)), make([]map[string]string, len(msgs))
+		for i, m := range msgs {
+			ids[i], dests[i], headers[i] = m.ID, m.Destination, m.Headers
+		}
+		for _, h := range r.hooks.send {
+			h.OnRelaySend(ctx, ids, dests, headers, start, took, perr)
+		}
+	}
 	if len(r.hooks.publish) > 0 {
 		parked := 0
 		for _, f := range failed {

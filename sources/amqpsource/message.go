@@ -51,6 +51,8 @@ func (s *Source) toMessage(sess *session, d amqp.Delivery, now time.Time) *consu
 	if s.cfg.PartitionKeyHeader != "" {
 		partition, _ = stringHeader(d.Headers[s.cfg.PartitionKeyHeader])
 	}
+	broker := s.broker
+	broker.Exchange, broker.RoutingKey, broker.DeliveryTag = d.Exchange, d.RoutingKey, d.DeliveryTag
 	return &consumer.Message{
 		ID:           d.MessageId,
 		Key:          key,
@@ -62,6 +64,7 @@ func (s *Source) toMessage(sess *session, d amqp.Delivery, now time.Time) *consu
 		Redelivered:  d.Redelivered || retries > 0,
 		ReceivedAt:   now,
 		Raw:          d,
+		Broker:       broker,
 		Handle:       &handle{src: s, sess: sess, tag: d.DeliveryTag, attempt: attempt, d: d},
 	}
 }

@@ -42,6 +42,10 @@ type Source struct {
 	once    sync.Once
 	wg      sync.WaitGroup
 
+	// broker is the BrokerInfo of every message, but for its exchange,
+	// routing key and delivery tag.
+	broker consumer.BrokerInfo
+
 	mu  sync.Mutex
 	gen uint64 // generation of the newest session
 
@@ -80,6 +84,10 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 		log:     cfg.Logger.With(logKeyQueue, cfg.Queue),
 		in:      make(chan inbound, cfg.Prefetch),
 		closing: make(chan struct{}),
+		broker:  consumer.BrokerInfo{System: "rabbitmq"},
+	}
+	if u, err := amqp.ParseURI(cfg.URL); err == nil {
+		s.broker.ServerAddress, s.broker.ServerPort = u.Host, u.Port
 	}
 	first, err := s.dial(ctx)
 	if err != nil {

@@ -181,6 +181,11 @@ func (s *Source) message(e *entry, attempt int) *consumer.Message {
 	for _, h := range e.km.Headers {
 		headers[h.Key] = string(h.Value)
 	}
+	broker := s.broker
+	broker.Partition, broker.Offset = strconv.Itoa(e.km.Partition), e.km.Offset
+	if len(e.km.Key) > 0 {
+		broker.MessageKey = string(e.km.Key)
+	}
 	return &consumer.Message{
 		ID:           e.id,
 		Key:          e.key,
@@ -193,6 +198,7 @@ func (s *Source) message(e *entry, attempt int) *consumer.Message {
 		Redelivered:  attempt > 1,
 		ReceivedAt:   time.Now(),
 		Raw:          e.km,
+		Broker:       broker,
 		Handle:       e,
 	}
 }

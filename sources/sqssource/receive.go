@@ -188,6 +188,7 @@ func (s *Source) message(h *handle, now time.Time) *consumer.Message {
 		Redelivered:  attempt > 1,
 		ReceivedAt:   now,
 		Raw:          m,
+		Broker:       s.broker,
 		Handle:       h,
 	}
 }

@@ -63,6 +63,7 @@ type Source struct {
 	cfg       Config
 	log       *slog.Logger
 	queueName string
+	broker    consumer.BrokerInfo // of every message
 	fifo      bool
 	// maxReceiveCount is the redrive policy's maxReceiveCount, or 0.
 	maxReceiveCount int
@@ -130,6 +131,7 @@ func New(ctx context.Context, client Client, cfg Config) (*Source, error) {
 		client:    client,
 		cfg:       cfg,
 		queueName: queueName(cfg.QueueURL),
+		broker:    brokerInfo(cfg.QueueURL),
 		inflight:  make(map[*handle]struct{}),
 		active:    make(map[string]*handle),
 		wake:      make(chan struct{}),
@@ -323,6 +325,27 @@ func parseMaxReceiveCount(policy string) (int, error) {
 }
 
 // queueName returns the last path element of a queue URL.
+// brokerInfo returns the consumer.BrokerInfo of the messages of the queue
+// at queueURL: its URL and the endpoint's host and port (the scheme's
+// default port when the URL names none).
+func brokerInfo(queueURL string) consumer.BrokerInfo {
+	b := consumer.BrokerInfo{System: "aws_sqs", QueueURL: queueURL}
+	u, err := url.Parse(queueURL)
+	if err != nil {
+		return b
+	}
+	b.ServerAddress = u.Hostname()
+	switch p := u.Port(); {
+	case p != "":
+		b.ServerPort, _ = strconv.Atoi(p)
+	case u.Scheme == "https":
+		b.ServerPort = 443
+	case u.Scheme == "http":
+		b.ServerPort = 80
+	}
+	return b
+}
+
 func queueName(queueURL string) string {
 	if u, err := url.Parse(queueURL); err == nil && u.Path != "" {
 		return path.Base(u.Path)
