@@ -256,24 +256,24 @@ func (o *outage) streakLen() int {
 // readiness probes and dashboards. See Runner.Health.
 type Health struct {
 	// Running reports that Run is running.
-	Running bool
+	Running bool `json:"running"`
 	// Draining reports that Run's context is cancelled and the runner is
 	// finishing the messages it received; it receives nothing more.
-	Draining bool
+	Draining bool `json:"draining"`
 	// LastReceive is when Source.Receive last returned without error
 	// (zero before the first time).
-	LastReceive time.Time
+	LastReceive time.Time `json:"last_receive"`
 	// ReceiveFailures is the number of consecutive failed Receive calls.
-	ReceiveFailures int
+	ReceiveFailures int `json:"receive_failures"`
 	// StoreFailures is the number of consecutive failures of the store:
 	// begin, claim and commit on the transactional path; claim, refresh
 	// and complete on the lease path.
-	StoreFailures int
+	StoreFailures int `json:"store_failures"`
 	// AckFailures is the number of consecutive failed Source.Ack calls.
-	AckFailures int
+	AckFailures int `json:"ack_failures"`
 	// Ready is the verdict for a readiness probe: running, not draining,
 	// and no dependency has failed Config.OutageThreshold times in a row.
-	Ready bool
+	Ready bool `json:"ready"`
 }
 
 // Health returns the runner's current health. It is safe to call at any time

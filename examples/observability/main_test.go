@@ -117,7 +117,7 @@ func TestServesHealthAndMetrics(t *testing.T) {
 	if strings.Contains(body, `messaging_system="idemq"`) {
 		t.Errorf(`/metrics reports messaging_system="idemq"`)
 	}
-	if code, h := get(t, base+"/readyz"); code != http.StatusOK || !strings.Contains(h, `"Ready":true`) {
+	if code, h := get(t, base+"/readyz"); code != http.StatusOK || !strings.Contains(h, `"ready":true`) {
 		t.Errorf("/readyz: %d %s", code, h)
 	}
 	if code, _ := get(t, base+"/livez"); code != http.StatusOK {
