@@ -357,7 +357,7 @@ func writeTable(w io.Writer, ls []*dlq.Letter) {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", l.ID, at, l.Attempts, orDash(l.Key), orDash(l.Origin), oneLine(l.Reason, 80))
 	}
-	tw.Flush()
+	_ = tw.Flush()
 	fmt.Fprintf(w, "%d dead letters\n", len(ls))
 }
 

@@ -128,13 +128,13 @@ func checkConventions(t *testing.T, s sdktrace.ReadOnlySpan, producer trace.Span
 			t.Errorf("span name %q, want %q", s.Name(), "process "+kv.Value.AsString())
 		}
 		if got, ok := attr(s, kv.Key); !ok || got != kv.Value {
-			t.Errorf("attribute %s = %q (present %v), want %q", kv.Key, got.Emit(), ok, kv.Value.Emit())
+			t.Errorf("attribute %s = %q (present %v), want %q", kv.Key, got.String(), ok, kv.Value.String())
 		}
 	}
 	absent = append(absent, semconv.MessagingBatchMessageCountKey, "messaging.message.delivery_count")
 	for _, k := range absent {
 		if v, ok := attr(s, k); ok {
-			t.Errorf("attribute %s = %q present, want absent", k, v.Emit())
+			t.Errorf("attribute %s = %q present, want absent", k, v.String())
 		}
 	}
 }

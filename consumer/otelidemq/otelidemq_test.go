@@ -117,7 +117,7 @@ func checkProcessSpan(t *testing.T, s sdktrace.ReadOnlySpan, parent trace.SpanCo
 		}
 	}
 	if v, ok := attr(s, otelidemq.AttrBatchCount); ok {
-		t.Errorf("single-message span has %s %v", otelidemq.AttrBatchCount, v.Emit())
+		t.Errorf("single-message span has %s %v", otelidemq.AttrBatchCount, v.String())
 	}
 	if l := s.Links(); len(l) != 1 || l[0].SpanContext.SpanID() != parent.SpanID() {
 		t.Errorf("process span links %v, want one to the producer's span", l)

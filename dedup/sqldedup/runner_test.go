@@ -368,8 +368,7 @@ func TestHandlerEndingTheTransactionIsRefused(t *testing.T) {
 	for st := broker.Stats("t"); st.Ready+st.InFlight+st.Pending > 0; st = broker.Stats("t") {
 		if time.Now().After(deadline) {
 			cancel()
-			<-done
-			t.Fatalf("not settled: %+v", st)
+			t.Fatalf("not settled: %+v (Run: %v)", st, <-done)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -282,7 +282,7 @@ func TestRelaySendSpan(t *testing.T) {
 	}
 	for k, v := range want {
 		if got[k] != v {
-			t.Errorf("send span %s = %q, want %q", k, got[k].Emit(), v.Emit())
+			t.Errorf("send span %s = %q, want %q", k, got[k].String(), v.String())
 		}
 	}
 }
