@@ -196,14 +196,23 @@ func TestCapabilityTableMatchesStores(t *testing.T) {
 
 	// Every interface that package dedup declares has a row.
 	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, filepath.Join(repoRoot(t), "dedup"), func(fi os.FileInfo) bool {
-		return !strings.HasSuffix(fi.Name(), "_test.go")
-	}, 0)
+	paths, err := filepath.Glob(filepath.Join(filepath.Join(repoRoot(t), "dedup"), "*.go"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	var files []*ast.File
+	for _, path := range paths {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
 	var declared []string
-	for _, f := range pkgs["dedup"].Files {
+	for _, f := range files {
 		for _, d := range f.Decls {
 			gd, ok := d.(*ast.GenDecl)
 			if !ok || gd.Tok != token.TYPE {
