@@ -96,7 +96,7 @@ lint: ## gofmt, go vet, golangci-lint (.golangci.yml: staticcheck, errcheck, rev
 	cd testdata/containers && $(GO) mod tidy -diff
 
 .PHONY: deps-weight
-deps-weight: ## Count and weigh the modules a user downloads to import consumer and dedup/pgdedup (targets: 12, 40 MB).
+deps-weight: ## Count and weigh the modules a user downloads to import consumer and dedup/pgdedup (fails above 10 modules or 30 MB), and each source alone.
 	bash .ci/deps-weight
 
 .PHONY: services

@@ -3,18 +3,14 @@ package consumer_test
 import (
 	"context"
 	"log/slog"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/dedup/redisdedup"
 	"github.com/idemq/idemq/internal/testenv"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // warnsAfter returns the WARN lines recorded after the first n lines.
@@ -86,70 +82,4 @@ func TestStoreOutagePausesReceivingAndRecoversFast(t *testing.T) {
 	t.Logf("PostgreSQL: first message handled %v after the store answered again", d.Round(time.Millisecond))
 	f.settled()
 	f.requireOnce(append(keys, "before")...)
-}
-
-// A Redis outage on the lease path (the lease store cut off behind a proxy
-// for 8 s) is handled as a PostgreSQL one: receiving pauses, the store is
-// probed at a short interval, the per-message WARN lines are rate-limited,
-// and messages are handled again soon after Redis answers.
-func TestLeaseStoreOutagePausesReceivingAndRecoversFast(t *testing.T) {
-	e := newMemEnv(t, 30*time.Second)
-	redisURL, proxy := testenv.ProxyURL(t, testenv.RedisURL(t))
-	opts, err := redis.ParseURL(redisURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = time.Second, time.Second, time.Second
-	rdb := redis.NewClient(opts)
-	t.Cleanup(func() { _ = rdb.Close() })
-	store, err := redisdedup.New(rdb, redisdedup.Config{Prefix: "idemq-test:" + t.Name() + ":" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := consumer.Leased(store, func(ctx context.Context, msg *consumer.Message) error {
-		e.mu.Lock()
-		e.calls[msg.Key]++
-		e.mu.Unlock()
-		return nil
-	}, consumer.LeaseOptions{})
-	logs := testenv.NewLogRecorder()
-	r, stop := e.run(e.broker.Source(e.topic), path, consumer.Config{
-		Concurrency: 1, BatchSize: 1,
-		OutageThreshold: 3, OutageReminder: time.Hour,
-		Retry:  consumer.RetryPolicy{InitialBackoff: 100 * time.Millisecond, Multiplier: 2, MaxBackoff: time.Minute},
-		Logger: logs.Logger(),
-	})
-	e.broker.Publish(e.topic, memsource.Outgoing{Key: "before", Body: []byte("x")})
-	until(t, "the first message handled", func() bool { return r.Stats().Handled == 1 })
-
-	ks := keys(10, "cut-")
-	linesBefore := len(logs.Find(""))
-	var received uint64
-	rep := proxy.CutFor(t, 8*time.Second, 3*time.Second, func() {
-		for _, k := range ks {
-			e.broker.Publish(e.topic, memsource.Outgoing{Key: k, Body: []byte("x")})
-		}
-		until(t, "the outage declared", func() bool { return len(logs.Find("dependency failing")) == 1 })
-		time.Sleep(500 * time.Millisecond)
-		received = r.Stats().Received
-	})
-	if got := r.Stats().Received - received; got > 1 {
-		t.Errorf("received %d messages while the store was declared down, want at most 1 (back-pressure)", got)
-	}
-	if w := warnsAfter(logs, linesBefore); len(w) > 4 {
-		t.Errorf("%d WARN lines during the outage, want at most 4 (rate-limited); first: %q", len(w), w[0].Message)
-	}
-	if rep.LateDials < 3 {
-		t.Errorf("%d connection attempts to Redis in the last 3 s of the outage, want at least 3 (a probe)", rep.LateDials)
-	}
-	handled := r.Stats().Handled
-	d := testenv.WaitRecovery(t, rep.Restored, 10*time.Second, func() bool { return r.Stats().Handled > handled })
-	t.Logf("Redis (lease path): first message handled %v after the store answered again", d.Round(time.Millisecond))
-	until(t, "every message handled", func() bool { return r.Stats().Handled == 11 })
-	stop()
-	for _, k := range append(ks, "before") {
-		if n := e.called(k); n != 1 {
-			t.Errorf("key %s: handler ran %d times, want 1", k, n)
-		}
-	}
 }

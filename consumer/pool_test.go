@@ -13,7 +13,6 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/dedup/redisdedup"
 	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/memsource"
@@ -77,15 +76,13 @@ func TestConcurrencyMustFitThePool(t *testing.T) {
 
 // A store whose New failed and whose error was ignored is a typed nil: the
 // path's interface holds a nil pointer. NewRunner reports it as a
-// *ConfigError instead of panicking (pgdedup) or passing it on to crash a
-// lane in Run (redisdedup).
+// *ConfigError instead of panicking (pgdedup). The lease store's case
+// (redisdedup) is in internal/leasepath, which may import go-redis.
 func TestTypedNilStoresAreConfigErrors(t *testing.T) {
 	src := memsource.New(memsource.Config{}).Source("t")
 	paths := map[string]consumer.Path{
 		"pgdedup":  consumer.Transactional((*pgdedup.Store)(nil), func(context.Context, pgx.Tx, *consumer.Message) error { return nil }),
 		"sqldedup": consumer.Transactional((*sqldedup.Store)(nil), func(context.Context, *sql.Tx, *consumer.Message) error { return nil }),
-		"redisdedup": consumer.Leased((*redisdedup.Store)(nil), func(context.Context, *consumer.Message) error { return nil },
-			consumer.LeaseOptions{}),
 	}
 	for name, p := range paths {
 		t.Run(name, func(t *testing.T) {

@@ -24,6 +24,35 @@
 // record) implements TableStatsReporter: pgdedup and sqldedup do, and
 // consumer/otelidemq exports the measurement as gauges.
 //
+// # Optional interfaces
+//
+// Besides TxStore or LeaseStore, a store may implement optional interfaces;
+// the runner finds them by type assertion and does without them otherwise
+// (each interface's doc says what it changes). Which store implements which
+// (x: yes; generic interfaces for the store's own Tx; memstore is idemq's
+// in-memory store for its own tests):
+//
+//	interface            pgdedup  sqldedup  redisdedup  memstore.Store  memstore.Leases
+//	TxStore              x        x         .           x               .
+//	BeginClaimer         x        .         .           .               .
+//	CommitChainer        x        .         .           .               .
+//	AbortClassifier      x        x         .           .               .
+//	FailedTxReporter     x        .         .           .               .
+//	EndedTxReporter      x        .         .           .               .
+//	TransientClassifier  x        x         .           .               .
+//	PoolSizer            x        x         .           .               .
+//	RetentionReporter    x        x         .           x               .
+//	TableStatsReporter   x        x         .           .               .
+//	LeaseStore           .        .         x           .               x
+//	BatchClaimer         .        .         x           .               .
+//	FailureCounter       x        x         x           x               x
+//
+// Each store package asserts its row of this table at compile time
+// (capabilities.go), and a test in dedup/deduptest checks the table against
+// the stores. A wrapper around a store (consumer/consumertest's) must
+// forward every optional interface its store has, or the runner takes
+// another path with the wrapper than without it.
+//
 // Every store runs the conformance suites in dedup/deduptest against a real
 // server.
 package dedup

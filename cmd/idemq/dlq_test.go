@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/amqpsource"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/sqssource"
@@ -59,7 +60,7 @@ func TestDLQCommandSQS(t *testing.T) {
 	c := sqs.New(sqs.Options{Region: testenv.SQSRegion, BaseEndpoint: aws.String(endpoint),
 		Credentials: credentials.NewStaticCredentialsProvider(testenv.SQSAccessKeyID, testenv.SQSSecretAccessKey, "")})
 	name := runtest.UniqueName(t, "idemq-cli")
-	testenv.DeleteSQSQueuesAtCleanup(t, endpoint, name, name+"-dlq")
+	brokerenv.DeleteSQSQueuesAtCleanup(t, endpoint, name, name+"-dlq")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var urls []string
@@ -150,7 +151,7 @@ func TestDLQCommandKafka(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	topic := runtest.UniqueName(t, "idemq-cli")
 	dead := kafkasource.DeadLetterTopic(topic)
-	testenv.DeleteTopicsAtCleanup(t, brokers, topic, dead)
+	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, dead)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := kafkasource.CreateTopics(ctx, nil, brokers, kafkasource.TopicSpec{Name: topic}, kafkasource.TopicSpec{Name: dead}); err != nil {
@@ -216,7 +217,7 @@ func TestDLQCommandKafka(t *testing.T) {
 	if got["k-1"] != 1 || got["k-2"] != 1 || got["x-3"] != 1 {
 		t.Errorf("the origin holds %v, want each key once", got)
 	}
-	if last := testenv.LastOffset(t, brokers, topic, 0); last != 3 {
+	if last := brokerenv.LastOffset(t, brokers, topic, 0); last != 3 {
 		t.Errorf("the origin holds %d messages, want 3", last)
 	}
 }
@@ -227,7 +228,7 @@ func TestDLQCommandRabbitMQ(t *testing.T) {
 	url := testenv.AMQPURL(t)
 	queue := runtest.UniqueName(t, "idemq-cli")
 	dead := queue + ".dlq"
-	testenv.DeleteQueuesAtCleanup(t, url, queue, dead)
+	brokerenv.DeleteQueuesAtCleanup(t, url, queue, dead)
 	conn, err := amqp.Dial(url)
 	if err != nil {
 		t.Fatal(err)

@@ -217,11 +217,7 @@ func ReplayTx[Tx any](t TB, store dedup.TxStore[Tx], handler consumer.TxHandler[
 		cs.succeeded(tx, key)
 		return nil
 	}
-	path := consumer.Transactional[Tx](cs, h)
-	if _, ok := store.(dedup.CommitChainer[Tx]); ok {
-		path = consumer.Transactional[Tx](&chainingStore[Tx]{cs}, h)
-	}
-	replay(t, path, script, opts, rep)
+	replay(t, consumer.Transactional(txStoreFor(cs), h), script, opts, rep)
 	return rep
 }
 
@@ -257,7 +253,7 @@ func Replay(t TB, store dedup.LeaseStore, handler consumer.Handler, lease consum
 		}
 		return nil
 	}
-	replay(t, consumer.Leased(ls, h, lease), script, opts, rep)
+	replay(t, consumer.Leased(leaseStoreFor(ls), h, lease), script, opts, rep)
 	return rep
 }
 
@@ -500,6 +496,91 @@ func (s *countingStore[Tx]) ForgetEnded(ctx context.Context, tx Tx, scope, culpr
 func (s *countingStore[Tx]) IsAborted(err error) bool {
 	ac, ok := s.TxStore.(dedup.AbortClassifier)
 	return ok && ac.IsAborted(err)
+}
+
+// txStoreFor returns cs as the runner is to see it: with every optional
+// interface its store has (the table in the dedup package doc), so that a
+// replay takes the runner's paths for that store. countingStore itself
+// answers the interfaces whose absence it can stand for (false, 0, no
+// measurement, or Begin then Claim); the ones the runner treats otherwise
+// when they are missing (CommitChainer, FailureCounter, RetentionReporter)
+// are added only when the store has them.
+func txStoreFor[Tx any](cs *countingStore[Tx]) dedup.TxStore[Tx] {
+	fc, counts := cs.TxStore.(dedup.FailureCounter)
+	rr, retains := cs.TxStore.(dedup.RetentionReporter)
+	if _, ok := cs.TxStore.(dedup.CommitChainer[Tx]); ok {
+		ch := &chainingStore[Tx]{cs}
+		switch {
+		case counts && retains:
+			return struct {
+				*chainingStore[Tx]
+				dedup.FailureCounter
+				dedup.RetentionReporter
+			}{ch, fc, rr}
+		case counts:
+			return struct {
+				*chainingStore[Tx]
+				dedup.FailureCounter
+			}{ch, fc}
+		case retains:
+			return struct {
+				*chainingStore[Tx]
+				dedup.RetentionReporter
+			}{ch, rr}
+		}
+		return ch
+	}
+	switch {
+	case counts && retains:
+		return struct {
+			*countingStore[Tx]
+			dedup.FailureCounter
+			dedup.RetentionReporter
+		}{cs, fc, rr}
+	case counts:
+		return struct {
+			*countingStore[Tx]
+			dedup.FailureCounter
+		}{cs, fc}
+	case retains:
+		return struct {
+			*countingStore[Tx]
+			dedup.RetentionReporter
+		}{cs, rr}
+	}
+	return cs
+}
+
+// leaseStoreFor returns ls as the runner is to see it, with the store's
+// FailureCounter when it has one (see txStoreFor).
+func leaseStoreFor(ls *countingLeases) dedup.LeaseStore {
+	if fc, ok := ls.LeaseStore.(dedup.FailureCounter); ok {
+		return struct {
+			*countingLeases
+			dedup.FailureCounter
+		}{ls, fc}
+	}
+	return ls
+}
+
+// PoolSize passes the store's pool size through (see dedup.PoolSizer), or
+// 0 (no limit known) as the runner assumes without one.
+func (s *countingStore[Tx]) PoolSize() int {
+	ps, ok := s.TxStore.(dedup.PoolSizer)
+	if !ok {
+		return 0
+	}
+	return ps.PoolSize()
+}
+
+// TableStats passes the store's measurement through (see
+// dedup.TableStatsReporter), or none.
+func (s *countingStore[Tx]) TableStats() (dedup.TableStats, bool) {
+	tr, ok := s.TxStore.(dedup.TableStatsReporter)
+	if !ok {
+		return dedup.TableStats{}, false
+	}
+	return tr.TableStats()
 }
 
 // countingLeases counts the keys marked done.

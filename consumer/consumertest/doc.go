@@ -18,4 +18,8 @@
 //	// and: SELECT count(*) FROM ledger ... = 3
 //
 // Replay does the same for the lease path.
+//
+// The runners see your store with every optional interface it has (the
+// table in the dedup package doc): failures are counted in the store and the
+// connection pool is checked against the concurrency, as in production.
 package consumertest

@@ -29,6 +29,7 @@ import (
 	"github.com/idemq/idemq/consumer/otelidemq"
 	"github.com/idemq/idemq/internal/memstore"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/amqpsource"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/sqssource"
@@ -168,7 +169,7 @@ func TestKafkaTraceparent(t *testing.T) {
 		kafkasource.TopicSpec{Name: kafkasource.DeadLetterTopic(topic), Partitions: 1}); err != nil {
 		t.Fatal(err)
 	}
-	testenv.DeleteTopicsAtCleanup(t, brokers, topic, kafkasource.DeadLetterTopic(topic))
+	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, kafkasource.DeadLetterTopic(topic))
 
 	parent, headers := producerSpan(t)
 	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, RequiredAcks: kafka.RequireAll, Transport: &kafka.Transport{}}
@@ -311,7 +312,7 @@ func TestRabbitMQTraceparent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	testenv.DeleteQueuesAtCleanup(t, url, amqpsource.QueueNames(amqpsource.Config{Queue: queue})...)
+	brokerenv.DeleteQueuesAtCleanup(t, url, amqpsource.QueueNames(amqpsource.Config{Queue: queue})...)
 
 	parent, headers := producerSpan(t)
 	conn, err := amqp.Dial(url)
@@ -393,7 +394,7 @@ func TestKafkaLagGauge(t *testing.T) {
 		kafkasource.TopicSpec{Name: kafkasource.DeadLetterTopic(topic), Partitions: 1}); err != nil {
 		t.Fatal(err)
 	}
-	testenv.DeleteTopicsAtCleanup(t, brokers, topic, kafkasource.DeadLetterTopic(topic))
+	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, kafkasource.DeadLetterTopic(topic))
 	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, RequiredAcks: kafka.RequireAll, Transport: &kafka.Transport{}}
 	defer w.Close()
 	const n, settled = 10, 4

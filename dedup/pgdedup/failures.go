@@ -10,8 +10,6 @@ import (
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
-var _ dedup.FailureCounter = (*Store)(nil)
-
 // failuresTable is the quoted, schema-qualified handler-failure table: the
 // configured table name plus "_failures" (created by migration 002).
 func (s *Store) failuresTable() string {

@@ -1,12 +1,6 @@
 package pgdedup
 
-import (
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/idemq/idemq/dedup"
-)
-
-var _ dedup.PoolSizer = (*Store)(nil)
+import "github.com/jackc/pgx/v5/pgxpool"
 
 // PoolSize returns the MaxConns of the *pgxpool.Pool behind the store (4 or
 // the number of CPUs, whichever is larger, unless the pool's configuration or

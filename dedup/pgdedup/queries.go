@@ -189,8 +189,6 @@ func (s *Store) BeginClaim(ctx context.Context, scope string, recs []dedup.Recor
 	return tx, cs, nil
 }
 
-var _ dedup.BeginClaimer[pgx.Tx] = (*Store)(nil)
-
 // CommitChain implements dedup.CommitChainer: COMMIT AND CHAIN and the next
 // claim's insert go to the server in one pipelined round trip on tx's
 // connection, which stays out of the pool. Keys already recorded need one
@@ -226,8 +224,6 @@ func (s *Store) CommitChain(ctx context.Context, tx pgx.Tx, scope string, recs [
 	}
 	return cs, true, nil
 }
-
-var _ dedup.CommitChainer[pgx.Tx] = (*Store)(nil)
 
 // closeBatch closes br and returns err joined with the error of Close,
 // unless that error only repeats err: pgx's batch results return their

@@ -1,12 +1,6 @@
 package pgdedup
 
-import (
-	"time"
-
-	"github.com/idemq/idemq/dedup"
-)
-
-var _ dedup.RetentionReporter = (*Store)(nil)
+import "time"
 
 // Retention returns how long a record is kept (Config.Retention after
 // defaults): a redelivery later than this runs the handler again. The

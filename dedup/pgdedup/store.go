@@ -124,8 +124,6 @@ type Store struct {
 	stats sqlstore.TableStats // the janitor's latest measurement
 }
 
-var _ dedup.TxStore[pgx.Tx] = (*Store)(nil)
-
 // New returns a Store over db. It validates cfg; it does not touch the
 // database (call Migrate, or apply the SQL of Migrations yourself).
 func New(db DB, cfg Config) (*Store, error) {
@@ -186,16 +184,12 @@ func (s *Store) IsAborted(err error) bool {
 	return errors.As(err, &pgErr) && sqlstore.PostgresAborted(pgErr.Code)
 }
 
-var _ dedup.AbortClassifier = (*Store)(nil)
-
 // Failed implements dedup.FailedTxReporter: the transaction status of tx's
 // connection, as of the last reply, is failed ('E'). It sends nothing.
 func (s *Store) Failed(tx pgx.Tx) bool {
 	c := tx.Conn()
 	return c != nil && c.PgConn().TxStatus() == 'E'
 }
-
-var _ dedup.FailedTxReporter[pgx.Tx] = (*Store)(nil)
 
 // Ended implements dedup.EndedTxReporter: the connection of tx is open and
 // its transaction status is 'I' (idle, no transaction), which a handler's
@@ -217,8 +211,6 @@ func (s *Store) ForgetEnded(ctx context.Context, tx pgx.Tx, scope, culprit strin
 	}
 	return nil
 }
-
-var _ dedup.EndedTxReporter[pgx.Tx] = (*Store)(nil)
 
 // Claim implements dedup.TxStore. New keys are inserted in ascending key
 // order in one statement, so concurrent batches lock them in the same order.
@@ -258,8 +250,6 @@ func (s *Store) IsTransient(err error) bool {
 	var connErr *pgconn.ConnectError
 	return errors.As(err, &connErr) || pgconn.SafeToRetry(err)
 }
-
-var _ dedup.TransientClassifier = (*Store)(nil)
 
 // MarkProcessedTx records key as processed in a transaction the caller owns,
 // for code that runs its own transactions instead of a Runner:

@@ -9,8 +9,6 @@ import (
 	"github.com/idemq/idemq/dedup"
 )
 
-var _ dedup.FailureCounter = (*Store)(nil)
-
 // failuresSuffix follows the record's Redis key in the name of its
 // handler-failure counter. A record's name ends with '}', so no record can
 // be named like a counter, and the counter shares the record's hash tag (its

@@ -89,9 +89,6 @@ type Store struct {
 	cfg Config
 }
 
-var _ dedup.LeaseStore = (*Store)(nil)
-var _ dedup.BatchClaimer = (*Store)(nil)
-
 // New returns a Store that keeps its records in rdb: a *redis.Client, a
 // Sentinel failover client or a *redis.ClusterClient. It validates cfg after
 // WithDefaults and does not contact Redis. The caller keeps ownership of rdb

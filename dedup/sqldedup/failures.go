@@ -9,8 +9,6 @@ import (
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
-var _ dedup.FailureCounter = (*Store)(nil)
-
 // failuresTable is the quoted handler-failure table (schema-qualified on
 // PostgreSQL): the configured table name plus "_failures", created by
 // migration 002.

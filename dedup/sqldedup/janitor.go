@@ -78,8 +78,6 @@ func (s *Store) RunJanitor(ctx context.Context) error {
 		Cleanup: s.Cleanup, Measure: s.measure, MeasureEvery: s.cfg.StatsInterval})
 }
 
-var _ dedup.TableStatsReporter = (*Store)(nil)
-
 // TableStats returns the janitor's latest measurement of the table (see
 // RunJanitor and Config.StatsInterval), and false before the first one. It
 // does not touch the database.

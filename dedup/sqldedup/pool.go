@@ -1,12 +1,6 @@
 package sqldedup
 
-import (
-	"database/sql"
-
-	"github.com/idemq/idemq/dedup"
-)
-
-var _ dedup.PoolSizer = (*Store)(nil)
+import "database/sql"
 
 // PoolSize returns the MaxOpenConnections of the *sql.DB behind a Postgres
 // store (0, the database/sql default, means no limit), or 0 for any other

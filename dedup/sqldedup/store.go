@@ -133,8 +133,6 @@ type Store struct {
 	stats sqlstore.TableStats // the janitor's latest measurement
 }
 
-var _ dedup.TxStore[*sql.Tx] = (*Store)(nil)
-
 // New returns a Store over db. It validates cfg; it does not touch the
 // database (call Migrate, or apply the SQL of MigrationSQL yourself).
 func New(db DB, cfg Config) (*Store, error) {

@@ -7,11 +7,8 @@ import (
 	"errors"
 	"strings"
 
-	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
-
-var _ dedup.TransientClassifier = (*Store)(nil)
 
 // SQLite result codes (the primary code, the low byte of an extended code)
 // that say the database was busy, not that the statement was wrong.
@@ -60,8 +57,6 @@ func (s *Store) IsTransient(err error) bool {
 	}
 	return false
 }
-
-var _ dedup.AbortClassifier = (*Store)(nil)
 
 // sqliteConstraint is SQLITE_CONSTRAINT, the primary code of a constraint
 // that failed (at commit: a deferred foreign key).

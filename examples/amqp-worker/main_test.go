@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/amqpsource"
 )
 
@@ -32,7 +33,7 @@ func TestWorkerCreditsEachPaymentOnce(t *testing.T) {
 		o.schema = testenv.Schema(t, dbURL)
 		queue := "idemq.example.test." + o.schema
 		o.queue = queue
-		testenv.DeleteQueuesAtCleanup(t, amqpURL, amqpsource.QueueNames(amqpsource.Config{Queue: queue})...)
+		brokerenv.DeleteQueuesAtCleanup(t, amqpURL, amqpsource.QueueNames(amqpsource.Config{Queue: queue})...)
 		out.Reset()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		err := run(ctx, o, &out)

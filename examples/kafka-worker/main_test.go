@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/kafkasource"
 )
 
@@ -22,7 +23,7 @@ func TestWorkerCreditsEachPaymentOnce(t *testing.T) {
 	dbURL := testenv.DatabaseURL(t)
 	schema := testenv.Schema(t, dbURL)
 	topic := "idemq.example.test." + schema
-	testenv.DeleteTopicsAtCleanup(t, testenv.KafkaBrokers(t), topic, kafkasource.DeadLetterTopic(topic))
+	brokerenv.DeleteTopicsAtCleanup(t, testenv.KafkaBrokers(t), topic, kafkasource.DeadLetterTopic(topic))
 	o := options{
 		brokers: testenv.KafkaBrokers(t), databaseURL: dbURL,
 		topic: topic, group: "idemq-example-test-" + schema, schema: schema,

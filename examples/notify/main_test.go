@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/amqpsource"
 )
 
@@ -35,7 +36,7 @@ func TestWorkerNotifiesEachOnce(t *testing.T) {
 	for attempt := 1; ; attempt++ {
 		id := randomID()
 		o.queue, o.name = "idemq.example.notify.test."+id, "notify-test-"+id
-		testenv.DeleteQueuesAtCleanup(t, amqpURL, amqpsource.QueueNames(amqpsource.Config{Queue: o.queue})...)
+		brokerenv.DeleteQueuesAtCleanup(t, amqpURL, amqpsource.QueueNames(amqpsource.Config{Queue: o.queue})...)
 		out.Reset()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		err := run(ctx, o, &out)

@@ -14,6 +14,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/checkout"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/amqpsource"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/memsource"
@@ -171,7 +172,7 @@ func TestMemoryBrokerWithFaultsOnSQLite(t *testing.T) {
 
 func TestKafkaOnPostgres(t *testing.T) {
 	brokers, topic := testenv.KafkaBrokers(t), "checkout-test-"+suffix()
-	testenv.DeleteTopicsAtCleanup(t, brokers, topic, kafkasource.DeadLetterTopic(topic))
+	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, kafkasource.DeadLetterTopic(topic))
 	exercise(t, checkout.BrokerConfig{Kind: checkout.BrokerKafka, KafkaBrokers: brokers,
 		Topic: topic, Group: "checkout-test-" + suffix()}, postgresStore(t), 300)
 }
@@ -179,13 +180,13 @@ func TestKafkaOnPostgres(t *testing.T) {
 func TestRabbitMQOnSQLite(t *testing.T) {
 	url, q := testenv.AMQPURL(t), "checkout-test-"+suffix()
 	// The quorum queues the worker's source declares.
-	testenv.DeleteQueuesAtCleanup(t, url, amqpsource.QueueNames(amqpsource.Config{Queue: q})...)
+	brokerenv.DeleteQueuesAtCleanup(t, url, amqpsource.QueueNames(amqpsource.Config{Queue: q})...)
 	exercise(t, checkout.BrokerConfig{Kind: checkout.BrokerRabbitMQ, AMQPURL: url, Topic: q}, sqliteStore(t), 300)
 }
 
 func TestSQSOnSQLite(t *testing.T) {
 	endpoint, q := testenv.SQSEndpoint(t), "checkout-test-"+suffix()
-	testenv.DeleteSQSQueuesAtCleanup(t, endpoint, q, q+"-dlq")
+	brokerenv.DeleteSQSQueuesAtCleanup(t, endpoint, q, q+"-dlq")
 	exercise(t, checkout.BrokerConfig{Kind: checkout.BrokerSQS, SQSEndpoint: endpoint, Topic: q}, sqliteStore(t), 300)
 }
 

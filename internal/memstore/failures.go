@@ -15,11 +15,6 @@ type failureCount struct {
 	expiresAt time.Time
 }
 
-var (
-	_ dedup.FailureCounter = (*Store)(nil)
-	_ dedup.FailureCounter = (*Leases)(nil)
-)
-
 // RecordFailure implements dedup.FailureCounter. The count lives outside
 // every transaction (a rollback does not undo it) and expires Retention after
 // its last failure; a failure with another payload digest starts it again at

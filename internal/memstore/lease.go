@@ -23,8 +23,6 @@ type lease struct {
 // use.
 type Leases struct{ s *Store }
 
-var _ dedup.LeaseStore = (*Leases)(nil)
-
 // Leases returns the store's dedup.LeaseStore. (The two interfaces both have
 // a Claim method, so one type cannot implement both.)
 func (s *Store) Leases() *Leases { return &Leases{s: s} }

@@ -75,8 +75,6 @@ type Store struct {
 	fails   map[key]failureCount
 }
 
-var _ dedup.TxStore[*Tx] = (*Store)(nil)
-
 // New returns an empty Store. It fails if cfg.Retention is negative.
 func New(cfg Config) (*Store, error) {
 	cfg = cfg.WithDefaults()

@@ -1,12 +1,6 @@
 package memstore
 
-import (
-	"time"
-
-	"github.com/idemq/idemq/dedup"
-)
-
-var _ dedup.RetentionReporter = (*Store)(nil)
+import "time"
 
 // Retention returns Config.Retention after defaults.
 func (s *Store) Retention() time.Duration { return s.cfg.Retention }

@@ -30,6 +30,10 @@
 // each test its own PostgreSQL schema, dropped when the test ends, so that
 // test packages running in parallel against one database do not collide.
 //
+// testenv imports no broker SDK (kafka-go, amqp091-go, the AWS SDK): the
+// core packages' tests import it, and a user's `go mod tidy` resolves their
+// imports. Helpers that speak a broker's protocol are in package brokerenv.
+//
 // The package is for idemq's own tests; it lives under internal/ so that no
 // user imports it.
 package testenv

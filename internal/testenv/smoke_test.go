@@ -17,6 +17,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testenv/brokerenv"
 )
 
 // These smoke tests talk to the real services through the client libraries
@@ -123,8 +124,8 @@ func TestRabbitMQQuorumDeadLetter(t *testing.T) {
 	ch := amqpChannel(t)
 	dlx, dlq, work := unique("testenv-dlx"), unique("testenv-dlq"), unique("testenv-work")
 	// Auto-delete does not cover these: the queues never get a consumer.
-	testenv.DeleteExchangesAtCleanup(t, testenv.AMQPURL(t), dlx)
-	testenv.DeleteQueuesAtCleanup(t, testenv.AMQPURL(t), work, dlq)
+	brokerenv.DeleteExchangesAtCleanup(t, testenv.AMQPURL(t), dlx)
+	brokerenv.DeleteQueuesAtCleanup(t, testenv.AMQPURL(t), work, dlq)
 	if err := ch.ExchangeDeclare(dlx, amqp.ExchangeFanout, false, true, false, false, nil); err != nil {
 		t.Fatalf("declare exchange: %v", err)
 	}
@@ -189,7 +190,7 @@ func TestKafkaSmoke(t *testing.T) {
 	ctx := testContext(t, 90*time.Second)
 	brokers := testenv.KafkaBrokers(t)
 	topic, group := unique("testenv-smoke"), unique("testenv-group")
-	testenv.DeleteTopicsAtCleanup(t, brokers, topic)
+	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic)
 	client := &kafka.Client{Addr: kafka.TCP(brokers...)}
 	res, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
 		Topic: topic, NumPartitions: 1, ReplicationFactor: 1,

@@ -19,6 +19,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/amqpsource"
 	"github.com/idemq/idemq/sources/sourcetest"
 )
@@ -111,7 +112,7 @@ func newQueue(t testing.TB, url string, kind queueKind, deliveryLimit int) strin
 // queues when t ends.
 func deleteQueuesAtCleanup(t testing.TB, url, queue string) {
 	t.Helper()
-	testenv.DeleteQueuesAtCleanup(t, url, amqpsource.QueueNames(amqpsource.Config{Queue: queue})...)
+	brokerenv.DeleteQueuesAtCleanup(t, url, amqpsource.QueueNames(amqpsource.Config{Queue: queue})...)
 }
 
 // publish publishes msgs to queue through the default exchange, persistent

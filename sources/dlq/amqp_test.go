@@ -13,6 +13,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/amqpsource"
 	"github.com/idemq/idemq/sources/dlq"
 	"github.com/idemq/idemq/sources/dlq/amqpdlq"
@@ -101,7 +102,7 @@ func TestRabbitMQ(t *testing.T) {
 	queue := runtest.UniqueName(t, "idemq-dlq")
 	cfg := amqpsource.Config{URL: url, Queue: queue, Declare: &amqpsource.Topology{}}
 	dead := amqpsource.DeadLetterQueue(cfg)
-	testenv.DeleteQueuesAtCleanup(t, url, queue, dead)
+	brokerenv.DeleteQueuesAtCleanup(t, url, queue, dead)
 	// The first source declares the queues; messages are published after.
 	first := openAMQPSource(t, cfg)
 	runScenario(t, rig{

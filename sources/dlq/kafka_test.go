@@ -14,6 +14,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/dlq"
 	"github.com/idemq/idemq/sources/dlq/kafkadlq"
 	"github.com/idemq/idemq/sources/kafkasource"
@@ -54,7 +55,7 @@ func TestKafka(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	topic := runtest.UniqueName(t, "idemq-dlq")
 	dead := kafkasource.DeadLetterTopic(topic)
-	testenv.DeleteTopicsAtCleanup(t, brokers, topic, dead)
+	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, dead)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := kafkasource.CreateTopics(ctx, nil, brokers,

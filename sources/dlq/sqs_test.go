@@ -17,6 +17,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/dlq"
 	"github.com/idemq/idemq/sources/dlq/sqsdlq"
 	"github.com/idemq/idemq/sources/sqssource"
@@ -70,7 +71,7 @@ func TestSQS(t *testing.T) {
 	endpoint := testenv.SQSEndpoint(t)
 	c := sqsClient(endpoint)
 	name := runtest.UniqueName(t, "idemq-dlq")
-	testenv.DeleteSQSQueuesAtCleanup(t, endpoint, name, name+"-dlq")
+	brokerenv.DeleteSQSQueuesAtCleanup(t, endpoint, name, name+"-dlq")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var urls [2]string

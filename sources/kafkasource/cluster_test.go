@@ -10,6 +10,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/kafkasource"
 )
 
@@ -31,7 +32,7 @@ func TestClusterNodeDiesMidRun(t *testing.T) {
 		kafkasource.TopicSpec{Name: kafkasource.DeadLetterTopic(topic), Partitions: 1, ReplicationFactor: 3}); err != nil {
 		t.Fatal(err)
 	}
-	testenv.DeleteTopicsAtCleanup(t, brokers, topic, kafkasource.DeadLetterTopic(topic))
+	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, kafkasource.DeadLetterTopic(topic))
 	const n = 3000
 	publish(t, brokers, topic, keyed("cluster", n, 0)...)
 

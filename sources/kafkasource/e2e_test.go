@@ -24,6 +24,7 @@ import (
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/sourcetest"
 )
@@ -192,7 +193,7 @@ func highWatermarks(t testing.TB, brokers []string, topic string, partitions int
 	t.Helper()
 	out := make(map[int]int64, partitions)
 	for p := range partitions {
-		out[p] = testenv.LastOffset(t, brokers, topic, p)
+		out[p] = brokerenv.LastOffset(t, brokers, topic, p)
 	}
 	return out
 }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/runtest"
-	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/sourcetest"
 )
@@ -35,7 +35,7 @@ func skipShort(t testing.TB) {
 func newTopic(t testing.TB, brokers []string, partitions int) string {
 	t.Helper()
 	topic := runtest.UniqueName(t, "idemq")
-	testenv.DeleteTopicsAtCleanup(t, brokers, topic, kafkasource.DeadLetterTopic(topic))
+	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, kafkasource.DeadLetterTopic(topic))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := kafkasource.CreateTopics(ctx, nil, brokers,
@@ -163,7 +163,7 @@ func readTopic(t testing.TB, brokers []string, topic string) []kafka.Message {
 	}
 	var out []kafka.Message
 	for _, p := range parts {
-		last := testenv.LastOffset(t, brokers, topic, p.ID)
+		last := brokerenv.LastOffset(t, brokers, topic, p.ID)
 		if last == 0 {
 			continue
 		}

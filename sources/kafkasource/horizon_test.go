@@ -13,6 +13,7 @@ import (
 	"github.com/idemq/idemq/internal/memstore"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testenv/brokerenv"
 )
 
 // createTopicWithRetention creates a one-partition topic with the given
@@ -20,7 +21,7 @@ import (
 func createTopicWithRetention(t *testing.T, brokers []string, retentionMS string) string {
 	t.Helper()
 	topic := runtest.UniqueName(t, "idemq-retention")
-	testenv.DeleteTopicsAtCleanup(t, brokers, topic)
+	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	tc := kafka.TopicConfig{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}

@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/outbox/amqpoutbox"
 	"github.com/idemq/idemq/sinks/outbox/internal/relaytest"
@@ -44,8 +45,8 @@ func topology(t testing.TB, url string) (exchange, unbound, queue string) {
 	if err := ch.QueueBind(queue, "#", exchange, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	testenv.DeleteExchangesAtCleanup(t, url, exchange, unbound)
-	testenv.DeleteQueuesAtCleanup(t, url, queue)
+	brokerenv.DeleteExchangesAtCleanup(t, url, exchange, unbound)
+	brokerenv.DeleteQueuesAtCleanup(t, url, queue)
 	return exchange, unbound, queue
 }
 

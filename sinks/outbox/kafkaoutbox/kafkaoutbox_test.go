@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/outbox/internal/relaytest"
 	"github.com/idemq/idemq/sinks/outbox/kafkaoutbox"
@@ -32,7 +33,7 @@ func newTopic(t testing.TB, brokers []string) string {
 	if err := kafkasource.CreateTopics(ctx, nil, brokers, kafkasource.TopicSpec{Name: topic, Partitions: partitions}); err != nil {
 		t.Fatalf("create topic: %v", err)
 	}
-	testenv.DeleteTopicsAtCleanup(t, brokers, topic)
+	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic)
 	return topic
 }
 
@@ -44,7 +45,7 @@ func readAll(t testing.TB, brokers []string, topic string) []relaytest.Got {
 	defer cancel()
 	var got []relaytest.Got
 	for p := range partitions {
-		last := testenv.LastOffset(t, brokers, topic, p)
+		last := brokerenv.LastOffset(t, brokers, topic, p)
 		if last == 0 {
 			continue
 		}

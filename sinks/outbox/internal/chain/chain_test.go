@@ -25,6 +25,7 @@ import (
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/dedup/redisdedup"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/outbox/amqpoutbox"
 	"github.com/idemq/idemq/sinks/outbox/internal/relaytest"
@@ -455,7 +456,7 @@ func newTopic(t testing.TB, brokers []string, topic string) string {
 	if err := kafkasource.CreateTopics(ctx, nil, brokers, kafkasource.TopicSpec{Name: topic, Partitions: 4}); err != nil {
 		t.Fatalf("create topic: %v", err)
 	}
-	testenv.DeleteTopicsAtCleanup(t, brokers, topic)
+	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic)
 	return topic
 }
 
@@ -482,8 +483,8 @@ func newQueue(t testing.TB, url, name string) (exchange, queue string) {
 	if err := ch.QueueBind(queue, "#", exchange, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	testenv.DeleteExchangesAtCleanup(t, url, exchange)
+	brokerenv.DeleteExchangesAtCleanup(t, url, exchange)
 	// B's source declares its retry queues on first use.
-	testenv.DeleteQueuesAtCleanup(t, url, amqpsource.QueueNames(amqpsource.Config{Queue: queue})...)
+	brokerenv.DeleteQueuesAtCleanup(t, url, amqpsource.QueueNames(amqpsource.Config{Queue: queue})...)
 	return exchange, queue
 }

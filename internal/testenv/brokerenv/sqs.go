@@ -1,4 +1,4 @@
-package testenv
+package brokerenv
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/idemq/idemq/internal/testenv"
 )
 
 // DeleteSQSQueuesAtCleanup deletes the queues named queues from the
@@ -22,9 +24,9 @@ func DeleteSQSQueuesAtCleanup(t testing.TB, endpoint string, queues ...string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		client := sqs.New(sqs.Options{
-			Region:       SQSRegion,
+			Region:       testenv.SQSRegion,
 			BaseEndpoint: aws.String(endpoint),
-			Credentials:  credentials.NewStaticCredentialsProvider(SQSAccessKeyID, SQSSecretAccessKey, ""),
+			Credentials:  credentials.NewStaticCredentialsProvider(testenv.SQSAccessKeyID, testenv.SQSSecretAccessKey, ""),
 		})
 		for _, q := range queues {
 			out, err := client.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(q)})

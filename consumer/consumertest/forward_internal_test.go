@@ -1,0 +1,215 @@
+package consumertest
+
+import (
+	"context"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// fakeTx is the transaction type of the fake stores below.
+type fakeTx struct{}
+
+// bareTxStore implements TxStore and none of the optional interfaces; its
+// methods are never called here.
+type bareTxStore struct{ dedup.TxStore[*fakeTx] }
+
+// fullTxStore implements every optional interface of a TxStore, with
+// recognisable answers where one is checked.
+type fullTxStore struct{ bareTxStore }
+
+func (fullTxStore) BeginClaim(context.Context, string, []dedup.Record) (*fakeTx, []dedup.Claim, error) {
+	return nil, nil, nil
+}
+func (fullTxStore) CommitChain(context.Context, *fakeTx, string, []dedup.Record) ([]dedup.Claim, bool, error) {
+	return nil, false, nil
+}
+func (fullTxStore) IsAborted(error) bool     { return true }
+func (fullTxStore) Failed(*fakeTx) bool      { return true }
+func (fullTxStore) Ended(*fakeTx) bool       { return true }
+func (fullTxStore) IsTransient(error) bool   { return true }
+func (fullTxStore) PoolSize() int            { return 7 }
+func (fullTxStore) Retention() time.Duration { return 3 * time.Hour }
+func (fullTxStore) TableStats() (dedup.TableStats, bool) {
+	return dedup.TableStats{At: time.Unix(1, 0)}, true
+}
+func (fullTxStore) ForgetEnded(context.Context, *fakeTx, string, string, []string) error { return nil }
+func (fullTxStore) RecordFailure(context.Context, string, dedup.Record) (int, error)     { return 5, nil }
+func (fullTxStore) ForgetFailures(context.Context, string, string) error                 { return nil }
+
+// bareLeaseStore implements LeaseStore and none of the optional interfaces.
+type bareLeaseStore struct{ dedup.LeaseStore }
+
+// fullLeaseStore implements every optional interface of a LeaseStore.
+type fullLeaseStore struct{ bareLeaseStore }
+
+func (fullLeaseStore) ClaimBatch(context.Context, string, []dedup.Record, []string, time.Duration) ([]dedup.Claim, error) {
+	return nil, nil
+}
+func (fullLeaseStore) RecordFailure(context.Context, string, dedup.Record) (int, error) {
+	return 5, nil
+}
+func (fullLeaseStore) ForgetFailures(context.Context, string, string) error { return nil }
+
+// forwarded says, for each interface of package dedup, which of the kit's
+// store wrappers must have it when their store does: "tx" (ReplayTx's),
+// "lease" (Replay's), both, or "kind" for the two store kinds themselves.
+// The runner asserts the optional interfaces on the store it is given, so a
+// wrapper that drops one makes a replay take another path than production.
+var forwarded = map[string][]string{
+	"TxStore":             {"kind"},
+	"LeaseStore":          {"kind"},
+	"BeginClaimer":        {"tx"},
+	"CommitChainer":       {"tx"},
+	"AbortClassifier":     {"tx"},
+	"FailedTxReporter":    {"tx"},
+	"EndedTxReporter":     {"tx"},
+	"TransientClassifier": {"tx"},
+	"PoolSizer":           {"tx"},
+	"RetentionReporter":   {"tx"},
+	"TableStatsReporter":  {"tx"},
+	"BatchClaimer":        {"lease"},
+	"FailureCounter":      {"tx", "lease"},
+}
+
+// conditional lists the interfaces a wrapper may have only when its store
+// does: the runner behaves differently with a store that lacks them than
+// with any answer a wrapper could give on its behalf.
+var conditional = []string{"CommitChainer", "FailureCounter", "RetentionReporter"}
+
+// ifaceType returns dedup's interface name, generic ones instantiated with
+// *fakeTx.
+func ifaceType(name string) reflect.Type {
+	return map[string]reflect.Type{
+		"BeginClaimer":        reflect.TypeFor[dedup.BeginClaimer[*fakeTx]](),
+		"CommitChainer":       reflect.TypeFor[dedup.CommitChainer[*fakeTx]](),
+		"AbortClassifier":     reflect.TypeFor[dedup.AbortClassifier](),
+		"FailedTxReporter":    reflect.TypeFor[dedup.FailedTxReporter[*fakeTx]](),
+		"EndedTxReporter":     reflect.TypeFor[dedup.EndedTxReporter[*fakeTx]](),
+		"TransientClassifier": reflect.TypeFor[dedup.TransientClassifier](),
+		"PoolSizer":           reflect.TypeFor[dedup.PoolSizer](),
+		"RetentionReporter":   reflect.TypeFor[dedup.RetentionReporter](),
+		"TableStatsReporter":  reflect.TypeFor[dedup.TableStatsReporter](),
+		"BatchClaimer":        reflect.TypeFor[dedup.BatchClaimer](),
+		"FailureCounter":      reflect.TypeFor[dedup.FailureCounter](),
+	}[name]
+}
+
+// dedupInterfaces returns the exported interfaces package dedup declares.
+func dedupInterfaces(t *testing.T) []string {
+	t.Helper()
+	dir, err := filepath.Abs(filepath.Join("..", "..", "dedup"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	paths, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []*ast.File
+	for _, path := range paths {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	var names []string
+	for _, f := range files {
+		for _, d := range f.Decls {
+			gd, ok := d.(*ast.GenDecl)
+			if !ok || gd.Tok != token.TYPE {
+				continue
+			}
+			for _, s := range gd.Specs {
+				ts := s.(*ast.TypeSpec)
+				if _, ok := ts.Type.(*ast.InterfaceType); ok && ts.Name.IsExported() {
+					names = append(names, ts.Name.Name)
+				}
+			}
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// The store wrappers of ReplayTx and Replay have every optional interface
+// of package dedup that their store has, pass the store's answers through,
+// and do not claim the conditional ones when their store lacks them.
+func TestWrappersForwardEveryOptionalInterface(t *testing.T) {
+	rep := &Report{Calls: map[string]int{}, Committed: map[string]int{}}
+	wrapTx := func(s dedup.TxStore[*fakeTx]) any {
+		return txStoreFor(&countingStore[*fakeTx]{TxStore: s, pending: map[any][]string{}, report: rep})
+	}
+	wrapLease := func(s dedup.LeaseStore) any { return leaseStoreFor(&countingLeases{LeaseStore: s, report: rep}) }
+	wrappers := map[string]struct{ full, bare any }{
+		"tx":    {wrapTx(fullTxStore{}), wrapTx(bareTxStore{})},
+		"lease": {wrapLease(fullLeaseStore{}), wrapLease(bareLeaseStore{})},
+	}
+	for _, name := range dedupInterfaces(t) {
+		kinds, ok := forwarded[name]
+		if !ok {
+			t.Errorf("dedup.%s is not in forwarded: say which wrappers must forward it, and make them", name)
+			continue
+		}
+		if slices.Contains(kinds, "kind") {
+			continue
+		}
+		iface := ifaceType(name)
+		if iface == nil {
+			t.Errorf("dedup.%s: add it to ifaceType", name)
+			continue
+		}
+		for _, kind := range kinds {
+			w := wrappers[kind]
+			if !reflect.TypeOf(w.full).Implements(iface) {
+				t.Errorf("the %s wrapper over a store with dedup.%s does not implement it", kind, name)
+			}
+			if slices.Contains(conditional, name) && reflect.TypeOf(w.bare).Implements(iface) {
+				t.Errorf("the %s wrapper over a store without dedup.%s implements it", kind, name)
+			}
+		}
+	}
+
+	// The answers are the store's.
+	ctx := context.Background()
+	full := wrappers["tx"].full
+	if ps, ok := full.(dedup.PoolSizer); ok && ps.PoolSize() != 7 {
+		t.Errorf("PoolSize through the wrapper = %d, want the store's 7", ps.PoolSize())
+	}
+	if rr, ok := full.(dedup.RetentionReporter); ok && rr.Retention() != 3*time.Hour {
+		t.Errorf("Retention through the wrapper = %v, want the store's 3h", rr.Retention())
+	}
+	if tr, ok := full.(dedup.TableStatsReporter); ok {
+		if st, ok := tr.TableStats(); !ok || !st.At.Equal(time.Unix(1, 0)) {
+			t.Errorf("TableStats through the wrapper = %v, %v; want the store's", st, ok)
+		}
+	}
+	for kind, w := range wrappers {
+		if fc, ok := w.full.(dedup.FailureCounter); ok {
+			if n, err := fc.RecordFailure(ctx, "s", dedup.Record{Key: "k"}); n != 5 || err != nil {
+				t.Errorf("RecordFailure through the %s wrapper = %d, %v; want the store's 5", kind, n, err)
+			}
+		}
+	}
+	bare := wrappers["tx"].bare
+	if ps, ok := bare.(dedup.PoolSizer); ok && ps.PoolSize() != 0 {
+		t.Errorf("PoolSize through the wrapper of a store without one = %d, want 0 (no limit known)", ps.PoolSize())
+	}
+	if tr, ok := bare.(dedup.TableStatsReporter); ok {
+		if _, ok := tr.TableStats(); ok {
+			t.Error("TableStats through the wrapper of a store without them reports a measurement")
+		}
+	}
+}
