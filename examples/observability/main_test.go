@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/kafkasource"
 )
 
@@ -57,7 +58,7 @@ func TestServesHealthAndMetrics(t *testing.T) {
 	schema := testenv.Schema(t, dbURL)
 	topic := "idemq.example.obs." + schema
 	brokers := testenv.KafkaBrokers(t)
-	testenv.DeleteTopicsAtCleanup(t, brokers, topic, kafkasource.DeadLetterTopic(topic))
+	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, kafkasource.DeadLetterTopic(topic))
 	o := options{brokers: brokers, databaseURL: dbURL, topic: topic, group: "idemq-example-obs-" + schema,
 		schema: schema, publish: 100, janitor: 200 * time.Millisecond}
 
