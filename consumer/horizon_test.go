@@ -1,17 +1,16 @@
 package consumer_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -27,29 +26,11 @@ func (s horizonSource) RedeliveryHorizon(context.Context) (time.Duration, error)
 	return s.horizon, s.err
 }
 
-// syncBuffer is a log destination safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // runBriefly runs r until one message is handled or Run returns, and returns
 // the log and Run's error.
 func runBriefly(t *testing.T, src horizonSource, path consumer.Path, allow bool) (string, error) {
 	t.Helper()
-	var logs syncBuffer
+	var logs runtest.SyncBuffer
 	r, err := consumer.NewRunner(src, path, consumer.Config{
 		Name: "horizon", AllowShortRetention: allow,
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})),

@@ -4,36 +4,16 @@ import (
 	"errors"
 	"os"
 	"os/exec"
-	"strings"
-	"sync"
 	"syscall"
 	"testing"
 )
-
-// syncBuffer is a strings.Builder safe for a child's output.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // Child is a process of this test binary started by StartChild: a helper
 // test of the calling package (a relay, a consumer, a replay) that a crash
 // test SIGKILLs.
 type Child struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *SyncBuffer
 	done chan struct{}
 	err  error // cmd.Wait's result, set before done is closed
 }
@@ -45,7 +25,7 @@ func StartChild(t testing.TB, test string, env []string) *Child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1", "-test.v")
 	cmd.Env = append(os.Environ(), env...)
-	c := &Child{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	c := &Child{cmd: cmd, out: &SyncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = c.out, c.out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", test, err)

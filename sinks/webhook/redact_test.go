@@ -1,19 +1,18 @@
 package webhook_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sinks/webhook"
 	"github.com/idemq/idemq/sinks/webhook/webhooktest"
 	"github.com/idemq/idemq/sources/memsource"
@@ -22,24 +21,6 @@ import (
 // plantedSecret is put in the password, the path and the query of the
 // webhook URL; no output may show it.
 const plantedSecret = "Pl4ntedS3cret"
-
-// syncBuffer is a log destination shared by goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // closedPort returns an address on loopback where nothing listens.
 func closedPort(t *testing.T) string {
@@ -85,7 +66,7 @@ func TestNoSecretInOutput(t *testing.T) {
 		check("New's error", err.Error())
 	}
 
-	var logs syncBuffer
+	var logs runtest.SyncBuffer
 	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	refusing := webhooktest.New(t, func(webhooktest.Call) webhooktest.Response {
 		return webhooktest.Response{Status: http.StatusBadRequest, Body: "rejected"}

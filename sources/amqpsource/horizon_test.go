@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/amqpsource"
 )
 
@@ -47,7 +47,7 @@ func TestRetentionGuard(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var logs lockedBuffer
+			var logs runtest.SyncBuffer
 			r, err := consumer.NewRunner(src, consumer.Transactional(store, func(context.Context, pgx.Tx, *consumer.Message) error { return nil }),
 				consumer.Config{Name: "retention", Logger: slogTo(&logs)})
 			if err != nil {
@@ -65,24 +65,6 @@ func TestRetentionGuard(t *testing.T) {
 			t.Logf("Run = %v; log %s", err, logs.String())
 		})
 	}
-}
-
-// lockedBuffer collects log output from several goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // slogTo returns a logger writing WARN and above to w.

@@ -1,13 +1,11 @@
 package kafkasource_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -63,24 +61,6 @@ func TestPing(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // A cluster that becomes unreachable after New (here: never was, with the
 // check skipped) shows as failed receives: the runner logs one ERROR line
 // naming the broker and reports it in Health.
@@ -98,7 +78,7 @@ func TestUnreachableClusterShowsInRunnerHealth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs runtest.SyncBuffer
 	r, err := consumer.NewRunner(src, consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
 		consumer.Config{
 			Name: "unreachable", Logger: slog.New(slog.NewTextHandler(&logs, nil)),

@@ -109,7 +109,7 @@ func TestCrashLoopWorker(t *testing.T) {
 type crashWorker struct {
 	cmd   *exec.Cmd
 	lines chan string
-	out   *syncBuffer
+	out   *runtest.SyncBuffer
 	done  chan struct{}
 }
 
@@ -128,7 +128,7 @@ func startCrashWorker(t *testing.T, mode string, q testQueue, db database) *cras
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &crashWorker{cmd: cmd, lines: make(chan string, 1000), out: &syncBuffer{}, done: make(chan struct{})}
+	w := &crashWorker{cmd: cmd, lines: make(chan string, 1000), out: &runtest.SyncBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = w.out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start worker: %v", err)

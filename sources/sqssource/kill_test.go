@@ -9,7 +9,6 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -111,24 +110,6 @@ func (b *blockingAck) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	return b.Source.Ack(ctx, msgs)
 }
 
-// syncBuffer is a bytes.Buffer safe for a child's output.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestProcessKill runs a worker as a child process, kills it with SIGKILL in
 // the middle of the stream, starts a new one, and checks that every message's
 // effect was applied exactly once.
@@ -141,7 +122,7 @@ func TestProcessKill(t *testing.T) {
 
 	type child struct {
 		cmd  *exec.Cmd
-		out  *syncBuffer
+		out  *runtest.SyncBuffer
 		done chan struct{} // closed when the process has exited
 	}
 	start := func(worker string, blockAfter int) child {
@@ -156,7 +137,7 @@ func TestProcessKill(t *testing.T) {
 			testenv.EnvSQSEndpoint+"="+testenv.SQSEndpoint(t),
 			testenv.EnvDatabaseURL+"="+testenv.DatabaseURL(t),
 		)
-		out := &syncBuffer{}
+		out := &runtest.SyncBuffer{}
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
 			t.Fatalf("start worker %s: %v", worker, err)
