@@ -417,7 +417,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("%w: unexpected arguments %q", errUsage, pos)
 	}
 	if *outboxTable {
-		return migrateOutbox(ctx, sf.dsn, *print, stdout)
+		return migrateOutbox(ctx, sf.dsn, sf.schema, *print, stdout)
 	}
 	mode := createDB
 	if *print {

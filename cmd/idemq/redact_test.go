@@ -184,7 +184,7 @@ func TestNoSecretInConstructorErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := outbox.Publish(ctx, db, outbox.Message{ID: "o-1", Destination: "q", Key: "q", Body: []byte("b")}); err != nil {
+	if _, err := outbox.PublishSQL(ctx, db, outbox.Message{ID: "o-1", Destination: "q", Key: "q", Body: []byte("b")}); err != nil {
 		_ = db.Close()
 		t.Fatal(err)
 	}

@@ -219,7 +219,7 @@ func TestStatsOutboxPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	if err := outbox.Migrate(ctx, db, sqldedup.Postgres); err != nil {
+	if err := outbox.MigrateSQL(ctx, db, sqldedup.Postgres); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()

@@ -97,7 +97,7 @@ func TestRelayMetrics(t *testing.T) {
 		{ID: "p1", Destination: "missing", Key: "p"},
 		{ID: "b1", Destination: "d", Key: "b"},
 	} {
-		if _, err := outbox.Publish(ctx, tx, m); err != nil {
+		if _, err := outbox.PublishSQL(ctx, tx, m); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -176,7 +176,7 @@ func TestRelayCarriesTraceContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := outbox.Publish(ctx, tx, outbox.Message{ID: "e1", Destination: "d", Key: "k", Body: []byte("x")}); err != nil {
+	if _, err := outbox.PublishSQL(ctx, tx, outbox.Message{ID: "e1", Destination: "d", Key: "k", Body: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {
