@@ -4,8 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"strings"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/memstore"
