@@ -14,10 +14,10 @@ import (
 // NewRelay returns a relay over the outbox table of a PostgreSQL database
 // (in Config.Schema, else found through the pool's search_path), publishing
 // through pub. It uses one connection of pool to LISTEN and one per batch
-// in flight: up to two
-// per claim loop (Config.Concurrency), one for the batch being recorded
-// and one for the next, and one for the cleanup loop while it runs. With
-// fewer connections in the pool the loops wait for them.
+// in flight: up to two per claim loop (Config.Concurrency), one for the
+// batch being recorded and one for the next, and one for the cleanup loop
+// while it runs. With fewer connections in the pool the loops wait for
+// them.
 func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(argError("outbox.NewRelay(pool)", pool == nil), argError("outbox.NewRelay(pub)", pub == nil)); err != nil {
