@@ -164,9 +164,11 @@ func TestRelayAMQPRoutingKey(t *testing.T) {
 }
 
 // A TransactionalBatch handler publishes one event per message through
-// msg.KeyContext(ctx), without explicit ids. Producer duplicates, a batch
-// that fails whole (bisected and run again) and a message that fails alone
-// do not change the ids: every event arrives once on RabbitMQ.
+// msg.KeyContext(ctx), without explicit ids. Producer duplicates, acks lost
+// after the commit (a worker killed between commit and ack: the message
+// comes back), concurrent duplicates, a batch that fails whole (bisected
+// and run again) and a message that fails alone do not change the ids:
+// every event arrives once on RabbitMQ.
 func TestBatchHandlerPublishesOncePerMessage(t *testing.T) {
 	ctx := context.Background()
 	url := testenv.AMQPURL(t)
@@ -180,8 +182,10 @@ func TestBatchHandlerPublishesOncePerMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 30
-	b := memsource.New(memsource.Config{VisibilityTimeout: 5 * time.Second})
+	b := memsource.New(memsource.Config{VisibilityTimeout: 200 * time.Millisecond, Seed: 7})
 	t.Cleanup(func() { b.Close() })
+	b.Inject(memsource.Fault{Kind: memsource.FaultDropAck, Topic: "orders", Probability: 0.3, Times: 8})
+	b.Inject(memsource.Fault{Kind: memsource.FaultConcurrentDuplicate, Topic: "orders", Probability: 0.2, Times: 5})
 	for i := range n {
 		m := memsource.Outgoing{Key: fmt.Sprintf("o-%02d", i), Body: []byte(strconv.Itoa(i))}
 		b.Publish("orders", m)
@@ -227,7 +231,7 @@ func TestBatchHandlerPublishesOncePerMessage(t *testing.T) {
 		if dl := b.DeadLetters("orders"); len(dl) > 0 {
 			t.Fatalf("%d dead letters, first %s: %s", len(dl), dl[0].Key, dl[0].Reason)
 		}
-		if st.Handled >= n {
+		if st.Handled >= n && b.Stats("orders").Pending == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -250,6 +254,9 @@ func TestBatchHandlerPublishesOncePerMessage(t *testing.T) {
 	checkOnce(t, got, want)
 	mu.Lock()
 	defer mu.Unlock()
+	if ts := b.Stats("orders"); ts.DroppedAcks == 0 || ts.Redeliveries == 0 {
+		t.Fatalf("no ack was lost or nothing came back (%+v): the test proves less than it says", ts)
+	}
 	if !failedWhole || !failedAlone {
 		t.Fatalf("the failures did not happen (whole batch %v, alone %v): the test proves less than it says", failedWhole, failedAlone)
 	}
