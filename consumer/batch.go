@@ -71,7 +71,8 @@ func TransactionalBatch[Tx any](store dedup.TxStore[Tx], h TxBatchHandler[Tx]) P
 	return &txPath[Tx]{store: store, bh: h}
 }
 
-// BatchItem is one decoded message of a TxBatchJSON handler.
+// BatchItem is one decoded message of a TxBatchJSON handler;
+// Msg.KeyContext(ctx) gives the context with its keys.
 type BatchItem[T any] struct {
 	Msg   *Message
 	Value T
