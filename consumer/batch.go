@@ -55,7 +55,8 @@ func (e *MessageError) Unwrap() error { return e.Err }
 // messages, commits and only then acknowledges. It has the guarantees of
 // Transactional; Config.BatchSize bounds the messages per call. The runner's
 // HandlerTimeout bounds each call, and DedupKey and IdempotencyKey are not
-// set in its context (a batch has many keys: see BatchItem).
+// set in its context (a batch has many keys): msg.KeyContext(ctx) gives the
+// context of one message of the batch, with its keys.
 //
 // Hooks see the events of Transactional: a claim, a commit and a settlement
 // per message, the batch, and a handler start and end for every message of
@@ -70,7 +71,8 @@ func TransactionalBatch[Tx any](store dedup.TxStore[Tx], h TxBatchHandler[Tx]) P
 	return &txPath[Tx]{store: store, bh: h}
 }
 
-// BatchItem is one decoded message of a TxBatchJSON handler.
+// BatchItem is one decoded message of a TxBatchJSON handler;
+// Msg.KeyContext(ctx) gives the context with its keys.
 type BatchItem[T any] struct {
 	Msg   *Message
 	Value T
@@ -110,6 +112,7 @@ func TxBatchJSON[T, Tx any](h func(ctx context.Context, tx Tx, items []BatchItem
 func (p *txPath[Tx]) handleBatch(ctx context.Context, r *Runner, tx Tx, fresh []*job, ti *TxInfo) (res tryResult, failed bool) {
 	msgs := make([]*Message, len(fresh))
 	for i, j := range fresh {
+		j.msg.keys = &msgKeys{scope: r.cfg.Name, key: j.key}
 		msgs[i] = j.msg
 	}
 	err := r.callBatch(ctx, fresh, ti, func(ctx context.Context) error { return p.bh(ctx, tx, msgs) })

@@ -54,6 +54,32 @@ type Message struct {
 	// Handle is bookkeeping owned by the Source that produced the message
 	// (receipt handles, delivery tags, offsets). Nothing else may touch it.
 	Handle any
+
+	// keys is the scope and key the runner recorded, set before a batch
+	// handler gets the message (see KeyContext).
+	keys *msgKeys
+}
+
+// msgKeys is the consumer's name and the deduplication key of a message.
+type msgKeys struct{ scope, key string }
+
+// KeyContext returns ctx carrying m's keys, as the ctx of a single-message
+// handler does: DedupKey and IdempotencyKey of the returned context give
+// m's. Inside a TransactionalBatch handler, whose ctx carries no message's
+// key, pass it to what needs one message's key, for example
+//
+//	for _, m := range msgs {
+//		_, err := outbox.Publish(m.KeyContext(ctx), tx, outbox.Message{Destination: "events", Body: m.Body})
+//		...
+//	}
+//
+// It returns ctx unchanged for a message the runner has not handed to a
+// batch handler (its key is not known yet).
+func (m *Message) KeyContext(ctx context.Context) context.Context {
+	if m.keys == nil {
+		return ctx
+	}
+	return withKeys(ctx, m.keys.scope, m.keys.key)
 }
 
 type ctxKey int

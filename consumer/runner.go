@@ -167,6 +167,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	if err := r.checkRetention(ctx); err != nil {
 		return err
 	}
+	r.logStart(ctx)
 
 	// Work outlives ctx during the drain, and is cancelled when the drain
 	// times out.

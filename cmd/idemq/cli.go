@@ -231,7 +231,7 @@ func dialectOf(dsn string) (sqldedup.Dialect, string, error) {
 	case strings.HasSuffix(dsn, ".db"), strings.HasSuffix(dsn, ".sqlite"), strings.HasSuffix(dsn, ".sqlite3"):
 		return sqldedup.SQLite, dsn, nil
 	}
-	return "", "", fmt.Errorf("%w: cannot tell the database of DSN %q: use postgres://... or sqlite:FILE", errUsage, redact.String(dsn))
+	return "", "", fmt.Errorf("%w: cannot tell the database of DSN %q: use postgres://... or sqlite:FILE", errUsage, redact.DSN(dsn))
 }
 
 // dsnEnv are the environment variables a DSN flag's default comes from.
@@ -247,7 +247,7 @@ func (v dsnValue) String() string {
 	if v.s == nil {
 		return ""
 	}
-	return redact.String(*v.s)
+	return redact.DSN(*v.s)
 }
 
 func (v dsnValue) Set(s string) error { *v.s = s; return nil }
@@ -276,7 +276,7 @@ func scrub(err error, args []string) string {
 		}
 		dsns = append(dsns, value)
 	}
-	return redact.Scrub(err.Error(), dsns...)
+	return redact.ScrubDSN(err.Error(), dsns...)
 }
 
 // storeFlags are the flags every database command takes.
@@ -417,7 +417,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("%w: unexpected arguments %q", errUsage, pos)
 	}
 	if *outboxTable {
-		return migrateOutbox(ctx, sf.dsn, *print, stdout)
+		return migrateOutbox(ctx, sf.dsn, sf.schema, *print, stdout)
 	}
 	mode := createDB
 	if *print {

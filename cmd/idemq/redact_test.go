@@ -23,8 +23,9 @@ import (
 	"github.com/idemq/idemq/sources/sqssource"
 )
 
-// plantedSecret is put in the password, database name, path and query of
-// every DSN below; no output may show it.
+// plantedSecret is put in the password and the secret query parameters
+// (sslpassword, a token) of every DSN below; no output may show it. The
+// database names and file paths are shown (TestErrorsShowWhatUserTyped).
 const plantedSecret = "Pl4ntedS3cret"
 
 // TestNoSecretInOutput runs the help of every command and failing commands
@@ -39,19 +40,19 @@ func TestNoSecretInOutput(t *testing.T) {
 	// quotes the database name.
 	wrongDB := *pg
 	wrongDB.User = url.UserPassword(pg.User.Username(), plantedSecret)
-	wrongDB.Path = "/" + plantedSecret + "_db"
-	wrongDB.RawQuery = "sslmode=disable&application_name=" + plantedSecret
+	wrongDB.Path = "/idemq_no_such_db"
+	wrongDB.RawQuery = "sslmode=disable&sslpassword=" + plantedSecret
 	// Nothing listens: the driver's error names user and database.
-	closed := "postgres://idemq:" + plantedSecret + "@127.0.0.1:1/" + plantedSecret + "?sslpassword=" + plantedSecret
-	sqlitePath := "sqlite:" + filepath.Join(t.TempDir(), "missing-"+plantedSecret, plantedSecret+".db")
-	keyValue := "host=127.0.0.1 port=1 user=idemq password='" + plantedSecret + "' dbname=" + plantedSecret
+	closed := "postgres://idemq:" + plantedSecret + "@127.0.0.1:1/orders?sslpassword=" + plantedSecret
+	sqlitePath := "sqlite:" + filepath.Join(t.TempDir(), "missing-dir", "shop.db")
+	keyValue := "host=127.0.0.1 port=1 user=idemq password='" + plantedSecret + "' dbname=orders sslpassword=" + plantedSecret
 
 	for _, name := range []string{"IDEMQ_DSN", "DATABASE_URL", "TEST_DATABASE_URL"} {
 		t.Setenv(name, closed)
 	}
-	closedAMQP := "amqp://idemq:" + plantedSecret + "@127.0.0.1:1/" + plantedSecret
+	closedAMQP := "amqp://idemq:" + plantedSecret + "@127.0.0.1:1/vhost"
 	t.Setenv("IDEMQ_AMQP_URL", closedAMQP)
-	t.Setenv("IDEMQ_SQS_ENDPOINT", "http://key:"+plantedSecret+"@127.0.0.1:1/"+plantedSecret)
+	t.Setenv("IDEMQ_SQS_ENDPOINT", "http://key:"+plantedSecret+"@127.0.0.1:1/?X-Amz-Security-Token="+plantedSecret)
 	t.Setenv("KAFKA_BROKERS", "127.0.0.1:1")
 
 	runs := [][]string{{"help"}}
@@ -62,9 +63,10 @@ func TestNoSecretInOutput(t *testing.T) {
 	}
 	runs = append(runs,
 		[]string{"migrate"}, // the DSN of $IDEMQ_DSN, unreachable
-		[]string{"migrate", "--dsn", "mysql://idemq:" + plantedSecret + "@127.0.0.1/" + plantedSecret},
+		[]string{"migrate", "--dsn", "mysql://idemq:" + plantedSecret + "@127.0.0.1/shop"},
+		[]string{"migrate", "--dsn", "mysql://idemq:" + plantedSecret + "@tcp(127.0.0.1)/shop"},
 		[]string{"migrate", "--dsn=" + keyValue},
-		[]string{"migrate", "--dsn", plantedSecret + "-not-a-dsn"},
+		[]string{"migrate", "--dsn", "idemq:" + plantedSecret + "@not-a-dsn"},
 		[]string{"migrate", "--dsn", wrongDB.String()},
 		[]string{"migrate", "--dsn", sqlitePath},
 		[]string{"migrate", "--print", "--dsn", closed, "--schema", "bad schema"},
@@ -184,7 +186,7 @@ func TestNoSecretInConstructorErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := outbox.Publish(ctx, db, outbox.Message{ID: "o-1", Destination: "q", Key: "q", Body: []byte("b")}); err != nil {
+	if _, err := outbox.PublishSQL(ctx, db, outbox.Message{ID: "o-1", Destination: "q", Key: "q", Body: []byte("b")}); err != nil {
 		_ = db.Close()
 		t.Fatal(err)
 	}

@@ -32,14 +32,18 @@ func relayCommand() command {
 }
 
 // migrateOutbox applies or prints the outbox table's migrations
-// (idemq migrate --outbox).
-func migrateOutbox(ctx context.Context, dsn string, print bool, stdout io.Writer) error {
+// (idemq migrate --outbox), in schema ("": the first of the search path).
+func migrateOutbox(ctx context.Context, dsn, schemaName string, print bool, stdout io.Writer) error {
+	schema := outbox.Schema(schemaName)
 	dialect, source, err := dialectOf(dsn)
 	if err != nil {
 		return err
 	}
+	if dialect == sqldedup.SQLite && schema != "" {
+		return fmt.Errorf("%w: --schema is for PostgreSQL; SQLite has none", errUsage)
+	}
 	if print {
-		s, err := outbox.MigrationSQL(dialect)
+		s, err := schema.MigrationSQL(dialect)
 		if err != nil {
 			return err
 		}
@@ -53,14 +57,20 @@ func migrateOutbox(ctx context.Context, dsn string, print bool, stdout io.Writer
 		return err
 	}
 	defer closeDB()
-	before, err := outboxObjects(ctx, db)
+	before, err := outboxObjects(ctx, db, schema)
 	if err != nil {
 		return err
 	}
-	if err := outbox.Migrate(ctx, db, dialect); err != nil {
+	switch db := db.(type) {
+	case *pgxpool.Pool:
+		err = schema.Migrate(ctx, db)
+	case *sql.DB:
+		err = schema.MigrateSQL(ctx, db, dialect)
+	}
+	if err != nil {
 		return err
 	}
-	after, err := outboxObjects(ctx, db)
+	after, err := outboxObjects(ctx, db, schema)
 	if err != nil {
 		return err
 	}
@@ -72,33 +82,38 @@ func migrateOutbox(ctx context.Context, dsn string, print bool, stdout io.Writer
 			created = append(created, o)
 		}
 	}
+	table := outbox.Table
+	if schema != "" {
+		table = string(schema) + "." + table
+	}
 	if len(created) == 0 {
-		fmt.Fprintf(stdout, "%s (%s) is already up to date: no migration applied\n", outbox.Table, dialect)
+		fmt.Fprintf(stdout, "%s (%s) is already up to date: no migration applied\n", table, dialect)
 		return nil
 	}
-	fmt.Fprintf(stdout, "applied the outbox migrations to %s (%s), which created:\n", outbox.Table, dialect)
+	fmt.Fprintf(stdout, "applied the outbox migrations to %s (%s), which created:\n", table, dialect)
 	for _, o := range created {
 		fmt.Fprintf(stdout, "  %s\n", o)
 	}
-	fmt.Fprintf(stdout, "%s (%s) is up to date\n", outbox.Table, dialect)
+	fmt.Fprintf(stdout, "%s (%s) is up to date\n", table, dialect)
 	return nil
 }
 
 // outboxObjects lists the outbox's schema objects ("table idemq_outbox",
 // "index ...", "trigger ...") in the database db (a *pgxpool.Pool, in the
-// schema the migrations use: the first of the search path; or a SQLite
-// *sql.DB), sorted.
-func outboxObjects(ctx context.Context, db any) ([]string, error) {
+// schema the migrations use: schema, or the first of the search path; or a
+// SQLite *sql.DB), sorted.
+func outboxObjects(ctx context.Context, db any, schema outbox.Schema) ([]string, error) {
 	switch d := db.(type) {
 	case *pgxpool.Pool:
 		rows, err := d.Query(ctx, `
+WITH s AS (SELECT coalesce(nullif($2, ''), current_schema()) AS name)
 SELECT CASE c.relkind WHEN 'r' THEN 'table' WHEN 'i' THEN 'index' WHEN 'S' THEN 'sequence' ELSE 'relation' END || ' ' || c.relname
-  FROM pg_class c WHERE c.relnamespace = to_regnamespace(current_schema()) AND c.relname LIKE $1 || '%'
+  FROM pg_class c, s WHERE c.relnamespace = to_regnamespace(quote_ident(s.name)) AND c.relname LIKE $1 || '%'
 UNION ALL
-SELECT 'trigger ' || t.tgname FROM pg_trigger t WHERE t.tgrelid = to_regclass($1) AND NOT t.tgisinternal
+SELECT 'trigger ' || t.tgname FROM pg_trigger t, s WHERE t.tgrelid = to_regclass(quote_ident(s.name) || '.' || $1) AND NOT t.tgisinternal
 UNION ALL
-SELECT 'function ' || p.proname FROM pg_proc p WHERE p.pronamespace = to_regnamespace(current_schema()) AND p.proname LIKE $1 || '%'
-ORDER BY 1`, outbox.Table)
+SELECT 'function ' || p.proname FROM pg_proc p, s WHERE p.pronamespace = to_regnamespace(quote_ident(s.name)) AND p.proname LIKE $1 || '%'
+ORDER BY 1`, outbox.Table, string(schema))
 		if err != nil {
 			return nil, fmt.Errorf("list the outbox's objects: %w", err)
 		}
@@ -166,6 +181,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&cfg.PollInterval, "poll", time.Second, "poll interval (the fallback of LISTEN/NOTIFY on PostgreSQL)")
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", 10, "failed publishes after which a row is parked")
 	fs.DurationVar(&cfg.Retention, "retention", 24*time.Hour, "how long sent rows are kept; negative deletes them when sent")
+	fs.StringVar((*string)(&cfg.Schema), "schema", "", "PostgreSQL schema of the outbox table (default: the first of the search path)")
 	if pos, err := parse(fs, args); err != nil {
 		return err
 	} else if len(pos) > 0 {

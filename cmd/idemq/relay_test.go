@@ -66,7 +66,7 @@ func TestRelayCommandSQLiteRabbitMQ(t *testing.T) {
 	}
 	for _, id := range []string{"order-1/0", "order-2/0", "order-3/0"} {
 		// The default exchange routes by queue name: the key is the queue.
-		if _, err := outbox.Publish(ctx, tx, outbox.Message{ID: id, Destination: "", Key: queue, Body: []byte(id)}); err != nil {
+		if _, err := outbox.PublishSQL(ctx, tx, outbox.Message{ID: id, Destination: "", Key: queue, Body: []byte(id)}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -43,14 +43,16 @@ type scopeStats struct {
 
 // tableStats is the output of `idemq stats`.
 type tableStats struct {
+	// Schema is the table's PostgreSQL schema; absent on SQLite.
+	Schema string       `json:"schema,omitempty"`
 	Table  string       `json:"table"`
 	At     time.Time    `json:"at"`
 	Scopes []scopeStats `json:"scopes"`
 	Total  int64        `json:"records"`
 	// TableBytes and IndexBytes are the table's and its indexes' sizes on
-	// disk (PostgreSQL only; -1 when unknown).
-	TableBytes int64 `json:"table_bytes"`
-	IndexBytes int64 `json:"index_bytes"`
+	// disk (SQLite: the pages dbstat counts); nil (null) when unknown.
+	TableBytes *int64 `json:"table_bytes"`
+	IndexBytes *int64 `json:"index_bytes"`
 	// Outbox describes the transactional outbox's table in the same schema
 	// (or SQLite file); nil when there is none.
 	Outbox *outboxStats `json:"outbox,omitempty"`
@@ -58,6 +60,7 @@ type tableStats struct {
 
 // outboxStats counts the rows of the outbox table (sinks/outbox) by state.
 type outboxStats struct {
+	// Table is the outbox table's name, in tableStats.Schema.
 	Table   string `json:"table"`
 	Pending int64  `json:"pending"`
 	Sent    int64  `json:"sent"`
@@ -120,10 +123,11 @@ func collectStats(ctx context.Context, db *sql.DB, dialect sqldedup.Dialect, sch
 	if table == "" {
 		table = "processed_messages"
 	}
-	st := &tableStats{At: now.UTC(), TableBytes: -1, IndexBytes: -1, Scopes: []scopeStats{}}
+	st := &tableStats{At: now.UTC(), Table: table, Scopes: []scopeStats{}}
 	var name, q string
 	var cutoffs []any
 	if dialect == sqldedup.Postgres {
+		st.Schema = schema
 		name = pgx.Identifier{schema, table}.Sanitize()
 		var b strings.Builder
 		b.WriteString(`SELECT scope, count(*), min(processed_at), max(processed_at), count(*) FILTER (WHERE expires_at <= $1)`)
@@ -144,7 +148,6 @@ func collectStats(ctx context.Context, db *sql.DB, dialect sqldedup.Dialect, sch
 		q = b.String() + ` FROM ` + name + ` GROUP BY scope ORDER BY scope`
 		cutoffs = append([]any{now.UnixMicro()}, cutoffs...)
 	}
-	st.Table = name
 	rows, err := db.QueryContext(ctx, q, cutoffs...)
 	if isNoTable(err) {
 		return nil, &noTableError{Table: strings.ReplaceAll(name, `"`, "")}
@@ -188,11 +191,21 @@ func collectStats(ctx context.Context, db *sql.DB, dialect sqldedup.Dialect, sch
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
+	var tableBytes, indexBytes sql.NullInt64
 	if dialect == sqldedup.Postgres {
-		err := db.QueryRowContext(ctx, `SELECT pg_table_size(to_regclass($1)), pg_indexes_size(to_regclass($1))`, name).Scan(&st.TableBytes, &st.IndexBytes)
+		err := db.QueryRowContext(ctx, `SELECT pg_table_size(to_regclass($1)), pg_indexes_size(to_regclass($1))`, name).Scan(&tableBytes, &indexBytes)
 		if err != nil {
 			return nil, fmt.Errorf("size of %s: %w", name, err)
 		}
+	} else {
+		// dbstat is compiled into the SQLite driver; without it the
+		// sizes stay unknown (null).
+		_ = db.QueryRowContext(ctx, `SELECT (SELECT sum(pgsize) FROM dbstat WHERE name = ?1),
+			(SELECT coalesce(sum(d.pgsize), 0) FROM dbstat d JOIN sqlite_master m ON m.name = d.name WHERE m.type = 'index' AND m.tbl_name = ?1)`,
+			table).Scan(&tableBytes, &indexBytes)
+	}
+	if tableBytes.Valid && indexBytes.Valid {
+		st.TableBytes, st.IndexBytes = &tableBytes.Int64, &indexBytes.Int64
 	}
 	if st.Outbox, err = collectOutboxStats(ctx, db, dialect, schema); err != nil {
 		return nil, err
@@ -223,7 +236,7 @@ func collectOutboxStats(ctx context.Context, db *sql.DB, dialect sqldedup.Dialec
 	if !ok {
 		return nil, nil
 	}
-	o := &outboxStats{Table: name}
+	o := &outboxStats{Table: outbox.Table}
 	var pendingT, parkedT sql.NullTime
 	var pendingMs, parkedMs sql.NullInt64 // SQLite: Unix milliseconds
 	dest := []any{&o.Pending, &o.Sent, &o.Parked, &pendingT, &parkedT}
@@ -264,15 +277,29 @@ func printStats(w io.Writer, st *tableStats) {
 		fmt.Fprintf(tw, "\t%d\n", s.Ages[">=7d"])
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(w, "\n%s: %d records in %d scopes", st.Table, st.Total, len(st.Scopes))
-	if st.TableBytes >= 0 {
-		fmt.Fprintf(w, "; table %s, indexes %s", bytesString(st.TableBytes), bytesString(st.IndexBytes))
+	qualify := func(table string) string {
+		if st.Schema == "" {
+			return table
+		}
+		return st.Schema + "." + table
+	}
+	fmt.Fprintf(w, "\n%s: %s in %s", qualify(st.Table), plural(st.Total, "record"), plural(int64(len(st.Scopes)), "scope"))
+	if st.TableBytes != nil {
+		fmt.Fprintf(w, "; table %s, indexes %s", bytesString(*st.TableBytes), bytesString(*st.IndexBytes))
 	}
 	fmt.Fprintln(w)
 	if o := st.Outbox; o != nil {
-		fmt.Fprintf(w, "%s: %d pending%s, %d parked%s, %d sent\n", o.Table,
+		fmt.Fprintf(w, "%s: %d pending%s, %d parked%s, %d sent\n", qualify(o.Table),
 			o.Pending, oldestNote(o.OldestPending, st.At), o.Parked, oldestNote(o.OldestParked, st.At), o.Sent)
 	}
+}
+
+// plural is "1 record", "2 records".
+func plural(n int64, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // oldestNote is " (oldest 3m0s ago)", or "" without a row.

@@ -119,8 +119,8 @@ func TestStatsPostgres(t *testing.T) {
 	checkStats(t, out)
 	var st tableStats
 	_ = json.Unmarshal([]byte(out), &st)
-	if st.TableBytes <= 0 || st.IndexBytes <= 0 {
-		t.Errorf("sizes: table %d, indexes %d", st.TableBytes, st.IndexBytes)
+	if st.TableBytes == nil || *st.TableBytes <= 0 || st.IndexBytes == nil || *st.IndexBytes <= 0 {
+		t.Errorf("sizes: table %v, indexes %v", st.TableBytes, st.IndexBytes)
 	}
 	code, out, _ = idemq(t, "stats", "--dsn", url, "--schema", schema)
 	if code != exitOK || !strings.Contains(out, "indexes") {
@@ -219,7 +219,7 @@ func TestStatsOutboxPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	if err := outbox.Migrate(ctx, db, sqldedup.Postgres); err != nil {
+	if err := outbox.MigrateSQL(ctx, db, sqldedup.Postgres); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()

@@ -21,12 +21,12 @@ import (
 func EnableEvents(ctx context.Context, s Store, destination string) error {
 	switch s := s.(type) {
 	case *SQLiteStore:
-		if err := outbox.Migrate(ctx, s.DB, sqldedup.SQLite); err != nil {
+		if err := outbox.MigrateSQL(ctx, s.DB, sqldedup.SQLite); err != nil {
 			return fmt.Errorf("checkout: create the outbox table: %w", err)
 		}
 		s.Events = destination
 	case *PostgresStore:
-		if err := outbox.Migrate(ctx, s.Pool, sqldedup.Postgres); err != nil { // in the schema: the pool's search_path
+		if err := outbox.Migrate(ctx, s.Pool); err != nil { // in the schema: the pool's search_path
 			return fmt.Errorf("checkout: create the outbox table: %w", err)
 		}
 		s.Events = destination
@@ -50,7 +50,16 @@ func withEvents[Tx any](h consumer.TxHandler[Tx], destination string) consumer.T
 		if err := json.Unmarshal(m.Body, &o); err != nil { // h accepted it: cannot fail
 			return consumer.Permanent(err)
 		}
-		_, err := outbox.Publish(ctx, tx, outbox.Message{Destination: destination, Key: o.Account, Body: m.Body})
+		msg := outbox.Message{Destination: destination, Key: o.Account, Body: m.Body}
+		var err error
+		switch tx := any(tx).(type) {
+		case outbox.PgxQuerier:
+			_, err = outbox.Publish(ctx, tx, msg)
+		case outbox.SQLQuerier:
+			_, err = outbox.PublishSQL(ctx, tx, msg)
+		default:
+			err = fmt.Errorf("checkout: no events in a %T", tx)
+		}
 		return err
 	}
 }

@@ -8,6 +8,10 @@
 // the keys in KeptKeys and masks every other value. Anything else that may be
 // a DSN (a bare file path, a form this package does not know) is masked
 // whole.
+//
+// DSN and ScrubDSN are the milder form for what a user typed on a command
+// line: they hide passwords and secret parameters only, and keep database
+// names and file paths, which the user needs to see in an error.
 package redact
 
 import (
@@ -123,6 +127,11 @@ func isKeyValue(s string) bool {
 // be single-quoted, with backslash escapes) except those of KeptKeys. Text
 // that does not parse is masked from there on.
 func keyValue(s string) string {
+	return keyValueShow(s, func(key, value string) bool { return kept(key) && plain(value) })
+}
+
+// keyValueShow is keyValue that shows the values show accepts.
+func keyValueShow(s string, show func(key, value string) bool) string {
 	var b strings.Builder
 	for {
 		trimmed := strings.TrimLeft(s, " \t\n")
@@ -143,7 +152,7 @@ func keyValue(s string) string {
 			b.WriteString(key + "=" + Mask)
 			return b.String()
 		}
-		if kept(key) && plain(value) {
+		if show(key, value) {
 			b.WriteString(key + "=" + value)
 		} else {
 			b.WriteString(key + "=" + Mask)
@@ -294,6 +303,11 @@ func Scrub(text string, dsns ...string) string {
 	for _, d := range dsns {
 		secrets = append(secrets, Secrets(d)...)
 	}
+	return replaceLongestFirst(text, secrets)
+}
+
+// replaceLongestFirst replaces every secret in text with Mask.
+func replaceLongestFirst(text string, secrets []string) string {
 	// Longest first, so that a secret containing another is replaced whole.
 	for i := 1; i < len(secrets); i++ {
 		for j := i; j > 0 && len(secrets[j]) > len(secrets[j-1]); j-- {

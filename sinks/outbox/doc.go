@@ -3,13 +3,19 @@
 // RabbitMQ after the transaction commits.
 //
 // Publish inserts a row into the idemq_outbox table in the caller's
-// transaction (pgx.Tx or *sql.Tx; PostgreSQL or SQLite). If the transaction
+// transaction (a pgx.Tx; PublishSQL takes a *sql.Tx, on PostgreSQL or
+// SQLite; a wrong type does not compile). If the transaction
 // rolls back, nothing is published; if it commits, the relay publishes the
 // message at least once, with a stable id as its idempotency key. Inside a
 // consumer handler the id is derived from the consuming message's
 // idempotency key and the publish's index, so a rerun after a rollback
 // publishes the same ids, and an idemq consumer downstream deduplicates the
-// relay's re-sends.
+// relay's re-sends; a batch handler passes msg.KeyContext(ctx) for each of
+// its messages. Message.Key orders the relay; Message.RoutingKey, when set,
+// is the RabbitMQ routing key instead of Key. Schema names the table's
+// PostgreSQL schema (by default it is found through search_path); its
+// methods are the package-level functions in that schema, and
+// Config.Schema points a relay at it.
 //
 // The relay claims committed rows, publishes them through a Publisher
 // (kafkaoutbox, sqsoutbox, amqpoutbox), waits for the broker's
@@ -21,6 +27,6 @@
 // metrics). Publish stores the handler span's trace context in the row's
 // headers, so the published message continues the handler's trace.
 //
-// The migrations are embedded: Migrate, MigrateTx, MigrationSQL, and
-// `idemq migrate --outbox [--print]`.
+// The migrations are embedded: Migrate, MigrateTx, MigrateSQL, MigrateTxSQL,
+// MigrationSQL, and `idemq migrate --outbox [--schema S] [--print]`.
 package outbox

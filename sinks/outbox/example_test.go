@@ -11,7 +11,6 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/outbox/kafkaoutbox"
 	"github.com/idemq/idemq/sources/kafkasource"
@@ -37,7 +36,7 @@ func Example() {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	if err := outbox.Migrate(ctx, pool, sqldedup.Postgres); err != nil {
+	if err := outbox.Migrate(ctx, pool); err != nil {
 		log.Fatal(err)
 	}
 

@@ -99,7 +99,7 @@ func TestRelayMetrics(t *testing.T) {
 		{ID: "p1", Destination: "missing", Key: "p"},
 		{ID: "b1", Destination: "d", Key: "b"},
 	} {
-		if _, err := outbox.Publish(ctx, tx, m); err != nil {
+		if _, err := outbox.PublishSQL(ctx, tx, m); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -178,7 +178,7 @@ func TestRelayCarriesTraceContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := outbox.Publish(ctx, tx, outbox.Message{ID: "e1", Destination: "d", Key: "k", Body: []byte("x")}); err != nil {
+	if _, err := outbox.PublishSQL(ctx, tx, outbox.Message{ID: "e1", Destination: "d", Key: "k", Body: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -222,7 +222,7 @@ func TestRelaySendSpan(t *testing.T) {
 	}
 	for _, id := range []string{"e1", "e2"} {
 		hctx, span := tp.Tracer("test").Start(ctx, "handler")
-		if _, err := outbox.Publish(hctx, tx, outbox.Message{ID: id, Destination: "orders", Key: id, Body: []byte("x")}); err != nil {
+		if _, err := outbox.PublishSQL(hctx, tx, outbox.Message{ID: id, Destination: "orders", Key: id, Body: []byte("x")}); err != nil {
 			t.Fatal(err)
 		}
 		span.End()

@@ -17,9 +17,28 @@ import (
 )
 
 // Table is the name of the outbox table that the migrations create and
-// Publish and the relay use. It is found through the connection's
-// search_path on PostgreSQL.
+// Publish and the relay use. Without a Schema (the default) it is found
+// through the connection's search_path on PostgreSQL.
 const Table = "idemq_outbox"
+
+// Schema is the PostgreSQL schema that holds the outbox table. The empty
+// Schema, the default of the package-level functions and of
+// Config.Schema, finds the table through the connection's search_path.
+// Its methods are the package-level functions in that schema:
+//
+//	outbox.Schema("billing").Publish(ctx, tx, msg)
+//
+// Any name is quoted as an identifier, so it is used exactly as written.
+// SQLite has no schemas: use the empty Schema there.
+type Schema string
+
+// table returns the outbox table's name in s, quoted when s is set.
+func (s Schema) table() string {
+	if s == "" {
+		return Table
+	}
+	return pgx.Identifier{string(s), Table}.Sanitize()
+}
 
 // Channel is the PostgreSQL notification channel that an insert into the
 // outbox table signals (through a trigger, at commit) and a Relay listens on.
@@ -43,9 +62,6 @@ var (
 	// outside a consumer's handler (a ctx with no consumer.IdempotencyKey),
 	// where no stable id can be derived.
 	ErrNoID = errors.New("outbox: message has no ID and ctx has no consuming message's idempotency key")
-	// ErrUnsupportedTx is returned by Publish and MigrateTx for a
-	// transaction type they do not know.
-	ErrUnsupportedTx = errors.New("outbox: unsupported transaction type (want pgx.Tx or *sql.Tx)")
 )
 
 // Message is one message to publish after the transaction commits.
@@ -60,10 +76,17 @@ type Message struct {
 	// the RabbitMQ exchange ("" is the default exchange).
 	Destination string
 	// Key is the partition key: the Kafka message key, the SQS
-	// MessageGroupId (FIFO) or "partition-key" attribute (standard), the
-	// RabbitMQ routing key. The relay publishes the messages of one key in
-	// the order they were published, one at a time.
+	// MessageGroupId (FIFO) or "partition-key" attribute (standard), and
+	// the RabbitMQ routing key unless RoutingKey is set. The relay
+	// publishes the messages of one non-empty Key in the order they were
+	// published, one at a time; messages without a Key are not ordered.
 	Key string
+	// RoutingKey is the RabbitMQ routing key when it differs from Key, for
+	// example the queue's name when publishing through the default
+	// exchange: the relay then orders by Key, not by the routing key, so
+	// that messages of different Keys go out in parallel. Empty (the
+	// default) routes with Key. Kafka and SQS ignore it.
+	RoutingKey string
 	// Headers are sent as Kafka headers, SQS string attributes or AMQP
 	// headers. When ctx carries a span (consumer/otelidemq's handler span),
 	// Publish adds its W3C traceparent (and tracestate) unless Headers has
@@ -73,32 +96,35 @@ type Message struct {
 	Body []byte
 }
 
-// pgxQuerier is what Publish needs of a pgx transaction (pgx.Tx, *pgx.Conn,
-// *pgxpool.Pool and *pgxpool.Conn fit).
-type pgxQuerier interface {
+// PgxQuerier is what Publish needs of a pgx transaction: pgx.Tx fits, and
+// so do *pgx.Conn, *pgxpool.Pool and *pgxpool.Conn (outside a
+// transaction).
+type PgxQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// sqlQuerier is what Publish needs of a database/sql transaction (*sql.Tx,
-// *sql.Conn and *sql.DB fit).
-type sqlQuerier interface {
+// SQLQuerier is what PublishSQL needs of a database/sql transaction:
+// *sql.Tx fits, and so do *sql.Conn and *sql.DB (outside a transaction).
+type SQLQuerier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// insertSQL inserts one row and returns its id, in both dialects. Without an
-// explicit id ($1 NULL), the id is the source key, "/" and the number of rows
-// the source key already has in the transaction's view: the publish's index
-// within the handler run. A rolled-back run leaves no row, so its rerun
-// numbers its publishes from 0 again and gets the same ids.
-const insertSQL = `INSERT INTO ` + Table + ` (id, source_key, destination, partition_key, headers, body)
-SELECT COALESCE(CAST($1 AS TEXT), CAST($2 AS TEXT) || '/' || CAST((SELECT count(*) FROM ` + Table + ` WHERE source_key = CAST($2 AS TEXT)) AS TEXT)),
-       CAST($2 AS TEXT), $3, $4, $5, $6
+// insertSQL returns the statement that inserts one row into table and
+// returns its id, in both dialects. Without an explicit id ($1 NULL), the id
+// is the source key, "/" and the number of rows the source key already has
+// in the transaction's view: the publish's index within the handler run. A
+// rolled-back run leaves no row, so its rerun numbers its publishes from 0
+// again and gets the same ids.
+func insertSQL(table string) string {
+	return `INSERT INTO ` + table + ` (id, source_key, destination, partition_key, routing_key, headers, body)
+SELECT COALESCE(CAST($1 AS TEXT), CAST($2 AS TEXT) || '/' || CAST((SELECT count(*) FROM ` + table + ` WHERE source_key = CAST($2 AS TEXT)) AS TEXT)),
+       CAST($2 AS TEXT), $3, $4, $5, $6, $7
 RETURNING id`
+}
 
-// Publish writes m to the outbox table in tx, the handler's transaction: it
-// is published by a Relay after tx commits, and never if tx rolls back. tx is
-// a pgx.Tx (or anything with pgx's QueryRow) or a *sql.Tx (or anything with
-// QueryRowContext), on PostgreSQL or SQLite.
+// Publish writes m to the outbox table in tx, the handler's pgx
+// transaction: it is published by a Relay after tx commits, and never if tx
+// rolls back. PublishSQL is the same for a database/sql transaction.
 //
 // Publish returns the message's stable id. Unless m.ID is set, it is
 // consumer.IdempotencyKey(ctx) + "/" + n, where n counts the messages this
@@ -106,11 +132,52 @@ RETURNING id`
 // The count is read from the table, so it follows the transaction: a handler
 // that runs again after a rollback (or a rollback to a savepoint) publishes
 // the same ids in the same order. Use an explicit ID when the order of
-// publishes may change between runs.
+// publishes may change between runs. In a consumer.TransactionalBatch
+// handler, ctx has no key of its own: pass msg.KeyContext(ctx) for each
+// message of the batch.
 //
 // Outside a handler m.ID is required (ErrNoID). Publishing an ID twice
-// fails with the database's unique violation.
-func Publish(ctx context.Context, tx any, m Message) (string, error) {
+// fails with the database's unique violation. Publish uses the table found
+// through search_path; Schema.Publish names its schema.
+func Publish(ctx context.Context, tx PgxQuerier, m Message) (string, error) {
+	return Schema("").Publish(ctx, tx, m)
+}
+
+// PublishSQL is Publish for a database/sql transaction, on PostgreSQL or
+// SQLite.
+func PublishSQL(ctx context.Context, tx SQLQuerier, m Message) (string, error) {
+	return Schema("").PublishSQL(ctx, tx, m)
+}
+
+// Publish is the package-level Publish with the table in schema s.
+func (s Schema) Publish(ctx context.Context, tx PgxQuerier, m Message) (string, error) {
+	args, err := insertArgs(ctx, &m)
+	if err != nil {
+		return "", err
+	}
+	var got string
+	if err := tx.QueryRow(ctx, insertSQL(s.table()), args...).Scan(&got); err != nil {
+		return "", fmt.Errorf("outbox: publish to %q: %w", m.Destination, err)
+	}
+	return got, nil
+}
+
+// PublishSQL is the package-level PublishSQL with the table in schema s.
+func (s Schema) PublishSQL(ctx context.Context, tx SQLQuerier, m Message) (string, error) {
+	args, err := insertArgs(ctx, &m)
+	if err != nil {
+		return "", err
+	}
+	var got string
+	if err := tx.QueryRowContext(ctx, insertSQL(s.table()), args...).Scan(&got); err != nil {
+		return "", fmt.Errorf("outbox: publish to %q: %w", m.Destination, err)
+	}
+	return got, nil
+}
+
+// insertArgs returns the arguments of insertSQL for m, adding the trace
+// context of ctx to m.Headers.
+func insertArgs(ctx context.Context, m *Message) ([]any, error) {
 	var sourceKey *string
 	var id *string
 	if m.ID != "" {
@@ -118,7 +185,7 @@ func Publish(ctx context.Context, tx any, m Message) (string, error) {
 	} else {
 		k, ok := consumer.IdempotencyKey(ctx)
 		if !ok {
-			return "", ErrNoID
+			return nil, ErrNoID
 		}
 		sourceKey = &k
 	}
@@ -134,26 +201,12 @@ func Publish(ctx context.Context, tx any, m Message) (string, error) {
 	if len(m.Headers) > 0 {
 		var err error
 		if headers, err = json.Marshal(m.Headers); err != nil {
-			return "", fmt.Errorf("outbox: encode headers: %w", err)
+			return nil, fmt.Errorf("outbox: encode headers: %w", err)
 		}
 	}
 	body := m.Body
 	if body == nil {
 		body = []byte{}
 	}
-	args := []any{id, sourceKey, m.Destination, m.Key, string(headers), body}
-	var got string
-	var err error
-	switch q := tx.(type) {
-	case pgxQuerier:
-		err = q.QueryRow(ctx, insertSQL, args...).Scan(&got)
-	case sqlQuerier:
-		err = q.QueryRowContext(ctx, insertSQL, args...).Scan(&got)
-	default:
-		return "", fmt.Errorf("%w: %T", ErrUnsupportedTx, tx)
-	}
-	if err != nil {
-		return "", fmt.Errorf("outbox: publish to %q: %w", m.Destination, err)
-	}
-	return got, nil
+	return []any{id, sourceKey, m.Destination, m.Key, m.RoutingKey, string(headers), body}, nil
 }

@@ -120,6 +120,10 @@ type Config struct {
 	// Hooks observe the relay (see Hook): for example
 	// consumer/otelidemq's RelayHook for metrics. Defaults to none.
 	Hooks []Hook
+	// Schema is the PostgreSQL schema of the outbox table, as given to
+	// Schema.Publish and Schema.Migrate. Defaults to "": the table is
+	// found through the pool's search_path. SQLite relays refuse one.
+	Schema Schema
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.

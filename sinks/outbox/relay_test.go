@@ -187,7 +187,7 @@ func TestSQLiteRelay(t *testing.T) {
 		{ID: "a2", Destination: "d", Key: "a"},
 		{ID: "p2", Destination: "d", Key: "p"},
 	} {
-		if _, err := outbox.Publish(ctx, tx, m); err != nil {
+		if _, err := outbox.PublishSQL(ctx, tx, m); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -476,7 +476,7 @@ func TestRelayWholeBatchError(t *testing.T) {
 					}
 					defer tx.Rollback()
 					for _, m := range wholeBatchRows() {
-						if _, err := outbox.Publish(ctx, tx, m); err != nil {
+						if _, err := outbox.PublishSQL(ctx, tx, m); err != nil {
 							t.Fatal(err)
 						}
 					}

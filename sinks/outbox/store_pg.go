@@ -12,17 +12,18 @@ import (
 )
 
 // NewRelay returns a relay over the outbox table of a PostgreSQL database
-// (found through the pool's search_path), publishing through pub. It uses
-// one connection of pool to LISTEN and one per batch in flight: up to two
-// per claim loop (Config.Concurrency), one for the batch being recorded
-// and one for the next, and one for the cleanup loop while it runs. With
-// fewer connections in the pool the loops wait for them.
+// (in Config.Schema, else found through the pool's search_path), publishing
+// through pub. It uses one connection of pool to LISTEN and one per batch
+// in flight: up to two per claim loop (Config.Concurrency), one for the
+// batch being recorded and one for the next, and one for the cleanup loop
+// while it runs. With fewer connections in the pool the loops wait for
+// them.
 func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(argError("outbox.NewRelay(pool)", pool == nil), argError("outbox.NewRelay(pub)", pub == nil)); err != nil {
 		return nil, err
 	}
-	r := &Relay{st: &pgStore{pool: pool}, pub: pub, cfg: cfg, overlap: true}
+	r := &Relay{st: &pgStore{pool: pool, table: cfg.Schema.table()}, pub: pub, cfg: cfg, overlap: true}
 	r.setHooks()
 	return r, nil
 }
@@ -30,6 +31,7 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
 // pgStore is the relay's store on PostgreSQL.
 type pgStore struct {
 	pool   *pgxpool.Pool
+	table  string        // the outbox table's name, qualified with its schema
 	listen *pgxpool.Conn // the LISTEN connection, nil until the first wait
 }
 
@@ -37,16 +39,18 @@ type pgStore struct {
 // row of their key (rows without a key are not ordered). Rows another relay
 // locked are skipped; their key's later rows are not eligible, because the
 // locked row is still pending.
-const claimSQL = `SELECT o.seq, o.attempts, o.id, o.destination, o.partition_key, o.headers, o.body
-FROM ` + Table + ` o
+func claimSQL(table string) string {
+	return `SELECT o.seq, o.attempts, o.id, o.destination, o.partition_key, o.routing_key, o.headers, o.body
+FROM ` + table + ` o
 WHERE o.state = 0
   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
   AND (o.partition_key = '' OR NOT EXISTS (
-        SELECT 1 FROM ` + Table + ` p
+        SELECT 1 FROM ` + table + ` p
         WHERE p.state = 0 AND p.partition_key = o.partition_key AND p.seq < o.seq))
 ORDER BY o.seq
 LIMIT $1
 FOR UPDATE OF o SKIP LOCKED`
+}
 
 // claimBatch opens a transaction on a connection of its own and claims
 // the rows in it: BEGIN and the claim go out in one round trip.
@@ -57,13 +61,13 @@ func (s *pgStore) claimBatch(ctx context.Context, n int) (claim, error) {
 	}
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
-	b.Queue(claimSQL, n)
+	b.Queue(claimSQL(s.table), n)
 	br := conn.SendBatch(ctx, b)
 	out, err := scanClaim(br)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	c := &pgClaim{conn: conn, claimed: out}
+	c := &pgClaim{conn: conn, table: s.table, claimed: out}
 	if err != nil {
 		c.abort(ctx)
 		return nil, err
@@ -85,7 +89,7 @@ func scanClaim(br pgx.BatchResults) ([]row, error) {
 	for rows.Next() {
 		var r row
 		var headers string
-		if err := rows.Scan(&r.seq, &r.attempts, &r.msg.ID, &r.msg.Destination, &r.msg.Key, &headers, &r.msg.Body); err != nil {
+		if err := rows.Scan(&r.seq, &r.attempts, &r.msg.ID, &r.msg.Destination, &r.msg.Key, &r.msg.RoutingKey, &headers, &r.msg.Body); err != nil {
 			return nil, err
 		}
 		if err := decodeHeaders(headers, &r.msg); err != nil {
@@ -112,6 +116,7 @@ func decodeHeaders(s string, m *Message) error {
 // back to the pool.
 type pgClaim struct {
 	conn    *pgxpool.Conn
+	table   string
 	claimed []row
 }
 
@@ -138,9 +143,9 @@ func (c *pgClaim) finish(ctx context.Context, sent []int64, failed []failure, de
 	b := &pgx.Batch{}
 	if len(sent) > 0 {
 		if deleteSent {
-			b.Queue(`DELETE FROM `+Table+` WHERE seq = ANY($1)`, sent)
+			b.Queue(`DELETE FROM `+c.table+` WHERE seq = ANY($1)`, sent)
 		} else {
-			b.Queue(`UPDATE `+Table+` SET state = 1, sent_at = now() WHERE seq = ANY($1)`, sent)
+			b.Queue(`UPDATE `+c.table+` SET state = 1, sent_at = now() WHERE seq = ANY($1)`, sent)
 		}
 	}
 	for _, f := range failed {
@@ -148,7 +153,7 @@ func (c *pgClaim) finish(ctx context.Context, sent []int64, failed []failure, de
 		if f.park {
 			state = stateParked
 		}
-		b.Queue(`UPDATE `+Table+` SET attempts = attempts + 1, last_error = $2, state = $3,
+		b.Queue(`UPDATE `+c.table+` SET attempts = attempts + 1, last_error = $2, state = $3,
 			next_attempt_at = now() + make_interval(secs => $4) WHERE seq = $1`,
 			f.seq, f.err, state, f.nextRetry.Seconds())
 	}
@@ -206,8 +211,8 @@ func (s *pgStore) wait(ctx context.Context, d time.Duration) error {
 }
 
 func (s *pgStore) cleanup(ctx context.Context, retention time.Duration, n int) (int64, error) {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM `+Table+` WHERE seq IN (
-		SELECT seq FROM `+Table+` WHERE state = 1 AND sent_at < now() - make_interval(secs => $1)
+	tag, err := s.pool.Exec(ctx, `DELETE FROM `+s.table+` WHERE seq IN (
+		SELECT seq FROM `+s.table+` WHERE state = 1 AND sent_at < now() - make_interval(secs => $1)
 		LIMIT $2 FOR UPDATE SKIP LOCKED)`, retention.Seconds(), n)
 	if err != nil {
 		return 0, err
@@ -221,7 +226,7 @@ func (s *pgStore) counts(ctx context.Context) (Counts, error) {
 	err := s.pool.QueryRow(ctx, `SELECT
 		count(*) FILTER (WHERE state = 0), count(*) FILTER (WHERE state = 1), count(*) FILTER (WHERE state = 2),
 		coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 0)), 0)::float8
-		FROM `+Table).Scan(&c.Pending, &c.Sent, &c.Parked, &age)
+		FROM `+s.table).Scan(&c.Pending, &c.Sent, &c.Parked, &age)
 	c.OldestPending = time.Duration(age * float64(time.Second))
 	return c, err
 }

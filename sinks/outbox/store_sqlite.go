@@ -19,7 +19,11 @@ func NewSQLiteRelay(db *sql.DB, pub Publisher, cfg Config) (*Relay, error) {
 	if cfg.Concurrency > 1 {
 		sqliteConcurrency = &consumer.ConfigError{Field: "outbox.Config.Concurrency", Reason: "a SQLite relay has Concurrency 1"}
 	}
-	if err := cfg.validate(argError("outbox.NewSQLiteRelay(db)", db == nil), argError("outbox.NewSQLiteRelay(pub)", pub == nil), sqliteConcurrency); err != nil {
+	var sqliteSchema *consumer.ConfigError
+	if cfg.Schema != "" {
+		sqliteSchema = &consumer.ConfigError{Field: "outbox.Config.Schema", Reason: "SQLite has no schemas"}
+	}
+	if err := cfg.validate(argError("outbox.NewSQLiteRelay(db)", db == nil), argError("outbox.NewSQLiteRelay(pub)", pub == nil), sqliteConcurrency, sqliteSchema); err != nil {
 		return nil, err
 	}
 	r := &Relay{st: &sqliteStore{db: db}, pub: pub, cfg: cfg}
@@ -34,7 +38,7 @@ type sqliteStore struct {
 
 func nowMillis() int64 { return time.Now().UnixMilli() }
 
-const sqliteClaimSQL = `SELECT o.seq, o.attempts, o.id, o.destination, o.partition_key, o.headers, o.body
+const sqliteClaimSQL = `SELECT o.seq, o.attempts, o.id, o.destination, o.partition_key, o.routing_key, o.headers, o.body
 FROM ` + Table + ` o
 WHERE o.state = 0
   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= $2)
@@ -54,7 +58,7 @@ func (s *sqliteStore) claimBatch(ctx context.Context, n int) (claim, error) {
 	for rows.Next() {
 		var r row
 		var headers string
-		if err := rows.Scan(&r.seq, &r.attempts, &r.msg.ID, &r.msg.Destination, &r.msg.Key, &headers, &r.msg.Body); err != nil {
+		if err := rows.Scan(&r.seq, &r.attempts, &r.msg.ID, &r.msg.Destination, &r.msg.Key, &r.msg.RoutingKey, &headers, &r.msg.Body); err != nil {
 			return nil, err
 		}
 		if err := decodeHeaders(headers, &r.msg); err != nil {

@@ -170,9 +170,19 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 	if err := rc.Validate(); err != nil {
 		return nil, &ConfigError{Field: "kafkasource.Config", Reason: "rejected by kafka-go", Err: err}
 	}
+	var missing []string // topics that do not exist (yet): see watchTopics
+	checked := false
 	if cfg.ConnectTimeout >= 0 {
 		pctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
 		err := ping(pctx, cfg)
+		if err == nil {
+			// Before the reader starts: its group's metadata requests
+			// may create the topics on brokers that auto-create them.
+			c := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: transportFor(cfg.Dialer)}
+			var merr error
+			missing, merr = missingTopics(pctx, c, cfg.Topics)
+			checked = merr == nil
+		}
 		cancel()
 		if err != nil {
 			return nil, err
@@ -216,6 +226,7 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.fetchCancel = cancel
 	go s.fetchLoop(ctx)
+	go s.watchTopics(ctx, missing, checked)
 	return s, nil
 }
 

@@ -54,7 +54,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/internal/bench/handwritten"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/outbox/amqpoutbox"
@@ -442,7 +441,7 @@ func openPool(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	return pool, outbox.Migrate(ctx, pool, sqldedup.Postgres)
+	return pool, outbox.Migrate(ctx, pool)
 }
 
 func randomSuffix() string {

@@ -2,8 +2,8 @@
 // amqp091-go.
 //
 // Each row is published persistent and mandatory to the exchange named by
-// its Destination ("" is the default exchange) with its Key as the routing
-// key, its headers, and the stable id as the message-id property and the
+// its Destination ("" is the default exchange) with its RoutingKey as the
+// routing key (its Key when RoutingKey is empty), its headers, and the stable id as the message-id property and the
 // "idempotency-key" header, which amqpsource reads (header first, then
 // message-id), so a downstream idemq consumer deduplicates the relay's
 // re-sends with no configuration. Each Publish call takes a confirm-mode
@@ -236,7 +236,11 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
 			headers[k] = v
 		}
 		headers[outbox.HeaderIdempotencyKey] = m.ID
-		dc, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, m.Destination, m.Key, true, false, amqp.Publishing{
+		routingKey := m.RoutingKey
+		if routingKey == "" {
+			routingKey = m.Key
+		}
+		dc, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, m.Destination, routingKey, true, false, amqp.Publishing{
 			MessageId:    m.ID,
 			Headers:      headers,
 			DeliveryMode: amqp.Persistent,

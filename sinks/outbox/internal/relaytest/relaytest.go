@@ -16,7 +16,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sinks/outbox"
 )
@@ -47,7 +46,7 @@ func NewPool(t testing.TB) (*pgxpool.Pool, string, string) {
 		t.Fatal(err)
 	}
 	testenv.ClosePoolAtCleanup(t, pool)
-	if err := outbox.Migrate(ctx, pool, sqldedup.Postgres); err != nil {
+	if err := outbox.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	return pool, schema, u

@@ -1,0 +1,69 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"runtime"
+	"strings"
+)
+
+// describer is implemented by the paths: their kind and their store's type,
+// for the start line.
+type describer interface {
+	describe() (kind, store string)
+}
+
+func (p *txPath[Tx]) describe() (string, string) {
+	if p.bh != nil {
+		return "transactional-batch", typeName(p.store)
+	}
+	return "transactional", typeName(p.store)
+}
+
+func (p *leasePath) describe() (string, string) { return "lease", typeName(p.store) }
+
+// logStart logs at Info what the runner consumes (the source, or its
+// String), through which path and store, and with which key function.
+func (r *Runner) logStart(ctx context.Context) {
+	kind, store := "custom", typeName(r.path)
+	if d, ok := r.path.(describer); ok {
+		kind, store = d.describe()
+	}
+	src := typeName(r.src)
+	if s, ok := r.src.(fmt.Stringer); ok {
+		src = s.String()
+	}
+	r.log.LogAttrs(ctx, slog.LevelInfo, "consuming",
+		slog.String("consumer", r.cfg.Name),
+		slog.String("source", src),
+		slog.String("path", kind),
+		slog.String("store", store),
+		slog.String("key", funcName(r.cfg.KeyFunc)),
+		slog.Int("concurrency", r.cfg.Concurrency),
+		slog.Int("batch_size", r.cfg.BatchSize))
+}
+
+// typeName is v's dynamic type, like "*pgdedup.Store".
+func typeName(v any) string {
+	if v == nil {
+		return "<nil>"
+	}
+	return reflect.TypeOf(v).String()
+}
+
+// funcName is the name of a function value without its module path, like
+// "consumer.DefaultKey"; closures are named after their enclosing function.
+func funcName(f any) string {
+	v := reflect.ValueOf(f)
+	if v.Kind() != reflect.Func || v.IsNil() {
+		return "<nil>"
+	}
+	fn := runtime.FuncForPC(v.Pointer())
+	if fn == nil {
+		return "<unknown>"
+	}
+	name := fn.Name()
+	return name[strings.LastIndex(name, "/")+1:]
+}

@@ -1,0 +1,56 @@
+package consumer_test
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/internal/runtest"
+	"github.com/idemq/idemq/sources/memsource"
+)
+
+// Run logs one INFO line at start saying what the worker consumes, with
+// which store and which key function.
+func TestRunLogsWhatItConsumes(t *testing.T) {
+	store, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := memsource.New(memsource.Config{})
+	defer b.Close()
+	var logs runtest.SyncBuffer
+	r, err := consumer.NewRunner(b.Source("orders"),
+		consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
+		consumer.Config{Name: "billing", KeyFunc: consumer.RequireKey, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	b.Publish("orders", memsource.Outgoing{Key: "k"})
+	for r.Stats().Handled < 1 {
+		select {
+		case err := <-done:
+			t.Fatalf("Run returned: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	cancel()
+	<-done
+	var line string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "level=INFO") && strings.Contains(l, "consuming") {
+			line = l
+		}
+	}
+	for _, want := range []string{"consumer=billing", "memsource", "memstore", "consumer.RequireKey", "path=transactional"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("start line %q lacks %q; logs:\n%s", line, want, logs.String())
+		}
+	}
+}
