@@ -41,7 +41,9 @@ func TestRunLogsWhatItConsumes(t *testing.T) {
 		}
 	}
 	cancel()
-	<-done
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
 	var line string
 	for _, l := range strings.Split(logs.String(), "\n") {
 		if strings.Contains(l, "level=INFO") && strings.Contains(l, "consuming") {

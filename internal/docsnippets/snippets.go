@@ -118,7 +118,11 @@ func publish(ctx context.Context, pool *pgxpool.Pool) {
 	}
 	pub, _ := kafkaoutbox.New(kafkaoutbox.Config{Brokers: []string{"127.0.0.1:9092"}})
 	relay, _ := outbox.NewRelay(pool, pub, outbox.Config{}) // outbox.NewSQLiteRelay(db, ...) on SQLite
-	go relay.Run(ctx)
+	go func() {
+		if err := relay.Run(ctx); err != nil {
+			slog.ErrorContext(ctx, "outbox relay stopped", "err", err)
+		}
+	}()
 	_ = charge
 }
 
@@ -137,6 +141,10 @@ func publishBatch(ctx context.Context, pool *pgxpool.Pool, pub outbox.Publisher)
 		return nil
 	}
 	relay, _ := outbox.NewRelay(pool, pub, outbox.Config{Schema: billing}) // idemq relay --schema billing
-	go relay.Run(ctx)
+	go func() {
+		if err := relay.Run(ctx); err != nil {
+			slog.ErrorContext(ctx, "outbox relay stopped", "err", err)
+		}
+	}()
 	_ = chargeAll
 }

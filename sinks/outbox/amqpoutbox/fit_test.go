@@ -223,7 +223,12 @@ func TestBatchHandlerPublishesOncePerMessage(t *testing.T) {
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(rctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run = %v", err)
+		}
+	})
 	// Fail at once if a message is dead-lettered or retried past the two
 	// planned failures.
 	for deadline := time.Now().Add(relaytest.WaitTimeout); ; {
