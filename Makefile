@@ -37,6 +37,10 @@ test-race-core: services ## The race detector over the runner (its lease path wi
 test-chain-long: services ## The outbox chain test (Kafka → A → relay → RabbitMQ → B → webhook) with 2000 orders and more SIGKILLs.
 	$(WITH_ENV) IDEMQ_CHAIN_LONG=1 $(GO) test -count=1 -timeout 30m -run '^TestChain$$' -v ./sinks/outbox/internal/chain
 
+.PHONY: test-batch-kill-long
+test-batch-kill-long: services ## The batch outbox kill test (RabbitMQ → TransactionalBatch + outbox.Publish per message → relay → downstream) with 3000 messages and 30 worker and 30 relay SIGKILLs.
+	$(WITH_ENV) IDEMQ_BATCH_KILL_LONG=1 $(GO) test -count=1 -timeout 30m -run '^TestBatchHandlerPublishesUnderKills$$' -v ./sinks/outbox/amqpoutbox
+
 # CHAOS=short (a few minutes, run by CI) or CHAOS=long (over 1,000 SIGKILLs);
 # both fire the node faults. CHAOS_FLAGS=-node-faults=false turns them off.
 CHAOS ?= short
