@@ -19,7 +19,7 @@ help: ## List the targets.
 
 .PHONY: demo
 demo: ## Run the checkout worker on embedded defaults (in-process Kafka, SQLite) under chaos, its events through the outbox to a notifier, and print the proof of both hops.
-	$(GO) run ./cmd/idemq demo
+	$(GO) run ./cmd/idemq-demo
 
 .PHONY: test
 test: services ## Start the real services, then run every test.

@@ -23,7 +23,6 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/sqldedup"
-	"github.com/idemq/idemq/internal/demo"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -36,6 +35,10 @@ const (
 
 // errUsage marks an error caused by the command line.
 var errUsage = errors.New("usage")
+
+// demoMoved answers `idemq demo`: the demo is a program of its own, so that
+// the operations command does not link its in-process broker.
+const demoMoved = "idemq: the demo is no longer an idemq command: run `make demo`, or `go run ./cmd/idemq-demo [flags]` (-h for its flags)"
 
 // command is an entry of the command table.
 type command struct {
@@ -57,7 +60,6 @@ func (c command) synopsis() string {
 
 func commands() []command {
 	return []command{
-		{name: "demo", summary: "run the checkout worker under chaos (in-process Kafka, SQLite) and prove every order was charged once", run: runDemo},
 		{name: "migrate", summary: "apply (or print) the migrations of the processed-messages table (--outbox: of the outbox table)", run: runMigrate},
 		{name: "inspect", args: "SCOPE KEY", summary: "show the record of a processed message: when, payload hash, expiry", run: runInspect},
 		relayCommand(),
@@ -66,7 +68,6 @@ func commands() []command {
 		{name: "purge", args: "SCOPE KEY", summary: "delete the record of a key, so that its next delivery runs the handler again", run: runPurge},
 		{name: "version", summary: "print idemq's version and the Go version it was built with", run: runVersion},
 		{name: "help", args: "[COMMAND]", summary: "show this help or a command's arguments and flags", run: nil},
-		{name: "demo-worker", hidden: true, run: runDemoWorker},
 	}
 }
 
@@ -77,8 +78,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	name, rest := args[0], args[1:]
-	if name == "demo" && len(rest) > 0 && rest[0] == "worker" { // started by the demo's supervisor
-		name, rest = "demo-worker", rest[1:]
+	if name == "demo" {
+		fmt.Fprintln(stderr, demoMoved)
+		return exitUsage
 	}
 	if name == "-version" || name == "--version" {
 		name = "version"
@@ -238,7 +240,7 @@ func dialectOf(dsn string) (sqldedup.Dialect, string, error) {
 var dsnEnv = []string{"IDEMQ_DSN", "DATABASE_URL", "TEST_DATABASE_URL", "IDEMQ_AMQP_URL", "IDEMQ_SQS_ENDPOINT"}
 
 // dsnFlags are the flags that take a DSN or a URL that may carry credentials.
-var dsnFlags = []string{"dsn", "db", "amqp-url", "sqs-endpoint"}
+var dsnFlags = []string{"dsn", "amqp-url", "sqs-endpoint"}
 
 // dsnValue is a flag holding a DSN: help text shows its default redacted.
 type dsnValue struct{ s *string }
@@ -260,7 +262,7 @@ func dsnVar(fs *flag.FlagSet, p *string, name, def, usage string) {
 
 // scrub returns err's text with the secrets of every DSN the command line
 // or the environment gave masked: drivers quote database names and paths in
-// their errors, and the demo's workers report theirs.
+// their errors.
 func scrub(err error, args []string) string {
 	var dsns []string
 	for _, n := range dsnEnv {
@@ -559,55 +561,6 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fmt.Fprintf(stdout, "purged: the next delivery of %q runs the handler again\n", key)
 	return nil
-}
-
-func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("demo", stderr)
-	var cfg demo.Config
-	var kafka string
-	fs.IntVar(&cfg.Messages, "messages", demo.DefaultMessages, "distinct orders the chaos producer sends")
-	fs.IntVar(&cfg.Kills, "kills", demo.DefaultKills, "times the worker is killed with SIGKILL and restarted (negative: none)")
-	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of every random choice; the same seed plays the same chaos")
-	fs.Float64Var(&cfg.DuplicateRate, "duplicates", demo.DefaultDuplicateRate, "fraction of orders the producer sends twice")
-	fs.IntVar(&cfg.BadOrders, "bad", demo.DefaultBadOrders, "malformed orders (dead-lettered)")
-	fs.Float64Var(&cfg.DropAcks, "drop-acks", demo.DefaultDropAcks, "fraction of acks the workers lose before their last life (negative: none)")
-	fs.StringVar(&cfg.Broker, "broker", demo.BrokerKfake, "kfake (in-process Kafka), kafka (real, see --kafka) or memory")
-	fs.StringVar(&kafka, "kafka", env("127.0.0.1:9092", "KAFKA_BROKERS", "TEST_KAFKA_BROKERS"), "Kafka bootstrap brokers for --broker kafka")
-	fs.StringVar(&cfg.Store, "store", demo.StoreSQLite, "sqlite or postgres (see --db)")
-	fs.StringVar(&cfg.SQLitePath, "sqlite", "", "SQLite file to keep (default: a temporary file, removed at the end)")
-	dsnVar(fs, &cfg.DatabaseURL, "db", env("postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable", "DATABASE_URL", "TEST_DATABASE_URL"), "PostgreSQL `URL` for --store postgres; $DATABASE_URL if set (the default is shown redacted)")
-	fs.DurationVar(&cfg.Timeout, "timeout", demo.DefaultTimeout, "give up after this long")
-	fs.BoolVar(&cfg.Verbose, "v", false, "show the workers' logs")
-	if pos, err := parse(fs, args); err != nil {
-		return err
-	} else if len(pos) > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, pos)
-	}
-	cfg.KafkaBrokers = strings.Split(kafka, ",")
-	if cfg.Store != demo.StorePostgres {
-		cfg.DatabaseURL = ""
-	}
-	cfg.Out = stdout
-	sum, err := demo.Run(ctx, cfg)
-	if errors.Is(err, demo.ErrConfig) {
-		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	if err != nil {
-		if sum.Sent > 0 {
-			sum.Print(stdout)
-		}
-		return err
-	}
-	sum.Print(stdout)
-	return sum.Check()
-}
-
-func runDemoWorker(ctx context.Context, args []string, stdout, _ io.Writer) error {
-	o, err := demo.ParseWorkerFlags(args)
-	if err != nil {
-		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	return demo.RunWorker(ctx, o, stdout)
 }
 
 // env returns the first non-empty environment variable of names, else def.

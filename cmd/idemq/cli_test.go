@@ -21,15 +21,6 @@ import (
 	"github.com/idemq/idemq/internal/testenv"
 )
 
-// The demo's supervisor starts workers as "<this program> demo worker ...":
-// the test binary answers that itself.
-func TestMain(m *testing.M) {
-	if len(os.Args) > 2 && os.Args[1] == "demo" && os.Args[2] == "worker" {
-		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
-	}
-	os.Exit(m.Run())
-}
-
 func idemq(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
@@ -48,8 +39,6 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{"migrate", "--dsn", "mysql://x"}, // unknown database
 		{"inspect", "--dsn", "x.db", "k"}, // no scope
 		{"inspect", "--dsn", "x.db", "--scope", "s"}, // no key
-		{"demo", "--broker", "pulsar"},
-		{"demo", "--no-such-flag"},
 	} {
 		if code, _, errOut := idemq(t, args...); code != exitUsage {
 			t.Errorf("idemq %q = %d, want %d (usage); stderr:\n%s", args, code, exitUsage, errOut)
@@ -168,19 +157,17 @@ func TestMigrateInspectPurgePostgres(t *testing.T) {
 	})
 }
 
-// TestDemoCommand runs `idemq demo` shortened, with this test binary as the
-// worker program, and checks that it prints the summary and the proof.
-func TestDemoCommand(t *testing.T) {
-	start := time.Now()
-	code, out, errOut := idemq(t, "demo", "--messages", "300", "--kills", "2", "--seed", "11")
-	t.Logf("idemq demo took %s:\n%s%s", time.Since(start).Round(time.Millisecond), out, errOut)
-	if code != exitOK {
-		t.Fatalf("idemq demo = %d, want 0", code)
-	}
-	for _, want := range []string{"KILL -9 worker #1", "Summary", "messages sent", "duplicates absorbed", "worker restarts", "PROOF HOLDS"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("demo output lacks %q", want)
+// TestDemoMoved: the demo is a program of its own (cmd/idemq-demo); `idemq
+// demo` says where it went instead of "unknown command".
+func TestDemoMoved(t *testing.T) {
+	for _, args := range [][]string{{"demo"}, {"demo", "--messages", "1"}, {"demo", "worker"}, {"help", "demo"}} {
+		code, out, errOut := idemq(t, args...)
+		if all := out + errOut; code != exitUsage || !strings.Contains(all, "make demo") || !strings.Contains(all, "cmd/idemq-demo") {
+			t.Errorf("idemq %q = %d, want %d and a pointer to make demo and cmd/idemq-demo; stdout:\n%s\nstderr:\n%s", args, code, exitUsage, out, errOut)
 		}
+	}
+	if code, out, _ := idemq(t, "help"); code != exitOK || strings.Contains(out, "demo") {
+		t.Errorf("help = %d, lists demo:\n%s", code, out)
 	}
 }
 
@@ -205,7 +192,6 @@ func TestCommandHelpShowsArguments(t *testing.T) {
 		{[]string{"help", "migrate"}, exitOK, true, []string{"usage: idemq migrate [flags]\n", "-outbox", "-print"}},
 		{[]string{"help", "stats"}, exitOK, true, []string{"usage: idemq stats [flags]\n", "-json"}},
 		{[]string{"help", "relay"}, exitOK, true, []string{"usage: idemq relay [flags]\n", "-broker"}},
-		{[]string{"help", "demo"}, exitOK, true, []string{"usage: idemq demo [flags]\n", "-messages"}},
 		{[]string{"help", "version"}, exitOK, true, []string{"usage: idemq version [flags]\n"}},
 		{[]string{"inspect", "--dsn", "x.db", "order-1"}, exitUsage, false, []string{"want two arguments, SCOPE and KEY", "usage: idemq inspect [flags] SCOPE KEY\n"}},
 		{[]string{"purge", "--dsn", "x.db", "--scope", "s", "a", "b"}, exitUsage, false, []string{"with --scope, want one argument, KEY; got 2", "usage: idemq purge [flags] SCOPE KEY\n"}},
@@ -425,7 +411,6 @@ func TestFlagsAfterArguments(t *testing.T) {
 		{[]string{"migrate", "extra", "--print", "--dsn", dsn}, exitUsage, `unexpected arguments ["extra"]`},
 		{[]string{"migrate", "--outbox", "extra", "--dsn", dsn}, exitUsage, `unexpected arguments ["extra"]`},
 		{[]string{"relay", "extra", "--stats", "--dsn", dsn}, exitUsage, `unexpected arguments ["extra"]`},
-		{[]string{"demo", "extra", "--messages", "1"}, exitUsage, `unexpected arguments ["extra"]`},
 		{[]string{"version", "extra", "--help"}, exitOK, "usage: idemq version"},
 		{[]string{"purge", "checkout", "order-42", "-dsn", dsn}, exitOK, "purged"},
 		{[]string{"inspect", "checkout", "order-42", "-dsn", dsn}, exitFailure, `no record of key "order-42"`},

@@ -1,6 +1,5 @@
 // Command idemq is idemq's command-line tool:
 //
-//	idemq demo                         # the zero-setup demo: checkout worker, in-process Kafka, SQLite, chaos
 //	idemq migrate --dsn URL [--print]  # apply (or print) the processed-messages table migrations; lists those applied
 //	idemq migrate --outbox --dsn URL [--print]  # the same for the outbox table (sinks/outbox)
 //	idemq relay --dsn URL --broker kafka|sqs|rabbitmq  # publish committed outbox rows; --stats shows their counts
@@ -16,8 +15,8 @@
 // inspect, purge and stats never create a missing SQLite file: they report
 // that it, and so the table, does not exist.
 // Run `idemq help COMMAND` for a command's arguments and flags. Exit
-// status: 0 on success, 1 when the command failed (for demo: when the proof
-// does not hold), 2 for a usage error.
+// status: 0 on success, 1 when the command failed, 2 for a usage error.
+// The zero-setup demo is a program of its own: `make demo` (cmd/idemq-demo).
 package main
 
 import (

@@ -20,12 +20,12 @@
 //
 // The ledger has no unique constraint on order_id on purpose: a double
 // charge would show up as a second row, which Store.Ledger counts. The
-// command in cmd/checkout runs the worker with flags; `idemq demo` runs it as
+// command in cmd/checkout runs the worker with flags; `make demo` (cmd/idemq-demo) runs it as
 // a child process that it kills and restarts while a chaos producer re-sends
 // orders, and then checks the ledger.
 //
 // EnableEvents adds an "order charged" event to each charge, written with
-// sinks/outbox's Publish in the same transaction; `idemq demo` relays those
+// sinks/outbox's Publish in the same transaction; the demo relays those
 // events to a second consumer.
 //
 // Remaining duplicate window: none. The charge, the ledger row and the

@@ -88,7 +88,8 @@ type Config struct {
 
 	// WorkerCommand is the program and leading arguments that start a
 	// worker process; the supervisor appends the worker's flags (see
-	// ParseWorkerFlags). Defaults to this executable with "demo worker".
+	// ParseWorkerFlags). Defaults to this executable with "worker", as
+	// cmd/idemq-demo answers it.
 	WorkerCommand []string
 	// WorkerEnv is added to the environment of worker processes.
 	WorkerEnv []string

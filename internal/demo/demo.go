@@ -250,7 +250,7 @@ func (s *supervisor) startWorker(ctx context.Context, life int) (*worker, error)
 		if err != nil {
 			return nil, fmt.Errorf("demo: find this program to start workers: %w", err)
 		}
-		command = []string{exe, "demo", "worker"}
+		command = []string{exe, "worker"}
 	}
 	cmd := exec.Command(command[0], append(command[1:len(command):len(command)], o.args()...)...)
 	cmd.Env = append(append(os.Environ(), o.env()...), s.cfg.WorkerEnv...)
@@ -348,7 +348,7 @@ func (s *supervisor) produce(ctx context.Context, msgs []checkout.Outgoing, sent
 
 func (s *supervisor) run(ctx context.Context) (Summary, error) {
 	msgs := s.plan()
-	fmt.Fprintf(s.cfg.Out, "idemq demo: checkout worker on %s, ledger in %s\n", s.sum.Broker, s.sum.Store)
+	fmt.Fprintf(s.cfg.Out, "idemq-demo: checkout worker on %s, ledger in %s\n", s.sum.Broker, s.sum.Store)
 	fmt.Fprintf(s.cfg.Out, "  %d orders, %d re-sent by the producer, %d malformed; %d worker kills; seed %d\n",
 		s.sum.Orders, s.sum.ProducerDuplicates, s.sum.BadOrders, max(s.cfg.Kills, 0), s.cfg.Seed)
 	if s.chain != nil {

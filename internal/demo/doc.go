@@ -1,4 +1,4 @@
-// Package demo is the machinery of `idemq demo`: a supervisor that runs the
+// Package demo is the machinery of `make demo` (cmd/idemq-demo): a supervisor that runs the
 // checkout worker (internal/checkout) as real child processes, kills them
 // with SIGKILL at random moments (seeded), restarts them, while a chaos
 // producer sends orders, re-sends some with the same idempotency key and adds
@@ -39,5 +39,5 @@
 // Workers get the PostgreSQL URL in their environment (WorkerDatabaseEnv),
 // never on their command line, which every user of the machine can read.
 //
-// The package is internal: its API serves cmd/idemq and its tests only.
+// The package is internal: its API serves cmd/idemq-demo and its tests only.
 package demo

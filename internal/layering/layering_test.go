@@ -111,3 +111,27 @@ func TestExamplesAndCommandsAreLeaves(t *testing.T) {
 		}
 	}
 }
+
+// The operations command links no demo machinery: not the demo's package,
+// not its in-process Kafka (franz-go's kfake). The demo is cmd/idemq-demo.
+// (sqldedup's SQLite driver stays: idemq takes sqlite: DSNs.)
+func TestOperationsCommandLinksNoDemo(t *testing.T) {
+	forbidden := []string{module + "/internal/demo", module + "/internal/checkout", module + "/sources/memsource", "github.com/twmb/franz-go"}
+	seen := false
+	for _, p := range list(t) {
+		if p.ImportPath != module+"/cmd/idemq" {
+			continue
+		}
+		seen = true
+		for _, d := range p.Deps {
+			for _, f := range forbidden {
+				if under(d, f) {
+					t.Errorf("cmd/idemq depends on %s", d)
+				}
+			}
+		}
+	}
+	if !seen {
+		t.Fatal("go list did not find cmd/idemq")
+	}
+}
