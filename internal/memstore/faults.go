@@ -49,13 +49,7 @@ type Fault struct {
 	Applied bool
 }
 
-// activeFault is an injected Fault with the calls it still fails.
-type activeFault struct {
-	Fault
-	remaining int // < 0: unlimited
-}
-
-func (f *activeFault) err() error {
+func (f Fault) err() error {
 	if f.Err != nil {
 		return f.Err
 	}
@@ -65,36 +59,24 @@ func (f *activeFault) err() error {
 // Inject schedules f. Faults for the same Op are used in the order they were
 // injected. Safe for concurrent use.
 func (s *Store) Inject(f Fault) {
-	n := f.Times
-	if n == 0 {
-		n = 1
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.faults = append(s.faults, &activeFault{Fault: f, remaining: n})
+	s.faults.Add(f, f.Times)
 }
 
 // ClearFaults removes every scheduled fault.
 func (s *Store) ClearFaults() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.faults = nil
+	s.faults.Clear()
 }
 
 // takeFault returns the first fault scheduled for op and uses up one of its
 // calls, or returns nil. s.mu is held.
-func (s *Store) takeFault(op Op) *activeFault {
-	for i, f := range s.faults {
-		if f.Op != op {
-			continue
-		}
-		if f.remaining > 0 {
-			f.remaining--
-			if f.remaining == 0 {
-				s.faults = append(s.faults[:i:i], s.faults[i+1:]...)
-			}
-		}
-		return f
+func (s *Store) takeFault(op Op) *Fault {
+	f, ok := s.faults.Fire(func(f Fault) bool { return f.Op == op })
+	if !ok {
+		return nil
 	}
-	return nil
+	return &f
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/faults"
 )
 
 // Errors returned by the store. Match them with errors.Is.
@@ -71,7 +72,7 @@ type Store struct {
 	nextTx  uint64
 	seq     uint64
 	events  []Event
-	faults  []*activeFault
+	faults  faults.Script[Fault]
 	fails   map[key]failureCount
 }
 

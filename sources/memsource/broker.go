@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/cfgerr"
+	"github.com/idemq/idemq/internal/faults"
 )
 
 // Errors returned by the broker and its sources. Match them with errors.Is.
@@ -149,7 +150,7 @@ type Broker struct {
 	mu          sync.Mutex
 	topics      map[string]*topic
 	rng         *rand.Rand
-	faults      []*activeFault
+	faults      faults.Script[Fault]
 	nextID      uint64
 	nextDeliv   uint64
 	nextSource  uint64

@@ -89,13 +89,7 @@ type Fault struct {
 	Err error
 }
 
-// activeFault is an injected Fault with the number of firings left.
-type activeFault struct {
-	Fault
-	remaining int // < 0: unlimited
-}
-
-func (f *activeFault) err() error {
+func (f Fault) err() error {
 	if f.Err != nil {
 		return f.Err
 	}
@@ -111,46 +105,36 @@ func (b *Broker) Inject(f Fault) {
 	if f.Probability < 0 || f.Probability > 1 {
 		panic(fmt.Sprintf("memsource: Inject: probability %v outside [0, 1]", f.Probability))
 	}
-	n := f.Times
-	if n == 0 {
-		n = 1
-	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.faults = append(b.faults, &activeFault{Fault: f, remaining: n})
+	b.faults.Add(f, f.Times)
 }
 
 // ClearFaults removes every scheduled fault.
 func (b *Broker) ClearFaults() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.faults = nil
+	b.faults.Clear()
 }
 
 // fire returns the first scheduled fault of kind matching topic t and message
 // m (nil for receive faults) that fires now, using up one firing, or nil.
 // b.mu is held.
-func (b *Broker) fire(ctx context.Context, kind FaultKind, t *topic, m *stored) *activeFault {
-	for i, f := range b.faults {
+func (b *Broker) fire(ctx context.Context, kind FaultKind, t *topic, m *stored) *Fault {
+	f, ok := b.faults.Fire(func(f Fault) bool {
 		if f.Kind != kind || (f.Topic != "" && f.Topic != t.name) {
-			continue
+			return false
 		}
 		if m != nil && ((f.Key != "" && f.Key != m.out.Key) || (f.ID != "" && f.ID != m.id)) {
-			continue
+			return false
 		}
-		if f.Probability > 0 && f.Probability < 1 && b.rng.Float64() >= f.Probability {
-			continue
-		}
-		if f.remaining > 0 {
-			f.remaining--
-			if f.remaining == 0 {
-				b.faults = append(b.faults[:i:i], b.faults[i+1:]...)
-			}
-		}
-		b.log.DebugContext(ctx, "memsource: injected fault", "fault", f.Kind.String(), "topic", t.name, "message_id", idOf(m))
-		return f
+		return f.Probability == 0 || f.Probability == 1 || b.rng.Float64() < f.Probability
+	})
+	if !ok {
+		return nil
 	}
-	return nil
+	b.log.DebugContext(ctx, "memsource: injected fault", "fault", f.Kind.String(), "topic", t.name, "message_id", idOf(m))
+	return &f
 }
 
 func idOf(m *stored) string {
