@@ -135,19 +135,3 @@ func TestOperationsCommandLinksNoDemo(t *testing.T) {
 		t.Fatal("go list did not find cmd/idemq")
 	}
 }
-
-// Nothing under consumer/ or dedup/ (helpers such as consumertest and
-// deduptest included) climbs up into an adapter: sources and sinks import
-// them, never the reverse.
-func TestLowerFloorsImportNoAdapter(t *testing.T) {
-	for _, p := range list(t) {
-		if !under(p.ImportPath, module+"/consumer") && !under(p.ImportPath, module+"/dedup") {
-			continue
-		}
-		for _, d := range p.Deps {
-			if under(d, module+"/sources") || under(d, module+"/sinks") {
-				t.Errorf("%s depends on %s", p.ImportPath, d)
-			}
-		}
-	}
-}
