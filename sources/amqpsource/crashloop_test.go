@@ -1,15 +1,11 @@
 package amqpsource_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
-	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -90,79 +86,16 @@ func TestCrashLoopWorker(t *testing.T) {
 	fmt.Printf("STATS handled=%d retried=%d deadlettered=%d\n", st.Handled, st.Retried, st.DeadLettered)
 }
 
-// crashWorker is a running TestCrashLoopWorker process.
-type crashWorker struct {
-	cmd   *exec.Cmd
-	lines chan string
-	done  chan struct{}
-
-	mu  sync.Mutex
-	out strings.Builder
-}
-
-func (w *crashWorker) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.out.Write(p)
-}
-
-func (w *crashWorker) output() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.out.String()
-}
-
-func startCrashWorker(t *testing.T, mode, url, queue string, db *database) *crashWorker {
+// startCrashWorker starts a TestCrashLoopWorker process in mode.
+func startCrashWorker(t *testing.T, mode, url, queue string, db *database) *runtest.Child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashLoopWorker$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(),
-		crashEnv+"="+mode,
-		crashAMQPEnv+"="+url,
-		crashQueueEnv+"="+queue,
-		crashDBEnv+"="+db.url,
-		crashSchemaEnv+"="+db.schema,
-	)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &crashWorker{cmd: cmd, lines: make(chan string, 1000), done: make(chan struct{})}
-	cmd.Stderr = w
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start worker: %v", err)
-	}
-	go func() {
-		defer close(w.done)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			fmt.Fprintln(w, sc.Text())
-			w.lines <- sc.Text()
-		}
-		_ = cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-w.done
+	return runtest.StartChild(t, "TestCrashLoopWorker", []string{
+		crashEnv + "=" + mode,
+		crashAMQPEnv + "=" + url,
+		crashQueueEnv + "=" + queue,
+		crashDBEnv + "=" + db.url,
+		crashSchemaEnv + "=" + db.schema,
 	})
-	return w
-}
-
-// expect waits for a line starting with prefix and returns it.
-func (w *crashWorker) expect(t *testing.T, prefix string) string {
-	t.Helper()
-	deadline := time.After(testTimeout)
-	for {
-		select {
-		case l := <-w.lines:
-			if strings.HasPrefix(l, prefix) {
-				return l
-			}
-		case <-w.done:
-			t.Fatalf("worker exited before printing %q:\n%s", prefix, w.output())
-		case <-deadline:
-			t.Fatalf("worker did not print %q within %s:\n%s", prefix, testTimeout, w.output())
-		}
-	}
 }
 
 // crashAttempt parses a worker's "CALL attempt=N" line.
@@ -192,36 +125,36 @@ func TestCrashLoopIsNotCounted(t *testing.T) {
 	last := 0
 	for i := 1; i <= kills; i++ {
 		w := startCrashWorker(t, "block", url, q, db)
-		attempt := crashAttempt(t, w.expect(t, "CALL "))
-		w.expect(t, "INFLIGHT")
+		attempt := crashAttempt(t, w.Expect(t, "CALL ", testTimeout))
+		w.Expect(t, "INFLIGHT", testTimeout)
 		if attempt <= last {
 			t.Fatalf("kill %d: attempt %d after attempt %d; each kill must raise the delivery count", i, attempt, last)
 		}
 		last = attempt
-		if err := syscall.Kill(w.cmd.Process.Pid, syscall.SIGKILL); err != nil {
-			t.Fatalf("kill %d: %v", i, err)
+		w.Kill()
+		if !w.Killed() {
+			t.Fatalf("kill %d: worker exited otherwise: %v", i, w.Err())
 		}
-		<-w.done
 	}
 
 	w := startCrashWorker(t, "fail-once", url, q, db)
-	attempt := crashAttempt(t, w.expect(t, "CALL "))
+	attempt := crashAttempt(t, w.Expect(t, "CALL ", testTimeout))
 	if attempt <= kills {
 		t.Fatalf("after %d kills the handler failed at attempt %d, want more than %d", kills, attempt, kills)
 	}
-	w.expect(t, "FAILED")
+	w.Expect(t, "FAILED", testTimeout)
 	t.Logf("the handler failed once at delivery attempt %d after %d SIGKILLs", attempt, kills)
 	// The retry comes back after 200 ms (InitialBackoff).
 	runtest.WaitFor(t, backTimeout, runtest.Say("the effect or a dead letter"), func() bool {
 		return db.effects(t)["crash-1"] > 0 || queueDepth(t, url, q+".dlq") > 0
 	})
-	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := syscall.Kill(w.Pid(), syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	stats := w.expect(t, "STATS ")
+	stats := w.Expect(t, "STATS ", testTimeout)
 	if dl, n := queueDepth(t, url, q+".dlq"), db.effects(t)["crash-1"]; dl != 0 || n != 1 {
 		t.Fatalf("after %d kills and 1 handler failure at MaxAttempts %d: %d dead letters and %d effects, want 0 and 1 (%s)\n%s",
-			kills, crashMaxAttempts, dl, n, stats, w.output())
+			kills, crashMaxAttempts, dl, n, stats, w.Output())
 	}
 	if stats != "STATS handled=1 retried=1 deadlettered=0" {
 		t.Fatalf("worker stats %q, want one retry and one handled message", stats)
