@@ -1,14 +1,11 @@
 package sqssource_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -105,66 +102,17 @@ func TestCrashLoopWorker(t *testing.T) {
 	fmt.Printf("STATS handled=%d retried=%d deadlettered=%d\n", st.Handled, st.Retried, st.DeadLettered)
 }
 
-// crashWorker is a running TestCrashLoopWorker process.
-type crashWorker struct {
-	cmd   *exec.Cmd
-	lines chan string
-	out   *runtest.SyncBuffer
-	done  chan struct{}
-}
-
-func startCrashWorker(t *testing.T, mode string, q testQueue, db database) *crashWorker {
+// startCrashWorker starts a TestCrashLoopWorker process in mode.
+func startCrashWorker(t *testing.T, mode string, q testQueue, db database) *runtest.Child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashLoopWorker$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(),
-		crashEnv+"="+mode,
-		crashQueueEnv+"="+q.URL,
-		crashDLQEnv+"="+q.DLQURL,
-		crashSchemaEnv+"="+db.Schema,
-		testenv.EnvSQSEndpoint+"="+testenv.SQSEndpoint(t),
-		testenv.EnvDatabaseURL+"="+testenv.DatabaseURL(t),
-	)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &crashWorker{cmd: cmd, lines: make(chan string, 1000), out: &runtest.SyncBuffer{}, done: make(chan struct{})}
-	cmd.Stderr = w.out
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start worker: %v", err)
-	}
-	go func() {
-		defer close(w.done)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			fmt.Fprintln(w.out, sc.Text())
-			w.lines <- sc.Text()
-		}
-		_ = cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-w.done
+	return runtest.StartChild(t, "TestCrashLoopWorker", []string{
+		crashEnv + "=" + mode,
+		crashQueueEnv + "=" + q.URL,
+		crashDLQEnv + "=" + q.DLQURL,
+		crashSchemaEnv + "=" + db.Schema,
+		testenv.EnvSQSEndpoint + "=" + testenv.SQSEndpoint(t),
+		testenv.EnvDatabaseURL + "=" + testenv.DatabaseURL(t),
 	})
-	return w
-}
-
-// expect waits for a line starting with prefix and returns it.
-func (w *crashWorker) expect(t *testing.T, prefix string, timeout time.Duration) string {
-	t.Helper()
-	deadline := time.After(timeout)
-	for {
-		select {
-		case l := <-w.lines:
-			if strings.HasPrefix(l, prefix) {
-				return l
-			}
-		case <-w.done:
-			t.Fatalf("worker exited before printing %q:\n%s", prefix, w.out)
-		case <-deadline:
-			t.Fatalf("worker did not print %q within %s:\n%s", prefix, timeout, w.out)
-		}
-	}
 }
 
 // crashAttempt parses a worker's "CALL attempt=N" line.
@@ -194,41 +142,41 @@ func TestCrashLoopIsNotCounted(t *testing.T) {
 	last := 0
 	for i := 1; i <= kills; i++ {
 		w := startCrashWorker(t, "block", q, db)
-		attempt := crashAttempt(t, w.expect(t, "CALL ", 60*time.Second))
-		w.expect(t, "INFLIGHT", 10*time.Second)
+		attempt := crashAttempt(t, w.Expect(t, "CALL ", 60*time.Second))
+		w.Expect(t, "INFLIGHT", 10*time.Second)
 		if attempt <= last {
 			t.Fatalf("kill %d: attempt %d after attempt %d; each kill must raise the receive count", i, attempt, last)
 		}
 		last = attempt
-		if err := syscall.Kill(w.cmd.Process.Pid, syscall.SIGKILL); err != nil {
-			t.Fatalf("kill %d: %v", i, err)
+		w.Kill()
+		if !w.Killed() {
+			t.Fatalf("kill %d: worker exited otherwise: %v", i, w.Err())
 		}
-		<-w.done
 	}
 
 	w := startCrashWorker(t, "fail-once", q, db)
-	attempt := crashAttempt(t, w.expect(t, "CALL ", 60*time.Second))
+	attempt := crashAttempt(t, w.Expect(t, "CALL ", 60*time.Second))
 	if attempt <= kills || attempt < crashMaxAttempts {
 		t.Fatalf("after %d kills the handler failed at attempt %d, want more than %d", kills, attempt, kills)
 	}
-	w.expect(t, "FAILED", 10*time.Second)
+	w.Expect(t, "FAILED", 10*time.Second)
 	t.Logf("the handler failed once at receive count %d after %d SIGKILLs", attempt, kills)
 	runtest.WaitFor(t, 60*time.Second, func() string {
 		rows, _ := effectCounts(t, db)
 		return fmt.Sprintf("%d effects, queue depth %d, dead letters %d; worker output:\n%s",
-			rows, queueDepth(t, q.URL), queueDepth(t, q.DLQURL), w.out)
+			rows, queueDepth(t, q.URL), queueDepth(t, q.DLQURL), w.Output())
 	}, func() bool {
 		rows, _ := effectCounts(t, db)
 		return (rows == 1 && queueDepth(t, q.URL) == 0) || queueDepth(t, q.DLQURL) > 0
 	})
-	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := syscall.Kill(w.Pid(), syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	stats := w.expect(t, "STATS ", 30*time.Second)
+	stats := w.Expect(t, "STATS ", 30*time.Second)
 	rows, _ := effectCounts(t, db)
 	if dl := queueDepth(t, q.DLQURL); dl != 0 || rows != 1 {
 		t.Fatalf("after %d kills and 1 handler failure at MaxAttempts %d: %d dead letters and %d effects, want 0 and 1 (%s)\n%s",
-			kills, crashMaxAttempts, dl, rows, stats, w.out)
+			kills, crashMaxAttempts, dl, rows, stats, w.Output())
 	}
 	if stats != "STATS handled=1 retried=1 deadlettered=0" {
 		t.Fatalf("worker stats %q, want one retry and one handled message", stats)
