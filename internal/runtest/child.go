@@ -4,8 +4,10 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // Child is a process of this test binary started by StartChild: a helper
@@ -16,6 +18,7 @@ type Child struct {
 	out  *SyncBuffer
 	done chan struct{}
 	err  error // cmd.Wait's result, set before done is closed
+	read int   // bytes of out that Expect has read past
 }
 
 // StartChild runs this test binary's test named test as a child process,
@@ -70,6 +73,54 @@ func (c *Child) Killed() bool {
 		}
 	}
 	return false
+}
+
+// Expect waits up to timeout for a line of the child's output (stdout and
+// stderr) that starts with prefix, reading on after the line an earlier
+// Expect returned, and returns it. It fails the test if the child exits or
+// timeout passes first. Expect is for the test's goroutine only.
+func (c *Child) Expect(t testing.TB, prefix string, timeout time.Duration) string {
+	t.Helper()
+	deadline := time.After(timeout)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		exited := false
+		select {
+		case <-c.done: // the output is complete once done is closed
+			exited = true
+		default:
+		}
+		if line, ok := c.nextLine(prefix); ok {
+			return line
+		}
+		if exited {
+			t.Fatalf("child %d exited (%v) before printing %q:\n%s", c.Pid(), c.err, prefix, c.Output())
+		}
+		select {
+		case <-tick.C:
+		case <-c.done:
+		case <-deadline:
+			t.Fatalf("child %d did not print %q within %s:\n%s", c.Pid(), prefix, timeout, c.Output())
+		}
+	}
+}
+
+// nextLine reads the complete lines after c.read up to the first that
+// starts with prefix.
+func (c *Child) nextLine(prefix string) (string, bool) {
+	out := c.out.String()
+	for {
+		i := strings.IndexByte(out[c.read:], '\n')
+		if i < 0 {
+			return "", false
+		}
+		line := out[c.read : c.read+i]
+		c.read += i + 1
+		if strings.HasPrefix(line, prefix) {
+			return line, true
+		}
+	}
 }
 
 // Output is what the child printed so far.

@@ -1,12 +1,10 @@
 package amqpsource_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strconv"
 	"strings"
@@ -75,100 +73,41 @@ func TestHelperWorker(t *testing.T) {
 	fmt.Printf("worker: stats %s\n", b)
 }
 
-// worker is a helper worker process.
-type worker struct {
-	cmd   *exec.Cmd
-	lines chan string
-	done  chan struct{}
-}
-
 // startWorker starts a helper worker on queue and waits until it consumes.
-func startWorker(t *testing.T, url, queue string, db *database, batch int, work time.Duration) *worker {
+func startWorker(t *testing.T, url, queue string, db *database, batch int, work time.Duration) *runtest.Child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperWorker$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(),
-		envHelper+"=1",
-		envHelperAMQP+"="+url,
-		envHelperQueue+"="+queue,
-		envHelperDB+"="+db.url,
-		envHelperSch+"="+db.schema,
-		envHelperBatch+"="+strconv.Itoa(batch),
-		envHelperWork+"="+work.String(),
-	)
-	cmd.Stderr = os.Stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start worker: %v", err)
-	}
-	w := &worker{cmd: cmd, lines: make(chan string, 100), done: make(chan struct{})}
-	go func() {
-		defer close(w.done)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			select {
-			case w.lines <- sc.Text():
-			default:
-			}
-		}
-		_ = cmd.Wait()
-	}()
-	t.Cleanup(func() { w.kill(t) })
-	w.expect(t, "worker: ready")
+	w := runtest.StartChild(t, "TestHelperWorker", []string{
+		envHelper + "=1",
+		envHelperAMQP + "=" + url,
+		envHelperQueue + "=" + queue,
+		envHelperDB + "=" + db.url,
+		envHelperSch + "=" + db.schema,
+		envHelperBatch + "=" + strconv.Itoa(batch),
+		envHelperWork + "=" + work.String(),
+	})
+	w.Expect(t, "worker: ready", testTimeout)
 	return w
 }
 
-// expect waits for an output line starting with prefix and returns it.
-func (w *worker) expect(t *testing.T, prefix string) string {
+// stopWorker sends SIGTERM, waits for the graceful exit and returns the
+// worker's stats.
+func stopWorker(t *testing.T, w *runtest.Child) consumer.Stats {
 	t.Helper()
-	timeout := time.After(testTimeout)
-	for {
-		select {
-		case l := <-w.lines:
-			if strings.HasPrefix(l, prefix) {
-				return l
-			}
-		case <-w.done:
-			t.Fatalf("worker %d exited before printing %q", w.cmd.Process.Pid, prefix)
-		case <-timeout:
-			t.Fatalf("worker %d did not print %q within %s", w.cmd.Process.Pid, prefix, testTimeout)
-		}
+	if err := syscall.Kill(w.Pid(), syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM worker %d: %v", w.Pid(), err)
 	}
-}
-
-// kill sends SIGKILL to the worker (by pid) and waits for it to exit.
-func (w *worker) kill(t *testing.T) {
-	t.Helper()
-	select {
-	case <-w.done:
-		return
-	default:
-	}
-	_ = syscall.Kill(w.cmd.Process.Pid, syscall.SIGKILL)
-	<-w.done
-}
-
-// stop sends SIGTERM, waits for the graceful exit and returns the worker's
-// stats.
-func (w *worker) stop(t *testing.T) consumer.Stats {
-	t.Helper()
-	if err := syscall.Kill(w.cmd.Process.Pid, syscall.SIGTERM); err != nil {
-		t.Fatalf("SIGTERM worker %d: %v", w.cmd.Process.Pid, err)
-	}
-	line := w.expect(t, "worker: stats ")
+	line := w.Expect(t, "worker: stats ", testTimeout)
 	var s consumer.Stats
 	if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "worker: stats ")), &s); err != nil {
 		t.Fatalf("worker stats %q: %v", line, err)
 	}
 	select {
-	case <-w.done:
+	case <-w.Done():
 	case <-time.After(testTimeout):
-		t.Fatalf("worker %d did not exit after SIGTERM", w.cmd.Process.Pid)
+		t.Fatalf("worker %d did not exit after SIGTERM", w.Pid())
 	}
-	if code := w.cmd.ProcessState.ExitCode(); code != 0 {
-		t.Errorf("worker %d exited with %d", w.cmd.Process.Pid, code)
+	if err := w.Err(); err != nil {
+		t.Errorf("worker %d exited: %v", w.Pid(), err)
 	}
 	return s
 }
@@ -185,7 +124,7 @@ func TestProcessKill(t *testing.T) {
 
 	w := startWorker(t, url, q, db, 10, 2*time.Millisecond)
 	runtest.WaitFor(t, testTimeout, runtest.Say("100 effects"), func() bool { return len(db.effects(t)) >= 100 })
-	w.kill(t)
+	w.Kill()
 	applied := len(db.effects(t))
 	if applied == len(out) {
 		t.Fatalf("the worker finished all %d messages before it was killed; the test proves nothing", applied)
@@ -194,7 +133,7 @@ func TestProcessKill(t *testing.T) {
 
 	w = startWorker(t, url, q, db, 10, 2*time.Millisecond)
 	runtest.WaitFor(t, testTimeout, runtest.Say("300 effects"), func() bool { return len(db.effects(t)) == len(out) })
-	s := w.stop(t)
+	s := stopWorker(t, w)
 	t.Logf("second worker: %+v", s)
 	db.requireExactlyOnce(t, keysOf(out))
 	if d := queueDepth(t, url, q); d != 0 {
@@ -218,13 +157,13 @@ func TestCompetingConsumersOneKilledMidBatch(t *testing.T) {
 	a := startWorker(t, url, q, db, 20, 2*time.Millisecond)
 	b := startWorker(t, url, q, db, 20, 2*time.Millisecond)
 	runtest.WaitFor(t, testTimeout, runtest.Say("100 effects"), func() bool { return len(db.effects(t)) >= 100 })
-	a.kill(t)
+	a.Kill()
 	applied := len(db.effects(t))
 	if applied == len(out) {
 		t.Fatalf("the workers finished all %d messages before one was killed; the test proves nothing", applied)
 	}
 	runtest.WaitFor(t, testTimeout, runtest.Say("400 effects"), func() bool { return len(db.effects(t)) == len(out) })
-	s := b.stop(t)
+	s := stopWorker(t, b)
 	t.Logf("killed worker A after %d of %d effects; worker B: %+v", applied, len(out), s)
 	db.requireExactlyOnce(t, keysOf(out))
 	if d := queueDepth(t, url, q); d != 0 {

@@ -1,13 +1,11 @@
 package kafkasource_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strings"
 	"sync"
@@ -359,19 +357,17 @@ func TestProcessKill(t *testing.T) {
 	const n = 3000
 	publish(t, brokers, topic, keyed("kill", n, 64)...)
 
-	var logs bytes.Buffer
-	start := func() *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperWorker$", "-test.v")
-		cmd.Env = append(os.Environ(), envHelper+"=1", envTopic+"="+topic, envGroup+"="+group, envSchema+"="+db.schema)
-		cmd.Stdout, cmd.Stderr = &logs, &logs
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start worker process: %v", err)
-		}
-		return cmd
+	var lives []*runtest.Child
+	start := func() *runtest.Child {
+		c := runtest.StartChild(t, "TestHelperWorker", []string{envHelper + "=1", envTopic + "=" + topic, envGroup + "=" + group, envSchema + "=" + db.schema})
+		lives = append(lives, c)
+		return c
 	}
 	defer func() {
 		if t.Failed() {
-			t.Logf("worker process output:\n%s", logs.String())
+			for _, c := range lives {
+				t.Logf("worker process %d output:\n%s", c.Pid(), c.Output())
+			}
 		}
 	}()
 
@@ -379,31 +375,26 @@ func TestProcessKill(t *testing.T) {
 	// finishes it.
 	killAt := []int{n/10 + rand.IntN(n/5), n/2 + rand.IntN(n/5)}
 	for _, at := range killAt {
-		cmd := start()
+		w := start()
 		db.waitRows(t, at, 2*waitTimeout)
-		if err := cmd.Process.Kill(); err != nil { // SIGKILL, by pid
-			t.Fatalf("kill worker %d: %v", cmd.Process.Pid, err)
-		}
-		_ = cmd.Wait()
+		w.Kill()
 		rows, _ := db.counts(t)
-		t.Logf("killed worker pid %d at %d effect rows (aimed at %d)", cmd.Process.Pid, rows, at)
+		t.Logf("killed worker pid %d at %d effect rows (aimed at %d)", w.Pid(), rows, at)
 	}
 	last := start()
 	waitCommitted(t, brokers, group, topic, testPartitions, 2*waitTimeout)
-	_ = last.Process.Signal(syscall.SIGTERM)
-	waitErr := make(chan error, 1)
-	go func() { waitErr <- last.Wait() }()
+	_ = syscall.Kill(last.Pid(), syscall.SIGTERM)
 	select {
-	case err := <-waitErr:
-		if err != nil {
+	case <-last.Done():
+		if err := last.Err(); err != nil {
 			t.Errorf("last worker process: %v", err)
 		}
 	case <-time.After(waitTimeout):
-		_ = last.Process.Kill()
+		last.Kill()
 		t.Errorf("last worker process did not stop on SIGTERM")
 	}
-	if i := strings.LastIndex(logs.String(), "helper worker stopped"); i >= 0 {
-		t.Log(strings.SplitN(logs.String()[i:], "\n", 2)[0])
+	if out := last.Output(); strings.Contains(out, "helper worker stopped") {
+		t.Log(strings.SplitN(out[strings.LastIndex(out, "helper worker stopped"):], "\n", 2)[0])
 	}
 
 	if rows, keys := db.counts(t); rows != n || keys != n {

@@ -52,4 +52,9 @@
 // source's part of the contract (settling the right messages at the right
 // time) independently of any database; adapters add their own end-to-end
 // tests against PostgreSQL.
+//
+// Beside the suite, RunCrashLoop is a scenario shared by the adapters whose
+// broker counts deliveries: a worker process (CrashLoopWorker, started with
+// runtest.StartChild) is SIGKILLed again and again with one message in
+// flight, and the runner must count only handler failures as attempts.
 package sourcetest

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strconv"
 	"strings"
@@ -44,6 +43,8 @@ func TestHelperWorker(t *testing.T) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute) // never outlive the parent by much
+	defer cancel()
 	worker := os.Getenv(helperWorkerEnv)
 
 	dbURL, err := testenv.WithSearchPath(testenv.DatabaseURL(t), os.Getenv(helperSchemaEnv))
@@ -120,39 +121,21 @@ func TestProcessKill(t *testing.T) {
 	db := newDatabase(t)
 	publish(t, q.URL, false, numbered("kill", n)...)
 
-	type child struct {
-		cmd  *exec.Cmd
-		out  *runtest.SyncBuffer
-		done chan struct{} // closed when the process has exited
-	}
-	start := func(worker string, blockAfter int) child {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperWorker$", "-test.count=1", "-test.timeout=2m", "-test.v")
-		cmd.Env = append(os.Environ(),
-			helperEnv+"=1",
-			helperQueueEnv+"="+q.URL,
-			helperDLQEnv+"="+q.DLQURL,
-			helperSchemaEnv+"="+db.Schema,
-			helperWorkerEnv+"="+worker,
-			helperBlockEnv+"="+strconv.Itoa(blockAfter),
-			testenv.EnvSQSEndpoint+"="+testenv.SQSEndpoint(t),
-			testenv.EnvDatabaseURL+"="+testenv.DatabaseURL(t),
-		)
-		out := &runtest.SyncBuffer{}
-		cmd.Stdout, cmd.Stderr = out, out
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start worker %s: %v", worker, err)
-		}
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			<-done
+	start := func(worker string, blockAfter int) *runtest.Child {
+		return runtest.StartChild(t, "TestHelperWorker", []string{
+			helperEnv + "=1",
+			helperQueueEnv + "=" + q.URL,
+			helperDLQEnv + "=" + q.DLQURL,
+			helperSchemaEnv + "=" + db.Schema,
+			helperWorkerEnv + "=" + worker,
+			helperBlockEnv + "=" + strconv.Itoa(blockAfter),
+			testenv.EnvSQSEndpoint + "=" + testenv.SQSEndpoint(t),
+			testenv.EnvDatabaseURL + "=" + testenv.DatabaseURL(t),
 		})
-		return child{cmd: cmd, out: out, done: done}
 	}
-	exited := func(c child, timeout time.Duration) bool {
+	exited := func(c *runtest.Child, timeout time.Duration) bool {
 		select {
-		case <-c.done:
+		case <-c.Done():
 			return true
 		case <-time.After(timeout):
 			return false
@@ -163,14 +146,9 @@ func TestProcessKill(t *testing.T) {
 	// Worker 1 stops deleting after a quarter of the messages, right after a
 	// commit, and is killed there, while its other lane is anywhere.
 	w1 := start("w1", n/4)
-	runtest.WaitFor(t, 60*time.Second, func() string { return fmt.Sprintf("%d rows; worker output:\n%s", rows(), w1.out) },
-		func() bool { return strings.Contains(w1.out.String(), "BLOCKED") })
-	if err := syscall.Kill(w1.cmd.Process.Pid, syscall.SIGKILL); err != nil {
-		t.Fatalf("kill worker: %v", err)
-	}
-	if !exited(w1, 10*time.Second) {
-		t.Fatalf("worker 1 did not exit after SIGKILL")
-	}
+	runtest.WaitFor(t, 60*time.Second, func() string { return fmt.Sprintf("%d rows; worker output:\n%s", rows(), w1.Output()) },
+		func() bool { return strings.Contains(w1.Output(), "BLOCKED") })
+	w1.Kill()
 	atKill := rows()
 	if atKill >= n {
 		t.Fatalf("the worker finished all %d messages before it was killed; the test proves nothing", n)
@@ -178,27 +156,27 @@ func TestProcessKill(t *testing.T) {
 
 	w2 := start("w2", 0)
 	runtest.WaitFor(t, 90*time.Second, func() string {
-		return fmt.Sprintf("%d rows, queue depth %d; worker output:\n%s", rows(), queueDepth(t, q.URL), w2.out)
+		return fmt.Sprintf("%d rows, queue depth %d; worker output:\n%s", rows(), queueDepth(t, q.URL), w2.Output())
 	}, func() bool {
 		_, keys := effectCounts(t, db)
 		return keys >= n && queueDepth(t, q.URL) == 0
 	})
-	if err := w2.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := syscall.Kill(w2.Pid(), syscall.SIGTERM); err != nil {
 		t.Fatalf("stop worker 2: %v", err)
 	}
 	if !exited(w2, 30*time.Second) {
-		t.Fatalf("worker 2 did not stop on SIGTERM:\n%s", w2.out)
+		t.Fatalf("worker 2 did not stop on SIGTERM:\n%s", w2.Output())
 	}
 
 	total, keys := effectCounts(t, db)
-	stats := lastLine(w2.out.String(), "STATS")
+	stats := lastLine(w2.Output(), "STATS")
 	t.Logf("killed worker 1 after %d effects; worker 2: %s", atKill, stats)
 	if total != n || keys != n {
 		t.Fatalf("%d effect rows for %d distinct keys, want exactly %d each", total, keys, n)
 	}
 	var handled, duplicates int
 	if _, err := fmt.Sscanf(stats, "STATS handled=%d duplicates=%d", &handled, &duplicates); err != nil {
-		t.Fatalf("worker 2 printed no stats (%v):\n%s", err, w2.out)
+		t.Fatalf("worker 2 printed no stats (%v):\n%s", err, w2.Output())
 	}
 	if duplicates < 1 || handled+atKill != n {
 		t.Fatalf("worker 2 handled %d and deduplicated %d after %d effects of worker 1; want at least the blocked batch deduplicated and %d handled in all",
