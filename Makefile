@@ -7,8 +7,14 @@ SERVICES := bash testdata/services/services.sh
 # Service addresses for the tests: the variables already set win, the rest
 # come from the services script.
 WITH_ENV := set -a; eval "$$($(SERVICES) env)"; set +a;
-# One package at a time: some tests restart a shared broker.
 TEST_FLAGS ?= -p 1 -count=1 -timeout 30m
+# make test runs the packages whose tests restart a shared service after the
+# rest, which run two at a time: first amqpsource and kafkasource side by side
+# (each restarts only its own broker, which the other does not use), then the
+# packages that restart Redis, one at a time.
+RESTART_BROKERS := ./sources/amqpsource ./sources/kafkasource
+RESTART_REDIS   := ./dedup/redisdedup ./internal/leasepath ./internal/testenv
+TEST_RUN        ?= -count=1 -timeout 30m
 # golangci-lint with .golangci.yml, built from source by go run (the first
 # run takes a few minutes), so make lint needs no install.
 GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
@@ -22,8 +28,10 @@ demo: ## Run the checkout worker on embedded defaults (in-process Kafka, SQLite)
 	$(GO) run ./cmd/idemq-demo
 
 .PHONY: test
-test: services ## Start the real services, then run every test.
-	$(WITH_ENV) $(GO) test $(TEST_FLAGS) ./...
+test: services ## Start the real services, then run every test (those that restart a service last).
+	$(WITH_ENV) $(GO) test -p 2 $(TEST_RUN) $$($(GO) list ./... | grep -v -x -F $$($(GO) list $(RESTART_BROKERS) $(RESTART_REDIS) | sed 's/^/-e /'))
+	$(WITH_ENV) $(GO) test -p 2 $(TEST_RUN) $(RESTART_BROKERS)
+	$(WITH_ENV) $(GO) test -p 1 $(TEST_RUN) $(RESTART_REDIS)
 
 .PHONY: test-race
 test-race: services ## Like test, with the race detector.
