@@ -2,17 +2,14 @@ package consumertest
 
 import (
 	"context"
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"path/filepath"
 	"reflect"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/runtest"
 )
 
 // fakeTx is the transaction type of the fake stores below.
@@ -110,38 +107,7 @@ func dedupInterfaces(t *testing.T) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	paths, err := filepath.Glob(filepath.Join(dir, "*.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var files []*ast.File
-	for _, path := range paths {
-		if strings.HasSuffix(path, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files = append(files, f)
-	}
-	var names []string
-	for _, f := range files {
-		for _, d := range f.Decls {
-			gd, ok := d.(*ast.GenDecl)
-			if !ok || gd.Tok != token.TYPE {
-				continue
-			}
-			for _, s := range gd.Specs {
-				ts := s.(*ast.TypeSpec)
-				if _, ok := ts.Type.(*ast.InterfaceType); ok && ts.Name.IsExported() {
-					names = append(names, ts.Name.Name)
-				}
-			}
-		}
-	}
-	slices.Sort(names)
-	return names
+	return runtest.ExportedInterfaces(t, dir)
 }
 
 // The store wrappers of ReplayTx and Replay have every optional interface

@@ -19,6 +19,7 @@ import (
 	"github.com/idemq/idemq/dedup/redisdedup"
 	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/internal/runtest"
 )
 
 // storeColumn is one store of the capability table in dedup/doc.go: its
@@ -195,38 +196,7 @@ func TestCapabilityTableMatchesStores(t *testing.T) {
 	}
 
 	// Every interface that package dedup declares has a row.
-	fset := token.NewFileSet()
-	paths, err := filepath.Glob(filepath.Join(filepath.Join(repoRoot(t), "dedup"), "*.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var files []*ast.File
-	for _, path := range paths {
-		if strings.HasSuffix(path, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, path, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files = append(files, f)
-	}
-	var declared []string
-	for _, f := range files {
-		for _, d := range f.Decls {
-			gd, ok := d.(*ast.GenDecl)
-			if !ok || gd.Tok != token.TYPE {
-				continue
-			}
-			for _, s := range gd.Specs {
-				ts := s.(*ast.TypeSpec)
-				if _, ok := ts.Type.(*ast.InterfaceType); ok && ts.Name.IsExported() {
-					declared = append(declared, ts.Name.Name)
-				}
-			}
-		}
-	}
-	slices.Sort(declared)
+	declared := runtest.ExportedInterfaces(t, filepath.Join(repoRoot(t), "dedup"))
 	listed := slices.Sorted(slices.Values(order))
 	if !slices.Equal(declared, listed) {
 		t.Errorf("dedup/doc.go: table rows %q, want one per interface of package dedup %q", listed, declared)
