@@ -88,7 +88,9 @@ type Message struct {
 	// default) routes with Key. Kafka and SQS ignore it.
 	RoutingKey string
 	// Headers are sent as Kafka headers, SQS string attributes or AMQP
-	// headers. When ctx carries a span (consumer/otelidemq's handler span),
+	// headers. SQS refuses characters outside the XML 1.0 range, so sqsoutbox
+	// writes those (control characters, invalid UTF-8) as Go escapes them
+	// ("\x01"), as it does for Key and ID. When ctx carries a span (consumer/otelidemq's handler span),
 	// Publish adds its W3C traceparent (and tracestate) unless Headers has
 	// a traceparent already.
 	Headers map[string]string

@@ -37,6 +37,7 @@ import (
 	"github.com/aws/smithy-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/metatext"
 	"github.com/idemq/idemq/sinks/outbox"
 )
 
@@ -154,7 +155,7 @@ func (p *Publisher) send(ctx context.Context, url string, msgs []outbox.Message,
 // entry converts a row to a batch entry.
 func entry(m outbox.Message, id string, fifo bool) (types.SendMessageBatchRequestEntry, error) {
 	attrs := map[string]types.MessageAttributeValue{
-		outbox.HeaderIdempotencyKey: {DataType: aws.String("String"), StringValue: aws.String(m.ID)},
+		outbox.HeaderIdempotencyKey: stringAttr(m.ID),
 	}
 	e := types.SendMessageBatchRequestEntry{Id: aws.String(id), MessageBody: aws.String(string(m.Body))}
 	if fifo {
@@ -166,19 +167,27 @@ func entry(m outbox.Message, id string, fifo bool) (types.SendMessageBatchReques
 		e.MessageGroupId = aws.String(group)
 		e.MessageDeduplicationId = aws.String(hex.EncodeToString(sum[:]))
 	} else if m.Key != "" {
-		attrs[outbox.HeaderPartitionKey] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(m.Key)}
+		attrs[outbox.HeaderPartitionKey] = stringAttr(m.Key)
 	}
 	for _, k := range m.SortedHeaders() {
 		if _, taken := attrs[k]; taken {
 			continue
 		}
-		attrs[k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(m.Headers[k])}
+		attrs[k] = stringAttr(m.Headers[k])
 	}
 	if len(attrs) > maxAttributes {
 		return e, fmt.Errorf("sqsoutbox: message %s has %d attributes with its headers, SQS allows %d", m.ID, len(attrs), maxAttributes)
 	}
 	e.MessageAttributes = attrs
 	return e, nil
+}
+
+// stringAttr is a String message attribute holding v. SQS refuses a value
+// with characters outside the XML 1.0 range (control characters, invalid
+// UTF-8) and would fail the row on every attempt, so such characters are
+// written as Go escapes them ("\x01"); valid values pass unchanged.
+func stringAttr(v string) types.MessageAttributeValue {
+	return types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(metatext.Clean(v, 0))}
 }
 
 // queueURL returns the URL of dest, a URL or a queue name.

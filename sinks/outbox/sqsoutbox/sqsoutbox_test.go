@@ -186,3 +186,33 @@ func TestRelaySQSOutage(t *testing.T) {
 	})
 	relaytest.Check(t, want, receiveAll(t, c, url, len(want)), false)
 }
+
+// A header value SQS would refuse (a control character, invalid UTF-8)
+// arrives escaped as Go escapes it, instead of failing the row for ever.
+func TestHeaderValuesOutsideSQSRange(t *testing.T) {
+	c := newClient(t)
+	url := newQueue(t, c, false)
+	pub, err := sqsoutbox.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := outbox.Message{ID: "h1", Destination: url, Body: []byte("x"),
+		Headers: map[string]string{"note": "a\x01b", "raw": "c\xffd", "plain": "ok"}}
+	if err := pub.Publish(t.Context(), []outbox.Message{m}); err != nil {
+		t.Fatalf("publishing a header with a control character: %v", err)
+	}
+	out, err := c.ReceiveMessage(t.Context(), &sqs.ReceiveMessageInput{
+		QueueUrl: aws.String(url), WaitTimeSeconds: 2, MessageAttributeNames: []string{"All"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Messages) != 1 {
+		t.Fatalf("received %d messages, want 1", len(out.Messages))
+	}
+	attrs := out.Messages[0].MessageAttributes
+	for k, want := range map[string]string{"note": `a\x01b`, "raw": `c\xffd`, "plain": "ok"} {
+		if got := aws.ToString(attrs[k].StringValue); got != want {
+			t.Errorf("header %s = %q, want %q", k, got, want)
+		}
+	}
+}
