@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
@@ -196,7 +197,7 @@ func setupDatabase(ctx context.Context, pool *pgxpool.Pool, o options) error {
 // publish publishes o.publish payments with keys "payment-<n>", every tenth
 // one twice, and waits for the broker's confirms.
 func publish(ctx context.Context, o options) error {
-	conn, err := amqp.Dial(o.amqpURL)
+	conn, err := dial(o.amqpURL)
 	if err != nil {
 		return err
 	}
@@ -257,4 +258,18 @@ func logLevel() slog.Level {
 		return slog.LevelDebug
 	}
 	return slog.LevelWarn
+}
+
+// dial connects to RabbitMQ at rawURL. The errors of a malformed URL quote
+// it, password included, so dial reports the URL redacted instead.
+func dial(rawURL string) (*amqp.Connection, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, errors.New("the RabbitMQ URL does not parse")
+	}
+	conn, err := amqp.Dial(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("dialing RabbitMQ at %s: %w", u.Redacted(), err)
+	}
+	return conn, nil
 }

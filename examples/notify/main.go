@@ -37,6 +37,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
@@ -203,7 +204,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 // keys carry a fresh run id, so that every run with -publish sends new
 // notifications.
 func publish(ctx context.Context, o options) error {
-	conn, err := amqp.Dial(o.amqpURL)
+	conn, err := dial(o.amqpURL)
 	if err != nil {
 		return err
 	}
@@ -334,4 +335,18 @@ func logLevel() slog.Level {
 		return slog.LevelDebug
 	}
 	return slog.LevelWarn
+}
+
+// dial connects to RabbitMQ at rawURL. The errors of a malformed URL quote
+// it, password included, so dial reports the URL redacted instead.
+func dial(rawURL string) (*amqp.Connection, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, errors.New("the RabbitMQ URL does not parse")
+	}
+	conn, err := amqp.Dial(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("dialing RabbitMQ at %s: %w", u.Redacted(), err)
+	}
+	return conn, nil
 }
