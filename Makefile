@@ -93,10 +93,12 @@ FUZZTIME ?= 10s
 # FUZZTIME; a bounded number of tries keeps the fuzzer fuzzing.
 FUZZMINIMIZE ?= 200x
 FUZZFLAGS ?=
+# Targets fuzzed at a time, sharing the cores; each still fuzzes FUZZTIME.
+FUZZJOBS ?= 2
 
 .PHONY: fuzz
-fuzz: ## Run every fuzz target for FUZZTIME (default 10s) each, one after another; crashers land in <pkg>/testdata/fuzz.
-	GO=$(GO) FUZZTIME=$(FUZZTIME) FUZZMINIMIZE=$(FUZZMINIMIZE) FUZZFLAGS='$(FUZZFLAGS)' bash .ci/fuzz $(FUZZ_TARGETS)
+fuzz: ## Run every fuzz target for FUZZTIME (default 10s) each, FUZZJOBS (default 2) at a time; crashers land in <pkg>/testdata/fuzz.
+	GO=$(GO) FUZZTIME=$(FUZZTIME) FUZZMINIMIZE=$(FUZZMINIMIZE) FUZZJOBS=$(FUZZJOBS) FUZZFLAGS='$(FUZZFLAGS)' bash .ci/fuzz $(FUZZ_TARGETS)
 
 .PHONY: lint
 lint: ## gofmt, go vet, golangci-lint (.golangci.yml: staticcheck, errcheck, revive, sloglint, depguard's layering rules, ...), go mod tidy -diff; testdata/containers (a module of its own) too.
