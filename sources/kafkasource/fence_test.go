@@ -22,6 +22,7 @@ import (
 // in chaos runs). Each source here retries a message once and dead-letters
 // it on its second attempt; the dead-letter topic must hold one copy.
 func TestRetryOfEndedGenerationIsDropped(t *testing.T) {
+	t.Parallel() // its own topic, group and schema
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
