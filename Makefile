@@ -11,10 +11,21 @@ TEST_FLAGS ?= -p 1 -count=1 -timeout 30m
 # make test runs the packages whose tests restart a shared service after the
 # rest, which run two at a time: first amqpsource and kafkasource side by side
 # (each restarts only its own broker, which the other does not use), then the
-# packages that restart Redis, one at a time.
+# packages that restart Redis, one at a time. The core packages (RACE_CORE,
+# what make test-race-core covers) run under the race detector, once: make
+# test runs no second, plain pass of them.
 RESTART_BROKERS := ./sources/amqpsource ./sources/kafkasource
 RESTART_REDIS   := ./dedup/redisdedup ./internal/leasepath ./internal/testenv
+RACE_CORE       := ./consumer/... ./dedup/... ./internal/leasepath ./internal/memstore ./sources/memsource
+# The longest packages start first, so that two at a time do not end with
+# one of them running alone.
+SLOW_FIRST      := ./sources/sqssource ./dedup/sqldedup ./consumer ./internal/demo ./sources/dlq \
+	./sinks/outbox/amqpoutbox ./consumer/otelidemq ./cmd/idemq ./sinks/outbox/internal/chain
 TEST_RUN        ?= -count=1 -timeout 30m
+# Filters of go list's output (import paths, order kept): only the packages
+# the patterns match, or all but those.
+only   = grep -x -F -e '' $$($(GO) list $(1) | sed 's/^/-e /')
+except = grep -v -x -F -e '' $$($(GO) list $(1) | sed 's/^/-e /')
 # golangci-lint with .golangci.yml, built from source by go run (the first
 # run takes a few minutes), so make lint needs no install.
 GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
@@ -28,10 +39,12 @@ demo: ## Run the checkout worker on embedded defaults (in-process Kafka, SQLite)
 	$(GO) run ./cmd/idemq-demo
 
 .PHONY: test
-test: services ## Start the real services, then run every test (those that restart a service last).
-	$(WITH_ENV) $(GO) test -p 2 $(TEST_RUN) $$($(GO) list ./... | grep -v -x -F $$($(GO) list $(RESTART_BROKERS) $(RESTART_REDIS) | sed 's/^/-e /'))
+test: services ## Start the real services, then run every test (the core under the race detector, those that restart a service last).
+	$(WITH_ENV) $(GO) test -race -p 2 $(TEST_RUN) $$($(GO) list $(SLOW_FIRST) $(RACE_CORE) | $(call only,$(RACE_CORE)) | $(call except,$(RESTART_BROKERS) $(RESTART_REDIS)))
+	$(WITH_ENV) $(GO) test -p 2 $(TEST_RUN) $$($(GO) list $(SLOW_FIRST) ./... | $(call except,$(RACE_CORE) $(RESTART_BROKERS) $(RESTART_REDIS)))
 	$(WITH_ENV) $(GO) test -p 2 $(TEST_RUN) $(RESTART_BROKERS)
-	$(WITH_ENV) $(GO) test -p 1 $(TEST_RUN) $(RESTART_REDIS)
+	$(WITH_ENV) $(GO) test -race -p 1 $(TEST_RUN) $$($(GO) list $(RESTART_REDIS) | $(call only,$(RACE_CORE)))
+	$(WITH_ENV) $(GO) test -p 1 $(TEST_RUN) $$($(GO) list $(RESTART_REDIS) | $(call except,$(RACE_CORE)))
 
 .PHONY: test-race
 test-race: services ## Like test, with the race detector.
@@ -39,7 +52,7 @@ test-race: services ## Like test, with the race detector.
 
 .PHONY: test-race-core
 test-race-core: services ## The race detector over the runner (its lease path with Redis too), the stores and the in-memory broker.
-	$(WITH_ENV) $(GO) test -race $(TEST_FLAGS) ./consumer/... ./dedup/... ./internal/leasepath ./internal/memstore ./sources/memsource
+	$(WITH_ENV) $(GO) test -race $(TEST_FLAGS) $(RACE_CORE)
 
 .PHONY: test-chain-long
 test-chain-long: services ## The outbox chain test (Kafka → A → relay → RabbitMQ → B → webhook) with 2000 orders and more SIGKILLs.
@@ -93,10 +106,12 @@ FUZZTIME ?= 10s
 # FUZZTIME; a bounded number of tries keeps the fuzzer fuzzing.
 FUZZMINIMIZE ?= 200x
 FUZZFLAGS ?=
+# Targets fuzzed at a time, sharing the cores; each still fuzzes FUZZTIME.
+FUZZJOBS ?= 2
 
 .PHONY: fuzz
-fuzz: ## Run every fuzz target for FUZZTIME (default 10s) each, one after another; crashers land in <pkg>/testdata/fuzz.
-	GO=$(GO) FUZZTIME=$(FUZZTIME) FUZZMINIMIZE=$(FUZZMINIMIZE) FUZZFLAGS='$(FUZZFLAGS)' bash .ci/fuzz $(FUZZ_TARGETS)
+fuzz: ## Run every fuzz target for FUZZTIME (default 10s) each, FUZZJOBS (default 2) at a time; crashers land in <pkg>/testdata/fuzz.
+	GO=$(GO) FUZZTIME=$(FUZZTIME) FUZZMINIMIZE=$(FUZZMINIMIZE) FUZZJOBS=$(FUZZJOBS) FUZZFLAGS='$(FUZZFLAGS)' bash .ci/fuzz $(FUZZ_TARGETS)
 
 .PHONY: lint
 lint: ## gofmt, go vet, golangci-lint (.golangci.yml: staticcheck, errcheck, revive, sloglint, depguard's layering rules, ...), go mod tidy -diff; testdata/containers (a module of its own) too.

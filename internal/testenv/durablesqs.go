@@ -23,7 +23,7 @@ import (
 // what survives a broker restart starts a DurableSQS instead.
 //
 // It runs the ElasticMQ jars that services.sh installed, on a free loopback
-// port, with its data under t.TempDir(), and is stopped when the test ends.
+// port, with its data under t.TempDir(), and is killed when the test ends.
 type DurableSQS struct {
 	// Endpoint is the server's URL, for the SQS client's BaseEndpoint (with
 	// SQSRegion and the static credentials SQSAccessKeyID and
@@ -75,7 +75,7 @@ messages-storage { enabled = true, uri = "jdbc:h2:%[3]s/messages" }
 	if err := os.WriteFile(d.config, []byte(conf), 0o600); err != nil {
 		t.Fatalf("testenv: write ElasticMQ config: %v", err)
 	}
-	t.Cleanup(func() { d.stop() })
+	t.Cleanup(d.kill)
 	d.start(t)
 	return d
 }
@@ -152,6 +152,18 @@ func (d *DurableSQS) stop() {
 		_ = d.cmd.Process.Kill()
 		<-d.exited
 	}
+	d.cmd = nil
+}
+
+// kill ends the server at the end of its test with SIGKILL and waits for it
+// to exit: nothing it stored is read again, so it is spared the orderly
+// shutdown that stop gives a Restart.
+func (d *DurableSQS) kill() {
+	if d.cmd == nil {
+		return
+	}
+	_ = d.cmd.Process.Kill()
+	<-d.exited
 	d.cmd = nil
 }
 

@@ -261,6 +261,7 @@ func (a *ackCrash) Ack(ctx context.Context, msgs []*consumer.Message) error {
 // effect committed but whose offset did not are redelivered to the next
 // consumer and acknowledged without running the handler again.
 func TestCrashAfterCommitBeforeAck(t *testing.T) {
+	t.Parallel() // its own topic, group and schema
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	db := newTestDB(t)
@@ -349,6 +350,7 @@ func TestHelperWorker(t *testing.T) {
 // SIGKILL at random points while it works, restarts it, and checks that every
 // message's effect is applied exactly once.
 func TestProcessKill(t *testing.T) {
+	t.Parallel() // its own topic, group and schema
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	db := newTestDB(t)
@@ -406,6 +408,7 @@ func TestProcessKill(t *testing.T) {
 // messages are produced; a third joins and one leaves mid-stream. Every
 // message's effect must be applied exactly once.
 func TestRebalancesApplyEveryEffectOnce(t *testing.T) {
+	t.Parallel() // its own topic, group and schema
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	db := newTestDB(t)

@@ -18,6 +18,7 @@ import (
 // failed twice before the restart is dead-lettered on its first failure after
 // it, at MaxAttempts 3, instead of getting three more tries.
 func TestFailureCountSurvivesRestart(t *testing.T) {
+	t.Parallel() // its own topic, group and schema
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	db := newTestDB(t)

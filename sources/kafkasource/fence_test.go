@@ -2,12 +2,14 @@ package kafkasource_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/sourcetest"
@@ -20,6 +22,7 @@ import (
 // in chaos runs). Each source here retries a message once and dead-letters
 // it on its second attempt; the dead-letter topic must hold one copy.
 func TestRetryOfEndedGenerationIsDropped(t *testing.T) {
+	t.Parallel() // its own topic, group and schema
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
@@ -80,9 +83,18 @@ func TestRetryOfEndedGenerationIsDropped(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	// Past the old generation's retry: a second copy would be written by
-	// now. The dead letter's commit passes the dropped copy's offset.
-	time.Sleep(retryDelay + 2*time.Second)
+	// Wait for the old generation's retry to come due and be dropped; had it
+	// been handed out instead, its copy would be dead-lettered a second
+	// time, which fails the test as soon as it is seen. The dead letter's
+	// commit passes the dropped copy's offset.
+	runtest.WaitFor(t, 3*retryDelay+waitTimeout, func() string {
+		return fmt.Sprintf("the old generation's retry neither dropped nor dead-lettered again (a %+v, b %+v)", a.Stats(), b.Stats())
+	}, func() bool {
+		if n := a.Stats().DeadLettered + b.Stats().DeadLettered; n > 1 {
+			t.Fatalf("%d dead letters for 1 poison message, want 1: the old generation's retry was handed out", n)
+		}
+		return a.Stats().StaleSettlesDropped >= 1
+	})
 	waitOffset(t, brokers, group, topic, 1)
 	if n := a.Stats().StaleSettlesDropped; n != 1 {
 		t.Errorf("the first source dropped %d stale settles, want 1 (its retry)", n)

@@ -22,6 +22,7 @@ import (
 // than one per attempt, and the runner handles a message produced during the
 // outage soon after the broker answers again.
 func TestBrokerOutageRecoversFast(t *testing.T) {
+	t.Parallel() // its own topic, group and schema
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	if len(brokers) != 1 {

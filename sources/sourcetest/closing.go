@@ -70,7 +70,7 @@ func (s *suite) testCancelAndClose(t *testing.T) {
 		local := s.h.NewTopic(t)
 		s.h.Publish(t, local, outgoing("closed", 3)...)
 		src := s.open(t, local)
-		msgs := receiveKeys(t, src, deliveryTimeout, keysOf(outgoing("closed", 3)), nil)
+		msgs := receiveKeys(t, src, s.deliveryTimeout(), keysOf(outgoing("closed", 3)), nil)
 
 		if err := src.Close(); err != nil {
 			t.Fatalf("sourcetest: first Close: %v", err)

@@ -25,7 +25,7 @@ func (s *suite) publishReceiveAck(t *testing.T, n int) {
 
 	src := s.open(t, topic)
 	seen := make(map[string]int, n)
-	receiveKeys(t, src, deliveryTimeout, keysOf(out), func(m *consumer.Message) {
+	receiveKeys(t, src, s.deliveryTimeout(), keysOf(out), func(m *consumer.Message) {
 		w, ok := want[m.Key]
 		if !ok {
 			t.Fatalf("sourcetest: received key %q (id %q) that was never published to %s", m.Key, m.ID, topic)

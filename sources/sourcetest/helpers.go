@@ -18,8 +18,9 @@ const (
 	// promptly bounds calls that must return at once (a Receive with a
 	// cancelled context, a Receive interrupted by Close).
 	promptly = 5 * time.Second
-	// deliveryTimeout bounds how long published messages may take to arrive.
-	deliveryTimeout = 30 * time.Second
+	// defaultDeliveryTimeout is used when Features.DeliveryTimeout is zero,
+	// and bounds an Ack.
+	defaultDeliveryTimeout = 30 * time.Second
 )
 
 // open opens a source on topic and closes it when the test ends.
@@ -178,7 +179,7 @@ func ack(t *testing.T, src consumer.Source, msgs ...*consumer.Message) {
 	if len(msgs) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), deliveryTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), defaultDeliveryTimeout)
 	defer cancel()
 	if err := src.Ack(ctx, msgs); err != nil {
 		t.Fatalf("sourcetest: Ack of %d message(s): %v", len(msgs), err)

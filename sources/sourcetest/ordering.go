@@ -27,7 +27,7 @@ func (s *suite) testOrderedByPartitionKey(t *testing.T) {
 	src := s.open(t, topic)
 	last := make(map[string]int) // partition key -> publish index of its last new message
 	seen := make(map[string]bool)
-	receiveKeys(t, src, deliveryTimeout, keysOf(out), func(m *consumer.Message) {
+	receiveKeys(t, src, s.deliveryTimeout(), keysOf(out), func(m *consumer.Message) {
 		defer ack(t, src, m)
 		if seen[m.Key] {
 			return // a redelivery: at-least-once allows it

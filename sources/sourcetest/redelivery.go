@@ -22,7 +22,7 @@ func (s *suite) testCloseRedelivers(t *testing.T) {
 
 	first := make(map[string]*consumer.Message, len(out))
 	src := s.open(t, topic)
-	receiveKeys(t, src, deliveryTimeout, keysOf(out), func(m *consumer.Message) {
+	receiveKeys(t, src, s.deliveryTimeout(), keysOf(out), func(m *consumer.Message) {
 		if _, ok := first[m.Key]; !ok {
 			first[m.Key] = m
 		}
@@ -32,7 +32,7 @@ func (s *suite) testCloseRedelivers(t *testing.T) {
 	}
 
 	again := s.open(t, topic)
-	receiveKeys(t, again, s.redeliveryTimeout()+deliveryTimeout, keysOf(out), func(m *consumer.Message) {
+	receiveKeys(t, again, s.redeliveryTimeout()+s.deliveryTimeout(), keysOf(out), func(m *consumer.Message) {
 		checkMessage(t, m, want[m.Key])
 		checkRedelivery(t, first[m.Key], m, false)
 		ack(t, again, m)
@@ -48,7 +48,7 @@ func (s *suite) testPartialAck(t *testing.T) {
 	out := outgoing("partial", 10)
 	s.h.Publish(t, topic, out...)
 	src := s.open(t, topic)
-	got := receiveKeys(t, src, deliveryTimeout, keysOf(out), nil)
+	got := receiveKeys(t, src, s.deliveryTimeout(), keysOf(out), nil)
 	acked := make(map[string]bool)
 	var acks, keep []*consumer.Message
 	for _, m := range firstByKey(got) {
@@ -70,7 +70,7 @@ func (s *suite) testPartialAck(t *testing.T) {
 	}
 	again := s.open(t, topic)
 	back := 0
-	receiveKeys(t, again, s.redeliveryTimeout()+deliveryTimeout, unacked, func(m *consumer.Message) {
+	receiveKeys(t, again, s.redeliveryTimeout()+s.deliveryTimeout(), unacked, func(m *consumer.Message) {
 		if acked[m.Key] {
 			back++
 		}
@@ -99,12 +99,12 @@ func (s *suite) testRetry(t *testing.T) {
 	out := outgoing("retry", 2)
 	s.h.Publish(t, topic, out...)
 	src := s.open(t, topic)
-	got := receiveKeys(t, src, deliveryTimeout, keysOf(out), nil)
+	got := receiveKeys(t, src, s.deliveryTimeout(), keysOf(out), nil)
 	firsts := firstByKey(got)
 	now, later := firsts[out[0].Key], firsts[out[1].Key]
 	ackExcept(t, src, got, now, later)
 
-	ctx, cancel := context.WithTimeout(context.Background(), deliveryTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), s.deliveryTimeout())
 	defer cancel()
 	const delay = 2 * time.Second
 	if err := src.Retry(ctx, now, 0); err != nil {
@@ -116,7 +116,7 @@ func (s *suite) testRetry(t *testing.T) {
 	retried := time.Now()
 
 	var early []string
-	receiveKeys(t, src, delay+deliveryTimeout, []string{now.Key, later.Key}, func(m *consumer.Message) {
+	receiveKeys(t, src, delay+s.deliveryTimeout(), []string{now.Key, later.Key}, func(m *consumer.Message) {
 		switch m.Key {
 		case now.Key:
 			checkRedelivery(t, now, m, true)
@@ -141,11 +141,11 @@ func (s *suite) testDeadLetter(t *testing.T) {
 	out := outgoing("dead", 2)
 	s.h.Publish(t, topic, out...)
 	src := s.open(t, topic)
-	got := receiveKeys(t, src, deliveryTimeout, keysOf(out), nil)
+	got := receiveKeys(t, src, s.deliveryTimeout(), keysOf(out), nil)
 	poison := firstByKey(got)[out[0].Key]
 	ackExcept(t, src, got, poison)
 
-	ctx, cancel := context.WithTimeout(context.Background(), deliveryTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), s.deliveryTimeout())
 	defer cancel()
 	reason := &consumer.DeadLetterError{Key: poison.Key, Attempts: poison.Attempt, Err: consumer.Permanent(errors.New(poisonReason))}
 	if err := src.DeadLetter(ctx, poison, reason); err != nil {
@@ -160,7 +160,7 @@ func (s *suite) testDeadLetter(t *testing.T) {
 		return
 	}
 	var letters []Outgoing
-	deadline := time.Now().Add(deliveryTimeout)
+	deadline := time.Now().Add(s.deliveryTimeout())
 	for {
 		letters = s.h.DeadLetters(t, topic)
 		if len(letters) > 0 || time.Now().After(deadline) {
@@ -169,7 +169,7 @@ func (s *suite) testDeadLetter(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	if len(letters) != 1 {
-		t.Fatalf("sourcetest: %d dead letters on %s after %s, want exactly 1 (%q)", len(letters), topic, deliveryTimeout, poison.Key)
+		t.Fatalf("sourcetest: %d dead letters on %s after %s, want exactly 1 (%q)", len(letters), topic, s.deliveryTimeout(), poison.Key)
 	}
 	d := letters[0]
 	if d.Key != poison.Key || string(d.Body) != string(out[0].Body) {

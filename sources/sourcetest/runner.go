@@ -380,7 +380,7 @@ func (s *suite) testRestart(t *testing.T) {
 	r.start(s.open(t, topic), consumer.Config{Concurrency: 2, BatchSize: 2})
 
 	// Restart once a few effects are in, while the rest are in flight.
-	deadline := time.Now().Add(deliveryTimeout)
+	deadline := time.Now().Add(s.deliveryTimeout())
 	for {
 		noEffect, _ := r.missing(keysOf(before))
 		if len(before)-len(noEffect) >= 5 {
@@ -388,7 +388,7 @@ func (s *suite) testRestart(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			r.stop()
-			t.Fatalf("sourcetest: fewer than 5 of %d messages handled within %s before the restart", len(before), deliveryTimeout)
+			t.Fatalf("sourcetest: fewer than 5 of %d messages handled within %s before the restart", len(before), s.deliveryTimeout())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -400,5 +400,5 @@ func (s *suite) testRestart(t *testing.T) {
 
 // runnerTimeout bounds how long Runners may take to handle n messages.
 func (s *suite) runnerTimeout(n int) time.Duration {
-	return deliveryTimeout + 2*s.redeliveryTimeout() + time.Duration(n)*20*time.Millisecond
+	return s.deliveryTimeout() + 2*s.redeliveryTimeout() + time.Duration(n)*20*time.Millisecond
 }

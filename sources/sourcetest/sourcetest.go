@@ -41,6 +41,12 @@ type Features struct {
 	// quiet window in which the suite checks that acknowledged messages do
 	// not come back. Zero means 10 s.
 	RedeliveryTimeout time.Duration
+	// DeliveryTimeout bounds how long a message the suite waits for may
+	// take to arrive: a published one, or one handed back, on top of
+	// RedeliveryTimeout or the retry's delay. A test still waiting then
+	// fails. Zero means 30 s; an in-memory broker can set a few seconds, so
+	// that a source losing a message fails in seconds.
+	DeliveryTimeout time.Duration
 	// DeadLetterReadable reports that Harness.DeadLetters reads the
 	// dead-letter destination.
 	DeadLetterReadable bool
@@ -137,6 +143,10 @@ func (h Harness) validate(t *testing.T) bool {
 		t.Errorf("sourcetest: Features.RedeliveryTimeout is negative (%s)", h.Features.RedeliveryTimeout)
 		ok = false
 	}
+	if h.Features.DeliveryTimeout < 0 {
+		t.Errorf("sourcetest: Features.DeliveryTimeout is negative (%s)", h.Features.DeliveryTimeout)
+		ok = false
+	}
 	return ok
 }
 
@@ -163,6 +173,14 @@ func (s *suite) tests() []testCase {
 		{"OrderedByPartitionKey", s.testOrderedByPartitionKey},
 		{"CancelAndClose", s.testCancelAndClose},
 	}
+}
+
+// deliveryTimeout returns Features.DeliveryTimeout or its default.
+func (s *suite) deliveryTimeout() time.Duration {
+	if d := s.h.Features.DeliveryTimeout; d > 0 {
+		return d
+	}
+	return defaultDeliveryTimeout
 }
 
 func (s *suite) redeliveryTimeout() time.Duration {
