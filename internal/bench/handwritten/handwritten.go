@@ -330,7 +330,9 @@ func (l *Latency) String() string {
 	return fmt.Sprintf("receipt-to-ack p50 %s p99 %s (%d messages)", fmtMs(p50), fmtMs(p99), n)
 }
 
-func fmtMs(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond)) }
+func fmtMs(d time.Duration) string {
+	return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond))
+}
 
 // Usage is the process's CPU time and heap allocations since Start: the
 // client side of a measurement (the database and the broker run in other
