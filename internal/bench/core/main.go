@@ -94,6 +94,8 @@ type options struct {
 	rows        string
 	rounds      int
 	contention  bool
+	sweepSizes  string
+	sweepAPI    string
 	poison      int
 	rate        int
 }
@@ -109,6 +111,8 @@ func main() {
 	flag.StringVar(&o.rows, "rows", "", "run only the rows whose name matches this regular expression")
 	flag.IntVar(&o.rounds, "rounds", 2, "rounds (every other one in reverse order)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	flag.StringVar(&o.sweepSizes, "sweep-sizes", "10,50,100,200,500,1000", "batch sizes of -sweep")
+	flag.StringVar(&o.sweepAPI, "sweep-api", "both", "handlers of -sweep: handler (per-message), api (batch API) or both")
 	flag.BoolVar(&o.contention, "contention", false, "no partition keys: accounts by a hash of the key, lanes contend for rows")
 	flag.IntVar(&o.poison, "poison", 0, "the handler of every N-th message fails permanently (idemq rows only)")
 	flag.IntVar(&o.rate, "rate", 0, "hand out messages at this many per second and print receipt-to-ack latency (0: as fast as taken)")
@@ -284,14 +288,27 @@ func run(ctx context.Context, o options) error {
 	}
 	if o.sweep {
 		fmt.Printf("\nbatch size sweep (idemq, msg/s, round trips and XIDs per message)\n")
-		for _, api := range []bool{false, true} {
-			for _, size := range []int{10, 50, 100, 200, 500, 1000} {
+		apis := map[string][]bool{"both": {false, true}, "handler": {false}, "api": {true}}[o.sweepAPI]
+		if apis == nil {
+			return fmt.Errorf("-sweep-api: %q is not handler, api or both", o.sweepAPI)
+		}
+		var sizes []int
+		for _, f := range strings.Split(o.sweepSizes, ",") {
+			size, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || size < 1 {
+				return fmt.Errorf("-sweep-sizes: bad size %q", f)
+			}
+			sizes = append(sizes, size)
+		}
+		for _, api := range apis {
+			for _, size := range sizes {
 				name := fmt.Sprintf("idemq, batch %d, %s", size, map[bool]string{false: "per-message handler", true: "batch API"}[api])
 				res, err := b.measure(ctx, row{name: name, scope: fmt.Sprintf("sweep-%v-%d", api, size), run: b.idemq(size, api, noHook)}, 0)
 				if err != nil {
 					return fmt.Errorf("%s: %w", name, err)
 				}
-				fmt.Printf("%-52s %8d %7.2f %9.0f %9.3f %9.3f %8.3f\n", name, res.n, res.d.Seconds(), res.rate(), res.per(res.trips), res.per(res.stmts), res.per(res.xids))
+				fmt.Printf("%-52s %8d %7.2f %9.0f %9.3f %9.3f %8.3f %7.1fµs %7.1f\n", name, res.n, res.d.Seconds(), res.rate(), res.per(res.trips), res.per(res.stmts), res.per(res.xids),
+					float64(res.cpu)/float64(time.Microsecond), res.allocs)
 			}
 		}
 	}
