@@ -153,10 +153,15 @@ type Workload struct {
 }
 
 // Filter returns the workloads whose name contains substr (all of them when
-// substr is empty).
+// substr is empty), or the one whose name is substr.
 func Filter(ws []*Workload, substr string) []*Workload {
 	if substr == "" {
 		return ws
+	}
+	for _, w := range ws {
+		if w.Name == substr {
+			return []*Workload{w}
+		}
 	}
 	var out []*Workload
 	for _, w := range ws {
@@ -376,4 +381,22 @@ func (l *Latency) Reset() {
 	l.d = l.d[:0]
 	l.since = time.Now()
 	l.mu.Unlock()
+}
+
+// StartMemProfile samples every 4 KiB of heap allocation (for counts close
+// to the allocations per message) and returns the function that writes the
+// allocation profile to the file at path. An empty path does nothing.
+func StartMemProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	runtime.MemProfileRate = 4096
+	return func() {
+		_ = pprof.Lookup("allocs").WriteTo(f, 0)
+		_ = f.Close()
+	}, nil
 }

@@ -83,6 +83,7 @@ func main() {
 		concurrency = flag.Int("concurrency", 4, "Runner.Concurrency")
 		accounts    = flag.Int("accounts", 1000, "rows in the accounts table")
 		cpuprofile  = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+		memprofile  = flag.String("memprofile", "", "write an allocation profile of the whole run to this file")
 		rates       = flag.String("rates", "", "latency mode: comma-separated produce rates in msg/s")
 		rateFor     = flag.Duration("rate-for", 10*time.Second, "latency mode: how long each rate is produced")
 	)
@@ -91,6 +92,11 @@ func main() {
 		*dsn = envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable")
 	}
 	stopProfile, err := handwritten.StartCPUProfile(*cpuprofile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+	stopMem, err := handwritten.StartMemProfile(*memprofile)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -108,6 +114,7 @@ func main() {
 	}
 	cancel()
 	stopProfile()
+	stopMem()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
