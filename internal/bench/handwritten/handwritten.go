@@ -25,6 +25,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -292,13 +293,20 @@ func StartCPUProfile(path string) (stop func(), err error) {
 	}, nil
 }
 
-// Latency records the receipt-to-acknowledgement latency of every message a
-// Runner acknowledges: from Message.ReceivedAt (when the source received it)
-// to the end of the Source.Ack call that covered it. Add it to
-// consumer.Config.Hooks. It is safe for concurrent use.
+// SentHeader is the header in which the benchmarks' paced producers put
+// the send time (Unix nanoseconds, decimal).
+const SentHeader = "bench-sent-at"
+
+// Latency records the latency of every message a Runner acknowledges, to
+// the end of the Source.Ack call that covered it: from Message.ReceivedAt
+// (when the source received it), and from the send time in SentHeader when
+// the message has one (which also counts the time a message waits in the
+// broker, so that sources holding different numbers of messages compare
+// fairly). Add it to consumer.Config.Hooks. It is safe for concurrent use.
 type Latency struct {
 	mu    sync.Mutex
 	d     []time.Duration
+	sent  []time.Duration
 	since time.Time
 }
 
@@ -311,16 +319,32 @@ func (l *Latency) OnAckDone(_ context.Context, a consumer.AckInfo) {
 	for _, m := range a.Messages {
 		if !m.ReceivedAt.IsZero() && !m.ReceivedAt.Before(l.since) {
 			l.d = append(l.d, a.End.Sub(m.ReceivedAt))
+			if ns, err := strconv.ParseInt(m.Headers[SentHeader], 10, 64); err == nil {
+				l.sent = append(l.sent, a.End.Sub(time.Unix(0, ns)))
+			}
 		}
 	}
 	l.mu.Unlock()
 }
 
-// Percentiles returns the count and the p50 and p99 of what was recorded.
+// Percentiles returns the count and the p50 and p99 of the receipt-to-ack
+// latencies recorded.
 func (l *Latency) Percentiles() (n int, p50, p99 time.Duration) {
 	l.mu.Lock()
 	d := slices.Clone(l.d)
 	l.mu.Unlock()
+	return percentiles(d)
+}
+
+// SentPercentiles is Percentiles of the send-to-ack latencies.
+func (l *Latency) SentPercentiles() (n int, p50, p99 time.Duration) {
+	l.mu.Lock()
+	d := slices.Clone(l.sent)
+	l.mu.Unlock()
+	return percentiles(d)
+}
+
+func percentiles(d []time.Duration) (n int, p50, p99 time.Duration) {
 	if len(d) == 0 {
 		return 0, 0, 0
 	}
@@ -378,7 +402,7 @@ func processCPU() time.Duration {
 // messages received before the call.
 func (l *Latency) Reset() {
 	l.mu.Lock()
-	l.d = l.d[:0]
+	l.d, l.sent = l.d[:0], l.sent[:0]
 	l.since = time.Now()
 	l.mu.Unlock()
 }

@@ -577,7 +577,7 @@ func (b *bench) latency(ctx context.Context, rates string) error {
 	defer b.pool.Close()
 	defer b.pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
 	fmt.Printf("Kafka latency: %d partitions, runner concurrency %d; each row produces for %s at the rate\n", b.partitions, b.concurrency, b.rateFor)
-	fmt.Printf("%-8s %-44s %8s %10s %10s %10s\n", "rate", "config", "messages", "msg/s", "p50", "p99")
+	fmt.Printf("%-8s %-44s %8s %10s %10s %10s %10s %10s\n", "rate", "config", "messages", "msg/s", "p50", "p99", "sent p50", "sent p99")
 	type cfg struct {
 		name  string
 		batch int
@@ -610,8 +610,9 @@ func (b *bench) latency(ctx context.Context, rates string) error {
 					return fmt.Errorf("rate %d, %s: %w", rate, c.name, err)
 				}
 				cnt, p50, p99 := lat.Percentiles()
-				fmt.Printf("%-8d %-44s %8d %10.0f %9.2fms %9.2fms\n", rate, c.name, cnt, float64(n)/d.Seconds(),
-					float64(p50)/float64(time.Millisecond), float64(p99)/float64(time.Millisecond))
+				_, s50, s99 := lat.SentPercentiles()
+				fmt.Printf("%-8d %-44s %8d %10.0f %9.2fms %9.2fms %9.2fms %9.2fms\n", rate, c.name, cnt, float64(n)/d.Seconds(),
+					ms(p50), ms(p99), ms(s50), ms(s99))
 			}
 		}
 	}
@@ -636,9 +637,12 @@ func (b *bench) paced(ctx context.Context, topic string, batch int, path consume
 		account := seq % b.accounts
 		seq++
 		return kafka.Message{
-			Key:     []byte("acct-" + strconv.Itoa(account)),
-			Value:   []byte(`{"account":` + strconv.Itoa(account) + `,"amount":1}`),
-			Headers: []kafka.Header{{Key: kafkasource.DefaultKeyHeader, Value: []byte(topic + "-" + strconv.Itoa(seq))}},
+			Key:   []byte("acct-" + strconv.Itoa(account)),
+			Value: []byte(`{"account":` + strconv.Itoa(account) + `,"amount":1}`),
+			Headers: []kafka.Header{
+				{Key: kafkasource.DefaultKeyHeader, Value: []byte(topic + "-" + strconv.Itoa(seq))},
+				{Key: handwritten.SentHeader, Value: []byte(strconv.FormatInt(time.Now().UnixNano(), 10))},
+			},
 		}
 	}
 	var lat handwritten.Latency
@@ -694,3 +698,5 @@ func (b *bench) deleteTopicsOf(topic string) {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 	}
 }
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
