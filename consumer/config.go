@@ -35,19 +35,30 @@ type Config struct {
 
 	// BatchSize is the largest number of messages handled in one database
 	// transaction, without savepoints: when a handler fails, the
-	// transaction is rolled back and rerun without it. Larger batches raise
-	// throughput (one transaction ID, one claim and one commit per batch);
-	// 1 gives one transaction per message and the lowest latency. For
-	// throughput, 100 is a balanced choice (docs/performance.md has the
-	// measurements): larger batches still gain while a batch holds its row
-	// locks longer, a failure reruns more work, and each lane buffers up to
-	// BatchSize messages. Defaults to 1.
+	// transaction is rolled back and rerun without it. A lane never waits
+	// for a batch to fill (unless BatchWait says so): it takes the messages
+	// already queued for it, up to BatchSize, so an idle worker handles a
+	// lone message at once in a transaction of its own, and a worker with
+	// a backlog shares one transaction ID, one claim and one commit among
+	// up to BatchSize messages. Defaults to 100 (DefaultBatchSize).
+	//
+	// The trade-off: a batch holds the row locks of all its handlers until
+	// it commits. Handlers of different lanes that write the same rows in
+	// different orders wait on each other and deadlock; a deadlock is
+	// retried without counting an attempt, but under such contention a
+	// batch runs slower than one message per transaction. Give such
+	// messages a PartitionKey (the rows they write, so that one lane
+	// serializes them; the sources fill it from the Kafka key, an AMQP
+	// header or the SQS FIFO group), or set BatchSize to 1. A failing
+	// handler also reruns the messages before it in its batch, and each
+	// lane buffers up to BatchSize messages received ahead.
+	// docs/performance.md has the measurements.
 	BatchSize int
 
 	// BatchWait is how long a lane with fewer than BatchSize messages queued
 	// waits for more before it starts the batch, counted from the moment it
 	// took the batch's first message. 0 (the default) starts a batch with
-	// whatever is queued. Brokers that hand out few messages per call fill
+	// whatever is queued, without waiting. Brokers that hand out few messages per call fill
 	// batches slowly: SQS returns at most 10 per ReceiveMessage, which the
 	// Runner spreads over Concurrency lanes, so at BatchSize 100 a lane
 	// that keeps up starts transactions of a few messages each; a wait of a
@@ -121,7 +132,7 @@ type Config struct {
 // Default values used by Config.WithDefaults.
 const (
 	DefaultConcurrency     = 4
-	DefaultBatchSize       = 1
+	DefaultBatchSize       = 100
 	DefaultHandlerTimeout  = 30 * time.Second
 	DefaultMaxMessageBytes = 4 << 20
 	DefaultDrainTimeout    = 30 * time.Second

@@ -27,8 +27,9 @@
 //
 // # Batches
 //
-// With Config.BatchSize above 1, the transactional path handles a batch in one
-// transaction without savepoints. TransactionalBatch gives one handler call
+// With Config.BatchSize above 1 (the default, 100), the transactional path
+// handles a batch in one transaction without savepoints. A lane takes only
+// what is already queued for it, so a lone message is a batch of one. TransactionalBatch gives one handler call
 // the batch's new messages, for set-based writes. When a message fails, the
 // transaction is rolled back and rerun without it (see Transactional): only
 // the culprit's attempt is counted, the later messages of its PartitionKey in

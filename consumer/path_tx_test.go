@@ -552,7 +552,7 @@ func TestChainedCommits(t *testing.T) {
 		return nil
 	}
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(store, f.handler(fail)),
-		consumer.Config{Concurrency: 2, Retry: quickRetry(3)})
+		consumer.Config{Concurrency: 2, BatchSize: 1, Retry: quickRetry(3)})
 	f.settled()
 	r.stop(t)
 	f.requireOnce(ks...)
@@ -575,7 +575,7 @@ func TestRefusedChainedCommitBlamesOnlyTheCulprit(t *testing.T) {
 	f := newFixture(t)
 	spy := &statementSpy{prefixes: []string{"COMMIT AND CHAIN"}}
 	store := spiedStore(t, f, spy)
-	r := f.refusedCommitOf("e005", keys(12, "e"), store, consumer.Config{Concurrency: 1, Retry: quickRetry(1)})
+	r := f.refusedCommitOf("e005", keys(12, "e"), store, consumer.Config{Concurrency: 1, BatchSize: 1, Retry: quickRetry(1)})
 	if r.Stats().CommitFailures == 0 {
 		t.Fatal("no commit failure counted")
 	}

@@ -28,7 +28,11 @@ type Hash [sha256.Size]byte
 func HashPayload(body []byte) Hash { return sha256.Sum256(body) }
 
 // String returns the digest as lowercase hex.
-func (h Hash) String() string { return hex.EncodeToString(h[:]) }
+func (h Hash) String() string {
+	var b [2 * len(Hash{})]byte // on the stack: one allocation, the string's
+	hex.Encode(b[:], h[:])
+	return string(b[:])
+}
 
 // Short returns the first 12 hex digits of the digest, for logs.
 func (h Hash) Short() string { return hex.EncodeToString(h[:6]) }

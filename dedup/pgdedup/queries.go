@@ -79,14 +79,14 @@ func (c pgClaim) Insert(ctx context.Context, recs []dedup.Record) (map[string]bo
 	if err != nil {
 		return nil, err
 	}
-	return collectKeys(rows)
+	return collectKeys(rows, recs)
 }
 
 // insertArgs returns the claim's insert for recs and its arguments: the
 // single-row statement for one record, else the keys and payload digests as
 // arrays.
 func (s *Store) insertArgs(scope string, recs []dedup.Record) (string, []any) {
-	retention := s.cfg.Retention.Microseconds()
+	retention := s.retention // boxed once, in New
 	if len(recs) == 1 {
 		return s.q.claimInsertOne, []any{scope, recs[0].Key, recs[0].PayloadHash[:], retention}
 	}
@@ -98,12 +98,26 @@ func (s *Store) insertArgs(scope string, recs []dedup.Record) (string, []any) {
 	return s.q.claimInsert, []any{scope, keys, hashes, retention}
 }
 
-// collectKeys reads the keys the insert returned.
-func collectKeys(rows pgx.Rows) (map[string]bool, error) {
-	inserted := map[string]bool{}
+// collectKeys reads the keys the insert of recs returned, and closes rows.
+func collectKeys(rows pgx.Rows, recs []dedup.Record) (map[string]bool, error) {
+	defer rows.Close()
+	inserted := make(map[string]bool, len(recs))
+	if len(recs) == 1 {
+		// The insert returned the one key or nothing: no need to read it
+		// (every message at batch 1).
+		if rows.Next() {
+			inserted[recs[0].Key] = true
+		}
+		return inserted, rows.Err()
+	}
 	var k string
-	_, err := pgx.ForEachRow(rows, []any{&k}, func() error { inserted[k] = true; return nil })
-	return inserted, err
+	for rows.Next() {
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		inserted[k] = true
+	}
+	return inserted, rows.Err()
 }
 
 func (c pgClaim) Lookup(ctx context.Context, recs []dedup.Record) (map[string]sqlstore.Found, error) {
@@ -173,7 +187,7 @@ func (s *Store) BeginClaim(ctx context.Context, scope string, recs []dedup.Recor
 	b.Queue(sql, args...)
 	br := db.SendBatch(ctx, b)
 	tx := br.Tx()
-	inserted, err := readBeginClaim(br)
+	inserted, err := readBeginClaim(br, recs)
 	if tx == nil {
 		return nil, nil, errors.Join(err, errors.New("pgdedup: the batch began no transaction"))
 	}
@@ -214,7 +228,7 @@ func (s *Store) CommitChain(ctx context.Context, tx pgx.Tx, scope string, recs [
 	if err != nil {
 		return nil, true, fmt.Errorf("pgdedup: claim after commit: %w", closeBatch(br, err))
 	}
-	inserted, err := collectKeys(rows)
+	inserted, err := collectKeys(rows, recs)
 	if err = closeBatch(br, err); err != nil {
 		return nil, true, fmt.Errorf("pgdedup: claim after commit: %w", err)
 	}
@@ -241,7 +255,7 @@ func closeBatch(br pgx.BatchResults, err error) error {
 
 // readBeginClaim reads the results of a BEGIN and claim batch: the keys
 // the insert recorded.
-func readBeginClaim(br pgx.BatchResults) (map[string]bool, error) {
+func readBeginClaim(br pgx.BatchResults, recs []dedup.Record) (map[string]bool, error) {
 	if _, err := br.Exec(); err != nil {
 		return nil, closeBatch(br, err)
 	}
@@ -249,7 +263,7 @@ func readBeginClaim(br pgx.BatchResults) (map[string]bool, error) {
 	if err != nil {
 		return nil, closeBatch(br, err)
 	}
-	inserted, err := collectKeys(rows)
+	inserted, err := collectKeys(rows, recs)
 	return inserted, closeBatch(br, err)
 }
 

@@ -122,6 +122,8 @@ type Store struct {
 	cfg   Config
 	q     queries
 	stats sqlstore.TableStats // the janitor's latest measurement
+
+	retention any // cfg.Retention in microseconds, boxed once for the claims' arguments
 }
 
 // New returns a Store over db. It validates cfg; it does not touch the
@@ -139,7 +141,7 @@ func New(db DB, cfg Config) (*Store, error) {
 	if err := l.Err(); err != nil {
 		return nil, err
 	}
-	return &Store{db: db, cfg: cfg, q: newQueries(cfg.Schema, cfg.Table)}, nil
+	return &Store{db: db, cfg: cfg, q: newQueries(cfg.Schema, cfg.Table), retention: cfg.Retention.Microseconds()}, nil
 }
 
 // Config returns the store's configuration with defaults applied.

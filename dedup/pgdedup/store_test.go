@@ -23,7 +23,7 @@ import (
 )
 
 // newStore returns a migrated store in a fresh schema and its pool.
-func newStore(t *testing.T, cfg pgdedup.Config) (*pgdedup.Store, *pgxpool.Pool) {
+func newStore(t testing.TB, cfg pgdedup.Config) (*pgdedup.Store, *pgxpool.Pool) {
 	t.Helper()
 	url := testenv.DatabaseURL(t)
 	cfg.Schema = testenv.Schema(t, url)

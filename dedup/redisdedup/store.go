@@ -313,6 +313,10 @@ func (s *Store) Result(ctx context.Context, scope, key string) ([]byte, error) {
 // operators inspecting Redis by hand (see the package documentation for its
 // layout). The name embeds a Cluster hash tag covering scope and key.
 func (s *Store) RedisKey(scope, key string) string {
+	if !strings.ContainsAny(scope, "%:{}") && !strings.ContainsAny(key, "%}") {
+		// Nothing to escape (the usual case): one allocation.
+		return s.cfg.Prefix + "{" + scope + ":" + key + "}"
+	}
 	var b strings.Builder
 	b.Grow(len(s.cfg.Prefix) + len(scope) + len(key) + 3)
 	b.WriteString(s.cfg.Prefix)

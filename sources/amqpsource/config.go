@@ -71,7 +71,8 @@ type Config struct {
 	// Prefetch is the channel's QoS prefetch count: how many deliveries the
 	// broker hands this source before they are acknowledged. Size it from
 	// the runner with PrefetchFor(runnerConfig). Defaults to
-	// PrefetchFor(consumer.Config{}), that is 8.
+	// PrefetchFor(consumer.Config{}), that is 800 (two default batches of
+	// 100 for each of 4 lanes).
 	Prefetch int
 
 	// AckHold is how long an acknowledgement may wait for a multiple-ack.

@@ -118,8 +118,8 @@ func TestConfigValidation(t *testing.T) {
 func TestConfigDefaults(t *testing.T) {
 	c := Config{URL: "amqp://x", Queue: "orders", Declare: &Topology{Exchange: "ex"}}.WithDefaults()
 	switch {
-	case c.Prefetch != 8:
-		t.Errorf("Prefetch = %d, want 8", c.Prefetch)
+	case c.Prefetch != 800: // PrefetchFor the runner's defaults: 2 × 4 lanes × 100
+		t.Errorf("Prefetch = %d, want 800", c.Prefetch)
 	case c.AckHold != DefaultAckHold:
 		t.Errorf("AckHold = %v, want %v", c.AckHold, DefaultAckHold)
 	case c.KeyHeader != DefaultKeyHeader:

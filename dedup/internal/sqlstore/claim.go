@@ -45,19 +45,34 @@ const MaxClaimRounds = 3
 // in the order of recs; recs must not contain a key twice.
 func Claim(ctx context.Context, ops ClaimOps, recs []dedup.Record, chunk int) ([]dedup.Claim, error) {
 	claims := make([]dedup.Claim, len(recs))
-	index := make(map[string]int, len(recs))
+	// A claim of one key (every message at batch 1) needs no index and no
+	// sort.
+	var index map[string]int
+	if len(recs) > 1 {
+		index = make(map[string]int, len(recs))
+	}
 	for i, r := range recs {
-		if _, dup := index[r.Key]; dup {
-			return nil, fmt.Errorf("key %q appears twice in one claim", r.Key)
+		if index != nil {
+			if _, dup := index[r.Key]; dup {
+				return nil, fmt.Errorf("key %q appears twice in one claim", r.Key)
+			}
+			index[r.Key] = i
 		}
-		index[r.Key] = i
 		claims[i].Key = r.Key
+	}
+	at := func(key string) int {
+		if index == nil {
+			return 0
+		}
+		return index[key]
 	}
 	if chunk <= 0 {
 		chunk = max(len(recs), 1)
 	}
 	pending := slices.Clone(recs)
-	slices.SortFunc(pending, func(a, b dedup.Record) int { return strings.Compare(a.Key, b.Key) })
+	if len(pending) > 1 {
+		slices.SortFunc(pending, func(a, b dedup.Record) int { return strings.Compare(a.Key, b.Key) })
+	}
 
 	for round := 0; len(pending) > 0; round++ {
 		if round == MaxClaimRounds {
@@ -71,7 +86,7 @@ func Claim(ctx context.Context, ops ClaimOps, recs []dedup.Record, chunk int) ([
 			}
 			for _, r := range part {
 				if inserted[r.Key] {
-					claims[index[r.Key]].State = dedup.StateNew
+					claims[at(r.Key)].State = dedup.StateNew
 				} else {
 					existing = append(existing, r)
 				}
@@ -84,7 +99,7 @@ func Claim(ctx context.Context, ops ClaimOps, recs []dedup.Record, chunk int) ([
 				return nil, fmt.Errorf("claim lookup: %w", err)
 			}
 			for _, r := range part {
-				c := &claims[index[r.Key]]
+				c := &claims[at(r.Key)]
 				f, ok := found[r.Key]
 				switch {
 				case !ok:

@@ -10,7 +10,18 @@
 //     deliveries (an unnest INSERT … RETURNING and pipelined UPDATEs), then
 //     their acks;
 //   - the idemq Runner with Transactional, pgdedup and a one-UPDATE TxJSON
-//     handler at the default config (batch 1) and at batch 100.
+//     handler at the default config (BatchSize and the source's Prefetch
+//     at their defaults), at batch 1 and at batch 100, and
+//     TransactionalBatch at batch 100.
+//
+// Every runner row and hand-written row also prints the client's CPU time
+// and heap allocations per message.
+//
+// With -rates (messages per second, comma-separated) it measures latency
+// instead: for each rate, a fresh queue is published to at that pace for
+// -rate-for while the runner consumes it, at the default config, at batch 1
+// and with the batch API at batch 100, and it prints the p50 and p99 of
+// receipt-to-ack (Message.ReceivedAt to the end of the Ack call).
 //
 // Each run consumes its own pre-filled durable queue; publishing is not
 // timed. Every workload runs twice, in alternating order; ratios to the
@@ -32,7 +43,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,6 +75,8 @@ type options struct {
 	only, cpuprofile      string
 	quorum                bool
 	ackHold               time.Duration
+	rates                 string
+	rateFor               time.Duration
 }
 
 func main() {
@@ -78,6 +93,8 @@ func main() {
 	flag.BoolVar(&o.quorum, "quorum", false, "use quorum queues instead of classic queues")
 	flag.DurationVar(&o.ackHold, "ack-hold", 0, "amqpsource.Config.AckHold of the idemq runs (0: its default; negative: no hold)")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	flag.StringVar(&o.rates, "rates", "", "latency mode: comma-separated publish rates in msg/s")
+	flag.DurationVar(&o.rateFor, "rate-for", 10*time.Second, "latency mode: how long each rate is published")
 	flag.Parse()
 	if o.amqpURL == "" {
 		o.amqpURL = envOr("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
@@ -144,6 +161,24 @@ func run(ctx context.Context, o options) error {
 	}
 
 	var applied int64 // UPDATEs of every run, for the balance check
+	if o.rates != "" {
+		applied, err = latency(ctx, o, conn, store, func(name string) (string, error) {
+			q := "idemq.bench." + name + "." + randHex()
+			queues = append(queues, q)
+			return q, declare(ctx, o, q, queueType)
+		})
+		if err != nil {
+			return err
+		}
+		var total int64
+		if err := pool.QueryRow(ctx, `SELECT sum(balance) FROM `+schema+`.accounts`).Scan(&total); err != nil {
+			return err
+		}
+		if total != applied {
+			return fmt.Errorf("effects: sum of balances %d, want %d (each message applied once)", total, applied)
+		}
+		return nil
+	}
 	hand := func(batch int) func(ctx context.Context, round int) (time.Duration, error) {
 		return func(ctx context.Context, round int) (time.Duration, error) {
 			q, err := fill(fmt.Sprintf("hand%d-%d", batch, round), nOf(o, batch))
@@ -161,7 +196,7 @@ func run(ctx context.Context, o options) error {
 			if err != nil {
 				return 0, err
 			}
-			d, k, err := runner(ctx, o, q, store, nOf(o, batch), batch, api)
+			d, k, err := runner(ctx, o, q, store, nOf(o, batch), batch, api, nil, nil)
 			applied += k
 			return d, err
 		}
@@ -177,7 +212,8 @@ func run(ctx context.Context, o options) error {
 			return raw(ctx, conn, q, o.rawN, prefetch100, 100)
 		}},
 		{Name: "hand-written amqp091+pgx, batch 1", N: o.b1N, Groups: []string{b1}, Base: true, Run: hand(1)},
-		{Name: "idemq Transactional+pgdedup, default config (batch 1)", N: o.b1N, Groups: []string{b1}, Run: idemq(1, false)},
+		{Name: "idemq Transactional+pgdedup, default config", N: o.b1N, Groups: []string{b1}, Run: idemq(0, false)},
+		{Name: "idemq Transactional+pgdedup, batch 1", N: o.b1N, Groups: []string{b1}, Run: idemq(1, false)},
 		{Name: "hand-written amqp091+pgx, batch 100", N: o.b100N, Groups: []string{b100}, Base: true, Run: hand(100)},
 		{Name: "idemq Transactional+pgdedup, batch 100", N: o.b100N, Groups: []string{b100}, Run: idemq(100, false)},
 		{Name: "idemq TransactionalBatch (batch API)+pgdedup, batch 100", N: o.b100N, Groups: []string{b100}, Run: idemq(100, true)},
@@ -201,9 +237,9 @@ func run(ctx context.Context, o options) error {
 	return nil
 }
 
-// nOf is the message count of a run at batch.
+// nOf is the message count of a run at batch (0: the default config).
 func nOf(o options, batch int) int {
-	if batch == 1 {
+	if batch <= 1 {
 		return o.b1N
 	}
 	return o.b100N
@@ -227,6 +263,8 @@ func handWorker(ctx context.Context, conn *amqp.Connection, pool *pgxpool.Pool, 
 		return 0, 0, err
 	}
 	db := handwritten.DB{Pool: pool, Schema: schema}
+	usage := handwritten.StartUsage()
+	defer printUsage(usage, n)
 	start := time.Now()
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -398,6 +436,12 @@ func publish(ctx context.Context, conn *amqp.Connection, q string, n, accounts i
 	if err := ch.Confirm(false); err != nil {
 		return err
 	}
+	return publishFrom(ctx, ch, q, 0, n, accounts)
+}
+
+// publishFrom publishes messages from to from+n-1 of q on ch, a channel in
+// confirm mode, and waits for their confirms.
+func publishFrom(ctx context.Context, ch *amqp.Channel, q string, from, n, accounts int) error {
 	const window = 1000
 	pending := make([]*amqp.DeferredConfirmation, 0, window)
 	wait := func() error {
@@ -409,13 +453,14 @@ func publish(ctx context.Context, conn *amqp.Connection, q string, n, accounts i
 		pending = pending[:0]
 		return nil
 	}
-	for i := range n {
+	for i := from; i < from+n; i++ {
 		acct := i % accounts
 		body, _ := json.Marshal(order{Account: acct, Amount: 1})
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, false, false, amqp.Publishing{
 			Headers: amqp.Table{
 				amqpsource.DefaultKeyHeader: q + "-" + strconv.Itoa(i),
 				"account":                   strconv.Itoa(acct),
+				handwritten.SentHeader:      strconv.FormatInt(time.Now().UnixNano(), 10),
 			},
 			DeliveryMode: amqp.Persistent,
 			Body:         body,
@@ -466,16 +511,30 @@ func raw(ctx context.Context, conn *amqp.Connection, q string, n, prefetch, ackE
 	return time.Since(start), nil
 }
 
+// printUsage prints the client's CPU time and allocations per message since
+// u.
+func printUsage(u handwritten.Usage, n int) {
+	cpu, allocs := u.Per(n)
+	fmt.Printf("           client: %.1f µs CPU and %.1f allocations per message\n", float64(cpu)/float64(time.Microsecond), allocs)
+}
+
 // runner runs the idemq Runner with the one-UPDATE handler over q until n
-// messages are handled, and returns the number it handled.
-func runner(ctx context.Context, o options, q string, store *pgdedup.Store, n, batch int, api bool) (time.Duration, int64, error) {
+// messages are handled, and returns the number it handled. batch 0 is the
+// default config (BatchSize and Prefetch at their defaults). started, when
+// not nil, is called once the runner runs; the clock starts after it.
+func runner(ctx context.Context, o options, q string, store *pgdedup.Store, n, batch int, api bool, hooks []consumer.Hook, started func(*consumer.Runner) error) (time.Duration, int64, error) {
 	rc := consumer.Config{
-		Name: "bench-amqp", Concurrency: o.concurrency, BatchSize: batch,
+		Name: "bench-amqp", Concurrency: o.concurrency, BatchSize: batch, Hooks: hooks,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
+	prefetch := amqpsource.PrefetchFor(rc)
+	if batch == 0 {
+		prefetch = 0
+	}
+	usage := handwritten.StartUsage()
 	start := time.Now()
 	src, err := amqpsource.New(ctx, amqpsource.Config{
-		URL: o.amqpURL, Queue: q, Prefetch: amqpsource.PrefetchFor(rc), AckHold: o.ackHold,
+		URL: o.amqpURL, Queue: q, Prefetch: prefetch, AckHold: o.ackHold,
 		PartitionKeyHeader: "account", // batches never lock accounts in crossing orders
 	})
 	if err != nil {
@@ -503,6 +562,14 @@ func runner(ctx context.Context, o options, q string, store *pgdedup.Store, n, b
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
+	if started != nil {
+		if err := started(r); err != nil {
+			cancel()
+			<-done
+			return 0, int64(r.Stats().Handled), err
+		}
+		start = time.Now()
+	}
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
 	for r.Stats().Handled < uint64(n) {
@@ -521,7 +588,10 @@ func runner(ctx context.Context, o options, q string, store *pgdedup.Store, n, b
 	if s := r.Stats(); s.Retried+s.DeadLettered+s.Duplicates > 0 {
 		return 0, 0, fmt.Errorf("unexpected: %+v", s)
 	}
-	if st := src.Stats(); st.AckFrames > 0 {
+	if started == nil {
+		printUsage(usage, n)
+	}
+	if st := src.Stats(); st.AckFrames > 0 && started == nil {
 		fmt.Printf("           idemq batch %d: %d acknowledged in %d basic.ack frames (%.1f per frame)\n",
 			batch, st.Acked, st.AckFrames, float64(st.Acked)/float64(st.AckFrames))
 	}
@@ -540,3 +610,86 @@ func envOr(name, def string) string {
 	}
 	return def
 }
+
+// latency runs, for each rate in o.rates, the runner configurations on a
+// queue published to at that rate, and prints receipt-to-ack percentiles.
+func latency(ctx context.Context, o options, conn *amqp.Connection, store *pgdedup.Store, fresh func(name string) (string, error)) (int64, error) {
+	fmt.Printf("RabbitMQ latency: runner concurrency %d; each row publishes for %s at the rate\n", o.concurrency, o.rateFor)
+	fmt.Printf("%-8s %-44s %8s %10s %10s %10s %10s %10s\n", "rate", "config", "messages", "msg/s", "p50", "p99", "sent p50", "sent p99")
+	type cfg struct {
+		name  string
+		batch int
+		api   bool
+	}
+	cfgs := []cfg{{"default config", 0, false}, {"batch 1", 1, false}, {"batch API, batch 100", 100, true}}
+	var applied int64
+	for _, f := range strings.Split(o.rates, ",") {
+		rate, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || rate <= 0 {
+			return applied, fmt.Errorf("-rates: bad rate %q", f)
+		}
+		for round := 1; round <= o.rounds; round++ {
+			order := slices.Clone(cfgs)
+			if round%2 == 0 {
+				slices.Reverse(order)
+			}
+			for _, c := range order {
+				q, err := fresh(fmt.Sprintf("lat%d-%d-%d", rate, c.batch, round))
+				if err != nil {
+					return applied, err
+				}
+				const warm = 20
+				total := rate*int(o.rateFor/time.Millisecond)/1000 + warm
+				var lat handwritten.Latency
+				var produced int
+				var d time.Duration
+				_, k, err := runner(ctx, o, q, store, total, c.batch, c.api, []consumer.Hook{&lat}, func(r *consumer.Runner) error {
+					ch, err := conn.Channel()
+					if err != nil {
+						return err
+					}
+					defer ch.Close()
+					if err := ch.Confirm(false); err != nil {
+						return err
+					}
+					if err := publishFrom(ctx, ch, q, 0, warm, o.accounts); err != nil {
+						return err
+					}
+					for r.Stats().Handled < warm {
+						if ctx.Err() != nil {
+							return ctx.Err()
+						}
+						time.Sleep(5 * time.Millisecond)
+					}
+					lat.Reset()
+					start := time.Now()
+					tick := time.NewTicker(time.Millisecond)
+					defer tick.Stop()
+					for produced < total-warm {
+						<-tick.C
+						due := min(total-warm, int(time.Since(start).Seconds()*float64(rate)))
+						if due > produced {
+							if err := publishFrom(ctx, ch, q, warm+produced, due-produced, o.accounts); err != nil {
+								return err
+							}
+							produced = due
+						}
+					}
+					d = time.Since(start)
+					return nil
+				})
+				applied += k
+				if err != nil {
+					return applied, fmt.Errorf("rate %d, %s: %w", rate, c.name, err)
+				}
+				cnt, p50, p99 := lat.Percentiles()
+				_, s50, s99 := lat.SentPercentiles()
+				fmt.Printf("%-8d %-44s %8d %10.0f %9.2fms %9.2fms %9.2fms %9.2fms\n", rate, c.name, cnt, float64(produced)/d.Seconds(),
+					ms(p50), ms(p99), ms(s50), ms(s99))
+			}
+		}
+	}
+	return applied, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -25,6 +25,25 @@
 // message (cluster-wide: other clients of the same server add to it). The
 // messages come from an in-process source (no broker). Run it with `make
 // bench`; TEST_DATABASE_URL selects the server.
+//
+// The idemq rows include the default config (Config.BatchSize left 0). Three
+// modes measure where batching can cost:
+//
+//   - -contention: messages carry no partition key and update an account
+//     picked by a hash of their key, so that concurrent lanes lock the same
+//     rows in crossing orders; every idemq row prints its retries, split
+//     into infrastructure retries (deadlocks: SQLSTATE 40P01) and counted
+//     attempts. The set-based worker updates in account order.
+//   - -poison N: the handler of every N-th message fails with a Permanent
+//     error (dead-lettered at once), so that its batch rolls back and reruns
+//     without it. Run it with -rows on the idemq rows: the hand-written
+//     workers have no dead-letter route.
+//   - -rate R: the source hands out messages at R per second, and every
+//     idemq row prints the p50 and p99 of receipt-to-ack (Message.ReceivedAt
+//     to the end of the Ack call).
+//
+// Every row also prints the client's CPU time and allocations per message
+// (the whole bench process; PostgreSQL runs in its own).
 package main
 
 import (
@@ -45,6 +64,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -73,6 +93,11 @@ type options struct {
 	sweep       bool
 	rows        string
 	rounds      int
+	contention  bool
+	sweepSizes  string
+	sweepAPI    string
+	poison      int
+	rate        int
 }
 
 func main() {
@@ -86,6 +111,11 @@ func main() {
 	flag.StringVar(&o.rows, "rows", "", "run only the rows whose name matches this regular expression")
 	flag.IntVar(&o.rounds, "rounds", 2, "rounds (every other one in reverse order)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	flag.StringVar(&o.sweepSizes, "sweep-sizes", "10,50,100,200,500,1000", "batch sizes of -sweep")
+	flag.StringVar(&o.sweepAPI, "sweep-api", "both", "handlers of -sweep: handler (per-message), api (batch API) or both")
+	flag.BoolVar(&o.contention, "contention", false, "no partition keys: accounts by a hash of the key, lanes contend for rows")
+	flag.IntVar(&o.poison, "poison", 0, "the handler of every N-th message fails permanently (idemq rows only)")
+	flag.IntVar(&o.rate, "rate", 0, "hand out messages at this many per second and print receipt-to-ack latency (0: as fast as taken)")
 	flag.Parse()
 	if o.dsn == "" {
 		o.dsn = envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable")
@@ -132,6 +162,8 @@ type result struct {
 	d            time.Duration
 	trips, stmts int64
 	xids         int64
+	cpu          time.Duration // client CPU per message
+	allocs       float64       // client allocations per message
 }
 
 func (r result) rate() float64       { return float64(r.n) / r.d.Seconds() }
@@ -191,6 +223,7 @@ func run(ctx context.Context, o options) error {
 		logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	rows := []row{
 		{name: "careful worker (BEGIN; INSERT; UPDATE; COMMIT)", scope: "careful", run: b.careful},
+		{name: "idemq, default config", scope: "dflt", base: "careful worker (BEGIN; INSERT; UPDATE; COMMIT)", run: b.idemq(0, false, noHook)},
 		{name: "idemq, batch 1", scope: "b1", base: "careful worker (BEGIN; INSERT; UPDATE; COMMIT)", run: b.idemq(1, false, noHook)},
 		{name: "set-based worker (100 per tx, unnest + pgx.Batch)", scope: "setbased", run: b.setBased(100)},
 		{name: "idemq, batch 100, per-message handler", scope: "b100", base: "set-based worker (100 per tx, unnest + pgx.Batch)", run: b.idemq(100, false, noHook)},
@@ -227,7 +260,7 @@ func run(ctx context.Context, o options) error {
 			}
 		}
 		results := map[string]result{}
-		fmt.Printf("\nround %d\n%-52s %8s %7s %9s %8s %9s %9s %8s\n", round, "workload", "messages", "seconds", "msg/s", "ratio", "trips/msg", "stmts/msg", "XIDs/msg")
+		fmt.Printf("\nround %d\n%-52s %8s %7s %9s %8s %9s %9s %8s %9s %7s\n", round, "workload", "messages", "seconds", "msg/s", "ratio", "trips/msg", "stmts/msg", "XIDs/msg", "CPU/msg", "allocs/msg")
 		for _, r := range order {
 			res, err := b.measure(ctx, r, round)
 			if err != nil {
@@ -238,8 +271,8 @@ func run(ctx context.Context, o options) error {
 			if base, ok := results[r.base]; ok {
 				ratio = fmt.Sprintf("%.2fx", res.rate()/base.rate())
 			}
-			fmt.Printf("%-52s %8d %7.2f %9.0f %8s %9.3f %9.3f %8.3f\n", r.name, res.n, res.d.Seconds(), res.rate(), ratio,
-				res.per(res.trips), res.per(res.stmts), res.per(res.xids))
+			fmt.Printf("%-52s %8d %7.2f %9.0f %8s %9.3f %9.3f %8.3f %7.1fµs %7.1f\n", r.name, res.n, res.d.Seconds(), res.rate(), ratio,
+				res.per(res.trips), res.per(res.stmts), res.per(res.xids), float64(res.cpu)/float64(time.Microsecond), res.allocs)
 		}
 		// Ratios against a baseline that ran later in the round.
 		for _, r := range order {
@@ -255,14 +288,27 @@ func run(ctx context.Context, o options) error {
 	}
 	if o.sweep {
 		fmt.Printf("\nbatch size sweep (idemq, msg/s, round trips and XIDs per message)\n")
-		for _, api := range []bool{false, true} {
-			for _, size := range []int{10, 50, 100, 200, 500, 1000} {
+		apis := map[string][]bool{"both": {false, true}, "handler": {false}, "api": {true}}[o.sweepAPI]
+		if apis == nil {
+			return fmt.Errorf("-sweep-api: %q is not handler, api or both", o.sweepAPI)
+		}
+		var sizes []int
+		for _, f := range strings.Split(o.sweepSizes, ",") {
+			size, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || size < 1 {
+				return fmt.Errorf("-sweep-sizes: bad size %q", f)
+			}
+			sizes = append(sizes, size)
+		}
+		for _, api := range apis {
+			for _, size := range sizes {
 				name := fmt.Sprintf("idemq, batch %d, %s", size, map[bool]string{false: "per-message handler", true: "batch API"}[api])
 				res, err := b.measure(ctx, row{name: name, scope: fmt.Sprintf("sweep-%v-%d", api, size), run: b.idemq(size, api, noHook)}, 0)
 				if err != nil {
 					return fmt.Errorf("%s: %w", name, err)
 				}
-				fmt.Printf("%-52s %8d %7.2f %9.0f %9.3f %9.3f %8.3f\n", name, res.n, res.d.Seconds(), res.rate(), res.per(res.trips), res.per(res.stmts), res.per(res.xids))
+				fmt.Printf("%-52s %8d %7.2f %9.0f %9.3f %9.3f %8.3f %7.1fµs %7.1f\n", name, res.n, res.d.Seconds(), res.rate(), res.per(res.trips), res.per(res.stmts), res.per(res.xids),
+					float64(res.cpu)/float64(time.Microsecond), res.allocs)
 			}
 		}
 	}
@@ -327,23 +373,26 @@ func (b *bench) measure(ctx context.Context, r row, round int) (result, error) {
 	}
 	c.trips.Store(0)
 	c.stmts.Store(0)
+	usage := handwritten.StartUsage()
 	start := time.Now()
 	gen.start = start
 	if err := r.run(ctx, pool, store, gen); err != nil {
 		return result{}, err
 	}
 	d := time.Since(start)
+	cpu, allocs := usage.Per(gen.count())
 	if err := b.admin.QueryRow(ctx, `SELECT txid_current()`).Scan(&x1); err != nil {
 		return result{}, err
 	}
 	if !r.dup {
 		b.mu.Lock()
 		b.keys[scope] = gen.produced()
-		b.expect += int64(len(gen.produced()))
+		b.expect += int64(len(gen.produced()) - gen.poisoned())
 		b.mu.Unlock()
 	}
 	// txid_current() itself takes one XID: count from x0+1 to x1, excluded.
-	return result{name: r.name, n: int64(gen.count()), d: d, trips: c.trips.Load(), stmts: c.stmts.Load(), xids: x1 - x0 - 1}, nil
+	return result{name: r.name, n: int64(gen.count()), d: d, trips: c.trips.Load(), stmts: c.stmts.Load(), xids: x1 - x0 - 1,
+		cpu: cpu, allocs: allocs}, nil
 }
 
 // generator produces messages until it has made at least n and run for at
@@ -355,6 +404,9 @@ type generator struct {
 	accounts int
 	replay   []string
 	start    time.Time
+	contend  bool
+	poison   int
+	rate     int
 
 	mu      sync.Mutex
 	made    int
@@ -363,7 +415,8 @@ type generator struct {
 }
 
 func newGenerator(scope string, o options, replay []string) *generator {
-	return &generator{scope: scope, n: o.n, min: o.min, accounts: o.accounts, replay: replay}
+	return &generator{scope: scope, n: o.n, min: o.min, accounts: o.accounts, replay: replay,
+		contend: o.contention, poison: o.poison, rate: o.rate}
 }
 
 // next returns up to max new messages, or none once the generator stopped.
@@ -377,6 +430,13 @@ func (g *generator) next(max int) []*consumer.Message {
 		g.stopped = true
 		return nil
 	}
+	if g.rate > 0 {
+		// Paced: only what is due by now.
+		max = min(max, int(time.Since(g.start).Seconds()*float64(g.rate))-g.made)
+		if max <= 0 {
+			return []*consumer.Message{}
+		}
+	}
 	out := make([]*consumer.Message, 0, max)
 	for range max {
 		i := g.made
@@ -388,7 +448,7 @@ func (g *generator) next(max int) []*consumer.Message {
 			key = fmt.Sprintf("%s-%d", g.scope, i)
 			g.keys = append(g.keys, key)
 		}
-		out = append(out, message(key, g.accounts))
+		out = append(out, message(key, g.accounts, g.contend))
 	}
 	return out
 }
@@ -399,20 +459,49 @@ func (g *generator) count() int {
 	return g.made
 }
 
+// poisoned returns how many of the messages made are poison (their
+// handler fails).
+func (g *generator) poisoned() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.poison <= 0 || g.replay != nil {
+		return 0
+	}
+	return g.made / g.poison
+}
+
+// isPoison reports whether the message of key is poison (every poison-th).
+func isPoison(key string, poison int) bool {
+	return poison > 0 && keyNumber(key)%poison == poison-1
+}
+
 func (g *generator) produced() []string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.keys
 }
 
-// message is the message of key: an amount of 1 on the account the key's
-// number selects. The same key always has the same body.
-func message(key string, accounts int) *consumer.Message {
+// keyNumber is the number a key ends in.
+func keyNumber(key string) int {
 	n, err := strconv.Atoi(key[strings.LastIndexByte(key, '-')+1:])
 	if err != nil {
 		panic(fmt.Sprintf("bench: key %q does not end in a number", key)) // keys are ours
 	}
-	acct := n % accounts
+	return n
+}
+
+// message is the message of key: an amount of 1 on the account the key's
+// number selects (with contend, a hash of the key). The same key always has
+// the same body.
+func message(key string, accounts int, contend bool) *consumer.Message {
+	acct := keyNumber(key) % accounts
+	if contend {
+		h := fnv.New32a()
+		h.Write([]byte(key))
+		acct = int(h.Sum32() % uint32(accounts))
+		body, _ := json.Marshal(order{Account: int32(acct), Amount: 1})
+		return &consumer.Message{ID: key, Key: key, Body: body, Attempt: 1, ReceivedAt: time.Now()}
+	}
 	body, _ := json.Marshal(order{Account: int32(acct), Amount: 1})
 	// Partitioning by account keeps one account's updates in one lane, so
 	// concurrent batches do not lock accounts in crossing orders.
@@ -457,10 +546,18 @@ func (b *bench) dispatch(ctx context.Context, gen *generator, max int, work func
 			}
 		})
 	}
-	for msgs := gen.next(100); len(msgs) > 0 && ctx.Err() == nil; msgs = gen.next(100) {
+	for msgs := gen.next(100); msgs != nil && ctx.Err() == nil; msgs = gen.next(100) {
+		if len(msgs) == 0 {
+			time.Sleep(time.Millisecond) // paced: nothing due yet
+			continue
+		}
 		for _, m := range msgs {
 			h := fnv.New32a()
-			h.Write([]byte(m.PartitionKey))
+			if m.PartitionKey != "" {
+				h.Write([]byte(m.PartitionKey))
+			} else {
+				h.Write([]byte(m.ID)) // as the runner's lanes
+			}
 			lanes[h.Sum32()%uint32(len(lanes))] <- m
 		}
 	}
@@ -539,6 +636,9 @@ ORDER BY u.k ON CONFLICT (scope, key) DO NOTHING RETURNING key`
 				return err
 			}
 			if len(fresh) > 0 {
+				// In account order, so that concurrent batches never lock
+				// accounts in crossing orders.
+				slices.SortFunc(fresh, func(a, b string) int { return int(orders[a].Account - orders[b].Account) })
 				batch := &pgx.Batch{}
 				for _, k := range fresh {
 					o := orders[k]
@@ -573,17 +673,31 @@ func (b *bench) idemq(size int, api bool, h hook) func(ctx context.Context, pool
 			path = consumer.TransactionalBatch(store, consumer.TxBatchJSON(func(ctx context.Context, tx pgx.Tx, items []consumer.BatchItem[order]) error {
 				batch := &pgx.Batch{}
 				for _, it := range items {
+					if isPoison(it.Msg.Key, gen.poison) {
+						return &consumer.MessageError{Msg: it.Msg, Err: consumer.Permanent(errPoison)}
+					}
 					batch.Queue(update, it.Value.Amount, it.Value.Account)
 				}
 				return tx.SendBatch(ctx, batch).Close()
 			}))
 		} else {
-			path = consumer.Transactional(store, consumer.TxJSON(func(ctx context.Context, tx pgx.Tx, _ *consumer.Message, o order) error {
+			path = consumer.Transactional(store, consumer.TxJSON(func(ctx context.Context, tx pgx.Tx, m *consumer.Message, o order) error {
+				if isPoison(m.Key, gen.poison) {
+					return consumer.Permanent(errPoison)
+				}
 				_, err := tx.Exec(ctx, update, o.Amount, o.Account)
 				return err
 			}))
 		}
-		var hooks []consumer.Hook
+		rc := &retryCount{}
+		lat := &handwritten.Latency{}
+		var hooks []consumer.Hook // none unless a mode needs them: hooks are measured by their own rows
+		if gen.contend {
+			hooks = append(hooks, rc)
+		}
+		if gen.rate > 0 {
+			hooks = append(hooks, lat)
+		}
 		if h != noHook {
 			tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithBatcher(tracetest.NewNoopExporter()))
 			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
@@ -593,7 +707,7 @@ func (b *bench) idemq(size int, api bool, h hook) func(ctx context.Context, pool
 			if err != nil {
 				return err
 			}
-			hooks = []consumer.Hook{oh}
+			hooks = append(hooks, oh)
 		}
 		src := &genSource{gen: gen, done: make(chan struct{})}
 		runner, err := consumer.NewRunner(src, path, consumer.Config{
@@ -606,13 +720,41 @@ func (b *bench) idemq(size int, api bool, h hook) func(ctx context.Context, pool
 			return err
 		}
 		st := runner.Stats()
-		if st.DeadLettered > 0 || st.Retried > 0 {
-			return fmt.Errorf("%d dead-lettered, %d retried", st.DeadLettered, st.Retried)
+		if want := uint64(gen.poisoned()); st.DeadLettered != want {
+			return fmt.Errorf("%d dead-lettered, want %d", st.DeadLettered, want)
+		}
+		if st.Retried > 0 && !gen.contend {
+			return fmt.Errorf("%d retried", st.Retried)
+		}
+		if gen.contend {
+			fmt.Printf("    retries: %d infrastructure (%d of them deadlocks, 40P01), %d counted attempts; %d dead-lettered\n",
+				rc.infra.Load(), rc.deadlocks.Load(), rc.counted.Load(), st.DeadLettered)
+		}
+		if gen.rate > 0 {
+			fmt.Printf("    at %d msg/s: %s\n", gen.rate, lat)
 		}
 		if gen.replay != nil && st.Duplicates != uint64(gen.count()) {
 			return fmt.Errorf("%d duplicates, want %d", st.Duplicates, gen.count())
 		}
 		return nil
+	}
+}
+
+var errPoison = errors.New("poison message")
+
+// retryCount counts the runner's retries by kind, and the deadlocks among
+// them.
+type retryCount struct{ infra, deadlocks, counted atomic.Int64 }
+
+func (c *retryCount) OnRetry(_ context.Context, _ *consumer.Message, kind consumer.RetryKind, _ time.Duration, err error) {
+	if kind == consumer.RetryInfrastructure {
+		c.infra.Add(1)
+	} else {
+		c.counted.Add(1)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "40P01" {
+		c.deadlocks.Add(1)
 	}
 }
 

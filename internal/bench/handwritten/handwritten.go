@@ -21,14 +21,20 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/consumer"
 )
 
 // Msg is one decoded message for the hand-written worker.
@@ -148,10 +154,15 @@ type Workload struct {
 }
 
 // Filter returns the workloads whose name contains substr (all of them when
-// substr is empty).
+// substr is empty), or the one whose name is substr.
 func Filter(ws []*Workload, substr string) []*Workload {
 	if substr == "" {
 		return ws
+	}
+	for _, w := range ws {
+		if w.Name == substr {
+			return []*Workload{w}
+		}
 	}
 	var out []*Workload
 	for _, w := range ws {
@@ -278,6 +289,138 @@ func StartCPUProfile(path string) (stop func(), err error) {
 	}
 	return func() {
 		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
+}
+
+// SentHeader is the header in which the benchmarks' paced producers put
+// the send time (Unix nanoseconds, decimal).
+const SentHeader = "bench-sent-at"
+
+// Latency records the latency of every message a Runner acknowledges, to
+// the end of the Source.Ack call that covered it: from Message.ReceivedAt
+// (when the source received it), and from the send time in SentHeader when
+// the message has one (which also counts the time a message waits in the
+// broker, so that sources holding different numbers of messages compare
+// fairly). Add it to consumer.Config.Hooks. It is safe for concurrent use.
+type Latency struct {
+	mu    sync.Mutex
+	d     []time.Duration
+	sent  []time.Duration
+	since time.Time
+}
+
+// OnAckDone implements consumer.HookAckDone.
+func (l *Latency) OnAckDone(_ context.Context, a consumer.AckInfo) {
+	if a.Err != nil {
+		return
+	}
+	l.mu.Lock()
+	for _, m := range a.Messages {
+		if !m.ReceivedAt.IsZero() && !m.ReceivedAt.Before(l.since) {
+			l.d = append(l.d, a.End.Sub(m.ReceivedAt))
+			if ns, err := strconv.ParseInt(m.Headers[SentHeader], 10, 64); err == nil {
+				l.sent = append(l.sent, a.End.Sub(time.Unix(0, ns)))
+			}
+		}
+	}
+	l.mu.Unlock()
+}
+
+// Percentiles returns the count and the p50 and p99 of the receipt-to-ack
+// latencies recorded.
+func (l *Latency) Percentiles() (n int, p50, p99 time.Duration) {
+	l.mu.Lock()
+	d := slices.Clone(l.d)
+	l.mu.Unlock()
+	return percentiles(d)
+}
+
+// SentPercentiles is Percentiles of the send-to-ack latencies.
+func (l *Latency) SentPercentiles() (n int, p50, p99 time.Duration) {
+	l.mu.Lock()
+	d := slices.Clone(l.sent)
+	l.mu.Unlock()
+	return percentiles(d)
+}
+
+func percentiles(d []time.Duration) (n int, p50, p99 time.Duration) {
+	if len(d) == 0 {
+		return 0, 0, 0
+	}
+	slices.Sort(d)
+	at := func(q float64) time.Duration { return d[min(len(d)-1, int(q*float64(len(d))))] }
+	return len(d), at(0.50), at(0.99)
+}
+
+// String formats the percentiles for a report line.
+func (l *Latency) String() string {
+	n, p50, p99 := l.Percentiles()
+	return fmt.Sprintf("receipt-to-ack p50 %s p99 %s (%d messages)", fmtMs(p50), fmtMs(p99), n)
+}
+
+func fmtMs(d time.Duration) string {
+	return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond))
+}
+
+// Usage is the process's CPU time and heap allocations since Start: the
+// client side of a measurement (the database and the broker run in other
+// processes).
+type Usage struct {
+	cpu    time.Duration
+	allocs uint64
+}
+
+// StartUsage snapshots the process's CPU time and allocation count.
+func StartUsage() Usage {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return Usage{cpu: processCPU(), allocs: ms.Mallocs}
+}
+
+// Per returns the CPU time and the allocations per message since u, over n
+// messages.
+func (u Usage) Per(n int) (cpu time.Duration, allocs float64) {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	if n <= 0 {
+		return 0, 0
+	}
+	return (processCPU() - u.cpu) / time.Duration(n), float64(ms.Mallocs-u.allocs) / float64(n)
+}
+
+// processCPU is the user and system CPU time of the process so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// Reset forgets what was recorded so far, and ignores from then on the
+// messages received before the call.
+func (l *Latency) Reset() {
+	l.mu.Lock()
+	l.d, l.sent = l.d[:0], l.sent[:0]
+	l.since = time.Now()
+	l.mu.Unlock()
+}
+
+// StartMemProfile samples every 4 KiB of heap allocation (for counts close
+// to the allocations per message) and returns the function that writes the
+// allocation profile to the file at path. An empty path does nothing.
+func StartMemProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	runtime.MemProfileRate = 4096
+	return func() {
+		_ = pprof.Lookup("allocs").WriteTo(f, 0)
 		_ = f.Close()
 	}, nil
 }

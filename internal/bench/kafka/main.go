@@ -14,8 +14,18 @@
 //     INSERT … RETURNING and pipelined UPDATEs), then one commit of the
 //     batch's offsets;
 //   - the idemq Runner over kafkasource with Transactional and pgdedup and
-//     a one-UPDATE TxJSON handler, at the default config (batch 1) and at
-//     batch 100.
+//     a one-UPDATE TxJSON handler, at the default config, at batch 1 and
+//     at batch 100, and TransactionalBatch at batch 100.
+//
+// Every runner row and hand-written row also prints the client's CPU time
+// and heap allocations per message (the whole process: the broker and the
+// database run in other processes).
+//
+// With -rates (messages per second, comma-separated) it measures latency
+// instead: for each rate, a fresh topic is produced to at that pace for
+// -rate-for while the runner consumes it, at the default config, at batch 1
+// and with the batch API at batch 100, and it prints the p50 and p99 of
+// receipt-to-ack (Message.ReceivedAt to the end of the Ack call).
 //
 // Every run reads the same topic from its start with a fresh consumer group
 // (and fresh deduplication keys), and the clock starts when its first
@@ -36,6 +46,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -72,6 +83,9 @@ func main() {
 		concurrency = flag.Int("concurrency", 4, "Runner.Concurrency")
 		accounts    = flag.Int("accounts", 1000, "rows in the accounts table")
 		cpuprofile  = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+		memprofile  = flag.String("memprofile", "", "write an allocation profile of the whole run to this file")
+		rates       = flag.String("rates", "", "latency mode: comma-separated produce rates in msg/s")
+		rateFor     = flag.Duration("rate-for", 10*time.Second, "latency mode: how long each rate is produced")
 	)
 	flag.Parse()
 	if *dsn == "" {
@@ -82,15 +96,25 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+	stopMem, err := handwritten.StartMemProfile(*memprofile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	b := &bench{
 		brokers: strings.Split(*brokers, ","), dsn: *dsn, n: *n, n1: *n1,
-		partitions: *partitions, concurrency: *concurrency, accounts: *accounts, rounds: *rounds, commitInterval: *interval, only: *only,
+		partitions: *partitions, concurrency: *concurrency, accounts: *accounts, rounds: *rounds, commitInterval: *interval, only: *only, rateFor: *rateFor,
 		log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
-	err = b.run(ctx)
+	if *rates != "" {
+		err = b.latency(ctx, *rates)
+	} else {
+		err = b.run(ctx)
+	}
 	cancel()
 	stopProfile()
+	stopMem()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -104,6 +128,7 @@ type bench struct {
 	accounts, rounds               int
 	commitInterval                 time.Duration
 	only                           string
+	rateFor                        time.Duration
 	log                            *slog.Logger
 	topic                          string
 	pool                           *pgxpool.Pool
@@ -152,7 +177,10 @@ func (b *bench) run(ctx context.Context) error {
 		{Name: "hand-written kafka-go+pgx, batch 1, 1 s commit loop", N: b.n1, Groups: []string{hb1a}, Base: true, Run: func(ctx context.Context, round int) (time.Duration, error) {
 			return b.hand(ctx, fmt.Sprintf("hand-1-async-%d", round), b.n1, 1, time.Second)
 		}},
-		{Name: "idemq Transactional+pgdedup, default config (batch 1)", N: b.n1, Groups: []string{hb1, hb1a}, Run: func(ctx context.Context, round int) (time.Duration, error) {
+		{Name: "idemq Transactional+pgdedup, default config", N: b.n1, Groups: []string{hb1, hb1a}, Run: func(ctx context.Context, round int) (time.Duration, error) {
+			return b.runnerRun(ctx, fmt.Sprintf("idemq-default-%d", round), b.n1, 0)
+		}},
+		{Name: "idemq Transactional+pgdedup, batch 1", N: b.n1, Groups: []string{hb1, hb1a}, Run: func(ctx context.Context, round int) (time.Duration, error) {
 			return b.runnerRun(ctx, fmt.Sprintf("idemq-1-%d", round), b.n1, 1)
 		}},
 		{Name: "hand-written kafka-go+pgx, batch 100, sync commit", N: b.n, Groups: []string{hb100}, Base: true, Run: func(ctx context.Context, round int) (time.Duration, error) {
@@ -162,7 +190,7 @@ func (b *bench) run(ctx context.Context) error {
 			return b.runnerRun(ctx, fmt.Sprintf("idemq-100-%d", round), b.n, 100)
 		}},
 		{Name: "idemq TransactionalBatch (batch API)+pgdedup, batch 100", N: b.n, Groups: []string{hb100}, Run: func(ctx context.Context, round int) (time.Duration, error) {
-			d, st, err := b.runner(ctx, fmt.Sprintf("idemq-api-%d", round), b.n, 100, b.pgBatchPath())
+			d, st, err := b.runner(ctx, fmt.Sprintf("idemq-api-%d", round), b.n, 100, b.pgBatchPath(), nil)
 			b.handledTotal += int64(st.Handled)
 			return d, err
 		}},
@@ -183,7 +211,7 @@ func (b *bench) run(ctx context.Context) error {
 // runnerRun runs the idemq runner on the PostgreSQL path and counts its
 // UPDATEs for the balance check.
 func (b *bench) runnerRun(ctx context.Context, name string, n, batch int) (time.Duration, error) {
-	d, st, err := b.runner(ctx, name, n, batch, b.pgPath())
+	d, st, err := b.runner(ctx, name, n, batch, b.pgPath(), nil)
 	b.handledTotal += int64(st.Handled)
 	return d, err
 }
@@ -204,6 +232,7 @@ func (b *bench) hand(ctx context.Context, name string, n, batch int, commitInter
 	})
 	defer r.Close()
 	db := handwritten.DB{Pool: b.pool, Schema: schema}
+	usage := handwritten.StartUsage()
 	dbctx := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -305,6 +334,7 @@ func (b *bench) hand(ctx context.Context, name string, n, batch int, commitInter
 		cancel()
 		wg.Wait()
 		b.handledTotal += applied.Load()
+		printUsage(usage, n)
 		return t.Sub(time.Unix(0, first.Load())), nil
 	case err := <-errc:
 		return 0, err
@@ -432,13 +462,29 @@ func (b *bench) pgBatchPath() consumer.Path {
 	}))
 }
 
+// printUsage prints the client's CPU time and allocations per message since
+// u.
+func printUsage(u handwritten.Usage, n int) {
+	cpu, allocs := u.Per(n)
+	fmt.Printf("           client: %.1f µs CPU and %.1f allocations per message\n", float64(cpu)/float64(time.Microsecond), allocs)
+}
+
 // runner runs the idemq runner until n messages were handled and
-// acknowledged, and returns the time from the first fetch.
-func (b *bench) runner(ctx context.Context, name string, n, batch int, path consumer.Path) (time.Duration, consumer.Stats, error) {
+// acknowledged, and returns the time from the first fetch. batch 0 is the
+// default config (BatchSize and the source's MaxInFlight at their
+// defaults).
+func (b *bench) runner(ctx context.Context, name string, n, batch int, path consumer.Path, hooks []consumer.Hook) (time.Duration, consumer.Stats, error) {
+	return b.runnerOn(ctx, b.topic, name, n, batch, path, hooks, nil)
+}
+
+// runnerOn is runner on topic; started, when not nil, is called once the
+// runner is running.
+func (b *bench) runnerOn(ctx context.Context, topic, name string, n, batch int, path consumer.Path, hooks []consumer.Hook, started func(*consumer.Runner)) (time.Duration, consumer.Stats, error) {
 	var none consumer.Stats
+	usage := handwritten.StartUsage()
 	group := "idemq-bench-" + name + "-" + b.suffix
 	src, err := kafkasource.New(ctx, kafkasource.Config{
-		Brokers: b.brokers, Topics: []string{b.topic}, GroupID: group,
+		Brokers: b.brokers, Topics: []string{topic}, GroupID: group,
 		HeartbeatInterval: time.Second, SessionTimeout: 10 * time.Second,
 		MaxInFlight:    max(kafkasource.DefaultMaxInFlight, 4*batch*b.concurrency),
 		CommitInterval: b.commitInterval,
@@ -450,7 +496,7 @@ func (b *bench) runner(ctx context.Context, name string, n, batch int, path cons
 	defer src.Close()
 	ff := &firstFetch{Source: src}
 	r, err := consumer.NewRunner(ff, path, consumer.Config{
-		Name: group, Concurrency: b.concurrency, BatchSize: batch, Logger: b.log,
+		Name: group, Concurrency: b.concurrency, BatchSize: batch, Logger: b.log, Hooks: hooks,
 	})
 	if err != nil {
 		return 0, none, err
@@ -458,6 +504,9 @@ func (b *bench) runner(ctx context.Context, name string, n, batch int, path cons
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(rctx) }()
+	if started != nil {
+		started(r)
+	}
 	var end time.Time
 	for {
 		st := r.Stats()
@@ -482,6 +531,9 @@ func (b *bench) runner(ctx context.Context, name string, n, batch int, path cons
 	st := r.Stats()
 	if st.Duplicates != 0 || st.DeadLettered != 0 || st.CommitFailures != 0 {
 		return 0, st, fmt.Errorf("unexpected runner stats %+v", st)
+	}
+	if started == nil {
+		printUsage(usage, n)
 	}
 	return end.Sub(time.Unix(0, ff.at.Load())), st, nil
 }
@@ -512,3 +564,139 @@ func envOr(name, def string) string {
 	}
 	return def
 }
+
+// latency runs, for each rate in rates, the runner configurations on a topic
+// produced to at that rate, and prints receipt-to-ack percentiles.
+func (b *bench) latency(ctx context.Context, rates string) error {
+	suffix := make([]byte, 4)
+	_, _ = rand.Read(suffix)
+	b.suffix = hex.EncodeToString(suffix)
+	if err := b.setupDatabase(ctx); err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	defer b.pool.Close()
+	defer b.pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
+	fmt.Printf("Kafka latency: %d partitions, runner concurrency %d; each row produces for %s at the rate\n", b.partitions, b.concurrency, b.rateFor)
+	fmt.Printf("%-8s %-44s %8s %10s %10s %10s %10s %10s\n", "rate", "config", "messages", "msg/s", "p50", "p99", "sent p50", "sent p99")
+	type cfg struct {
+		name  string
+		batch int
+		path  func() consumer.Path
+	}
+	cfgs := []cfg{
+		{"default config", 0, b.pgPath},
+		{"batch 1", 1, b.pgPath},
+		{"batch API, batch 100", 100, b.pgBatchPath},
+	}
+	for _, f := range strings.Split(rates, ",") {
+		rate, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || rate <= 0 {
+			return fmt.Errorf("-rates: bad rate %q", f)
+		}
+		for round := 1; round <= b.rounds; round++ {
+			order := slices.Clone(cfgs)
+			if round%2 == 0 {
+				slices.Reverse(order)
+			}
+			for _, c := range order {
+				topic := fmt.Sprintf("idemq-bench-lat-%s-%d-%d-%d", b.suffix, rate, round, c.batch)
+				if err := kafkasource.CreateTopics(ctx, nil, b.brokers, kafkasource.TopicSpec{Name: topic, Partitions: b.partitions},
+					kafkasource.TopicSpec{Name: kafkasource.DeadLetterTopic(topic), Partitions: 1}); err != nil {
+					return err
+				}
+				lat, n, d, err := b.paced(ctx, topic, c.batch, c.path(), rate)
+				b.deleteTopicsOf(topic)
+				if err != nil {
+					return fmt.Errorf("rate %d, %s: %w", rate, c.name, err)
+				}
+				cnt, p50, p99 := lat.Percentiles()
+				_, s50, s99 := lat.SentPercentiles()
+				fmt.Printf("%-8d %-44s %8d %10.0f %9.2fms %9.2fms %9.2fms %9.2fms\n", rate, c.name, cnt, float64(n)/d.Seconds(),
+					ms(p50), ms(p99), ms(s50), ms(s99))
+			}
+		}
+	}
+	return b.checkBalances(ctx)
+}
+
+// paced starts a runner on topic, waits until it handles a first message
+// (the group is joined), then produces at rate for b.rateFor and waits
+// until everything is handled. It returns the latencies of the paced
+// messages, their count and the production time.
+func (b *bench) paced(ctx context.Context, topic string, batch int, path consumer.Path, rate int) (*handwritten.Latency, int, time.Duration, error) {
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{
+		Addr: kafka.TCP(b.brokers...), Topic: topic, Transport: tr,
+		Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, Async: true,
+		BatchSize: 100, BatchTimeout: time.Millisecond,
+	}
+	defer w.Close()
+	seq := 0
+	msg := func() kafka.Message {
+		account := seq % b.accounts
+		seq++
+		return kafka.Message{
+			Key:   []byte("acct-" + strconv.Itoa(account)),
+			Value: []byte(`{"account":` + strconv.Itoa(account) + `,"amount":1}`),
+			Headers: []kafka.Header{
+				{Key: kafkasource.DefaultKeyHeader, Value: []byte(topic + "-" + strconv.Itoa(seq))},
+				{Key: handwritten.SentHeader, Value: []byte(strconv.FormatInt(time.Now().UnixNano(), 10))},
+			},
+		}
+	}
+	var lat handwritten.Latency
+	var (
+		produced int
+		d        time.Duration
+		perr     error
+	)
+	warm := 8 * b.partitions
+	total := rate*int(b.rateFor/time.Millisecond)/1000 + warm
+	_, st, err := b.runnerOn(ctx, topic, topic, total, batch, path, []consumer.Hook{&lat}, func(r *consumer.Runner) {
+		// Warm up: messages on every partition, handled before the
+		// clock starts, so that every partition's reader runs.
+		for range warm {
+			if perr = w.WriteMessages(ctx, msg()); perr != nil {
+				return
+			}
+		}
+		for r.Stats().Handled < uint64(warm) {
+			if ctx.Err() != nil {
+				perr = ctx.Err()
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(time.Second)
+		lat.Reset()
+		start := time.Now()
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for produced < total-warm {
+			<-tick.C
+			due := min(total-warm, int(time.Since(start).Seconds()*float64(rate)))
+			for ; produced < due; produced++ {
+				if perr = w.WriteMessages(ctx, msg()); perr != nil {
+					return
+				}
+			}
+		}
+		d = time.Since(start)
+	})
+	b.handledTotal += int64(st.Handled)
+	if err == nil {
+		err = perr
+	}
+	return &lat, produced, d, err
+}
+
+func (b *bench) deleteTopicsOf(topic string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := kafkasource.DeleteTopics(ctx, nil, b.brokers, topic, kafkasource.DeadLetterTopic(topic)); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
