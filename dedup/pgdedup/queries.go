@@ -15,7 +15,7 @@ import (
 // queries holds the store's SQL, rendered once for the configured table.
 type queries struct {
 	table, claimInsert, claimInsertOne, claimSelect, claimRenew, unclaim, forgetEnded, inspect, cleanup string
-	storeResult, storeResults                                                                     string
+	storeResult, storeResults                                                                           string
 }
 
 func newQueries(schema, table string) queries {
