@@ -261,7 +261,7 @@ func (p *leasePath) completeKey(ctx context.Context, r *Runner, j *job, token st
 			j.msg.res.err = Permanent(fmt.Errorf("%w: %T does not implement dedup.ResultCompleter", ErrResultUnsupported, p.store))
 		default:
 			err := rc.CompleteWithResult(ctx, scope, j.key, token, p.opts.Retention, v)
-			if !errors.Is(err, dedup.ErrResultTooLarge) {
+			if !errors.Is(err, dedup.ErrResultTooLarge) && !errors.Is(err, ErrResultUnsupported) {
 				return err
 			}
 			j.msg.res.err = Permanent(err)

@@ -9,8 +9,6 @@ import (
 	"github.com/idemq/idemq/dedup"
 )
 
-var _ dedup.ResultStorer[pgx.Tx] = (*Store)(nil)
-
 // StoreResults implements dedup.ResultStorer: it writes each result into the
 // record of its key, claimed in tx, in one statement (one round trip). The
 // result column (migration 003) is NULL for records without one.

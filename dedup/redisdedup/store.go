@@ -153,8 +153,9 @@ func parseClaim(key string, res []any) (dedup.Claim, error) {
 	case "done":
 		c.State = dedup.StateDone
 		if len(res) == 5 {
-			r, _ := res[4].(string)
-			c.Result = []byte(r)
+			if r, ok := res[4].(string); ok {
+				c.Result = []byte(r)
+			}
 		}
 	case "mismatch":
 		c.State = dedup.StateMismatch
@@ -275,8 +276,9 @@ func (s *Store) Inspect(ctx context.Context, scope, key string) (dedup.Entry, er
 
 	e := dedup.Entry{Scope: scope, Key: key}
 	if len(res) == 7 {
-		r, _ := res[6].(string)
-		e.Result = []byte(r)
+		if r, ok := res[6].(string); ok {
+			e.Result = []byte(r)
+		}
 	}
 	if e.PayloadHash, err = parseHash(storedHex); err != nil {
 		return dedup.Entry{}, fmt.Errorf("redisdedup: inspect %q: %w", key, err)

@@ -8,8 +8,6 @@ import (
 	"github.com/idemq/idemq/dedup"
 )
 
-var _ dedup.ResultStorer[*sql.Tx] = (*Store)(nil)
-
 // StoreResults implements dedup.ResultStorer: it writes each result into the
 // record of its key, claimed in tx, one statement per result (database/sql
 // has no portable array parameter). The result column (migration 003) is

@@ -9,11 +9,6 @@ import (
 	"github.com/idemq/idemq/dedup"
 )
 
-var (
-	_ dedup.ResultStorer[*Tx] = (*Store)(nil)
-	_ dedup.ResultCompleter   = (*Leases)(nil)
-)
-
 // StoreResults implements dedup.ResultStorer: each result is kept with the
 // record of its key, which tx must have claimed as new; it becomes visible
 // with the record at Commit and goes with it at Rollback.
