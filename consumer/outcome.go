@@ -237,6 +237,8 @@ func (p *txPath[Tx]) storeResults(ctx context.Context, r *Runner, tx Tx, fresh [
 	switch {
 	case err == nil:
 		return tryResult{}, false
+	case errors.Is(err, ErrResultUnsupported): // a wrapper of a store without results
+		return tryResult{err: Permanent(err), culprit: first}, true
 	case p.aborted(err):
 		return tryResult{err: err, suspects: fresh}, true
 	default:
