@@ -188,7 +188,12 @@ func TestOutcome(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- r.Run(ctx) }()
-		t.Cleanup(func() { cancel(); <-done })
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
 		broker.Publish("mail", memsource.Outgoing{Key: "l", Body: []byte(`{"n":7}`)})
 		deadline := time.Now().Add(30 * time.Second)
 		for len(src.outcomes()) < 2 {

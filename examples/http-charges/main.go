@@ -55,7 +55,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := serve(ctx, *addr, *dsn, log); err != nil {
-		log.Error("http-charges", "err", err)
+		log.ErrorContext(ctx, "http-charges", "err", err)
 		os.Exit(1)
 	}
 }
@@ -152,13 +152,12 @@ func serve(ctx context.Context, addr, dsn string, log *slog.Logger) error {
 	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.ListenAndServe() }()
-	log.Info("http-charges listening", "addr", addr)
+	log.InfoContext(ctx, "http-charges listening", "addr", addr)
 
 	select {
 	case err := <-served:
 		cancelRun()
-		<-ran
-		return err
+		return errors.Join(err, <-ran)
 	case <-ctx.Done():
 	}
 	// Requests in flight wait for the runner: stop the server first.

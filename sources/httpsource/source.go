@@ -341,7 +341,7 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 // outcome (consumer.Message.Outcome): the handler's Response, or the stored
 // one with Idempotent-Replayed: true. A key settled without a stored
 // response (its handler returned none) is answered 204.
-func (s *Source) Ack(_ context.Context, msgs []*consumer.Message) error {
+func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	for _, m := range msgs {
 		p, ok := m.Handle.(*pending)
 		if !ok {
@@ -354,7 +354,7 @@ func (s *Source) Ack(_ context.Context, msgs []*consumer.Message) error {
 		}
 		res, err := decodeResponse(result)
 		if err != nil {
-			s.cfg.Logger.Error("stored response unreadable", "key", m.Key, "err", err)
+			s.cfg.Logger.ErrorContext(ctx, "stored response unreadable", "key", m.Key, "err", err)
 			res = problemResponse(http.StatusInternalServerError, "the stored response cannot be read")
 		}
 		p.settle(answer{res: res, replayed: replayed})

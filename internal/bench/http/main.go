@@ -319,14 +319,16 @@ func startIdemq(ctx context.Context, dsn string) (server, func(), error) {
 	url, stop, err := listen(mux)
 	if err != nil {
 		cancel()
-		<-done
+		err = errors.Join(err, <-done)
 		pool.Close()
 		return server{}, nil, err
 	}
 	return server{name: "idemq", url: url}, func() {
 		stop()
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			fmt.Fprintln(os.Stderr, "bench http: idemq runner:", err)
+		}
 		pool.Close()
 	}, nil
 }
