@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -218,6 +219,52 @@ func TestOutcome(t *testing.T) {
 		}
 		if !strings.Contains(want, "7") || calls != 1 {
 			t.Errorf("handler ran %d times, want 1", calls)
+		}
+	})
+
+	t.Run("lease oversize result marks the key done and dead-letters", func(t *testing.T) {
+		mem, err := memstore.New(memstore.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		broker := memsource.New(memsource.Config{VisibilityTimeout: 300 * time.Millisecond, Seed: 1})
+		t.Cleanup(func() { broker.Close() })
+		var calls atomic.Int32
+		h := consumer.LeaseResult(func(ctx context.Context, msg *consumer.Message) ([]byte, error) {
+			calls.Add(1)
+			return []byte("12345"), nil
+		})
+		r, err := consumer.NewRunner(broker.Source("mail"), consumer.Leased(mem.Leases(), h, consumer.LeaseOptions{}),
+			consumer.Config{Name: "test", Concurrency: 1, MaxResultBytes: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+		broker.Publish("mail", memsource.Outgoing{Key: "big", Body: []byte("x")})
+		deadline := time.Now().Add(30 * time.Second)
+		for broker.Stats("mail").DeadLettered == 0 {
+			if st := broker.Stats("mail"); st.Acks > 0 || time.Now().After(deadline) {
+				t.Fatalf("acknowledged, or no dead letter in time: %+v", st)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if dl := broker.DeadLetters("mail"); len(dl) != 1 || !errors.Is(dl[0].Err, consumer.ErrResultTooLarge) {
+			t.Fatalf("dead letters %+v, want one with ErrResultTooLarge", dl)
+		}
+		e, err := mem.Leases().Inspect(context.Background(), "test", "big")
+		if err != nil || e.InProgress || e.Result != nil {
+			t.Fatalf("Inspect = %+v, %v; want the key done without a result (its effect happened)", e, err)
+		}
+		if n := calls.Load(); n != 1 {
+			t.Fatalf("handler ran %d times, want 1", n)
 		}
 	})
 }
