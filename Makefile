@@ -88,6 +88,10 @@ test-short: ## Unit tests only: no service needed (and none used: every service 
 bench: services ## PostgreSQL path vs hand-written careful and set-based workers: msg/s, ratios, round trips, statements, XIDs per message (BENCH_FLAGS=-sweep for batch sizes).
 	$(WITH_ENV) $(GO) run ./internal/bench/core $(BENCH_FLAGS)
 
+.PHONY: bench-http
+bench-http: services ## POST /charges with Idempotency-Key: httpsource on pgdedup vs a careful hand-written net/http + pgx handler at 1/16/64 clients: req/s, p50/p99, ratios, two alternating rounds (BENCH_FLAGS=-duration 10s ...).
+	$(WITH_ENV) $(GO) run ./internal/bench/http $(BENCH_FLAGS)
+
 .PHONY: bench-retention
 bench-retention: ## pgdedup's janitor at full speed on a 10 M-row table: claims/s idle vs while it deletes (ratio), its rows/s, p99 claim latency, table and index size after 3 cycles (BENCH_FLAGS=-rows N ...).
 	$(SERVICES) up postgres

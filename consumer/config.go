@@ -89,6 +89,16 @@ type Config struct {
 	// limit.
 	MaxMessageBytes int
 
+	// MaxResultBytes is the largest result a handler may return through
+	// TxResult or LeaseResult (see Message.Outcome). On the transactional
+	// path a larger result rolls the handler's writes back and dead-letters
+	// the message with ErrResultTooLarge, without retries; on the lease
+	// path, where the effect has happened, the key is marked done without
+	// the result and the message is dead-lettered with ErrResultTooLarge.
+	// The result is stored with the record, for the record's retention.
+	// Defaults to 64 KiB. Negative means no limit.
+	MaxResultBytes int
+
 	// DrainTimeout bounds how long Run keeps handling messages already
 	// received after its context is cancelled. Messages not settled by then
 	// are left unacknowledged and return to the broker, and the handlers
@@ -135,6 +145,7 @@ const (
 	DefaultBatchSize       = 100
 	DefaultHandlerTimeout  = 30 * time.Second
 	DefaultMaxMessageBytes = 4 << 20
+	DefaultMaxResultBytes  = 64 << 10
 	DefaultDrainTimeout    = 30 * time.Second
 	DefaultOutageThreshold = 3
 	DefaultOutageReminder  = time.Minute
@@ -156,6 +167,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.MaxResultBytes == 0 {
+		c.MaxResultBytes = DefaultMaxResultBytes
 	}
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = DefaultDrainTimeout

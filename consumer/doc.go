@@ -111,6 +111,16 @@
 // one message once, in TxInfo). A source on a log-based broker may report its lag per
 // partition (LagReporter; kafkasource does), which otelidemq exports.
 //
+// # Results
+//
+// A handler adapted with TxResult or LeaseResult (or their JSON variants)
+// returns a result, which the runner stores with the key's record: in the
+// same transaction on the transactional path, next to the done key on the
+// lease path. A duplicate of the key gets it back instead of running the
+// handler, and the source reads either through Message.Outcome before Ack
+// (sources/httpsource answers HTTP requests with it). Results are bounded by
+// Config.MaxResultBytes and kept for the record's retention.
+//
 // # Remaining duplicate window
 //
 // The transactional path has none. The lease path has one: a crash after the

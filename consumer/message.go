@@ -58,6 +58,8 @@ type Message struct {
 	// keys is the scope and key the runner recorded, set before a batch
 	// handler gets the message (see KeyContext).
 	keys *msgKeys
+	// res is the message's result and outcome (see Outcome, outcome.go).
+	res resultSlot
 }
 
 // msgKeys is the consumer's name and the deduplication key of a message.

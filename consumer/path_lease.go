@@ -317,6 +317,7 @@ func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
 	switch c.State {
 	case dedup.StateDone:
 		j.set(outDuplicate, nil)
+		j.replay(c.Result) // outcome.go: the stored result, for Message.Outcome
 		return
 	case dedup.StateMismatch:
 		j.set(outDeadLetter, &dedup.MismatchError{Scope: scope, Key: j.key, Stored: c.StoredHash, Received: j.hash})
@@ -343,14 +344,14 @@ func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
 		if len(r.hooks.commit) > 0 {
 			start = time.Now()
 		}
-		cerr = p.complete(ctx, r, j.key, token)
+		cerr = p.complete(ctx, r, j, token)
 		r.hookCommit([]*job{j}, commitInfo(start, 1, cerr))
 	}
 	lost := stop()
 
 	switch {
 	case err == nil && cerr == nil:
-		j.set(outAck, nil)
+		p.settleLease(j) // outcome.go: acknowledged, or dead-lettered for its result
 	case err == nil:
 		// The effect happened but is not recorded (the lease was lost, or
 		// the store stayed unreachable): the retry finds out whether
@@ -372,12 +373,13 @@ func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
 // complete marks key done under token, retrying a store that fails for up to
 // one lease: an effect that happened must not be repeated because Redis
 // hiccuped. It gives up at once when the lease is lost.
-func (p *leasePath) complete(ctx context.Context, r *Runner, key, token string) error {
+func (p *leasePath) complete(ctx context.Context, r *Runner, j *job, token string) error {
+	key := j.key
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opts.Lease)
 	defer cancel()
 	delay := 10 * time.Millisecond
 	for {
-		err := p.store.Complete(ctx, r.cfg.Name, key, token, p.opts.Retention)
+		err := p.completeKey(ctx, r, j, token) // outcome.go: with the handler's result
 		if err == nil || errors.Is(err, dedup.ErrLeaseLost) {
 			r.storeOut.ok(ctx, r.log)
 			return err

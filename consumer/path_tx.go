@@ -169,6 +169,7 @@ func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job, l *lane) t
 		switch c := claims[i]; c.State {
 		case dedup.StateDone:
 			j.set(outDuplicate, nil)
+			j.replay(c.Result) // outcome.go: the stored result, for Message.Outcome
 		case dedup.StateMismatch:
 			j.set(outDeadLetter, &dedup.MismatchError{Scope: r.cfg.Name, Key: j.key, Stored: c.StoredHash, Received: j.hash})
 		case dedup.StateNew:
@@ -185,6 +186,10 @@ func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job, l *lane) t
 		ti.New = jobCtxs(ctx, fresh)
 	}
 	if res, failed := p.handle(ctx, r, tx, fresh, ti); failed {
+		return res
+	}
+	// outcome.go: the handlers' results go into their records, in tx.
+	if res, failed := p.storeResults(ctx, r, tx, fresh); failed {
 		return res
 	}
 	var commitStart time.Time
@@ -211,6 +216,7 @@ func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job, l *lane) t
 	}
 	for _, j := range fresh {
 		j.set(outAck, nil)
+		j.handled() // outcome.go: for Message.Outcome
 	}
 	return tryResult{}
 }
@@ -363,7 +369,8 @@ func (p *txPath[Tx]) handle(ctx context.Context, r *Runner, tx Tx, fresh []*job,
 		return p.handleBatch(ctx, r, tx, fresh, ti)
 	}
 	for i, j := range fresh {
-		err := r.call(ctx, j, func(ctx context.Context) error { return p.h(ctx, tx, j.msg) })
+		// outcome.go: resultErr refuses a result above Config.MaxResultBytes.
+		err := r.call(ctx, j, func(ctx context.Context) error { return r.resultErr(j, p.h(ctx, tx, j.msg)) })
 		switch {
 		case p.ended(tx):
 			// Its COMMIT made the records of the later messages durable

@@ -475,6 +475,7 @@ func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane) {
 			f.set(outDeadLetter, &dedup.MismatchError{Scope: r.cfg.Name, Key: f.key, Stored: leader.hash, Received: f.hash})
 		default:
 			f.set(outDuplicate, nil)
+			f.replayOf(leader) // outcome.go: the leader's result, for Message.Outcome
 		}
 	}
 	r.settle(ctx, b.batch, a)

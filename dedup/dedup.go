@@ -103,6 +103,9 @@ type Claim struct {
 	StoredHash Hash
 	// ProcessedAt is when the stored record was written (zero for StateNew).
 	ProcessedAt time.Time
+	// Result is the result stored with the record (StateDone only; see
+	// ResultStorer and ResultCompleter), nil when it has none.
+	Result []byte
 }
 
 // Entry is what a store holds for one key, as returned by Inspect methods.
@@ -116,6 +119,8 @@ type Entry struct {
 	InProgress bool
 	// LeaseUntil is when the current lease expires (lease path only).
 	LeaseUntil time.Time
+	// Result is the result stored with the record, nil when it has none.
+	Result []byte
 }
 
 // ErrPayloadMismatch reports a key that was already processed with a

@@ -46,6 +46,8 @@
 //	LeaseStore           .        .         x           .               x
 //	BatchClaimer         .        .         x           .               .
 //	FailureCounter       x        x         x           x               x
+//	ResultStorer         x        x         .           x               .
+//	ResultCompleter      .        .         x           .               x
 //
 // Each store package asserts its row of this table at compile time
 // (capabilities.go), and a test in dedup/deduptest checks the table against

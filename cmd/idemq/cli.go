@@ -13,9 +13,11 @@ import (
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -500,6 +502,10 @@ type inspectOutput struct {
 	// ExpiresIn is the time left until ExpiresAt, in seconds (negative
 	// once expired).
 	ExpiresIn float64 `json:"expires_in_seconds"`
+	// Result is the result stored with the record (base64 in JSON), absent
+	// when there is none; ResultText is the same when it is valid UTF-8.
+	Result     []byte `json:"result,omitempty"`
+	ResultText string `json:"result_text,omitempty"`
 }
 
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -531,6 +537,7 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			Scope: e.Scope, Key: e.Key, State: state,
 			ProcessedAt: e.ProcessedAt.UTC(), PayloadHash: "sha256:" + e.PayloadHash.String(),
 			ExpiresAt: e.ExpiresAt.UTC(), ExpiresIn: e.ExpiresAt.Sub(now).Seconds(),
+			Result: e.Result, ResultText: resultText(e.Result),
 		})
 	}
 	state := "processed"
@@ -543,7 +550,33 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fmt.Fprintf(stdout, "processed at  %s\n", e.ProcessedAt.UTC().Format(time.RFC3339Nano))
 	fmt.Fprintf(stdout, "payload hash  sha256:%s\n", e.PayloadHash)
 	fmt.Fprintf(stdout, "expires at    %s (in %s)\n", e.ExpiresAt.UTC().Format(time.RFC3339Nano), time.Until(e.ExpiresAt).Round(time.Second))
+	if e.Result != nil {
+		fmt.Fprintf(stdout, "result        %s\n", showResult(e.Result))
+	}
 	return nil
+}
+
+// maxShownResult bounds the bytes of a stored result that inspect prints as
+// text; --json prints all of it.
+const maxShownResult = 1024
+
+// showResult renders a stored result for the text output of inspect: its
+// size and its bytes quoted as a Go string (so control characters and
+// invalid UTF-8 cannot reach the terminal), cut at maxShownResult bytes.
+func showResult(b []byte) string {
+	shown, more := b, ""
+	if len(shown) > maxShownResult {
+		shown, more = shown[:maxShownResult], " ..."
+	}
+	return fmt.Sprintf("%d bytes %s%s", len(b), strconv.Quote(string(shown)), more)
+}
+
+// resultText returns b as a string when it is valid UTF-8, else "".
+func resultText(b []byte) string {
+	if !utf8.Valid(b) {
+		return ""
+	}
+	return string(b)
 }
 
 func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) error {

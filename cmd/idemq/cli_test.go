@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/internal/testenv"
 )
@@ -76,6 +77,9 @@ func record(t *testing.T, db *sql.DB, cfg sqldedup.Config, scope, key, body stri
 	if _, err := store.MarkProcessedTx(ctx, tx, scope, key, []byte(body)); err != nil {
 		t.Fatal(err)
 	}
+	if err := store.StoreResults(ctx, tx, scope, []dedup.Result{{Key: key, Value: []byte(`{"charge":"ch_1"}`)}}); err != nil {
+		t.Fatal(err)
+	}
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
@@ -90,6 +94,7 @@ type inspectJSON struct {
 	PayloadHash      string    `json:"payload_hash"`
 	ExpiresAt        time.Time `json:"expires_at"`
 	ExpiresInSeconds float64   `json:"expires_in_seconds"`
+	ResultText       string    `json:"result_text"`
 }
 
 // migrateInspectPurge runs the record's life through the command line.
@@ -108,7 +113,8 @@ func migrateInspectPurge(t *testing.T, dsn string, extra []string, open func() (
 	code, out, errOut := idemq(t, append(append([]string{"inspect", "--dsn", dsn}, extra...), "--scope", "checkout", "order-42")...)
 	hash := "sha256:" + hexSHA256(`{"id":"order-42"}`)
 	if code != exitOK || !strings.Contains(out, "key           order-42") || !strings.Contains(out, hash) ||
-		!strings.Contains(out, "state         processed") || !strings.Contains(out, "expires at") {
+		!strings.Contains(out, "state         processed") || !strings.Contains(out, "expires at") ||
+		!strings.Contains(out, `result        17 bytes "{\"charge\":\"ch_1\"}"`) {
 		t.Fatalf("inspect = %d:\n%s%s", code, out, errOut)
 	}
 	code, out, errOut = idemq(t, append(append([]string{"inspect", "--dsn", dsn, "--json"}, extra...), "--scope", "checkout", "order-42")...)
@@ -120,7 +126,8 @@ func migrateInspectPurge(t *testing.T, dsn string, extra []string, open func() (
 		t.Fatalf("inspect --json output %q: %v", out, err)
 	}
 	if rec.Scope != "checkout" || rec.Key != "order-42" || rec.State != "processed" || rec.PayloadHash != hash ||
-		rec.ProcessedAt.IsZero() || !rec.ExpiresAt.After(rec.ProcessedAt) || rec.ExpiresInSeconds <= 0 {
+		rec.ProcessedAt.IsZero() || !rec.ExpiresAt.After(rec.ProcessedAt) || rec.ExpiresInSeconds <= 0 ||
+		rec.ResultText != `{"charge":"ch_1"}` {
 		t.Fatalf("inspect --json = %+v", rec)
 	}
 	if code, _, errOut := idemq(t, append(append([]string{"inspect", "--dsn", dsn}, extra...), "--scope", "other", "order-42")...); code != exitFailure || !strings.Contains(errOut, "no record") {

@@ -617,3 +617,31 @@ func (s *countingLeases) ClaimBatch(ctx context.Context, scope string, recs []de
 	}
 	return claims, nil
 }
+
+// StoreResults passes the handlers' results through to the store (see
+// dedup.ResultStorer); a store without results fails the transaction.
+func (s *countingStore[Tx]) StoreResults(ctx context.Context, tx Tx, scope string, results []dedup.Result) error {
+	rs, ok := s.TxStore.(dedup.ResultStorer[Tx])
+	if !ok {
+		return fmt.Errorf("consumertest: %T: %w", s.TxStore, consumer.ErrResultUnsupported)
+	}
+	return rs.StoreResults(ctx, tx, scope, results)
+}
+
+// CompleteWithResult passes through to the store (see
+// dedup.ResultCompleter) and counts the completion as Complete does; a
+// store without results fails with consumer.ErrResultUnsupported, and the
+// runner then marks the key done without the result.
+func (s *countingLeases) CompleteWithResult(ctx context.Context, scope, key, token string, retention time.Duration, result []byte) error {
+	rc, ok := s.LeaseStore.(dedup.ResultCompleter)
+	if !ok {
+		return fmt.Errorf("consumertest: %T: %w", s.LeaseStore, consumer.ErrResultUnsupported)
+	}
+	err := rc.CompleteWithResult(ctx, scope, key, token, retention, result)
+	if err == nil {
+		s.mu.Lock()
+		s.report.Committed[key]++
+		s.mu.Unlock()
+	}
+	return err
+}

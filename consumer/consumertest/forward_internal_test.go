@@ -41,6 +41,7 @@ func (fullTxStore) TableStats() (dedup.TableStats, bool) {
 func (fullTxStore) ForgetEnded(context.Context, *fakeTx, string, string, []string) error { return nil }
 func (fullTxStore) RecordFailure(context.Context, string, dedup.Record) (int, error)     { return 5, nil }
 func (fullTxStore) ForgetFailures(context.Context, string, string) error                 { return nil }
+func (fullTxStore) StoreResults(context.Context, *fakeTx, string, []dedup.Result) error  { return nil }
 
 // bareLeaseStore implements LeaseStore and none of the optional interfaces.
 type bareLeaseStore struct{ dedup.LeaseStore }
@@ -55,6 +56,9 @@ func (fullLeaseStore) RecordFailure(context.Context, string, dedup.Record) (int,
 	return 5, nil
 }
 func (fullLeaseStore) ForgetFailures(context.Context, string, string) error { return nil }
+func (fullLeaseStore) CompleteWithResult(context.Context, string, string, string, time.Duration, []byte) error {
+	return nil
+}
 
 // forwarded says, for each interface of package dedup, which of the kit's
 // store wrappers must have it when their store does: "tx" (ReplayTx's),
@@ -75,6 +79,8 @@ var forwarded = map[string][]string{
 	"TableStatsReporter":  {"tx"},
 	"BatchClaimer":        {"lease"},
 	"FailureCounter":      {"tx", "lease"},
+	"ResultStorer":        {"tx"},
+	"ResultCompleter":     {"lease"},
 }
 
 // conditional lists the interfaces a wrapper may have only when its store
@@ -97,6 +103,8 @@ func ifaceType(name string) reflect.Type {
 		"TableStatsReporter":  reflect.TypeFor[dedup.TableStatsReporter](),
 		"BatchClaimer":        reflect.TypeFor[dedup.BatchClaimer](),
 		"FailureCounter":      reflect.TypeFor[dedup.FailureCounter](),
+		"ResultStorer":        reflect.TypeFor[dedup.ResultStorer[*fakeTx]](),
+		"ResultCompleter":     reflect.TypeFor[dedup.ResultCompleter](),
 	}[name]
 }
 

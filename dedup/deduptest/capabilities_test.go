@@ -66,6 +66,10 @@ func ifaceTypes(name string) map[string]reflect.Type {
 		return generic(reflect.TypeFor[dedup.FailedTxReporter[pgx.Tx]](), reflect.TypeFor[dedup.FailedTxReporter[*sql.Tx]](), reflect.TypeFor[dedup.FailedTxReporter[*memstore.Tx]]())
 	case "EndedTxReporter":
 		return generic(reflect.TypeFor[dedup.EndedTxReporter[pgx.Tx]](), reflect.TypeFor[dedup.EndedTxReporter[*sql.Tx]](), reflect.TypeFor[dedup.EndedTxReporter[*memstore.Tx]]())
+	case "ResultStorer":
+		return generic(reflect.TypeFor[dedup.ResultStorer[pgx.Tx]](), reflect.TypeFor[dedup.ResultStorer[*sql.Tx]](), reflect.TypeFor[dedup.ResultStorer[*memstore.Tx]]())
+	case "ResultCompleter":
+		return same(reflect.TypeFor[dedup.ResultCompleter]())
 	case "LeaseStore":
 		return same(reflect.TypeFor[dedup.LeaseStore]())
 	case "AbortClassifier":

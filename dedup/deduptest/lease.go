@@ -1,6 +1,7 @@
 package deduptest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -33,6 +34,7 @@ func RunLeaseStore(t *testing.T, newStore func(t *testing.T) dedup.LeaseStore) {
 		{"RaceAfterExpiry", leaseRaceAfterExpiry},
 		{"ScopesAndKeysAreSeparate", leaseScopesSeparate},
 		{"InspectNotFound", leaseInspectNotFound},
+		{"Results", leaseResults},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -386,5 +388,44 @@ func leaseInspectNotFound(t *testing.T, s dedup.LeaseStore) {
 	_, err := s.Inspect(ctx, newScope(t), "never-claimed")
 	if !errors.Is(err, dedup.ErrNotFound) {
 		t.Fatalf("Inspect of an unknown key: err = %v, want dedup.ErrNotFound", err)
+	}
+}
+
+// leaseResults: a result stored with CompleteWithResult (dedup.ResultCompleter)
+// comes back with every duplicate verdict and from Inspect; a key completed
+// without one has a nil Result; a different payload is a mismatch without it.
+// Stores without ResultCompleter skip it.
+func leaseResults(t *testing.T, s dedup.LeaseStore) {
+	rc, ok := s.(dedup.ResultCompleter)
+	if !ok {
+		t.Skipf("%T does not implement dedup.ResultCompleter", s)
+	}
+	ctx := testContext(t)
+	scope, h := newScope(t), payload("a")
+	want := []byte("sent \x00\xff id=42")
+	tok := newToken()
+	wantState(t, claim(ctx, t, s, scope, rec("k", h), tok, longLease), dedup.StateNew)
+	mustNil(t, "CompleteWithResult", rc.CompleteWithResult(ctx, scope, "k", tok, time.Hour, want))
+	tok2 := newToken()
+	wantState(t, claim(ctx, t, s, scope, rec("plain", h), tok2, longLease), dedup.StateNew)
+	mustNil(t, "Complete", s.Complete(ctx, scope, "plain", tok2, time.Hour))
+
+	for range 2 {
+		c := claim(ctx, t, s, scope, rec("k", h), newToken(), longLease)
+		wantState(t, c, dedup.StateDone)
+		if !bytes.Equal(c.Result, want) {
+			t.Fatalf("done claim: Result %q, want %q", c.Result, want)
+		}
+	}
+	if c := claim(ctx, t, s, scope, rec("plain", h), newToken(), longLease); c.State != dedup.StateDone || c.Result != nil {
+		t.Fatalf("done claim without a result: %v, Result %q; want done, nil", c.State, c.Result)
+	}
+	if c := claim(ctx, t, s, scope, rec("k", payload("b")), newToken(), longLease); c.State != dedup.StateMismatch || c.Result != nil {
+		t.Fatalf("different payload: %v, Result %q; want a mismatch without the result", c.State, c.Result)
+	}
+	e, err := s.Inspect(ctx, scope, "k")
+	mustNil(t, "Inspect", err)
+	if !bytes.Equal(e.Result, want) {
+		t.Fatalf("Inspect: Result %q, want %q", e.Result, want)
 	}
 }

@@ -1,6 +1,7 @@
 package deduptest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -39,6 +40,7 @@ func RunTxStore[Tx any](t *testing.T, newStore func(t *testing.T, retention time
 		{"RetentionExpiry", txRetention, txExpiry[Tx]},
 		{"ScopesAndKeysAreSeparate", time.Hour, txScopes[Tx]},
 		{"LargeBatch", time.Hour, txLargeBatch[Tx]},
+		{"Results", time.Hour, txResults[Tx]},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -470,4 +472,61 @@ func txLargeBatch[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
 	cs := peek(ctx, t, s, scope, recs...)
 	wantStates(t, "second batch, first half", cs[:n/2], wantAll(sDone)...)
 	wantStates(t, "second batch, second half", cs[n/2:], wantAll(sNew)...)
+}
+
+// txResults: a result stored with a record (dedup.ResultStorer) commits with
+// it and comes back, byte for byte, with the duplicate verdict; a record
+// without one comes back with a nil Result; a rolled-back result is gone with
+// its record; a different payload is still a mismatch, and an expired record
+// claimed anew has no result. Stores without ResultStorer skip it.
+func txResults[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+	rs, ok := s.(dedup.ResultStorer[Tx])
+	if !ok {
+		t.Skipf("%T does not implement dedup.ResultStorer", s)
+	}
+	ctx := testContext(t)
+	scope, h := newScope(t), payload("a")
+	big := make([]byte, 64<<10)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	results := map[string][]byte{"r1": []byte("charge 1\x00\xff\n"), "r2": {}, "big": big}
+	inTx(ctx, t, s, true, func(tx Tx) {
+		wantStates(t, "first claim", claimIn(ctx, t, s, tx, scope, rec("r1", h), rec("r2", h), rec("big", h), rec("none", h)), sNew, sNew, sNew, sNew)
+		var rr []dedup.Result
+		for _, k := range []string{"r1", "r2", "big"} {
+			rr = append(rr, dedup.Result{Key: k, Value: results[k]})
+		}
+		if err := rs.StoreResults(ctx, tx, scope, rr); err != nil {
+			t.Fatalf("StoreResults: %v", err)
+		}
+	})
+	inTx(ctx, t, s, false, func(tx Tx) {
+		wantStates(t, "rolled back claim", claimIn(ctx, t, s, tx, scope, rec("gone", h)), sNew)
+		if err := rs.StoreResults(ctx, tx, scope, []dedup.Result{{Key: "gone", Value: []byte("x")}}); err != nil {
+			t.Fatalf("StoreResults: %v", err)
+		}
+	})
+
+	cs := peek(ctx, t, s, scope, rec("r1", h), rec("r2", h), rec("big", h), rec("none", h), rec("gone", h))
+	wantStates(t, "second claim", cs, sDone, sDone, sDone, sDone, sNew)
+	for _, c := range cs[:3] {
+		if want := results[c.Key]; !bytes.Equal(c.Result, want) {
+			t.Errorf("duplicate %q: Result of %d bytes, want the %d stored", c.Key, len(c.Result), len(want))
+		}
+	}
+	if cs[3].Result != nil || cs[4].Result != nil {
+		t.Errorf("Result without a stored one: %q and %q, want nil", cs[3].Result, cs[4].Result)
+	}
+	if cs := peek(ctx, t, s, scope, rec("r1", payload("b"))); cs[0].State != sMismatch || cs[0].Result != nil {
+		t.Errorf("different payload: %v with Result %q, want a mismatch without the result", cs[0].State, cs[0].Result)
+	}
+	if ins, ok := s.(interface {
+		Inspect(ctx context.Context, scope, key string) (dedup.Entry, error)
+	}); ok {
+		e, err := ins.Inspect(ctx, scope, "r1")
+		if err != nil || !bytes.Equal(e.Result, results["r1"]) {
+			t.Errorf("Inspect = %q, %v; want the stored result", e.Result, err)
+		}
+	}
 }

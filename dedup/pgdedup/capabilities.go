@@ -21,4 +21,5 @@ var (
 	_ dedup.RetentionReporter        = (*Store)(nil)
 	_ dedup.TableStatsReporter       = (*Store)(nil)
 	_ dedup.FailureCounter           = (*Store)(nil)
+	_ dedup.ResultStorer[pgx.Tx]     = (*Store)(nil)
 )

@@ -15,6 +15,7 @@ import (
 // queries holds the store's SQL, rendered once for the configured table.
 type queries struct {
 	table, claimInsert, claimInsertOne, claimSelect, claimRenew, unclaim, forgetEnded, inspect, cleanup string
+	storeResult, storeResults                                                                           string
 }
 
 func newQueries(schema, table string) queries {
@@ -38,20 +39,26 @@ ON CONFLICT (scope, key) DO NOTHING
 RETURNING key`,
 		// A new statement, so a new snapshot: it sees the commits the
 		// insert waited for.
-		claimSelect: `SELECT key, payload_hash, processed_at, expires_at <= now()
+		claimSelect: `SELECT key, payload_hash, processed_at, expires_at <= now(), result
 FROM ` + t + `
 WHERE scope = $1 AND key = ANY($2::text[])
 ORDER BY key
 FOR UPDATE`,
 		claimRenew: `UPDATE ` + t + `
-SET payload_hash = $3, processed_at = now(), expires_at = now() + $4 * interval '1 microsecond'
+SET payload_hash = $3, processed_at = now(), expires_at = now() + $4 * interval '1 microsecond', result = NULL
 WHERE scope = $1 AND key = $2`,
+		// The results of keys claimed in the same transaction (see
+		// StoreResults): one row, or many through unnest.
+		storeResult: `UPDATE ` + t + ` SET result = $3 WHERE scope = $1 AND key = $2`,
+		storeResults: `UPDATE ` + t + ` AS p SET result = u.r
+FROM unnest($2::text[], $3::bytea[]) AS u(k, r)
+WHERE p.scope = $1 AND p.key = u.k`,
 		unclaim: `DELETE FROM ` + t + ` WHERE scope = $1 AND key = $2`,
 		// The records a handler's COMMIT made durable share the xmin of
 		// the handler's own record; no other record does.
 		forgetEnded: `DELETE FROM ` + t + ` WHERE scope = $1 AND key = ANY($3::text[])
 AND xmin = (SELECT xmin FROM ` + t + ` WHERE scope = $1 AND key = $2)`,
-		inspect: `SELECT payload_hash, processed_at, expires_at FROM ` + t + ` WHERE scope = $1 AND key = $2`,
+		inspect: `SELECT payload_hash, processed_at, expires_at, result FROM ` + t + ` WHERE scope = $1 AND key = $2`,
 		cleanup: `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
 SELECT ctid FROM ` + t + ` WHERE expires_at <= now()
 LIMIT $1 FOR UPDATE SKIP LOCKED))`,
@@ -135,10 +142,11 @@ func (c pgClaim) Lookup(ctx context.Context, recs []dedup.Record) (map[string]sq
 		h []byte
 		f sqlstore.Found
 	)
-	_, err = pgx.ForEachRow(rows, []any{&k, &h, &f.At, &f.Expired}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&k, &h, &f.At, &f.Expired, &f.Result}, func() error {
 		var err error
 		f.Hash, err = dedup.HashFromBytes(h)
 		found[k] = f
+		f.Result = nil // the next row scans into a new slice
 		return err
 	})
 	return found, err

@@ -289,7 +289,7 @@ func (s *Store) Inspect(ctx context.Context, scope, key string) (dedup.Entry, er
 func (s *Store) InspectTx(ctx context.Context, db DBTX, scope, key string) (dedup.Entry, error) {
 	e := dedup.Entry{Scope: scope, Key: key}
 	var hash []byte
-	err := db.QueryRow(ctx, s.q.inspect, scope, key).Scan(&hash, &e.ProcessedAt, &e.ExpiresAt)
+	err := db.QueryRow(ctx, s.q.inspect, scope, key).Scan(&hash, &e.ProcessedAt, &e.ExpiresAt, &e.Result)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return e, dedup.ErrNotFound
 	}

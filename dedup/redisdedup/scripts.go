@@ -22,11 +22,12 @@ import "github.com/redis/go-redis/v9"
 //
 // It returns {state, stored hash, time ms, remaining ttl ms} where state is
 // "new", "busy" (another token holds a live lease), "done" or "mismatch", and
-// time is the completion time for done records, the claim time otherwise.
+// time is the completion time for done records, the claim time otherwise. A
+// "done" reply has a fifth element, the stored result, when there is one.
 // A claim by the token that already holds the lease (a retried command)
 // extends the lease and returns "new" again.
 var claimScript = redis.NewScript(`
-local v = redis.call('HMGET', KEYS[1], 's', 't', 'h', 'c', 'd')
+local v = redis.call('HMGET', KEYS[1], 's', 't', 'h', 'c', 'd', 'r')
 if not v[1] then
   local now = redis.call('TIME')
   local ms = now[1] * 1000 + math.floor(now[2] / 1000)
@@ -36,7 +37,7 @@ if not v[1] then
 end
 if v[1] == 'd' then
   if v[3] == ARGV[2] then
-    return {'done', v[3], tonumber(v[5]) or 0, redis.call('PTTL', KEYS[1])}
+    return {'done', v[3], tonumber(v[5]) or 0, redis.call('PTTL', KEYS[1]), v[6]}
   end
   return {'mismatch', v[3], tonumber(v[5]) or 0, redis.call('PTTL', KEYS[1])}
 end
@@ -106,13 +107,14 @@ return 0
 `)
 
 // inspectScript reads a key. It returns nil if the key is absent, else
-// {state, hash, claim ms, done ms, remaining ttl ms, server time ms}.
+// {state, hash, claim ms, done ms, remaining ttl ms, server time ms} and a
+// seventh element, the stored result, when there is one.
 var inspectScript = redis.NewScript(`
-local v = redis.call('HMGET', KEYS[1], 's', 'h', 'c', 'd')
+local v = redis.call('HMGET', KEYS[1], 's', 'h', 'c', 'd', 'r')
 if not v[1] then
   return false
 end
 local now = redis.call('TIME')
 local ms = now[1] * 1000 + math.floor(now[2] / 1000)
-return {v[1], v[2] or '', tonumber(v[3]) or 0, tonumber(v[4]) or 0, redis.call('PTTL', KEYS[1]), ms}
+return {v[1], v[2] or '', tonumber(v[3]) or 0, tonumber(v[4]) or 0, redis.call('PTTL', KEYS[1]), ms, v[5]}
 `)

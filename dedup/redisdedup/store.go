@@ -138,7 +138,7 @@ func (s *Store) Claim(ctx context.Context, scope string, rec dedup.Record, token
 
 // parseClaim converts the reply of claimScript.
 func parseClaim(key string, res []any) (dedup.Claim, error) {
-	if len(res) != 4 {
+	if len(res) != 4 && len(res) != 5 {
 		return dedup.Claim{}, fmt.Errorf("redisdedup: claim %q: unexpected reply %v", key, res)
 	}
 	state, _ := res[0].(string)
@@ -152,6 +152,11 @@ func parseClaim(key string, res []any) (dedup.Claim, error) {
 		return c, nil
 	case "done":
 		c.State = dedup.StateDone
+		if len(res) == 5 {
+			if r, ok := res[4].(string); ok {
+				c.Result = []byte(r)
+			}
+		}
 	case "mismatch":
 		c.State = dedup.StateMismatch
 	case "busy":
@@ -198,13 +203,15 @@ func (s *Store) Complete(ctx context.Context, scope, key, token string, retentio
 }
 
 // CompleteWithResult is Complete that also stores result (at most
-// Config.MaxResultBytes) with the record, for Result to return to later
-// deliveries of the key: a downstream id, a status. Larger results fail with
-// ErrInvalidArgument before reaching Redis.
+// Config.MaxResultBytes) with the record, for Result, and Claim's
+// Claim.Result, to return to later deliveries of the key: a downstream id,
+// a status, a response. Larger results fail with an error matching both
+// ErrInvalidArgument and dedup.ErrResultTooLarge before reaching Redis. It
+// implements dedup.ResultCompleter.
 func (s *Store) CompleteWithResult(ctx context.Context, scope, key, token string, retention time.Duration, result []byte) error {
 	if len(result) > s.cfg.MaxResultBytes {
-		return fmt.Errorf("redisdedup: complete %q: %w: result has %d bytes, limit %d",
-			key, ErrInvalidArgument, len(result), s.cfg.MaxResultBytes)
+		return fmt.Errorf("redisdedup: complete %q: %w: %w: result has %d bytes, limit %d",
+			key, ErrInvalidArgument, dedup.ErrResultTooLarge, len(result), s.cfg.MaxResultBytes)
 	}
 	return s.complete(ctx, scope, key, token, retention, result, true)
 }
@@ -257,7 +264,7 @@ func (s *Store) Inspect(ctx context.Context, scope, key string) (dedup.Entry, er
 	if err != nil {
 		return dedup.Entry{}, fmt.Errorf("redisdedup: inspect %q: %w", key, err)
 	}
-	if len(res) != 6 {
+	if len(res) != 6 && len(res) != 7 {
 		return dedup.Entry{}, fmt.Errorf("redisdedup: inspect %q: unexpected reply %v", key, res)
 	}
 	state, _ := res[0].(string)
@@ -268,6 +275,11 @@ func (s *Store) Inspect(ctx context.Context, scope, key string) (dedup.Entry, er
 	now, _ := res[5].(int64)
 
 	e := dedup.Entry{Scope: scope, Key: key}
+	if len(res) == 7 {
+		if r, ok := res[6].(string); ok {
+			e.Result = []byte(r)
+		}
+	}
 	if e.PayloadHash, err = parseHash(storedHex); err != nil {
 		return dedup.Entry{}, fmt.Errorf("redisdedup: inspect %q: %w", key, err)
 	}

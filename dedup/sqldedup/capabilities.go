@@ -10,11 +10,12 @@ import (
 // table in the dedup package doc (a test in dedup/deduptest checks that they
 // agree). The runner finds the optional interfaces by type assertion.
 var (
-	_ dedup.TxStore[*sql.Tx]    = (*Store)(nil)
-	_ dedup.AbortClassifier     = (*Store)(nil)
-	_ dedup.TransientClassifier = (*Store)(nil)
-	_ dedup.PoolSizer           = (*Store)(nil)
-	_ dedup.RetentionReporter   = (*Store)(nil)
-	_ dedup.TableStatsReporter  = (*Store)(nil)
-	_ dedup.FailureCounter      = (*Store)(nil)
+	_ dedup.TxStore[*sql.Tx]      = (*Store)(nil)
+	_ dedup.AbortClassifier       = (*Store)(nil)
+	_ dedup.TransientClassifier   = (*Store)(nil)
+	_ dedup.PoolSizer             = (*Store)(nil)
+	_ dedup.RetentionReporter     = (*Store)(nil)
+	_ dedup.TableStatsReporter    = (*Store)(nil)
+	_ dedup.FailureCounter        = (*Store)(nil)
+	_ dedup.ResultStorer[*sql.Tx] = (*Store)(nil)
 )

@@ -62,7 +62,7 @@ func (c sqlClaim) Lookup(ctx context.Context, recs []dedup.Record) (map[string]s
 			at int64
 			f  sqlstore.Found
 		)
-		if err := rows.Scan(&k, &h, &at, &f.Expired); err != nil {
+		if err := rows.Scan(&k, &h, &at, &f.Expired, &f.Result); err != nil {
 			return nil, err
 		}
 		if f.Hash, err = dedup.HashFromBytes(h); err != nil {

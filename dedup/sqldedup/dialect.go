@@ -101,8 +101,8 @@ func (q queries) insertClaims(scope string, recs []dedup.Record, now time.Time, 
 	return b.String(), args
 }
 
-// selectClaims returns key, payload_hash, processed_at (µs) and whether the
-// record expired, for the given keys, locking the rows (PostgreSQL) in key
+// selectClaims returns key, payload_hash, processed_at (µs), whether the
+// record expired and its result, for the given keys, locking the rows (PostgreSQL) in key
 // order. It is a new statement, so it sees the commits insertClaims waited
 // for.
 func (q queries) selectClaims(scope string, keys []string, now time.Time) (string, []any) {
@@ -114,7 +114,7 @@ func (q queries) selectClaims(scope string, keys []string, now time.Time) (strin
 		args = append(args, now.UnixMicro())
 		expired = "expires_at <= ?2"
 	}
-	b.WriteString("SELECT key, payload_hash, " + q.micros("processed_at") + ", " + expired +
+	b.WriteString("SELECT key, payload_hash, " + q.micros("processed_at") + ", " + expired + ", result" +
 		" FROM " + q.table + " WHERE scope = " + q.ph(1) + " AND key IN (")
 	for i, k := range keys {
 		if i > 0 {
@@ -134,11 +134,11 @@ func (q queries) selectClaims(scope string, keys []string, now time.Time) (strin
 func (q queries) renew(scope, key string, hash dedup.Hash, now time.Time, retention time.Duration) (string, []any) {
 	if q.dialect == Postgres {
 		return "UPDATE " + q.table + " SET payload_hash = $3, processed_at = now(), " +
-				"expires_at = now() + $4::bigint * interval '1 microsecond' WHERE scope = $1 AND key = $2",
+				"expires_at = now() + $4::bigint * interval '1 microsecond', result = NULL WHERE scope = $1 AND key = $2",
 			[]any{scope, key, hash[:], retention.Microseconds()}
 	}
 	us := now.UnixMicro()
-	return "UPDATE " + q.table + " SET payload_hash = ?3, processed_at = ?4, expires_at = ?5 WHERE scope = ?1 AND key = ?2",
+	return "UPDATE " + q.table + " SET payload_hash = ?3, processed_at = ?4, expires_at = ?5, result = NULL WHERE scope = ?1 AND key = ?2",
 		[]any{scope, key, hash[:], us, us + retention.Microseconds()}
 }
 
@@ -147,9 +147,10 @@ func (q queries) deleteKey() string {
 	return "DELETE FROM " + q.table + " WHERE scope = " + q.ph(1) + " AND key = " + q.ph(2)
 }
 
-// inspect returns payload_hash, processed_at and expires_at (µs) of a record.
+// inspect returns payload_hash, processed_at and expires_at (µs) and the
+// result of a record.
 func (q queries) inspect() string {
-	return "SELECT payload_hash, " + q.micros("processed_at") + ", " + q.micros("expires_at") +
+	return "SELECT payload_hash, " + q.micros("processed_at") + ", " + q.micros("expires_at") + ", result" +
 		" FROM " + q.table + " WHERE scope = " + q.ph(1) + " AND key = " + q.ph(2)
 }
 
@@ -162,4 +163,9 @@ func (q queries) cleanup(limit int, now time.Time) (string, []any) {
 	}
 	return "DELETE FROM " + q.table + " WHERE (scope, key) IN (SELECT scope, key FROM " + q.table +
 		" WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)", []any{now.UnixMicro(), limit}
+}
+
+// storeResult writes the result of one record.
+func (q queries) storeResult() string {
+	return "UPDATE " + q.table + " SET result = " + q.ph(3) + " WHERE scope = " + q.ph(1) + " AND key = " + q.ph(2)
 }

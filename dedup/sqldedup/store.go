@@ -277,7 +277,7 @@ func (s *Store) InspectTx(ctx context.Context, q Querier, scope, key string) (de
 		hash               []byte
 		processed, expires int64
 	)
-	err := q.QueryRowContext(ctx, s.q.inspect(), scope, key).Scan(&hash, &processed, &expires)
+	err := q.QueryRowContext(ctx, s.q.inspect(), scope, key).Scan(&hash, &processed, &expires, &e.Result)
 	if errors.Is(err, sql.ErrNoRows) {
 		return e, dedup.ErrNotFound
 	}

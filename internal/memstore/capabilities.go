@@ -10,7 +10,9 @@ var (
 	_ dedup.TxStore[*Tx]      = (*Store)(nil)
 	_ dedup.RetentionReporter = (*Store)(nil)
 	_ dedup.FailureCounter    = (*Store)(nil)
+	_ dedup.ResultStorer[*Tx] = (*Store)(nil)
 
-	_ dedup.LeaseStore     = (*Leases)(nil)
-	_ dedup.FailureCounter = (*Leases)(nil)
+	_ dedup.LeaseStore      = (*Leases)(nil)
+	_ dedup.FailureCounter  = (*Leases)(nil)
+	_ dedup.ResultCompleter = (*Leases)(nil)
 )

@@ -16,6 +16,7 @@ type lease struct {
 	done        bool
 	until       time.Time
 	processedAt time.Time
+	result      []byte // see CompleteWithResult
 }
 
 // Leases is the lease-path view of a Store: a dedup.LeaseStore sharing the
@@ -53,6 +54,7 @@ func (ls *Leases) Claim(ctx context.Context, scope string, rec dedup.Record, tok
 			c.State = dedup.StateInProgress
 		case l.hash == rec.PayloadHash:
 			c.State = dedup.StateDone
+			c.Result = l.result
 		default:
 			c.State = dedup.StateMismatch
 		}
@@ -93,6 +95,11 @@ func (ls *Leases) Refresh(ctx context.Context, scope, k, token string, d time.Du
 // store's Config.Retention when retention is not positive), or returns
 // dedup.ErrLeaseLost.
 func (ls *Leases) Complete(ctx context.Context, scope, k, token string, retention time.Duration) error {
+	return ls.complete(ctx, scope, k, token, retention, nil)
+}
+
+// complete is Complete, storing result with the key.
+func (ls *Leases) complete(ctx context.Context, scope, k, token string, retention time.Duration, result []byte) error {
 	s := ls.s
 	if err := ctx.Err(); err != nil {
 		return err
@@ -107,7 +114,7 @@ func (ls *Leases) Complete(ctx context.Context, scope, k, token string, retentio
 		return fmt.Errorf("memstore: complete of key %q: %w", k, dedup.ErrLeaseLost)
 	}
 	now := s.cfg.Now()
-	l.done, l.processedAt, l.until = true, now, now.Add(retention)
+	l.done, l.processedAt, l.until, l.result = true, now, now.Add(retention), result
 	ev := s.event(EventComplete, 0, []Key{{Scope: scope, Key: k}}, nil)
 	s.mu.Unlock()
 	s.emit(ev)
@@ -146,7 +153,7 @@ func (ls *Leases) Inspect(ctx context.Context, scope, k string) (dedup.Entry, er
 	l := s.leases[key{scope, k}]
 	if l.live(s.cfg.Now()) {
 		defer s.mu.Unlock()
-		e := dedup.Entry{Scope: scope, Key: k, PayloadHash: l.hash, InProgress: !l.done}
+		e := dedup.Entry{Scope: scope, Key: k, PayloadHash: l.hash, InProgress: !l.done, Result: l.result}
 		if l.done {
 			e.ProcessedAt, e.ExpiresAt = l.processedAt, l.until
 		} else {

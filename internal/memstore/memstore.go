@@ -100,6 +100,7 @@ type record struct {
 	processedAt time.Time
 	expiresAt   time.Time
 	owner       *Tx
+	result      []byte // see StoreResults
 	// released is closed when the owner commits, rolls back or unclaims.
 	released chan struct{}
 }
@@ -305,7 +306,11 @@ func (s *Store) claimOne(ctx context.Context, tx *Tx, k key, hash dedup.Hash) (d
 			if r.hash != hash {
 				state = dedup.StateMismatch
 			}
-			return dedup.Claim{Key: k.key, State: state, StoredHash: r.hash, ProcessedAt: r.processedAt}, nil
+			c := dedup.Claim{Key: k.key, State: state, StoredHash: r.hash, ProcessedAt: r.processedAt}
+			if state == dedup.StateDone {
+				c.Result = r.result
+			}
+			return c, nil
 		}
 	}
 }
@@ -391,7 +396,7 @@ func (s *Store) Record(scope, k string) (dedup.Entry, error) {
 	if r == nil || r.owner != nil || !s.cfg.Now().Before(r.expiresAt) {
 		return dedup.Entry{}, fmt.Errorf("memstore: key %q in scope %q: %w", k, scope, dedup.ErrNotFound)
 	}
-	return dedup.Entry{Scope: scope, Key: k, PayloadHash: r.hash, ProcessedAt: r.processedAt, ExpiresAt: r.expiresAt}, nil
+	return dedup.Entry{Scope: scope, Key: k, PayloadHash: r.hash, ProcessedAt: r.processedAt, ExpiresAt: r.expiresAt, Result: r.result}, nil
 }
 
 // Sweep deletes the committed records and completed leases whose retention

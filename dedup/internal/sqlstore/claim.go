@@ -15,6 +15,7 @@ type Found struct {
 	Hash    dedup.Hash
 	At      time.Time
 	Expired bool
+	Result  []byte // stored with the record, nil when none
 }
 
 // ClaimOps are the statements of one claim, run in the caller's
@@ -28,7 +29,8 @@ type ClaimOps interface {
 	// the transaction. It must run as a new statement (a new snapshot), so
 	// that it sees the commits Insert waited for.
 	Lookup(ctx context.Context, recs []dedup.Record) (map[string]Found, error)
-	// Renew overwrites an expired record with rec, as if it were new.
+	// Renew overwrites an expired record with rec, as if it were new (and
+	// without a result).
 	Renew(ctx context.Context, rec dedup.Record) error
 }
 
@@ -110,7 +112,7 @@ func Claim(ctx context.Context, ops ClaimOps, recs []dedup.Record, chunk int) ([
 					}
 					c.State = dedup.StateNew
 				case f.Hash == r.PayloadHash:
-					c.State, c.StoredHash, c.ProcessedAt = dedup.StateDone, f.Hash, f.At
+					c.State, c.StoredHash, c.ProcessedAt, c.Result = dedup.StateDone, f.Hash, f.At, f.Result
 				default:
 					c.State, c.StoredHash, c.ProcessedAt = dedup.StateMismatch, f.Hash, f.At
 				}

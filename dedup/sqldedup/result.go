@@ -1,0 +1,22 @@
+package sqldedup
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// StoreResults implements dedup.ResultStorer: it writes each result into the
+// record of its key, claimed in tx, one statement per result (database/sql
+// has no portable array parameter). The result column (migration 003) is
+// NULL for records without one.
+func (s *Store) StoreResults(ctx context.Context, tx *sql.Tx, scope string, results []dedup.Result) error {
+	for _, r := range results {
+		if _, err := tx.ExecContext(ctx, s.q.storeResult(), scope, r.Key, r.Value); err != nil {
+			return fmt.Errorf("sqldedup: store result of %q: %w", r.Key, err)
+		}
+	}
+	return nil
+}

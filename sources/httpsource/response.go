@@ -1,0 +1,204 @@
+package httpsource
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"slices"
+	"strconv"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// Response is what an endpoint answers: the status, the headers and the
+// body. The runner stores it with the request's record, so a retried
+// request with the same key gets it back byte for byte (with
+// Idempotent-Replayed: true), for the record's retention.
+//
+// A Response with a 4xx or 5xx status is stored and replayed like any
+// other: it is the endpoint's answer, decided after it started executing
+// (Stripe's practice). To refuse a request without storing anything, so
+// that the client's retry runs again, return Reject's error instead.
+type Response struct {
+	// Status is the HTTP status code. Defaults to 200.
+	Status int
+	// Header holds the response headers. Hop-by-hop headers are not
+	// allowed; Content-Length is computed.
+	Header http.Header
+	// Body is the response body.
+	Body []byte
+}
+
+// JSON returns a Response with status and v encoded as JSON, with
+// Content-Type application/json.
+func JSON(status int, v any) (Response, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return Response{}, consumer.Permanent(fmt.Errorf("httpsource: encoding %T: %w", v, err))
+	}
+	return Response{Status: status, Header: http.Header{"Content-Type": {"application/json"}}, Body: append(b, '\n')}, nil
+}
+
+// Tx adapts an endpoint of the transactional path: h runs inside the
+// runner's transaction, and the Response it returns is stored with the
+// request's record in that transaction (consumer.TxResult), so the effect
+// and the answer commit together. msg.Body is the request body,
+// msg.Headers its headers (first values), and msg.Raw the *http.Request
+// (its body already read; use it for the URL, PathValue, the method).
+func Tx[T any](h func(ctx context.Context, tx T, msg *consumer.Message) (Response, error)) consumer.TxHandler[T] {
+	return consumer.TxResult(func(ctx context.Context, tx T, msg *consumer.Message) ([]byte, error) {
+		res, err := h(ctx, tx, msg)
+		if err != nil {
+			return nil, err
+		}
+		return encodeResponse(res)
+	})
+}
+
+// Lease adapts an endpoint of the lease path (effects outside a database:
+// a payment provider, an email): the Response h returns is stored next to
+// the done key (consumer.LeaseResult). Forward consumer.IdempotencyKey(ctx)
+// to the downstream system, so that the crash window between its effect
+// and the done mark is covered downstream.
+func Lease(h func(ctx context.Context, msg *consumer.Message) (Response, error)) consumer.Handler {
+	return consumer.LeaseResult(func(ctx context.Context, msg *consumer.Message) ([]byte, error) {
+		res, err := h(ctx, msg)
+		if err != nil {
+			return nil, err
+		}
+		return encodeResponse(res)
+	})
+}
+
+// Request returns the *http.Request a message was made from, or nil for a
+// message of another source. Its body has been read into msg.Body.
+func Request(msg *consumer.Message) *http.Request {
+	r, _ := msg.Raw.(*http.Request)
+	return r
+}
+
+// RejectError is the error of Reject: a refusal with a 4xx status that
+// stores nothing.
+type RejectError struct {
+	Status int
+	Detail string
+}
+
+// Error implements error.
+func (e *RejectError) Error() string {
+	return fmt.Sprintf("httpsource: rejected with %d %s: %s", e.Status, http.StatusText(e.Status), e.Detail)
+}
+
+// Reject returns an error for a handler to refuse a request with status (a
+// 4xx code; anything else becomes 400) and detail, in an
+// application/problem+json body. Nothing is stored: the transaction rolls
+// back, and a retry with the same key runs the handler again. Use it for
+// input the handler validates before it starts its effect (Stripe stores no
+// result for requests that failed validation).
+func Reject(status int, detail string) error {
+	if status < 400 || status > 499 {
+		status = http.StatusBadRequest
+	}
+	return consumer.Permanent(&RejectError{Status: status, Detail: detail})
+}
+
+// respMagic starts a stored Response, so that a result stored by another
+// handler (consumer.TxResult with raw bytes) is told apart.
+const respMagic = "idemq-http/1 "
+
+// encodeResponse renders res as it is stored: a status line, the headers in
+// MIME format (sorted, so equal responses store equal bytes), a blank line
+// and the body.
+func encodeResponse(res Response) ([]byte, error) {
+	if res.Status == 0 {
+		res.Status = http.StatusOK
+	}
+	if res.Status < 100 || res.Status > 999 {
+		return nil, consumer.Permanent(fmt.Errorf("httpsource: invalid status %d", res.Status))
+	}
+	var b bytes.Buffer
+	b.WriteString(respMagic + strconv.Itoa(res.Status) + "\r\n")
+	for _, k := range slices.Sorted(func(yield func(string) bool) {
+		for k := range res.Header {
+			if !yield(k) {
+				return
+			}
+		}
+	}) {
+		ck := textproto.CanonicalMIMEHeaderKey(k)
+		if !validHeaderName(ck) || ck == "Content-Length" || ck == "Idempotent-Replayed" {
+			return nil, consumer.Permanent(fmt.Errorf("httpsource: header %q cannot be stored", k))
+		}
+		for _, v := range res.Header[k] {
+			if !validHeaderValue(v) {
+				return nil, consumer.Permanent(fmt.Errorf("httpsource: header %q has an invalid value", k))
+			}
+			b.WriteString(ck + ": " + v + "\r\n")
+		}
+	}
+	b.WriteString("\r\n")
+	b.Write(res.Body)
+	return b.Bytes(), nil
+}
+
+// decodeResponse reads a stored Response. A result without the magic
+// prefix (stored by a handler that is not Tx or Lease) is the body of a
+// 200 application/octet-stream response.
+func decodeResponse(stored []byte) (Response, error) {
+	rest, ok := bytes.CutPrefix(stored, []byte(respMagic))
+	if !ok {
+		return Response{Status: http.StatusOK, Header: http.Header{"Content-Type": {"application/octet-stream"}}, Body: stored}, nil
+	}
+	statusLine, rest, ok := bytes.Cut(rest, []byte("\r\n"))
+	if !ok {
+		return Response{}, errors.New("httpsource: stored response has no status line")
+	}
+	status, err := strconv.Atoi(string(statusLine))
+	if err != nil {
+		return Response{}, fmt.Errorf("httpsource: stored response status %q: %w", statusLine, err)
+	}
+	res := Response{Status: status, Header: http.Header{}}
+	for {
+		var line []byte
+		line, rest, ok = bytes.Cut(rest, []byte("\r\n"))
+		if !ok {
+			return Response{}, errors.New("httpsource: stored response headers do not end")
+		}
+		if len(line) == 0 {
+			break
+		}
+		k, v, ok := bytes.Cut(line, []byte(": "))
+		if !ok {
+			return Response{}, fmt.Errorf("httpsource: stored response header line %q", line)
+		}
+		res.Header[string(k)] = append(res.Header[string(k)], string(v))
+	}
+	res.Body = rest
+	return res, nil
+}
+
+func validHeaderName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if c <= ' ' || c >= 0x7f || c == ':' {
+			return false
+		}
+	}
+	return true
+}
+
+func validHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c == '\r' || c == '\n' || c == 0 {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,489 @@
+package httpsource
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/cfgerr"
+)
+
+// Header names of the IETF draft "The Idempotency-Key HTTP Header Field"
+// and of the replay mark (Stripe's).
+const (
+	HeaderKey      = "Idempotency-Key"
+	HeaderReplayed = "Idempotent-Replayed"
+)
+
+// Default values used by Config.WithDefaults.
+const (
+	DefaultMaxBodyBytes = 1 << 20
+	DefaultTimeout      = 30 * time.Second
+	DefaultQueue        = 1024
+)
+
+// Config configures a Source. The zero value is usable.
+type Config struct {
+	// Scope returns the caller's scope for a request, for example the
+	// authenticated subject or tenant: keys are recorded as the scope and
+	// the key, encoded injectively, so two callers' keys never collide. An
+	// error answers 401 with its text as the problem detail. Defaults to
+	// nil: every caller shares one key space.
+	Scope func(r *http.Request) (string, error)
+
+	// KeyOptional accepts requests without an Idempotency-Key: each one
+	// runs as a new operation under a generated key. Defaults to false: a
+	// request without a key is answered 400.
+	KeyOptional bool
+
+	// WaitInProgress makes a request whose key is being handled by an
+	// earlier request to this Source wait for it and then get its
+	// response as a replay, instead of an immediate 409 Conflict. Defaults
+	// to false (409, as the draft recommends).
+	WaitInProgress bool
+
+	// MaxBodyBytes is the largest request body accepted; larger requests
+	// are answered 413. Defaults to 1 MiB.
+	MaxBodyBytes int64
+
+	// Timeout bounds how long a request waits for the runner to settle it,
+	// including the retries the runner asks for (a database outage, a
+	// handler's retryable error); after it the request is answered 503
+	// with Retry-After, and a retry with the same key finds out what
+	// happened. Defaults to 30 s.
+	Timeout time.Duration
+
+	// Queue is how many requests may wait for the runner to receive them;
+	// more are answered 503 with Retry-After: 1 at once. Defaults to 1024.
+	Queue int
+
+	// Logger receives the source's logs. Defaults to a logger that
+	// discards everything.
+	Logger *slog.Logger
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.Queue == 0 {
+		c.Queue = DefaultQueue
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	var l cfgerr.List
+	if c.MaxBodyBytes < 0 {
+		l.Addf("httpsource.Config.MaxBodyBytes", "%d is negative", c.MaxBodyBytes)
+	}
+	if c.Timeout < 0 {
+		l.Addf("httpsource.Config.Timeout", "%s is negative", c.Timeout)
+	}
+	if c.Queue < 0 {
+		l.Addf("httpsource.Config.Queue", "%d is negative", c.Queue)
+	}
+	return l.Err()
+}
+
+// Source turns HTTP requests into deliveries of a consumer.Source: mount it
+// on the route of one endpoint (it is an http.Handler) and run a
+// consumer.Runner on it, with the endpoint's handler (Tx or Lease). Each
+// request waits until the runner settles its delivery and is answered from
+// the outcome: the handler's Response, or the stored one for a key seen
+// before, with Idempotent-Replayed: true. The requests share the runner's
+// lanes, batches (concurrent requests commit together), stores, hooks and
+// telemetry. See docs/http.md for every status it answers.
+//
+// Shut down in this order: http.Server.Shutdown (it waits for the requests
+// in flight, which wait for the runner), then cancel the runner's context.
+// It is safe for concurrent use.
+type Source struct {
+	cfg    Config
+	queue  chan *consumer.Message
+	closed chan struct{}
+	once   sync.Once
+	seq    atomic.Uint64
+
+	mu       sync.Mutex
+	inFlight map[string]*pending // by recorded key
+}
+
+// pending is a request waiting for its outcome.
+type pending struct {
+	key      string
+	deadline time.Time
+	answer   chan answer   // buffered 1; the first settle wins
+	done     chan struct{} // closed when the request is answered
+}
+
+// answer is what a request is answered with.
+type answer struct {
+	res      Response
+	replayed bool
+}
+
+var (
+	_ consumer.Source   = (*Source)(nil)
+	_ consumer.Releaser = (*Source)(nil)
+	_ http.Handler      = (*Source)(nil)
+)
+
+// New returns a Source. A bad Config fails with an error matching
+// consumer.ErrInvalidConfig.
+func New(cfg Config) (*Source, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Source{
+		cfg:      cfg,
+		queue:    make(chan *consumer.Message, cfg.Queue),
+		closed:   make(chan struct{}),
+		inFlight: map[string]*pending{},
+	}, nil
+}
+
+// scopeEscaper makes "<scope>:<key>" injective, as consumer.IdempotencyKey
+// does: the escaped scope holds no ':'.
+var scopeEscaper = strings.NewReplacer("%", "%25", ":", "%3A")
+
+// ServeHTTP implements http.Handler: it answers the request from the
+// outcome of its delivery.
+func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key, ok := s.requestKey(w, r)
+	if !ok {
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			problem(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is larger than %d bytes", s.cfg.MaxBodyBytes))
+			return
+		}
+		problem(w, http.StatusBadRequest, "reading the body failed: "+err.Error())
+		return
+	}
+	for {
+		p, busy := s.begin(key)
+		if busy != nil {
+			if !s.cfg.WaitInProgress {
+				problem(w, http.StatusConflict, "a request with this Idempotency-Key is still being processed; retry later")
+				return
+			}
+			select {
+			case <-busy.done:
+				continue // now a duplicate: its replay
+			case <-r.Context().Done():
+				return
+			}
+		}
+		s.serve(w, r, p, key, body)
+		return
+	}
+}
+
+// requestKey returns the key to record for r, or answers r and reports
+// false.
+func (s *Source) requestKey(w http.ResponseWriter, r *http.Request) (string, bool) {
+	key := r.Header.Get(HeaderKey)
+	if len(key) >= 2 && key[0] == '"' && key[len(key)-1] == '"' {
+		key = key[1 : len(key)-1] // the draft's sf-string form
+	}
+	if key == "" {
+		if !s.cfg.KeyOptional {
+			problem(w, http.StatusBadRequest, "the "+HeaderKey+" header is required")
+			return "", false
+		}
+		key = fmt.Sprintf("generated:%d:%d", time.Now().UnixNano(), s.seq.Add(1))
+	}
+	if s.cfg.Scope != nil {
+		scope, err := s.cfg.Scope(r)
+		if err != nil {
+			problem(w, http.StatusUnauthorized, err.Error())
+			return "", false
+		}
+		key = scopeEscaper.Replace(scope) + ":" + key
+	}
+	return key, true
+}
+
+// begin registers a request for key, or returns the one in flight.
+func (s *Source) begin(key string) (p, busy *pending) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if q := s.inFlight[key]; q != nil {
+		return nil, q
+	}
+	p = &pending{key: key, answer: make(chan answer, 1), done: make(chan struct{}), deadline: time.Now().Add(s.cfg.Timeout)}
+	s.inFlight[key] = p
+	return p, nil
+}
+
+// end removes p from the requests in flight and wakes its waiters.
+func (s *Source) end(p *pending) {
+	s.mu.Lock()
+	if s.inFlight[p.key] == p {
+		delete(s.inFlight, p.key)
+	}
+	s.mu.Unlock()
+	close(p.done)
+}
+
+func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key string, body []byte) {
+	defer s.end(p)
+	headers := make(map[string]string, len(r.Header))
+	for k, v := range r.Header {
+		if len(v) > 0 {
+			headers[k] = v[0]
+		}
+	}
+	msg := &consumer.Message{
+		ID:           "http-" + strconv.FormatUint(s.seq.Add(1), 10),
+		Key:          key,
+		Body:         body,
+		Headers:      headers,
+		PartitionKey: key, // copies of a key share a lane: the later one is a duplicate
+		Topic:        r.Method + " " + r.URL.Path,
+		Attempt:      1,
+		ReceivedAt:   time.Now(),
+		Raw:          r,
+		Broker:       consumer.BrokerInfo{System: "http"},
+		Handle:       p,
+	}
+	select {
+	case s.queue <- msg:
+	case <-s.closed:
+		unavailable(w, "the server is shutting down", 1)
+		return
+	default:
+		unavailable(w, "too many requests are waiting", 1)
+		return
+	}
+	timer := time.NewTimer(time.Until(p.deadline))
+	defer timer.Stop()
+	select {
+	case a := <-p.answer:
+		write(w, a)
+	case <-timer.C:
+		p.settle(answer{res: problemResponse(http.StatusServiceUnavailable, "the request was not settled in time; retry with the same "+HeaderKey)})
+		write(w, <-p.answer)
+	case <-r.Context().Done():
+		// The client left. The delivery is still settled; a retry with
+		// the same key gets its outcome.
+	}
+}
+
+// settle gives p its answer unless it has one.
+func (p *pending) settle(a answer) {
+	select {
+	case p.answer <- a:
+	default:
+	}
+}
+
+// write writes a to w.
+func write(w http.ResponseWriter, a answer) {
+	h := w.Header()
+	for k, v := range a.res.Header {
+		h[k] = v
+	}
+	if a.replayed {
+		h.Set(HeaderReplayed, "true")
+	}
+	h.Set("Content-Length", strconv.Itoa(len(a.res.Body)))
+	w.WriteHeader(a.res.Status)
+	_, _ = w.Write(a.res.Body)
+}
+
+// Receive implements consumer.Source: it returns the requests waiting, up
+// to max, blocking until there is one.
+func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, error) {
+	var out []*consumer.Message
+	select {
+	case m := <-s.queue:
+		out = append(out, m)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-s.closed:
+		return nil, consumer.ErrClosed
+	}
+	for len(out) < max {
+		select {
+		case m := <-s.queue:
+			out = append(out, m)
+		default:
+			return out, nil
+		}
+	}
+	return out, nil
+}
+
+// Ack implements consumer.Source: each request is answered with its
+// outcome (consumer.Message.Outcome): the handler's Response, or the stored
+// one with Idempotent-Replayed: true. A key settled without a stored
+// response (its handler returned none) is answered 204.
+func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
+	for _, m := range msgs {
+		p, ok := m.Handle.(*pending)
+		if !ok {
+			continue
+		}
+		result, replayed, _ := m.Outcome()
+		if result == nil {
+			p.settle(answer{res: Response{Status: http.StatusNoContent}, replayed: replayed})
+			continue
+		}
+		res, err := decodeResponse(result)
+		if err != nil {
+			s.cfg.Logger.ErrorContext(ctx, "stored response unreadable", "key", m.Key, "err", err)
+			res = problemResponse(http.StatusInternalServerError, "the stored response cannot be read")
+		}
+		p.settle(answer{res: res, replayed: replayed})
+	}
+	return nil
+}
+
+// Retry implements consumer.Source: the handler failed and nothing was
+// stored, so the request is answered 500 at once (with Retry-After: the
+// delay the runner asked for), and the client's retry with the same key
+// runs the handler again. The runner's retry policy still counts the
+// failures per key (consumer.RetryPolicy.MaxAttempts): past it, the answer
+// is the same 500.
+func (s *Source) Retry(_ context.Context, msg *consumer.Message, delay time.Duration) error {
+	if p, ok := msg.Handle.(*pending); ok {
+		secs := max(1, int(delay.Round(time.Second)/time.Second))
+		p.settle(answer{res: withRetryAfter(problemResponse(http.StatusInternalServerError,
+			"the request failed and nothing was stored; a retry with the same "+HeaderKey+" runs it again"), secs)})
+	}
+	return nil
+}
+
+// Release implements consumer.Releaser: the request was not at fault (the
+// database or the lease store failed, or another worker holds its key), so
+// it is delivered again after delay, while the request waits, if its
+// Timeout allows; otherwise it is answered 503 with Retry-After.
+func (s *Source) Release(_ context.Context, msg *consumer.Message, delay time.Duration) error {
+	s.again(msg, delay)
+	return nil
+}
+
+func (s *Source) again(msg *consumer.Message, delay time.Duration) {
+	p, ok := msg.Handle.(*pending)
+	if !ok {
+		return
+	}
+	if time.Now().Add(delay).After(p.deadline) {
+		secs := max(1, int(delay.Round(time.Second)/time.Second))
+		p.settle(answer{res: withRetryAfter(problemResponse(http.StatusServiceUnavailable,
+			"the request could not be completed now; retry with the same "+HeaderKey), secs)})
+		return
+	}
+	next := *msg
+	next.Redelivered = true
+	time.AfterFunc(delay, func() {
+		select {
+		case s.queue <- &next:
+		case <-s.closed:
+			p.settle(answer{res: problemResponse(http.StatusServiceUnavailable, "the server is shutting down")})
+		case <-p.done:
+		}
+	})
+}
+
+// DeadLetter implements consumer.Source: the request is answered with the
+// status the reason maps to (see docs/http.md), in an
+// application/problem+json body. Nothing was stored for it, except for a
+// result over consumer.Config.MaxResultBytes on the lease path, where the
+// effect happened and its key is done without a response.
+func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason error) error {
+	p, ok := msg.Handle.(*pending)
+	if !ok {
+		return nil
+	}
+	status, detail := statusOf(reason)
+	if status >= 500 {
+		s.cfg.Logger.ErrorContext(ctx, "request failed", "key", msg.Key, "status", status, "err", reason)
+	}
+	p.settle(answer{res: problemResponse(status, detail)})
+	return nil
+}
+
+// statusOf maps a dead-letter reason to a status and a problem detail.
+func statusOf(reason error) (int, string) {
+	var rej *RejectError
+	switch {
+	case errors.As(reason, &rej):
+		return rej.Status, rej.Detail
+	case errors.Is(reason, consumer.ErrPayloadMismatch):
+		return http.StatusUnprocessableEntity, "this " + HeaderKey + " was used with a different request payload"
+	case errors.Is(reason, consumer.ErrMalformed):
+		return http.StatusBadRequest, "the request body cannot be decoded: " + reason.Error()
+	case errors.Is(reason, consumer.ErrMissingKey), errors.Is(reason, consumer.ErrInvalidKey):
+		return http.StatusBadRequest, "the " + HeaderKey + " is missing or invalid"
+	case errors.Is(reason, consumer.ErrOversized):
+		return http.StatusRequestEntityTooLarge, "the request body is too large"
+	}
+	return http.StatusInternalServerError, "the request failed and nothing was stored; a retry with the same " + HeaderKey + " runs it again"
+}
+
+// Close implements consumer.Source: Receive fails with consumer.ErrClosed,
+// and requests not received yet are answered 503.
+func (s *Source) Close() error {
+	s.once.Do(func() {
+		close(s.closed)
+		for {
+			select {
+			case m := <-s.queue:
+				if p, ok := m.Handle.(*pending); ok {
+					p.settle(answer{res: problemResponse(http.StatusServiceUnavailable, "the server is shutting down")})
+				}
+			default:
+				return
+			}
+		}
+	})
+	return nil
+}
+
+// problemResponse is an application/problem+json (RFC 9457) response.
+func problemResponse(status int, detail string) Response {
+	b, _ := json.Marshal(struct {
+		Type   string `json:"type"`
+		Title  string `json:"title"`
+		Status int    `json:"status"`
+		Detail string `json:"detail,omitempty"`
+	}{"about:blank", http.StatusText(status), status, detail})
+	return Response{Status: status, Header: http.Header{"Content-Type": {"application/problem+json"}}, Body: append(b, '\n')}
+}
+
+func withRetryAfter(res Response, secs int) Response {
+	res.Header.Set("Retry-After", strconv.Itoa(secs))
+	return res
+}
+
+func problem(w http.ResponseWriter, status int, detail string) {
+	write(w, answer{res: problemResponse(status, detail)})
+}
+
+func unavailable(w http.ResponseWriter, detail string, secs int) {
+	write(w, answer{res: withRetryAfter(problemResponse(http.StatusServiceUnavailable, detail), secs)})
+}

@@ -1,0 +1,369 @@
+package httpsource_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	_ "modernc.org/sqlite"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/dedup/redisdedup"
+	"github.com/idemq/idemq/dedup/sqldedup"
+	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/sources/httpsource"
+)
+
+// charge is the request body of the test endpoint.
+type charge struct {
+	Amount int  `json:"amount"`
+	Fail   bool `json:"fail,omitempty"`   // the handler returns an error (nothing stored)
+	Reject bool `json:"reject,omitempty"` // the handler rejects with 402 (nothing stored)
+	Block  bool `json:"block,omitempty"`  // the handler waits for endpoint.release
+}
+
+// endpoint is a test server: an httpsource.Source on 127.0.0.1:0 with a
+// runner on one of the paths and stores.
+type endpoint struct {
+	url     string
+	release chan struct{}
+	started chan struct{} // a blocking handler started
+	runs    atomic.Int64  // handler runs
+	effects func() int    // committed effects
+}
+
+// handle is the endpoint's logic, shared by every backend: id is the new
+// charge's id, from the backend's effect.
+func (e *endpoint) handle(ctx context.Context, msg *consumer.Message, effect func(amount int) (int64, error)) (httpsource.Response, error) {
+	e.runs.Add(1)
+	var c charge
+	if err := json.Unmarshal(msg.Body, &c); err != nil {
+		return httpsource.Response{}, httpsource.Reject(http.StatusBadRequest, "bad JSON")
+	}
+	if c.Reject {
+		return httpsource.Response{}, httpsource.Reject(http.StatusPaymentRequired, "card declined")
+	}
+	if c.Block {
+		e.started <- struct{}{}
+		select {
+		case <-e.release:
+		case <-ctx.Done():
+			return httpsource.Response{}, ctx.Err()
+		}
+	}
+	id, err := effect(c.Amount)
+	if err != nil {
+		return httpsource.Response{}, err
+	}
+	if c.Fail {
+		return httpsource.Response{}, errors.New("handler failed after its effect")
+	}
+	res, err := httpsource.JSON(http.StatusCreated, map[string]any{"id": id, "amount": c.Amount})
+	res.Header.Set("Location", fmt.Sprintf("/charges/%d", id))
+	return res, err
+}
+
+type backend struct {
+	name  string
+	start func(t *testing.T, e *endpoint) (consumer.Path, string) // path and consumer name
+}
+
+func backends() []backend {
+	return []backend{
+		{"postgres", func(t *testing.T, e *endpoint) (consumer.Path, string) {
+			url := testenv.DatabaseURL(t)
+			schema := testenv.Schema(t, url)
+			pool, err := pgxpool.New(context.Background(), url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			testenv.ClosePoolAtCleanup(t, pool)
+			store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := store.Migrate(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			table := pgx.Identifier{schema, "charges"}.Sanitize()
+			if _, err := pool.Exec(context.Background(), `CREATE TABLE `+table+` (id bigserial PRIMARY KEY, amount int NOT NULL)`); err != nil {
+				t.Fatal(err)
+			}
+			e.effects = func() int {
+				var n int
+				if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&n); err != nil {
+					t.Error(err)
+				}
+				return n
+			}
+			return consumer.Transactional[pgx.Tx](store, httpsource.Tx(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) (httpsource.Response, error) {
+				return e.handle(ctx, msg, func(amount int) (id int64, err error) {
+					err = tx.QueryRow(ctx, `INSERT INTO `+table+` (amount) VALUES ($1) RETURNING id`, amount).Scan(&id)
+					return id, err
+				})
+			})), "charges"
+		}},
+		{"sqlite", func(t *testing.T, e *endpoint) (consumer.Path, string) {
+			db, err := sqldedup.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "charges.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { db.Close() })
+			store, err := sqldedup.New(db, sqldedup.Config{Dialect: sqldedup.SQLite})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := store.Migrate(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.Exec(`CREATE TABLE charges (id INTEGER PRIMARY KEY AUTOINCREMENT, amount INTEGER NOT NULL)`); err != nil {
+				t.Fatal(err)
+			}
+			e.effects = func() int {
+				var n int
+				if err := db.QueryRow(`SELECT count(*) FROM charges`).Scan(&n); err != nil {
+					t.Error(err)
+				}
+				return n
+			}
+			return consumer.Transactional[*sql.Tx](store, httpsource.Tx(func(ctx context.Context, tx *sql.Tx, msg *consumer.Message) (httpsource.Response, error) {
+				return e.handle(ctx, msg, func(amount int) (id int64, err error) {
+					err = tx.QueryRowContext(ctx, `INSERT INTO charges (amount) VALUES (?) RETURNING id`, amount).Scan(&id)
+					return id, err
+				})
+			})), "charges"
+		}},
+		{"redis-lease", func(t *testing.T, e *endpoint) (consumer.Path, string) {
+			opts, err := redis.ParseURL(testenv.RedisURL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rdb := redis.NewClient(opts)
+			t.Cleanup(func() { rdb.Close() })
+			store, err := redisdedup.New(rdb, redisdedup.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var (
+				mu     sync.Mutex
+				nextID int64
+				done   int
+			)
+			e.effects = func() int {
+				mu.Lock()
+				defer mu.Unlock()
+				return done
+			}
+			h := httpsource.Lease(func(ctx context.Context, msg *consumer.Message) (httpsource.Response, error) {
+				return e.handle(ctx, msg, func(int) (int64, error) {
+					mu.Lock()
+					defer mu.Unlock()
+					nextID++
+					done++
+					return nextID, nil
+				})
+			})
+			// A scope of its own: Redis keys outlive the test.
+			return consumer.Leased(store, h, consumer.LeaseOptions{}), fmt.Sprintf("charges-%d", time.Now().UnixNano())
+		}},
+	}
+}
+
+// start runs a Source and its runner behind a real net/http server.
+func start(t *testing.T, b backend, cfg httpsource.Config) *endpoint {
+	t.Helper()
+	e := &endpoint{release: make(chan struct{}), started: make(chan struct{}, 8)}
+	path, name := b.start(t, e)
+	src, err := httpsource.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := consumer.NewRunner(src, path, consumer.Config{Name: name, Concurrency: 2, BatchSize: 8,
+		Retry: consumer.RetryPolicy{InitialBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxAttempts: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	mux := http.NewServeMux()
+	mux.Handle("POST /charges", src)
+	srv := httptest.NewServer(mux) // 127.0.0.1:0
+	t.Cleanup(func() {
+		srv.Close()
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("Run did not return")
+		}
+	})
+	e.url = srv.URL + "/charges"
+	return e
+}
+
+// reply is one response, read whole.
+type reply struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func post(t *testing.T, url, key, body string, hdr ...string) reply {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	client := &http.Client{Timeout: 30 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Header.Del("Date")
+	return reply{status: resp.StatusCode, header: resp.Header, body: string(b)}
+}
+
+func wantProblem(t *testing.T, what string, r reply, status int) {
+	t.Helper()
+	if r.status != status || r.header.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("%s: %d %s %q, want %d application/problem+json", what, r.status, r.header.Get("Content-Type"), r.body, status)
+	}
+	var p struct{ Status int }
+	if err := json.Unmarshal([]byte(r.body), &p); err != nil || p.Status != status {
+		t.Fatalf("%s: problem body %q (%v), want status %d in it", what, r.body, err, status)
+	}
+}
+
+// TestSource: every status of docs/http.md, through a real net/http
+// server, on PostgreSQL and SQLite (transactional path) and Redis (lease
+// path).
+func TestSource(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			e := start(t, b, httpsource.Config{})
+
+			first := post(t, e.url, "k1", `{"amount":500}`)
+			if first.status != http.StatusCreated || first.header.Get("Idempotent-Replayed") != "" ||
+				!strings.HasPrefix(first.header.Get("Location"), "/charges/") {
+				t.Fatalf("first request: %+v, want 201 with a Location and no replay mark", first)
+			}
+			for i := range 2 {
+				again := post(t, e.url, "k1", `{"amount":500}`)
+				if again.header.Get("Idempotent-Replayed") != "true" {
+					t.Fatalf("retry %d: %+v, want Idempotent-Replayed: true", i, again)
+				}
+				again.header.Del("Idempotent-Replayed")
+				if again.status != first.status || again.body != first.body || fmt.Sprint(again.header) != fmt.Sprint(first.header) {
+					t.Fatalf("retry %d replayed %+v, want byte for byte %+v", i, again, first)
+				}
+			}
+			if n := e.effects(); n != 1 {
+				t.Fatalf("%d effects after a request and two retries, want 1", n)
+			}
+
+			wantProblem(t, "same key, different payload", post(t, e.url, "k1", `{"amount":501}`), http.StatusUnprocessableEntity)
+			wantProblem(t, "no key", post(t, e.url, "", `{"amount":1}`), http.StatusBadRequest)
+
+			// A failed handler stores nothing: the retry runs it again.
+			wantProblem(t, "failed handler", post(t, e.url, "k2", `{"amount":7,"fail":true}`), http.StatusInternalServerError)
+			if b.name != "redis-lease" { // the lease path's effect happened; see docs/http.md
+				if n := e.effects(); n != 1 {
+					t.Fatalf("%d effects after a failed handler, want 1", n)
+				}
+			}
+			wantProblem(t, "rejected", post(t, e.url, "k3", `{"amount":7,"reject":true}`), http.StatusPaymentRequired)
+			runs := e.runs.Load()
+			wantProblem(t, "rejected again", post(t, e.url, "k3", `{"amount":7,"reject":true}`), http.StatusPaymentRequired)
+			if e.runs.Load() != runs+1 {
+				t.Fatalf("a rejected request's retry did not run the handler again")
+			}
+
+			// A key in progress gets 409 while its first request runs.
+			blocked := make(chan reply, 1)
+			go func() { blocked <- post(t, e.url, "k4", `{"amount":9,"block":true}`) }()
+			select {
+			case <-e.started:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the blocking handler did not start")
+			}
+			wantProblem(t, "in progress", post(t, e.url, "k4", `{"amount":9,"block":true}`), http.StatusConflict)
+			close(e.release)
+			if r := <-blocked; r.status != http.StatusCreated {
+				t.Fatalf("blocked request: %+v, want 201", r)
+			}
+		})
+	}
+}
+
+// TestSourceScopes: two callers' equal keys are two operations; the same
+// caller's retry is a replay. The scope comes from the request.
+func TestSourceScopes(t *testing.T) {
+	b := backends()[1] // SQLite
+	e := start(t, b, httpsource.Config{Scope: func(r *http.Request) (string, error) {
+		tenant := r.Header.Get("X-Tenant")
+		if tenant == "" {
+			return "", errors.New("no tenant")
+		}
+		return tenant, nil
+	}})
+	a := post(t, e.url, "same", `{"amount":1}`, "X-Tenant", "a")
+	bb := post(t, e.url, "same", `{"amount":1}`, "X-Tenant", "b:x")
+	if a.status != http.StatusCreated || bb.status != http.StatusCreated || a.body == bb.body {
+		t.Fatalf("two tenants, one key: %+v and %+v, want two different charges", a, bb)
+	}
+	if r := post(t, e.url, "same", `{"amount":1}`, "X-Tenant", "a"); r.header.Get("Idempotent-Replayed") != "true" || r.body != a.body {
+		t.Fatalf("tenant a's retry: %+v, want the replay of %q", r, a.body)
+	}
+	wantProblem(t, "no tenant", post(t, e.url, "same", `{"amount":1}`), http.StatusUnauthorized)
+	if n := e.effects(); n != 2 {
+		t.Fatalf("%d effects, want 2", n)
+	}
+}
+
+// TestSourceWaitInProgress: with WaitInProgress a concurrent copy of a key
+// waits and gets the first request's response as a replay.
+func TestSourceWaitInProgress(t *testing.T) {
+	e := start(t, backends()[1], httpsource.Config{WaitInProgress: true})
+	first := make(chan reply, 1)
+	go func() { first <- post(t, e.url, "w", `{"amount":3,"block":true}`) }()
+	<-e.started
+	second := make(chan reply, 1)
+	go func() { second <- post(t, e.url, "w", `{"amount":3,"block":true}`) }()
+	time.Sleep(50 * time.Millisecond) // let it reach the wait; it passes either way
+	close(e.release)
+	f, s := <-first, <-second
+	if f.status != http.StatusCreated || s.status != http.StatusCreated || s.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal([]byte(f.body), []byte(s.body)) {
+		t.Fatalf("first %+v, second %+v; want 201 and its replay", f, s)
+	}
+}
