@@ -91,5 +91,5 @@ func TestReplyAMQP(t *testing.T) {
 		Source:    replySource,
 		Replies:   func(t testing.TB) consumer.Source { return replySource(t, replies) },
 		Publisher: replyPublisher,
-	}, 30, 5, 3)
+	}, 30, 5, relaytest.ReplyKills(3))
 }

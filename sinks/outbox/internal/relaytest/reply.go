@@ -159,7 +159,7 @@ func (q *requester) deliveries() []delivery {
 // answered by replier child processes, each SIGKILLed right after its 1st,
 // 2nd or 3rd commit (kills of them: after the effect and its reply row
 // committed, before the request's ack and the reply's publish), then by a
-// replier in this process. Then dups more requests are answered and sent
+// replier in this process (n is raised to 3*kills+10 if less). Then dups more requests are answered and sent
 // again, with a new correlation id, once their replies arrived. It fails t
 // unless every request took effect once, the requester's consumer got a
 // reply for every request (id "replier:<key>/reply", body "ok:<body>"),
@@ -167,6 +167,8 @@ func (q *requester) deliveries() []delivery {
 // own correlation id, and the requester absorbed the repeats.
 func RunReply(t *testing.T, b ReplyBroker, n, dups, kills int) {
 	t.Helper()
+	n = max(n, 3*kills+10) // enough requests for every kill
+	start := time.Now()
 	ctx := context.Background()
 	pool, schema, dbURL := NewPool(t)
 	for _, q := range []string{
@@ -240,11 +242,15 @@ func RunReply(t *testing.T, b ReplyBroker, n, dups, kills int) {
 				t.Fatalf("replier child ended without being killed: %v\n%s", c.Err(), c.Output())
 			}
 			killed++
+			if os.Getenv("IDEMQ_TEST_LOG") == "1" {
+				t.Logf("replier child %d:\n%s", c.Pid(), c.Output())
+			}
 		case <-time.After(WaitTimeout):
 			c.Kill()
 			t.Fatalf("replier child did not kill itself\n%s", c.Output())
 		}
 	}
+	t.Logf("%s: %d kills", time.Since(start).Round(time.Millisecond), killed)
 	if killed < kills {
 		t.Fatalf("only %d kills before every request took effect; the test proves too little", killed)
 	}
@@ -268,6 +274,7 @@ func RunReply(t *testing.T, b ReplyBroker, n, dups, kills int) {
 		}
 	}
 	WaitFor(t, state, answered(n))
+	t.Logf("%s: every request answered", time.Since(start).Round(time.Millisecond))
 
 	// Repeats: requests whose replies arrived, sent again with a new
 	// correlation id (a requester that lost the reply), on keys no kill
@@ -284,6 +291,7 @@ func RunReply(t *testing.T, b ReplyBroker, n, dups, kills int) {
 	// has nothing pending, their replies are on the broker: the requester
 	// gets them within seconds, or they were never sent.
 	WaitFor(t, state, func() bool { return rp.Stats().Duplicates >= before+uint64(dups) && Counts(t, pool).Pending == 0 })
+	t.Logf("%s: repeats settled as duplicates", time.Since(start).Round(time.Millisecond))
 	deadline := time.Now().Add(10 * time.Second)
 	for countAgain(q.deliveries()) < dups {
 		if time.Now().After(deadline) {
@@ -337,4 +345,13 @@ func countAgain(ds []delivery) int {
 		}
 	}
 	return len(seen)
+}
+
+// ReplyKills returns the number of replier kills of a RunReply test:
+// IDEMQ_REPLY_KILLS when set (a longer run), else def.
+func ReplyKills(def int) int {
+	if n, err := strconv.Atoi(os.Getenv("IDEMQ_REPLY_KILLS")); err == nil && n > 0 {
+		return n
+	}
+	return def
 }
