@@ -220,6 +220,23 @@ func RunReply(t *testing.T, b ReplyBroker, n, dups, kills int) {
 	rdone := make(chan error, 1)
 	go func() { rdone <- rq.Run(rctx) }()
 
+	// check fails t at the first reply whose id, body or correlation id
+	// no request explains.
+	check := func() {
+		t.Helper()
+		for _, d := range q.deliveries() {
+			req := sent[d.id]
+			switch {
+			case req == nil:
+				t.Fatalf("reply with id %q, which no request has", d.id)
+			case d.body != "ok:"+req.body:
+				t.Fatalf("reply %s has body %q, want %q", d.id, d.body, "ok:"+req.body)
+			case !req.corrs[d.corr]:
+				t.Fatalf("reply %s has correlation id %q, not one its requests were sent with", d.id, d.corr)
+			}
+		}
+	}
+
 	count := func(query string) (total, distinct int) {
 		if err := pool.QueryRow(ctx, query).Scan(&total, &distinct); err != nil {
 			t.Fatal(err)
@@ -294,6 +311,7 @@ func RunReply(t *testing.T, b ReplyBroker, n, dups, kills int) {
 	t.Logf("%s: repeats settled as duplicates", time.Since(start).Round(time.Millisecond))
 	deadline := time.Now().Add(10 * time.Second)
 	for countAgain(q.deliveries()) < dups {
+		check()
 		if time.Now().After(deadline) {
 			t.Fatalf("the repeated requests got %d replies, want %d: %s", countAgain(q.deliveries()), dups, state())
 		}
@@ -316,17 +334,7 @@ func RunReply(t *testing.T, b ReplyBroker, n, dups, kills int) {
 	if r, rd := replies(); r != n+dups || rd != n+dups {
 		t.Fatalf("requester handled %d replies with %d distinct ids, want %d", r, rd, n+dups)
 	}
-	for _, d := range q.deliveries() {
-		req := sent[d.id]
-		switch {
-		case req == nil:
-			t.Fatalf("reply with id %q, which no request has", d.id)
-		case d.body != "ok:"+req.body:
-			t.Fatalf("reply %s has body %q, want %q", d.id, d.body, "ok:"+req.body)
-		case !req.corrs[d.corr]:
-			t.Fatalf("reply %s has correlation id %q, not one its requests were sent with", d.id, d.corr)
-		}
-	}
+	check()
 	rs, ps := rq.Stats(), rp.Stats()
 	t.Logf("%d requests + %d repeated, %d replier processes SIGKILLed after a commit; last replier: %d handled, %d duplicates; requester: %d replies delivered, %d handled, %d absorbed",
 		n+dups, dups, killed, ps.Handled, ps.Duplicates, len(q.deliveries()), rs.Handled, rs.Duplicates)
