@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -64,7 +65,7 @@ func (s Schema) Reply(h func(ctx context.Context, tx pgx.Tx, msg *consumer.Messa
 		if !ok {
 			return nil, ErrNoID
 		}
-		if err := s.putReply(ctx, tx, id, msg, b); err != nil {
+		if err := s.putReply(ctx, tx, id, msg, b, false); err != nil {
 			return nil, err
 		}
 		return b, nil
@@ -85,8 +86,18 @@ ON CONFLICT (id) DO UPDATE SET destination = EXCLUDED.destination, routing_key =
 RETURNING id`
 }
 
-// putReply writes the reply to msg, id and body, with db.
-func (s Schema) putReply(ctx context.Context, db PgxQuerier, id string, msg *consumer.Message, body []byte) error {
+// rearmSQL re-arms a reply's row as replySQL does, without inserting one.
+func rearmSQL(table string) string {
+	return `UPDATE ` + table + ` SET destination = $2, routing_key = $3, headers = $4,
+    state = 0, attempts = 0, last_error = NULL, next_attempt_at = NULL, sent_at = NULL
+WHERE id = $1
+RETURNING id`
+}
+
+// putReply writes the reply to msg, id and body, with db. With rearmOnly
+// it only re-arms an existing row (a duplicate whose record holds no
+// result: its reply's body is not known).
+func (s Schema) putReply(ctx context.Context, db PgxQuerier, id string, msg *consumer.Message, body []byte, rearmOnly bool) error {
 	dest, routingKey := msg.ReplyTo, ""
 	if msg.Broker.System == "rabbitmq" {
 		dest, routingKey = "", msg.ReplyTo // reply_to is a queue: the default exchange routes to it
@@ -102,6 +113,13 @@ func (s Schema) putReply(ctx context.Context, db PgxQuerier, id string, msg *con
 		body = []byte{}
 	}
 	var got string
+	if rearmOnly {
+		err := db.QueryRow(ctx, rearmSQL(s.table()), id, dest, routingKey, string(headers)).Scan(&got)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("outbox: reply to %q: %w", msg.ReplyTo, err)
+		}
+		return nil
+	}
 	if err := db.QueryRow(ctx, replySQL(s.table()), id, dest, routingKey, string(headers), body).Scan(&got); err != nil {
 		return fmt.Errorf("outbox: reply to %q: %w", msg.ReplyTo, err)
 	}
@@ -134,7 +152,9 @@ const DefaultResendTimeout = 5 * time.Second
 //
 // A re-send is recorded on the original reply's row (the outbox table's
 // id is unique, and the id is the reply's idempotency key): the row is put
-// back to pending, or inserted again if the relay's cleanup deleted it.
+// back to pending, or inserted again from the stored result if the relay's
+// cleanup deleted it (not when the record holds no result: a nil result,
+// or a record written before results were stored).
 // Every broker message of a reply therefore has the same id and body, and
 // the requester's idemq consumer, whose deduplication key is that id,
 // absorbs the repeats; repeats of a request that arrive while its reply is
@@ -197,7 +217,10 @@ func (r *Resender) OnClaimed(ctx context.Context, m *consumer.Message, c consume
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
-	if err := r.cfg.Schema.putReply(ctx, r.db, id, m, result); err != nil {
+	// A record without a result (a nil result, or written before results
+	// were stored) does not say what the reply was: re-arm its row if the
+	// relay's cleanup left it, never invent an empty reply.
+	if err := r.cfg.Schema.putReply(ctx, r.db, id, m, result, result == nil); err != nil {
 		r.cfg.Logger.WarnContext(ctx, "outbox: reply not re-sent", slog.String("reply_id", id), slog.Any("error", err))
 	}
 }

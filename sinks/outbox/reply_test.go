@@ -54,7 +54,7 @@ func request(key, body, replyTo, corr string) memsource.Outgoing {
 }
 
 // replier returns a runner named "replier" over src answering with
-// "ok:"+body (failing for a body "fail"), the Resender installed, and its
+// "ok:"+body (failing for a body "fail", no result for "nil"), the Resender installed, and its
 // handler-run counter.
 func replier(t *testing.T, pool *pgxpool.Pool, schema string, src consumer.Source) (*consumer.Runner, *atomic.Int64) {
 	t.Helper()
@@ -72,8 +72,11 @@ func replier(t *testing.T, pool *pgxpool.Pool, schema string, src consumer.Sourc
 	var runs atomic.Int64
 	h := outbox.Reply(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) ([]byte, error) {
 		runs.Add(1)
-		if string(msg.Body) == "fail" {
+		switch string(msg.Body) {
+		case "fail":
 			return nil, consumer.Permanent(errors.New("refused"))
+		case "nil":
+			return nil, nil
 		}
 		return []byte("ok:" + string(msg.Body)), nil
 	})
@@ -126,6 +129,28 @@ func TestReply(t *testing.T) {
 		want := replyRow{id: "replier:r-1" + outbox.ReplySuffix, dest: "replies-2", headers: `{"idemq-correlation-id":"c-2"}`, body: "ok:a", state: 0}
 		if len(rows) != 1 || rows[0] != want {
 			t.Fatalf("outbox rows %+v, want only %+v (the first reply, pending again)", rows, want)
+		}
+	})
+	t.Run("a duplicate without a stored result re-arms the reply but never invents one", func(t *testing.T) {
+		pool, schema := newPoolSchema(t)
+		b := memsource.New(memsource.Config{VisibilityTimeout: time.Second})
+		defer b.Close()
+		// "nil" answers with no result: the record keeps none.
+		b.Publish("requests", request("r-1", "nil", "replies", "c-1"))
+		r, _ := replier(t, pool, schema, b.Source("requests"))
+		runUntil(t, r, func(s consumer.Stats) bool { return s.Handled == 1 })
+		if rows := replyRows(t, pool); len(rows) != 1 || rows[0].body != "" {
+			t.Fatalf("outbox rows %+v, want one empty reply", rows)
+		}
+		// The relay sent it and its cleanup deleted the row.
+		if _, err := pool.Exec(context.Background(), `DELETE FROM idemq_outbox`); err != nil {
+			t.Fatal(err)
+		}
+		b.Publish("requests", request("r-1", "nil", "replies", "c-2"))
+		r, _ = replier(t, pool, schema, b.Source("requests"))
+		runUntil(t, r, func(s consumer.Stats) bool { return s.Duplicates == 1 })
+		if rows := replyRows(t, pool); len(rows) != 0 {
+			t.Fatalf("outbox rows %+v after the duplicate, want none: a record without a result says nothing of the reply", rows)
 		}
 	})
 }
