@@ -9,8 +9,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/otelidemq"
 	"github.com/idemq/idemq/internal/cfgerr"
 )
 
@@ -87,6 +90,8 @@ RETURNING id`
 }
 
 // rearmSQL re-arms a reply's row as replySQL does, without inserting one.
+// An update fires no insert trigger: the relays find the row at their next
+// poll (Config.PollInterval).
 func rearmSQL(table string) string {
 	return `UPDATE ` + table + ` SET destination = $2, routing_key = $3, headers = $4,
     state = 0, attempts = 0, last_error = NULL, next_attempt_at = NULL, sent_at = NULL
@@ -102,12 +107,16 @@ func (s Schema) putReply(ctx context.Context, db PgxQuerier, id string, msg *con
 	if msg.Broker.System == "rabbitmq" {
 		dest, routingKey = "", msg.ReplyTo // reply_to is a queue: the default exchange routes to it
 	}
-	headers := []byte("{}")
+	h := map[string]string{}
 	if msg.CorrelationID != "" {
-		var err error
-		if headers, err = json.Marshal(map[string]string{consumer.HeaderCorrelationID: msg.CorrelationID}); err != nil {
-			return fmt.Errorf("outbox: encode reply headers: %w", err)
-		}
+		h[consumer.HeaderCorrelationID] = msg.CorrelationID
+	}
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		otelidemq.Inject(ctx, propagation.MapCarrier(h)) // as Publish does
+	}
+	headers, err := json.Marshal(h)
+	if err != nil {
+		return fmt.Errorf("outbox: encode reply headers: %w", err)
 	}
 	if body == nil {
 		body = []byte{}
