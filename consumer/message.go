@@ -42,6 +42,17 @@ type Message struct {
 	Attempt int
 	// Redelivered reports that the broker delivered the message before.
 	Redelivered bool
+	// ReplyTo is where the message's producer asks for a reply, or empty
+	// when it asks for none: the AMQP reply_to property (a queue name,
+	// reached through the default exchange), the Kafka header
+	// HeaderReplyTo (a topic) or the SQS message attribute HeaderReplyTo
+	// (a queue URL or name). sinks/outbox's Reply sends the handler's
+	// result there through the transactional outbox. Read-only.
+	ReplyTo string
+	// CorrelationID is the id the producer asks its reply to carry: the
+	// AMQP correlation_id property, or the Kafka header or SQS message
+	// attribute HeaderCorrelationID; empty when absent. Read-only.
+	CorrelationID string
 	// ReceivedAt is when the source received the message.
 	ReceivedAt time.Time
 	// Raw is the broker's native message (for example a kafka.Message, an
@@ -75,8 +86,10 @@ type msgKeys struct{ scope, key string }
 //		...
 //	}
 //
-// It returns ctx unchanged for a message the runner has not handed to a
-// batch handler (its key is not known yet).
+// The runner sets m's keys once it has computed its key, before the key is
+// claimed, so that hooks (HookClaimed, HookSettled) and batch handlers can
+// use it. It returns ctx unchanged for a message whose key is not known yet
+// (before its batch is prepared, or when its key could not be read).
 func (m *Message) KeyContext(ctx context.Context) context.Context {
 	if m.keys == nil {
 		return ctx

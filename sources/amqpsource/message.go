@@ -54,18 +54,20 @@ func (s *Source) toMessage(sess *session, d amqp.Delivery, now time.Time) *consu
 	broker := s.broker
 	broker.Exchange, broker.RoutingKey, broker.DeliveryTag = d.Exchange, d.RoutingKey, d.DeliveryTag
 	return &consumer.Message{
-		ID:           d.MessageId,
-		Key:          key,
-		Body:         d.Body,
-		Headers:      stringHeaders(d.Headers),
-		PartitionKey: partition,
-		Topic:        s.cfg.Queue,
-		Attempt:      attempt,
-		Redelivered:  d.Redelivered || retries > 0,
-		ReceivedAt:   now,
-		Raw:          d,
-		Broker:       broker,
-		Handle:       &handle{src: s, sess: sess, tag: d.DeliveryTag, attempt: attempt, d: d},
+		ID:            d.MessageId,
+		Key:           key,
+		Body:          d.Body,
+		Headers:       stringHeaders(d.Headers),
+		PartitionKey:  partition,
+		Topic:         s.cfg.Queue,
+		Attempt:       attempt,
+		Redelivered:   d.Redelivered || retries > 0,
+		ReplyTo:       d.ReplyTo,
+		CorrelationID: d.CorrelationId,
+		ReceivedAt:    now,
+		Raw:           d,
+		Broker:        broker,
+		Handle:        &handle{src: s, sess: sess, tag: d.DeliveryTag, attempt: attempt, d: d},
 	}
 }
 

@@ -187,19 +187,21 @@ func (s *Source) message(e *entry, attempt int) *consumer.Message {
 		broker.MessageKey = string(e.km.Key)
 	}
 	return &consumer.Message{
-		ID:           e.id,
-		Key:          e.key,
-		KeyErr:       e.keyErr,
-		Body:         e.km.Value,
-		Headers:      headers,
-		PartitionKey: e.partitionKey,
-		Topic:        e.km.Topic,
-		Attempt:      attempt,
-		Redelivered:  attempt > 1,
-		ReceivedAt:   time.Now(),
-		Raw:          e.km,
-		Broker:       broker,
-		Handle:       e,
+		ID:            e.id,
+		Key:           e.key,
+		KeyErr:        e.keyErr,
+		Body:          e.km.Value,
+		Headers:       headers,
+		PartitionKey:  e.partitionKey,
+		Topic:         e.km.Topic,
+		Attempt:       attempt,
+		Redelivered:   attempt > 1,
+		ReplyTo:       headers[consumer.HeaderReplyTo],
+		CorrelationID: headers[consumer.HeaderCorrelationID],
+		ReceivedAt:    time.Now(),
+		Raw:           e.km,
+		Broker:        broker,
+		Handle:        e,
 	}
 }
 

@@ -86,7 +86,9 @@ type Outgoing struct {
 	Key string
 	// Body is the payload.
 	Body []byte
-	// Headers surface as Message.Headers (copied on every delivery).
+	// Headers surface as Message.Headers (copied on every delivery);
+	// consumer.HeaderReplyTo and consumer.HeaderCorrelationID also
+	// surface as Message.ReplyTo and Message.CorrelationID, as on Kafka.
 	Headers map[string]string
 	// PartitionKey surfaces as Message.PartitionKey and orders delivery:
 	// see the package documentation.

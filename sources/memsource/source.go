@@ -175,17 +175,19 @@ func (s *Source) take(ctx context.Context, now time.Time, max int) ([]*consumer.
 		}
 		raw := Outgoing{Key: m.out.Key, Body: append([]byte(nil), m.out.Body...), Headers: maps.Clone(m.out.Headers), PartitionKey: m.out.PartitionKey}
 		out = append(out, &consumer.Message{
-			ID:           m.id,
-			Key:          raw.Key,
-			Body:         raw.Body,
-			Headers:      raw.Headers,
-			PartitionKey: raw.PartitionKey,
-			Topic:        t.name,
-			Attempt:      d.attempt,
-			Redelivered:  d.attempt > 1,
-			ReceivedAt:   now,
-			Raw:          raw,
-			Handle:       d,
+			ID:            m.id,
+			Key:           raw.Key,
+			Body:          raw.Body,
+			Headers:       raw.Headers,
+			PartitionKey:  raw.PartitionKey,
+			Topic:         t.name,
+			Attempt:       d.attempt,
+			Redelivered:   d.attempt > 1,
+			ReplyTo:       raw.Headers[consumer.HeaderReplyTo],
+			CorrelationID: raw.Headers[consumer.HeaderCorrelationID],
+			ReceivedAt:    now,
+			Raw:           raw,
+			Handle:        d,
 		})
 		events = append(events, b.event(EventReceive, t, s, m, d.attempt, nil))
 	}

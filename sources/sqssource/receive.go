@@ -178,17 +178,19 @@ func (s *Source) message(h *handle, now time.Time) *consumer.Message {
 		partition = headers[s.cfg.PartitionKeyAttribute]
 	}
 	return &consumer.Message{
-		ID:           h.id,
-		Key:          key,
-		Body:         []byte(aws.ToString(m.Body)),
-		Headers:      headers,
-		PartitionKey: partition,
-		Topic:        s.queueName,
-		Attempt:      attempt,
-		Redelivered:  attempt > 1,
-		ReceivedAt:   now,
-		Raw:          m,
-		Broker:       s.broker,
-		Handle:       h,
+		ID:            h.id,
+		Key:           key,
+		Body:          []byte(aws.ToString(m.Body)),
+		Headers:       headers,
+		PartitionKey:  partition,
+		Topic:         s.queueName,
+		Attempt:       attempt,
+		Redelivered:   attempt > 1,
+		ReplyTo:       headers[consumer.HeaderReplyTo],
+		CorrelationID: headers[consumer.HeaderCorrelationID],
+		ReceivedAt:    now,
+		Raw:           m,
+		Broker:        s.broker,
+		Handle:        h,
 	}
 }

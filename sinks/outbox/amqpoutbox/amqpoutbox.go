@@ -6,7 +6,9 @@
 // routing key (its Key when RoutingKey is empty), its headers, and the stable id as the message-id property and the
 // "idempotency-key" header, which amqpsource reads (header first, then
 // message-id), so a downstream idemq consumer deduplicates the relay's
-// re-sends with no configuration. Each Publish call takes a confirm-mode
+// re-sends with no configuration. A row whose headers hold
+// consumer.HeaderCorrelationID (a reply written by outbox.Reply) also
+// carries it as its correlation_id property. Each Publish call takes a confirm-mode
 // channel of its own (the Publisher keeps a free list on one connection),
 // publishes the whole batch, then waits for the confirms: a relay's
 // Concurrency publishes in parallel. A row is reported sent only after the
@@ -241,11 +243,12 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
 			routingKey = m.Key
 		}
 		dc, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, m.Destination, routingKey, true, false, amqp.Publishing{
-			MessageId:    m.ID,
-			Headers:      headers,
-			DeliveryMode: amqp.Persistent,
-			Timestamp:    now,
-			Body:         m.Body,
+			MessageId:     m.ID,
+			CorrelationId: m.Headers[consumer.HeaderCorrelationID], // a reply's (outbox.Reply)
+			Headers:       headers,
+			DeliveryMode:  amqp.Persistent,
+			Timestamp:     now,
+			Body:          m.Body,
 		})
 		if err != nil {
 			errs[i] = outbox.Unavailable(fmt.Errorf("amqpoutbox: publish: %w", err))

@@ -1,0 +1,235 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/otelidemq"
+	"github.com/idemq/idemq/internal/cfgerr"
+)
+
+// ReplySuffix ends the id of a reply: a request's reply id is
+// consumer.IdempotencyKey of the request (the replying consumer's Name and
+// the request's deduplication key) followed by ReplySuffix. The ids Publish
+// derives end in "/" and a number, so a reply id never collides with them.
+const ReplySuffix = "/reply"
+
+// ReplyID returns the id of the reply to the request being handled in ctx
+// (a handler's ctx, or msg.KeyContext(ctx)): the same for every copy of
+// the request, so the requester's consumer, whose deduplication key is the
+// reply's idempotency key, absorbs repeats. ok is false when ctx carries no
+// request.
+func ReplyID(ctx context.Context) (id string, ok bool) {
+	k, ok := consumer.IdempotencyKey(ctx)
+	if !ok {
+		return "", false
+	}
+	return k + ReplySuffix, true
+}
+
+// Reply is Schema("").Reply.
+func Reply(h func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) ([]byte, error)) consumer.TxHandler[pgx.Tx] {
+	return Schema("").Reply(h)
+}
+
+// Reply adapts a transactional handler that answers requests. It is
+// consumer.TxResult (h's result is stored with the request's record, in
+// h's transaction) and, when the request asks for a reply
+// (msg.ReplyTo is set), it also publishes the result to msg.ReplyTo
+// through the outbox in the same transaction, so the reply exists if and
+// only if the effect committed. A request without ReplyTo is handled as
+// with TxResult alone.
+//
+// The reply's id (its idempotency key on every broker, and its AMQP
+// message-id) is ReplyID; its header HeaderCorrelationID (and, on
+// RabbitMQ, its correlation_id property) carries msg.CorrelationID; its
+// body is the result. On RabbitMQ, ReplyTo names a queue and the reply goes
+// through the default exchange; on Kafka it is a topic and on SQS a queue
+// URL or name. Replies carry no partition key: they are not ordered.
+//
+// A duplicate request does not run h; a Resender, installed as a hook of
+// the same runner, re-sends the stored reply with the same id.
+func (s Schema) Reply(h func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) ([]byte, error)) consumer.TxHandler[pgx.Tx] {
+	return consumer.TxResult(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) ([]byte, error) {
+		b, err := h(ctx, tx, msg)
+		if err != nil || msg.ReplyTo == "" {
+			return b, err
+		}
+		id, ok := ReplyID(ctx)
+		if !ok {
+			return nil, ErrNoID
+		}
+		if err := s.putReply(ctx, tx, id, msg, b, false); err != nil {
+			return nil, err
+		}
+		return b, nil
+	})
+}
+
+// replySQL inserts a reply's row, or re-arms it when the id exists: the row
+// becomes pending again, with the latest request's destination and
+// correlation header, and keeps its body (the reply as first committed,
+// which the stored result repeats). A row a relay is publishing is locked
+// by its claim: the statement waits for the relay to finish, then re-arms
+// it. The outbox's insert trigger fires for both, waking the relays.
+func replySQL(table string) string {
+	return `INSERT INTO ` + table + ` (id, source_key, destination, partition_key, routing_key, headers, body)
+VALUES ($1, NULL, $2, '', $3, $4, $5)
+ON CONFLICT (id) DO UPDATE SET destination = EXCLUDED.destination, routing_key = EXCLUDED.routing_key,
+    headers = EXCLUDED.headers, state = 0, attempts = 0, last_error = NULL, next_attempt_at = NULL, sent_at = NULL
+RETURNING id`
+}
+
+// rearmSQL re-arms a reply's row as replySQL does, without inserting one.
+// An update fires no insert trigger: the relays find the row at their next
+// poll (Config.PollInterval).
+func rearmSQL(table string) string {
+	return `UPDATE ` + table + ` SET destination = $2, routing_key = $3, headers = $4,
+    state = 0, attempts = 0, last_error = NULL, next_attempt_at = NULL, sent_at = NULL
+WHERE id = $1
+RETURNING id`
+}
+
+// putReply writes the reply to msg, id and body, with db. With rearmOnly
+// it only re-arms an existing row (a duplicate whose record holds no
+// result: its reply's body is not known).
+func (s Schema) putReply(ctx context.Context, db PgxQuerier, id string, msg *consumer.Message, body []byte, rearmOnly bool) error {
+	dest, routingKey := msg.ReplyTo, ""
+	if msg.Broker.System == "rabbitmq" {
+		dest, routingKey = "", msg.ReplyTo // reply_to is a queue: the default exchange routes to it
+	}
+	h := map[string]string{}
+	if msg.CorrelationID != "" {
+		h[consumer.HeaderCorrelationID] = msg.CorrelationID
+	}
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		otelidemq.Inject(ctx, propagation.MapCarrier(h)) // as Publish does
+	}
+	headers, err := json.Marshal(h)
+	if err != nil {
+		return fmt.Errorf("outbox: encode reply headers: %w", err)
+	}
+	if body == nil {
+		body = []byte{}
+	}
+	var got string
+	if rearmOnly {
+		err := db.QueryRow(ctx, rearmSQL(s.table()), id, dest, routingKey, string(headers)).Scan(&got)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("outbox: reply to %q: %w", msg.ReplyTo, err)
+		}
+		return nil
+	}
+	if err := db.QueryRow(ctx, replySQL(s.table()), id, dest, routingKey, string(headers), body).Scan(&got); err != nil {
+		return fmt.Errorf("outbox: reply to %q: %w", msg.ReplyTo, err)
+	}
+	return nil
+}
+
+// ResendConfig configures a Resender.
+type ResendConfig struct {
+	// Schema is the PostgreSQL schema of the outbox table, as given to
+	// Schema.Reply. Defaults to "" (search_path).
+	Schema Schema
+	// Timeout bounds one re-send. Defaults to 5 s.
+	Timeout time.Duration
+	// Logger receives a warning for each re-send that failed. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultResendTimeout is ResendConfig.Timeout's default.
+const DefaultResendTimeout = 5 * time.Second
+
+// Resender re-sends the stored reply of a duplicate request. Install it in
+// consumer.Config.Hooks of the runner whose handler is wrapped by Reply:
+// it is a consumer.HookClaimed, so the runner calls it for every
+// duplicate, on the lane, before the duplicate is acknowledged. For a
+// duplicate with ReplyTo whose record holds a result (Message.Outcome), it
+// writes the reply again with the same id (ReplyID) and body, to the
+// duplicate's ReplyTo and with its CorrelationID, in one statement on its
+// database.
+//
+// A re-send is recorded on the original reply's row (the outbox table's
+// id is unique, and the id is the reply's idempotency key): the row is put
+// back to pending, or inserted again from the stored result if the relay's
+// cleanup deleted it (not when the record holds no result: a nil result,
+// or a record written before results were stored).
+// Every broker message of a reply therefore has the same id and body, and
+// the requester's idemq consumer, whose deduplication key is that id,
+// absorbs the repeats; repeats of a request that arrive while its reply is
+// still pending coalesce into one publish.
+//
+// Why a hook and not the adapter: a duplicate never reaches the handler,
+// so Reply cannot see it; the hook runs before the ack, so a worker that
+// dies between the re-send and the ack gets the request again and re-sends
+// again. A re-send that fails (the database is unreachable within
+// Timeout) is logged and not retried: the reply of the first copy exists,
+// since its effect committed; the re-send only helps a requester that
+// lost it. Each re-send costs the lane one database round trip.
+//
+// A Resender is safe for concurrent use.
+type Resender struct {
+	db  PgxQuerier
+	cfg ResendConfig
+}
+
+var _ consumer.HookClaimed = (*Resender)(nil)
+
+// NewResender returns a Resender writing with db (a *pgxpool.Pool: each
+// re-send is one autocommitted statement). It fails with ErrInvalidConfig
+// when db is nil or cfg.Timeout is negative.
+func NewResender(db PgxQuerier, cfg ResendConfig) (*Resender, error) {
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultResendTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	var l cfgerr.List
+	if cfgerr.IsNil(db) {
+		l.Add("db", "required")
+	}
+	l.Prefix = "outbox.ResendConfig."
+	if cfg.Timeout < 0 {
+		l.Add("Timeout", "must not be negative")
+	}
+	if err := l.Err(); err != nil {
+		return nil, err
+	}
+	return &Resender{db: db, cfg: cfg}, nil
+}
+
+// OnClaimed re-sends the stored reply of m when m is a duplicate request
+// asking for a reply; see Resender.
+func (r *Resender) OnClaimed(ctx context.Context, m *consumer.Message, c consumer.ClaimInfo) {
+	if c.State != consumer.ClaimDuplicate || m.ReplyTo == "" {
+		return
+	}
+	result, replayed, ok := m.Outcome()
+	if !ok || !replayed {
+		return
+	}
+	id, ok := ReplyID(m.KeyContext(ctx))
+	if !ok {
+		r.cfg.Logger.WarnContext(ctx, "outbox: reply not re-sent: the request's key is unknown", slog.String("id", m.ID))
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	// A record without a result (a nil result, or written before results
+	// were stored) does not say what the reply was: re-arm its row if the
+	// relay's cleanup left it, never invent an empty reply.
+	if err := r.cfg.Schema.putReply(ctx, r.db, id, m, result, result == nil); err != nil {
+		r.cfg.Logger.WarnContext(ctx, "outbox: reply not re-sent", slog.String("reply_id", id), slog.Any("error", err))
+	}
+}

@@ -1,0 +1,165 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/sinks/outbox"
+	"github.com/idemq/idemq/sources/memsource"
+)
+
+// replyRow is an outbox row as a reply test checks it.
+type replyRow struct {
+	id, dest, routingKey, headers, body string
+	state                               int
+}
+
+func replyRows(t *testing.T, pool *pgxpool.Pool) []replyRow {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT id, destination, routing_key, headers, body, state FROM idemq_outbox ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (replyRow, error) {
+		var x replyRow
+		var body []byte
+		err := r.Scan(&x.id, &x.dest, &x.routingKey, &x.headers, &body, &x.state)
+		x.body = string(body)
+		return x, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// request is a memsource message asking for a reply to replyTo.
+func request(key, body, replyTo, corr string) memsource.Outgoing {
+	h := map[string]string{}
+	if replyTo != "" {
+		h[consumer.HeaderReplyTo] = replyTo
+	}
+	if corr != "" {
+		h[consumer.HeaderCorrelationID] = corr
+	}
+	return memsource.Outgoing{Key: key, Body: []byte(body), Headers: h}
+}
+
+// replier returns a runner named "replier" over src answering with
+// "ok:"+body (failing for a body "fail", no result for "nil"), the Resender installed, and its
+// handler-run counter.
+func replier(t *testing.T, pool *pgxpool.Pool, schema string, src consumer.Source) (*consumer.Runner, *atomic.Int64) {
+	t.Helper()
+	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	resend, err := outbox.NewResender(pool, outbox.ResendConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	h := outbox.Reply(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) ([]byte, error) {
+		runs.Add(1)
+		switch string(msg.Body) {
+		case "fail":
+			return nil, consumer.Permanent(errors.New("refused"))
+		case "nil":
+			return nil, nil
+		}
+		return []byte("ok:" + string(msg.Body)), nil
+	})
+	r, err := consumer.NewRunner(src, consumer.Transactional(store, h),
+		consumer.Config{Name: "replier", Retry: fastRetry, Hooks: []consumer.Hook{resend}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, &runs
+}
+
+func TestReply(t *testing.T) {
+	t.Run("the reply commits with the effect", func(t *testing.T) {
+		pool, schema := newPoolSchema(t)
+		b := memsource.New(memsource.Config{VisibilityTimeout: time.Second})
+		defer b.Close()
+		b.Publish("requests",
+			request("r-1", "a", "replies", "c-1"),
+			request("r-2", "b", "", ""),              // asks for no reply
+			request("r-3", "fail", "replies", "c-3")) // its handler fails: no reply
+		r, _ := replier(t, pool, schema, b.Source("requests"))
+		runUntil(t, r, func(s consumer.Stats) bool { return s.Handled == 2 && s.DeadLettered == 1 })
+		rows := replyRows(t, pool)
+		want := replyRow{id: "replier:r-1" + outbox.ReplySuffix, dest: "replies", headers: `{"idemq-correlation-id":"c-1"}`, body: "ok:a"}
+		if len(rows) != 1 || rows[0] != want {
+			t.Fatalf("outbox rows %+v, want only %+v", rows, want)
+		}
+	})
+
+	t.Run("a duplicate re-sends the stored reply with the same id", func(t *testing.T) {
+		pool, schema := newPoolSchema(t)
+		b := memsource.New(memsource.Config{VisibilityTimeout: time.Second})
+		defer b.Close()
+		b.Publish("requests", request("r-1", "a", "replies", "c-1"))
+		r, runs := replier(t, pool, schema, b.Source("requests"))
+		runUntil(t, r, func(s consumer.Stats) bool { return s.Handled == 1 })
+		// The relay sent the first reply.
+		if _, err := pool.Exec(context.Background(), `UPDATE idemq_outbox SET state = 1, sent_at = now()`); err != nil {
+			t.Fatal(err)
+		}
+		// The requester retries, from a new reply queue with a new
+		// correlation id.
+		b.Publish("requests", request("r-1", "a", "replies-2", "c-2"))
+		r, runs2 := replier(t, pool, schema, b.Source("requests"))
+		runUntil(t, r, func(s consumer.Stats) bool { return s.Duplicates == 1 })
+		if n := runs.Load() + runs2.Load(); n != 1 {
+			t.Fatalf("handler ran %d times, want 1", n)
+		}
+		rows := replyRows(t, pool)
+		want := replyRow{id: "replier:r-1" + outbox.ReplySuffix, dest: "replies-2", headers: `{"idemq-correlation-id":"c-2"}`, body: "ok:a", state: 0}
+		if len(rows) != 1 || rows[0] != want {
+			t.Fatalf("outbox rows %+v, want only %+v (the first reply, pending again)", rows, want)
+		}
+	})
+	t.Run("a duplicate without a stored result re-arms the reply but never invents one", func(t *testing.T) {
+		pool, schema := newPoolSchema(t)
+		b := memsource.New(memsource.Config{VisibilityTimeout: time.Second})
+		defer b.Close()
+		// "nil" answers with no result: the record keeps none.
+		b.Publish("requests", request("r-1", "nil", "replies", "c-1"))
+		r, _ := replier(t, pool, schema, b.Source("requests"))
+		runUntil(t, r, func(s consumer.Stats) bool { return s.Handled == 1 })
+		if rows := replyRows(t, pool); len(rows) != 1 || rows[0].body != "" {
+			t.Fatalf("outbox rows %+v, want one empty reply", rows)
+		}
+		// The relay sent it and its cleanup deleted the row.
+		if _, err := pool.Exec(context.Background(), `DELETE FROM idemq_outbox`); err != nil {
+			t.Fatal(err)
+		}
+		b.Publish("requests", request("r-1", "nil", "replies", "c-2"))
+		r, _ = replier(t, pool, schema, b.Source("requests"))
+		runUntil(t, r, func(s consumer.Stats) bool { return s.Duplicates == 1 })
+		if rows := replyRows(t, pool); len(rows) != 0 {
+			t.Fatalf("outbox rows %+v after the duplicate, want none: a record without a result says nothing of the reply", rows)
+		}
+	})
+}
+
+func TestNewResenderConfig(t *testing.T) {
+	if _, err := outbox.NewResender(nil, outbox.ResendConfig{}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Fatalf("nil db: %v, want ErrInvalidConfig", err)
+	}
+	if _, err := outbox.NewResender((*pgxpool.Pool)(nil), outbox.ResendConfig{Timeout: -1}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Fatalf("negative Timeout: %v, want ErrInvalidConfig", err)
+	}
+}
