@@ -565,7 +565,9 @@ func runner(ctx context.Context, o options, q string, store *pgdedup.Store, n, b
 	if started != nil {
 		if err := started(r); err != nil {
 			cancel()
-			<-done
+			if runErr := <-done; runErr != nil && !errors.Is(runErr, context.Canceled) {
+				err = errors.Join(err, runErr)
+			}
 			return 0, int64(r.Stats().Handled), err
 		}
 		start = time.Now()
