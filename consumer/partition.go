@@ -1,6 +1,9 @@
 package consumer
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // heldPartitions tracks the partition keys of a batch whose message failed.
 // Later messages of the same partition are not handled in that batch (they
@@ -68,4 +71,72 @@ func (h heldPartitions) holdBack(j *job) {
 	j.set(outRetryInfra, fmt.Errorf("idemq: held behind failed message %q of partition %q", failed.key, j.msg.PartitionKey))
 	j.claimedNew = false // its claim was rolled back and its handler did not run
 	j.delay = failed.delay
+}
+
+// laneHolds carries partition holding from one batch of a lane to the next.
+// A message handed back for a later attempt (Retry or Release, with a
+// delay) comes back through the broker; the messages of its partition that
+// the runner received before it was handed back are already in the lane,
+// and a later batch would commit them ahead of it. laneHolds hands those
+// back behind it instead: retried without counting an attempt, due no
+// sooner than the message they wait for, in their order. Messages received
+// after the hand-back are the broker's to order (it delivers a partition
+// key in order), and so is the handed-back message itself.
+//
+// A lane's jobs arrive in receive order, so a hold is dropped once the lane
+// has seen a job received after it. It is used by its lane's goroutine only.
+type laneHolds map[string]laneHold
+
+// laneHold is the hold of one partition key.
+type laneHold struct {
+	key string    // the deduplication key of the last message handed back
+	seq uint64    // jobs received up to this one (job.seq) came before it
+	due time.Time // when the last message handed back may come back
+}
+
+// handedBack records that j, of a partition key, was handed back to come
+// again no sooner than j.delay from now; every job received so far (up to
+// seq) is behind it.
+func (h *laneHolds) handedBack(j *job, seq uint64) {
+	pk := j.msg.PartitionKey
+	if pk == "" {
+		return
+	}
+	if *h == nil {
+		*h = laneHolds{}
+	}
+	due := time.Now().Add(max(j.delay, 0))
+	if old, ok := (*h)[pk]; ok && old.due.After(due) {
+		due = old.due
+	}
+	(*h)[pk] = laneHold{key: j.key, seq: seq, due: due}
+}
+
+// holdBack gives every job of live that a hold covers the outcome of
+// waiting behind the message handed back, and returns the others, in
+// order. It then drops the holds that no later job can be covered by.
+func (h laneHolds) holdBack(live []*job) []*job {
+	if len(h) == 0 || len(live) == 0 {
+		return live
+	}
+	out := live[:0:0]
+	var last uint64
+	for _, j := range live {
+		last = max(last, j.seq)
+		hold, ok := h[j.msg.PartitionKey]
+		if !ok || j.msg.PartitionKey == "" || j.seq > hold.seq {
+			out = append(out, j)
+			continue
+		}
+		j.set(outRetryInfra, fmt.Errorf("idemq: held behind message %q of partition %q, handed back for a later attempt",
+			hold.key, j.msg.PartitionKey))
+		j.claimedNew = false
+		j.delay = max(time.Until(hold.due), time.Millisecond)
+	}
+	for pk, hold := range h {
+		if hold.seq < last {
+			delete(h, pk)
+		}
+	}
+	return out
 }

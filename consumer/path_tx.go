@@ -39,7 +39,9 @@ var ErrCommit = errors.New("idemq: commit failed")
 // rolled back (with the failed message's record and writes) and the batch
 // runs again without it, and without the later messages of its
 // PartitionKey, which are retried without counting an attempt so that they
-// do not overtake it. Only the culprit's attempt is counted. A statement
+// do not overtake it; so are the messages of its PartitionKey that the
+// runner received before it was handed back and that wait in later batches.
+// Only the culprit's attempt is counted. A statement
 // refused because the transaction was already aborted (an earlier handler
 // swallowed its error) and a refused commit do not name the culprit: the
 // runner then splits the suspects in halves until it finds it, each half in

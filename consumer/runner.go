@@ -67,6 +67,7 @@ const (
 // job is one message moving through a Runner.
 type job struct {
 	msg    *Message
+	seq    uint64 // its place in the runner's receive order, from 1
 	key    string
 	keyErr error // from Config.KeyFunc (or the source), checked by prepare
 	hash   dedup.Hash
@@ -242,8 +243,7 @@ func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
 		r.lastReceive.Store(time.Now().UnixNano())
 		r.receiveOut.ok(ctx, r.log)
 		for _, m := range msgs {
-			r.stats.received.Add(1)
-			j := &job{msg: m, ctx: mctx}
+			j := &job{msg: m, ctx: mctx, seq: r.stats.received.Add(1)}
 			for _, h := range r.hooks.received {
 				j.ctx = h.OnReceived(j.ctx, m)
 			}
@@ -334,6 +334,7 @@ type lane struct {
 	cur   *prepared // the batch being handled
 	ahead *prepared
 	chain chained
+	holds laneHolds // partitions waiting for a message handed back
 }
 
 // chained is a path's open transaction for the batch a lane took ahead.
@@ -461,6 +462,7 @@ func (r *Runner) prepareBatch(ctx context.Context, batch []*job) *prepared {
 func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane) {
 	if l != nil {
 		l.cur = b
+		b.live = l.holds.holdBack(b.live)
 	}
 	if len(b.live) > 0 {
 		r.path.process(ctx, r, b.live, l)
@@ -477,7 +479,7 @@ func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane) {
 			f.set(outDuplicate, nil)
 		}
 	}
-	r.settle(ctx, b.batch, a)
+	r.settle(ctx, b.batch, a, l)
 }
 
 var errDuplicateUnsettled = errors.New("first copy not settled")
@@ -562,8 +564,9 @@ var errKeyBusy = errors.New("being handled by another worker")
 // those to acknowledge (handled and duplicates) to the lane's acker. Once ctx
 // is cancelled (the drain timed out) nothing is retried or dead-lettered: a
 // handler cut short by the shutdown did not fail, so its message is left to
-// the broker without counting an attempt.
-func (r *Runner) settle(ctx context.Context, batch []*job, a *acker) {
+// the broker without counting an attempt. A message handed back holds its
+// partition in l (see laneHolds).
+func (r *Runner) settle(ctx context.Context, batch []*job, a *acker, l *lane) {
 	var acks []*job
 	for _, j := range batch {
 		r.hookClaimed(j)
@@ -585,7 +588,13 @@ func (r *Runner) settle(ctx context.Context, batch []*job, a *acker) {
 				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt))
 			acks = append(acks, j)
 		case outRetry, outRetryInfra:
-			r.hookSettled(j, r.retry(ctx, j), len(batch), j.err)
+			o := r.retry(ctx, j)
+			if l != nil && o != OutcomeDeadLettered {
+				// Handed back, or left to the broker by a failed
+				// Retry: either way it comes again later.
+				l.holds.handedBack(j, r.stats.received.Load())
+			}
+			r.hookSettled(j, o, len(batch), j.err)
 		case outDeadLetter:
 			r.hookSettled(j, r.deadLetter(ctx, j, j.err), len(batch), j.err)
 		case outNone:
