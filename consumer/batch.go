@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
-	"time"
 
 	"github.com/idemq/idemq/dedup"
 )
@@ -109,13 +107,13 @@ func TxBatchJSON[T, Tx any](h func(ctx context.Context, tx Tx, items []BatchItem
 
 // handleBatch runs the batch handler over the new messages in tx. failed
 // reports that the transaction must be rolled back, with res saying why.
-func (p *txPath[Tx]) handleBatch(ctx context.Context, r *Runner, tx Tx, fresh []*job, ti *TxInfo) (res tryResult, failed bool) {
+func (p *txPath[Tx]) handleBatch(ctx context.Context, env *pathEnv, tx Tx, fresh []*job, ti *TxInfo) (res tryResult, failed bool) {
 	msgs := make([]*Message, len(fresh))
 	for i, j := range fresh {
-		j.msg.keys = &msgKeys{scope: r.cfg.Name, key: j.key}
+		j.msg.keys = &msgKeys{scope: env.scope, key: j.key}
 		msgs[i] = j.msg
 	}
-	err := r.callBatch(ctx, fresh, ti, func(ctx context.Context) error { return p.bh(ctx, tx, msgs) })
+	err := env.callBatch(ctx, fresh, ti, func(ctx context.Context) error { return p.bh(ctx, tx, msgs) })
 	if p.ended(tx) {
 		// Which messages' effects a COMMIT in the call made durable is
 		// unknown: the call is refused as a whole.
@@ -141,61 +139,4 @@ func (p *txPath[Tx]) handleBatch(ctx context.Context, r *Runner, tx Tx, fresh []
 	return tryResult{err: err, suspects: fresh}, true
 }
 
-// callBatch runs a batch handler over the messages of jobs with the handler
-// timeout and panic recovery, and reports a handler start and end for each
-// of them to the hooks (see TransactionalBatch), and the call to ti (nil
-// without HookTx hooks).
-func (r *Runner) callBatch(ctx context.Context, jobs []*job, ti *TxInfo, fn func(ctx context.Context) error) (err error) {
-	if r.cfg.HandlerTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, r.cfg.HandlerTimeout)
-		defer cancel()
-	}
-	if ti != nil {
-		start := time.Now()
-		defer func() { ti.HandlerStart, ti.HandlerEnd, ti.HandlerErr = start, time.Now(), err }()
-	}
-	starts, ends := r.hooks.handlerStart, r.hooks.handlerEnd
-	if len(jobs) > 1 {
-		// The HookTx hooks get this call in TxInfo.
-		starts, ends = r.hooks.batchStart, r.hooks.batchEnd
-	}
-	if len(starts) > 0 || len(ends) > 0 {
-		hctx := make([]context.Context, len(jobs))
-		for i, j := range jobs {
-			// The handler does not run in this context: the message's
-			// values and its key are enough, without the lane's
-			// cancellation.
-			c := j.ctx
-			if c == nil {
-				c = ctx
-			}
-			c = withKeys(c, r.cfg.Name, j.key)
-			for _, h := range starts {
-				c = h.OnHandlerStart(c, j.msg)
-			}
-			hctx[i] = c
-		}
-		start := time.Now()
-		defer func() {
-			d := time.Since(start)
-			var me *MessageError
-			named := errors.As(err, &me) && me.Msg != nil
-			for i, j := range jobs {
-				jerr := err
-				if named && j.msg != me.Msg {
-					jerr = nil // a batch-mate failed; this message runs again without it
-				}
-				for _, h := range ends {
-					h.OnHandlerEnd(hctx[i], j.msg, d, jerr)
-				}
-			}
-		}()
-	}
-	defer func() {
-		if v := recover(); v != nil {
-			err = &PanicError{Value: v, Stack: debug.Stack()}
-		}
-	}()
-	return fn(ctx)
-}
+//END

@@ -82,9 +82,9 @@ func (p *txPath[Tx]) validate() error {
 	return l.Err()
 }
 
-func (p *txPath[Tx]) process(ctx context.Context, r *Runner, batch []*job, l *lane) {
+func (p *txPath[Tx]) process(ctx context.Context, env *pathEnv, batch []*job, l *lane) {
 	var held heldPartitions
-	p.runAll(ctx, r, &held, batch, l)
+	p.runAll(ctx, env, &held, batch, l)
 }
 
 // runAll settles every job of jobs, in as many transactions as it takes:
@@ -93,31 +93,31 @@ func (p *txPath[Tx]) process(ctx context.Context, r *Runner, batch []*job, l *la
 // (not while it searches for a culprit among suspects), a transaction may
 // use the one chained for jobs and chain its commit to the lane's next
 // batch; a successful transaction is always the last.
-func (p *txPath[Tx]) runAll(ctx context.Context, r *Runner, held *heldPartitions, jobs []*job, l *lane) {
+func (p *txPath[Tx]) runAll(ctx context.Context, env *pathEnv, held *heldPartitions, jobs []*job, l *lane) {
 	for {
 		jobs = held.pending(jobs)
 		if len(jobs) == 0 {
 			return
 		}
-		res := p.try(ctx, r, jobs, l)
+		res := p.try(ctx, env, jobs, l)
 		switch {
 		case res.err == nil:
-			r.infraOK()
+			env.infraOK()
 			return
 		case res.infra || (res.culprit == nil && len(res.suspects) == 0):
-			p.infra(ctx, r, held, jobs, res.err)
+			p.infra(ctx, env, held, jobs, res.err)
 			return
 		case res.culprit != nil:
-			p.blame(ctx, r, held, res.culprit, res.err)
+			p.blame(ctx, env, held, res.culprit, res.err)
 		case len(res.suspects) == 1:
-			p.blame(ctx, r, held, res.suspects[0], res.err)
+			p.blame(ctx, env, held, res.suspects[0], res.err)
 		default:
 			// One of the suspects failed without saying so. Run the first
 			// half on its own: it commits, or narrows the search; the
 			// loop then takes the rest.
-			r.log.DebugContext(ctx, "transaction failed without naming a message; splitting it",
+			env.log.DebugContext(ctx, "transaction failed without naming a message; splitting it",
 				LogKeyCount, len(res.suspects), LogKeyError, res.err)
-			p.runAll(ctx, r, held, res.suspects[:len(res.suspects)/2], nil)
+			p.runAll(ctx, env, held, res.suspects[:len(res.suspects)/2], nil)
 		}
 	}
 }
@@ -133,18 +133,18 @@ type tryResult struct {
 // try runs jobs in one transaction. Duplicates and mismatches are settled
 // from the claim whatever happens next; the new messages are marked outAck
 // only once the commit succeeded.
-func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job, l *lane) tryResult {
+func (p *txPath[Tx]) try(ctx context.Context, env *pathEnv, jobs []*job, l *lane) tryResult {
 	var ti *TxInfo // for the HookTx hooks
-	if len(r.hooks.tx) > 0 {
+	if len(env.obs.tx) > 0 {
 		ti = &TxInfo{Claimed: jobCtxs(ctx, jobs)}
-		defer r.hookTx(ctx, ti)
+		defer env.obs.onTx(ctx, ti)
 	}
-	o := p.open(ctx, r, jobs, l)
+	o := p.open(ctx, env, jobs, l)
 	tx, claims, err := o.tx, o.claims, o.err
 	if ti != nil {
 		ti.ClaimStart, ti.ClaimEnd, ti.ClaimErr = o.start, o.end, err
 	}
-	if len(r.hooks.claimed) > 0 {
+	if len(env.obs.claimed) > 0 {
 		// A rerun claims again: the claim reported is the one of the
 		// job's last transaction, which committed it or decided its
 		// outcome.
@@ -172,7 +172,7 @@ func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job, l *lane) t
 		case dedup.StateDone:
 			j.set(outDuplicate, nil)
 		case dedup.StateMismatch:
-			j.set(outDeadLetter, &dedup.MismatchError{Scope: r.cfg.Name, Key: j.key, Stored: c.StoredHash, Received: j.hash})
+			j.set(outDeadLetter, &dedup.MismatchError{Scope: env.scope, Key: j.key, Stored: c.StoredHash, Received: j.hash})
 		case dedup.StateNew:
 			fresh = append(fresh, j)
 		default:
@@ -186,19 +186,19 @@ func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job, l *lane) t
 	if ti != nil {
 		ti.New = jobCtxs(ctx, fresh)
 	}
-	if res, failed := p.handle(ctx, r, tx, fresh, ti); failed {
+	if res, failed := p.handle(ctx, env, tx, fresh, ti); failed {
 		return res
 	}
 	var commitStart time.Time
-	if len(r.hooks.commit) > 0 || ti != nil {
+	if len(env.obs.commit) > 0 || ti != nil {
 		commitStart = time.Now()
 	}
-	chained, err = p.commit(ctx, r, tx, l)
+	chained, err = p.commit(ctx, env, tx, l)
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrCommit, err)
 	}
 	c := commitInfo(commitStart, len(fresh), err)
-	r.hookCommit(fresh, c)
+	env.obs.onCommit(fresh, c)
 	if ti != nil {
 		ti.Commit = c
 	}
@@ -206,7 +206,7 @@ func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job, l *lane) t
 		if errors.Is(err, dedup.ErrTxRefused) {
 			// The database refused the content: a handler swallowed a
 			// statement's error, or a deferred constraint failed.
-			r.stats.commitFailures.Add(1)
+			env.stats.commitFailures.Add(1)
 			return tryResult{err: err, suspects: fresh}
 		}
 		return tryResult{err: err, infra: true}
@@ -235,7 +235,7 @@ func (o *openTx[Tx]) abandon(ctx context.Context) {
 // open returns a transaction that claimed the keys of jobs: the lane's
 // chained one when it was chained for these jobs, else a new one. The claim
 // is timed for the hooks that report it.
-func (p *txPath[Tx]) open(ctx context.Context, r *Runner, jobs []*job, l *lane) *openTx[Tx] {
+func (p *txPath[Tx]) open(ctx context.Context, env *pathEnv, jobs []*job, l *lane) *openTx[Tx] {
 	if l != nil && l.chain != nil {
 		o, ok := l.chain.(*openTx[Tx])
 		if ok && slices.Equal(o.jobs, jobs) {
@@ -245,14 +245,14 @@ func (p *txPath[Tx]) open(ctx context.Context, r *Runner, jobs []*job, l *lane) 
 		l.abandon(ctx) // its claims would block ours
 	}
 	o := &openTx[Tx]{store: p.store, jobs: jobs}
-	o.timed(r, func() { o.tx, o.claims, o.err = p.beginClaim(ctx, r.cfg.Name, records(jobs)) })
+	o.timed(env, func() { o.tx, o.claims, o.err = p.beginClaim(ctx, env.scope, records(jobs)) })
 	return o
 }
 
 // timed runs claim and, when hooks report claims, records when it started
 // and ended.
-func (o *openTx[Tx]) timed(r *Runner, claim func()) {
-	if len(r.hooks.claimed) == 0 && len(r.hooks.tx) == 0 {
+func (o *openTx[Tx]) timed(env *pathEnv, claim func()) {
+	if len(env.obs.claimed) == 0 && len(env.obs.tx) == 0 {
 		claim()
 		return
 	}
@@ -275,7 +275,7 @@ func records(jobs []*job) []dedup.Record {
 // its keys in the same round trip; chained reports that tx is then open
 // for it, in l.chain. err is the commit's: a failed claim after a commit
 // only leaves the next batch to begin on its own.
-func (p *txPath[Tx]) commit(ctx context.Context, r *Runner, tx Tx, l *lane) (chained bool, err error) {
+func (p *txPath[Tx]) commit(ctx context.Context, env *pathEnv, tx Tx, l *lane) (chained bool, err error) {
 	cc, ok := p.store.(dedup.CommitChainer[Tx])
 	if !ok || l == nil {
 		return false, p.store.Commit(ctx, tx)
@@ -287,7 +287,7 @@ func (p *txPath[Tx]) commit(ctx context.Context, r *Runner, tx Tx, l *lane) (cha
 		// it under the next batch's first message.
 		return false, p.store.Commit(ctx, tx)
 	}
-	next := r.takeAhead(ctx, l)
+	next := env.takeAhead(ctx, l)
 	if next == nil || len(next.live) == 0 {
 		return false, p.store.Commit(ctx, tx)
 	}
@@ -296,14 +296,14 @@ func (p *txPath[Tx]) commit(ctx context.Context, r *Runner, tx Tx, l *lane) (cha
 		claims    []dedup.Claim
 		committed bool
 	)
-	o.timed(r, func() { claims, committed, err = cc.CommitChain(ctx, tx, r.cfg.Name, records(next.live)) })
+	o.timed(env, func() { claims, committed, err = cc.CommitChain(ctx, tx, env.scope, records(next.live)) })
 	switch {
 	case err == nil:
 		o.claims = claims
 		l.chain = o
 		return true, nil
 	case committed:
-		r.log.DebugContext(ctx, "claim chained to a commit failed; the next batch begins its own transaction", LogKeyError, err)
+		env.log.DebugContext(ctx, "claim chained to a commit failed; the next batch begins its own transaction", LogKeyError, err)
 		return false, nil
 	default:
 		return false, err
@@ -360,18 +360,18 @@ func (p *txPath[Tx]) beginClaim(ctx context.Context, scope string, recs []dedup.
 
 // handle runs the handlers of the new messages in tx. failed reports that
 // the transaction must be rolled back, with res saying why.
-func (p *txPath[Tx]) handle(ctx context.Context, r *Runner, tx Tx, fresh []*job, ti *TxInfo) (res tryResult, failed bool) {
+func (p *txPath[Tx]) handle(ctx context.Context, env *pathEnv, tx Tx, fresh []*job, ti *TxInfo) (res tryResult, failed bool) {
 	if p.bh != nil {
-		return p.handleBatch(ctx, r, tx, fresh, ti)
+		return p.handleBatch(ctx, env, tx, fresh, ti)
 	}
 	for i, j := range fresh {
-		err := r.call(ctx, j, func(ctx context.Context) error { return p.h(ctx, tx, j.msg) })
+		err := env.call(ctx, j, func(ctx context.Context) error { return p.h(ctx, tx, j.msg) })
 		switch {
 		case p.ended(tx):
 			// Its COMMIT made the records of the later messages durable
 			// before their handlers ran: remove them, or their rerun
 			// would take them for duplicates.
-			p.forgetEnded(ctx, r, tx, j, fresh[i+1:])
+			p.forgetEnded(ctx, env, tx, j, fresh[i+1:])
 			return tryResult{err: errors.Join(errTxEnded, err), culprit: j}, true
 		case err == nil && p.failed(tx):
 			return tryResult{err: errSwallowed, culprit: j}, true
@@ -403,7 +403,7 @@ func (p *txPath[Tx]) ended(tx Tx) bool {
 // forgetEnded removes the records of later, whose handlers did not run,
 // after culprit's handler ended tx: a COMMIT made them durable, and their
 // rerun would take them for duplicates. A failure is logged.
-func (p *txPath[Tx]) forgetEnded(ctx context.Context, r *Runner, tx Tx, culprit *job, later []*job) {
+func (p *txPath[Tx]) forgetEnded(ctx context.Context, env *pathEnv, tx Tx, culprit *job, later []*job) {
 	er, ok := p.store.(dedup.EndedTxReporter[Tx])
 	if !ok || len(later) == 0 {
 		return
@@ -412,8 +412,8 @@ func (p *txPath[Tx]) forgetEnded(ctx context.Context, r *Runner, tx Tx, culprit 
 	for i, j := range later {
 		keys[i] = j.key
 	}
-	if err := er.ForgetEnded(ctx, tx, r.cfg.Name, culprit.key, keys); err != nil {
-		r.log.ErrorContext(ctx, "removing the records of messages whose handler did not run failed; they may be taken for duplicates",
+	if err := er.ForgetEnded(ctx, tx, env.scope, culprit.key, keys); err != nil {
+		env.log.ErrorContext(ctx, "removing the records of messages whose handler did not run failed; they may be taken for duplicates",
 			LogKeyCount, len(keys), LogKeyError, err)
 	}
 }
@@ -452,14 +452,14 @@ func (p *txPath[Tx]) handlerTransient(err error) bool {
 // is retried without counting an attempt, anything else is a counted
 // attempt (or a dead letter for Permanent). Later messages of its partition
 // are held behind it.
-func (p *txPath[Tx]) blame(ctx context.Context, r *Runner, held *heldPartitions, j *job, err error) {
+func (p *txPath[Tx]) blame(ctx context.Context, env *pathEnv, held *heldPartitions, j *job, err error) {
 	if p.handlerTransient(err) {
 		j.set(outRetryInfra, err)
-		j.delay = r.infraDelay()
+		j.delay = env.infraDelay()
 	} else {
-		r.failure(j, err)
+		env.failure(j, err)
 	}
-	r.log.DebugContext(ctx, "handler failed", LogKeyKey, j.key, LogKeyAttempt, j.msg.Attempt, LogKeyError, err)
+	env.log.DebugContext(ctx, "handler failed", LogKeyKey, j.key, LogKeyAttempt, j.msg.Attempt, LogKeyError, err)
 	held.hold(j)
 }
 
@@ -468,11 +468,11 @@ func (p *txPath[Tx]) blame(ctx context.Context, r *Runner, held *heldPartitions,
 // durable, and nothing is counted against the messages. Their partitions are
 // held, so that when jobs is a half of a bisected batch, the later messages
 // of those partitions in the other half do not commit ahead of them.
-func (p *txPath[Tx]) infra(ctx context.Context, r *Runner, held *heldPartitions, jobs []*job, err error) {
+func (p *txPath[Tx]) infra(ctx context.Context, env *pathEnv, held *heldPartitions, jobs []*job, err error) {
 	if errors.Is(err, ErrCommit) {
-		r.stats.commitFailures.Add(1)
+		env.stats.commitFailures.Add(1)
 	}
-	delay := r.infraDelay()
+	delay := env.infraDelay()
 	n := 0
 	for _, j := range jobs {
 		if j.out != outNone {
@@ -485,7 +485,7 @@ func (p *txPath[Tx]) infra(ctx context.Context, r *Runner, held *heldPartitions,
 		}
 		n++
 	}
-	r.storeOut.warn(ctx, r.log, "transaction failed; its messages will be retried", slog.Int(LogKeyCount, n), slog.Any(LogKeyError, err))
+	env.storeOut.warn(ctx, env.log, "transaction failed; its messages will be retried", slog.Int(LogKeyCount, n), slog.Any(LogKeyError, err))
 }
 
 // failureCounter returns the store's handler-failure counter, or nil.

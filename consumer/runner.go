@@ -44,10 +44,10 @@ var ErrRunning = errors.New("idemq: runner already running")
 type Path interface {
 	// process decides the outcome of every job in batch. It must not return
 	// before every job has an outcome, and it must only report outAck for a
-	// job whose effect is durable. l is the lane the batch runs in: a path
-	// may take the lane's next batch ahead (Runner.takeAhead) and leave an
-	// open transaction for it in l.chain.
-	process(ctx context.Context, r *Runner, batch []*job, l *lane)
+	// job whose effect is durable. env is all it gets from the Runner. l is
+	// the lane the batch runs in: a path may take the lane's next batch
+	// ahead (env.takeAhead) and leave an open transaction for it in l.chain.
+	process(ctx context.Context, env *pathEnv, batch []*job, l *lane)
 	// validate reports a misconfigured path as a *ConfigError.
 	validate() error
 }
@@ -105,7 +105,8 @@ type Runner struct {
 	draining    atomic.Bool
 	lastReceive atomic.Int64 // UnixNano of the last successful Receive
 	stats       counters
-	hooks       hooks
+	hooks       observer
+	env         pathEnv // what the path gets (see Path)
 
 	// Consecutive failures of each dependency (see Health).
 	receiveOut, storeOut, ackOut *outage
@@ -135,7 +136,7 @@ func NewRunner(src Source, path Path, cfg Config) (*Runner, error) {
 	if err := fitPool(path, &cfg, explicitConcurrency); err != nil {
 		return nil, err
 	}
-	return &Runner{
+	r := &Runner{
 		src:        src,
 		path:       path,
 		cfg:        cfg,
@@ -144,7 +145,12 @@ func NewRunner(src Source, path Path, cfg Config) (*Runner, error) {
 		storeOut:   newOutage(DependencyStore, cfg),
 		ackOut:     newOutage(DependencyBrokerAck, cfg),
 		hooks:      resolveHooks(cfg.Hooks),
-	}, nil
+	}
+	r.env = pathEnv{
+		scope: cfg.Name, log: r.log, retry: cfg.Retry, handlerTimeout: cfg.HandlerTimeout,
+		stats: &r.stats, storeOut: r.storeOut, obs: &r.hooks, takeAhead: r.takeAhead,
+	}
+	return r, nil
 }
 
 // Config returns the runner's configuration with defaults applied.
@@ -253,7 +259,7 @@ func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
 			case <-ctx.Done():
 				// Stopping while a lane is full: what was not handed to a
 				// lane stays unacknowledged and returns to the broker.
-				r.hookSettled(j, OutcomeLeft, 0, nil)
+				r.hooks.onSettled(j, OutcomeLeft, 0, nil)
 				return nil
 			}
 		}
@@ -398,7 +404,7 @@ func (r *Runner) leftOnDrain(ctx context.Context, batch []*job) bool {
 		return false
 	}
 	for _, j := range batch {
-		r.hookSettled(j, OutcomeLeft, len(batch), nil)
+		r.hooks.onSettled(j, OutcomeLeft, len(batch), nil)
 	}
 	return true
 }
@@ -465,7 +471,7 @@ func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane) {
 		b.live = l.holds.holdBack(b.live)
 	}
 	if len(b.live) > 0 {
-		r.path.process(ctx, r, b.live, l)
+		r.path.process(ctx, &r.env, b.live, l)
 		r.storeOut.report(ctx, r.log, infraErr(b.live))
 	}
 	for _, f := range b.followers {
@@ -530,19 +536,6 @@ func validKey(key string) error {
 	return nil
 }
 
-// infraDelay counts a failure of the store and returns the retry delay,
-// growing with the run of such failures (not with the message's attempts,
-// which these failures do not count) up to outageProbe, so that the
-// messages sent back come again soon after the store answers; while the
-// outage lasts, receiving is paused (awaitStore). handle logs the outage
-// once it lasts.
-func (r *Runner) infraDelay() time.Duration {
-	return min(r.cfg.Retry.Backoff(r.storeOut.fail()), outageProbe)
-}
-
-// infraOK ends a run of store failures.
-func (r *Runner) infraOK() { r.storeOut.succeed() }
-
 // infraErr returns the error of the first job of batch that the store's
 // trouble sent back, for the outage log. Jobs sent back for reasons of their
 // own (another worker holds the key, an unsettled copy in the batch) are not
@@ -569,13 +562,13 @@ var errKeyBusy = errors.New("being handled by another worker")
 func (r *Runner) settle(ctx context.Context, batch []*job, a *acker, l *lane) {
 	var acks []*job
 	for _, j := range batch {
-		r.hookClaimed(j)
+		r.hooks.onClaimed(j)
 		if ctx.Err() != nil && j.out != outAck && j.out != outDuplicate && j.out != outNone {
 			r.stats.left.Add(1)
-			r.log.LogAttrs(r.msgCtx(ctx, j), slog.LevelInfo, "stopping: message left to the broker",
+			r.log.LogAttrs(r.hooks.msgCtx(ctx, j), slog.LevelInfo, "stopping: message left to the broker",
 				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt),
 				slog.Any(LogKeyError, j.err))
-			r.hookSettled(j, OutcomeLeft, len(batch), j.err)
+			r.hooks.onSettled(j, OutcomeLeft, len(batch), j.err)
 			continue
 		}
 		switch j.out {
@@ -584,7 +577,7 @@ func (r *Runner) settle(ctx context.Context, batch []*job, a *acker, l *lane) {
 			acks = append(acks, j)
 		case outDuplicate:
 			r.stats.duplicates.Add(1)
-			r.log.LogAttrs(r.msgCtx(ctx, j), slog.LevelDebug, "duplicate acknowledged",
+			r.log.LogAttrs(r.hooks.msgCtx(ctx, j), slog.LevelDebug, "duplicate acknowledged",
 				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt))
 			acks = append(acks, j)
 		case outRetry, outRetryInfra:
@@ -594,11 +587,11 @@ func (r *Runner) settle(ctx context.Context, batch []*job, a *acker, l *lane) {
 				// Retry: either way it comes again later.
 				l.holds.handedBack(j, r.stats.received.Load())
 			}
-			r.hookSettled(j, o, len(batch), j.err)
+			r.hooks.onSettled(j, o, len(batch), j.err)
 		case outDeadLetter:
-			r.hookSettled(j, r.deadLetter(ctx, j, j.err), len(batch), j.err)
+			r.hooks.onSettled(j, r.deadLetter(ctx, j, j.err), len(batch), j.err)
 		case outNone:
-			r.hookSettled(j, OutcomeLeft, len(batch), nil)
+			r.hooks.onSettled(j, OutcomeLeft, len(batch), nil)
 		}
 	}
 	if len(acks) > 0 {
@@ -606,22 +599,11 @@ func (r *Runner) settle(ctx context.Context, batch []*job, a *acker, l *lane) {
 	}
 }
 
-// msgCtx returns ctx seen through the message context of j when a
-// HookReceived may have given it values (a span, so that a trace-aware log
-// handler ties a line to the message, and the handler's spans join it).
-// Without such hooks it is ctx itself.
-func (r *Runner) msgCtx(ctx context.Context, j *job) context.Context {
-	if len(r.hooks.received) == 0 || j.ctx == nil {
-		return ctx
-	}
-	return overlay{Context: ctx, vals: j.ctx}
-}
-
 // retry hands j back for a later attempt, or dead-letters it once its
 // attempts are exhausted, and returns the outcome.
 func (r *Runner) retry(ctx context.Context, j *job) Outcome {
 	m := j.msg
-	ctx = r.msgCtx(ctx, j)
+	ctx = r.hooks.msgCtx(ctx, j)
 	var delay time.Duration
 	kind := RetryHandler
 	switch {
@@ -635,7 +617,7 @@ func (r *Runner) retry(ctx context.Context, j *job) Outcome {
 	case r.countFailure(ctx, j) >= r.cfg.Retry.MaxAttempts:
 		return r.deadLetter(ctx, j, fmt.Errorf("%w after %d attempts: %w", ErrMaxAttempts, j.attempt(), j.err))
 	default:
-		delay = r.backoff(j)
+		delay = r.env.backoff(j)
 	}
 	r.stats.retried.Add(1)
 	r.log.LogAttrs(ctx, slog.LevelInfo, "message will be retried", slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID),
@@ -660,7 +642,7 @@ func (r *Runner) retry(ctx context.Context, j *job) Outcome {
 // the source accepted is counted and logged as one. It returns the outcome.
 func (r *Runner) deadLetter(ctx context.Context, j *job, cause error) Outcome {
 	m := j.msg
-	ctx = r.msgCtx(ctx, j)
+	ctx = r.hooks.msgCtx(ctx, j)
 	reason := &DeadLetterError{Key: j.key, Attempts: j.attempt(), Err: cause}
 	attrs := []slog.Attr{slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID), slog.String(LogKeyTopic, m.Topic),
 		slog.Int(LogKeyAttempt, j.attempt()), slog.Any(LogKeyError, cause)}
@@ -688,58 +670,6 @@ func (r *Runner) deadLetter(ctx context.Context, j *job, cause error) Outcome {
 	}
 	r.forgetFailures(ctx, j)
 	return OutcomeDeadLettered
-}
-
-// call runs a handler with the key in its context, the handler timeout, and
-// panic recovery.
-func (r *Runner) call(ctx context.Context, j *job, fn func(ctx context.Context) error) (err error) {
-	ctx = withKeys(r.msgCtx(ctx, j), r.cfg.Name, j.key)
-	if r.cfg.HandlerTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, r.cfg.HandlerTimeout)
-		defer cancel()
-	}
-	if len(r.hooks.handlerStart) > 0 || len(r.hooks.handlerEnd) > 0 {
-		for _, h := range r.hooks.handlerStart {
-			ctx = h.OnHandlerStart(ctx, j.msg)
-		}
-		start := time.Now()
-		defer func() {
-			d := time.Since(start)
-			for _, h := range r.hooks.handlerEnd {
-				h.OnHandlerEnd(ctx, j.msg, d, err)
-			}
-		}()
-	}
-	defer func() {
-		if v := recover(); v != nil {
-			err = &PanicError{Value: v, Stack: debug.Stack()}
-		}
-	}()
-	return fn(ctx)
-}
-
-// backoff returns the delay before a failed job's next attempt: the one its
-// handler asked for with RetryAfter, else the policy's. It is computed once
-// per failure, so that messages held behind the job can wait as long.
-func (r *Runner) backoff(j *job) time.Duration {
-	if j.delay > 0 {
-		return j.delay
-	}
-	if d, ok := retryDelay(j.err); ok {
-		return d
-	}
-	return r.cfg.Retry.Backoff(j.attempt())
-}
-
-// failure classifies a handler error into an outcome.
-func (r *Runner) failure(j *job, err error) {
-	if IsPermanent(err) {
-		j.set(outDeadLetter, err)
-		return
-	}
-	j.set(outRetry, err)
-	j.delay = r.backoff(j)
 }
 
 func sleep(ctx context.Context, d time.Duration) {
