@@ -2,11 +2,24 @@ package consumer
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"runtime/debug"
 	"time"
 )
+
+// Path is the way a Runner turns messages into effects: Transactional for
+// effects in a database transaction, Leased for effects outside one. A Path
+// is built once and used by one Runner.
+type Path interface {
+	// process decides the outcome of every job in batch. It must not return
+	// before every job has an outcome, and it must only report outAck for a
+	// job whose effect is durable. env is all it gets from the Runner. l is
+	// the lane the batch runs in: a path may take the lane's next batch
+	// ahead (env.takeAhead) and leave an open transaction for it in l.chain.
+	process(ctx context.Context, env *pathEnv, batch []*job, l *lane)
+	// validate reports a misconfigured path as a *ConfigError.
+	validate() error
+}
 
 // pathEnv is what a Path gets from its Runner, as values: the scope, the
 // logger, the configuration it reads, the counters, the store's outage
@@ -89,63 +102,4 @@ func (env *pathEnv) failure(j *job, err error) {
 	}
 	j.set(outRetry, err)
 	j.delay = env.backoff(j)
-}
-
-// callBatch runs a batch handler over the messages of jobs with the handler
-// timeout and panic recovery, and reports a handler start and end for each
-// of them to the hooks (see TransactionalBatch), and the call to ti (nil
-// without HookTx hooks).
-func (env *pathEnv) callBatch(ctx context.Context, jobs []*job, ti *TxInfo, fn func(ctx context.Context) error) (err error) {
-	if env.handlerTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, env.handlerTimeout)
-		defer cancel()
-	}
-	if ti != nil {
-		start := time.Now()
-		defer func() { ti.HandlerStart, ti.HandlerEnd, ti.HandlerErr = start, time.Now(), err }()
-	}
-	starts, ends := env.obs.handlerStart, env.obs.handlerEnd
-	if len(jobs) > 1 {
-		// The HookTx hooks get this call in TxInfo.
-		starts, ends = env.obs.batchStart, env.obs.batchEnd
-	}
-	if len(starts) > 0 || len(ends) > 0 {
-		hctx := make([]context.Context, len(jobs))
-		for i, j := range jobs {
-			// The handler does not run in this context: the message's
-			// values and its key are enough, without the lane's
-			// cancellation.
-			c := j.ctx
-			if c == nil {
-				c = ctx
-			}
-			c = withKeys(c, env.scope, j.key)
-			for _, h := range starts {
-				c = h.OnHandlerStart(c, j.msg)
-			}
-			hctx[i] = c
-		}
-		start := time.Now()
-		defer func() {
-			d := time.Since(start)
-			var me *MessageError
-			named := errors.As(err, &me) && me.Msg != nil
-			for i, j := range jobs {
-				jerr := err
-				if named && j.msg != me.Msg {
-					jerr = nil // a batch-mate failed; this message runs again without it
-				}
-				for _, h := range ends {
-					h.OnHandlerEnd(hctx[i], j.msg, d, jerr)
-				}
-			}
-		}()
-	}
-	defer func() {
-		if v := recover(); v != nil {
-			err = &PanicError{Value: v, Stack: debug.Stack()}
-		}
-	}()
-	return fn(ctx)
 }

@@ -556,3 +556,23 @@ func (obs *observer) msgCtx(ctx context.Context, j *job) context.Context {
 
 // timesClaims reports whether a hook wants the claims timed.
 func (obs *observer) timesClaims() bool { return len(obs.claimed) > 0 || len(obs.tx) > 0 }
+
+// onRetry reports j, handed back for a later attempt after delay, to the
+// HookRetry hooks.
+func (obs *observer) onRetry(j *job, kind RetryKind, delay time.Duration) {
+	for _, h := range obs.retry {
+		h.OnRetry(j.ctx, j.msg, kind, delay, j.err)
+	}
+}
+
+// onDeadLetter reports j, dead-lettered for cause, to the HookDeadLetter
+// hooks.
+func (obs *observer) onDeadLetter(j *job, cause error) {
+	if len(obs.deadLetter) == 0 {
+		return
+	}
+	reason := deadLetterReason(cause)
+	for _, h := range obs.deadLetter {
+		h.OnDeadLetter(j.ctx, j.msg, reason, cause)
+	}
+}

@@ -505,3 +505,5 @@ func (p *leasePath) failureCounter() dedup.FailureCounter {
 	fc, _ := p.store.(dedup.FailureCounter)
 	return fc
 }
+
+func (p *leasePath) retention() (time.Duration, bool) { return p.opts.Retention, true }

@@ -63,6 +63,28 @@ func Transactional[Tx any](store dedup.TxStore[Tx], h TxHandler[Tx]) Path {
 	return &txPath[Tx]{store: store, h: h}
 }
 
+// TransactionalBatch returns the transactional path with one handler call
+// per batch instead of per message: for each batch the runner begins a
+// transaction, records every key through store, calls h once with the new
+// messages, commits and only then acknowledges. It has the guarantees of
+// Transactional; Config.BatchSize bounds the messages per call. The runner's
+// HandlerTimeout bounds each call, and DedupKey and IdempotencyKey are not
+// set in its context (a batch has many keys): msg.KeyContext(ctx) gives the
+// context of one message of the batch, with its keys.
+//
+// Hooks see the events of Transactional: a claim, a commit and a settlement
+// per message, the batch, and a handler start and end for every message of
+// each handler call, with the call's duration. The error of a MessageError
+// is reported for its message only (its batch-mates end without an error
+// and run again without it); any other error, or a panic, for every message
+// of the call. A hook implementing HookTx gets a call over more than one
+// message once per transaction instead, in TxInfo. The context those hooks get is the message's (with its
+// DedupKey, without the handler's cancellation); the handler's own ctx
+// carries no message's hook values, since it handles many.
+func TransactionalBatch[Tx any](store dedup.TxStore[Tx], h TxBatchHandler[Tx]) Path {
+	return &txPath[Tx]{store: store, bh: h}
+}
+
 // txPath is the transactional path, with a handler per message (h) or one
 // for the whole batch (bh).
 type txPath[Tx any] struct {
@@ -492,4 +514,54 @@ func (p *txPath[Tx]) infra(ctx context.Context, env *pathEnv, held *heldPartitio
 func (p *txPath[Tx]) failureCounter() dedup.FailureCounter {
 	fc, _ := p.store.(dedup.FailureCounter)
 	return fc
+}
+
+// poolSize returns the connection pool size of the path's store, or 0 when
+// the store does not report one (see dedup.PoolSizer).
+func (p *txPath[Tx]) poolSize() int {
+	if ps, ok := p.store.(dedup.PoolSizer); ok {
+		return ps.PoolSize()
+	}
+	return 0
+}
+
+func (p *txPath[Tx]) retention() (time.Duration, bool) {
+	if rr, ok := any(p.store).(dedup.RetentionReporter); ok {
+		return rr.Retention(), true
+	}
+	return 0, false
+}
+
+// handleBatch runs the batch handler over the new messages in tx. failed
+// reports that the transaction must be rolled back, with res saying why.
+func (p *txPath[Tx]) handleBatch(ctx context.Context, env *pathEnv, tx Tx, fresh []*job, ti *TxInfo) (res tryResult, failed bool) {
+	msgs := make([]*Message, len(fresh))
+	for i, j := range fresh {
+		j.msg.keys = &msgKeys{scope: env.scope, key: j.key}
+		msgs[i] = j.msg
+	}
+	err := env.callBatch(ctx, fresh, ti, func(ctx context.Context) error { return p.bh(ctx, tx, msgs) })
+	if p.ended(tx) {
+		// Which messages' effects a COMMIT in the call made durable is
+		// unknown: the call is refused as a whole.
+		return tryResult{err: errors.Join(errTxEnded, err), suspects: fresh}, true
+	}
+	if err == nil && p.failed(tx) {
+		err = errSwallowed
+	}
+	if err == nil {
+		return tryResult{}, false
+	}
+	var me *MessageError
+	if errors.As(err, &me) {
+		for _, j := range fresh {
+			if j.msg == me.Msg {
+				return tryResult{err: me.Err, culprit: j}, true
+			}
+		}
+	}
+	if len(fresh) > 1 && p.handlerTransient(err) {
+		return tryResult{err: err, infra: true}, true
+	}
+	return tryResult{err: err, suspects: fresh}, true
 }

@@ -18,79 +18,8 @@ import (
 	"github.com/idemq/idemq/internal/cfgerr"
 )
 
-// Log attribute keys used by the runner.
-const (
-	LogKeyConsumer = "consumer"
-	LogKeyKey      = "key"
-	LogKeyID       = "message_id"
-	LogKeyTopic    = "topic"
-	LogKeyAttempt  = "attempt"
-	LogKeyError    = "err"
-	LogKeyDelay    = "delay"
-	LogKeyCount    = "count"
-	LogKeyStored   = "stored_hash"
-	LogKeyReceived = "received_hash"
-	// LogKeySettleError is the error of a failed Retry or DeadLetter call,
-	// logged beside the message's own error (LogKeyError).
-	LogKeySettleError = "settle_err"
-)
-
 // ErrRunning is returned by Run when the Runner is already running.
 var ErrRunning = errors.New("idemq: runner already running")
-
-// Path is the way a Runner turns messages into effects: Transactional for
-// effects in a database transaction, Leased for effects outside one. A Path
-// is built once and used by one Runner.
-type Path interface {
-	// process decides the outcome of every job in batch. It must not return
-	// before every job has an outcome, and it must only report outAck for a
-	// job whose effect is durable. env is all it gets from the Runner. l is
-	// the lane the batch runs in: a path may take the lane's next batch
-	// ahead (env.takeAhead) and leave an open transaction for it in l.chain.
-	process(ctx context.Context, env *pathEnv, batch []*job, l *lane)
-	// validate reports a misconfigured path as a *ConfigError.
-	validate() error
-}
-
-// outcome is what the runner does with a message once its path is done.
-type outcome int
-
-const (
-	outNone       outcome = iota // not settled: left to the broker
-	outAck                       // effect durable now (handler ran and committed)
-	outDuplicate                 // effect was durable before; acknowledge
-	outRetry                     // handler failed; retry with backoff or dead-letter
-	outRetryInfra                // store or broker trouble; retry, never dead-letter
-	outDeadLetter                // poison; dead-letter now
-)
-
-// job is one message moving through a Runner.
-type job struct {
-	msg    *Message
-	seq    uint64 // its place in the runner's receive order, from 1
-	key    string
-	keyErr error // from Config.KeyFunc (or the source), checked by prepare
-	hash   dedup.Hash
-
-	out   outcome
-	err   error
-	delay time.Duration // for outRetryInfra, or from RetryAfter
-
-	// failures is the key's handler failures as the store counted them (0:
-	// not counted; the broker's Attempt applies).
-	failures int
-
-	// For hooks (see hooks.go). ctx is the message's context: the
-	// receive context without its cancellation, or what HookReceived
-	// returned.
-	ctx                  context.Context
-	follower             bool // the same key came earlier in the batch
-	claimedNew           bool // the path claimed the key as new
-	claimStart, claimEnd time.Time
-	claimN               int // messages claimed with it (ClaimInfo.Messages)
-}
-
-func (j *job) set(o outcome, err error) { j.out, j.err = o, err }
 
 // Runner receives messages from a Source, hands each to its Path, and settles
 // it: acknowledge after the effect is durable, retry with backoff, or
@@ -107,6 +36,7 @@ type Runner struct {
 	stats       counters
 	hooks       observer
 	env         pathEnv // what the path gets (see Path)
+	settler     settler
 
 	// Consecutive failures of each dependency (see Health).
 	receiveOut, storeOut, ackOut *outage
@@ -150,6 +80,10 @@ func NewRunner(src Source, path Path, cfg Config) (*Runner, error) {
 		scope: cfg.Name, log: r.log, retry: cfg.Retry, handlerTimeout: cfg.HandlerTimeout,
 		stats: &r.stats, storeOut: r.storeOut, obs: &r.hooks, takeAhead: r.takeAhead,
 	}
+	r.settler = settler{env: &r.env, src: src}
+	if fc, ok := path.(failureCounting); ok {
+		r.settler.counter = fc.failureCounter()
+	}
 	return r, nil
 }
 
@@ -171,7 +105,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	defer r.running.Store(false)
 	defer r.draining.Store(false)
-	if err := r.checkRetention(ctx); err != nil {
+	if err := checkRetention(ctx, r.src, r.path, r.log, r.cfg.AllowShortRetention); err != nil {
 		return err
 	}
 	r.logStart(ctx)
@@ -306,6 +240,7 @@ func (r *Runner) lane(ctx context.Context, in <-chan *job) {
 	a := r.startAcker(ctx)
 	defer a.stop()
 	l := &lane{in: in}
+	holds := laneHolds{} // partitions waiting for a message handed back
 	defer l.abandon(ctx) // nothing is chained once the last batch ran; a safety net
 	buf := make([]*job, 0, r.cfg.BatchSize)
 	for {
@@ -328,33 +263,7 @@ func (r *Runner) lane(ctx context.Context, in <-chan *job) {
 			l.abandon(ctx)
 			continue
 		}
-		r.handle(ctx, b, a, l)
-	}
-}
-
-// lane is what one lane carries from one batch to the next: the batch it
-// took ahead while committing the last one, and the open transaction that
-// commit chained and that already claimed that batch's keys.
-type lane struct {
-	in    <-chan *job
-	cur   *prepared // the batch being handled
-	ahead *prepared
-	chain chained
-	holds laneHolds // partitions waiting for a message handed back
-}
-
-// chained is a path's open transaction for the batch a lane took ahead.
-type chained interface {
-	// abandon rolls the transaction back.
-	abandon(ctx context.Context)
-}
-
-// abandon rolls back the transaction chained for the batch taken ahead, if
-// any.
-func (l *lane) abandon(ctx context.Context) {
-	if l.chain != nil {
-		l.chain.abandon(ctx)
-		l.chain = nil
+		r.handle(ctx, b, a, l, holds)
 	}
 }
 
@@ -429,14 +338,6 @@ func (r *Runner) fillWithin(batch []*job, in <-chan *job, wait time.Duration) []
 	return batch
 }
 
-// prepared is a batch ready for its path: the jobs to run (live, one per
-// key) and the later copies of their keys (followers), settled after them.
-// The jobs with bad input already have their outcome.
-type prepared struct {
-	batch, live, followers []*job
-	leaders                map[string]*job
-}
-
 // prepareBatch validates a batch's jobs and splits it for its path. It
 // calls the HookBatch hooks.
 func (r *Runner) prepareBatch(ctx context.Context, batch []*job) *prepared {
@@ -465,11 +366,11 @@ func (r *Runner) prepareBatch(ctx context.Context, batch []*job) *prepared {
 }
 
 // handle runs a prepared batch's path and settles every message.
-func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane) {
+func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane, holds laneHolds) {
 	if l != nil {
 		l.cur = b
-		b.live = l.holds.holdBack(b.live)
 	}
+	b.live = holds.holdBack(b.live)
 	if len(b.live) > 0 {
 		r.path.process(ctx, &r.env, b.live, l)
 		r.storeOut.report(ctx, r.log, infraErr(b.live))
@@ -485,7 +386,9 @@ func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane) {
 			f.set(outDuplicate, nil)
 		}
 	}
-	r.settle(ctx, b.batch, a, l)
+	if acks := r.settler.settle(ctx, b.batch, holds); len(acks) > 0 {
+		a.send(ackBatch{jobs: acks, size: len(b.batch)})
+	}
 }
 
 var errDuplicateUnsettled = errors.New("first copy not settled")
@@ -552,125 +455,6 @@ func infraErr(batch []*job) error {
 // errKeyBusy is wrapped by the retry reason of a message whose key another
 // worker holds (lease path).
 var errKeyBusy = errors.New("being handled by another worker")
-
-// settle retries or dead-letters the jobs of a batch that failed and hands
-// those to acknowledge (handled and duplicates) to the lane's acker. Once ctx
-// is cancelled (the drain timed out) nothing is retried or dead-lettered: a
-// handler cut short by the shutdown did not fail, so its message is left to
-// the broker without counting an attempt. A message handed back holds its
-// partition in l (see laneHolds).
-func (r *Runner) settle(ctx context.Context, batch []*job, a *acker, l *lane) {
-	var acks []*job
-	for _, j := range batch {
-		r.hooks.onClaimed(j)
-		if ctx.Err() != nil && j.out != outAck && j.out != outDuplicate && j.out != outNone {
-			r.stats.left.Add(1)
-			r.log.LogAttrs(r.hooks.msgCtx(ctx, j), slog.LevelInfo, "stopping: message left to the broker",
-				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt),
-				slog.Any(LogKeyError, j.err))
-			r.hooks.onSettled(j, OutcomeLeft, len(batch), j.err)
-			continue
-		}
-		switch j.out {
-		case outAck:
-			r.stats.handled.Add(1)
-			acks = append(acks, j)
-		case outDuplicate:
-			r.stats.duplicates.Add(1)
-			r.log.LogAttrs(r.hooks.msgCtx(ctx, j), slog.LevelDebug, "duplicate acknowledged",
-				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt))
-			acks = append(acks, j)
-		case outRetry, outRetryInfra:
-			o := r.retry(ctx, j)
-			if l != nil && o != OutcomeDeadLettered {
-				// Handed back, or left to the broker by a failed
-				// Retry: either way it comes again later.
-				l.holds.handedBack(j, r.stats.received.Load())
-			}
-			r.hooks.onSettled(j, o, len(batch), j.err)
-		case outDeadLetter:
-			r.hooks.onSettled(j, r.deadLetter(ctx, j, j.err), len(batch), j.err)
-		case outNone:
-			r.hooks.onSettled(j, OutcomeLeft, len(batch), nil)
-		}
-	}
-	if len(acks) > 0 {
-		a.send(ackBatch{jobs: acks, size: len(batch)})
-	}
-}
-
-// retry hands j back for a later attempt, or dead-letters it once its
-// attempts are exhausted, and returns the outcome.
-func (r *Runner) retry(ctx context.Context, j *job) Outcome {
-	m := j.msg
-	ctx = r.hooks.msgCtx(ctx, j)
-	var delay time.Duration
-	kind := RetryHandler
-	switch {
-	case j.out == outRetryInfra:
-		// Not the message's fault: never dead-letter for it.
-		delay = j.delay
-		if delay <= 0 {
-			delay = r.cfg.Retry.Backoff(1)
-		}
-		kind = RetryInfrastructure
-	case r.countFailure(ctx, j) >= r.cfg.Retry.MaxAttempts:
-		return r.deadLetter(ctx, j, fmt.Errorf("%w after %d attempts: %w", ErrMaxAttempts, j.attempt(), j.err))
-	default:
-		delay = r.env.backoff(j)
-	}
-	r.stats.retried.Add(1)
-	r.log.LogAttrs(ctx, slog.LevelInfo, "message will be retried", slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID),
-		slog.String(LogKeyTopic, m.Topic), slog.Int(LogKeyAttempt, j.attempt()), slog.Duration(LogKeyDelay, delay),
-		slog.Any(LogKeyError, j.err))
-	for _, h := range r.hooks.retry {
-		h.OnRetry(j.ctx, m, kind, delay, j.err)
-	}
-	retry := r.src.Retry
-	if rel, ok := r.src.(Releaser); ok && j.out == outRetryInfra {
-		retry = rel.Release
-	}
-	if err := retry(ctx, m, delay); err != nil {
-		r.stats.settleFailures.Add(1)
-		r.log.LogAttrs(ctx, slog.LevelWarn, "retry failed; the broker will redeliver", slog.String(LogKeyID, m.ID), slog.Any(LogKeyError, err))
-		return OutcomeLeft
-	}
-	return OutcomeRetried
-}
-
-// deadLetter hands j to the source's dead-letter route. Only a dead letter
-// the source accepted is counted and logged as one. It returns the outcome.
-func (r *Runner) deadLetter(ctx context.Context, j *job, cause error) Outcome {
-	m := j.msg
-	ctx = r.hooks.msgCtx(ctx, j)
-	reason := &DeadLetterError{Key: j.key, Attempts: j.attempt(), Err: cause}
-	attrs := []slog.Attr{slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID), slog.String(LogKeyTopic, m.Topic),
-		slog.Int(LogKeyAttempt, j.attempt()), slog.Any(LogKeyError, cause)}
-	var mm *dedup.MismatchError
-	if errors.As(cause, &mm) {
-		attrs = append(attrs, slog.String(LogKeyStored, mm.Stored.String()), slog.String(LogKeyReceived, mm.Received.String()))
-	}
-	if err := r.src.DeadLetter(ctx, m, reason); err != nil {
-		r.stats.settleFailures.Add(1)
-		r.stats.left.Add(1)
-		r.log.LogAttrs(ctx, slog.LevelError, "dead-letter failed; the broker will redeliver",
-			append(attrs, slog.Any(LogKeySettleError, err))...)
-		return OutcomeLeft
-	}
-	r.stats.deadLettered.Add(1)
-	if errors.Is(cause, ErrPayloadMismatch) {
-		r.stats.mismatches.Add(1)
-	}
-	r.log.LogAttrs(ctx, slog.LevelError, "message dead-lettered", attrs...)
-	if len(r.hooks.deadLetter) > 0 {
-		reason := deadLetterReason(cause)
-		for _, h := range r.hooks.deadLetter {
-			h.OnDeadLetter(j.ctx, m, reason, cause)
-		}
-	}
-	r.forgetFailures(ctx, j)
-	return OutcomeDeadLettered
-}
 
 func sleep(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
