@@ -52,10 +52,21 @@ func (env *pathEnv) infraDelay() time.Duration {
 // infraOK ends a run of store failures.
 func (env *pathEnv) infraOK() { env.storeOut.succeed() }
 
+// msgCtx returns ctx seen through the message context of j when a
+// HookReceived may have given it values (a span, so that a trace-aware log
+// handler ties a line to the message, and the handler's spans join it).
+// Without such hooks it is ctx itself.
+func (env *pathEnv) msgCtx(ctx context.Context, j *job) context.Context {
+	if len(env.obs.received) == 0 || j.ctx == nil {
+		return ctx
+	}
+	return overlay{Context: ctx, vals: j.ctx}
+}
+
 // call runs a handler with the key in its context, the handler timeout, and
 // panic recovery.
 func (env *pathEnv) call(ctx context.Context, j *job, fn func(ctx context.Context) error) (err error) {
-	ctx = withKeys(env.obs.msgCtx(ctx, j), env.scope, j.key)
+	ctx = withKeys(env.msgCtx(ctx, j), env.scope, j.key)
 	if env.handlerTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, env.handlerTimeout)

@@ -543,17 +543,6 @@ func (obs *observer) onRefreshFailed(ctx context.Context, err error) {
 	}
 }
 
-// msgCtx returns ctx seen through the message context of j when a
-// HookReceived may have given it values (a span, so that a trace-aware log
-// handler ties a line to the message, and the handler's spans join it).
-// Without such hooks it is ctx itself.
-func (obs *observer) msgCtx(ctx context.Context, j *job) context.Context {
-	if len(obs.received) == 0 || j.ctx == nil {
-		return ctx
-	}
-	return overlay{Context: ctx, vals: j.ctx}
-}
-
 // timesClaims reports whether a hook wants the claims timed.
 func (obs *observer) timesClaims() bool { return len(obs.claimed) > 0 || len(obs.tx) > 0 }
 

@@ -68,9 +68,17 @@ func (h heldPartitions) holds(j *job) bool {
 // as the failed one.
 func (h heldPartitions) holdBack(j *job) {
 	failed := h[j.msg.PartitionKey]
-	j.set(outRetryInfra, fmt.Errorf("idemq: held behind failed message %q of partition %q", failed.key, j.msg.PartitionKey))
-	j.claimedNew = false // its claim was rolled back and its handler did not run
-	j.delay = failed.delay
+	waitBehind(j, failed.key, failed.delay)
+}
+
+// waitBehind gives j the outcome of waiting behind the message of its
+// partition with key ahead: retried without counting an attempt, delay
+// from now. Its claim, if it had one, was rolled back and its handler did
+// not run.
+func waitBehind(j *job, ahead string, delay time.Duration) {
+	j.out, j.delay = outRetryInfra, delay
+	j.err = fmt.Errorf("idemq: held behind message %q of partition %q", ahead, j.msg.PartitionKey)
+	j.claimedNew = false
 }
 
 // laneHolds carries partition holding from one batch of a lane to the next.
@@ -128,10 +136,7 @@ func (h laneHolds) holdBack(live []*job) []*job {
 			out = append(out, j)
 			continue
 		}
-		j.set(outRetryInfra, fmt.Errorf("idemq: held behind message %q of partition %q, handed back for a later attempt",
-			hold.key, j.msg.PartitionKey))
-		j.claimedNew = false
-		j.delay = max(time.Until(hold.due), time.Millisecond)
+		waitBehind(j, hold.key, max(time.Until(hold.due), time.Millisecond))
 	}
 	for pk, hold := range h {
 		if hold.seq < last {

@@ -439,19 +439,6 @@ func validKey(key string) error {
 	return nil
 }
 
-// infraErr returns the error of the first job of batch that the store's
-// trouble sent back, for the outage log. Jobs sent back for reasons of their
-// own (another worker holds the key, an unsettled copy in the batch) are not
-// the store's trouble.
-func infraErr(batch []*job) error {
-	for _, j := range batch {
-		if j.out == outRetryInfra && j.err != nil && !errors.Is(j.err, errKeyBusy) && !errors.Is(j.err, errDuplicateUnsettled) {
-			return j.err
-		}
-	}
-	return nil
-}
-
 // errKeyBusy is wrapped by the retry reason of a message whose key another
 // worker holds (lease path).
 var errKeyBusy = errors.New("being handled by another worker")

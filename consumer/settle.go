@@ -32,35 +32,38 @@ func (s *settler) settle(ctx context.Context, batch []*job, holds laneHolds) (ac
 	obs, log, stats := s.env.obs, s.env.log, s.env.stats
 	for _, j := range batch {
 		obs.onClaimed(j)
-		if ctx.Err() != nil && j.out != outAck && j.out != outDuplicate && j.out != outNone {
-			stats.left.Add(1)
-			log.LogAttrs(obs.msgCtx(ctx, j), slog.LevelInfo, "stopping: message left to the broker",
-				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt),
-				slog.Any(LogKeyError, j.err))
-			obs.onSettled(j, OutcomeLeft, len(batch), j.err)
-			continue
-		}
 		switch j.out {
 		case outAck:
 			stats.handled.Add(1)
 			acks = append(acks, j)
-		case outDuplicate:
+			continue
+		case outNone:
+			obs.onSettled(j, OutcomeLeft, len(batch), nil)
+			continue
+		}
+		mctx := s.env.msgCtx(ctx, j)
+		switch {
+		case j.out == outDuplicate:
 			stats.duplicates.Add(1)
-			log.LogAttrs(obs.msgCtx(ctx, j), slog.LevelDebug, "duplicate acknowledged",
+			log.LogAttrs(mctx, slog.LevelDebug, "duplicate acknowledged",
 				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt))
 			acks = append(acks, j)
-		case outRetry, outRetryInfra:
-			o := s.retryOrRelease(obs.msgCtx(ctx, j), j)
+		case ctx.Err() != nil:
+			stats.left.Add(1)
+			log.LogAttrs(mctx, slog.LevelInfo, "stopping: message left to the broker",
+				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt),
+				slog.Any(LogKeyError, j.err))
+			obs.onSettled(j, OutcomeLeft, len(batch), j.err)
+		case j.out == outDeadLetter:
+			obs.onSettled(j, s.deadLetter(mctx, j, j.err), len(batch), j.err)
+		default: // outRetry, outRetryInfra
+			o := s.retryOrRelease(mctx, j)
 			if o != OutcomeDeadLettered {
 				// Handed back, or left to the broker by a failed
 				// Retry: either way it comes again later.
 				holds.handedBack(j, stats.received.Load())
 			}
 			obs.onSettled(j, o, len(batch), j.err)
-		case outDeadLetter:
-			obs.onSettled(j, s.deadLetter(obs.msgCtx(ctx, j), j, j.err), len(batch), j.err)
-		case outNone:
-			obs.onSettled(j, OutcomeLeft, len(batch), nil)
 		}
 	}
 	return acks
@@ -70,7 +73,7 @@ func (s *settler) settle(ctx context.Context, batch []*job, holds laneHolds) (ac
 // its attempts are exhausted, and returns the outcome: Source.Retry for a
 // handler failure (a counted attempt), Releaser.Release, where the source
 // has it, for a failure that is not the message's (outRetryInfra). ctx is
-// the message's (see observer.msgCtx).
+// the message's (see pathEnv.msgCtx).
 func (s *settler) retryOrRelease(ctx context.Context, j *job) Outcome {
 	m := j.msg
 	var delay time.Duration
@@ -107,7 +110,7 @@ func (s *settler) retryOrRelease(ctx context.Context, j *job) Outcome {
 
 // deadLetter hands j to the source's dead-letter route. Only a dead letter
 // the source accepted is counted and logged as one. It returns the outcome.
-// ctx is the message's (see observer.msgCtx).
+// ctx is the message's (see pathEnv.msgCtx).
 func (s *settler) deadLetter(ctx context.Context, j *job, cause error) Outcome {
 	m := j.msg
 	reason := &DeadLetterError{Key: j.key, Attempts: j.attempt(), Err: cause}
@@ -129,8 +132,8 @@ func (s *settler) deadLetter(ctx context.Context, j *job, cause error) Outcome {
 		s.env.stats.mismatches.Add(1)
 	}
 	s.env.log.LogAttrs(ctx, slog.LevelError, "message dead-lettered", attrs...)
-	s.env.obs.onDeadLetter(j, cause)
 	s.forgetFailures(ctx, j)
+	s.env.obs.onDeadLetter(j, cause)
 	return OutcomeDeadLettered
 }
 
@@ -190,3 +193,16 @@ func (s *settler) forgetFailures(ctx context.Context, j *job) {
 }
 
 //END
+
+// infraErr returns the error of the first job of batch that the store's
+// trouble sent back, for the outage log. Jobs sent back for reasons of their
+// own (another worker holds the key, an unsettled copy in the batch) are not
+// the store's trouble.
+func infraErr(batch []*job) error {
+	for _, j := range batch {
+		if j.out == outRetryInfra && j.err != nil && !errors.Is(j.err, errKeyBusy) && !errors.Is(j.err, errDuplicateUnsettled) {
+			return j.err
+		}
+	}
+	return nil
+}
