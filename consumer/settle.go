@@ -54,9 +54,7 @@ func (s *settler) settle(ctx context.Context, batch []*job, holds laneHolds) (ac
 				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt),
 				slog.Any(LogKeyError, j.err))
 			obs.onSettled(j, OutcomeLeft, len(batch), j.err)
-		case j.out == outDeadLetter:
-			obs.onSettled(j, s.deadLetter(mctx, j, j.err), len(batch), j.err)
-		default: // outRetry, outRetryInfra
+		case j.out != outDeadLetter: // outRetry, outRetryInfra
 			o := s.retryOrRelease(mctx, j)
 			if o != OutcomeDeadLettered {
 				// Handed back, or left to the broker by a failed
@@ -64,6 +62,8 @@ func (s *settler) settle(ctx context.Context, batch []*job, holds laneHolds) (ac
 				holds.handedBack(j, stats.received.Load())
 			}
 			obs.onSettled(j, o, len(batch), j.err)
+		default:
+			obs.onSettled(j, s.deadLetter(mctx, j, j.err), len(batch), j.err)
 		}
 	}
 	return acks
