@@ -132,7 +132,9 @@ func (h laneHolds) holdBack(live []*job) []*job {
 	for _, j := range live {
 		last = max(last, j.seq)
 		hold, ok := h[j.msg.PartitionKey]
-		if !ok || j.msg.PartitionKey == "" || j.seq > hold.seq {
+		if !ok || j.msg.PartitionKey == "" || j.seq > hold.seq || j.key == hold.key {
+			// Not behind it: received after it was handed back, or
+			// its own redelivery, however soon that came.
 			out = append(out, j)
 			continue
 		}
