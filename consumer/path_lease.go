@@ -507,3 +507,7 @@ func (p *leasePath) failureCounter() dedup.FailureCounter {
 }
 
 func (p *leasePath) retention() (time.Duration, bool) { return p.opts.Retention, true }
+
+// errKeyBusy is wrapped by the retry reason of a message whose key another
+// worker holds (lease path).
+var errKeyBusy = errors.New("being handled by another worker")

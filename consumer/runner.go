@@ -391,8 +391,6 @@ func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane, hol
 	}
 }
 
-var errDuplicateUnsettled = errors.New("first copy not settled")
-
 // prepare computes a job's key and digest and rejects bad input.
 func (r *Runner) prepare(j *job) error {
 	if max := r.cfg.MaxMessageBytes; max > 0 && len(j.msg.Body) > max {
@@ -438,10 +436,6 @@ func validKey(key string) error {
 	}
 	return nil
 }
-
-// errKeyBusy is wrapped by the retry reason of a message whose key another
-// worker holds (lease path).
-var errKeyBusy = errors.New("being handled by another worker")
 
 func sleep(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)

@@ -194,6 +194,10 @@ func (s *settler) forgetFailures(ctx context.Context, j *job) {
 
 //END
 
+// errDuplicateUnsettled is wrapped by the retry reason of a later copy of a
+// key in a batch whose first copy was not settled.
+var errDuplicateUnsettled = errors.New("first copy not settled")
+
 // infraErr returns the error of the first job of batch that the store's
 // trouble sent back, for the outage log. Jobs sent back for reasons of their
 // own (another worker holds the key, an unsettled copy in the batch) are not
