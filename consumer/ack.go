@@ -96,7 +96,7 @@ func (r *Runner) ack(ctx context.Context, bs []ackBatch) {
 				if j.out == outDuplicate {
 					o = OutcomeDuplicate
 				}
-				r.hookSettled(j, o, b.size, err)
+				r.hooks.onSettled(j, o, b.size, err)
 			}
 		}
 	}

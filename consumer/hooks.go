@@ -353,8 +353,11 @@ type HookSettled interface {
 	OnSettled(ctx context.Context, m *Message, s SettleInfo)
 }
 
-// hooks holds the Config.Hooks that implement each event, resolved once.
-type hooks struct {
+// observer reports a Runner's events to the Config.Hooks that implement
+// each of them, resolved once in NewRunner. Its methods do nothing, and
+// cost no allocation, when no hook wants the event; it is safe for
+// concurrent use (it is read-only after resolveHooks).
+type observer struct {
 	received     []HookReceived
 	batch        []HookBatch
 	claimed      []HookClaimed
@@ -375,8 +378,8 @@ type hooks struct {
 	settled     []HookSettled
 }
 
-func resolveHooks(hs []Hook) hooks {
-	var h hooks
+func resolveHooks(hs []Hook) observer {
+	var h observer
 	for _, x := range hs {
 		if v, ok := x.(HookReceived); ok {
 			h.received = append(h.received, v)
@@ -457,17 +460,17 @@ func (c overlay) Value(k any) any {
 	return c.Context.Value(k)
 }
 
-// hookSettled reports the outcome of j to the HookSettled hooks.
-func (r *Runner) hookSettled(j *job, o Outcome, size int, err error) {
-	for _, h := range r.hooks.settled {
+// onSettled reports the outcome of j to the HookSettled hooks.
+func (obs *observer) onSettled(j *job, o Outcome, size int, err error) {
+	for _, h := range obs.settled {
 		h.OnSettled(j.ctx, j.msg, SettleInfo{Outcome: o, BatchSize: size, Err: err})
 	}
 }
 
-// hookClaimed reports the claim of j, if it had one, to the HookClaimed
+// onClaimed reports the claim of j, if it had one, to the HookClaimed
 // hooks.
-func (r *Runner) hookClaimed(j *job) {
-	if len(r.hooks.claimed) == 0 {
+func (obs *observer) onClaimed(j *job) {
+	if len(obs.claimed) == 0 {
 		return
 	}
 	c := ClaimInfo{Start: j.claimStart, End: j.claimEnd, Messages: j.claimN}
@@ -479,7 +482,7 @@ func (r *Runner) hookClaimed(j *job) {
 	default:
 		return
 	}
-	for _, h := range r.hooks.claimed {
+	for _, h := range obs.claimed {
 		h.OnClaimed(j.ctx, j.msg, c)
 	}
 }
@@ -493,22 +496,22 @@ func commitInfo(start time.Time, n int, err error) CommitInfo {
 	return CommitInfo{Start: start, End: time.Now(), Err: err, Messages: n}
 }
 
-// hookCommit reports the commit c of jobs (one write: the same CommitInfo
+// onCommit reports the commit c of jobs (one write: the same CommitInfo
 // for each) to the HookCommit hooks.
-func (r *Runner) hookCommit(jobs []*job, c CommitInfo) {
-	if len(r.hooks.commit) == 0 {
+func (obs *observer) onCommit(jobs []*job, c CommitInfo) {
+	if len(obs.commit) == 0 {
 		return
 	}
 	for _, j := range jobs {
-		for _, h := range r.hooks.commit {
+		for _, h := range obs.commit {
 			h.OnCommit(j.ctx, j.msg, c)
 		}
 	}
 }
 
-// hookTx reports a transaction to the HookTx hooks.
-func (r *Runner) hookTx(ctx context.Context, t *TxInfo) {
-	for _, h := range r.hooks.tx {
+// onTx reports a transaction to the HookTx hooks.
+func (obs *observer) onTx(ctx context.Context, t *TxInfo) {
+	for _, h := range obs.tx {
 		h.OnTx(ctx, *t)
 	}
 }
@@ -525,17 +528,40 @@ func jobCtxs(ctx context.Context, jobs []*job) []context.Context {
 	return cs
 }
 
-// hookLeaseLost reports the lost lease of j to the HookLeaseLost hooks.
-func (r *Runner) hookLeaseLost(j *job, err error) {
-	for _, h := range r.hooks.leaseLost {
+// onLeaseLost reports the lost lease of j to the HookLeaseLost hooks.
+func (obs *observer) onLeaseLost(j *job, err error) {
+	for _, h := range obs.leaseLost {
 		h.OnLeaseLost(j.ctx, j.msg, err)
 	}
 }
 
-// hookRefreshFailed reports a failed lease refresh to the
+// onRefreshFailed reports a failed lease refresh to the
 // HookLeaseRefreshFailed hooks.
-func (r *Runner) hookRefreshFailed(ctx context.Context, err error) {
-	for _, h := range r.hooks.refreshFail {
+func (obs *observer) onRefreshFailed(ctx context.Context, err error) {
+	for _, h := range obs.refreshFail {
 		h.OnLeaseRefreshFailed(ctx, err)
+	}
+}
+
+// timesClaims reports whether a hook wants the claims timed.
+func (obs *observer) timesClaims() bool { return len(obs.claimed) > 0 || len(obs.tx) > 0 }
+
+// onRetry reports j, handed back for a later attempt after delay, to the
+// HookRetry hooks.
+func (obs *observer) onRetry(j *job, kind RetryKind, delay time.Duration) {
+	for _, h := range obs.retry {
+		h.OnRetry(j.ctx, j.msg, kind, delay, j.err)
+	}
+}
+
+// onDeadLetter reports j, dead-lettered for cause, to the HookDeadLetter
+// hooks.
+func (obs *observer) onDeadLetter(j *job, cause error) {
+	if len(obs.deadLetter) == 0 {
+		return
+	}
+	reason := deadLetterReason(cause)
+	for _, h := range obs.deadLetter {
+		h.OnDeadLetter(j.ctx, j.msg, reason, cause)
 	}
 }

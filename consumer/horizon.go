@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"math"
 	"time"
-
-	"github.com/idemq/idemq/dedup"
 )
 
 // Unbounded is the redelivery horizon of a broker that keeps a message for
@@ -54,23 +52,15 @@ type retentionPath interface {
 	retention() (time.Duration, bool)
 }
 
-func (p *txPath[Tx]) retention() (time.Duration, bool) {
-	if rr, ok := any(p.store).(dedup.RetentionReporter); ok {
-		return rr.Retention(), true
-	}
-	return 0, false
-}
-
-func (p *leasePath) retention() (time.Duration, bool) { return p.opts.Retention, true }
-
-// checkRetention compares the source's redelivery horizon with the store's
-// retention (see HorizonReporter).
-func (r *Runner) checkRetention(ctx context.Context) error {
-	hr, ok := r.src.(HorizonReporter)
+// checkRetention compares the redelivery horizon of src with the retention
+// of the store of path (see HorizonReporter); allowShort is
+// Config.AllowShortRetention.
+func checkRetention(ctx context.Context, src Source, path Path, log *slog.Logger, allowShort bool) error {
+	hr, ok := src.(HorizonReporter)
 	if !ok {
 		return nil
 	}
-	rp, ok := r.path.(retentionPath)
+	rp, ok := path.(retentionPath)
 	if !ok {
 		return nil
 	}
@@ -83,14 +73,14 @@ func (r *Runner) checkRetention(ctx context.Context) error {
 	cancel()
 	switch {
 	case err != nil:
-		r.log.LogAttrs(ctx, slog.LevelWarn, "could not read the source's redelivery horizon; the dedup retention is not checked against it",
+		log.LogAttrs(ctx, slog.LevelWarn, "could not read the source's redelivery horizon; the dedup retention is not checked against it",
 			slog.Duration(LogKeyRetention, retention), slog.Any(LogKeyError, err))
 	case horizon == Unbounded:
-		r.log.LogAttrs(ctx, slog.LevelWarn, "the broker keeps unsettled messages without a time limit, longer than the dedup retention: a redelivery older than the retention runs the handler again; give the queue a message TTL (x-message-ttl) of at most the retention",
+		log.LogAttrs(ctx, slog.LevelWarn, "the broker keeps unsettled messages without a time limit, longer than the dedup retention: a redelivery older than the retention runs the handler again; give the queue a message TTL (x-message-ttl) of at most the retention",
 			slog.String(LogKeyHorizon, "unbounded"), slog.Duration(LogKeyRetention, retention))
 	case horizon <= retention:
-	case r.cfg.AllowShortRetention:
-		r.log.LogAttrs(ctx, slog.LevelWarn, "the broker may redeliver a message later than the dedup store remembers it: such a redelivery runs the handler again (Config.AllowShortRetention is set)",
+	case allowShort:
+		log.LogAttrs(ctx, slog.LevelWarn, "the broker may redeliver a message later than the dedup store remembers it: such a redelivery runs the handler again (Config.AllowShortRetention is set)",
 			slog.Duration(LogKeyHorizon, horizon), slog.Duration(LogKeyRetention, retention))
 	default:
 		return &ConfigError{Field: "AllowShortRetention", Reason: fmt.Sprintf(

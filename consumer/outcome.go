@@ -190,21 +190,21 @@ func (j *job) replayOf(leader *job) {
 // resultErr returns err, the error of j's handler, or when it is nil and
 // the handler returned a result above Config.MaxResultBytes, a permanent
 // error matching ErrResultTooLarge.
-func (r *Runner) resultErr(j *job, err error) error {
+func (env *pathEnv) resultErr(j *job, err error) error {
 	if err != nil {
 		return err
 	}
-	return r.checkResult(j)
+	return env.checkResult(j)
 }
 
 // checkResult reports a result of j above Config.MaxResultBytes.
-func (r *Runner) checkResult(j *job) error {
+func (env *pathEnv) checkResult(j *job) error {
 	v, ok := j.result()
-	if max := r.cfg.MaxResultBytes; !ok || max < 0 || len(v) <= max {
+	if max := env.maxResultBytes; !ok || max < 0 || len(v) <= max {
 		return nil
 	}
 	return Permanent(fmt.Errorf("%w: key %q: %d bytes, limit %d (Config.MaxResultBytes)",
-		ErrResultTooLarge, j.key, len(v), r.cfg.MaxResultBytes))
+		ErrResultTooLarge, j.key, len(v), env.maxResultBytes))
 }
 
 // storeResults writes the results of fresh's handlers into their records in
@@ -213,7 +213,7 @@ func (r *Runner) checkResult(j *job) error {
 // no results blames the first message with one; a statement refused because
 // a handler aborted the transaction makes every handler a suspect; any
 // other failure is the store's.
-func (p *txPath[Tx]) storeResults(ctx context.Context, r *Runner, tx Tx, fresh []*job) (res tryResult, failed bool) {
+func (p *txPath[Tx]) storeResults(ctx context.Context, env *pathEnv, tx Tx, fresh []*job) (res tryResult, failed bool) {
 	var (
 		results []dedup.Result
 		first   *job
@@ -233,7 +233,7 @@ func (p *txPath[Tx]) storeResults(ctx context.Context, r *Runner, tx Tx, fresh [
 	if !ok {
 		return tryResult{err: Permanent(fmt.Errorf("%w: %T does not implement dedup.ResultStorer", ErrResultUnsupported, p.store)), culprit: first}, true
 	}
-	err := rs.StoreResults(ctx, tx, r.cfg.Name, results)
+	err := rs.StoreResults(ctx, tx, env.scope, results)
 	switch {
 	case err == nil:
 		return tryResult{}, false
@@ -252,11 +252,11 @@ func (p *txPath[Tx]) storeResults(ctx context.Context, r *Runner, tx Tx, fresh [
 // without results) is left out, the key is marked done all the same (the
 // effect happened and must not be repeated), and settleLease dead-letters
 // the message.
-func (p *leasePath) completeKey(ctx context.Context, r *Runner, j *job, token string) error {
-	scope := r.cfg.Name
+func (p *leasePath) completeKey(ctx context.Context, env *pathEnv, j *job, token string) error {
+	scope := env.scope
 	if v, ok := j.result(); ok && j.msg.res.err == nil {
 		rc, can := p.store.(dedup.ResultCompleter)
-		switch err := r.checkResult(j); {
+		switch err := env.checkResult(j); {
 		case err != nil:
 			j.msg.res.err = err
 		case !can:

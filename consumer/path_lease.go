@@ -93,19 +93,19 @@ type leasePath struct {
 	opts  LeaseOptions
 }
 
-func (p *leasePath) process(ctx context.Context, r *Runner, batch []*job, _ *lane) {
-	q := p.claimBatch(ctx, r, batch)
+func (p *leasePath) process(ctx context.Context, env *pathEnv, batch []*job, _ *lane) {
+	q := p.claimBatch(ctx, env, batch)
 	defer q.stop()
 	var held heldPartitions
 	for i, j := range batch {
 		pc := q.take(i)
 		if held.holds(j) {
 			if pc != nil && pc.ok && pc.claim.State == dedup.StateNew && pc.lost == nil {
-				p.release(ctx, r, j.key, pc.token)
+				p.releaseLease(ctx, env, j.key, pc.token)
 			}
 			continue
 		}
-		p.one(ctx, r, j, pc)
+		p.one(ctx, env, j, pc)
 		held.hold(j)
 	}
 }
@@ -165,7 +165,7 @@ func (q *queuedLeases) stop() {
 // claimBatch claims every key of a batch in one round trip when the store
 // can, and returns nil otherwise (or when refreshing is disabled, since the
 // leases of later messages must be kept alive while earlier ones run).
-func (p *leasePath) claimBatch(ctx context.Context, r *Runner, batch []*job) *queuedLeases {
+func (p *leasePath) claimBatch(ctx context.Context, env *pathEnv, batch []*job) *queuedLeases {
 	bc, ok := p.store.(dedup.BatchClaimer)
 	if !ok || len(batch) < 2 || p.opts.RefreshInterval < 0 {
 		return nil
@@ -180,9 +180,9 @@ func (p *leasePath) claimBatch(ctx context.Context, r *Runner, batch []*job) *qu
 		q.pre[i].token = tokens[i]
 	}
 	sent := time.Now()
-	cs, err := bc.ClaimBatch(ctx, r.cfg.Name, recs, tokens, p.opts.Lease)
+	cs, err := bc.ClaimBatch(ctx, env.scope, recs, tokens, p.opts.Lease)
 	if err != nil || len(cs) != len(batch) {
-		r.storeOut.warn(ctx, r.log, "batch claim failed; claiming one by one",
+		env.storeOut.warn(ctx, env.log, "batch claim failed; claiming one by one",
 			slog.Int(LogKeyCount, len(batch)), slog.Any(LogKeyError, err))
 		return q
 	}
@@ -190,13 +190,13 @@ func (p *leasePath) claimBatch(ctx context.Context, r *Runner, batch []*job) *qu
 		q.pre[i].claim, q.pre[i].ok, q.pre[i].confirmed = cs[i], true, sent
 	}
 	q.done = make(chan struct{})
-	q.wg.Go(func() { p.refreshQueued(ctx, r, batch, q) })
+	q.wg.Go(func() { p.refreshQueued(ctx, env, batch, q) })
 	return q
 }
 
 // refreshQueued extends the leases of the messages not handed out yet, every
 // RefreshInterval, until q is stopped.
-func (p *leasePath) refreshQueued(ctx context.Context, r *Runner, batch []*job, q *queuedLeases) {
+func (p *leasePath) refreshQueued(ctx context.Context, env *pathEnv, batch []*job, q *queuedLeases) {
 	t := time.NewTicker(p.opts.RefreshInterval)
 	defer t.Stop()
 	for {
@@ -220,7 +220,7 @@ func (p *leasePath) refreshQueued(ctx context.Context, r *Runner, batch []*job, 
 				continue
 			}
 			sent := time.Now()
-			err := p.store.Refresh(ctx, r.cfg.Name, batch[i].key, pc.token, p.opts.Lease)
+			err := p.store.Refresh(ctx, env.scope, batch[i].key, pc.token, p.opts.Lease)
 			q.mu.Lock()
 			switch {
 			case err == nil:
@@ -233,10 +233,10 @@ func (p *leasePath) refreshQueued(ctx context.Context, r *Runner, batch []*job, 
 			q.mu.Unlock()
 			switch {
 			case err == nil || errors.Is(err, dedup.ErrLeaseLost):
-				r.storeOut.ok(ctx, r.log)
+				env.storeOut.ok(ctx, env.log)
 			default:
-				r.storeOut.failed(ctx, r.log, fmt.Errorf("idemq: refresh lease: %w", err))
-				r.hookRefreshFailed(ctx, err)
+				env.storeOut.failed(ctx, env.log, fmt.Errorf("idemq: refresh lease: %w", err))
+				env.obs.onRefreshFailed(ctx, err)
 			}
 			// Other errors: retried on the next tick. If they last, the
 			// message's confirmation passes safeUntil and claim takes the
@@ -245,9 +245,9 @@ func (p *leasePath) refreshQueued(ctx context.Context, r *Runner, batch []*job, 
 	}
 }
 
-func (p *leasePath) release(ctx context.Context, r *Runner, key, token string) {
-	if err := p.store.Release(ctx, r.cfg.Name, key, token); err != nil {
-		r.storeOut.warn(ctx, r.log, "release of lease failed; it expires by itself",
+func (p *leasePath) releaseLease(ctx context.Context, env *pathEnv, key, token string) {
+	if err := p.store.Release(ctx, env.scope, key, token); err != nil {
+		env.storeOut.warn(ctx, env.log, "release of lease failed; it expires by itself",
 			slog.String(LogKeyKey, key), slog.Any(LogKeyError, err))
 	}
 }
@@ -261,7 +261,7 @@ func (p *leasePath) release(ctx context.Context, r *Runner, key, token string) {
 // again under the same token. That returns StateNew only if this token still
 // holds the key or nobody took it meanwhile; otherwise the message is not
 // run (another worker holds it, or it is done).
-func (p *leasePath) claim(ctx context.Context, r *Runner, j *job, pc *preclaim) (token string, c dedup.Claim, confirmed time.Time, err error) {
+func (p *leasePath) claim(ctx context.Context, env *pathEnv, j *job, pc *preclaim) (token string, c dedup.Claim, confirmed time.Time, err error) {
 	if pc != nil && pc.ok {
 		if pc.lost != nil {
 			return pc.token, pc.claim, pc.confirmed, fmt.Errorf("idemq: lease of key %q lost while queued: %w", j.key, pc.lost)
@@ -269,7 +269,7 @@ func (p *leasePath) claim(ctx context.Context, r *Runner, j *job, pc *preclaim) 
 		if pc.claim.State != dedup.StateNew || time.Now().Before(p.safeUntil(pc.confirmed)) {
 			return pc.token, pc.claim, pc.confirmed, nil
 		}
-		r.log.LogAttrs(ctx, slog.LevelDebug, "lease of a queued message may have expired; claiming it again",
+		env.log.LogAttrs(ctx, slog.LevelDebug, "lease of a queued message may have expired; claiming it again",
 			slog.String(LogKeyKey, j.key), slog.Duration("since_confirmed", time.Since(pc.confirmed)))
 	}
 	token = newToken()
@@ -277,7 +277,7 @@ func (p *leasePath) claim(ctx context.Context, r *Runner, j *job, pc *preclaim) 
 		token = pc.token // the failed batch claim may hold the key with it
 	}
 	confirmed = time.Now()
-	c, err = p.store.Claim(ctx, r.cfg.Name, dedup.Record{Key: j.key, PayloadHash: j.hash}, token, p.opts.Lease)
+	c, err = p.store.Claim(ctx, env.scope, dedup.Record{Key: j.key, PayloadHash: j.hash}, token, p.opts.Lease)
 	if err != nil {
 		return token, c, confirmed, fmt.Errorf("idemq: claim lease: %w", err)
 	}
@@ -294,26 +294,26 @@ func (p *leasePath) safeUntil(confirmed time.Time) time.Time {
 	return confirmed.Add(p.opts.Lease - p.opts.RefreshInterval)
 }
 
-func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
-	scope := r.cfg.Name
-	if len(r.hooks.claimed) > 0 {
+func (p *leasePath) one(ctx context.Context, env *pathEnv, j *job, pc *preclaim) {
+	scope := env.scope
+	if len(env.obs.claimed) > 0 {
 		j.claimStart = time.Now()
 	}
-	token, c, confirmed, err := p.claim(ctx, r, j, pc)
-	if len(r.hooks.claimed) > 0 {
+	token, c, confirmed, err := p.claim(ctx, env, j, pc)
+	if len(env.obs.claimed) > 0 {
 		j.claimEnd, j.claimN = time.Now(), 1
 	}
 	if err != nil {
 		j.set(outRetryInfra, err)
 		if errors.Is(err, dedup.ErrLeaseLost) {
 			j.delay = p.opts.InProgressDelay
-			r.hookLeaseLost(j, err)
+			env.obs.onLeaseLost(j, err)
 		} else {
-			j.delay = r.infraDelay()
+			j.delay = env.infraDelay()
 		}
 		return
 	}
-	r.infraOK()
+	env.infraOK()
 	switch c.State {
 	case dedup.StateDone:
 		j.set(outDuplicate, nil)
@@ -335,17 +335,17 @@ func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
 
 	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, ctxKeyToken, token))
 	defer cancel(nil)
-	stop := p.refresh(hctx, r, cancel, j.key, token, confirmed)
-	err = r.call(hctx, j, func(ctx context.Context) error { return p.h(ctx, j.msg) })
+	stop := p.refresh(hctx, env, cancel, j.key, token, confirmed)
+	err = env.call(hctx, j, func(ctx context.Context) error { return p.h(ctx, j.msg) })
 	var cerr error
 	if err == nil {
 		// The lease is still refreshed while the key is marked done.
 		var start time.Time
-		if len(r.hooks.commit) > 0 {
+		if len(env.obs.commit) > 0 {
 			start = time.Now()
 		}
-		cerr = p.complete(ctx, r, j, token)
-		r.hookCommit([]*job{j}, commitInfo(start, 1, cerr))
+		cerr = p.complete(ctx, env, j, token)
+		env.obs.onCommit([]*job{j}, commitInfo(start, 1, cerr))
 	}
 	lost := stop()
 
@@ -361,32 +361,31 @@ func (p *leasePath) one(ctx context.Context, r *Runner, j *job, pc *preclaim) {
 	case lost != nil:
 		// Another worker may own the key now: record nothing under this
 		// token and let the retry find out what happened.
-		r.hookLeaseLost(j, lost)
+		env.obs.onLeaseLost(j, lost)
 		j.set(outRetryInfra, fmt.Errorf("idemq: lease of key %q lost while handling: %w", j.key, lost))
 		j.delay = p.opts.InProgressDelay
 	default:
-		r.failure(j, err)
-		p.release(ctx, r, j.key, token)
+		env.failure(j, err)
+		p.releaseLease(ctx, env, j.key, token)
 	}
 }
 
 // complete marks key done under token, retrying a store that fails for up to
 // one lease: an effect that happened must not be repeated because Redis
 // hiccuped. It gives up at once when the lease is lost.
-func (p *leasePath) complete(ctx context.Context, r *Runner, j *job, token string) error {
-	key := j.key
+func (p *leasePath) complete(ctx context.Context, env *pathEnv, j *job, token string) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opts.Lease)
 	defer cancel()
 	delay := 10 * time.Millisecond
 	for {
-		err := p.completeKey(ctx, r, j, token) // outcome.go: with the handler's result
+		err := p.completeKey(ctx, env, j, token) // outcome.go: with the handler's result
 		if err == nil || errors.Is(err, dedup.ErrLeaseLost) {
-			r.storeOut.ok(ctx, r.log)
+			env.storeOut.ok(ctx, env.log)
 			return err
 		}
-		r.storeOut.failed(ctx, r.log, fmt.Errorf("idemq: mark key done: %w", err))
-		r.storeOut.warn(ctx, r.log, "marking key done failed; retrying",
-			slog.String(LogKeyKey, key), slog.Duration(LogKeyDelay, delay), slog.Any(LogKeyError, err))
+		env.storeOut.failed(ctx, env.log, fmt.Errorf("idemq: mark key done: %w", err))
+		env.storeOut.warn(ctx, env.log, "marking key done failed; retrying",
+			slog.String(LogKeyKey, j.key), slog.Duration(LogKeyDelay, delay), slog.Any(LogKeyError, err))
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
@@ -426,7 +425,7 @@ func (p *leasePath) validate() error {
 // sent. If a refresh finds the lease lost, or no refresh has been confirmed
 // by safeUntil (refreshes fail or hang), it cancels the handler's context
 // with a cause matching dedup.ErrLeaseLost; stop then returns that cause.
-func (p *leasePath) refresh(ctx context.Context, r *Runner, cancel context.CancelCauseFunc, key, token string, confirmed time.Time) (stop func() error) {
+func (p *leasePath) refresh(ctx context.Context, env *pathEnv, cancel context.CancelCauseFunc, key, token string, confirmed time.Time) (stop func() error) {
 	if p.opts.RefreshInterval < 0 {
 		return func() error { return nil }
 	}
@@ -458,7 +457,7 @@ func (p *leasePath) refresh(ctx context.Context, r *Runner, cancel context.Cance
 				return
 			case <-t.C:
 				sent := time.Now()
-				err := p.store.Refresh(ctx, r.cfg.Name, key, token, p.opts.Lease)
+				err := p.store.Refresh(ctx, env.scope, key, token, p.opts.Lease)
 				if errors.Is(err, dedup.ErrLeaseLost) {
 					cancel(err)
 					result <- err
@@ -471,10 +470,10 @@ func (p *leasePath) refresh(ctx context.Context, r *Runner, cancel context.Cance
 				lastErr = err
 				mu.Unlock()
 				if err != nil && ctx.Err() == nil {
-					r.storeOut.failed(ctx, r.log, fmt.Errorf("idemq: refresh lease: %w", err))
-					r.hookRefreshFailed(ctx, err)
+					env.storeOut.failed(ctx, env.log, fmt.Errorf("idemq: refresh lease: %w", err))
+					env.obs.onRefreshFailed(ctx, err)
 				} else if err == nil {
-					r.storeOut.ok(ctx, r.log)
+					env.storeOut.ok(ctx, env.log)
 				}
 				// Other errors (store briefly unreachable) are retried on
 				// the next tick; the watchdog cancels the handler before
@@ -507,3 +506,9 @@ func (p *leasePath) failureCounter() dedup.FailureCounter {
 	fc, _ := p.store.(dedup.FailureCounter)
 	return fc
 }
+
+func (p *leasePath) retention() (time.Duration, bool) { return p.opts.Retention, true }
+
+// errKeyBusy is wrapped by the retry reason of a message whose key another
+// worker holds (lease path).
+var errKeyBusy = errors.New("being handled by another worker")

@@ -39,7 +39,9 @@ var ErrCommit = errors.New("idemq: commit failed")
 // rolled back (with the failed message's record and writes) and the batch
 // runs again without it, and without the later messages of its
 // PartitionKey, which are retried without counting an attempt so that they
-// do not overtake it. Only the culprit's attempt is counted. A statement
+// do not overtake it; so are the messages of its PartitionKey that the
+// runner received before it was handed back and that wait in later batches.
+// Only the culprit's attempt is counted. A statement
 // refused because the transaction was already aborted (an earlier handler
 // swallowed its error) and a refused commit do not name the culprit: the
 // runner then splits the suspects in halves until it finds it, each half in
@@ -61,6 +63,28 @@ func Transactional[Tx any](store dedup.TxStore[Tx], h TxHandler[Tx]) Path {
 	return &txPath[Tx]{store: store, h: h}
 }
 
+// TransactionalBatch returns the transactional path with one handler call
+// per batch instead of per message: for each batch the runner begins a
+// transaction, records every key through store, calls h once with the new
+// messages, commits and only then acknowledges. It has the guarantees of
+// Transactional; Config.BatchSize bounds the messages per call. The runner's
+// HandlerTimeout bounds each call, and DedupKey and IdempotencyKey are not
+// set in its context (a batch has many keys): msg.KeyContext(ctx) gives the
+// context of one message of the batch, with its keys.
+//
+// Hooks see the events of Transactional: a claim, a commit and a settlement
+// per message, the batch, and a handler start and end for every message of
+// each handler call, with the call's duration. The error of a MessageError
+// is reported for its message only (its batch-mates end without an error
+// and run again without it); any other error, or a panic, for every message
+// of the call. A hook implementing HookTx gets a call over more than one
+// message once per transaction instead, in TxInfo. The context those hooks get is the message's (with its
+// DedupKey, without the handler's cancellation); the handler's own ctx
+// carries no message's hook values, since it handles many.
+func TransactionalBatch[Tx any](store dedup.TxStore[Tx], h TxBatchHandler[Tx]) Path {
+	return &txPath[Tx]{store: store, bh: h}
+}
+
 // txPath is the transactional path, with a handler per message (h) or one
 // for the whole batch (bh).
 type txPath[Tx any] struct {
@@ -80,9 +104,9 @@ func (p *txPath[Tx]) validate() error {
 	return l.Err()
 }
 
-func (p *txPath[Tx]) process(ctx context.Context, r *Runner, batch []*job, l *lane) {
+func (p *txPath[Tx]) process(ctx context.Context, env *pathEnv, batch []*job, l *lane) {
 	var held heldPartitions
-	p.runAll(ctx, r, &held, batch, l)
+	p.runAll(ctx, env, &held, batch, l)
 }
 
 // runAll settles every job of jobs, in as many transactions as it takes:
@@ -91,31 +115,31 @@ func (p *txPath[Tx]) process(ctx context.Context, r *Runner, batch []*job, l *la
 // (not while it searches for a culprit among suspects), a transaction may
 // use the one chained for jobs and chain its commit to the lane's next
 // batch; a successful transaction is always the last.
-func (p *txPath[Tx]) runAll(ctx context.Context, r *Runner, held *heldPartitions, jobs []*job, l *lane) {
+func (p *txPath[Tx]) runAll(ctx context.Context, env *pathEnv, held *heldPartitions, jobs []*job, l *lane) {
 	for {
 		jobs = held.pending(jobs)
 		if len(jobs) == 0 {
 			return
 		}
-		res := p.try(ctx, r, jobs, l)
+		res := p.try(ctx, env, jobs, l)
 		switch {
 		case res.err == nil:
-			r.infraOK()
+			env.infraOK()
 			return
 		case res.infra || (res.culprit == nil && len(res.suspects) == 0):
-			p.infra(ctx, r, held, jobs, res.err)
+			p.infra(ctx, env, held, jobs, res.err)
 			return
 		case res.culprit != nil:
-			p.blame(ctx, r, held, res.culprit, res.err)
+			p.blame(ctx, env, held, res.culprit, res.err)
 		case len(res.suspects) == 1:
-			p.blame(ctx, r, held, res.suspects[0], res.err)
+			p.blame(ctx, env, held, res.suspects[0], res.err)
 		default:
 			// One of the suspects failed without saying so. Run the first
 			// half on its own: it commits, or narrows the search; the
 			// loop then takes the rest.
-			r.log.DebugContext(ctx, "transaction failed without naming a message; splitting it",
+			env.log.DebugContext(ctx, "transaction failed without naming a message; splitting it",
 				LogKeyCount, len(res.suspects), LogKeyError, res.err)
-			p.runAll(ctx, r, held, res.suspects[:len(res.suspects)/2], nil)
+			p.runAll(ctx, env, held, res.suspects[:len(res.suspects)/2], nil)
 		}
 	}
 }
@@ -131,18 +155,18 @@ type tryResult struct {
 // try runs jobs in one transaction. Duplicates and mismatches are settled
 // from the claim whatever happens next; the new messages are marked outAck
 // only once the commit succeeded.
-func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job, l *lane) tryResult {
+func (p *txPath[Tx]) try(ctx context.Context, env *pathEnv, jobs []*job, l *lane) tryResult {
 	var ti *TxInfo // for the HookTx hooks
-	if len(r.hooks.tx) > 0 {
+	if len(env.obs.tx) > 0 {
 		ti = &TxInfo{Claimed: jobCtxs(ctx, jobs)}
-		defer r.hookTx(ctx, ti)
+		defer env.obs.onTx(ctx, ti)
 	}
-	o := p.open(ctx, r, jobs, l)
+	o := p.open(ctx, env, jobs, l)
 	tx, claims, err := o.tx, o.claims, o.err
 	if ti != nil {
 		ti.ClaimStart, ti.ClaimEnd, ti.ClaimErr = o.start, o.end, err
 	}
-	if len(r.hooks.claimed) > 0 {
+	if len(env.obs.claimed) > 0 {
 		// A rerun claims again: the claim reported is the one of the
 		// job's last transaction, which committed it or decided its
 		// outcome.
@@ -171,7 +195,7 @@ func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job, l *lane) t
 			j.set(outDuplicate, nil)
 			j.replay(c.Result) // outcome.go: the stored result, for Message.Outcome
 		case dedup.StateMismatch:
-			j.set(outDeadLetter, &dedup.MismatchError{Scope: r.cfg.Name, Key: j.key, Stored: c.StoredHash, Received: j.hash})
+			j.set(outDeadLetter, &dedup.MismatchError{Scope: env.scope, Key: j.key, Stored: c.StoredHash, Received: j.hash})
 		case dedup.StateNew:
 			fresh = append(fresh, j)
 		default:
@@ -185,23 +209,23 @@ func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job, l *lane) t
 	if ti != nil {
 		ti.New = jobCtxs(ctx, fresh)
 	}
-	if res, failed := p.handle(ctx, r, tx, fresh, ti); failed {
+	if res, failed := p.handle(ctx, env, tx, fresh, ti); failed {
 		return res
 	}
 	// outcome.go: the handlers' results go into their records, in tx.
-	if res, failed := p.storeResults(ctx, r, tx, fresh); failed {
+	if res, failed := p.storeResults(ctx, env, tx, fresh); failed {
 		return res
 	}
 	var commitStart time.Time
-	if len(r.hooks.commit) > 0 || ti != nil {
+	if len(env.obs.commit) > 0 || ti != nil {
 		commitStart = time.Now()
 	}
-	chained, err = p.commit(ctx, r, tx, l)
+	chained, err = p.commit(ctx, env, tx, l)
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrCommit, err)
 	}
 	c := commitInfo(commitStart, len(fresh), err)
-	r.hookCommit(fresh, c)
+	env.obs.onCommit(fresh, c)
 	if ti != nil {
 		ti.Commit = c
 	}
@@ -209,7 +233,7 @@ func (p *txPath[Tx]) try(ctx context.Context, r *Runner, jobs []*job, l *lane) t
 		if errors.Is(err, dedup.ErrTxRefused) {
 			// The database refused the content: a handler swallowed a
 			// statement's error, or a deferred constraint failed.
-			r.stats.commitFailures.Add(1)
+			env.stats.commitFailures.Add(1)
 			return tryResult{err: err, suspects: fresh}
 		}
 		return tryResult{err: err, infra: true}
@@ -239,7 +263,7 @@ func (o *openTx[Tx]) abandon(ctx context.Context) {
 // open returns a transaction that claimed the keys of jobs: the lane's
 // chained one when it was chained for these jobs, else a new one. The claim
 // is timed for the hooks that report it.
-func (p *txPath[Tx]) open(ctx context.Context, r *Runner, jobs []*job, l *lane) *openTx[Tx] {
+func (p *txPath[Tx]) open(ctx context.Context, env *pathEnv, jobs []*job, l *lane) *openTx[Tx] {
 	if l != nil && l.chain != nil {
 		o, ok := l.chain.(*openTx[Tx])
 		if ok && slices.Equal(o.jobs, jobs) {
@@ -249,14 +273,14 @@ func (p *txPath[Tx]) open(ctx context.Context, r *Runner, jobs []*job, l *lane) 
 		l.abandon(ctx) // its claims would block ours
 	}
 	o := &openTx[Tx]{store: p.store, jobs: jobs}
-	o.timed(r, func() { o.tx, o.claims, o.err = p.beginClaim(ctx, r.cfg.Name, records(jobs)) })
+	o.timed(env, func() { o.tx, o.claims, o.err = p.beginClaim(ctx, env.scope, records(jobs)) })
 	return o
 }
 
 // timed runs claim and, when hooks report claims, records when it started
 // and ended.
-func (o *openTx[Tx]) timed(r *Runner, claim func()) {
-	if len(r.hooks.claimed) == 0 && len(r.hooks.tx) == 0 {
+func (o *openTx[Tx]) timed(env *pathEnv, claim func()) {
+	if len(env.obs.claimed) == 0 && len(env.obs.tx) == 0 {
 		claim()
 		return
 	}
@@ -279,7 +303,7 @@ func records(jobs []*job) []dedup.Record {
 // its keys in the same round trip; chained reports that tx is then open
 // for it, in l.chain. err is the commit's: a failed claim after a commit
 // only leaves the next batch to begin on its own.
-func (p *txPath[Tx]) commit(ctx context.Context, r *Runner, tx Tx, l *lane) (chained bool, err error) {
+func (p *txPath[Tx]) commit(ctx context.Context, env *pathEnv, tx Tx, l *lane) (chained bool, err error) {
 	cc, ok := p.store.(dedup.CommitChainer[Tx])
 	if !ok || l == nil {
 		return false, p.store.Commit(ctx, tx)
@@ -291,7 +315,7 @@ func (p *txPath[Tx]) commit(ctx context.Context, r *Runner, tx Tx, l *lane) (cha
 		// it under the next batch's first message.
 		return false, p.store.Commit(ctx, tx)
 	}
-	next := r.takeAhead(ctx, l)
+	next := env.takeAhead(ctx, l)
 	if next == nil || len(next.live) == 0 {
 		return false, p.store.Commit(ctx, tx)
 	}
@@ -300,14 +324,14 @@ func (p *txPath[Tx]) commit(ctx context.Context, r *Runner, tx Tx, l *lane) (cha
 		claims    []dedup.Claim
 		committed bool
 	)
-	o.timed(r, func() { claims, committed, err = cc.CommitChain(ctx, tx, r.cfg.Name, records(next.live)) })
+	o.timed(env, func() { claims, committed, err = cc.CommitChain(ctx, tx, env.scope, records(next.live)) })
 	switch {
 	case err == nil:
 		o.claims = claims
 		l.chain = o
 		return true, nil
 	case committed:
-		r.log.DebugContext(ctx, "claim chained to a commit failed; the next batch begins its own transaction", LogKeyError, err)
+		env.log.DebugContext(ctx, "claim chained to a commit failed; the next batch begins its own transaction", LogKeyError, err)
 		return false, nil
 	default:
 		return false, err
@@ -364,19 +388,19 @@ func (p *txPath[Tx]) beginClaim(ctx context.Context, scope string, recs []dedup.
 
 // handle runs the handlers of the new messages in tx. failed reports that
 // the transaction must be rolled back, with res saying why.
-func (p *txPath[Tx]) handle(ctx context.Context, r *Runner, tx Tx, fresh []*job, ti *TxInfo) (res tryResult, failed bool) {
+func (p *txPath[Tx]) handle(ctx context.Context, env *pathEnv, tx Tx, fresh []*job, ti *TxInfo) (res tryResult, failed bool) {
 	if p.bh != nil {
-		return p.handleBatch(ctx, r, tx, fresh, ti)
+		return p.handleBatch(ctx, env, tx, fresh, ti)
 	}
 	for i, j := range fresh {
 		// outcome.go: resultErr refuses a result above Config.MaxResultBytes.
-		err := r.call(ctx, j, func(ctx context.Context) error { return r.resultErr(j, p.h(ctx, tx, j.msg)) })
+		err := env.call(ctx, j, func(ctx context.Context) error { return env.resultErr(j, p.h(ctx, tx, j.msg)) })
 		switch {
 		case p.ended(tx):
 			// Its COMMIT made the records of the later messages durable
 			// before their handlers ran: remove them, or their rerun
 			// would take them for duplicates.
-			p.forgetEnded(ctx, r, tx, j, fresh[i+1:])
+			p.forgetEnded(ctx, env, tx, j, fresh[i+1:])
 			return tryResult{err: errors.Join(errTxEnded, err), culprit: j}, true
 		case err == nil && p.failed(tx):
 			return tryResult{err: errSwallowed, culprit: j}, true
@@ -408,7 +432,7 @@ func (p *txPath[Tx]) ended(tx Tx) bool {
 // forgetEnded removes the records of later, whose handlers did not run,
 // after culprit's handler ended tx: a COMMIT made them durable, and their
 // rerun would take them for duplicates. A failure is logged.
-func (p *txPath[Tx]) forgetEnded(ctx context.Context, r *Runner, tx Tx, culprit *job, later []*job) {
+func (p *txPath[Tx]) forgetEnded(ctx context.Context, env *pathEnv, tx Tx, culprit *job, later []*job) {
 	er, ok := p.store.(dedup.EndedTxReporter[Tx])
 	if !ok || len(later) == 0 {
 		return
@@ -417,8 +441,8 @@ func (p *txPath[Tx]) forgetEnded(ctx context.Context, r *Runner, tx Tx, culprit 
 	for i, j := range later {
 		keys[i] = j.key
 	}
-	if err := er.ForgetEnded(ctx, tx, r.cfg.Name, culprit.key, keys); err != nil {
-		r.log.ErrorContext(ctx, "removing the records of messages whose handler did not run failed; they may be taken for duplicates",
+	if err := er.ForgetEnded(ctx, tx, env.scope, culprit.key, keys); err != nil {
+		env.log.ErrorContext(ctx, "removing the records of messages whose handler did not run failed; they may be taken for duplicates",
 			LogKeyCount, len(keys), LogKeyError, err)
 	}
 }
@@ -457,14 +481,14 @@ func (p *txPath[Tx]) handlerTransient(err error) bool {
 // is retried without counting an attempt, anything else is a counted
 // attempt (or a dead letter for Permanent). Later messages of its partition
 // are held behind it.
-func (p *txPath[Tx]) blame(ctx context.Context, r *Runner, held *heldPartitions, j *job, err error) {
+func (p *txPath[Tx]) blame(ctx context.Context, env *pathEnv, held *heldPartitions, j *job, err error) {
 	if p.handlerTransient(err) {
 		j.set(outRetryInfra, err)
-		j.delay = r.infraDelay()
+		j.delay = env.infraDelay()
 	} else {
-		r.failure(j, err)
+		env.failure(j, err)
 	}
-	r.log.DebugContext(ctx, "handler failed", LogKeyKey, j.key, LogKeyAttempt, j.msg.Attempt, LogKeyError, err)
+	env.log.DebugContext(ctx, "handler failed", LogKeyKey, j.key, LogKeyAttempt, j.msg.Attempt, LogKeyError, err)
 	held.hold(j)
 }
 
@@ -473,11 +497,11 @@ func (p *txPath[Tx]) blame(ctx context.Context, r *Runner, held *heldPartitions,
 // durable, and nothing is counted against the messages. Their partitions are
 // held, so that when jobs is a half of a bisected batch, the later messages
 // of those partitions in the other half do not commit ahead of them.
-func (p *txPath[Tx]) infra(ctx context.Context, r *Runner, held *heldPartitions, jobs []*job, err error) {
+func (p *txPath[Tx]) infra(ctx context.Context, env *pathEnv, held *heldPartitions, jobs []*job, err error) {
 	if errors.Is(err, ErrCommit) {
-		r.stats.commitFailures.Add(1)
+		env.stats.commitFailures.Add(1)
 	}
-	delay := r.infraDelay()
+	delay := env.infraDelay()
 	n := 0
 	for _, j := range jobs {
 		if j.out != outNone {
@@ -485,80 +509,66 @@ func (p *txPath[Tx]) infra(ctx context.Context, r *Runner, held *heldPartitions,
 		}
 		j.set(outRetryInfra, err)
 		j.delay = delay
-		if pk := j.msg.PartitionKey; pk == "" || (*held)[pk] == nil {
+		if !held.has(j.msg.PartitionKey) {
 			held.hold(j) // the first of its partition: the later ones wait
 		}
 		n++
 	}
-	r.storeOut.warn(ctx, r.log, "transaction failed; its messages will be retried", slog.Int(LogKeyCount, n), slog.Any(LogKeyError, err))
-}
-
-// heldPartitions tracks the partition keys of a batch whose message failed.
-// Later messages of the same partition are not handled in that batch (they
-// would overtake the failed one); they are retried without counting an
-// attempt. Earlier ones are handled: they precede it anyway.
-type heldPartitions map[string]*job
-
-func (h *heldPartitions) hold(failed *job) {
-	if failed.msg.PartitionKey == "" || (failed.out != outRetry && failed.out != outRetryInfra) {
-		return
-	}
-	if *h == nil {
-		*h = heldPartitions{}
-	}
-	(*h)[failed.msg.PartitionKey] = failed
-}
-
-// pending returns the jobs still to run, in order: those without an outcome
-// that do not come after a failed message of their partition in jobs. The
-// held ones get their outcome. A failed job stays in jobs (with its
-// outcome) until the pending call after its failure, so the jobs held then
-// are exactly the later ones.
-func (h heldPartitions) pending(jobs []*job) []*job {
-	var behind map[string]bool // partitions whose failed job came earlier in jobs
-	out := make([]*job, 0, len(jobs))
-	for _, j := range jobs {
-		if pk := j.msg.PartitionKey; pk != "" && h[pk] == j {
-			if behind == nil {
-				behind = map[string]bool{}
-			}
-			behind[pk] = true
-		}
-		if j.out != outNone {
-			continue
-		}
-		if behind[j.msg.PartitionKey] {
-			h.holdBack(j)
-			continue
-		}
-		out = append(out, j)
-	}
-	return out
-}
-
-// holds reports whether a failed message of j's partition was held before
-// j's turn came (the lease path runs its batch in order), and if so holds j
-// back.
-func (h heldPartitions) holds(j *job) bool {
-	if j.msg.PartitionKey == "" || h[j.msg.PartitionKey] == nil {
-		return false
-	}
-	h.holdBack(j)
-	return true
-}
-
-// holdBack gives j, which comes after a failed message of its partition, the
-// outcome of waiting for it: retried without counting an attempt, as late
-// as the failed one.
-func (h heldPartitions) holdBack(j *job) {
-	failed := h[j.msg.PartitionKey]
-	j.set(outRetryInfra, fmt.Errorf("idemq: held behind failed message %q of partition %q", failed.key, j.msg.PartitionKey))
-	j.claimedNew = false // its claim was rolled back and its handler did not run
-	j.delay = failed.delay
+	env.storeOut.warn(ctx, env.log, "transaction failed; its messages will be retried", slog.Int(LogKeyCount, n), slog.Any(LogKeyError, err))
 }
 
 // failureCounter returns the store's handler-failure counter, or nil.
 func (p *txPath[Tx]) failureCounter() dedup.FailureCounter {
 	fc, _ := p.store.(dedup.FailureCounter)
 	return fc
+}
+
+// poolSize returns the connection pool size of the path's store, or 0 when
+// the store does not report one (see dedup.PoolSizer).
+func (p *txPath[Tx]) poolSize() int {
+	if ps, ok := p.store.(dedup.PoolSizer); ok {
+		return ps.PoolSize()
+	}
+	return 0
+}
+
+func (p *txPath[Tx]) retention() (time.Duration, bool) {
+	if rr, ok := any(p.store).(dedup.RetentionReporter); ok {
+		return rr.Retention(), true
+	}
+	return 0, false
+}
+
+// handleBatch runs the batch handler over the new messages in tx. failed
+// reports that the transaction must be rolled back, with res saying why.
+func (p *txPath[Tx]) handleBatch(ctx context.Context, env *pathEnv, tx Tx, fresh []*job, ti *TxInfo) (res tryResult, failed bool) {
+	msgs := make([]*Message, len(fresh))
+	for i, j := range fresh {
+		j.msg.keys = &msgKeys{scope: env.scope, key: j.key}
+		msgs[i] = j.msg
+	}
+	err := env.callBatch(ctx, fresh, ti, func(ctx context.Context) error { return p.bh(ctx, tx, msgs) })
+	if p.ended(tx) {
+		// Which messages' effects a COMMIT in the call made durable is
+		// unknown: the call is refused as a whole.
+		return tryResult{err: errors.Join(errTxEnded, err), suspects: fresh}, true
+	}
+	if err == nil && p.failed(tx) {
+		err = errSwallowed
+	}
+	if err == nil {
+		return tryResult{}, false
+	}
+	var me *MessageError
+	if errors.As(err, &me) {
+		for _, j := range fresh {
+			if j.msg == me.Msg {
+				return tryResult{err: me.Err, culprit: j}, true
+			}
+		}
+	}
+	if len(fresh) > 1 && p.handlerTransient(err) {
+		return tryResult{err: err, infra: true}, true
+	}
+	return tryResult{err: err, suspects: fresh}, true
 }

@@ -2,18 +2,7 @@ package consumer
 
 import (
 	"fmt"
-
-	"github.com/idemq/idemq/dedup"
 )
-
-// poolSize returns the connection pool size of the path's store, or 0 when
-// the store does not report one (see dedup.PoolSizer).
-func (p *txPath[Tx]) poolSize() int {
-	if ps, ok := p.store.(dedup.PoolSizer); ok {
-		return ps.PoolSize()
-	}
-	return 0
-}
 
 // pooled is implemented by paths whose store draws on a connection pool.
 type pooled interface{ poolSize() int }

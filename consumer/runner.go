@@ -18,78 +18,8 @@ import (
 	"github.com/idemq/idemq/internal/cfgerr"
 )
 
-// Log attribute keys used by the runner.
-const (
-	LogKeyConsumer = "consumer"
-	LogKeyKey      = "key"
-	LogKeyID       = "message_id"
-	LogKeyTopic    = "topic"
-	LogKeyAttempt  = "attempt"
-	LogKeyError    = "err"
-	LogKeyDelay    = "delay"
-	LogKeyCount    = "count"
-	LogKeyStored   = "stored_hash"
-	LogKeyReceived = "received_hash"
-	// LogKeySettleError is the error of a failed Retry or DeadLetter call,
-	// logged beside the message's own error (LogKeyError).
-	LogKeySettleError = "settle_err"
-)
-
 // ErrRunning is returned by Run when the Runner is already running.
 var ErrRunning = errors.New("idemq: runner already running")
-
-// Path is the way a Runner turns messages into effects: Transactional for
-// effects in a database transaction, Leased for effects outside one. A Path
-// is built once and used by one Runner.
-type Path interface {
-	// process decides the outcome of every job in batch. It must not return
-	// before every job has an outcome, and it must only report outAck for a
-	// job whose effect is durable. l is the lane the batch runs in: a path
-	// may take the lane's next batch ahead (Runner.takeAhead) and leave an
-	// open transaction for it in l.chain.
-	process(ctx context.Context, r *Runner, batch []*job, l *lane)
-	// validate reports a misconfigured path as a *ConfigError.
-	validate() error
-}
-
-// outcome is what the runner does with a message once its path is done.
-type outcome int
-
-const (
-	outNone       outcome = iota // not settled: left to the broker
-	outAck                       // effect durable now (handler ran and committed)
-	outDuplicate                 // effect was durable before; acknowledge
-	outRetry                     // handler failed; retry with backoff or dead-letter
-	outRetryInfra                // store or broker trouble; retry, never dead-letter
-	outDeadLetter                // poison; dead-letter now
-)
-
-// job is one message moving through a Runner.
-type job struct {
-	msg    *Message
-	key    string
-	keyErr error // from Config.KeyFunc (or the source), checked by prepare
-	hash   dedup.Hash
-
-	out   outcome
-	err   error
-	delay time.Duration // for outRetryInfra, or from RetryAfter
-
-	// failures is the key's handler failures as the store counted them (0:
-	// not counted; the broker's Attempt applies).
-	failures int
-
-	// For hooks (see hooks.go). ctx is the message's context: the
-	// receive context without its cancellation, or what HookReceived
-	// returned.
-	ctx                  context.Context
-	follower             bool // the same key came earlier in the batch
-	claimedNew           bool // the path claimed the key as new
-	claimStart, claimEnd time.Time
-	claimN               int // messages claimed with it (ClaimInfo.Messages)
-}
-
-func (j *job) set(o outcome, err error) { j.out, j.err = o, err }
 
 // Runner receives messages from a Source, hands each to its Path, and settles
 // it: acknowledge after the effect is durable, retry with backoff, or
@@ -104,7 +34,9 @@ type Runner struct {
 	draining    atomic.Bool
 	lastReceive atomic.Int64 // UnixNano of the last successful Receive
 	stats       counters
-	hooks       hooks
+	hooks       observer
+	env         pathEnv // what the path gets (see Path)
+	settler     settler
 
 	// Consecutive failures of each dependency (see Health).
 	receiveOut, storeOut, ackOut *outage
@@ -134,7 +66,7 @@ func NewRunner(src Source, path Path, cfg Config) (*Runner, error) {
 	if err := fitPool(path, &cfg, explicitConcurrency); err != nil {
 		return nil, err
 	}
-	return &Runner{
+	r := &Runner{
 		src:        src,
 		path:       path,
 		cfg:        cfg,
@@ -143,7 +75,16 @@ func NewRunner(src Source, path Path, cfg Config) (*Runner, error) {
 		storeOut:   newOutage(DependencyStore, cfg),
 		ackOut:     newOutage(DependencyBrokerAck, cfg),
 		hooks:      resolveHooks(cfg.Hooks),
-	}, nil
+	}
+	r.env = pathEnv{
+		scope: cfg.Name, log: r.log, retry: cfg.Retry, handlerTimeout: cfg.HandlerTimeout, maxResultBytes: cfg.MaxResultBytes,
+		stats: &r.stats, storeOut: r.storeOut, obs: &r.hooks, takeAhead: r.takeAhead,
+	}
+	r.settler = settler{env: &r.env, src: src}
+	if fc, ok := path.(failureCounting); ok {
+		r.settler.counter = fc.failureCounter()
+	}
+	return r, nil
 }
 
 // Config returns the runner's configuration with defaults applied.
@@ -164,7 +105,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	defer r.running.Store(false)
 	defer r.draining.Store(false)
-	if err := r.checkRetention(ctx); err != nil {
+	if err := checkRetention(ctx, r.src, r.path, r.log, r.cfg.AllowShortRetention); err != nil {
 		return err
 	}
 	r.logStart(ctx)
@@ -242,8 +183,7 @@ func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
 		r.lastReceive.Store(time.Now().UnixNano())
 		r.receiveOut.ok(ctx, r.log)
 		for _, m := range msgs {
-			r.stats.received.Add(1)
-			j := &job{msg: m, ctx: mctx}
+			j := &job{msg: m, ctx: mctx, seq: r.stats.received.Add(1)}
 			for _, h := range r.hooks.received {
 				j.ctx = h.OnReceived(j.ctx, m)
 			}
@@ -253,7 +193,7 @@ func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
 			case <-ctx.Done():
 				// Stopping while a lane is full: what was not handed to a
 				// lane stays unacknowledged and returns to the broker.
-				r.hookSettled(j, OutcomeLeft, 0, nil)
+				r.hooks.onSettled(j, OutcomeLeft, 0, nil)
 				return nil
 			}
 		}
@@ -300,6 +240,7 @@ func (r *Runner) lane(ctx context.Context, in <-chan *job) {
 	a := r.startAcker(ctx)
 	defer a.stop()
 	l := &lane{in: in}
+	holds := laneHolds{} // partitions waiting for a message handed back
 	defer l.abandon(ctx) // nothing is chained once the last batch ran; a safety net
 	buf := make([]*job, 0, r.cfg.BatchSize)
 	for {
@@ -322,32 +263,7 @@ func (r *Runner) lane(ctx context.Context, in <-chan *job) {
 			l.abandon(ctx)
 			continue
 		}
-		r.handle(ctx, b, a, l)
-	}
-}
-
-// lane is what one lane carries from one batch to the next: the batch it
-// took ahead while committing the last one, and the open transaction that
-// commit chained and that already claimed that batch's keys.
-type lane struct {
-	in    <-chan *job
-	cur   *prepared // the batch being handled
-	ahead *prepared
-	chain chained
-}
-
-// chained is a path's open transaction for the batch a lane took ahead.
-type chained interface {
-	// abandon rolls the transaction back.
-	abandon(ctx context.Context)
-}
-
-// abandon rolls back the transaction chained for the batch taken ahead, if
-// any.
-func (l *lane) abandon(ctx context.Context) {
-	if l.chain != nil {
-		l.chain.abandon(ctx)
-		l.chain = nil
+		r.handle(ctx, b, a, l, holds)
 	}
 }
 
@@ -397,7 +313,7 @@ func (r *Runner) leftOnDrain(ctx context.Context, batch []*job) bool {
 		return false
 	}
 	for _, j := range batch {
-		r.hookSettled(j, OutcomeLeft, len(batch), nil)
+		r.hooks.onSettled(j, OutcomeLeft, len(batch), nil)
 	}
 	return true
 }
@@ -420,14 +336,6 @@ func (r *Runner) fillWithin(batch []*job, in <-chan *job, wait time.Duration) []
 		}
 	}
 	return batch
-}
-
-// prepared is a batch ready for its path: the jobs to run (live, one per
-// key) and the later copies of their keys (followers), settled after them.
-// The jobs with bad input already have their outcome.
-type prepared struct {
-	batch, live, followers []*job
-	leaders                map[string]*job
 }
 
 // prepareBatch validates a batch's jobs and splits it for its path. It
@@ -459,12 +367,13 @@ func (r *Runner) prepareBatch(ctx context.Context, batch []*job) *prepared {
 }
 
 // handle runs a prepared batch's path and settles every message.
-func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane) {
+func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane, holds laneHolds) {
 	if l != nil {
 		l.cur = b
 	}
+	b.live = holds.holdBack(b.live)
 	if len(b.live) > 0 {
-		r.path.process(ctx, r, b.live, l)
+		r.path.process(ctx, &r.env, b.live, l)
 		r.storeOut.report(ctx, r.log, infraErr(b.live))
 	}
 	for _, f := range b.followers {
@@ -479,10 +388,10 @@ func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane) {
 			f.replayOf(leader) // outcome.go: the leader's result, for Message.Outcome
 		}
 	}
-	r.settle(ctx, b.batch, a)
+	if acks := r.settler.settle(ctx, b.batch, holds); len(acks) > 0 {
+		a.send(ackBatch{jobs: acks, size: len(b.batch)})
+	}
 }
-
-var errDuplicateUnsettled = errors.New("first copy not settled")
 
 // prepare computes a job's key and digest and rejects bad input.
 func (r *Runner) prepare(j *job) error {
@@ -528,211 +437,6 @@ func validKey(key string) error {
 		return fmt.Errorf("%w: control character %U at byte %d", ErrInvalidKey, c, i)
 	}
 	return nil
-}
-
-// infraDelay counts a failure of the store and returns the retry delay,
-// growing with the run of such failures (not with the message's attempts,
-// which these failures do not count) up to outageProbe, so that the
-// messages sent back come again soon after the store answers; while the
-// outage lasts, receiving is paused (awaitStore). handle logs the outage
-// once it lasts.
-func (r *Runner) infraDelay() time.Duration {
-	return min(r.cfg.Retry.Backoff(r.storeOut.fail()), outageProbe)
-}
-
-// infraOK ends a run of store failures.
-func (r *Runner) infraOK() { r.storeOut.succeed() }
-
-// infraErr returns the error of the first job of batch that the store's
-// trouble sent back, for the outage log. Jobs sent back for reasons of their
-// own (another worker holds the key, an unsettled copy in the batch) are not
-// the store's trouble.
-func infraErr(batch []*job) error {
-	for _, j := range batch {
-		if j.out == outRetryInfra && j.err != nil && !errors.Is(j.err, errKeyBusy) && !errors.Is(j.err, errDuplicateUnsettled) {
-			return j.err
-		}
-	}
-	return nil
-}
-
-// errKeyBusy is wrapped by the retry reason of a message whose key another
-// worker holds (lease path).
-var errKeyBusy = errors.New("being handled by another worker")
-
-// settle retries or dead-letters the jobs of a batch that failed and hands
-// those to acknowledge (handled and duplicates) to the lane's acker. Once ctx
-// is cancelled (the drain timed out) nothing is retried or dead-lettered: a
-// handler cut short by the shutdown did not fail, so its message is left to
-// the broker without counting an attempt.
-func (r *Runner) settle(ctx context.Context, batch []*job, a *acker) {
-	var acks []*job
-	for _, j := range batch {
-		r.hookClaimed(j)
-		if ctx.Err() != nil && j.out != outAck && j.out != outDuplicate && j.out != outNone {
-			r.stats.left.Add(1)
-			r.log.LogAttrs(r.msgCtx(ctx, j), slog.LevelInfo, "stopping: message left to the broker",
-				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt),
-				slog.Any(LogKeyError, j.err))
-			r.hookSettled(j, OutcomeLeft, len(batch), j.err)
-			continue
-		}
-		switch j.out {
-		case outAck:
-			r.stats.handled.Add(1)
-			acks = append(acks, j)
-		case outDuplicate:
-			r.stats.duplicates.Add(1)
-			r.log.LogAttrs(r.msgCtx(ctx, j), slog.LevelDebug, "duplicate acknowledged",
-				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt))
-			acks = append(acks, j)
-		case outRetry, outRetryInfra:
-			r.hookSettled(j, r.retry(ctx, j), len(batch), j.err)
-		case outDeadLetter:
-			r.hookSettled(j, r.deadLetter(ctx, j, j.err), len(batch), j.err)
-		case outNone:
-			r.hookSettled(j, OutcomeLeft, len(batch), nil)
-		}
-	}
-	if len(acks) > 0 {
-		a.send(ackBatch{jobs: acks, size: len(batch)})
-	}
-}
-
-// msgCtx returns ctx seen through the message context of j when a
-// HookReceived may have given it values (a span, so that a trace-aware log
-// handler ties a line to the message, and the handler's spans join it).
-// Without such hooks it is ctx itself.
-func (r *Runner) msgCtx(ctx context.Context, j *job) context.Context {
-	if len(r.hooks.received) == 0 || j.ctx == nil {
-		return ctx
-	}
-	return overlay{Context: ctx, vals: j.ctx}
-}
-
-// retry hands j back for a later attempt, or dead-letters it once its
-// attempts are exhausted, and returns the outcome.
-func (r *Runner) retry(ctx context.Context, j *job) Outcome {
-	m := j.msg
-	ctx = r.msgCtx(ctx, j)
-	var delay time.Duration
-	kind := RetryHandler
-	switch {
-	case j.out == outRetryInfra:
-		// Not the message's fault: never dead-letter for it.
-		delay = j.delay
-		if delay <= 0 {
-			delay = r.cfg.Retry.Backoff(1)
-		}
-		kind = RetryInfrastructure
-	case r.countFailure(ctx, j) >= r.cfg.Retry.MaxAttempts:
-		return r.deadLetter(ctx, j, fmt.Errorf("%w after %d attempts: %w", ErrMaxAttempts, j.attempt(), j.err))
-	default:
-		delay = r.backoff(j)
-	}
-	r.stats.retried.Add(1)
-	r.log.LogAttrs(ctx, slog.LevelInfo, "message will be retried", slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID),
-		slog.String(LogKeyTopic, m.Topic), slog.Int(LogKeyAttempt, j.attempt()), slog.Duration(LogKeyDelay, delay),
-		slog.Any(LogKeyError, j.err))
-	for _, h := range r.hooks.retry {
-		h.OnRetry(j.ctx, m, kind, delay, j.err)
-	}
-	retry := r.src.Retry
-	if rel, ok := r.src.(Releaser); ok && j.out == outRetryInfra {
-		retry = rel.Release
-	}
-	if err := retry(ctx, m, delay); err != nil {
-		r.stats.settleFailures.Add(1)
-		r.log.LogAttrs(ctx, slog.LevelWarn, "retry failed; the broker will redeliver", slog.String(LogKeyID, m.ID), slog.Any(LogKeyError, err))
-		return OutcomeLeft
-	}
-	return OutcomeRetried
-}
-
-// deadLetter hands j to the source's dead-letter route. Only a dead letter
-// the source accepted is counted and logged as one. It returns the outcome.
-func (r *Runner) deadLetter(ctx context.Context, j *job, cause error) Outcome {
-	m := j.msg
-	ctx = r.msgCtx(ctx, j)
-	reason := &DeadLetterError{Key: j.key, Attempts: j.attempt(), Err: cause}
-	attrs := []slog.Attr{slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID), slog.String(LogKeyTopic, m.Topic),
-		slog.Int(LogKeyAttempt, j.attempt()), slog.Any(LogKeyError, cause)}
-	var mm *dedup.MismatchError
-	if errors.As(cause, &mm) {
-		attrs = append(attrs, slog.String(LogKeyStored, mm.Stored.String()), slog.String(LogKeyReceived, mm.Received.String()))
-	}
-	if err := r.src.DeadLetter(ctx, m, reason); err != nil {
-		r.stats.settleFailures.Add(1)
-		r.stats.left.Add(1)
-		r.log.LogAttrs(ctx, slog.LevelError, "dead-letter failed; the broker will redeliver",
-			append(attrs, slog.Any(LogKeySettleError, err))...)
-		return OutcomeLeft
-	}
-	r.stats.deadLettered.Add(1)
-	if errors.Is(cause, ErrPayloadMismatch) {
-		r.stats.mismatches.Add(1)
-	}
-	r.log.LogAttrs(ctx, slog.LevelError, "message dead-lettered", attrs...)
-	if len(r.hooks.deadLetter) > 0 {
-		reason := deadLetterReason(cause)
-		for _, h := range r.hooks.deadLetter {
-			h.OnDeadLetter(j.ctx, m, reason, cause)
-		}
-	}
-	r.forgetFailures(ctx, j)
-	return OutcomeDeadLettered
-}
-
-// call runs a handler with the key in its context, the handler timeout, and
-// panic recovery.
-func (r *Runner) call(ctx context.Context, j *job, fn func(ctx context.Context) error) (err error) {
-	ctx = withKeys(r.msgCtx(ctx, j), r.cfg.Name, j.key)
-	if r.cfg.HandlerTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, r.cfg.HandlerTimeout)
-		defer cancel()
-	}
-	if len(r.hooks.handlerStart) > 0 || len(r.hooks.handlerEnd) > 0 {
-		for _, h := range r.hooks.handlerStart {
-			ctx = h.OnHandlerStart(ctx, j.msg)
-		}
-		start := time.Now()
-		defer func() {
-			d := time.Since(start)
-			for _, h := range r.hooks.handlerEnd {
-				h.OnHandlerEnd(ctx, j.msg, d, err)
-			}
-		}()
-	}
-	defer func() {
-		if v := recover(); v != nil {
-			err = &PanicError{Value: v, Stack: debug.Stack()}
-		}
-	}()
-	return fn(ctx)
-}
-
-// backoff returns the delay before a failed job's next attempt: the one its
-// handler asked for with RetryAfter, else the policy's. It is computed once
-// per failure, so that messages held behind the job can wait as long.
-func (r *Runner) backoff(j *job) time.Duration {
-	if j.delay > 0 {
-		return j.delay
-	}
-	if d, ok := retryDelay(j.err); ok {
-		return d
-	}
-	return r.cfg.Retry.Backoff(j.attempt())
-}
-
-// failure classifies a handler error into an outcome.
-func (r *Runner) failure(j *job, err error) {
-	if IsPermanent(err) {
-		j.set(outDeadLetter, err)
-		return
-	}
-	j.set(outRetry, err)
-	j.delay = r.backoff(j)
 }
 
 func sleep(ctx context.Context, d time.Duration) {

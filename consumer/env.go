@@ -1,0 +1,117 @@
+package consumer
+
+import (
+	"context"
+	"log/slog"
+	"runtime/debug"
+	"time"
+)
+
+// Path is the way a Runner turns messages into effects: Transactional for
+// effects in a database transaction, Leased for effects outside one. A Path
+// is built once and used by one Runner.
+type Path interface {
+	// process decides the outcome of every job in batch. It must not return
+	// before every job has an outcome, and it must only report outAck for a
+	// job whose effect is durable. env is all it gets from the Runner. l is
+	// the lane the batch runs in: a path may take the lane's next batch
+	// ahead (env.takeAhead) and leave an open transaction for it in l.chain.
+	process(ctx context.Context, env *pathEnv, batch []*job, l *lane)
+	// validate reports a misconfigured path as a *ConfigError.
+	validate() error
+}
+
+// pathEnv is what a Path gets from its Runner, as values: the scope, the
+// logger, the configuration it reads, the counters, the store's outage
+// tracker, the observer of the hooks, and the helpers that call a handler
+// and classify its failure. A path never reaches into the Runner. Built
+// once in NewRunner; safe for concurrent use by the lanes.
+type pathEnv struct {
+	scope          string        // Config.Name: the scope of every key
+	log            *slog.Logger  // with the consumer's name
+	retry          RetryPolicy   // Config.Retry, with defaults
+	handlerTimeout time.Duration // Config.HandlerTimeout; 0: none
+	maxResultBytes int           // Config.MaxResultBytes; negative: no limit
+	stats          *counters
+	storeOut       *outage // the store's run of failures (see Health)
+	obs            *observer
+	// takeAhead takes a lane's next batch without waiting and prepares it
+	// (see Runner.takeAhead); nil when there is none to take.
+	takeAhead func(ctx context.Context, l *lane) *prepared
+}
+
+// infraDelay counts a failure of the store and returns the retry delay,
+// growing with the run of such failures (not with the message's attempts,
+// which these failures do not count) up to outageProbe, so that the
+// messages sent back come again soon after the store answers; while the
+// outage lasts, receiving is paused (awaitStore). handle logs the outage
+// once it lasts.
+func (env *pathEnv) infraDelay() time.Duration {
+	return min(env.retry.Backoff(env.storeOut.fail()), outageProbe)
+}
+
+// infraOK ends a run of store failures.
+func (env *pathEnv) infraOK() { env.storeOut.succeed() }
+
+// msgCtx returns ctx seen through the message context of j when a
+// HookReceived may have given it values (a span, so that a trace-aware log
+// handler ties a line to the message, and the handler's spans join it).
+// Without such hooks it is ctx itself.
+func (env *pathEnv) msgCtx(ctx context.Context, j *job) context.Context {
+	if len(env.obs.received) == 0 || j.ctx == nil {
+		return ctx
+	}
+	return overlay{Context: ctx, vals: j.ctx}
+}
+
+// call runs a handler with the key in its context, the handler timeout, and
+// panic recovery.
+func (env *pathEnv) call(ctx context.Context, j *job, fn func(ctx context.Context) error) (err error) {
+	ctx = withKeys(env.msgCtx(ctx, j), env.scope, j.key)
+	if env.handlerTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, env.handlerTimeout)
+		defer cancel()
+	}
+	if len(env.obs.handlerStart) > 0 || len(env.obs.handlerEnd) > 0 {
+		for _, h := range env.obs.handlerStart {
+			ctx = h.OnHandlerStart(ctx, j.msg)
+		}
+		start := time.Now()
+		defer func() {
+			d := time.Since(start)
+			for _, h := range env.obs.handlerEnd {
+				h.OnHandlerEnd(ctx, j.msg, d, err)
+			}
+		}()
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return fn(ctx)
+}
+
+// backoff returns the delay before a failed job's next attempt: the one its
+// handler asked for with RetryAfter, else the policy's. It is computed once
+// per failure, so that messages held behind the job can wait as long.
+func (env *pathEnv) backoff(j *job) time.Duration {
+	if j.delay > 0 {
+		return j.delay
+	}
+	if d, ok := retryDelay(j.err); ok {
+		return d
+	}
+	return env.retry.Backoff(j.attempt())
+}
+
+// failure classifies a handler error into an outcome.
+func (env *pathEnv) failure(j *job, err error) {
+	if IsPermanent(err) {
+		j.set(outDeadLetter, err)
+		return
+	}
+	j.set(outRetry, err)
+	j.delay = env.backoff(j)
+}

@@ -1,0 +1,90 @@
+package consumer
+
+import (
+	"context"
+	"time"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// outcome is what the runner does with a message once its path is done.
+type outcome int
+
+const (
+	outNone       outcome = iota // not settled: left to the broker
+	outAck                       // effect durable now (handler ran and committed)
+	outDuplicate                 // effect was durable before; acknowledge
+	outRetry                     // handler failed; retry with backoff or dead-letter
+	outRetryInfra                // store or broker trouble; retry, never dead-letter
+	outDeadLetter                // poison; dead-letter now
+)
+
+// job is one message moving through a Runner.
+type job struct {
+	msg    *Message
+	seq    uint64 // its place in the runner's receive order, from 1
+	key    string
+	keyErr error // from Config.KeyFunc (or the source), checked by prepare
+	hash   dedup.Hash
+
+	out   outcome
+	err   error
+	delay time.Duration // for outRetryInfra, or from RetryAfter
+
+	// failures is the key's handler failures as the store counted them (0:
+	// not counted; the broker's Attempt applies).
+	failures int
+
+	// For hooks (see hooks.go). ctx is the message's context: the
+	// receive context without its cancellation, or what HookReceived
+	// returned.
+	ctx                  context.Context
+	follower             bool // the same key came earlier in the batch
+	claimedNew           bool // the path claimed the key as new
+	claimStart, claimEnd time.Time
+	claimN               int // messages claimed with it (ClaimInfo.Messages)
+}
+
+func (j *job) set(o outcome, err error) { j.out, j.err = o, err }
+
+// prepared is a batch ready for its path: the jobs to run (live, one per
+// key) and the later copies of their keys (followers), settled after them.
+// The jobs with bad input already have their outcome.
+type prepared struct {
+	batch, live, followers []*job
+	leaders                map[string]*job
+}
+
+// lane is what one lane carries from one batch to the next: the batch it
+// took ahead while committing the last one, and the open transaction that
+// commit chained and that already claimed that batch's keys.
+type lane struct {
+	in    <-chan *job
+	cur   *prepared // the batch being handled
+	ahead *prepared
+	chain chained
+}
+
+// chained is a path's open transaction for the batch a lane took ahead.
+type chained interface {
+	// abandon rolls the transaction back.
+	abandon(ctx context.Context)
+}
+
+// abandon rolls back the transaction chained for the batch taken ahead, if
+// any.
+func (l *lane) abandon(ctx context.Context) {
+	if l.chain != nil {
+		l.chain.abandon(ctx)
+		l.chain = nil
+	}
+}
+
+// attempt is the attempt number the retry policy sees for j: its key's
+// counted handler failures, else the broker's delivery count.
+func (j *job) attempt() int {
+	if j.failures > 0 {
+		return j.failures
+	}
+	return j.msg.Attempt
+}

@@ -1,0 +1,212 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// settler settles the jobs of a batch once its path is done: it hands back
+// (Source.Retry or Releaser.Release) or dead-letters the failed ones and
+// returns those to acknowledge, which the lane's acker sends (Source.Ack).
+// It is built once in NewRunner and is safe for concurrent use by the lanes.
+type settler struct {
+	env *pathEnv
+	src Source
+	// counter is the path's store's handler-failure counter, or nil (the
+	// broker's attempt count applies).
+	counter dedup.FailureCounter
+}
+
+// settle retries, releases or dead-letters the jobs of a batch that failed
+// and returns those to acknowledge (handled and duplicates), for the lane's
+// acker. Once ctx is cancelled (the drain timed out) nothing is retried or
+// dead-lettered: a handler cut short by the shutdown did not fail, so its
+// message is left to the broker without counting an attempt. A message
+// handed back holds its partition in holds.
+func (s *settler) settle(ctx context.Context, batch []*job, holds laneHolds) (acks []*job) {
+	obs, log, stats := s.env.obs, s.env.log, s.env.stats
+	for _, j := range batch {
+		obs.onClaimed(j)
+		switch j.out {
+		case outAck:
+			stats.handled.Add(1)
+			acks = append(acks, j)
+			continue
+		case outNone:
+			obs.onSettled(j, OutcomeLeft, len(batch), nil)
+			continue
+		}
+		mctx := s.env.msgCtx(ctx, j)
+		switch {
+		case j.out == outDuplicate:
+			stats.duplicates.Add(1)
+			log.LogAttrs(mctx, slog.LevelDebug, "duplicate acknowledged",
+				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt))
+			acks = append(acks, j)
+		case ctx.Err() != nil:
+			stats.left.Add(1)
+			log.LogAttrs(mctx, slog.LevelInfo, "stopping: message left to the broker",
+				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt),
+				slog.Any(LogKeyError, j.err))
+			obs.onSettled(j, OutcomeLeft, len(batch), j.err)
+		case j.out != outDeadLetter: // outRetry, outRetryInfra
+			o := s.retryOrRelease(mctx, j)
+			if o != OutcomeDeadLettered {
+				// Handed back, or left to the broker by a failed
+				// Retry: either way it comes again later.
+				holds.handedBack(j, stats.received.Load())
+			}
+			obs.onSettled(j, o, len(batch), j.err)
+		default:
+			obs.onSettled(j, s.deadLetter(mctx, j, j.err), len(batch), j.err)
+		}
+	}
+	return acks
+}
+
+// retryOrRelease hands j back for a later attempt, or dead-letters it once
+// its attempts are exhausted, and returns the outcome: Source.Retry for a
+// handler failure (a counted attempt), Releaser.Release, where the source
+// has it, for a failure that is not the message's (outRetryInfra). ctx is
+// the message's (see pathEnv.msgCtx).
+func (s *settler) retryOrRelease(ctx context.Context, j *job) Outcome {
+	m := j.msg
+	var delay time.Duration
+	kind := RetryHandler
+	switch {
+	case j.out == outRetryInfra:
+		// Not the message's fault: never dead-letter for it.
+		delay = j.delay
+		if delay <= 0 {
+			delay = s.env.retry.Backoff(1)
+		}
+		kind = RetryInfrastructure
+	case s.countFailure(ctx, j) >= s.env.retry.MaxAttempts:
+		return s.deadLetter(ctx, j, fmt.Errorf("%w after %d attempts: %w", ErrMaxAttempts, j.attempt(), j.err))
+	default:
+		delay = s.env.backoff(j)
+	}
+	s.env.stats.retried.Add(1)
+	s.env.log.LogAttrs(ctx, slog.LevelInfo, "message will be retried", slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID),
+		slog.String(LogKeyTopic, m.Topic), slog.Int(LogKeyAttempt, j.attempt()), slog.Duration(LogKeyDelay, delay),
+		slog.Any(LogKeyError, j.err))
+	s.env.obs.onRetry(j, kind, delay)
+	retry := s.src.Retry
+	if rel, ok := s.src.(Releaser); ok && j.out == outRetryInfra {
+		retry = rel.Release
+	}
+	if err := retry(ctx, m, delay); err != nil {
+		s.env.stats.settleFailures.Add(1)
+		s.env.log.LogAttrs(ctx, slog.LevelWarn, "retry failed; the broker will redeliver", slog.String(LogKeyID, m.ID), slog.Any(LogKeyError, err))
+		return OutcomeLeft
+	}
+	return OutcomeRetried
+}
+
+// deadLetter hands j to the source's dead-letter route. Only a dead letter
+// the source accepted is counted and logged as one. It returns the outcome.
+// ctx is the message's (see pathEnv.msgCtx).
+func (s *settler) deadLetter(ctx context.Context, j *job, cause error) Outcome {
+	m := j.msg
+	reason := &DeadLetterError{Key: j.key, Attempts: j.attempt(), Err: cause}
+	attrs := []slog.Attr{slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID), slog.String(LogKeyTopic, m.Topic),
+		slog.Int(LogKeyAttempt, j.attempt()), slog.Any(LogKeyError, cause)}
+	var mm *dedup.MismatchError
+	if errors.As(cause, &mm) {
+		attrs = append(attrs, slog.String(LogKeyStored, mm.Stored.String()), slog.String(LogKeyReceived, mm.Received.String()))
+	}
+	if err := s.src.DeadLetter(ctx, m, reason); err != nil {
+		s.env.stats.settleFailures.Add(1)
+		s.env.stats.left.Add(1)
+		s.env.log.LogAttrs(ctx, slog.LevelError, "dead-letter failed; the broker will redeliver",
+			append(attrs, slog.Any(LogKeySettleError, err))...)
+		return OutcomeLeft
+	}
+	s.env.stats.deadLettered.Add(1)
+	if errors.Is(cause, ErrPayloadMismatch) {
+		s.env.stats.mismatches.Add(1)
+	}
+	s.env.log.LogAttrs(ctx, slog.LevelError, "message dead-lettered", attrs...)
+	s.forgetFailures(ctx, j)
+	s.env.obs.onDeadLetter(j, cause)
+	return OutcomeDeadLettered
+}
+
+// failureCountTimeout bounds the call that counts a handler failure, so that
+// an unreachable store delays the retry decision by at most this much before
+// the runner falls back to the broker's attempt count.
+const failureCountTimeout = 5 * time.Second
+
+// failureCounting is implemented by the paths whose store can count handler
+// failures per key (dedup.FailureCounter).
+type failureCounting interface {
+	failureCounter() dedup.FailureCounter
+}
+
+// countFailure records the handler failure of j in the path's store and sets
+// j.failures to the key's failure count, which the retry policy then uses
+// instead of the broker's delivery count: deliveries to consumers that
+// crashed or were killed are not the message's fault. It is called once per
+// handler failure, after the failed transaction ended, and only then: the
+// happy path never pays for it. Without a counter, or when counting fails
+// (the store is down), j keeps the broker's count, and the failure to count
+// is logged. It returns j.attempt().
+func (s *settler) countFailure(ctx context.Context, j *job) int {
+	if s.counter == nil {
+		return j.attempt()
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), failureCountTimeout)
+	defer cancel()
+	n, err := s.counter.RecordFailure(cctx, s.env.scope, dedup.Record{Key: j.key, PayloadHash: j.hash})
+	if err != nil || n < 1 {
+		s.env.log.LogAttrs(ctx, slog.LevelWarn, "counting the handler failure failed; using the broker's attempt count",
+			slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID),
+			slog.Int(LogKeyAttempt, j.msg.Attempt), slog.Any(LogKeyError, err))
+		return j.attempt()
+	}
+	if n != j.msg.Attempt {
+		j.delay = 0 // computed from the broker's count: compute it again
+	}
+	j.failures = n
+	return n
+}
+
+// forgetFailures deletes the failure count of a job that was dead-lettered
+// for exhausting its attempts, so that a replay of the dead letter starts
+// with a fresh count. A failure to forget is only logged: the count expires
+// with the store's retention.
+func (s *settler) forgetFailures(ctx context.Context, j *job) {
+	if s.counter == nil || j.failures == 0 {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), failureCountTimeout)
+	defer cancel()
+	if err := s.counter.ForgetFailures(cctx, s.env.scope, j.key); err != nil {
+		s.env.log.LogAttrs(ctx, slog.LevelWarn, "forgetting the failure count of a dead-lettered message failed; it expires with the store's retention",
+			slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Any(LogKeyError, err))
+	}
+}
+
+//END
+
+// errDuplicateUnsettled is wrapped by the retry reason of a later copy of a
+// key in a batch whose first copy was not settled.
+var errDuplicateUnsettled = errors.New("first copy not settled")
+
+// infraErr returns the error of the first job of batch that the store's
+// trouble sent back, for the outage log. Jobs sent back for reasons of their
+// own (another worker holds the key, an unsettled copy in the batch) are not
+// the store's trouble.
+func infraErr(batch []*job) error {
+	for _, j := range batch {
+		if j.out == outRetryInfra && j.err != nil && !errors.Is(j.err, errKeyBusy) && !errors.Is(j.err, errDuplicateUnsettled) {
+			return j.err
+		}
+	}
+	return nil
+}
