@@ -54,7 +54,7 @@ type Source interface {
 // an attempt. The runner calls it instead of Retry when the message is not at
 // fault: the database or the lease store failed, another worker holds the
 // message's lease, or an earlier message of its partition failed in the same
-// batch. Sources whose broker counts deliveries itself (SQS's receive count)
+// batch or was handed back before it. Sources whose broker counts deliveries itself (SQS's receive count)
 // do not implement it.
 type Releaser interface {
 	Release(ctx context.Context, msg *Message, delay time.Duration) error
