@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/cfgerr"
 )
@@ -23,10 +24,10 @@ const (
 // Sentinel errors of the store. Match them with errors.Is.
 var (
 	// ErrInvalidConfig is matched by the errors of New for an unusable
-	// client or Config. It is dedup.ErrInvalidConfig (and so
-	// consumer.ErrInvalidConfig): each bad field is a *dedup.ConfigError,
+	// client or Config. It is idemq.ErrInvalidConfig (and so
+	// consumer.ErrInvalidConfig): each bad field is a *idemq.ConfigError,
 	// and New reports all of them at once.
-	ErrInvalidConfig = dedup.ErrInvalidConfig
+	ErrInvalidConfig = idemq.ErrInvalidConfig
 	// ErrInvalidArgument is matched by the errors of calls with an empty
 	// key or token, a non-positive duration or an oversized result. Such a
 	// call does not reach Redis.
@@ -96,7 +97,7 @@ type Store struct {
 func New(rdb redis.UniversalClient, cfg Config) (*Store, error) {
 	var l cfgerr.List
 	if rdb == nil {
-		l.Include(&dedup.ConfigError{Field: "redisdedup.New(rdb)", Reason: "nil Redis client"})
+		l.Include(&idemq.ConfigError{Field: "redisdedup.New(rdb)", Reason: "nil Redis client"})
 	}
 	cfg = cfg.WithDefaults()
 	l.Include(cfg.validate())

@@ -1,4 +1,4 @@
-package dedup
+package idemq
 
 import "errors"
 
