@@ -2,15 +2,14 @@ package idemq
 
 import "errors"
 
-// ErrInvalidConfig is matched by every configuration error of idemq: a
-// *ConfigError and every error that joins them. consumer.ErrInvalidConfig and
-// the ErrInvalidConfig of each store, source and sink are this same value.
-// It lives here, not in package consumer, because the stores import dedup
-// and not consumer (consumer imports dedup).
+// ErrInvalidConfig is matched by every configuration error of idemq, from
+// package consumer and from every store, source and sink: a *ConfigError and
+// every error that joins them. It is the only such sentinel; no package
+// re-exports it.
 var ErrInvalidConfig = errors.New("idemq: invalid configuration")
 
 // ConfigError reports one invalid configuration field. It matches
-// ErrInvalidConfig; consumer.ConfigError is the same type.
+// ErrInvalidConfig. Every package of idemq reports this one type.
 //
 // A constructor or Validate that finds several bad fields reports all of
 // them in one error: it wraps one *ConfigError per field, in the order of

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/memstore"
 	"github.com/idemq/idemq/internal/runtest"
@@ -142,8 +143,8 @@ func TestBatchWaitMustNotBeNegative(t *testing.T) {
 	}
 	path := consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil })
 	_, err = consumer.NewRunner(b.Source("t"), path, consumer.Config{Name: "x", BatchWait: -time.Second})
-	var ce *consumer.ConfigError
+	var ce *idemq.ConfigError
 	if !errors.As(err, &ce) || ce.Field != "BatchWait" {
-		t.Errorf("NewRunner with a negative BatchWait = %v, want a *ConfigError for BatchWait", err)
+		t.Errorf("NewRunner with a negative BatchWait = %v, want a *idemq.ConfigError for BatchWait", err)
 	}
 }

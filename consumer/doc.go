@@ -123,7 +123,7 @@
 // 8 days, unless configured): a redelivery later than that runs the handler
 // again. When Run starts it asks a source that implements HorizonReporter how
 // late its broker may redeliver (SQS MessageRetentionPeriod, Kafka
-// retention.ms, RabbitMQ x-message-ttl) and refuses with a *ConfigError when
+// retention.ms, RabbitMQ x-message-ttl) and refuses with a *idemq.ConfigError when
 // that is longer than the retention, unless Config.AllowShortRetention is
 // set (then it warns once); a broker without a limit (a RabbitMQ queue
 // without a TTL) gets one warning naming the fix.

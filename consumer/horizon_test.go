@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/memstore"
 	"github.com/idemq/idemq/internal/runtest"
@@ -98,10 +99,10 @@ func TestRetentionGuard(t *testing.T) {
 			}
 			logs, err := runBriefly(t, src, path, c.allow)
 			if c.refuse {
-				var ce *consumer.ConfigError
-				if !errors.As(err, &ce) || !errors.Is(err, consumer.ErrInvalidConfig) ||
+				var ce *idemq.ConfigError
+				if !errors.As(err, &ce) || !errors.Is(err, idemq.ErrInvalidConfig) ||
 					!strings.Contains(err.Error(), "96h0m0s") || !strings.Contains(err.Error(), "72h0m0s") {
-					t.Fatalf("Run = %v, want a *ConfigError naming 96h0m0s and 72h0m0s", err)
+					t.Fatalf("Run = %v, want a *idemq.ConfigError naming 96h0m0s and 72h0m0s", err)
 				}
 				return
 			}

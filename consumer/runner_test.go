@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/cfgerr"
@@ -359,7 +360,7 @@ func TestPartitionKeyOrder(t *testing.T) {
 }
 
 // TestConfigErrorsNameEveryField: a Config with several bad fields reports
-// each of them, every one a *ConfigError matching ErrInvalidConfig.
+// each of them, every one a *idemq.ConfigError matching idemq.ErrInvalidConfig.
 func TestConfigErrorsNameEveryField(t *testing.T) {
 	src := memsource.New(memsource.Config{}).Source("t")
 	ms, err := memstore.New(memstore.Config{})
@@ -381,8 +382,8 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 	}
 	for _, tc := range cases {
 		_, err := consumer.NewRunner(src, tc.path, tc.cfg)
-		if !errors.Is(err, consumer.ErrInvalidConfig) {
-			t.Errorf("%s: NewRunner = %v, want ErrInvalidConfig", tc.name, err)
+		if !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Errorf("%s: NewRunner = %v, want idemq.ErrInvalidConfig", tc.name, err)
 		}
 		if got := cfgerr.Fields(err); !slices.Equal(got, tc.want) {
 			t.Errorf("%s: NewRunner = %v, reports fields %q, want %q", tc.name, err, got, tc.want)
@@ -407,12 +408,12 @@ func TestConfigValidation(t *testing.T) {
 		{Name: "x", Retry: consumer.RetryPolicy{Jitter: 1.5}},
 	}
 	for _, cfg := range cases {
-		var ce *consumer.ConfigError
-		if _, err := consumer.NewRunner(src, path, cfg); !errors.Is(err, consumer.ErrInvalidConfig) || !errors.As(err, &ce) {
-			t.Errorf("NewRunner(%+v) = %v, want a *ConfigError", cfg, err)
+		var ce *idemq.ConfigError
+		if _, err := consumer.NewRunner(src, path, cfg); !errors.Is(err, idemq.ErrInvalidConfig) || !errors.As(err, &ce) {
+			t.Errorf("NewRunner(%+v) = %v, want a *idemq.ConfigError", cfg, err)
 		}
 	}
-	if _, err := consumer.NewRunner(nil, path, consumer.Config{Name: "x"}); !errors.Is(err, consumer.ErrInvalidConfig) {
+	if _, err := consumer.NewRunner(nil, path, consumer.Config{Name: "x"}); !errors.Is(err, idemq.ErrInvalidConfig) {
 		t.Errorf("nil source: %v", err)
 	}
 	badPaths := map[string]consumer.Path{
@@ -424,8 +425,8 @@ func TestConfigValidation(t *testing.T) {
 		"nil tx handler":          consumer.Transactional[*memstore.Tx](ms, nil),
 	}
 	for name, p := range badPaths {
-		if _, err := consumer.NewRunner(src, p, consumer.Config{Name: "x"}); !errors.Is(err, consumer.ErrInvalidConfig) {
-			t.Errorf("%s: NewRunner = %v, want ErrInvalidConfig", name, err)
+		if _, err := consumer.NewRunner(src, p, consumer.Config{Name: "x"}); !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Errorf("%s: NewRunner = %v, want idemq.ErrInvalidConfig", name, err)
 		}
 	}
 	r, err := consumer.NewRunner(src, path, consumer.Config{Name: "x"})
@@ -679,9 +680,9 @@ func TestRetryPolicyRefusesNaNAndSaturates(t *testing.T) {
 		"negative initial": {InitialBackoff: -time.Second},
 	}
 	for name, p := range bad {
-		var ce *consumer.ConfigError
+		var ce *idemq.ConfigError
 		if _, err := consumer.NewRunner(src, path, consumer.Config{Name: "x", Retry: p}); !errors.As(err, &ce) {
-			t.Errorf("%s: NewRunner = %v, want a *ConfigError", name, err)
+			t.Errorf("%s: NewRunner = %v, want a *idemq.ConfigError", name, err)
 		}
 	}
 

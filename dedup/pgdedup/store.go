@@ -111,11 +111,6 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// ErrInvalidConfig is matched by the errors New returns for a bad Config. It
-// is idemq.ErrInvalidConfig (and so consumer.ErrInvalidConfig): each bad
-// field is a *idemq.ConfigError, and New reports all of them at once.
-var ErrInvalidConfig = idemq.ErrInvalidConfig
-
 // Store is the PostgreSQL deduplication store of the transactional path. It
 // implements dedup.TxStore[pgx.Tx]. It is safe for concurrent use.
 type Store struct {

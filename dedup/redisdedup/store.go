@@ -23,11 +23,6 @@ const (
 
 // Sentinel errors of the store. Match them with errors.Is.
 var (
-	// ErrInvalidConfig is matched by the errors of New for an unusable
-	// client or Config. It is idemq.ErrInvalidConfig (and so
-	// consumer.ErrInvalidConfig): each bad field is a *idemq.ConfigError,
-	// and New reports all of them at once.
-	ErrInvalidConfig = idemq.ErrInvalidConfig
 	// ErrInvalidArgument is matched by the errors of calls with an empty
 	// key or token, a non-positive duration or an oversized result. Such a
 	// call does not reach Redis.

@@ -98,11 +98,6 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// ErrInvalidConfig is matched by the errors New returns for a bad Config. It
-// is idemq.ErrInvalidConfig (and so consumer.ErrInvalidConfig): each bad
-// field is a *idemq.ConfigError, and New reports all of them at once.
-var ErrInvalidConfig = idemq.ErrInvalidConfig
-
 // validate reports every invalid field of c.
 func (c Config) validate() error {
 	l := cfgerr.List{Prefix: "sqldedup.Config."}

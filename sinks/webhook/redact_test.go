@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/memstore"
 	"github.com/idemq/idemq/internal/runtest"
@@ -60,8 +61,8 @@ func TestNoSecretInOutput(t *testing.T) {
 		"http:///" + plantedSecret + "?t=" + plantedSecret,                               // no host
 	} {
 		_, err := webhook.New(webhook.Config{URL: raw})
-		if !errors.Is(err, webhook.ErrInvalidConfig) {
-			t.Fatalf("New(%q) = %v, want ErrInvalidConfig", raw, err)
+		if !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Fatalf("New(%q) = %v, want idemq.ErrInvalidConfig", raw, err)
 		}
 		check("New's error", err.Error())
 	}

@@ -356,11 +356,6 @@ func (t Topology) withDefaults(queue string) Topology {
 	return t
 }
 
-// ConfigError reports an invalid Config field. It is consumer.ConfigError
-// and matches consumer.ErrInvalidConfig; its Field names the field as
-// "amqpsource.Config.Queue". New reports every bad field at once.
-type ConfigError = consumer.ConfigError
-
 // validate reports every invalid field of c.
 func (c Config) validate() error {
 	l := cfgerr.List{Prefix: "amqpsource.Config."}

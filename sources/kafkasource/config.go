@@ -338,11 +338,6 @@ func (c Config) deadLetterTopic(topic string) string {
 	return topic + DefaultDeadLetterSuffix
 }
 
-// ConfigError reports an invalid Config field. It is consumer.ConfigError
-// and matches consumer.ErrInvalidConfig; its Field names the field as
-// "kafkasource.Config.Brokers". New reports every bad field at once.
-type ConfigError = consumer.ConfigError
-
 // maxTopicLength is Kafka's limit on topic names.
 const maxTopicLength = 249
 

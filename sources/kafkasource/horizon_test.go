@@ -8,6 +8,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/memstore"
@@ -81,7 +82,7 @@ func TestRetentionGuard(t *testing.T) {
 			rctx, rcancel := context.WithTimeout(ctx, time.Second)
 			err = r.Run(rctx)
 			rcancel()
-			if got := errors.Is(err, consumer.ErrInvalidConfig); got != tc.refused {
+			if got := errors.Is(err, idemq.ErrInvalidConfig); got != tc.refused {
 				t.Fatalf("Run = %v, want refused %v", err, tc.refused)
 			}
 			t.Logf("horizon %v: Run = %v", horizon, err)

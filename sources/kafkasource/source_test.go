@@ -11,6 +11,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
@@ -48,9 +49,9 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 			t.Errorf("%s: New accepted an invalid configuration", tc.field)
 			continue
 		}
-		var ce *kafkasource.ConfigError
-		if !errors.As(err, &ce) || ce.Field != "kafkasource.Config."+tc.field || !errors.Is(err, consumer.ErrInvalidConfig) {
-			t.Errorf("%s: New returned %v, want a *ConfigError for field %s matching consumer.ErrInvalidConfig", tc.field, err, tc.field)
+		var ce *idemq.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "kafkasource.Config."+tc.field || !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Errorf("%s: New returned %v, want a *idemq.ConfigError for field %s matching idemq.ErrInvalidConfig", tc.field, err, tc.field)
 		}
 	}
 }
