@@ -56,7 +56,7 @@ CHAOS_FLAGS ?=
 
 .PHONY: chaos
 chaos: services ## SIGKILL workers and PostgreSQL backends on Kafka, SQS, RabbitMQ and the Redis lease path; kill a Kafka node and a Redis Cluster master, restart RabbitMQ and PostgreSQL; prove one effect per key, none missing, poison dead-lettered (CHAOS=short|long, CHAOS_FLAGS).
-	$(WITH_ENV) CHAOS=$(CHAOS) $(GO) run ./internal/chaos $(CHAOS_FLAGS)
+	$(WITH_ENV) CHAOS=$(CHAOS) $(GO) run ./cmd/internal/chaos $(CHAOS_FLAGS)
 
 # test-short points every service at a closed loopback port (and the
 # services' state directory nowhere), so a test that needs a service and does
@@ -73,12 +73,12 @@ test-short: ## Unit tests only: no service needed (and none used: every service 
 
 .PHONY: bench
 bench: services ## PostgreSQL path vs hand-written careful and set-based workers: msg/s, ratios, round trips, statements, XIDs per message (BENCH_FLAGS=-sweep for batch sizes).
-	$(WITH_ENV) $(GO) run ./internal/bench/core $(BENCH_FLAGS)
+	$(WITH_ENV) $(GO) run ./cmd/internal/bench/core $(BENCH_FLAGS)
 
 .PHONY: bench-retention
 bench-retention: ## pgdedup's janitor at full speed on a 10 M-row table: claims/s idle vs while it deletes (ratio), its rows/s, p99 claim latency, table and index size after 3 cycles (BENCH_FLAGS=-rows N ...).
 	$(SERVICES) up postgres
-	$(WITH_ENV) $(GO) run ./internal/bench/retention $(BENCH_FLAGS)
+	$(WITH_ENV) $(GO) run ./cmd/internal/bench/retention $(BENCH_FLAGS)
 
 # Native fuzz targets, as package:Target; make fuzz runs each for FUZZTIME.
 FUZZ_TARGETS := \

@@ -116,7 +116,7 @@ func TestExamplesAndCommandsAreLeaves(t *testing.T) {
 // not its in-process Kafka (franz-go's kfake). The demo is cmd/idemq-demo.
 // (sqldedup's SQLite driver stays: idemq takes sqlite: DSNs.)
 func TestOperationsCommandLinksNoDemo(t *testing.T) {
-	forbidden := []string{module + "/internal/demo", module + "/internal/checkout", module + "/sources/memsource", "github.com/twmb/franz-go"}
+	forbidden := []string{module + "/cmd/internal/demo", module + "/cmd/internal/checkout", module + "/sources/memsource", "github.com/twmb/franz-go"}
 	seen := false
 	for _, p := range list(t) {
 		if p.ImportPath != module+"/cmd/idemq" {

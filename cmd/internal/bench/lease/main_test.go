@@ -46,7 +46,7 @@ func TestRun(t *testing.T) {
 // BenchmarkRunnerLeasePath measures the runner's lease path on the in-memory
 // source with a no-op effect, per message, at concurrency 8.
 //
-//	go test -run '^$' -bench . ./internal/bench/lease
+//	go test -run '^$' -bench . ./cmd/internal/bench/lease
 func BenchmarkRunnerLeasePath(b *testing.B) {
 	s := newStore(b)
 	b.ResetTimer()

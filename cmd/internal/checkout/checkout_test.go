@@ -11,8 +11,8 @@ import (
 
 	_ "modernc.org/sqlite"
 
+	"github.com/idemq/idemq/cmd/internal/checkout"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/checkout"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/amqpsource"

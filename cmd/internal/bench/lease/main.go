@@ -15,7 +15,7 @@
 //
 // It prints messages per second and the runner's ratio to each baseline.
 //
-//	go run ./internal/bench/lease -n 20000 -concurrency 8
+//	go run ./cmd/internal/bench/lease -n 20000 -concurrency 8
 //
 // The Redis address comes from -redis, else TEST_REDIS_URL, else
 // redis://127.0.0.1:6379/0. Keys are written under a fresh scope and expire
@@ -39,10 +39,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisdedup"
-	"github.com/idemq/idemq/internal/bench/handwritten"
 	"github.com/idemq/idemq/sources/memsource"
 )
 

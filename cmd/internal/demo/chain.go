@@ -13,8 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemq/idemq/cmd/internal/checkout"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/checkout"
 	"github.com/idemq/idemq/internal/memstore"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/webhook"

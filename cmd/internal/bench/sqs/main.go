@@ -21,7 +21,7 @@
 // hand-written workers are printed per round and over the means. Run it with
 //
 //	bash testdata/services/services.sh up postgres elasticmq
-//	go run ./internal/bench/sqs
+//	go run ./cmd/internal/bench/sqs
 //
 // TEST_SQS_ENDPOINT and TEST_DATABASE_URL select other servers.
 package main
@@ -48,9 +48,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/internal/bench/handwritten"
 	"github.com/idemq/idemq/sources/sqssource"
 )
 

@@ -14,8 +14,8 @@
 // Each setting is a SessionTimeout/HeartbeatInterval pair. The program runs
 // itself as the workers (-worker). Bounded: every wait has a deadline.
 //
-//	go run ./internal/bench/kafkasession
-//	go run ./internal/bench/kafkasession -settings 30s/3s,10s/1s,6s/500ms -kills 3 -load 60s
+//	go run ./cmd/internal/bench/kafkasession
+//	go run ./cmd/internal/bench/kafkasession -settings 30s/3s,10s/1s,6s/500ms -kills 3 -load 60s
 //
 // TEST_KAFKA_BROKERS selects another broker.
 package main

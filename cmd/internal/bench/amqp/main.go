@@ -16,7 +16,7 @@
 // timed. Every workload runs twice, in alternating order; ratios to the
 // hand-written workers are printed per round and over the means. Run it with
 //
-//	go run ./internal/bench/amqp
+//	go run ./cmd/internal/bench/amqp
 //
 // after `bash testdata/services/services.sh up postgres rabbitmq`;
 // TEST_AMQP_URL and TEST_DATABASE_URL select other servers.
@@ -41,9 +41,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/internal/bench/handwritten"
 	"github.com/idemq/idemq/sources/amqpsource"
 )
 

@@ -22,8 +22,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/idemq/idemq/cmd/internal/checkout"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/checkout"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/memsource"
 )

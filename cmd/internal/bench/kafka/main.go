@@ -23,7 +23,7 @@
 // twice, in alternating order; ratios to the hand-written workers are printed
 // per round and over the means.
 //
-//	go run ./internal/bench/kafka
+//	go run ./cmd/internal/bench/kafka
 //
 // TEST_KAFKA_BROKERS and TEST_DATABASE_URL select other servers.
 package main
@@ -46,9 +46,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/internal/bench/handwritten"
 	"github.com/idemq/idemq/sources/kafkasource"
 )
 
