@@ -39,7 +39,7 @@ test-race: services ## Like test, with the race detector.
 
 .PHONY: test-race-core
 test-race-core: services ## The race detector over the runner (its lease path with Redis too), the stores and the in-memory broker.
-	$(WITH_ENV) $(GO) test -race $(TEST_FLAGS) ./consumer/... ./dedup/... ./internal/leasepath ./internal/memstore ./sources/memsource
+	$(WITH_ENV) $(GO) test -race $(TEST_FLAGS) ./consumer/... ./dedup/... ./internal/leasepath ./dedup/memdedup ./sources/memsource
 
 .PHONY: test-chain-long
 test-chain-long: services ## The outbox chain test (Kafka → A → relay → RabbitMQ → B → webhook) with 2000 orders and more SIGKILLs.

@@ -10,7 +10,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/memsource"
 )
@@ -85,14 +85,14 @@ func TestRetentionGuard(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			store, err := memstore.New(memstore.Config{Retention: retention})
+			store, err := memdedup.New(memdedup.Config{Retention: retention})
 			if err != nil {
 				t.Fatal(err)
 			}
 			broker := memsource.New(memsource.Config{})
 			broker.Publish("t", memsource.Outgoing{Key: "k", Body: []byte("{}")})
 			src := horizonSource{Source: broker.Source("t"), horizon: c.horizon, err: c.err}
-			path := consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil })
+			path := consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil })
 			if c.lease {
 				path = consumer.Leased(store.Leases(), func(context.Context, *consumer.Message) error { return nil },
 					consumer.LeaseOptions{Retention: c.retention})

@@ -18,8 +18,8 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/cfgerr"
-	"github.com/idemq/idemq/internal/memstore"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -363,7 +363,7 @@ func TestPartitionKeyOrder(t *testing.T) {
 // each of them, every one a *idemq.ConfigError matching idemq.ErrInvalidConfig.
 func TestConfigErrorsNameEveryField(t *testing.T) {
 	src := memsource.New(memsource.Config{}).Source("t")
-	ms, err := memstore.New(memstore.Config{})
+	ms, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +393,7 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	src := memsource.New(memsource.Config{}).Source("t")
-	ms, err := memstore.New(memstore.Config{})
+	ms, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -421,8 +421,8 @@ func TestConfigValidation(t *testing.T) {
 		"nil lease handler":       consumer.Leased(ms.Leases(), nil, consumer.LeaseOptions{}),
 		"negative lease":          consumer.Leased(ms.Leases(), noop, consumer.LeaseOptions{Lease: -time.Second}),
 		"refresh at half a lease": consumer.Leased(ms.Leases(), noop, consumer.LeaseOptions{Lease: time.Second, RefreshInterval: 500 * time.Millisecond}),
-		"nil tx store":            consumer.Transactional[*memstore.Tx](nil, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
-		"nil tx handler":          consumer.Transactional[*memstore.Tx](ms, nil),
+		"nil tx store":            consumer.Transactional[*memdedup.Tx](nil, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
+		"nil tx handler":          consumer.Transactional[*memdedup.Tx](ms, nil),
 	}
 	for name, p := range badPaths {
 		if _, err := consumer.NewRunner(src, p, consumer.Config{Name: "x"}); !errors.Is(err, idemq.ErrInvalidConfig) {
@@ -667,7 +667,7 @@ func TestPoisonedBatchIsSplit(t *testing.T) {
 // MaxBackoff, so that no retry loops without a pause.
 func TestRetryPolicyRefusesNaNAndSaturates(t *testing.T) {
 	src := memsource.New(memsource.Config{}).Source("t")
-	ms, err := memstore.New(memstore.Config{})
+	ms, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

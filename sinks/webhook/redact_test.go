@@ -12,7 +12,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sinks/webhook"
 	"github.com/idemq/idemq/sinks/webhook/webhooktest"
@@ -95,7 +95,7 @@ func TestNoSecretInOutput(t *testing.T) {
 			t.Cleanup(func() { _ = broker.Close() })
 			src := broker.Source("orders")
 			t.Cleanup(func() { _ = src.Close() })
-			store, err := memstore.New(memstore.Config{})
+			store, err := memdedup.New(memdedup.Config{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -9,7 +9,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/kafkasource"
@@ -35,11 +35,11 @@ func TestKeyOfPanicIsDeadLettered(t *testing.T) {
 		}
 		return "key-" + string(m.Value)
 	}
-	store, err := memstore.New(memstore.Config{})
+	store, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := consumer.Transactional(store, func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
+	path := consumer.Transactional(store, func(ctx context.Context, tx *memdedup.Tx, m *consumer.Message) error {
 		return tx.Add("effects/"+m.Key, 1)
 	})
 	w := startWorker(t, openSource(t, cfg), path, consumer.Config{Name: group, KeyFunc: consumer.RequireKey})
@@ -67,11 +67,11 @@ func TestRequireKeyDeadLettersKeylessRecords(t *testing.T) {
 	topic := newTopic(t, brokers, 1)
 	group := runtest.UniqueName(t, "g")
 	publish(t, brokers, topic, sourcetest.Outgoing{Key: "k1", Body: []byte("a")}, sourcetest.Outgoing{Body: []byte("keyless")})
-	store, err := memstore.New(memstore.Config{})
+	store, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := consumer.Transactional(store, func(ctx context.Context, tx *memstore.Tx, m *consumer.Message) error {
+	path := consumer.Transactional(store, func(ctx context.Context, tx *memdedup.Tx, m *consumer.Message) error {
 		return tx.Add("effects/"+m.Key, 1)
 	})
 	w := startWorker(t, openSource(t, testConfig(t, brokers, topic, group)), path,

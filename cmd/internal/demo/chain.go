@@ -15,7 +15,7 @@ import (
 
 	"github.com/idemq/idemq/cmd/internal/checkout"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/webhook"
 	"github.com/idemq/idemq/sources/memsource"
@@ -106,7 +106,7 @@ func (c *chain) newNotifier() error {
 	if err != nil {
 		return err
 	}
-	leases, err := memstore.New(memstore.Config{})
+	leases, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		return err
 	}

@@ -1,5 +1,5 @@
-// Package memstore is an in-memory deduplication store for tests: a
-// dedup.TxStore[*memstore.Tx] for the transactional path and, through
+// Package memdedup is an in-memory deduplication store for tests: a
+// dedup.TxStore[*memdedup.Tx] for the transactional path and, through
 // Store.Leases, a dedup.LeaseStore for the lease path, with the semantics of
 // the real stores, an event log and scripted faults.
 //
@@ -39,4 +39,4 @@
 // A Store is safe for concurrent use; a Tx must be used by one goroutine at a
 // time. Nothing is persisted: the package is meant for unit tests and the
 // source conformance suite, never for production.
-package memstore
+package memdedup

@@ -1,4 +1,4 @@
-package memstore
+package memdedup
 
 import (
 	"context"
@@ -40,7 +40,7 @@ func (ls *Leases) Claim(ctx context.Context, scope string, rec dedup.Record, tok
 		return dedup.Claim{}, err
 	}
 	if d <= 0 {
-		return dedup.Claim{}, fmt.Errorf("memstore: lease duration must be positive, got %s", d)
+		return dedup.Claim{}, fmt.Errorf("memdedup: lease duration must be positive, got %s", d)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -83,7 +83,7 @@ func (ls *Leases) Refresh(ctx context.Context, scope, k, token string, d time.Du
 	defer s.mu.Unlock()
 	l := s.held(key{scope, k}, token)
 	if l == nil {
-		return fmt.Errorf("memstore: refresh of key %q: %w", k, dedup.ErrLeaseLost)
+		return fmt.Errorf("memdedup: refresh of key %q: %w", k, dedup.ErrLeaseLost)
 	}
 	l.until = s.cfg.Now().Add(d)
 	return nil
@@ -104,7 +104,7 @@ func (ls *Leases) Complete(ctx context.Context, scope, k, token string, retentio
 	l := s.held(key{scope, k}, token)
 	if l == nil {
 		s.mu.Unlock()
-		return fmt.Errorf("memstore: complete of key %q: %w", k, dedup.ErrLeaseLost)
+		return fmt.Errorf("memdedup: complete of key %q: %w", k, dedup.ErrLeaseLost)
 	}
 	now := s.cfg.Now()
 	l.done, l.processedAt, l.until = true, now, now.Add(retention)

@@ -1,4 +1,4 @@
-package memstore_test
+package memdedup_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 )
 
 // clock is a manual clock for retention and lease tests.
@@ -24,9 +24,9 @@ func newClock() *clock {
 func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()).UTC() }
 func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 
-func newStore(t *testing.T, cfg memstore.Config) *memstore.Store {
+func newStore(t *testing.T, cfg memdedup.Config) *memdedup.Store {
 	t.Helper()
-	s, err := memstore.New(cfg)
+	s, err := memdedup.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func rec(key, body string) dedup.Record {
 	return dedup.Record{Key: key, PayloadHash: dedup.HashPayload([]byte(body))}
 }
 
-func begin(t *testing.T, s *memstore.Store) *memstore.Tx {
+func begin(t *testing.T, s *memdedup.Store) *memdedup.Tx {
 	t.Helper()
 	tx, err := s.Begin(t.Context())
 	if err != nil {
@@ -47,7 +47,7 @@ func begin(t *testing.T, s *memstore.Store) *memstore.Tx {
 	return tx
 }
 
-func claim(t *testing.T, s *memstore.Store, tx *memstore.Tx, recs ...dedup.Record) []dedup.State {
+func claim(t *testing.T, s *memdedup.Store, tx *memdedup.Tx, recs ...dedup.Record) []dedup.State {
 	t.Helper()
 	cs, err := s.Claim(t.Context(), tx, "scope", recs)
 	if err != nil {
@@ -63,7 +63,7 @@ func claim(t *testing.T, s *memstore.Store, tx *memstore.Tx, recs ...dedup.Recor
 	return states
 }
 
-func commit(t *testing.T, s *memstore.Store, tx *memstore.Tx) {
+func commit(t *testing.T, s *memdedup.Store, tx *memdedup.Tx) {
 	t.Helper()
 	if err := s.Commit(t.Context(), tx); err != nil {
 		t.Fatalf("Commit: %v", err)
@@ -78,13 +78,13 @@ func wantStates(t *testing.T, got []dedup.State, want ...dedup.State) {
 }
 
 func TestNewRejectsNegativeRetention(t *testing.T) {
-	if _, err := memstore.New(memstore.Config{Retention: -time.Second}); err == nil {
+	if _, err := memdedup.New(memdedup.Config{Retention: -time.Second}); err == nil {
 		t.Fatal("New accepted a negative Retention")
 	}
 }
 
 func TestClaimNewDoneMismatch(t *testing.T) {
-	s := newStore(t, memstore.Config{})
+	s := newStore(t, memdedup.Config{})
 	tx := begin(t, s)
 	wantStates(t, claim(t, s, tx, rec("b", "1"), rec("a", "1")), dedup.StateNew, dedup.StateNew)
 	if err := tx.Add("effect", 1); err != nil {
@@ -108,10 +108,10 @@ func TestClaimNewDoneMismatch(t *testing.T) {
 	if err != nil || cs[0].State != dedup.StateNew {
 		t.Fatalf("scopes are not separate: %v %v", cs, err)
 	}
-	if _, err := s.Claim(t.Context(), tx2, "scope", []dedup.Record{rec("c", "1")}); !errors.Is(err, memstore.ErrDuplicateKey) {
+	if _, err := s.Claim(t.Context(), tx2, "scope", []dedup.Record{rec("c", "1")}); !errors.Is(err, memdedup.ErrDuplicateKey) {
 		t.Fatalf("second claim of a key in one tx: %v, want ErrDuplicateKey", err)
 	}
-	if _, err := s.Claim(t.Context(), tx2, "scope", []dedup.Record{rec("d", "1"), rec("d", "1")}); !errors.Is(err, memstore.ErrDuplicateKey) {
+	if _, err := s.Claim(t.Context(), tx2, "scope", []dedup.Record{rec("d", "1"), rec("d", "1")}); !errors.Is(err, memdedup.ErrDuplicateKey) {
 		t.Fatalf("duplicate key in recs: %v, want ErrDuplicateKey", err)
 	}
 	e, err := s.Record("scope", "a")
@@ -126,14 +126,14 @@ func TestClaimNewDoneMismatch(t *testing.T) {
 func TestClaimWaitsForOwner(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		finish func(s *memstore.Store, tx *memstore.Tx) error
+		finish func(s *memdedup.Store, tx *memdedup.Tx) error
 		body   string
 		want   dedup.State
 	}{
-		{"commit", func(s *memstore.Store, tx *memstore.Tx) error { return s.Commit(context.Background(), tx) }, "1", dedup.StateDone},
-		{"commit-other-payload", func(s *memstore.Store, tx *memstore.Tx) error { return s.Commit(context.Background(), tx) }, "2", dedup.StateMismatch},
-		{"rollback", func(s *memstore.Store, tx *memstore.Tx) error { return s.Rollback(context.Background(), tx) }, "1", dedup.StateNew},
-		{"unclaim", func(s *memstore.Store, tx *memstore.Tx) error {
+		{"commit", func(s *memdedup.Store, tx *memdedup.Tx) error { return s.Commit(context.Background(), tx) }, "1", dedup.StateDone},
+		{"commit-other-payload", func(s *memdedup.Store, tx *memdedup.Tx) error { return s.Commit(context.Background(), tx) }, "2", dedup.StateMismatch},
+		{"rollback", func(s *memdedup.Store, tx *memdedup.Tx) error { return s.Rollback(context.Background(), tx) }, "1", dedup.StateNew},
+		{"unclaim", func(s *memdedup.Store, tx *memdedup.Tx) error {
 			if err := s.Unclaim(context.Background(), tx, "scope", "k"); err != nil {
 				return err
 			}
@@ -141,7 +141,7 @@ func TestClaimWaitsForOwner(t *testing.T) {
 		}, "1", dedup.StateNew},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newStore(t, memstore.Config{})
+			s := newStore(t, memdedup.Config{})
 			first := begin(t, s)
 			claim(t, s, first, rec("k", "1"))
 
@@ -175,7 +175,7 @@ func TestClaimWaitsForOwner(t *testing.T) {
 }
 
 func TestClaimWaitHonoursContext(t *testing.T) {
-	s := newStore(t, memstore.Config{})
+	s := newStore(t, memdedup.Config{})
 	first := begin(t, s)
 	claim(t, s, first, rec("k", "1"))
 	second := begin(t, s)
@@ -188,9 +188,9 @@ func TestClaimWaitHonoursContext(t *testing.T) {
 }
 
 func TestSavepoints(t *testing.T) {
-	s := newStore(t, memstore.Config{})
+	s := newStore(t, memdedup.Config{})
 	tx := begin(t, s)
-	if err := s.RollbackToSavepoint(t.Context(), tx); !errors.Is(err, memstore.ErrNoSavepoint) {
+	if err := s.RollbackToSavepoint(t.Context(), tx); !errors.Is(err, memdedup.ErrNoSavepoint) {
 		t.Fatalf("RollbackToSavepoint without savepoint: %v", err)
 	}
 	claim(t, s, tx, rec("a", "1"), rec("b", "1"), rec("c", "1"))
@@ -211,7 +211,7 @@ func TestSavepoints(t *testing.T) {
 	if err := s.Unclaim(t.Context(), tx, "scope", "b"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Unclaim(t.Context(), tx, "scope", "b"); !errors.Is(err, memstore.ErrNotClaimed) {
+	if err := s.Unclaim(t.Context(), tx, "scope", "b"); !errors.Is(err, memdedup.ErrNotClaimed) {
 		t.Fatalf("second Unclaim: %v, want ErrNotClaimed", err)
 	}
 	// c succeeds.
@@ -230,7 +230,7 @@ func TestSavepoints(t *testing.T) {
 }
 
 func TestRollbackToSavepointUndoesLaterClaims(t *testing.T) {
-	s := newStore(t, memstore.Config{})
+	s := newStore(t, memdedup.Config{})
 	tx := begin(t, s)
 	if err := s.Savepoint(t.Context(), tx, false); err != nil {
 		t.Fatal(err)
@@ -244,24 +244,24 @@ func TestRollbackToSavepointUndoesLaterClaims(t *testing.T) {
 }
 
 func TestTxDone(t *testing.T) {
-	s := newStore(t, memstore.Config{})
+	s := newStore(t, memdedup.Config{})
 	tx := begin(t, s)
 	commit(t, s, tx)
 	if err := s.Rollback(t.Context(), tx); err != nil {
 		t.Fatalf("Rollback after Commit: %v, want nil", err)
 	}
-	if err := s.Commit(t.Context(), tx); !errors.Is(err, memstore.ErrTxDone) {
+	if err := s.Commit(t.Context(), tx); !errors.Is(err, memdedup.ErrTxDone) {
 		t.Fatalf("second Commit: %v", err)
 	}
-	if _, err := s.Claim(t.Context(), tx, "scope", []dedup.Record{rec("a", "1")}); !errors.Is(err, memstore.ErrTxDone) {
+	if _, err := s.Claim(t.Context(), tx, "scope", []dedup.Record{rec("a", "1")}); !errors.Is(err, memdedup.ErrTxDone) {
 		t.Fatalf("Claim after Commit: %v", err)
 	}
-	if err := tx.Add("x", 1); !errors.Is(err, memstore.ErrTxDone) {
+	if err := tx.Add("x", 1); !errors.Is(err, memdedup.ErrTxDone) {
 		t.Fatalf("Add after Commit: %v", err)
 	}
-	other := newStore(t, memstore.Config{})
+	other := newStore(t, memdedup.Config{})
 	tx2 := begin(t, other)
-	if err := s.Commit(t.Context(), tx2); !errors.Is(err, memstore.ErrForeignTx) {
+	if err := s.Commit(t.Context(), tx2); !errors.Is(err, memdedup.ErrForeignTx) {
 		t.Fatalf("Commit of another store's tx: %v", err)
 	}
 	if s.OpenTxs() != 0 {
@@ -271,7 +271,7 @@ func TestTxDone(t *testing.T) {
 
 func TestRetention(t *testing.T) {
 	c := newClock()
-	s := newStore(t, memstore.Config{Now: c.Now, Retention: time.Hour})
+	s := newStore(t, memdedup.Config{Now: c.Now, Retention: time.Hour})
 	tx := begin(t, s)
 	claim(t, s, tx, rec("a", "1"))
 	commit(t, s, tx)
@@ -296,8 +296,8 @@ func TestFaults(t *testing.T) {
 	boom := errors.New("boom")
 
 	t.Run("begin", func(t *testing.T) {
-		s := newStore(t, memstore.Config{})
-		s.Inject(memstore.Fault{Op: memstore.OpBegin, Err: boom, Times: 2})
+		s := newStore(t, memdedup.Config{})
+		s.Inject(memdedup.Fault{Op: memdedup.OpBegin, Err: boom, Times: 2})
 		for range 2 {
 			if _, err := s.Begin(t.Context()); !errors.Is(err, boom) {
 				t.Fatalf("Begin: %v, want boom", err)
@@ -307,18 +307,18 @@ func TestFaults(t *testing.T) {
 	})
 
 	t.Run("claim", func(t *testing.T) {
-		s := newStore(t, memstore.Config{})
-		s.Inject(memstore.Fault{Op: memstore.OpClaim})
+		s := newStore(t, memdedup.Config{})
+		s.Inject(memdedup.Fault{Op: memdedup.OpClaim})
 		tx := begin(t, s)
-		if _, err := s.Claim(t.Context(), tx, "scope", []dedup.Record{rec("a", "1")}); !errors.Is(err, memstore.ErrInjected) {
+		if _, err := s.Claim(t.Context(), tx, "scope", []dedup.Record{rec("a", "1")}); !errors.Is(err, memdedup.ErrInjected) {
 			t.Fatalf("Claim: %v, want ErrInjected", err)
 		}
 		wantStates(t, claim(t, s, tx, rec("a", "1")), dedup.StateNew)
 	})
 
 	t.Run("commit", func(t *testing.T) {
-		s := newStore(t, memstore.Config{})
-		s.Inject(memstore.Fault{Op: memstore.OpCommit, Err: boom})
+		s := newStore(t, memdedup.Config{})
+		s.Inject(memdedup.Fault{Op: memdedup.OpCommit, Err: boom})
 		tx := begin(t, s)
 		claim(t, s, tx, rec("a", "1"))
 		_ = tx.Add("a", 1)
@@ -333,12 +333,12 @@ func TestFaults(t *testing.T) {
 	})
 
 	t.Run("commit-applied", func(t *testing.T) {
-		s := newStore(t, memstore.Config{})
-		s.Inject(memstore.Fault{Op: memstore.OpCommit, Applied: true})
+		s := newStore(t, memdedup.Config{})
+		s.Inject(memdedup.Fault{Op: memdedup.OpCommit, Applied: true})
 		tx := begin(t, s)
 		claim(t, s, tx, rec("a", "1"))
 		_ = tx.Add("a", 1)
-		if err := s.Commit(t.Context(), tx); !errors.Is(err, memstore.ErrInjected) {
+		if err := s.Commit(t.Context(), tx); !errors.Is(err, memdedup.ErrInjected) {
 			t.Fatalf("Commit: %v, want ErrInjected", err)
 		}
 		if s.Value("a") != 1 {
@@ -349,8 +349,8 @@ func TestFaults(t *testing.T) {
 	})
 
 	t.Run("forever-and-clear", func(t *testing.T) {
-		s := newStore(t, memstore.Config{})
-		s.Inject(memstore.Fault{Op: memstore.OpBegin, Times: -1})
+		s := newStore(t, memdedup.Config{})
+		s.Inject(memdedup.Fault{Op: memdedup.OpBegin, Times: -1})
 		for range 5 {
 			if _, err := s.Begin(t.Context()); err == nil {
 				t.Fatal("Begin succeeded under a permanent fault")
@@ -362,14 +362,14 @@ func TestFaults(t *testing.T) {
 }
 
 func TestEvents(t *testing.T) {
-	var hooked []memstore.Event
+	var hooked []memdedup.Event
 	var mu sync.Mutex
-	s := newStore(t, memstore.Config{OnEvent: func(e memstore.Event) {
+	s := newStore(t, memdedup.Config{OnEvent: func(e memdedup.Event) {
 		mu.Lock()
 		defer mu.Unlock()
 		hooked = append(hooked, e)
 	}})
-	s.Inject(memstore.Fault{Op: memstore.OpCommit, Times: 1})
+	s.Inject(memdedup.Fault{Op: memdedup.OpCommit, Times: 1})
 
 	tx := begin(t, s)
 	claim(t, s, tx, rec("a", "1"))
@@ -381,14 +381,14 @@ func TestEvents(t *testing.T) {
 	_ = s.Rollback(t.Context(), tx)
 
 	events := s.Events()
-	kinds := make([]memstore.EventKind, len(events))
+	kinds := make([]memdedup.EventKind, len(events))
 	for i, e := range events {
 		kinds[i] = e.Kind
 		if e.Seq != uint64(i+1) {
 			t.Fatalf("event %d has Seq %d", i, e.Seq)
 		}
 	}
-	want := []memstore.EventKind{memstore.EventBegin, memstore.EventCommitFailed, memstore.EventBegin, memstore.EventCommit, memstore.EventBegin, memstore.EventRollback}
+	want := []memdedup.EventKind{memdedup.EventBegin, memdedup.EventCommitFailed, memdedup.EventBegin, memdedup.EventCommit, memdedup.EventBegin, memdedup.EventRollback}
 	if fmt.Sprint(kinds) != fmt.Sprint(want) {
 		t.Fatalf("events %v, want %v", kinds, want)
 	}
@@ -403,7 +403,7 @@ func TestEvents(t *testing.T) {
 }
 
 func TestConcurrentClaimsApplyOnce(t *testing.T) {
-	s := newStore(t, memstore.Config{})
+	s := newStore(t, memdedup.Config{})
 	const workers, keys = 8, 50
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -454,7 +454,7 @@ func TestConcurrentClaimsApplyOnce(t *testing.T) {
 
 func TestLeases(t *testing.T) {
 	c := newClock()
-	s := newStore(t, memstore.Config{Now: c.Now, Retention: time.Hour})
+	s := newStore(t, memdedup.Config{Now: c.Now, Retention: time.Hour})
 	ls := s.Leases()
 	ctx := t.Context()
 	r := rec("k", "1")

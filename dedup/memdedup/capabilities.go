@@ -1,4 +1,4 @@
-package memstore
+package memdedup
 
 import "github.com/idemq/idemq/dedup"
 

@@ -1,4 +1,4 @@
-package memstore
+package memdedup
 
 import (
 	"context"
@@ -26,7 +26,7 @@ func (s *Store) RecordFailure(ctx context.Context, scope string, rec dedup.Recor
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if f := s.takeFault(OpRecordFailure); f != nil {
-		return 0, fmt.Errorf("memstore: record failure: %w", f.err())
+		return 0, fmt.Errorf("memdedup: record failure: %w", f.err())
 	}
 	if s.fails == nil {
 		s.fails = make(map[key]failureCount)

@@ -1,4 +1,4 @@
-package memstore
+package memdedup
 
 import (
 	"cmp"
@@ -16,20 +16,20 @@ import (
 // Errors returned by the store. Match them with errors.Is.
 var (
 	// ErrTxDone is returned when a committed or rolled-back Tx is used.
-	ErrTxDone = errors.New("memstore: transaction already committed or rolled back")
+	ErrTxDone = errors.New("memdedup: transaction already committed or rolled back")
 	// ErrForeignTx is returned when a Tx is passed to a Store that did not
 	// begin it.
-	ErrForeignTx = errors.New("memstore: transaction belongs to another store")
+	ErrForeignTx = errors.New("memdedup: transaction belongs to another store")
 	// ErrNoSavepoint is returned by RollbackToSavepoint without a savepoint.
-	ErrNoSavepoint = errors.New("memstore: no savepoint to roll back to")
+	ErrNoSavepoint = errors.New("memdedup: no savepoint to roll back to")
 	// ErrNotClaimed is returned by Unclaim for a key the transaction does
 	// not hold.
-	ErrNotClaimed = errors.New("memstore: key not claimed by this transaction")
+	ErrNotClaimed = errors.New("memdedup: key not claimed by this transaction")
 	// ErrDuplicateKey is returned by Claim when a key appears twice in one
 	// call or was already claimed by the same transaction.
-	ErrDuplicateKey = errors.New("memstore: key claimed twice in one transaction")
+	ErrDuplicateKey = errors.New("memdedup: key claimed twice in one transaction")
 	// ErrInjected is the default error of an injected fault.
-	ErrInjected = errors.New("memstore: injected fault")
+	ErrInjected = errors.New("memdedup: injected fault")
 )
 
 // Config configures a Store. The zero value is usable.
@@ -80,7 +80,7 @@ type Store struct {
 func New(cfg Config) (*Store, error) {
 	cfg = cfg.WithDefaults()
 	if cfg.Retention < 0 {
-		return nil, fmt.Errorf("memstore: Config.Retention must not be negative, got %s", cfg.Retention)
+		return nil, fmt.Errorf("memdedup: Config.Retention must not be negative, got %s", cfg.Retention)
 	}
 	return &Store{
 		cfg:     cfg,
@@ -175,7 +175,7 @@ func (s *Store) Commit(ctx context.Context, tx *Tx) error {
 		s.end(tx)
 		s.mu.Unlock()
 		s.emit(ev)
-		return fmt.Errorf("memstore: commit: %w", err)
+		return fmt.Errorf("memdedup: commit: %w", err)
 	}
 	keys := s.apply(tx)
 	s.end(tx)
@@ -215,7 +215,7 @@ func (s *Store) Savepoint(ctx context.Context, tx *Tx, releasePrevious bool) err
 	}
 	if releasePrevious {
 		if len(tx.marks) == 0 {
-			return fmt.Errorf("memstore: release of savepoint: %w", ErrNoSavepoint)
+			return fmt.Errorf("memdedup: release of savepoint: %w", ErrNoSavepoint)
 		}
 		tx.marks = tx.marks[:len(tx.marks)-1]
 	}
@@ -251,7 +251,7 @@ func (s *Store) Claim(ctx context.Context, tx *Tx, scope string, recs []dedup.Re
 	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(recs[a].Key, recs[b].Key) })
 	for i := 1; i < len(order); i++ {
 		if recs[order[i]].Key == recs[order[i-1]].Key {
-			return nil, fmt.Errorf("memstore: claim of key %q: %w", recs[order[i]].Key, ErrDuplicateKey)
+			return nil, fmt.Errorf("memdedup: claim of key %q: %w", recs[order[i]].Key, ErrDuplicateKey)
 		}
 	}
 
@@ -261,7 +261,7 @@ func (s *Store) Claim(ctx context.Context, tx *Tx, scope string, recs []dedup.Re
 		return nil, err
 	}
 	if f := s.takeFault(OpClaim); f != nil {
-		return nil, fmt.Errorf("memstore: claim: %w", f.err())
+		return nil, fmt.Errorf("memdedup: claim: %w", f.err())
 	}
 	claims := make([]dedup.Claim, len(recs))
 	for _, i := range order {
@@ -289,7 +289,7 @@ func (s *Store) claimOne(ctx context.Context, tx *Tx, k key, hash dedup.Hash) (d
 			tx.ops = append(tx.ops, op{kind: opClaim, k: k, rec: r})
 			return dedup.Claim{Key: k.key, State: dedup.StateNew}, nil
 		case r.owner == tx:
-			return dedup.Claim{}, fmt.Errorf("memstore: claim of key %q: %w", k.key, ErrDuplicateKey)
+			return dedup.Claim{}, fmt.Errorf("memdedup: claim of key %q: %w", k.key, ErrDuplicateKey)
 		case r.owner != nil:
 			released, owner := r.released, r.owner.id
 			s.mu.Unlock()
@@ -298,7 +298,7 @@ func (s *Store) claimOne(ctx context.Context, tx *Tx, k key, hash dedup.Hash) (d
 				s.mu.Lock()
 			case <-ctx.Done():
 				s.mu.Lock()
-				return dedup.Claim{}, fmt.Errorf("memstore: waiting for key %q held by transaction %d: %w", k.key, owner, ctx.Err())
+				return dedup.Claim{}, fmt.Errorf("memdedup: waiting for key %q held by transaction %d: %w", k.key, owner, ctx.Err())
 			}
 		default:
 			state := dedup.StateDone
@@ -325,7 +325,7 @@ func (s *Store) Unclaim(ctx context.Context, tx *Tx, scope, k string) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("memstore: unclaim of key %q in scope %q: %w", k, scope, ErrNotClaimed)
+	return fmt.Errorf("memdedup: unclaim of key %q in scope %q: %w", k, scope, ErrNotClaimed)
 }
 
 // Add adds delta to the named value when tx commits. Tests use it as the
@@ -389,7 +389,7 @@ func (s *Store) Record(scope, k string) (dedup.Entry, error) {
 	defer s.mu.Unlock()
 	r := s.records[key{scope, k}]
 	if r == nil || r.owner != nil || !s.cfg.Now().Before(r.expiresAt) {
-		return dedup.Entry{}, fmt.Errorf("memstore: key %q in scope %q: %w", k, scope, dedup.ErrNotFound)
+		return dedup.Entry{}, fmt.Errorf("memdedup: key %q in scope %q: %w", k, scope, dedup.ErrNotFound)
 	}
 	return dedup.Entry{Scope: scope, Key: k, PayloadHash: r.hash, ProcessedAt: r.processedAt, ExpiresAt: r.expiresAt}, nil
 }
