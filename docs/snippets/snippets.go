@@ -1,9 +1,9 @@
-// Package docsnippets holds the Go code blocks of docs/, so that they
+// Package snippets holds the Go code blocks of docs/, so that they
 // compile: .ci/check-docs requires every ```go block of the documentation to
-// be marked <!-- snippet: internal/docsnippets/snippets.go --> (or another
+// be marked <!-- snippet: docs/snippets/snippets.go --> (or another
 // compiled file) and each of its lines to be a line of that file. Nothing
 // imports this package; `go vet ./...` builds it.
-package docsnippets
+package snippets
 
 import (
 	"context"
