@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/consumer"
 )
 
 // minRetryQueueVersion is the first RabbitMQ release whose quorum queues
@@ -96,7 +97,7 @@ func parseVersion(v string) (major, minor int, ok bool) {
 }
 
 // DeadLetterReason returns why a message in the dead-letter queue was
-// dead-lettered: the HeaderReason header of a copy that idemq dead-lettered
+// dead-lettered: the consumer.MetaReason header of a copy that idemq dead-lettered
 // (a handler error, exhausted retries, a missing key), or, for a message the
 // broker dead-lettered by itself, the broker's reason from the
 // x-first-death-reason and x-first-death-queue headers, for example
@@ -105,7 +106,7 @@ func parseVersion(v string) (major, minor int, ok bool) {
 // consumers crashing or disconnecting while holding it), "broker: expired"
 // or "broker: rejected". It returns "" for a message with neither.
 func DeadLetterReason(headers amqp.Table) string {
-	if r, ok := headers[HeaderReason].(string); ok && r != "" {
+	if r, ok := headers[consumer.MetaReason].(string); ok && r != "" {
 		return r
 	}
 	r, _ := headers["x-first-death-reason"].(string)

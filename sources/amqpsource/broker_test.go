@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/consumer"
 )
 
 // A broker that cannot run at-least-once retry queues is refused with a
@@ -76,7 +77,7 @@ func TestDeadLetterReason(t *testing.T) {
 		h    amqp.Table
 		want string
 	}{
-		{amqp.Table{HeaderReason: "idemq: retries exhausted", "x-first-death-reason": "expired"}, "idemq: retries exhausted"},
+		{amqp.Table{consumer.MetaReason: "idemq: retries exhausted", "x-first-death-reason": "expired"}, "idemq: retries exhausted"},
 		{amqp.Table{"x-first-death-reason": "delivery_limit", "x-first-death-queue": "orders"}, "broker: delivery_limit in queue orders"},
 		{amqp.Table{"x-first-death-reason": "rejected"}, "broker: rejected"},
 		{amqp.Table{}, ""},

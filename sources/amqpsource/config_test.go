@@ -53,10 +53,10 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 // once in consumer.
 func TestDeadLetterMetadataNames(t *testing.T) {
 	for got, want := range map[string]string{
-		amqpsource.HeaderReason:         consumer.MetaReason,
-		amqpsource.HeaderAttempts:       consumer.MetaAttempts,
-		amqpsource.HeaderKey:            consumer.MetaKey,
-		amqpsource.HeaderDeadLetteredAt: consumer.MetaDeadLetteredAt,
+		consumer.MetaReason:         consumer.MetaReason,
+		consumer.MetaAttempts:       consumer.MetaAttempts,
+		consumer.MetaKey:            consumer.MetaKey,
+		consumer.MetaDeadLetteredAt: consumer.MetaDeadLetteredAt,
 	} {
 		if got != want {
 			t.Errorf("header %q, want %q", got, want)

@@ -84,8 +84,8 @@
 //     and the queue's delivery limit end the cycle.
 //   - Dead letters carry their reason. DeadLetter publishes a copy to
 //     Config.DeadLetterExchange / DeadLetterRoutingKey (default: the queue
-//     "<queue>.dlq" through the default exchange) with HeaderReason,
-//     HeaderAttempts, HeaderQueue, HeaderKey and HeaderDeadLetteredAt, and
+//     "<queue>.dlq" through the default exchange) with consumer.MetaReason,
+//     consumer.MetaAttempts, MetaQueue, consumer.MetaKey and consumer.MetaDeadLetteredAt, and
 //     acknowledges the original only after the broker confirmed the copy. If
 //     the destination does not exist the broker returns the copy (it is
 //     published with the mandatory flag), or closes the publishing channel

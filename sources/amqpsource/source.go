@@ -312,7 +312,7 @@ func (s *Source) retry(ctx context.Context, h *handle, attempt int, delay time.D
 
 // DeadLetter publishes a copy of msg to Config.DeadLetterExchange with
 // routing key Config.DeadLetterRoutingKey, with the reason in the
-// HeaderReason header and the attempt count, queue, key and time in the other
+// consumer.MetaReason header and the attempt count, queue, key and time in the other
 // Header* headers, waits for the broker's confirm, and only then acknowledges
 // msg. The reason (at most 4 KiB, a longer one ending with
 // " ...(truncated)"), queue and key are written as internal/metatext.Clean
@@ -348,12 +348,12 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 		}
 	}
 	p := copyOf(h.d)
-	p.Headers[HeaderReason] = metatext.Clean(reason.Error(), maxReasonBytes)
-	p.Headers[HeaderAttempts] = int64(attempts)
-	p.Headers[HeaderQueue] = metatext.Clean(s.cfg.Queue, maxReasonBytes)
-	p.Headers[HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
+	p.Headers[consumer.MetaReason] = metatext.Clean(reason.Error(), maxReasonBytes)
+	p.Headers[consumer.MetaAttempts] = int64(attempts)
+	p.Headers[MetaQueue] = metatext.Clean(s.cfg.Queue, maxReasonBytes)
+	p.Headers[consumer.MetaDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	if key != "" {
-		p.Headers[HeaderKey] = metatext.Clean(key, consumer.MaxKeyBytes)
+		p.Headers[consumer.MetaKey] = metatext.Clean(key, consumer.MaxKeyBytes)
 	}
 
 	pctx, cancel := publishContext(ctx, s.cfg.PublishTimeout)

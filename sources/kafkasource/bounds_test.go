@@ -88,7 +88,7 @@ func TestDeadLetterTruncatesLongReason(t *testing.T) {
 	if len(dead) != 1 {
 		t.Fatalf("dead-letter topic holds %d messages, want 1", len(dead))
 	}
-	got := header(dead[0], kafkasource.HeaderReason)
+	got := header(dead[0], consumer.MetaReason)
 	if len(got) > kafkasource.MaxReasonBytes || !strings.HasPrefix(got, "éé") || !strings.HasSuffix(got, "(truncated)") {
 		t.Fatalf("reason header of %d bytes (%.20q...), want at most %d ending with (truncated)", len(got), got, kafkasource.MaxReasonBytes)
 	}

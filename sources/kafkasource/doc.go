@@ -65,9 +65,9 @@
 // the process stops, the group redelivers it from the committed offset (with
 // Attempt starting again at 1). The runner's RetryPolicy bounds the attempts;
 // then DeadLetter writes a copy to the dead-letter topic
-// (Config.DeadLetterTopic, by default "<topic>.dlq") with HeaderReason,
-// HeaderAttempts, HeaderOriginTopic, HeaderOriginPartition,
-// HeaderOriginOffset, HeaderGroup, HeaderKey and HeaderDeadLetteredAt, waits
+// (Config.DeadLetterTopic, by default "<topic>.dlq") with consumer.MetaReason,
+// consumer.MetaAttempts, MetaOriginTopic, MetaOriginPartition,
+// MetaOriginOffset, MetaGroup, consumer.MetaKey and consumer.MetaDeadLetteredAt, waits
 // for all in-sync replicas, and only then commits. A poison message holds
 // back its partition's commit (and the later messages of its key) for the
 // retry policy's total backoff plus the time its dead-letter write takes to

@@ -53,7 +53,7 @@ func TestKeyOfPanicIsDeadLettered(t *testing.T) {
 	if len(dead) != 1 || string(dead[0].Value) != "boom" {
 		t.Fatalf("dead-letter topic holds %d messages, want only boom", len(dead))
 	}
-	if reason := header(dead[0], kafkasource.HeaderReason); !strings.Contains(reason, "index out of range") ||
+	if reason := header(dead[0], consumer.MetaReason); !strings.Contains(reason, "index out of range") ||
 		!strings.Contains(reason, consumer.ErrMissingKey.Error()) {
 		t.Fatalf("dead-letter reason %q: want ErrMissingKey and the panic", reason)
 	}
@@ -83,7 +83,7 @@ func TestRequireKeyDeadLettersKeylessRecords(t *testing.T) {
 	}
 	dead := readTopic(t, brokers, kafkasource.DeadLetterTopic(topic))
 	if len(dead) != 1 || string(dead[0].Value) != "keyless" ||
-		!strings.Contains(header(dead[0], kafkasource.HeaderReason), consumer.ErrMissingKey.Error()) {
+		!strings.Contains(header(dead[0], consumer.MetaReason), consumer.ErrMissingKey.Error()) {
 		t.Fatalf("dead letters %d, want the keyless record with ErrMissingKey", len(dead))
 	}
 }

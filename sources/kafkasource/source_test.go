@@ -279,23 +279,23 @@ func TestDeadLetterWritesCopyAndCommits(t *testing.T) {
 	}
 	d := dead[0]
 	want := map[string]string{
-		kafkasource.HeaderReason:          reason.Error(),
-		kafkasource.HeaderAttempts:        "3",
-		kafkasource.HeaderOriginTopic:     topic,
-		kafkasource.HeaderOriginPartition: "0",
-		kafkasource.HeaderOriginOffset:    "0",
-		kafkasource.HeaderGroup:           group,
-		kafkasource.HeaderKey:             "bad-1",
-		kafkasource.DefaultKeyHeader:      "bad-1",
-		"trace":                           "t1",
+		consumer.MetaReason:             reason.Error(),
+		consumer.MetaAttempts:           "3",
+		kafkasource.MetaOriginTopic:     topic,
+		kafkasource.MetaOriginPartition: "0",
+		kafkasource.MetaOriginOffset:    "0",
+		kafkasource.MetaGroup:           group,
+		consumer.MetaKey:                "bad-1",
+		kafkasource.DefaultKeyHeader:    "bad-1",
+		"trace":                         "t1",
 	}
 	for k, v := range want {
 		if got := header(d, k); got != v {
 			t.Errorf("dead letter header %s = %q, want %q", k, got, v)
 		}
 	}
-	if string(d.Value) != "poison" || string(d.Key) != "acct" || header(d, kafkasource.HeaderDeadLetteredAt) == "" {
-		t.Errorf("dead letter value/key/time = %q/%q/%q", d.Value, d.Key, header(d, kafkasource.HeaderDeadLetteredAt))
+	if string(d.Value) != "poison" || string(d.Key) != "acct" || header(d, consumer.MetaDeadLetteredAt) == "" {
+		t.Errorf("dead letter value/key/time = %q/%q/%q", d.Value, d.Key, header(d, consumer.MetaDeadLetteredAt))
 	}
 }
 

@@ -46,8 +46,8 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 // defined once in consumer.
 func TestDeadLetterMetadataNames(t *testing.T) {
 	for got, want := range map[string]string{
-		sqssource.AttrReason:   consumer.MetaReason,
-		sqssource.AttrAttempts: consumer.MetaAttempts,
+		consumer.MetaReason:   consumer.MetaReason,
+		consumer.MetaAttempts: consumer.MetaAttempts,
 	} {
 		if got != want {
 			t.Errorf("attribute %q, want %q", got, want)

@@ -18,23 +18,20 @@ import (
 )
 
 // Message attributes that DeadLetter adds to the copy it sends to
-// Config.DeadLetterQueueURL.
+// Config.DeadLetterQueueURL: consumer.MetaReason, the error that sent the
+// message there (at most 2 KiB of its text, a longer one cut and ending with
+// " ...(truncated)"; characters SQS refuses in an attribute (control
+// characters, invalid UTF-8, U+FFFE, U+FFFF) are written as Go escapes
+// (\x01)), consumer.MetaAttempts, the number of attempts made (a Number
+// attribute), and the SQS fields below.
 const (
-	// AttrReason holds the error that sent the message to the dead-letter
-	// queue: at most 2 KiB of its text, a longer one cut and ending with
-	// " ...(truncated)"; characters SQS refuses in an attribute (control
-	// characters, invalid UTF-8, U+FFFE, U+FFFF) are written as Go escapes
-	// (\x01).
-	AttrReason = consumer.MetaReason
-	// AttrAttempts holds the number of attempts made (a Number attribute).
-	AttrAttempts = consumer.MetaAttempts
-	// AttrSourceQueue holds the URL of the queue the message came from.
-	AttrSourceQueue = "idemq-source-queue"
-	// AttrMessageID holds the MessageId of the original message.
-	AttrMessageID = "idemq-message-id"
+	// MetaSourceQueue holds the URL of the queue the message came from.
+	MetaSourceQueue = "idemq-source-queue"
+	// MetaMessageID holds the MessageId of the original message.
+	MetaMessageID = "idemq-message-id"
 )
 
-// maxReasonBytes bounds the reason text stored in AttrReason.
+// maxReasonBytes bounds the reason text stored in consumer.MetaReason.
 const maxReasonBytes = 2048
 
 // maxMessageAttributes is the number of message attributes SQS accepts on one
@@ -48,8 +45,8 @@ const fifoDeadLetterGroup = "idemq-dead-letters"
 // DeadLetter routes msg to the dead-letter queue.
 //
 // With Config.DeadLetterQueueURL it sends a copy there (same body, its
-// message attributes, plus AttrReason, AttrAttempts, AttrSourceQueue and
-// AttrMessageID; on FIFO queues the same MessageGroupId and the original
+// message attributes, plus consumer.MetaReason, consumer.MetaAttempts, MetaSourceQueue and
+// MetaMessageID; on FIFO queues the same MessageGroupId and the original
 // MessageId as MessageDeduplicationId), and deletes the original only after
 // the send succeeded. Until both succeeded the original stays in flight (its
 // visibility extended and, on a FIFO queue, its group blocked). If either
@@ -186,10 +183,10 @@ func (s *Source) deadLetterAttributes(ctx context.Context, h *handle, reason err
 		text = "unknown" // SQS refuses an empty String attribute
 	}
 	attrs := map[string]types.MessageAttributeValue{
-		AttrReason:      {DataType: aws.String("String"), StringValue: aws.String(text)},
-		AttrAttempts:    {DataType: aws.String("Number"), StringValue: aws.String(strconv.Itoa(attempts))},
-		AttrSourceQueue: {DataType: aws.String("String"), StringValue: aws.String(metatext.Clean(s.cfg.QueueURL, maxReasonBytes))},
-		AttrMessageID:   {DataType: aws.String("String"), StringValue: aws.String(metatext.Clean(h.id, maxReasonBytes))},
+		consumer.MetaReason:   {DataType: aws.String("String"), StringValue: aws.String(text)},
+		consumer.MetaAttempts: {DataType: aws.String("Number"), StringValue: aws.String(strconv.Itoa(attempts))},
+		MetaSourceQueue:       {DataType: aws.String("String"), StringValue: aws.String(metatext.Clean(s.cfg.QueueURL, maxReasonBytes))},
+		MetaMessageID:         {DataType: aws.String("String"), StringValue: aws.String(metatext.Clean(h.id, maxReasonBytes))},
 	}
 	names := make([]string, 0, len(h.raw.MessageAttributes))
 	for name := range h.raw.MessageAttributes {

@@ -17,6 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/sources/amqpsource"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/sqssource"
@@ -155,7 +156,7 @@ func (k *kafkaBroker) deadLetters(ctx context.Context, seen map[string]int) erro
 		k.dlqNext = m.Offset + 1
 		key := ""
 		for _, h := range m.Headers {
-			if h.Key == kafkasource.HeaderKey || (key == "" && h.Key == kafkasource.DefaultKeyHeader) {
+			if h.Key == consumer.MetaKey || (key == "" && h.Key == kafkasource.DefaultKeyHeader) {
 				key = string(h.Value)
 			}
 		}
@@ -391,7 +392,7 @@ func (a *amqpBroker) deadLetters(_ context.Context, seen map[string]int) error {
 		if err != nil || !ok {
 			return err
 		}
-		if k, ok := d.Headers[amqpsource.HeaderKey].(string); ok {
+		if k, ok := d.Headers[consumer.MetaKey].(string); ok {
 			seen[k]++
 		} else if k, ok := d.Headers[amqpsource.DefaultKeyHeader].(string); ok {
 			seen[k]++
