@@ -85,7 +85,7 @@ FUZZ_TARGETS := \
 	./consumer:FuzzValidKey ./consumer:FuzzPrepare ./consumer:FuzzDecodeJSON \
 	./sources/amqpsource:FuzzHeaderReaders ./sources/amqpsource:FuzzToMessage \
 	./sources/sqssource:FuzzMessage ./sources/sqssource:FuzzDeadLetterAttributes ./sources/sqssource:FuzzParseMaxReceiveCount \
-	./sources/kafkasource:FuzzKeyOf ./sources/kafkasource:FuzzDeadLetterCopy \
+	./sources/kafkasource:FuzzKeyFunc ./sources/kafkasource:FuzzDeadLetterCopy \
 	./dedup/redisdedup:FuzzRedisKey ./dedup/redisdedup:FuzzRedisKeyPairs \
 	./dedup/internal/sqlstore:FuzzRender ./internal/redact:FuzzString ./internal/metatext:FuzzClean
 FUZZTIME ?= 10s

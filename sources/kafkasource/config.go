@@ -112,12 +112,12 @@ type Config struct {
 	// Defaults to DefaultKeyHeader ("idempotency-key").
 	KeyHeader string
 
-	// KeyOf, when set, computes Message.Key from the Kafka message instead
+	// KeyFunc, when set, computes Message.Key from the Kafka message instead
 	// of KeyHeader (for example from a field of the body). An empty result
 	// means "no key", as a missing header does. A panic is recovered: the
 	// message is dead-lettered with consumer.ErrMissingKey and the panic as
 	// the reason. It is called from one goroutine. Defaults to nil.
-	KeyOf func(kafka.Message) string
+	KeyFunc func(kafka.Message) string
 
 	// Ordering chooses the PartitionKey: the Kafka message key
 	// (OrderByKey) or the partition (OrderByPartition). Defaults to

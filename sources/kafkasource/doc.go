@@ -90,7 +90,7 @@
 // # Deduplication key
 //
 // Message.Key is the value of the Config.KeyHeader header ("idempotency-key"
-// by default) or the result of Config.KeyOf. A message without one gets an
+// by default) or the result of Config.KeyFunc. A message without one gets an
 // empty Key, and the runner's default key is then Message.ID,
 // "topic/partition/offset". That fallback recognises every redelivery of the
 // same record (after a crash, a rebalance or a failed commit), but not a
@@ -98,7 +98,7 @@
 // idempotent producer, an outbox relayed twice): those are two records with
 // two offsets, and both are applied. Give events a key header, or set
 // consumer.Config.KeyFunc to consumer.RequireKey to dead-letter messages that
-// have none. A Config.KeyOf that panics is recovered: the message is
+// have none. A Config.KeyFunc that panics is recovered: the message is
 // dead-lettered with consumer.ErrMissingKey and the panic as the reason.
 //
 // # Rebalances

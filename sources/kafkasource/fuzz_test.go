@@ -25,44 +25,44 @@ func fuzzHeaders(spec string) []kafka.Header {
 	return hs
 }
 
-// FuzzKeyOf checks that keyOf returns the value of the last key header, and
-// exactly what Config.KeyOf returns when one is set, or its panic as a
+// FuzzKeyFunc checks that keyOf returns the value of the last key header, and
+// exactly what Config.KeyFunc returns when one is set, or its panic as a
 // *consumer.PanicError.
-func FuzzKeyOf(f *testing.F) {
+func FuzzKeyFunc(f *testing.F) {
 	f.Add("idempotency-key=k1", "", false)
 	f.Add("idempotency-key=k1\nidempotency-key=k2", "", false)
 	f.Add("other=x\nidempotency-key=", "", false)
 	f.Add("Idempotency-Key=upper", "", false)
 	f.Add("h=1", "custom", false)
 	f.Add("idempotency-key=\xff\x00", "x-key", true)
-	f.Fuzz(func(t *testing.T, spec, keyHeader string, useKeyOf bool) {
+	f.Fuzz(func(t *testing.T, spec, keyHeader string, useKeyFunc bool) {
 		cfg := Config{KeyHeader: keyHeader}
 		if cfg.KeyHeader == "" {
 			cfg.KeyHeader = DefaultKeyHeader
 		}
-		if useKeyOf {
-			// A KeyOf that panics on some bodies, as one indexing a
+		if useKeyFunc {
+			// A KeyFunc that panics on some bodies, as one indexing a
 			// malformed body would.
-			cfg.KeyOf = func(km kafka.Message) string { return "fn:" + string(km.Value[len(km.Value)%7]) }
+			cfg.KeyFunc = func(km kafka.Message) string { return "fn:" + string(km.Value[len(km.Value)%7]) }
 		}
 		s := &Source{cfg: cfg}
 		km := kafka.Message{Topic: "t", Value: []byte(spec), Headers: fuzzHeaders(spec)}
 		got, err := s.keyOf(km)
-		if useKeyOf {
+		if useKeyFunc {
 			if len(spec) < 7 { // the index len%7 is out of range
 				var pe *consumer.PanicError
 				if !errors.As(err, &pe) || got != "" {
-					t.Fatalf("keyOf with a panicking KeyOf = %q, %v; want a *consumer.PanicError", got, err)
+					t.Fatalf("keyOf with a panicking KeyFunc = %q, %v; want a *consumer.PanicError", got, err)
 				}
 				return
 			}
 			if want := "fn:" + string(spec[len(spec)%7]); err != nil || got != want {
-				t.Fatalf("keyOf = %q, %v; KeyOf returned %q", got, err, want)
+				t.Fatalf("keyOf = %q, %v; KeyFunc returned %q", got, err, want)
 			}
 			return
 		}
 		if err != nil {
-			t.Fatalf("keyOf without a KeyOf failed: %v", err)
+			t.Fatalf("keyOf without a KeyFunc failed: %v", err)
 		}
 		want := ""
 		for _, h := range km.Headers {

@@ -103,7 +103,7 @@ type entry struct {
 	km           kafka.Message
 	id           string
 	key          string
-	keyErr       error // Config.KeyOf panicked
+	keyErr       error // Config.KeyFunc panicked
 	partitionKey string
 
 	// What the ledger reads: offset, generation tag (see observeGeneration)

@@ -98,13 +98,13 @@ func TestReceiveFillsMessage(t *testing.T) {
 	}
 }
 
-func TestKeyOfAndOrderByPartition(t *testing.T) {
+func TestKeyFuncAndOrderByPartition(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
 	publish(t, brokers, topic, sourcetest.Outgoing{Body: []byte("b"), PartitionKey: "k"})
 	cfg := testConfig(t, brokers, topic, runtest.UniqueName(t, "g"))
-	cfg.KeyOf = func(m kafka.Message) string { return "from-func-" + string(m.Value) }
+	cfg.KeyFunc = func(m kafka.Message) string { return "from-func-" + string(m.Value) }
 	cfg.Ordering = kafkasource.OrderByPartition
 	m := receiveN(t, openSource(t, cfg), 1, waitTimeout)[0]
 	if m.Key != "from-func-b" || m.PartitionKey != topic+"/0" {

@@ -16,10 +16,10 @@ import (
 	"github.com/idemq/idemq/sources/sourcetest"
 )
 
-// A Config.KeyOf that panics on one malformed record must not crash the
+// A Config.KeyFunc that panics on one malformed record must not crash the
 // fetch loop (and the process): the record is dead-lettered with the panic as
 // its reason, and the records around it are handled.
-func TestKeyOfPanicIsDeadLettered(t *testing.T) {
+func TestKeyFuncPanicIsDeadLettered(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
@@ -28,7 +28,7 @@ func TestKeyOfPanicIsDeadLettered(t *testing.T) {
 		sourcetest.Outgoing{Body: []byte("a")}, sourcetest.Outgoing{Body: []byte("boom")}, sourcetest.Outgoing{Body: []byte("b")})
 
 	cfg := testConfig(t, brokers, topic, group)
-	cfg.KeyOf = func(m kafka.Message) string {
+	cfg.KeyFunc = func(m kafka.Message) string {
 		if string(m.Value) == "boom" {
 			var fields []string
 			return fields[3] // index out of range
