@@ -127,10 +127,10 @@ type Stats struct {
 	// Unroutable is the number of dead-letter copies the broker returned
 	// because the dead-letter destination does not exist.
 	Unroutable uint64
-	// Requeued is the number of deliveries handed back to their queue
+	// Released is the number of deliveries handed back to their queue
 	// (basic.reject with requeue) because their retry or dead-letter copy
 	// could not be published.
-	Requeued uint64
+	Released uint64
 }
 
 // Stats returns a snapshot of the source's counters. It is safe to call at
@@ -141,7 +141,7 @@ func (s *Source) Stats() Stats {
 		StaleDropped: s.stats.staleDropped.Load(),
 		StaleSettles: s.stats.staleSettles.Load(),
 		Unroutable:   s.stats.unroutable.Load(),
-		Requeued:     s.stats.requeued.Load(),
+		Released:     s.stats.requeued.Load(),
 		Acked:        s.stats.acked.Load(),
 		AckFrames:    s.stats.ackFrames.Load(),
 	}

@@ -59,8 +59,8 @@ func TestDeadLetterFailureBoundsUncommitted(t *testing.T) {
 	}
 	time.Sleep(time.Second) // time for the fetcher to overrun the bound
 	s := src.Stats()
-	if s.Fetched != 4 || s.Uncommitted != 4 {
-		t.Fatalf("Stats.Fetched = %d, Uncommitted = %d behind a stuck dead-letter write, want 4 and 4 (MaxUncommitted)", s.Fetched, s.Uncommitted)
+	if s.Received != 4 || s.Uncommitted != 4 {
+		t.Fatalf("Stats.Received = %d, Uncommitted = %d behind a stuck dead-letter write, want 4 and 4 (MaxUncommitted)", s.Received, s.Uncommitted)
 	}
 	if s.DeadLetterStuck != 1 || s.DeadLetterFailures != uint64(failures) {
 		t.Fatalf("Stats.DeadLetterStuck = %d, DeadLetterFailures = %d, want 1 and %d", s.DeadLetterStuck, s.DeadLetterFailures, failures)
