@@ -46,7 +46,9 @@
 //   - Claim: asking the store for a key; its answer is a dedup.State (new,
 //     done, mismatch, ...). A lease is the lease path's claim: a
 //     token-guarded, expiring hold on a key (dedup.LeaseStore), refreshed
-//     while the handler runs, then completed (marked done) or released.
+//     while the handler runs, then completed (marked done) or abandoned
+//     (LeaseStore.Abandon, after a failed effect). Release is a settle
+//     (below), never something done to a lease.
 //   - Duplicate: a delivery of a key that is already recorded with the same
 //     payload. It is acknowledged without running the handler. The same
 //     key with another payload is a mismatch (ErrPayloadMismatch), never a
@@ -95,7 +97,7 @@
 // # Failures
 //
 // A handler error or panic rolls back the handler's writes and its record (or
-// releases its lease) and the message is retried with backoff
+// abandons its lease) and the message is retried with backoff
 // (RetryPolicy) until RetryPolicy.MaxAttempts, then dead-lettered with the
 // reason. Attempts are handler failures: when the path's store implements
 // dedup.FailureCounter (pgdedup, sqldedup and redisdedup do), the runner

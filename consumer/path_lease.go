@@ -246,7 +246,7 @@ func (p *leasePath) refreshQueued(ctx context.Context, r *Runner, batch []*job, 
 }
 
 func (p *leasePath) release(ctx context.Context, r *Runner, key, token string) {
-	if err := p.store.Release(ctx, r.cfg.Name, key, token); err != nil {
+	if err := p.store.Abandon(ctx, r.cfg.Name, key, token); err != nil {
 		r.storeOut.warn(ctx, r.log, "release of lease failed; it expires by itself",
 			slog.String(LogKeyKey, key), slog.Any(LogKeyError, err))
 	}

@@ -9,7 +9,7 @@
 //     (PostgreSQL through pgx v5) and dedup/sqldedup (database/sql).
 //
 //   - LeaseStore guards effects that cannot join a transaction with a
-//     token-checked lease: claim, refresh, complete, release. A crash after the
+//     token-checked lease: claim, refresh, complete, abandon. A crash after the
 //     effect and before Complete lets the effect repeat once the lease expires;
 //     the key handed to the handler lets the downstream system close that
 //     window. Implementation: dedup/redisdedup.

@@ -17,7 +17,7 @@
 // forward.
 //
 // The lease path follows dedup.LeaseStore: a token-guarded lease that
-// expires, can be refreshed, completed (kept for the retention) or released.
+// expires, can be refreshed, completed (kept for the retention) or abandoned.
 //
 // # Observation and faults
 //

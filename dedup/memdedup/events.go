@@ -24,9 +24,9 @@ const (
 	// EventComplete reports a lease marked done (lease path); Event.Keys
 	// holds its key.
 	EventComplete
-	// EventRelease reports a lease released after a failed effect (lease
+	// EventAbandon reports a lease abandoned after a failed effect (lease
 	// path); Event.Keys holds its key.
-	EventRelease
+	EventAbandon
 )
 
 // String returns the kind's name.
@@ -42,8 +42,8 @@ func (k EventKind) String() string {
 		return "rollback"
 	case EventComplete:
 		return "complete"
-	case EventRelease:
-		return "release"
+	case EventAbandon:
+		return "abandon"
 	}
 	return fmt.Sprintf("EventKind(%d)", int(k))
 }

@@ -114,9 +114,9 @@ func (ls *Leases) Complete(ctx context.Context, scope, k, token string, retentio
 	return nil
 }
 
-// Release drops the lease held by token; it changes nothing if token does not
+// Abandon drops the lease held by token; it changes nothing if token does not
 // hold it.
-func (ls *Leases) Release(ctx context.Context, scope, k, token string) error {
+func (ls *Leases) Abandon(ctx context.Context, scope, k, token string) error {
 	s := ls.s
 	if err := ctx.Err(); err != nil {
 		return err
@@ -128,7 +128,7 @@ func (ls *Leases) Release(ctx context.Context, scope, k, token string) error {
 		return nil
 	}
 	delete(s.leases, kk)
-	ev := s.event(EventRelease, 0, []Key{{Scope: scope, Key: k}}, nil)
+	ev := s.event(EventAbandon, 0, []Key{{Scope: scope, Key: k}}, nil)
 	s.mu.Unlock()
 	s.emit(ev)
 	return nil

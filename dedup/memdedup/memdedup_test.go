@@ -469,8 +469,8 @@ func TestLeases(t *testing.T) {
 	if err := ls.Refresh(ctx, "scope", "k", "t2", time.Minute); !errors.Is(err, dedup.ErrLeaseLost) {
 		t.Fatalf("Refresh with a foreign token: %v", err)
 	}
-	if err := ls.Release(ctx, "scope", "k", "t2"); err != nil {
-		t.Fatalf("Release with a foreign token: %v, want nil", err)
+	if err := ls.Abandon(ctx, "scope", "k", "t2"); err != nil {
+		t.Fatalf("Abandon with a foreign token: %v, want nil", err)
 	}
 	if e, err := ls.Inspect(ctx, "scope", "k"); err != nil || !e.InProgress {
 		t.Fatalf("Inspect of a held lease: %+v %v", e, err)
@@ -502,15 +502,15 @@ func TestLeases(t *testing.T) {
 		t.Fatalf("Inspect of a done key: %+v %v", e, err)
 	}
 
-	// Release after a failure frees the key at once.
+	// Abandon after a failure frees the key at once.
 	if cl, _ := ls.Claim(ctx, "scope", rec("j", "1"), "t4", time.Minute); cl.State != dedup.StateNew {
 		t.Fatal("Claim of j")
 	}
-	if err := ls.Release(ctx, "scope", "j", "t4"); err != nil {
+	if err := ls.Abandon(ctx, "scope", "j", "t4"); err != nil {
 		t.Fatal(err)
 	}
 	if cl, _ := ls.Claim(ctx, "scope", rec("j", "1"), "t5", time.Minute); cl.State != dedup.StateNew {
-		t.Fatalf("Claim after Release: %v", cl.State)
+		t.Fatalf("Claim after Abandon: %v", cl.State)
 	}
 
 	// Retention ends.

@@ -225,17 +225,17 @@ func (s *Store) complete(ctx context.Context, scope, key, token string, retentio
 	return nil
 }
 
-// Release deletes the lease token holds on key after a failed effect, so
+// Abandon deletes the lease token holds on key after a failed effect, so
 // that a retry can claim the key at once. If token does not hold the key
-// (its lease expired, another token holds it, or it is done), Release changes
+// (its lease expired, another token holds it, or it is done), Abandon changes
 // nothing and returns nil.
-func (s *Store) Release(ctx context.Context, scope, key, token string) error {
+func (s *Store) Abandon(ctx context.Context, scope, key, token string) error {
 	if key == "" || token == "" {
-		return fmt.Errorf("redisdedup: release: %w: empty key or token", ErrInvalidArgument)
+		return fmt.Errorf("redisdedup: abandon: %w: empty key or token", ErrInvalidArgument)
 	}
-	if err := releaseScript.Run(ctx, s.rdb, []string{s.RedisKey(scope, key)}, token).Err(); err != nil {
+	if err := abandonScript.Run(ctx, s.rdb, []string{s.RedisKey(scope, key)}, token).Err(); err != nil {
 		s.reloadOn(err)
-		return fmt.Errorf("redisdedup: release %q: %w", key, err)
+		return fmt.Errorf("redisdedup: abandon %q: %w", key, err)
 	}
 	return nil
 }

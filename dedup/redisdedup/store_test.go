@@ -126,7 +126,7 @@ func TestInvalidArguments(t *testing.T) {
 		"claim zero lease":      errOf(s.Claim(ctx, scope, dedup.Record{Key: "k", PayloadHash: h}, token(), 0)),
 		"refresh negative":      s.Refresh(ctx, scope, "k", token(), -time.Second),
 		"complete no retention": s.Complete(ctx, scope, "k", token(), 0),
-		"release empty token":   s.Release(ctx, scope, "k", ""),
+		"abandon empty token":   s.Abandon(ctx, scope, "k", ""),
 	}
 	for name, err := range checks {
 		if !errors.Is(err, redisdedup.ErrInvalidArgument) {
