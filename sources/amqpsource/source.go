@@ -408,14 +408,14 @@ func (s *Source) copyFailed(ctx context.Context, h *handle, err error, floor tim
 		Jitter:         0.2,
 	}.Backoff(int(min(n, 32)))
 	hold := min(max(floor, backoff), s.cfg.UnroutableDelay)
-	s.requeueLater(context.WithoutCancel(ctx), h, hold)
+	s.handBackLater(context.WithoutCancel(ctx), h, hold)
 	return fmt.Errorf("%w; the original returns to the queue in %s", err, hold.Round(time.Millisecond))
 }
 
-// requeueLater hands h back to its queue after hold, unless its channel
+// handBackLater hands h back to its queue after hold, unless its channel
 // dies first (the broker then requeues it itself). Until then h's tag stays
 // pending, so that no multiple-ack covers it. Its log lines carry ctx.
-func (s *Source) requeueLater(ctx context.Context, h *handle, hold time.Duration) {
+func (s *Source) handBackLater(ctx context.Context, h *handle, hold time.Duration) {
 	go func() {
 		t := time.NewTimer(hold)
 		defer t.Stop()

@@ -73,7 +73,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 			e.deadLetterFailures++
 			failures = e.deadLetterFailures
 			s.ledger.block(e)
-			s.redeliverLocked(e, msg.Attempt, s.cfg.DeadLetterRetryDelay)
+			s.handBackLocked(e, msg.Attempt, s.cfg.DeadLetterRetryDelay)
 		}
 		s.mu.Unlock()
 		level := slog.LevelWarn

@@ -104,7 +104,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 				consumer.LogKeyID, h.id, "size", len(aws.ToString(h.raw.Body)), "limit", s.deadLetterLimit)
 			attrs = nil
 		case !fits:
-			s.putBack(ctx, h)
+			s.handBack(ctx, h)
 			return fmt.Errorf("sqssource: dead letter %s: its body (%d bytes) is larger than the dead-letter queue's MaximumMessageSize (%d) and the queue has no redrive policy (the original stays and comes back)",
 				h.id, len(aws.ToString(h.raw.Body)), s.deadLetterLimit)
 		case cut || len(dropped) > 0:
@@ -141,12 +141,12 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	_, err = s.client.SendMessage(sctx, in)
 	cancel()
 	if err != nil {
-		s.putBack(ctx, h)
+		s.handBack(ctx, h)
 		return fmt.Errorf("sqssource: dead letter %s: send to the dead-letter queue (the original stays and comes back): %w", h.id, err)
 	}
 	if failed, err := s.deleteBatch(ctx, []*handle{h}); len(failed) > 0 {
 		s.stats.deleteFailures.Add(1)
-		s.putBack(ctx, h)
+		s.handBack(ctx, h)
 		return fmt.Errorf("sqssource: dead letter %s was written, but deleting the original failed (it comes back and is dead-lettered again): %w",
 			h.id, &BatchError{Op: "DeleteMessageBatch", Entries: failed, Err: err})
 	}
@@ -161,11 +161,11 @@ func (s *Source) redriveDelay(h *handle) time.Duration {
 	return min(max(s.cfg.RedriveDelay, 0), MaxVisibility-time.Since(h.receivedAt)-time.Second)
 }
 
-// putBack hands h back to the queue after a failed dead-letter attempt: it
+// handBack hands h back to the queue after a failed dead-letter attempt: it
 // becomes visible after Config.RedriveDelay, and in strict FIFO order the
 // later messages of its group go back to follow it. A failure is logged: h
 // then comes back when its current visibility timeout ends.
-func (s *Source) putBack(ctx context.Context, h *handle) {
+func (s *Source) handBack(ctx context.Context, h *handle) {
 	if err := s.setVisibility(ctx, h, s.redriveDelay(h)); err != nil {
 		s.log.WarnContext(ctx, "handing back a message that was not dead-lettered failed; it returns after its visibility timeout",
 			consumer.LogKeyID, h.id, consumer.LogKeyError, err)
