@@ -1,4 +1,5 @@
-// Package memdedup is an in-memory deduplication store for tests: a
+// Package memdedup is the in-memory deduplication store, the fake that unit
+// tests and the demo use in place of a database: a
 // dedup.TxStore[*memdedup.Tx] for the transactional path and, through
 // Store.Leases, a dedup.LeaseStore for the lease path, with the semantics of
 // the real stores, an event log and scripted faults.
@@ -37,6 +38,6 @@
 // crash and before Complete can happen again once the lease expires.
 //
 // A Store is safe for concurrent use; a Tx must be used by one goroutine at a
-// time. Nothing is persisted: the package is meant for unit tests and the
-// source conformance suite, never for production.
+// time. Nothing is persisted: the package is meant for unit tests, the
+// source conformance suite and the demo, never for production.
 package memdedup
