@@ -16,10 +16,10 @@ TEST_FLAGS ?= -p 1 -count=1 -timeout 30m
 # test runs no second, plain pass of them.
 RESTART_BROKERS := ./sources/amqpsource ./sources/kafkasource
 RESTART_REDIS   := ./dedup/redisdedup ./internal/leasepath ./internal/testenv
-RACE_CORE       := ./consumer/... ./dedup/... ./internal/leasepath ./internal/memstore ./sources/memsource
+RACE_CORE       := ./consumer/... ./dedup/... ./internal/leasepath ./dedup/memdedup ./sources/memsource
 # The longest packages start first, so that two at a time do not end with
 # one of them running alone.
-SLOW_FIRST      := ./sources/sqssource ./dedup/sqldedup ./consumer ./internal/demo ./sources/dlq \
+SLOW_FIRST      := ./sources/sqssource ./dedup/sqldedup ./consumer ./cmd/internal/demo ./sources/dlq \
 	./sinks/outbox/amqpoutbox ./consumer/otelidemq ./cmd/idemq ./sinks/outbox/internal/chain
 TEST_RUN        ?= -count=1 -timeout 30m
 # Filters of go list's output (import paths, order kept): only the packages
@@ -69,7 +69,7 @@ CHAOS_FLAGS ?=
 
 .PHONY: chaos
 chaos: services ## SIGKILL workers and PostgreSQL backends on Kafka, SQS, RabbitMQ and the Redis lease path; kill a Kafka node and a Redis Cluster master, restart RabbitMQ and PostgreSQL; prove one effect per key, none missing, poison dead-lettered (CHAOS=short|long, CHAOS_FLAGS).
-	$(WITH_ENV) CHAOS=$(CHAOS) $(GO) run ./internal/chaos $(CHAOS_FLAGS)
+	$(WITH_ENV) CHAOS=$(CHAOS) $(GO) run ./cmd/internal/chaos $(CHAOS_FLAGS)
 
 # test-short points every service at a closed loopback port (and the
 # services' state directory nowhere), so a test that needs a service and does
@@ -86,23 +86,23 @@ test-short: ## Unit tests only: no service needed (and none used: every service 
 
 .PHONY: bench
 bench: services ## PostgreSQL path vs hand-written careful and set-based workers: msg/s, ratios, round trips, statements, XIDs per message (BENCH_FLAGS=-sweep for batch sizes).
-	$(WITH_ENV) $(GO) run ./internal/bench/core $(BENCH_FLAGS)
+	$(WITH_ENV) $(GO) run ./cmd/internal/bench/core $(BENCH_FLAGS)
 
 .PHONY: bench-http
 bench-http: services ## POST /charges with Idempotency-Key: httpsource on pgdedup vs a careful hand-written net/http + pgx handler at 1/16/64 clients: req/s, p50/p99, ratios, two alternating rounds (BENCH_FLAGS=-duration 10s ...).
-	$(WITH_ENV) $(GO) run ./internal/bench/http $(BENCH_FLAGS)
+	$(WITH_ENV) $(GO) run ./cmd/internal/bench/http $(BENCH_FLAGS)
 
 .PHONY: bench-retention
 bench-retention: ## pgdedup's janitor at full speed on a 10 M-row table: claims/s idle vs while it deletes (ratio), its rows/s, p99 claim latency, table and index size after 3 cycles (BENCH_FLAGS=-rows N ...).
 	$(SERVICES) up postgres
-	$(WITH_ENV) $(GO) run ./internal/bench/retention $(BENCH_FLAGS)
+	$(WITH_ENV) $(GO) run ./cmd/internal/bench/retention $(BENCH_FLAGS)
 
 # Native fuzz targets, as package:Target; make fuzz runs each for FUZZTIME.
 FUZZ_TARGETS := \
 	./consumer:FuzzValidKey ./consumer:FuzzPrepare ./consumer:FuzzDecodeJSON \
 	./sources/amqpsource:FuzzHeaderReaders ./sources/amqpsource:FuzzToMessage \
 	./sources/sqssource:FuzzMessage ./sources/sqssource:FuzzDeadLetterAttributes ./sources/sqssource:FuzzParseMaxReceiveCount \
-	./sources/kafkasource:FuzzKeyOf ./sources/kafkasource:FuzzDeadLetterCopy \
+	./sources/kafkasource:FuzzKeyFunc ./sources/kafkasource:FuzzDeadLetterCopy \
 	./dedup/redisdedup:FuzzRedisKey ./dedup/redisdedup:FuzzRedisKeyPairs \
 	./dedup/internal/sqlstore:FuzzRender ./internal/redact:FuzzString ./internal/metatext:FuzzClean
 FUZZTIME ?= 10s

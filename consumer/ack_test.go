@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -43,7 +43,7 @@ func (g *gatedAcks) Ack(ctx context.Context, msgs []*consumer.Message) error {
 // handled before that Ack returns, and what settled meanwhile leaves in
 // order, in one more Ack call. Before, the lane waited for each Ack.
 func TestLaneHandlesWhileAckInFlight(t *testing.T) {
-	store, err := memstore.New(memstore.Config{})
+	store, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func TestLaneHandlesWhileAckInFlight(t *testing.T) {
 	var mu sync.Mutex
 	var handled []string
 	all := make(chan struct{})
-	path := consumer.Transactional(store, func(_ context.Context, _ *memstore.Tx, m *consumer.Message) error {
+	path := consumer.Transactional(store, func(_ context.Context, _ *memdedup.Tx, m *consumer.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if handled = append(handled, m.Key); len(handled) == len(keys) {

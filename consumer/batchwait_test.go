@@ -9,8 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/memsource"
 )
@@ -37,11 +38,11 @@ func (b *batchSizes) get() []int {
 // transactional path over an in-memory store, with BatchSize 10.
 func batchWaitRunner(t *testing.T, b *memsource.Broker, wait time.Duration, sizes *batchSizes) *consumer.Runner {
 	t.Helper()
-	store, err := memstore.New(memstore.Config{})
+	store, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil })
+	path := consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil })
 	r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{
 		Name: "batch-wait", Concurrency: 1, BatchSize: 10, BatchWait: wait, Hooks: []consumer.Hook{sizes},
 	})
@@ -136,14 +137,14 @@ func TestBatchWaitEndsWhenTheRunnerStops(t *testing.T) {
 func TestBatchWaitMustNotBeNegative(t *testing.T) {
 	b := memsource.New(memsource.Config{})
 	t.Cleanup(func() { b.Close() })
-	store, err := memstore.New(memstore.Config{})
+	store, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil })
+	path := consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil })
 	_, err = consumer.NewRunner(b.Source("t"), path, consumer.Config{Name: "x", BatchWait: -time.Second})
-	var ce *consumer.ConfigError
+	var ce *idemq.ConfigError
 	if !errors.As(err, &ce) || ce.Field != "BatchWait" {
-		t.Errorf("NewRunner with a negative BatchWait = %v, want a *ConfigError for BatchWait", err)
+		t.Errorf("NewRunner with a negative BatchWait = %v, want a *idemq.ConfigError for BatchWait", err)
 	}
 }

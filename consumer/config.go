@@ -129,7 +129,7 @@ type Config struct {
 	// AllowShortRetention lets Run start although the source's broker may
 	// redeliver a message later than the store remembers it (see
 	// HorizonReporter); Run then logs one WARN with both durations. Defaults
-	// to false: Run refuses with a *ConfigError.
+	// to false: Run refuses with a *idemq.ConfigError.
 	AllowShortRetention bool
 
 	// Hooks observe the runner: each is checked once, in NewRunner, for the
@@ -187,7 +187,7 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// validate reports every invalid field of c (see ConfigError).
+// validate reports every invalid field of c (see idemq.ConfigError).
 func (c Config) validate() error {
 	var l cfgerr.List
 	if c.Name == "" {

@@ -3,9 +3,9 @@ package consumer
 // Dead-letter metadata (Meta*): the names of the headers (Kafka, AMQP) or message
 // attributes (SQS) that every source writes on a dead-lettered copy, so that
 // a tool reading a dead-letter destination finds the same names whatever the
-// broker. The sources' own constants (kafkasource.HeaderReason,
-// amqpsource.HeaderReason, sqssource.AttrReason, sourcetest.ReasonHeader …)
-// are these values.
+// broker. These are the only names of this metadata: a source adds its
+// broker's own fields (kafkasource.MetaOriginTopic, amqpsource.MetaQueue,
+// sqssource.MetaSourceQueue, ...) under the same Meta prefix.
 const (
 	// MetaReason holds the dead-letter reason: the text of the error
 	// passed to Source.DeadLetter.

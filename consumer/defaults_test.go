@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/memsource"
 )
@@ -22,12 +22,12 @@ func TestDefaultConfigBatchesWhatIsQueued(t *testing.T) {
 		t.Helper()
 		b := memsource.New(memsource.Config{VisibilityTimeout: 5 * time.Minute})
 		t.Cleanup(func() { b.Close() })
-		store, err := memstore.New(memstore.Config{})
+		store, err := memdedup.New(memdedup.Config{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		sizes := new(batchSizes)
-		path := consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil })
+		path := consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil })
 		r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{
 			Name: "defaults", Concurrency: 1, BatchSize: batchSize, Hooks: []consumer.Hook{sizes},
 		})

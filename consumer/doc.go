@@ -25,6 +25,65 @@
 // record's row lock for the first one's outcome; on the lease path it finds
 // the lease held and is retried later.
 //
+// # Glossary
+//
+// Each word below has one meaning in idemq's code and documentation; other
+// packages use these words and names, not synonyms.
+//
+//   - Message: one delivery from a broker, as a Source returns it
+//     (Message). A Source is a broker adapter (sources/...).
+//   - Key: the deduplication key of a message, what the store records.
+//     Message.Key is the key the source found; the key function turns a
+//     message into its key.
+//   - Key function: Config.KeyFunc (DefaultKey unless set), and, one level
+//     down, a source's own KeyFunc that reads Message.Key from the broker's
+//     message (kafkasource.Config.KeyFunc). No other name is used for it.
+//   - Scope: the namespace of the keys, Config.Name: two consumers with
+//     different names never see each other's records.
+//   - Record: the stored key (with its payload hash) that makes a later
+//     delivery of the key a duplicate; on the transactional path it commits
+//     with the handler's writes.
+//   - Claim: asking the store for a key; its answer is a dedup.State (new,
+//     done, mismatch, ...). A lease is the lease path's claim: a
+//     token-guarded, expiring hold on a key (dedup.LeaseStore), refreshed
+//     while the handler runs, then completed (marked done) or abandoned
+//     (LeaseStore.Abandon, after a failed effect). Release is a settle
+//     (below), never something done to a lease.
+//   - Duplicate: a delivery of a key that is already recorded with the same
+//     payload. It is acknowledged without running the handler. The same
+//     key with another payload is a mismatch (ErrPayloadMismatch), never a
+//     duplicate.
+//   - Attempt: one failed run of the handler for a message. Deliveries that
+//     did not fail through the handler (a crash, a store outage, shutdown)
+//     are not attempts, although Message.Attempt, the broker's count, may
+//     rise with them.
+//   - Settle: the one thing the runner does last with every received
+//     message, through its Source. There are four settles, one meaning each:
+//     Ack (Source.Ack): the effect is durable or the message is a duplicate;
+//     the broker forgets it. Retry (Source.Retry): hand the message back for
+//     a later delivery and count an attempt (the handler failed). Release
+//     (Releaser.Release): hand the message back for a later delivery without
+//     counting an attempt (it is not at fault: the store failed, another
+//     worker holds its lease, an earlier message of its partition failed).
+//     DeadLetter (Source.DeadLetter): move the message to the dead-letter
+//     destination with its reason, then acknowledge it.
+//   - Dead letter: a message moved to the dead-letter destination (a topic,
+//     queue or exchange), with metadata.
+//   - Metadata: the headers (Kafka, AMQP) or message attributes (SQS) a
+//     dead letter carries, named by the Meta* constants of this package
+//     (MetaReason, MetaAttempts, MetaKey, MetaDeadLetteredAt) and, for a
+//     broker's own fields, by the Meta* constants of its source.
+//   - Outage: a dependency (the broker's Receive or Ack, the store) failing
+//     Config.OutageThreshold times in a row. Its failures are never
+//     attempts; see Health.
+//   - Timeout: the bound on one operation (HandlerTimeout, DrainTimeout, a
+//     source's CommitTimeout, ...). Every such bound is named ...Timeout; a
+//     Wait (BatchWait) is time spent on purpose, not a bound.
+//   - Stats: a counter is named after what it counts, with the same word in
+//     the runner's Stats and in every source's: Received (messages
+//     received), Retried (retries), Released (releases), DeadLettered (dead
+//     letters), and ...Failures for failed calls.
+//
 // # Batches
 //
 // With Config.BatchSize above 1 (the default, 100), the transactional path
@@ -39,7 +98,7 @@
 // # Failures
 //
 // A handler error or panic rolls back the handler's writes and its record (or
-// releases its lease) and the message is retried with backoff
+// abandons its lease) and the message is retried with backoff
 // (RetryPolicy) until RetryPolicy.MaxAttempts, then dead-lettered with the
 // reason. Attempts are handler failures: when the path's store implements
 // dedup.FailureCounter (pgdedup, sqldedup and redisdedup do), the runner
@@ -134,7 +193,7 @@
 // 8 days, unless configured): a redelivery later than that runs the handler
 // again. When Run starts it asks a source that implements HorizonReporter how
 // late its broker may redeliver (SQS MessageRetentionPeriod, Kafka
-// retention.ms, RabbitMQ x-message-ttl) and refuses with a *ConfigError when
+// retention.ms, RabbitMQ x-message-ttl) and refuses with a *idemq.ConfigError when
 // that is longer than the retention, unless Config.AllowShortRetention is
 // set (then it warns once); a broker without a limit (a RabbitMQ queue
 // without a TTL) gets one warning naming the fix.

@@ -39,18 +39,7 @@ var (
 	ErrMaxAttempts = errors.New("idemq: retries exhausted")
 	// ErrHandlerPanic is matched by the error of a handler that panicked.
 	ErrHandlerPanic = errors.New("idemq: handler panicked")
-	// ErrInvalidConfig is matched by every configuration error of idemq,
-	// from this package and from every store, source and sink (see
-	// ConfigError). It is dedup.ErrInvalidConfig.
-	ErrInvalidConfig = dedup.ErrInvalidConfig
 )
-
-// ConfigError reports one invalid configuration field and matches
-// ErrInvalidConfig. It is dedup.ConfigError, so that the stores, which do not
-// import this package, report the same type. A Config with several bad fields
-// yields one error wrapping one *ConfigError per field (Unwrap() []error, as
-// errors.Join), printed on one line; see dedup.ConfigError.
-type ConfigError = dedup.ConfigError
 
 // PanicError is the error of a handler or a Config.KeyFunc that panicked. A
 // handler's panic rolls back its transaction and the message is retried like

@@ -12,7 +12,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/memsource"
 )
@@ -50,10 +50,10 @@ func (c *crashedBefore) retryDelays() []time.Duration {
 	return append([]time.Duration(nil), c.delays...)
 }
 
-// attemptsEnv runs one message through a runner over memsource and memstore.
+// attemptsEnv runs one message through a runner over memsource and memdedup.
 type attemptsEnv struct {
 	broker *memsource.Broker
-	store  *memstore.Store
+	store  *memdedup.Store
 	src    *crashedBefore
 	log    bytes.Buffer
 	logMu  sync.Mutex
@@ -64,7 +64,7 @@ type attemptsEnv struct {
 
 func newAttemptsEnv(t *testing.T, extra int) *attemptsEnv {
 	t.Helper()
-	store, err := memstore.New(memstore.Config{})
+	store, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func TestAttemptsCountHandlerFailuresNotDeliveries(t *testing.T) {
 				path = consumer.Leased(e.store.Leases(), e.handler(1), consumer.LeaseOptions{})
 			} else {
 				h := e.handler(1)
-				path = consumer.Transactional(e.store, func(ctx context.Context, _ *memstore.Tx, m *consumer.Message) error { return h(ctx, m) })
+				path = consumer.Transactional(e.store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error { return h(ctx, m) })
 			}
 			r, err := consumer.NewRunner(e.src, path, e.config(5))
 			if err != nil {
@@ -163,7 +163,7 @@ func TestAttemptsCountHandlerFailuresNotDeliveries(t *testing.T) {
 func TestMaxAttemptsCountsHandlerFailures(t *testing.T) {
 	e := newAttemptsEnv(t, 10)
 	h := e.handler(1 << 30)
-	path := consumer.Transactional(e.store, func(ctx context.Context, _ *memstore.Tx, m *consumer.Message) error { return h(ctx, m) })
+	path := consumer.Transactional(e.store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error { return h(ctx, m) })
 	r, err := consumer.NewRunner(e.src, path, e.config(3))
 	if err != nil {
 		t.Fatal(err)
@@ -193,7 +193,7 @@ func TestFailedDeadLetterKeepsTheCount(t *testing.T) {
 	e := newAttemptsEnv(t, 0)
 	e.broker.Inject(memsource.Fault{Kind: memsource.FaultDeadLetterError})
 	h := e.handler(1 << 30)
-	path := consumer.Transactional(e.store, func(ctx context.Context, _ *memstore.Tx, m *consumer.Message) error { return h(ctx, m) })
+	path := consumer.Transactional(e.store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error { return h(ctx, m) })
 	r, err := consumer.NewRunner(e.src, path, e.config(2))
 	if err != nil {
 		t.Fatal(err)
@@ -220,7 +220,7 @@ func TestAnotherPayloadStartsTheCountAgain(t *testing.T) {
 		}
 	}
 	h := e.handler(1)
-	path := consumer.Transactional(e.store, func(ctx context.Context, _ *memstore.Tx, m *consumer.Message) error { return h(ctx, m) })
+	path := consumer.Transactional(e.store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error { return h(ctx, m) })
 	r, err := consumer.NewRunner(e.src, path, e.config(2))
 	if err != nil {
 		t.Fatal(err)
@@ -237,7 +237,7 @@ func TestBatchCountsOnlyTheFailedMessage(t *testing.T) {
 	e.broker.Publish("t", memsource.Outgoing{Key: "k2", Body: []byte("b")}, memsource.Outgoing{Key: "k3", Body: []byte("b")})
 	var mu sync.Mutex
 	failed := false
-	path := consumer.Transactional(e.store, func(ctx context.Context, _ *memstore.Tx, m *consumer.Message) error {
+	path := consumer.Transactional(e.store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if m.Key == "k2" && !failed {
@@ -264,9 +264,9 @@ func TestBatchCountsOnlyTheFailedMessage(t *testing.T) {
 // broker's attempt count and says so.
 func TestFailureCounterDownFallsBackToBrokerAttempts(t *testing.T) {
 	e := newAttemptsEnv(t, 10)
-	e.store.Inject(memstore.Fault{Op: memstore.OpRecordFailure, Times: -1})
+	e.store.Inject(memdedup.Fault{Op: memdedup.OpRecordFailure, Times: -1})
 	h := e.handler(1 << 30)
-	path := consumer.Transactional(e.store, func(ctx context.Context, _ *memstore.Tx, m *consumer.Message) error { return h(ctx, m) })
+	path := consumer.Transactional(e.store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error { return h(ctx, m) })
 	r, err := consumer.NewRunner(e.src, path, e.config(5))
 	if err != nil {
 		t.Fatal(err)

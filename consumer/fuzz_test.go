@@ -10,7 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 )
 
 // nopSource is a Source that is never read: the fuzz targets below call the
@@ -21,7 +21,7 @@ type nopSource struct{ Source }
 // it, with keyFunc and a body limit.
 func fuzzRunner(t *testing.T, keyFunc func(*Message) (string, error), maxBody int) *Runner {
 	t.Helper()
-	ms, err := memstore.New(memstore.Config{})
+	ms, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -91,7 +91,7 @@ func TestBrokerOutageIsVisible(t *testing.T) {
 func TestStoreOutageIsVisible(t *testing.T) {
 	e := newMemEnv(t, time.Second)
 	var logs logBuffer
-	e.store.Inject(memstore.Fault{Op: memstore.OpClaim, Times: -1})
+	e.store.Inject(memdedup.Fault{Op: memdedup.OpClaim, Times: -1})
 	e.broker.Publish(e.topic, memsource.Outgoing{Key: "k", Body: []byte("x")})
 	r, stop := e.run(e.broker.Source(e.topic), e.handler(nil), outageConfig(&logs))
 	until(t, "store failures", func() bool { return r.Health().StoreFailures >= 5 })
@@ -105,7 +105,7 @@ func TestStoreOutageIsVisible(t *testing.T) {
 	if e.store.Value("effects/k") != 1 || len(e.broker.DeadLetters(e.topic)) != 0 {
 		t.Fatalf("effects %d, dead letters %d: want the message applied once", e.store.Value("effects/k"), len(e.broker.DeadLetters(e.topic)))
 	}
-	wantOutageLines(t, &logs, consumer.DependencyStore, memstore.ErrInjected.Error())
+	wantOutageLines(t, &logs, consumer.DependencyStore, memdedup.ErrInjected.Error())
 }
 
 // Failing acknowledgements are an outage of their own.

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -19,13 +19,13 @@ import (
 // readiness (Runner.Health as JSON, 200 when Ready, 503 otherwise) under
 // whatever prefix it is mounted at.
 func TestHealthHandler(t *testing.T) {
-	store, err := memstore.New(memstore.Config{})
+	store, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := memsource.New(memsource.Config{})
 	t.Cleanup(func() { b.Close() })
-	r, err := consumer.NewRunner(b.Source("orders"), consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
+	r, err := consumer.NewRunner(b.Source("orders"), consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
 		consumer.Config{Name: "health"})
 	if err != nil {
 		t.Fatal(err)

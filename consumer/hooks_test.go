@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -148,13 +148,13 @@ func (h *recordingHook) OnSettled(ctx context.Context, m *consumer.Message, s co
 	h.settledIDs[m.ID+"#"+string(rune('0'+m.Attempt))]++
 }
 
-// hookScenario runs, over memsource and memstore, a run with a concurrent
+// hookScenario runs, over memsource and memdedup, a run with a concurrent
 // duplicate (same key twice in one batch), a producer re-send, redeliveries
 // after a dropped and a failed ack, a handler retry, a permanent failure and
 // exhausted attempts. It returns the runner after it stopped.
 func hookScenario(t *testing.T, leased bool, hs ...consumer.Hook) *consumer.Runner {
 	t.Helper()
-	store, err := memstore.New(memstore.Config{})
+	store, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +184,7 @@ func hookScenario(t *testing.T, leased bool, hs ...consumer.Hook) *consumer.Runn
 	if leased {
 		path = consumer.Leased(store.Leases(), h, consumer.LeaseOptions{})
 	} else {
-		path = consumer.Transactional(store, func(ctx context.Context, _ *memstore.Tx, m *consumer.Message) error { return h(ctx, m) })
+		path = consumer.Transactional(store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error { return h(ctx, m) })
 	}
 	r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{
 		Name: "hooks", Concurrency: 1, BatchSize: 10, Hooks: hs,
@@ -331,7 +331,7 @@ func (noopHook) OnSettled(context.Context, *consumer.Message, consumer.SettleInf
 func (noopHook) OnRetry(context.Context, *consumer.Message, consumer.RetryKind, time.Duration, error) {
 }
 
-// BenchmarkHooks runs messages through memsource and memstore (transactional
+// BenchmarkHooks runs messages through memsource and memdedup (transactional
 // path, batch 100) with no hooks and with a hook that implements every event
 // and does nothing.
 func BenchmarkHooks(b *testing.B) {
@@ -340,13 +340,13 @@ func BenchmarkHooks(b *testing.B) {
 		hooks []consumer.Hook
 	}{{"none", nil}, {"noop", []consumer.Hook{noopHook{}}}} {
 		b.Run(bc.name, func(b *testing.B) {
-			store, err := memstore.New(memstore.Config{})
+			store, err := memdedup.New(memdedup.Config{})
 			if err != nil {
 				b.Fatal(err)
 			}
 			br := memsource.New(memsource.Config{})
 			defer br.Close()
-			path := consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil })
+			path := consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil })
 			r, err := consumer.NewRunner(br.Source("t"), path, consumer.Config{Name: "bench", Concurrency: 1, BatchSize: 100, Hooks: bc.hooks})
 			if err != nil {
 				b.Fatal(err)

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"math"
 	"time"
+
+	"github.com/idemq/idemq"
 )
 
 // Unbounded is the redelivery horizon of a broker that keeps a message for
@@ -20,7 +22,7 @@ const Unbounded = time.Duration(math.MaxInt64)
 // runs the handler again.
 //
 //   - horizon ≤ retention: nothing to say.
-//   - horizon > retention: Run refuses to start with a *ConfigError that
+//   - horizon > retention: Run refuses to start with a *idemq.ConfigError that
 //     states both durations, unless Config.AllowShortRetention is set; then
 //     it logs one WARN with both and runs.
 //   - horizon Unbounded: Run logs one WARN that names the fix (a message
@@ -83,7 +85,7 @@ func checkRetention(ctx context.Context, src Source, path Path, log *slog.Logger
 		log.LogAttrs(ctx, slog.LevelWarn, "the broker may redeliver a message later than the dedup store remembers it: such a redelivery runs the handler again (Config.AllowShortRetention is set)",
 			slog.Duration(LogKeyHorizon, horizon), slog.Duration(LogKeyRetention, retention))
 	default:
-		return &ConfigError{Field: "AllowShortRetention", Reason: fmt.Sprintf(
+		return &idemq.ConfigError{Field: "AllowShortRetention", Reason: fmt.Sprintf(
 			"the source's broker may deliver a message again up to %s after it was sent (its redelivery horizon), but the dedup store forgets a processed message after %s, so a redelivery between the two would run the handler again: raise the store's retention to at least %s, lower the broker's retention, or set Config.AllowShortRetention to accept it",
 			days(horizon), days(retention), days(horizon))}
 	}

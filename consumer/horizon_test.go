@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/memsource"
 )
@@ -84,24 +85,24 @@ func TestRetentionGuard(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			store, err := memstore.New(memstore.Config{Retention: retention})
+			store, err := memdedup.New(memdedup.Config{Retention: retention})
 			if err != nil {
 				t.Fatal(err)
 			}
 			broker := memsource.New(memsource.Config{})
 			broker.Publish("t", memsource.Outgoing{Key: "k", Body: []byte("{}")})
 			src := horizonSource{Source: broker.Source("t"), horizon: c.horizon, err: c.err}
-			path := consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil })
+			path := consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil })
 			if c.lease {
 				path = consumer.Leased(store.Leases(), func(context.Context, *consumer.Message) error { return nil },
 					consumer.LeaseOptions{Retention: c.retention})
 			}
 			logs, err := runBriefly(t, src, path, c.allow)
 			if c.refuse {
-				var ce *consumer.ConfigError
-				if !errors.As(err, &ce) || !errors.Is(err, consumer.ErrInvalidConfig) ||
+				var ce *idemq.ConfigError
+				if !errors.As(err, &ce) || !errors.Is(err, idemq.ErrInvalidConfig) ||
 					!strings.Contains(err.Error(), "96h0m0s") || !strings.Contains(err.Error(), "72h0m0s") {
-					t.Fatalf("Run = %v, want a *ConfigError naming 96h0m0s and 72h0m0s", err)
+					t.Fatalf("Run = %v, want a *idemq.ConfigError naming 96h0m0s and 72h0m0s", err)
 				}
 				return
 			}

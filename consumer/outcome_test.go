@@ -14,7 +14,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -166,7 +166,7 @@ func TestOutcome(t *testing.T) {
 	})
 
 	t.Run("lease redelivery replays the stored result", func(t *testing.T) {
-		mem, err := memstore.New(memstore.Config{})
+		mem, err := memdedup.New(memdedup.Config{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -223,7 +223,7 @@ func TestOutcome(t *testing.T) {
 	})
 
 	t.Run("lease oversize result marks the key done and dead-letters", func(t *testing.T) {
-		mem, err := memstore.New(memstore.Config{})
+		mem, err := memdedup.New(memdedup.Config{})
 		if err != nil {
 			t.Fatal(err)
 		}

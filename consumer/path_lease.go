@@ -101,7 +101,7 @@ func (p *leasePath) process(ctx context.Context, env *pathEnv, batch []*job, _ *
 		pc := q.take(i)
 		if held.holds(j) {
 			if pc != nil && pc.ok && pc.claim.State == dedup.StateNew && pc.lost == nil {
-				p.releaseLease(ctx, env, j.key, pc.token)
+				p.abandonLease(ctx, env, j.key, pc.token)
 			}
 			continue
 		}
@@ -245,9 +245,9 @@ func (p *leasePath) refreshQueued(ctx context.Context, env *pathEnv, batch []*jo
 	}
 }
 
-func (p *leasePath) releaseLease(ctx context.Context, env *pathEnv, key, token string) {
-	if err := p.store.Release(ctx, env.scope, key, token); err != nil {
-		env.storeOut.warn(ctx, env.log, "release of lease failed; it expires by itself",
+func (p *leasePath) abandonLease(ctx context.Context, env *pathEnv, key, token string) {
+	if err := p.store.Abandon(ctx, env.scope, key, token); err != nil {
+		env.storeOut.warn(ctx, env.log, "abandoning the lease failed; it expires by itself",
 			slog.String(LogKeyKey, key), slog.Any(LogKeyError, err))
 	}
 }
@@ -366,7 +366,7 @@ func (p *leasePath) one(ctx context.Context, env *pathEnv, j *job, pc *preclaim)
 		j.delay = p.opts.InProgressDelay
 	default:
 		env.failure(j, err)
-		p.releaseLease(ctx, env, j.key, token)
+		p.abandonLease(ctx, env, j.key, token)
 	}
 }
 

@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"fmt"
+
+	"github.com/idemq/idemq"
 )
 
 // pooled is implemented by paths whose store draws on a connection pool.
@@ -26,7 +28,7 @@ func fitPool(path Path, cfg *Config, explicit bool) error {
 		cfg.Concurrency = size - 1
 		return nil
 	}
-	return &ConfigError{Field: "Concurrency", Reason: fmt.Sprintf(
+	return &idemq.ConfigError{Field: "Concurrency", Reason: fmt.Sprintf(
 		"%d lanes need a connection pool of at least %d connections (one per lane, each held for its whole transaction, "+
 			"plus at least one for the handler's queries outside its transaction and the retention janitor); "+
 			"the store's pool has %d: raise the pool size (pgxpool: pool_max_conns or Config.MaxConns; "+

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/dedup/sqldedup"
@@ -56,10 +57,10 @@ func TestConcurrencyMustFitThePool(t *testing.T) {
 	for name, path := range paths {
 		t.Run(name, func(t *testing.T) {
 			_, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{Name: "pool", Concurrency: 3})
-			var ce *consumer.ConfigError
+			var ce *idemq.ConfigError
 			if !errors.As(err, &ce) || ce.Field != "Concurrency" || !strings.Contains(err.Error(), "at least 4 connections") ||
 				!strings.Contains(err.Error(), "has 3") {
-				t.Fatalf("NewRunner with Concurrency 3 on a pool of 3 = %v, want a *ConfigError naming both numbers", err)
+				t.Fatalf("NewRunner with Concurrency 3 on a pool of 3 = %v, want a *idemq.ConfigError naming both numbers", err)
 			}
 			r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{Name: "pool", Concurrency: 2})
 			if err != nil {
@@ -76,7 +77,7 @@ func TestConcurrencyMustFitThePool(t *testing.T) {
 
 // A store whose New failed and whose error was ignored is a typed nil: the
 // path's interface holds a nil pointer. NewRunner reports it as a
-// *ConfigError instead of panicking (pgdedup). The lease store's case
+// *idemq.ConfigError instead of panicking (pgdedup). The lease store's case
 // (redisdedup) is in internal/leasepath, which may import go-redis.
 func TestTypedNilStoresAreConfigErrors(t *testing.T) {
 	src := memsource.New(memsource.Config{}).Source("t")
@@ -86,14 +87,14 @@ func TestTypedNilStoresAreConfigErrors(t *testing.T) {
 	}
 	for name, p := range paths {
 		t.Run(name, func(t *testing.T) {
-			var ce *consumer.ConfigError
+			var ce *idemq.ConfigError
 			defer func() {
 				if v := recover(); v != nil {
 					t.Fatalf("NewRunner with a nil *%s.Store panicked: %v", name, v)
 				}
 			}()
 			if _, err := consumer.NewRunner(src, p, consumer.Config{Name: "x"}); !errors.As(err, &ce) {
-				t.Fatalf("NewRunner with a nil *%s.Store = %v, want a *ConfigError", name, err)
+				t.Fatalf("NewRunner with a nil *%s.Store = %v, want a *idemq.ConfigError", name, err)
 			}
 		})
 	}

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -21,7 +21,7 @@ import (
 type memEnv struct {
 	t      *testing.T
 	broker *memsource.Broker
-	store  *memstore.Store
+	store  *memdedup.Store
 	topic  string
 
 	mu    sync.Mutex
@@ -30,7 +30,7 @@ type memEnv struct {
 
 func newMemEnv(t *testing.T, visibility time.Duration) *memEnv {
 	t.Helper()
-	ms, err := memstore.New(memstore.Config{})
+	ms, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func newMemEnv(t *testing.T, visibility time.Duration) *memEnv {
 
 // handler counts calls per message key, then returns fail's error.
 func (e *memEnv) handler(fail func(ctx context.Context, msg *consumer.Message) error) consumer.Path {
-	return consumer.Transactional(e.store, func(ctx context.Context, tx *memstore.Tx, msg *consumer.Message) error {
+	return consumer.Transactional(e.store, func(ctx context.Context, tx *memdedup.Tx, msg *consumer.Message) error {
 		e.mu.Lock()
 		e.calls[msg.Key]++
 		e.mu.Unlock()

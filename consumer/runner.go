@@ -14,6 +14,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/cfgerr"
 )
@@ -43,17 +44,17 @@ type Runner struct {
 }
 
 // NewRunner returns a Runner that reads from src and applies path. It validates
-// cfg (after WithDefaults) and returns a *ConfigError for each invalid field
-// of cfg and path, all at once (see ConfigError),
+// cfg (after WithDefaults) and returns a *idemq.ConfigError for each invalid field
+// of cfg and path, all at once (see idemq.ConfigError),
 // including a Concurrency that the store's connection pool cannot serve
 // (see dedup.PoolSizer): the pool must hold more connections than
 // Concurrency. An unset Concurrency is lowered to one less than such a pool.
 func NewRunner(src Source, path Path, cfg Config) (*Runner, error) {
 	if src == nil {
-		return nil, &ConfigError{Field: "Source", Reason: "nil"}
+		return nil, &idemq.ConfigError{Field: "Source", Reason: "nil"}
 	}
 	if path == nil {
-		return nil, &ConfigError{Field: "Path", Reason: "nil"}
+		return nil, &idemq.ConfigError{Field: "Path", Reason: "nil"}
 	}
 	explicitConcurrency := cfg.Concurrency != 0
 	cfg = cfg.WithDefaults()
@@ -96,7 +97,7 @@ func (r *Runner) Config() Config { return r.cfg }
 // unacknowledged and return to the broker. Run returns an error only if the
 // source is closed underneath it (ErrClosed), the Runner is already running,
 // or, before anything is received, the source's redelivery horizon exceeds
-// the store's retention (a *ConfigError, see HorizonReporter).
+// the store's retention (a *idemq.ConfigError, see HorizonReporter).
 //
 // Run does not close the source; close it after Run returns.
 func (r *Runner) Run(ctx context.Context) error {

@@ -15,10 +15,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/cfgerr"
-	"github.com/idemq/idemq/internal/memstore"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -359,10 +360,10 @@ func TestPartitionKeyOrder(t *testing.T) {
 }
 
 // TestConfigErrorsNameEveryField: a Config with several bad fields reports
-// each of them, every one a *ConfigError matching ErrInvalidConfig.
+// each of them, every one a *idemq.ConfigError matching idemq.ErrInvalidConfig.
 func TestConfigErrorsNameEveryField(t *testing.T) {
 	src := memsource.New(memsource.Config{}).Source("t")
-	ms, err := memstore.New(memstore.Config{})
+	ms, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,8 +382,8 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 	}
 	for _, tc := range cases {
 		_, err := consumer.NewRunner(src, tc.path, tc.cfg)
-		if !errors.Is(err, consumer.ErrInvalidConfig) {
-			t.Errorf("%s: NewRunner = %v, want ErrInvalidConfig", tc.name, err)
+		if !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Errorf("%s: NewRunner = %v, want idemq.ErrInvalidConfig", tc.name, err)
 		}
 		if got := cfgerr.Fields(err); !slices.Equal(got, tc.want) {
 			t.Errorf("%s: NewRunner = %v, reports fields %q, want %q", tc.name, err, got, tc.want)
@@ -392,7 +393,7 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	src := memsource.New(memsource.Config{}).Source("t")
-	ms, err := memstore.New(memstore.Config{})
+	ms, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -407,12 +408,12 @@ func TestConfigValidation(t *testing.T) {
 		{Name: "x", Retry: consumer.RetryPolicy{Jitter: 1.5}},
 	}
 	for _, cfg := range cases {
-		var ce *consumer.ConfigError
-		if _, err := consumer.NewRunner(src, path, cfg); !errors.Is(err, consumer.ErrInvalidConfig) || !errors.As(err, &ce) {
-			t.Errorf("NewRunner(%+v) = %v, want a *ConfigError", cfg, err)
+		var ce *idemq.ConfigError
+		if _, err := consumer.NewRunner(src, path, cfg); !errors.Is(err, idemq.ErrInvalidConfig) || !errors.As(err, &ce) {
+			t.Errorf("NewRunner(%+v) = %v, want a *idemq.ConfigError", cfg, err)
 		}
 	}
-	if _, err := consumer.NewRunner(nil, path, consumer.Config{Name: "x"}); !errors.Is(err, consumer.ErrInvalidConfig) {
+	if _, err := consumer.NewRunner(nil, path, consumer.Config{Name: "x"}); !errors.Is(err, idemq.ErrInvalidConfig) {
 		t.Errorf("nil source: %v", err)
 	}
 	badPaths := map[string]consumer.Path{
@@ -420,12 +421,12 @@ func TestConfigValidation(t *testing.T) {
 		"nil lease handler":       consumer.Leased(ms.Leases(), nil, consumer.LeaseOptions{}),
 		"negative lease":          consumer.Leased(ms.Leases(), noop, consumer.LeaseOptions{Lease: -time.Second}),
 		"refresh at half a lease": consumer.Leased(ms.Leases(), noop, consumer.LeaseOptions{Lease: time.Second, RefreshInterval: 500 * time.Millisecond}),
-		"nil tx store":            consumer.Transactional[*memstore.Tx](nil, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
-		"nil tx handler":          consumer.Transactional[*memstore.Tx](ms, nil),
+		"nil tx store":            consumer.Transactional[*memdedup.Tx](nil, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
+		"nil tx handler":          consumer.Transactional[*memdedup.Tx](ms, nil),
 	}
 	for name, p := range badPaths {
-		if _, err := consumer.NewRunner(src, p, consumer.Config{Name: "x"}); !errors.Is(err, consumer.ErrInvalidConfig) {
-			t.Errorf("%s: NewRunner = %v, want ErrInvalidConfig", name, err)
+		if _, err := consumer.NewRunner(src, p, consumer.Config{Name: "x"}); !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Errorf("%s: NewRunner = %v, want idemq.ErrInvalidConfig", name, err)
 		}
 	}
 	r, err := consumer.NewRunner(src, path, consumer.Config{Name: "x"})
@@ -666,7 +667,7 @@ func TestPoisonedBatchIsSplit(t *testing.T) {
 // MaxBackoff, so that no retry loops without a pause.
 func TestRetryPolicyRefusesNaNAndSaturates(t *testing.T) {
 	src := memsource.New(memsource.Config{}).Source("t")
-	ms, err := memstore.New(memstore.Config{})
+	ms, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -679,9 +680,9 @@ func TestRetryPolicyRefusesNaNAndSaturates(t *testing.T) {
 		"negative initial": {InitialBackoff: -time.Second},
 	}
 	for name, p := range bad {
-		var ce *consumer.ConfigError
+		var ce *idemq.ConfigError
 		if _, err := consumer.NewRunner(src, path, consumer.Config{Name: "x", Retry: p}); !errors.As(err, &ce) {
-			t.Errorf("%s: NewRunner = %v, want a *ConfigError", name, err)
+			t.Errorf("%s: NewRunner = %v, want a *idemq.ConfigError", name, err)
 		}
 	}
 

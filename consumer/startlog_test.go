@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/memsource"
 )
@@ -16,7 +16,7 @@ import (
 // Run logs one INFO line at start saying what the worker consumes, with
 // which store and which key function.
 func TestRunLogsWhatItConsumes(t *testing.T) {
-	store, err := memstore.New(memstore.Config{})
+	store, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,7 +24,7 @@ func TestRunLogsWhatItConsumes(t *testing.T) {
 	defer b.Close()
 	var logs runtest.SyncBuffer
 	r, err := consumer.NewRunner(b.Source("orders"),
-		consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
+		consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
 		consumer.Config{Name: "billing", KeyFunc: consumer.RequireKey, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +50,7 @@ func TestRunLogsWhatItConsumes(t *testing.T) {
 			line = l
 		}
 	}
-	for _, want := range []string{"consumer=billing", "memsource", "memstore", "consumer.RequireKey", "path=transactional"} {
+	for _, want := range []string{"consumer=billing", "memsource", "memdedup", "consumer.RequireKey", "path=transactional"} {
 		if !strings.Contains(line, want) {
 			t.Errorf("start line %q lacks %q; logs:\n%s", line, want, logs.String())
 		}

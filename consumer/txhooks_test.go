@@ -11,7 +11,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -126,19 +126,19 @@ func (h *keyEvents) check(t *testing.T, ks []string, failedErr error) (failed in
 // event per failed commit it was part of, none for a rolled-back
 // transaction, and one timed claim event; duplicates get a timed claim too.
 func TestTxHooksReportClaimsAndCommits(t *testing.T) {
-	store, err := memstore.New(memstore.Config{})
+	store, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The batch's first transaction fails in the handler of "bad", its
 	// rerun without "bad" fails to commit, its retry commits.
-	store.Inject(memstore.Fault{Op: memstore.OpCommit})
+	store.Inject(memdedup.Fault{Op: memdedup.OpCommit})
 	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 	t.Cleanup(func() { b.Close() })
 
 	var mu sync.Mutex
 	calls := map[string]int{}
-	path := consumer.Transactional(store, func(ctx context.Context, _ *memstore.Tx, m *consumer.Message) error {
+	path := consumer.Transactional(store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
 		calls[m.Key]++
@@ -179,7 +179,7 @@ func TestTxHooksReportClaimsAndCommits(t *testing.T) {
 	if st := r.Stats(); st.Handled != uint64(len(ks)) || st.CommitFailures != 1 {
 		t.Fatalf("stats %+v, want %d handled and 1 commit failure", st, len(ks))
 	}
-	if failed := rec.check(t, ks, memstore.ErrInjected); failed == 0 {
+	if failed := rec.check(t, ks, memdedup.ErrInjected); failed == 0 {
 		t.Error("no failed commit event reported")
 	}
 	rec.mu.Lock()
@@ -262,13 +262,13 @@ func (h *handlerErrs) OnBatch(_ context.Context, size int) {
 // duplicate), one successful commit event, and the batch is reported; so
 // that hooks such as otelidemq cover batch users.
 func TestTxBatchHooksMatchPerMessagePath(t *testing.T) {
-	store, err := memstore.New(memstore.Config{})
+	store, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The batch's first transaction fails in the handler for "bad", its
 	// rerun without "bad" fails to commit, its retry commits.
-	store.Inject(memstore.Fault{Op: memstore.OpCommit})
+	store.Inject(memdedup.Fault{Op: memdedup.OpCommit})
 	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 	t.Cleanup(func() { b.Close() })
 
@@ -276,7 +276,7 @@ func TestTxBatchHooksMatchPerMessagePath(t *testing.T) {
 	var mu sync.Mutex
 	calls := map[string]int{}
 	failedOnce := false
-	path := consumer.TransactionalBatch(store, consumer.TxBatchJSON(func(ctx context.Context, _ *memstore.Tx, items []consumer.BatchItem[order]) error {
+	path := consumer.TransactionalBatch(store, consumer.TxBatchJSON(func(ctx context.Context, _ *memdedup.Tx, items []consumer.BatchItem[order]) error {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, it := range items {
@@ -323,7 +323,7 @@ func TestTxBatchHooksMatchPerMessagePath(t *testing.T) {
 	if st.Handled != uint64(len(ks)) || st.CommitFailures != 1 || st.Duplicates != 1 {
 		t.Fatalf("stats %+v, want %d handled, 1 commit failure, 1 duplicate", st, len(ks))
 	}
-	if failed := rec.check(t, ks, memstore.ErrInjected); failed == 0 {
+	if failed := rec.check(t, ks, memdedup.ErrInjected); failed == 0 {
 		t.Error("no failed commit event reported")
 	}
 	rec.mu.Lock()
@@ -400,20 +400,20 @@ func (h *txEvents) OnHandlerStart(ctx context.Context, _ *consumer.Message) cont
 // HookTx still is), and ClaimInfo and CommitInfo say how many messages
 // their claim and commit covered.
 func TestHookTxReportsEachTransactionOnce(t *testing.T) {
-	store, err := memstore.New(memstore.Config{})
+	store, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The first transaction fails in the handler for "bad", its rerun
 	// without "bad" fails to commit; the retries commit.
-	store.Inject(memstore.Fault{Op: memstore.OpCommit})
+	store.Inject(memdedup.Fault{Op: memdedup.OpCommit})
 	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 	t.Cleanup(func() { b.Close() })
 	type order struct{ K string }
 	var mu sync.Mutex
 	var calls, oneCalls, items int
 	failedOnce := false
-	path := consumer.TransactionalBatch(store, consumer.TxBatchJSON(func(ctx context.Context, _ *memstore.Tx, batch []consumer.BatchItem[order]) error {
+	path := consumer.TransactionalBatch(store, consumer.TxBatchJSON(func(ctx context.Context, _ *memdedup.Tx, batch []consumer.BatchItem[order]) error {
 		mu.Lock()
 		defer mu.Unlock()
 		calls++

@@ -287,7 +287,7 @@ type BatchClaimer interface {
 // LeaseStore is the store of the lease path, for effects that cannot join a
 // database transaction (emails, webhooks, third-party APIs). Every state
 // change after Claim is guarded by the token the claim was made with, so a
-// worker whose lease expired can neither extend it, mark it done nor release
+// worker whose lease expired can neither extend it, mark it done nor abandon
 // it once another worker owns the key.
 //
 // Implementations must be safe for concurrent use.
@@ -309,10 +309,10 @@ type LeaseStore interface {
 	// must then treat the outcome as unknown. Completing again with the same
 	// token succeeds.
 	Complete(ctx context.Context, scope, key, token string, retention time.Duration) error
-	// Release drops the lease held by token after a failed effect, so that a
-	// retry may claim the key at once. Releasing a lease that token no longer
+	// Abandon drops the lease held by token after a failed effect, so that a
+	// retry may claim the key at once. Abandoning a lease that token no longer
 	// holds is not an error and changes nothing.
-	Release(ctx context.Context, scope, key, token string) error
+	Abandon(ctx context.Context, scope, key, token string) error
 	// Inspect returns what the store holds for key, or ErrNotFound.
 	Inspect(ctx context.Context, scope, key string) (Entry, error)
 }

@@ -9,7 +9,7 @@
 //     (PostgreSQL through pgx v5) and dedup/sqldedup (database/sql).
 //
 //   - LeaseStore guards effects that cannot join a transaction with a
-//     token-checked lease: claim, refresh, complete, release. A crash after the
+//     token-checked lease: claim, refresh, complete, abandon. A crash after the
 //     effect and before Complete lets the effect repeat once the lease expires;
 //     the key handed to the handler lets the downstream system close that
 //     window. Implementation: dedup/redisdedup.
@@ -29,10 +29,10 @@
 // Besides TxStore or LeaseStore, a store may implement optional interfaces;
 // the runner finds them by type assertion and does without them otherwise
 // (each interface's doc says what it changes). Which store implements which
-// (x: yes; generic interfaces for the store's own Tx; memstore is idemq's
+// (x: yes; generic interfaces for the store's own Tx; memdedup is idemq's
 // in-memory store for its own tests):
 //
-//	interface            pgdedup  sqldedup  redisdedup  memstore.Store  memstore.Leases
+//	interface            pgdedup  sqldedup  redisdedup  memdedup.Store  memdedup.Leases
 //	TxStore              x        x         .           x               .
 //	BeginClaimer         x        .         .           .               .
 //	CommitChainer        x        .         .           .               .

@@ -38,7 +38,7 @@ import (
 
 	_ "modernc.org/sqlite"
 
-	"github.com/idemq/idemq/internal/checkout"
+	"github.com/idemq/idemq/cmd/internal/checkout"
 )
 
 type options struct {

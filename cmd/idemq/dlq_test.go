@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/internal/testenv/brokerenv"
@@ -78,8 +79,8 @@ func TestDLQCommandSQS(t *testing.T) {
 	for _, m := range []struct{ key, reason string }{{"o-1", "bad SKU"}, {"o-2", "bad SKU"}, {"o-3", "card declined"}} {
 		if _, err := c.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(dead), MessageBody: aws.String(`{"k":"` + m.key + `"}`),
 			MessageAttributes: map[string]types.MessageAttributeValue{
-				sqssource.AttrReason: str(m.reason), sqssource.AttrSourceQueue: str(origin), sqssource.AttrMessageID: str("m-" + m.key),
-				sqssource.AttrAttempts: {DataType: aws.String("Number"), StringValue: aws.String("5")}, "key": str(m.key),
+				consumer.MetaReason: str(m.reason), sqssource.MetaSourceQueue: str(origin), sqssource.MetaMessageID: str("m-" + m.key),
+				consumer.MetaAttempts: {DataType: aws.String("Number"), StringValue: aws.String("5")}, "key": str(m.key),
 			}}); err != nil {
 			t.Fatal(err)
 		}
@@ -133,7 +134,7 @@ func TestDLQCommandSQS(t *testing.T) {
 		}
 		for _, m := range out.Messages {
 			key := aws.ToString(m.MessageAttributes["key"].StringValue)
-			if _, ok := m.MessageAttributes[sqssource.AttrReason]; ok && (key == "o-1" || !strings.Contains(native, "message-move task")) {
+			if _, ok := m.MessageAttributes[consumer.MetaReason]; ok && (key == "o-1" || !strings.Contains(native, "message-move task")) {
 				t.Errorf("replayed %s kept idemq's dead-letter metadata: %v", aws.ToString(m.Body), m.MessageAttributes)
 			}
 			got[key] = true
@@ -165,13 +166,13 @@ func TestDLQCommandKafka(t *testing.T) {
 	for i, k := range []string{"k-1", "k-2", "x-3"} {
 		msgs = append(msgs, kafka.Message{Key: []byte(k), Value: []byte(`{"k":"` + k + `"}`), Headers: []kafka.Header{
 			{Key: "idempotency-key", Value: []byte(k)},
-			{Key: kafkasource.HeaderReason, Value: []byte("boom " + k)},
-			{Key: kafkasource.HeaderAttempts, Value: []byte("5")},
-			{Key: kafkasource.HeaderOriginTopic, Value: []byte(topic)},
-			{Key: kafkasource.HeaderOriginPartition, Value: []byte("0")},
-			{Key: kafkasource.HeaderOriginOffset, Value: []byte(strconv.Itoa(i))},
-			{Key: kafkasource.HeaderKey, Value: []byte(k)},
-			{Key: kafkasource.HeaderDeadLetteredAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
+			{Key: consumer.MetaReason, Value: []byte("boom " + k)},
+			{Key: consumer.MetaAttempts, Value: []byte("5")},
+			{Key: kafkasource.MetaOriginTopic, Value: []byte(topic)},
+			{Key: kafkasource.MetaOriginPartition, Value: []byte("0")},
+			{Key: kafkasource.MetaOriginOffset, Value: []byte(strconv.Itoa(i))},
+			{Key: consumer.MetaKey, Value: []byte(k)},
+			{Key: consumer.MetaDeadLetteredAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
 		}})
 	}
 	if err := w.WriteMessages(ctx, msgs...); err != nil {
@@ -251,9 +252,9 @@ func TestDLQCommandRabbitMQ(t *testing.T) {
 	for _, m := range []struct{ key, reason string }{{"r-1", "bad SKU"}, {"r-2", "card declined"}, {"r-3", "bad SKU"}} {
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", dead, true, false, amqp.Publishing{
 			DeliveryMode: amqp.Persistent, Body: []byte(`{"k":"` + m.key + `"}`),
-			Headers: amqp.Table{"idempotency-key": m.key, "tenant": "acme", amqpsource.HeaderReason: m.reason,
-				amqpsource.HeaderAttempts: int64(5), amqpsource.HeaderQueue: queue, amqpsource.HeaderKey: m.key,
-				amqpsource.HeaderDeadLetteredAt: time.Now().UTC().Format(time.RFC3339Nano)},
+			Headers: amqp.Table{"idempotency-key": m.key, "tenant": "acme", consumer.MetaReason: m.reason,
+				consumer.MetaAttempts: int64(5), amqpsource.MetaQueue: queue, consumer.MetaKey: m.key,
+				consumer.MetaDeadLetteredAt: time.Now().UTC().Format(time.RFC3339Nano)},
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -290,7 +291,7 @@ func TestDLQCommandRabbitMQ(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("the origin queue holds no replayed copy: %v", err)
 	}
-	if d.Headers["idempotency-key"] != "r-2" || d.Headers["tenant"] != "acme" || d.Headers[amqpsource.HeaderReason] != nil {
+	if d.Headers["idempotency-key"] != "r-2" || d.Headers["tenant"] != "acme" || d.Headers[consumer.MetaReason] != nil {
 		t.Errorf("replayed copy's headers %v: want the key and tenant, no idemq metadata", d.Headers)
 	}
 	if _, more, _ := ch.Get(queue, true); more {

@@ -12,7 +12,6 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // Fault is how a scripted message is delivered.
@@ -121,7 +120,7 @@ type Report struct {
 	Duplicates uint64
 	// DeadLetters lists the messages routed to the dead-letter
 	// destination, with their reasons.
-	DeadLetters []memsource.DeadLetter
+	DeadLetters []DeadLetter
 
 	keys    []string
 	running running
@@ -286,8 +285,8 @@ const topic = "replay"
 
 func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Report) {
 	t.Helper()
-	broker := memsource.New(memsource.Config{VisibilityTimeout: 200 * time.Millisecond, Seed: 1})
-	defer broker.Close()
+	broker := newBroker(200 * time.Millisecond)
+	defer broker.close()
 	seen := map[string]bool{}
 	for _, d := range script {
 		if d.Key == "" || seen[d.Key] {
@@ -295,18 +294,12 @@ func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Repo
 		}
 		seen[d.Key] = true
 		rep.keys = append(rep.keys, dedupKey(opts, d))
-		out := memsource.Outgoing{Key: d.Key, Body: d.Body, Headers: d.Headers, PartitionKey: d.PartitionKey}
-		ids := broker.Publish(topic, out)
 		switch d.Fault {
-		case Once:
-		case Redelivered:
-			broker.Inject(memsource.Fault{Kind: memsource.FaultDuplicate, ID: ids[0]})
-		case ConcurrentDuplicate:
-			broker.Inject(memsource.Fault{Kind: memsource.FaultConcurrentDuplicate, ID: ids[0]})
-		case CrashAfterCommit:
-			broker.Inject(memsource.Fault{Kind: memsource.FaultDropAck, ID: ids[0]})
+		case Once, Redelivered, ConcurrentDuplicate, CrashAfterCommit:
+			broker.publish(d)
 		case ProducerDuplicate:
-			broker.Publish(topic, out)
+			broker.publish(d)
+			broker.publish(d)
 		default:
 			t.Fatalf("consumertest: unknown fault %v", d.Fault)
 		}
@@ -317,7 +310,7 @@ func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Repo
 	var wg sync.WaitGroup
 	runners := make([]*consumer.Runner, opts.Workers)
 	for i := range runners {
-		r, err := consumer.NewRunner(broker.Source(topic), path, consumer.Config{
+		r, err := consumer.NewRunner(broker.source(), path, consumer.Config{
 			Name:           opts.Scope,
 			Concurrency:    2,
 			BatchSize:      opts.BatchSize,
@@ -334,10 +327,9 @@ func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Repo
 	}
 
 	deadline := time.Now().Add(opts.Timeout)
-	var st memsource.TopicStats
 	for {
-		st = broker.Stats(topic)
-		if st.Ready == 0 && st.InFlight == 0 && st.Pending == 0 {
+		ready, inFlight := broker.pending()
+		if ready == 0 && inFlight == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -345,18 +337,18 @@ func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Repo
 			cancel()
 			wg.Wait()
 			t.Fatalf("consumertest: replay did not settle within %s (broker: %d ready, %d in flight, %d pending): %s",
-				opts.Timeout, st.Ready, st.InFlight, st.Pending, blocked)
+				opts.Timeout, ready, inFlight, ready+inFlight, blocked)
 			return
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	cancel()
 	wg.Wait()
-	rep.Deliveries = st.Deliveries
+	rep.Deliveries = broker.deliveryCount()
 	for _, r := range runners {
 		rep.Duplicates += r.Stats().Duplicates
 	}
-	rep.DeadLetters = broker.DeadLetters(topic)
+	rep.DeadLetters = broker.deadLetters()
 }
 
 // dedupKey returns the deduplication key the runners will see for d: the

@@ -9,12 +9,12 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/consumertest"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 )
 
-func newMemstore(t *testing.T) *memstore.Store {
+func newMemstore(t *testing.T) *memdedup.Store {
 	t.Helper()
-	s, err := memstore.New(memstore.Config{})
+	s, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func TestReplayUsesKeyFunc(t *testing.T) {
 		{Key: "m1", Headers: map[string]string{"order-id": "order-1"}, Fault: consumertest.Redelivered},
 		{Key: "m2", Headers: map[string]string{"order-id": "order-2"}, Fault: consumertest.CrashAfterCommit},
 	}
-	rep := consumertest.ReplayTx(t, newMemstore(t), func(context.Context, *memstore.Tx, *consumer.Message) error {
+	rep := consumertest.ReplayTx(t, newMemstore(t), func(context.Context, *memdedup.Tx, *consumer.Message) error {
 		return nil
 	}, script, consumertest.Options{Workers: 1, KeyFunc: byOrder})
 	rep.RequireExactlyOnce(t)
@@ -46,7 +46,7 @@ func TestReplayUsesKeyFunc(t *testing.T) {
 // Options.Retry reaches the runners: with MaxAttempts 2 a handler that
 // always fails is dead-lettered after two calls.
 func TestReplayUsesRetryPolicy(t *testing.T) {
-	rep := consumertest.ReplayTx(t, newMemstore(t), func(context.Context, *memstore.Tx, *consumer.Message) error {
+	rep := consumertest.ReplayTx(t, newMemstore(t), func(context.Context, *memdedup.Tx, *consumer.Message) error {
 		return errors.New("refused")
 	}, []consumertest.Delivery{{Key: "k"}}, consumertest.Options{Workers: 1, Retry: consumer.RetryPolicy{MaxAttempts: 2}})
 	if rep.Calls["k"] != 2 || len(rep.DeadLetters) != 1 {
@@ -58,7 +58,7 @@ func TestReplayUsesRetryPolicy(t *testing.T) {
 // what may block it.
 func TestReplayNamesABlockedHandler(t *testing.T) {
 	rt := &recordingTB{T: t}
-	consumertest.ReplayTx(rt, newMemstore(t), func(ctx context.Context, _ *memstore.Tx, _ *consumer.Message) error {
+	consumertest.ReplayTx(rt, newMemstore(t), func(ctx context.Context, _ *memdedup.Tx, _ *consumer.Message) error {
 		select {
 		case <-ctx.Done():
 		case <-time.After(2 * time.Second):

@@ -14,8 +14,8 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/otelidemq"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/internal/memstore"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/memsource"
 )
@@ -66,7 +66,7 @@ func runBench(b *testing.B, path consumer.Path, hooks []consumer.Hook) {
 }
 
 // BenchmarkOverhead measures the transactional path at batch 100 with no
-// hooks and with otelidemq on the OpenTelemetry SDK, over memstore (the
+// hooks and with otelidemq on the OpenTelemetry SDK, over memdedup (the
 // framework alone; per-message handler and batch API) and over PostgreSQL
 // (a handler inserting one row).
 func BenchmarkOverhead(b *testing.B) {
@@ -76,21 +76,21 @@ func BenchmarkOverhead(b *testing.B) {
 		"otel-pertx": func(b *testing.B) []consumer.Hook { return []consumer.Hook{sdkHook(b, true)} },
 	}
 	for _, h := range []string{"none", "otel"} {
-		b.Run("memstore/"+h, func(b *testing.B) {
-			store, err := memstore.New(memstore.Config{})
+		b.Run("memdedup/"+h, func(b *testing.B) {
+			store, err := memdedup.New(memdedup.Config{})
 			if err != nil {
 				b.Fatal(err)
 			}
-			runBench(b, consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }), hooks[h](b))
+			runBench(b, consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }), hooks[h](b))
 		})
 	}
 	for _, h := range []string{"none", "otel", "otel-pertx"} {
-		b.Run("memstore-batch-api/"+h, func(b *testing.B) {
-			store, err := memstore.New(memstore.Config{})
+		b.Run("memdedup-batch-api/"+h, func(b *testing.B) {
+			store, err := memdedup.New(memdedup.Config{})
 			if err != nil {
 				b.Fatal(err)
 			}
-			runBench(b, consumer.TransactionalBatch(store, func(context.Context, *memstore.Tx, []*consumer.Message) error { return nil }), hooks[h](b))
+			runBench(b, consumer.TransactionalBatch(store, func(context.Context, *memdedup.Tx, []*consumer.Message) error { return nil }), hooks[h](b))
 		})
 	}
 	if testing.Short() {

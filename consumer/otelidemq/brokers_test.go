@@ -27,7 +27,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/otelidemq"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/amqpsource"
@@ -55,12 +55,12 @@ func brokerCtx(t *testing.T) context.Context {
 // key was handled, and returns its process span.
 func consumeOne(t *testing.T, tel *telemetry, src consumer.Source, name string) {
 	t.Helper()
-	store, err := memstore.New(memstore.Config{})
+	store, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	handled := make(chan trace.SpanContext, 1)
-	path := consumer.Transactional(store, func(ctx context.Context, _ *memstore.Tx, m *consumer.Message) error {
+	path := consumer.Transactional(store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error {
 		select {
 		case handled <- trace.SpanContextFromContext(ctx):
 		default:

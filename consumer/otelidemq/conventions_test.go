@@ -11,7 +11,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/otelidemq"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -34,11 +34,11 @@ func TestMetricConventions(t *testing.T) {
 	}
 
 	tel := newTelemetry(t, otelidemq.Config{})
-	store, _ := memstore.New(memstore.Config{})
+	store, _ := memdedup.New(memdedup.Config{})
 	b := memsource.New(memsource.Config{})
 	t.Cleanup(func() { b.Close() })
 	b.Publish("orders", memsource.Outgoing{Key: "k1"}, memsource.Outgoing{Key: "k2"})
-	r, err := consumer.NewRunner(b.Source("orders"), consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
+	r, err := consumer.NewRunner(b.Source("orders"), consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
 		consumer.Config{Name: "c", Hooks: []consumer.Hook{tel.hook}})
 	if err != nil {
 		t.Fatal(err)
@@ -105,11 +105,11 @@ func TestKafkaDuplicateReasonUnknown(t *testing.T) {
 	} {
 		t.Run(c.system, func(t *testing.T) {
 			tel := newTelemetry(t, otelidemq.Config{System: c.system})
-			store, _ := memstore.New(memstore.Config{})
+			store, _ := memdedup.New(memdedup.Config{})
 			b := memsource.New(memsource.Config{})
 			t.Cleanup(func() { b.Close() })
 			b.Publish("orders", memsource.Outgoing{Key: "k1"})
-			r, err := consumer.NewRunner(b.Source("orders"), consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
+			r, err := consumer.NewRunner(b.Source("orders"), consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
 				consumer.Config{Name: "c", Hooks: []consumer.Hook{tel.hook}})
 			if err != nil {
 				t.Fatal(err)

@@ -19,7 +19,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/otelidemq"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -216,7 +216,7 @@ func runIdle(t *testing.T, r *consumer.Runner, between ...func()) {
 func TestProcessSpanParentedOnProducer(t *testing.T) {
 	parent, headers := producerSpan(t)
 	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "orders-consumer", ParentOnProducer: true})
-	store, err := memstore.New(memstore.Config{})
+	store, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,11 +281,11 @@ func TestProcessSpanParentedOnProducer(t *testing.T) {
 // A message without trace headers starts a new trace.
 func TestProcessSpanWithoutHeadersIsRoot(t *testing.T) {
 	tel := newTelemetry(t, otelidemq.Config{})
-	store, _ := memstore.New(memstore.Config{})
+	store, _ := memdedup.New(memdedup.Config{})
 	b := memsource.New(memsource.Config{})
 	t.Cleanup(func() { b.Close() })
 	b.Publish("t", memsource.Outgoing{Key: "k"})
-	r, err := consumer.NewRunner(b.Source("t"), consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
+	r, err := consumer.NewRunner(b.Source("t"), consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
 		consumer.Config{Name: "c", Hooks: []consumer.Hook{tel.hook}})
 	if err != nil {
 		t.Fatal(err)
@@ -357,7 +357,7 @@ func TestMetricsMatchStats(t *testing.T) {
 	for name, leased := range map[string]bool{"transactional": false, "leased": true} {
 		t.Run(name, func(t *testing.T) {
 			tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "hooks"})
-			store, err := memstore.New(memstore.Config{})
+			store, err := memdedup.New(memdedup.Config{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -386,7 +386,7 @@ func TestMetricsMatchStats(t *testing.T) {
 			if leased {
 				path = consumer.Leased(store.Leases(), h, consumer.LeaseOptions{})
 			} else {
-				path = consumer.Transactional(store, func(ctx context.Context, _ *memstore.Tx, m *consumer.Message) error { return h(ctx, m) })
+				path = consumer.Transactional(store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error { return h(ctx, m) })
 			}
 			r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{
 				Name: "hooks", Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{tel.hook},
@@ -472,16 +472,16 @@ func TestMetricsMatchStats(t *testing.T) {
 // none.
 func TestTransactionalSpans(t *testing.T) {
 	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "tx"})
-	store, err := memstore.New(memstore.Config{})
+	store, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	store.Inject(memstore.Fault{Op: memstore.OpCommit})
+	store.Inject(memdedup.Fault{Op: memdedup.OpCommit})
 	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 	t.Cleanup(func() { b.Close() })
 	var mu sync.Mutex
 	calls := map[string]int{}
-	path := consumer.Transactional(store, func(ctx context.Context, _ *memstore.Tx, m *consumer.Message) error {
+	path := consumer.Transactional(store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
 		calls[m.Key]++
@@ -605,7 +605,7 @@ func TestExtractAWSTraceHeader(t *testing.T) {
 // whose K is bad; calls returns how many times it ran.
 func batchRunner(t *testing.T, tel *telemetry, name, topic, bad string) (b *memsource.Broker, r *consumer.Runner, calls func() int) {
 	t.Helper()
-	store, err := memstore.New(memstore.Config{})
+	store, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -614,7 +614,7 @@ func batchRunner(t *testing.T, tel *telemetry, name, topic, bad string) (b *mems
 	type order struct{ K string }
 	var mu sync.Mutex
 	batchCalls, failedOnce := 0, false
-	path := consumer.TransactionalBatch(store, consumer.TxBatchJSON(func(ctx context.Context, _ *memstore.Tx, items []consumer.BatchItem[order]) error {
+	path := consumer.TransactionalBatch(store, consumer.TxBatchJSON(func(ctx context.Context, _ *memdedup.Tx, items []consumer.BatchItem[order]) error {
 		mu.Lock()
 		defer mu.Unlock()
 		batchCalls++

@@ -15,10 +15,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/dedup/redisdedup"
 	"github.com/idemq/idemq/dedup/sqldedup"
-	"github.com/idemq/idemq/internal/memstore"
 	"github.com/idemq/idemq/internal/runtest"
 )
 
@@ -36,8 +36,8 @@ var storeColumns = []storeColumn{
 	{"pgdedup", reflect.TypeFor[*pgdedup.Store](), "dedup/pgdedup", "Store"},
 	{"sqldedup", reflect.TypeFor[*sqldedup.Store](), "dedup/sqldedup", "Store"},
 	{"redisdedup", reflect.TypeFor[*redisdedup.Store](), "dedup/redisdedup", "Store"},
-	{"memstore.Store", reflect.TypeFor[*memstore.Store](), "internal/memstore", "Store"},
-	{"memstore.Leases", reflect.TypeFor[*memstore.Leases](), "internal/memstore", "Leases"},
+	{"memdedup.Store", reflect.TypeFor[*memdedup.Store](), "dedup/memdedup", "Store"},
+	{"memdedup.Leases", reflect.TypeFor[*memdedup.Leases](), "dedup/memdedup", "Leases"},
 }
 
 // ifaceTypes returns the interface of dedup named name, instantiated with
@@ -46,7 +46,7 @@ var storeColumns = []storeColumn{
 // its own Tx.
 func ifaceTypes(name string) map[string]reflect.Type {
 	generic := func(pg, sq, mem reflect.Type) map[string]reflect.Type {
-		return map[string]reflect.Type{"pgdedup": pg, "sqldedup": sq, "memstore.Store": mem}
+		return map[string]reflect.Type{"pgdedup": pg, "sqldedup": sq, "memdedup.Store": mem}
 	}
 	same := func(t reflect.Type) map[string]reflect.Type {
 		m := map[string]reflect.Type{}
@@ -57,17 +57,17 @@ func ifaceTypes(name string) map[string]reflect.Type {
 	}
 	switch name {
 	case "TxStore":
-		return generic(reflect.TypeFor[dedup.TxStore[pgx.Tx]](), reflect.TypeFor[dedup.TxStore[*sql.Tx]](), reflect.TypeFor[dedup.TxStore[*memstore.Tx]]())
+		return generic(reflect.TypeFor[dedup.TxStore[pgx.Tx]](), reflect.TypeFor[dedup.TxStore[*sql.Tx]](), reflect.TypeFor[dedup.TxStore[*memdedup.Tx]]())
 	case "BeginClaimer":
-		return generic(reflect.TypeFor[dedup.BeginClaimer[pgx.Tx]](), reflect.TypeFor[dedup.BeginClaimer[*sql.Tx]](), reflect.TypeFor[dedup.BeginClaimer[*memstore.Tx]]())
+		return generic(reflect.TypeFor[dedup.BeginClaimer[pgx.Tx]](), reflect.TypeFor[dedup.BeginClaimer[*sql.Tx]](), reflect.TypeFor[dedup.BeginClaimer[*memdedup.Tx]]())
 	case "CommitChainer":
-		return generic(reflect.TypeFor[dedup.CommitChainer[pgx.Tx]](), reflect.TypeFor[dedup.CommitChainer[*sql.Tx]](), reflect.TypeFor[dedup.CommitChainer[*memstore.Tx]]())
+		return generic(reflect.TypeFor[dedup.CommitChainer[pgx.Tx]](), reflect.TypeFor[dedup.CommitChainer[*sql.Tx]](), reflect.TypeFor[dedup.CommitChainer[*memdedup.Tx]]())
 	case "FailedTxReporter":
-		return generic(reflect.TypeFor[dedup.FailedTxReporter[pgx.Tx]](), reflect.TypeFor[dedup.FailedTxReporter[*sql.Tx]](), reflect.TypeFor[dedup.FailedTxReporter[*memstore.Tx]]())
+		return generic(reflect.TypeFor[dedup.FailedTxReporter[pgx.Tx]](), reflect.TypeFor[dedup.FailedTxReporter[*sql.Tx]](), reflect.TypeFor[dedup.FailedTxReporter[*memdedup.Tx]]())
 	case "EndedTxReporter":
-		return generic(reflect.TypeFor[dedup.EndedTxReporter[pgx.Tx]](), reflect.TypeFor[dedup.EndedTxReporter[*sql.Tx]](), reflect.TypeFor[dedup.EndedTxReporter[*memstore.Tx]]())
+		return generic(reflect.TypeFor[dedup.EndedTxReporter[pgx.Tx]](), reflect.TypeFor[dedup.EndedTxReporter[*sql.Tx]](), reflect.TypeFor[dedup.EndedTxReporter[*memdedup.Tx]]())
 	case "ResultStorer":
-		return generic(reflect.TypeFor[dedup.ResultStorer[pgx.Tx]](), reflect.TypeFor[dedup.ResultStorer[*sql.Tx]](), reflect.TypeFor[dedup.ResultStorer[*memstore.Tx]]())
+		return generic(reflect.TypeFor[dedup.ResultStorer[pgx.Tx]](), reflect.TypeFor[dedup.ResultStorer[*sql.Tx]](), reflect.TypeFor[dedup.ResultStorer[*memdedup.Tx]]())
 	case "ResultCompleter":
 		return same(reflect.TypeFor[dedup.ResultCompleter]())
 	case "LeaseStore":

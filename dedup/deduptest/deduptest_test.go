@@ -6,15 +6,15 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/deduptest"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 )
 
 // The suites check themselves against the in-memory reference store; the
 // real stores run them in their own packages against their servers.
 
 func TestTxStoreSuiteOnMemstore(t *testing.T) {
-	deduptest.RunTxStore(t, func(t *testing.T, retention time.Duration) dedup.TxStore[*memstore.Tx] {
-		s, err := memstore.New(memstore.Config{Retention: retention})
+	deduptest.RunTxStore(t, func(t *testing.T, retention time.Duration) dedup.TxStore[*memdedup.Tx] {
+		s, err := memdedup.New(memdedup.Config{Retention: retention})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -24,7 +24,7 @@ func TestTxStoreSuiteOnMemstore(t *testing.T) {
 
 func TestLeaseStoreSuiteOnMemstore(t *testing.T) {
 	deduptest.RunLeaseStore(t, func(t *testing.T) dedup.LeaseStore {
-		s, err := memstore.New(memstore.Config{})
+		s, err := memdedup.New(memdedup.Config{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -34,7 +34,7 @@ func TestLeaseStoreSuiteOnMemstore(t *testing.T) {
 
 func TestFailureCounterSuiteOnMemstore(t *testing.T) {
 	deduptest.RunFailureCounter(t, func(t *testing.T, retention time.Duration) dedup.FailureCounter {
-		s, err := memstore.New(memstore.Config{Retention: retention})
+		s, err := memdedup.New(memdedup.Config{Retention: retention})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -25,7 +25,7 @@ func RunLeaseStore(t *testing.T, newStore func(t *testing.T) dedup.LeaseStore) {
 		{"ClaimThenInProgress", leaseClaimThenInProgress},
 		{"CompleteThenDuplicate", leaseCompleteThenDuplicate},
 		{"PayloadMismatch", leasePayloadMismatch},
-		{"ReleaseOnFailure", leaseReleaseOnFailure},
+		{"AbandonOnFailure", leaseReleaseOnFailure},
 		{"TokenGuards", leaseTokenGuards},
 		{"LeaseExpiry", leaseExpiry},
 		{"RefreshKeepsLease", leaseRefreshKeeps},
@@ -130,7 +130,7 @@ func leaseCompleteThenDuplicate(t *testing.T, s dedup.LeaseStore) {
 	other := newToken()
 	wantLost(t, "Complete", s.Complete(ctx, scope, "k", other, time.Hour))
 	wantLost(t, "Refresh", s.Refresh(ctx, scope, "k", tok, longLease))
-	mustNil(t, "Release of a done key", s.Release(ctx, scope, "k", tok))
+	mustNil(t, "Abandon of a done key", s.Abandon(ctx, scope, "k", tok))
 	wantState(t, claim(ctx, t, s, scope, rec("k", h), newToken(), longLease), dedup.StateDone)
 }
 
@@ -171,13 +171,13 @@ func leaseReleaseOnFailure(t *testing.T, s dedup.LeaseStore) {
 	scope, h := newScope(t), payload("a")
 	tok1, tok2 := newToken(), newToken()
 	wantState(t, claim(ctx, t, s, scope, rec("k", h), tok1, longLease), dedup.StateNew)
-	mustNil(t, "Release", s.Release(ctx, scope, "k", tok1))
+	mustNil(t, "Abandon", s.Abandon(ctx, scope, "k", tok1))
 
 	// The retry claims the key at once, without waiting for the lease.
 	wantState(t, claim(ctx, t, s, scope, rec("k", h), tok2, longLease), dedup.StateNew)
 
 	// A stale release by the first token changes nothing.
-	mustNil(t, "stale Release", s.Release(ctx, scope, "k", tok1))
+	mustNil(t, "stale Abandon", s.Abandon(ctx, scope, "k", tok1))
 	wantState(t, claim(ctx, t, s, scope, rec("k", h), newToken(), longLease), dedup.StateInProgress)
 	mustNil(t, "Complete", s.Complete(ctx, scope, "k", tok2, time.Hour))
 	wantState(t, claim(ctx, t, s, scope, rec("k", h), newToken(), longLease), dedup.StateDone)
@@ -191,7 +191,7 @@ func leaseTokenGuards(t *testing.T, s dedup.LeaseStore) {
 
 	wantLost(t, "Refresh", s.Refresh(ctx, scope, "k", other, longLease))
 	wantLost(t, "Complete", s.Complete(ctx, scope, "k", other, time.Hour))
-	mustNil(t, "Release by another token", s.Release(ctx, scope, "k", other))
+	mustNil(t, "Abandon by another token", s.Abandon(ctx, scope, "k", other))
 	wantState(t, claim(ctx, t, s, scope, rec("k", h), newToken(), longLease), dedup.StateInProgress)
 
 	// A key nobody holds cannot be refreshed or completed either.
@@ -224,7 +224,7 @@ func leaseExpiry(t *testing.T, s dedup.LeaseStore) {
 	// The stale holder can no longer touch the key.
 	wantLost(t, "Refresh by the expired token", s.Refresh(ctx, scope, "k", stale, longLease))
 	wantLost(t, "Complete by the expired token", s.Complete(ctx, scope, "k", stale, time.Hour))
-	mustNil(t, "Release by the expired token", s.Release(ctx, scope, "k", stale))
+	mustNil(t, "Abandon by the expired token", s.Abandon(ctx, scope, "k", stale))
 	wantState(t, claim(ctx, t, s, scope, rec("k", h), newToken(), longLease), dedup.StateInProgress)
 
 	mustNil(t, "Complete by the new holder", s.Complete(ctx, scope, "k", next, time.Hour))

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
 	"github.com/idemq/idemq/internal/cfgerr"
@@ -110,11 +111,6 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// ErrInvalidConfig is matched by the errors New returns for a bad Config. It
-// is dedup.ErrInvalidConfig (and so consumer.ErrInvalidConfig): each bad
-// field is a *dedup.ConfigError, and New reports all of them at once.
-var ErrInvalidConfig = dedup.ErrInvalidConfig
-
 // Store is the PostgreSQL deduplication store of the transactional path. It
 // implements dedup.TxStore[pgx.Tx]. It is safe for concurrent use.
 type Store struct {
@@ -131,7 +127,7 @@ type Store struct {
 func New(db DB, cfg Config) (*Store, error) {
 	l := cfgerr.List{Prefix: "pgdedup.Config."}
 	if db == nil {
-		l.Include(&dedup.ConfigError{Field: "pgdedup.New(db)", Reason: "nil"})
+		l.Include(&idemq.ConfigError{Field: "pgdedup.New(db)", Reason: "nil"})
 	}
 	cfg = cfg.WithDefaults()
 	sqlstore.Settings{

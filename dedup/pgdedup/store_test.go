@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/deduptest"
 	"github.com/idemq/idemq/dedup/pgdedup"
@@ -93,12 +94,12 @@ func TestNewRejectsNonIdentifiers(t *testing.T) {
 	}
 	for _, cfg := range bad {
 		_, err := pgdedup.New(&pgxpool.Pool{}, cfg)
-		if !errors.Is(err, pgdedup.ErrInvalidConfig) {
-			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", cfg, err)
+		if !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Errorf("New(%+v) = %v, want idemq.ErrInvalidConfig", cfg, err)
 		}
 	}
-	if _, err := pgdedup.New(nil, pgdedup.Config{}); !errors.Is(err, pgdedup.ErrInvalidConfig) {
-		t.Errorf("New(nil) = %v, want ErrInvalidConfig", err)
+	if _, err := pgdedup.New(nil, pgdedup.Config{}); !errors.Is(err, idemq.ErrInvalidConfig) {
+		t.Errorf("New(nil) = %v, want idemq.ErrInvalidConfig", err)
 	}
 	if _, err := pgdedup.New(&pgxpool.Pool{}, pgdedup.Config{Schema: "Tenant_1", Table: "Seen"}); err != nil {
 		t.Errorf("New with mixed-case identifiers: %v", err)

@@ -25,13 +25,13 @@
 //
 // Every operation is one Lua script, so it is atomic, and every change after
 // the claim compares the caller's token first (compare-and-set): a worker
-// whose lease expired can neither extend it, mark it done nor release it once
+// whose lease expired can neither extend it, mark it done nor abandon it once
 // another token holds the key. The payload digest is stored at claim time, so
 // the same key with a different payload is reported as a mismatch both while
 // the first copy is in progress and after it is done. Times come from the
 // Redis server's clock, so workers' clocks do not matter.
 //
-// Claim, Refresh, Complete and Release are idempotent for one token: go-redis
+// Claim, Refresh, Complete and Abandon are idempotent for one token: go-redis
 // retries a command whose reply was lost on the network, and the retry finds
 // the state the first try wrote and reports the same outcome.
 //

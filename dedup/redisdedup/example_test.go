@@ -50,7 +50,7 @@ func ExampleStore_Claim() {
 	switch c.State {
 	case dedup.StateNew:
 		if err := sendInvoice(ctx); err != nil {
-			_ = store.Release(ctx, "mailer", rec.Key, token) // the retry may claim at once
+			_ = store.Abandon(ctx, "mailer", rec.Key, token) // the retry may claim at once
 			return
 		}
 		err := store.Complete(ctx, "mailer", rec.Key, token, 72*time.Hour)

@@ -92,12 +92,12 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 `)
 
-// releaseScript deletes the key if the token holds its lease.
+// abandonScript deletes the key if the token holds its lease.
 //
 //	ARGV[1] token
 //
-// It returns 1 if the lease was released, 0 otherwise.
-var releaseScript = redis.NewScript(`
+// It returns 1 if the lease was abandoned, 0 otherwise.
+var abandonScript = redis.NewScript(`
 local v = redis.call('HMGET', KEYS[1], 's', 't')
 if v[1] == 'p' and v[2] == ARGV[1] then
   redis.call('DEL', KEYS[1])

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/cfgerr"
 )
@@ -22,11 +23,6 @@ const (
 
 // Sentinel errors of the store. Match them with errors.Is.
 var (
-	// ErrInvalidConfig is matched by the errors of New for an unusable
-	// client or Config. It is dedup.ErrInvalidConfig (and so
-	// consumer.ErrInvalidConfig): each bad field is a *dedup.ConfigError,
-	// and New reports all of them at once.
-	ErrInvalidConfig = dedup.ErrInvalidConfig
 	// ErrInvalidArgument is matched by the errors of calls with an empty
 	// key or token, a non-positive duration or an oversized result. Such a
 	// call does not reach Redis.
@@ -96,7 +92,7 @@ type Store struct {
 func New(rdb redis.UniversalClient, cfg Config) (*Store, error) {
 	var l cfgerr.List
 	if rdb == nil {
-		l.Include(&dedup.ConfigError{Field: "redisdedup.New(rdb)", Reason: "nil Redis client"})
+		l.Include(&idemq.ConfigError{Field: "redisdedup.New(rdb)", Reason: "nil Redis client"})
 	}
 	cfg = cfg.WithDefaults()
 	l.Include(cfg.validate())
@@ -236,17 +232,17 @@ func (s *Store) complete(ctx context.Context, scope, key, token string, retentio
 	return nil
 }
 
-// Release deletes the lease token holds on key after a failed effect, so
+// Abandon deletes the lease token holds on key after a failed effect, so
 // that a retry can claim the key at once. If token does not hold the key
-// (its lease expired, another token holds it, or it is done), Release changes
+// (its lease expired, another token holds it, or it is done), Abandon changes
 // nothing and returns nil.
-func (s *Store) Release(ctx context.Context, scope, key, token string) error {
+func (s *Store) Abandon(ctx context.Context, scope, key, token string) error {
 	if key == "" || token == "" {
-		return fmt.Errorf("redisdedup: release: %w: empty key or token", ErrInvalidArgument)
+		return fmt.Errorf("redisdedup: abandon: %w: empty key or token", ErrInvalidArgument)
 	}
-	if err := releaseScript.Run(ctx, s.rdb, []string{s.RedisKey(scope, key)}, token).Err(); err != nil {
+	if err := abandonScript.Run(ctx, s.rdb, []string{s.RedisKey(scope, key)}, token).Err(); err != nil {
 		s.reloadOn(err)
-		return fmt.Errorf("redisdedup: release %q: %w", key, err)
+		return fmt.Errorf("redisdedup: abandon %q: %w", key, err)
 	}
 	return nil
 }

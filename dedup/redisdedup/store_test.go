@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/deduptest"
 	"github.com/idemq/idemq/dedup/redisdedup"
@@ -77,8 +78,8 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"brace in prefix", rdb, redisdedup.Config{Prefix: "app{1}:"}},
 		{"negative result limit", rdb, redisdedup.Config{MaxResultBytes: -1}},
 	} {
-		if _, err := redisdedup.New(tc.rdb, tc.cfg); !errors.Is(err, redisdedup.ErrInvalidConfig) {
-			t.Errorf("%s: New err = %v, want ErrInvalidConfig", tc.name, err)
+		if _, err := redisdedup.New(tc.rdb, tc.cfg); !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Errorf("%s: New err = %v, want idemq.ErrInvalidConfig", tc.name, err)
 		}
 	}
 	s, err := redisdedup.New(rdb, redisdedup.Config{})
@@ -125,7 +126,7 @@ func TestInvalidArguments(t *testing.T) {
 		"claim zero lease":      errOf(s.Claim(ctx, scope, dedup.Record{Key: "k", PayloadHash: h}, token(), 0)),
 		"refresh negative":      s.Refresh(ctx, scope, "k", token(), -time.Second),
 		"complete no retention": s.Complete(ctx, scope, "k", token(), 0),
-		"release empty token":   s.Release(ctx, scope, "k", ""),
+		"abandon empty token":   s.Abandon(ctx, scope, "k", ""),
 	}
 	for name, err := range checks {
 		if !errors.Is(err, redisdedup.ErrInvalidArgument) {

@@ -7,14 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/internal/cfgerr"
 )
 
 // TestConfigErrorsNameEveryField: New reports every bad field at once, each a
-// *consumer.ConfigError, and the error matches consumer.ErrInvalidConfig as
-// well as the package's own ErrInvalidConfig.
+// *idemq.ConfigError, and the error matches idemq.ErrInvalidConfig.
 func TestConfigErrorsNameEveryField(t *testing.T) {
 	db := &sql.DB{} // never used: New does not touch the database
 	cases := []struct {
@@ -36,12 +35,12 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 	}
 	for _, tc := range cases {
 		_, err := sqldedup.New(tc.db, tc.cfg)
-		if !errors.Is(err, consumer.ErrInvalidConfig) || !errors.Is(err, sqldedup.ErrInvalidConfig) {
-			t.Errorf("%s: New = %v, want consumer.ErrInvalidConfig and sqldedup.ErrInvalidConfig", tc.name, err)
+		if !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Errorf("%s: New = %v, want idemq.ErrInvalidConfig", tc.name, err)
 		}
-		var ce *consumer.ConfigError
+		var ce *idemq.ConfigError
 		if !errors.As(err, &ce) {
-			t.Errorf("%s: New = %v, want a *consumer.ConfigError", tc.name, err)
+			t.Errorf("%s: New = %v, want a *idemq.ConfigError", tc.name, err)
 		}
 		if got := cfgerr.Fields(err); !slices.Equal(got, tc.want) {
 			t.Errorf("%s: New = %v, reports fields %q, want %q", tc.name, err, got, tc.want)

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
@@ -33,7 +33,7 @@ func Migrations(d Dialect) ([]Migration, error) {
 	case SQLite:
 		ms, err = sqlstore.Load(sqliteMigrations, "migrations/sqlite")
 	default:
-		return nil, &dedup.ConfigError{Field: "sqldedup.Migrations(d)", Reason: fmt.Sprintf("unknown Dialect %q", d)}
+		return nil, &idemq.ConfigError{Field: "sqldedup.Migrations(d)", Reason: fmt.Sprintf("unknown Dialect %q", d)}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("sqldedup: %w", err)

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq"
 )
 
 // SQLiteDriver is the database/sql driver name that OpenSQLite uses: the one
@@ -62,7 +62,7 @@ func SQLiteDSN(path string) string {
 // otherwise OpenSQLite returns database/sql's "unknown driver" error.
 func OpenSQLite(ctx context.Context, path string) (*sql.DB, error) {
 	if path == "" || strings.ContainsAny(path, "?#") {
-		return nil, &dedup.ConfigError{Field: "sqldedup.OpenSQLite(path)", Reason: fmt.Sprintf("%q is empty or contains '?' or '#'", path)}
+		return nil, &idemq.ConfigError{Field: "sqldedup.OpenSQLite(path)", Reason: fmt.Sprintf("%q is empty or contains '?' or '#'", path)}
 	}
 	db, err := sql.Open(SQLiteDriver, SQLiteDSN(path))
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
 	"github.com/idemq/idemq/internal/cfgerr"
@@ -97,11 +98,6 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// ErrInvalidConfig is matched by the errors New returns for a bad Config. It
-// is dedup.ErrInvalidConfig (and so consumer.ErrInvalidConfig): each bad
-// field is a *dedup.ConfigError, and New reports all of them at once.
-var ErrInvalidConfig = dedup.ErrInvalidConfig
-
 // validate reports every invalid field of c.
 func (c Config) validate() error {
 	l := cfgerr.List{Prefix: "sqldedup.Config."}
@@ -138,7 +134,7 @@ type Store struct {
 func New(db DB, cfg Config) (*Store, error) {
 	var l cfgerr.List
 	if db == nil {
-		l.Include(&dedup.ConfigError{Field: "sqldedup.New(db)", Reason: "nil"})
+		l.Include(&idemq.ConfigError{Field: "sqldedup.New(db)", Reason: "nil"})
 	}
 	cfg = cfg.WithDefaults()
 	l.Include(cfg.validate())

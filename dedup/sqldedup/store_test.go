@@ -17,6 +17,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/deduptest"
 	"github.com/idemq/idemq/dedup/sqldedup"
@@ -145,11 +146,11 @@ func TestConfigValidation(t *testing.T) {
 		{"negative interval", sqldedup.Config{Dialect: sqldedup.SQLite, CleanupInterval: -time.Second}},
 		{"negative batch", sqldedup.Config{Dialect: sqldedup.SQLite, CleanupBatchSize: -1}},
 	} {
-		if _, err := sqldedup.New(db, tc.cfg); !errors.Is(err, sqldedup.ErrInvalidConfig) {
-			t.Errorf("%s: New = %v, want ErrInvalidConfig", tc.name, err)
+		if _, err := sqldedup.New(db, tc.cfg); !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Errorf("%s: New = %v, want idemq.ErrInvalidConfig", tc.name, err)
 		}
 	}
-	if _, err := sqldedup.New(nil, sqldedup.Config{Dialect: sqldedup.SQLite}); !errors.Is(err, sqldedup.ErrInvalidConfig) {
+	if _, err := sqldedup.New(nil, sqldedup.Config{Dialect: sqldedup.SQLite}); !errors.Is(err, idemq.ErrInvalidConfig) {
 		t.Errorf("nil DB: %v", err)
 	}
 	s, err := sqldedup.New(db, sqldedup.Config{Dialect: sqldedup.Postgres})
@@ -159,7 +160,7 @@ func TestConfigValidation(t *testing.T) {
 	if c := s.Config(); c.Schema != "public" || c.Table != "processed_messages" || c.Retention != dedup.DefaultRetention {
 		t.Errorf("defaults: %+v", c)
 	}
-	if _, err := sqldedup.OpenSQLite(testCtx(t), "x.db?mode=ro"); !errors.Is(err, sqldedup.ErrInvalidConfig) {
+	if _, err := sqldedup.OpenSQLite(testCtx(t), "x.db?mode=ro"); !errors.Is(err, idemq.ErrInvalidConfig) {
 		t.Errorf("OpenSQLite with a query in the path: %v", err)
 	}
 }

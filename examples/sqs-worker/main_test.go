@@ -15,7 +15,6 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/testenv"
-	"github.com/idemq/idemq/sources/sqssource"
 )
 
 // The worker credits every distinct payment once, although a tenth of them
@@ -83,7 +82,7 @@ func TestWorkerCreditsEachPaymentOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(dead.Messages) != 1 || !strings.Contains(aws.ToString(dead.Messages[0].MessageAttributes[sqssource.AttrReason].StringValue), "unknown account 9999") {
+	if len(dead.Messages) != 1 || !strings.Contains(aws.ToString(dead.Messages[0].MessageAttributes[consumer.MetaReason].StringValue), "unknown account 9999") {
 		t.Fatalf("dead letters %+v, want the payment to account 9999 with its reason", dead.Messages)
 	}
 }

@@ -1,6 +1,6 @@
-// Package cfgerr collects the *dedup.ConfigError of one configuration
+// Package cfgerr collects the *idemq.ConfigError of one configuration
 // check, so that every package reports all its bad fields at once in the
-// shape dedup.ConfigError documents.
+// shape idemq.ConfigError documents.
 package cfgerr
 
 import (
@@ -8,7 +8,7 @@ import (
 	"reflect"
 	"strings"
 
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq"
 )
 
 // List collects configuration errors. The zero value is ready to use.
@@ -21,13 +21,13 @@ type List struct {
 
 // Add records that field is invalid for reason.
 func (l *List) Add(field, reason string) {
-	l.errs = append(l.errs, &dedup.ConfigError{Field: l.Prefix + field, Reason: reason})
+	l.errs = append(l.errs, &idemq.ConfigError{Field: l.Prefix + field, Reason: reason})
 }
 
 // AddErr records that field is invalid for reason because of err (reason
 // may be empty).
 func (l *List) AddErr(field, reason string, err error) {
-	l.errs = append(l.errs, &dedup.ConfigError{Field: l.Prefix + field, Reason: reason, Err: err})
+	l.errs = append(l.errs, &idemq.ConfigError{Field: l.Prefix + field, Reason: reason, Err: err})
 }
 
 // Addf is Add with a formatted reason.
@@ -67,13 +67,13 @@ type joined struct{ errs []error }
 
 func (j *joined) Error() string {
 	var b strings.Builder
-	prefix := dedup.ErrInvalidConfig.Error() + ": "
+	prefix := idemq.ErrInvalidConfig.Error() + ": "
 	b.WriteString(prefix)
 	for i, e := range j.errs {
 		if i > 0 {
 			b.WriteString("; ")
 		}
-		if _, ok := e.(*dedup.ConfigError); ok {
+		if _, ok := e.(*idemq.ConfigError); ok {
 			b.WriteString(strings.TrimPrefix(e.Error(), prefix))
 		} else {
 			b.WriteString(e.Error())
@@ -84,7 +84,7 @@ func (j *joined) Error() string {
 
 func (j *joined) Unwrap() []error { return j.errs }
 
-// Fields returns the Field of every *dedup.ConfigError in err's tree, in
+// Fields returns the Field of every *idemq.ConfigError in err's tree, in
 // order: what a Config check reported, for tests.
 func Fields(err error) []string {
 	var out []string
@@ -93,7 +93,7 @@ func Fields(err error) []string {
 		if e == nil {
 			return
 		}
-		if ce, ok := e.(*dedup.ConfigError); ok {
+		if ce, ok := e.(*idemq.ConfigError); ok {
 			out = append(out, ce.Field)
 			return
 		}

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/cfgerr"
 )
 
@@ -18,7 +18,7 @@ func TestList(t *testing.T) {
 
 	var one cfgerr.List
 	one.Add("A", "bad")
-	var ce *dedup.ConfigError
+	var ce *idemq.ConfigError
 	if err := one.Err(); !errors.As(err, &ce) || ce.Field != "A" || err.Error() != "idemq: invalid configuration: A: bad" {
 		t.Fatalf("one error: %v", err)
 	}
@@ -31,10 +31,10 @@ func TestList(t *testing.T) {
 	l := cfgerr.List{Prefix: "ignored."}
 	l.Include(one.Err())
 	l.Include(nested.Err())
-	l.Include(fmt.Errorf("wrapped: %w", &dedup.ConfigError{Field: "D", Reason: "x"}))
+	l.Include(fmt.Errorf("wrapped: %w", &idemq.ConfigError{Field: "D", Reason: "x"}))
 	l.Include(nil)
 	err := l.Err()
-	if !errors.Is(err, dedup.ErrInvalidConfig) {
+	if !errors.Is(err, idemq.ErrInvalidConfig) {
 		t.Errorf("%v does not match ErrInvalidConfig", err)
 	}
 	if !errors.Is(err, cause) {

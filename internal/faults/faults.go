@@ -1,5 +1,5 @@
 // Package faults is the script of injected failures that the in-memory
-// broker (sources/memsource) and the in-memory store (internal/memstore)
+// broker (sources/memsource) and the in-memory store (dedup/memdedup)
 // share: faults fire in the order they were injected, each a given number of
 // times. What a fault is and which operation it matches stays with its owner.
 package faults

@@ -116,7 +116,7 @@ func TestExamplesAndCommandsAreLeaves(t *testing.T) {
 // not its in-process Kafka (franz-go's kfake). The demo is cmd/idemq-demo.
 // (sqldedup's SQLite driver stays: idemq takes sqlite: DSNs.)
 func TestOperationsCommandLinksNoDemo(t *testing.T) {
-	forbidden := []string{module + "/internal/demo", module + "/internal/checkout", module + "/sources/memsource", "github.com/twmb/franz-go"}
+	forbidden := []string{module + "/cmd/internal/demo", module + "/cmd/internal/checkout", module + "/sources/memsource", "github.com/twmb/franz-go"}
 	seen := false
 	for _, p := range list(t) {
 		if p.ImportPath != module+"/cmd/idemq" {
@@ -133,5 +133,37 @@ func TestOperationsCommandLinksNoDemo(t *testing.T) {
 	}
 	if !seen {
 		t.Fatal("go list did not find cmd/idemq")
+	}
+}
+
+// The floors: the root package idemq (the types every layer shares) imports
+// nothing of the module; internal/ is the bottom floor and imports nothing
+// of the module but itself and the root package; dedup stands on them, and
+// consumer (with its test kit) on dedup: neither imports a source, a sink or
+// a program. Only non-test imports count.
+func TestFloors(t *testing.T) {
+	for _, p := range list(t) {
+		var allowed func(imp string) bool
+		switch {
+		case p.ImportPath == module:
+			allowed = func(string) bool { return false }
+		case under(p.ImportPath, module+"/internal"):
+			allowed = func(imp string) bool { return imp == module || under(imp, module+"/internal") }
+		case under(p.ImportPath, module+"/dedup"):
+			allowed = func(imp string) bool {
+				return imp == module || under(imp, module+"/internal") || under(imp, module+"/dedup")
+			}
+		case under(p.ImportPath, module+"/consumer"):
+			allowed = func(imp string) bool {
+				return imp == module || under(imp, module+"/internal") || under(imp, module+"/consumer") || under(imp, module+"/dedup")
+			}
+		default:
+			continue
+		}
+		for _, imp := range p.Imports {
+			if under(imp, module) && !allowed(imp) {
+				t.Errorf("%s imports %s: an import that runs back up a floor", p.ImportPath, imp)
+			}
+		}
 	}
 }

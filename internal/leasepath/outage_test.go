@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/redisdedup"
 	"github.com/idemq/idemq/internal/runtest"
@@ -120,7 +121,7 @@ func TestTypedNilStoresAreConfigErrors(t *testing.T) {
 	}
 	for name, p := range paths {
 		t.Run(name, func(t *testing.T) {
-			var ce *consumer.ConfigError
+			var ce *idemq.ConfigError
 			defer func() {
 				if v := recover(); v != nil {
 					t.Fatalf("NewRunner with a nil *%s.Store panicked: %v", name, v)

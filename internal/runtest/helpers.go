@@ -10,8 +10,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/idemq/idemq/consumer"
 )
 
 // Logger returns the logger of idemq's own tests: with IDEMQ_TEST_LOG=1 it
@@ -88,14 +86,21 @@ func UniqueName(t testing.TB, prefix string) string {
 	return name
 }
 
-// ExpectNothing fails t if src hands out a message within window.
-func ExpectNothing(t testing.TB, src consumer.Source, window time.Duration) {
+// Receiver is the receiving half of a consumer.Source, over its message
+// type M (*consumer.Message).
+type Receiver[M any] interface {
+	Receive(ctx context.Context, max int) ([]M, error)
+}
+
+// ExpectNothing fails t if src (a consumer.Source) hands out a message
+// within window.
+func ExpectNothing[M any](t testing.TB, src Receiver[M], window time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), window)
 	defer cancel()
 	msgs, err := src.Receive(ctx, 10)
 	if err == nil {
-		t.Fatalf("expected no message within %s, got %d (first %s, key %q, attempt %d)", window, len(msgs), msgs[0].ID, msgs[0].Key, msgs[0].Attempt)
+		t.Fatalf("expected no message within %s, got %d (first %+v)", window, len(msgs), msgs[0])
 	}
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Receive: %v", err)
@@ -105,7 +110,7 @@ func ExpectNothing(t testing.TB, src consumer.Source, window time.Duration) {
 // Start runs r in the background until the returned stop is called or t
 // ends. stop cancels Run, waits for it to return (at most Timeout) and fails
 // t on its error; it may be called more than once.
-func Start(t testing.TB, r *consumer.Runner) (stop func()) {
+func Start(t testing.TB, r Runner) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -10,17 +10,21 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/idemq/idemq/consumer"
 )
 
 // Timeout is how long RunUntil waits for its condition.
 const Timeout = 60 * time.Second
 
+// Runner is what the helpers run: a *consumer.Runner. An interface, so that
+// the test kit imports nothing of idemq and stays on the bottom floor.
+type Runner interface {
+	Run(ctx context.Context) error
+}
+
 // RunUntil runs the runners until done reports true (polled every 10 ms),
 // then stops them and waits for Run to return. It fails t if done never
 // holds within Timeout or a Run returns an error.
-func RunUntil(t testing.TB, done func() bool, runners ...*consumer.Runner) {
+func RunUntil[R Runner](t testing.TB, done func() bool, runners ...R) {
 	t.Helper()
 	RunUntilUnless(t, done, nil, runners...)
 }
@@ -30,7 +34,7 @@ func RunUntil(t testing.TB, done func() bool, runners ...*consumer.Runner) {
 // that can observe the failure it guards against (a handler run once too
 // often, a dead letter, an ack) reports it when it happens instead of
 // after Timeout.
-func RunUntilUnless(t testing.TB, done func() bool, wrong func() string, runners ...*consumer.Runner) {
+func RunUntilUnless[R Runner](t testing.TB, done func() bool, wrong func() string, runners ...R) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/outbox/amqpoutbox"
@@ -15,18 +15,18 @@ import (
 )
 
 // TestConfigErrorsNameEveryField: the relay constructors report every bad
-// argument and field at once, each a *consumer.ConfigError, and the error
-// matches consumer.ErrInvalidConfig as well as outbox.ErrInvalidConfig; so
+// argument and field at once, each a *idemq.ConfigError, and the error
+// matches idemq.ErrInvalidConfig; so
 // do the publishers' constructors.
 func TestConfigErrorsNameEveryField(t *testing.T) {
 	check := func(name string, err error, want []string) {
 		t.Helper()
-		if !errors.Is(err, consumer.ErrInvalidConfig) || !errors.Is(err, outbox.ErrInvalidConfig) {
-			t.Errorf("%s = %v, want consumer.ErrInvalidConfig and outbox.ErrInvalidConfig", name, err)
+		if !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Errorf("%s = %v, want idemq.ErrInvalidConfig", name, err)
 		}
-		var ce *consumer.ConfigError
+		var ce *idemq.ConfigError
 		if !errors.As(err, &ce) {
-			t.Errorf("%s = %v, want a *consumer.ConfigError", name, err)
+			t.Errorf("%s = %v, want a *idemq.ConfigError", name, err)
 		}
 		if got := cfgerr.Fields(err); !slices.Equal(got, want) {
 			t.Errorf("%s = %v, reports fields %q, want %q", name, err, got, want)

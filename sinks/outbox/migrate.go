@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup/sqldedup"
 )
 
@@ -80,7 +80,7 @@ func (s Schema) MigrationSQL(d sqldedup.Dialect) (string, error) {
 // check refuses a schema on SQLite.
 func (s Schema) check(d sqldedup.Dialect) error {
 	if s != "" && d == sqldedup.SQLite {
-		return &consumer.ConfigError{Field: "outbox.Schema", Reason: fmt.Sprintf("%q: SQLite has no schemas", string(s))}
+		return &idemq.ConfigError{Field: "outbox.Schema", Reason: fmt.Sprintf("%q: SQLite has no schemas", string(s))}
 	}
 	return nil
 }

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/cfgerr"
 )
 
@@ -25,11 +25,6 @@ var (
 	// (topic, queue, exchange) does not exist or routes nowhere. It counts
 	// as an attempt.
 	ErrNoDestination = errors.New("outbox: destination does not exist")
-	// ErrInvalidConfig is matched by the errors of NewRelay, NewSQLiteRelay
-	// and the publishers' New for an invalid argument or Config. It is
-	// consumer.ErrInvalidConfig: each bad field is a *consumer.ConfigError,
-	// and all bad fields are reported at once.
-	ErrInvalidConfig = consumer.ErrInvalidConfig
 )
 
 // Publisher sends messages to a broker. Implementations: kafkaoutbox,
@@ -160,7 +155,7 @@ func (c Config) WithDefaults() Config {
 
 // validate reports every invalid field of c; nil arguments of the
 // constructor (named by args) come first.
-func (c Config) validate(args ...*consumer.ConfigError) error {
+func (c Config) validate(args ...*idemq.ConfigError) error {
 	var l cfgerr.List
 	for _, a := range args {
 		if a != nil {
@@ -192,11 +187,11 @@ func (c Config) validate(args ...*consumer.ConfigError) error {
 }
 
 // argError names a nil constructor argument, or returns nil.
-func argError(name string, isNil bool) *consumer.ConfigError {
+func argError(name string, isNil bool) *idemq.ConfigError {
 	if !isNil {
 		return nil
 	}
-	return &consumer.ConfigError{Field: name, Reason: "required"}
+	return &idemq.ConfigError{Field: name, Reason: "required"}
 }
 
 // Row states.

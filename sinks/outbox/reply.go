@@ -186,7 +186,7 @@ type Resender struct {
 var _ consumer.HookClaimed = (*Resender)(nil)
 
 // NewResender returns a Resender writing with db (a *pgxpool.Pool: each
-// re-send is one autocommitted statement). It fails with ErrInvalidConfig
+// re-send is one autocommitted statement). It fails with idemq.ErrInvalidConfig
 // when db is nil or cfg.Timeout is negative.
 func NewResender(db PgxQuerier, cfg ResendConfig) (*Resender, error) {
 	if cfg.Timeout == 0 {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/sinks/outbox"
@@ -156,10 +157,10 @@ func TestReply(t *testing.T) {
 }
 
 func TestNewResenderConfig(t *testing.T) {
-	if _, err := outbox.NewResender(nil, outbox.ResendConfig{}); !errors.Is(err, outbox.ErrInvalidConfig) {
+	if _, err := outbox.NewResender(nil, outbox.ResendConfig{}); !errors.Is(err, idemq.ErrInvalidConfig) {
 		t.Fatalf("nil db: %v, want ErrInvalidConfig", err)
 	}
-	if _, err := outbox.NewResender((*pgxpool.Pool)(nil), outbox.ResendConfig{Timeout: -1}); !errors.Is(err, outbox.ErrInvalidConfig) {
+	if _, err := outbox.NewResender((*pgxpool.Pool)(nil), outbox.ResendConfig{Timeout: -1}); !errors.Is(err, idemq.ErrInvalidConfig) {
 		t.Fatalf("negative Timeout: %v, want ErrInvalidConfig", err)
 	}
 }

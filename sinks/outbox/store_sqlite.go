@@ -5,7 +5,7 @@ import (
 	"database/sql"
 	"time"
 
-	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq"
 )
 
 // NewSQLiteRelay returns a relay over the outbox table of a SQLite
@@ -15,13 +15,13 @@ import (
 // handlers keep writing meanwhile.
 func NewSQLiteRelay(db *sql.DB, pub Publisher, cfg Config) (*Relay, error) {
 	cfg = cfg.WithDefaults()
-	var sqliteConcurrency *consumer.ConfigError
+	var sqliteConcurrency *idemq.ConfigError
 	if cfg.Concurrency > 1 {
-		sqliteConcurrency = &consumer.ConfigError{Field: "outbox.Config.Concurrency", Reason: "a SQLite relay has Concurrency 1"}
+		sqliteConcurrency = &idemq.ConfigError{Field: "outbox.Config.Concurrency", Reason: "a SQLite relay has Concurrency 1"}
 	}
-	var sqliteSchema *consumer.ConfigError
+	var sqliteSchema *idemq.ConfigError
 	if cfg.Schema != "" {
-		sqliteSchema = &consumer.ConfigError{Field: "outbox.Config.Schema", Reason: "SQLite has no schemas"}
+		sqliteSchema = &idemq.ConfigError{Field: "outbox.Config.Schema", Reason: "SQLite has no schemas"}
 	}
 	if err := cfg.validate(argError("outbox.NewSQLiteRelay(db)", db == nil), argError("outbox.NewSQLiteRelay(pub)", pub == nil), sqliteConcurrency, sqliteSchema); err != nil {
 		return nil, err

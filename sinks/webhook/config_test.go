@@ -7,14 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/sinks/webhook"
 )
 
 // TestConfigErrorsNameEveryField: New reports every bad field at once, each a
-// *consumer.ConfigError, and the error matches consumer.ErrInvalidConfig as
-// well as the package's own ErrInvalidConfig.
+// *idemq.ConfigError, and the error matches idemq.ErrInvalidConfig.
 func TestConfigErrorsNameEveryField(t *testing.T) {
 	cases := []struct {
 		name string
@@ -30,12 +29,12 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 	}
 	for _, tc := range cases {
 		_, err := webhook.New(tc.cfg)
-		if !errors.Is(err, consumer.ErrInvalidConfig) || !errors.Is(err, webhook.ErrInvalidConfig) {
-			t.Errorf("%s: New = %v, want consumer.ErrInvalidConfig and webhook.ErrInvalidConfig", tc.name, err)
+		if !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Errorf("%s: New = %v, want idemq.ErrInvalidConfig", tc.name, err)
 		}
-		var ce *consumer.ConfigError
+		var ce *idemq.ConfigError
 		if !errors.As(err, &ce) {
-			t.Errorf("%s: New = %v, want a *consumer.ConfigError", tc.name, err)
+			t.Errorf("%s: New = %v, want a *idemq.ConfigError", tc.name, err)
 		}
 		if got := cfgerr.Fields(err); !slices.Equal(got, tc.want) {
 			t.Errorf("%s: New = %v, reports fields %q, want %q", tc.name, err, got, tc.want)

@@ -10,8 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sinks/webhook"
 	"github.com/idemq/idemq/sinks/webhook/webhooktest"
@@ -60,8 +61,8 @@ func TestNoSecretInOutput(t *testing.T) {
 		"http:///" + plantedSecret + "?t=" + plantedSecret,                               // no host
 	} {
 		_, err := webhook.New(webhook.Config{URL: raw})
-		if !errors.Is(err, webhook.ErrInvalidConfig) {
-			t.Fatalf("New(%q) = %v, want ErrInvalidConfig", raw, err)
+		if !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Fatalf("New(%q) = %v, want idemq.ErrInvalidConfig", raw, err)
 		}
 		check("New's error", err.Error())
 	}
@@ -94,7 +95,7 @@ func TestNoSecretInOutput(t *testing.T) {
 			t.Cleanup(func() { _ = broker.Close() })
 			src := broker.Source("orders")
 			t.Cleanup(func() { _ = src.Close() })
-			store, err := memstore.New(memstore.Config{})
+			store, err := memdedup.New(memdedup.Config{})
 			if err != nil {
 				t.Fatal(err)
 			}

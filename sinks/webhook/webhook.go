@@ -39,11 +39,6 @@ const (
 	drainBytes     = 64 << 10
 )
 
-// ErrInvalidConfig is matched by the errors of New for an unusable Config. It
-// is consumer.ErrInvalidConfig: each bad field is a *consumer.ConfigError,
-// and New reports all of them at once.
-var ErrInvalidConfig = consumer.ErrInvalidConfig
-
 // Config configures a Sink.
 type Config struct {
 	// URL is the endpoint every request goes to (http or https). Required.
@@ -157,7 +152,7 @@ type Sink struct {
 var _ sinks.Sender[Request] = (*Sink)(nil)
 
 // New returns a Sink for cfg after WithDefaults, or an error matching
-// ErrInvalidConfig that names every bad field. It does not contact the
+// idemq.ErrInvalidConfig that names every bad field. It does not contact the
 // endpoint.
 func New(cfg Config) (*Sink, error) {
 	cfg = cfg.WithDefaults()

@@ -10,6 +10,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/sinks"
 	"github.com/idemq/idemq/sinks/webhook"
@@ -42,8 +43,8 @@ func TestNewValidatesConfig(t *testing.T) {
 		"negative timeout": {URL: "http://127.0.0.1/hook", Timeout: -time.Second},
 		"header with LF":   {URL: "http://127.0.0.1/hook", Header: http.Header{"Authorization": {"Bearer x\nX-Injected: 1"}}},
 	} {
-		if _, err := webhook.New(cfg); !errors.Is(err, webhook.ErrInvalidConfig) {
-			t.Errorf("%s: err = %v, want ErrInvalidConfig", name, err)
+		if _, err := webhook.New(cfg); !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Errorf("%s: err = %v, want idemq.ErrInvalidConfig", name, err)
 		}
 	}
 	s := newSink(t, webhook.Config{URL: "http://127.0.0.1/hook"})

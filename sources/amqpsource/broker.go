@@ -9,6 +9,9 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/consumer"
 )
 
 // minRetryQueueVersion is the first RabbitMQ release whose quorum queues
@@ -49,20 +52,20 @@ func (c Config) retryQueueArgs(bucket time.Duration) amqp.Table {
 // "x-expires" of RetryQueueArgs. RabbitMQ deletes such a queue x-expires
 // after its last declaration, copies and all; declared again once
 // (x-expires - bucket) / 2 has passed, it outlives every copy put in it. A
-// bucket not shorter than x-expires cannot be kept safe: a *ConfigError.
+// bucket not shorter than x-expires cannot be kept safe: a *idemq.ConfigError.
 func (c Config) retryRedeclareEvery(bucket time.Duration) (time.Duration, error) {
 	expires, ok, err := millisArg(c.RetryQueueArgs, "x-expires")
 	if !ok || err != nil { // validate reported a bad value
 		return 0, nil
 	}
 	if expires <= bucket {
-		return 0, &ConfigError{Field: "amqpsource.Config.RetryQueueArgs", Reason: fmt.Sprintf(
+		return 0, &idemq.ConfigError{Field: "amqpsource.Config.RetryQueueArgs", Reason: fmt.Sprintf(
 			"x-expires %v is not longer than the retry delay %v: the broker could delete the retry queue with the copy in it", expires, bucket)}
 	}
 	return max((expires-bucket)/2, time.Millisecond), nil
 }
 
-// checkBroker reports, as a *ConfigError, a broker that cannot run the
+// checkBroker reports, as a *idemq.ConfigError, a broker that cannot run the
 // configured retry queues: at-least-once retry queues need RabbitMQ 3.10 or
 // later. props are the server properties of connection.start.
 func (c Config) checkBroker(props amqp.Table) error {
@@ -74,7 +77,7 @@ func (c Config) checkBroker(props amqp.Table) error {
 	major, minor, ok := parseVersion(version)
 	if !strings.EqualFold(product, "RabbitMQ") || !ok ||
 		major < minRetryQueueVersion[0] || (major == minRetryQueueVersion[0] && minor < minRetryQueueVersion[1]) {
-		return &ConfigError{Field: "amqpsource.Config.ClassicRetryQueues", Reason: fmt.Sprintf(
+		return &idemq.ConfigError{Field: "amqpsource.Config.ClassicRetryQueues", Reason: fmt.Sprintf(
 			"the broker is %q version %q; at-least-once retry queues (quorum queues with x-message-ttl and x-dead-letter-strategy at-least-once) need RabbitMQ %d.%d or later: upgrade the broker, or set ClassicRetryQueues to accept that a retried message is lost when the broker stops while its copy expires",
 			product, version, minRetryQueueVersion[0], minRetryQueueVersion[1])}
 	}
@@ -94,7 +97,7 @@ func parseVersion(v string) (major, minor int, ok bool) {
 }
 
 // DeadLetterReason returns why a message in the dead-letter queue was
-// dead-lettered: the HeaderReason header of a copy that idemq dead-lettered
+// dead-lettered: the consumer.MetaReason header of a copy that idemq dead-lettered
 // (a handler error, exhausted retries, a missing key), or, for a message the
 // broker dead-lettered by itself, the broker's reason from the
 // x-first-death-reason and x-first-death-queue headers, for example
@@ -103,7 +106,7 @@ func parseVersion(v string) (major, minor int, ok bool) {
 // consumers crashing or disconnecting while holding it), "broker: expired"
 // or "broker: rejected". It returns "" for a message with neither.
 func DeadLetterReason(headers amqp.Table) string {
-	if r, ok := headers[HeaderReason].(string); ok && r != "" {
+	if r, ok := headers[consumer.MetaReason].(string); ok && r != "" {
 		return r
 	}
 	r, _ := headers["x-first-death-reason"].(string)

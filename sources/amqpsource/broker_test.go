@@ -8,11 +8,12 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 )
 
 // A broker that cannot run at-least-once retry queues is refused with a
-// *ConfigError naming the way out, unless ClassicRetryQueues opts out.
+// *idemq.ConfigError naming the way out, unless ClassicRetryQueues opts out.
 func TestCheckBroker(t *testing.T) {
 	cases := []struct {
 		product, version string
@@ -38,10 +39,10 @@ func TestCheckBroker(t *testing.T) {
 			}
 			continue
 		}
-		var ce *ConfigError
-		if !errors.As(err, &ce) || ce.Field != "amqpsource.Config.ClassicRetryQueues" || !errors.Is(err, consumer.ErrInvalidConfig) ||
+		var ce *idemq.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "amqpsource.Config.ClassicRetryQueues" || !errors.Is(err, idemq.ErrInvalidConfig) ||
 			!strings.Contains(err.Error(), c.version) || !strings.Contains(err.Error(), "3.10") {
-			t.Errorf("%s %s: %v, want a ClassicRetryQueues *ConfigError naming the version", c.product, c.version, err)
+			t.Errorf("%s %s: %v, want a ClassicRetryQueues *idemq.ConfigError naming the version", c.product, c.version, err)
 		}
 		if err := (Config{Queue: "q", ClassicRetryQueues: true}).checkBroker(props); err != nil {
 			t.Errorf("%s %s with ClassicRetryQueues: %v, want no error", c.product, c.version, err)
@@ -76,7 +77,7 @@ func TestDeadLetterReason(t *testing.T) {
 		h    amqp.Table
 		want string
 	}{
-		{amqp.Table{HeaderReason: "idemq: retries exhausted", "x-first-death-reason": "expired"}, "idemq: retries exhausted"},
+		{amqp.Table{consumer.MetaReason: "idemq: retries exhausted", "x-first-death-reason": "expired"}, "idemq: retries exhausted"},
 		{amqp.Table{"x-first-death-reason": "delivery_limit", "x-first-death-queue": "orders"}, "broker: delivery_limit in queue orders"},
 		{amqp.Table{"x-first-death-reason": "rejected"}, "broker: rejected"},
 		{amqp.Table{}, ""},
@@ -108,7 +109,7 @@ func TestRetryRedeclareEvery(t *testing.T) {
 	}
 	for _, c := range cases {
 		every, err := Config{Queue: "q", RetryQueueArgs: c.args, ClassicRetryQueues: true}.retryRedeclareEvery(c.bucket)
-		var ce *ConfigError
+		var ce *idemq.ConfigError
 		if c.err != (errors.As(err, &ce) && ce.Field == "amqpsource.Config.RetryQueueArgs") || every != c.every {
 			t.Errorf("%v, delay %v: every %v, error %v; want every %v, error %v", c.args, c.bucket, every, err, c.every, c.err)
 		}
@@ -117,15 +118,15 @@ func TestRetryRedeclareEvery(t *testing.T) {
 	// any x-expires on at-least-once retry queues.
 	for _, v := range []any{"60s", int64(0), int32(-1)} {
 		err := Config{Queue: "q", RetryQueueArgs: amqp.Table{"x-expires": v}, ClassicRetryQueues: true}.WithDefaults().validate()
-		var ce *ConfigError
+		var ce *idemq.ConfigError
 		if !errors.As(err, &ce) || !strings.Contains(err.Error(), "x-expires") {
-			t.Errorf("validate with x-expires %v = %v, want a RetryQueueArgs *ConfigError", v, err)
+			t.Errorf("validate with x-expires %v = %v, want a RetryQueueArgs *idemq.ConfigError", v, err)
 		}
 	}
 	err := Config{Queue: "q", RetryQueueArgs: amqp.Table{"x-expires": int32(60_000)}}.WithDefaults().validate()
-	var ce *ConfigError
+	var ce *idemq.ConfigError
 	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "x-expires") {
-		t.Errorf("validate with x-expires on at-least-once retry queues = %v, want a RetryQueueArgs *ConfigError", err)
+		t.Errorf("validate with x-expires on at-least-once retry queues = %v, want a RetryQueueArgs *idemq.ConfigError", err)
 	}
 	if err := (Config{URL: "amqp://127.0.0.1:1/", Queue: "q", RetryQueueArgs: amqp.Table{"x-expires": int32(60_000)}, ClassicRetryQueues: true}).WithDefaults().validate(); err != nil {
 		t.Errorf("validate with x-expires on classic retry queues = %v, want nil", err)

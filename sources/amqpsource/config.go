@@ -23,18 +23,11 @@ const (
 	// queues. The source sets it on every retry copy; Message.Attempt is
 	// one more than it (plus the broker's x-delivery-count).
 	HeaderRetries = "idemq-retries"
-	// HeaderReason holds the dead-letter reason (the error text) on a
-	// dead-lettered copy.
-	HeaderReason = consumer.MetaReason
-	// HeaderAttempts holds the number of attempts on a dead-lettered copy.
-	HeaderAttempts = consumer.MetaAttempts
-	// HeaderQueue holds the queue a dead-lettered copy was consumed from.
-	HeaderQueue = "idemq-queue"
-	// HeaderKey holds the deduplication key of a dead-lettered copy, when
-	// it has one.
-	HeaderKey = consumer.MetaKey
-	// HeaderDeadLetteredAt holds when the copy was dead-lettered (RFC 3339).
-	HeaderDeadLetteredAt = consumer.MetaDeadLetteredAt
+	// MetaQueue holds the queue a dead-lettered copy was consumed from. The
+	// copy also carries consumer.MetaReason (the error text),
+	// consumer.MetaAttempts, consumer.MetaKey (when it has one) and
+	// consumer.MetaDeadLetteredAt (RFC 3339).
+	MetaQueue = "idemq-queue"
 
 	// headerDeliveryCount is set by quorum queues on redeliveries.
 	headerDeliveryCount = "x-delivery-count"
@@ -356,11 +349,6 @@ func (t Topology) withDefaults(queue string) Topology {
 	}
 	return t
 }
-
-// ConfigError reports an invalid Config field. It is consumer.ConfigError
-// and matches consumer.ErrInvalidConfig; its Field names the field as
-// "amqpsource.Config.Queue". New reports every bad field at once.
-type ConfigError = consumer.ConfigError
 
 // validate reports every invalid field of c.
 func (c Config) validate() error {

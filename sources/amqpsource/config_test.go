@@ -9,14 +9,15 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/sources/amqpsource"
 )
 
 // TestConfigErrorsNameEveryField: New reports every bad field at once, each a
-// *consumer.ConfigError (amqpsource.ConfigError is the same type) matching
-// consumer.ErrInvalidConfig, before it dials.
+// *idemq.ConfigError matching
+// idemq.ErrInvalidConfig, before it dials.
 func TestConfigErrorsNameEveryField(t *testing.T) {
 	cases := []struct {
 		name string
@@ -35,12 +36,12 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 		if err == nil {
 			_ = src.Close()
 		}
-		if !errors.Is(err, consumer.ErrInvalidConfig) {
-			t.Errorf("%s: New = %v, want consumer.ErrInvalidConfig", tc.name, err)
+		if !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Errorf("%s: New = %v, want idemq.ErrInvalidConfig", tc.name, err)
 		}
-		var ce *amqpsource.ConfigError
+		var ce *idemq.ConfigError
 		if !errors.As(err, &ce) {
-			t.Errorf("%s: New = %v, want a *amqpsource.ConfigError", tc.name, err)
+			t.Errorf("%s: New = %v, want a *idemq.ConfigError", tc.name, err)
 		}
 		if got := cfgerr.Fields(err); !slices.Equal(got, tc.want) {
 			t.Errorf("%s: New = %v, reports fields %q, want %q", tc.name, err, got, tc.want)
@@ -52,10 +53,10 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 // once in consumer.
 func TestDeadLetterMetadataNames(t *testing.T) {
 	for got, want := range map[string]string{
-		amqpsource.HeaderReason:         consumer.MetaReason,
-		amqpsource.HeaderAttempts:       consumer.MetaAttempts,
-		amqpsource.HeaderKey:            consumer.MetaKey,
-		amqpsource.HeaderDeadLetteredAt: consumer.MetaDeadLetteredAt,
+		consumer.MetaReason:         consumer.MetaReason,
+		consumer.MetaAttempts:       consumer.MetaAttempts,
+		consumer.MetaKey:            consumer.MetaKey,
+		consumer.MetaDeadLetteredAt: consumer.MetaDeadLetteredAt,
 	} {
 		if got != want {
 			t.Errorf("header %q, want %q", got, want)

@@ -34,8 +34,8 @@ func TestDeadLetterReasonWithControlCharacters(t *testing.T) {
 	runtest.WaitFor(t, 20*time.Second, runtest.Say("a dead letter"), func() bool {
 		dead = dead[:0]
 		for _, d := range peek(t, url, q+".dlq") {
-			r, _ := d.Headers[amqpsource.HeaderReason].(string)
-			k, _ := d.Headers[amqpsource.HeaderKey].(string)
+			r, _ := d.Headers[consumer.MetaReason].(string)
+			k, _ := d.Headers[consumer.MetaKey].(string)
 			dead = append(dead, r, k)
 		}
 		return len(dead) > 0

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
@@ -142,9 +143,9 @@ func TestRetryQueueArgsCannotDegradeSilently(t *testing.T) {
 		{"x-expires": int32(3_600_000)},
 	} {
 		_, err := amqpsource.New(context.Background(), amqpsource.Config{URL: url, Queue: q, RetryQueueArgs: args})
-		var ce *amqpsource.ConfigError
-		if !errors.As(err, &ce) || ce.Field != "amqpsource.Config.RetryQueueArgs" || !errors.Is(err, consumer.ErrInvalidConfig) {
-			t.Errorf("New with RetryQueueArgs %v = %v, want a RetryQueueArgs *ConfigError", args, err)
+		var ce *idemq.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "amqpsource.Config.RetryQueueArgs" || !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Errorf("New with RetryQueueArgs %v = %v, want a RetryQueueArgs *idemq.ConfigError", args, err)
 		}
 	}
 

@@ -31,7 +31,7 @@
 //     than half of the prefetch slots. RabbitMQ's queue handles
 //     acknowledgements frame by frame, and fewer frames leave it more time
 //     to deliver (docs/performance.md has the measurements, from
-//     internal/bench/amqp). Close sends every recorded acknowledgement
+//     cmd/internal/bench/amqp). Close sends every recorded acknowledgement
 //     before it closes the connection; Retry and DeadLetter, whose copy is
 //     out, acknowledge the original without a hold (and end the hold of the
 //     others). This widens the redelivery window by the hold: if the
@@ -64,7 +64,7 @@
 //     quorum queues with at-least-once dead-lettering by default (see
 //     RetryQueueDefaults and "Retry queues" below): a broker restart while
 //     copies expire loses none of them. New refuses a broker that cannot do
-//     this (RabbitMQ before 3.10, or not RabbitMQ) with a *ConfigError on
+//     this (RabbitMQ before 3.10, or not RabbitMQ) with a *idemq.ConfigError on
 //     Config.ClassicRetryQueues, the explicit opt-out.
 //   - A copy that fails does not pin its delivery. If a retry or dead-letter
 //     copy cannot be published (a refused retry queue declaration, a negative
@@ -84,8 +84,8 @@
 //     and the queue's delivery limit end the cycle.
 //   - Dead letters carry their reason. DeadLetter publishes a copy to
 //     Config.DeadLetterExchange / DeadLetterRoutingKey (default: the queue
-//     "<queue>.dlq" through the default exchange) with HeaderReason,
-//     HeaderAttempts, HeaderQueue, HeaderKey and HeaderDeadLetteredAt, and
+//     "<queue>.dlq" through the default exchange) with consumer.MetaReason,
+//     consumer.MetaAttempts, MetaQueue, consumer.MetaKey and consumer.MetaDeadLetteredAt, and
 //     acknowledges the original only after the broker confirmed the copy. If
 //     the destination does not exist the broker returns the copy (it is
 //     published with the mandatory flag), or closes the publishing channel
@@ -157,7 +157,7 @@
 // source queue has confirmed it, so a broker restart at that moment, a full
 // source queue or a missing one delays the copy instead of dropping it. This
 // needs RabbitMQ 3.10 or later; New checks the server's version and fails
-// with a *ConfigError (errors.Is consumer.ErrInvalidConfig) on an older or
+// with a *idemq.ConfigError (errors.Is idemq.ErrInvalidConfig) on an older or
 // another broker. The cost: a quorum queue per retry delay used (at most 16
 // plus one per hour of longer delays), each with its own Raft log on disk,
 // and more time per retry copy (BenchmarkRetry measures it against classic
@@ -187,7 +187,7 @@
 // (x-expires - delay) / 2 has passed since it last did, so that every copy
 // leaves before the queue can expire, and refuses a retry whose delay is not
 // shorter than x-expires (the message is handed back, as after a failed
-// copy, and Retry returns an error wrapping a *ConfigError).
+// copy, and Retry returns an error wrapping a *idemq.ConfigError).
 //
 // A retry queue's arguments cannot change while it exists. A classic retry
 // queue left by an older configuration makes its retries fail (the broker

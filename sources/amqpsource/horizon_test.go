@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/runtest"
@@ -56,7 +57,7 @@ func TestRetentionGuard(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 			err = r.Run(ctx)
 			cancel()
-			if got := errors.Is(err, consumer.ErrInvalidConfig); got != tc.refused {
+			if got := errors.Is(err, idemq.ErrInvalidConfig); got != tc.refused {
 				t.Fatalf("Run = %v, want refused %v", err, tc.refused)
 			}
 			if tc.horizon == consumer.Unbounded && !strings.Contains(logs.String(), "x-message-ttl") {

@@ -207,13 +207,13 @@ func TestPoisonIsDeadLettered(t *testing.T) {
 	db.requireExactlyOnce(t, keysOf(good))
 	reasons := map[string]string{}
 	for _, d := range peek(t, url, q+".dlq") {
-		key, _ := d.Headers[amqpsource.HeaderKey].(string)
-		reason, _ := d.Headers[amqpsource.HeaderReason].(string)
-		if d.Headers[amqpsource.HeaderQueue] != q {
-			t.Errorf("dead letter %q: %s = %v, want %s", key, amqpsource.HeaderQueue, d.Headers[amqpsource.HeaderQueue], q)
+		key, _ := d.Headers[consumer.MetaKey].(string)
+		reason, _ := d.Headers[consumer.MetaReason].(string)
+		if d.Headers[amqpsource.MetaQueue] != q {
+			t.Errorf("dead letter %q: %s = %v, want %s", key, amqpsource.MetaQueue, d.Headers[amqpsource.MetaQueue], q)
 		}
-		if key == "flaky" && d.Headers[amqpsource.HeaderAttempts] != int64(3) {
-			t.Errorf("dead letter flaky: %s = %v, want 3", amqpsource.HeaderAttempts, d.Headers[amqpsource.HeaderAttempts])
+		if key == "flaky" && d.Headers[consumer.MetaAttempts] != int64(3) {
+			t.Errorf("dead letter flaky: %s = %v, want 3", consumer.MetaAttempts, d.Headers[consumer.MetaAttempts])
 		}
 		reasons[key] = reason
 	}

@@ -61,7 +61,7 @@ func TestFailedRetryReleasesDelivery(t *testing.T) {
 	if back.Key != first.Key || !back.Redelivered {
 		t.Fatalf("got %q redelivered %v, want %q redelivered", back.Key, back.Redelivered, first.Key)
 	}
-	runtest.WaitFor(t, 5*time.Second, runtest.Say("Stats().Requeued = 1"), func() bool { return src.Stats().Requeued == 1 })
+	runtest.WaitFor(t, 5*time.Second, runtest.Say("Stats().Released = 1"), func() bool { return src.Stats().Released == 1 })
 	if err := src.Ack(context.Background(), []*consumer.Message{back}); err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestNegativelyConfirmedDeadLetterReleasesDelivery(t *testing.T) {
 	if back.Key != m.Key || !back.Redelivered {
 		t.Fatalf("got %q redelivered %v, want %q redelivered", back.Key, back.Redelivered, m.Key)
 	}
-	runtest.WaitFor(t, 5*time.Second, runtest.Say("Stats().Requeued = 1"), func() bool { return src.Stats().Requeued == 1 })
+	runtest.WaitFor(t, 5*time.Second, runtest.Say("Stats().Released = 1"), func() bool { return src.Stats().Released == 1 })
 	if got := src.Stats().Unroutable; got != 0 {
 		t.Errorf("Stats().Unroutable = %d, want 0", got)
 	}
@@ -138,7 +138,7 @@ func TestClosedPublishingChannelIsNotUnroutable(t *testing.T) {
 	if back.Key != m.Key || back.Attempt != m.Attempt {
 		t.Fatalf("got %q attempt %d, want %q attempt %d (requeued, not parked)", back.Key, back.Attempt, m.Key, m.Attempt)
 	}
-	runtest.WaitFor(t, 5*time.Second, runtest.Say("Stats().Requeued = 1"), func() bool { return src.Stats().Requeued == 1 })
+	runtest.WaitFor(t, 5*time.Second, runtest.Say("Stats().Released = 1"), func() bool { return src.Stats().Released == 1 })
 	if got := src.Stats().Unroutable; got != 0 {
 		t.Errorf("Stats().Unroutable = %d, want 0", got)
 	}
@@ -171,8 +171,8 @@ func TestMissingDeadLetterExchangeIsParked(t *testing.T) {
 	if back.Key != m.Key || back.Attempt != m.Attempt+1 {
 		t.Fatalf("parked message came back as %q attempt %d, want %q attempt %d", back.Key, back.Attempt, m.Key, m.Attempt+1)
 	}
-	if got := src.Stats(); got.Unroutable != 1 || got.Requeued != 0 {
-		t.Errorf("Stats() = %+v, want Unroutable 1 and Requeued 0", got)
+	if got := src.Stats(); got.Unroutable != 1 || got.Released != 0 {
+		t.Errorf("Stats() = %+v, want Unroutable 1 and Released 0", got)
 	}
 	if err := src.Ack(context.Background(), []*consumer.Message{back}); err != nil {
 		t.Fatal(err)
@@ -202,8 +202,8 @@ func TestHeldDeliveryIsNotCoveredByLaterAcks(t *testing.T) {
 	if err := src.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if got := src.Stats().Requeued; got != 0 {
-		t.Errorf("Stats().Requeued = %d before the hold ended, want 0", got)
+	if got := src.Stats().Released; got != 0 {
+		t.Errorf("Stats().Released = %d before the hold ended, want 0", got)
 	}
 	next := newSource(t, amqpsource.Config{URL: url, Queue: q})
 	back := receive(t, next, 1, backTimeout)
@@ -254,8 +254,8 @@ func TestRunnerKeepsConsumingWhenRetryCopyFails(t *testing.T) {
 	stop()
 
 	db.requireExactlyOnce(t, keysOf(out))
-	if got := src.Stats().Requeued; got != 1 {
-		t.Errorf("source Stats().Requeued = %d, want 1", got)
+	if got := src.Stats().Released; got != 1 {
+		t.Errorf("source Stats().Released = %d, want 1", got)
 	}
 	if s := r.Stats(); s.SettleFailures != 1 || s.DeadLettered != 0 {
 		t.Errorf("runner stats %+v, want 1 settle failure (the refused retry) and no dead letters", s)

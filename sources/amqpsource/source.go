@@ -127,10 +127,10 @@ type Stats struct {
 	// Unroutable is the number of dead-letter copies the broker returned
 	// because the dead-letter destination does not exist.
 	Unroutable uint64
-	// Requeued is the number of deliveries handed back to their queue
+	// Released is the number of deliveries handed back to their queue
 	// (basic.reject with requeue) because their retry or dead-letter copy
 	// could not be published.
-	Requeued uint64
+	Released uint64
 }
 
 // Stats returns a snapshot of the source's counters. It is safe to call at
@@ -141,7 +141,7 @@ func (s *Source) Stats() Stats {
 		StaleDropped: s.stats.staleDropped.Load(),
 		StaleSettles: s.stats.staleSettles.Load(),
 		Unroutable:   s.stats.unroutable.Load(),
-		Requeued:     s.stats.requeued.Load(),
+		Released:     s.stats.requeued.Load(),
 		Acked:        s.stats.acked.Load(),
 		AckFrames:    s.stats.ackFrames.Load(),
 	}
@@ -312,7 +312,7 @@ func (s *Source) retry(ctx context.Context, h *handle, attempt int, delay time.D
 
 // DeadLetter publishes a copy of msg to Config.DeadLetterExchange with
 // routing key Config.DeadLetterRoutingKey, with the reason in the
-// HeaderReason header and the attempt count, queue, key and time in the other
+// consumer.MetaReason header and the attempt count, queue, key and time in the other
 // Header* headers, waits for the broker's confirm, and only then acknowledges
 // msg. The reason (at most 4 KiB, a longer one ending with
 // " ...(truncated)"), queue and key are written as internal/metatext.Clean
@@ -348,12 +348,12 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 		}
 	}
 	p := copyOf(h.d)
-	p.Headers[HeaderReason] = metatext.Clean(reason.Error(), maxReasonBytes)
-	p.Headers[HeaderAttempts] = int64(attempts)
-	p.Headers[HeaderQueue] = metatext.Clean(s.cfg.Queue, maxReasonBytes)
-	p.Headers[HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
+	p.Headers[consumer.MetaReason] = metatext.Clean(reason.Error(), maxReasonBytes)
+	p.Headers[consumer.MetaAttempts] = int64(attempts)
+	p.Headers[MetaQueue] = metatext.Clean(s.cfg.Queue, maxReasonBytes)
+	p.Headers[consumer.MetaDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	if key != "" {
-		p.Headers[HeaderKey] = metatext.Clean(key, consumer.MaxKeyBytes)
+		p.Headers[consumer.MetaKey] = metatext.Clean(key, consumer.MaxKeyBytes)
 	}
 
 	pctx, cancel := publishContext(ctx, s.cfg.PublishTimeout)
@@ -408,14 +408,14 @@ func (s *Source) copyFailed(ctx context.Context, h *handle, err error, floor tim
 		Jitter:         0.2,
 	}.Backoff(int(min(n, 32)))
 	hold := min(max(floor, backoff), s.cfg.UnroutableDelay)
-	s.requeueLater(context.WithoutCancel(ctx), h, hold)
+	s.handBackLater(context.WithoutCancel(ctx), h, hold)
 	return fmt.Errorf("%w; the original returns to the queue in %s", err, hold.Round(time.Millisecond))
 }
 
-// requeueLater hands h back to its queue after hold, unless its channel
+// handBackLater hands h back to its queue after hold, unless its channel
 // dies first (the broker then requeues it itself). Until then h's tag stays
 // pending, so that no multiple-ack covers it. Its log lines carry ctx.
-func (s *Source) requeueLater(ctx context.Context, h *handle, hold time.Duration) {
+func (s *Source) handBackLater(ctx context.Context, h *handle, hold time.Duration) {
 	go func() {
 		t := time.NewTimer(hold)
 		defer t.Stop()

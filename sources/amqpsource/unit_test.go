@@ -7,6 +7,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 )
 
@@ -108,9 +109,9 @@ func TestConfigValidation(t *testing.T) {
 	}
 	for field, c := range bad {
 		err := c.WithDefaults().validate()
-		var ce *ConfigError
-		if !errors.As(err, &ce) || ce.Field != "amqpsource.Config."+field || !errors.Is(err, consumer.ErrInvalidConfig) {
-			t.Errorf("config with bad %s: got %v, want a *ConfigError for that field", field, err)
+		var ce *idemq.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "amqpsource.Config."+field || !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Errorf("config with bad %s: got %v, want a *idemq.ConfigError for that field", field, err)
 		}
 	}
 }

@@ -5,14 +5,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/sources/dlq/amqpdlq"
 	"github.com/idemq/idemq/sources/dlq/kafkadlq"
 	"github.com/idemq/idemq/sources/dlq/sqsdlq"
 )
 
 // Each broker's New refuses a configuration without its required fields
-// with one *consumer.ConfigError per field.
+// with one *idemq.ConfigError per field.
 func TestNewRefusesMissingFields(t *testing.T) {
 	for name, tc := range map[string]struct {
 		err    error
@@ -23,12 +23,12 @@ func TestNewRefusesMissingFields(t *testing.T) {
 		"sqs":   {err: second(sqsdlq.New(sqsdlq.Config{})), fields: []string{"sqsdlq.Config.Client", "sqsdlq.Config.QueueURL"}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if !errors.Is(tc.err, consumer.ErrInvalidConfig) {
-				t.Fatalf("New(Config{}) = %v, want an error matching consumer.ErrInvalidConfig", tc.err)
+			if !errors.Is(tc.err, idemq.ErrInvalidConfig) {
+				t.Fatalf("New(Config{}) = %v, want an error matching idemq.ErrInvalidConfig", tc.err)
 			}
-			var ce *consumer.ConfigError
+			var ce *idemq.ConfigError
 			if !errors.As(tc.err, &ce) {
-				t.Fatalf("New(Config{}) = %v, want a *consumer.ConfigError", tc.err)
+				t.Fatalf("New(Config{}) = %v, want a *idemq.ConfigError", tc.err)
 			}
 			for _, f := range tc.fields {
 				if !strings.Contains(tc.err.Error(), f) {

@@ -147,7 +147,7 @@ var (
 )
 
 // New returns a Source. A bad Config fails with an error matching
-// consumer.ErrInvalidConfig.
+// idemq.ErrInvalidConfig.
 func New(cfg Config) (*Source, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {

@@ -59,8 +59,8 @@ func TestDeadLetterFailureBoundsUncommitted(t *testing.T) {
 	}
 	time.Sleep(time.Second) // time for the fetcher to overrun the bound
 	s := src.Stats()
-	if s.Fetched != 4 || s.Uncommitted != 4 {
-		t.Fatalf("Stats.Fetched = %d, Uncommitted = %d behind a stuck dead-letter write, want 4 and 4 (MaxUncommitted)", s.Fetched, s.Uncommitted)
+	if s.Received != 4 || s.Uncommitted != 4 {
+		t.Fatalf("Stats.Received = %d, Uncommitted = %d behind a stuck dead-letter write, want 4 and 4 (MaxUncommitted)", s.Received, s.Uncommitted)
 	}
 	if s.DeadLetterStuck != 1 || s.DeadLetterFailures != uint64(failures) {
 		t.Fatalf("Stats.DeadLetterStuck = %d, DeadLetterFailures = %d, want 1 and %d", s.DeadLetterStuck, s.DeadLetterFailures, failures)
@@ -88,7 +88,7 @@ func TestDeadLetterTruncatesLongReason(t *testing.T) {
 	if len(dead) != 1 {
 		t.Fatalf("dead-letter topic holds %d messages, want 1", len(dead))
 	}
-	got := header(dead[0], kafkasource.HeaderReason)
+	got := header(dead[0], consumer.MetaReason)
 	if len(got) > kafkasource.MaxReasonBytes || !strings.HasPrefix(got, "éé") || !strings.HasSuffix(got, "(truncated)") {
 		t.Fatalf("reason header of %d bytes (%.20q...), want at most %d ending with (truncated)", len(got), got, kafkasource.MaxReasonBytes)
 	}

@@ -9,39 +9,30 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/cfgerr"
 )
 
-// Header names this package reads and writes.
+// Header names this package reads and writes. A dead-lettered copy carries
+// consumer.MetaReason (the error text), consumer.MetaAttempts (in decimal),
+// consumer.MetaKey (when the runner computed a key) and
+// consumer.MetaDeadLetteredAt (RFC 3339 with nanoseconds, UTC), and the
+// Kafka fields below.
 const (
 	// DefaultKeyHeader is the header read for the deduplication key when
 	// Config.KeyHeader is empty.
 	DefaultKeyHeader = "idempotency-key"
-	// HeaderReason holds the dead-letter reason (the error text) on a
-	// dead-lettered copy.
-	HeaderReason = consumer.MetaReason
-	// HeaderAttempts holds the number of attempts on a dead-lettered copy,
-	// in decimal.
-	HeaderAttempts = consumer.MetaAttempts
-	// HeaderOriginTopic holds the topic a dead-lettered copy was consumed
+	// MetaOriginTopic holds the topic a dead-lettered copy was consumed
 	// from.
-	HeaderOriginTopic = "idemq-origin-topic"
-	// HeaderOriginPartition holds the partition a dead-lettered copy was
+	MetaOriginTopic = "idemq-origin-topic"
+	// MetaOriginPartition holds the partition a dead-lettered copy was
 	// consumed from, in decimal.
-	HeaderOriginPartition = "idemq-origin-partition"
-	// HeaderOriginOffset holds the offset of the original message, in
+	MetaOriginPartition = "idemq-origin-partition"
+	// MetaOriginOffset holds the offset of the original message, in
 	// decimal. Topic, partition and offset together identify it; use them to
 	// deduplicate the dead-letter topic, which is written at least once.
-	HeaderOriginOffset = "idemq-origin-offset"
-	// HeaderGroup holds the consumer group that dead-lettered the copy.
-	HeaderGroup = "idemq-group"
-	// HeaderKey holds the deduplication key of a dead-lettered copy, when
-	// the runner computed one.
-	HeaderKey = consumer.MetaKey
-	// HeaderDeadLetteredAt holds when the copy was dead-lettered (RFC 3339
-	// with nanoseconds, UTC).
-	HeaderDeadLetteredAt = consumer.MetaDeadLetteredAt
+	MetaOriginOffset = "idemq-origin-offset"
+	// MetaGroup holds the consumer group that dead-lettered the copy.
+	MetaGroup = "idemq-group"
 )
 
 // deadLetterStuckAfter is the number of consecutive failed dead-letter writes
@@ -121,12 +112,12 @@ type Config struct {
 	// Defaults to DefaultKeyHeader ("idempotency-key").
 	KeyHeader string
 
-	// KeyOf, when set, computes Message.Key from the Kafka message instead
+	// KeyFunc, when set, computes Message.Key from the Kafka message instead
 	// of KeyHeader (for example from a field of the body). An empty result
 	// means "no key", as a missing header does. A panic is recovered: the
 	// message is dead-lettered with consumer.ErrMissingKey and the panic as
 	// the reason. It is called from one goroutine. Defaults to nil.
-	KeyOf func(kafka.Message) string
+	KeyFunc func(kafka.Message) string
 
 	// Ordering chooses the PartitionKey: the Kafka message key
 	// (OrderByKey) or the partition (OrderByPartition). Defaults to
@@ -337,11 +328,6 @@ func (c Config) deadLetterTopic(topic string) string {
 	}
 	return topic + DefaultDeadLetterSuffix
 }
-
-// ConfigError reports an invalid Config field. It is consumer.ConfigError
-// and matches consumer.ErrInvalidConfig; its Field names the field as
-// "kafkasource.Config.Brokers". New reports every bad field at once.
-type ConfigError = consumer.ConfigError
 
 // maxTopicLength is Kafka's limit on topic names.
 const maxTopicLength = 249

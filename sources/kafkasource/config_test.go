@@ -5,14 +5,15 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/sources/kafkasource"
 )
 
 // TestConfigErrorsNameEveryField: New reports every bad field at once, each a
-// *consumer.ConfigError (kafkasource.ConfigError is the same type) matching
-// consumer.ErrInvalidConfig. It needs no broker.
+// *idemq.ConfigError matching
+// idemq.ErrInvalidConfig. It needs no broker.
 func TestConfigErrorsNameEveryField(t *testing.T) {
 	cases := []struct {
 		name string
@@ -29,12 +30,12 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 		if err == nil {
 			_ = src.Close()
 		}
-		if !errors.Is(err, consumer.ErrInvalidConfig) {
-			t.Errorf("%s: New = %v, want consumer.ErrInvalidConfig", tc.name, err)
+		if !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Errorf("%s: New = %v, want idemq.ErrInvalidConfig", tc.name, err)
 		}
-		var ce *kafkasource.ConfigError
+		var ce *idemq.ConfigError
 		if !errors.As(err, &ce) {
-			t.Errorf("%s: New = %v, want a *kafkasource.ConfigError", tc.name, err)
+			t.Errorf("%s: New = %v, want a *idemq.ConfigError", tc.name, err)
 		}
 		if got := cfgerr.Fields(err); !slices.Equal(got, tc.want) {
 			t.Errorf("%s: New = %v, reports fields %q, want %q", tc.name, err, got, tc.want)
@@ -46,10 +47,10 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 // once in consumer.
 func TestDeadLetterMetadataNames(t *testing.T) {
 	for got, want := range map[string]string{
-		kafkasource.HeaderReason:         consumer.MetaReason,
-		kafkasource.HeaderAttempts:       consumer.MetaAttempts,
-		kafkasource.HeaderKey:            consumer.MetaKey,
-		kafkasource.HeaderDeadLetteredAt: consumer.MetaDeadLetteredAt,
+		consumer.MetaReason:         consumer.MetaReason,
+		consumer.MetaAttempts:       consumer.MetaAttempts,
+		consumer.MetaKey:            consumer.MetaKey,
+		consumer.MetaDeadLetteredAt: consumer.MetaDeadLetteredAt,
 	} {
 		if got != want {
 			t.Errorf("header %q, want %q", got, want)

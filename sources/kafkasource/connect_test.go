@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/kafkasource"
@@ -74,12 +74,12 @@ func TestUnreachableClusterShowsInRunnerHealth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	store, err := memstore.New(memstore.Config{})
+	store, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var logs runtest.SyncBuffer
-	r, err := consumer.NewRunner(src, consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
+	r, err := consumer.NewRunner(src, consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
 		consumer.Config{
 			Name: "unreachable", Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 			Retry: consumer.RetryPolicy{InitialBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond},

@@ -16,16 +16,16 @@ import (
 
 // DeadLetter writes a copy of msg to the dead-letter topic
 // (Config.DeadLetterTopic, by default "<topic>.dlq") with the original key, value and
-// headers plus HeaderReason, HeaderAttempts, HeaderOriginTopic,
-// HeaderOriginPartition, HeaderOriginOffset, HeaderGroup, HeaderKey and
-// HeaderDeadLetteredAt, waits until every in-sync replica has it, and only
+// headers plus consumer.MetaReason, consumer.MetaAttempts, MetaOriginTopic,
+// MetaOriginPartition, MetaOriginOffset, MetaGroup, consumer.MetaKey and
+// consumer.MetaDeadLetteredAt, waits until every in-sync replica has it, and only
 // then settles msg and requests its commit as Ack does. A message fetched in
 // a consumer-group generation that has ended is not written: its partition's
 // owner in the new generation fetches it again and routes it (Retry and
 // Release drop such a message too, and so does a pending retry when it comes
 // due); Stats.StaleSettlesDropped counts them.
 //
-// HeaderReason is cut to maxReasonBytes. The reason, key and group are
+// consumer.MetaReason is cut to maxReasonBytes. The reason, key and group are
 // written as internal/metatext.Clean makes them, the same text on every
 // broker: characters outside the XML 1.0 range and invalid UTF-8 become Go
 // escapes (\x01).
@@ -73,7 +73,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 			e.deadLetterFailures++
 			failures = e.deadLetterFailures
 			s.ledger.block(e)
-			s.redeliverLocked(e, msg.Attempt, s.cfg.DeadLetterRetryDelay)
+			s.handBackLocked(e, msg.Attempt, s.cfg.DeadLetterRetryDelay)
 		}
 		s.mu.Unlock()
 		level := slog.LevelWarn
@@ -127,16 +127,16 @@ func (s *Source) deadLetterCopy(km kafka.Message, msg *consumer.Message, reason 
 		}
 	}
 	headers = append(headers,
-		kafka.Header{Key: HeaderReason, Value: []byte(text)},
-		kafka.Header{Key: HeaderAttempts, Value: []byte(strconv.Itoa(attempts))},
-		kafka.Header{Key: HeaderOriginTopic, Value: []byte(km.Topic)},
-		kafka.Header{Key: HeaderOriginPartition, Value: []byte(strconv.Itoa(km.Partition))},
-		kafka.Header{Key: HeaderOriginOffset, Value: []byte(strconv.FormatInt(km.Offset, 10))},
-		kafka.Header{Key: HeaderGroup, Value: []byte(metatext.Clean(s.cfg.GroupID, maxReasonBytes))},
-		kafka.Header{Key: HeaderDeadLetteredAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
+		kafka.Header{Key: consumer.MetaReason, Value: []byte(text)},
+		kafka.Header{Key: consumer.MetaAttempts, Value: []byte(strconv.Itoa(attempts))},
+		kafka.Header{Key: MetaOriginTopic, Value: []byte(km.Topic)},
+		kafka.Header{Key: MetaOriginPartition, Value: []byte(strconv.Itoa(km.Partition))},
+		kafka.Header{Key: MetaOriginOffset, Value: []byte(strconv.FormatInt(km.Offset, 10))},
+		kafka.Header{Key: MetaGroup, Value: []byte(metatext.Clean(s.cfg.GroupID, maxReasonBytes))},
+		kafka.Header{Key: consumer.MetaDeadLetteredAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
 	)
 	if key != "" {
-		headers = append(headers, kafka.Header{Key: HeaderKey, Value: []byte(metatext.Clean(key, consumer.MaxKeyBytes))})
+		headers = append(headers, kafka.Header{Key: consumer.MetaKey, Value: []byte(metatext.Clean(key, consumer.MaxKeyBytes))})
 	}
 	return kafka.Message{
 		Topic:   s.cfg.deadLetterTopic(km.Topic),
@@ -146,14 +146,14 @@ func (s *Source) deadLetterCopy(km kafka.Message, msg *consumer.Message, reason 
 	}
 }
 
-// maxReasonBytes is the longest HeaderReason value written; a longer reason
+// maxReasonBytes is the longest consumer.MetaReason value written; a longer reason
 // is cut (see metatext.Clean) and ends with " ...(truncated)".
 const maxReasonBytes = 4096
 
 func isDeadLetterHeader(k string) bool {
 	switch k {
-	case HeaderReason, HeaderAttempts, HeaderOriginTopic, HeaderOriginPartition, HeaderOriginOffset,
-		HeaderGroup, HeaderKey, HeaderDeadLetteredAt:
+	case consumer.MetaReason, consumer.MetaAttempts, MetaOriginTopic, MetaOriginPartition, MetaOriginOffset,
+		MetaGroup, consumer.MetaKey, consumer.MetaDeadLetteredAt:
 		return true
 	}
 	return false

@@ -65,9 +65,9 @@
 // the process stops, the group redelivers it from the committed offset (with
 // Attempt starting again at 1). The runner's RetryPolicy bounds the attempts;
 // then DeadLetter writes a copy to the dead-letter topic
-// (Config.DeadLetterTopic, by default "<topic>.dlq") with HeaderReason,
-// HeaderAttempts, HeaderOriginTopic, HeaderOriginPartition,
-// HeaderOriginOffset, HeaderGroup, HeaderKey and HeaderDeadLetteredAt, waits
+// (Config.DeadLetterTopic, by default "<topic>.dlq") with consumer.MetaReason,
+// consumer.MetaAttempts, MetaOriginTopic, MetaOriginPartition,
+// MetaOriginOffset, MetaGroup, consumer.MetaKey and consumer.MetaDeadLetteredAt, waits
 // for all in-sync replicas, and only then commits. A poison message holds
 // back its partition's commit (and the later messages of its key) for the
 // retry policy's total backoff plus the time its dead-letter write takes to
@@ -90,7 +90,7 @@
 // # Deduplication key
 //
 // Message.Key is the value of the Config.KeyHeader header ("idempotency-key"
-// by default) or the result of Config.KeyOf. A message without one gets an
+// by default) or the result of Config.KeyFunc. A message without one gets an
 // empty Key, and the runner's default key is then Message.ID,
 // "topic/partition/offset". That fallback recognises every redelivery of the
 // same record (after a crash, a rebalance or a failed commit), but not a
@@ -98,7 +98,7 @@
 // idempotent producer, an outbox relayed twice): those are two records with
 // two offsets, and both are applied. Give events a key header, or set
 // consumer.Config.KeyFunc to consumer.RequireKey to dead-letter messages that
-// have none. A Config.KeyOf that panics is recovered: the message is
+// have none. A Config.KeyFunc that panics is recovered: the message is
 // dead-lettered with consumer.ErrMissingKey and the panic as the reason.
 //
 // # Rebalances
@@ -198,7 +198,7 @@
 // without heartbeating (a frozen VM, a throttled container, a network blip)
 // before it is evicted for nothing: a false rebalance pauses the whole group
 // for a moment and redelivers the uncommitted messages, which deduplication
-// absorbs. go run ./internal/bench/kafkasession measures both (its results
+// absorbs. go run ./cmd/internal/bench/kafkasession measures both (its results
 // are in docs/performance.md).
 //
 // The stall after a kill is SessionTimeout plus up to one HeartbeatInterval

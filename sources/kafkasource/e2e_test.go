@@ -544,7 +544,7 @@ func TestPoisonIsDeadLettered(t *testing.T) {
 	dead := readTopic(t, brokers, kafkasource.DeadLetterTopic(topic))
 	byOffset := map[string]kafka.Message{}
 	for _, d := range dead {
-		byOffset[header(d, kafkasource.HeaderOriginOffset)] = d
+		byOffset[header(d, kafkasource.MetaOriginOffset)] = d
 	}
 	if len(dead) != 3 {
 		t.Fatalf("dead-letter topic holds %d messages, want 3", len(dead))
@@ -559,15 +559,15 @@ func TestPoisonIsDeadLettered(t *testing.T) {
 			t.Errorf("no dead letter for offset %s", offset)
 			continue
 		}
-		if r := header(d, kafkasource.HeaderReason); !strings.Contains(r, want.reason) {
+		if r := header(d, consumer.MetaReason); !strings.Contains(r, want.reason) {
 			t.Errorf("dead letter of offset %s: reason %q, want it to mention %q", offset, r, want.reason)
 		}
-		if a := header(d, kafkasource.HeaderAttempts); a != want.attempts {
+		if a := header(d, consumer.MetaAttempts); a != want.attempts {
 			t.Errorf("dead letter of offset %s: attempts %s, want %s", offset, a, want.attempts)
 		}
-		if header(d, kafkasource.HeaderOriginTopic) != topic || header(d, kafkasource.HeaderOriginPartition) != "0" {
+		if header(d, kafkasource.MetaOriginTopic) != topic || header(d, kafkasource.MetaOriginPartition) != "0" {
 			t.Errorf("dead letter of offset %s: origin %s/%s", offset,
-				header(d, kafkasource.HeaderOriginTopic), header(d, kafkasource.HeaderOriginPartition))
+				header(d, kafkasource.MetaOriginTopic), header(d, kafkasource.MetaOriginPartition))
 		}
 	}
 }

@@ -66,7 +66,7 @@ func TestFailureCountSurvivesRestart(t *testing.T) {
 	if len(dead) != 1 {
 		t.Fatalf("dead-letter topic holds %d messages, want 1", len(dead))
 	}
-	if a := header(dead[0], kafkasource.HeaderAttempts); a != "3" {
+	if a := header(dead[0], consumer.MetaAttempts); a != "3" {
 		t.Fatalf("dead letter after %s attempts, want 3", a)
 	}
 }

@@ -155,16 +155,16 @@ func (s *Source) admit(km kafka.Message, gen int64) {
 }
 
 // keyOf returns the deduplication key the message carries, or "". A panic
-// of Config.KeyOf is returned as an error, which the runner dead-letters
+// of Config.KeyFunc is returned as an error, which the runner dead-letters
 // the message with, instead of crashing the fetch loop.
 func (s *Source) keyOf(km kafka.Message) (key string, err error) {
-	if s.cfg.KeyOf != nil {
+	if s.cfg.KeyFunc != nil {
 		defer func() {
 			if v := recover(); v != nil {
 				key, err = "", &consumer.PanicError{Value: v, Stack: debug.Stack()}
 			}
 		}()
-		return s.cfg.KeyOf(km), nil
+		return s.cfg.KeyFunc(km), nil
 	}
 	key = ""
 	for _, h := range km.Headers {

@@ -25,44 +25,44 @@ func fuzzHeaders(spec string) []kafka.Header {
 	return hs
 }
 
-// FuzzKeyOf checks that keyOf returns the value of the last key header, and
-// exactly what Config.KeyOf returns when one is set, or its panic as a
+// FuzzKeyFunc checks that keyOf returns the value of the last key header, and
+// exactly what Config.KeyFunc returns when one is set, or its panic as a
 // *consumer.PanicError.
-func FuzzKeyOf(f *testing.F) {
+func FuzzKeyFunc(f *testing.F) {
 	f.Add("idempotency-key=k1", "", false)
 	f.Add("idempotency-key=k1\nidempotency-key=k2", "", false)
 	f.Add("other=x\nidempotency-key=", "", false)
 	f.Add("Idempotency-Key=upper", "", false)
 	f.Add("h=1", "custom", false)
 	f.Add("idempotency-key=\xff\x00", "x-key", true)
-	f.Fuzz(func(t *testing.T, spec, keyHeader string, useKeyOf bool) {
+	f.Fuzz(func(t *testing.T, spec, keyHeader string, useKeyFunc bool) {
 		cfg := Config{KeyHeader: keyHeader}
 		if cfg.KeyHeader == "" {
 			cfg.KeyHeader = DefaultKeyHeader
 		}
-		if useKeyOf {
-			// A KeyOf that panics on some bodies, as one indexing a
+		if useKeyFunc {
+			// A KeyFunc that panics on some bodies, as one indexing a
 			// malformed body would.
-			cfg.KeyOf = func(km kafka.Message) string { return "fn:" + string(km.Value[len(km.Value)%7]) }
+			cfg.KeyFunc = func(km kafka.Message) string { return "fn:" + string(km.Value[len(km.Value)%7]) }
 		}
 		s := &Source{cfg: cfg}
 		km := kafka.Message{Topic: "t", Value: []byte(spec), Headers: fuzzHeaders(spec)}
 		got, err := s.keyOf(km)
-		if useKeyOf {
+		if useKeyFunc {
 			if len(spec) < 7 { // the index len%7 is out of range
 				var pe *consumer.PanicError
 				if !errors.As(err, &pe) || got != "" {
-					t.Fatalf("keyOf with a panicking KeyOf = %q, %v; want a *consumer.PanicError", got, err)
+					t.Fatalf("keyOf with a panicking KeyFunc = %q, %v; want a *consumer.PanicError", got, err)
 				}
 				return
 			}
 			if want := "fn:" + string(spec[len(spec)%7]); err != nil || got != want {
-				t.Fatalf("keyOf = %q, %v; KeyOf returned %q", got, err, want)
+				t.Fatalf("keyOf = %q, %v; KeyFunc returned %q", got, err, want)
 			}
 			return
 		}
 		if err != nil {
-			t.Fatalf("keyOf without a KeyOf failed: %v", err)
+			t.Fatalf("keyOf without a KeyFunc failed: %v", err)
 		}
 		want := ""
 		for _, h := range km.Headers {
@@ -77,8 +77,8 @@ func FuzzKeyOf(f *testing.F) {
 }
 
 // reservedHeaders are the headers deadLetterCopy writes itself.
-var reservedHeaders = []string{HeaderReason, HeaderAttempts, HeaderOriginTopic, HeaderOriginPartition,
-	HeaderOriginOffset, HeaderGroup, HeaderKey, HeaderDeadLetteredAt}
+var reservedHeaders = []string{consumer.MetaReason, consumer.MetaAttempts, MetaOriginTopic, MetaOriginPartition,
+	MetaOriginOffset, MetaGroup, consumer.MetaKey, consumer.MetaDeadLetteredAt}
 
 // FuzzDeadLetterCopy checks the dead-letter copy of a message with hostile
 // headers: a producer cannot forge the copy's reserved headers, each is
@@ -88,7 +88,7 @@ var reservedHeaders = []string{HeaderReason, HeaderAttempts, HeaderOriginTopic, 
 // broker).
 func FuzzDeadLetterCopy(f *testing.F) {
 	f.Add("a=1\nb=2", "handler failed", "order-1", 3, int64(42), 1, "")
-	f.Add(HeaderReason+"=forged\n"+HeaderAttempts+"=0\n"+HeaderKey+"=forged", "boom", "k", 1, int64(0), 0, "dlq")
+	f.Add(consumer.MetaReason+"=forged\n"+consumer.MetaAttempts+"=0\n"+consumer.MetaKey+"=forged", "boom", "k", 1, int64(0), 0, "dlq")
 	f.Add("", strings.Repeat("é", maxReasonBytes/2+1), "", 0, int64(-1), -1, "")
 	f.Add("x=\xff", "\xff\xfe", "\x00", -5, int64(1<<62), 1<<30, "")
 	f.Add("", "invalid input syntax for type integer: \"1\x01\"", "k\x01", 1, int64(7), 0, "")
@@ -133,7 +133,7 @@ func FuzzDeadLetterCopy(f *testing.F) {
 		}
 		for _, name := range reservedHeaders {
 			vs := got[name]
-			if name == HeaderKey && wantKey == "" {
+			if name == consumer.MetaKey && wantKey == "" {
 				if len(vs) != 0 {
 					t.Fatalf("key header %q without a key", vs)
 				}
@@ -146,7 +146,7 @@ func FuzzDeadLetterCopy(f *testing.F) {
 		if len(c.Headers) != len(kept)+len(got) {
 			t.Fatalf("unexpected headers after the original's: %v", got)
 		}
-		text := got[HeaderReason][0]
+		text := got[consumer.MetaReason][0]
 		if len(text) > maxReasonBytes {
 			t.Fatalf("reason of %d bytes, limit %d", len(text), maxReasonBytes)
 		}
@@ -165,20 +165,20 @@ func FuzzDeadLetterCopy(f *testing.F) {
 				}
 			}
 		}
-		if got[HeaderAttempts][0] != strconv.Itoa(wantAttempts) {
-			t.Fatalf("attempts header %q, want %d", got[HeaderAttempts][0], wantAttempts)
+		if got[consumer.MetaAttempts][0] != strconv.Itoa(wantAttempts) {
+			t.Fatalf("attempts header %q, want %d", got[consumer.MetaAttempts][0], wantAttempts)
 		}
-		if wantKey != "" && got[HeaderKey][0] != metatext.Clean(wantKey, consumer.MaxKeyBytes) {
-			t.Fatalf("key header %q, want %q", got[HeaderKey][0], wantKey)
+		if wantKey != "" && got[consumer.MetaKey][0] != metatext.Clean(wantKey, consumer.MaxKeyBytes) {
+			t.Fatalf("key header %q, want %q", got[consumer.MetaKey][0], wantKey)
 		}
-		if o, err := strconv.ParseInt(got[HeaderOriginOffset][0], 10, 64); err != nil || o != offset {
-			t.Fatalf("origin offset %q, want %d", got[HeaderOriginOffset][0], offset)
+		if o, err := strconv.ParseInt(got[MetaOriginOffset][0], 10, 64); err != nil || o != offset {
+			t.Fatalf("origin offset %q, want %d", got[MetaOriginOffset][0], offset)
 		}
-		if p, err := strconv.Atoi(got[HeaderOriginPartition][0]); err != nil || p != part {
-			t.Fatalf("origin partition %q, want %d", got[HeaderOriginPartition][0], part)
+		if p, err := strconv.Atoi(got[MetaOriginPartition][0]); err != nil || p != part {
+			t.Fatalf("origin partition %q, want %d", got[MetaOriginPartition][0], part)
 		}
-		if got[HeaderOriginTopic][0] != "orders" || got[HeaderGroup][0] != "g" {
-			t.Fatalf("origin topic %q, group %q", got[HeaderOriginTopic][0], got[HeaderGroup][0])
+		if got[MetaOriginTopic][0] != "orders" || got[MetaGroup][0] != "g" {
+			t.Fatalf("origin topic %q, group %q", got[MetaOriginTopic][0], got[MetaGroup][0])
 		}
 	})
 }

@@ -8,9 +8,10 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/internal/testenv/brokerenv"
@@ -69,11 +70,11 @@ func TestRetentionGuard(t *testing.T) {
 			if err != nil || horizon != tc.horizon {
 				t.Fatalf("RedeliveryHorizon = %v, %v; want %v", horizon, err, tc.horizon)
 			}
-			store, err := memstore.New(memstore.Config{Retention: dedup.DefaultRetention})
+			store, err := memdedup.New(memdedup.Config{Retention: dedup.DefaultRetention})
 			if err != nil {
 				t.Fatal(err)
 			}
-			r, err := consumer.NewRunner(src, consumer.Transactional(store, func(context.Context, *memstore.Tx, *consumer.Message) error { return nil }),
+			r, err := consumer.NewRunner(src, consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
 				consumer.Config{Name: "retention", Logger: runtest.Logger(t)})
 			if err != nil {
 				t.Fatal(err)
@@ -81,7 +82,7 @@ func TestRetentionGuard(t *testing.T) {
 			rctx, rcancel := context.WithTimeout(ctx, time.Second)
 			err = r.Run(rctx)
 			rcancel()
-			if got := errors.Is(err, consumer.ErrInvalidConfig); got != tc.refused {
+			if got := errors.Is(err, idemq.ErrInvalidConfig); got != tc.refused {
 				t.Fatalf("Run = %v, want refused %v", err, tc.refused)
 			}
 			t.Logf("horizon %v: Run = %v", horizon, err)

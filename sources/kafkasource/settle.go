@@ -54,7 +54,7 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 // PartitionKey in the same partition that were fetched after the failure
 // wait until msg is settled, so retries keep their order.
 func (s *Source) Retry(_ context.Context, msg *consumer.Message, delay time.Duration) error {
-	return s.redeliver(msg, msg.Attempt+1, delay)
+	return s.handBack(msg, msg.Attempt+1, delay)
 }
 
 // Release implements consumer.Releaser: it hands msg out again after delay,
@@ -62,12 +62,12 @@ func (s *Source) Retry(_ context.Context, msg *consumer.Message, delay time.Dura
 // not at fault (a database outage, a batch-mate's failure), so that such
 // retries do not use up the message's attempts.
 func (s *Source) Release(_ context.Context, msg *consumer.Message, delay time.Duration) error {
-	return s.redeliver(msg, msg.Attempt, delay)
+	return s.handBack(msg, msg.Attempt, delay)
 }
 
 var _ consumer.Releaser = (*Source)(nil)
 
-func (s *Source) redeliver(msg *consumer.Message, attempt int, delay time.Duration) error {
+func (s *Source) handBack(msg *consumer.Message, attempt int, delay time.Duration) error {
 	e, err := s.entryOf(msg)
 	if err != nil {
 		return err
@@ -84,7 +84,7 @@ func (s *Source) redeliver(msg *consumer.Message, attempt int, delay time.Durati
 		return nil
 	}
 	s.ledger.block(e)
-	s.redeliverLocked(e, attempt, delay)
+	s.handBackLocked(e, attempt, delay)
 	return nil
 }
 
@@ -116,8 +116,8 @@ func (s *Source) settleLocked(e *entry) {
 	}
 }
 
-// redeliverLocked hands e out again as attempt after delay.
-func (s *Source) redeliverLocked(e *entry, attempt int, delay time.Duration) {
+// handBackLocked hands e out again as attempt after delay.
+func (s *Source) handBackLocked(e *entry, attempt int, delay time.Duration) {
 	if t := s.timers[e]; t != nil {
 		t.Stop()
 	} else {
@@ -129,13 +129,13 @@ func (s *Source) redeliverLocked(e *entry, attempt int, delay time.Duration) {
 	e.attempt = attempt
 	seq := e.timerSeq
 	s.stats.redelivered.Add(1)
-	s.timers[e] = time.AfterFunc(delay, func() { s.redeliverDue(e, seq) })
+	s.timers[e] = time.AfterFunc(delay, func() { s.handBackDue(e, seq) })
 }
 
-// redeliverDue runs when e's redelivery timer fires. It hands e out together
+// handBackDue runs when e's redelivery timer fires. It hands e out together
 // with every other due message of its key, in offset order: their timers race
 // for s.mu, and a later message must not overtake an earlier one.
-func (s *Source) redeliverDue(e *entry, seq uint64) {
+func (s *Source) handBackDue(e *entry, seq uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed || e.settled || e.timerSeq != seq {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 )
 
@@ -102,7 +103,7 @@ type entry struct {
 	km           kafka.Message
 	id           string
 	key          string
-	keyErr       error // Config.KeyOf panicked
+	keyErr       error // Config.KeyFunc panicked
 	partitionKey string
 
 	// What the ledger reads: offset, generation tag (see observeGeneration)
@@ -131,7 +132,7 @@ type entry struct {
 
 // New returns a Source for cfg and starts joining its consumer group and
 // fetching in the background. It validates cfg (after WithDefaults) and
-// returns a *ConfigError for each invalid field, all at once. Unless
+// returns a *idemq.ConfigError for each invalid field, all at once. Unless
 // cfg.ConnectTimeout is negative, it then checks that a broker answers,
 // within ctx and ConnectTimeout, and returns ErrUnreachable if none does;
 // it does not wait for the group. ctx bounds that check only: the Source
@@ -168,7 +169,7 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 		rc.GroupTopics = cfg.Topics
 	}
 	if err := rc.Validate(); err != nil {
-		return nil, &ConfigError{Field: "kafkasource.Config", Reason: "rejected by kafka-go", Err: err}
+		return nil, &idemq.ConfigError{Field: "kafkasource.Config", Reason: "rejected by kafka-go", Err: err}
 	}
 	var missing []string // topics that do not exist (yet): see watchTopics
 	checked := false
@@ -192,7 +193,7 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 	// kafka.NewReader panics on configurations it rejects; report them.
 	defer func() {
 		if v := recover(); v != nil {
-			src, err = nil, &ConfigError{Field: "kafkasource.Config", Reason: fmt.Sprint(v)}
+			src, err = nil, &idemq.ConfigError{Field: "kafkasource.Config", Reason: fmt.Sprint(v)}
 		}
 	}()
 	reader := kafka.NewReader(rc)

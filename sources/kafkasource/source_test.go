@@ -11,6 +11,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
@@ -48,9 +49,9 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 			t.Errorf("%s: New accepted an invalid configuration", tc.field)
 			continue
 		}
-		var ce *kafkasource.ConfigError
-		if !errors.As(err, &ce) || ce.Field != "kafkasource.Config."+tc.field || !errors.Is(err, consumer.ErrInvalidConfig) {
-			t.Errorf("%s: New returned %v, want a *ConfigError for field %s matching consumer.ErrInvalidConfig", tc.field, err, tc.field)
+		var ce *idemq.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "kafkasource.Config."+tc.field || !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Errorf("%s: New returned %v, want a *idemq.ConfigError for field %s matching idemq.ErrInvalidConfig", tc.field, err, tc.field)
 		}
 	}
 }
@@ -97,13 +98,13 @@ func TestReceiveFillsMessage(t *testing.T) {
 	}
 }
 
-func TestKeyOfAndOrderByPartition(t *testing.T) {
+func TestKeyFuncAndOrderByPartition(t *testing.T) {
 	skipShort(t)
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
 	publish(t, brokers, topic, sourcetest.Outgoing{Body: []byte("b"), PartitionKey: "k"})
 	cfg := testConfig(t, brokers, topic, runtest.UniqueName(t, "g"))
-	cfg.KeyOf = func(m kafka.Message) string { return "from-func-" + string(m.Value) }
+	cfg.KeyFunc = func(m kafka.Message) string { return "from-func-" + string(m.Value) }
 	cfg.Ordering = kafkasource.OrderByPartition
 	m := receiveN(t, openSource(t, cfg), 1, waitTimeout)[0]
 	if m.Key != "from-func-b" || m.PartitionKey != topic+"/0" {
@@ -278,23 +279,23 @@ func TestDeadLetterWritesCopyAndCommits(t *testing.T) {
 	}
 	d := dead[0]
 	want := map[string]string{
-		kafkasource.HeaderReason:          reason.Error(),
-		kafkasource.HeaderAttempts:        "3",
-		kafkasource.HeaderOriginTopic:     topic,
-		kafkasource.HeaderOriginPartition: "0",
-		kafkasource.HeaderOriginOffset:    "0",
-		kafkasource.HeaderGroup:           group,
-		kafkasource.HeaderKey:             "bad-1",
-		kafkasource.DefaultKeyHeader:      "bad-1",
-		"trace":                           "t1",
+		consumer.MetaReason:             reason.Error(),
+		consumer.MetaAttempts:           "3",
+		kafkasource.MetaOriginTopic:     topic,
+		kafkasource.MetaOriginPartition: "0",
+		kafkasource.MetaOriginOffset:    "0",
+		kafkasource.MetaGroup:           group,
+		consumer.MetaKey:                "bad-1",
+		kafkasource.DefaultKeyHeader:    "bad-1",
+		"trace":                         "t1",
 	}
 	for k, v := range want {
 		if got := header(d, k); got != v {
 			t.Errorf("dead letter header %s = %q, want %q", k, got, v)
 		}
 	}
-	if string(d.Value) != "poison" || string(d.Key) != "acct" || header(d, kafkasource.HeaderDeadLetteredAt) == "" {
-		t.Errorf("dead letter value/key/time = %q/%q/%q", d.Value, d.Key, header(d, kafkasource.HeaderDeadLetteredAt))
+	if string(d.Value) != "poison" || string(d.Key) != "acct" || header(d, consumer.MetaDeadLetteredAt) == "" {
+		t.Errorf("dead letter value/key/time = %q/%q/%q", d.Value, d.Key, header(d, consumer.MetaDeadLetteredAt))
 	}
 }
 

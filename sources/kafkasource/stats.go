@@ -8,12 +8,13 @@ import (
 // Stats counts what a Source did since it was created. Every counter only
 // grows; InFlight and Held are current values.
 type Stats struct {
-	// Fetched is the number of messages fetched from Kafka, including the
+	// Received is the number of messages fetched from Kafka, including the
 	// group's redeliveries after rebalances and restarts.
-	Fetched uint64
-	// Redelivered is the number of in-process redeliveries: retries, and
-	// messages handed out again after a failed dead-letter write.
-	Redelivered uint64
+	Received uint64
+	// Retried is the number of messages handed out again in process:
+	// retries, and messages handed out again after a failed dead-letter
+	// write.
+	Retried uint64
 	// Commits is the number of successful offset commits (each may cover
 	// several partitions). Commits are coalesced: at most one per
 	// Config.CommitInterval, plus one when a generation ends and on Close.
@@ -74,8 +75,8 @@ func (s *Source) Stats() Stats {
 	s.mu.Unlock()
 	c := s.stats
 	return Stats{
-		Fetched:             c.fetched.Load(),
-		Redelivered:         c.redelivered.Load(),
+		Received:            c.fetched.Load(),
+		Retried:             c.redelivered.Load(),
 		Commits:             c.commits.Load(),
 		CommitFailures:      c.commitFailures.Load(),
 		StaleCommitsSkipped: c.staleCommitsSkipped.Load(),

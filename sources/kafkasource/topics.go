@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/idemq/idemq"
 )
 
 // TopicSpec describes a topic for CreateTopics.
@@ -38,16 +40,16 @@ func DeadLetterTopic(topic string) string { return topic + DefaultDeadLetterSuff
 // the workload needs. Remember the dead-letter topics (DeadLetterTopic).
 func CreateTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, topics ...TopicSpec) error {
 	if len(brokers) == 0 {
-		return &ConfigError{Field: "kafkasource.CreateTopics(brokers)", Reason: "required"}
+		return &idemq.ConfigError{Field: "kafkasource.CreateTopics(brokers)", Reason: "required"}
 	}
 	topics = slices.Clone(topics)
 	configs := make([]kafka.TopicConfig, 0, len(topics))
 	for i, t := range topics {
 		if t.Name == "" {
-			return &ConfigError{Field: "kafkasource.TopicSpec.Name", Reason: fmt.Sprintf("topic %d has no name", i)}
+			return &idemq.ConfigError{Field: "kafkasource.TopicSpec.Name", Reason: fmt.Sprintf("topic %d has no name", i)}
 		}
 		if t.Partitions < 0 || t.ReplicationFactor < 0 {
-			return &ConfigError{Field: "kafkasource.TopicSpec", Reason: fmt.Sprintf("topic %q: negative partitions or replication factor", t.Name)}
+			return &idemq.ConfigError{Field: "kafkasource.TopicSpec", Reason: fmt.Sprintf("topic %q: negative partitions or replication factor", t.Name)}
 		}
 		topics[i].Partitions = max(t.Partitions, 1)
 		topics[i].ReplicationFactor = max(t.ReplicationFactor, 1)
@@ -98,10 +100,10 @@ func CreateTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, t
 // the dead-letter topics (DeadLetterTopic).
 func DeleteTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, topics ...string) error {
 	if len(brokers) == 0 {
-		return &ConfigError{Field: "kafkasource.DeleteTopics(brokers)", Reason: "required"}
+		return &idemq.ConfigError{Field: "kafkasource.DeleteTopics(brokers)", Reason: "required"}
 	}
 	if slices.Contains(topics, "") {
-		return &ConfigError{Field: "kafkasource.DeleteTopics(topics)", Reason: "a topic has no name"}
+		return &idemq.ConfigError{Field: "kafkasource.DeleteTopics(topics)", Reason: "a topic has no name"}
 	}
 	if len(topics) == 0 {
 		return nil

@@ -9,6 +9,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/kafkasource"
@@ -54,9 +55,9 @@ func TestDeleteTopicsRefusesBadArguments(t *testing.T) {
 		"no brokers": func() error { return kafkasource.DeleteTopics(ctx, nil, nil, "t") },
 		"no name":    func() error { return kafkasource.DeleteTopics(ctx, nil, []string{"127.0.0.1:1"}, "t", "") },
 	} {
-		var ce *kafkasource.ConfigError
+		var ce *idemq.ConfigError
 		if err := call(); !errors.As(err, &ce) {
-			t.Errorf("%s: DeleteTopics = %v, want a *kafkasource.ConfigError", name, err)
+			t.Errorf("%s: DeleteTopics = %v, want a *idemq.ConfigError", name, err)
 		}
 	}
 	if err := kafkasource.DeleteTopics(ctx, nil, []string{"127.0.0.1:1"}); err != nil {

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/internal/faults"
 )
@@ -30,9 +29,6 @@ var (
 	ErrForeignMessage = errors.New("memsource: message was not received by this source")
 	// ErrInjected is the default error of an injected fault.
 	ErrInjected = errors.New("memsource: injected fault")
-	// ErrInvalidConfig is matched by the errors of Config.Validate. It is
-	// consumer.ErrInvalidConfig; each bad field is a *consumer.ConfigError.
-	ErrInvalidConfig = consumer.ErrInvalidConfig
 )
 
 // DefaultVisibilityTimeout is the default Config.VisibilityTimeout.
@@ -71,7 +67,7 @@ func (c Config) WithDefaults() Config {
 }
 
 // Validate reports every invalid field of c (after WithDefaults), each a
-// *consumer.ConfigError; the error matches ErrInvalidConfig.
+// *idemq.ConfigError; the error matches idemq.ErrInvalidConfig.
 func (c Config) Validate() error {
 	l := cfgerr.List{Prefix: "memsource.Config."}
 	if c.WithDefaults().VisibilityTimeout < 0 {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/sources/memsource"
 )
@@ -55,8 +56,8 @@ func publish(b *memsource.Broker, topic string, keys ...string) []string {
 }
 
 func TestConfigValidation(t *testing.T) {
-	if err := (memsource.Config{VisibilityTimeout: -1}).Validate(); !errors.Is(err, memsource.ErrInvalidConfig) {
-		t.Fatalf("Validate: %v, want ErrInvalidConfig", err)
+	if err := (memsource.Config{VisibilityTimeout: -1}).Validate(); !errors.Is(err, idemq.ErrInvalidConfig) {
+		t.Fatalf("Validate: %v, want idemq.ErrInvalidConfig", err)
 	}
 	defer func() {
 		if recover() == nil {

@@ -41,7 +41,7 @@ func TestConformance(t *testing.T) {
 		DeadLetters: func(t *testing.T, topic string) []sourcetest.Outgoing {
 			var out []sourcetest.Outgoing
 			for _, d := range b.DeadLetters(topic) {
-				h := map[string]string{sourcetest.ReasonHeader: d.Reason}
+				h := map[string]string{consumer.MetaReason: d.Reason}
 				for k, v := range d.Headers {
 					h[k] = v
 				}

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -22,8 +22,8 @@ type orderLog struct {
 	acks      int
 }
 
-func (l *orderLog) commit(e memstore.Event) {
-	if e.Kind != memstore.EventCommit {
+func (l *orderLog) commit(e memdedup.Event) {
+	if e.Kind != memdedup.EventCommit {
 		return
 	}
 	l.mu.Lock()
@@ -51,7 +51,7 @@ func (l *orderLog) broker(e memsource.Event) {
 // and no message is acknowledged before the commit that recorded it.
 func TestRunnerExactlyOnceUnderFaults(t *testing.T) {
 	log := &orderLog{committed: make(map[string]bool)}
-	store, err := memstore.New(memstore.Config{OnEvent: log.commit})
+	store, err := memdedup.New(memdedup.Config{OnEvent: log.commit})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestRunnerExactlyOnceUnderFaults(t *testing.T) {
 	} {
 		b.Inject(f)
 	}
-	store.Inject(memstore.Fault{Op: memstore.OpCommit, Applied: true, Times: 3})
+	store.Inject(memdedup.Fault{Op: memdedup.OpCommit, Applied: true, Times: 3})
 
 	const n = 200
 	var msgs []memsource.Outgoing
@@ -78,7 +78,7 @@ func TestRunnerExactlyOnceUnderFaults(t *testing.T) {
 	b.Publish("orders", msgs[:20]...) // a producer that sent some twice
 
 	var calls sync.Map // keys whose handler ran before
-	handler := func(ctx context.Context, tx *memstore.Tx, msg *consumer.Message) error {
+	handler := func(ctx context.Context, tx *memdedup.Tx, msg *consumer.Message) error {
 		// The first run of every key ending in 7 fails: its writes and its
 		// record roll back, and the retry runs it again.
 		if _, again := calls.LoadOrStore(msg.Key, true); !again && strings.HasSuffix(msg.Key, "7") {

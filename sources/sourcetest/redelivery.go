@@ -175,8 +175,8 @@ func (s *suite) testDeadLetter(t *testing.T) {
 	if d.Key != poison.Key || string(d.Body) != string(out[0].Body) {
 		t.Errorf("sourcetest: dead letter has key %q body %q, want key %q body %q", d.Key, d.Body, poison.Key, out[0].Body)
 	}
-	if r := d.Headers[ReasonHeader]; !strings.Contains(r, poisonReason) {
-		t.Errorf("sourcetest: dead letter reason (Headers[%q]) is %q, want it to contain %q", ReasonHeader, r, poisonReason)
+	if r := d.Headers[consumer.MetaReason]; !strings.Contains(r, poisonReason) {
+		t.Errorf("sourcetest: dead letter reason (Headers[%q]) is %q, want it to contain %q", consumer.MetaReason, r, poisonReason)
 	}
 }
 

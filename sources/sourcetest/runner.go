@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/memstore"
+	"github.com/idemq/idemq/dedup/memdedup"
 )
 
 // consumerName is the Config.Name of the suite's runners: the scope of their
@@ -101,12 +101,12 @@ func (s *ledgerSource) Ack(ctx context.Context, msgs []*consumer.Message) error 
 }
 
 // rig runs consumer.Runners with the transactional path over sources of the
-// harness, against one memstore whose commits and the runners' acks are
+// harness, against one memdedup whose commits and the runners' acks are
 // merged into one ledger. Each handler adds 1 to the effect of its key in the
 // same transaction as the key's record.
 type rig struct {
 	t     *testing.T
-	store *memstore.Store
+	store *memdedup.Store
 	led   *ledger
 	// failFirst makes the first attempt of every failFirst-th key fail, so
 	// that retries run through Source.Retry (0: never).
@@ -122,8 +122,8 @@ type rig struct {
 
 func newRig(t *testing.T) *rig {
 	r := &rig{t: t, led: &ledger{}, failed: make(map[string]bool)}
-	store, err := memstore.New(memstore.Config{OnEvent: func(e memstore.Event) {
-		if e.Kind != memstore.EventCommit {
+	store, err := memdedup.New(memdedup.Config{OnEvent: func(e memdedup.Event) {
+		if e.Kind != memdedup.EventCommit {
 			return
 		}
 		keys := make([]string, len(e.Keys))
@@ -133,7 +133,7 @@ func newRig(t *testing.T) *rig {
 		r.led.add(true, keys)
 	}})
 	if err != nil {
-		t.Fatalf("sourcetest: memstore: %v", err)
+		t.Fatalf("sourcetest: memdedup: %v", err)
 	}
 	r.store = store
 	t.Cleanup(r.stop)
@@ -142,7 +142,7 @@ func newRig(t *testing.T) *rig {
 
 func effectName(key string) string { return "effect/" + key }
 
-func (r *rig) handle(ctx context.Context, tx *memstore.Tx, msg *consumer.Message) error {
+func (r *rig) handle(ctx context.Context, tx *memdedup.Tx, msg *consumer.Message) error {
 	if r.work > 0 {
 		select {
 		case <-time.After(r.work):
@@ -336,8 +336,8 @@ func (s *suite) runnerExactlyOnce(t *testing.T, n int) {
 	r := newRig(t)
 	r.failFirst = 5
 	// The first commit fails; the second is applied but reported as failed.
-	r.store.Inject(memstore.Fault{Op: memstore.OpCommit})
-	r.store.Inject(memstore.Fault{Op: memstore.OpCommit, Applied: true})
+	r.store.Inject(memdedup.Fault{Op: memdedup.OpCommit})
+	r.store.Inject(memdedup.Fault{Op: memdedup.OpCommit, Applied: true})
 	r.start(s.open(t, topic), consumer.Config{})
 	r.waitDone(keysOf(out), s.runnerTimeout(n))
 	r.check(keysOf(out))

@@ -74,7 +74,8 @@ type Harness struct {
 	// when it returns. Required.
 	Publish func(t *testing.T, topic string, msgs ...Outgoing)
 	// DeadLetters returns the messages dead-lettered from topic so far, with
-	// the reason in Headers[ReasonHeader] (consumer.MetaReason). Required
+	// the reason in Headers[consumer.MetaReason], the name every source
+	// writes; the suite checks that it is present. Required
 	// when Features.DeadLetterReadable.
 	DeadLetters func(t *testing.T, topic string) []Outgoing
 	// RestartBroker restarts the broker (or cuts and restores the
@@ -82,11 +83,6 @@ type Harness struct {
 	// Required when Features.Restart.
 	RestartBroker func(t *testing.T)
 }
-
-// ReasonHeader is the header in which Harness.DeadLetters reports why a
-// message was dead-lettered: consumer.MetaReason, the name every source
-// writes. The suite checks that it is present and not empty.
-const ReasonHeader = consumer.MetaReason
 
 // StressEnv is the environment variable that turns on the stress mode: when it
 // is "1", the delivery tests run again with many more messages.

@@ -95,7 +95,7 @@ func harness(t *testing.T, defect string) sourcetest.Harness {
 		DeadLetters: func(t *testing.T, topic string) []sourcetest.Outgoing {
 			var out []sourcetest.Outgoing
 			for _, d := range b.DeadLetters(topic) {
-				out = append(out, sourcetest.Outgoing{Key: d.Key, Body: d.Body, Headers: map[string]string{sourcetest.ReasonHeader: d.Reason}})
+				out = append(out, sourcetest.Outgoing{Key: d.Key, Body: d.Body, Headers: map[string]string{consumer.MetaReason: d.Reason}})
 			}
 			return out
 		},
@@ -167,12 +167,4 @@ func (s *broken) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 func (s *broken) Close() error {
 	s.closed.Store(true)
 	return s.Source.Close()
-}
-
-// TestDeadLetterMetadataNames: the suite reads the reason under the name
-// every source writes, defined once in consumer.
-func TestDeadLetterMetadataNames(t *testing.T) {
-	if sourcetest.ReasonHeader != consumer.MetaReason {
-		t.Errorf("ReasonHeader %q, want %q", sourcetest.ReasonHeader, consumer.MetaReason)
-	}
 }

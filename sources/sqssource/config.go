@@ -40,8 +40,8 @@ type Config struct {
 	QueueURL string
 
 	// DeadLetterQueueURL is the queue that DeadLetter sends poison messages
-	// to, with the reason in the message attributes AttrReason,
-	// AttrAttempts, AttrSourceQueue and AttrMessageID, before it deletes the
+	// to, with the reason in the message attributes consumer.MetaReason,
+	// consumer.MetaAttempts, MetaSourceQueue and MetaMessageID, before it deletes the
 	// original. It must be a FIFO queue if and only if QueueURL is one.
 	//
 	// When it is empty, dead-lettering is left to the queue's redrive

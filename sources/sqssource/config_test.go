@@ -7,13 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/sources/sqssource"
 )
 
 // TestConfigErrorsNameEveryField: New reports every bad argument and field at
-// once, each a *consumer.ConfigError matching consumer.ErrInvalidConfig,
+// once, each a *idemq.ConfigError matching idemq.ErrInvalidConfig,
 // before it calls SQS.
 func TestConfigErrorsNameEveryField(t *testing.T) {
 	cases := []struct {
@@ -28,12 +29,12 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 	}
 	for _, tc := range cases {
 		_, err := sqssource.New(context.Background(), nil, tc.cfg)
-		if !errors.Is(err, consumer.ErrInvalidConfig) {
-			t.Errorf("%s: New = %v, want consumer.ErrInvalidConfig", tc.name, err)
+		if !errors.Is(err, idemq.ErrInvalidConfig) {
+			t.Errorf("%s: New = %v, want idemq.ErrInvalidConfig", tc.name, err)
 		}
-		var ce *consumer.ConfigError
+		var ce *idemq.ConfigError
 		if !errors.As(err, &ce) {
-			t.Errorf("%s: New = %v, want a *consumer.ConfigError", tc.name, err)
+			t.Errorf("%s: New = %v, want a *idemq.ConfigError", tc.name, err)
 		}
 		if got := cfgerr.Fields(err); !slices.Equal(got, tc.want) {
 			t.Errorf("%s: New = %v, reports fields %q, want %q", tc.name, err, got, tc.want)
@@ -45,8 +46,8 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 // defined once in consumer.
 func TestDeadLetterMetadataNames(t *testing.T) {
 	for got, want := range map[string]string{
-		sqssource.AttrReason:   consumer.MetaReason,
-		sqssource.AttrAttempts: consumer.MetaAttempts,
+		consumer.MetaReason:   consumer.MetaReason,
+		consumer.MetaAttempts: consumer.MetaAttempts,
 	} {
 		if got != want {
 			t.Errorf("attribute %q, want %q", got, want)

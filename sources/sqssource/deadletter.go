@@ -18,23 +18,20 @@ import (
 )
 
 // Message attributes that DeadLetter adds to the copy it sends to
-// Config.DeadLetterQueueURL.
+// Config.DeadLetterQueueURL: consumer.MetaReason, the error that sent the
+// message there (at most 2 KiB of its text, a longer one cut and ending with
+// " ...(truncated)"; characters SQS refuses in an attribute (control
+// characters, invalid UTF-8, U+FFFE, U+FFFF) are written as Go escapes
+// (\x01)), consumer.MetaAttempts, the number of attempts made (a Number
+// attribute), and the SQS fields below.
 const (
-	// AttrReason holds the error that sent the message to the dead-letter
-	// queue: at most 2 KiB of its text, a longer one cut and ending with
-	// " ...(truncated)"; characters SQS refuses in an attribute (control
-	// characters, invalid UTF-8, U+FFFE, U+FFFF) are written as Go escapes
-	// (\x01).
-	AttrReason = consumer.MetaReason
-	// AttrAttempts holds the number of attempts made (a Number attribute).
-	AttrAttempts = consumer.MetaAttempts
-	// AttrSourceQueue holds the URL of the queue the message came from.
-	AttrSourceQueue = "idemq-source-queue"
-	// AttrMessageID holds the MessageId of the original message.
-	AttrMessageID = "idemq-message-id"
+	// MetaSourceQueue holds the URL of the queue the message came from.
+	MetaSourceQueue = "idemq-source-queue"
+	// MetaMessageID holds the MessageId of the original message.
+	MetaMessageID = "idemq-message-id"
 )
 
-// maxReasonBytes bounds the reason text stored in AttrReason.
+// maxReasonBytes bounds the reason text stored in consumer.MetaReason.
 const maxReasonBytes = 2048
 
 // maxMessageAttributes is the number of message attributes SQS accepts on one
@@ -48,8 +45,8 @@ const fifoDeadLetterGroup = "idemq-dead-letters"
 // DeadLetter routes msg to the dead-letter queue.
 //
 // With Config.DeadLetterQueueURL it sends a copy there (same body, its
-// message attributes, plus AttrReason, AttrAttempts, AttrSourceQueue and
-// AttrMessageID; on FIFO queues the same MessageGroupId and the original
+// message attributes, plus consumer.MetaReason, consumer.MetaAttempts, MetaSourceQueue and
+// MetaMessageID; on FIFO queues the same MessageGroupId and the original
 // MessageId as MessageDeduplicationId), and deletes the original only after
 // the send succeeded. Until both succeeded the original stays in flight (its
 // visibility extended and, on a FIFO queue, its group blocked). If either
@@ -107,7 +104,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 				consumer.LogKeyID, h.id, "size", len(aws.ToString(h.raw.Body)), "limit", s.deadLetterLimit)
 			attrs = nil
 		case !fits:
-			s.putBack(ctx, h)
+			s.handBack(ctx, h)
 			return fmt.Errorf("sqssource: dead letter %s: its body (%d bytes) is larger than the dead-letter queue's MaximumMessageSize (%d) and the queue has no redrive policy (the original stays and comes back)",
 				h.id, len(aws.ToString(h.raw.Body)), s.deadLetterLimit)
 		case cut || len(dropped) > 0:
@@ -144,12 +141,12 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	_, err = s.client.SendMessage(sctx, in)
 	cancel()
 	if err != nil {
-		s.putBack(ctx, h)
+		s.handBack(ctx, h)
 		return fmt.Errorf("sqssource: dead letter %s: send to the dead-letter queue (the original stays and comes back): %w", h.id, err)
 	}
 	if failed, err := s.deleteBatch(ctx, []*handle{h}); len(failed) > 0 {
 		s.stats.deleteFailures.Add(1)
-		s.putBack(ctx, h)
+		s.handBack(ctx, h)
 		return fmt.Errorf("sqssource: dead letter %s was written, but deleting the original failed (it comes back and is dead-lettered again): %w",
 			h.id, &BatchError{Op: "DeleteMessageBatch", Entries: failed, Err: err})
 	}
@@ -164,11 +161,11 @@ func (s *Source) redriveDelay(h *handle) time.Duration {
 	return min(max(s.cfg.RedriveDelay, 0), MaxVisibility-time.Since(h.receivedAt)-time.Second)
 }
 
-// putBack hands h back to the queue after a failed dead-letter attempt: it
+// handBack hands h back to the queue after a failed dead-letter attempt: it
 // becomes visible after Config.RedriveDelay, and in strict FIFO order the
 // later messages of its group go back to follow it. A failure is logged: h
 // then comes back when its current visibility timeout ends.
-func (s *Source) putBack(ctx context.Context, h *handle) {
+func (s *Source) handBack(ctx context.Context, h *handle) {
 	if err := s.setVisibility(ctx, h, s.redriveDelay(h)); err != nil {
 		s.log.WarnContext(ctx, "handing back a message that was not dead-lettered failed; it returns after its visibility timeout",
 			consumer.LogKeyID, h.id, consumer.LogKeyError, err)
@@ -186,10 +183,10 @@ func (s *Source) deadLetterAttributes(ctx context.Context, h *handle, reason err
 		text = "unknown" // SQS refuses an empty String attribute
 	}
 	attrs := map[string]types.MessageAttributeValue{
-		AttrReason:      {DataType: aws.String("String"), StringValue: aws.String(text)},
-		AttrAttempts:    {DataType: aws.String("Number"), StringValue: aws.String(strconv.Itoa(attempts))},
-		AttrSourceQueue: {DataType: aws.String("String"), StringValue: aws.String(metatext.Clean(s.cfg.QueueURL, maxReasonBytes))},
-		AttrMessageID:   {DataType: aws.String("String"), StringValue: aws.String(metatext.Clean(h.id, maxReasonBytes))},
+		consumer.MetaReason:   {DataType: aws.String("String"), StringValue: aws.String(text)},
+		consumer.MetaAttempts: {DataType: aws.String("Number"), StringValue: aws.String(strconv.Itoa(attempts))},
+		MetaSourceQueue:       {DataType: aws.String("String"), StringValue: aws.String(metatext.Clean(s.cfg.QueueURL, maxReasonBytes))},
+		MetaMessageID:         {DataType: aws.String("String"), StringValue: aws.String(metatext.Clean(h.id, maxReasonBytes))},
 	}
 	names := make([]string, 0, len(h.raw.MessageAttributes))
 	for name := range h.raw.MessageAttributes {

@@ -8,6 +8,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/metatext"
 )
 
@@ -44,7 +45,7 @@ func messageSize(body string, attrs map[string]types.MessageAttributeValue) int 
 // fitDeadLetter shrinks attrs, the attributes of a dead-letter copy of body,
 // until the copy fits in limit bytes. It drops the original's attributes
 // (largest first) while the reason would be cut below 256 bytes, then the key
-// attribute, AttrSourceQueue, AttrMessageID and AttrAttempts while it would
+// attribute, MetaSourceQueue, MetaMessageID and consumer.MetaAttempts while it would
 // be cut below 64 bytes, then cuts the reason to what is left (dropping it if
 // not one byte is). It returns the names it dropped and whether the reason
 // was cut, and false if not even the body alone fits.
@@ -52,12 +53,12 @@ func fitDeadLetter(body string, attrs map[string]types.MessageAttributeValue, ke
 	if messageSize(body, attrs) <= limit {
 		return nil, false, true
 	}
-	reason, hasReason := attrs[AttrReason]
+	reason, hasReason := attrs[consumer.MetaReason]
 	text := aws.ToString(reason.StringValue)
-	delete(attrs, AttrReason)
+	delete(attrs, consumer.MetaReason)
 	reasonOverhead := 0
 	if hasReason {
-		reasonOverhead = attributeSize(AttrReason, types.MessageAttributeValue{DataType: reason.DataType})
+		reasonOverhead = attributeSize(consumer.MetaReason, types.MessageAttributeValue{DataType: reason.DataType})
 	}
 	// room is what is left for the reason's text.
 	room := func() int { return limit - messageSize(body, attrs) - reasonOverhead }
@@ -76,7 +77,7 @@ func fitDeadLetter(body string, attrs map[string]types.MessageAttributeValue, ke
 	var theirs []string
 	for name := range attrs {
 		switch name {
-		case AttrAttempts, AttrSourceQueue, AttrMessageID, keyAttr:
+		case consumer.MetaAttempts, MetaSourceQueue, MetaMessageID, keyAttr:
 		default:
 			theirs = append(theirs, name)
 		}
@@ -85,18 +86,18 @@ func fitDeadLetter(body string, attrs map[string]types.MessageAttributeValue, ke
 		return cmp.Or(cmp.Compare(attributeSize(b, attrs[b]), attributeSize(a, attrs[a])), cmp.Compare(a, b))
 	})
 	drop(keepReasonBytes, theirs)
-	drop(minReasonBytes, []string{keyAttr, AttrSourceQueue, AttrMessageID, AttrAttempts})
+	drop(minReasonBytes, []string{keyAttr, MetaSourceQueue, MetaMessageID, consumer.MetaAttempts})
 	drop(1, theirs) // when there is no reason to keep
 
 	if hasReason {
 		switch n := room(); {
 		case n >= len(text):
-			attrs[AttrReason] = reason
+			attrs[consumer.MetaReason] = reason
 		case n >= 1: // SQS refuses an empty String attribute
-			attrs[AttrReason] = types.MessageAttributeValue{DataType: reason.DataType, StringValue: aws.String(metatext.Cut(text, n))}
+			attrs[consumer.MetaReason] = types.MessageAttributeValue{DataType: reason.DataType, StringValue: aws.String(metatext.Cut(text, n))}
 			cut = true
 		default:
-			dropped = append(dropped, AttrReason)
+			dropped = append(dropped, consumer.MetaReason)
 		}
 	}
 	return dropped, cut, messageSize(body, attrs) <= limit

@@ -7,6 +7,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/idemq/idemq/consumer"
 )
 
 func TestFitDeadLetter(t *testing.T) {
@@ -15,17 +17,17 @@ func TestFitDeadLetter(t *testing.T) {
 	}
 	full := func() map[string]types.MessageAttributeValue {
 		return map[string]types.MessageAttributeValue{
-			AttrReason:      str(strings.Repeat("r", 1000)),
-			AttrAttempts:    {DataType: aws.String("Number"), StringValue: aws.String("5")},
-			AttrSourceQueue: str("http://127.0.0.1:9324/000000000000/orders"),
-			AttrMessageID:   str("0f6c1b9e-6f8e-4a53-9d57-3d9d1f2a0c11"),
-			"key":           str("order-1"),
-			"big":           str(strings.Repeat("x", 500)),
-			"small":         str("y"),
+			consumer.MetaReason:   str(strings.Repeat("r", 1000)),
+			consumer.MetaAttempts: {DataType: aws.String("Number"), StringValue: aws.String("5")},
+			MetaSourceQueue:       str("http://127.0.0.1:9324/000000000000/orders"),
+			MetaMessageID:         str("0f6c1b9e-6f8e-4a53-9d57-3d9d1f2a0c11"),
+			"key":                 str("order-1"),
+			"big":                 str(strings.Repeat("x", 500)),
+			"small":               str("y"),
 		}
 	}
 	size := messageSize("", full())
-	reasonSize := attributeSize(AttrReason, full()[AttrReason])
+	reasonSize := attributeSize(consumer.MetaReason, full()[consumer.MetaReason])
 	cases := []struct {
 		name      string
 		body      int
@@ -37,9 +39,9 @@ func TestFitDeadLetter(t *testing.T) {
 		{"fits", MaxMessageSize - size, nil, false, true, nil},
 		{"reason cut, nothing dropped", MaxMessageSize - size + 100, nil, true, true, nil},
 		{"original's largest attribute dropped first", MaxMessageSize - size + 1000, []string{"big"}, true, true, nil},
-		{"everything but a short reason", MaxMessageSize - (reasonSize - 1000 + 20), []string{"big", "small", "key", AttrSourceQueue, AttrMessageID, AttrAttempts}, true, true, []string{AttrReason}},
-		{"body alone", MaxMessageSize, []string{"big", "small", "key", AttrSourceQueue, AttrMessageID, AttrAttempts, AttrReason}, false, true, []string{}},
-		{"too large", MaxMessageSize + 1, []string{"big", "small", "key", AttrSourceQueue, AttrMessageID, AttrAttempts, AttrReason}, false, false, []string{}},
+		{"everything but a short reason", MaxMessageSize - (reasonSize - 1000 + 20), []string{"big", "small", "key", MetaSourceQueue, MetaMessageID, consumer.MetaAttempts}, true, true, []string{consumer.MetaReason}},
+		{"body alone", MaxMessageSize, []string{"big", "small", "key", MetaSourceQueue, MetaMessageID, consumer.MetaAttempts, consumer.MetaReason}, false, true, []string{}},
+		{"too large", MaxMessageSize + 1, []string{"big", "small", "key", MetaSourceQueue, MetaMessageID, consumer.MetaAttempts, consumer.MetaReason}, false, false, []string{}},
 	}
 	for _, c := range cases {
 		attrs := full()
@@ -51,7 +53,7 @@ func TestFitDeadLetter(t *testing.T) {
 		if fits && messageSize(body, attrs) > MaxMessageSize {
 			t.Errorf("%s: %d bytes after fitting", c.name, messageSize(body, attrs))
 		}
-		if r, ok := attrs[AttrReason]; ok && !strings.HasPrefix(strings.Repeat("r", 1000), aws.ToString(r.StringValue)) || ok && aws.ToString(r.StringValue) == "" {
+		if r, ok := attrs[consumer.MetaReason]; ok && !strings.HasPrefix(strings.Repeat("r", 1000), aws.ToString(r.StringValue)) || ok && aws.ToString(r.StringValue) == "" {
 			t.Errorf("%s: reason %q", c.name, aws.ToString(r.StringValue))
 		}
 		if c.wantAttrs != nil {

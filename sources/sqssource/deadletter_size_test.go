@@ -91,10 +91,10 @@ func TestMaximumSizeMessageIsDeadLettered(t *testing.T) {
 		t.Fatalf("dead-letter queue holds %d messages, want the maximum-size message with its body", len(got))
 	}
 	attrs := got[0].MessageAttributes
-	if r := aws.ToString(attrs[sqssource.AttrReason].StringValue); r == "" || !strings.HasPrefix(reason.Error(), strings.TrimSuffix(r, "…")) {
+	if r := aws.ToString(attrs[consumer.MetaReason].StringValue); r == "" || !strings.HasPrefix(reason.Error(), strings.TrimSuffix(r, "…")) {
 		t.Errorf("reason attribute %q is not a prefix of the reason", r)
 	}
-	t.Logf("dead letter kept attributes %v; reason cut to %d bytes", keys(attrs), len(aws.ToString(attrs[sqssource.AttrReason].StringValue)))
+	t.Logf("dead letter kept attributes %v; reason cut to %d bytes", keys(attrs), len(aws.ToString(attrs[consumer.MetaReason].StringValue)))
 	if n := queueDepth(t, q.URL); n != 0 {
 		t.Errorf("%d messages left in the queue, want 0", n)
 	}

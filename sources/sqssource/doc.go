@@ -38,7 +38,7 @@
 //     receive raises ApproximateReceiveCount, which is Message.Attempt (the
 //     broker's count; see Attempts for what the runner counts).
 //   - DeadLetter sends the message to Config.DeadLetterQueueURL with the
-//     reason as message attributes (AttrReason, AttrAttempts, ...) and then
+//     reason as message attributes (consumer.MetaReason, consumer.MetaAttempts, ...) and then
 //     deletes it; or, without that URL, leaves it to the queue's redrive
 //     policy (see Source.DeadLetter for both).
 //   - Close releases the messages still in flight (visibility 0), so other

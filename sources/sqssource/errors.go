@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq"
 )
 
 // Sentinel errors of the package. Match them with errors.Is.
@@ -20,10 +20,10 @@ var (
 	ErrForeignMessage = errors.New("sqssource: message was not received by this source")
 )
 
-// configError returns a *consumer.ConfigError, which matches
-// consumer.ErrInvalidConfig, for a field of Config.
+// configError returns a *idemq.ConfigError, which matches
+// idemq.ErrInvalidConfig, for a field of Config.
 func configError(field, reason string) error {
-	return &consumer.ConfigError{Field: "sqssource.Config." + field, Reason: reason}
+	return &idemq.ConfigError{Field: "sqssource.Config." + field, Reason: reason}
 }
 
 // EntryError is one entry that SQS refused in a batch call.

@@ -11,7 +11,7 @@ import (
 // Source.active holds its message, and untrack frees the group once that
 // message is settled. A message that goes back to the queue (Retry, a failed
 // dead letter) takes the later messages of its group still in the ready
-// buffer with it (giveBack), so that SQS delivers them again after it.
+// buffer with it (untrackWithFollowers), so that SQS delivers them again after it.
 
 // take removes up to max messages from the ready buffer and returns them. In
 // strict FIFO order it takes at most one message per group, and none of a
@@ -63,10 +63,10 @@ func (s *Source) untrackLocked(h *handle) {
 	}
 }
 
-// giveBack stops tracking h, which goes back to the queue, and, in strict
+// untrackWithFollowers stops tracking h, which goes back to the queue, and, in strict
 // FIFO order, also the messages of its group waiting in the ready buffer,
 // which it returns: they must go back too, to follow h.
-func (s *Source) giveBack(h *handle) []*handle {
+func (s *Source) untrackWithFollowers(h *handle) []*handle {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.untrackLocked(h)

@@ -88,18 +88,18 @@ func TestStrictFIFOTakeAndGiveBack(t *testing.T) {
 	wantIDs(t, "ready", readyIDs(s), "a3", "b2")
 
 	// a2 goes back to the queue (Retry): a3, already received, must follow it.
-	followers := s.giveBack(a2[0].Handle.(*handle))
+	followers := s.untrackWithFollowers(a2[0].Handle.(*handle))
 	wantIDs(t, "followers of a2", handleIDs(followers), "a3")
-	wantIDs(t, "ready after giveBack", readyIDs(s), "b2")
+	wantIDs(t, "ready after untrackWithFollowers", readyIDs(s), "b2")
 	for _, id := range []string{"a2", "a3"} {
 		for h := range s.inflight {
 			if h.id == id {
-				t.Fatalf("%s is still in flight after giveBack", id)
+				t.Fatalf("%s is still in flight after untrackWithFollowers", id)
 			}
 		}
 	}
 	if s.active["a"] != nil {
-		t.Fatal("group a is still blocked after giveBack")
+		t.Fatal("group a is still blocked after untrackWithFollowers")
 	}
 	if s.active["b"] == nil || s.active["b"].id != "b1" {
 		t.Fatalf("group b's active message = %v, want b1", s.active["b"])
@@ -129,10 +129,10 @@ func TestTakeWithoutStrictOrder(t *testing.T) {
 			if len(s.active) != 0 {
 				t.Fatalf("active = %v, want none", s.active)
 			}
-			if f := s.giveBack(got[0].Handle.(*handle)); len(f) != 0 {
-				t.Fatalf("giveBack returned followers %q, want none", handleIDs(f))
+			if f := s.untrackWithFollowers(got[0].Handle.(*handle)); len(f) != 0 {
+				t.Fatalf("untrackWithFollowers returned followers %q, want none", handleIDs(f))
 			}
-			wantIDs(t, "ready after giveBack", readyIDs(s), "a3")
+			wantIDs(t, "ready after untrackWithFollowers", readyIDs(s), "a3")
 		})
 	}
 }

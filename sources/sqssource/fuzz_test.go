@@ -119,7 +119,7 @@ func FuzzMessage(f *testing.F) {
 func FuzzDeadLetterAttributes(f *testing.F) {
 	f.Add("idempotency-key;a;b", "k;1;2", uint16(0), "handler failed", 3)
 	f.Add("a;b;c;d;e;f;g;h;i;j;k;idempotency-key", "1;2;3;4;5;6;7;8;9;10;11;key", uint16(5), strings.Repeat("é", 3000), 1)
-	f.Add(AttrReason+";"+AttrAttempts, "forged;999", uint16(0), "", 0)
+	f.Add(consumer.MetaReason+";"+consumer.MetaAttempts, "forged;999", uint16(0), "", 0)
 	f.Add("", "", uint16(0), "\xff\xfe", -1)
 	f.Add("", "", uint16(0), "invalid input syntax for type integer: \"1\x01\"", 1)
 	f.Add("", "", uint16(0), strings.Repeat("\x00", 2000)+"\ufffe", 2)
@@ -136,7 +136,7 @@ func FuzzDeadLetterAttributes(f *testing.F) {
 		if len(attrs) > maxMessageAttributes {
 			t.Fatalf("%d attributes, SQS accepts %d", len(attrs), maxMessageAttributes)
 		}
-		r, ok := attrs[AttrReason]
+		r, ok := attrs[consumer.MetaReason]
 		if !ok || r.StringValue == nil {
 			t.Fatal("no reason attribute")
 		}
@@ -152,23 +152,23 @@ func FuzzDeadLetterAttributes(f *testing.F) {
 		}
 		// What SQS accepts: String and Number values that are not empty
 		// and hold only characters of the XML range.
-		for _, name := range []string{AttrReason, AttrAttempts, AttrSourceQueue, AttrMessageID} {
+		for _, name := range []string{consumer.MetaReason, consumer.MetaAttempts, MetaSourceQueue, MetaMessageID} {
 			v := aws.ToString(attrs[name].StringValue)
 			if v == "" || !metatext.ValidString(v) {
 				t.Fatalf("attribute %s = %q, which SQS refuses", name, v)
 			}
 		}
-		a, ok := attrs[AttrAttempts]
+		a, ok := attrs[consumer.MetaAttempts]
 		if !ok || a.StringValue == nil || *a.StringValue != strconv.Itoa(attempts) {
 			t.Fatalf("attempts attribute %+v, want %d", a, attempts)
 		}
-		if src := attrs[AttrSourceQueue]; src.StringValue == nil || *src.StringValue != s.cfg.QueueURL {
+		if src := attrs[MetaSourceQueue]; src.StringValue == nil || *src.StringValue != s.cfg.QueueURL {
 			t.Fatalf("source queue attribute %+v", src)
 		}
-		if id := attrs[AttrMessageID]; id.StringValue == nil || *id.StringValue != "m-1" {
+		if id := attrs[MetaMessageID]; id.StringValue == nil || *id.StringValue != "m-1" {
 			t.Fatalf("message id attribute %+v", id)
 		}
-		ours := map[string]bool{AttrReason: true, AttrAttempts: true, AttrSourceQueue: true, AttrMessageID: true}
+		ours := map[string]bool{consumer.MetaReason: true, consumer.MetaAttempts: true, MetaSourceQueue: true, MetaMessageID: true}
 		for name, v := range attrs {
 			if ours[name] {
 				continue

@@ -10,6 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
@@ -53,7 +54,7 @@ func TestRetentionGuard(t *testing.T) {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err = r.Run(rctx)
 		cancel()
-		if got := errors.Is(err, consumer.ErrInvalidConfig); got != tc.refused {
+		if got := errors.Is(err, idemq.ErrInvalidConfig); got != tc.refused {
 			t.Fatalf("retention %s: Run = %v, want refused %v", tc.retention, err, tc.refused)
 		}
 		t.Logf("retention %s: Run = %v", tc.retention, err)

@@ -323,11 +323,11 @@ func TestPoisonIsDeadLettered(t *testing.T) {
 		if !ok {
 			t.Fatalf("unexpected dead letter %q", key)
 		}
-		attempts, _ := strconv.Atoi(attr(sqssource.AttrAttempts))
-		if !strings.Contains(attr(sqssource.AttrReason), w.reason) || attempts != w.attempts ||
-			attr(sqssource.AttrMessageID) == "" || attr(sqssource.AttrSourceQueue) != q.URL {
+		attempts, _ := strconv.Atoi(attr(consumer.MetaAttempts))
+		if !strings.Contains(attr(consumer.MetaReason), w.reason) || attempts != w.attempts ||
+			attr(sqssource.MetaMessageID) == "" || attr(sqssource.MetaSourceQueue) != q.URL {
 			t.Errorf("dead letter %s: reason %q, attempts %d, id %q, source %q; want reason with %q, %d attempts",
-				key, attr(sqssource.AttrReason), attempts, attr(sqssource.AttrMessageID), attr(sqssource.AttrSourceQueue), w.reason, w.attempts)
+				key, attr(consumer.MetaReason), attempts, attr(sqssource.MetaMessageID), attr(sqssource.MetaSourceQueue), w.reason, w.attempts)
 		}
 	}
 	rows, keys := effectCounts(t, db)

@@ -144,7 +144,7 @@ func (s *Source) Retry(ctx context.Context, msg *consumer.Message, delay time.Du
 func (s *Source) setVisibility(ctx context.Context, h *handle, d time.Duration) error {
 	s.visMu.RLock()
 	defer s.visMu.RUnlock()
-	followers := s.giveBack(h)
+	followers := s.untrackWithFollowers(h)
 	cctx, cancel := s.requestContext(ctx)
 	_, err := s.client.ChangeMessageVisibility(cctx, &sqs.ChangeMessageVisibilityInput{
 		QueueUrl:          aws.String(s.cfg.QueueURL),

@@ -20,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/internal/redact"
@@ -113,14 +114,14 @@ type handle struct {
 // reads whether it is a FIFO queue and its redrive policy, and checks the
 // dead-letter route: it returns ErrNoDeadLetterRoute when neither
 // cfg.DeadLetterQueueURL nor a redrive policy is set, and a
-// *consumer.ConfigError for each invalid field of cfg (after WithDefaults),
+// *idemq.ConfigError for each invalid field of cfg (after WithDefaults),
 // all at once.
 //
 // The heartbeat starts at once; Close stops it.
 func New(ctx context.Context, client Client, cfg Config) (*Source, error) {
 	var bad cfgerr.List
 	if client == nil {
-		bad.Include(&consumer.ConfigError{Field: "sqssource.New(client)", Reason: "nil"})
+		bad.Include(&idemq.ConfigError{Field: "sqssource.New(client)", Reason: "nil"})
 	}
 	cfg = cfg.WithDefaults()
 	bad.Include(cfg.validate())
@@ -174,7 +175,7 @@ func New(ctx context.Context, client Client, cfg Config) (*Source, error) {
 // identity, container and instance roles), adjusted by optFns (for example
 // config.WithRegion). A non-empty endpoint overrides the service endpoint,
 // for ElasticMQ or LocalStack; the chain also honours AWS_ENDPOINT_URL_SQS.
-// An endpoint that is not an absolute URL is a *consumer.ConfigError, which
+// An endpoint that is not an absolute URL is a *idemq.ConfigError, which
 // shows it redacted (internal/redact).
 //
 // The client's retries of a failed call wait at most MaxRetryBackoff
@@ -187,9 +188,9 @@ func NewClient(ctx context.Context, endpoint string, optFns ...func(*config.Load
 		u, err := url.Parse(endpoint)
 		switch {
 		case err != nil:
-			return nil, &consumer.ConfigError{Field: field, Err: redact.URLError(err)}
+			return nil, &idemq.ConfigError{Field: field, Err: redact.URLError(err)}
 		case u.Scheme == "" || u.Host == "":
-			return nil, &consumer.ConfigError{Field: field, Reason: fmt.Sprintf("%q is not an absolute URL", redact.URL(u))}
+			return nil, &idemq.ConfigError{Field: field, Reason: fmt.Sprintf("%q is not an absolute URL", redact.URL(u))}
 		}
 	}
 	cfg, err := config.LoadDefaultConfig(ctx, optFns...)

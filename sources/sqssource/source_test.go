@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/sources/sqssource"
 )
@@ -46,12 +47,12 @@ func TestNewChecksQueueAndDeadLetterRoute(t *testing.T) {
 		cfg  sqssource.Config
 		want error
 	}{
-		{"no queue", sqssource.Config{}, consumer.ErrInvalidConfig},
-		{"visibility not whole seconds", sqssource.Config{QueueURL: std.URL, DeadLetterQueueURL: std.DLQURL, VisibilityTimeout: 1500 * time.Millisecond}, consumer.ErrInvalidConfig},
-		{"wait above 20s", sqssource.Config{QueueURL: std.URL, DeadLetterQueueURL: std.DLQURL, WaitTime: 21 * time.Second}, consumer.ErrInvalidConfig},
-		{"heartbeat too slow", sqssource.Config{QueueURL: std.URL, DeadLetterQueueURL: std.DLQURL, VisibilityTimeout: 10 * time.Second, HeartbeatInterval: 6 * time.Second}, consumer.ErrInvalidConfig},
+		{"no queue", sqssource.Config{}, idemq.ErrInvalidConfig},
+		{"visibility not whole seconds", sqssource.Config{QueueURL: std.URL, DeadLetterQueueURL: std.DLQURL, VisibilityTimeout: 1500 * time.Millisecond}, idemq.ErrInvalidConfig},
+		{"wait above 20s", sqssource.Config{QueueURL: std.URL, DeadLetterQueueURL: std.DLQURL, WaitTime: 21 * time.Second}, idemq.ErrInvalidConfig},
+		{"heartbeat too slow", sqssource.Config{QueueURL: std.URL, DeadLetterQueueURL: std.DLQURL, VisibilityTimeout: 10 * time.Second, HeartbeatInterval: 6 * time.Second}, idemq.ErrInvalidConfig},
 		{"no dead-letter route", sqssource.Config{QueueURL: std.URL}, sqssource.ErrNoDeadLetterRoute},
-		{"standard queue, FIFO dead letters", sqssource.Config{QueueURL: std.URL, DeadLetterQueueURL: fifo.DLQURL}, consumer.ErrInvalidConfig},
+		{"standard queue, FIFO dead letters", sqssource.Config{QueueURL: std.URL, DeadLetterQueueURL: fifo.DLQURL}, idemq.ErrInvalidConfig},
 	}
 	for _, tc := range tests {
 		_, err := sqssource.New(ctx, c, tc.cfg)

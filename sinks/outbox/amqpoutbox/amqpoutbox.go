@@ -37,6 +37,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/sinks/outbox"
@@ -77,19 +78,19 @@ type confirmChannel struct {
 var _ outbox.Publisher = (*Publisher)(nil)
 
 // New returns a Publisher. Close it when done. It fails with a
-// *consumer.ConfigError if cfg.URL is empty or is not an AMQP URL (the error
+// *idemq.ConfigError if cfg.URL is empty or is not an AMQP URL (the error
 // shows the URL redacted); it does not connect.
 func New(cfg Config) (*Publisher, error) {
 	if cfg.URL == "" {
-		return nil, &consumer.ConfigError{Field: "amqpoutbox.Config.URL", Reason: "required"}
+		return nil, &idemq.ConfigError{Field: "amqpoutbox.Config.URL", Reason: "required"}
 	}
 	if _, err := url.Parse(cfg.URL); err != nil {
 		// url.Parse's error quotes the whole URL, password included, and
 		// amqp.ParseURI's quotes it before it can be redacted.
-		return nil, &consumer.ConfigError{Field: "amqpoutbox.Config.URL", Err: redact.URLError(err)}
+		return nil, &idemq.ConfigError{Field: "amqpoutbox.Config.URL", Err: redact.URLError(err)}
 	}
 	if _, err := amqp.ParseURI(cfg.URL); err != nil {
-		return nil, &consumer.ConfigError{Field: "amqpoutbox.Config.URL", Err: err}
+		return nil, &idemq.ConfigError{Field: "amqpoutbox.Config.URL", Err: err}
 	}
 	if cfg.ConfirmTimeout == 0 {
 		cfg.ConfirmTimeout = 30 * time.Second

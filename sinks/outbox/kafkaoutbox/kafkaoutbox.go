@@ -20,7 +20,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/sinks/outbox"
 )
 
@@ -48,7 +48,7 @@ var _ outbox.Publisher = (*Publisher)(nil)
 // New returns a Publisher. Close it when done.
 func New(cfg Config) (*Publisher, error) {
 	if len(cfg.Brokers) == 0 {
-		return nil, &consumer.ConfigError{Field: "kafkaoutbox.Config.Brokers", Reason: "required"}
+		return nil, &idemq.ConfigError{Field: "kafkaoutbox.Config.Brokers", Reason: "required"}
 	}
 	if cfg.WriteTimeout == 0 {
 		cfg.WriteTimeout = 10 * time.Second

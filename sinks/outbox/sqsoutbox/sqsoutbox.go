@@ -36,7 +36,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/aws/smithy-go"
 
-	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/metatext"
 	"github.com/idemq/idemq/sinks/outbox"
 )
@@ -65,7 +65,7 @@ var _ outbox.Publisher = (*Publisher)(nil)
 // New returns a Publisher over c.
 func New(c Client) (*Publisher, error) {
 	if c == nil {
-		return nil, &consumer.ConfigError{Field: "sqsoutbox.New(c)", Reason: "required"}
+		return nil, &idemq.ConfigError{Field: "sqsoutbox.New(c)", Reason: "required"}
 	}
 	return &Publisher{c: c, urls: map[string]string{}}, nil
 }

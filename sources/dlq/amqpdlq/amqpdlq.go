@@ -22,6 +22,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/sources/amqpsource"
 	"github.com/idemq/idemq/sources/dlq"
@@ -37,7 +38,7 @@ type Config struct {
 	AMQP amqp.Config
 	// KeyHeader is the header holding the deduplication key
 	// (amqpsource.Config.KeyHeader), read when the dead letter has no
-	// amqpsource.HeaderKey. Defaults to amqpsource.DefaultKeyHeader.
+	// consumer.MetaKey. Defaults to amqpsource.DefaultKeyHeader.
 	KeyHeader string
 	// PublishTimeout bounds the wait for a replayed copy's confirm.
 	// Defaults to 10 s.
@@ -217,8 +218,8 @@ func (b *Broker) replay(ctx context.Context, pub *amqp.Channel, returns <-chan a
 // broker's dead-lettering adds.
 func isMeta(k string) bool {
 	switch k {
-	case amqpsource.HeaderReason, amqpsource.HeaderAttempts, amqpsource.HeaderQueue, amqpsource.HeaderKey,
-		amqpsource.HeaderDeadLetteredAt, amqpsource.HeaderRetries, "x-death", "x-delivery-count":
+	case consumer.MetaReason, consumer.MetaAttempts, amqpsource.MetaQueue, consumer.MetaKey,
+		consumer.MetaDeadLetteredAt, amqpsource.HeaderRetries, "x-death", "x-delivery-count":
 		return true
 	}
 	return strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-")
@@ -240,8 +241,8 @@ func (b *Broker) letterOf(d amqp.Delivery, pos int) *dlq.Letter {
 	l := &dlq.Letter{
 		ID:      d.MessageId,
 		Reason:  amqpsource.DeadLetterReason(d.Headers),
-		Origin:  str(amqpsource.HeaderQueue),
-		Key:     str(amqpsource.HeaderKey),
+		Origin:  str(amqpsource.MetaQueue),
+		Key:     str(consumer.MetaKey),
 		Headers: map[string]string{},
 	}
 	if l.ID == "" {
@@ -256,8 +257,8 @@ func (b *Broker) letterOf(d amqp.Delivery, pos int) *dlq.Letter {
 	if l.Key == "" {
 		l.Key = d.MessageId
 	}
-	l.Attempts, _ = strconv.Atoi(str(amqpsource.HeaderAttempts))
-	if t, err := time.Parse(time.RFC3339Nano, str(amqpsource.HeaderDeadLetteredAt)); err == nil {
+	l.Attempts, _ = strconv.Atoi(str(consumer.MetaAttempts))
+	if t, err := time.Parse(time.RFC3339Nano, str(consumer.MetaDeadLetteredAt)); err == nil {
 		l.DeadLetteredAt = t
 	}
 	l.Body, l.Size = dlq.Preview(d.Body)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/sources/dlq"
 	"github.com/idemq/idemq/sources/kafkasource"
@@ -53,7 +54,7 @@ type Config struct {
 	Topic string
 	// KeyHeader is the header holding the deduplication key
 	// (kafkasource.Config.KeyHeader), read when a dead letter has no
-	// kafkasource.HeaderKey. Defaults to kafkasource.DefaultKeyHeader.
+	// consumer.MetaKey. Defaults to kafkasource.DefaultKeyHeader.
 	KeyHeader string
 	// Group is the consumer group whose committed offsets record what was
 	// replayed or purged. Defaults to DefaultGroup.
@@ -318,7 +319,7 @@ func (b *Broker) replay(ctx context.Context, m kafka.Message, l *dlq.Letter) err
 		}
 	}
 	part := -1
-	if v, err := strconv.Atoi(header(m, kafkasource.HeaderOriginPartition)); err == nil {
+	if v, err := strconv.Atoi(header(m, kafkasource.MetaOriginPartition)); err == nil {
 		part = v
 	}
 	out := kafka.Message{Topic: l.Origin, Partition: part, Key: m.Key, Value: m.Value, Headers: headers}
@@ -341,20 +342,20 @@ func (originPartition) Balance(m kafka.Message, partitions ...int) int {
 }
 
 // letterOf describes m, whose key is in keyHeader when it has no
-// kafkasource.HeaderKey.
+// consumer.MetaKey.
 func letterOf(m kafka.Message, keyHeader string) *dlq.Letter {
 	l := &dlq.Letter{
 		ID:      fmt.Sprintf("%d/%d", m.Partition, m.Offset),
-		Key:     header(m, kafkasource.HeaderKey),
-		Reason:  header(m, kafkasource.HeaderReason),
-		Origin:  header(m, kafkasource.HeaderOriginTopic),
+		Key:     header(m, consumer.MetaKey),
+		Reason:  header(m, consumer.MetaReason),
+		Origin:  header(m, kafkasource.MetaOriginTopic),
 		Headers: map[string]string{},
 	}
 	if l.Key == "" {
 		l.Key = header(m, keyHeader)
 	}
-	l.Attempts, _ = strconv.Atoi(header(m, kafkasource.HeaderAttempts))
-	l.DeadLetteredAt, _ = time.Parse(time.RFC3339Nano, header(m, kafkasource.HeaderDeadLetteredAt))
+	l.Attempts, _ = strconv.Atoi(header(m, consumer.MetaAttempts))
+	l.DeadLetteredAt, _ = time.Parse(time.RFC3339Nano, header(m, consumer.MetaDeadLetteredAt))
 	if l.DeadLetteredAt.IsZero() {
 		l.DeadLetteredAt = m.Time
 	}
@@ -370,9 +371,9 @@ func letterOf(m kafka.Message, keyHeader string) *dlq.Letter {
 // isMeta reports whether k is a header kafkasource.DeadLetter adds.
 func isMeta(k string) bool {
 	switch k {
-	case kafkasource.HeaderReason, kafkasource.HeaderAttempts, kafkasource.HeaderOriginTopic,
-		kafkasource.HeaderOriginPartition, kafkasource.HeaderOriginOffset, kafkasource.HeaderGroup,
-		kafkasource.HeaderKey, kafkasource.HeaderDeadLetteredAt:
+	case consumer.MetaReason, consumer.MetaAttempts, kafkasource.MetaOriginTopic,
+		kafkasource.MetaOriginPartition, kafkasource.MetaOriginOffset, kafkasource.MetaGroup,
+		consumer.MetaKey, consumer.MetaDeadLetteredAt:
 		return true
 	}
 	return false

@@ -45,7 +45,7 @@ type Config struct {
 	// QueueURL is the dead-letter queue's URL. Required.
 	QueueURL string
 	// OriginQueueURL is where dead letters without the
-	// sqssource.AttrSourceQueue attribute are replayed: those SQS moved by
+	// sqssource.MetaSourceQueue attribute are replayed: those SQS moved by
 	// a redrive policy. Defaults to "" (they are kept, dlq.ErrNoOrigin).
 	OriginQueueURL string
 	// KeyAttribute is the message attribute holding the deduplication key
@@ -87,7 +87,7 @@ func New(cfg Config) (*Broker, error) {
 func (b *Broker) Close() error { return nil }
 
 // metaAttrs are the attributes sqssource.DeadLetter adds.
-var metaAttrs = []string{sqssource.AttrReason, sqssource.AttrAttempts, sqssource.AttrSourceQueue, sqssource.AttrMessageID,
+var metaAttrs = []string{consumer.MetaReason, consumer.MetaAttempts, sqssource.MetaSourceQueue, sqssource.MetaMessageID,
 	consumer.MetaKey, consumer.MetaDeadLetteredAt}
 
 func isMeta(name string) bool {
@@ -227,14 +227,14 @@ func (b *Broker) letterOf(m types.Message) *dlq.Letter {
 	}
 	l := &dlq.Letter{
 		ID:      aws.ToString(m.MessageId),
-		Reason:  attr(sqssource.AttrReason),
-		Origin:  attr(sqssource.AttrSourceQueue),
+		Reason:  attr(consumer.MetaReason),
+		Origin:  attr(sqssource.MetaSourceQueue),
 		Headers: map[string]string{},
 	}
 	if l.Origin == "" {
 		l.Origin = b.cfg.OriginQueueURL
 	}
-	l.Attempts, _ = strconv.Atoi(attr(sqssource.AttrAttempts))
+	l.Attempts, _ = strconv.Atoi(attr(consumer.MetaAttempts))
 	switch {
 	case b.cfg.KeyAttribute != "" && attr(b.cfg.KeyAttribute) != "":
 		l.Key = attr(b.cfg.KeyAttribute)
@@ -243,7 +243,7 @@ func (b *Broker) letterOf(m types.Message) *dlq.Letter {
 	case m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)] != "":
 		l.Key = m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)]
 	default:
-		l.Key = attr(sqssource.AttrMessageID)
+		l.Key = attr(sqssource.MetaMessageID)
 	}
 	if t, err := time.Parse(time.RFC3339Nano, attr(consumer.MetaDeadLetteredAt)); err == nil {
 		l.DeadLetteredAt = t
