@@ -543,9 +543,6 @@ func (obs *observer) onRefreshFailed(ctx context.Context, err error) {
 	}
 }
 
-// timesClaims reports whether a hook wants the claims timed.
-func (obs *observer) timesClaims() bool { return len(obs.claimed) > 0 || len(obs.tx) > 0 }
-
 // onRetry reports j, handed back for a later attempt after delay, to the
 // HookRetry hooks.
 func (obs *observer) onRetry(j *job, kind RetryKind, delay time.Duration) {
