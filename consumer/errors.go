@@ -39,6 +39,15 @@ var (
 	ErrMaxAttempts = errors.New("idemq: retries exhausted")
 	// ErrHandlerPanic is matched by the error of a handler that panicked.
 	ErrHandlerPanic = errors.New("idemq: handler panicked")
+
+	// ErrFenced is matched by the error a Source's Retry, Release or
+	// DeadLetter returns when it dropped that settle because the message is
+	// no longer its own: it was received before the source lost the
+	// message's partition (a Kafka consumer-group rebalance), and the
+	// partition's new owner receives and settles it again. The runner
+	// leaves such a message to the broker: it is not counted as a dead
+	// letter or a settle failure, and no OnDeadLetter hook sees it.
+	ErrFenced = errors.New("idemq: settle fenced: the message's partition has a new owner")
 )
 
 // PanicError is the error of a handler or a Config.KeyFunc that panicked. A

@@ -101,6 +101,9 @@ func (s *settler) retryOrRelease(ctx context.Context, j *job) Outcome {
 		retry = rel.Release
 	}
 	if err := retry(ctx, m, delay); err != nil {
+		if errors.Is(err, ErrFenced) { // the partition's new owner settles it
+			return OutcomeLeft
+		}
 		s.env.stats.settleFailures.Add(1)
 		s.env.log.LogAttrs(ctx, slog.LevelWarn, "retry failed; the broker will redeliver", slog.String(LogKeyID, m.ID), slog.Any(LogKeyError, err))
 		return OutcomeLeft
@@ -121,8 +124,11 @@ func (s *settler) deadLetter(ctx context.Context, j *job, cause error) Outcome {
 		attrs = append(attrs, slog.String(LogKeyStored, mm.Stored.String()), slog.String(LogKeyReceived, mm.Received.String()))
 	}
 	if err := s.src.DeadLetter(ctx, m, reason); err != nil {
-		s.env.stats.settleFailures.Add(1)
 		s.env.stats.left.Add(1)
+		if errors.Is(err, ErrFenced) { // the partition's new owner settles it
+			return OutcomeLeft
+		}
+		s.env.stats.settleFailures.Add(1)
 		s.env.log.LogAttrs(ctx, slog.LevelError, "dead-letter failed; the broker will redeliver",
 			append(attrs, slog.Any(LogKeySettleError, err))...)
 		return OutcomeLeft

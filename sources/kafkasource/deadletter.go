@@ -23,7 +23,9 @@ import (
 // a consumer-group generation that has ended is not written: its partition's
 // owner in the new generation fetches it again and routes it (Retry and
 // Release drop such a message too, and so does a pending retry when it comes
-// due); Stats.StaleSettlesDropped counts them.
+// due); Stats.StaleSettlesDropped counts them, and the dropped Retry,
+// Release or DeadLetter returns an error matching consumer.ErrFenced, so
+// that the runner does not count a dead letter that was never written.
 //
 // consumer.MetaReason is cut to maxReasonBytes. The reason, key and group are
 // written as internal/metatext.Clean makes them, the same text on every
@@ -56,7 +58,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	case s.endedLocked(e):
 		s.dropLocked(ctx, e, "dead letter")
 		s.mu.Unlock()
-		return nil
+		return fmt.Errorf("kafkasource: dead letter of %s: %w", msg.ID, consumer.ErrFenced)
 	}
 	km := e.km
 	s.mu.Unlock()

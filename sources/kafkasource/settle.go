@@ -81,7 +81,7 @@ func (s *Source) handBack(msg *consumer.Message, attempt int, delay time.Duratio
 		return fmt.Errorf("kafkasource: retry of %s: %w", msg.ID, ErrSettled)
 	case s.endedLocked(e):
 		s.dropLocked(context.Background(), e, "retry")
-		return nil
+		return fmt.Errorf("kafkasource: retry of %s: %w", msg.ID, consumer.ErrFenced)
 	}
 	s.ledger.block(e)
 	s.handBackLocked(e, attempt, delay)
