@@ -94,7 +94,10 @@ func startReplier(ctx context.Context, t testing.TB, pool *pgxpool.Pool, schema 
 		return []byte("ok:" + string(msg.Body)), nil
 	})
 	r, err := consumer.NewRunner(src, consumer.Transactional(store, h), consumer.Config{
-		Name: ReplierName, Concurrency: 2, Logger: Logger(),
+		// One request per transaction: every commit is a point to be killed
+		// at, so the kills land while most requests still wait (the default
+		// batch would commit everything queued at the first commit).
+		Name: ReplierName, Concurrency: 2, BatchSize: 1, Logger: Logger(),
 		Hooks: []consumer.Hook{resend, &committedKill{after: killAfter}},
 	})
 	if err != nil {
