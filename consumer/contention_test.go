@@ -83,6 +83,16 @@ func (s *conflictScript) handler(f *fixture) consumer.TxHandler[pgx.Tx] {
 	}
 }
 
+// settledOrRetried waits until every message settled, or until one was
+// handed back to the broker or dead-lettered (which these tests must not
+// see), so that such a failure shows at once.
+func (f *fixture) settledOrRetried() memsource.TopicStats {
+	f.t.Helper()
+	return f.waitFor("every message settled, or a retry", func(st memsource.TopicStats) bool {
+		return (st.Ready == 0 && st.InFlight == 0 && st.Pending == 0) || st.Retries > 0 || st.DeadLettered > 0
+	})
+}
+
 func (s *conflictScript) deadlockCount() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -111,7 +121,7 @@ func TestLockConflictRerunsOneMessagePerTransaction(t *testing.T) {
 	}
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, script.handler(f)),
 		consumer.Config{Concurrency: 1, BatchSize: 10, BatchWait: 2 * time.Second, Retry: quickRetry(1)})
-	st := f.settled()
+	st := f.settledOrRetried()
 	if n := script.deadlockCount(); n != 1 {
 		t.Fatalf("%d deadlocks, want 1: the rerun put hot messages in one transaction again (transactions %v)", n, script.transactions())
 	}
@@ -190,4 +200,68 @@ func TestLockConflictRerunHoldsPartitionOrder(t *testing.T) {
 		t.Fatalf("dead letters %+v: a deadlock is never a counted attempt", f.broker.DeadLetters(f.topic))
 	}
 	f.requireOnce("p0", "x0", "q0", "p1", "x1", "p2")
+}
+
+// batchHandler is the script for TransactionalBatch: a call deadlocks when
+// two hot messages are in it (and writes each message's effect row before).
+// Each call is recorded as a transaction.
+func (s *conflictScript) batchHandler(f *fixture) consumer.TxBatchHandler[pgx.Tx] {
+	return func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+		s.mu.Lock()
+		var ks []string
+		hot := 0
+		for _, m := range msgs {
+			ks = append(ks, m.Key)
+			if s.hot[m.Key] {
+				hot++
+			}
+		}
+		s.txs = append(s.txs, ks)
+		deadlock := hot > 1
+		if deadlock {
+			s.deadlocks++
+		}
+		s.mu.Unlock()
+		for _, m := range msgs {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+f.table+` (key, body) VALUES ($1, $2)`, m.Key, string(m.Body)); err != nil {
+				return err
+			}
+		}
+		if deadlock {
+			return fmt.Errorf("update accounts: %w", &pgconn.PgError{Code: "40P01", Message: "deadlock detected"})
+		}
+		return nil
+	}
+}
+
+// With the batch API a batch that deadlocks is rerun in halves (halved
+// again while they deadlock), not handed back to the broker whole, and no
+// attempt is counted. The next batch runs at full size again.
+func TestLockConflictBatchAPIRerunsInHalves(t *testing.T) {
+	f := newFixture(t)
+	f.visibility(10 * time.Second)
+	script := newConflictScript("d002", "d005", "d008")
+	first := keys(10, "d")
+	f.publish(first...)
+	r := f.start(f.broker.Source(f.topic), consumer.TransactionalBatch(f.store, script.batchHandler(f)),
+		consumer.Config{Concurrency: 1, BatchSize: 10, BatchWait: 2 * time.Second, Retry: quickRetry(1)})
+	st := f.settledOrRetried()
+	if st.Retries != 0 || st.DeadLettered != 0 {
+		t.Fatalf("broker retries %d, dead letters %d (calls %v), want none: a deadlock is rerun in place",
+			st.Retries, st.DeadLettered, script.transactions())
+	}
+	calls := script.transactions()
+	// 0-9 deadlocks; its halves 0-4 and 5-9 (deadlocks again); 5-6 and 7-9.
+	if n := script.deadlockCount(); n > 2 || len(calls) > 5 {
+		t.Fatalf("calls %v (%d deadlocks), want the batch, its halves, and the halves of the half that deadlocked", calls, n)
+	}
+	second := keys(10, "e")
+	f.publish(second...)
+	f.settled()
+	r.stop(t)
+	f.requireOnce(append(first, second...)...)
+	after := script.transactions()[len(calls):]
+	if len(after) != 1 || len(after[0]) != len(second) {
+		t.Fatalf("calls of the next batch %v, want all %d messages in one", after, len(second))
+	}
 }

@@ -52,9 +52,10 @@ var ErrCommit = errors.New("idemq: commit failed")
 // deadlock or a serialization failure, SQLSTATE 40P01 or 40001, from a
 // handler's statement or from the commit, when the store classifies it as
 // transient) is not rerun whole, where its messages would lock against the
-// other transaction again: its messages are rerun one per transaction, in
-// order, without counting an attempt. A message that conflicts again on its
-// own is retried without counting an attempt, and the later messages of its
+// other transaction again: its messages are rerun one per transaction (with
+// TransactionalBatch, in halves, halved again on a conflict), in order,
+// without counting an attempt. A message that conflicts again on its own is
+// retried without counting an attempt, and the later messages of its
 // PartitionKey wait behind it. The lane's next batch runs at full size.
 //
 // When store chains commits (dedup.CommitChainer, as pgdedup does) and a
@@ -119,8 +120,9 @@ func (p *txPath[Tx]) process(ctx context.Context, env *pathEnv, batch []*job, l 
 }
 
 // runAll settles every job of jobs, in as many transactions as it takes:
-// one on the happy path, one more per culprit found by its own error, and a
-// halving of the suspects for a failure that names no culprit. With a lane
+// one on the happy path, one more per culprit found by its own error, a
+// halving of the suspects for a failure that names no culprit, and smaller
+// transactions after a lock conflict (see conflicted). With a lane
 // (not while it searches for a culprit among suspects), a transaction may
 // use the one chained for jobs and chain its commit to the lane's next
 // batch; a successful transaction is always the last.
@@ -142,8 +144,19 @@ func (p *txPath[Tx]) runAll(ctx context.Context, env *pathEnv, held *heldPartiti
 			if errors.Is(res.err, ErrCommit) {
 				env.stats.commitFailures.Add(1)
 			}
-			env.log.DebugContext(ctx, "transaction failed on a lock conflict; rerunning its messages one per transaction",
+			env.log.DebugContext(ctx, "transaction failed on a lock conflict; rerunning its messages in smaller transactions",
 				LogKeyCount, len(jobs), LogKeyError, res.err)
+			if p.bh != nil {
+				// A batch call sends its statements together and
+				// holds its locks for a round trip or two: a half
+				// rarely meets the other transaction again. Run the
+				// first half on its own (halved again on a conflict);
+				// the loop then takes the rest.
+				p.runAll(ctx, env, held, jobs[:len(jobs)/2], nil)
+				continue
+			}
+			// Handlers called one by one hold their locks for as many
+			// round trips as messages: halves would deadlock again.
 			p.runEach(ctx, env, held, jobs)
 			return
 		case res.infra || (res.culprit == nil && len(res.suspects) == 0):
