@@ -52,10 +52,9 @@ var ErrCommit = errors.New("idemq: commit failed")
 // deadlock or a serialization failure, SQLSTATE 40P01 or 40001, from a
 // handler's statement or from the commit, when the store classifies it as
 // transient) is not rerun whole, where its messages would lock against the
-// other transaction again: its messages are rerun one per transaction (with
-// TransactionalBatch, in halves, halved again on a conflict), in order,
-// without counting an attempt. A message that conflicts again on its own is
-// retried without counting an attempt, and the later messages of its
+// other transaction again: its messages are rerun one per transaction, in
+// order, without counting an attempt. A message that conflicts again on its
+// own is retried without counting an attempt, and the later messages of its
 // PartitionKey wait behind it. The lane's next batch runs at full size.
 //
 // When store chains commits (dedup.CommitChainer, as pgdedup does) and a
@@ -77,7 +76,10 @@ func Transactional[Tx any](store dedup.TxStore[Tx], h TxHandler[Tx]) Path {
 // per batch instead of per message: for each batch the runner begins a
 // transaction, records every key through store, calls h once with the new
 // messages, commits and only then acknowledges. It has the guarantees of
-// Transactional; Config.BatchSize bounds the messages per call. The runner's
+// Transactional, but a call over several messages that fails on a lock
+// conflict (or another transient database error) hands its batch back
+// whole, retried without counting an attempt; Config.BatchSize bounds the
+// messages per call. The runner's
 // HandlerTimeout bounds each call, and DedupKey and IdempotencyKey are not
 // set in its context (a batch has many keys): msg.KeyContext(ctx) gives the
 // context of one message of the batch, with its keys.
@@ -137,7 +139,7 @@ func (p *txPath[Tx]) runAll(ctx context.Context, env *pathEnv, held *heldPartiti
 		case res.err == nil:
 			env.infraOK()
 			return
-		case len(jobs) > 1 && p.conflicted(res.err):
+		case p.h != nil && len(jobs) > 1 && p.conflicted(res.err):
 			// Another transaction holds rows this one needs, and it
 			// needs rows this one holds: rerun at full size, the same
 			// messages would meet and lock against it again.
@@ -146,17 +148,12 @@ func (p *txPath[Tx]) runAll(ctx context.Context, env *pathEnv, held *heldPartiti
 			}
 			env.log.DebugContext(ctx, "transaction failed on a lock conflict; rerunning its messages in smaller transactions",
 				LogKeyCount, len(jobs), LogKeyError, res.err)
-			if p.bh != nil {
-				// A batch call sends its statements together and
-				// holds its locks for a round trip or two: a half
-				// rarely meets the other transaction again. Run the
-				// first half on its own (halved again on a conflict);
-				// the loop then takes the rest.
-				p.runAll(ctx, env, held, jobs[:len(jobs)/2], nil)
-				continue
-			}
 			// Handlers called one by one hold their locks for as many
 			// round trips as messages: halves would deadlock again.
+			// (A batch call sends its statements together: measured
+			// with bench/core -contention, its batch handed back whole
+			// beat reruns in halves or one by one, so TransactionalBatch
+			// keeps doing that.)
 			p.runEach(ctx, env, held, jobs)
 			return
 		case res.infra || (res.culprit == nil && len(res.suspects) == 0):
