@@ -48,6 +48,15 @@ var ErrCommit = errors.New("idemq: commit failed")
 // its own transaction, again counting only the culprit. A handler's writes
 // never commit twice.
 //
+// A batch that fails on a lock conflict with another transaction (a
+// deadlock or a serialization failure, SQLSTATE 40P01 or 40001, from a
+// handler's statement or from the commit, when the store classifies it as
+// transient) is not rerun whole, where its messages would lock against the
+// other transaction again: its messages are rerun one per transaction, in
+// order, without counting an attempt. A message that conflicts again on its
+// own is retried without counting an attempt, and the later messages of its
+// PartitionKey wait behind it. The lane's next batch runs at full size.
+//
 // When store chains commits (dedup.CommitChainer, as pgdedup does) and a
 // lane's next batch is already queued, the lane takes that batch before it
 // commits, and the commit begins the next transaction and claims the next
@@ -67,7 +76,10 @@ func Transactional[Tx any](store dedup.TxStore[Tx], h TxHandler[Tx]) Path {
 // per batch instead of per message: for each batch the runner begins a
 // transaction, records every key through store, calls h once with the new
 // messages, commits and only then acknowledges. It has the guarantees of
-// Transactional; Config.BatchSize bounds the messages per call. The runner's
+// Transactional, but a call over several messages that fails on a lock
+// conflict (or another transient database error) hands its batch back
+// whole, retried without counting an attempt; Config.BatchSize bounds the
+// messages per call. The runner's
 // HandlerTimeout bounds each call, and DedupKey and IdempotencyKey are not
 // set in its context (a batch has many keys): msg.KeyContext(ctx) gives the
 // context of one message of the batch, with its keys.
@@ -110,8 +122,9 @@ func (p *txPath[Tx]) process(ctx context.Context, env *pathEnv, batch []*job, l 
 }
 
 // runAll settles every job of jobs, in as many transactions as it takes:
-// one on the happy path, one more per culprit found by its own error, and a
-// halving of the suspects for a failure that names no culprit. With a lane
+// one on the happy path, one more per culprit found by its own error, a
+// halving of the suspects for a failure that names no culprit, and smaller
+// transactions after a lock conflict (see conflicted). With a lane
 // (not while it searches for a culprit among suspects), a transaction may
 // use the one chained for jobs and chain its commit to the lane's next
 // batch; a successful transaction is always the last.
@@ -125,6 +138,23 @@ func (p *txPath[Tx]) runAll(ctx context.Context, env *pathEnv, held *heldPartiti
 		switch {
 		case res.err == nil:
 			env.infraOK()
+			return
+		case p.h != nil && len(jobs) > 1 && p.conflicted(res.err):
+			// Another transaction holds rows this one needs, and it
+			// needs rows this one holds: rerun at full size, the same
+			// messages would meet and lock against it again.
+			if errors.Is(res.err, ErrCommit) {
+				env.stats.commitFailures.Add(1)
+			}
+			env.log.DebugContext(ctx, "transaction failed on a lock conflict; rerunning its messages in smaller transactions",
+				LogKeyCount, len(jobs), LogKeyError, res.err)
+			// Handlers called one by one hold their locks for as many
+			// round trips as messages: halves would deadlock again.
+			// (A batch call sends its statements together: measured
+			// with bench/core -contention, its batch handed back whole
+			// beat reruns in halves or one by one, so TransactionalBatch
+			// keeps doing that.)
+			p.runEach(ctx, env, held, jobs)
 			return
 		case res.infra || (res.culprit == nil && len(res.suspects) == 0):
 			p.infra(ctx, env, held, jobs, res.err)
@@ -142,6 +172,59 @@ func (p *txPath[Tx]) runAll(ctx context.Context, env *pathEnv, held *heldPartiti
 			p.runAll(ctx, env, held, res.suspects[:len(res.suspects)/2], nil)
 		}
 	}
+}
+
+// runEach settles every job of jobs one message per transaction, in order,
+// after their transaction failed on a lock conflict (see conflicted): no
+// attempt is counted for that failure. A message that fails on its own is
+// blamed as in runAll (a conflict again is retried without counting an
+// attempt), and the later messages of its partition are held behind it. A
+// failure of the store that is no lock conflict settles the rest as runAll
+// does. No commit is chained: the lane's next batch begins its own
+// transaction, at full size.
+func (p *txPath[Tx]) runEach(ctx context.Context, env *pathEnv, held *heldPartitions, jobs []*job) {
+	for {
+		// A failed job stays first in jobs until this call, which holds
+		// the later jobs of its partition and drops it.
+		jobs = held.pending(jobs)
+		if len(jobs) == 0 {
+			return
+		}
+		res := p.try(ctx, env, jobs[:1], nil)
+		switch {
+		case res.err == nil:
+			env.infraOK()
+		case res.culprit != nil || len(res.suspects) > 0:
+			// The message failed on its own (its culprit or only suspect).
+			p.blame(ctx, env, held, jobs[0], res.err)
+		case p.conflicted(res.err):
+			p.infra(ctx, env, held, jobs[:1], res.err) // its commit
+		default:
+			p.infra(ctx, env, held, jobs, res.err)
+			return
+		}
+	}
+}
+
+// conflicted reports whether err, a transaction's failure, is a lock
+// conflict with another transaction that the store classifies as transient:
+// a deadlock or a serialization failure (SQLSTATE 40P01 or 40001, from a
+// driver error with a SQLState method, as pgx's and lib/pq's), from a
+// handler's statement or from the commit. Permanent wins, and a handler that
+// ended the transaction itself is no conflict.
+func (p *txPath[Tx]) conflicted(err error) bool {
+	if err == nil || errors.Is(err, errTxEnded) || !p.handlerTransient(err) {
+		return false
+	}
+	var st interface{ SQLState() string }
+	if !errors.As(err, &st) {
+		return false
+	}
+	switch st.SQLState() {
+	case "40P01", "40001":
+		return true
+	}
+	return false
 }
 
 // tryResult is the outcome of one transaction over a batch's unsettled jobs.

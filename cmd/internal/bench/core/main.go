@@ -668,6 +668,7 @@ const (
 func (b *bench) idemq(size int, api bool, h hook) func(ctx context.Context, pool *pgxpool.Pool, store *pgdedup.Store, gen *generator) error {
 	return func(ctx context.Context, pool *pgxpool.Pool, store *pgdedup.Store, gen *generator) error {
 		update := b.update()
+		rc := &retryCount{}
 		var path consumer.Path
 		if api {
 			path = consumer.TransactionalBatch(store, consumer.TxBatchJSON(func(ctx context.Context, tx pgx.Tx, items []consumer.BatchItem[order]) error {
@@ -678,7 +679,7 @@ func (b *bench) idemq(size int, api bool, h hook) func(ctx context.Context, pool
 					}
 					batch.Queue(update, it.Value.Amount, it.Value.Account)
 				}
-				return tx.SendBatch(ctx, batch).Close()
+				return rc.seen(tx.SendBatch(ctx, batch).Close())
 			}))
 		} else {
 			path = consumer.Transactional(store, consumer.TxJSON(func(ctx context.Context, tx pgx.Tx, m *consumer.Message, o order) error {
@@ -686,10 +687,9 @@ func (b *bench) idemq(size int, api bool, h hook) func(ctx context.Context, pool
 					return consumer.Permanent(errPoison)
 				}
 				_, err := tx.Exec(ctx, update, o.Amount, o.Account)
-				return err
+				return rc.seen(err)
 			}))
 		}
-		rc := &retryCount{}
 		lat := &handwritten.Latency{}
 		var hooks []consumer.Hook // none unless a mode needs them: hooks are measured by their own rows
 		if gen.contend {
@@ -727,8 +727,9 @@ func (b *bench) idemq(size int, api bool, h hook) func(ctx context.Context, pool
 			return fmt.Errorf("%d retried", st.Retried)
 		}
 		if gen.contend {
-			fmt.Printf("    retries: %d infrastructure (%d of them deadlocks, 40P01), %d counted attempts; %d dead-lettered\n",
-				rc.infra.Load(), rc.deadlocks.Load(), rc.counted.Load(), st.DeadLettered)
+			fmt.Printf("    retries: %d infrastructure (%d of them deadlocks, 40P01), %d counted attempts; %d dead-lettered;"+
+				" handlers saw %d deadlocks or serialization failures\n",
+				rc.infra.Load(), rc.deadlocks.Load(), rc.counted.Load(), st.DeadLettered, rc.handlers.Load())
 		}
 		if gen.rate > 0 {
 			fmt.Printf("    at %d msg/s: %s\n", gen.rate, lat)
@@ -743,8 +744,20 @@ func (b *bench) idemq(size int, api bool, h hook) func(ctx context.Context, pool
 var errPoison = errors.New("poison message")
 
 // retryCount counts the runner's retries by kind, and the deadlocks among
-// them.
-type retryCount struct{ infra, deadlocks, counted atomic.Int64 }
+// them; handlers counts the deadlocks and serialization failures the
+// handlers' statements got, whether or not the runner retried them through
+// the source (a rerun in the same delivery is not a retry).
+type retryCount struct{ infra, deadlocks, counted, handlers atomic.Int64 }
+
+// seen counts err if it is a deadlock or a serialization failure, and
+// returns it.
+func (c *retryCount) seen(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001") {
+		c.handlers.Add(1)
+	}
+	return err
+}
 
 func (c *retryCount) OnRetry(_ context.Context, _ *consumer.Message, kind consumer.RetryKind, _ time.Duration, err error) {
 	if kind == consumer.RetryInfrastructure {
