@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 )
 
@@ -340,6 +341,24 @@ type observer struct {
 	leaseLost   []HookLeaseLost
 	refreshFail []HookLeaseRefreshFailed
 	settled     []HookSettled
+	// claims keeps the claim of each job in flight for the HookClaimed
+	// hooks; nil without them, so that a runner without them records
+	// nothing.
+	claims *claimLog
+}
+
+// claimLog holds the last claim of each job in flight until the job is
+// settled (see observer.onClaimed). It is safe for concurrent use.
+type claimLog struct {
+	mu sync.Mutex
+	m  map[*job]claimRecord
+}
+
+// claimRecord is the last claim of one job's key.
+type claimRecord struct {
+	start, end time.Time
+	n          int  // keys claimed together (ClaimInfo.Messages)
+	isNew      bool // the key was claimed as new
 }
 
 func resolveHooks(hs []Hook) observer {
@@ -353,6 +372,9 @@ func resolveHooks(hs []Hook) observer {
 		}
 		if v, ok := x.(HookClaimed); ok {
 			h.claimed = append(h.claimed, v)
+			if h.claims == nil {
+				h.claims = &claimLog{m: map[*job]claimRecord{}}
+			}
 		}
 		_, isTx := x.(HookTx)
 		if isTx {
@@ -434,14 +456,18 @@ func (obs *observer) onSettled(j *job, o Outcome, size int, err error) {
 // onClaimed reports the claim of j, if it had one, to the HookClaimed
 // hooks.
 func (obs *observer) onClaimed(j *job) {
-	if len(obs.claimed) == 0 {
+	if obs.claims == nil {
 		return
 	}
-	c := ClaimInfo{Start: j.claimStart, End: j.claimEnd, Messages: j.claimN}
+	obs.claims.mu.Lock()
+	rec := obs.claims.m[j]
+	delete(obs.claims.m, j)
+	obs.claims.mu.Unlock()
+	c := ClaimInfo{Start: rec.start, End: rec.end, Messages: rec.n}
 	switch {
 	case j.out == outDuplicate:
 		c.State, c.Reason = ClaimDuplicate, duplicateReason(j)
-	case j.claimedNew || j.out == outAck:
+	case (rec.isNew && !isHeldBehind(j.err)) || j.out == outAck:
 		c.State = ClaimNew
 	default:
 		return
@@ -449,6 +475,22 @@ func (obs *observer) onClaimed(j *job) {
 	for _, h := range obs.claimed {
 		h.OnClaimed(j.ctx, j.msg, c)
 	}
+}
+
+// claimsTimed reports whether claims are timed and recorded, for the
+// HookClaimed hooks.
+func (obs *observer) claimsTimed() bool { return obs.claims != nil }
+
+// noteClaim records the claim of j's key, from start to end, together
+// with n keys, as new or not; a later claim of j replaces it. It does
+// nothing without HookClaimed hooks.
+func (obs *observer) noteClaim(j *job, start, end time.Time, n int, isNew bool) {
+	if obs.claims == nil {
+		return
+	}
+	obs.claims.mu.Lock()
+	obs.claims.m[j] = claimRecord{start: start, end: end, n: n, isNew: isNew}
+	obs.claims.mu.Unlock()
 }
 
 // commitInfo returns the CommitInfo of a commit of n messages from start

@@ -35,14 +35,10 @@ type job struct {
 	// not counted; the broker's Attempt applies).
 	failures int
 
-	// For hooks (see hooks.go). ctx is the message's context: the
-	// receive context without its cancellation, or what HookReceived
-	// returned.
-	ctx                  context.Context
-	follower             bool // the same key came earlier in the batch
-	claimedNew           bool // the path claimed the key as new
-	claimStart, claimEnd time.Time
-	claimN               int // messages claimed with it (ClaimInfo.Messages)
+	// ctx is the message's context: the receive context without its
+	// cancellation, or what HookReceived returned (see hooks.go).
+	ctx      context.Context
+	follower bool // the same key came earlier in the batch
 }
 
 func (j *job) set(o outcome, err error) { j.out, j.err = o, err }

@@ -289,12 +289,13 @@ func (p *leasePath) safeUntil(confirmed time.Time) time.Time {
 
 func (p *leasePath) one(ctx context.Context, env *pathEnv, j *job, pc *preclaim) {
 	scope := env.scope
-	if len(env.obs.claimed) > 0 {
-		j.claimStart = time.Now()
+	var claimStart time.Time
+	if env.obs.claimsTimed() {
+		claimStart = time.Now()
 	}
 	token, c, confirmed, err := p.claim(ctx, env, j, pc)
-	if len(env.obs.claimed) > 0 {
-		j.claimEnd, j.claimN = time.Now(), 1
+	if env.obs.claimsTimed() {
+		env.obs.noteClaim(j, claimStart, time.Now(), 1, err == nil && c.State == dedup.StateNew)
 	}
 	if err != nil {
 		j.set(outRetryInfra, err)
@@ -320,7 +321,6 @@ func (p *leasePath) one(ctx context.Context, env *pathEnv, j *job, pc *preclaim)
 		j.delay = p.opts.InProgressDelay
 		return
 	case dedup.StateNew:
-		j.claimedNew = true
 	default:
 		j.set(outRetryInfra, fmt.Errorf("idemq: claim of key %q returned state %v", j.key, c.State))
 		return

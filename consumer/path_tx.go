@@ -154,13 +154,12 @@ func (p *txPath[Tx]) try(ctx context.Context, env *pathEnv, jobs []*job, l *lane
 	if ti != nil {
 		ti.ClaimStart, ti.ClaimEnd, ti.ClaimErr = o.start, o.end, err
 	}
-	if len(env.obs.claimed) > 0 {
+	if env.obs.claimsTimed() {
 		// A rerun claims again: the claim reported is the one of the
 		// job's last transaction, which committed it or decided its
 		// outcome.
 		for i, j := range jobs {
-			j.claimStart, j.claimEnd, j.claimN = o.start, o.end, len(jobs)
-			j.claimedNew = err == nil && i < len(claims) && claims[i].State == dedup.StateNew
+			env.obs.noteClaim(j, o.start, o.end, len(jobs), err == nil && i < len(claims) && claims[i].State == dedup.StateNew)
 		}
 	}
 	if err != nil {
@@ -307,7 +306,7 @@ func (p *txPath[Tx]) open(ctx context.Context, env *pathEnv, jobs []*job, l *lan
 // timed runs claim and, when hooks report claims, records when it started
 // and ended.
 func (o *openTx[Tx]) timed(env *pathEnv, claim func()) {
-	if len(env.obs.claimed) == 0 && len(env.obs.tx) == 0 {
+	if !env.obs.claimsTimed() && len(env.obs.tx) == 0 {
 		claim()
 		return
 	}
