@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/idemq/idemq/dedup"
 )
 
 // Hook is a value that observes a Runner. It implements any number of the
@@ -38,29 +40,6 @@ type HookReceived interface {
 // are checked and claimed, with the number of messages in it.
 type HookBatch interface {
 	OnBatch(ctx context.Context, size int)
-}
-
-// ClaimState is the result of claiming a message's key.
-type ClaimState int
-
-// Claim states.
-const (
-	// ClaimNew: the key was not processed; the handler runs.
-	ClaimNew ClaimState = iota + 1
-	// ClaimDuplicate: the key was processed before; the message is
-	// acknowledged without running the handler.
-	ClaimDuplicate
-)
-
-// String returns "new" or "duplicate".
-func (s ClaimState) String() string {
-	switch s {
-	case ClaimNew:
-		return "new"
-	case ClaimDuplicate:
-		return "duplicate"
-	}
-	return "unknown"
 }
 
 // DuplicateReason is the runner's best guess of why a duplicate arrived. The
@@ -104,9 +83,11 @@ func (r DuplicateReason) String() string {
 
 // ClaimInfo describes the claim of one message's key.
 type ClaimInfo struct {
-	// State is ClaimNew or ClaimDuplicate.
-	State ClaimState
-	// Reason is why a duplicate arrived; zero for ClaimNew.
+	// State is dedup.StateNew (the key was not processed; the handler
+	// runs) or dedup.StateDone (a duplicate: the key was processed before,
+	// and the message is acknowledged without running the handler).
+	State dedup.State
+	// Reason is why a duplicate arrived; zero for dedup.StateNew.
 	Reason DuplicateReason
 	// Start and End bound the call to the store that claimed the key (on
 	// the transactional path: the begin and claim of the batch's keys in
@@ -466,9 +447,9 @@ func (obs *observer) onClaimed(j *job) {
 	c := ClaimInfo{Start: rec.start, End: rec.end, Messages: rec.n}
 	switch {
 	case j.out == outDuplicate:
-		c.State, c.Reason = ClaimDuplicate, duplicateReason(j)
+		c.State, c.Reason = dedup.StateDone, duplicateReason(j)
 	case (rec.isNew && !isHeldBehind(j.err)) || j.out == outAck:
-		c.State = ClaimNew
+		c.State = dedup.StateNew
 	default:
 		return
 	}
