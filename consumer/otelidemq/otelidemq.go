@@ -113,10 +113,6 @@ const (
 	SystemRabbitMQ = "rabbitmq"
 )
 
-// HeaderAWSTrace is the SQS system attribute carrying an AWS X-Ray trace
-// header; sources/sqssource surfaces it in Message.Headers.
-const HeaderAWSTrace = "AWSTraceHeader"
-
 // Config configures a Hook. The zero value uses the global providers.
 type Config struct {
 	// TracerProvider makes the spans. Defaults to otel.GetTracerProvider().
@@ -465,8 +461,11 @@ func meter(mp metric.MeterProvider) metric.Meter {
 
 // Metric names.
 const (
-	MetricConsumed             = "messaging.client.consumed.messages"
-	MetricProcessDuration      = "messaging.process.duration"
+	MetricConsumed        = "messaging.client.consumed.messages"
+	MetricProcessDuration = "messaging.process.duration"
+	// MetricOperationDuration times the client operations: the runner's
+	// acknowledgements and an outbox relay's sends (RelayHook).
+	MetricOperationDuration    = "messaging.client.operation.duration"
 	MetricDuplicates           = "idemq.duplicates"
 	MetricDeadLetters          = "idemq.dead_letters"
 	MetricRetries              = "idemq.retries"
