@@ -20,7 +20,9 @@ const ackQueue = 8
 // guarantee: every message it acknowledges is committed (or a duplicate),
 // and one whose Ack is lost is redelivered and recognised.
 type acker struct {
-	r    *Runner
+	src  Source
+	env  *pathEnv // the logger, counters and observer
+	out  *outage  // the acknowledgements' run of failures (see Health)
 	ctx  context.Context
 	in   chan ackBatch
 	done chan struct{}
@@ -32,10 +34,11 @@ type ackBatch struct {
 	size int    // messages in the batch, for SettleInfo.BatchSize
 }
 
-// startAcker starts the acker of a lane. Its Acks use ctx, which the
-// runner cancels when the drain times out.
-func (r *Runner) startAcker(ctx context.Context) *acker {
-	a := &acker{r: r, ctx: ctx, in: make(chan ackBatch, ackQueue), done: make(chan struct{})}
+// startAcker starts the acker of a lane, acknowledging through src and
+// reporting to env and out. Its Acks use ctx, which the runner cancels when
+// the drain times out.
+func startAcker(ctx context.Context, src Source, env *pathEnv, out *outage) *acker {
+	a := &acker{src: src, env: env, out: out, ctx: ctx, in: make(chan ackBatch, ackQueue), done: make(chan struct{})}
 	go a.run()
 	return a
 }
@@ -65,13 +68,14 @@ func (a *acker) run() {
 				break more
 			}
 		}
-		a.r.ack(a.ctx, bs)
+		a.ack(a.ctx, bs)
 	}
 }
 
 // ack acknowledges the messages of bs with one Ack call and reports the
 // outcome to the hooks, the counters and the outage log.
-func (r *Runner) ack(ctx context.Context, bs []ackBatch) {
+func (a *acker) ack(ctx context.Context, bs []ackBatch) {
+	obs, log := a.env.obs, a.env.log
 	var msgs []*Message
 	for _, b := range bs {
 		for _, j := range b.jobs {
@@ -79,35 +83,35 @@ func (r *Runner) ack(ctx context.Context, bs []ackBatch) {
 		}
 	}
 	start := time.Now()
-	err := r.src.Ack(ctx, msgs)
-	for _, h := range r.hooks.ack {
+	err := a.src.Ack(ctx, msgs)
+	for _, h := range obs.ack {
 		h.OnAck(ctx, len(msgs), err)
 	}
-	if len(r.hooks.ackDone) > 0 {
-		a := AckInfo{Messages: msgs, Start: start, End: time.Now(), Err: err}
-		for _, h := range r.hooks.ackDone {
-			h.OnAckDone(ctx, a)
+	if len(obs.ackDone) > 0 {
+		info := AckInfo{Messages: msgs, Start: start, End: time.Now(), Err: err}
+		for _, h := range obs.ackDone {
+			h.OnAckDone(ctx, info)
 		}
 	}
-	if len(r.hooks.settled) > 0 {
+	if len(obs.settled) > 0 {
 		for _, b := range bs {
 			for _, j := range b.jobs {
 				o := OutcomeHandled
 				if j.out == outDuplicate {
 					o = OutcomeDuplicate
 				}
-				r.hooks.onSettled(j, o, b.size, err)
+				obs.onSettled(j, o, b.size, err)
 			}
 		}
 	}
 	if err != nil {
 		// Harmless for correctness: the effect is committed, and the
 		// redelivery is recognised as a duplicate.
-		r.stats.ackFailures.Add(uint64(len(msgs)))
-		r.ackOut.failed(ctx, r.log, err)
-		r.ackOut.warn(ctx, r.log, "ack failed after commit; redeliveries will be deduplicated",
+		a.env.stats.ackFailures.Add(uint64(len(msgs)))
+		a.out.failed(ctx, log, err)
+		a.out.warn(ctx, log, "ack failed after commit; redeliveries will be deduplicated",
 			slog.Int(LogKeyCount, len(msgs)), slog.Any(LogKeyError, err))
 		return
 	}
-	r.ackOut.ok(ctx, r.log)
+	a.out.ok(ctx, log)
 }

@@ -3,49 +3,9 @@ package consumer
 import (
 	"context"
 	"errors"
-	"fmt"
 	"runtime/debug"
 	"time"
 )
-
-// TxBatchHandler handles the new messages of a batch together, inside one
-// database transaction, so that it can write them with set-based or
-// pipelined statements (one UPDATE … FROM unnest(…), a pgx.Batch, a COPY)
-// instead of one round trip per message. msgs holds only the batch's new
-// messages, already claimed in tx, in delivery order; duplicates and
-// mismatches never reach it. Everything it writes through tx commits together
-// with their records, or not at all. It must not commit or roll back tx, and
-// must not keep tx or msgs after returning.
-//
-// Returning an error rolls the transaction back. To name the message at
-// fault, return a *MessageError: that message alone is retried and counted
-// (or dead-lettered, if its error is Permanent), and the others run again
-// without it. Any other error is searched for by splitting the messages in
-// halves, each in its own transaction, until the failing one is alone; only
-// it is counted. A transient database error of the whole batch (a deadlock)
-// retries every message without counting. The handler may therefore run
-// again for a message whose batch-mate failed; its writes commit once.
-type TxBatchHandler[Tx any] func(ctx context.Context, tx Tx, msgs []*Message) error
-
-// MessageError is the error a TxBatchHandler returns to name the message of
-// its batch that failed, so that only that message is retried and counted.
-// Msg must be one of the messages the handler received.
-type MessageError struct {
-	Msg *Message
-	Err error
-}
-
-// Error implements error.
-func (e *MessageError) Error() string {
-	if e.Msg == nil {
-		return fmt.Sprintf("idemq: message <nil>: %v", e.Err)
-	}
-	return fmt.Sprintf("idemq: message %q: %v", e.Msg.ID, e.Err)
-}
-
-// Unwrap returns the message's own error, so that Permanent and RetryAfter
-// inside it take effect.
-func (e *MessageError) Unwrap() error { return e.Err }
 
 // callBatch runs a batch handler over the messages of jobs with the handler
 // timeout and panic recovery, and reports a handler start and end for each

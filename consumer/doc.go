@@ -44,7 +44,8 @@
 //     delivery of the key a duplicate; on the transactional path it commits
 //     with the handler's writes.
 //   - Claim: asking the store for a key; its answer is a dedup.State (new,
-//     done, mismatch, ...). A lease is the lease path's claim: a
+//     done, mismatch, ...), the one name of a claim's result everywhere
+//     (HookClaimed's ClaimInfo.State too: done is a duplicate). A lease is the lease path's claim: a
 //     token-guarded, expiring hold on a key (dedup.LeaseStore), refreshed
 //     while the handler runs, then completed (marked done) or abandoned
 //     (LeaseStore.Abandon, after a failed effect). Release is a settle
@@ -77,7 +78,8 @@
 //     Config.OutageThreshold times in a row. Its failures are never
 //     attempts; see Health.
 //   - Timeout: the bound on one operation (HandlerTimeout, DrainTimeout, a
-//     source's CommitTimeout, ...). Every such bound is named ...Timeout; a
+//     source's CommitTimeout, ConnectTimeout for establishing a broker
+//     connection, ...). Every such bound is named ...Timeout; a
 //     Wait (BatchWait) is time spent on purpose, not a bound.
 //   - Stats: a counter is named after what it counts, with the same word in
 //     the runner's Stats and in every source's: Received (messages

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"runtime/debug"
 	"time"
@@ -114,4 +115,24 @@ func (env *pathEnv) failure(j *job, err error) {
 	}
 	j.set(outRetry, err)
 	j.delay = env.backoff(j)
+}
+
+// resultErr returns err, the error of j's handler, or when it is nil and
+// the handler returned a result above Config.MaxResultBytes, a permanent
+// error matching ErrResultTooLarge.
+func (env *pathEnv) resultErr(j *job, err error) error {
+	if err != nil {
+		return err
+	}
+	return env.checkResult(j)
+}
+
+// checkResult reports a result of j above Config.MaxResultBytes.
+func (env *pathEnv) checkResult(j *job) error {
+	v, ok := j.result()
+	if max := env.maxResultBytes; !ok || max < 0 || len(v) <= max {
+		return nil
+	}
+	return Permanent(fmt.Errorf("%w: key %q: %d bytes, limit %d (Config.MaxResultBytes)",
+		ErrResultTooLarge, j.key, len(v), env.maxResultBytes))
 }

@@ -2,13 +2,9 @@ package consumer
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
-
-	"github.com/idemq/idemq/dedup"
 )
 
 // Dependency names, as logged under LogKeyDependency by the outage lines.
@@ -184,67 +180,6 @@ func (o *outage) probed() {
 	o.answered = true
 }
 
-// prober is a Path that can check that its store answers, without touching
-// any message's record.
-type prober interface {
-	probe(ctx context.Context, r *Runner) error
-}
-
-// probe begins a transaction and rolls it back.
-func (p *txPath[Tx]) probe(ctx context.Context, _ *Runner) error {
-	tx, err := p.store.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("idemq: probe: begin: %w", err)
-	}
-	if err := p.store.Rollback(ctx, tx); err != nil {
-		return fmt.Errorf("idemq: probe: rollback: %w", err)
-	}
-	return nil
-}
-
-// probeKey is the key the lease path's probe inspects; no message has it
-// (the scope is the runner's, and a key never starts with a NUL: validKey).
-const probeKey = "\x00idemq-probe"
-
-// probe inspects a key that no message has.
-func (p *leasePath) probe(ctx context.Context, r *Runner) error {
-	if _, err := p.store.Inspect(ctx, r.cfg.Name, probeKey); err != nil && !errors.Is(err, dedup.ErrNotFound) {
-		return fmt.Errorf("idemq: probe: %w", err)
-	}
-	return nil
-}
-
-// awaitStore holds the receive loop while the store is down (back-pressure):
-// once its outage is declared (Config.OutageThreshold failures in a row),
-// a message received would only fail and go back to the broker, so the
-// runner receives nothing and probes the store every outageProbe until it
-// answers; it then receives again, and the next message handled ends the
-// outage or, failing, pauses receiving again. The messages the lanes hold
-// meanwhile are handled (and retried) as usual. It returns false when ctx
-// is done.
-func (r *Runner) awaitStore(ctx context.Context) bool {
-	pr, ok := r.path.(prober)
-	if !ok || !r.storeOut.down() {
-		return true
-	}
-	r.log.LogAttrs(ctx, slog.LevelInfo, "receiving paused until the store answers",
-		slog.String(LogKeyDependency, DependencyStore), slog.Duration(LogKeyDelay, outageProbe))
-	for ctx.Err() == nil && r.storeOut.down() {
-		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-		err := pr.probe(pctx, r)
-		cancel()
-		switch {
-		case ctx.Err() != nil:
-		case err == nil:
-			r.storeOut.probed()
-		default:
-			r.storeOut.failed(ctx, r.log, err)
-			sleep(ctx, outageProbe)
-		}
-	}
-	return ctx.Err() == nil
-}
-
 // streakLen returns the current number of consecutive failures.
 func (o *outage) streakLen() int {
 	o.mu.Lock()
@@ -274,28 +209,4 @@ type Health struct {
 	// Ready is the verdict for a readiness probe: running, not draining,
 	// and no dependency has failed Config.OutageThreshold times in a row.
 	Ready bool `json:"ready"`
-}
-
-// Health returns the runner's current health. It is safe to call at any time
-// from any goroutine. A readiness probe serves Ready; the counts say which
-// dependency is at fault, and the same outages are logged (ERROR when they
-// reach Config.OutageThreshold, INFO when they end).
-//
-// A broker that is down without failing Receive (a client that keeps
-// retrying inside a blocking call) shows as a LastReceive that stops
-// advancing while messages are expected.
-func (r *Runner) Health() Health {
-	h := Health{
-		Running:         r.running.Load(),
-		Draining:        r.draining.Load(),
-		ReceiveFailures: r.receiveOut.streakLen(),
-		StoreFailures:   r.storeOut.streakLen(),
-		AckFailures:     r.ackOut.streakLen(),
-	}
-	if ns := r.lastReceive.Load(); ns != 0 {
-		h.LastReceive = time.Unix(0, ns)
-	}
-	t := r.cfg.OutageThreshold
-	h.Ready = h.Running && !h.Draining && h.ReceiveFailures < t && h.StoreFailures < t && h.AckFailures < t
-	return h
 }

@@ -3,7 +3,10 @@ package consumer
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
+
+	"github.com/idemq/idemq/dedup"
 )
 
 // Hook is a value that observes a Runner. It implements any number of the
@@ -37,29 +40,6 @@ type HookReceived interface {
 // are checked and claimed, with the number of messages in it.
 type HookBatch interface {
 	OnBatch(ctx context.Context, size int)
-}
-
-// ClaimState is the result of claiming a message's key.
-type ClaimState int
-
-// Claim states.
-const (
-	// ClaimNew: the key was not processed; the handler runs.
-	ClaimNew ClaimState = iota + 1
-	// ClaimDuplicate: the key was processed before; the message is
-	// acknowledged without running the handler.
-	ClaimDuplicate
-)
-
-// String returns "new" or "duplicate".
-func (s ClaimState) String() string {
-	switch s {
-	case ClaimNew:
-		return "new"
-	case ClaimDuplicate:
-		return "duplicate"
-	}
-	return "unknown"
 }
 
 // DuplicateReason is the runner's best guess of why a duplicate arrived. The
@@ -103,9 +83,11 @@ func (r DuplicateReason) String() string {
 
 // ClaimInfo describes the claim of one message's key.
 type ClaimInfo struct {
-	// State is ClaimNew or ClaimDuplicate.
-	State ClaimState
-	// Reason is why a duplicate arrived; zero for ClaimNew.
+	// State is dedup.StateNew (the key was not processed; the handler
+	// runs) or dedup.StateDone (a duplicate: the key was processed before,
+	// and the message is acknowledged without running the handler).
+	State dedup.State
+	// Reason is why a duplicate arrived; zero for dedup.StateNew.
 	Reason DuplicateReason
 	// Start and End bound the call to the store that claimed the key (on
 	// the transactional path: the begin and claim of the batch's keys in
@@ -298,42 +280,6 @@ type HookLeaseRefreshFailed interface {
 	OnLeaseRefreshFailed(ctx context.Context, err error)
 }
 
-// Outcome is how the runner settled a message.
-type Outcome int
-
-// Outcomes.
-const (
-	// OutcomeHandled: the handler ran, its effect is durable, and the
-	// message was acknowledged (or the ack failed; see SettleInfo.Err).
-	OutcomeHandled Outcome = iota + 1
-	// OutcomeDuplicate: the key was processed before; acknowledged.
-	OutcomeDuplicate
-	// OutcomeRetried: handed back for a later attempt.
-	OutcomeRetried
-	// OutcomeDeadLettered: moved to the dead-letter route.
-	OutcomeDeadLettered
-	// OutcomeLeft: left to the broker, which redelivers it (a failed
-	// Retry or DeadLetter, a drain cut short, nothing decided).
-	OutcomeLeft
-)
-
-// String returns the outcome's name.
-func (o Outcome) String() string {
-	switch o {
-	case OutcomeHandled:
-		return "handled"
-	case OutcomeDuplicate:
-		return "duplicate"
-	case OutcomeRetried:
-		return "retried"
-	case OutcomeDeadLettered:
-		return "dead_lettered"
-	case OutcomeLeft:
-		return "left"
-	}
-	return "unknown"
-}
-
 // SettleInfo describes how a message was settled.
 type SettleInfo struct {
 	Outcome Outcome
@@ -376,6 +322,24 @@ type observer struct {
 	leaseLost   []HookLeaseLost
 	refreshFail []HookLeaseRefreshFailed
 	settled     []HookSettled
+	// claims keeps the claim of each job in flight for the HookClaimed
+	// hooks; nil without them, so that a runner without them records
+	// nothing.
+	claims *claimLog
+}
+
+// claimLog holds the last claim of each job in flight until the job is
+// settled (see observer.onClaimed). It is safe for concurrent use.
+type claimLog struct {
+	mu sync.Mutex
+	m  map[*job]claimRecord
+}
+
+// claimRecord is the last claim of one job's key.
+type claimRecord struct {
+	start, end time.Time
+	n          int  // keys claimed together (ClaimInfo.Messages)
+	isNew      bool // the key was claimed as new
 }
 
 func resolveHooks(hs []Hook) observer {
@@ -389,6 +353,9 @@ func resolveHooks(hs []Hook) observer {
 		}
 		if v, ok := x.(HookClaimed); ok {
 			h.claimed = append(h.claimed, v)
+			if h.claims == nil {
+				h.claims = &claimLog{m: map[*job]claimRecord{}}
+			}
 		}
 		_, isTx := x.(HookTx)
 		if isTx {
@@ -470,21 +437,41 @@ func (obs *observer) onSettled(j *job, o Outcome, size int, err error) {
 // onClaimed reports the claim of j, if it had one, to the HookClaimed
 // hooks.
 func (obs *observer) onClaimed(j *job) {
-	if len(obs.claimed) == 0 {
+	if obs.claims == nil {
 		return
 	}
-	c := ClaimInfo{Start: j.claimStart, End: j.claimEnd, Messages: j.claimN}
+	obs.claims.mu.Lock()
+	rec := obs.claims.m[j]
+	delete(obs.claims.m, j)
+	obs.claims.mu.Unlock()
+	c := ClaimInfo{Start: rec.start, End: rec.end, Messages: rec.n}
 	switch {
 	case j.out == outDuplicate:
-		c.State, c.Reason = ClaimDuplicate, duplicateReason(j)
-	case j.claimedNew || j.out == outAck:
-		c.State = ClaimNew
+		c.State, c.Reason = dedup.StateDone, duplicateReason(j)
+	case (rec.isNew && !isHeldBehind(j.err)) || j.out == outAck:
+		c.State = dedup.StateNew
 	default:
 		return
 	}
 	for _, h := range obs.claimed {
 		h.OnClaimed(j.ctx, j.msg, c)
 	}
+}
+
+// claimsTimed reports whether claims are timed and recorded, for the
+// HookClaimed hooks.
+func (obs *observer) claimsTimed() bool { return obs.claims != nil }
+
+// noteClaim records the claim of j's key, from start to end, together
+// with n keys, as new or not; a later claim of j replaces it. It does
+// nothing without HookClaimed hooks.
+func (obs *observer) noteClaim(j *job, start, end time.Time, n int, isNew bool) {
+	if obs.claims == nil {
+		return
+	}
+	obs.claims.mu.Lock()
+	obs.claims.m[j] = claimRecord{start: start, end: end, n: n, isNew: isNew}
+	obs.claims.mu.Unlock()
 }
 
 // commitInfo returns the CommitInfo of a commit of n messages from start

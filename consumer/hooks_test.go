@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/sources/memsource"
 )
@@ -71,9 +72,9 @@ func (h *recordingHook) OnClaimed(ctx context.Context, m *consumer.Message, c co
 	defer h.mu.Unlock()
 	h.mark(ctx)
 	switch c.State {
-	case consumer.ClaimNew:
+	case dedup.StateNew:
 		h.claimedNew++
-	case consumer.ClaimDuplicate:
+	case dedup.StateDone:
 		h.duplicates[c.Reason]++
 		h.dupKeys[m.Key] = c.Reason
 	}

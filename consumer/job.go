@@ -35,14 +35,10 @@ type job struct {
 	// not counted; the broker's Attempt applies).
 	failures int
 
-	// For hooks (see hooks.go). ctx is the message's context: the
-	// receive context without its cancellation, or what HookReceived
-	// returned.
-	ctx                  context.Context
-	follower             bool // the same key came earlier in the batch
-	claimedNew           bool // the path claimed the key as new
-	claimStart, claimEnd time.Time
-	claimN               int // messages claimed with it (ClaimInfo.Messages)
+	// ctx is the message's context: the receive context without its
+	// cancellation, or what HookReceived returned (see hooks.go).
+	ctx      context.Context
+	follower bool // the same key came earlier in the batch
 }
 
 func (j *job) set(o outcome, err error) { j.out, j.err = o, err }
@@ -87,4 +83,31 @@ func (j *job) attempt() int {
 		return j.failures
 	}
 	return j.msg.Attempt
+}
+
+// result returns the result j's handler returned, if any and not nil.
+func (j *job) result() ([]byte, bool) {
+	r := &j.msg.res
+	return r.value, r.returned && r.value != nil
+}
+
+// handled marks j as handled, for Message.Outcome: its handler's result,
+// if any, is durable.
+func (j *job) handled() {
+	if !j.msg.res.returned {
+		j.msg.res.value = nil
+	}
+	j.msg.res.state = outcomeFresh
+}
+
+// replay marks j as a duplicate whose record holds result.
+func (j *job) replay(result []byte) {
+	j.msg.res.value, j.msg.res.returned, j.msg.res.state = result, false, outcomeReplayed
+}
+
+// replayOf marks j, a later copy of leader's key in the same batch, as a
+// duplicate with leader's result.
+func (j *job) replayOf(leader *job) {
+	v, _, _ := leader.msg.Outcome()
+	j.replay(v)
 }

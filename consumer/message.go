@@ -151,3 +151,52 @@ func LeaseToken(ctx context.Context) (string, bool) {
 func withKeys(ctx context.Context, scope, key string) context.Context {
 	return context.WithValue(context.WithValue(ctx, ctxKeyScope, scope), ctxKeyDedupKey, key)
 }
+
+// resultSlot is what a Message carries of its outcome: the result its
+// handler returned (set by TxResult and LeaseResult), or the result stored
+// with its key (set by the runner on a duplicate), and whether the runner
+// settled the message as handled or as a duplicate.
+type resultSlot struct {
+	value    []byte
+	returned bool         // the handler's adapter returned value
+	state    outcomeState // set by the runner, before Ack
+	err      error        // lease path: why the result was not stored
+}
+
+// outcomeState is how a message was settled, as Outcome reports it.
+type outcomeState uint8
+
+const (
+	outcomeUnknown  outcomeState = iota // not settled, or not acknowledged
+	outcomeFresh                        // the handler ran and its effect is durable
+	outcomeReplayed                     // a duplicate: the stored result
+)
+
+// Outcome returns the outcome of m once the runner has settled it as
+// handled or as a duplicate, which it does before it passes m to the
+// Source's Ack: ok is false before, and for messages retried or
+// dead-lettered. For a handled message, result is what its handler returned
+// through TxResult, TxResultJSON, LeaseResult or LeaseResultJSON, and
+// replayed is false. For a duplicate (a redelivery, a retried request, or a
+// second copy of the key in one batch), result is the result stored with
+// the key's record, byte for byte, and replayed is true. result is nil when
+// the handler returned none (a plain TxHandler or Handler, a
+// TransactionalBatch handler, which cannot return results, or a record
+// written before results were stored). A Source that answers its producer
+// (sources/httpsource, a request/reply consumer) reads it in Ack; nothing
+// else should. The slice must not be modified.
+func (m *Message) Outcome() (result []byte, replayed bool, ok bool) {
+	switch m.res.state {
+	case outcomeFresh:
+		return m.res.value, false, true
+	case outcomeReplayed:
+		return m.res.value, true, true
+	}
+	return nil, false, false
+}
+
+// setReturned records the result a handler returned (or, with ok false,
+// forgets a result of an earlier run of the handler).
+func (m *Message) setReturned(b []byte, ok bool) {
+	m.res.value, m.res.returned, m.res.err = b, ok, nil
+}

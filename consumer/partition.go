@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"errors"
 	"fmt"
 	"time"
 )
@@ -77,8 +78,21 @@ func (h heldPartitions) holdBack(j *job) {
 // not run.
 func waitBehind(j *job, ahead string, delay time.Duration) {
 	j.out, j.delay = outRetryInfra, delay
-	j.err = fmt.Errorf("idemq: held behind message %q of partition %q", ahead, j.msg.PartitionKey)
-	j.claimedNew = false
+	j.err = &heldError{ahead: ahead, partition: j.msg.PartitionKey}
+}
+
+// heldError is the retry reason of a message held behind an earlier one of
+// its partition. Its claim, if it had one, is not reported (HookClaimed).
+type heldError struct{ ahead, partition string }
+
+func (e *heldError) Error() string {
+	return fmt.Sprintf("idemq: held behind message %q of partition %q", e.ahead, e.partition)
+}
+
+// isHeldBehind reports whether err is a heldError.
+func isHeldBehind(err error) bool {
+	var he *heldError
+	return errors.As(err, &he)
 }
 
 // laneHolds carries partition holding from one batch of a lane to the next.

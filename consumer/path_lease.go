@@ -14,13 +14,6 @@ import (
 	"github.com/idemq/idemq/internal/cfgerr"
 )
 
-// Handler handles one message whose effect happens outside a database
-// transaction (an email, a webhook, a third-party API call). It should pass
-// IdempotencyKey(ctx) to the downstream system as an idempotency key. Returning an
-// error releases the lease and retries the message (see Permanent and
-// RetryAfter).
-type Handler func(ctx context.Context, msg *Message) error
-
 // LeaseOptions configures the lease path.
 type LeaseOptions struct {
 	// Lease is how long a claim stays valid without a refresh. A worker that
@@ -296,12 +289,13 @@ func (p *leasePath) safeUntil(confirmed time.Time) time.Time {
 
 func (p *leasePath) one(ctx context.Context, env *pathEnv, j *job, pc *preclaim) {
 	scope := env.scope
-	if len(env.obs.claimed) > 0 {
-		j.claimStart = time.Now()
+	var claimStart time.Time
+	if env.obs.claimsTimed() {
+		claimStart = time.Now()
 	}
 	token, c, confirmed, err := p.claim(ctx, env, j, pc)
-	if len(env.obs.claimed) > 0 {
-		j.claimEnd, j.claimN = time.Now(), 1
+	if env.obs.claimsTimed() {
+		env.obs.noteClaim(j, claimStart, time.Now(), 1, err == nil && c.State == dedup.StateNew)
 	}
 	if err != nil {
 		j.set(outRetryInfra, err)
@@ -327,7 +321,6 @@ func (p *leasePath) one(ctx context.Context, env *pathEnv, j *job, pc *preclaim)
 		j.delay = p.opts.InProgressDelay
 		return
 	case dedup.StateNew:
-		j.claimedNew = true
 	default:
 		j.set(outRetryInfra, fmt.Errorf("idemq: claim of key %q returned state %v", j.key, c.State))
 		return
@@ -395,6 +388,45 @@ func (p *leasePath) complete(ctx context.Context, env *pathEnv, j *job, token st
 		}
 		delay = min(2*delay, time.Second)
 	}
+}
+
+// completeKey marks j's key done under token on the lease path, with the
+// result its handler returned when there is one and the store keeps
+// results. A result the runner or the store refuses (too large, or a store
+// without results) is left out, the key is marked done all the same (the
+// effect happened and must not be repeated), and settleLease dead-letters
+// the message.
+func (p *leasePath) completeKey(ctx context.Context, env *pathEnv, j *job, token string) error {
+	scope := env.scope
+	if v, ok := j.result(); ok && j.msg.res.err == nil {
+		rc, can := p.store.(dedup.ResultCompleter)
+		switch err := env.checkResult(j); {
+		case err != nil:
+			j.msg.res.err = err
+		case !can:
+			j.msg.res.err = Permanent(fmt.Errorf("%w: %T does not implement dedup.ResultCompleter", ErrResultUnsupported, p.store))
+		default:
+			err := rc.CompleteWithResult(ctx, scope, j.key, token, p.opts.Retention, v)
+			if !errors.Is(err, dedup.ErrResultTooLarge) && !errors.Is(err, ErrResultUnsupported) {
+				return err
+			}
+			j.msg.res.err = Permanent(err)
+		}
+	}
+	return p.store.Complete(ctx, scope, j.key, token, p.opts.Retention)
+}
+
+// settleLease gives j, whose handler succeeded and whose key is marked
+// done, its outcome: acknowledged, or dead-lettered when its result could
+// not be stored.
+func (p *leasePath) settleLease(j *job) {
+	if err := j.msg.res.err; err != nil {
+		j.msg.setReturned(nil, false)
+		j.set(outDeadLetter, err)
+		return
+	}
+	j.set(outAck, nil)
+	j.handled()
 }
 
 func (p *leasePath) validate() error {

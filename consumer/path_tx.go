@@ -12,18 +12,6 @@ import (
 	"github.com/idemq/idemq/internal/cfgerr"
 )
 
-// TxHandler handles one message inside a database transaction. Everything it
-// writes through tx commits together with the message's processed record, or
-// not at all. It must not commit or roll back tx, and must not keep it after
-// returning. Returning an error rolls back its writes and retries the message
-// (see Permanent and RetryAfter).
-//
-// In a batch (Config.BatchSize above 1) the handler may run again for a
-// message whose batch-mate failed: the transaction is rolled back and rerun
-// without the culprit. Its writes commit once; effects outside tx must not
-// be made from a TxHandler (use Leased for those).
-type TxHandler[Tx any] func(ctx context.Context, tx Tx, msg *Message) error
-
 // ErrCommit wraps the error of a failed commit. None of the transaction's
 // messages is acknowledged; they are retried, and those whose commit did
 // happen after all are recognised as duplicates.
@@ -249,13 +237,12 @@ func (p *txPath[Tx]) try(ctx context.Context, env *pathEnv, jobs []*job, l *lane
 	if ti != nil {
 		ti.ClaimStart, ti.ClaimEnd, ti.ClaimErr = o.start, o.end, err
 	}
-	if len(env.obs.claimed) > 0 {
+	if env.obs.claimsTimed() {
 		// A rerun claims again: the claim reported is the one of the
 		// job's last transaction, which committed it or decided its
 		// outcome.
 		for i, j := range jobs {
-			j.claimStart, j.claimEnd, j.claimN = o.start, o.end, len(jobs)
-			j.claimedNew = err == nil && i < len(claims) && claims[i].State == dedup.StateNew
+			env.obs.noteClaim(j, o.start, o.end, len(jobs), err == nil && i < len(claims) && claims[i].State == dedup.StateNew)
 		}
 	}
 	if err != nil {
@@ -328,6 +315,45 @@ func (p *txPath[Tx]) try(ctx context.Context, env *pathEnv, jobs []*job, l *lane
 	return tryResult{}
 }
 
+// storeResults writes the results of fresh's handlers into their records in
+// tx, in one call to the store, before the commit. failed reports that the
+// transaction must be rolled back, with res saying why: a store that keeps
+// no results blames the first message with one; a statement refused because
+// a handler aborted the transaction makes every handler a suspect; any
+// other failure is the store's.
+func (p *txPath[Tx]) storeResults(ctx context.Context, env *pathEnv, tx Tx, fresh []*job) (res tryResult, failed bool) {
+	var (
+		results []dedup.Result
+		first   *job
+	)
+	for _, j := range fresh {
+		if v, ok := j.result(); ok {
+			results = append(results, dedup.Result{Key: j.key, Value: v})
+			if first == nil {
+				first = j
+			}
+		}
+	}
+	if len(results) == 0 {
+		return tryResult{}, false
+	}
+	rs, ok := p.store.(dedup.ResultStorer[Tx])
+	if !ok {
+		return tryResult{err: Permanent(fmt.Errorf("%w: %T does not implement dedup.ResultStorer", ErrResultUnsupported, p.store)), culprit: first}, true
+	}
+	err := rs.StoreResults(ctx, tx, env.scope, results)
+	switch {
+	case err == nil:
+		return tryResult{}, false
+	case errors.Is(err, ErrResultUnsupported): // a wrapper of a store without results
+		return tryResult{err: Permanent(err), culprit: first}, true
+	case p.aborted(err):
+		return tryResult{err: err, suspects: fresh}, true
+	default:
+		return tryResult{err: fmt.Errorf("idemq: store results: %w", err), infra: true}, true
+	}
+}
+
 // openTx is a transaction that claimed the keys of jobs: begun for them, or
 // chained into the commit of the lane's last batch.
 type openTx[Tx any] struct {
@@ -356,14 +382,14 @@ func (p *txPath[Tx]) open(ctx context.Context, env *pathEnv, jobs []*job, l *lan
 		l.abandon(ctx) // its claims would block ours
 	}
 	o := &openTx[Tx]{store: p.store, jobs: jobs}
-	o.timed(env, func() { o.tx, o.claims, o.err = p.beginClaim(ctx, env.scope, records(jobs)) })
+	o.timed(env, func() { o.tx, o.claims, o.err = p.beginClaim(ctx, env.scope, dedupRecords(jobs)) })
 	return o
 }
 
 // timed runs claim and, when hooks report claims, records when it started
 // and ended.
 func (o *openTx[Tx]) timed(env *pathEnv, claim func()) {
-	if len(env.obs.claimed) == 0 && len(env.obs.tx) == 0 {
+	if !env.obs.claimsTimed() && len(env.obs.tx) == 0 {
 		claim()
 		return
 	}
@@ -372,8 +398,8 @@ func (o *openTx[Tx]) timed(env *pathEnv, claim func()) {
 	o.end = time.Now()
 }
 
-// records returns the dedup records of jobs.
-func records(jobs []*job) []dedup.Record {
+// dedupRecords returns the dedup records of jobs.
+func dedupRecords(jobs []*job) []dedup.Record {
 	recs := make([]dedup.Record, len(jobs))
 	for i, j := range jobs {
 		recs[i] = dedup.Record{Key: j.key, PayloadHash: j.hash}
@@ -407,7 +433,7 @@ func (p *txPath[Tx]) commit(ctx context.Context, env *pathEnv, tx Tx, l *lane) (
 		claims    []dedup.Claim
 		committed bool
 	)
-	o.timed(env, func() { claims, committed, err = cc.CommitChain(ctx, tx, env.scope, records(next.live)) })
+	o.timed(env, func() { claims, committed, err = cc.CommitChain(ctx, tx, env.scope, dedupRecords(next.live)) })
 	switch {
 	case err == nil:
 		o.claims = claims

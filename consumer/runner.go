@@ -109,7 +109,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	if err := checkRetention(ctx, r.src, r.path, r.log, r.cfg.AllowShortRetention); err != nil {
 		return err
 	}
-	r.logStart(ctx)
+	logStart(ctx, r.log, r.cfg, r.src, r.path)
 
 	// Work outlives ctx during the drain, and is cancelled when the drain
 	// times out.
@@ -238,7 +238,7 @@ func (r *Runner) laneOf(j *job) int {
 // its next batch while the broker confirms the last; lane returns once the
 // acker has sent them all.
 func (r *Runner) lane(ctx context.Context, in <-chan *job) {
-	a := r.startAcker(ctx)
+	a := startAcker(ctx, r.src, &r.env, r.ackOut)
 	defer a.stop()
 	l := &lane{in: in}
 	holds := laneHolds{} // partitions waiting for a message handed back
@@ -447,4 +447,97 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-t.C:
 	}
+}
+
+// Health returns the runner's current health. It is safe to call at any time
+// from any goroutine. A readiness probe serves Ready; the counts say which
+// dependency is at fault, and the same outages are logged (ERROR when they
+// reach Config.OutageThreshold, INFO when they end).
+//
+// A broker that is down without failing Receive (a client that keeps
+// retrying inside a blocking call) shows as a LastReceive that stops
+// advancing while messages are expected.
+func (r *Runner) Health() Health {
+	h := Health{
+		Running:         r.running.Load(),
+		Draining:        r.draining.Load(),
+		ReceiveFailures: r.receiveOut.streakLen(),
+		StoreFailures:   r.storeOut.streakLen(),
+		AckFailures:     r.ackOut.streakLen(),
+	}
+	if ns := r.lastReceive.Load(); ns != 0 {
+		h.LastReceive = time.Unix(0, ns)
+	}
+	t := r.cfg.OutageThreshold
+	h.Ready = h.Running && !h.Draining && h.ReceiveFailures < t && h.StoreFailures < t && h.AckFailures < t
+	return h
+}
+
+// Stats returns a snapshot of the runner's counters. It is safe to call at any
+// time from any goroutine.
+func (r *Runner) Stats() Stats { return r.stats.snapshot() }
+
+// WaitIdle blocks until the runner has received and settled every message
+// it received, and nothing new for idle, then returns nil; it returns
+// ctx.Err() if ctx is done first. Use it to drain a queue and stop, in batch
+// jobs, tools and tests:
+//
+//	go func() {
+//		if runner.WaitIdle(ctx, 3*time.Second) == nil {
+//			cancel() // the context passed to Run
+//		}
+//	}()
+//
+// A message retried with a delay longer than idle comes back after WaitIdle
+// returned. It is safe to call from any goroutine.
+func (r *Runner) WaitIdle(ctx context.Context, idle time.Duration) error {
+	return r.stats.waitIdle(ctx, idle)
+}
+
+// awaitStore holds the receive loop while the store is down (back-pressure):
+// once its outage is declared (Config.OutageThreshold failures in a row),
+// a message received would only fail and go back to the broker, so the
+// runner receives nothing and probes the store every outageProbe until it
+// answers; it then receives again, and the next message handled ends the
+// outage or, failing, pauses receiving again. The messages the lanes hold
+// meanwhile are handled (and retried) as usual. It returns false when ctx
+// is done.
+func (r *Runner) awaitStore(ctx context.Context) bool {
+	pr, ok := r.path.(prober)
+	if !ok || !r.storeOut.down() {
+		return true
+	}
+	r.log.LogAttrs(ctx, slog.LevelInfo, "receiving paused until the store answers",
+		slog.String(LogKeyDependency, DependencyStore), slog.Duration(LogKeyDelay, outageProbe))
+	for ctx.Err() == nil && r.storeOut.down() {
+		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		err := pr.probe(pctx, r.cfg.Name)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+		case err == nil:
+			r.storeOut.probed()
+		default:
+			r.storeOut.failed(ctx, r.log, err)
+			sleep(ctx, outageProbe)
+		}
+	}
+	return ctx.Err() == nil
+}
+
+// errDuplicateUnsettled is wrapped by the retry reason of a later copy of a
+// key in a batch whose first copy was not settled.
+var errDuplicateUnsettled = errors.New("first copy not settled")
+
+// infraErr returns the error of the first job of batch that the store's
+// trouble sent back, for the outage log. Jobs sent back for reasons of their
+// own (another worker holds the key, an unsettled copy in the batch) are not
+// the store's trouble.
+func infraErr(batch []*job) error {
+	for _, j := range batch {
+		if j.out == outRetryInfra && j.err != nil && !errors.Is(j.err, errKeyBusy) && !errors.Is(j.err, errDuplicateUnsettled) {
+			return j.err
+		}
+	}
+	return nil
 }

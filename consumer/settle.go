@@ -197,22 +197,3 @@ func (s *settler) forgetFailures(ctx context.Context, j *job) {
 			slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Any(LogKeyError, err))
 	}
 }
-
-//END
-
-// errDuplicateUnsettled is wrapped by the retry reason of a later copy of a
-// key in a batch whose first copy was not settled.
-var errDuplicateUnsettled = errors.New("first copy not settled")
-
-// infraErr returns the error of the first job of batch that the store's
-// trouble sent back, for the outage log. Jobs sent back for reasons of their
-// own (another worker holds the key, an unsettled copy in the batch) are not
-// the store's trouble.
-func infraErr(batch []*job) error {
-	for _, j := range batch {
-		if j.out == outRetryInfra && j.err != nil && !errors.Is(j.err, errKeyBusy) && !errors.Is(j.err, errDuplicateUnsettled) {
-			return j.err
-		}
-	}
-	return nil
-}

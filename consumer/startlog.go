@@ -24,25 +24,25 @@ func (p *txPath[Tx]) describe() (string, string) {
 
 func (p *leasePath) describe() (string, string) { return "lease", typeName(p.store) }
 
-// logStart logs at Info what the runner consumes (the source, or its
-// String), through which path and store, and with which key function.
-func (r *Runner) logStart(ctx context.Context) {
-	kind, store := "custom", typeName(r.path)
-	if d, ok := r.path.(describer); ok {
+// logStart logs at Info what a runner with cfg consumes (the source, or
+// its String), through which path and store, and with which key function.
+func logStart(ctx context.Context, log *slog.Logger, cfg Config, source Source, path Path) {
+	kind, store := "custom", typeName(path)
+	if d, ok := path.(describer); ok {
 		kind, store = d.describe()
 	}
-	src := typeName(r.src)
-	if s, ok := r.src.(fmt.Stringer); ok {
+	src := typeName(source)
+	if s, ok := source.(fmt.Stringer); ok {
 		src = s.String()
 	}
-	r.log.LogAttrs(ctx, slog.LevelInfo, "consuming",
-		slog.String("consumer", r.cfg.Name),
+	log.LogAttrs(ctx, slog.LevelInfo, "consuming",
+		slog.String("consumer", cfg.Name),
 		slog.String("source", src),
 		slog.String("path", kind),
 		slog.String("store", store),
-		slog.String("key", funcName(r.cfg.KeyFunc)),
-		slog.Int("concurrency", r.cfg.Concurrency),
-		slog.Int("batch_size", r.cfg.BatchSize))
+		slog.String("key", funcName(cfg.KeyFunc)),
+		slog.Int("concurrency", cfg.Concurrency),
+		slog.Int("batch_size", cfg.BatchSize))
 }
 
 // typeName is v's dynamic type, like "*pgdedup.Store".

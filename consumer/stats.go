@@ -48,10 +48,8 @@ type counters struct {
 	left atomic.Uint64
 }
 
-// Stats returns a snapshot of the runner's counters. It is safe to call at any
-// time from any goroutine.
-func (r *Runner) Stats() Stats {
-	c := &r.stats
+// snapshot returns the counters as Stats.
+func (c *counters) snapshot() Stats {
 	return Stats{
 		Received:        c.received.Load(),
 		Handled:         c.handled.Load(),
@@ -66,26 +64,14 @@ func (r *Runner) Stats() Stats {
 	}
 }
 
-// WaitIdle blocks until the runner has received and settled every message
-// it received, and nothing new for idle, then returns nil; it returns
-// ctx.Err() if ctx is done first. Use it to drain a queue and stop, in batch
-// jobs, tools and tests:
-//
-//	go func() {
-//		if runner.WaitIdle(ctx, 3*time.Second) == nil {
-//			cancel() // the context passed to Run
-//		}
-//	}()
-//
-// A message retried with a delay longer than idle comes back after WaitIdle
-// returned. It is safe to call from any goroutine.
-func (r *Runner) WaitIdle(ctx context.Context, idle time.Duration) error {
+// waitIdle is Runner.WaitIdle over c.
+func (c *counters) waitIdle(ctx context.Context, idle time.Duration) error {
 	poll := min(max(idle/10, time.Millisecond), 100*time.Millisecond)
 	t := time.NewTicker(poll)
 	defer t.Stop()
 	progress := func() (uint64, bool) {
-		s := r.Stats()
-		settled := s.Handled + s.Duplicates + s.Retried + s.DeadLettered + r.stats.left.Load()
+		s := c.snapshot()
+		settled := s.Handled + s.Duplicates + s.Retried + s.DeadLettered + c.left.Load()
 		return s.Received + settled, settled >= s.Received
 	}
 	last, _ := progress()

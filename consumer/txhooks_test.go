@@ -104,11 +104,11 @@ func (h *keyEvents) check(t *testing.T, ks []string, failedErr error) (failed in
 		}
 		var last consumer.ClaimInfo
 		for _, c := range h.claims[k] {
-			if c.State == consumer.ClaimNew {
+			if c.State == dedup.StateNew {
 				last = c
 			}
 		}
-		if last.State != consumer.ClaimNew || last.Start.IsZero() || last.End.Before(last.Start) {
+		if last.State != dedup.StateNew || last.Start.IsZero() || last.End.Before(last.Start) {
 			t.Errorf("key %s: claim of the handled delivery %+v, want new and timed", k, last)
 		} else if okCommit.Start.Before(last.End) {
 			t.Errorf("key %s: reported claim ended at %v, after its commit began at %v", k, last.End, okCommit.Start)
@@ -185,7 +185,7 @@ func TestTxHooksReportClaimsAndCommits(t *testing.T) {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	dup := rec.claims["a"][len(rec.claims["a"])-1]
-	if dup.State != consumer.ClaimDuplicate || dup.Start.IsZero() {
+	if dup.State != dedup.StateDone || dup.Start.IsZero() {
 		t.Errorf("claim of the duplicate of a: %+v, want a timed duplicate", dup)
 	}
 	for _, k := range ks {
@@ -331,7 +331,7 @@ func TestTxBatchHooksMatchPerMessagePath(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	dup := rec.claims["a"][len(rec.claims["a"])-1]
-	if dup.State != consumer.ClaimDuplicate || dup.Reason != consumer.DuplicateProducer || dup.Start.IsZero() {
+	if dup.State != dedup.StateDone || dup.Reason != consumer.DuplicateProducer || dup.Start.IsZero() {
 		t.Errorf("claim of the duplicate of a: %+v, want a timed producer duplicate", dup)
 	}
 	for _, k := range ks {

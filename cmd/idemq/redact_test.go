@@ -130,7 +130,7 @@ func TestNoSecretInConstructorErrors(t *testing.T) {
 		}
 	}
 	for _, u := range []string{badPort("amqp"), closed("amqp"), badPort("amqps")} {
-		src, err := amqpsource.New(ctx, amqpsource.Config{URL: u, Queue: "q", DialTimeout: 2 * time.Second})
+		src, err := amqpsource.New(ctx, amqpsource.Config{URL: u, Queue: "q", ConnectTimeout: 2 * time.Second})
 		if err == nil {
 			_ = src.Close()
 			t.Errorf("amqpsource.New(%s) succeeded", redact.String(u))

@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/semconv/v1.41.0/messagingconv"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
 )
 
 // ScopeName is the instrumentation scope of the tracer and the meter. The
@@ -112,10 +113,6 @@ const (
 	SystemRabbitMQ = "rabbitmq"
 )
 
-// HeaderAWSTrace is the SQS system attribute carrying an AWS X-Ray trace
-// header; sources/sqssource surfaces it in Message.Headers.
-const HeaderAWSTrace = "AWSTraceHeader"
-
 // Config configures a Hook. The zero value uses the global providers.
 type Config struct {
 	// TracerProvider makes the spans. Defaults to otel.GetTracerProvider().
@@ -185,7 +182,7 @@ type Hook struct {
 	baseRec []metric.RecordOption
 	// Span options built once.
 	kindOpt   trace.SpanStartOption
-	claimOpts [consumer.ClaimDuplicate + 1]trace.SpanStartOption
+	claimOpts [dedup.StateDone + 1]trace.SpanStartOption
 
 	consumed, duplicates, deadLetters, retries, ackFailures metric.Int64Counter
 	leaseRefreshFail, leaseLost                             metric.Int64Counter
@@ -400,9 +397,8 @@ func New(cfg Config) (*Hook, error) {
 	baseOpt := metric.WithAttributeSet(attribute.NewSet(base...))
 	h.baseAdd, h.baseRec = []metric.AddOption{baseOpt}, []metric.RecordOption{baseOpt}
 	h.kindOpt = trace.WithSpanKind(trace.SpanKindConsumer)
-	for _, st := range []consumer.ClaimState{consumer.ClaimNew, consumer.ClaimDuplicate} {
-		h.claimOpts[st] = trace.WithAttributes(AttrClaim.String(st.String()))
-	}
+	h.claimOpts[dedup.StateNew] = trace.WithAttributes(AttrClaim.String("new"))
+	h.claimOpts[dedup.StateDone] = trace.WithAttributes(AttrClaim.String("duplicate"))
 
 	m := meter(cfg.MeterProvider)
 	var errs []error
@@ -465,8 +461,11 @@ func meter(mp metric.MeterProvider) metric.Meter {
 
 // Metric names.
 const (
-	MetricConsumed             = "messaging.client.consumed.messages"
-	MetricProcessDuration      = "messaging.process.duration"
+	MetricConsumed        = "messaging.client.consumed.messages"
+	MetricProcessDuration = "messaging.process.duration"
+	// MetricOperationDuration times the client operations: the runner's
+	// acknowledgements and an outbox relay's sends (RelayHook).
+	MetricOperationDuration    = "messaging.client.operation.duration"
 	MetricDuplicates           = "idemq.duplicates"
 	MetricDeadLetters          = "idemq.dead_letters"
 	MetricRetries              = "idemq.retries"
@@ -598,7 +597,7 @@ func (h *Hook) OnClaimed(ctx context.Context, m *consumer.Message, c consumer.Cl
 		_, span := h.tracer.Start(ctx, "claim", trace.WithTimestamp(c.Start), h.claimOpts[c.State])
 		span.End(trace.WithTimestamp(c.End))
 	}
-	if c.State != consumer.ClaimDuplicate {
+	if c.State != dedup.StateDone {
 		return
 	}
 	s := stateOf(ctx)

@@ -12,6 +12,10 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
+// HeaderAWSTrace is the SQS system attribute carrying an AWS X-Ray trace
+// header; sources/sqssource surfaces it in Message.Headers.
+const HeaderAWSTrace = "AWSTraceHeader"
+
 // defaultPropagator is used while the global propagator is the no-op one.
 var defaultPropagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 

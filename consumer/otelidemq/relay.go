@@ -19,7 +19,6 @@ import (
 // Metric names of an outbox relay (RelayHook).
 const (
 	MetricSent                = "messaging.client.sent.messages"
-	MetricOperationDuration   = "messaging.client.operation.duration"
 	MetricOutboxPending       = "idemq.outbox.pending"
 	MetricOutboxParked        = "idemq.outbox.parked"
 	MetricOutboxOldestPending = "idemq.outbox.oldest_pending.age"

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/otelidemq"
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/cfgerr"
 )
 
@@ -212,7 +213,7 @@ func NewResender(db PgxQuerier, cfg ResendConfig) (*Resender, error) {
 // OnClaimed re-sends the stored reply of m when m is a duplicate request
 // asking for a reply; see Resender.
 func (r *Resender) OnClaimed(ctx context.Context, m *consumer.Message, c consumer.ClaimInfo) {
-	if c.State != consumer.ClaimDuplicate || m.ReplyTo == "" {
+	if c.State != dedup.StateDone || m.ReplyTo == "" {
 		return
 	}
 	result, replayed, ok := m.Outcome()

@@ -53,13 +53,13 @@ type Config struct {
 	// AMQP is passed to amqp091.DialConfig for every connection (TLS, SASL,
 	// vhost, heartbeat, client properties). Its Recovery field must be nil:
 	// the Source reconnects by itself (see the package documentation). Its
-	// Dial defaults to a TCP dialer bounded by DialTimeout that Close
+	// Dial defaults to a TCP dialer bounded by ConnectTimeout that Close
 	// interrupts; its Heartbeat defaults to 10 s.
 	AMQP amqp.Config
 
-	// DialTimeout bounds establishing one connection (TCP and AMQP
+	// ConnectTimeout bounds establishing one connection (TCP and AMQP
 	// handshake). Defaults to 10 s.
-	DialTimeout time.Duration
+	ConnectTimeout time.Duration
 
 	// Prefetch is the channel's QoS prefetch count: how many deliveries the
 	// broker hands this source before they are acknowledged. Size it from
@@ -255,7 +255,7 @@ type Topology struct {
 
 // Default values used by Config.WithDefaults.
 const (
-	DefaultDialTimeout       = 10 * time.Second
+	DefaultConnectTimeout    = 10 * time.Second
 	DefaultHeartbeat         = 10 * time.Second
 	DefaultUnroutableDelay   = time.Minute
 	DefaultPublishTimeout    = 30 * time.Second
@@ -286,8 +286,8 @@ func PrefetchFor(rc consumer.Config) int {
 // WithDefaults returns a copy of c with every zero field set to its default.
 // It does not modify c.AMQP's maps.
 func (c Config) WithDefaults() Config {
-	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = DefaultConnectTimeout
 	}
 	if c.AMQP.Heartbeat == 0 {
 		c.AMQP.Heartbeat = DefaultHeartbeat
@@ -386,8 +386,8 @@ func (c Config) validate() error {
 	if c.AckHold > MaxAckHold {
 		l.Add("AckHold", "longer than MaxAckHold (1 min): held deliveries keep their prefetch slots and near the broker's consumer_timeout")
 	}
-	if c.DialTimeout < 0 {
-		l.Add("DialTimeout", "must not be negative")
+	if c.ConnectTimeout < 0 {
+		l.Add("ConnectTimeout", "must not be negative")
 	}
 	if c.UnroutableDelay < 0 {
 		l.Add("UnroutableDelay", "must not be negative")

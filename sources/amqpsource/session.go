@@ -138,7 +138,7 @@ func (s *Source) dial(ctx context.Context) (*session, error) {
 }
 
 // connect dials the broker. Unless Config.AMQP.Dial is set, the TCP dial and
-// the handshake are bounded by DialTimeout and abandoned when ctx is done.
+// the handshake are bounded by ConnectTimeout and abandoned when ctx is done.
 func (s *Source) connect(ctx context.Context) (*amqp.Connection, error) {
 	ac := s.cfg.AMQP
 	if ac.Dial != nil {
@@ -146,7 +146,7 @@ func (s *Source) connect(ctx context.Context) (*amqp.Connection, error) {
 	}
 	var stops []func() bool
 	ac.Dial = func(network, addr string) (net.Conn, error) {
-		d := net.Dialer{Timeout: s.cfg.DialTimeout}
+		d := net.Dialer{Timeout: s.cfg.ConnectTimeout}
 		c, err := d.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, err
@@ -154,7 +154,7 @@ func (s *Source) connect(ctx context.Context) (*amqp.Connection, error) {
 		// Heartbeats start after the handshake; until then a deadline keeps
 		// a dead server from stalling the dial. The client clears it once
 		// the connection is open.
-		if err := c.SetDeadline(time.Now().Add(s.cfg.DialTimeout)); err != nil {
+		if err := c.SetDeadline(time.Now().Add(s.cfg.ConnectTimeout)); err != nil {
 			_ = c.Close()
 			return nil, err
 		}

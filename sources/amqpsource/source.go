@@ -443,7 +443,7 @@ func (s *Source) handBackLater(ctx context.Context, h *handle, hold time.Duratio
 // unacknowledged deliveries). Close is safe to call more than once and
 // concurrently with the other methods, which then fail with
 // consumer.ErrClosed. It waits for a connection attempt in progress, at most
-// Config.DialTimeout.
+// Config.ConnectTimeout.
 func (s *Source) Close() error {
 	s.once.Do(func() {
 		close(s.closing)

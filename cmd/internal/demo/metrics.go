@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
 )
 
 // Metrics is what the runner's hooks saw during a demo run, added up over
@@ -113,7 +114,7 @@ var (
 )
 
 func (h *metricsHook) OnClaimed(_ context.Context, _ *consumer.Message, c consumer.ClaimInfo) {
-	if c.State != consumer.ClaimDuplicate {
+	if c.State != dedup.StateDone {
 		return
 	}
 	h.mu.Lock()

@@ -18,6 +18,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/internal/testenv/brokerenv"
@@ -127,7 +128,7 @@ func TestHelperBatchWorkerChild(t *testing.T) {
 type dupRecorder struct{ pool *pgxpool.Pool }
 
 func (d dupRecorder) OnClaimed(ctx context.Context, m *consumer.Message, c consumer.ClaimInfo) {
-	if c.State == consumer.ClaimDuplicate {
+	if c.State == dedup.StateDone {
 		_, _ = d.pool.Exec(context.WithoutCancel(ctx), `INSERT INTO dups (msg_key, reason) VALUES ($1, $2)`, m.Key, c.Reason.String())
 	}
 }
