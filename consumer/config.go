@@ -45,8 +45,9 @@ type Config struct {
 	// The trade-off: a batch holds the row locks of all its handlers until
 	// it commits. Handlers of different lanes that write the same rows in
 	// different orders wait on each other and deadlock; a deadlock is
-	// retried without counting an attempt, but under such contention a
-	// batch runs slower than one message per transaction. Give such
+	// retried without counting an attempt (the deadlocked batch reruns one
+	// message per transaction), but under such contention a batch runs
+	// slower than one message per transaction. Give such
 	// messages a PartitionKey (the rows they write, so that one lane
 	// serializes them; the sources fill it from the Kafka key, an AMQP
 	// header or the SQS FIFO group), or set BatchSize to 1. A failing
