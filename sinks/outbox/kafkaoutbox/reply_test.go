@@ -64,7 +64,11 @@ func TestReplyKafka(t *testing.T) {
 	}
 	brokers := testenv.KafkaBrokers(t)
 	requests, replies := newTopic(t, brokers), newTopic(t, brokers)
-	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	// A transport of its own: the shared default one caches metadata and
+	// may not know the topic created just now (UnknownTopicOrPartition).
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
 	defer w.Close()
 	relaytest.RunReply(t, relaytest.ReplyBroker{
 		Requests: requests,
