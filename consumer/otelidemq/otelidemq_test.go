@@ -627,7 +627,10 @@ func batchRunner(t *testing.T, tel *telemetry, name, topic, bad string) (b *mems
 		return nil
 	}))
 	r, err = consumer.NewRunner(b.Source(topic), path, consumer.Config{
-		Name: name, Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{tel.hook},
+		// A short BatchWait gathers the messages published before Run into
+		// one batch (without it the lane may start with the first alone),
+		// well inside the broker's 100 ms visibility timeout.
+		Name: name, Concurrency: 1, BatchSize: 10, BatchWait: 20 * time.Millisecond, Hooks: []consumer.Hook{tel.hook},
 		Retry: consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Jitter: -1},
 	})
 	if err != nil {

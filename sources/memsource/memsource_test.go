@@ -24,6 +24,7 @@ func TestConformance(t *testing.T) {
 			RedeliveryTimeout:     time.Second,
 			DeadLetterReadable:    true,
 			Restart:               true,
+			PartialAck:            true,
 		},
 		NewTopic: func(t *testing.T) string {
 			return fmt.Sprintf("topic-%d", topics.Add(1))

@@ -85,6 +85,8 @@ func (l *ledger) ackBeforeCommit() []string {
 type ledgerSource struct {
 	consumer.Source
 	led *ledger
+	// partialAck: see Features.PartialAck.
+	partialAck bool
 }
 
 func (s *ledgerSource) Ack(ctx context.Context, msgs []*consumer.Message) error {
@@ -96,6 +98,14 @@ func (s *ledgerSource) Ack(ctx context.Context, msgs []*consumer.Message) error 
 	err := s.Source.Ack(ctx, msgs)
 	if err == nil {
 		s.led.ackSucceeded(keys)
+	} else if s.partialAck && len(msgs) > 1 {
+		// Some of the call may be acknowledged: ack each again alone (an
+		// acknowledged one is skipped without an error).
+		for i, m := range msgs {
+			if s.Source.Ack(ctx, []*consumer.Message{m}) == nil {
+				s.led.ackSucceeded(keys[i : i+1])
+			}
+		}
 	}
 	return err
 }
@@ -111,6 +121,8 @@ type rig struct {
 	// failFirst makes the first attempt of every failFirst-th key fail, so
 	// that retries run through Source.Retry (0: never).
 	failFirst int
+	// partialAck: see Features.PartialAck.
+	partialAck bool
 	// work is how long each handler takes.
 	work time.Duration
 
@@ -188,7 +200,7 @@ func (r *rig) start(src consumer.Source, cfg consumer.Config) *consumer.Runner {
 	cfg.DrainTimeout = 10 * time.Second
 	cfg.Retry = consumer.RetryPolicy{MaxAttempts: 20, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond}
 	cfg.Logger = slog.New(slog.NewTextHandler(testWriter{r.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	runner, err := consumer.NewRunner(&ledgerSource{Source: src, led: r.led}, consumer.Transactional(r.store, r.handle), cfg)
+	runner, err := consumer.NewRunner(&ledgerSource{Source: src, led: r.led, partialAck: r.partialAck}, consumer.Transactional(r.store, r.handle), cfg)
 	if err != nil {
 		r.t.Fatalf("sourcetest: NewRunner: %v", err)
 	}
@@ -334,6 +346,7 @@ func (s *suite) runnerExactlyOnce(t *testing.T, n int) {
 	s.h.Publish(t, topic, withProducerDuplicates(out, 7)...)
 
 	r := newRig(t)
+	r.partialAck = s.h.Features.PartialAck
 	r.failFirst = 5
 	// The first commit fails; the second is applied but reported as failed.
 	r.store.Inject(memdedup.Fault{Op: memdedup.OpCommit})
@@ -354,6 +367,7 @@ func (s *suite) testCompetingConsumers(t *testing.T) {
 	topic := s.h.NewTopic(t)
 	out := outgoing("compete", n)
 	r := newRig(t)
+	r.partialAck = s.h.Features.PartialAck
 	r.failFirst = 9
 	r.work = time.Millisecond
 	a := r.start(s.open(t, topic), consumer.Config{Concurrency: 2, BatchSize: 3})
@@ -375,6 +389,7 @@ func (s *suite) testRestart(t *testing.T) {
 	out := outgoing("restart", n)
 	before, after := out[:n/2], out[n/2:]
 	r := newRig(t)
+	r.partialAck = s.h.Features.PartialAck
 	r.work = 10 * time.Millisecond
 	s.h.Publish(t, topic, before...)
 	r.start(s.open(t, topic), consumer.Config{Concurrency: 2, BatchSize: 2})

@@ -47,6 +47,13 @@ type Features struct {
 	// fails. Zero means 30 s; an in-memory broker can set a few seconds, so
 	// that a source losing a message fails in seconds.
 	DeliveryTimeout time.Duration
+	// PartialAck reports that the source's Ack acknowledges the messages
+	// of a call that it can and returns an error naming the others (as
+	// memsource does with an expired delivery): the suite then acks each
+	// message of a failed call again on its own to learn which were
+	// acknowledged. Leave it false for brokers where acknowledging twice
+	// is an error of the connection (AMQP).
+	PartialAck bool
 	// DeadLetterReadable reports that Harness.DeadLetters reads the
 	// dead-letter destination.
 	DeadLetterReadable bool
