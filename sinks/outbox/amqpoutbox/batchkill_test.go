@@ -141,7 +141,7 @@ func batchKillSize() (n, workerKills, relayKills int) {
 	return 300, 6, 5
 }
 
-// TestBatchHandlerPublishesUnderKills is issue 26's proof that a
+// TestBatchHandlerPublishesUnderKills proves that a
 // TransactionalBatch handler can publish through the outbox: a producer
 // sends n messages (one in ten twice) to a RabbitMQ queue; a worker process
 // (TestHelperBatchWorkerChild) handles them in batches of 20, inserting one
