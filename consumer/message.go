@@ -66,9 +66,10 @@ type Message struct {
 	// (receipt handles, delivery tags, offsets). Nothing else may touch it.
 	Handle any
 
-	// keys is the scope and key the runner recorded, set before a batch
-	// handler gets the message (see KeyContext).
-	keys *msgKeys
+	// keys is the scope and key the runner recorded, set once the runner
+	// computed the key (see KeyContext); its key is empty before. A value,
+	// not a pointer: setting it costs no allocation per message.
+	keys msgKeys
 	// res is the message's result and outcome (see Outcome, outcome.go).
 	res resultSlot
 }
@@ -91,7 +92,7 @@ type msgKeys struct{ scope, key string }
 // use it. It returns ctx unchanged for a message whose key is not known yet
 // (before its batch is prepared, or when its key could not be read).
 func (m *Message) KeyContext(ctx context.Context) context.Context {
-	if m.keys == nil {
+	if m.keys.key == "" {
 		return ctx
 	}
 	return withKeys(ctx, m.keys.scope, m.keys.key)

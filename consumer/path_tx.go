@@ -653,8 +653,7 @@ func (p *txPath[Tx]) retention() (time.Duration, bool) {
 func (p *txPath[Tx]) handleBatch(ctx context.Context, env *pathEnv, tx Tx, fresh []*job, ti *TxInfo) (res tryResult, failed bool) {
 	msgs := make([]*Message, len(fresh))
 	for i, j := range fresh {
-		j.msg.keys = &msgKeys{scope: env.scope, key: j.key}
-		msgs[i] = j.msg
+		msgs[i] = j.msg // its keys are set (prepareBatch), for Message.KeyContext
 	}
 	err := env.callBatch(ctx, fresh, ti, func(ctx context.Context) error { return p.bh(ctx, tx, msgs) })
 	if p.ended(tx) {

@@ -354,7 +354,7 @@ func (r *Runner) prepareBatch(ctx context.Context, batch []*job) *prepared {
 			j.set(outDeadLetter, err)
 			continue
 		}
-		j.msg.keys = &msgKeys{scope: r.cfg.Name, key: j.key} // reply: Message.KeyContext for hooks (outbox.Resender)
+		j.msg.keys = msgKeys{scope: r.cfg.Name, key: j.key} // for Message.KeyContext (batch handlers, hooks)
 		if b.leaders[j.key] != nil {
 			// The same key twice in one batch: settle it after its leader.
 			j.follower = true
