@@ -9,18 +9,23 @@ SERVICES := bash testdata/services/services.sh
 WITH_ENV := set -a; eval "$$($(SERVICES) env)"; set +a;
 TEST_FLAGS ?= -p 1 -count=1 -timeout 30m
 # make test runs the packages whose tests restart a shared service after the
-# rest, which run two at a time: first amqpsource and kafkasource side by side
-# (each restarts only its own broker, which the other does not use), then the
-# packages that restart Redis, one at a time. The core packages (RACE_CORE,
-# what make test-race-core covers) run under the race detector, once: make
-# test runs no second, plain pass of them.
+# rest, which run two at a time. Then two jobs run side by side: the packages
+# that restart a broker (amqpsource and kafkasource, each restarting only its
+# own broker, which the other does not use) with sqssource (which restarts
+# only an ElasticMQ of its own), three at a time; and the packages that
+# restart Redis, one at a time, with internal/testenv's Redis restart test
+# (its other tests run with the rest, since they use the brokers). The core
+# packages (RACE_CORE, what make test-race-core covers) run under the race
+# detector, once: make test runs no second, plain pass of them.
 RESTART_BROKERS := ./sources/amqpsource ./sources/kafkasource
-RESTART_REDIS   := ./dedup/redisdedup ./internal/leasepath ./internal/testenv
+BESIDE_BROKERS  := ./sources/sqssource
+RESTART_REDIS   := ./dedup/redisdedup ./internal/leasepath
+REDIS_RESTART_TESTS := ^TestRestartRedisSmoke$$
 RACE_CORE       := ./consumer/... ./dedup/... ./internal/leasepath ./dedup/memdedup ./sources/memsource
 # The longest packages start first, so that two at a time do not end with
 # one of them running alone.
-SLOW_FIRST      := ./sources/sqssource ./dedup/sqldedup ./consumer ./cmd/internal/demo ./sources/dlq \
-	./sinks/outbox/amqpoutbox ./consumer/otelidemq ./cmd/idemq ./sinks/outbox/internal/chain
+SLOW_FIRST      := ./dedup/sqldedup ./consumer ./cmd/internal/demo ./sources/dlq \
+	./sinks/outbox/kafkaoutbox ./consumer/otelidemq ./sinks/outbox/internal/chain ./cmd/idemq ./sinks/outbox/amqpoutbox
 TEST_RUN        ?= -count=1 -timeout 30m
 # Filters of go list's output (import paths, order kept): only the packages
 # the patterns match, or all but those.
@@ -41,10 +46,13 @@ demo: ## Run the checkout worker on embedded defaults (in-process Kafka, SQLite)
 .PHONY: test
 test: services ## Start the real services, then run every test (the core under the race detector, those that restart a service last).
 	$(WITH_ENV) $(GO) test -race -p 2 $(TEST_RUN) $$($(GO) list $(SLOW_FIRST) $(RACE_CORE) | $(call only,$(RACE_CORE)) | $(call except,$(RESTART_BROKERS) $(RESTART_REDIS)))
-	$(WITH_ENV) $(GO) test -p 2 $(TEST_RUN) $$($(GO) list $(SLOW_FIRST) ./... | $(call except,$(RACE_CORE) $(RESTART_BROKERS) $(RESTART_REDIS)))
-	$(WITH_ENV) $(GO) test -p 2 $(TEST_RUN) $(RESTART_BROKERS)
-	$(WITH_ENV) $(GO) test -race -p 1 $(TEST_RUN) $$($(GO) list $(RESTART_REDIS) | $(call only,$(RACE_CORE)))
-	$(WITH_ENV) $(GO) test -p 1 $(TEST_RUN) $$($(GO) list $(RESTART_REDIS) | $(call except,$(RACE_CORE)))
+	$(WITH_ENV) $(GO) test -p 2 $(TEST_RUN) -skip '$(REDIS_RESTART_TESTS)' $$($(GO) list $(SLOW_FIRST) ./... | $(call except,$(RACE_CORE) $(RESTART_BROKERS) $(BESIDE_BROKERS) $(RESTART_REDIS)))
+	$(WITH_ENV) redis_log=$$(mktemp); \
+	( $(GO) test -race -p 1 $(TEST_RUN) $(RESTART_REDIS) && \
+	  $(GO) test $(TEST_RUN) -run '$(REDIS_RESTART_TESTS)' ./internal/testenv ) >"$$redis_log" 2>&1 & redis=$$!; \
+	$(GO) test -p 3 -parallel 4 $(TEST_RUN) $(RESTART_BROKERS) $(BESIDE_BROKERS); brokers=$$?; \
+	wait $$redis; redis_rc=$$?; echo "Redis restarters:"; cat "$$redis_log"; rm -f "$$redis_log"; \
+	[ $$brokers -eq 0 ] && [ $$redis_rc -eq 0 ]
 
 .PHONY: test-race
 test-race: services ## Like test, with the race detector.

@@ -20,9 +20,11 @@ import (
 // 3, min.insync.replicas 2), the group coordinator moves if it lived there,
 // and the worker goes on. Every message is applied exactly once, none is
 // dead-lettered. The node restarts at the end. Runs against the services
-// script's kafka-cluster profile; not parallel.
+// script's kafka-cluster profile, which no other test of the package uses:
+// parallel with the tests on the single broker.
 func TestClusterNodeDiesMidRun(t *testing.T) {
 	skipShort(t)
+	t.Parallel() // its own cluster, topic, group and schema
 	brokers := testenv.KafkaClusterBrokers(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
