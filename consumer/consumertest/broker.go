@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/memqueue"
 )
 
 // DeadLetter is a message that a replay routed to the dead-letter
@@ -35,47 +36,36 @@ type DeadLetter struct {
 // passed: the message is (or will be) delivered again.
 var errExpired = errors.New("consumertest: delivery expired")
 
-// broker is the replay's in-memory broker: one queue, delivered to several
-// sources (one per runner) at least once, with the faults of the script. A
-// delivery that is not settled within vis is delivered again; the messages
-// of one partition key are delivered one at a time, in publish order, as a
-// real broker orders a partition. It keeps to what a replay needs; see
-// sources/memsource for a scriptable broker with every fault.
+// broker is the replay's in-memory broker: one queue (internal/memqueue),
+// delivered to several sources (one per runner) at least once, with the
+// faults of the script. A delivery that is not settled within vis is
+// delivered again; the messages of one partition key are delivered one at a
+// time, in publish order, as a real broker orders a partition. It keeps to
+// what a replay needs; see sources/memsource for a scriptable broker with
+// every fault.
 type broker struct {
 	vis time.Duration
 
 	mu         sync.Mutex
-	queue      []*scripted
+	queue      *memqueue.Queue[*scripted, *source]
 	dead       []DeadLetter
 	sources    []*source
 	deliveries uint64
 	nextID     uint64
-	nextDeliv  uint64
-	changed    chan struct{}
 }
 
-// scripted is one published message.
+// scripted is one published message's script.
 type scripted struct {
-	id          string
-	d           Delivery
-	deliveries  int
-	live        map[uint64]*delivery // outstanding deliveries by number
-	availableAt time.Time            // not deliverable before (Retry delay)
-	extra       []*source            // owed copies; nil: any source, else any source but this one
-	duplicate   bool                 // the first delivery owes a copy to any source
-	concurrent  bool                 // the first delivery owes a copy to another source
-	dropAck     bool                 // the first Ack is lost
-	done        bool                 // acknowledged or dead-lettered
+	d          Delivery
+	duplicate  bool // the first delivery owes a copy to any source
+	concurrent bool // the first delivery owes a copy to another source
+	dropAck    bool // the first Ack is lost
 }
 
-// delivery is one delivery of a message to a source: the Message's Handle.
-type delivery struct {
-	n        uint64
-	m        *scripted
-	src      *source
-	attempt  int
-	deadline time.Time
-}
+type (
+	message  = memqueue.Message[*scripted, *source]
+	delivery = memqueue.Delivery[*scripted, *source]
+)
 
 // source is one runner's consumer.Source over the broker.
 type source struct {
@@ -85,13 +75,7 @@ type source struct {
 }
 
 func newBroker(vis time.Duration) *broker {
-	return &broker{vis: vis, changed: make(chan struct{})}
-}
-
-// wake tells waiting receivers that something changed. b.mu is held.
-func (b *broker) wake() {
-	close(b.changed)
-	b.changed = make(chan struct{})
+	return &broker{vis: vis, queue: memqueue.New[*scripted, *source]()}
 }
 
 // publish queues d with its fault.
@@ -99,19 +83,19 @@ func (b *broker) publish(d Delivery) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.nextID++
-	m := &scripted{id: fmt.Sprintf("replay-%d", b.nextID), d: d, live: map[uint64]*delivery{}}
-	m.d.Headers = maps.Clone(d.Headers)
-	m.d.Body = append([]byte(nil), d.Body...)
+	sc := &scripted{d: d}
+	sc.d.Headers = maps.Clone(d.Headers)
+	sc.d.Body = append([]byte(nil), d.Body...)
 	switch d.Fault {
 	case Redelivered:
-		m.duplicate = true
+		sc.duplicate = true
 	case ConcurrentDuplicate:
-		m.concurrent = true
+		sc.concurrent = true
 	case CrashAfterCommit:
-		m.dropAck = true
+		sc.dropAck = true
 	}
-	b.queue = append(b.queue, m)
-	b.wake()
+	b.queue.Publish(fmt.Sprintf("replay-%d", b.nextID), d.PartitionKey, sc)
+	b.queue.Wake()
 }
 
 // source returns a new Source for one runner.
@@ -128,16 +112,7 @@ func (b *broker) source() *source {
 func (b *broker) pending() (ready, inFlight int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for _, m := range b.queue {
-		switch {
-		case m.done:
-		case len(m.live) > 0:
-			inFlight++
-		default:
-			ready++
-		}
-	}
-	return ready, inFlight
+	return b.queue.Counts()
 }
 
 // deliveryCount returns the number of deliveries made, redeliveries included.
@@ -179,26 +154,12 @@ func (s *source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 		}
 		now := time.Now()
 		msgs, wake := s.take(now, max)
-		changed := b.changed
+		changed := b.queue.Changed()
 		b.mu.Unlock()
 		if len(msgs) > 0 {
 			return msgs, nil
 		}
-		var timer *time.Timer
-		var fired <-chan time.Time
-		if !wake.IsZero() {
-			timer = time.NewTimer(wake.Sub(now))
-			fired = timer.C
-		}
-		select {
-		case <-ctx.Done():
-		case <-s.done:
-		case <-changed:
-		case <-fired:
-		}
-		if timer != nil {
-			timer.Stop()
-		}
+		memqueue.Wait(ctx, s.done, changed, wake.Sub(now), !wake.IsZero())
 	}
 }
 
@@ -207,94 +168,31 @@ func (s *source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 // (zero if none). b.mu is held.
 func (s *source) take(now time.Time, max int) ([]*consumer.Message, time.Time) {
 	b := s.b
-	var (
-		out     []*consumer.Message
-		wake    time.Time
-		blocked = map[string]bool{} // partition keys whose next message must wait
-	)
-	later := func(at time.Time) {
-		if wake.IsZero() || at.Before(wake) {
-			wake = at
-		}
-	}
-	block := func(pk string) {
-		if pk != "" {
-			blocked[pk] = true
-		}
-	}
-	deliver := func(m *scripted) {
-		m.deliveries++
-		b.nextDeliv++
-		b.deliveries++
-		d := &delivery{n: b.nextDeliv, m: m, src: s, attempt: m.deliveries, deadline: now.Add(b.vis)}
-		m.live[d.n] = d
-		later(d.deadline)
-		out = append(out, &consumer.Message{
-			ID:           m.id,
-			Key:          m.d.Key,
-			Body:         append([]byte(nil), m.d.Body...),
-			Headers:      maps.Clone(m.d.Headers),
-			PartitionKey: m.d.PartitionKey,
-			Topic:        topic,
-			Attempt:      d.attempt,
-			Redelivered:  d.attempt > 1,
-			ReceivedAt:   now,
-			Handle:       d,
-		})
-	}
-	owed := func(m *scripted) {
-		for i := 0; i < len(m.extra) && len(out) < max; {
-			if m.extra[i] == s {
-				i++
-				continue
-			}
-			m.extra = append(m.extra[:i], m.extra[i+1:]...)
-			deliver(m)
-		}
-	}
-	for _, m := range b.queue {
-		if len(out) >= max {
-			break
-		}
-		if m.done {
-			continue
-		}
-		pk := m.d.PartitionKey
-		for n, d := range m.live {
-			if now.Before(d.deadline) {
-				later(d.deadline)
-				continue
-			}
-			delete(m.live, n)
-		}
-		if len(m.live) > 0 {
-			for _, d := range m.live {
-				if d.src != s {
-					block(pk)
-				}
-			}
-			owed(m)
-			continue
-		}
-		if blocked[pk] {
-			continue
-		}
-		if now.Before(m.availableAt) {
-			later(m.availableAt)
-			block(pk)
-			continue
-		}
-		deliver(m)
-		if m.duplicate {
-			m.duplicate = false
-			m.extra = append(m.extra, nil)
-		}
-		if m.concurrent {
-			m.concurrent = false
-			m.extra = append(m.extra, s)
-		}
-		owed(m)
-	}
+	var out []*consumer.Message
+	wake := b.queue.Take(s, now, max, b.vis, memqueue.Hooks[*scripted, *source]{
+		Deliver: func(d *delivery) {
+			b.deliveries++
+			sc := d.Msg.Payload
+			out = append(out, &consumer.Message{
+				ID:           d.Msg.ID,
+				Key:          sc.d.Key,
+				Body:         append([]byte(nil), sc.d.Body...),
+				Headers:      maps.Clone(sc.d.Headers),
+				PartitionKey: sc.d.PartitionKey,
+				Topic:        topic,
+				Attempt:      d.Attempt,
+				Redelivered:  d.Attempt > 1,
+				ReceivedAt:   now,
+				Handle:       d,
+			})
+		},
+		Copies: func(m *message) (duplicate, concurrent bool) {
+			sc := m.Payload
+			duplicate, concurrent = sc.duplicate, sc.concurrent
+			sc.duplicate, sc.concurrent = false, false
+			return duplicate, concurrent
+		},
+	})
 	return out, wake
 }
 
@@ -303,30 +201,19 @@ func (s *source) take(now time.Time, max int) ([]*consumer.Message, time.Time) {
 // passed. b.mu is held.
 func (s *source) current(msg *consumer.Message, now time.Time) (*delivery, error) {
 	d, ok := msg.Handle.(*delivery)
-	if !ok || d == nil || d.src != s {
+	if !ok || d == nil || d.Src != s {
 		return nil, fmt.Errorf("consumertest: message %q was not received by this source", msg.ID)
 	}
-	switch {
-	case s.closed:
+	if s.closed {
 		return nil, consumer.ErrClosed
-	case d.m.done:
+	}
+	switch s.b.queue.Check(d, now) {
+	case memqueue.Settled:
 		return nil, nil
-	case d.m.live[d.n] != d:
-		return nil, fmt.Errorf("message %q attempt %d: %w", d.m.id, d.attempt, errExpired)
-	case !now.Before(d.deadline):
-		delete(d.m.live, d.n)
-		s.b.wake()
-		return nil, fmt.Errorf("message %q attempt %d: %w", d.m.id, d.attempt, errExpired)
+	case memqueue.Expired, memqueue.TimedOut:
+		return nil, fmt.Errorf("message %q attempt %d: %w", d.Msg.ID, d.Attempt, errExpired)
 	}
 	return d, nil
-}
-
-// settle marks m acknowledged or dead-lettered. b.mu is held.
-func (b *broker) settle(m *scripted) {
-	m.done = true
-	clear(m.live)
-	m.extra = nil
-	b.wake()
 }
 
 // Ack acknowledges msgs; a CrashAfterCommit message's first Ack is lost.
@@ -345,11 +232,11 @@ func (s *source) Ack(_ context.Context, msgs []*consumer.Message) error {
 		if d == nil {
 			continue
 		}
-		if d.m.dropAck {
-			d.m.dropAck = false
+		if sc := d.Msg.Payload; sc.dropAck {
+			sc.dropAck = false
 			continue
 		}
-		b.settle(d.m)
+		b.queue.Settle(d.Msg)
 	}
 	return errors.Join(errs...)
 }
@@ -365,9 +252,7 @@ func (s *source) Retry(_ context.Context, msg *consumer.Message, delay time.Dura
 	if err != nil || d == nil {
 		return err
 	}
-	delete(d.m.live, d.n)
-	d.m.availableAt = now.Add(max(delay, 0))
-	b.wake()
+	b.queue.Retry(d, now, delay)
 	return nil
 }
 
@@ -385,12 +270,12 @@ func (s *source) DeadLetter(_ context.Context, msg *consumer.Message, reason err
 	if reason == nil {
 		reason = errors.New("consumertest: dead-lettered without a reason")
 	}
-	m := d.m
+	sc := d.Msg.Payload
 	b.dead = append(b.dead, DeadLetter{
-		ID: m.id, Key: m.d.Key, Body: m.d.Body, Headers: maps.Clone(m.d.Headers), PartitionKey: m.d.PartitionKey,
-		Reason: reason.Error(), Err: reason, Attempts: d.attempt, At: now,
+		ID: d.Msg.ID, Key: sc.d.Key, Body: sc.d.Body, Headers: maps.Clone(sc.d.Headers), PartitionKey: sc.d.PartitionKey,
+		Reason: reason.Error(), Err: reason, Attempts: d.Attempt, At: now,
 	})
-	b.settle(m)
+	b.queue.Settle(d.Msg)
 	return nil
 }
 
@@ -405,13 +290,6 @@ func (s *source) Close() error {
 	}
 	s.closed = true
 	close(s.done)
-	for _, m := range b.queue {
-		for n, d := range m.live {
-			if d.src == s {
-				delete(m.live, n)
-			}
-		}
-	}
-	b.wake()
+	b.queue.Release(s, false, nil)
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/internal/faults"
+	"github.com/idemq/idemq/internal/memqueue"
 )
 
 // Errors returned by the broker and its sources. Match them with errors.Is.
@@ -150,7 +151,6 @@ type Broker struct {
 	rng         *rand.Rand
 	faults      faults.Script[Fault]
 	nextID      uint64
-	nextDeliv   uint64
 	nextSource  uint64
 	seq         uint64
 	unavailable bool
@@ -175,55 +175,30 @@ func New(cfg Config) *Broker {
 	}
 }
 
-// topic is one queue: its unsettled messages in publish order and its dead
-// letters.
+// topic is one queue (internal/memqueue) and its dead letters.
 type topic struct {
-	name    string
-	queue   []*stored // publish order; settled entries are compacted away
-	settled int       // settled entries still in queue
-	dead    []DeadLetter
-	stats   TopicStats
-	// changed is closed and replaced whenever a message may have become
-	// deliverable, to wake blocked receivers.
-	changed chan struct{}
+	name  string
+	queue *memqueue.Queue[Outgoing, *Source]
+	dead  []DeadLetter
+	stats TopicStats
 }
 
-// stored is one published message.
-type stored struct {
-	id  string
-	out Outgoing
-
-	deliveries  int                  // deliveries so far; the next Attempt is deliveries+1
-	live        map[uint64]*delivery // outstanding deliveries by number
-	availableAt time.Time            // not deliverable before (Retry delay)
-	extra       []*Source            // owed duplicate copies; nil entry: any source, else: any source but this one
-	done        bool                 // acknowledged or dead-lettered
-}
-
-// delivery is one handing-out of a message to a Source; it is the
-// consumer.Message.Handle of memsource messages.
-type delivery struct {
-	n        uint64
-	msg      *stored
-	src      *Source
-	attempt  int
-	deadline time.Time
-}
+type (
+	// stored is one published message; its Payload is what was published.
+	stored = memqueue.Message[Outgoing, *Source]
+	// delivery is one handing-out of a message to a Source; it is the
+	// consumer.Message.Handle of memsource messages.
+	delivery = memqueue.Delivery[Outgoing, *Source]
+)
 
 // topicLocked returns the topic named name, creating it. b.mu is held.
 func (b *Broker) topicLocked(name string) *topic {
 	t := b.topics[name]
 	if t == nil {
-		t = &topic{name: name, changed: make(chan struct{})}
+		t = &topic{name: name, queue: memqueue.New[Outgoing, *Source]()}
 		b.topics[name] = t
 	}
 	return t
-}
-
-// wake wakes the receivers blocked on t. b.mu is held.
-func (t *topic) wake() {
-	close(t.changed)
-	t.changed = make(chan struct{})
 }
 
 // Publish appends msgs to topic, in order, and returns their IDs. Topics are
@@ -238,14 +213,13 @@ func (b *Broker) Publish(topicName string, msgs ...Outgoing) []string {
 		b.nextID++
 		o.Headers = maps.Clone(o.Headers)
 		o.Body = append([]byte(nil), o.Body...)
-		m := &stored{id: fmt.Sprintf("mem-%d", b.nextID), out: o, live: make(map[uint64]*delivery)}
-		t.queue = append(t.queue, m)
+		m := t.queue.Publish(fmt.Sprintf("mem-%d", b.nextID), o.PartitionKey, o)
 		t.stats.Published++
-		ids[i] = m.id
+		ids[i] = m.ID
 		events = append(events, b.event(EventPublish, t, nil, m, 0, nil))
 	}
 	if len(msgs) > 0 {
-		t.wake()
+		t.queue.Wake()
 	}
 	b.mu.Unlock()
 	b.emit(events...)
@@ -262,16 +236,7 @@ func (b *Broker) Stats(topicName string) TopicStats {
 		return TopicStats{}
 	}
 	st := t.stats
-	for _, m := range t.queue {
-		if m.done {
-			continue
-		}
-		if len(m.live) > 0 {
-			st.InFlight++
-		} else {
-			st.Ready++
-		}
-	}
+	st.Ready, st.InFlight = t.queue.Counts()
 	st.Pending = st.Ready + st.InFlight
 	return st
 }
@@ -303,14 +268,9 @@ func (b *Broker) Restart() {
 	b.mu.Lock()
 	var events []Event
 	for _, t := range b.topics {
-		for _, m := range t.queue {
-			if m.done || len(m.live) == 0 {
-				continue
-			}
-			clear(m.live)
-			events = append(events, b.event(EventReturn, t, nil, m, m.deliveries, nil))
-		}
-		t.wake()
+		t.queue.Release(nil, true, func(m *stored) {
+			events = append(events, b.event(EventReturn, t, nil, m, m.Deliveries, nil))
+		})
 	}
 	events = append(events, b.event(EventRestart, nil, nil, nil, 0, nil))
 	b.mu.Unlock()
@@ -325,7 +285,7 @@ func (b *Broker) SetUnavailable(down bool) {
 	b.mu.Lock()
 	b.unavailable = down
 	for _, t := range b.topics {
-		t.wake()
+		t.queue.Wake()
 	}
 	b.mu.Unlock()
 }
@@ -345,30 +305,4 @@ func (b *Broker) Close() error {
 		_ = s.Close()
 	}
 	return nil
-}
-
-// compact drops settled messages from t.queue once they are the majority.
-// b.mu is held.
-func (t *topic) compact() {
-	if t.settled < 64 || t.settled*2 < len(t.queue) {
-		return
-	}
-	q := t.queue[:0]
-	for _, m := range t.queue {
-		if !m.done {
-			q = append(q, m)
-		}
-	}
-	clear(t.queue[len(q):])
-	t.queue, t.settled = q, 0
-}
-
-// settle marks m acknowledged or dead-lettered. b.mu is held.
-func (t *topic) settle(m *stored) {
-	m.done = true
-	clear(m.live)
-	m.extra = nil
-	t.settled++
-	t.compact()
-	t.wake() // the next message of its partition key may be deliverable now
 }

@@ -101,7 +101,7 @@ func (b *Broker) event(kind EventKind, t *topic, s *Source, m *stored, attempt i
 		ev.Source = s.name
 	}
 	if m != nil {
-		ev.ID, ev.Key = m.id, m.out.Key
+		ev.ID, ev.Key = m.ID, m.Payload.Key
 	}
 	return ev
 }

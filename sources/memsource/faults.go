@@ -125,7 +125,7 @@ func (b *Broker) fire(ctx context.Context, kind FaultKind, t *topic, m *stored) 
 		if f.Kind != kind || (f.Topic != "" && f.Topic != t.name) {
 			return false
 		}
-		if m != nil && ((f.Key != "" && f.Key != m.out.Key) || (f.ID != "" && f.ID != m.id)) {
+		if m != nil && ((f.Key != "" && f.Key != m.Payload.Key) || (f.ID != "" && f.ID != m.ID)) {
 			return false
 		}
 		return f.Probability == 0 || f.Probability == 1 || b.rng.Float64() < f.Probability
@@ -141,5 +141,5 @@ func idOf(m *stored) string {
 	if m == nil {
 		return ""
 	}
-	return m.id
+	return m.ID
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/memqueue"
 )
 
 // SourceOption configures one Source.
@@ -113,28 +114,14 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 		}
 		now := time.Now()
 		msgs, events, wake := s.take(ctx, now, max)
-		changed := t.changed
+		changed := t.queue.Changed()
 		b.mu.Unlock()
 		b.emit(events...)
 		if len(msgs) > 0 {
 			return msgs, nil
 		}
 
-		var timer *time.Timer
-		var fired <-chan time.Time
-		if !wake.IsZero() {
-			timer = time.NewTimer(wake.Sub(now))
-			fired = timer.C
-		}
-		select {
-		case <-ctx.Done():
-		case <-s.done:
-		case <-changed:
-		case <-fired:
-		}
-		if timer != nil {
-			timer.Stop()
-		}
+		memqueue.Wait(ctx, s.done, changed, wake.Sub(now), !wake.IsZero())
 	}
 }
 
@@ -144,133 +131,63 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 func (s *Source) take(ctx context.Context, now time.Time, max int) ([]*consumer.Message, []Event, time.Time) {
 	b, t := s.b, s.t
 	var (
-		out     []*consumer.Message
-		events  []Event
-		wake    time.Time
-		blocked map[string]bool // partition keys whose next message must not go to s
+		out    []*consumer.Message
+		events []Event
 	)
-	later := func(at time.Time) {
-		if wake.IsZero() || at.Before(wake) {
-			wake = at
-		}
-	}
-	block := func(pk string) {
-		if pk == "" {
-			return
-		}
-		if blocked == nil {
-			blocked = make(map[string]bool)
-		}
-		blocked[pk] = true
-	}
-	deliver := func(m *stored) {
-		m.deliveries++
-		b.nextDeliv++
-		d := &delivery{n: b.nextDeliv, msg: m, src: s, attempt: m.deliveries, deadline: now.Add(s.vis)}
-		m.live[d.n] = d
-		later(d.deadline)
-		t.stats.Deliveries++
-		if m.deliveries > 1 {
-			t.stats.Redeliveries++
-		}
-		raw := Outgoing{Key: m.out.Key, Body: append([]byte(nil), m.out.Body...), Headers: maps.Clone(m.out.Headers), PartitionKey: m.out.PartitionKey}
-		out = append(out, &consumer.Message{
-			ID:            m.id,
-			Key:           raw.Key,
-			Body:          raw.Body,
-			Headers:       raw.Headers,
-			PartitionKey:  raw.PartitionKey,
-			Topic:         t.name,
-			Attempt:       d.attempt,
-			Redelivered:   d.attempt > 1,
-			ReplyTo:       raw.Headers[consumer.HeaderReplyTo],
-			CorrelationID: raw.Headers[consumer.HeaderCorrelationID],
-			ReceivedAt:    now,
-			Raw:           raw,
-			Handle:        d,
-		})
-		events = append(events, b.event(EventReceive, t, s, m, d.attempt, nil))
-	}
-	// owed delivers the duplicate copies of m that s may take now.
-	owed := func(m *stored) {
-		for i := 0; i < len(m.extra) && len(out) < max; {
-			if m.extra[i] == s {
-				i++
-				continue
+	wake := t.queue.Take(s, now, max, s.vis, memqueue.Hooks[Outgoing, *Source]{
+		Deliver: func(d *delivery) {
+			m := d.Msg
+			t.stats.Deliveries++
+			if d.Attempt > 1 {
+				t.stats.Redeliveries++
 			}
-			m.extra = append(m.extra[:i], m.extra[i+1:]...)
-			deliver(m)
-		}
-	}
-
-	for _, m := range t.queue {
-		if len(out) >= max {
-			break
-		}
-		if m.done {
-			continue
-		}
-		pk := m.out.PartitionKey
-		for n, d := range m.live {
-			if now.Before(d.deadline) {
-				later(d.deadline)
-				continue
-			}
-			delete(m.live, n)
+			raw := Outgoing{Key: m.Payload.Key, Body: append([]byte(nil), m.Payload.Body...), Headers: maps.Clone(m.Payload.Headers), PartitionKey: m.Payload.PartitionKey}
+			out = append(out, &consumer.Message{
+				ID:            m.ID,
+				Key:           raw.Key,
+				Body:          raw.Body,
+				Headers:       raw.Headers,
+				PartitionKey:  raw.PartitionKey,
+				Topic:         t.name,
+				Attempt:       d.Attempt,
+				Redelivered:   d.Attempt > 1,
+				ReplyTo:       raw.Headers[consumer.HeaderReplyTo],
+				CorrelationID: raw.Headers[consumer.HeaderCorrelationID],
+				ReceivedAt:    now,
+				Raw:           raw,
+				Handle:        d,
+			})
+			events = append(events, b.event(EventReceive, t, s, m, d.Attempt, nil))
+		},
+		Expire: func(d *delivery) {
 			t.stats.Expired++
-			events = append(events, b.event(EventExpire, t, d.src, m, d.attempt, nil))
-			b.log.DebugContext(ctx, "memsource: visibility timeout passed", "topic", t.name, "message_id", m.id, "attempt", d.attempt)
-		}
-		if len(m.live) > 0 {
-			for _, d := range m.live {
-				if d.src != s {
-					block(pk)
-				}
-			}
-			owed(m)
-			continue
-		}
-		if blocked[pk] {
-			continue
-		}
-		if now.Before(m.availableAt) {
-			later(m.availableAt)
-			block(pk)
-			continue
-		}
-		deliver(m)
-		if b.fire(ctx, FaultDuplicate, t, m) != nil {
-			m.extra = append(m.extra, nil)
-		}
-		if b.fire(ctx, FaultConcurrentDuplicate, t, m) != nil {
-			m.extra = append(m.extra, s)
-		}
-		owed(m)
-	}
+			events = append(events, b.event(EventExpire, t, d.Src, d.Msg, d.Attempt, nil))
+			b.log.DebugContext(ctx, "memsource: visibility timeout passed", "topic", t.name, "message_id", d.Msg.ID, "attempt", d.Attempt)
+		},
+		Copies: func(m *stored) (duplicate, concurrent bool) {
+			return b.fire(ctx, FaultDuplicate, t, m) != nil, b.fire(ctx, FaultConcurrentDuplicate, t, m) != nil
+		},
+	})
 	return out, events, wake
 }
 
 // current returns the delivery of msg if it still counts, expiring it if its
-// visibility timeout passed. The returned *stored is nil when the message was
+// visibility timeout passed. The returned delivery is nil when the message was
 // settled already (the call is then a no-op). b.mu is held.
 func (s *Source) current(msg *consumer.Message, now time.Time, events *[]Event) (*delivery, error) {
 	d, ok := msg.Handle.(*delivery)
-	if !ok || d == nil || d.src != s {
+	if !ok || d == nil || d.Src != s {
 		return nil, fmt.Errorf("memsource: message %q: %w", msg.ID, ErrForeignMessage)
 	}
-	m := d.msg
-	if m.done {
+	switch s.t.queue.Check(d, now) {
+	case memqueue.Settled:
 		return nil, nil
-	}
-	if m.live[d.n] != d {
-		return nil, fmt.Errorf("memsource: message %q attempt %d: %w", m.id, d.attempt, ErrDeliveryExpired)
-	}
-	if !now.Before(d.deadline) {
-		delete(m.live, d.n)
+	case memqueue.Expired:
+		return nil, fmt.Errorf("memsource: message %q attempt %d: %w", d.Msg.ID, d.Attempt, ErrDeliveryExpired)
+	case memqueue.TimedOut:
 		s.t.stats.Expired++
-		*events = append(*events, s.b.event(EventExpire, s.t, s, m, d.attempt, nil))
-		s.t.wake()
-		return nil, fmt.Errorf("memsource: message %q attempt %d: visibility timeout passed: %w", m.id, d.attempt, ErrDeliveryExpired)
+		*events = append(*events, s.b.event(EventExpire, s.t, s, d.Msg, d.Attempt, nil))
+		return nil, fmt.Errorf("memsource: message %q attempt %d: visibility timeout passed: %w", d.Msg.ID, d.Attempt, ErrDeliveryExpired)
 	}
 	return d, nil
 }
@@ -312,21 +229,21 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 		if d == nil {
 			continue
 		}
-		m := d.msg
+		m := d.Msg
 		if b.fire(ctx, FaultDropAck, t, m) != nil {
 			t.stats.DroppedAcks++
-			events = append(events, b.event(EventAckDropped, t, s, m, d.attempt, nil))
+			events = append(events, b.event(EventAckDropped, t, s, m, d.Attempt, nil))
 			continue
 		}
 		if f := b.fire(ctx, FaultAckError, t, m); f != nil {
 			t.stats.DroppedAcks++
-			events = append(events, b.event(EventAckDropped, t, s, m, d.attempt, f.err()))
-			errs = append(errs, fmt.Errorf("memsource: ack of message %q: %w", m.id, f.err()))
+			events = append(events, b.event(EventAckDropped, t, s, m, d.Attempt, f.err()))
+			errs = append(errs, fmt.Errorf("memsource: ack of message %q: %w", m.ID, f.err()))
 			continue
 		}
 		t.stats.Acks++
-		t.settle(m)
-		events = append(events, b.event(EventAck, t, s, m, d.attempt, nil))
+		t.queue.Settle(m)
+		events = append(events, b.event(EventAck, t, s, m, d.Attempt, nil))
 	}
 	b.mu.Unlock()
 	b.emit(events...)
@@ -349,17 +266,15 @@ func (s *Source) Retry(ctx context.Context, msg *consumer.Message, delay time.Du
 	var events []Event
 	d, err := s.current(msg, now, &events)
 	if err == nil && d != nil {
-		m := d.msg
+		m := d.Msg
 		if f := b.fire(ctx, FaultRetryError, t, m); f != nil {
-			err = fmt.Errorf("memsource: retry of message %q: %w", m.id, f.err())
+			err = fmt.Errorf("memsource: retry of message %q: %w", m.ID, f.err())
 		} else {
-			delete(m.live, d.n)
-			m.availableAt = now.Add(max(delay, 0))
+			t.queue.Retry(d, now, delay)
 			t.stats.Retries++
-			ev := b.event(EventRetry, t, s, m, d.attempt, nil)
+			ev := b.event(EventRetry, t, s, m, d.Attempt, nil)
 			ev.Delay = delay
 			events = append(events, ev)
-			t.wake()
 		}
 	}
 	b.mu.Unlock()
@@ -381,20 +296,21 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	var events []Event
 	d, err := s.current(msg, now, &events)
 	if err == nil && d != nil {
-		m := d.msg
+		m := d.Msg
 		if f := b.fire(ctx, FaultDeadLetterError, t, m); f != nil {
-			err = fmt.Errorf("memsource: dead-letter of message %q: %w", m.id, f.err())
+			err = fmt.Errorf("memsource: dead-letter of message %q: %w", m.ID, f.err())
 		} else {
 			if reason == nil {
 				reason = errors.New("memsource: dead-lettered without a reason")
 			}
+			out := m.Payload
 			t.dead = append(t.dead, DeadLetter{
-				ID: m.id, Key: m.out.Key, Body: m.out.Body, Headers: m.out.Headers, PartitionKey: m.out.PartitionKey,
-				Reason: reason.Error(), Err: reason, Attempts: d.attempt, At: now,
+				ID: m.ID, Key: out.Key, Body: out.Body, Headers: out.Headers, PartitionKey: out.PartitionKey,
+				Reason: reason.Error(), Err: reason, Attempts: d.Attempt, At: now,
 			})
 			t.stats.DeadLettered++
-			t.settle(m)
-			events = append(events, b.event(EventDeadLetter, t, s, m, d.attempt, reason))
+			t.queue.Settle(m)
+			events = append(events, b.event(EventDeadLetter, t, s, m, d.Attempt, reason))
 		}
 	}
 	b.mu.Unlock()
@@ -417,22 +333,9 @@ func (s *Source) Close() error {
 	close(s.done)
 	delete(b.sources, s)
 	var events []Event
-	for _, m := range t.queue {
-		if m.done {
-			continue
-		}
-		held := false
-		for n, d := range m.live {
-			if d.src == s {
-				delete(m.live, n)
-				held = true
-			}
-		}
-		if held && len(m.live) == 0 {
-			events = append(events, b.event(EventReturn, t, s, m, m.deliveries, nil))
-		}
-	}
-	t.wake()
+	t.queue.Release(s, false, func(m *stored) {
+		events = append(events, b.event(EventReturn, t, s, m, m.Deliveries, nil))
+	})
 	events = append(events, b.event(EventClose, t, s, nil, 0, nil))
 	b.mu.Unlock()
 	b.emit(events...)
