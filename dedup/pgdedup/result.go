@@ -14,7 +14,9 @@ import (
 
 // StoreResults implements dedup.ResultStorer: each result goes into the
 // record of its key, claimed in tx, in one statement. The result column
-// (migration 003) is NULL for records without one.
+// (migration 003, bytea) is NULL for records without one. The store has no
+// size limit of its own below PostgreSQL's 1 GB: the runner's
+// consumer.Config.MaxResultBytes is the limit.
 //
 // When the store's DB is a *pgxpool.Pool or a *pgx.Conn (the ones BeginClaim
 // pipelines on), the statement costs no round trip of its own: it is queued
