@@ -460,3 +460,36 @@ func TestSourceLeaseInProgressElsewhere(t *testing.T) {
 		})
 	}
 }
+
+// TestSourceLeaseStoreResultLimit: a response over the lease store's own
+// limit, lower than the runner's, is answered as one over the runner's: the
+// effect happened, so the key is done without the response (500), and the
+// retry gets 204 as a replay without running the handler again.
+func TestSourceLeaseStoreResultLimit(t *testing.T) {
+	opts, err := redis.ParseURL(testenv.RedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { rdb.Close() })
+	store, err := redisdedup.New(rdb, redisdedup.Config{MaxResultBytes: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	h := httpsource.Lease(func(ctx context.Context, msg *consumer.Message) (httpsource.Response, error) {
+		runs.Add(1)
+		return httpsource.JSON(http.StatusCreated, map[string]string{"receipt": strings.Repeat("r", 100)})
+	})
+	e := &endpoint{}
+	serve(t, e, consumer.Leased(store, h, consumer.LeaseOptions{}), fmt.Sprintf("limit-%d", time.Now().UnixNano()), httpsource.Config{})
+
+	wantProblem(t, "response over the store's limit", post(t, e.url, "k", `{}`), http.StatusInternalServerError)
+	again := post(t, e.url, "k", `{}`)
+	if again.status != http.StatusNoContent || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: %+v, want 204 with Idempotent-Replayed: true", again)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times, want 1", n)
+	}
+}
