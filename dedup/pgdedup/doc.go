@@ -33,7 +33,8 @@
 // commit with the next claim, the handler's statement), and an idle one
 // three (BEGIN and claim, the handler's statement, COMMIT). The results
 // handlers return (StoreResults) are written by a statement pipelined with
-// the COMMIT (or COMMIT AND CHAIN): they cost no round trip of their own.
+// COMMIT AND CHAIN when the runner chains transactions (no round trip of
+// their own), or sent just before a plain COMMIT (one).
 // A batch takes no savepoints (see dedup.TxStore), so it
 // takes one transaction ID however many messages it holds. Commit reports a
 // commit the database refused for the transaction's content with

@@ -19,13 +19,13 @@ import (
 // consumer.Config.MaxResultBytes is the limit.
 //
 // When the store's DB is a *pgxpool.Pool or a *pgx.Conn (the ones BeginClaim
-// pipelines on), the statement costs no round trip of its own: it is queued
-// and sent with the COMMIT of tx by the store's Commit or CommitChain, in
-// the same pipelined round trip, so the results commit or roll back with
-// the records and the handlers' writes. Commit such a tx through the store,
-// as the runner does: results queued for a tx committed with tx.Commit are
-// not written. The store's Rollback drops them. With another DB the
-// statement is sent at once (one round trip). results must not be modified
+// pipelines on), the statement is queued and sent when the store ends tx,
+// so the results commit or roll back with the records and the handlers'
+// writes: by CommitChain in the same pipelined round trip as COMMIT AND
+// CHAIN (no round trip of its own), by Commit just before the COMMIT (one).
+// End such a tx through the store, as the runner does: results queued for a
+// tx committed with tx.Commit are not written. The store's Rollback drops
+// them. With another DB the statement is sent at once (one round trip). results must not be modified
 // until tx ends. It is safe for concurrent use on different transactions.
 func (s *Store) StoreResults(ctx context.Context, tx pgx.Tx, scope string, results []dedup.Result) error {
 	if len(results) == 0 {
@@ -120,46 +120,21 @@ func readResults(br pgx.BatchResults, n int) error {
 	return nil
 }
 
-// commitWithResults sends the statements of rs and COMMIT in one pipelined
-// round trip. tx is closed (its connection back in its pool) when it
-// returns: committed, or rolled back after a failure.
+// commitWithResults writes rs and commits tx: the one case where the
+// results cost a round trip of their own. (Pipelining them with a plain
+// COMMIT would leave pgx's Tx open on the client, and closing it without a
+// round trip takes a call that a pgx tracer reports as failed.) tx is
+// closed when it returns: committed, or rolled back after a failure.
 func (s *Store) commitWithResults(ctx context.Context, tx pgx.Tx, rs []scopedResults) error {
-	b := &pgx.Batch{}
-	s.queueResults(b, rs)
-	b.Queue(`COMMIT`)
-	br := tx.SendBatch(ctx, b)
-	err := readResults(br, len(rs))
-	if err == nil {
-		var tag string
-		t, cerr := br.Exec()
-		tag, err = t.String(), cerr
-		if err == nil && tag == "ROLLBACK" {
-			err = pgx.ErrTxCommitRollback
+	for _, r := range rs {
+		sql, args := s.resultArgs(r.scope, r.results)
+		if _, err := tx.Exec(ctx, sql, args...); err != nil {
+			err = fmt.Errorf("pgdedup: store results: %w", err)
+			if rerr := tx.Rollback(context.WithoutCancel(ctx)); rerr != nil && !errors.Is(rerr, pgx.ErrTxClosed) {
+				err = errors.Join(err, rerr)
+			}
+			return refusedCommit(err)
 		}
 	}
-	err = closeBatch(br, err)
-	c := tx.Conn()
-	if err == nil && c != nil && c.PgConn().TxStatus() == 'I' {
-		closeCommitted(tx)
-		return nil
-	}
-	// The COMMIT did not happen (or its outcome is unknown): end tx as
-	// its own Commit does after a failure.
-	if rerr := tx.Rollback(context.WithoutCancel(ctx)); rerr != nil && !errors.Is(rerr, pgx.ErrTxClosed) && err == nil {
-		err = rerr
-	}
-	return refusedCommit(err)
-}
-
-// closeCommitted marks tx, whose COMMIT the server already confirmed
-// through a batch, as ended, without sending anything: its Commit with a
-// context that is already done fails before it writes to the connection
-// (pgconn checks the context first), and still closes tx and, for a pool's
-// transaction, gives its connection, idle and outside any transaction,
-// back to the pool. A pgx tracer sees that Commit end with
-// context.Canceled.
-func closeCommitted(tx pgx.Tx) {
-	done, cancel := context.WithCancel(context.Background())
-	cancel()
-	_ = tx.Commit(done)
+	return refusedCommit(tx.Commit(ctx))
 }

@@ -43,7 +43,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
@@ -107,9 +106,7 @@ type result struct {
 }
 
 // counter is a pgx tracer counting round trips: a query or an Exec is one,
-// a pipelined batch is one. A query that failed before anything was sent
-// (pgconn.SafeToRetry: pgdedup closes a transaction whose COMMIT went in a
-// batch with a Commit on a done context) is not counted.
+// a pipelined batch is one.
 type counter struct{ trips atomic.Int64 }
 
 func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
@@ -117,11 +114,7 @@ func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQ
 	return ctx
 }
 
-func (c *counter) TraceQueryEnd(_ context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
-	if d.Err != nil && pgconn.SafeToRetry(d.Err) {
-		c.trips.Add(-1)
-	}
-}
+func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 func (c *counter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
 	c.trips.Add(1)
