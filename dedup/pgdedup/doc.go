@@ -31,7 +31,11 @@
 // connection: the Runner uses it when a lane's next batch is already queued,
 // so a busy lane at batch size 1 costs two round trips per message (the
 // commit with the next claim, the handler's statement), and an idle one
-// three (BEGIN and claim, the handler's statement, COMMIT). A batch takes no savepoints (see dedup.TxStore), so it
+// three (BEGIN and claim, the handler's statement, COMMIT). The results
+// handlers return (StoreResults) are written by a statement pipelined with
+// COMMIT AND CHAIN when the runner chains transactions (no round trip of
+// their own), or sent just before a plain COMMIT (one).
+// A batch takes no savepoints (see dedup.TxStore), so it
 // takes one transaction ID however many messages it holds. Commit reports a
 // commit the database refused for the transaction's content with
 // dedup.ErrTxRefused, and IsAborted recognises the statements refused after

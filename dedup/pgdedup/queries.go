@@ -213,16 +213,23 @@ func (s *Store) BeginClaim(ctx context.Context, scope string, recs []dedup.Recor
 
 // CommitChain implements dedup.CommitChainer: COMMIT AND CHAIN and the next
 // claim's insert go to the server in one pipelined round trip on tx's
-// connection, which stays out of the pool. Keys already recorded need one
+// connection, which stays out of the pool, after the results StoreResults
+// queued for tx (see StoreResults). Keys already recorded need one
 // more statement, as in Claim. A failed COMMIT AND CHAIN begins nothing and
 // the server skips the insert; a transaction that had failed is rolled back
 // and refused (ErrTxRefused), as by Commit.
 func (s *Store) CommitChain(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, bool, error) {
 	sql, args := s.insertArgs(scope, recs)
 	b := &pgx.Batch{}
+	rs := s.results.take(tx)
+	s.queueResults(b, rs)
 	b.Queue(`COMMIT AND CHAIN`)
 	b.Queue(sql, args...)
 	br := tx.SendBatch(ctx, b)
+	if err := readResults(br, len(rs)); err != nil {
+		// The server skipped the COMMIT: tx is open and has failed.
+		return nil, false, refusedCommit(closeBatch(br, err))
+	}
 	tag, err := br.Exec()
 	if err != nil {
 		return nil, false, refusedCommit(closeBatch(br, err))

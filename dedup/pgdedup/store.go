@@ -119,6 +119,8 @@ type Store struct {
 	q     queries
 	stats sqlstore.TableStats // the janitor's latest measurement
 
+	results queuedResults // StoreResults' results, until their commit
+
 	retention any // cfg.Retention in microseconds, boxed once for the claims' arguments
 }
 
@@ -152,7 +154,14 @@ func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(c
 // transaction that had failed (pgx.ErrTxCommitRollback, after a handler
 // swallowed an error) or a deferred constraint the server rejected. Any other
 // error (a lost connection) leaves the outcome unknown.
+//
+// Results that StoreResults queued for tx are written by the same pipelined
+// round trip as the COMMIT. tx is closed when Commit returns, whatever it
+// returns.
 func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error {
+	if rs := s.results.take(tx); len(rs) > 0 {
+		return s.commitWithResults(ctx, tx, rs)
+	}
 	return refusedCommit(tx.Commit(ctx))
 }
 
@@ -167,8 +176,10 @@ func refusedCommit(err error) error {
 	return err
 }
 
-// Rollback implements dedup.TxStore; it is safe after Commit.
+// Rollback implements dedup.TxStore; it is safe after Commit. It drops the
+// results StoreResults queued for tx.
 func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error {
+	s.results.take(tx)
 	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		return err
 	}

@@ -44,8 +44,11 @@
 //
 // Beyond dedup.LeaseStore, the store offers ClaimBatch and CompleteBatch,
 // which pipeline many keys in one round trip (each key still atomic on its
-// own), and CompleteWithResult and Result, which keep a small result (a
-// downstream id) with a done key for later deliveries to read.
+// own), and CompleteWithResult and Result, which keep a result (a
+// downstream id, a response) with a done key for later deliveries to read.
+// Its size limit is the runner's consumer.Config.MaxResultBytes (64 KiB) by
+// default; Config.MaxResultBytes may lower it, and a result over it fails
+// with dedup.ErrResultTooLarge.
 //
 // # Redis Cluster and Sentinel
 //

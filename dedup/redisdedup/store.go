@@ -15,10 +15,12 @@ import (
 	"github.com/idemq/idemq/internal/cfgerr"
 )
 
-// Default values used by Config.WithDefaults.
+// Default values used by Config.WithDefaults. DefaultMaxResultBytes is the
+// runner's default limit (consumer.DefaultMaxResultBytes), so that the
+// runner's Config.MaxResultBytes is the one limit a user meets.
 const (
 	DefaultPrefix         = "idemq:"
-	DefaultMaxResultBytes = 4 << 10
+	DefaultMaxResultBytes = 64 << 10
 )
 
 // Sentinel errors of the store. Match them with errors.Is.
@@ -36,9 +38,15 @@ type Config struct {
 	// '}': the store's own hash tag follows it. Defaults to "idemq:".
 	Prefix string
 
-	// MaxResultBytes is the largest result CompleteWithResult accepts.
-	// Results live in Redis memory for the whole retention, so keep them
-	// small: a downstream id, a status. Defaults to 4096 (4 KiB).
+	// MaxResultBytes is the largest result CompleteWithResult accepts: a
+	// hard limit of the store, checked before anything reaches Redis. A
+	// larger result fails with an error matching dedup.ErrResultTooLarge
+	// (consumer.ErrResultTooLarge) and ErrInvalidArgument, and nothing is
+	// stored by that call; the runner then marks the key done without the
+	// result and dead-letters the message, as for a result over its own
+	// consumer.Config.MaxResultBytes. Results live in Redis memory for the
+	// whole retention: set it below the runner's limit to keep them
+	// smaller. Defaults to 65536 (64 KiB), the runner's default limit.
 	MaxResultBytes int
 
 	// FailureRetention is how long a key's handler-failure count (see
@@ -199,11 +207,12 @@ func (s *Store) Complete(ctx context.Context, scope, key, token string, retentio
 }
 
 // CompleteWithResult is Complete that also stores result (at most
-// Config.MaxResultBytes) with the record, for Result, and Claim's
-// Claim.Result, to return to later deliveries of the key: a downstream id,
-// a status, a response. Larger results fail with an error matching both
-// ErrInvalidArgument and dedup.ErrResultTooLarge before reaching Redis. It
-// implements dedup.ResultCompleter.
+// Config.MaxResultBytes, 64 KiB by default) with the record, for Result,
+// and Claim's Claim.Result, to return to later deliveries of the key: a
+// downstream id, a status, a response. Larger results fail with an error
+// matching both ErrInvalidArgument and dedup.ErrResultTooLarge before
+// reaching Redis, and the key stays held by token. It implements
+// dedup.ResultCompleter.
 func (s *Store) CompleteWithResult(ctx context.Context, scope, key, token string, retention time.Duration, result []byte) error {
 	if len(result) > s.cfg.MaxResultBytes {
 		return fmt.Errorf("redisdedup: complete %q: %w: %w: result has %d bytes, limit %d",

@@ -412,8 +412,9 @@ func (s *Source) again(msg *consumer.Message, delay time.Duration) {
 // DeadLetter implements consumer.Source: the request is answered with the
 // status the reason maps to (see docs/http.md), in an
 // application/problem+json body. Nothing was stored for it, except for a
-// result over consumer.Config.MaxResultBytes on the lease path, where the
-// effect happened and its key is done without a response.
+// result over consumer.Config.MaxResultBytes (or the lease store's lower
+// limit) on the lease path, where the effect happened and its key is done
+// without a response.
 func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason error) error {
 	p, ok := msg.Handle.(*pending)
 	if !ok {

@@ -190,6 +190,14 @@ func start(t *testing.T, b backend, cfg httpsource.Config) *endpoint {
 	t.Helper()
 	e := &endpoint{release: make(chan struct{}), started: make(chan struct{}, 8)}
 	path, name := b.start(t, e)
+	serve(t, e, path, name, cfg)
+	return e
+}
+
+// serve runs a Source for e and its runner on path, named name, behind a
+// real net/http server, and sets e.url.
+func serve(t *testing.T, e *endpoint, path consumer.Path, name string, cfg httpsource.Config) {
+	t.Helper()
 	src, err := httpsource.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -218,7 +226,6 @@ func start(t *testing.T, b backend, cfg httpsource.Config) *endpoint {
 		}
 	})
 	e.url = srv.URL + "/charges"
-	return e
 }
 
 // reply is one response, read whole.
@@ -365,5 +372,124 @@ func TestSourceWaitInProgress(t *testing.T) {
 	f, s := <-first, <-second
 	if f.status != http.StatusCreated || s.status != http.StatusCreated || s.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal([]byte(f.body), []byte(s.body)) {
 		t.Fatalf("first %+v, second %+v; want 201 and its replay", f, s)
+	}
+}
+
+// releaseTellsBusy is false while the runner releases a message whose key
+// another worker holds through consumer.Releaser.Release, which does not
+// say why: the source cannot tell that from a store outage, so it keeps
+// redelivering the request until its Timeout (503). Set it to true with the
+// runner change that passes the reason (an exported consumer.ErrKeyBusy in
+// it) and the source's 409 for it.
+const releaseTellsBusy = false
+
+// TestSourceLeaseInProgressElsewhere: on the lease path, a request whose key
+// another instance (another Source and runner on the same Redis and
+// consumer name) is handling right now is answered as one in progress at
+// this instance: 409, or with WaitInProgress the replay once the other
+// finishes.
+func TestSourceLeaseInProgressElsewhere(t *testing.T) {
+	opts, err := redis.ParseURL(testenv.RedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { rdb.Close() })
+	store, err := redisdedup.New(rdb, redisdedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// instance returns an endpoint on store; those of one name share keys.
+	instance := func(t *testing.T, name string, cfg httpsource.Config) *endpoint {
+		e := &endpoint{release: make(chan struct{}), started: make(chan struct{}, 8)}
+		h := httpsource.Lease(func(ctx context.Context, msg *consumer.Message) (httpsource.Response, error) {
+			return e.handle(ctx, msg, func(int) (int64, error) { return 1, nil })
+		})
+		serve(t, e, consumer.Leased(store, h, consumer.LeaseOptions{Lease: 2 * time.Second}), name, cfg)
+		return e
+	}
+
+	for _, wait := range []bool{false, true} {
+		t.Run(fmt.Sprintf("WaitInProgress=%v", wait), func(t *testing.T) {
+			name := fmt.Sprintf("busy-%d", time.Now().UnixNano()) // Redis keys outlive the test
+			a := instance(t, name, httpsource.Config{})
+			b := instance(t, name, httpsource.Config{WaitInProgress: wait, Timeout: 10 * time.Second})
+			var once sync.Once
+			release := func() { once.Do(func() { close(a.release) }) }
+			t.Cleanup(release) // a's handler returns before its server stops
+
+			first := make(chan reply, 1)
+			go func() { first <- post(t, a.url, "k", `{"amount":3,"block":true}`) }()
+			select {
+			case <-a.started:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the first request's handler did not start")
+			}
+			second := make(chan reply, 1)
+			go func() { second <- post(t, b.url, "k", `{"amount":3,"block":true}`) }()
+			if !wait {
+				if !releaseTellsBusy {
+					release()
+					<-first
+					<-second
+					t.Skip("needs the runner to tell a source why it releases a message (see releaseTellsBusy)")
+				}
+				var r reply
+				select {
+				case r = <-second:
+				case <-time.After(5 * time.Second):
+					release()
+					t.Fatal("no answer within 5 s to a request whose key another instance handles; want 409 at once")
+				}
+				release()
+				wantProblem(t, "the key in progress at another instance", r, http.StatusConflict)
+				if f := <-first; f.status != http.StatusCreated {
+					t.Fatalf("first request: %+v, want 201", f)
+				}
+				return
+			}
+			time.Sleep(300 * time.Millisecond) // let b claim the key while a holds it; passes either way
+			release()
+			f, s := <-first, <-second
+			if f.status != http.StatusCreated || s.status != http.StatusCreated || s.header.Get("Idempotent-Replayed") != "true" || f.body != s.body {
+				t.Fatalf("first %+v, second %+v; want 201 and its replay", f, s)
+			}
+			if n := b.runs.Load(); n != 0 {
+				t.Fatalf("the second instance ran the handler %d times, want 0", n)
+			}
+		})
+	}
+}
+
+// TestSourceLeaseStoreResultLimit: a response over the lease store's own
+// limit, lower than the runner's, is answered as one over the runner's: the
+// effect happened, so the key is done without the response (500), and the
+// retry gets 204 as a replay without running the handler again.
+func TestSourceLeaseStoreResultLimit(t *testing.T) {
+	opts, err := redis.ParseURL(testenv.RedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { rdb.Close() })
+	store, err := redisdedup.New(rdb, redisdedup.Config{MaxResultBytes: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	h := httpsource.Lease(func(ctx context.Context, msg *consumer.Message) (httpsource.Response, error) {
+		runs.Add(1)
+		return httpsource.JSON(http.StatusCreated, map[string]string{"receipt": strings.Repeat("r", 100)})
+	})
+	e := &endpoint{}
+	serve(t, e, consumer.Leased(store, h, consumer.LeaseOptions{}), fmt.Sprintf("limit-%d", time.Now().UnixNano()), httpsource.Config{})
+
+	wantProblem(t, "response over the store's limit", post(t, e.url, "k", `{}`), http.StatusInternalServerError)
+	again := post(t, e.url, "k", `{}`)
+	if again.status != http.StatusNoContent || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: %+v, want 204 with Idempotent-Replayed: true", again)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times, want 1", n)
 	}
 }

@@ -16,8 +16,10 @@
 // Every request carries a new key and charges one of -accounts accounts at
 // random. Each row runs -clients concurrent clients (1, 16 and 64) for
 // -duration, in two rounds, the second in the reverse order, and prints
-// requests/s, p50 and p99 latency and the ratios idemq / hand-written of the
-// same round. Run it with `make bench-http`; TEST_DATABASE_URL selects the
+// requests/s, p50 and p99 latency, the database round trips per request
+// (counted by a pgx tracer on the endpoint's pool: a query, an Exec or a
+// pipelined batch is one) and the ratios idemq / hand-written of the same
+// round. Run it with `make bench-http`; TEST_DATABASE_URL selects the
 // server.
 package main
 
@@ -89,8 +91,9 @@ func main() {
 
 // server is one endpoint under test.
 type server struct {
-	name string
-	url  string
+	name  string
+	url   string
+	trips *counter // the round trips of its pool
 }
 
 // result is one row of one round.
@@ -99,7 +102,27 @@ type result struct {
 	rps      float64
 	p50, p99 time.Duration
 	errors   int
+	trips    int64 // database round trips during the row
 }
+
+// counter is a pgx tracer counting round trips: a query or an Exec is one,
+// a pipelined batch is one.
+type counter struct{ trips atomic.Int64 }
+
+func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.trips.Add(1)
+	return ctx
+}
+
+func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *counter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.trips.Add(1)
+	return ctx
+}
+
+func (c *counter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 func run(ctx context.Context, dsn string, clients []int, d time.Duration, accounts, rounds int) error {
 	maxClients := slices.Max(clients)
@@ -133,7 +156,7 @@ func run(ctx context.Context, dsn string, clients []int, d time.Duration, accoun
 
 	fmt.Printf("POST /charges with a new Idempotency-Key each, %d accounts, %s per row, PostgreSQL at %s\n\n",
 		accounts, d, redact.String(dsn))
-	fmt.Printf("%-5s %-7s %-13s %10s %9s %9s %7s\n", "round", "clients", "endpoint", "req/s", "p50", "p99", "errors")
+	fmt.Printf("%-5s %-7s %-13s %10s %9s %9s %7s %9s\n", "round", "clients", "endpoint", "req/s", "p50", "p99", "errors", "trips/req")
 	type key struct {
 		round, clients int
 		name           string
@@ -152,7 +175,8 @@ func run(ctx context.Context, dsn string, clients []int, d time.Duration, accoun
 			for _, s := range servers {
 				r := drive(client, s, c, d, accounts)
 				res[key{round, c, s.name}] = r
-				fmt.Printf("%-5d %-7d %-13s %10.0f %9s %9s %7d\n", round+1, c, s.name, r.rps, r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.errors)
+				fmt.Printf("%-5d %-7d %-13s %10.0f %9s %9s %7d %9.2f\n", round+1, c, s.name, r.rps, r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.errors,
+					float64(r.trips)/float64(max(r.reqs, 1)))
 			}
 		}
 	}
@@ -178,6 +202,7 @@ func drive(client *http.Client, s server, n int, d time.Duration, accounts int) 
 		wg        sync.WaitGroup
 	)
 	prefix := fmt.Sprintf("%s-%d-", s.name, time.Now().UnixNano())
+	trips0 := s.trips.trips.Load()
 	start := time.Now()
 	end := start.Add(d)
 	for range n {
@@ -203,7 +228,7 @@ func drive(client *http.Client, s server, n int, d time.Duration, accounts int) 
 	wg.Wait()
 	elapsed := time.Since(start)
 	slices.Sort(latencies)
-	r := result{reqs: len(latencies), errors: int(errs.Load())}
+	r := result{reqs: len(latencies), errors: int(errs.Load()), trips: s.trips.trips.Load() - trips0}
 	if len(latencies) > 0 {
 		r.rps = float64(len(latencies)) / elapsed.Seconds()
 		r.p50 = latencies[len(latencies)/2]
@@ -277,6 +302,8 @@ func startIdemq(ctx context.Context, dsn string) (server, func(), error) {
 		return server{}, nil, err
 	}
 	cfg.MaxConns = concurrency + 2
+	trips := &counter{}
+	cfg.ConnConfig.Tracer = trips
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return server{}, nil, err
@@ -323,7 +350,7 @@ func startIdemq(ctx context.Context, dsn string) (server, func(), error) {
 		pool.Close()
 		return server{}, nil, err
 	}
-	return server{name: "idemq", url: url}, func() {
+	return server{name: "idemq", url: url, trips: trips}, func() {
 		stop()
 		cancel()
 		if err := <-done; err != nil {
@@ -341,6 +368,8 @@ func startHand(ctx context.Context, dsn string, clients int) (server, func(), er
 		return server{}, nil, err
 	}
 	cfg.MaxConns = int32(clients + 2)
+	trips := &counter{}
+	cfg.ConnConfig.Tracer = trips
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return server{}, nil, err
@@ -354,7 +383,7 @@ func startHand(ctx context.Context, dsn string, clients int) (server, func(), er
 		pool.Close()
 		return server{}, nil, err
 	}
-	return server{name: "hand-written", url: url}, func() { stop(); pool.Close() }, nil
+	return server{name: "hand-written", url: url, trips: trips}, func() { stop(); pool.Close() }, nil
 }
 
 // handCharge is the careful hand-written endpoint: the key, the effect and
