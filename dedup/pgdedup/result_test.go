@@ -3,40 +3,20 @@ package pgdedup_test
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/pgtrace"
 	"github.com/idemq/idemq/internal/testenv"
 )
 
-// tripCounter is a pgx tracer counting the round trips: a query or an Exec
-// is one, a pipelined batch is one.
-type tripCounter struct{ trips atomic.Int64 }
-
-func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.trips.Add(1)
-	return ctx
-}
-
-func (c *tripCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (c *tripCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.trips.Add(1)
-	return ctx
-}
-
-func (c *tripCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *tripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
 // newCountedStore returns a migrated store over a pool of one connection
 // whose round trips c counts.
-func newCountedStore(t *testing.T) (*pgdedup.Store, *pgxpool.Pool, *tripCounter) {
+func newCountedStore(t *testing.T) (*pgdedup.Store, *pgxpool.Pool, *pgtrace.Counter) {
 	t.Helper()
 	url := testenv.DatabaseURL(t)
 	cfg := pgdedup.Config{Schema: testenv.Schema(t, url)}
@@ -47,7 +27,7 @@ func newCountedStore(t *testing.T) (*pgdedup.Store, *pgxpool.Pool, *tripCounter)
 		t.Fatal(err)
 	}
 	pc.MaxConns = 1 // a connection the store failed to give back blocks the next Begin
-	c := &tripCounter{}
+	c := &pgtrace.Counter{}
 	pc.ConnConfig.Tracer = c
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
@@ -84,7 +64,7 @@ func TestStoreResults(t *testing.T) {
 		s, pool, c := newCountedStore(t)
 		ctx := testCtx(t)
 		pid := backendPID(ctx, t, pool)
-		c.trips.Store(0)
+		c.Trips.Store(0)
 		tx, cs, err := s.BeginClaim(ctx, "sc", []dedup.Record{rec("a", "x"), rec("b", "x")})
 		if err != nil {
 			t.Fatal(err)
@@ -99,7 +79,7 @@ func TestStoreResults(t *testing.T) {
 		if err := s.Commit(ctx, tx); err != nil {
 			t.Fatal(err)
 		}
-		if got := c.trips.Load(); got != 3 {
+		if got := c.Trips.Load(); got != 3 {
 			t.Errorf("BeginClaim, StoreResults and Commit took %d round trips, want 3 (begin+claim, results, commit)", got)
 		}
 		if err := s.Rollback(ctx, tx); err != nil {
@@ -122,7 +102,7 @@ func TestStoreResults(t *testing.T) {
 		s, pool, c := newCountedStore(t)
 		ctx := testCtx(t)
 		pid := backendPID(ctx, t, pool)
-		c.trips.Store(0)
+		c.Trips.Store(0)
 		tx, _, err := s.BeginClaim(ctx, "sc", []dedup.Record{rec("a", "x")})
 		if err != nil {
 			t.Fatal(err)
@@ -141,7 +121,7 @@ func TestStoreResults(t *testing.T) {
 		if err := s.Commit(ctx, tx); err != nil {
 			t.Fatal(err)
 		}
-		if got := c.trips.Load(); got != 4 {
+		if got := c.Trips.Load(); got != 4 {
 			t.Errorf("two chained transactions with results took %d round trips, want 4 (begin+claim, results+commit and chain+claim, results, commit)", got)
 		}
 		if got := backendPID(ctx, t, pool); got != pid {

@@ -75,6 +75,7 @@ import (
 	"github.com/idemq/idemq/consumer/otelidemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/pgtrace"
 )
 
 const schema = "idemq_bench"
@@ -134,26 +135,6 @@ func main() {
 		os.Exit(1)
 	}
 }
-
-// counter is a pgx tracer counting round trips and statements.
-type counter struct{ trips, stmts atomic.Int64 }
-
-func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.trips.Add(1)
-	c.stmts.Add(1)
-	return ctx
-}
-
-func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (c *counter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
-	c.trips.Add(1)
-	c.stmts.Add(int64(len(d.Batch.QueuedQueries)))
-	return ctx
-}
-
-func (c *counter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 // result is one row's measurement.
 type result struct {
@@ -330,7 +311,7 @@ func (b *bench) measure(ctx context.Context, r row, round int) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	c := &counter{}
+	c := &pgtrace.Counter{}
 	cfg.ConnConfig.Tracer = c
 	cfg.MaxConns = int32(b.o.concurrency + 1)
 	cfg.MinConns = cfg.MaxConns
@@ -371,8 +352,8 @@ func (b *bench) measure(ctx context.Context, r row, round int) (result, error) {
 	if err := b.admin.QueryRow(ctx, `SELECT txid_current()`).Scan(&x0); err != nil {
 		return result{}, err
 	}
-	c.trips.Store(0)
-	c.stmts.Store(0)
+	c.Trips.Store(0)
+	c.Statements.Store(0)
 	usage := handwritten.StartUsage()
 	start := time.Now()
 	gen.start = start
@@ -391,7 +372,7 @@ func (b *bench) measure(ctx context.Context, r row, round int) (result, error) {
 		b.mu.Unlock()
 	}
 	// txid_current() itself takes one XID: count from x0+1 to x1, excluded.
-	return result{name: r.name, n: int64(gen.count()), d: d, trips: c.trips.Load(), stmts: c.stmts.Load(), xids: x1 - x0 - 1,
+	return result{name: r.name, n: int64(gen.count()), d: d, trips: c.Trips.Load(), stmts: c.Statements.Load(), xids: x1 - x0 - 1,
 		cpu: cpu, allocs: allocs}, nil
 }
 

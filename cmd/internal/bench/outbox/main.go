@@ -49,12 +49,12 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
+	"github.com/idemq/idemq/internal/pgtrace"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/outbox/amqpoutbox"
 	"github.com/idemq/idemq/sinks/outbox/kafkaoutbox"
@@ -319,7 +319,7 @@ func relay(ctx context.Context, pool *pgxpool.Pool, dsn string, pub outbox.Publi
 	if _, err := pool.Exec(ctx, `ANALYZE idemq_outbox`); err != nil {
 		return relayResult{}, err
 	}
-	tr := &tripCounter{}
+	tr := &pgtrace.Counter{}
 	rpool, err := tracedPool(ctx, dsn, tr, int32(2*concurrency+2))
 	if err != nil {
 		return relayResult{}, err
@@ -335,7 +335,7 @@ func relay(ctx context.Context, pool *pgxpool.Pool, dsn string, pub outbox.Publi
 	rctx, cancel := context.WithCancel(ctx)
 	start := time.Now()
 	ran := make(chan error, 1)
-	tr.trips.Store(0)
+	tr.Trips.Store(0)
 	go pprof.Do(rctx, pprof.Labels("phase", "relay"), func(rctx context.Context) { ran <- r.Run(rctx) })
 	select {
 	case <-tp.done:
@@ -344,7 +344,7 @@ func relay(ctx context.Context, pool *pgxpool.Pool, dsn string, pub outbox.Publi
 		return relayResult{}, fmt.Errorf("relay confirmed %d of %d rows in 5 minutes", tp.n.Load(), len(msgs))
 	}
 	elapsed := time.Since(start)
-	trips, batches := tr.trips.Load(), tp.batches.Load()
+	trips, batches := tr.Trips.Load(), tp.batches.Load()
 	cancel()
 	if err := <-ran; err != nil {
 		return relayResult{}, fmt.Errorf("relay: %w", err)
@@ -361,7 +361,7 @@ func relay(ctx context.Context, pool *pgxpool.Pool, dsn string, pub outbox.Publi
 
 // tracedPool opens a pool of size connections on dsn, in the bench's
 // schema, whose round trips tr counts.
-func tracedPool(ctx context.Context, dsn string, tr *tripCounter, size int32) (*pgxpool.Pool, error) {
+func tracedPool(ctx context.Context, dsn string, tr *pgtrace.Counter, size int32) (*pgxpool.Pool, error) {
 	u, err := url.Parse(dsn)
 	if err != nil {
 		return nil, err
@@ -381,25 +381,6 @@ func tracedPool(ctx context.Context, dsn string, tr *tripCounter, size int32) (*
 	}
 	return pool, pool.Ping(ctx)
 }
-
-// tripCounter is a pgx tracer counting round trips: a query, an Exec
-// (BEGIN, COMMIT included) or a batch is one.
-type tripCounter struct{ trips atomic.Int64 }
-
-func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.trips.Add(1)
-	return ctx
-}
-
-func (c *tripCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (c *tripCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.trips.Add(1)
-	return ctx
-}
-
-func (c *tripCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *tripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 // countingPublisher closes done once want messages were confirmed, and
 // counts the batches it was given.
