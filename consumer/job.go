@@ -104,10 +104,3 @@ func (j *job) handled() {
 func (j *job) replay(result []byte) {
 	j.msg.res.value, j.msg.res.returned, j.msg.res.state = result, false, outcomeReplayed
 }
-
-// replayOf marks j, a later copy of leader's key in the same batch, as a
-// duplicate with leader's result.
-func (j *job) replayOf(leader *job) {
-	v, _, _ := leader.msg.Outcome()
-	j.replay(v)
-}
