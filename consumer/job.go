@@ -84,23 +84,3 @@ func (j *job) attempt() int {
 	}
 	return j.msg.Attempt
 }
-
-// result returns the result j's handler returned, if any and not nil.
-func (j *job) result() ([]byte, bool) {
-	r := &j.msg.res
-	return r.value, r.returned && r.value != nil
-}
-
-// handled marks j as handled, for Message.Outcome: its handler's result,
-// if any, is durable.
-func (j *job) handled() {
-	if !j.msg.res.returned {
-		j.msg.res.value = nil
-	}
-	j.msg.res.state = outcomeFresh
-}
-
-// replay marks j as a duplicate whose record holds result.
-func (j *job) replay(result []byte) {
-	j.msg.res.value, j.msg.res.returned, j.msg.res.state = result, false, outcomeReplayed
-}
