@@ -515,10 +515,28 @@ func jobCtxs(ctx context.Context, jobs []*job) []context.Context {
 	return cs
 }
 
-// onLeaseLost reports the lost lease of j to the HookLeaseLost hooks.
-func (obs *observer) onLeaseLost(j *job, err error) {
-	for _, h := range obs.leaseLost {
-		h.OnLeaseLost(j.ctx, j.msg, err)
+// leaseEvents is what the hooks hear of one message of the lease path,
+// told at one point (onLease) before the message gets its outcome.
+type leaseEvents struct {
+	claimStart, claimEnd time.Time // zero when claims are not timed
+	claimNew             bool
+	commit               CommitInfo // marking the key done; zero when no hook wants it
+	lost                 error      // its lease was lost (queued or handling)
+}
+
+// onLease records the claim of j for the HookClaimed hooks and reports the
+// marking of its key done and a lost lease to their hooks.
+func (obs *observer) onLease(j *job, ev *leaseEvents) {
+	if !ev.claimStart.IsZero() {
+		obs.noteClaim(j, ev.claimStart, ev.claimEnd, 1, ev.claimNew)
+	}
+	if !ev.commit.Start.IsZero() {
+		obs.onCommit([]*job{j}, ev.commit)
+	}
+	if ev.lost != nil {
+		for _, h := range obs.leaseLost {
+			h.OnLeaseLost(j.ctx, j.msg, ev.lost)
+		}
 	}
 }
 
