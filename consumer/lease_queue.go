@@ -11,10 +11,6 @@ import (
 	"github.com/idemq/idemq/dedup"
 )
 
-// The claims of a lease path's batch, made in one round trip, and the
-// refresher that keeps the leases of the messages waiting their turn
-// alive until their handler starts (see Leased).
-
 // preclaim is the claim of one message made for its whole batch.
 type preclaim struct {
 	token string
