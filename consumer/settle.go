@@ -22,14 +22,14 @@ type settler struct {
 	counter dedup.FailureCounter
 }
 
-// settle settles the jobs of a prepared batch whose path is done: it
-// reports the store's trouble to its outage tracker, gives the later copies
-// of a key their leader's outcome, retries, releases or dead-letters the
-// jobs that failed and returns those to acknowledge (handled and
-// duplicates), for the lane's acker. Once ctx is cancelled (the drain timed
-// out) nothing is retried or dead-lettered: a handler cut short by the
-// shutdown did not fail, so its message is left to the broker without
-// counting an attempt. A message handed back holds its partition in holds.
+// settle settles a prepared batch whose path is done: it reports the
+// store's trouble (Health), settles the later copies of a key after their
+// leader, hands back (retry, release) or dead-letters the failed jobs, and
+// returns those to acknowledge, for the lane's acker. Once ctx is cancelled
+// (the drain timed out) nothing is retried or dead-lettered: a handler cut
+// short by the shutdown did not fail, so its message is left to the broker
+// without counting an attempt. A message handed back holds its partition in
+// holds.
 func (s *settler) settle(ctx context.Context, b *prepared, holds laneHolds) (acks []*job) {
 	if len(b.live) > 0 {
 		s.env.storeOut.report(ctx, s.env.log, infraErr(b.live))
@@ -90,10 +90,10 @@ func infraErr(batch []*job) error {
 	return nil
 }
 
-// followLeaders gives each later copy of a key in b (a follower) its
-// outcome from its leader's: retried after it when the leader was not
-// settled, dead-lettered when its payload differs, else a duplicate with
-// the leader's result (for Message.Outcome).
+// followLeaders gives each later copy of a key in b its outcome from its
+// leader's: retried after it when the leader was not settled,
+// dead-lettered when its payload differs, else a duplicate with the
+// leader's result (for Message.Outcome).
 func (s *settler) followLeaders(b *prepared) {
 	for _, f := range b.followers {
 		leader := b.leaders[f.key]
@@ -110,12 +110,11 @@ func (s *settler) followLeaders(b *prepared) {
 	}
 }
 
-// settleFailed dead-letters j when it is poison (outDeadLetter), else
-// hands it back for a later attempt, or dead-letters it once its attempts
-// are exhausted, and returns the outcome: Source.Retry for a handler
-// failure (a counted attempt), Releaser.Release, where the source has it,
-// for a failure that is not the message's (outRetryInfra). ctx is the
-// message's (see pathEnv.msgCtx).
+// settleFailed dead-letters j when it is poison or out of attempts, else
+// hands it back and returns the outcome: Source.Retry for a handler failure
+// (a counted attempt), Releaser.Release, where the source has it, for a
+// failure that is not the message's (outRetryInfra). ctx is the message's
+// (see pathEnv.msgCtx).
 func (s *settler) settleFailed(ctx context.Context, j *job) Outcome {
 	m := j.msg
 	var delay time.Duration
