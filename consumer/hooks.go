@@ -345,60 +345,37 @@ type claimRecord struct {
 func resolveHooks(hs []Hook) observer {
 	var h observer
 	for _, x := range hs {
-		if v, ok := x.(HookReceived); ok {
-			h.received = append(h.received, v)
+		collect(&h.received, x)
+		collect(&h.batch, x)
+		if collect(&h.claimed, x) && h.claims == nil {
+			h.claims = &claimLog{m: map[*job]claimRecord{}}
 		}
-		if v, ok := x.(HookBatch); ok {
-			h.batch = append(h.batch, v)
+		isTx := collect(&h.tx, x)
+		if collect(&h.handlerStart, x) && !isTx {
+			collect(&h.batchStart, x)
 		}
-		if v, ok := x.(HookClaimed); ok {
-			h.claimed = append(h.claimed, v)
-			if h.claims == nil {
-				h.claims = &claimLog{m: map[*job]claimRecord{}}
-			}
+		if collect(&h.handlerEnd, x) && !isTx {
+			collect(&h.batchEnd, x)
 		}
-		_, isTx := x.(HookTx)
-		if isTx {
-			h.tx = append(h.tx, x.(HookTx))
-		}
-		if v, ok := x.(HookHandlerStart); ok {
-			h.handlerStart = append(h.handlerStart, v)
-			if !isTx {
-				h.batchStart = append(h.batchStart, v)
-			}
-		}
-		if v, ok := x.(HookHandlerEnd); ok {
-			h.handlerEnd = append(h.handlerEnd, v)
-			if !isTx {
-				h.batchEnd = append(h.batchEnd, v)
-			}
-		}
-		if v, ok := x.(HookCommit); ok {
-			h.commit = append(h.commit, v)
-		}
-		if v, ok := x.(HookAck); ok {
-			h.ack = append(h.ack, v)
-		}
-		if v, ok := x.(HookAckDone); ok {
-			h.ackDone = append(h.ackDone, v)
-		}
-		if v, ok := x.(HookRetry); ok {
-			h.retry = append(h.retry, v)
-		}
-		if v, ok := x.(HookDeadLetter); ok {
-			h.deadLetter = append(h.deadLetter, v)
-		}
-		if v, ok := x.(HookLeaseLost); ok {
-			h.leaseLost = append(h.leaseLost, v)
-		}
-		if v, ok := x.(HookLeaseRefreshFailed); ok {
-			h.refreshFail = append(h.refreshFail, v)
-		}
-		if v, ok := x.(HookSettled); ok {
-			h.settled = append(h.settled, v)
-		}
+		collect(&h.commit, x)
+		collect(&h.ack, x)
+		collect(&h.ackDone, x)
+		collect(&h.retry, x)
+		collect(&h.deadLetter, x)
+		collect(&h.leaseLost, x)
+		collect(&h.refreshFail, x)
+		collect(&h.settled, x)
 	}
 	return h
+}
+
+// collect appends x to *hs if x implements H, and reports whether it does.
+func collect[H any](hs *[]H, x Hook) bool {
+	v, ok := x.(H)
+	if ok {
+		*hs = append(*hs, v)
+	}
+	return ok
 }
 
 // duplicateReason guesses why j is a duplicate; see DuplicateReason.
