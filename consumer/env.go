@@ -124,15 +124,21 @@ func (env *pathEnv) resultErr(j *job, err error) error {
 	if err != nil {
 		return err
 	}
-	return env.checkResult(j)
+	_, err = env.checkResult(j)
+	return err
 }
 
-// checkResult reports a result of j above Config.MaxResultBytes.
-func (env *pathEnv) checkResult(j *job) error {
+// checkResult returns the result j's handler returned, nil if none, and a
+// permanent error matching ErrResultTooLarge when it is above
+// Config.MaxResultBytes.
+func (env *pathEnv) checkResult(j *job) ([]byte, error) {
 	v, ok := j.result()
-	if max := env.maxResultBytes; !ok || max < 0 || len(v) <= max {
-		return nil
+	if !ok {
+		return nil, nil
 	}
-	return Permanent(fmt.Errorf("%w: key %q: %d bytes, limit %d (Config.MaxResultBytes)",
+	if max := env.maxResultBytes; max < 0 || len(v) <= max {
+		return v, nil
+	}
+	return v, Permanent(fmt.Errorf("%w: key %q: %d bytes, limit %d (Config.MaxResultBytes)",
 		ErrResultTooLarge, j.key, len(v), env.maxResultBytes))
 }

@@ -345,60 +345,37 @@ type claimRecord struct {
 func resolveHooks(hs []Hook) observer {
 	var h observer
 	for _, x := range hs {
-		if v, ok := x.(HookReceived); ok {
-			h.received = append(h.received, v)
+		collect(&h.received, x)
+		collect(&h.batch, x)
+		if collect(&h.claimed, x) && h.claims == nil {
+			h.claims = &claimLog{m: map[*job]claimRecord{}}
 		}
-		if v, ok := x.(HookBatch); ok {
-			h.batch = append(h.batch, v)
+		isTx := collect(&h.tx, x)
+		if collect(&h.handlerStart, x) && !isTx {
+			collect(&h.batchStart, x)
 		}
-		if v, ok := x.(HookClaimed); ok {
-			h.claimed = append(h.claimed, v)
-			if h.claims == nil {
-				h.claims = &claimLog{m: map[*job]claimRecord{}}
-			}
+		if collect(&h.handlerEnd, x) && !isTx {
+			collect(&h.batchEnd, x)
 		}
-		_, isTx := x.(HookTx)
-		if isTx {
-			h.tx = append(h.tx, x.(HookTx))
-		}
-		if v, ok := x.(HookHandlerStart); ok {
-			h.handlerStart = append(h.handlerStart, v)
-			if !isTx {
-				h.batchStart = append(h.batchStart, v)
-			}
-		}
-		if v, ok := x.(HookHandlerEnd); ok {
-			h.handlerEnd = append(h.handlerEnd, v)
-			if !isTx {
-				h.batchEnd = append(h.batchEnd, v)
-			}
-		}
-		if v, ok := x.(HookCommit); ok {
-			h.commit = append(h.commit, v)
-		}
-		if v, ok := x.(HookAck); ok {
-			h.ack = append(h.ack, v)
-		}
-		if v, ok := x.(HookAckDone); ok {
-			h.ackDone = append(h.ackDone, v)
-		}
-		if v, ok := x.(HookRetry); ok {
-			h.retry = append(h.retry, v)
-		}
-		if v, ok := x.(HookDeadLetter); ok {
-			h.deadLetter = append(h.deadLetter, v)
-		}
-		if v, ok := x.(HookLeaseLost); ok {
-			h.leaseLost = append(h.leaseLost, v)
-		}
-		if v, ok := x.(HookLeaseRefreshFailed); ok {
-			h.refreshFail = append(h.refreshFail, v)
-		}
-		if v, ok := x.(HookSettled); ok {
-			h.settled = append(h.settled, v)
-		}
+		collect(&h.commit, x)
+		collect(&h.ack, x)
+		collect(&h.ackDone, x)
+		collect(&h.retry, x)
+		collect(&h.deadLetter, x)
+		collect(&h.leaseLost, x)
+		collect(&h.refreshFail, x)
+		collect(&h.settled, x)
 	}
 	return h
+}
+
+// collect appends x to *hs if x implements H, and reports whether it does.
+func collect[H any](hs *[]H, x Hook) bool {
+	v, ok := x.(H)
+	if ok {
+		*hs = append(*hs, v)
+	}
+	return ok
 }
 
 // duplicateReason guesses why j is a duplicate; see DuplicateReason.
@@ -515,10 +492,28 @@ func jobCtxs(ctx context.Context, jobs []*job) []context.Context {
 	return cs
 }
 
-// onLeaseLost reports the lost lease of j to the HookLeaseLost hooks.
-func (obs *observer) onLeaseLost(j *job, err error) {
-	for _, h := range obs.leaseLost {
-		h.OnLeaseLost(j.ctx, j.msg, err)
+// leaseEvents is what the hooks hear of one message of the lease path,
+// told at one point (onLease) before the message gets its outcome.
+type leaseEvents struct {
+	claimStart, claimEnd time.Time // zero when claims are not timed
+	claimNew             bool
+	commit               CommitInfo // marking the key done; zero when no hook wants it
+	lost                 error      // its lease was lost (queued or handling)
+}
+
+// onLease records the claim of j for the HookClaimed hooks and reports the
+// marking of its key done and a lost lease to their hooks.
+func (obs *observer) onLease(j *job, ev *leaseEvents) {
+	if !ev.claimStart.IsZero() {
+		obs.noteClaim(j, ev.claimStart, ev.claimEnd, 1, ev.claimNew)
+	}
+	if !ev.commit.Start.IsZero() {
+		obs.onCommit([]*job{j}, ev.commit)
+	}
+	if ev.lost != nil {
+		for _, h := range obs.leaseLost {
+			h.OnLeaseLost(j.ctx, j.msg, ev.lost)
+		}
 	}
 }
 

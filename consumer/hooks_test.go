@@ -387,3 +387,78 @@ func itoa(i int) string {
 		}
 	}
 }
+
+// outcomeAtHook records, per message, whether its outcome was visible
+// through Message.Outcome when HookCommit and HookSettled were called.
+type outcomeAtHook struct {
+	mu                  sync.Mutex
+	atCommit, atSettled map[string]bool
+}
+
+func (h *outcomeAtHook) OnCommit(_ context.Context, m *consumer.Message, _ consumer.CommitInfo) {
+	_, _, ok := m.Outcome()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.atCommit[m.Key] = ok
+}
+
+func (h *outcomeAtHook) OnSettled(_ context.Context, m *consumer.Message, _ consumer.SettleInfo) {
+	_, _, ok := m.Outcome()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.atSettled[m.Key] = ok
+}
+
+// On both paths HookCommit is told of a message's commit before its result
+// is visible through Message.Outcome (it is marked handled once the hooks
+// heard of the commit), and HookSettled sees it.
+func TestCommitHookPrecedesOutcome(t *testing.T) {
+	for name, leased := range map[string]bool{"transactional": false, "leased": true} {
+		t.Run(name, func(t *testing.T) {
+			store, err := memdedup.New(memdedup.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := memsource.New(memsource.Config{})
+			t.Cleanup(func() { b.Close() })
+			result := func(_ context.Context, m *consumer.Message) ([]byte, error) { return []byte("r-" + m.Key), nil }
+			path := consumer.Leased(store.Leases(), consumer.LeaseResult(result), consumer.LeaseOptions{})
+			if !leased {
+				path = consumer.Transactional(store, consumer.TxResult(func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) ([]byte, error) {
+					return result(ctx, m)
+				}))
+			}
+			hook := &outcomeAtHook{atCommit: map[string]bool{}, atSettled: map[string]bool{}}
+			r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{Name: "outcome-at", Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{hook}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			keys := []string{"a", "b", "c"}
+			for _, k := range keys {
+				b.Publish("t", memsource.Outgoing{Key: k, Body: []byte("body-" + k)})
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			runCtx, stop := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- r.Run(runCtx) }()
+			if err := r.WaitIdle(ctx, 200*time.Millisecond); err != nil {
+				t.Fatal(err)
+			}
+			stop()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			hook.mu.Lock()
+			defer hook.mu.Unlock()
+			for _, k := range keys {
+				if seen, ok := hook.atCommit[k]; !ok || seen {
+					t.Errorf("key %q: committed %v; outcome visible at its commit event %v, want a commit event before it", k, ok, seen)
+				}
+				if !hook.atSettled[k] {
+					t.Errorf("key %q: outcome not visible at its settled event", k)
+				}
+			}
+		})
+	}
+}

@@ -84,30 +84,3 @@ func (j *job) attempt() int {
 	}
 	return j.msg.Attempt
 }
-
-// result returns the result j's handler returned, if any and not nil.
-func (j *job) result() ([]byte, bool) {
-	r := &j.msg.res
-	return r.value, r.returned && r.value != nil
-}
-
-// handled marks j as handled, for Message.Outcome: its handler's result,
-// if any, is durable.
-func (j *job) handled() {
-	if !j.msg.res.returned {
-		j.msg.res.value = nil
-	}
-	j.msg.res.state = outcomeFresh
-}
-
-// replay marks j as a duplicate whose record holds result.
-func (j *job) replay(result []byte) {
-	j.msg.res.value, j.msg.res.returned, j.msg.res.state = result, false, outcomeReplayed
-}
-
-// replayOf marks j, a later copy of leader's key in the same batch, as a
-// duplicate with leader's result.
-func (j *job) replayOf(leader *job) {
-	v, _, _ := leader.msg.Outcome()
-	j.replay(v)
-}

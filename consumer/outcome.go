@@ -103,6 +103,26 @@ func LeaseResultJSON[T, R any](h func(ctx context.Context, msg *Message, v T) (R
 	})
 }
 
+// result returns the result j's handler returned, if any and not nil.
+func (j *job) result() ([]byte, bool) {
+	r := &j.msg.res
+	return r.value, r.returned && r.value != nil
+}
+
+// handled marks j as handled, for Message.Outcome: its handler's result,
+// if any, is durable.
+func (j *job) handled() {
+	if !j.msg.res.returned {
+		j.msg.res.value = nil
+	}
+	j.msg.res.state = outcomeFresh
+}
+
+// replay marks j as a duplicate whose record holds result.
+func (j *job) replay(result []byte) {
+	j.msg.res.value, j.msg.res.returned, j.msg.res.state = result, false, outcomeReplayed
+}
+
 func encodeResult[R any](res R) ([]byte, error) {
 	b, err := json.Marshal(res)
 	if err != nil {

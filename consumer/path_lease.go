@@ -103,141 +103,6 @@ func (p *leasePath) process(ctx context.Context, env *pathEnv, batch []*job, _ *
 	}
 }
 
-// preclaim is the claim of one message made for its whole batch.
-type preclaim struct {
-	token string
-	claim dedup.Claim
-	ok    bool  // false: the batch claim failed; claim again with token
-	lost  error // the lease was lost while the message waited its turn
-	// confirmed is when the last claim or refresh that the store confirmed
-	// was sent: the lease runs at least until confirmed + Lease.
-	confirmed time.Time
-}
-
-// queuedLeases holds the claims of a batch and keeps refreshing the leases of
-// the messages that wait for their turn; a message's own refresher takes over
-// when its handler starts.
-type queuedLeases struct {
-	mu      sync.Mutex
-	pre     []preclaim
-	started int // messages before this index are handed out
-	// refreshing is 1 + the index of the message whose lease is being
-	// refreshed right now, 0 if none; refreshed is signalled when that
-	// refresh has returned and its result is in pre.
-	refreshing int
-	refreshed  *sync.Cond
-	done       chan struct{}
-	wg         sync.WaitGroup
-}
-
-// take hands out the claim of message i (nil without a batch claim). If a
-// refresh of its lease is in flight, take waits for its result: a refresh
-// that finds the lease lost must keep the message from running.
-func (q *queuedLeases) take(i int) *preclaim {
-	if q == nil {
-		return nil
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.started = i + 1 // no refresh of message i starts after this
-	for q.refreshing == i+1 {
-		q.refreshed.Wait()
-	}
-	pc := q.pre[i]
-	return &pc
-}
-
-func (q *queuedLeases) stop() {
-	if q == nil || q.done == nil {
-		return
-	}
-	close(q.done)
-	q.wg.Wait()
-}
-
-// claimBatch claims every key of a batch in one round trip when the store
-// can, and returns nil otherwise (or when refreshing is disabled, since the
-// leases of later messages must be kept alive while earlier ones run).
-func (p *leasePath) claimBatch(ctx context.Context, env *pathEnv, batch []*job) *queuedLeases {
-	bc, ok := p.store.(dedup.BatchClaimer)
-	if !ok || len(batch) < 2 || p.opts.RefreshInterval < 0 {
-		return nil
-	}
-	q := &queuedLeases{pre: make([]preclaim, len(batch))}
-	q.refreshed = sync.NewCond(&q.mu)
-	recs := make([]dedup.Record, len(batch))
-	tokens := make([]string, len(batch))
-	for i, j := range batch {
-		recs[i] = dedup.Record{Key: j.key, PayloadHash: j.hash}
-		tokens[i] = newToken()
-		q.pre[i].token = tokens[i]
-	}
-	sent := time.Now()
-	cs, err := bc.ClaimBatch(ctx, env.scope, recs, tokens, p.opts.Lease)
-	if err != nil || len(cs) != len(batch) {
-		env.storeOut.warn(ctx, env.log, "batch claim failed; claiming one by one",
-			slog.Int(LogKeyCount, len(batch)), slog.Any(LogKeyError, err))
-		return q
-	}
-	for i := range q.pre {
-		q.pre[i].claim, q.pre[i].ok, q.pre[i].confirmed = cs[i], true, sent
-	}
-	q.done = make(chan struct{})
-	q.wg.Go(func() { p.refreshQueued(ctx, env, batch, q) })
-	return q
-}
-
-// refreshQueued extends the leases of the messages not handed out yet, every
-// RefreshInterval, until q is stopped.
-func (p *leasePath) refreshQueued(ctx context.Context, env *pathEnv, batch []*job, q *queuedLeases) {
-	t := time.NewTicker(p.opts.RefreshInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-q.done:
-			return
-		case <-t.C:
-		}
-		q.mu.Lock()
-		first := q.started
-		q.mu.Unlock()
-		for i := first; i < len(batch); i++ {
-			q.mu.Lock()
-			pc := q.pre[i]
-			skip := i < q.started || pc.claim.State != dedup.StateNew || pc.lost != nil
-			if !skip {
-				q.refreshing = i + 1 // take(i) waits for the result
-			}
-			q.mu.Unlock()
-			if skip {
-				continue
-			}
-			sent := time.Now()
-			err := p.store.Refresh(ctx, env.scope, batch[i].key, pc.token, p.opts.Lease)
-			q.mu.Lock()
-			switch {
-			case err == nil:
-				q.pre[i].confirmed = sent
-			case errors.Is(err, dedup.ErrLeaseLost):
-				q.pre[i].lost = err
-			}
-			q.refreshing = 0
-			q.refreshed.Broadcast()
-			q.mu.Unlock()
-			switch {
-			case err == nil || errors.Is(err, dedup.ErrLeaseLost):
-				env.storeOut.ok(ctx, env.log)
-			default:
-				env.storeOut.failed(ctx, env.log, fmt.Errorf("idemq: refresh lease: %w", err))
-				env.obs.onRefreshFailed(ctx, err)
-			}
-			// Other errors: retried on the next tick. If they last, the
-			// message's confirmation passes safeUntil and claim takes the
-			// key again before its handler may run.
-		}
-	}
-}
-
 func (p *leasePath) abandonLease(ctx context.Context, env *pathEnv, key, token string) {
 	if err := p.store.Abandon(ctx, env.scope, key, token); err != nil {
 		env.storeOut.warn(ctx, env.log, "abandoning the lease failed; it expires by itself",
@@ -287,91 +152,75 @@ func (p *leasePath) safeUntil(confirmed time.Time) time.Time {
 	return confirmed.Add(p.opts.Lease - p.opts.RefreshInterval)
 }
 
+// one claims j's key (with pc, its batch claim, or nil), runs j when the
+// key is new, and settles it.
 func (p *leasePath) one(ctx context.Context, env *pathEnv, j *job, pc *preclaim) {
-	scope := env.scope
-	var claimStart time.Time
+	var r leaseRun
 	if env.obs.claimsTimed() {
-		claimStart = time.Now()
+		r.ev.claimStart = time.Now()
 	}
 	token, c, confirmed, err := p.claim(ctx, env, j, pc)
-	if env.obs.claimsTimed() {
-		env.obs.noteClaim(j, claimStart, time.Now(), 1, err == nil && c.State == dedup.StateNew)
+	if !r.ev.claimStart.IsZero() {
+		r.ev.claimEnd = time.Now()
 	}
-	if err != nil {
-		j.set(outRetryInfra, err)
-		if errors.Is(err, dedup.ErrLeaseLost) {
-			j.delay = p.opts.InProgressDelay
-			env.obs.onLeaseLost(j, err)
-		} else {
-			j.delay = env.infraDelay()
+	r.claim, r.claimErr = c, err
+	if err == nil {
+		env.infraOK()
+		if c.State == dedup.StateNew {
+			r.ev.claimNew = true
+			p.run(ctx, env, j, token, confirmed, &r)
 		}
-		return
 	}
-	env.infraOK()
-	switch c.State {
-	case dedup.StateDone:
-		j.set(outDuplicate, nil)
-		j.replay(c.Result) // outcome.go: the stored result, for Message.Outcome
-		return
-	case dedup.StateMismatch:
-		j.set(outDeadLetter, &dedup.MismatchError{Scope: scope, Key: j.key, Stored: c.StoredHash, Received: j.hash})
-		return
-	case dedup.StateInProgress:
-		j.set(outRetryInfra, fmt.Errorf("idemq: key %q: %w", j.key, errKeyBusy))
-		j.delay = p.opts.InProgressDelay
-		return
-	case dedup.StateNew:
-	default:
-		j.set(outRetryInfra, fmt.Errorf("idemq: claim of key %q returned state %v", j.key, c.State))
-		return
-	}
+	p.settleLease(env, j, &r)
+}
 
+// leaseRun is what happened to one message on the lease path, for
+// settleLease.
+type leaseRun struct {
+	claim    dedup.Claim
+	claimErr error
+	err      error       // the handler's
+	cerr     error       // marking the key done
+	lost     error       // why the lease was lost while the handler ran
+	ev       leaseEvents // what the hooks hear of it
+}
+
+// run runs j's handler under the lease of token, marks the key done if it
+// succeeded or abandons the lease if it failed, and records it in r.
+func (p *leasePath) run(ctx context.Context, env *pathEnv, j *job, token string, confirmed time.Time, r *leaseRun) {
 	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, ctxKeyToken, token))
 	defer cancel(nil)
 	stop := p.refresh(hctx, env, cancel, j.key, token, confirmed)
-	err = env.call(hctx, j, func(ctx context.Context) error { return p.h(ctx, j.msg) })
-	var cerr error
-	if err == nil {
+	r.err = env.call(hctx, j, func(ctx context.Context) error { return p.h(ctx, j.msg) })
+	if r.err == nil {
+		v, rerr := env.checkResult(j)
+		if rerr != nil && j.msg.res.err == nil {
+			j.msg.res.err = rerr
+		}
 		// The lease is still refreshed while the key is marked done.
 		var start time.Time
 		if len(env.obs.commit) > 0 {
 			start = time.Now()
 		}
-		cerr = p.complete(ctx, env, j, token)
-		env.obs.onCommit([]*job{j}, commitInfo(start, 1, cerr))
+		r.cerr = p.complete(ctx, env, j, token, v)
+		r.ev.commit = commitInfo(start, 1, r.cerr)
 	}
-	lost := stop()
-
-	switch {
-	case err == nil && cerr == nil:
-		p.settleLease(j) // outcome.go: acknowledged, or dead-lettered for its result
-	case err == nil:
-		// The effect happened but is not recorded (the lease was lost, or
-		// the store stayed unreachable): the retry finds out whether
-		// another worker completed the key.
-		j.set(outRetryInfra, fmt.Errorf("idemq: mark key %q done: %w", j.key, cerr))
-		j.delay = p.opts.InProgressDelay
-	case lost != nil:
-		// Another worker may own the key now: record nothing under this
-		// token and let the retry find out what happened.
-		env.obs.onLeaseLost(j, lost)
-		j.set(outRetryInfra, fmt.Errorf("idemq: lease of key %q lost while handling: %w", j.key, lost))
-		j.delay = p.opts.InProgressDelay
-	default:
-		env.failure(j, err)
+	r.lost = stop()
+	if r.err != nil && r.lost == nil {
 		p.abandonLease(ctx, env, j.key, token)
 	}
 }
 
-// complete marks key done under token, retrying a store that fails for up to
-// one lease: an effect that happened must not be repeated because Redis
-// hiccuped. It gives up at once when the lease is lost.
-func (p *leasePath) complete(ctx context.Context, env *pathEnv, j *job, token string) error {
+// complete marks key done under token, with the result v when there is
+// one, retrying a store that fails for up to one lease: an effect that
+// happened must not be repeated because Redis hiccuped. It gives up at once
+// when the lease is lost.
+func (p *leasePath) complete(ctx context.Context, env *pathEnv, j *job, token string, v []byte) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opts.Lease)
 	defer cancel()
 	delay := 10 * time.Millisecond
 	for {
-		err := p.completeKey(ctx, env, j, token) // outcome.go: with the handler's result
+		err := p.completeKey(ctx, env, j, token, v)
 		if err == nil || errors.Is(err, dedup.ErrLeaseLost) {
 			env.storeOut.ok(ctx, env.log)
 			return err
@@ -391,42 +240,74 @@ func (p *leasePath) complete(ctx context.Context, env *pathEnv, j *job, token st
 }
 
 // completeKey marks j's key done under token on the lease path, with the
-// result its handler returned when there is one and the store keeps
+// result v its handler returned when there is one and the store keeps
 // results. A result the runner or the store refuses (too large, or a store
 // without results) is left out, the key is marked done all the same (the
 // effect happened and must not be repeated), and settleLease dead-letters
 // the message.
-func (p *leasePath) completeKey(ctx context.Context, env *pathEnv, j *job, token string) error {
-	scope := env.scope
-	if v, ok := j.result(); ok && j.msg.res.err == nil {
+func (p *leasePath) completeKey(ctx context.Context, env *pathEnv, j *job, token string, v []byte) error {
+	if v != nil && j.msg.res.err == nil {
 		rc, can := p.store.(dedup.ResultCompleter)
-		switch err := env.checkResult(j); {
-		case err != nil:
-			j.msg.res.err = err
-		case !can:
+		if !can {
 			j.msg.res.err = Permanent(fmt.Errorf("%w: %T does not implement dedup.ResultCompleter", ErrResultUnsupported, p.store))
-		default:
-			err := rc.CompleteWithResult(ctx, scope, j.key, token, p.opts.Retention, v)
+		} else {
+			err := rc.CompleteWithResult(ctx, env.scope, j.key, token, p.opts.Retention, v)
 			if !errors.Is(err, dedup.ErrResultTooLarge) && !errors.Is(err, ErrResultUnsupported) {
 				return err
 			}
 			j.msg.res.err = Permanent(err)
 		}
 	}
-	return p.store.Complete(ctx, scope, j.key, token, p.opts.Retention)
+	return p.store.Complete(ctx, env.scope, j.key, token, p.opts.Retention)
 }
 
-// settleLease gives j, whose handler succeeded and whose key is marked
-// done, its outcome: acknowledged, or dead-lettered when its result could
-// not be stored.
-func (p *leasePath) settleLease(j *job) {
-	if err := j.msg.res.err; err != nil {
-		j.msg.setReturned(nil, false)
-		j.set(outDeadLetter, err)
-		return
+// settleLease gives j its outcome from r, then tells the hooks what
+// happened, and then marks j handled (Message.Outcome) if it was, in the
+// order of the transactional path.
+func (p *leasePath) settleLease(env *pathEnv, j *job, r *leaseRun) {
+	switch {
+	case r.claimErr != nil:
+		j.set(outRetryInfra, r.claimErr)
+		if errors.Is(r.claimErr, dedup.ErrLeaseLost) {
+			j.delay, r.ev.lost = p.opts.InProgressDelay, r.claimErr
+		} else {
+			j.delay = env.infraDelay()
+		}
+	case r.claim.State == dedup.StateDone:
+		j.set(outDuplicate, nil)
+		j.replay(r.claim.Result) // the stored result, for Message.Outcome
+	case r.claim.State == dedup.StateMismatch:
+		j.set(outDeadLetter, &dedup.MismatchError{Scope: env.scope, Key: j.key, Stored: r.claim.StoredHash, Received: j.hash})
+	case r.claim.State == dedup.StateInProgress:
+		j.set(outRetryInfra, fmt.Errorf("idemq: key %q: %w", j.key, errKeyBusy))
+		j.delay = p.opts.InProgressDelay
+	case r.claim.State != dedup.StateNew:
+		j.set(outRetryInfra, fmt.Errorf("idemq: claim of key %q returned state %v", j.key, r.claim.State))
+	case r.err == nil && r.cerr == nil:
+		if rerr := j.msg.res.err; rerr != nil {
+			j.msg.setReturned(nil, false)
+			j.set(outDeadLetter, rerr)
+		} else {
+			j.set(outAck, nil)
+		}
+	case r.err == nil:
+		// The effect happened but is not recorded (the lease was lost, or
+		// the store stayed unreachable): the retry finds out whether
+		// another worker completed the key.
+		j.set(outRetryInfra, fmt.Errorf("idemq: mark key %q done: %w", j.key, r.cerr))
+		j.delay = p.opts.InProgressDelay
+	case r.lost != nil:
+		// Another worker may own the key now: record nothing under this
+		// token and let the retry find out what happened.
+		j.set(outRetryInfra, fmt.Errorf("idemq: lease of key %q lost while handling: %w", j.key, r.lost))
+		j.delay, r.ev.lost = p.opts.InProgressDelay, r.lost
+	default:
+		env.failure(j, r.err)
 	}
-	j.set(outAck, nil)
-	j.handled()
+	env.obs.onLease(j, &r.ev)
+	if j.out == outAck {
+		j.handled()
+	}
 }
 
 func (p *leasePath) validate() error {

@@ -375,21 +375,8 @@ func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane, hol
 	b.live = holds.holdBack(b.live)
 	if len(b.live) > 0 {
 		r.path.process(ctx, &r.env, b.live, l)
-		r.storeOut.report(ctx, r.log, infraErr(b.live))
 	}
-	for _, f := range b.followers {
-		leader := b.leaders[f.key]
-		switch {
-		case leader.out != outAck && leader.out != outDuplicate:
-			f.set(outRetryInfra, fmt.Errorf("idemq: duplicate of key %q in the same batch is retried after its first copy: %w", f.key, errDuplicateUnsettled))
-		case f.hash != leader.hash:
-			f.set(outDeadLetter, &dedup.MismatchError{Scope: r.cfg.Name, Key: f.key, Stored: leader.hash, Received: f.hash})
-		default:
-			f.set(outDuplicate, nil)
-			f.replayOf(leader) // outcome.go: the leader's result, for Message.Outcome
-		}
-	}
-	if acks := r.settler.settle(ctx, b.batch, holds); len(acks) > 0 {
+	if acks := r.settler.settle(ctx, b, holds); len(acks) > 0 {
 		a.send(ackBatch{jobs: acks, size: len(b.batch)})
 	}
 }
@@ -523,21 +510,4 @@ func (r *Runner) awaitStore(ctx context.Context) bool {
 		}
 	}
 	return ctx.Err() == nil
-}
-
-// errDuplicateUnsettled is wrapped by the retry reason of a later copy of a
-// key in a batch whose first copy was not settled.
-var errDuplicateUnsettled = errors.New("first copy not settled")
-
-// infraErr returns the error of the first job of batch that the store's
-// trouble sent back, for the outage log. Jobs sent back for reasons of their
-// own (another worker holds the key, an unsettled copy in the batch) are not
-// the store's trouble.
-func infraErr(batch []*job) error {
-	for _, j := range batch {
-		if j.out == outRetryInfra && j.err != nil && !errors.Is(j.err, errKeyBusy) && !errors.Is(j.err, errDuplicateUnsettled) {
-			return j.err
-		}
-	}
-	return nil
 }

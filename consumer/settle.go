@@ -22,15 +22,21 @@ type settler struct {
 	counter dedup.FailureCounter
 }
 
-// settle retries, releases or dead-letters the jobs of a batch that failed
-// and returns those to acknowledge (handled and duplicates), for the lane's
-// acker. Once ctx is cancelled (the drain timed out) nothing is retried or
-// dead-lettered: a handler cut short by the shutdown did not fail, so its
-// message is left to the broker without counting an attempt. A message
-// handed back holds its partition in holds.
-func (s *settler) settle(ctx context.Context, batch []*job, holds laneHolds) (acks []*job) {
+// settle settles a prepared batch whose path is done: it reports the
+// store's trouble (Health), settles the later copies of a key after their
+// leader, hands back (retry, release) or dead-letters the failed jobs, and
+// returns those to acknowledge, for the lane's acker. Once ctx is cancelled
+// (the drain timed out) nothing is retried or dead-lettered: a handler cut
+// short by the shutdown did not fail, so its message is left to the broker
+// without counting an attempt. A message handed back holds its partition in
+// holds.
+func (s *settler) settle(ctx context.Context, b *prepared, holds laneHolds) (acks []*job) {
+	if len(b.live) > 0 {
+		s.env.storeOut.report(ctx, s.env.log, infraErr(b.live))
+	}
+	s.followLeaders(b)
 	obs, log, stats := s.env.obs, s.env.log, s.env.stats
-	for _, j := range batch {
+	for _, j := range b.batch {
 		obs.onClaimed(j)
 		switch j.out {
 		case outAck:
@@ -38,7 +44,7 @@ func (s *settler) settle(ctx context.Context, batch []*job, holds laneHolds) (ac
 			acks = append(acks, j)
 			continue
 		case outNone:
-			obs.onSettled(j, OutcomeLeft, len(batch), nil)
+			obs.onSettled(j, OutcomeLeft, len(b.batch), nil)
 			continue
 		}
 		mctx := s.env.msgCtx(ctx, j)
@@ -53,28 +59,63 @@ func (s *settler) settle(ctx context.Context, batch []*job, holds laneHolds) (ac
 			log.LogAttrs(mctx, slog.LevelInfo, "stopping: message left to the broker",
 				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt),
 				slog.Any(LogKeyError, j.err))
-			obs.onSettled(j, OutcomeLeft, len(batch), j.err)
-		case j.out != outDeadLetter: // outRetry, outRetryInfra
-			o := s.retryOrRelease(mctx, j)
-			if o != OutcomeDeadLettered {
+			obs.onSettled(j, OutcomeLeft, len(b.batch), j.err)
+		default: // outRetry, outRetryInfra, outDeadLetter
+			o := s.settleFailed(mctx, j)
+			if j.out != outDeadLetter && o != OutcomeDeadLettered {
 				// Handed back, or left to the broker by a failed
 				// Retry: either way it comes again later.
 				holds.handedBack(j, stats.received.Load())
 			}
-			obs.onSettled(j, o, len(batch), j.err)
-		default:
-			obs.onSettled(j, s.deadLetter(mctx, j, j.err), len(batch), j.err)
+			obs.onSettled(j, o, len(b.batch), j.err)
 		}
 	}
 	return acks
 }
 
-// retryOrRelease hands j back for a later attempt, or dead-letters it once
-// its attempts are exhausted, and returns the outcome: Source.Retry for a
-// handler failure (a counted attempt), Releaser.Release, where the source
-// has it, for a failure that is not the message's (outRetryInfra). ctx is
-// the message's (see pathEnv.msgCtx).
-func (s *settler) retryOrRelease(ctx context.Context, j *job) Outcome {
+// errDuplicateUnsettled is wrapped by the retry reason of a later copy of a
+// key in a batch whose first copy was not settled.
+var errDuplicateUnsettled = errors.New("first copy not settled")
+
+// infraErr returns the error of the first job of batch that the store's
+// trouble sent back, for the outage log. Jobs sent back for reasons of their
+// own (another worker holds the key, an unsettled copy in the batch) are not
+// the store's trouble.
+func infraErr(batch []*job) error {
+	for _, j := range batch {
+		if j.out == outRetryInfra && j.err != nil && !errors.Is(j.err, errKeyBusy) && !errors.Is(j.err, errDuplicateUnsettled) {
+			return j.err
+		}
+	}
+	return nil
+}
+
+// followLeaders gives each later copy of a key in b its outcome from its
+// leader's: retried after it when the leader was not settled,
+// dead-lettered when its payload differs, else a duplicate with the
+// leader's result (for Message.Outcome).
+func (s *settler) followLeaders(b *prepared) {
+	for _, f := range b.followers {
+		leader := b.leaders[f.key]
+		switch {
+		case leader.out != outAck && leader.out != outDuplicate:
+			f.set(outRetryInfra, fmt.Errorf("idemq: duplicate of key %q in the same batch is retried after its first copy: %w", f.key, errDuplicateUnsettled))
+		case f.hash != leader.hash:
+			f.set(outDeadLetter, &dedup.MismatchError{Scope: s.env.scope, Key: f.key, Stored: leader.hash, Received: f.hash})
+		default:
+			f.set(outDuplicate, nil)
+			v, _, _ := leader.msg.Outcome()
+			f.replay(v)
+		}
+	}
+}
+
+// settleFailed dead-letters j when it is poison or out of attempts, else
+// hands it back and returns the outcome: Source.Retry for a handler failure
+// (a counted attempt), Releaser.Release, where the source has it, for a
+// failure that is not the message's (outRetryInfra). ctx is the message's
+// (see pathEnv.msgCtx).
+func (s *settler) settleFailed(ctx context.Context, j *job) Outcome {
 	m := j.msg
 	var delay time.Duration
 	kind := RetryHandler
@@ -86,10 +127,14 @@ func (s *settler) retryOrRelease(ctx context.Context, j *job) Outcome {
 			delay = s.env.retry.Backoff(1)
 		}
 		kind = RetryInfrastructure
-	case s.countFailure(ctx, j) >= s.env.retry.MaxAttempts:
-		return s.deadLetter(ctx, j, fmt.Errorf("%w after %d attempts: %w", ErrMaxAttempts, j.attempt(), j.err))
-	default:
+	case j.out == outRetry && s.countFailure(ctx, j) < s.env.retry.MaxAttempts:
 		delay = s.env.backoff(j)
+	default: // poison, or out of attempts
+		cause := j.err
+		if j.out == outRetry {
+			cause = fmt.Errorf("%w after %d attempts: %w", ErrMaxAttempts, j.attempt(), j.err)
+		}
+		return s.deadLetter(ctx, j, cause)
 	}
 	s.env.stats.retried.Add(1)
 	s.env.log.LogAttrs(ctx, slog.LevelInfo, "message will be retried", slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID),

@@ -1,0 +1,147 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// preclaim is the claim of one message made for its whole batch.
+type preclaim struct {
+	token string
+	claim dedup.Claim
+	ok    bool  // false: the batch claim failed; claim again with token
+	lost  error // the lease was lost while the message waited its turn
+	// confirmed is when the last claim or refresh that the store confirmed
+	// was sent: the lease runs at least until confirmed + Lease.
+	confirmed time.Time
+}
+
+// queuedLeases holds the claims of a batch and keeps refreshing the leases of
+// the messages that wait for their turn; a message's own refresher takes over
+// when its handler starts.
+type queuedLeases struct {
+	mu      sync.Mutex
+	pre     []preclaim
+	started int // messages before this index are handed out
+	// refreshing is 1 + the index of the message whose lease is being
+	// refreshed right now, 0 if none; refreshed is signalled when that
+	// refresh has returned and its result is in pre.
+	refreshing int
+	refreshed  *sync.Cond
+	done       chan struct{}
+	wg         sync.WaitGroup
+}
+
+// take hands out the claim of message i (nil without a batch claim). If a
+// refresh of its lease is in flight, take waits for its result: a refresh
+// that finds the lease lost must keep the message from running.
+func (q *queuedLeases) take(i int) *preclaim {
+	if q == nil {
+		return nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.started = i + 1 // no refresh of message i starts after this
+	for q.refreshing == i+1 {
+		q.refreshed.Wait()
+	}
+	pc := q.pre[i]
+	return &pc
+}
+
+func (q *queuedLeases) stop() {
+	if q == nil || q.done == nil {
+		return
+	}
+	close(q.done)
+	q.wg.Wait()
+}
+
+// claimBatch claims every key of a batch in one round trip when the store
+// can, and returns nil otherwise (or when refreshing is disabled, since the
+// leases of later messages must be kept alive while earlier ones run).
+func (p *leasePath) claimBatch(ctx context.Context, env *pathEnv, batch []*job) *queuedLeases {
+	bc, ok := p.store.(dedup.BatchClaimer)
+	if !ok || len(batch) < 2 || p.opts.RefreshInterval < 0 {
+		return nil
+	}
+	q := &queuedLeases{pre: make([]preclaim, len(batch))}
+	q.refreshed = sync.NewCond(&q.mu)
+	recs := make([]dedup.Record, len(batch))
+	tokens := make([]string, len(batch))
+	for i, j := range batch {
+		recs[i] = dedup.Record{Key: j.key, PayloadHash: j.hash}
+		tokens[i] = newToken()
+		q.pre[i].token = tokens[i]
+	}
+	sent := time.Now()
+	cs, err := bc.ClaimBatch(ctx, env.scope, recs, tokens, p.opts.Lease)
+	if err != nil || len(cs) != len(batch) {
+		env.storeOut.warn(ctx, env.log, "batch claim failed; claiming one by one",
+			slog.Int(LogKeyCount, len(batch)), slog.Any(LogKeyError, err))
+		return q
+	}
+	for i := range q.pre {
+		q.pre[i].claim, q.pre[i].ok, q.pre[i].confirmed = cs[i], true, sent
+	}
+	q.done = make(chan struct{})
+	q.wg.Go(func() { p.refreshQueued(ctx, env, batch, q) })
+	return q
+}
+
+// refreshQueued extends the leases of the messages not handed out yet, every
+// RefreshInterval, until q is stopped.
+func (p *leasePath) refreshQueued(ctx context.Context, env *pathEnv, batch []*job, q *queuedLeases) {
+	t := time.NewTicker(p.opts.RefreshInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-q.done:
+			return
+		case <-t.C:
+		}
+		q.mu.Lock()
+		first := q.started
+		q.mu.Unlock()
+		for i := first; i < len(batch); i++ {
+			q.mu.Lock()
+			pc := q.pre[i]
+			skip := i < q.started || pc.claim.State != dedup.StateNew || pc.lost != nil
+			if !skip {
+				q.refreshing = i + 1 // take(i) waits for the result
+			}
+			q.mu.Unlock()
+			if skip {
+				continue
+			}
+			sent := time.Now()
+			err := p.store.Refresh(ctx, env.scope, batch[i].key, pc.token, p.opts.Lease)
+			q.mu.Lock()
+			switch {
+			case err == nil:
+				q.pre[i].confirmed = sent
+			case errors.Is(err, dedup.ErrLeaseLost):
+				q.pre[i].lost = err
+			}
+			q.refreshing = 0
+			q.refreshed.Broadcast()
+			q.mu.Unlock()
+			switch {
+			case err == nil || errors.Is(err, dedup.ErrLeaseLost):
+				env.storeOut.ok(ctx, env.log)
+			default:
+				env.storeOut.failed(ctx, env.log, fmt.Errorf("idemq: refresh lease: %w", err))
+				env.obs.onRefreshFailed(ctx, err)
+			}
+			// Other errors: retried on the next tick. If they last, the
+			// message's confirmation passes safeUntil and claim takes the
+			// key again before its handler may run.
+		}
+	}
+}
