@@ -502,7 +502,7 @@ func (p *txPath[Tx]) handle(ctx context.Context, env *pathEnv, tx Tx, fresh []*j
 		return p.handleBatch(ctx, env, tx, fresh, ti)
 	}
 	for i, j := range fresh {
-		// outcome.go: resultErr refuses a result above Config.MaxResultBytes.
+		// env.go: resultErr refuses a result above Config.MaxResultBytes.
 		err := env.call(ctx, j, func(ctx context.Context) error { return env.resultErr(j, p.h(ctx, tx, j.msg)) })
 		switch {
 		case p.ended(tx):
