@@ -48,6 +48,12 @@ var (
 	// leaves such a message to the broker: it is not counted as a dead
 	// letter or a settle failure, and no OnDeadLetter hook sees it.
 	ErrFenced = errors.New("idemq: settle fenced: the message's partition has a new owner")
+
+	// ErrKeyBusy is matched by the reason a message is released for (see
+	// Releaser) when another worker holds its key's lease right now (lease
+	// path): it is neither run nor acknowledged but handed back, to find
+	// out later whether that worker completed the key.
+	ErrKeyBusy = errors.New("idemq: key being handled by another worker")
 )
 
 // PanicError is the error of a handler or a Config.KeyFunc that panicked. A

@@ -279,7 +279,7 @@ func (p *leasePath) settleLease(env *pathEnv, j *job, r *leaseRun) {
 	case r.claim.State == dedup.StateMismatch:
 		j.set(outDeadLetter, &dedup.MismatchError{Scope: env.scope, Key: j.key, Stored: r.claim.StoredHash, Received: j.hash})
 	case r.claim.State == dedup.StateInProgress:
-		j.set(outRetryInfra, fmt.Errorf("idemq: key %q: %w", j.key, errKeyBusy))
+		j.set(outRetryInfra, fmt.Errorf("idemq: key %q: %w", j.key, ErrKeyBusy))
 		j.delay = p.opts.InProgressDelay
 	case r.claim.State != dedup.StateNew:
 		j.set(outRetryInfra, fmt.Errorf("idemq: claim of key %q returned state %v", j.key, r.claim.State))
@@ -421,7 +421,3 @@ func (p *leasePath) failureCounter() dedup.FailureCounter {
 }
 
 func (p *leasePath) retention() (time.Duration, bool) { return p.opts.Retention, true }
-
-// errKeyBusy is wrapped by the retry reason of a message whose key another
-// worker holds (lease path).
-var errKeyBusy = errors.New("being handled by another worker")

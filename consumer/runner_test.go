@@ -519,7 +519,7 @@ func (s *releasingSource) Retry(ctx context.Context, m *consumer.Message, d time
 	return s.Source.Retry(ctx, m, d)
 }
 
-func (s *releasingSource) Release(ctx context.Context, m *consumer.Message, d time.Duration) error {
+func (s *releasingSource) Release(ctx context.Context, m *consumer.Message, d time.Duration, _ error) error {
 	s.releases.Add(1)
 	return s.Source.Retry(ctx, m, d)
 }

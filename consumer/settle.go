@@ -83,7 +83,7 @@ var errDuplicateUnsettled = errors.New("first copy not settled")
 // the store's trouble.
 func infraErr(batch []*job) error {
 	for _, j := range batch {
-		if j.out == outRetryInfra && j.err != nil && !errors.Is(j.err, errKeyBusy) && !errors.Is(j.err, errDuplicateUnsettled) {
+		if j.out == outRetryInfra && j.err != nil && !errors.Is(j.err, ErrKeyBusy) && !errors.Is(j.err, errDuplicateUnsettled) {
 			return j.err
 		}
 	}
@@ -141,11 +141,13 @@ func (s *settler) settleFailed(ctx context.Context, j *job) Outcome {
 		slog.String(LogKeyTopic, m.Topic), slog.Int(LogKeyAttempt, j.attempt()), slog.Duration(LogKeyDelay, delay),
 		slog.Any(LogKeyError, j.err))
 	s.env.obs.onRetry(j, kind, delay)
-	retry := s.src.Retry
+	var err error
 	if rel, ok := s.src.(Releaser); ok && j.out == outRetryInfra {
-		retry = rel.Release
+		err = rel.Release(ctx, m, delay, j.err)
+	} else {
+		err = s.src.Retry(ctx, m, delay)
 	}
-	if err := retry(ctx, m, delay); err != nil {
+	if err != nil {
 		if errors.Is(err, ErrFenced) { // the partition's new owner settles it
 			return OutcomeLeft
 		}

@@ -54,10 +54,13 @@ type Source interface {
 // an attempt. The runner calls it instead of Retry when the message is not at
 // fault: the database or the lease store failed, another worker holds the
 // message's lease, or an earlier message of its partition failed in the same
-// batch or was handed back before it. Sources whose broker counts deliveries itself (SQS's receive count)
-// do not implement it.
+// batch or was handed back before it. reason says which (never nil): it
+// matches ErrKeyBusy when another worker holds the key's lease, and is the
+// store's error or the hold's otherwise; a source that answers a caller
+// (httpsource) can tell a busy key from an outage by it. Sources whose
+// broker counts deliveries itself (SQS's receive count) do not implement it.
 type Releaser interface {
-	Release(ctx context.Context, msg *Message, delay time.Duration) error
+	Release(ctx context.Context, msg *Message, delay time.Duration, reason error) error
 }
 
 // PartitionLag is how far a consumer is behind one partition of a log-based

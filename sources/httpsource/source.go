@@ -186,7 +186,7 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p, busy := s.begin(key)
 		if busy != nil {
 			if !s.cfg.WaitInProgress {
-				problem(w, http.StatusConflict, "a request with this Idempotency-Key is still being processed; retry later")
+				problem(w, http.StatusConflict, busyDetail)
 				return
 			}
 			select {
@@ -200,6 +200,9 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 }
+
+// busyDetail is the 409 problem's detail for a key in progress.
+const busyDetail = "a request with this " + HeaderKey + " is still being processed; retry later"
 
 // requestKey returns the key to record for r, or answers r and reports
 // false.
@@ -377,11 +380,20 @@ func (s *Source) Retry(_ context.Context, msg *consumer.Message, delay time.Dura
 	return nil
 }
 
-// Release implements consumer.Releaser: the request was not at fault (the
-// database or the lease store failed, or another worker holds its key), so
-// it is delivered again after delay, while the request waits, if its
-// Timeout allows; otherwise it is answered 503 with Retry-After.
-func (s *Source) Release(_ context.Context, msg *consumer.Message, delay time.Duration) error {
+// Release implements consumer.Releaser: the request was not at fault. When
+// another instance is handling its key (reason matches consumer.ErrKeyBusy,
+// lease path) it is answered 409, as a key in progress at this instance is,
+// unless Config.WaitInProgress makes it wait. Otherwise (the database or
+// the lease store failed, or it waits) it is delivered again after delay,
+// while the request waits, if its Timeout allows; else it is answered 503
+// with Retry-After.
+func (s *Source) Release(_ context.Context, msg *consumer.Message, delay time.Duration, reason error) error {
+	if errors.Is(reason, consumer.ErrKeyBusy) && !s.cfg.WaitInProgress {
+		if p, ok := msg.Handle.(*pending); ok {
+			p.settle(answer{res: problemResponse(http.StatusConflict, busyDetail)})
+		}
+		return nil
+	}
 	s.again(msg, delay)
 	return nil
 }

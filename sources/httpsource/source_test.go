@@ -375,14 +375,6 @@ func TestSourceWaitInProgress(t *testing.T) {
 	}
 }
 
-// releaseTellsBusy is false while the runner releases a message whose key
-// another worker holds through consumer.Releaser.Release, which does not
-// say why: the source cannot tell that from a store outage, so it keeps
-// redelivering the request until its Timeout (503). Set it to true with the
-// runner change that passes the reason (an exported consumer.ErrKeyBusy in
-// it) and the source's 409 for it.
-const releaseTellsBusy = false
-
 // TestSourceLeaseInProgressElsewhere: on the lease path, a request whose key
 // another instance (another Source and runner on the same Redis and
 // consumer name) is handling right now is answered as one in progress at
@@ -428,12 +420,6 @@ func TestSourceLeaseInProgressElsewhere(t *testing.T) {
 			second := make(chan reply, 1)
 			go func() { second <- post(t, b.url, "k", `{"amount":3,"block":true}`) }()
 			if !wait {
-				if !releaseTellsBusy {
-					release()
-					<-first
-					<-second
-					t.Skip("needs the runner to tell a source why it releases a message (see releaseTellsBusy)")
-				}
 				var r reply
 				select {
 				case r = <-second:

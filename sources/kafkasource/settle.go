@@ -61,7 +61,7 @@ func (s *Source) Retry(_ context.Context, msg *consumer.Message, delay time.Dura
 // like Retry, with the same Attempt. The runner uses it when the message was
 // not at fault (a database outage, a batch-mate's failure), so that such
 // retries do not use up the message's attempts.
-func (s *Source) Release(_ context.Context, msg *consumer.Message, delay time.Duration) error {
+func (s *Source) Release(_ context.Context, msg *consumer.Message, delay time.Duration, _ error) error {
 	return s.handBack(msg, msg.Attempt, delay)
 }
 

@@ -205,7 +205,7 @@ func TestReleaseKeepsAttempt(t *testing.T) {
 	publish(t, brokers, topic, outgoing("rel", 1)...)
 	src := openSource(t, testConfig(t, brokers, topic, runtest.UniqueName(t, "g")))
 	m := receiveN(t, src, 1, waitTimeout)[0]
-	if err := src.Release(context.Background(), m, 10*time.Millisecond); err != nil {
+	if err := src.Release(context.Background(), m, 10*time.Millisecond, errors.New("store down")); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	r := receiveN(t, src, 1, waitTimeout)[0]
