@@ -19,7 +19,9 @@
 // requests/s, p50 and p99 latency, the database round trips per request
 // (counted by a pgx tracer on the endpoint's pool: a query, an Exec or a
 // pipelined batch is one) and the ratios idemq / hand-written of the same
-// round. Run it with `make bench-http`; TEST_DATABASE_URL selects the
+// round, with the CPU time and the heap allocations per request of this
+// process (the server and the clients together). -only runs one endpoint,
+// -cpuprofile profiles the measured rows. Run it with `make bench-http`; TEST_DATABASE_URL selects the
 // server.
 package main
 
@@ -45,6 +47,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/redact"
@@ -66,6 +69,8 @@ func main() {
 	clientsFlag := flag.String("clients", "1,16,64", "concurrent clients of each row")
 	accounts := flag.Int("accounts", 1000, "accounts the charges spread over")
 	rounds := flag.Int("rounds", 2, "rounds, alternating the order")
+	only := flag.String("only", "", "run only the endpoint of this name (idemq or hand-written)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the measured rows to this file")
 	flag.Parse()
 	if *dsn == "" {
 		*dsn = os.Getenv("TEST_DATABASE_URL")
@@ -83,7 +88,11 @@ func main() {
 		}
 		clients = append(clients, n)
 	}
-	if err := run(context.Background(), *dsn, clients, *duration, *accounts, *rounds); err != nil {
+	if *only != "" && *only != "idemq" && *only != "hand-written" {
+		fmt.Fprintf(os.Stderr, "bench http: bad -only %q (idemq or hand-written)\n", *only)
+		os.Exit(2)
+	}
+	if err := run(context.Background(), *dsn, clients, *duration, *accounts, *rounds, *only, *cpuprofile); err != nil {
 		fmt.Fprintln(os.Stderr, "bench http:", err)
 		os.Exit(1)
 	}
@@ -102,7 +111,9 @@ type result struct {
 	rps      float64
 	p50, p99 time.Duration
 	errors   int
-	trips    int64 // database round trips during the row
+	trips    int64         // database round trips during the row
+	cpu      time.Duration // CPU time of this process (server and clients) per request
+	allocs   float64       // heap allocations of this process per request
 }
 
 // counter is a pgx tracer counting round trips: a query or an Exec is one,
@@ -124,7 +135,7 @@ func (c *counter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceB
 func (c *counter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 func (c *counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
-func run(ctx context.Context, dsn string, clients []int, d time.Duration, accounts, rounds int) error {
+func run(ctx context.Context, dsn string, clients []int, d time.Duration, accounts, rounds int, only, cpuprofile string) error {
 	maxClients := slices.Max(clients)
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
@@ -154,9 +165,16 @@ func run(ctx context.Context, dsn string, clients []int, d time.Duration, accoun
 		drive(client, s, 4, 500*time.Millisecond, accounts)
 	}
 
-	fmt.Printf("POST /charges with a new Idempotency-Key each, %d accounts, %s per row, PostgreSQL at %s\n\n",
+	stopProfile, err := handwritten.StartCPUProfile(cpuprofile)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
+
+	fmt.Printf("POST /charges with a new Idempotency-Key each, %d accounts, %s per row, PostgreSQL at %s\n",
 		accounts, d, redact.String(dsn))
-	fmt.Printf("%-5s %-7s %-13s %10s %9s %9s %7s %9s\n", "round", "clients", "endpoint", "req/s", "p50", "p99", "errors", "trips/req")
+	fmt.Printf("cpu/req and allocs/req count this whole process: the server and the HTTP clients\n\n")
+	fmt.Printf("%-5s %-7s %-13s %10s %9s %9s %7s %9s %8s %10s\n", "round", "clients", "endpoint", "req/s", "p50", "p99", "errors", "trips/req", "cpu/req", "allocs/req")
 	type key struct {
 		round, clients int
 		name           string
@@ -173,12 +191,18 @@ func run(ctx context.Context, dsn string, clients []int, d time.Duration, accoun
 				servers = []server{idem, hand}
 			}
 			for _, s := range servers {
+				if only != "" && s.name != only {
+					continue
+				}
 				r := drive(client, s, c, d, accounts)
 				res[key{round, c, s.name}] = r
-				fmt.Printf("%-5d %-7d %-13s %10.0f %9s %9s %7d %9.2f\n", round+1, c, s.name, r.rps, r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.errors,
-					float64(r.trips)/float64(max(r.reqs, 1)))
+				fmt.Printf("%-5d %-7d %-13s %10.0f %9s %9s %7d %9.2f %8s %10.0f\n", round+1, c, s.name, r.rps, r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.errors,
+					float64(r.trips)/float64(max(r.reqs, 1)), r.cpu.Round(time.Microsecond), r.allocs)
 			}
 		}
+	}
+	if only != "" {
+		return nil
 	}
 	fmt.Printf("\nratios idemq / hand-written, per round (throughput: higher is better; p50: lower is better)\n")
 	fmt.Printf("%-7s %-5s %12s %8s %8s\n", "clients", "round", "throughput", "p50", "p99")
@@ -203,6 +227,7 @@ func drive(client *http.Client, s server, n int, d time.Duration, accounts int) 
 	)
 	prefix := fmt.Sprintf("%s-%d-", s.name, time.Now().UnixNano())
 	trips0 := s.trips.trips.Load()
+	usage := handwritten.StartUsage()
 	start := time.Now()
 	end := start.Add(d)
 	for range n {
@@ -229,6 +254,7 @@ func drive(client *http.Client, s server, n int, d time.Duration, accounts int) 
 	elapsed := time.Since(start)
 	slices.Sort(latencies)
 	r := result{reqs: len(latencies), errors: int(errs.Load()), trips: s.trips.trips.Load() - trips0}
+	r.cpu, r.allocs = usage.Per(len(latencies))
 	if len(latencies) > 0 {
 		r.rps = float64(len(latencies)) / elapsed.Seconds()
 		r.p50 = latencies[len(latencies)/2]
