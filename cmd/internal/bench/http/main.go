@@ -20,7 +20,9 @@
 // (counted by a pgx tracer on the endpoint's pool: a query, an Exec or a
 // pipelined batch is one) and the ratios idemq / hand-written of the same
 // round, with the CPU time and the heap allocations per request of this
-// process (the server and the clients together). -only runs one endpoint,
+// process (the server and the clients together) and the CPU time per
+// request of the endpoint's PostgreSQL backends (read from /proc when the
+// server runs on this machine). -only runs one endpoint,
 // -cpuprofile profiles the measured rows. Run it with `make bench-http`; TEST_DATABASE_URL selects the
 // server.
 package main
@@ -114,11 +116,56 @@ type result struct {
 	trips    int64         // database round trips during the row
 	cpu      time.Duration // CPU time of this process (server and clients) per request
 	allocs   float64       // heap allocations of this process per request
+	dbCPU    time.Duration // CPU time of the pool's server backends per request
 }
 
 // counter is a pgx tracer counting round trips: a query or an Exec is one,
-// a pipelined batch is one.
-type counter struct{ trips atomic.Int64 }
+// a pipelined batch is one. It also keeps the process ids of the pool's
+// server backends, for their CPU time.
+type counter struct {
+	trips atomic.Int64
+	mu    sync.Mutex
+	pids  []uint32
+}
+
+// afterConnect is the pool's AfterConnect: it records the backend's pid.
+func (c *counter) afterConnect(_ context.Context, conn *pgx.Conn) error {
+	c.mu.Lock()
+	c.pids = append(c.pids, conn.PgConn().PID())
+	c.mu.Unlock()
+	return nil
+}
+
+// backendCPU is the CPU time the pool's backends used so far, read from
+// /proc (the server must run on this machine; ok is false otherwise). A
+// backend that exited is not counted.
+func (c *counter) backendCPU() (d time.Duration, ok bool) {
+	c.mu.Lock()
+	pids := slices.Clone(c.pids)
+	c.mu.Unlock()
+	for _, pid := range pids {
+		b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/stat")
+		if err != nil {
+			continue
+		}
+		// Fields after the command's closing parenthesis; utime and
+		// stime are the 14th and 15th of the line, in clock ticks
+		// (USER_HZ, 100 on Linux).
+		i := strings.LastIndexByte(string(b), ')')
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 13 {
+			continue
+		}
+		ut, err1 := strconv.ParseInt(f[11], 10, 64)
+		st, err2 := strconv.ParseInt(f[12], 10, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		d += time.Duration(ut+st) * 10 * time.Millisecond
+		ok = true
+	}
+	return d, ok
+}
 
 func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	c.trips.Add(1)
@@ -173,8 +220,9 @@ func run(ctx context.Context, dsn string, clients []int, d time.Duration, accoun
 
 	fmt.Printf("POST /charges with a new Idempotency-Key each, %d accounts, %s per row, PostgreSQL at %s\n",
 		accounts, d, redact.String(dsn))
-	fmt.Printf("cpu/req and allocs/req count this whole process: the server and the HTTP clients\n\n")
-	fmt.Printf("%-5s %-7s %-13s %10s %9s %9s %7s %9s %8s %10s\n", "round", "clients", "endpoint", "req/s", "p50", "p99", "errors", "trips/req", "cpu/req", "allocs/req")
+	fmt.Printf("cpu/req and allocs/req count this whole process (the server and the HTTP clients);\n")
+	fmt.Printf("db cpu/req the endpoint's PostgreSQL backends (from /proc, if the server is local)\n\n")
+	fmt.Printf("%-5s %-7s %-13s %10s %9s %9s %7s %9s %8s %10s %10s\n", "round", "clients", "endpoint", "req/s", "p50", "p99", "errors", "trips/req", "cpu/req", "allocs/req", "db cpu/req")
 	type key struct {
 		round, clients int
 		name           string
@@ -196,8 +244,8 @@ func run(ctx context.Context, dsn string, clients []int, d time.Duration, accoun
 				}
 				r := drive(client, s, c, d, accounts)
 				res[key{round, c, s.name}] = r
-				fmt.Printf("%-5d %-7d %-13s %10.0f %9s %9s %7d %9.2f %8s %10.0f\n", round+1, c, s.name, r.rps, r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.errors,
-					float64(r.trips)/float64(max(r.reqs, 1)), r.cpu.Round(time.Microsecond), r.allocs)
+				fmt.Printf("%-5d %-7d %-13s %10.0f %9s %9s %7d %9.2f %8s %10.0f %10s\n", round+1, c, s.name, r.rps, r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.errors,
+					float64(r.trips)/float64(max(r.reqs, 1)), r.cpu.Round(time.Microsecond), r.allocs, r.dbCPU.Round(time.Microsecond))
 			}
 		}
 	}
@@ -227,6 +275,7 @@ func drive(client *http.Client, s server, n int, d time.Duration, accounts int) 
 	)
 	prefix := fmt.Sprintf("%s-%d-", s.name, time.Now().UnixNano())
 	trips0 := s.trips.trips.Load()
+	db0, _ := s.trips.backendCPU()
 	usage := handwritten.StartUsage()
 	start := time.Now()
 	end := start.Add(d)
@@ -255,6 +304,9 @@ func drive(client *http.Client, s server, n int, d time.Duration, accounts int) 
 	slices.Sort(latencies)
 	r := result{reqs: len(latencies), errors: int(errs.Load()), trips: s.trips.trips.Load() - trips0}
 	r.cpu, r.allocs = usage.Per(len(latencies))
+	if db1, ok := s.trips.backendCPU(); ok && len(latencies) > 0 {
+		r.dbCPU = (db1 - db0) / time.Duration(len(latencies))
+	}
 	if len(latencies) > 0 {
 		r.rps = float64(len(latencies)) / elapsed.Seconds()
 		r.p50 = latencies[len(latencies)/2]
@@ -330,6 +382,7 @@ func startIdemq(ctx context.Context, dsn string) (server, func(), error) {
 	cfg.MaxConns = concurrency + 2
 	trips := &counter{}
 	cfg.ConnConfig.Tracer = trips
+	cfg.AfterConnect = trips.afterConnect
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return server{}, nil, err
@@ -396,6 +449,7 @@ func startHand(ctx context.Context, dsn string, clients int) (server, func(), er
 	cfg.MaxConns = int32(clients + 2)
 	trips := &counter{}
 	cfg.ConnConfig.Tracer = trips
+	cfg.AfterConnect = trips.afterConnect
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return server{}, nil, err
