@@ -52,6 +52,7 @@ import (
 	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/pgtrace"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/sources/httpsource"
 )
@@ -119,13 +120,12 @@ type result struct {
 	dbCPU    time.Duration // CPU time of the pool's server backends per request
 }
 
-// counter is a pgx tracer counting round trips: a query or an Exec is one,
-// a pipelined batch is one. It also keeps the process ids of the pool's
-// server backends, for their CPU time.
+// counter counts a pool's round trips (pgtrace.Counter, its tracer) and
+// keeps the process ids of its server backends, for their CPU time.
 type counter struct {
-	trips atomic.Int64
-	mu    sync.Mutex
-	pids  []uint32
+	pgtrace.Counter
+	mu   sync.Mutex
+	pids []uint32
 }
 
 // afterConnect is the pool's AfterConnect: it records the backend's pid.
@@ -166,21 +166,6 @@ func (c *counter) backendCPU() (d time.Duration, ok bool) {
 	}
 	return d, ok
 }
-
-func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.trips.Add(1)
-	return ctx
-}
-
-func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (c *counter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.trips.Add(1)
-	return ctx
-}
-
-func (c *counter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 func run(ctx context.Context, dsn string, clients []int, d time.Duration, accounts, rounds int, only, cpuprofile string) error {
 	maxClients := slices.Max(clients)
@@ -274,7 +259,7 @@ func drive(client *http.Client, s server, n int, d time.Duration, accounts int) 
 		wg        sync.WaitGroup
 	)
 	prefix := fmt.Sprintf("%s-%d-", s.name, time.Now().UnixNano())
-	trips0 := s.trips.trips.Load()
+	trips0 := s.trips.Trips.Load()
 	db0, _ := s.trips.backendCPU()
 	usage := handwritten.StartUsage()
 	start := time.Now()
@@ -302,7 +287,7 @@ func drive(client *http.Client, s server, n int, d time.Duration, accounts int) 
 	wg.Wait()
 	elapsed := time.Since(start)
 	slices.Sort(latencies)
-	r := result{reqs: len(latencies), errors: int(errs.Load()), trips: s.trips.trips.Load() - trips0}
+	r := result{reqs: len(latencies), errors: int(errs.Load()), trips: s.trips.Trips.Load() - trips0}
 	r.cpu, r.allocs = usage.Per(len(latencies))
 	if db1, ok := s.trips.backendCPU(); ok && len(latencies) > 0 {
 		r.dbCPU = (db1 - db0) / time.Duration(len(latencies))
