@@ -12,6 +12,9 @@ import (
 // of them to the hooks (see TransactionalBatch), and the call to ti (nil
 // without HookTx hooks).
 func (env *pathEnv) callBatch(ctx context.Context, jobs []*job, ti *TxInfo, fn func(ctx context.Context) error) (err error) {
+	for _, j := range jobs {
+		j.msg.setReturned(nil, false) // a batch run again starts with no results
+	}
 	if env.handlerTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, env.handlerTimeout)

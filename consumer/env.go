@@ -69,6 +69,7 @@ func (env *pathEnv) msgCtx(ctx context.Context, j *job) context.Context {
 // panic recovery.
 func (env *pathEnv) call(ctx context.Context, j *job, fn func(ctx context.Context) error) (err error) {
 	ctx = withKeys(env.msgCtx(ctx, j), env.scope, j.key)
+	j.msg.setReturned(nil, false) // a run again starts with no result
 	if env.handlerTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, env.handlerTimeout)

@@ -182,7 +182,7 @@ const (
 // second copy of the key in one batch), result is the result stored with
 // the key's record, byte for byte, and replayed is true. result is nil when
 // the handler returned none (a plain TxHandler or Handler, a
-// TransactionalBatch handler, which cannot return results, or a record
+// TransactionalBatch handler that set none with SetResult, or a record
 // written before results were stored). A Source that answers its producer
 // (sources/httpsource, a request/reply consumer) reads it in Ack; nothing
 // else should. The slice must not be modified.
@@ -195,6 +195,17 @@ func (m *Message) Outcome() (result []byte, replayed bool, ok bool) {
 	}
 	return nil, false, false
 }
+
+// SetResult records b as m's result, to be stored with m's record and
+// returned to m's duplicates by Outcome, as the result a TxResult or
+// LeaseResult handler returns. It is how a TransactionalBatch handler
+// returns a result per message: call it from the handler, for the messages
+// it was given, before it returns (the last call for a message wins). A
+// handler run again (after a failure, or a batch-mate's) starts with no
+// result. A result above Config.MaxResultBytes dead-letters m with
+// ErrResultTooLarge, and its batch-mates run again without it. b must not
+// be modified afterwards.
+func (m *Message) SetResult(b []byte) { m.setReturned(b, true) }
 
 // setReturned records the result a handler returned (or, with ok false,
 // forgets a result of an earlier run of the handler).

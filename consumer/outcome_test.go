@@ -144,6 +144,60 @@ func TestOutcome(t *testing.T) {
 		}
 	})
 
+	t.Run("tx batch handler returns results with SetResult", func(t *testing.T) {
+		f := newFixture(t)
+		f.maxCalls("a", 2) // the batch runs again without "big"
+		f.maxCalls("b", 2)
+		f.maxCalls("big", 1)
+		f.broker.Inject(memsource.Fault{Kind: memsource.FaultDropAck, Key: "a"})
+		src := &outcomeSource{Source: f.broker.Source(f.topic)}
+		f.publish("a", "b", "big")
+		bh := func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+			for _, m := range msgs {
+				if err := f.handler(nil)(m.KeyContext(ctx), tx, m); err != nil {
+					return err
+				}
+				if m.Key == "big" {
+					m.SetResult([]byte("123456"))
+					continue
+				}
+				m.SetResult([]byte("r-" + m.Key))
+			}
+			return nil
+		}
+		f.start(src, consumer.TransactionalBatch[pgx.Tx](f.store, bh),
+			consumer.Config{Concurrency: 1, BatchSize: 3, BatchWait: time.Second, MaxResultBytes: 5})
+		got := src.waitAcked(f, 3, 0) // a, b, and a's redelivery
+		byKey := map[string][]seenOutcome{}
+		for _, o := range got {
+			byKey[o.key] = append(byKey[o.key], o)
+		}
+		if o := byKey["b"]; len(o) != 1 || !o[0].ok || o[0].replayed || o[0].result != "r-b" {
+			t.Errorf("b: outcomes %+v, want one fresh %q", o, "r-b")
+		}
+		// a's acknowledgements are dropped: each redelivery replays it.
+		if o := byKey["a"]; len(o) < 2 || o[0].result != "r-a" || o[0].replayed {
+			t.Errorf("a: outcomes %+v, want fresh %q, then replays", o, "r-a")
+		} else {
+			for _, r := range o[1:] {
+				if !r.ok || !r.replayed || r.result != "r-a" {
+					t.Errorf("a: redelivery outcome %+v, want replayed %q", r, "r-a")
+				}
+			}
+		}
+		f.waitFor("a dead letter", func(st memsource.TopicStats) bool { return st.DeadLettered == 1 })
+		if dl := f.broker.DeadLetters(f.topic); len(dl) != 1 || dl[0].Key != "big" || !errors.Is(dl[0].Err, consumer.ErrResultTooLarge) {
+			t.Fatalf("dead letters %+v, want big with ErrResultTooLarge", dl)
+		}
+		f.requireOnce("a", "b")
+		if n := f.effects()["big"]; n != 0 {
+			t.Errorf("%d effects committed for an oversize result, want 0", n)
+		}
+		if e, err := f.store.Inspect(context.Background(), "test", "b"); err != nil || string(e.Result) != "r-b" {
+			t.Errorf("Inspect(b) = %q, %v; want result %q", e.Result, err, "r-b")
+		}
+	})
+
 	t.Run("tx failed handler stores nothing", func(t *testing.T) {
 		f := newFixture(t)
 		f.maxCalls("f", 2)

@@ -665,6 +665,13 @@ func (p *txPath[Tx]) handleBatch(ctx context.Context, env *pathEnv, tx Tx, fresh
 		err = errSwallowed
 	}
 	if err == nil {
+		// env.go: checkResult refuses a result (Message.SetResult) above
+		// Config.MaxResultBytes; the others run again without it.
+		for _, j := range fresh {
+			if _, rerr := env.checkResult(j); rerr != nil {
+				return tryResult{err: rerr, culprit: j}, true
+			}
+		}
 		return tryResult{}, false
 	}
 	var me *MessageError
