@@ -74,6 +74,22 @@ func Lease(h func(ctx context.Context, msg *consumer.Message) (Response, error))
 	})
 }
 
+// Respond records res as the response to msg from a
+// consumer.TransactionalBatch handler, which returns no Response of its
+// own: like Tx's, it is stored with the request's record in the batch's
+// transaction (consumer.Message.SetResult), answered once that commits, and
+// replayed to retries. Call it for each message of the batch before the
+// handler returns; a request whose handler set none is answered 204 No
+// Content. It fails only for an invalid status.
+func Respond(msg *consumer.Message, res Response) error {
+	b, err := encodeResponse(res)
+	if err != nil {
+		return err
+	}
+	msg.SetResult(b)
+	return nil
+}
+
 // Request returns the *http.Request a message was made from, or nil for a
 // message of another source. Its body has been read into msg.Body.
 func Request(msg *consumer.Message) *http.Request {

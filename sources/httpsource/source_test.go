@@ -119,6 +119,49 @@ func backends() []backend {
 				})
 			})), "charges"
 		}},
+		{"postgres-batch", func(t *testing.T, e *endpoint) (consumer.Path, string) {
+			// The batch API: each request's Response set with Respond.
+			url := testenv.DatabaseURL(t)
+			schema := testenv.Schema(t, url)
+			pool, err := pgxpool.New(context.Background(), url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			testenv.ClosePoolAtCleanup(t, pool)
+			store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := store.Migrate(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			table := pgx.Identifier{schema, "charges"}.Sanitize()
+			if _, err := pool.Exec(context.Background(), `CREATE TABLE `+table+` (id bigserial PRIMARY KEY, amount int NOT NULL)`); err != nil {
+				t.Fatal(err)
+			}
+			e.effects = func() int {
+				var n int
+				if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&n); err != nil {
+					t.Error(err)
+				}
+				return n
+			}
+			return consumer.TransactionalBatch[pgx.Tx](store, func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+				for _, msg := range msgs {
+					res, err := e.handle(ctx, msg, func(amount int) (id int64, err error) {
+						err = tx.QueryRow(ctx, `INSERT INTO `+table+` (amount) VALUES ($1) RETURNING id`, amount).Scan(&id)
+						return id, err
+					})
+					if err == nil {
+						err = httpsource.Respond(msg, res)
+					}
+					if err != nil {
+						return &consumer.MessageError{Msg: msg, Err: err}
+					}
+				}
+				return nil
+			}), "charges"
+		}},
 		{"sqlite", func(t *testing.T, e *endpoint) (consumer.Path, string) {
 			db, err := sqldedup.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "charges.db"))
 			if err != nil {
