@@ -11,7 +11,12 @@
 //     with the response; COMMIT; write the response;
 //   - idemq: httpsource.Tx with the same UPDATE and INSERT, the response
 //     stored with the key's record by the runner; concurrent requests share
-//     a transaction and its commit (Config.BatchSize).
+//     a transaction and its commit (Config.BatchSize);
+//   - idemq-batch: the batch API (consumer.TransactionalBatch) over the
+//     requests a lane takes at once: the accounts locked in id order, one
+//     set-based UPDATE of the balances and one INSERT of the charges, in one
+//     pipelined round trip, and each request's response set with
+//     httpsource.Respond.
 //
 // Every request carries a new key and charges one of -accounts accounts at
 // random. Each row runs -clients concurrent clients (1, 16 and 64) for
@@ -72,7 +77,7 @@ func main() {
 	clientsFlag := flag.String("clients", "1,16,64", "concurrent clients of each row")
 	accounts := flag.Int("accounts", 1000, "accounts the charges spread over")
 	rounds := flag.Int("rounds", 2, "rounds, alternating the order")
-	only := flag.String("only", "", "run only the endpoint of this name (idemq or hand-written)")
+	only := flag.String("only", "", "run only the endpoint of this name (hand-written, idemq or idemq-batch)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the measured rows to this file")
 	flag.Parse()
 	if *dsn == "" {
@@ -91,8 +96,8 @@ func main() {
 		}
 		clients = append(clients, n)
 	}
-	if *only != "" && *only != "idemq" && *only != "hand-written" {
-		fmt.Fprintf(os.Stderr, "bench http: bad -only %q (idemq or hand-written)\n", *only)
+	if *only != "" && *only != "idemq" && *only != "idemq-batch" && *only != "hand-written" {
+		fmt.Fprintf(os.Stderr, "bench http: bad -only %q (hand-written, idemq or idemq-batch)\n", *only)
 		os.Exit(2)
 	}
 	if err := run(context.Background(), *dsn, clients, *duration, *accounts, *rounds, *only, *cpuprofile); err != nil {
@@ -184,16 +189,21 @@ func run(ctx context.Context, dsn string, clients []int, d time.Duration, accoun
 		return err
 	}
 	defer stopHand()
-	idem, stopIdem, err := startIdemq(ctx, dsn)
+	idem, stopIdem, err := startIdemq(ctx, dsn, false)
 	if err != nil {
 		return err
 	}
 	defer stopIdem()
+	idemBatch, stopIdemBatch, err := startIdemq(ctx, dsn, true)
+	if err != nil {
+		return err
+	}
+	defer stopIdemBatch()
 
 	tr := &http.Transport{MaxIdleConns: 4 * maxClients, MaxIdleConnsPerHost: 2 * maxClients, IdleConnTimeout: time.Minute}
 	client := &http.Client{Transport: tr, Timeout: 60 * time.Second}
 	// Warm both up: connections, prepared statements, the JIT of nothing.
-	for _, s := range []server{hand, idem} {
+	for _, s := range []server{hand, idem, idemBatch} {
 		drive(client, s, 4, 500*time.Millisecond, accounts)
 	}
 
@@ -219,9 +229,9 @@ func run(ctx context.Context, dsn string, clients []int, d time.Duration, accoun
 			slices.Reverse(order)
 		}
 		for _, c := range order {
-			servers := []server{hand, idem}
+			servers := []server{hand, idem, idemBatch}
 			if round%2 == 1 {
-				servers = []server{idem, hand}
+				slices.Reverse(servers)
 			}
 			for _, s := range servers {
 				if only != "" && s.name != only {
@@ -237,12 +247,14 @@ func run(ctx context.Context, dsn string, clients []int, d time.Duration, accoun
 	if only != "" {
 		return nil
 	}
-	fmt.Printf("\nratios idemq / hand-written, per round (throughput: higher is better; p50: lower is better)\n")
-	fmt.Printf("%-7s %-5s %12s %8s %8s\n", "clients", "round", "throughput", "p50", "p99")
-	for _, c := range clients {
-		for round := range rounds {
-			h, i := res[key{round, c, hand.name}], res[key{round, c, idem.name}]
-			fmt.Printf("%-7d %-5d %11.2fx %7.2fx %7.2fx\n", c, round+1, i.rps/h.rps, float64(i.p50)/float64(h.p50), float64(i.p99)/float64(h.p99))
+	fmt.Printf("\nratios to hand-written, per round (throughput: higher is better; p50: lower is better)\n")
+	fmt.Printf("%-12s %-7s %-5s %12s %8s %8s\n", "endpoint", "clients", "round", "throughput", "p50", "p99")
+	for _, s := range []server{idem, idemBatch} {
+		for _, c := range clients {
+			for round := range rounds {
+				h, i := res[key{round, c, hand.name}], res[key{round, c, s.name}]
+				fmt.Printf("%-12s %-7d %-5d %11.2fx %7.2fx %7.2fx\n", s.name, c, round+1, i.rps/h.rps, float64(i.p50)/float64(h.p50), float64(i.p99)/float64(h.p99))
+			}
 		}
 	}
 	return nil
@@ -358,7 +370,61 @@ func chargeTx(ctx context.Context, tx pgx.Tx, c *charge) error {
 		c.Account, c.Amount).Scan(&c.ID)
 }
 
-func startIdemq(ctx context.Context, dsn string) (server, func(), error) {
+// chargeBatch is the business transaction of the idemq-batch endpoint over
+// the charges of a batch, in one pipelined round trip: the accounts locked
+// in id order (concurrent batches touch them in one order, so they do not
+// deadlock), the balances updated by their sums, the charges inserted. Each
+// charge gets its id and the balance after it, as chargeTx gives it.
+func chargeBatch(ctx context.Context, tx pgx.Tx, cs []charge) error {
+	accts, amounts := make([]int64, len(cs)), make([]int64, len(cs))
+	for i, c := range cs {
+		accts[i], amounts[i] = c.Account, c.Amount
+	}
+	b := &pgx.Batch{}
+	b.Queue(`SELECT id FROM `+schema+`.accounts WHERE id = ANY($1) ORDER BY id FOR UPDATE`, accts)
+	b.Queue(`UPDATE `+schema+`.accounts a SET balance = a.balance + d.total
+		FROM (SELECT id, sum(amount) AS total FROM unnest($1::bigint[], $2::bigint[]) AS t(id, amount) GROUP BY id) d
+		WHERE a.id = d.id RETURNING a.id, a.balance`, accts, amounts)
+	b.Queue(`WITH ins AS (INSERT INTO `+schema+`.charges (account, amount) SELECT * FROM unnest($1::bigint[], $2::bigint[]) RETURNING id)
+		SELECT id FROM ins ORDER BY id`, accts, amounts)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return err
+	}
+	final := make(map[int64]int64, len(cs))
+	rows, _ := br.Query()
+	var id, balance int64
+	if _, err := pgx.ForEachRow(rows, []any{&id, &balance}, func() error { final[id] = balance; return nil }); err != nil {
+		return err
+	}
+	rows, _ = br.Query()
+	i := 0
+	if _, err := pgx.ForEachRow(rows, []any{&id}, func() error {
+		if i < len(cs) {
+			cs[i].ID = id
+		}
+		i++
+		return nil
+	}); err != nil {
+		return err
+	}
+	if i != len(cs) {
+		return fmt.Errorf("inserted %d charges for %d", i, len(cs))
+	}
+	// The balance after each charge: the final one less the amounts of
+	// the account's later charges in the batch.
+	later := make(map[int64]int64, len(cs))
+	for i := len(cs) - 1; i >= 0; i-- {
+		cs[i].Balance = final[cs[i].Account] - later[cs[i].Account]
+		later[cs[i].Account] += cs[i].Amount
+	}
+	return br.Close()
+}
+
+// startIdemq starts the idemq endpoint: httpsource.Tx per request, or with
+// batch the batch API.
+func startIdemq(ctx context.Context, dsn string, batch bool) (server, func(), error) {
 	const concurrency = 8
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -396,8 +462,32 @@ func startIdemq(ctx context.Context, dsn string) (server, func(), error) {
 		}
 		return httpsource.JSON(http.StatusCreated, c)
 	})
-	r, err := consumer.NewRunner(src, consumer.Transactional[pgx.Tx](store, h),
-		consumer.Config{Name: "bench-http", Concurrency: concurrency, BatchSize: 64})
+	name, path := "idemq", consumer.Transactional[pgx.Tx](store, h)
+	if batch {
+		name, path = "idemq-batch", consumer.TransactionalBatch[pgx.Tx](store, func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+			cs := make([]charge, len(msgs))
+			for i, m := range msgs {
+				if err := json.Unmarshal(m.Body, &cs[i]); err != nil {
+					return &consumer.MessageError{Msg: m, Err: httpsource.Reject(http.StatusBadRequest, err.Error())}
+				}
+			}
+			if err := chargeBatch(ctx, tx, cs); err != nil {
+				return err
+			}
+			for i, m := range msgs {
+				res, err := httpsource.JSON(http.StatusCreated, cs[i])
+				if err == nil {
+					err = httpsource.Respond(m, res)
+				}
+				if err != nil {
+					return &consumer.MessageError{Msg: m, Err: err}
+				}
+			}
+			return nil
+		})
+	}
+	r, err := consumer.NewRunner(src, path,
+		consumer.Config{Name: "bench-" + name, Concurrency: concurrency, BatchSize: 64})
 	if err != nil {
 		pool.Close()
 		return server{}, nil, err
@@ -414,7 +504,7 @@ func startIdemq(ctx context.Context, dsn string) (server, func(), error) {
 		pool.Close()
 		return server{}, nil, err
 	}
-	return server{name: "idemq", url: url, trips: trips}, func() {
+	return server{name: name, url: url, trips: trips}, func() {
 		stop()
 		cancel()
 		if err := <-done; err != nil {
