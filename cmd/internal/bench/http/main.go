@@ -77,6 +77,7 @@ func main() {
 	clientsFlag := flag.String("clients", "1,16,64", "concurrent clients of each row")
 	accounts := flag.Int("accounts", 1000, "accounts the charges spread over")
 	rounds := flag.Int("rounds", 2, "rounds, alternating the order")
+	concurrency := flag.Int("concurrency", 4, "the idemq runners' Config.Concurrency (lanes): fewer lanes make larger batches")
 	only := flag.String("only", "", "run only the endpoint of this name (hand-written, idemq or idemq-batch)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the measured rows to this file")
 	flag.Parse()
@@ -100,7 +101,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "bench http: bad -only %q (hand-written, idemq or idemq-batch)\n", *only)
 		os.Exit(2)
 	}
-	if err := run(context.Background(), *dsn, clients, *duration, *accounts, *rounds, *only, *cpuprofile); err != nil {
+	if err := run(context.Background(), *dsn, clients, *duration, *accounts, *rounds, *concurrency, *only, *cpuprofile); err != nil {
 		fmt.Fprintln(os.Stderr, "bench http:", err)
 		os.Exit(1)
 	}
@@ -172,7 +173,7 @@ func (c *counter) backendCPU() (d time.Duration, ok bool) {
 	return d, ok
 }
 
-func run(ctx context.Context, dsn string, clients []int, d time.Duration, accounts, rounds int, only, cpuprofile string) error {
+func run(ctx context.Context, dsn string, clients []int, d time.Duration, accounts, rounds, concurrency int, only, cpuprofile string) error {
 	maxClients := slices.Max(clients)
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
@@ -189,12 +190,12 @@ func run(ctx context.Context, dsn string, clients []int, d time.Duration, accoun
 		return err
 	}
 	defer stopHand()
-	idem, stopIdem, err := startIdemq(ctx, dsn, false)
+	idem, stopIdem, err := startIdemq(ctx, dsn, concurrency, false)
 	if err != nil {
 		return err
 	}
 	defer stopIdem()
-	idemBatch, stopIdemBatch, err := startIdemq(ctx, dsn, true)
+	idemBatch, stopIdemBatch, err := startIdemq(ctx, dsn, concurrency, true)
 	if err != nil {
 		return err
 	}
@@ -213,8 +214,8 @@ func run(ctx context.Context, dsn string, clients []int, d time.Duration, accoun
 	}
 	defer stopProfile()
 
-	fmt.Printf("POST /charges with a new Idempotency-Key each, %d accounts, %s per row, PostgreSQL at %s\n",
-		accounts, d, redact.String(dsn))
+	fmt.Printf("POST /charges with a new Idempotency-Key each, %d accounts, %s per row, idemq runners with %d lanes, PostgreSQL at %s\n",
+		accounts, d, concurrency, redact.String(dsn))
 	fmt.Printf("cpu/req and allocs/req count this whole process (the server and the HTTP clients);\n")
 	fmt.Printf("db cpu/req the endpoint's PostgreSQL backends (from /proc, if the server is local)\n\n")
 	fmt.Printf("%-5s %-7s %-13s %10s %9s %9s %7s %9s %8s %10s %10s\n", "round", "clients", "endpoint", "req/s", "p50", "p99", "errors", "trips/req", "cpu/req", "allocs/req", "db cpu/req")
@@ -424,13 +425,12 @@ func chargeBatch(ctx context.Context, tx pgx.Tx, cs []charge) error {
 
 // startIdemq starts the idemq endpoint: httpsource.Tx per request, or with
 // batch the batch API.
-func startIdemq(ctx context.Context, dsn string, batch bool) (server, func(), error) {
-	const concurrency = 8
+func startIdemq(ctx context.Context, dsn string, concurrency int, batch bool) (server, func(), error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return server{}, nil, err
 	}
-	cfg.MaxConns = concurrency + 2
+	cfg.MaxConns = int32(concurrency + 2)
 	trips := &counter{}
 	cfg.ConnConfig.Tracer = trips
 	cfg.AfterConnect = trips.afterConnect
