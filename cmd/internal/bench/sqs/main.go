@@ -12,9 +12,10 @@
 //     applies them in one transaction (an unnest INSERT … RETURNING and
 //     pipelined UPDATEs) and then deletes them in batches of 10;
 //   - idemq: a consumer.Runner over sqssource with Transactional, pgdedup
-//     and a one-UPDATE TxJSON handler, at the default config (batch 1) and
-//     at batch 100 (Config.BatchWait from -batch-wait, 50 ms), and the
-//     batch API (TransactionalBatch) at batch 100.
+//     and a one-UPDATE TxJSON handler, at the default config (a lane takes
+//     what is queued for it, up to 100, without waiting), at batch 1 and at
+//     batch 100 (Config.BatchWait from -batch-wait, 50 ms), and the batch
+//     API (TransactionalBatch) at batch 100.
 //
 // Every run drains its own queue, filled beforehand (the fill is not
 // timed). Every workload runs twice, in alternating order; ratios to the
@@ -121,7 +122,10 @@ func run(ctx context.Context, opt options) error {
 		{Name: "hand-written SQS+pgx, batch 1, DeleteMessageBatch", N: opt.n1, Groups: []string{b1}, Base: true, Run: func(ctx context.Context, round int) (time.Duration, error) {
 			return b.hand(ctx, round, 1)
 		}},
-		{Name: "idemq Transactional+pgdedup, default config (batch 1)", N: opt.n1, Groups: []string{b1}, Run: func(ctx context.Context, _ int) (time.Duration, error) {
+		{Name: "idemq Transactional+pgdedup, default config", N: opt.n, Groups: []string{b1}, Run: func(ctx context.Context, _ int) (time.Duration, error) {
+			return b.idemq(ctx, 0, false)
+		}},
+		{Name: "idemq Transactional+pgdedup, batch 1", N: opt.n1, Groups: []string{b1}, Run: func(ctx context.Context, _ int) (time.Duration, error) {
 			return b.idemq(ctx, 1, false)
 		}},
 		{Name: "hand-written SQS+pgx, batch 100", N: opt.n, Groups: []string{b100}, Base: true, Run: func(ctx context.Context, round int) (time.Duration, error) {
@@ -382,7 +386,8 @@ func (b *bench) raw(ctx context.Context) (time.Duration, error) {
 	return time.Since(start), firstErr
 }
 
-// idemq drains a queue through a Runner whose handler updates one row.
+// idemq drains a queue through a Runner whose handler updates one row, at
+// Config.BatchSize batch (0: the default config).
 func (b *bench) idemq(ctx context.Context, batch int, api bool) (time.Duration, error) {
 	queueURL, dlqURL, err := b.filledQueue(ctx, fmt.Sprintf("idemq-%d", batch), b.nOf(batch))
 	if err != nil {
