@@ -79,6 +79,39 @@ func (e *endpoint) handle(ctx context.Context, msg *consumer.Message, effect fun
 	return res, err
 }
 
+// postgresCharges returns a migrated pgdedup store in a schema of the
+// test's and the charges table beside it, and sets e.effects to count its
+// rows.
+func postgresCharges(t *testing.T, e *endpoint) (*pgdedup.Store, string) {
+	t.Helper()
+	url := testenv.DatabaseURL(t)
+	schema := testenv.Schema(t, url)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.ClosePoolAtCleanup(t, pool)
+	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	table := pgx.Identifier{schema, "charges"}.Sanitize()
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE `+table+` (id bigserial PRIMARY KEY, amount int NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	e.effects = func() int {
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&n); err != nil {
+			t.Error(err)
+		}
+		return n
+	}
+	return store, table
+}
+
 type backend struct {
 	name  string
 	start func(t *testing.T, e *endpoint) (consumer.Path, string) // path and consumer name
@@ -87,31 +120,7 @@ type backend struct {
 func backends() []backend {
 	return []backend{
 		{"postgres", func(t *testing.T, e *endpoint) (consumer.Path, string) {
-			url := testenv.DatabaseURL(t)
-			schema := testenv.Schema(t, url)
-			pool, err := pgxpool.New(context.Background(), url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			testenv.ClosePoolAtCleanup(t, pool)
-			store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := store.Migrate(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			table := pgx.Identifier{schema, "charges"}.Sanitize()
-			if _, err := pool.Exec(context.Background(), `CREATE TABLE `+table+` (id bigserial PRIMARY KEY, amount int NOT NULL)`); err != nil {
-				t.Fatal(err)
-			}
-			e.effects = func() int {
-				var n int
-				if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&n); err != nil {
-					t.Error(err)
-				}
-				return n
-			}
+			store, table := postgresCharges(t, e)
 			return consumer.Transactional[pgx.Tx](store, httpsource.Tx(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) (httpsource.Response, error) {
 				return e.handle(ctx, msg, func(amount int) (id int64, err error) {
 					err = tx.QueryRow(ctx, `INSERT INTO `+table+` (amount) VALUES ($1) RETURNING id`, amount).Scan(&id)
@@ -121,31 +130,7 @@ func backends() []backend {
 		}},
 		{"postgres-batch", func(t *testing.T, e *endpoint) (consumer.Path, string) {
 			// The batch API: each request's Response set with Respond.
-			url := testenv.DatabaseURL(t)
-			schema := testenv.Schema(t, url)
-			pool, err := pgxpool.New(context.Background(), url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			testenv.ClosePoolAtCleanup(t, pool)
-			store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := store.Migrate(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			table := pgx.Identifier{schema, "charges"}.Sanitize()
-			if _, err := pool.Exec(context.Background(), `CREATE TABLE `+table+` (id bigserial PRIMARY KEY, amount int NOT NULL)`); err != nil {
-				t.Fatal(err)
-			}
-			e.effects = func() int {
-				var n int
-				if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&n); err != nil {
-					t.Error(err)
-				}
-				return n
-			}
+			store, table := postgresCharges(t, e)
 			return consumer.TransactionalBatch[pgx.Tx](store, func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
 				for _, msg := range msgs {
 					res, err := e.handle(ctx, msg, func(amount int) (id int64, err error) {
