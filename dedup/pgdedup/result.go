@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -69,8 +70,11 @@ func (s *Store) resultArgs(scope string, results []dedup.Result) (string, []any)
 // queuedResults are the results of each open transaction that wait for its
 // commit (see StoreResults). It is safe for concurrent use.
 type queuedResults struct {
-	mu sync.Mutex
-	m  map[pgx.Tx][]scopedResults
+	// txs counts the transactions in m, so that the commits and rollbacks
+	// of transactions without results (most of them) take no lock.
+	txs atomic.Int64
+	mu  sync.Mutex
+	m   map[pgx.Tx][]scopedResults
 }
 
 // scopedResults are the results of one StoreResults call.
@@ -85,16 +89,25 @@ func (q *queuedResults) queue(tx pgx.Tx, scope string, results []dedup.Result) {
 	if q.m == nil {
 		q.m = map[pgx.Tx][]scopedResults{}
 	}
+	if _, ok := q.m[tx]; !ok {
+		q.txs.Add(1)
+	}
 	q.m[tx] = append(q.m[tx], scopedResults{scope: scope, results: results})
 }
 
-// take removes and returns the results queued for tx.
+// take removes and returns the results queued for tx. A transaction's
+// queue and take run in its own goroutine, one after the other, so when
+// no transaction has results the count alone answers.
 func (q *queuedResults) take(tx pgx.Tx) []scopedResults {
+	if q.txs.Load() == 0 {
+		return nil
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	rs, ok := q.m[tx]
 	if ok {
 		delete(q.m, tx)
+		q.txs.Add(-1)
 	}
 	return rs
 }
