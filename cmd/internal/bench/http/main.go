@@ -423,18 +423,28 @@ func chargeBatch(ctx context.Context, tx pgx.Tx, cs []charge) error {
 	return br.Close()
 }
 
-// startIdemq starts the idemq endpoint: httpsource.Tx per request, or with
-// batch the batch API.
-func startIdemq(ctx context.Context, dsn string, concurrency int, batch bool) (server, func(), error) {
+// countedPool opens an endpoint's pool of maxConns connections, with a
+// counter of its round trips and its backends.
+func countedPool(ctx context.Context, dsn string, maxConns int) (*pgxpool.Pool, *counter, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return server{}, nil, err
+		return nil, nil, err
 	}
-	cfg.MaxConns = int32(concurrency + 2)
+	cfg.MaxConns = int32(maxConns)
 	trips := &counter{}
 	cfg.ConnConfig.Tracer = trips
 	cfg.AfterConnect = trips.afterConnect
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pool, trips, nil
+}
+
+// startIdemq starts the idemq endpoint: httpsource.Tx per request, or with
+// batch the batch API.
+func startIdemq(ctx context.Context, dsn string, concurrency int, batch bool) (server, func(), error) {
+	pool, trips, err := countedPool(ctx, dsn, concurrency+2)
 	if err != nil {
 		return server{}, nil, err
 	}
@@ -517,15 +527,7 @@ func startIdemq(ctx context.Context, dsn string, concurrency int, batch bool) (s
 // startHand starts the hand-written endpoint, with a pool of one connection
 // per client (a request holds one for its whole transaction).
 func startHand(ctx context.Context, dsn string, clients int) (server, func(), error) {
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return server{}, nil, err
-	}
-	cfg.MaxConns = int32(clients + 2)
-	trips := &counter{}
-	cfg.ConnConfig.Tracer = trips
-	cfg.AfterConnect = trips.afterConnect
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, trips, err := countedPool(ctx, dsn, clients+2)
 	if err != nil {
 		return server{}, nil, err
 	}
