@@ -87,7 +87,7 @@ func main() {
 	flag.IntVar(&o.b1N, "n1", 20000, "messages for the batch-1 runs")
 	flag.IntVar(&o.b100N, "n100", 100000, "messages for the batch-100 runs (at least 5 s each)")
 	flag.IntVar(&o.rounds, "rounds", 2, "rounds of every workload, in alternating order")
-	flag.StringVar(&o.only, "only", "", "run only the workloads whose name contains this")
+	flag.StringVar(&o.only, "only", "", "run only the workloads whose name is, or else contains, one of these \"|\"-separated names")
 	flag.IntVar(&o.concurrency, "concurrency", 4, "Runner.Concurrency")
 	flag.IntVar(&o.accounts, "accounts", 1000, "rows in the accounts table")
 	flag.BoolVar(&o.quorum, "quorum", false, "use quorum queues instead of classic queues")

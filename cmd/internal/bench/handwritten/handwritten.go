@@ -153,24 +153,34 @@ type Workload struct {
 	Run    func(ctx context.Context, round int) (time.Duration, error)
 }
 
-// Filter returns the workloads whose name contains substr (all of them when
-// substr is empty), or the one whose name is substr.
-func Filter(ws []*Workload, substr string) []*Workload {
-	if substr == "" {
+// Filter returns the workloads selected by only: all of them when only is
+// empty, else those selected by any of its "|"-separated alternatives, where
+// an alternative selects the one workload whose name it is, or else every
+// workload whose name contains it.
+func Filter(ws []*Workload, only string) []*Workload {
+	if only == "" {
 		return ws
-	}
-	for _, w := range ws {
-		if w.Name == substr {
-			return []*Workload{w}
-		}
 	}
 	var out []*Workload
 	for _, w := range ws {
-		if strings.Contains(w.Name, substr) {
-			out = append(out, w)
+		for alt := range strings.SplitSeq(only, "|") {
+			if selects(ws, alt, w) {
+				out = append(out, w)
+				break
+			}
 		}
 	}
 	return out
+}
+
+// selects reports whether the alternative alt selects w among ws.
+func selects(ws []*Workload, alt string, w *Workload) bool {
+	for _, x := range ws {
+		if x.Name == alt {
+			return x == w
+		}
+	}
+	return strings.Contains(w.Name, alt)
 }
 
 // Result is one measured run.

@@ -77,7 +77,7 @@ func main() {
 		n           = flag.Int("n", 100000, "messages for the raw baseline and the batch-100 runs")
 		n1          = flag.Int("n1", 20000, "messages for the batch-1 runs")
 		rounds      = flag.Int("rounds", 2, "rounds of every workload, in alternating order")
-		only        = flag.String("only", "", "run only the workloads whose name contains this")
+		only        = flag.String("only", "", "run only the workloads whose name is, or else contains, one of these \"|\"-separated names")
 		interval    = flag.Duration("commit-interval", 0, "kafkasource.Config.CommitInterval of the idemq runs (0: its default)")
 		partitions  = flag.Int("partitions", 8, "partitions of the benchmark topic")
 		concurrency = flag.Int("concurrency", 4, "Runner.Concurrency")

@@ -76,7 +76,7 @@ func main() {
 	flag.IntVar(&opt.concurrency, "concurrency", 4, "consumer.Config.Concurrency")
 	flag.IntVar(&opt.accounts, "accounts", 1000, "rows in the accounts table")
 	flag.IntVar(&opt.rounds, "rounds", 2, "rounds of every workload, in alternating order")
-	flag.StringVar(&opt.only, "only", "", "run only the workloads whose name contains this")
+	flag.StringVar(&opt.only, "only", "", "run only the workloads whose name is, or else contains, one of these \"|\"-separated names")
 	flag.DurationVar(&opt.batchWait, "batch-wait", 50*time.Millisecond, "consumer.Config.BatchWait of the batch-100 runners")
 	flag.Parse()
 	if opt.dsn == "" {
