@@ -39,7 +39,7 @@ func (env *pathEnv) callBatch(ctx context.Context, jobs []*job, ti *TxInfo, fn f
 			if c == nil {
 				c = ctx
 			}
-			c = withKeys(c, env.scope, j.key)
+			c = withKeys(c, &j.msg.keys)
 			for _, h := range starts {
 				c = h.OnHandlerStart(c, j.msg)
 			}

@@ -68,7 +68,7 @@ func (env *pathEnv) msgCtx(ctx context.Context, j *job) context.Context {
 // call runs a handler with the key in its context, the handler timeout, and
 // panic recovery.
 func (env *pathEnv) call(ctx context.Context, j *job, fn func(ctx context.Context) error) (err error) {
-	ctx = withKeys(env.msgCtx(ctx, j), env.scope, j.key)
+	ctx = withKeys(env.msgCtx(ctx, j), &j.msg.keys)
 	j.msg.setReturned(nil, false) // a run again starts with no result
 	if env.handlerTimeout > 0 {
 		var cancel context.CancelFunc

@@ -48,7 +48,10 @@ func (j *job) set(o outcome, err error) { j.out, j.err = o, err }
 // The jobs with bad input already have their outcome.
 type prepared struct {
 	batch, live, followers []*job
-	leaders                map[string]*job
+	// leaders maps a key to its live job; nil for a batch of one, which
+	// has no followers.
+	leaders map[string]*job
+	one     [1]*job // live's array for a batch of one
 }
 
 // lane is what one lane carries from one batch to the next: the batch it

@@ -95,15 +95,14 @@ func (m *Message) KeyContext(ctx context.Context) context.Context {
 	if m.keys.key == "" {
 		return ctx
 	}
-	return withKeys(ctx, m.keys.scope, m.keys.key)
+	return withKeys(ctx, &m.keys)
 }
 
 type ctxKey int
 
 const (
-	ctxKeyDedupKey ctxKey = iota + 1
+	ctxKeyKeys ctxKey = iota + 1 // *msgKeys
 	ctxKeyToken
-	ctxKeyScope
 )
 
 // DedupKey returns the deduplication key the runner recorded for the message
@@ -112,8 +111,11 @@ const (
 // IdempotencyKey(ctx), which also names the consumer, to the downstream
 // system, so that the downstream deduplicates too.
 func DedupKey(ctx context.Context) (string, bool) {
-	k, ok := ctx.Value(ctxKeyDedupKey).(string)
-	return k, ok
+	k, ok := ctx.Value(ctxKeyKeys).(*msgKeys)
+	if !ok {
+		return "", false
+	}
+	return k.key, true
 }
 
 // IdempotencyKey returns the key that an effect leaving the process should
@@ -129,12 +131,11 @@ func DedupKey(ctx context.Context) (string, bool) {
 // message (two different effects) never share a key at a downstream that
 // deduplicates across its whole account.
 func IdempotencyKey(ctx context.Context) (string, bool) {
-	key, ok := DedupKey(ctx)
+	k, ok := ctx.Value(ctxKeyKeys).(*msgKeys)
 	if !ok {
 		return "", false
 	}
-	scope, _ := ctx.Value(ctxKeyScope).(string)
-	return scopeEscaper.Replace(scope) + ":" + key, true
+	return scopeEscaper.Replace(k.scope) + ":" + k.key, true
 }
 
 // scopeEscaper percent-escapes the characters that would make "<name>:<key>"
@@ -149,8 +150,11 @@ func LeaseToken(ctx context.Context) (string, bool) {
 	return k, ok
 }
 
-func withKeys(ctx context.Context, scope, key string) context.Context {
-	return context.WithValue(context.WithValue(ctx, ctxKeyScope, scope), ctxKeyDedupKey, key)
+// withKeys returns ctx carrying k, which DedupKey and IdempotencyKey read:
+// one value for both, the Message's own, so that a handler call allocates
+// no copy of them.
+func withKeys(ctx context.Context, k *msgKeys) context.Context {
+	return context.WithValue(ctx, ctxKeyKeys, k)
 }
 
 // resultSlot is what a Message carries of its outcome: the result its

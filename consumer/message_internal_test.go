@@ -15,7 +15,7 @@ func TestIdempotencyKeyIsInjective(t *testing.T) {
 	}
 	seen := map[string][2]string{}
 	for _, p := range pairs {
-		got, ok := IdempotencyKey(withKeys(context.Background(), p[0], p[1]))
+		got, ok := IdempotencyKey(withKeys(context.Background(), &msgKeys{scope: p[0], key: p[1]}))
 		if !ok {
 			t.Fatalf("IdempotencyKey(%q, %q) not set", p[0], p[1])
 		}
@@ -25,7 +25,7 @@ func TestIdempotencyKeyIsInjective(t *testing.T) {
 		seen[got] = p
 	}
 	// Names without '%' or ':' keep the plain "<name>:<key>" form.
-	if got, _ := IdempotencyKey(withKeys(context.Background(), "billing-v2", "order:7")); got != "billing-v2:order:7" {
+	if got, _ := IdempotencyKey(withKeys(context.Background(), &msgKeys{scope: "billing-v2", key: "order:7"})); got != "billing-v2:order:7" {
 		t.Errorf("IdempotencyKey = %q, want billing-v2:order:7", got)
 	}
 }

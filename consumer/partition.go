@@ -32,6 +32,9 @@ func (h *heldPartitions) hold(failed *job) {
 // outcome) until the pending call after its failure, so the jobs held then
 // are exactly the later ones.
 func (h heldPartitions) pending(jobs []*job) []*job {
+	if len(h) == 0 && allPending(jobs) {
+		return jobs // the first try of a batch: nothing to drop or hold
+	}
 	var behind map[string]bool // partitions whose failed job came earlier in jobs
 	out := make([]*job, 0, len(jobs))
 	for _, j := range jobs {
@@ -51,6 +54,16 @@ func (h heldPartitions) pending(jobs []*job) []*job {
 		out = append(out, j)
 	}
 	return out
+}
+
+// allPending reports whether no job of jobs has an outcome yet.
+func allPending(jobs []*job) bool {
+	for _, j := range jobs {
+		if j.out != outNone {
+			return false
+		}
+	}
+	return true
 }
 
 // holds reports whether a failed message of j's partition was held before

@@ -258,18 +258,27 @@ func (p *txPath[Tx]) try(ctx context.Context, env *pathEnv, jobs []*job, l *lane
 		return tryResult{err: fmt.Errorf("idemq: claim returned %d results for %d keys", len(claims), len(jobs)), infra: true}
 	}
 
-	fresh := make([]*job, 0, len(jobs))
+	news := 0
 	for i, j := range jobs {
 		switch c := claims[i]; c.State {
+		case dedup.StateNew:
+			news++
 		case dedup.StateDone:
 			j.set(outDuplicate, nil)
 			j.replay(c.Result) // outcome.go: the stored result, for Message.Outcome
 		case dedup.StateMismatch:
 			j.set(outDeadLetter, &dedup.MismatchError{Scope: env.scope, Key: j.key, Stored: c.StoredHash, Received: j.hash})
-		case dedup.StateNew:
-			fresh = append(fresh, j)
 		default:
 			return tryResult{err: fmt.Errorf("idemq: claim of key %q returned state %v", j.key, c.State), infra: true}
+		}
+	}
+	fresh := jobs // every key new: the usual case
+	if news < len(jobs) {
+		fresh = make([]*job, 0, news)
+		for _, j := range jobs {
+			if j.out == outNone {
+				fresh = append(fresh, j)
+			}
 		}
 	}
 	if len(fresh) == 0 {

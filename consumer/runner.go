@@ -345,7 +345,12 @@ func (r *Runner) prepareBatch(ctx context.Context, batch []*job) *prepared {
 	for _, h := range r.hooks.batch {
 		h.OnBatch(ctx, len(batch))
 	}
-	b := &prepared{batch: batch, live: make([]*job, 0, len(batch)), leaders: make(map[string]*job, len(batch))}
+	b := &prepared{batch: batch}
+	if len(batch) == 1 {
+		b.live = b.one[:0]
+	} else {
+		b.live, b.leaders = make([]*job, 0, len(batch)), make(map[string]*job, len(batch))
+	}
 	for _, j := range batch {
 		if err := r.prepare(j); err != nil {
 			// A key no store can hold must not travel into the dead
@@ -355,13 +360,15 @@ func (r *Runner) prepareBatch(ctx context.Context, batch []*job) *prepared {
 			continue
 		}
 		j.msg.keys = msgKeys{scope: r.cfg.Name, key: j.key} // for Message.KeyContext (batch handlers, hooks)
-		if b.leaders[j.key] != nil {
-			// The same key twice in one batch: settle it after its leader.
-			j.follower = true
-			b.followers = append(b.followers, j)
-			continue
+		if b.leaders != nil {
+			if b.leaders[j.key] != nil {
+				// The same key twice in one batch: settle it after its leader.
+				j.follower = true
+				b.followers = append(b.followers, j)
+				continue
+			}
+			b.leaders[j.key] = j
 		}
-		b.leaders[j.key] = j
 		b.live = append(b.live, j)
 	}
 	return b

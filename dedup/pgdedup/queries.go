@@ -220,8 +220,8 @@ func (s *Store) BeginClaim(ctx context.Context, scope string, recs []dedup.Recor
 // and refused (ErrTxRefused), as by Commit.
 func (s *Store) CommitChain(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, bool, error) {
 	sql, args := s.insertArgs(scope, recs)
-	b := &pgx.Batch{}
 	rs := s.results.take(tx)
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(rs)+2)}
 	s.queueResults(b, rs)
 	b.Queue(`COMMIT AND CHAIN`)
 	b.Queue(sql, args...)

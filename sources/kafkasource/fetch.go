@@ -119,7 +119,7 @@ func (s *Source) admit(km kafka.Message, gen int64) {
 		offset: km.Offset,
 		gen:    gen,
 		join:   s.stats.joins.Load(),
-		id:     km.Topic + "/" + strconv.Itoa(km.Partition) + "/" + strconv.FormatInt(km.Offset, 10),
+		id:     messageID(km),
 		slot:   true,
 	}
 	e.key, e.keyErr = s.keyOf(km)
@@ -154,6 +154,18 @@ func (s *Source) admit(km kafka.Message, gen int64) {
 	s.ready <- s.message(e, 1)
 }
 
+// messageID returns the ID of km's message: "<topic>/<partition>/<offset>",
+// built in one allocation.
+func messageID(km kafka.Message) string {
+	var buf [96]byte
+	b := append(buf[:0], km.Topic...)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, int64(km.Partition), 10)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, km.Offset, 10)
+	return string(b)
+}
+
 // keyOf returns the deduplication key the message carries, or "". A panic
 // of Config.KeyFunc is returned as an error, which the runner dead-letters
 // the message with, instead of crashing the fetch loop.
@@ -179,11 +191,19 @@ func (s *Source) keyOf(km kafka.Message) (key string, err error) {
 func (s *Source) message(e *entry, attempt int) *consumer.Message {
 	headers := make(map[string]string, len(e.km.Headers))
 	for _, h := range e.km.Headers {
+		if h.Key == s.cfg.KeyHeader && s.cfg.KeyFunc == nil && e.key == string(h.Value) {
+			headers[h.Key] = e.key // the same string, not a copy
+			continue
+		}
 		headers[h.Key] = string(h.Value)
 	}
 	broker := s.broker
 	broker.Partition, broker.Offset = strconv.Itoa(e.km.Partition), e.km.Offset
-	if len(e.km.Key) > 0 {
+	switch {
+	case len(e.km.Key) == 0:
+	case e.partitionKey == string(e.km.Key):
+		broker.MessageKey = e.partitionKey // the same string, not a copy
+	default:
 		broker.MessageKey = string(e.km.Key)
 	}
 	return &consumer.Message{

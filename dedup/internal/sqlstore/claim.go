@@ -71,8 +71,9 @@ func Claim(ctx context.Context, ops ClaimOps, recs []dedup.Record, chunk int) ([
 	if chunk <= 0 {
 		chunk = max(len(recs), 1)
 	}
-	pending := slices.Clone(recs)
-	if len(pending) > 1 {
+	pending := recs // read only: the keys to claim again go to a new slice
+	if len(recs) > 1 {
+		pending = slices.Clone(recs)
 		slices.SortFunc(pending, func(a, b dedup.Record) int { return strings.Compare(a.Key, b.Key) })
 	}
 
@@ -94,7 +95,7 @@ func Claim(ctx context.Context, ops ClaimOps, recs []dedup.Record, chunk int) ([
 				}
 			}
 		}
-		pending = pending[:0]
+		pending = nil
 		for part := range slices.Chunk(existing, chunk) {
 			found, err := ops.Lookup(ctx, part)
 			if err != nil {
