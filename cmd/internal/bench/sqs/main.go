@@ -66,6 +66,10 @@ import (
 	"github.com/idemq/idemq/sources/sqssource"
 )
 
+// waitTime is sqssource.Config.WaitTime of every runner: the long poll of
+// one ReceiveMessage call.
+const waitTime = time.Second
+
 type options struct {
 	endpoint, dsn string
 	n, n1         int
@@ -487,7 +491,7 @@ func (b *bench) runner(ctx context.Context, queueURL, dlqURL string, n int, cfg 
 		QueueURL:           queueURL,
 		DeadLetterQueueURL: dlqURL,
 		MaxReceivers:       b.opt.receivers,
-		WaitTime:           time.Second,
+		WaitTime:           waitTime,
 	})
 	if err != nil {
 		return 0, err
@@ -593,8 +597,8 @@ func envOr(key, def string) string {
 // fresh queue sent to at that rate, and prints receipt-to-ack and
 // send-to-ack percentiles.
 func (b *bench) latency(ctx context.Context) error {
-	fmt.Printf("SQS latency at %s: %d receivers (WaitTime 1s), runner concurrency %d; each row sends for %s at the rate\n",
-		b.opt.endpoint, b.opt.receivers, b.opt.concurrency, b.opt.rateFor)
+	fmt.Printf("SQS latency at %s: %d receivers (WaitTime %v), runner concurrency %d; each row sends for %s at the rate\n",
+		b.opt.endpoint, b.opt.receivers, waitTime, b.opt.concurrency, b.opt.rateFor)
 	fmt.Printf("%-8s %-44s %8s %10s %10s %10s %10s %10s\n", "rate", "config", "messages", "msg/s", "p50", "p99", "sent p50", "sent p99")
 	type cfg struct {
 		name  string
