@@ -17,6 +17,16 @@
 //     batch 100 (Config.BatchWait from -batch-wait, 50 ms), and the batch
 //     API (TransactionalBatch) at batch 100.
 //
+// With -rates (messages per second, comma-separated) it measures latency
+// instead: for each rate, a fresh queue is sent to at that pace for
+// -rate-for (SendMessageBatch calls of up to 10 messages, each stamped with
+// its send time) while the runner consumes it, at the default config, at
+// batch 1 and with the batch API at batch 100 (BatchWait at its default, 0,
+// as in the Kafka and RabbitMQ latency modes), and it prints the p50 and p99
+// of receipt-to-ack (Message.ReceivedAt, when ReceiveMessage returned, to
+// the end of the Ack call's DeleteMessageBatch) and of send-to-ack (which
+// also counts the time a message waits in the queue for a long poll).
+//
 // Every run drains its own queue, filled beforehand (the fill is not
 // timed). Every workload runs twice, in alternating order; ratios to the
 // hand-written workers are printed per round and over the means. Run it with
@@ -35,6 +45,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,6 +66,10 @@ import (
 	"github.com/idemq/idemq/sources/sqssource"
 )
 
+// waitTime is sqssource.Config.WaitTime of every runner: the long poll of
+// one ReceiveMessage call.
+const waitTime = time.Second
+
 type options struct {
 	endpoint, dsn string
 	n, n1         int
@@ -64,6 +79,8 @@ type options struct {
 	rounds        int
 	only          string
 	batchWait     time.Duration
+	rates         string
+	rateFor       time.Duration
 }
 
 func main() {
@@ -77,7 +94,9 @@ func main() {
 	flag.IntVar(&opt.accounts, "accounts", 1000, "rows in the accounts table")
 	flag.IntVar(&opt.rounds, "rounds", 2, "rounds of every workload, in alternating order")
 	flag.StringVar(&opt.only, "only", "", "run only the workloads whose name is, or else contains, one of these \"|\"-separated names")
-	flag.DurationVar(&opt.batchWait, "batch-wait", 50*time.Millisecond, "consumer.Config.BatchWait of the batch-100 runners")
+	flag.DurationVar(&opt.batchWait, "batch-wait", 50*time.Millisecond, "consumer.Config.BatchWait of the batch-100 runners (throughput mode; the latency mode uses the default, 0)")
+	flag.StringVar(&opt.rates, "rates", "", "latency mode: comma-separated send rates in msg/s")
+	flag.DurationVar(&opt.rateFor, "rate-for", 10*time.Second, "latency mode: how long each rate is sent")
 	flag.Parse()
 	if opt.dsn == "" {
 		opt.dsn = envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable")
@@ -113,6 +132,13 @@ func run(ctx context.Context, opt options) error {
 	if err := b.setupDatabase(ctx); err != nil {
 		return err
 	}
+	if opt.rates != "" {
+		if err := b.latency(ctx); err != nil {
+			return err
+		}
+		_, err := b.checkBalances(ctx)
+		return err
+	}
 
 	fmt.Printf("SQS at %s, PostgreSQL, %d messages per run, %d receivers, runner concurrency %d, BatchWait %v at batch 100\n\n",
 		opt.endpoint, opt.n, opt.receivers, opt.concurrency, opt.batchWait)
@@ -143,17 +169,27 @@ func run(ctx context.Context, opt options) error {
 	if err != nil {
 		return err
 	}
-	var total int64
-	if err := b.pool.QueryRow(ctx, `SELECT sum(balance) FROM `+pgx.Identifier{b.schema}.Sanitize()+`.accounts`).Scan(&total); err != nil {
+	total, err := b.checkBalances(ctx)
+	if err != nil {
 		return err
-	}
-	if total != b.applied.Load() {
-		return fmt.Errorf("effects: sum of balances %d, want %d (each message applied once)", total, b.applied.Load())
 	}
 	handwritten.Report(ws, results, opt.rounds)
 	fmt.Printf("\neffects: sum of balances = %d = messages applied once each\n", total)
 	fmt.Println("targets: >= 1.0x the hand-written worker at batch 1 and at batch 100")
 	return nil
+}
+
+// checkBalances verifies that every message a run applied added its 1 once:
+// the sum of the balances is b.applied. It returns that sum.
+func (b *bench) checkBalances(ctx context.Context) (int64, error) {
+	var total int64
+	if err := b.pool.QueryRow(ctx, `SELECT coalesce(sum(balance), 0) FROM `+pgx.Identifier{b.schema}.Sanitize()+`.accounts`).Scan(&total); err != nil {
+		return 0, err
+	}
+	if total != b.applied.Load() {
+		return total, fmt.Errorf("effects: sum of balances %d, want %d (each message applied once)", total, b.applied.Load())
+	}
+	return total, nil
 }
 
 // hand drains a queue with the hand-written worker: -concurrency
@@ -295,6 +331,15 @@ type order struct {
 
 // filledQueue creates a queue (and its dead-letter queue) holding n messages.
 func (b *bench) filledQueue(ctx context.Context, name string, n int) (queueURL, dlqURL string, err error) {
+	if queueURL, dlqURL, err = b.newQueue(ctx, name); err != nil {
+		return "", "", err
+	}
+	return queueURL, dlqURL, b.sendRange(ctx, queueURL, 0, n, false)
+}
+
+// newQueue creates an empty queue and its dead-letter queue, both deleted by
+// cleanup unless deleteQueues deleted them first.
+func (b *bench) newQueue(ctx context.Context, name string) (queueURL, dlqURL string, err error) {
 	name = fmt.Sprintf("bench-%s-%s", name, strings.ToLower(rand.Text()[:8]))
 	create := func(n string) (string, error) {
 		out, err := b.client.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(n)})
@@ -310,24 +355,55 @@ func (b *bench) filledQueue(ctx context.Context, name string, n int) (queueURL, 
 	if queueURL, err = create(name); err != nil {
 		return "", "", err
 	}
+	return queueURL, dlqURL, nil
+}
+
+// deleteQueues deletes queues that newQueue created, at once rather than at
+// cleanup.
+func (b *bench) deleteQueues(ctx context.Context, urls ...string) error {
+	var errs []error
+	for _, u := range urls {
+		b.queues = slices.DeleteFunc(b.queues, func(q string) bool { return q == u })
+		if _, err := b.client.DeleteQueue(ctx, &sqs.DeleteQueueInput{QueueUrl: aws.String(u)}); err != nil {
+			errs = append(errs, fmt.Errorf("delete queue %s: %w", u, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// sendRange sends messages from to from+n-1 to queueURL, in
+// SendMessageBatch calls of up to 10 messages, up to 8 calls at a time.
+// Message i adds 1 to account i % -accounts. With stamp, each message
+// carries the time its batch was sent in the handwritten.SentHeader string
+// attribute (Unix nanoseconds), which sqssource hands on in
+// consumer.Message.Headers.
+func (b *bench) sendRange(ctx context.Context, queueURL string, from, n int, stamp bool) error {
 	var (
 		wg       sync.WaitGroup
 		next     atomic.Int64
 		firstErr error
 		once     sync.Once
 	)
-	for range 8 {
+	next.Store(int64(from))
+	end := from + n
+	for range min(8, (n+9)/10) {
 		wg.Go(func() {
 			for {
 				start := int(next.Add(10)) - 10
-				if start >= n {
+				if start >= end {
 					return
 				}
+				var attrs map[string]types.MessageAttributeValue
+				if stamp {
+					attrs = map[string]types.MessageAttributeValue{handwritten.SentHeader: {
+						DataType: aws.String("String"), StringValue: aws.String(strconv.FormatInt(time.Now().UnixNano(), 10)),
+					}}
+				}
 				var entries []types.SendMessageBatchRequestEntry
-				for i := start; i < min(start+10, n); i++ {
+				for i := start; i < min(start+10, end); i++ {
 					body, _ := json.Marshal(order{Account: i % b.opt.accounts, Amount: 1})
 					entries = append(entries, types.SendMessageBatchRequestEntry{
-						Id: aws.String(strconv.Itoa(i - start)), MessageBody: aws.String(string(body)),
+						Id: aws.String(strconv.Itoa(i - start)), MessageBody: aws.String(string(body)), MessageAttributes: attrs,
 					})
 				}
 				out, err := b.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(queueURL), Entries: entries})
@@ -342,7 +418,7 @@ func (b *bench) filledQueue(ctx context.Context, name string, n int) (queueURL, 
 		})
 	}
 	wg.Wait()
-	return queueURL, dlqURL, firstErr
+	return firstErr
 }
 
 // raw receives and deletes every message with no handler.
@@ -393,11 +469,29 @@ func (b *bench) idemq(ctx context.Context, batch int, api bool) (time.Duration, 
 	if err != nil {
 		return 0, err
 	}
+	cfg := consumer.Config{BatchSize: batch}
+	if batch > 1 {
+		// SQS hands out at most 10 messages per receive, spread over the
+		// lanes: a lane waits for its batch to fill, as the hand-written
+		// worker gathers 100 before its transaction.
+		cfg.BatchWait = b.opt.batchWait
+	}
+	return b.runner(ctx, queueURL, dlqURL, b.nOf(batch), cfg, api, nil)
+}
+
+// runner runs a Runner over sqssource on queueURL, whose handler updates one
+// row (TransactionalBatch when api), until n messages are deleted, and adds
+// the messages it handled to b.applied. cfg gives BatchSize, BatchWait and
+// Hooks; the rest is set here. It returns the time from the start of Run to
+// the n-th delete, or, when started is not nil, from when started returned
+// (started is called once the runner runs, and its error stops the run).
+func (b *bench) runner(ctx context.Context, queueURL, dlqURL string, n int, cfg consumer.Config, api bool, started func(*consumer.Runner) error) (time.Duration, error) {
+	batch := cfg.BatchSize
 	src, err := sqssource.New(ctx, b.client, sqssource.Config{
 		QueueURL:           queueURL,
 		DeadLetterQueueURL: dlqURL,
 		MaxReceivers:       b.opt.receivers,
-		WaitTime:           time.Second,
+		WaitTime:           waitTime,
 	})
 	if err != nil {
 		return 0, err
@@ -418,19 +512,10 @@ func (b *bench) idemq(ctx context.Context, batch int, api bool) (time.Duration, 
 			return tx.SendBatch(ctx, batch).Close()
 		}))
 	}
-	cfg := consumer.Config{
-		Name:        fmt.Sprintf("bench-%d-%s", batch, rand.Text()[:6]),
-		Concurrency: b.opt.concurrency,
-		BatchSize:   batch,
-	}
+	cfg.Name = fmt.Sprintf("bench-%d-%s", batch, rand.Text()[:6])
+	cfg.Concurrency = b.opt.concurrency
 	sizes := new(batchSizes)
-	cfg.Hooks = []consumer.Hook{sizes}
-	if batch > 1 {
-		// SQS hands out at most 10 messages per receive, spread over the
-		// lanes: a lane waits for its batch to fill, as the hand-written
-		// worker gathers 100 before its transaction.
-		cfg.BatchWait = b.opt.batchWait
-	}
+	cfg.Hooks = append(slices.Clip(cfg.Hooks), sizes)
 	r, err := consumer.NewRunner(src, path, cfg)
 	if err != nil {
 		return 0, err
@@ -440,9 +525,20 @@ func (b *bench) idemq(ctx context.Context, batch int, api bool) (time.Duration, 
 	errc := make(chan error, 1)
 	start := time.Now()
 	go func() { errc <- r.Run(runCtx) }()
+	if started != nil {
+		if err := started(r); err != nil {
+			stop()
+			if runErr := <-errc; runErr != nil && !errors.Is(runErr, context.Canceled) {
+				err = errors.Join(err, runErr)
+			}
+			b.applied.Add(int64(r.Stats().Handled))
+			return 0, err
+		}
+		start = time.Now()
+	}
 	for {
 		st := r.Stats()
-		if src.Stats().Deleted >= uint64(b.nOf(batch)) {
+		if src.Stats().Deleted >= uint64(n) {
 			break
 		}
 		if st.DeadLettered > 0 || st.CommitFailures > 0 {
@@ -462,13 +558,13 @@ func (b *bench) idemq(ctx context.Context, batch int, api bool) (time.Duration, 
 		return 0, err
 	}
 	b.applied.Add(int64(r.Stats().Handled))
-	if n := sizes.batches.Load(); n > 0 {
+	if txs := sizes.batches.Load(); txs > 0 && started == nil {
 		kind := "per-message handler"
 		if api {
 			kind = "batch API"
 		}
 		fmt.Printf("           idemq batch %d, %s, BatchWait %v: %d transactions, %.1f messages each\n",
-			batch, kind, cfg.BatchWait, n, float64(sizes.messages.Load())/float64(n))
+			batch, kind, cfg.BatchWait, txs, float64(sizes.messages.Load())/float64(txs))
 	}
 	return d, nil
 }
@@ -496,3 +592,97 @@ func envOr(key, def string) string {
 	}
 	return def
 }
+
+// latency runs, for each rate in -rates, the runner configurations on a
+// fresh queue sent to at that rate, and prints receipt-to-ack and
+// send-to-ack percentiles.
+func (b *bench) latency(ctx context.Context) error {
+	fmt.Printf("SQS latency at %s: %d receivers (WaitTime %v), runner concurrency %d; each row sends for %s at the rate\n",
+		b.opt.endpoint, b.opt.receivers, waitTime, b.opt.concurrency, b.opt.rateFor)
+	fmt.Printf("%-8s %-44s %8s %10s %10s %10s %10s %10s\n", "rate", "config", "messages", "msg/s", "p50", "p99", "sent p50", "sent p99")
+	type cfg struct {
+		name  string
+		batch int
+		api   bool
+	}
+	cfgs := []cfg{{"default config", 0, false}, {"batch 1", 1, false}, {"batch API, batch 100", 100, true}}
+	for _, f := range strings.Split(b.opt.rates, ",") {
+		rate, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || rate <= 0 {
+			return fmt.Errorf("-rates: bad rate %q", f)
+		}
+		for round := 1; round <= b.opt.rounds; round++ {
+			order := slices.Clone(cfgs)
+			if round%2 == 0 {
+				slices.Reverse(order)
+			}
+			for _, c := range order {
+				lat, n, d, err := b.paced(ctx, fmt.Sprintf("lat-%d-%d-%d", rate, c.batch, round), c.batch, c.api, rate)
+				if err != nil {
+					return fmt.Errorf("rate %d, %s: %w", rate, c.name, err)
+				}
+				cnt, p50, p99 := lat.Percentiles()
+				_, s50, s99 := lat.SentPercentiles()
+				fmt.Printf("%-8d %-44s %8d %10.0f %9.2fms %9.2fms %9.2fms %9.2fms\n", rate, c.name, cnt, float64(n)/d.Seconds(),
+					ms(p50), ms(p99), ms(s50), ms(s99))
+			}
+		}
+	}
+	return nil
+}
+
+// paced creates a fresh queue, starts a runner on it, waits until the
+// runner handled a few warm-up messages, then sends at rate for -rate-for
+// (a 1 ms ticker sends the messages due, in SendMessageBatch calls of up to
+// 10) and waits until every message is deleted; it deletes the queue. It
+// returns the latencies of the paced messages, their count and the sending
+// time.
+func (b *bench) paced(ctx context.Context, name string, batch int, api bool, rate int) (lat *handwritten.Latency, sent int, d time.Duration, err error) {
+	queueURL, dlqURL, err := b.newQueue(ctx, name)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		err = errors.Join(err, b.deleteQueues(dctx, queueURL, dlqURL))
+	}()
+	// A run that loses messages fails instead of waiting for the
+	// benchmark's 30 minutes.
+	ctx, cancel := context.WithTimeout(ctx, b.opt.rateFor+2*time.Minute)
+	defer cancel()
+	const warm = 20
+	total := rate*int(b.opt.rateFor/time.Millisecond)/1000 + warm
+	lat = new(handwritten.Latency)
+	cfg := consumer.Config{BatchSize: batch, Hooks: []consumer.Hook{lat}}
+	_, err = b.runner(ctx, queueURL, dlqURL, total, cfg, api, func(r *consumer.Runner) error {
+		if err := b.sendRange(ctx, queueURL, 0, warm, true); err != nil {
+			return err
+		}
+		for r.Stats().Handled < warm {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		lat.Reset()
+		start := time.Now()
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for sent < total-warm {
+			<-tick.C
+			due := min(total-warm, int(time.Since(start).Seconds()*float64(rate)))
+			if due > sent {
+				if err := b.sendRange(ctx, queueURL, warm+sent, due-sent, true); err != nil {
+					return err
+				}
+				sent = due
+			}
+		}
+		d = time.Since(start)
+		return nil
+	})
+	return lat, sent, d, err
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
