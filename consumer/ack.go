@@ -54,8 +54,10 @@ func (a *acker) stop() {
 
 func (a *acker) run() {
 	defer close(a.done)
+	var bs []ackBatch // reused: ack keeps none of it
 	for b := range a.in {
-		bs := []ackBatch{b}
+		clear(bs) // let the jobs of the last call go
+		bs = append(bs[:0], b)
 	more:
 		for {
 			select {
