@@ -108,10 +108,11 @@ type Config struct {
 	DrainTimeout time.Duration
 
 	// OutageThreshold is the number of consecutive failures of one
-	// dependency (the broker's Receive or Ack, the store) after which the
-	// runner logs one ERROR line naming it and the error, and Health
-	// reports it and is no longer Ready. One INFO line reports the
-	// recovery. Once the store has failed that often, the runner also
+	// dependency (the broker's Receive, its Ack, its Retry, Release and
+	// DeadLetter, the store) after which the runner logs one ERROR line
+	// naming it and the error, and Health reports it and, but for the
+	// broker's Retry, Release and DeadLetter, is no longer Ready. One INFO
+	// line reports the recovery. Once the store has failed that often, the runner also
 	// stops receiving (back-pressure: the messages would only go back to
 	// the broker) and probes the store every 500 ms, receiving again once
 	// it answers. Defaults to 3.
@@ -119,8 +120,8 @@ type Config struct {
 
 	// OutageReminder is the least time between two ERROR lines about one
 	// outage that lasts, and between two WARN lines about single failures
-	// of that dependency (a failed transaction, receive or ack) once the
-	// outage is reported. Defaults to 1 min.
+	// of that dependency (a failed transaction, receive, ack, retry or
+	// dead letter) once the outage is reported. Defaults to 1 min.
 	OutageReminder time.Duration
 
 	// Logger receives the runner's logs. Defaults to a logger that discards

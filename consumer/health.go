@@ -13,6 +13,9 @@ const (
 	DependencyBroker = "broker"
 	// DependencyBrokerAck is the broker's acknowledgements (Source.Ack).
 	DependencyBrokerAck = "broker ack"
+	// DependencyBrokerSettle is the broker's routes for failed messages:
+	// Source.Retry, Releaser.Release and Source.DeadLetter.
+	DependencyBrokerSettle = "broker settle"
 	// DependencyStore is the deduplication store: the database of the
 	// transactional path (begin, claim, commit), the lease store (Redis) of
 	// the lease path (claim, refresh, complete).
@@ -145,6 +148,11 @@ func (o *outage) report(ctx context.Context, log *slog.Logger, err error) {
 // line logged counts those left out under LogKeySuppressed. Count the
 // failure (fail, failed) before calling it.
 func (o *outage) warn(ctx context.Context, log *slog.Logger, msg string, attrs ...slog.Attr) {
+	o.line(ctx, log, slog.LevelWarn, msg, attrs...)
+}
+
+// line is warn at level.
+func (o *outage) line(ctx context.Context, log *slog.Logger, level slog.Level, msg string, attrs ...slog.Attr) {
 	o.mu.Lock()
 	now := time.Now()
 	if o.reported && now.Sub(o.warnedAt) < o.reminder {
@@ -159,7 +167,7 @@ func (o *outage) warn(ctx context.Context, log *slog.Logger, msg string, attrs .
 	if n > 0 {
 		attrs = append(attrs, slog.Int(LogKeySuppressed, n))
 	}
-	log.LogAttrs(ctx, slog.LevelWarn, msg, attrs...)
+	log.LogAttrs(ctx, level, msg, attrs...)
 }
 
 // down reports whether the dependency's outage is declared (threshold
@@ -206,7 +214,12 @@ type Health struct {
 	StoreFailures int `json:"store_failures"`
 	// AckFailures is the number of consecutive failed Source.Ack calls.
 	AckFailures int `json:"ack_failures"`
+	// SettleFailures is the number of consecutive failed Source.Retry,
+	// Releaser.Release and Source.DeadLetter calls. Ready ignores it: only
+	// a later failed message can try the route again and end the run.
+	SettleFailures int `json:"settle_failures"`
 	// Ready is the verdict for a readiness probe: running, not draining,
-	// and no dependency has failed Config.OutageThreshold times in a row.
+	// and neither the broker's receive side, nor the store, nor the
+	// acknowledgements have failed Config.OutageThreshold times in a row.
 	Ready bool `json:"ready"`
 }

@@ -126,6 +126,43 @@ func TestAckOutageIsVisible(t *testing.T) {
 	wantOutageLines(t, &logs, consumer.DependencyBrokerAck, memsource.ErrInjected.Error())
 }
 
+// Failing retries are an outage of the broker's settle route: one ERROR
+// line and a recovery line, not a WARN line per message while it lasts, and
+// Stats.Retried counts only the retries the source accepted.
+func TestSettleOutageIsVisible(t *testing.T) {
+	e := newMemEnv(t, 20*time.Millisecond)
+	var logs logBuffer
+	var failing atomic.Bool
+	failing.Store(true)
+	e.broker.Inject(memsource.Fault{Kind: memsource.FaultRetryError, Times: -1})
+	e.broker.Publish(e.topic, memsource.Outgoing{Key: "k", Body: []byte("x")})
+	cfg := outageConfig(&logs)
+	cfg.Retry.MaxAttempts = 1000 // retried, never dead-lettered
+	r, stop := e.run(e.broker.Source(e.topic), e.handler(func(context.Context, *consumer.Message) error {
+		if failing.Load() {
+			return errors.New("not yet")
+		}
+		return nil
+	}), cfg)
+	const failures = 8 // well past OutageThreshold (3)
+	until(t, "retry failures", func() bool { return r.Health().SettleFailures >= failures })
+	if st := r.Stats(); st.Retried != 0 || st.SettleFailures < failures {
+		t.Fatalf("stats during the outage %+v: want no retry counted, %d settle failures or more", st, failures)
+	}
+	if n := strings.Count(logs.String(), `msg="retry failed; the broker will redeliver"`); n > 3 {
+		t.Fatalf("%d WARN lines about failed retries during the outage, want at most OutageThreshold (3):\n%s", n, logs.String())
+	}
+	e.broker.ClearFaults()
+	until(t, "an accepted retry", func() bool { return r.Stats().Retried >= 1 })
+	failing.Store(false)
+	e.settled()
+	if h := r.Health(); h.SettleFailures != 0 {
+		t.Fatalf("health after the recovery %+v: want no settle failures", h)
+	}
+	stop()
+	wantOutageLines(t, &logs, consumer.DependencyBrokerSettle, memsource.ErrInjected.Error())
+}
+
 // While the runner drains it is not ready.
 func TestHealthWhileDraining(t *testing.T) {
 	e := newMemEnv(t, time.Second)

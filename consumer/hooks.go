@@ -221,8 +221,9 @@ func (k RetryKind) String() string {
 	return "unknown"
 }
 
-// HookRetry is called once per message handed back for a later attempt (as
-// many calls as Stats.Retried counts), before Source.Retry or Release.
+// HookRetry is called once per message the runner hands back for a later
+// attempt, before Source.Retry or Release (Stats.Retried counts those the
+// source accepted).
 type HookRetry interface {
 	OnRetry(ctx context.Context, m *Message, kind RetryKind, delay time.Duration, err error)
 }

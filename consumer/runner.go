@@ -41,6 +41,7 @@ type Runner struct {
 
 	// Consecutive failures of each dependency (see Health).
 	receiveOut, storeOut, ackOut *outage
+	settleOut                    *outage // the settler's
 }
 
 // NewRunner returns a Runner that reads from src and applies path. It validates
@@ -75,13 +76,14 @@ func NewRunner(src Source, path Path, cfg Config) (*Runner, error) {
 		receiveOut: newOutage(DependencyBroker, cfg),
 		storeOut:   newOutage(DependencyStore, cfg),
 		ackOut:     newOutage(DependencyBrokerAck, cfg),
+		settleOut:  newOutage(DependencyBrokerSettle, cfg),
 		hooks:      resolveHooks(cfg.Hooks),
 	}
 	r.env = pathEnv{
 		scope: cfg.Name, log: r.log, retry: cfg.Retry, handlerTimeout: cfg.HandlerTimeout, maxResultBytes: cfg.MaxResultBytes,
 		stats: &r.stats, storeOut: r.storeOut, obs: &r.hooks, takeAhead: r.takeAhead,
 	}
-	r.settler = settler{env: &r.env, src: src}
+	r.settler = settler{env: &r.env, src: src, out: r.settleOut}
 	if fc, ok := path.(failureCounting); ok {
 		r.settler.counter = fc.failureCounter()
 	}
@@ -458,6 +460,7 @@ func (r *Runner) Health() Health {
 		ReceiveFailures: r.receiveOut.streakLen(),
 		StoreFailures:   r.storeOut.streakLen(),
 		AckFailures:     r.ackOut.streakLen(),
+		SettleFailures:  r.settleOut.streakLen(),
 	}
 	if ns := r.lastReceive.Load(); ns != 0 {
 		h.LastReceive = time.Unix(0, ns)

@@ -17,6 +17,7 @@ import (
 type settler struct {
 	env *pathEnv
 	src Source
+	out *outage // the Retry, Release and DeadLetter calls' run of failures
 	// counter is the path's store's handler-failure counter, or nil (the
 	// broker's attempt count applies).
 	counter dedup.FailureCounter
@@ -136,7 +137,6 @@ func (s *settler) settleFailed(ctx context.Context, j *job) Outcome {
 		}
 		return s.deadLetter(ctx, j, cause)
 	}
-	s.env.stats.retried.Add(1)
 	s.env.log.LogAttrs(ctx, slog.LevelInfo, "message will be retried", slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID),
 		slog.String(LogKeyTopic, m.Topic), slog.Int(LogKeyAttempt, j.attempt()), slog.Duration(LogKeyDelay, delay),
 		slog.Any(LogKeyError, j.err))
@@ -148,13 +148,17 @@ func (s *settler) settleFailed(ctx context.Context, j *job) Outcome {
 		err = s.src.Retry(ctx, m, delay)
 	}
 	if err != nil {
+		s.env.stats.left.Add(1)
 		if errors.Is(err, ErrFenced) { // the partition's new owner settles it
 			return OutcomeLeft
 		}
 		s.env.stats.settleFailures.Add(1)
-		s.env.log.LogAttrs(ctx, slog.LevelWarn, "retry failed; the broker will redeliver", slog.String(LogKeyID, m.ID), slog.Any(LogKeyError, err))
+		s.out.failed(ctx, s.env.log, err)
+		s.out.warn(ctx, s.env.log, "retry failed; the broker will redeliver", slog.String(LogKeyID, m.ID), slog.Any(LogKeyError, err))
 		return OutcomeLeft
 	}
+	s.env.stats.retried.Add(1)
+	s.out.ok(ctx, s.env.log)
 	return OutcomeRetried
 }
 
@@ -176,11 +180,13 @@ func (s *settler) deadLetter(ctx context.Context, j *job, cause error) Outcome {
 			return OutcomeLeft
 		}
 		s.env.stats.settleFailures.Add(1)
-		s.env.log.LogAttrs(ctx, slog.LevelError, "dead-letter failed; the broker will redeliver",
+		s.out.failed(ctx, s.env.log, err)
+		s.out.line(ctx, s.env.log, slog.LevelError, "dead-letter failed; the broker will redeliver",
 			append(attrs, slog.Any(LogKeySettleError, err))...)
 		return OutcomeLeft
 	}
 	s.env.stats.deadLettered.Add(1)
+	s.out.ok(ctx, s.env.log)
 	if errors.Is(cause, ErrPayloadMismatch) {
 		s.env.stats.mismatches.Add(1)
 	}

@@ -17,7 +17,9 @@ type Stats struct {
 	// Duplicates is the number of messages acknowledged without running the
 	// handler because their key was already processed.
 	Duplicates uint64
-	// Retried is the number of messages handed back for a later attempt.
+	// Retried is the number of messages handed back for a later attempt
+	// (Source.Retry or Releaser.Release returned nil). A failed hand-back
+	// is counted in SettleFailures instead.
 	Retried uint64
 	// DeadLettered is the number of messages the source accepted into its
 	// dead-letter route (Source.DeadLetter returned nil). A failed dead
@@ -43,7 +45,7 @@ type counters struct {
 	received, handled, duplicates, retried, deadLettered, mismatches atomic.Uint64
 	ackFailures, commitFailures, settleFailures, receiveFailures     atomic.Uint64
 	// left counts messages neither acknowledged nor handed back: a failed
-	// dead letter, or a message whose work the drain cut short. The broker
+	// retry or dead letter, or a message whose work the drain cut short. The broker
 	// redelivers them; WaitIdle counts them as settled.
 	left atomic.Uint64
 }
