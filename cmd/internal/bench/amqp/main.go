@@ -264,7 +264,7 @@ func handWorker(ctx context.Context, conn *amqp.Connection, pool *pgxpool.Pool, 
 	}
 	db := handwritten.DB{Pool: pool, Schema: schema}
 	usage := handwritten.StartUsage()
-	defer printUsage(usage, n)
+	defer handwritten.NoteUsage(usage, n)
 	start := time.Now()
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -511,13 +511,6 @@ func raw(ctx context.Context, conn *amqp.Connection, q string, n, prefetch, ackE
 	return time.Since(start), nil
 }
 
-// printUsage prints the client's CPU time and allocations per message since
-// u.
-func printUsage(u handwritten.Usage, n int) {
-	cpu, allocs := u.Per(n)
-	fmt.Printf("           client: %.1f µs CPU and %.1f allocations per message\n", float64(cpu)/float64(time.Microsecond), allocs)
-}
-
 // runner runs the idemq Runner with the one-UPDATE handler over q until n
 // messages are handled, and returns the number it handled. batch 0 is the
 // default config (BatchSize and Prefetch at their defaults). started, when
@@ -591,10 +584,10 @@ func runner(ctx context.Context, o options, q string, store *pgdedup.Store, n, b
 		return 0, 0, fmt.Errorf("unexpected: %+v", s)
 	}
 	if started == nil {
-		printUsage(usage, n)
+		handwritten.NoteUsage(usage, n)
 	}
 	if st := src.Stats(); st.AckFrames > 0 && started == nil {
-		fmt.Printf("           idemq batch %d: %d acknowledged in %d basic.ack frames (%.1f per frame)\n",
+		handwritten.Note("idemq batch %d: %d acknowledged in %d basic.ack frames (%.1f per frame)",
 			batch, st.Acked, st.AckFrames, float64(st.Acked)/float64(st.AckFrames))
 	}
 	return d, int64(r.Stats().Handled), nil
@@ -688,6 +681,7 @@ func latency(ctx context.Context, o options, conn *amqp.Connection, store *pgded
 				_, s50, s99 := lat.SentPercentiles()
 				fmt.Printf("%-8d %-44s %8d %10.0f %9.2fms %9.2fms %9.2fms %9.2fms\n", rate, c.name, cnt, float64(produced)/d.Seconds(),
 					ms(p50), ms(p99), ms(s50), ms(s99))
+				handwritten.FlushNotes()
 			}
 		}
 	}

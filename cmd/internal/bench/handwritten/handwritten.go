@@ -212,6 +212,7 @@ func Rounds(ctx context.Context, ws []*Workload, rounds int) ([]Result, error) {
 			}
 			r := Result{Workload: w, Round: round, D: d}
 			fmt.Printf("  round %d  %-62s %7d msgs %7.2f s %9.0f msg/s\n", round, w.Name, w.N, d.Seconds(), r.Rate())
+			FlushNotes()
 			out = append(out, r)
 		}
 	}
@@ -397,6 +398,40 @@ func (u Usage) Per(n int) (cpu time.Duration, allocs float64) {
 		return 0, 0
 	}
 	return (processCPU() - u.cpu) / time.Duration(n), float64(ms.Mallocs-u.allocs) / float64(n)
+}
+
+// notes holds the lines about the run in progress (its client usage, its
+// batch sizes), which Rounds prints below its row (see FlushNotes).
+var notes struct {
+	sync.Mutex
+	lines []string
+}
+
+// Note records a line about the run in progress, to be printed below its
+// row by FlushNotes, indented under it.
+func Note(format string, args ...any) {
+	notes.Lock()
+	defer notes.Unlock()
+	notes.lines = append(notes.lines, "           "+fmt.Sprintf(format, args...))
+}
+
+// NoteUsage notes the client's CPU time and allocations per message since u,
+// over n messages.
+func NoteUsage(u Usage, n int) {
+	cpu, allocs := u.Per(n)
+	Note("client: %.1f µs CPU and %.1f allocations per message", float64(cpu)/float64(time.Microsecond), allocs)
+}
+
+// FlushNotes prints the lines noted since the last call. Rounds calls it
+// after each row; a bench that prints its own rows calls it after each of
+// them.
+func FlushNotes() {
+	notes.Lock()
+	defer notes.Unlock()
+	for _, l := range notes.lines {
+		fmt.Println(l)
+	}
+	notes.lines = nil
 }
 
 // processCPU is the user and system CPU time of the process so far.

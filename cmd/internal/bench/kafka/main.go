@@ -334,7 +334,7 @@ func (b *bench) hand(ctx context.Context, name string, n, batch int, commitInter
 		cancel()
 		wg.Wait()
 		b.handledTotal += applied.Load()
-		printUsage(usage, n)
+		handwritten.NoteUsage(usage, n)
 		return t.Sub(time.Unix(0, first.Load())), nil
 	case err := <-errc:
 		return 0, err
@@ -462,13 +462,6 @@ func (b *bench) pgBatchPath() consumer.Path {
 	}))
 }
 
-// printUsage prints the client's CPU time and allocations per message since
-// u.
-func printUsage(u handwritten.Usage, n int) {
-	cpu, allocs := u.Per(n)
-	fmt.Printf("           client: %.1f µs CPU and %.1f allocations per message\n", float64(cpu)/float64(time.Microsecond), allocs)
-}
-
 // runner runs the idemq runner until n messages were handled and
 // acknowledged, and returns the time from the first fetch. batch 0 is the
 // default config (BatchSize and the source's MaxInFlight at their
@@ -533,7 +526,7 @@ func (b *bench) runnerOn(ctx context.Context, topic, name string, n, batch int, 
 		return 0, st, fmt.Errorf("unexpected runner stats %+v", st)
 	}
 	if started == nil {
-		printUsage(usage, n)
+		handwritten.NoteUsage(usage, n)
 	}
 	return end.Sub(time.Unix(0, ff.at.Load())), st, nil
 }
@@ -613,6 +606,7 @@ func (b *bench) latency(ctx context.Context, rates string) error {
 				_, s50, s99 := lat.SentPercentiles()
 				fmt.Printf("%-8d %-44s %8d %10.0f %9.2fms %9.2fms %9.2fms %9.2fms\n", rate, c.name, cnt, float64(n)/d.Seconds(),
 					ms(p50), ms(p99), ms(s50), ms(s99))
+				handwritten.FlushNotes()
 			}
 		}
 	}

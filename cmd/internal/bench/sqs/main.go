@@ -27,9 +27,12 @@
 // the end of the Ack call's DeleteMessageBatch) and of send-to-ack (which
 // also counts the time a message waits in the queue for a long poll).
 //
-// Every run drains its own queue, filled beforehand (the fill is not
-// timed). Every workload runs twice, in alternating order; ratios to the
-// hand-written workers are printed per round and over the means. Run it with
+// Every runner and hand-written row also notes, below it, the client's CPU
+// time and heap allocations per message (the whole process; ElasticMQ and
+// PostgreSQL run in other processes). Every run drains its own queue, filled
+// beforehand (the fill is not timed). Every workload runs twice, in
+// alternating order; ratios to the hand-written workers are printed per
+// round and over the means. Run it with
 //
 //	bash testdata/services/services.sh up postgres elasticmq
 //	go run ./cmd/internal/bench/sqs
@@ -213,6 +216,7 @@ func (b *bench) hand(ctx context.Context, round, batch int) (time.Duration, erro
 		once.Do(func() { firstErr = err })
 		failed.Store(true)
 	}
+	usage := handwritten.StartUsage()
 	start := time.Now()
 	for range b.opt.concurrency {
 		wg.Go(func() {
@@ -282,7 +286,9 @@ func (b *bench) hand(ctx context.Context, round, batch int) (time.Duration, erro
 		})
 	}
 	wg.Wait()
-	return time.Since(start), firstErr
+	d := time.Since(start)
+	handwritten.NoteUsage(usage, b.nOf(batch))
+	return d, firstErr
 }
 
 func (b *bench) setupDatabase(ctx context.Context) error {
@@ -523,6 +529,7 @@ func (b *bench) runner(ctx context.Context, queueURL, dlqURL string, n int, cfg 
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	errc := make(chan error, 1)
+	usage := handwritten.StartUsage()
 	start := time.Now()
 	go func() { errc <- r.Run(runCtx) }()
 	if started != nil {
@@ -558,12 +565,15 @@ func (b *bench) runner(ctx context.Context, queueURL, dlqURL string, n int, cfg 
 		return 0, err
 	}
 	b.applied.Add(int64(r.Stats().Handled))
+	if started == nil {
+		handwritten.NoteUsage(usage, n)
+	}
 	if txs := sizes.batches.Load(); txs > 0 && started == nil {
 		kind := "per-message handler"
 		if api {
 			kind = "batch API"
 		}
-		fmt.Printf("           idemq batch %d, %s, BatchWait %v: %d transactions, %.1f messages each\n",
+		handwritten.Note("idemq batch %d, %s, BatchWait %v: %d transactions, %.1f messages each",
 			batch, kind, cfg.BatchWait, txs, float64(sizes.messages.Load())/float64(txs))
 	}
 	return d, nil
@@ -625,6 +635,7 @@ func (b *bench) latency(ctx context.Context) error {
 				_, s50, s99 := lat.SentPercentiles()
 				fmt.Printf("%-8d %-44s %8d %10.0f %9.2fms %9.2fms %9.2fms %9.2fms\n", rate, c.name, cnt, float64(n)/d.Seconds(),
 					ms(p50), ms(p99), ms(s50), ms(s99))
+				handwritten.FlushNotes()
 			}
 		}
 	}
