@@ -565,7 +565,9 @@ func runner(ctx context.Context, o options, q string, store *pgdedup.Store, n, b
 		}
 		start = time.Now()
 	}
-	tick := time.NewTicker(2 * time.Millisecond)
+	// A poll every 10 ms: the end is late by 0.1 % of a 10 s run at most,
+	// and the runner's CPU is not charged for hundreds of wakeups a second.
+	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for r.Stats().Handled < uint64(n) {
 		select {
