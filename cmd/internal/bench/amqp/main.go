@@ -43,9 +43,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -428,15 +426,25 @@ func declare(ctx context.Context, o options, q, queueType string) error {
 // publish publishes n persistent orders to q, each keyed and partitioned by
 // account, and waits for the confirms.
 func publish(ctx context.Context, conn *amqp.Connection, q string, n, accounts int) error {
-	ch, err := conn.Channel()
+	ch, err := confirmChannel(conn)
 	if err != nil {
 		return err
 	}
 	defer ch.Close()
-	if err := ch.Confirm(false); err != nil {
-		return err
-	}
 	return publishFrom(ctx, ch, q, 0, n, accounts)
+}
+
+// confirmChannel opens a channel on conn in confirm mode.
+func confirmChannel(conn *amqp.Connection) (*amqp.Channel, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, err
+	}
+	return ch, nil
 }
 
 // publishFrom publishes messages from to from+n-1 of q on ch, a channel in
@@ -612,82 +620,28 @@ func envOr(name, def string) string {
 // queue published to at that rate, and prints receipt-to-ack percentiles.
 func latency(ctx context.Context, o options, conn *amqp.Connection, store *pgdedup.Store, fresh func(name string) (string, error)) (int64, error) {
 	fmt.Printf("RabbitMQ latency: runner concurrency %d; each row publishes for %s at the rate\n", o.concurrency, o.rateFor)
-	fmt.Printf("%-8s %-44s %8s %10s %10s %10s %10s %10s\n", "rate", "config", "messages", "msg/s", "p50", "p99", "sent p50", "sent p99")
-	type cfg struct {
-		name  string
-		batch int
-		api   bool
-	}
-	cfgs := []cfg{{"default config", 0, false}, {"batch 1", 1, false}, {"batch API, batch 100", 100, true}}
 	var applied int64
-	for _, f := range strings.Split(o.rates, ",") {
-		rate, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || rate <= 0 {
-			return applied, fmt.Errorf("-rates: bad rate %q", f)
+	err := handwritten.LatencyTable(o.rates, o.rounds, func(rate, round int, c handwritten.LatencyConfig) (p handwritten.Paced, err error) {
+		q, err := fresh(fmt.Sprintf("lat%d-%d-%d", rate, c.Batch, round))
+		if err != nil {
+			return p, err
 		}
-		for round := 1; round <= o.rounds; round++ {
-			order := slices.Clone(cfgs)
-			if round%2 == 0 {
-				slices.Reverse(order)
+		const warm = 20
+		total := rate*int(o.rateFor/time.Millisecond)/1000 + warm
+		lat := new(handwritten.Latency)
+		_, k, err := runner(ctx, o, q, store, total, c.Batch, c.API, []consumer.Hook{lat}, func(r *consumer.Runner) error {
+			ch, err := confirmChannel(conn)
+			if err != nil {
+				return err
 			}
-			for _, c := range order {
-				q, err := fresh(fmt.Sprintf("lat%d-%d-%d", rate, c.batch, round))
-				if err != nil {
-					return applied, err
-				}
-				const warm = 20
-				total := rate*int(o.rateFor/time.Millisecond)/1000 + warm
-				var lat handwritten.Latency
-				var produced int
-				var d time.Duration
-				_, k, err := runner(ctx, o, q, store, total, c.batch, c.api, []consumer.Hook{&lat}, func(r *consumer.Runner) error {
-					ch, err := conn.Channel()
-					if err != nil {
-						return err
-					}
-					defer ch.Close()
-					if err := ch.Confirm(false); err != nil {
-						return err
-					}
-					if err := publishFrom(ctx, ch, q, 0, warm, o.accounts); err != nil {
-						return err
-					}
-					for r.Stats().Handled < warm {
-						if ctx.Err() != nil {
-							return ctx.Err()
-						}
-						time.Sleep(5 * time.Millisecond)
-					}
-					lat.Reset()
-					start := time.Now()
-					tick := time.NewTicker(time.Millisecond)
-					defer tick.Stop()
-					for produced < total-warm {
-						<-tick.C
-						due := min(total-warm, int(time.Since(start).Seconds()*float64(rate)))
-						if due > produced {
-							if err := publishFrom(ctx, ch, q, warm+produced, due-produced, o.accounts); err != nil {
-								return err
-							}
-							produced = due
-						}
-					}
-					d = time.Since(start)
-					return nil
-				})
-				applied += k
-				if err != nil {
-					return applied, fmt.Errorf("rate %d, %s: %w", rate, c.name, err)
-				}
-				cnt, p50, p99 := lat.Percentiles()
-				_, s50, s99 := lat.SentPercentiles()
-				fmt.Printf("%-8d %-44s %8d %10.0f %9.2fms %9.2fms %9.2fms %9.2fms\n", rate, c.name, cnt, float64(produced)/d.Seconds(),
-					ms(p50), ms(p99), ms(s50), ms(s99))
-				handwritten.FlushNotes()
-			}
-		}
-	}
-	return applied, nil
+			defer ch.Close()
+			p, err = handwritten.Pace(ctx, r, lat, rate, warm, total, 0, func(from, n int) error {
+				return publishFrom(ctx, ch, q, from, n, o.accounts)
+			})
+			return err
+		})
+		applied += k
+		return p, err
+	})
+	return applied, err
 }
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

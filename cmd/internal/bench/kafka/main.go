@@ -46,7 +46,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -574,54 +573,28 @@ func (b *bench) latency(ctx context.Context, rates string) error {
 	defer b.pool.Close()
 	defer b.pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
 	fmt.Printf("Kafka latency: %d partitions, runner concurrency %d; each row produces for %s at the rate\n", b.partitions, b.concurrency, b.rateFor)
-	fmt.Printf("%-8s %-44s %8s %10s %10s %10s %10s %10s\n", "rate", "config", "messages", "msg/s", "p50", "p99", "sent p50", "sent p99")
-	type cfg struct {
-		name  string
-		batch int
-		path  func() consumer.Path
-	}
-	cfgs := []cfg{
-		{"default config", 0, b.pgPath},
-		{"batch 1", 1, b.pgPath},
-		{"batch API, batch 100", 100, b.pgBatchPath},
-	}
-	for _, f := range strings.Split(rates, ",") {
-		rate, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || rate <= 0 {
-			return fmt.Errorf("-rates: bad rate %q", f)
+	err := handwritten.LatencyTable(rates, b.rounds, func(rate, round int, c handwritten.LatencyConfig) (handwritten.Paced, error) {
+		topic := fmt.Sprintf("idemq-bench-lat-%s-%d-%d-%d", b.suffix, rate, round, c.Batch)
+		if err := kafkasource.CreateTopics(ctx, nil, b.brokers, kafkasource.TopicSpec{Name: topic, Partitions: b.partitions},
+			kafkasource.TopicSpec{Name: kafkasource.DeadLetterTopic(topic), Partitions: 1}); err != nil {
+			return handwritten.Paced{}, err
 		}
-		for round := 1; round <= b.rounds; round++ {
-			order := slices.Clone(cfgs)
-			if round%2 == 0 {
-				slices.Reverse(order)
-			}
-			for _, c := range order {
-				topic := fmt.Sprintf("idemq-bench-lat-%s-%d-%d-%d", b.suffix, rate, round, c.batch)
-				if err := kafkasource.CreateTopics(ctx, nil, b.brokers, kafkasource.TopicSpec{Name: topic, Partitions: b.partitions},
-					kafkasource.TopicSpec{Name: kafkasource.DeadLetterTopic(topic), Partitions: 1}); err != nil {
-					return err
-				}
-				lat, n, d, err := b.paced(ctx, topic, c.batch, c.path(), rate)
-				b.deleteTopicsOf(topic)
-				if err != nil {
-					return fmt.Errorf("rate %d, %s: %w", rate, c.name, err)
-				}
-				cnt, p50, p99 := lat.Percentiles()
-				_, s50, s99 := lat.SentPercentiles()
-				fmt.Printf("%-8d %-44s %8d %10.0f %9.2fms %9.2fms %9.2fms %9.2fms\n", rate, c.name, cnt, float64(n)/d.Seconds(),
-					ms(p50), ms(p99), ms(s50), ms(s99))
-				handwritten.FlushNotes()
-			}
+		defer b.deleteTopicsOf(topic)
+		path := b.pgPath()
+		if c.API {
+			path = b.pgBatchPath()
 		}
+		return b.paced(ctx, topic, c.Batch, path, rate)
+	})
+	if err != nil {
+		return err
 	}
 	return b.checkBalances(ctx)
 }
 
-// paced starts a runner on topic, waits until it handles a first message
-// (the group is joined), then produces at rate for b.rateFor and waits
-// until everything is handled. It returns the latencies of the paced
-// messages, their count and the production time.
-func (b *bench) paced(ctx context.Context, topic string, batch int, path consumer.Path, rate int) (*handwritten.Latency, int, time.Duration, error) {
+// paced starts a runner on topic, warms it up and produces at rate for
+// b.rateFor (handwritten.Pace), and waits until everything is handled.
+func (b *bench) paced(ctx context.Context, topic string, batch int, path consumer.Path, rate int) (handwritten.Paced, error) {
 	tr := &kafka.Transport{}
 	defer tr.CloseIdleConnections()
 	w := &kafka.Writer{
@@ -643,50 +616,31 @@ func (b *bench) paced(ctx context.Context, topic string, batch int, path consume
 			},
 		}
 	}
-	var lat handwritten.Latency
+	lat := new(handwritten.Latency)
 	var (
-		produced int
-		d        time.Duration
-		perr     error
+		p    handwritten.Paced
+		perr error
 	)
 	warm := 8 * b.partitions
 	total := rate*int(b.rateFor/time.Millisecond)/1000 + warm
-	_, st, err := b.runnerOn(ctx, topic, topic, total, batch, path, []consumer.Hook{&lat}, func(r *consumer.Runner) {
-		// Warm up: messages on every partition, handled before the
-		// clock starts, so that every partition's reader runs.
-		for range warm {
-			if perr = w.WriteMessages(ctx, msg()); perr != nil {
-				return
-			}
-		}
-		for r.Stats().Handled < uint64(warm) {
-			if ctx.Err() != nil {
-				perr = ctx.Err()
-				return
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		time.Sleep(time.Second)
-		lat.Reset()
-		start := time.Now()
-		tick := time.NewTicker(time.Millisecond)
-		defer tick.Stop()
-		for produced < total-warm {
-			<-tick.C
-			due := min(total-warm, int(time.Since(start).Seconds()*float64(rate)))
-			for ; produced < due; produced++ {
-				if perr = w.WriteMessages(ctx, msg()); perr != nil {
-					return
+	_, st, err := b.runnerOn(ctx, topic, topic, total, batch, path, []consumer.Hook{lat}, func(r *consumer.Runner) {
+		// The warm-up puts messages on every partition, handled (and a
+		// second more) before the clock starts, so that every
+		// partition's reader runs.
+		p, perr = handwritten.Pace(ctx, r, lat, rate, warm, total, time.Second, func(_, n int) error {
+			for range n {
+				if err := w.WriteMessages(ctx, msg()); err != nil {
+					return err
 				}
 			}
-		}
-		d = time.Since(start)
+			return nil
+		})
 	})
 	b.handledTotal += int64(st.Handled)
 	if err == nil {
 		err = perr
 	}
-	return &lat, produced, d, err
+	return p, err
 }
 
 func (b *bench) deleteTopicsOf(topic string) {
@@ -696,5 +650,3 @@ func (b *bench) deleteTopicsOf(topic string) {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 	}
 }
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

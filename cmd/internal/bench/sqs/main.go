@@ -609,49 +609,18 @@ func envOr(key, def string) string {
 func (b *bench) latency(ctx context.Context) error {
 	fmt.Printf("SQS latency at %s: %d receivers (WaitTime %v), runner concurrency %d; each row sends for %s at the rate\n",
 		b.opt.endpoint, b.opt.receivers, waitTime, b.opt.concurrency, b.opt.rateFor)
-	fmt.Printf("%-8s %-44s %8s %10s %10s %10s %10s %10s\n", "rate", "config", "messages", "msg/s", "p50", "p99", "sent p50", "sent p99")
-	type cfg struct {
-		name  string
-		batch int
-		api   bool
-	}
-	cfgs := []cfg{{"default config", 0, false}, {"batch 1", 1, false}, {"batch API, batch 100", 100, true}}
-	for _, f := range strings.Split(b.opt.rates, ",") {
-		rate, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || rate <= 0 {
-			return fmt.Errorf("-rates: bad rate %q", f)
-		}
-		for round := 1; round <= b.opt.rounds; round++ {
-			order := slices.Clone(cfgs)
-			if round%2 == 0 {
-				slices.Reverse(order)
-			}
-			for _, c := range order {
-				lat, n, d, err := b.paced(ctx, fmt.Sprintf("lat-%d-%d-%d", rate, c.batch, round), c.batch, c.api, rate)
-				if err != nil {
-					return fmt.Errorf("rate %d, %s: %w", rate, c.name, err)
-				}
-				cnt, p50, p99 := lat.Percentiles()
-				_, s50, s99 := lat.SentPercentiles()
-				fmt.Printf("%-8d %-44s %8d %10.0f %9.2fms %9.2fms %9.2fms %9.2fms\n", rate, c.name, cnt, float64(n)/d.Seconds(),
-					ms(p50), ms(p99), ms(s50), ms(s99))
-				handwritten.FlushNotes()
-			}
-		}
-	}
-	return nil
+	return handwritten.LatencyTable(b.opt.rates, b.opt.rounds, func(rate, round int, c handwritten.LatencyConfig) (handwritten.Paced, error) {
+		return b.paced(ctx, fmt.Sprintf("lat-%d-%d-%d", rate, c.Batch, round), c.Batch, c.API, rate)
+	})
 }
 
-// paced creates a fresh queue, starts a runner on it, waits until the
-// runner handled a few warm-up messages, then sends at rate for -rate-for
-// (a 1 ms ticker sends the messages due, in SendMessageBatch calls of up to
-// 10) and waits until every message is deleted; it deletes the queue. It
-// returns the latencies of the paced messages, their count and the sending
-// time.
-func (b *bench) paced(ctx context.Context, name string, batch int, api bool, rate int) (lat *handwritten.Latency, sent int, d time.Duration, err error) {
+// paced creates a fresh queue, starts a runner on it and paces it
+// (handwritten.Pace: SendMessageBatch calls of up to 10 messages), waits
+// until every message is deleted, and deletes the queue.
+func (b *bench) paced(ctx context.Context, name string, batch int, api bool, rate int) (p handwritten.Paced, err error) {
 	queueURL, dlqURL, err := b.newQueue(ctx, name)
 	if err != nil {
-		return nil, 0, 0, err
+		return p, err
 	}
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -664,36 +633,14 @@ func (b *bench) paced(ctx context.Context, name string, batch int, api bool, rat
 	defer cancel()
 	const warm = 20
 	total := rate*int(b.opt.rateFor/time.Millisecond)/1000 + warm
-	lat = new(handwritten.Latency)
+	lat := new(handwritten.Latency)
 	cfg := consumer.Config{BatchSize: batch, Hooks: []consumer.Hook{lat}}
 	_, err = b.runner(ctx, queueURL, dlqURL, total, cfg, api, func(r *consumer.Runner) error {
-		if err := b.sendRange(ctx, queueURL, 0, warm, true); err != nil {
-			return err
-		}
-		for r.Stats().Handled < warm {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		lat.Reset()
-		start := time.Now()
-		tick := time.NewTicker(time.Millisecond)
-		defer tick.Stop()
-		for sent < total-warm {
-			<-tick.C
-			due := min(total-warm, int(time.Since(start).Seconds()*float64(rate)))
-			if due > sent {
-				if err := b.sendRange(ctx, queueURL, warm+sent, due-sent, true); err != nil {
-					return err
-				}
-				sent = due
-			}
-		}
-		d = time.Since(start)
-		return nil
+		var err error
+		p, err = handwritten.Pace(ctx, r, lat, rate, warm, total, 0, func(from, n int) error {
+			return b.sendRange(ctx, queueURL, from, n, true)
+		})
+		return err
 	})
-	return lat, sent, d, err
+	return p, err
 }
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
