@@ -100,13 +100,21 @@ func main() {
 	flag.DurationVar(&opt.batchWait, "batch-wait", 50*time.Millisecond, "consumer.Config.BatchWait of the batch-100 runners (throughput mode; the latency mode uses the default, 0)")
 	flag.StringVar(&opt.rates, "rates", "", "latency mode: comma-separated send rates in msg/s")
 	flag.DurationVar(&opt.rateFor, "rate-for", 10*time.Second, "latency mode: how long each rate is sent")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if opt.dsn == "" {
 		opt.dsn = envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable")
 	}
+	stopProfile, err := handwritten.StartCPUProfile(*cpuprofile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	defer cancel()
-	if err := run(ctx, opt); err != nil {
+	err = run(ctx, opt)
+	cancel()
+	stopProfile()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
