@@ -112,10 +112,10 @@ type Config struct {
 	// DeadLetter, the store) after which the runner logs one ERROR line
 	// naming it and the error, and Health reports it and, but for the
 	// broker's Retry, Release and DeadLetter, is no longer Ready. One INFO
-	// line reports the recovery. Once the store has failed that often, the runner also
-	// stops receiving (back-pressure: the messages would only go back to
-	// the broker) and probes the store every 500 ms, receiving again once
-	// it answers. Defaults to 3.
+	// line reports the recovery. Once the store has failed that often, the
+	// runner also stops receiving (back-pressure: the messages would only
+	// go back to the broker) and probes the store every 500 ms, receiving
+	// again once it answers. Defaults to 3.
 	OutageThreshold int
 
 	// OutageReminder is the least time between two ERROR lines about one

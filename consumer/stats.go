@@ -45,8 +45,8 @@ type counters struct {
 	received, handled, duplicates, retried, deadLettered, mismatches atomic.Uint64
 	ackFailures, commitFailures, settleFailures, receiveFailures     atomic.Uint64
 	// left counts messages neither acknowledged nor handed back: a failed
-	// retry or dead letter, or a message whose work the drain cut short. The broker
-	// redelivers them; WaitIdle counts them as settled.
+	// retry or dead letter, or a message whose work the drain cut short.
+	// The broker redelivers them; WaitIdle counts them as settled.
 	left atomic.Uint64
 }
 
