@@ -11,36 +11,17 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/pgtrace"
-	"github.com/idemq/idemq/internal/testenv"
 )
 
 // newCountedStore returns a migrated store over a pool of one connection
 // whose round trips c counts.
 func newCountedStore(t *testing.T) (*pgdedup.Store, *pgxpool.Pool, *pgtrace.Counter) {
 	t.Helper()
-	url := testenv.DatabaseURL(t)
-	cfg := pgdedup.Config{Schema: testenv.Schema(t, url)}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	pc, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc.MaxConns = 1 // a connection the store failed to give back blocks the next Begin
 	c := &pgtrace.Counter{}
-	pc.ConnConfig.Tracer = c
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.ClosePoolAtCleanup(t, pool)
-	store, err := pgdedup.New(pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store, pool := newStoreOn(t, pgdedup.Config{}, func(pc *pgxpool.Config) {
+		pc.MaxConns = 1 // a connection the store failed to give back blocks the next Begin
+		pc.ConnConfig.Tracer = c
+	})
 	return store, pool, c
 }
 

@@ -26,11 +26,24 @@ import (
 // newStore returns a migrated store in a fresh schema and its pool.
 func newStore(t testing.TB, cfg pgdedup.Config) (*pgdedup.Store, *pgxpool.Pool) {
 	t.Helper()
+	return newStoreOn(t, cfg, nil)
+}
+
+// newStoreOn is newStore over a pool that configure, when not nil, set up.
+func newStoreOn(t testing.TB, cfg pgdedup.Config, configure func(*pgxpool.Config)) (*pgdedup.Store, *pgxpool.Pool) {
+	t.Helper()
 	url := testenv.DatabaseURL(t)
 	cfg.Schema = testenv.Schema(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, url)
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if configure != nil {
+		configure(pc)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		t.Fatal(err)
 	}
