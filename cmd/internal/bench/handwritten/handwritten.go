@@ -367,11 +367,7 @@ func percentiles(d []time.Duration) (n int, p50, p99 time.Duration) {
 // String formats the percentiles for a report line.
 func (l *Latency) String() string {
 	n, p50, p99 := l.Percentiles()
-	return fmt.Sprintf("receipt-to-ack p50 %s p99 %s (%d messages)", fmtMs(p50), fmtMs(p99), n)
-}
-
-func fmtMs(d time.Duration) string {
-	return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond))
+	return fmt.Sprintf("receipt-to-ack p50 %.2fms p99 %.2fms (%d messages)", ms(p50), ms(p99), n)
 }
 
 // Usage is the process's CPU time and heap allocations since Start: the
