@@ -9,6 +9,11 @@
 //   - Batch: per batch BEGIN; one INSERT … SELECT unnest($1) ON CONFLICT DO
 //     NOTHING RETURNING key; the UPDATEs of the new keys pipelined in one
 //     round trip; COMMIT.
+//   - Chain: idemq's own protocol at batch 1, written by hand on a held
+//     connection: a message's claim is pipelined with the COMMIT AND CHAIN
+//     of the one before it (with BEGIN when nothing is open) and its UPDATE
+//     is the second round trip. It is the floor the Runner's batch-1 path
+//     can reach: two round trips per message and no bookkeeping.
 //
 // It also has the round-robin driver and the report the benchmarks share:
 // every workload runs twice, in alternating order, and the ratios are
@@ -91,6 +96,83 @@ func (d DB) One(ctx context.Context, m Msg) (int, error) {
 		}
 	}
 	return applied, tx.Commit(ctx)
+}
+
+// Chain is a connection held by one hand-written worker that applies one
+// message per transaction in two round trips (see the package comment). Use
+// it from one goroutine: Claim a message, Apply it, then Claim the next one,
+// which commits it, or Commit when no next one is waiting.
+type Chain struct {
+	db    DB
+	conn  *pgxpool.Conn
+	open  bool // a transaction is open, holding the claimed message
+	fresh bool // the claimed message's key was new
+}
+
+// Chain acquires a connection for a Chain.
+func (d DB) Chain(ctx context.Context) (*Chain, error) {
+	conn, err := d.Pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &Chain{db: d, conn: conn}, nil
+}
+
+// Release rolls back what is open and returns the connection to the pool.
+func (c *Chain) Release(ctx context.Context) {
+	if c.open {
+		_, _ = c.conn.Exec(ctx, `ROLLBACK`)
+	}
+	c.conn.Release()
+}
+
+// Claim inserts m's key in a new transaction, in one round trip: after
+// COMMIT AND CHAIN when a transaction is open (which commits the message
+// claimed before) and after BEGIN otherwise.
+func (c *Chain) Claim(ctx context.Context, m Msg) error {
+	b := &pgx.Batch{}
+	if c.open {
+		b.Queue(`COMMIT AND CHAIN`)
+	} else {
+		b.Queue(`BEGIN`)
+	}
+	b.Queue(`INSERT INTO `+c.db.processed()+` (key) VALUES ($1) ON CONFLICT DO NOTHING`, m.Key)
+	br := c.conn.SendBatch(ctx, b)
+	tag, err := br.Exec()
+	if err == nil && tag.String() == "ROLLBACK" {
+		err = pgx.ErrTxCommitRollback
+	}
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	c.open, c.fresh = err == nil, tag.RowsAffected() == 1
+	return err
+}
+
+// Apply runs the claimed message's UPDATE if its key was new and returns the
+// number of UPDATEs it applied (0 or 1).
+func (c *Chain) Apply(ctx context.Context, m Msg) (int, error) {
+	if !c.fresh {
+		return 0, nil
+	}
+	_, err := c.conn.Exec(ctx, `UPDATE `+c.db.Schema+`.accounts SET balance = balance + $1 WHERE id = $2`, m.Amount, m.Account)
+	if err != nil {
+		return 0, err
+	}
+	return 1, nil
+}
+
+// Commit commits the open transaction.
+func (c *Chain) Commit(ctx context.Context) error {
+	c.open = false
+	tag, err := c.conn.Exec(ctx, `COMMIT`)
+	if err == nil && tag.String() == "ROLLBACK" {
+		err = pgx.ErrTxCommitRollback
+	}
+	return err
 }
 
 // Batch applies the messages of ms whose keys were not processed before, in
@@ -188,6 +270,7 @@ type Result struct {
 	Workload *Workload
 	Round    int
 	D        time.Duration
+	CPU      time.Duration // the client's CPU time per message, if the run noted it (NoteUsage)
 }
 
 // Rate is messages per second.
@@ -210,7 +293,7 @@ func Rounds(ctx context.Context, ws []*Workload, rounds int) ([]Result, error) {
 			if err != nil {
 				return out, fmt.Errorf("%s (round %d): %w", w.Name, round, err)
 			}
-			r := Result{Workload: w, Round: round, D: d}
+			r := Result{Workload: w, Round: round, D: d, CPU: takeCPU()}
 			fmt.Printf("  round %d  %-62s %7d msgs %7.2f s %9.0f msg/s\n", round, w.Name, w.N, d.Seconds(), r.Rate())
 			FlushNotes()
 			out = append(out, r)
@@ -224,16 +307,14 @@ func Rounds(ctx context.Context, ws []*Workload, rounds int) ([]Result, error) {
 // baseline, per round and over the means.
 func Report(ws []*Workload, results []Result, rounds int) {
 	rates := map[*Workload][]float64{}
+	cpus := map[*Workload][]float64{}
 	for _, r := range results {
 		rates[r.Workload] = append(rates[r.Workload], r.Rate())
-	}
-	mean := func(w *Workload) float64 {
-		s := 0.0
-		for _, v := range rates[w] {
-			s += v
+		if r.CPU > 0 {
+			cpus[r.Workload] = append(cpus[r.Workload], float64(r.CPU))
 		}
-		return s / float64(len(rates[w]))
 	}
+	mean := func(w *Workload) float64 { return meanOf(rates[w]) }
 	fmt.Printf("\n%-62s %8s", "workload", "messages")
 	for i := 1; i <= rounds; i++ {
 		fmt.Printf(" %9s", fmt.Sprintf("round %d", i))
@@ -279,8 +360,26 @@ func Report(ws []*Workload, results []Result, rounds int) {
 				}
 			}
 			fmt.Printf("ratio %s: %s / %s = %.2fx (rounds: %s)\n", g, w.Name, base.Name, mean(w)/mean(base), strings.Join(per, ", "))
+			if c, cb := cpus[w], cpus[base]; len(c) == len(rates[w]) && len(cb) == len(rates[base]) {
+				per = per[:0]
+				for i := range c {
+					if i < len(cb) {
+						per = append(per, fmt.Sprintf("%.2fx", c[i]/cb[i]))
+					}
+				}
+				fmt.Printf("  client CPU per message: %.2fx the baseline's (rounds: %s)\n", meanOf(c)/meanOf(cb), strings.Join(per, ", "))
+			}
 		}
 	}
+}
+
+// meanOf is the mean of vs.
+func meanOf(vs []float64) float64 {
+	s := 0.0
+	for _, v := range vs {
+		s += v
+	}
+	return s / float64(len(vs))
 }
 
 // StartCPUProfile starts a CPU profile of the process into the file at path
@@ -401,6 +500,7 @@ func (u Usage) Per(n int) (cpu time.Duration, allocs float64) {
 var notes struct {
 	sync.Mutex
 	lines []string
+	cpu   time.Duration // per message, from the last NoteUsage
 }
 
 // Note records a line about the run in progress, to be printed below its
@@ -415,7 +515,20 @@ func Note(format string, args ...any) {
 // over n messages.
 func NoteUsage(u Usage, n int) {
 	cpu, allocs := u.Per(n)
+	notes.Lock()
+	notes.cpu = cpu
+	notes.Unlock()
 	Note("client: %.1f µs CPU and %.1f allocations per message", float64(cpu)/float64(time.Microsecond), allocs)
+}
+
+// takeCPU returns the CPU time per message the run in progress noted, and
+// forgets it.
+func takeCPU() time.Duration {
+	notes.Lock()
+	defer notes.Unlock()
+	cpu := notes.cpu
+	notes.cpu = 0
+	return cpu
 }
 
 // FlushNotes prints the lines noted since the last call. Rounds calls it

@@ -4,22 +4,25 @@
 //   - raw kafka-go: a consumer-group Reader that fetches with FetchMessage
 //     and commits synchronously every 100 messages, with no handler and no
 //     database (the ceiling);
-//   - hand-written kafka-go + pgx workers (one goroutine per partition
-//     slot, -concurrency of them, like the Runner's lanes): per message
-//     BEGIN; INSERT INTO processed … ON CONFLICT DO NOTHING; UPDATE
-//     accounts …; COMMIT, then the offset commit — synchronous
-//     CommitMessages (kafka-go's documented explicit commit), or queued to
-//     kafka-go's 1 s commit loop (CommitInterval, the faster variant); and
-//     a batch variant: one transaction per up to 100 messages (an unnest
-//     INSERT … RETURNING and pipelined UPDATEs), then one commit of the
-//     batch's offsets;
+//   - hand-written kafka-go + pgx workers (one goroutine per partition slot,
+//     -concurrency of them, like the Runner's lanes): per message BEGIN; INSERT
+//     INTO processed … ON CONFLICT DO NOTHING; UPDATE accounts …; COMMIT, then
+//     the offset commit — synchronous CommitMessages (kafka-go's documented
+//     explicit commit), or queued to kafka-go's 1 s commit loop (CommitInterval,
+//     the faster variant); a batch variant: one transaction per up to 100
+//     messages (an unnest INSERT … RETURNING and pipelined UPDATEs), then one
+//     commit of the batch's offsets; and a batch-1 variant in the Runner's own
+//     protocol, two round trips per message on a held connection (the claim
+//     pipelined with the COMMIT AND CHAIN of the message before), the floor of
+//     the Runner's batch-1 path;
 //   - the idemq Runner over kafkasource with Transactional and pgdedup and
 //     a one-UPDATE TxJSON handler, at the default config, at batch 1 and
 //     at batch 100, and TransactionalBatch at batch 100.
 //
 // Every runner row and hand-written row also prints the client's CPU time
 // and heap allocations per message (the whole process: the broker and the
-// database run in other processes).
+// database run in other processes), and the ratios of the CPU times are
+// printed with the ratios of the rates.
 //
 // With -rates (messages per second, comma-separated) it measures latency
 // instead: for each rate, a fresh topic is produced to at that pace for
@@ -166,24 +169,28 @@ func (b *bench) run(ctx context.Context) error {
 		b.topic, b.partitions, total, time.Since(t0).Round(time.Millisecond), b.concurrency, fsync)
 
 	hb1, hb1a, hb100 := "batch 1 vs hand-written, sync offset commit", "batch 1 vs hand-written, 1 s offset commit loop", "batch 100 vs hand-written batch"
+	hb1c := "batch 1 vs hand-written in the Runner's protocol (chained commits)"
 	ws := []*handwritten.Workload{
 		{Name: "raw kafka-go: FetchMessage, sync commit every 100", N: b.n, Run: func(ctx context.Context, round int) (time.Duration, error) {
 			return b.raw(ctx, fmt.Sprintf("raw-100-%d", round), b.n, 100)
 		}},
 		{Name: "hand-written kafka-go+pgx, batch 1, sync commit", N: b.n1, Groups: []string{hb1}, Base: true, Run: func(ctx context.Context, round int) (time.Duration, error) {
-			return b.hand(ctx, fmt.Sprintf("hand-1-sync-%d", round), b.n1, 1, 0)
+			return b.hand(ctx, fmt.Sprintf("hand-1-sync-%d", round), b.n1, 1, 0, false)
 		}},
 		{Name: "hand-written kafka-go+pgx, batch 1, 1 s commit loop", N: b.n1, Groups: []string{hb1a}, Base: true, Run: func(ctx context.Context, round int) (time.Duration, error) {
-			return b.hand(ctx, fmt.Sprintf("hand-1-async-%d", round), b.n1, 1, time.Second)
+			return b.hand(ctx, fmt.Sprintf("hand-1-async-%d", round), b.n1, 1, time.Second, false)
+		}},
+		{Name: "hand-written kafka-go+pgx, batch 1, 1 s commit loop, chained commits", N: b.n1, Groups: []string{hb1c}, Base: true, Run: func(ctx context.Context, round int) (time.Duration, error) {
+			return b.hand(ctx, fmt.Sprintf("hand-1-chain-%d", round), b.n1, 1, time.Second, true)
 		}},
 		{Name: "idemq Transactional+pgdedup, default config", N: b.n1, Groups: []string{hb1, hb1a}, Run: func(ctx context.Context, round int) (time.Duration, error) {
 			return b.runnerRun(ctx, fmt.Sprintf("idemq-default-%d", round), b.n1, 0)
 		}},
-		{Name: "idemq Transactional+pgdedup, batch 1", N: b.n1, Groups: []string{hb1, hb1a}, Run: func(ctx context.Context, round int) (time.Duration, error) {
+		{Name: "idemq Transactional+pgdedup, batch 1", N: b.n1, Groups: []string{hb1, hb1a, hb1c}, Run: func(ctx context.Context, round int) (time.Duration, error) {
 			return b.runnerRun(ctx, fmt.Sprintf("idemq-1-%d", round), b.n1, 1)
 		}},
 		{Name: "hand-written kafka-go+pgx, batch 100, sync commit", N: b.n, Groups: []string{hb100}, Base: true, Run: func(ctx context.Context, round int) (time.Duration, error) {
-			return b.hand(ctx, fmt.Sprintf("hand-100-%d", round), b.n, 100, 0)
+			return b.hand(ctx, fmt.Sprintf("hand-100-%d", round), b.n, 100, 0, false)
 		}},
 		{Name: "idemq Transactional+pgdedup, batch 100", N: b.n, Groups: []string{hb100}, Run: func(ctx context.Context, round int) (time.Duration, error) {
 			return b.runnerRun(ctx, fmt.Sprintf("idemq-100-%d", round), b.n, 100)
@@ -222,8 +229,10 @@ func (b *bench) runnerRun(ctx context.Context, name string, n, batch int) (time.
 // already fetched, applies them (one transaction per message at batch 1,
 // one per batch otherwise) and then commits their offsets, synchronously
 // when commitInterval is 0 and through kafka-go's commit loop otherwise.
-// The clock runs from the first fetch to the commit of the n-th message.
-func (b *bench) hand(ctx context.Context, name string, n, batch int, commitInterval time.Duration) (time.Duration, error) {
+// With chain (batch 1 only) the lanes apply messages in the Runner's own
+// protocol (chainLane). The clock runs from the first fetch to the commit
+// of the n-th message.
+func (b *bench) hand(ctx context.Context, name string, n, batch int, commitInterval time.Duration, chain bool) (time.Duration, error) {
 	r := kafka.NewReader(kafka.ReaderConfig{
 		Brokers: b.brokers, GroupID: "idemq-bench-" + name + "-" + b.suffix, Topic: b.topic,
 		MaxWait: time.Second, HeartbeatInterval: time.Second, SessionTimeout: 10 * time.Second,
@@ -240,11 +249,9 @@ func (b *bench) hand(ctx context.Context, name string, n, batch int, commitInter
 		lanes[i] = make(chan kafka.Message, 1000)
 	}
 	var (
-		first   atomic.Int64
-		done    atomic.Int64
-		applied atomic.Int64
-		end     = make(chan time.Time, 1)
-		errc    = make(chan error, b.concurrency+1)
+		first atomic.Int64
+		t     = &tally{n: int64(n), end: make(chan time.Time, 1)}
+		errc  = make(chan error, b.concurrency+1)
 	)
 	go func() {
 		for {
@@ -267,77 +274,161 @@ func (b *bench) hand(ctx context.Context, name string, n, batch int, commitInter
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			msgs := make([]kafka.Message, 0, batch)
-			decoded := make([]handwritten.Msg, 0, batch)
-			for {
-				msgs, decoded = msgs[:0], decoded[:0]
-				select {
-				case m := <-lane:
-					msgs = append(msgs, m)
-				case <-ctx.Done():
-					return
-				}
-			drain:
-				for len(msgs) < batch {
-					select {
-					case m := <-lane:
-						msgs = append(msgs, m)
-					default:
-						break drain
-					}
-				}
-				for _, m := range msgs {
-					key := name + "/"
-					for _, h := range m.Headers {
-						if h.Key == kafkasource.DefaultKeyHeader {
-							key += string(h.Value)
-						}
-					}
-					dm, err := handwritten.Decode(key, m.Value)
-					if err != nil {
-						errc <- err
-						return
-					}
-					decoded = append(decoded, dm)
-				}
-				// The transaction is not cancelled with the run, so that
-				// applied counts exactly what committed.
-				var k int
-				var err error
-				if batch == 1 {
-					k, err = db.One(dbctx, decoded[0])
-				} else {
-					k, err = db.Batch(dbctx, decoded)
-				}
-				if err == nil {
-					applied.Add(int64(k))
-					err = r.CommitMessages(ctx, msgs...)
-				}
-				if err != nil {
-					if ctx.Err() == nil {
-						errc <- err
-					}
-					return
-				}
-				if done.Add(int64(len(msgs))) >= int64(n) {
-					select {
-					case end <- time.Now():
-					default:
-					}
-				}
+			var err error
+			if chain {
+				err = b.chainLane(ctx, dbctx, r, db, lane, name, t)
+			} else {
+				err = b.handLane(ctx, dbctx, r, db, lane, name, batch, t)
+			}
+			if err != nil && ctx.Err() == nil {
+				errc <- err
 			}
 		}()
 	}
 	select {
-	case t := <-end:
+	case end := <-t.end:
 		cancel()
 		wg.Wait()
-		b.handledTotal += applied.Load()
+		b.handledTotal += t.applied.Load()
 		handwritten.NoteUsage(usage, n)
-		return t.Sub(time.Unix(0, first.Load())), nil
+		return end.Sub(time.Unix(0, first.Load())), nil
 	case err := <-errc:
 		return 0, err
 	}
+}
+
+// tally counts a hand-written run: the UPDATEs its transactions
+// committed, and the messages whose offsets were committed, until n.
+type tally struct {
+	applied, done atomic.Int64
+	n             int64
+	end           chan time.Time // receives the time the n-th offset was committed
+}
+
+func (t *tally) committed(k int) { t.applied.Add(int64(k)) }
+
+func (t *tally) acked(msgs int) {
+	if t.done.Add(int64(msgs)) >= t.n {
+		select {
+		case t.end <- time.Now():
+		default:
+		}
+	}
+}
+
+// handLane is one lane of the hand-written worker: it takes up to batch
+// messages that are already fetched, applies them (one transaction per
+// message at batch 1, one per batch otherwise) and commits their offsets.
+// The transaction runs on dbctx, which is not cancelled with the run, so
+// that the UPDATEs counted are exactly those committed.
+func (b *bench) handLane(ctx, dbctx context.Context, r *kafka.Reader, db handwritten.DB, lane <-chan kafka.Message, name string, batch int, t *tally) error {
+	msgs := make([]kafka.Message, 0, batch)
+	decoded := make([]handwritten.Msg, 0, batch)
+	for {
+		msgs, decoded = msgs[:0], decoded[:0]
+		select {
+		case m := <-lane:
+			msgs = append(msgs, m)
+		case <-ctx.Done():
+			return nil
+		}
+	drain:
+		for len(msgs) < batch {
+			select {
+			case m := <-lane:
+				msgs = append(msgs, m)
+			default:
+				break drain
+			}
+		}
+		for _, m := range msgs {
+			dm, err := decode(name, m)
+			if err != nil {
+				return err
+			}
+			decoded = append(decoded, dm)
+		}
+		var k int
+		var err error
+		if batch == 1 {
+			k, err = db.One(dbctx, decoded[0])
+		} else {
+			k, err = db.Batch(dbctx, decoded)
+		}
+		if err != nil {
+			return err
+		}
+		t.committed(k)
+		if err := r.CommitMessages(ctx, msgs...); err != nil {
+			return err
+		}
+		t.acked(len(msgs))
+	}
+}
+
+// chainLane is one lane of the hand-written worker at batch 1 in the
+// Runner's own protocol (handwritten.Chain): when the next message is
+// already fetched, its claim goes with the commit of the one before.
+func (b *bench) chainLane(ctx, dbctx context.Context, r *kafka.Reader, db handwritten.DB, lane <-chan kafka.Message, name string, t *tally) error {
+	c, err := db.Chain(dbctx)
+	if err != nil {
+		return err
+	}
+	defer c.Release(dbctx)
+	var (
+		m     kafka.Message
+		dm    handwritten.Msg
+		taken bool // m is claimed in the open transaction
+	)
+	for {
+		if !taken {
+			select {
+			case m = <-lane:
+			case <-ctx.Done():
+				return nil
+			}
+			if dm, err = decode(name, m); err != nil {
+				return err
+			}
+			if err := c.Claim(dbctx, dm); err != nil {
+				return err
+			}
+		}
+		k, err := c.Apply(dbctx, dm)
+		if err != nil {
+			return err
+		}
+		done := m
+		select {
+		case m = <-lane:
+			if dm, err = decode(name, m); err != nil {
+				return err
+			}
+			err, taken = c.Claim(dbctx, dm), true // commits done
+		default:
+			err, taken = c.Commit(dbctx), false
+		}
+		if err != nil {
+			return err
+		}
+		t.committed(k)
+		if err := r.CommitMessages(ctx, done); err != nil {
+			return err
+		}
+		t.acked(1)
+	}
+}
+
+// decode reads m's key header and body; keys are prefixed with the run's
+// name, so that every run's keys are fresh.
+func decode(name string, m kafka.Message) (handwritten.Msg, error) {
+	key := name + "/"
+	for _, h := range m.Headers {
+		if h.Key == kafkasource.DefaultKeyHeader {
+			key += string(h.Value)
+		}
+	}
+	return handwritten.Decode(key, m.Value)
 }
 
 func (b *bench) setupDatabase(ctx context.Context) error {
