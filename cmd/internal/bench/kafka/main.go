@@ -180,7 +180,7 @@ func (b *bench) run(ctx context.Context) error {
 		{Name: "hand-written kafka-go+pgx, batch 1, 1 s commit loop", N: b.n1, Groups: []string{hb1a}, Base: true, Run: func(ctx context.Context, round int) (time.Duration, error) {
 			return b.hand(ctx, fmt.Sprintf("hand-1-async-%d", round), b.n1, 1, time.Second, false)
 		}},
-		{Name: "hand-written kafka-go+pgx, batch 1, 1 s commit loop, chained commits", N: b.n1, Groups: []string{hb1c}, Base: true, Run: func(ctx context.Context, round int) (time.Duration, error) {
+		{Name: "hand-written kafka-go+pgx, batch 1, chained commits", N: b.n1, Groups: []string{hb1c}, Base: true, Run: func(ctx context.Context, round int) (time.Duration, error) {
 			return b.hand(ctx, fmt.Sprintf("hand-1-chain-%d", round), b.n1, 1, time.Second, true)
 		}},
 		{Name: "idemq Transactional+pgdedup, default config", N: b.n1, Groups: []string{hb1, hb1a}, Run: func(ctx context.Context, round int) (time.Duration, error) {
