@@ -61,14 +61,8 @@ func (f *fixture) overBudget() string {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	url := testenv.DatabaseURL(t)
-	schema := testenv.Schema(t, url)
+	pool, schema := testenv.SchemaPool(t)
 	ctx := testCtx(t)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.ClosePoolAtCleanup(t, pool)
 	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/consumertest"
@@ -53,13 +52,7 @@ func script() []consumertest.Delivery {
 }
 
 func newStore(t *testing.T) *pgdedup.Store {
-	url := testenv.DatabaseURL(t)
-	schema := testenv.Schema(t, url)
-	pool, err := pgxpool.New(context.Background(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.ClosePoolAtCleanup(t, pool)
+	pool, schema := testenv.SchemaPool(t)
 	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -36,4 +37,20 @@ func ClosePoolAtCleanup(t testing.TB, pool *pgxpool.Pool) {
 				PoolCloseWait, pool.Stat().AcquiredConns())
 		}
 	})
+}
+
+// SchemaPool returns a pool on the test database (DatabaseURL) and a new
+// schema of the test's (Schema). The pool keeps the server's search_path;
+// it is closed when the test ends (ClosePoolAtCleanup), before the schema
+// is dropped.
+func SchemaPool(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	url := DatabaseURL(t)
+	schema := Schema(t, url)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ClosePoolAtCleanup(t, pool)
+	return pool, schema
 }

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	_ "modernc.org/sqlite"
 
@@ -84,13 +83,7 @@ func (e *endpoint) handle(ctx context.Context, msg *consumer.Message, effect fun
 // rows.
 func postgresCharges(t *testing.T, e *endpoint) (*pgdedup.Store, string) {
 	t.Helper()
-	url := testenv.DatabaseURL(t)
-	schema := testenv.Schema(t, url)
-	pool, err := pgxpool.New(context.Background(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.ClosePoolAtCleanup(t, pool)
+	pool, schema := testenv.SchemaPool(t)
 	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
