@@ -276,9 +276,9 @@ func (b *bench) hand(ctx context.Context, name string, n, batch int, commitInter
 			defer wg.Done()
 			var err error
 			if chain {
-				err = b.chainLane(ctx, dbctx, r, db, lane, name, t)
+				err = chainLane(ctx, dbctx, r, db, lane, name, t)
 			} else {
-				err = b.handLane(ctx, dbctx, r, db, lane, name, batch, t)
+				err = handLane(ctx, dbctx, r, db, lane, name, batch, t)
 			}
 			if err != nil && ctx.Err() == nil {
 				errc <- err
@@ -321,7 +321,7 @@ func (t *tally) acked(msgs int) {
 // message at batch 1, one per batch otherwise) and commits their offsets.
 // The transaction runs on dbctx, which is not cancelled with the run, so
 // that the UPDATEs counted are exactly those committed.
-func (b *bench) handLane(ctx, dbctx context.Context, r *kafka.Reader, db handwritten.DB, lane <-chan kafka.Message, name string, batch int, t *tally) error {
+func handLane(ctx, dbctx context.Context, r *kafka.Reader, db handwritten.DB, lane <-chan kafka.Message, name string, batch int, t *tally) error {
 	msgs := make([]kafka.Message, 0, batch)
 	decoded := make([]handwritten.Msg, 0, batch)
 	for {
@@ -369,7 +369,7 @@ func (b *bench) handLane(ctx, dbctx context.Context, r *kafka.Reader, db handwri
 // chainLane is one lane of the hand-written worker at batch 1 in the
 // Runner's own protocol (handwritten.Chain): when the next message is
 // already fetched, its claim goes with the commit of the one before.
-func (b *bench) chainLane(ctx, dbctx context.Context, r *kafka.Reader, db handwritten.DB, lane <-chan kafka.Message, name string, t *tally) error {
+func chainLane(ctx, dbctx context.Context, r *kafka.Reader, db handwritten.DB, lane <-chan kafka.Message, name string, t *tally) error {
 	c, err := db.Chain(dbctx)
 	if err != nil {
 		return err
