@@ -89,8 +89,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if isHelp(name) {
 		if len(rest) > 0 && !isHelp(rest[0]) {
-			// Asked for, the help goes to stdout.
-			return run([]string{rest[0], "-h"}, stdout, stdout)
+			return run([]string{rest[0], "-h"}, stdout, stderr)
 		}
 		usage(stdout)
 		return exitOK
@@ -102,13 +101,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		err := c.run(ctx, rest, stdout, stderr)
+		var help *helpError
 		switch {
 		case err == nil:
 			return exitOK
-		case errors.Is(err, flag.ErrHelp):
+		case errors.As(err, &help):
+			// Asked for, the help is the command's output.
+			fmt.Fprint(stdout, help.text)
 			return exitOK
 		case errors.Is(err, errUsage):
-			fmt.Fprintf(stderr, "idemq %s: %s\nusage: %s\nRun 'idemq help %s' for the flags.\n", name, scrub(err, rest), c.synopsis(), c.name)
+			msg := strings.TrimPrefix(scrub(err, rest), errUsage.Error()+": ")
+			fmt.Fprintf(stderr, "idemq %s: %s\nusage: %s\nRun 'idemq help %s' for the flags.\n", name, msg, c.synopsis(), c.name)
 			return exitUsage
 		default:
 			fmt.Fprintf(stderr, "idemq %s: %s\n", name, scrub(err, rest))
@@ -143,7 +146,8 @@ func usage(w io.Writer) {
 
 // newFlags returns a flag set that reports errors instead of exiting, and
 // whose help shows the command's usage line (with its positional
-// arguments), its summary and its flags.
+// arguments), its summary and its flags. Parsed with parse, it prints
+// nothing itself: parse returns its errors, and its help as a *helpError.
 func newFlags(name string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("idemq "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -172,17 +176,35 @@ func newFlags(name string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
+// helpError is the error of a command line that asks for the command's
+// help (-h, --help): run prints text, the help, on stdout and exits with
+// status 0. It matches flag.ErrHelp.
+type helpError struct {
+	text string
+}
+
+func (e *helpError) Error() string { return "help requested" }
+
+func (e *helpError) Unwrap() error { return flag.ErrHelp }
+
 // parse parses args, flags and positional arguments in any order, and
 // returns the positional arguments. Go's flag package stops at the first
 // argument that is not a flag; parse takes that argument and goes on with
 // the rest. After "--", every argument is positional. Flag errors become
-// usage errors.
+// usage errors, which run prints once; a request for help is a *helpError.
+// The flag package's own printing of the error and the help is silenced.
 func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	out := fs.Output()
+	fs.SetOutput(io.Discard)
+	defer fs.SetOutput(out)
 	var positional []string
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
+				var help strings.Builder
+				fs.SetOutput(&help)
+				fs.Usage()
+				return nil, &helpError{text: help.String()}
 			}
 			return nil, fmt.Errorf("%w: %w", errUsage, err)
 		}

@@ -183,8 +183,8 @@ func hexSHA256(s string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// A command's help, asked with `idemq help COMMAND` (on stdout) or
-// `idemq COMMAND -h` (on stderr), starts with a usage line that shows its
+// A command's help, asked with `idemq help COMMAND` or `idemq COMMAND -h`
+// (on stdout both), starts with a usage line that shows its
 // positional arguments, then its flags; a usage error repeats the line.
 func TestCommandHelpShowsArguments(t *testing.T) {
 	for _, tc := range []struct {
@@ -194,8 +194,8 @@ func TestCommandHelpShowsArguments(t *testing.T) {
 		want     []string
 	}{
 		{[]string{"help", "inspect"}, exitOK, true, []string{"usage: idemq inspect [flags] SCOPE KEY\n", "-dsn DSN", "-json", "before or after the arguments"}},
-		{[]string{"inspect", "-h"}, exitOK, false, []string{"usage: idemq inspect [flags] SCOPE KEY\n", "-scope"}},
-		{[]string{"purge", "--help"}, exitOK, false, []string{"usage: idemq purge [flags] SCOPE KEY\n", "-dsn DSN"}},
+		{[]string{"inspect", "-h"}, exitOK, true, []string{"usage: idemq inspect [flags] SCOPE KEY\n", "-scope"}},
+		{[]string{"purge", "--help"}, exitOK, true, []string{"usage: idemq purge [flags] SCOPE KEY\n", "-dsn DSN"}},
 		{[]string{"help", "migrate"}, exitOK, true, []string{"usage: idemq migrate [flags]\n", "-outbox", "-print"}},
 		{[]string{"help", "stats"}, exitOK, true, []string{"usage: idemq stats [flags]\n", "-json"}},
 		{[]string{"help", "relay"}, exitOK, true, []string{"usage: idemq relay [flags]\n", "-broker"}},
@@ -425,12 +425,66 @@ func TestFlagsAfterArguments(t *testing.T) {
 		t.Run(strings.ReplaceAll(strings.Join(tc.args, " "), dsn, "DSN"), func(t *testing.T) {
 			code, out, errOut := idemq(t, tc.args...)
 			got := out
-			if tc.code != exitOK || strings.Contains(tc.want, "usage:") {
+			if tc.code != exitOK {
 				got = errOut
 			}
 			if code != tc.code || !strings.Contains(got, tc.want) {
 				t.Errorf("exit %d, want %d with %q; stdout:\n%s\nstderr:\n%s", code, tc.code, tc.want, out, errOut)
 			}
 		})
+	}
+}
+
+// A command's help is output the user asked for: `idemq COMMAND -h`,
+// `idemq COMMAND --help` and `idemq help COMMAND` print the same text on
+// stdout, nothing on stderr, and exit 0.
+func TestCommandHelpOnStdout(t *testing.T) {
+	for _, c := range commands() {
+		if c.hidden || c.run == nil {
+			continue
+		}
+		t.Run(c.name, func(t *testing.T) {
+			_, want, _ := idemq(t, "help", c.name)
+			for _, args := range [][]string{{c.name, "-h"}, {c.name, "--help"}, {c.name, "-help"}, {"help", c.name}} {
+				code, out, errOut := idemq(t, args...)
+				if code != exitOK || errOut != "" || !strings.HasPrefix(out, "usage: "+c.synopsis()+"\n") || out != want {
+					t.Errorf("idemq %q = %d, want %d, the help on stdout and nothing on stderr; stdout:\n%s\nstderr:\n%s", args, code, exitOK, out, errOut)
+				}
+			}
+		})
+	}
+	// A subcommand's help is its command's.
+	if code, out, errOut := idemq(t, "dlq", "list", "-h"); code != exitOK || errOut != "" || !strings.HasPrefix(out, "usage: idemq dlq") {
+		t.Errorf("idemq dlq list -h = %d; stdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+}
+
+// An unknown flag is a usage error said once: the error, the usage line and
+// where to find the flags, each one time, on stderr.
+func TestUnknownFlagSaidOnce(t *testing.T) {
+	const undefined = "flag provided but not defined: -bogus"
+	for _, tc := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"inspect", "--bogus", "checkout", "order-1"}, undefined},
+		{[]string{"purge", "checkout", "order-1", "-bogus"}, undefined},
+		{[]string{"migrate", "--bogus"}, undefined},
+		{[]string{"stats", "--bogus"}, undefined},
+		{[]string{"relay", "--bogus"}, undefined},
+		{[]string{"dlq", "list", "--bogus"}, undefined},
+		{[]string{"version", "--bogus"}, undefined},
+		{[]string{"stats", "--json=maybe"}, `invalid boolean value "maybe" for -json`},
+	} {
+		args := tc.args
+		code, out, errOut := idemq(t, args...)
+		for _, once := range []string{tc.err, "usage: idemq " + args[0] + " ", "idemq help " + args[0]} {
+			if n := strings.Count(errOut, once); n != 1 {
+				t.Errorf("idemq %q: stderr has %q %d times, want once:\n%s", args, once, n, errOut)
+			}
+		}
+		if code != exitUsage || out != "" || strings.Contains(errOut, "flags:\n") {
+			t.Errorf("idemq %q = %d, want %d, no stdout and no flag list; stdout:\n%s\nstderr:\n%s", args, code, exitUsage, out, errOut)
+		}
 	}
 }

@@ -14,8 +14,9 @@
 // Flags may come before or after a command's arguments; "--" ends them.
 // inspect, purge and stats never create a missing SQLite file: they report
 // that it, and so the table, does not exist.
-// Run `idemq help COMMAND` for a command's arguments and flags. Exit
-// status: 0 on success, 1 when the command failed, 2 for a usage error.
+// Run `idemq help COMMAND` or `idemq COMMAND -h` for a command's arguments
+// and flags (on stdout). Exit status: 0 on success and for help, 1 when the
+// command failed, 2 for a usage error.
 // The zero-setup demo is a program of its own: `make demo` (cmd/idemq-demo).
 package main
 
