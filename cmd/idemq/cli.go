@@ -553,9 +553,7 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if !e.ExpiresAt.After(now) {
 			state = "expired"
 		}
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(inspectOutput{
+		return writeJSON(stdout, inspectOutput{
 			Scope: e.Scope, Key: e.Key, State: state,
 			ProcessedAt: e.ProcessedAt.UTC(), PayloadHash: "sha256:" + e.PayloadHash.String(),
 			ExpiresAt: e.ExpiresAt.UTC(), ExpiresIn: e.ExpiresAt.Sub(now).Seconds(),
@@ -616,6 +614,16 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fmt.Fprintf(stdout, "purged: the next delivery of %q runs the handler again\n", key)
 	return nil
+}
+
+// writeJSON writes v to w as indented JSON, the output of every --json
+// flag. It keeps <, > and & as they are ("<1h", not "\u003c1h"): the
+// output is for terminals and scripts, not for an HTML page.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 // env returns the first non-empty environment variable of names, else def.

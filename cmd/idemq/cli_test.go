@@ -488,3 +488,35 @@ func TestUnknownFlagSaidOnce(t *testing.T) {
 		}
 	}
 }
+
+// JSON output keeps <, > and & as they are: "<1h", not "\u003c1h".
+func TestJSONNotHTMLEscaped(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "shop.db")
+	dsn := "sqlite:" + path
+	if code, out, errOut := idemq(t, "migrate", "--dsn", dsn); code != exitOK {
+		t.Fatalf("migrate = %d:\n%s%s", code, out, errOut)
+	}
+	db, err := sqldedup.OpenSQLite(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key = "a<b>&c"
+	record(t, db, sqldedup.Config{Dialect: sqldedup.SQLite}, "checkout", key, `{}`)
+	db.Close()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"stats", "--dsn", dsn, "--json"}, `"<1h": 0`},
+		{[]string{"inspect", "--dsn", dsn, "--json", "checkout", key}, `"key": "a<b>&c"`},
+	} {
+		code, out, errOut := idemq(t, tc.args...)
+		if code != exitOK || !strings.Contains(out, tc.want) || strings.Contains(out, `\u00`) {
+			t.Errorf("idemq %s = %d, want %s and no \\u00 escape; stdout:\n%s\nstderr:\n%s", tc.args[0], code, tc.want, out, errOut)
+		}
+	}
+	var b strings.Builder
+	if err := writeJSON(&b, map[string]string{"<1h": "a&b"}); err != nil || b.String() != "{\n  \"<1h\": \"a&b\"\n}\n" {
+		t.Errorf("writeJSON = %q, %v", b.String(), err)
+	}
+}
