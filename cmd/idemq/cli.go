@@ -435,12 +435,16 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := newFlags("migrate", stderr)
 	var sf storeFlags
 	sf.register(fs)
-	print := fs.Bool("print", false, "print the SQL instead of applying it (no connection is made)")
+	print := fs.Bool("print", false, "print the SQL instead of applying it (no connection is made, so no --dsn is needed: without one, PostgreSQL's SQL)")
 	outboxTable := fs.Bool("outbox", false, "the outbox table's migrations (sinks/outbox) instead of the processed-messages table's")
 	if pos, err := parse(fs, args); err != nil {
 		return err
 	} else if len(pos) > 0 {
 		return fmt.Errorf("%w: unexpected arguments %q", errUsage, pos)
+	}
+	if *print && sf.dsn == "" {
+		// The DSN only chooses the dialect of the SQL printed.
+		sf.dsn = "postgres://"
 	}
 	if *outboxTable {
 		return migrateOutbox(ctx, sf.dsn, sf.schema, *print, stdout)

@@ -520,3 +520,28 @@ func TestJSONNotHTMLEscaped(t *testing.T) {
 		t.Errorf("writeJSON = %q, %v", b.String(), err)
 	}
 }
+
+// migrate --print connects to nothing, so it needs no DSN: without one it
+// prints PostgreSQL's SQL; a DSN chooses the dialect.
+func TestMigratePrintWithoutDSN(t *testing.T) {
+	for _, name := range dsnEnv {
+		t.Setenv(name, "")
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"migrate", "--print"}, `CREATE TABLE IF NOT EXISTS "public"."processed_messages"`},
+		{[]string{"migrate", "--print", "--schema", "billing", "--table", "seen"}, `CREATE TABLE IF NOT EXISTS "billing"."seen"`},
+		{[]string{"migrate", "--outbox", "--print"}, "idemq_outbox"},
+	} {
+		code, out, errOut := idemq(t, tc.args...)
+		if code != exitOK || errOut != "" || !strings.Contains(out, tc.want) {
+			t.Errorf("idemq %q = %d, want %d and %q; stdout:\n%s\nstderr:\n%s", tc.args, code, exitOK, tc.want, out, errOut)
+		}
+	}
+	// Applying them does need one.
+	if code, _, errOut := idemq(t, "migrate"); code != exitUsage || !strings.Contains(errOut, "--dsn is required") {
+		t.Errorf("idemq migrate without a DSN = %d, want %d; stderr:\n%s", code, exitUsage, errOut)
+	}
+}
