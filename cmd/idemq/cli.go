@@ -546,7 +546,8 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	e, err := store.Inspect(ctx, scope, key)
 	err = noTable(err, tableName(store.Config()))
 	if errors.Is(err, dedup.ErrNotFound) {
-		return fmt.Errorf("no record of key %q in scope %q: it was never processed, or its record expired and was cleaned up", key, scope)
+		return fmt.Errorf("no record of key %q in scope %q: it was not processed, or its record expired and was cleaned up; "+
+			"if it failed, look in the dead-letter queue: idemq dlq list --broker kafka|sqs|rabbitmq --dlq TOPIC|QUEUE --key %s", key, scope, shellQuote(key))
 	}
 	if err != nil {
 		return err
@@ -578,6 +579,16 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fmt.Fprintf(stdout, "result        %s\n", showResult(e.Result))
 	}
 	return nil
+}
+
+// shellQuote returns s as one word of a POSIX shell command line: as it is
+// when it holds only characters no shell treats specially, else in single
+// quotes.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.,:/@%+=") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // maxShownResult bounds the bytes of a stored result that inspect prints as

@@ -545,3 +545,22 @@ func TestMigratePrintWithoutDSN(t *testing.T) {
 		t.Errorf("idemq migrate without a DSN = %d, want %d; stderr:\n%s", code, exitUsage, errOut)
 	}
 }
+
+// inspect of a key without a record points to the dead-letter queue, where
+// a message that failed for good is.
+func TestInspectNoRecordPointsToDLQ(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "shop.db")
+	if code, out, errOut := idemq(t, "migrate", "--dsn", dsn); code != exitOK {
+		t.Fatalf("migrate = %d:\n%s%s", code, out, errOut)
+	}
+	code, out, errOut := idemq(t, "inspect", "--dsn", dsn, "checkout", "order-9")
+	if code != exitFailure || out != "" || strings.Contains(errOut, "never processed") ||
+		!strings.Contains(errOut, `no record of key "order-9" in scope "checkout"`) ||
+		!strings.Contains(errOut, "dead-letter queue: idemq dlq list ") || !strings.Contains(errOut, "--key order-9") {
+		t.Errorf("inspect of an unknown key = %d; stdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	// A key the shell would split or expand is quoted.
+	if _, _, errOut := idemq(t, "inspect", "--dsn", dsn, "checkout", "it's $HOME"); !strings.Contains(errOut, `--key 'it'\''s $HOME'`) {
+		t.Errorf("inspect of a key with a quote: stderr:\n%s", errOut)
+	}
+}
