@@ -89,8 +89,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if isHelp(name) {
 		if len(rest) > 0 && !isHelp(rest[0]) {
-			// Asked for, the help goes to stdout.
-			return run([]string{rest[0], "-h"}, stdout, stdout)
+			return run([]string{rest[0], "-h"}, stdout, stderr)
 		}
 		usage(stdout)
 		return exitOK
@@ -102,13 +101,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		err := c.run(ctx, rest, stdout, stderr)
+		var help *helpError
 		switch {
 		case err == nil:
 			return exitOK
-		case errors.Is(err, flag.ErrHelp):
+		case errors.As(err, &help):
+			// Asked for, the help is the command's output.
+			fmt.Fprint(stdout, help.text)
 			return exitOK
 		case errors.Is(err, errUsage):
-			fmt.Fprintf(stderr, "idemq %s: %s\nusage: %s\nRun 'idemq help %s' for the flags.\n", name, scrub(err, rest), c.synopsis(), c.name)
+			msg := strings.TrimPrefix(scrub(err, rest), errUsage.Error()+": ")
+			fmt.Fprintf(stderr, "idemq %s: %s\nusage: %s\nRun 'idemq help %s' for the flags.\n", name, msg, c.synopsis(), c.name)
 			return exitUsage
 		default:
 			fmt.Fprintf(stderr, "idemq %s: %s\n", name, scrub(err, rest))
@@ -143,7 +146,8 @@ func usage(w io.Writer) {
 
 // newFlags returns a flag set that reports errors instead of exiting, and
 // whose help shows the command's usage line (with its positional
-// arguments), its summary and its flags.
+// arguments), its summary and its flags. Parsed with parse, it prints
+// nothing itself: parse returns its errors, and its help as a *helpError.
 func newFlags(name string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("idemq "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -172,17 +176,35 @@ func newFlags(name string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
+// helpError is the error of a command line that asks for the command's
+// help (-h, --help): run prints text, the help, on stdout and exits with
+// status 0. It matches flag.ErrHelp.
+type helpError struct {
+	text string
+}
+
+func (e *helpError) Error() string { return "help requested" }
+
+func (e *helpError) Unwrap() error { return flag.ErrHelp }
+
 // parse parses args, flags and positional arguments in any order, and
 // returns the positional arguments. Go's flag package stops at the first
 // argument that is not a flag; parse takes that argument and goes on with
 // the rest. After "--", every argument is positional. Flag errors become
-// usage errors.
+// usage errors, which run prints once; a request for help is a *helpError.
+// The flag package's own printing of the error and the help is silenced.
 func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	out := fs.Output()
+	fs.SetOutput(io.Discard)
+	defer fs.SetOutput(out)
 	var positional []string
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
+				var help strings.Builder
+				fs.SetOutput(&help)
+				fs.Usage()
+				return nil, &helpError{text: help.String()}
 			}
 			return nil, fmt.Errorf("%w: %w", errUsage, err)
 		}
@@ -413,12 +435,16 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := newFlags("migrate", stderr)
 	var sf storeFlags
 	sf.register(fs)
-	print := fs.Bool("print", false, "print the SQL instead of applying it (no connection is made)")
+	print := fs.Bool("print", false, "print the SQL instead of applying it (no connection is made, so no --dsn is needed: without one, PostgreSQL's SQL)")
 	outboxTable := fs.Bool("outbox", false, "the outbox table's migrations (sinks/outbox) instead of the processed-messages table's")
 	if pos, err := parse(fs, args); err != nil {
 		return err
 	} else if len(pos) > 0 {
 		return fmt.Errorf("%w: unexpected arguments %q", errUsage, pos)
+	}
+	if *print && sf.dsn == "" {
+		// The DSN only chooses the dialect of the SQL printed.
+		sf.dsn = "postgres://"
 	}
 	if *outboxTable {
 		return migrateOutbox(ctx, sf.dsn, sf.schema, *print, stdout)
@@ -520,7 +546,8 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	e, err := store.Inspect(ctx, scope, key)
 	err = noTable(err, tableName(store.Config()))
 	if errors.Is(err, dedup.ErrNotFound) {
-		return fmt.Errorf("no record of key %q in scope %q: it was never processed, or its record expired and was cleaned up", key, scope)
+		return fmt.Errorf("no record of key %q in scope %q: it was not processed, or its record expired and was cleaned up; "+
+			"if it failed, look in the dead-letter queue: idemq dlq list --broker kafka|sqs|rabbitmq --dlq TOPIC|QUEUE --key %s", key, scope, shellQuote(key))
 	}
 	if err != nil {
 		return err
@@ -531,9 +558,7 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if !e.ExpiresAt.After(now) {
 			state = "expired"
 		}
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(inspectOutput{
+		return writeJSON(stdout, inspectOutput{
 			Scope: e.Scope, Key: e.Key, State: state,
 			ProcessedAt: e.ProcessedAt.UTC(), PayloadHash: "sha256:" + e.PayloadHash.String(),
 			ExpiresAt: e.ExpiresAt.UTC(), ExpiresIn: e.ExpiresAt.Sub(now).Seconds(),
@@ -554,6 +579,16 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fmt.Fprintf(stdout, "result        %s\n", showResult(e.Result))
 	}
 	return nil
+}
+
+// shellQuote returns s as one word of a POSIX shell command line: as it is
+// when it holds only characters no shell treats specially, else in single
+// quotes.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.,:/@%+=") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // maxShownResult bounds the bytes of a stored result that inspect prints as
@@ -594,6 +629,16 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fmt.Fprintf(stdout, "purged: the next delivery of %q runs the handler again\n", key)
 	return nil
+}
+
+// writeJSON writes v to w as indented JSON, the output of every --json
+// flag. It keeps <, > and & as they are ("<1h", not "\u003c1h"): the
+// output is for terminals and scripts, not for an HTML page.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 // env returns the first non-empty environment variable of names, else def.

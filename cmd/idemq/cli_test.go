@@ -183,8 +183,8 @@ func hexSHA256(s string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// A command's help, asked with `idemq help COMMAND` (on stdout) or
-// `idemq COMMAND -h` (on stderr), starts with a usage line that shows its
+// A command's help, asked with `idemq help COMMAND` or `idemq COMMAND -h`
+// (on stdout both), starts with a usage line that shows its
 // positional arguments, then its flags; a usage error repeats the line.
 func TestCommandHelpShowsArguments(t *testing.T) {
 	for _, tc := range []struct {
@@ -194,8 +194,8 @@ func TestCommandHelpShowsArguments(t *testing.T) {
 		want     []string
 	}{
 		{[]string{"help", "inspect"}, exitOK, true, []string{"usage: idemq inspect [flags] SCOPE KEY\n", "-dsn DSN", "-json", "before or after the arguments"}},
-		{[]string{"inspect", "-h"}, exitOK, false, []string{"usage: idemq inspect [flags] SCOPE KEY\n", "-scope"}},
-		{[]string{"purge", "--help"}, exitOK, false, []string{"usage: idemq purge [flags] SCOPE KEY\n", "-dsn DSN"}},
+		{[]string{"inspect", "-h"}, exitOK, true, []string{"usage: idemq inspect [flags] SCOPE KEY\n", "-scope"}},
+		{[]string{"purge", "--help"}, exitOK, true, []string{"usage: idemq purge [flags] SCOPE KEY\n", "-dsn DSN"}},
 		{[]string{"help", "migrate"}, exitOK, true, []string{"usage: idemq migrate [flags]\n", "-outbox", "-print"}},
 		{[]string{"help", "stats"}, exitOK, true, []string{"usage: idemq stats [flags]\n", "-json"}},
 		{[]string{"help", "relay"}, exitOK, true, []string{"usage: idemq relay [flags]\n", "-broker"}},
@@ -425,12 +425,142 @@ func TestFlagsAfterArguments(t *testing.T) {
 		t.Run(strings.ReplaceAll(strings.Join(tc.args, " "), dsn, "DSN"), func(t *testing.T) {
 			code, out, errOut := idemq(t, tc.args...)
 			got := out
-			if tc.code != exitOK || strings.Contains(tc.want, "usage:") {
+			if tc.code != exitOK {
 				got = errOut
 			}
 			if code != tc.code || !strings.Contains(got, tc.want) {
 				t.Errorf("exit %d, want %d with %q; stdout:\n%s\nstderr:\n%s", code, tc.code, tc.want, out, errOut)
 			}
 		})
+	}
+}
+
+// A command's help is output the user asked for: `idemq COMMAND -h`,
+// `idemq COMMAND --help` and `idemq help COMMAND` print the same text on
+// stdout, nothing on stderr, and exit 0.
+func TestCommandHelpOnStdout(t *testing.T) {
+	for _, c := range commands() {
+		if c.hidden || c.run == nil {
+			continue
+		}
+		t.Run(c.name, func(t *testing.T) {
+			_, want, _ := idemq(t, "help", c.name)
+			for _, args := range [][]string{{c.name, "-h"}, {c.name, "--help"}, {c.name, "-help"}, {"help", c.name}} {
+				code, out, errOut := idemq(t, args...)
+				if code != exitOK || errOut != "" || !strings.HasPrefix(out, "usage: "+c.synopsis()+"\n") || out != want {
+					t.Errorf("idemq %q = %d, want %d, the help on stdout and nothing on stderr; stdout:\n%s\nstderr:\n%s", args, code, exitOK, out, errOut)
+				}
+			}
+		})
+	}
+	// A subcommand's help is its command's.
+	if code, out, errOut := idemq(t, "dlq", "list", "-h"); code != exitOK || errOut != "" || !strings.HasPrefix(out, "usage: idemq dlq") {
+		t.Errorf("idemq dlq list -h = %d; stdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+}
+
+// An unknown flag is a usage error said once: the error, the usage line and
+// where to find the flags, each one time, on stderr.
+func TestUnknownFlagSaidOnce(t *testing.T) {
+	const undefined = "flag provided but not defined: -bogus"
+	for _, tc := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"inspect", "--bogus", "checkout", "order-1"}, undefined},
+		{[]string{"purge", "checkout", "order-1", "-bogus"}, undefined},
+		{[]string{"migrate", "--bogus"}, undefined},
+		{[]string{"stats", "--bogus"}, undefined},
+		{[]string{"relay", "--bogus"}, undefined},
+		{[]string{"dlq", "list", "--bogus"}, undefined},
+		{[]string{"version", "--bogus"}, undefined},
+		{[]string{"stats", "--json=maybe"}, `invalid boolean value "maybe" for -json`},
+	} {
+		args := tc.args
+		code, out, errOut := idemq(t, args...)
+		for _, once := range []string{tc.err, "usage: idemq " + args[0] + " ", "idemq help " + args[0]} {
+			if n := strings.Count(errOut, once); n != 1 {
+				t.Errorf("idemq %q: stderr has %q %d times, want once:\n%s", args, once, n, errOut)
+			}
+		}
+		if code != exitUsage || out != "" || strings.Contains(errOut, "flags:\n") {
+			t.Errorf("idemq %q = %d, want %d, no stdout and no flag list; stdout:\n%s\nstderr:\n%s", args, code, exitUsage, out, errOut)
+		}
+	}
+}
+
+// JSON output keeps <, > and & as they are: "<1h", not "\u003c1h".
+func TestJSONNotHTMLEscaped(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "shop.db")
+	dsn := "sqlite:" + path
+	if code, out, errOut := idemq(t, "migrate", "--dsn", dsn); code != exitOK {
+		t.Fatalf("migrate = %d:\n%s%s", code, out, errOut)
+	}
+	db, err := sqldedup.OpenSQLite(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key = "a<b>&c"
+	record(t, db, sqldedup.Config{Dialect: sqldedup.SQLite}, "checkout", key, `{}`)
+	db.Close()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"stats", "--dsn", dsn, "--json"}, `"<1h": 0`},
+		{[]string{"inspect", "--dsn", dsn, "--json", "checkout", key}, `"key": "a<b>&c"`},
+	} {
+		code, out, errOut := idemq(t, tc.args...)
+		if code != exitOK || !strings.Contains(out, tc.want) || strings.Contains(out, `\u00`) {
+			t.Errorf("idemq %s = %d, want %s and no \\u00 escape; stdout:\n%s\nstderr:\n%s", tc.args[0], code, tc.want, out, errOut)
+		}
+	}
+	var b strings.Builder
+	if err := writeJSON(&b, map[string]string{"<1h": "a&b"}); err != nil || b.String() != "{\n  \"<1h\": \"a&b\"\n}\n" {
+		t.Errorf("writeJSON = %q, %v", b.String(), err)
+	}
+}
+
+// migrate --print connects to nothing, so it needs no DSN: without one it
+// prints PostgreSQL's SQL; a DSN chooses the dialect.
+func TestMigratePrintWithoutDSN(t *testing.T) {
+	for _, name := range dsnEnv {
+		t.Setenv(name, "")
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"migrate", "--print"}, `CREATE TABLE IF NOT EXISTS "public"."processed_messages"`},
+		{[]string{"migrate", "--print", "--schema", "billing", "--table", "seen"}, `CREATE TABLE IF NOT EXISTS "billing"."seen"`},
+		{[]string{"migrate", "--outbox", "--print"}, "idemq_outbox"},
+	} {
+		code, out, errOut := idemq(t, tc.args...)
+		if code != exitOK || errOut != "" || !strings.Contains(out, tc.want) {
+			t.Errorf("idemq %q = %d, want %d and %q; stdout:\n%s\nstderr:\n%s", tc.args, code, exitOK, tc.want, out, errOut)
+		}
+	}
+	// Applying them does need one.
+	if code, _, errOut := idemq(t, "migrate"); code != exitUsage || !strings.Contains(errOut, "--dsn is required") {
+		t.Errorf("idemq migrate without a DSN = %d, want %d; stderr:\n%s", code, exitUsage, errOut)
+	}
+}
+
+// inspect of a key without a record points to the dead-letter queue, where
+// a message that failed for good is.
+func TestInspectNoRecordPointsToDLQ(t *testing.T) {
+	dsn := "sqlite:" + filepath.Join(t.TempDir(), "shop.db")
+	if code, out, errOut := idemq(t, "migrate", "--dsn", dsn); code != exitOK {
+		t.Fatalf("migrate = %d:\n%s%s", code, out, errOut)
+	}
+	code, out, errOut := idemq(t, "inspect", "--dsn", dsn, "checkout", "order-9")
+	if code != exitFailure || out != "" || strings.Contains(errOut, "never processed") ||
+		!strings.Contains(errOut, `no record of key "order-9" in scope "checkout"`) ||
+		!strings.Contains(errOut, "dead-letter queue: idemq dlq list ") || !strings.Contains(errOut, "--key order-9") {
+		t.Errorf("inspect of an unknown key = %d; stdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	// A key the shell would split or expand is quoted.
+	if _, _, errOut := idemq(t, "inspect", "--dsn", dsn, "checkout", "it's $HOME"); !strings.Contains(errOut, `--key 'it'\''s $HOME'`) {
+		t.Errorf("inspect of a key with a quote: stderr:\n%s", errOut)
 	}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -338,12 +337,6 @@ func lettersJSON(ls []*dlq.Letter) []letterJSON {
 		out = append(out, j)
 	}
 	return out
-}
-
-func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }
 
 // writeTable prints one line per dead letter.

@@ -1,6 +1,7 @@
 // Command idemq is idemq's command-line tool:
 //
-//	idemq migrate --dsn URL [--print]  # apply (or print) the processed-messages table migrations; lists those applied
+//	idemq migrate --dsn URL            # apply the processed-messages table migrations; lists those applied
+//	idemq migrate --print [--dsn URL]  # print them instead: no connection (without a DSN, PostgreSQL's SQL)
 //	idemq migrate --outbox --dsn URL [--print]  # the same for the outbox table (sinks/outbox)
 //	idemq relay --dsn URL --broker kafka|sqs|rabbitmq  # publish committed outbox rows; --stats shows their counts
 //	idemq dlq list|show|replay|purge --broker kafka|sqs|rabbitmq --dlq TOPIC|QUEUE  # operate dead letters (docs/operations.md)
@@ -14,8 +15,9 @@
 // Flags may come before or after a command's arguments; "--" ends them.
 // inspect, purge and stats never create a missing SQLite file: they report
 // that it, and so the table, does not exist.
-// Run `idemq help COMMAND` for a command's arguments and flags. Exit
-// status: 0 on success, 1 when the command failed, 2 for a usage error.
+// Run `idemq help COMMAND` or `idemq COMMAND -h` for a command's arguments
+// and flags (on stdout). Exit status: 0 on success and for help, 1 when the
+// command failed, 2 for a usage error.
 // The zero-setup demo is a program of its own: `make demo` (cmd/idemq-demo).
 package main
 
