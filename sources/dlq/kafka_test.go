@@ -2,12 +2,14 @@ package dlq_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol/offsetcommit"
 
@@ -109,4 +111,87 @@ func TestKafka(t *testing.T) {
 		childEnv:     []string{"IDEMQ_DLQ_BROKERS=" + strings.Join(brokers, ","), "IDEMQ_DLQ_TOPIC=" + dead},
 		killInWindow: true,
 	})
+}
+
+// kafkaTopics creates a one-partition origin topic and its dead-letter
+// topic, deleted (with the progress topic) at cleanup.
+func kafkaTopics(t *testing.T, prefix string) (brokers []string, topic, dead string) {
+	t.Helper()
+	brokers = testenv.KafkaBrokers(t)
+	topic = runtest.UniqueName(t, prefix)
+	dead = kafkasource.DeadLetterTopic(topic)
+	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, dead)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := kafkasource.CreateTopics(ctx, nil, brokers, kafkasource.TopicSpec{Name: topic}, kafkasource.TopicSpec{Name: dead}); err != nil {
+		t.Fatal(err)
+	}
+	return brokers, topic, dead
+}
+
+// A dead letter whose message had no key header (the runner keyed it on
+// topic/partition/offset) replayed twice, as when a replay's copy was sent
+// and its progress not recorded: the second copy is absorbed, because the
+// copies carry the key the runner recorded, not a key made from their own
+// offsets.
+func TestKafkaKeylessReplayedTwice(t *testing.T) {
+	brokers, topic, dead := kafkaTopics(t, "idemq-dlq-keyless")
+	db := newEffectsDB(t)
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: topic, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if err := w.WriteMessages(ctx, kafka.Message{Value: []byte(`{"order":1}`), Headers: []kafka.Header{{Key: "tenant", Value: []byte("acme")}}}); err != nil {
+		t.Fatal(err)
+	}
+	group := runtest.UniqueName(t, "g")
+	var broken atomic.Bool
+	broken.Store(true)
+	run := func(until func(consumer.Stats) bool) consumer.Stats {
+		src, err := kafkasource.New(context.Background(), kafkasource.Config{
+			Brokers: brokers, Topics: []string{topic}, GroupID: group,
+			SessionTimeout: 6 * time.Second, HeartbeatInterval: 300 * time.Millisecond, RebalanceTimeout: 10 * time.Second,
+			JoinGroupBackoff: 200 * time.Millisecond, MaxWait: 250 * time.Millisecond, CommitInterval: 100 * time.Millisecond,
+			Logger: runtest.Logger(t),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer src.Close()
+		r, err := consumer.NewRunner(src, consumer.Transactional(db.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+			if broken.Load() {
+				return consumer.Permanent(errors.New("bad SKU"))
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO effects (key, tenant) VALUES ($1, $2)`, string(msg.Body), msg.Headers["tenant"])
+			return err
+		}), consumer.Config{Name: "orders", Logger: runtest.Logger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runtest.RunUntil(t, func() bool { return until(r.Stats()) }, r)
+		return r.Stats()
+	}
+	run(func(st consumer.Stats) bool { return st.DeadLettered >= 1 })
+
+	// The first replay, then the same one under a group with no progress:
+	// the copy sent again, as after a replay that stopped before it could
+	// record its progress.
+	for _, g := range []string{"first", "again"} {
+		b, err := kafkadlq.New(kafkadlq.Config{Brokers: brokers, Topic: dead, Group: runtest.UniqueName(t, g)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := dlq.Replay(ctx, b, dlq.Filter{}, dlq.Options{})
+		_ = b.Close()
+		if err != nil || res.Done != 1 {
+			t.Fatalf("replay %s: %d sent, %v; want 1", g, res.Done, err)
+		}
+	}
+	broken.Store(false)
+	st := run(func(st consumer.Stats) bool { return st.Received >= 2 })
+	if n := db.effects(t)[`{"order":1}`]; n != 1 {
+		t.Errorf("the dead letter replayed twice took effect %d times, want once (runner: %+v)", n, st)
+	}
 }

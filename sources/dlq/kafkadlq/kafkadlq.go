@@ -11,6 +11,11 @@
 // replay interrupted at any point goes on where it stopped when run again;
 // at most the copy sent just before the interruption is sent again, and the
 // runner absorbs it as a duplicate of its key.
+//
+// A replayed copy keeps its key: a dead letter whose message had no key
+// header was keyed by the runner on the origin's topic/partition/offset,
+// which a copy at another offset would not share, so the copy carries the
+// recorded key (consumer.MetaKey) in Config.KeyHeader.
 package kafkadlq
 
 import (
@@ -54,7 +59,10 @@ type Config struct {
 	Topic string
 	// KeyHeader is the header holding the deduplication key
 	// (kafkasource.Config.KeyHeader), read when a dead letter has no
-	// consumer.MetaKey. Defaults to kafkasource.DefaultKeyHeader.
+	// consumer.MetaKey, and written to a replayed copy that has none with
+	// the key the runner recorded (consumer.MetaKey: the origin's
+	// topic/partition/offset for a message that had no key of its own).
+	// Defaults to kafkasource.DefaultKeyHeader.
 	KeyHeader string
 	// Group is the consumer group whose committed offsets record what was
 	// replayed or purged. Defaults to DefaultGroup.
@@ -310,13 +318,22 @@ func (b *Broker) commit(ctx context.Context, p *partitionState) error {
 }
 
 // replay sends the copy of m to its origin and waits for every in-sync
-// replica.
+// replica. The copy carries the key the runner recorded (consumer.MetaKey)
+// in Config.KeyHeader when m has no such header.
 func (b *Broker) replay(ctx context.Context, m kafka.Message, l *dlq.Letter) error {
-	headers := make([]kafka.Header, 0, len(m.Headers))
+	headers := make([]kafka.Header, 0, len(m.Headers)+1)
+	keyed := false
 	for _, h := range m.Headers {
 		if !isMeta(h.Key) {
 			headers = append(headers, h)
+			keyed = keyed || h.Key == b.cfg.KeyHeader
 		}
+	}
+	// A message without a key header was keyed by the runner on its
+	// topic/partition/offset, which the copy does not share: the copy
+	// carries that recorded key, so that a copy sent twice is absorbed.
+	if rec := header(m, consumer.MetaKey); !keyed && rec != "" {
+		headers = append(headers, kafka.Header{Key: b.cfg.KeyHeader, Value: []byte(rec)})
 	}
 	part := -1
 	if v, err := strconv.Atoi(header(m, kafkasource.MetaOriginPartition)); err == nil {
