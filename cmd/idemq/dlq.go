@@ -44,7 +44,7 @@ func (f *dlqFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.broker, "broker", "", "kafka, sqs or rabbitmq (required)")
 	fs.StringVar(&f.dlqName, "dlq", "", "the dead letters: Kafka topic (<topic>.dlq), SQS queue URL or RabbitMQ queue (<queue>.dlq) (required)")
 	fs.StringVar(&f.brokers, "brokers", env("127.0.0.1:9092", "IDEMQ_KAFKA_BROKERS"), "Kafka bootstrap addresses, comma-separated; env IDEMQ_KAFKA_BROKERS")
-	fs.StringVar(&f.group, "group", kafkadlq.DefaultGroup, "Kafka: the consumer group on the dead-letter topic that records what was replayed or purged")
+	fs.StringVar(&f.group, "group", kafkadlq.DefaultGroup, "Kafka: the name under which what was replayed or purged is recorded (in <topic>.progress, mirrored as this consumer group's offsets)")
 	dsnVar(fs, &f.sqsEndpoint, "sqs-endpoint", os.Getenv("IDEMQ_SQS_ENDPOINT"), "SQS endpoint `URL`, for ElasticMQ or LocalStack (env IDEMQ_SQS_ENDPOINT; empty: the AWS configuration)")
 	dsnVar(fs, &f.amqpURL, "amqp-url", env("amqp://guest:guest@127.0.0.1:5672/", "IDEMQ_AMQP_URL"), "RabbitMQ `URL`; env IDEMQ_AMQP_URL (the default is shown redacted)")
 	fs.StringVar(&f.origin, "origin", "", "SQS: the queue URL to replay dead letters to that name no origin (moved by a redrive policy)")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -11,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/protocol/offsetcommit"
+	"github.com/segmentio/kafka-go/protocol/produce"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/runtest"
@@ -29,7 +31,7 @@ func init() {
 	}
 }
 
-// killingTransport SIGKILLs the process as it is about to commit the
+// killingTransport SIGKILLs the process as it is about to record the
 // progress of a dead letter past killAfter(): its copy is acknowledged at
 // the origin, its removal not recorded.
 type killingTransport struct {
@@ -38,7 +40,7 @@ type killingTransport struct {
 }
 
 func (k *killingTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafka.Request) (kafka.Response, error) {
-	if _, ok := req.(*offsetcommit.Request); ok {
+	if p, ok := req.(*produce.Request); ok && len(p.Topics) > 0 && strings.HasSuffix(p.Topics[0].Topic, ".progress") {
 		killAtRemoval(&k.commits)
 	}
 	return k.RoundTripper.RoundTrip(ctx, addr, req)
@@ -57,7 +59,7 @@ func TestKafka(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	topic := runtest.UniqueName(t, "idemq-dlq")
 	dead := kafkasource.DeadLetterTopic(topic)
-	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, dead)
+	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, dead, kafkadlq.ProgressTopic(dead))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := kafkasource.CreateTopics(ctx, nil, brokers,
@@ -97,17 +99,8 @@ func TestKafka(t *testing.T) {
 		},
 		broker: func(t *testing.T) dlq.Broker { return openKafkaDLQ(t, brokers, dead, nil) },
 		// The dead-letter topic keeps what was replayed: rewinding the
-		// progress group replays it all again.
-		again: func(t *testing.T, _ dlq.Broker) {
-			c := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: &kafka.Transport{}}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_, err := c.OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: kafkadlq.DefaultGroup, GenerationID: -1,
-				Topics: map[string][]kafka.OffsetCommit{dead: {{Partition: 0, Offset: 0}, {Partition: 1, Offset: 0}}}})
-			if err != nil {
-				t.Fatal(err)
-			}
-		},
+		// progress replays it all again.
+		again:        func(t *testing.T, _ dlq.Broker) { rewindProgress(t, brokers, dead, kafkadlq.DefaultGroup, 0, 1) },
 		childEnv:     []string{"IDEMQ_DLQ_BROKERS=" + strings.Join(brokers, ","), "IDEMQ_DLQ_TOPIC=" + dead},
 		killInWindow: true,
 	})
@@ -120,7 +113,7 @@ func kafkaTopics(t *testing.T, prefix string) (brokers []string, topic, dead str
 	brokers = testenv.KafkaBrokers(t)
 	topic = runtest.UniqueName(t, prefix)
 	dead = kafkasource.DeadLetterTopic(topic)
-	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, dead)
+	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, dead, kafkadlq.ProgressTopic(dead))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := kafkasource.CreateTopics(ctx, nil, brokers, kafkasource.TopicSpec{Name: topic}, kafkasource.TopicSpec{Name: dead}); err != nil {
@@ -193,5 +186,121 @@ func TestKafkaKeylessReplayedTwice(t *testing.T) {
 	st := run(func(st consumer.Stats) bool { return st.Received >= 2 })
 	if n := db.effects(t)[`{"order":1}`]; n != 1 {
 		t.Errorf("the dead letter replayed twice took effect %d times, want once (runner: %+v)", n, st)
+	}
+}
+
+// Kafka expires the committed offsets of a group without members after
+// offsets.retention.minutes. Deleting the progress group stands for that:
+// what was replayed or purged stays done, and only the rest is listed and
+// replayed.
+func TestKafkaProgressOutlivesGroupOffsets(t *testing.T) {
+	brokers, topic, dead := kafkaTopics(t, "idemq-dlq-expiry")
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: dead, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	var msgs []kafka.Message
+	for i, k := range []string{"k-1", "k-2", "k-3", "k-4"} {
+		msgs = append(msgs, kafka.Message{Value: []byte(k), Headers: []kafka.Header{
+			{Key: consumer.MetaKey, Value: []byte(k)},
+			{Key: consumer.MetaReason, Value: []byte("boom")},
+			{Key: kafkasource.MetaOriginTopic, Value: []byte(topic)},
+			{Key: kafkasource.MetaOriginPartition, Value: []byte("0")},
+			{Key: kafkasource.MetaOriginOffset, Value: []byte(strconv.Itoa(i))},
+		}})
+	}
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	group := runtest.UniqueName(t, "g")
+	b := openKafkaDLQGroup(t, brokers, dead, group)
+	defer b.Close()
+	// k-1 replayed (the committed offset moves), k-3 purged (recorded as
+	// done past a kept dead letter).
+	if res, err := dlq.Replay(ctx, b, dlq.Filter{Key: "k-1"}, dlq.Options{}); err != nil || res.Done != 1 {
+		t.Fatalf("replay k-1: %+v, %v", res, err)
+	}
+	if res, err := dlq.Purge(ctx, b, dlq.Filter{Key: "k-3"}, dlq.Options{}); err != nil || res.Done != 1 {
+		t.Fatalf("purge k-3: %+v, %v", res, err)
+	}
+	c := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: tr}
+	resp, err := c.DeleteGroups(ctx, &kafka.DeleteGroupsRequest{GroupIDs: []string{group}})
+	if err != nil || resp.Errors[group] != nil {
+		t.Fatalf("delete group %s: %v, %v", group, err, resp.Errors)
+	}
+	b2 := openKafkaDLQGroup(t, brokers, dead, group)
+	defer b2.Close()
+	if got := keysOf(list(t, b2, dlq.Filter{})); !slices.Equal(got, []string{"k-2", "k-4"}) {
+		t.Fatalf("after the group's offsets are gone the dead letters are %v, want [k-2 k-4]", got)
+	}
+	if res, err := dlq.Replay(ctx, b2, dlq.Filter{}, dlq.Options{}); err != nil || res.Done != 2 {
+		t.Fatalf("replay the rest: %+v, %v; want 2", res, err)
+	}
+	if last := brokerenv.LastOffset(t, brokers, topic, 0); last != 3 {
+		t.Errorf("the origin holds %d copies, want 3 (k-1, k-2, k-4)", last)
+	}
+}
+
+func openKafkaDLQGroup(t *testing.T, brokers []string, topic, group string) *kafkadlq.Broker {
+	t.Helper()
+	b, err := kafkadlq.New(kafkadlq.Config{Brokers: brokers, Topic: topic, Group: group})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// rewindProgress records in the progress topic of dead that nothing of the
+// partitions was replayed or purged under group.
+func rewindProgress(t *testing.T, brokers []string, dead, group string, partitions ...int) {
+	t.Helper()
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: kafkadlq.ProgressTopic(dead), RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	defer w.Close()
+	var msgs []kafka.Message
+	for _, p := range partitions {
+		msgs = append(msgs, kafka.Message{
+			Key:   []byte(dead + "/" + strconv.Itoa(p) + "/" + group),
+			Value: []byte(`{"topic":"` + dead + `","group":"` + group + `","partition":` + strconv.Itoa(p) + `,"committed":0}`),
+		})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A progress topic that deletes old records would forget what was
+// replayed: a replay refuses to record its progress there, and sends
+// nothing.
+func TestKafkaProgressTopicNotDurable(t *testing.T) {
+	brokers, topic, dead := kafkaTopics(t, "idemq-dlq-retained")
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if err := kafkasource.CreateTopics(ctx, nil, brokers, kafkasource.TopicSpec{Name: kafkadlq.ProgressTopic(dead)}); err != nil {
+		t.Fatal(err)
+	}
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: dead, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	defer w.Close()
+	if err := w.WriteMessages(ctx, kafka.Message{Value: []byte("x"), Headers: []kafka.Header{
+		{Key: consumer.MetaKey, Value: []byte("k-1")}, {Key: kafkasource.MetaOriginTopic, Value: []byte(topic)},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	b := openKafkaDLQGroup(t, brokers, dead, runtest.UniqueName(t, "g"))
+	defer b.Close()
+	res, err := dlq.Replay(ctx, b, dlq.Filter{}, dlq.Options{})
+	if !errors.Is(err, kafkadlq.ErrProgressNotDurable) || res.Done != 0 {
+		t.Fatalf("replay with a progress topic that deletes old records: %d done, %v; want 0 and ErrProgressNotDurable", res.Done, err)
+	}
+	t.Logf("replay: %v", err)
+	if last := brokerenv.LastOffset(t, brokers, topic, 0); last != 0 {
+		t.Errorf("the origin holds %d copies, want none", last)
 	}
 }
