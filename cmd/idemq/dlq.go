@@ -26,7 +26,7 @@ func dlqCommand() command {
 	return command{
 		name:    "dlq",
 		args:    "list|show|replay|purge [ID|KEY...]",
-		summary: "list, show, replay or purge the dead letters of a topic or queue (--broker, --dlq), all or those with the IDs or keys given",
+		summary: "list, show, replay or purge the dead letters of a topic or queue (--broker, --dlq), all or by ID, key or filter",
 		run:     runDLQ,
 	}
 }
