@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -25,7 +26,7 @@ func dlqCommand() command {
 	return command{
 		name:    "dlq",
 		args:    "list|show|replay|purge [ID|KEY...]",
-		summary: "list, show, replay or purge the dead letters of a topic or queue (--broker, --dlq)",
+		summary: "list, show, replay or purge the dead letters of a topic or queue (--broker, --dlq), all or by ID, key or filter",
 		run:     runDLQ,
 	}
 }
@@ -44,7 +45,7 @@ func (f *dlqFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.broker, "broker", "", "kafka, sqs or rabbitmq (required)")
 	fs.StringVar(&f.dlqName, "dlq", "", "the dead letters: Kafka topic (<topic>.dlq), SQS queue URL or RabbitMQ queue (<queue>.dlq) (required)")
 	fs.StringVar(&f.brokers, "brokers", env("127.0.0.1:9092", "IDEMQ_KAFKA_BROKERS"), "Kafka bootstrap addresses, comma-separated; env IDEMQ_KAFKA_BROKERS")
-	fs.StringVar(&f.group, "group", kafkadlq.DefaultGroup, "Kafka: the consumer group on the dead-letter topic that records what was replayed or purged")
+	fs.StringVar(&f.group, "group", kafkadlq.DefaultGroup, "Kafka: the name under which what was replayed or purged is recorded (in <topic>.progress, mirrored as this consumer group's offsets)")
 	dsnVar(fs, &f.sqsEndpoint, "sqs-endpoint", os.Getenv("IDEMQ_SQS_ENDPOINT"), "SQS endpoint `URL`, for ElasticMQ or LocalStack (env IDEMQ_SQS_ENDPOINT; empty: the AWS configuration)")
 	dsnVar(fs, &f.amqpURL, "amqp-url", env("amqp://guest:guest@127.0.0.1:5672/", "IDEMQ_AMQP_URL"), "RabbitMQ `URL`; env IDEMQ_AMQP_URL (the default is shown redacted)")
 	fs.StringVar(&f.origin, "origin", "", "SQS: the queue URL to replay dead letters to that name no origin (moved by a redrive policy)")
@@ -54,7 +55,7 @@ func (f *dlqFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.key, "key", "", "select the dead letters whose key matches this glob (*, ?, [a-z])")
 	fs.StringVar(&f.since, "since", "", "select the dead letters dead-lettered at or after this time (RFC 3339, or a duration ago: 2h)")
 	fs.StringVar(&f.until, "until", "", "select the dead letters dead-lettered before this time (RFC 3339, or a duration ago: 30m)")
-	fs.IntVar(&f.limit, "limit", 0, "select at most this many dead letters (0: all; list shows 100 unless set)")
+	fs.IntVar(&f.limit, "limit", 0, "select at most this many dead letters (0: all; without --limit, list's table shows the first 100 and says if more are left)")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "replay, purge: show what would be replayed or purged, and change nothing")
 	fs.BoolVar(&f.asJSON, "json", false, "print JSON (one object per dead letter, or the result) for scripts")
 	fs.BoolVar(&f.all, "all", false, "purge: allow a purge without a filter (every dead letter)")
@@ -65,9 +66,9 @@ func (f *dlqFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.scope, "scope", "", "replay: the runner's Config.Name, whose failure counts --dsn forgets")
 }
 
-// filter builds the selection of the flags.
-func (f *dlqFlags) filter(now time.Time) (dlq.Filter, error) {
-	flt := dlq.Filter{Reason: f.reason, Key: f.key, Limit: f.limit}
+// filter builds the selection of the flags and the IDs or keys given.
+func (f *dlqFlags) filter(now time.Time, ids []string) (dlq.Filter, error) {
+	flt := dlq.Filter{Reason: f.reason, Key: f.key, Limit: f.limit, IDs: ids}
 	var err error
 	if flt.Since, err = parseWhen(f.since, now); err != nil {
 		return flt, fmt.Errorf("%w: --since: %w", errUsage, err)
@@ -139,23 +140,23 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("%w: which subcommand: list, show, replay or purge?", errUsage)
 	}
 	sub, ids := pos[0], pos[1:]
+	limitSet := false
+	fs.Visit(func(fl *flag.Flag) { limitSet = limitSet || fl.Name == "limit" })
 	switch {
 	case !slices.Contains([]string{"list", "show", "replay", "purge"}, sub):
 		return fmt.Errorf("%w: unknown subcommand %q: list, show, replay or purge", errUsage, sub)
 	case sub == "show" && len(ids) == 0:
 		return fmt.Errorf("%w: show needs the IDs or keys of the dead letters to show", errUsage)
-	case sub != "show" && len(ids) > 0:
-		return fmt.Errorf("%w: unexpected arguments %q (select with --reason, --key, --since, --until)", errUsage, ids)
 	case f.dryRun && (sub == "list" || sub == "show"):
 		return fmt.Errorf("%w: --dry-run is for replay and purge; %s changes nothing", errUsage, sub)
 	}
-	flt, err := f.filter(time.Now())
+	flt, err := f.filter(time.Now(), ids)
 	if err != nil {
 		return err
 	}
-	selective := flt != (dlq.Filter{})
+	selective := flt.Selective()
 	if sub == "purge" && !selective && !f.all && !f.dryRun {
-		return fmt.Errorf("%w: purge without --reason, --key, --since, --until or --limit removes every dead letter: add --all if that is what you want", errUsage)
+		return fmt.Errorf("%w: purge without IDs, keys, --reason, --key, --since, --until or --limit removes every dead letter: add --all if that is what you want", errUsage)
 	}
 	b, err := f.open(ctx)
 	if err != nil {
@@ -165,19 +166,28 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 
 	switch sub {
 	case "list":
-		if flt.Limit == 0 {
-			flt.Limit = 100
+		if !limitSet && !f.asJSON {
+			flt.Limit = listLimit
 		}
-		ls, err := dlq.List(ctx, b, flt)
+		ls, more, err := dlq.ListMore(ctx, b, flt)
 		if err != nil {
 			return err
 		}
+		cut := ""
+		if more {
+			cut = fmt.Sprintf("the first %s shown; more are left (--limit 0 shows all)", deadLetters(len(ls)))
+		}
 		if f.asJSON {
+			if cut != "" {
+				fmt.Fprintf(stderr, "idemq dlq list: %s\n", cut)
+			}
 			return writeJSON(stdout, lettersJSON(ls))
 		}
-		writeTable(stdout, ls)
-		if len(ls) == flt.Limit {
-			fmt.Fprintf(stderr, "(the first %d; --limit shows more)\n", flt.Limit)
+		writeRows(stdout, ls)
+		if cut != "" {
+			fmt.Fprintln(stdout, cut)
+		} else {
+			fmt.Fprintln(stdout, deadLetters(len(ls)))
 		}
 		return nil
 	case "show":
@@ -185,7 +195,6 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if err != nil {
 			return err
 		}
-		ls = slices.DeleteFunc(ls, func(l *dlq.Letter) bool { return !slices.Contains(ids, l.ID) && !slices.Contains(ids, l.Key) })
 		if len(ls) == 0 {
 			return fmt.Errorf("no dead letter has the ID or key %s", strings.Join(ids, ", "))
 		}
@@ -247,11 +256,36 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return fmt.Errorf("dry run: %w", err)
 		}
 		if res.Done > 0 || sub == "replay" {
-			return fmt.Errorf("%s %d dead letters, then: %w (nothing is lost: run the same command again to go on)", verb, res.Done, err)
+			return fmt.Errorf("%s %s, then: %w (nothing is lost: run the same command again to go on)", verb, deadLetters(res.Done), err)
 		}
 		return err
 	}
+	if missing := unmatched(ids, res.Letters); len(missing) > 0 {
+		fmt.Fprintf(stderr, "idemq dlq %s: no dead letter selected has the ID or key %s (replayed or purged already?)\n", sub, strings.Join(missing, ", "))
+	}
 	return report(stdout, f.asJSON, f.dryRun, sub, verb, res, "")
+}
+
+// listLimit is how many dead letters list's table shows without --limit.
+const listLimit = 100
+
+// unmatched returns the ids that name none of ls, by ID or key.
+func unmatched(ids []string, ls []*dlq.Letter) []string {
+	var out []string
+	for _, id := range ids {
+		if !slices.ContainsFunc(ls, func(l *dlq.Letter) bool { return l.ID == id || (l.Key != "" && l.Key == id) }) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// deadLetters is "1 dead letter" or "n dead letters".
+func deadLetters(n int) string {
+	if n == 1 {
+		return "1 dead letter"
+	}
+	return strconv.Itoa(n) + " dead letters"
 }
 
 // nativeMove replays a whole SQS dead-letter queue with a message-move
@@ -297,12 +331,14 @@ func report(w io.Writer, asJSON, dryRun bool, sub, verb string, res dlq.Result, 
 	}
 	switch {
 	case how != "":
-		fmt.Fprintf(w, "%s %d dead letters %s\n", verb, res.Done, how)
+		fmt.Fprintf(w, "%s %s %s\n", verb, deadLetters(res.Done), how)
 	case dryRun:
-		fmt.Fprintf(w, "dry run, nothing changed: %s would be %d dead letters:\n", verb, len(res.Letters))
-		writeTable(w, res.Letters)
+		fmt.Fprintf(w, "dry run, nothing changed: %s would be %s\n", deadLetters(len(res.Letters)), verb)
+		if len(res.Letters) > 0 {
+			writeRows(w, res.Letters)
+		}
 	default:
-		fmt.Fprintf(w, "%s %d dead letters\n", verb, res.Done)
+		fmt.Fprintf(w, "%s %s\n", verb, deadLetters(res.Done))
 	}
 	return nil
 }
@@ -339,8 +375,8 @@ func lettersJSON(ls []*dlq.Letter) []letterJSON {
 	return out
 }
 
-// writeTable prints one line per dead letter.
-func writeTable(w io.Writer, ls []*dlq.Letter) {
+// writeRows prints a heading and one line per dead letter.
+func writeRows(w io.Writer, ls []*dlq.Letter) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tDEAD-LETTERED AT\tATTEMPTS\tKEY\tORIGIN\tREASON")
 	for _, l := range ls {
@@ -351,7 +387,6 @@ func writeTable(w io.Writer, ls []*dlq.Letter) {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", l.ID, at, l.Attempts, orDash(l.Key), orDash(l.Origin), oneLine(l.Reason, 80))
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(w, "%d dead letters\n", len(ls))
 }
 
 // writeLetter prints one dead letter in full.

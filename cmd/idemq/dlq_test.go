@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/amqpsource"
+	"github.com/idemq/idemq/sources/dlq/kafkadlq"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/sqssource"
 )
@@ -108,14 +110,14 @@ func TestDLQCommandSQS(t *testing.T) {
 	if out := dlqCmd(exitOK, "list"); !strings.Contains(out, "3 dead letters") {
 		t.Fatalf("after purge --dry-run:\n%s", out)
 	}
-	if out := dlqCmd(exitOK, "purge", "--reason", "declined"); !strings.Contains(out, "purged 1 dead letters") {
+	if out := dlqCmd(exitOK, "purge", "--reason", "declined"); !strings.Contains(out, "purged 1 dead letter") {
 		t.Fatalf("purge --reason declined:\n%s", out)
 	}
-	if out := dlqCmd(exitOK, "replay", "--key", "o-1"); !strings.Contains(out, "replayed 1 dead letters") {
+	if out := dlqCmd(exitOK, "replay", "--key", "o-1"); !strings.Contains(out, "replayed 1 dead letter") {
 		t.Fatalf("replay --key o-1:\n%s", out)
 	}
 	native := dlqCmd(exitOK, "replay")
-	if !strings.Contains(native, "replayed 1 dead letters") {
+	if !strings.Contains(native, "replayed 1 dead letter") {
 		t.Fatalf("replay:\n%s", native)
 	}
 	t.Logf("idemq dlq replay: %s", native)
@@ -152,7 +154,7 @@ func TestDLQCommandKafka(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	topic := runtest.UniqueName(t, "idemq-cli")
 	dead := kafkasource.DeadLetterTopic(topic)
-	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, dead)
+	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, dead, kafkadlq.ProgressTopic(dead))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := kafkasource.CreateTopics(ctx, nil, brokers, kafkasource.TopicSpec{Name: topic}, kafkasource.TopicSpec{Name: dead}); err != nil {
@@ -188,7 +190,7 @@ func TestDLQCommandKafka(t *testing.T) {
 		}
 		return out
 	}
-	if out := dlqCmd("replay", "--key", "*-2"); !strings.Contains(out, "replayed 1 dead letters") {
+	if out := dlqCmd("replay", "--key", "*-2"); !strings.Contains(out, "replayed 1 dead letter") {
 		t.Fatalf("replay --key *-2:\n%s", out)
 	}
 	if out := dlqCmd("list"); !strings.Contains(out, "2 dead letters") || strings.Contains(out, "k-2") {
@@ -278,7 +280,7 @@ func TestDLQCommandRabbitMQ(t *testing.T) {
 	if out := dlqCmd("purge", "--dry-run", "--reason", "sku"); !strings.Contains(out, "dry run, nothing changed") || !strings.Contains(out, "2 dead letters") {
 		t.Errorf("purge --dry-run --reason sku:\n%s", out)
 	}
-	if out := dlqCmd("replay", "--reason", "declined"); !strings.Contains(out, "replayed 1 dead letters") {
+	if out := dlqCmd("replay", "--reason", "declined"); !strings.Contains(out, "replayed 1 dead letter") {
 		t.Fatalf("replay --reason declined:\n%s", out)
 	}
 	if out := dlqCmd("purge", "--reason", "SKU"); !strings.Contains(out, "purged 2 dead letters") {
@@ -296,5 +298,180 @@ func TestDLQCommandRabbitMQ(t *testing.T) {
 	}
 	if _, more, _ := ch.Get(queue, true); more {
 		t.Errorf("the origin queue holds more than the one replayed copy")
+	}
+}
+
+// idemq dlq list never cuts the selection silently: the table says when
+// more dead letters are left than it shows (100 unless --limit), --limit 0
+// shows them all, and --json prints the whole selection unless --limit
+// says otherwise. Counts of one are singular.
+func TestDLQListLimit(t *testing.T) {
+	const n = 103
+	brokers := testenv.KafkaBrokers(t)
+	topic := runtest.UniqueName(t, "idemq-cli-limit")
+	dead := kafkasource.DeadLetterTopic(topic)
+	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, dead, kafkadlq.ProgressTopic(dead))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := kafkasource.CreateTopics(ctx, nil, brokers, kafkasource.TopicSpec{Name: topic}, kafkasource.TopicSpec{Name: dead}); err != nil {
+		t.Fatal(err)
+	}
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: dead, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	defer w.Close()
+	var msgs []kafka.Message
+	for i := range n {
+		k := fmt.Sprintf("k-%03d", i)
+		msgs = append(msgs, kafka.Message{Value: []byte(k), Headers: []kafka.Header{
+			{Key: consumer.MetaKey, Value: []byte(k)}, {Key: consumer.MetaReason, Value: []byte("boom")},
+			{Key: kafkasource.MetaOriginTopic, Value: []byte(topic)},
+		}})
+	}
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	group := runtest.UniqueName(t, "g")
+	dlqCmd := func(args ...string) (string, string) {
+		t.Helper()
+		args = append(append([]string{"dlq"}, args...), "--broker", "kafka", "--brokers", strings.Join(brokers, ","), "--dlq", dead, "--group", group)
+		code, out, errOut := idemq(t, args...)
+		if code != exitOK {
+			t.Fatalf("idemq %s = %d:\n%s%s", strings.Join(args, " "), code, out, errOut)
+		}
+		return out, errOut
+	}
+	count := func(out string) int { return strings.Count(out, " boom\n") }
+	out, _ := dlqCmd("list")
+	if count(out) != 100 || !strings.HasSuffix(out, "\nthe first 100 dead letters shown; more are left (--limit 0 shows all)\n") {
+		t.Errorf("list: %d rows; want 100 and a line that says more are left, on stdout:\n%s", count(out), out[max(0, len(out)-300):])
+	}
+	out, _ = dlqCmd("list", "--limit", "0")
+	if count(out) != n || !strings.HasSuffix(out, "\n103 dead letters\n") {
+		t.Errorf("list --limit 0: %d rows, want %d:\n%s", count(out), n, out[max(0, len(out)-300):])
+	}
+	out, _ = dlqCmd("list", "--limit", "2")
+	if count(out) != 2 || !strings.HasSuffix(out, "\nthe first 2 dead letters shown; more are left (--limit 0 shows all)\n") {
+		t.Errorf("list --limit 2:\n%s", out)
+	}
+	var listed []letterJSON
+	out, _ = dlqCmd("list", "--json")
+	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) != n {
+		t.Errorf("list --json: %d letters, %v; want %d", len(listed), err, n)
+	}
+	out, errOut := dlqCmd("list", "--json", "--limit", "3")
+	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) != 3 || !strings.Contains(errOut, "the first 3 dead letters shown; more are left") {
+		t.Errorf("list --json --limit 3: %d letters, %v; stderr %q", len(listed), err, errOut)
+	}
+	out, _ = dlqCmd("list", "--key", "k-007")
+	if !strings.HasSuffix(out, "\n1 dead letter\n") {
+		t.Errorf("list --key k-007:\n%s", out)
+	}
+	out, _ = dlqCmd("replay", "--key", "k-00[12]", "--dry-run")
+	if !strings.HasPrefix(out, "dry run, nothing changed: 2 dead letters would be replayed\n") {
+		t.Errorf("replay --dry-run:\n%s", out)
+	}
+	out, _ = dlqCmd("purge", "--key", "k-001")
+	if out != "purged 1 dead letter\n" {
+		t.Errorf("purge --key k-001: %q", out)
+	}
+}
+
+// The IDs that idemq dlq shows stay the same after a replay or purge of
+// other dead letters, and replay, purge and show take them (or keys) as
+// arguments, here on RabbitMQ dead letters without a MessageId. purge
+// takes --dry-run and --json.
+func TestDLQStableIDs(t *testing.T) {
+	url := testenv.AMQPURL(t)
+	queue := runtest.UniqueName(t, "idemq-cli-ids")
+	dead := queue + ".dlq"
+	brokerenv.DeleteQueuesAtCleanup(t, url, queue, dead)
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{queue, dead} {
+		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, k := range []string{"s-1", "s-2", "s-3", "s-4"} {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", dead, true, false, amqp.Publishing{
+			DeliveryMode: amqp.Persistent, Body: []byte(`{"k":"` + k + `"}`),
+			Headers: amqp.Table{consumer.MetaReason: "boom", amqpsource.MetaQueue: queue, consumer.MetaKey: k},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := dc.WaitContext(ctx); !ok || err != nil {
+			t.Fatalf("publish not confirmed: %v", err)
+		}
+	}
+	dlqCmd := func(args ...string) string {
+		t.Helper()
+		args = append(append([]string{"dlq"}, args...), "--broker", "rabbitmq", "--amqp-url", url, "--dlq", dead)
+		code, out, errOut := idemq(t, args...)
+		if code != exitOK {
+			t.Fatalf("idemq %s = %d:\n%s%s", strings.Join(args, " "), code, out, errOut)
+		}
+		return out
+	}
+	ids := func() map[string]string { // key -> ID
+		t.Helper()
+		var ls []letterJSON
+		if err := json.Unmarshal([]byte(dlqCmd("list", "--json")), &ls); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, l := range ls {
+			out[l.Key] = l.ID
+		}
+		return out
+	}
+	before := ids()
+	if len(before) != 4 {
+		t.Fatalf("listed %v, want 4 dead letters", before)
+	}
+	if out := dlqCmd("replay", before["s-1"]); out != "replayed 1 dead letter\n" {
+		t.Fatalf("replay %s: %q", before["s-1"], out)
+	}
+	var res struct {
+		Command string       `json:"command"`
+		DryRun  bool         `json:"dry_run"`
+		Done    int          `json:"done"`
+		Letters []letterJSON `json:"letters"`
+	}
+	if err := json.Unmarshal([]byte(dlqCmd("purge", "--dry-run", "--json", before["s-2"])), &res); err != nil ||
+		res.Command != "purge" || !res.DryRun || res.Done != 0 || len(res.Letters) != 1 || res.Letters[0].Key != "s-2" {
+		t.Fatalf("purge --dry-run --json %s: %+v, %v", before["s-2"], res, err)
+	}
+	after := ids()
+	for _, k := range []string{"s-2", "s-3", "s-4"} {
+		if after[k] != before[k] {
+			t.Errorf("the ID of %s was %q, is %q after the replay of s-1", k, before[k], after[k])
+		}
+	}
+	if _, ok := after["s-1"]; ok || len(after) != 3 {
+		t.Errorf("after the replay of s-1: %v", after)
+	}
+	if err := json.Unmarshal([]byte(dlqCmd("purge", "--json", before["s-3"], "s-4")), &res); err != nil ||
+		res.Command != "purge" || res.DryRun || res.Done != 2 || len(res.Letters) != 2 {
+		t.Fatalf("purge --json %s s-4: %+v, %v", before["s-3"], res, err)
+	}
+	if out := dlqCmd("show", before["s-2"]); !strings.Contains(out, "key:              s-2") {
+		t.Errorf("show %s:\n%s", before["s-2"], out)
+	}
+	if out := dlqCmd("list"); !strings.HasSuffix(out, "\n1 dead letter\n") {
+		t.Errorf("list:\n%s", out)
 	}
 }

@@ -2,9 +2,13 @@ package dlq
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,10 +20,12 @@ const PreviewBytes = 256
 
 // Letter is one dead letter, as a broker's dead-letter store holds it.
 type Letter struct {
-	// ID names the dead letter in its store: "partition/offset" on Kafka,
-	// the dead-letter queue's MessageId on SQS, the MessageId on
-	// RabbitMQ, else "#" and the dead letter's position in the queue (from
-	// 1, at the time of the scan).
+	// ID names the dead letter in its store, and stays the same while it
+	// is there (whatever is replayed or purged around it):
+	// "partition/offset" on Kafka, the dead-letter queue's MessageId on
+	// SQS, the MessageId on RabbitMQ, else DigestID of the dead letter's
+	// headers and body. Dead letters that are copies of one message may
+	// share an ID, which then names them all.
 	ID string
 	// Key is the message's deduplication key (consumer.MetaKey), "" when
 	// the dead letter names none.
@@ -61,6 +67,15 @@ type Filter struct {
 	Since, Until time.Time
 	// Limit is the largest number of dead letters selected. 0: no limit.
 	Limit int
+	// IDs selects the dead letters whose ID or key is one of them. Empty:
+	// any.
+	IDs []string
+}
+
+// Selective reports whether f selects fewer than every dead letter: it has
+// a condition or a Limit.
+func (f Filter) Selective() bool {
+	return f.Reason != "" || f.Key != "" || !f.Since.IsZero() || !f.Until.IsZero() || f.Limit != 0 || len(f.IDs) > 0
 }
 
 // Validate reports a Filter that can never work: a malformed key glob or
@@ -89,6 +104,9 @@ func (f Filter) Match(l *Letter) bool {
 		if ok, _ := path.Match(f.Key, l.Key); !ok {
 			return false
 		}
+	}
+	if len(f.IDs) > 0 && !slices.Contains(f.IDs, l.ID) && (l.Key == "" || !slices.Contains(f.IDs, l.Key)) {
+		return false
 	}
 	if !f.Since.IsZero() || !f.Until.IsZero() {
 		if l.DeadLetteredAt.IsZero() {
@@ -160,6 +178,21 @@ func List(ctx context.Context, b Broker, f Filter) ([]*Letter, error) {
 		return ActionKeep
 	})
 	return out, err
+}
+
+// ListMore is List that also reports whether f.Limit left out dead letters
+// that f selects: more is true when at least one more is there. It reads
+// at most one dead letter past the limit.
+func ListMore(ctx context.Context, b Broker, f Filter) (letters []*Letter, more bool, err error) {
+	g := f
+	if f.Limit > 0 {
+		g.Limit = f.Limit + 1
+	}
+	letters, err = List(ctx, b, g)
+	if f.Limit > 0 && len(letters) > f.Limit {
+		letters, more = letters[:f.Limit], true
+	}
+	return letters, more, err
 }
 
 // Options tune Replay and Purge.
@@ -255,6 +288,22 @@ func apply(ctx context.Context, b Broker, f Filter, o Options, act Action) (Resu
 		return res, fmt.Errorf("%w: %d selected dead letters kept", ErrNoOrigin, noOrigin)
 	}
 	return res, nil
+}
+
+// DigestID returns the ID of a dead letter that its store names no other
+// way: "h-" and the first 16 hexadecimal digits of the SHA-256 of parts
+// (each preceded by its length). It is the same at every scan for the same
+// parts; a broker passes what does not change while the dead letter waits
+// (its headers and body).
+func DigestID(parts ...[]byte) string {
+	h := sha256.New()
+	var n [8]byte
+	for _, p := range parts {
+		binary.BigEndian.PutUint64(n[:], uint64(len(p)))
+		h.Write(n[:])
+		h.Write(p)
+	}
+	return "h-" + hex.EncodeToString(h.Sum(nil)[:8])
 }
 
 // Preview returns the first PreviewBytes bytes of body and its length.

@@ -86,6 +86,8 @@ func TestFilter(t *testing.T) {
 		{dlq.Filter{Until: at.Add(time.Hour)}, []string{"1"}},
 		{dlq.Filter{Limit: 3, Reason: "sku"}, []string{"1", "3", "4"}},
 		{dlq.Filter{Limit: 2, Reason: "sku"}, []string{"1", "3"}},
+		{dlq.Filter{IDs: []string{"2", "b-2", "nope"}}, []string{"2", "4"}},
+		{dlq.Filter{IDs: []string{"1", "a-2"}, Reason: "sku"}, []string{"1"}},
 	} {
 		m := newMem()
 		got, err := dlq.List(context.Background(), m, c.f)
@@ -155,4 +157,42 @@ func TestReplay(t *testing.T) {
 			t.Fatalf("purge limit 1: %+v, %v; %d left", res, err, len(m.letters))
 		}
 	})
+}
+
+func TestListMore(t *testing.T) {
+	for _, c := range []struct {
+		f    dlq.Filter
+		n    int
+		more bool
+	}{
+		{dlq.Filter{}, 4, false},
+		{dlq.Filter{Limit: 4}, 4, false},
+		{dlq.Filter{Limit: 3}, 3, true},
+		{dlq.Filter{Limit: 2, Reason: "sku"}, 2, true},
+		{dlq.Filter{Limit: 3, Reason: "sku"}, 3, false},
+	} {
+		ls, more, err := dlq.ListMore(context.Background(), newMem(), c.f)
+		if err != nil || len(ls) != c.n || more != c.more {
+			t.Errorf("ListMore(%+v) = %d letters, more %v, %v; want %d, %v", c.f, len(ls), more, err, c.n, c.more)
+		}
+	}
+	if (dlq.Filter{}).Selective() || !(dlq.Filter{IDs: []string{"1"}}).Selective() || !(dlq.Filter{Limit: 1}).Selective() {
+		t.Error("Selective: want false for the zero Filter only")
+	}
+}
+
+func TestDigestID(t *testing.T) {
+	a := dlq.DigestID([]byte("k"), []byte("v"), []byte("body"))
+	if a != dlq.DigestID([]byte("k"), []byte("v"), []byte("body")) || len(a) != len("h-")+16 {
+		t.Fatalf("DigestID = %q: want the same 18-character ID for the same parts", a)
+	}
+	for _, parts := range [][][]byte{
+		{[]byte("k"), []byte("v"), []byte("bodz")},
+		{[]byte("kv"), []byte(""), []byte("body")},
+		{[]byte("k"), []byte("vbody")},
+	} {
+		if b := dlq.DigestID(parts...); b == a {
+			t.Errorf("DigestID(%q) = %q, the ID of other parts", parts, b)
+		}
+	}
 }

@@ -6,7 +6,7 @@
 // Each broker's dead-letter store is a Broker: kafkadlq (the "<topic>.dlq"
 // topic), sqsdlq (the dead-letter queue) and amqpdlq (the queue behind the
 // dead-letter exchange). List, Replay and Purge work on any of them through
-// a Filter (reason, key glob, time range, limit); the command line is
+// a Filter (reason, key glob, time range, limit, IDs or keys); the command line is
 // `idemq dlq list|show|replay|purge`.
 //
 // # Replay is at least once and loses nothing

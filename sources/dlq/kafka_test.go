@@ -2,14 +2,18 @@ package dlq_test
 
 import (
 	"context"
+	"errors"
 	"net"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/protocol/offsetcommit"
+	"github.com/segmentio/kafka-go/protocol/produce"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/runtest"
@@ -27,7 +31,7 @@ func init() {
 	}
 }
 
-// killingTransport SIGKILLs the process as it is about to commit the
+// killingTransport SIGKILLs the process as it is about to record the
 // progress of a dead letter past killAfter(): its copy is acknowledged at
 // the origin, its removal not recorded.
 type killingTransport struct {
@@ -36,7 +40,7 @@ type killingTransport struct {
 }
 
 func (k *killingTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafka.Request) (kafka.Response, error) {
-	if _, ok := req.(*offsetcommit.Request); ok {
+	if p, ok := req.(*produce.Request); ok && len(p.Topics) > 0 && strings.HasSuffix(p.Topics[0].Topic, ".progress") {
 		killAtRemoval(&k.commits)
 	}
 	return k.RoundTripper.RoundTrip(ctx, addr, req)
@@ -55,7 +59,7 @@ func TestKafka(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	topic := runtest.UniqueName(t, "idemq-dlq")
 	dead := kafkasource.DeadLetterTopic(topic)
-	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, dead)
+	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, dead, kafkadlq.ProgressTopic(dead))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := kafkasource.CreateTopics(ctx, nil, brokers,
@@ -95,18 +99,208 @@ func TestKafka(t *testing.T) {
 		},
 		broker: func(t *testing.T) dlq.Broker { return openKafkaDLQ(t, brokers, dead, nil) },
 		// The dead-letter topic keeps what was replayed: rewinding the
-		// progress group replays it all again.
-		again: func(t *testing.T, _ dlq.Broker) {
-			c := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: &kafka.Transport{}}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_, err := c.OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: kafkadlq.DefaultGroup, GenerationID: -1,
-				Topics: map[string][]kafka.OffsetCommit{dead: {{Partition: 0, Offset: 0}, {Partition: 1, Offset: 0}}}})
-			if err != nil {
-				t.Fatal(err)
-			}
-		},
+		// progress replays it all again.
+		again:        func(t *testing.T, _ dlq.Broker) { rewindProgress(t, brokers, dead, kafkadlq.DefaultGroup, 0, 1) },
 		childEnv:     []string{"IDEMQ_DLQ_BROKERS=" + strings.Join(brokers, ","), "IDEMQ_DLQ_TOPIC=" + dead},
 		killInWindow: true,
 	})
+}
+
+// kafkaTopics creates a one-partition origin topic and its dead-letter
+// topic, deleted (with the progress topic) at cleanup.
+func kafkaTopics(t *testing.T, prefix string) (brokers []string, topic, dead string) {
+	t.Helper()
+	brokers = testenv.KafkaBrokers(t)
+	topic = runtest.UniqueName(t, prefix)
+	dead = kafkasource.DeadLetterTopic(topic)
+	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, dead, kafkadlq.ProgressTopic(dead))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := kafkasource.CreateTopics(ctx, nil, brokers, kafkasource.TopicSpec{Name: topic}, kafkasource.TopicSpec{Name: dead}); err != nil {
+		t.Fatal(err)
+	}
+	return brokers, topic, dead
+}
+
+// A dead letter whose message had no key header (the runner keyed it on
+// topic/partition/offset) replayed twice, as when a replay's copy was sent
+// and its progress not recorded: the second copy is absorbed, because the
+// copies carry the key the runner recorded, not a key made from their own
+// offsets.
+func TestKafkaKeylessReplayedTwice(t *testing.T) {
+	brokers, topic, dead := kafkaTopics(t, "idemq-dlq-keyless")
+	db := newEffectsDB(t)
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: topic, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if err := w.WriteMessages(ctx, kafka.Message{Value: []byte(`{"order":1}`), Headers: []kafka.Header{{Key: "tenant", Value: []byte("acme")}}}); err != nil {
+		t.Fatal(err)
+	}
+	group := runtest.UniqueName(t, "g")
+	var broken atomic.Bool
+	broken.Store(true)
+	run := func(until func(consumer.Stats) bool) consumer.Stats {
+		src, err := kafkasource.New(context.Background(), kafkasource.Config{
+			Brokers: brokers, Topics: []string{topic}, GroupID: group,
+			SessionTimeout: 6 * time.Second, HeartbeatInterval: 300 * time.Millisecond, RebalanceTimeout: 10 * time.Second,
+			JoinGroupBackoff: 200 * time.Millisecond, MaxWait: 250 * time.Millisecond, CommitInterval: 100 * time.Millisecond,
+			Logger: runtest.Logger(t),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer src.Close()
+		r, err := consumer.NewRunner(src, consumer.Transactional(db.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+			if broken.Load() {
+				return consumer.Permanent(errors.New("bad SKU"))
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO effects (key, tenant) VALUES ($1, $2)`, string(msg.Body), msg.Headers["tenant"])
+			return err
+		}), consumer.Config{Name: "orders", Logger: runtest.Logger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runtest.RunUntil(t, func() bool { return until(r.Stats()) }, r)
+		return r.Stats()
+	}
+	run(func(st consumer.Stats) bool { return st.DeadLettered >= 1 })
+
+	// The first replay, then the same one under a group with no progress:
+	// the copy sent again, as after a replay that stopped before it could
+	// record its progress.
+	for _, g := range []string{"first", "again"} {
+		b, err := kafkadlq.New(kafkadlq.Config{Brokers: brokers, Topic: dead, Group: runtest.UniqueName(t, g)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := dlq.Replay(ctx, b, dlq.Filter{}, dlq.Options{})
+		_ = b.Close()
+		if err != nil || res.Done != 1 {
+			t.Fatalf("replay %s: %d sent, %v; want 1", g, res.Done, err)
+		}
+	}
+	broken.Store(false)
+	st := run(func(st consumer.Stats) bool { return st.Received >= 2 })
+	if n := db.effects(t)[`{"order":1}`]; n != 1 {
+		t.Errorf("the dead letter replayed twice took effect %d times, want once (runner: %+v)", n, st)
+	}
+}
+
+// Kafka expires the committed offsets of a group without members after
+// offsets.retention.minutes. Deleting the progress group stands for that:
+// what was replayed or purged stays done, and only the rest is listed and
+// replayed.
+func TestKafkaProgressOutlivesGroupOffsets(t *testing.T) {
+	brokers, topic, dead := kafkaTopics(t, "idemq-dlq-expiry")
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: dead, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	var msgs []kafka.Message
+	for i, k := range []string{"k-1", "k-2", "k-3", "k-4"} {
+		msgs = append(msgs, kafka.Message{Value: []byte(k), Headers: []kafka.Header{
+			{Key: consumer.MetaKey, Value: []byte(k)},
+			{Key: consumer.MetaReason, Value: []byte("boom")},
+			{Key: kafkasource.MetaOriginTopic, Value: []byte(topic)},
+			{Key: kafkasource.MetaOriginPartition, Value: []byte("0")},
+			{Key: kafkasource.MetaOriginOffset, Value: []byte(strconv.Itoa(i))},
+		}})
+	}
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	group := runtest.UniqueName(t, "g")
+	b := openKafkaDLQGroup(t, brokers, dead, group)
+	defer b.Close()
+	// k-1 replayed (the committed offset moves), k-3 purged (recorded as
+	// done past a kept dead letter).
+	if res, err := dlq.Replay(ctx, b, dlq.Filter{Key: "k-1"}, dlq.Options{}); err != nil || res.Done != 1 {
+		t.Fatalf("replay k-1: %+v, %v", res, err)
+	}
+	if res, err := dlq.Purge(ctx, b, dlq.Filter{Key: "k-3"}, dlq.Options{}); err != nil || res.Done != 1 {
+		t.Fatalf("purge k-3: %+v, %v", res, err)
+	}
+	c := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: tr}
+	resp, err := c.DeleteGroups(ctx, &kafka.DeleteGroupsRequest{GroupIDs: []string{group}})
+	if err != nil || resp.Errors[group] != nil {
+		t.Fatalf("delete group %s: %v, %v", group, err, resp.Errors)
+	}
+	b2 := openKafkaDLQGroup(t, brokers, dead, group)
+	defer b2.Close()
+	if got := keysOf(list(t, b2, dlq.Filter{})); !slices.Equal(got, []string{"k-2", "k-4"}) {
+		t.Fatalf("after the group's offsets are gone the dead letters are %v, want [k-2 k-4]", got)
+	}
+	if res, err := dlq.Replay(ctx, b2, dlq.Filter{}, dlq.Options{}); err != nil || res.Done != 2 {
+		t.Fatalf("replay the rest: %+v, %v; want 2", res, err)
+	}
+	if last := brokerenv.LastOffset(t, brokers, topic, 0); last != 3 {
+		t.Errorf("the origin holds %d copies, want 3 (k-1, k-2, k-4)", last)
+	}
+}
+
+func openKafkaDLQGroup(t *testing.T, brokers []string, topic, group string) *kafkadlq.Broker {
+	t.Helper()
+	b, err := kafkadlq.New(kafkadlq.Config{Brokers: brokers, Topic: topic, Group: group})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// rewindProgress records in the progress topic of dead that nothing of the
+// partitions was replayed or purged under group.
+func rewindProgress(t *testing.T, brokers []string, dead, group string, partitions ...int) {
+	t.Helper()
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: kafkadlq.ProgressTopic(dead), RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	defer w.Close()
+	var msgs []kafka.Message
+	for _, p := range partitions {
+		msgs = append(msgs, kafka.Message{
+			Key:   []byte(dead + "/" + strconv.Itoa(p) + "/" + group),
+			Value: []byte(`{"topic":"` + dead + `","group":"` + group + `","partition":` + strconv.Itoa(p) + `,"committed":0}`),
+		})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A progress topic that deletes old records would forget what was
+// replayed: a replay refuses to record its progress there, and sends
+// nothing.
+func TestKafkaProgressTopicNotDurable(t *testing.T) {
+	brokers, topic, dead := kafkaTopics(t, "idemq-dlq-retained")
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if err := kafkasource.CreateTopics(ctx, nil, brokers, kafkasource.TopicSpec{Name: kafkadlq.ProgressTopic(dead)}); err != nil {
+		t.Fatal(err)
+	}
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: dead, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	defer w.Close()
+	if err := w.WriteMessages(ctx, kafka.Message{Value: []byte("x"), Headers: []kafka.Header{
+		{Key: consumer.MetaKey, Value: []byte("k-1")}, {Key: kafkasource.MetaOriginTopic, Value: []byte(topic)},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	b := openKafkaDLQGroup(t, brokers, dead, runtest.UniqueName(t, "g"))
+	defer b.Close()
+	res, err := dlq.Replay(ctx, b, dlq.Filter{}, dlq.Options{})
+	if !errors.Is(err, kafkadlq.ErrProgressNotDurable) || res.Done != 0 {
+		t.Fatalf("replay with a progress topic that deletes old records: %d done, %v; want 0 and ErrProgressNotDurable", res.Done, err)
+	}
+	t.Logf("replay: %v", err)
+	if last := brokerenv.LastOffset(t, brokers, topic, 0); last != 0 {
+		t.Errorf("the origin holds %d copies, want none", last)
+	}
 }

@@ -323,7 +323,7 @@ const (
 	childEnvVar  = "IDEMQ_DLQ_REPLAY_CHILD"
 	killAfterEnv = "IDEMQ_DLQ_REPLAY_KILL_AFTER"
 	// inWindowEnv, set by a rig whose child broker can tell when a dead
-	// letter is about to be removed (Kafka: the progress commit; SQS:
+	// letter is about to be removed (Kafka: the progress record; SQS:
 	// DeleteMessage), has the child killed there, after the origin
 	// confirmed the next copy and before that dead letter is removed,
 	// instead of between two dead letters.

@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -133,7 +134,7 @@ func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (
 		if !ok {
 			return done, nil
 		}
-		l := b.letterOf(d, i)
+		l := b.letterOf(d)
 		switch visit(l) {
 		case dlq.ActionReplay:
 			if err := b.replay(ctx, pub, returns, d, l); err != nil {
@@ -225,8 +226,26 @@ func isMeta(k string) bool {
 	return strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-")
 }
 
-// letterOf describes d, the pos-th dead letter of the scan.
-func (b *Broker) letterOf(d amqp.Delivery, pos int) *dlq.Letter {
+// digestID is the ID of a dead letter without a MessageId: the digest of
+// its body and headers, but x-delivery-count, which a quorum queue raises
+// at each scan that hands it back.
+func digestID(d amqp.Delivery) string {
+	keys := make([]string, 0, len(d.Headers))
+	for k := range d.Headers {
+		if k != "x-delivery-count" {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	parts := make([][]byte, 0, 2*len(keys)+1)
+	for _, k := range keys {
+		parts = append(parts, []byte(k), fmt.Appendf(nil, "%T %v", d.Headers[k], d.Headers[k]))
+	}
+	return dlq.DigestID(append(parts, d.Body)...)
+}
+
+// letterOf describes d.
+func (b *Broker) letterOf(d amqp.Delivery) *dlq.Letter {
 	str := func(k string) string {
 		switch v := d.Headers[k].(type) {
 		case string:
@@ -246,7 +265,7 @@ func (b *Broker) letterOf(d amqp.Delivery, pos int) *dlq.Letter {
 		Headers: map[string]string{},
 	}
 	if l.ID == "" {
-		l.ID = "#" + strconv.Itoa(pos)
+		l.ID = digestID(d)
 	}
 	if l.Origin == "" {
 		l.Origin = str("x-first-death-queue")

@@ -2,19 +2,34 @@
 // (kafkasource's "<topic>.dlq").
 //
 // A topic is a log: a dead letter cannot be deleted from it. What was
-// replayed or purged is recorded as the offsets of a consumer group on the
-// dead-letter topic (Config.Group): the committed offset of a partition
-// says every dead letter before it is done, and the commit's metadata lists
+// replayed or purged is recorded per partition and per progress name
+// (Config.Group) as an offset, before which every dead letter is done, and
 // the offsets after it that are done too (a replay or purge of a selection
-// leaves the dead letters it did not select in place). The commit follows
-// each replayed copy's acknowledgement by every in-sync replica, so a
-// replay interrupted at any point goes on where it stopped when run again;
-// at most the copy sent just before the interruption is sent again, and the
-// runner absorbs it as a duplicate of its key.
+// leaves the dead letters it did not select in place). The record goes to
+// the progress topic (Config.ProgressTopic, "<topic>.progress"), a
+// compacted topic that keeps the last record of each partition for as long
+// as the topic exists, and is mirrored as the committed offsets of the
+// consumer group Config.Group, which monitoring tools show as its lag.
+// Committed offsets alone would not do: Kafka deletes those of a group
+// without members after offsets.retention.minutes (7 days by default), and
+// what was replayed would then be listed and replayed again. The committed
+// offsets are read only for a partition the progress topic has no record
+// of (progress recorded before the progress topic existed).
+//
+// The record follows each replayed copy's acknowledgement by every in-sync
+// replica, so a replay interrupted at any point goes on where it stopped
+// when run again; at most the copy sent just before the interruption is
+// sent again, and the runner absorbs it as a duplicate of its key.
+//
+// A replayed copy keeps its key: a dead letter whose message had no key
+// header was keyed by the runner on the origin's topic/partition/offset,
+// which a copy at another offset would not share, so the copy carries the
+// recorded key (consumer.MetaKey) in Config.KeyHeader.
 package kafkadlq
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -41,6 +56,14 @@ const maxMetadataBytes = 3500
 // metadataPrefix starts the metadata of the commits this package makes.
 const metadataPrefix = "idemq-dlq/1:"
 
+// ErrProgressNotDurable reports a progress topic (Config.ProgressTopic)
+// that Kafka may delete records of: its cleanup.policy is not "compact"
+// and its retention.ms is not -1. A replay or purge refuses to record its
+// progress there, since a progress record deleted by retention would have
+// the dead letters it records listed and replayed again. Set the topic's
+// cleanup.policy to compact, or name another topic.
+var ErrProgressNotDurable = errors.New("kafkadlq: the progress topic deletes old records")
+
 // ErrTooScattered reports a selection whose done offsets no longer fit in a
 // commit's metadata, because too many dead letters before them were kept:
 // replay or purge the earlier dead letters first.
@@ -54,18 +77,30 @@ type Config struct {
 	Topic string
 	// KeyHeader is the header holding the deduplication key
 	// (kafkasource.Config.KeyHeader), read when a dead letter has no
-	// consumer.MetaKey. Defaults to kafkasource.DefaultKeyHeader.
+	// consumer.MetaKey, and written to a replayed copy that has none with
+	// the key the runner recorded (consumer.MetaKey: the origin's
+	// topic/partition/offset for a message that had no key of its own).
+	// Defaults to kafkasource.DefaultKeyHeader.
 	KeyHeader string
-	// Group is the consumer group whose committed offsets record what was
-	// replayed or purged. Defaults to DefaultGroup.
+	// Group names the progress: what was replayed or purged under one
+	// Group is done for that Group only. It is recorded in ProgressTopic
+	// and mirrored as the committed offsets of the consumer group of this
+	// name. Defaults to DefaultGroup.
 	Group string
+	// ProgressTopic is the compacted topic that records what was replayed
+	// or purged. The first replay or purge creates it when it does not
+	// exist (one partition, cleanup.policy=compact, as many replicas as the
+	// cluster has brokers, up to 3); an existing one must keep its records
+	// (ErrProgressNotDurable). Defaults to ProgressTopic(Topic).
+	ProgressTopic string
 	// Dialer connects to the brokers (TLS, SASL). Defaults to
 	// kafka.DefaultDialer.
 	Dialer *kafka.Dialer
-	// Transport carries the admin requests and the replayed copies (TLS,
-	// SASL). Defaults to a transport of the Broker's own (the shared
-	// kafka.DefaultTransport caches metadata and would not know a topic
-	// created after its last refresh).
+	// Transport carries the admin requests, the replayed copies and the
+	// progress records (TLS, SASL). A transport caches metadata: one given
+	// here does not know a topic created after its last refresh (every
+	// MetadataTTL). Defaults to a transport of the Broker's own, renewed at
+	// each Scan.
 	Transport kafka.RoundTripper
 	// Timeout bounds each request and each read of a dead letter. Defaults
 	// to 10 s.
@@ -79,6 +114,8 @@ type Broker struct {
 	own    *kafka.Transport // the transport New made, closed by Close
 	client *kafka.Client
 	writer *kafka.Writer
+	// durable: the progress topic exists and keeps its records.
+	durable bool
 }
 
 var _ dlq.Broker = (*Broker)(nil)
@@ -98,6 +135,9 @@ func New(cfg Config) (*Broker, error) {
 	if cfg.Group == "" {
 		cfg.Group = DefaultGroup
 	}
+	if cfg.ProgressTopic == "" {
+		cfg.ProgressTopic = ProgressTopic(cfg.Topic)
+	}
 	if cfg.KeyHeader == "" {
 		cfg.KeyHeader = kafkasource.DefaultKeyHeader
 	}
@@ -109,21 +149,40 @@ func New(cfg Config) (*Broker, error) {
 		own = &kafka.Transport{}
 		cfg.Transport = own
 	}
-	addr := kafka.TCP(cfg.Brokers...)
-	return &Broker{
-		cfg:    cfg,
-		own:    own,
-		client: &kafka.Client{Addr: addr, Timeout: cfg.Timeout, Transport: cfg.Transport},
-		writer: &kafka.Writer{
-			Addr:         addr,
-			Transport:    cfg.Transport,
-			RequiredAcks: kafka.RequireAll,
-			Balancer:     originPartition{},
-			BatchTimeout: time.Millisecond,
-			WriteTimeout: cfg.Timeout,
-			MaxAttempts:  3,
-		},
-	}, nil
+	b := &Broker{cfg: cfg, own: own}
+	b.connect()
+	return b, nil
+}
+
+// connect makes the client and the producer on b.cfg.Transport.
+func (b *Broker) connect() {
+	addr := kafka.TCP(b.cfg.Brokers...)
+	b.client = &kafka.Client{Addr: addr, Timeout: b.cfg.Timeout, Transport: b.cfg.Transport}
+	b.writer = &kafka.Writer{
+		Addr:         addr,
+		Transport:    b.cfg.Transport,
+		RequiredAcks: kafka.RequireAll,
+		Balancer:     originPartition{},
+		BatchTimeout: time.Millisecond,
+		WriteTimeout: b.cfg.Timeout,
+		MaxAttempts:  3,
+	}
+}
+
+// refresh replaces the Broker's own transport (none given in Config) by a
+// new one, whose metadata is the cluster's current one: a transport
+// answers metadata from a cache, and would not know a progress topic that
+// another process created since.
+func (b *Broker) refresh() error {
+	if b.own == nil {
+		return nil
+	}
+	err := b.writer.Close()
+	b.own.CloseIdleConnections()
+	b.own = &kafka.Transport{}
+	b.cfg.Transport = b.own
+	b.connect()
+	return err
 }
 
 // Close closes the producer of replayed copies and the idle connections.
@@ -145,8 +204,11 @@ type partitionState struct {
 }
 
 // Scan implements dlq.Broker: partition by partition, each from the
-// group's committed offset to the end the partition had when Scan began.
+// recorded progress to the end the partition had when Scan began.
 func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (int, error) {
+	if err := b.refresh(); err != nil {
+		return 0, fmt.Errorf("kafkadlq: close the producer: %w", err)
+	}
 	parts, err := b.partitions(ctx)
 	if err != nil {
 		return 0, err
@@ -214,6 +276,15 @@ func (b *Broker) partitions(ctx context.Context) ([]*partitionState, error) {
 			s.done = parseDone(fp.Metadata)
 		}
 	}
+	recs, err := b.readProgress(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for id, r := range recs {
+		if s := states[id]; s != nil {
+			s.committed, s.done = r.Committed, slices.Sorted(slices.Values(r.Done))
+		}
+	}
 	out := make([]*partitionState, 0, len(ids))
 	for _, id := range ids {
 		s := states[id]
@@ -261,6 +332,9 @@ func (b *Broker) scanPartition(ctx context.Context, p *partitionState, visit fun
 				if kept && len(encodeDone(append(p.done, m.Offset))) > maxMetadataBytes {
 					return done, true, fmt.Errorf("%w (partition %d, offset %d)", ErrTooScattered, p.id, m.Offset)
 				}
+				if err := b.ensureProgressTopic(ctx); err != nil {
+					return done, true, err
+				}
 				if act == dlq.ActionReplay {
 					if err := b.replay(ctx, m, l); err != nil {
 						return done, true, err
@@ -291,8 +365,18 @@ func (p *partitionState) advance(offset int64) {
 	p.done = slices.DeleteFunc(p.done, func(o int64) bool { return o < p.committed })
 }
 
-// commit records p's progress in the group.
+// commit records p's progress in the progress topic, then mirrors it as
+// the group's committed offset.
 func (b *Broker) commit(ctx context.Context, p *partitionState) error {
+	rec := progressRecord{Topic: b.cfg.Topic, Group: b.cfg.Group, Partition: p.id, Committed: p.committed, Done: p.done}
+	value, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("kafkadlq: encode progress: %w", err)
+	}
+	if err := b.writer.WriteMessages(ctx, kafka.Message{Topic: b.cfg.ProgressTopic, Partition: 0, Key: []byte(rec.key()), Value: value}); err != nil {
+		return fmt.Errorf("kafkadlq: record progress in %q (%q partition %d, offset %d; the last copy was sent and will be sent again): %w",
+			b.cfg.ProgressTopic, b.cfg.Topic, p.id, p.committed, err)
+	}
 	resp, err := b.client.OffsetCommit(ctx, &kafka.OffsetCommitRequest{
 		GroupID: b.cfg.Group, GenerationID: -1,
 		Topics: map[string][]kafka.OffsetCommit{b.cfg.Topic: {{Partition: p.id, Offset: p.committed, Metadata: encodeDone(p.done)}}},
@@ -303,20 +387,29 @@ func (b *Broker) commit(ctx context.Context, p *partitionState) error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("kafkadlq: record progress in group %q (%q partition %d, offset %d; the last copy was sent and will be sent again): %w",
-			b.cfg.Group, b.cfg.Topic, p.id, p.committed, err)
+		return fmt.Errorf("kafkadlq: mirror the progress as the offsets of group %q (%q partition %d, offset %d; the progress is recorded in %q): %w",
+			b.cfg.Group, b.cfg.Topic, p.id, p.committed, b.cfg.ProgressTopic, err)
 	}
 	return nil
 }
 
 // replay sends the copy of m to its origin and waits for every in-sync
-// replica.
+// replica. The copy carries the key the runner recorded (consumer.MetaKey)
+// in Config.KeyHeader when m has no such header.
 func (b *Broker) replay(ctx context.Context, m kafka.Message, l *dlq.Letter) error {
-	headers := make([]kafka.Header, 0, len(m.Headers))
+	headers := make([]kafka.Header, 0, len(m.Headers)+1)
+	keyed := false
 	for _, h := range m.Headers {
 		if !isMeta(h.Key) {
 			headers = append(headers, h)
+			keyed = keyed || h.Key == b.cfg.KeyHeader
 		}
+	}
+	// A message without a key header was keyed by the runner on its
+	// topic/partition/offset, which the copy does not share: the copy
+	// carries that recorded key, so that a copy sent twice is absorbed.
+	if rec := header(m, consumer.MetaKey); !keyed && rec != "" {
+		headers = append(headers, kafka.Header{Key: b.cfg.KeyHeader, Value: []byte(rec)})
 	}
 	part := -1
 	if v, err := strconv.Atoi(header(m, kafkasource.MetaOriginPartition)); err == nil {
@@ -414,4 +507,167 @@ func parseDone(md string) []int64 {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// ProgressTopic returns the default progress topic of dead-letter topic
+// topic: topic + ".progress".
+func ProgressTopic(topic string) string { return topic + ".progress" }
+
+// progressRecord is the value of a progress topic record: in partition
+// Partition of dead-letter topic Topic, every offset before Committed is
+// done under Group, and so is every offset in Done.
+type progressRecord struct {
+	Topic     string  `json:"topic"`
+	Group     string  `json:"group"`
+	Partition int     `json:"partition"`
+	Committed int64   `json:"committed"`
+	Done      []int64 `json:"done,omitempty"`
+}
+
+// key is the record's key, which compaction keeps one record of. A topic
+// name has no "/", a partition is a number: the key is unambiguous.
+func (r progressRecord) key() string {
+	return r.Topic + "/" + strconv.Itoa(r.Partition) + "/" + r.Group
+}
+
+// readProgress returns the last progress record of each partition of the
+// dead-letter topic under the Broker's group; none when the progress topic
+// does not exist.
+func (b *Broker) readProgress(ctx context.Context) (map[int]progressRecord, error) {
+	md, err := b.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{b.cfg.ProgressTopic}})
+	if err != nil {
+		return nil, fmt.Errorf("kafkadlq: metadata of the progress topic %q: %w", b.cfg.ProgressTopic, err)
+	}
+	if len(md.Topics) != 1 || errors.Is(md.Topics[0].Error, kafka.UnknownTopicOrPartition) {
+		return nil, nil
+	}
+	if err := md.Topics[0].Error; err != nil {
+		return nil, fmt.Errorf("kafkadlq: progress topic %q: %w", b.cfg.ProgressTopic, err)
+	}
+	first, last, err := b.progressOffsets(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[int]progressRecord{}
+	if first >= last {
+		return out, nil
+	}
+	r := kafka.NewReader(kafka.ReaderConfig{
+		Brokers: b.cfg.Brokers, Topic: b.cfg.ProgressTopic, Partition: 0, Dialer: b.cfg.Dialer,
+		MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 200 * time.Millisecond,
+	})
+	defer r.Close()
+	if err := r.SetOffset(first); err != nil {
+		return nil, fmt.Errorf("kafkadlq: seek the progress topic %q: %w", b.cfg.ProgressTopic, err)
+	}
+	for {
+		rctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
+		m, err := r.FetchMessage(rctx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("kafkadlq: read the progress topic %q at offset %d (end %d): %w", b.cfg.ProgressTopic, r.Offset(), last, err)
+		}
+		if m.Offset >= last {
+			return out, nil
+		}
+		var rec progressRecord
+		if json.Unmarshal(m.Value, &rec) == nil && rec.Topic == b.cfg.Topic && rec.Group == b.cfg.Group {
+			out[rec.Partition] = rec
+		}
+		if m.Offset+1 >= last {
+			return out, nil
+		}
+	}
+}
+
+// progressOffsets returns the first offset of the progress topic and its
+// end.
+func (b *Broker) progressOffsets(ctx context.Context) (first, last int64, err error) {
+	lo, err := b.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
+		b.cfg.ProgressTopic: {kafka.FirstOffsetOf(0), kafka.LastOffsetOf(0)}}})
+	if err != nil {
+		return 0, 0, fmt.Errorf("kafkadlq: offsets of the progress topic %q: %w", b.cfg.ProgressTopic, err)
+	}
+	for _, po := range lo.Topics[b.cfg.ProgressTopic] {
+		if po.Partition != 0 {
+			continue
+		}
+		if po.Error != nil {
+			return 0, 0, fmt.Errorf("kafkadlq: offsets of the progress topic %q: %w", b.cfg.ProgressTopic, po.Error)
+		}
+		return po.FirstOffset, po.LastOffset, nil
+	}
+	return 0, 0, fmt.Errorf("kafkadlq: offsets of the progress topic %q: no answer for partition 0", b.cfg.ProgressTopic)
+}
+
+// ensureProgressTopic creates the progress topic when it does not exist,
+// waits until it has a leader, and checks that it keeps its records
+// (ErrProgressNotDurable). It succeeds once per Broker.
+func (b *Broker) ensureProgressTopic(ctx context.Context) error {
+	if b.durable {
+		return nil
+	}
+	topic := b.cfg.ProgressTopic
+	md, err := b.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return fmt.Errorf("kafkadlq: metadata of the progress topic %q: %w", topic, err)
+	}
+	if len(md.Topics) != 1 || md.Topics[0].Error != nil {
+		resp, err := b.client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
+			Topic: topic, NumPartitions: 1, ReplicationFactor: min(3, len(md.Brokers)),
+			ConfigEntries: []kafka.ConfigEntry{{ConfigName: "cleanup.policy", ConfigValue: "compact"}},
+		}}})
+		if err == nil {
+			err = resp.Errors[topic]
+		}
+		if err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
+			return fmt.Errorf("kafkadlq: create the progress topic %q (or create it, compacted, beforehand): %w", topic, err)
+		}
+		if err := b.waitLeader(ctx, topic); err != nil {
+			return err
+		}
+	}
+	dc, err := b.client.DescribeConfigs(ctx, &kafka.DescribeConfigsRequest{Resources: []kafka.DescribeConfigRequestResource{{
+		ResourceType: kafka.ResourceTypeTopic, ResourceName: topic, ConfigNames: []string{"cleanup.policy", "retention.ms"},
+	}}})
+	if err != nil {
+		return fmt.Errorf("kafkadlq: configuration of the progress topic %q: %w", topic, err)
+	}
+	conf := map[string]string{}
+	for _, res := range dc.Resources {
+		if res.Error != nil {
+			return fmt.Errorf("kafkadlq: configuration of the progress topic %q: %w", topic, res.Error)
+		}
+		for _, e := range res.ConfigEntries {
+			conf[e.ConfigName] = e.ConfigValue
+		}
+	}
+	if conf["cleanup.policy"] != "compact" && conf["retention.ms"] != "-1" {
+		return fmt.Errorf("%w: %q has cleanup.policy=%s and retention.ms=%s; want cleanup.policy=compact",
+			ErrProgressNotDurable, topic, conf["cleanup.policy"], conf["retention.ms"])
+	}
+	b.durable = true
+	return nil
+}
+
+// waitLeader waits, at most Config.Timeout, until topic's partition 0 has
+// a leader.
+func (b *Broker) waitLeader(ctx context.Context, topic string) error {
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
+	defer cancel()
+	for {
+		md, err := b.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+		if err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil {
+			for _, p := range md.Topics[0].Partitions {
+				if p.ID == 0 && p.Error == nil && p.Leader.Host != "" {
+					return nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kafkadlq: the progress topic %q has no leader yet: %w", topic, errors.Join(ctx.Err(), err))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
