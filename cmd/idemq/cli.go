@@ -614,18 +614,49 @@ func resultText(b []byte) string {
 	return string(b)
 }
 
+// purgeOutput is the output of `idemq purge --json`.
+type purgeOutput struct {
+	Scope string `json:"scope"`
+	Key   string `json:"key"`
+	// Purged says the record was deleted; false in a dry run.
+	Purged bool `json:"purged"`
+	// DryRun says nothing was changed: the record exists and would be
+	// deleted.
+	DryRun bool `json:"dry_run"`
+}
+
 func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	store, closeDB, scope, key, err := keyCommand(ctx, "purge", args, stderr, nil)
+	var asJSON, dryRun bool
+	store, closeDB, scope, key, err := keyCommand(ctx, "purge", args, stderr, func(fs *flag.FlagSet) {
+		fs.BoolVar(&asJSON, "json", false, "print JSON instead of text")
+		fs.BoolVar(&dryRun, "dry-run", false, "say whether there is a record to delete, and delete nothing")
+	})
 	if err != nil {
 		return err
 	}
 	defer closeDB()
-	ok, err := store.Purge(ctx, scope, key)
+	var ok bool
+	if dryRun {
+		_, err = store.Inspect(ctx, scope, key)
+		ok = err == nil
+		if errors.Is(err, dedup.ErrNotFound) {
+			err = nil
+		}
+	} else {
+		ok, err = store.Purge(ctx, scope, key)
+	}
 	if err != nil {
 		return noTable(err, tableName(store.Config()))
 	}
 	if !ok {
 		return fmt.Errorf("no record of key %q in scope %q", key, scope)
+	}
+	if asJSON {
+		return writeJSON(stdout, purgeOutput{Scope: scope, Key: key, Purged: !dryRun, DryRun: dryRun})
+	}
+	if dryRun {
+		fmt.Fprintf(stdout, "dry run, nothing changed: purge would delete the record of %q in scope %q\n", key, scope)
+		return nil
 	}
 	fmt.Fprintf(stdout, "purged: the next delivery of %q runs the handler again\n", key)
 	return nil

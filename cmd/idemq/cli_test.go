@@ -564,3 +564,57 @@ func TestInspectNoRecordPointsToDLQ(t *testing.T) {
 		t.Errorf("inspect of a key with a quote: stderr:\n%s", errOut)
 	}
 }
+
+// TestPurgeDryRunAndJSON: purge --dry-run names the record it would delete
+// and deletes nothing; purge --json says what it did as JSON.
+func TestPurgeDryRunAndJSON(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "shop.db")
+	dsn := "sqlite:" + path
+	if code, out, errOut := idemq(t, "migrate", "--dsn", dsn); code != exitOK {
+		t.Fatalf("migrate = %d:\n%s%s", code, out, errOut)
+	}
+	db, err := sqldedup.OpenSQLite(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	record(t, db, sqldedup.Config{Dialect: sqldedup.SQLite}, "checkout", "order-7", `{}`)
+	db.Close()
+
+	code, out, errOut := idemq(t, "purge", "--dsn", dsn, "--dry-run", "checkout", "order-7")
+	if code != exitOK || !strings.Contains(out, "dry run, nothing changed") || !strings.Contains(out, `"order-7"`) {
+		t.Fatalf("purge --dry-run = %d:\n%s%s", code, out, errOut)
+	}
+	var got struct {
+		Scope  string `json:"scope"`
+		Key    string `json:"key"`
+		Purged bool   `json:"purged"`
+		DryRun bool   `json:"dry_run"`
+	}
+	code, out, errOut = idemq(t, "purge", "--dsn", dsn, "--dry-run", "--json", "checkout", "order-7")
+	if code != exitOK {
+		t.Fatalf("purge --dry-run --json = %d:\n%s%s", code, out, errOut)
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil || got.Scope != "checkout" || got.Key != "order-7" || got.Purged || !got.DryRun {
+		t.Fatalf("purge --dry-run --json = %+v (%v) from %q", got, err, out)
+	}
+	// The dry runs left the record: inspect still finds it.
+	if code, _, errOut := idemq(t, "inspect", "--dsn", dsn, "checkout", "order-7"); code != exitOK {
+		t.Fatalf("inspect after the dry runs = %d:\n%s", code, errOut)
+	}
+	code, out, errOut = idemq(t, "purge", "--dsn", dsn, "--json", "checkout", "order-7")
+	if code != exitOK {
+		t.Fatalf("purge --json = %d:\n%s%s", code, out, errOut)
+	}
+	got = struct {
+		Scope  string `json:"scope"`
+		Key    string `json:"key"`
+		Purged bool   `json:"purged"`
+		DryRun bool   `json:"dry_run"`
+	}{}
+	if err := json.Unmarshal([]byte(out), &got); err != nil || !got.Purged || got.DryRun {
+		t.Fatalf("purge --json = %+v (%v) from %q", got, err, out)
+	}
+	if code, _, _ := idemq(t, "purge", "--dsn", dsn, "--dry-run", "checkout", "order-7"); code != exitFailure {
+		t.Fatalf("purge --dry-run of a purged key = %d, want %d", code, exitFailure)
+	}
+}
