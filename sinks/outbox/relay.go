@@ -27,6 +27,15 @@ var (
 	ErrNoDestination = errors.New("outbox: destination does not exist")
 )
 
+// Log attribute keys of the relay and the Resender, besides the Runner's
+// (consumer.LogKey*: the error is consumer.LogKeyError, "err").
+const (
+	logKeyDestination = "destination"
+	logKeyBackoff     = "backoff"
+	logKeyReplyID     = "reply_id"
+	logKeyReplyTo     = "reply_to"
+)
+
 // Publisher sends messages to a broker. Implementations: kafkaoutbox,
 // sqsoutbox, amqpoutbox.
 type Publisher interface {
