@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/cfgerr"
 )
 
@@ -30,10 +31,13 @@ var (
 // Log attribute keys of the relay and the Resender, besides the Runner's
 // (consumer.LogKey*: the error is consumer.LogKeyError, "err").
 const (
+	// logKeyDestination is a row's destination, and its routing key after
+	// a "/" when it has one (see destinationName).
 	logKeyDestination = "destination"
-	logKeyBackoff     = "backoff"
-	logKeyReplyID     = "reply_id"
-	logKeyReplyTo     = "reply_to"
+	// logKeyParked counts parked rows.
+	logKeyParked  = "parked"
+	logKeyReplyID = "reply_id"
+	logKeyReplyTo = "reply_to"
 )
 
 // Publisher sends messages to a broker. Implementations: kafkaoutbox,
@@ -119,6 +123,14 @@ type Config struct {
 	Retention time.Duration
 	// CleanupInterval is how often the cleanup loop runs. Defaults to 1 min.
 	CleanupInterval time.Duration
+	// FailureReminder is the least time between two log lines about the
+	// failed publishes of one destination (a topic, queue or exchange that
+	// does not exist, a message the broker returns or refuses): its first
+	// failure is logged at once (WARN, with the row, its attempt, when it
+	// is tried again and the error), and later ones at most once per
+	// FailureReminder, with the number left out since. Parked rows are
+	// logged the same way at ERROR. Defaults to 1 min.
+	FailureReminder time.Duration
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 	// Hooks observe the relay (see Hook): for example
@@ -129,6 +141,9 @@ type Config struct {
 	// found through the pool's search_path. SQLite relays refuse one.
 	Schema Schema
 }
+
+// DefaultFailureReminder is Config.FailureReminder's default.
+const DefaultFailureReminder = time.Minute
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
@@ -155,6 +170,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.CleanupInterval == 0 {
 		c.CleanupInterval = time.Minute
+	}
+	if c.FailureReminder == 0 {
+		c.FailureReminder = DefaultFailureReminder
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -191,6 +209,9 @@ func (c Config) validate(args ...*idemq.ConfigError) error {
 	}
 	if c.MaxAttempts < 1 {
 		l.Add("MaxAttempts", "must be at least 1")
+	}
+	if c.FailureReminder < 0 {
+		l.Add("FailureReminder", "must not be negative")
 	}
 	return l.Err()
 }
@@ -254,8 +275,12 @@ type Counts struct {
 	Pending int64
 	// Sent rows were confirmed by the broker and wait for the cleanup.
 	Sent int64
+	// Failing rows are the pending rows whose last publish failed (an
+	// attempt counted): they wait for their next attempt, and the later
+	// rows of their key wait for them.
+	Failing int64
 	// Parked rows failed MaxAttempts times; their last error is in
-	// last_error. Set state back to 0 to retry one.
+	// last_error. Relay.Unpark (idemq relay unpark) puts them back.
 	Parked int64
 	// OldestPending is the age of the oldest pending row (0 without one).
 	OldestPending time.Duration
@@ -291,13 +316,21 @@ type Counts struct {
 // moves on. An outage (ErrUnavailable) counts nothing: the relay backs off
 // and retries the batch, so no row is ever dropped.
 type Relay struct {
-	st    store
-	pub   Publisher
-	cfg   Config
-	hooks hooks
+	st       store
+	pub      Publisher
+	cfg      Config
+	hooks    hooks
+	failures *failureLog
 	// overlap: the store's claims lock their rows, so a claim loop may
 	// record one batch while it claims the next.
 	overlap bool
+}
+
+// newRelay returns a relay over st; cfg has its defaults and is valid.
+func newRelay(st store, pub Publisher, cfg Config, overlap bool) *Relay {
+	r := &Relay{st: st, pub: pub, cfg: cfg, overlap: overlap, failures: newFailureLog(cfg.Logger, cfg.FailureReminder)}
+	r.setHooks()
+	return r
 }
 
 // Run publishes rows until ctx is cancelled, then returns nil. It runs
@@ -312,9 +345,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	wg.Go(func() {
 		for ctx.Err() == nil {
 			if err := r.st.wait(ctx, r.cfg.PollInterval); err != nil && ctx.Err() == nil {
-				r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: wait for notifications", slog.String("error", err.Error()))
+				r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: wait for notifications", slog.Any(consumer.LogKeyError, err))
 				sleep(ctx, r.cfg.PollInterval)
 			}
+			r.failures.flush(ctx)
 			w.signal()
 		}
 	})
@@ -349,7 +383,7 @@ func (r *Relay) claimLoop(ctx context.Context, w *wakeup) {
 		// Run returns only after the last batch is recorded; a failure to
 		// record it leaves its rows pending, to be published again.
 		if _, err := waitRecording(); err != nil {
-			r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: record publish", slog.String("error", err.Error()))
+			r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: record publish", slog.Any(consumer.LogKeyError, err))
 		}
 	}()
 	outage := time.Duration(0)
@@ -380,7 +414,7 @@ func (r *Relay) claimLoop(ctx context.Context, w *wakeup) {
 				outage = min(2*outage, r.cfg.MaxBackoff)
 			}
 			r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: publish failed, backing off",
-				slog.String("error", err.Error()), slog.Duration("backoff", outage))
+				slog.Duration(consumer.LogKeyDelay, outage), slog.Any(consumer.LogKeyError, err))
 			sleep(ctx, jitter(outage))
 			continue
 		case n > 0 || recorded:
@@ -470,11 +504,7 @@ func (r *Relay) publishBatch(ctx context.Context) (n int, record func() error, e
 		default:
 			attempts := row.attempts + 1
 			f := failure{seq: row.seq, err: err.Error(), park: attempts >= r.cfg.MaxAttempts, nextRetry: r.backoff(attempts)}
-			if f.park {
-				r.cfg.Logger.LogAttrs(ctx, slog.LevelError, "outbox relay: row parked",
-					slog.String("id", row.msg.ID), slog.String("destination", row.msg.Destination),
-					slog.Int("attempts", attempts), slog.String("error", f.err))
-			}
+			r.failures.failed(ctx, row.msg, attempts, f.err, f.park, f.nextRetry)
 			failed = append(failed, f)
 		}
 	}
@@ -542,7 +572,7 @@ func (r *Relay) cleanupLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		if _, err := r.Cleanup(ctx); err != nil && ctx.Err() == nil {
-			r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: cleanup", slog.String("error", err.Error()))
+			r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: cleanup", slog.Any(consumer.LogKeyError, err))
 		}
 	}
 }

@@ -23,9 +23,7 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
 	if err := cfg.validate(argError("outbox.NewRelay(pool)", pool == nil), argError("outbox.NewRelay(pub)", pub == nil)); err != nil {
 		return nil, err
 	}
-	r := &Relay{st: &pgStore{pool: pool, table: cfg.Schema.table()}, pub: pub, cfg: cfg, overlap: true}
-	r.setHooks()
-	return r, nil
+	return newRelay(&pgStore{pool: pool, table: cfg.Schema.table()}, pub, cfg, true), nil
 }
 
 // pgStore is the relay's store on PostgreSQL.

@@ -26,9 +26,7 @@ func NewSQLiteRelay(db *sql.DB, pub Publisher, cfg Config) (*Relay, error) {
 	if err := cfg.validate(argError("outbox.NewSQLiteRelay(db)", db == nil), argError("outbox.NewSQLiteRelay(pub)", pub == nil), sqliteConcurrency, sqliteSchema); err != nil {
 		return nil, err
 	}
-	r := &Relay{st: &sqliteStore{db: db}, pub: pub, cfg: cfg}
-	r.setHooks()
-	return r, nil
+	return newRelay(&sqliteStore{db: db}, pub, cfg, false), nil
 }
 
 // sqliteStore is the relay's store on SQLite; times are Unix milliseconds.
