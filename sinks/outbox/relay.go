@@ -266,7 +266,72 @@ type store interface {
 	cleanup(ctx context.Context, cutoff time.Duration, n int) (int64, error)
 	// counts returns the number of rows per state.
 	counts(ctx context.Context) (Counts, error)
+	// failures returns up to n groups of failed rows (failuresSQL).
+	failures(ctx context.Context, n int) ([]FailureGroup, error)
+	// parked returns up to n parked rows (all with n 0), of ids only when
+	// ids is not nil, in seq order.
+	parked(ctx context.Context, ids []string, n int) ([]ParkedRow, error)
+	// unpark makes the parked rows of ids (all with ids nil) pending with
+	// no attempt, and returns how many.
+	unpark(ctx context.Context, ids []string) (int64, error)
 	close()
+}
+
+// FailureGroup counts the unsent rows of one destination whose last
+// publish failed with one error (Relay.Failures).
+type FailureGroup struct {
+	// Destination and RoutingKey are the rows' (see Message).
+	Destination, RoutingKey string
+	// Error is the rows' last error.
+	Error string
+	// Failing rows are pending and wait for their next attempt; Parked
+	// rows wait for Unpark.
+	Failing, Parked int64
+	// LastID is the id of the group's newest row.
+	LastID string
+}
+
+// ParkedRow is a parked row (Relay.Parked).
+type ParkedRow struct {
+	ID, Destination, RoutingKey string
+	// Key is the row's partition key (Message.Key).
+	Key string
+	// Attempts is the number of failed publishes; LastError the last one's
+	// error.
+	Attempts  int
+	LastError string
+	// Created is when the row was written.
+	Created time.Time
+}
+
+// failuresSQL groups the unsent rows whose last publish failed (pending
+// with attempts counted, or parked) by destination and last error, the
+// largest groups first, in both dialects.
+func failuresSQL(table string) string {
+	return `SELECT g.destination, g.routing_key, g.last_error, g.failing, g.parked, o.id
+FROM (SELECT destination, routing_key, last_error,
+        sum(CASE WHEN state = 0 THEN 1 ELSE 0 END) AS failing,
+        sum(CASE WHEN state = 2 THEN 1 ELSE 0 END) AS parked,
+        max(seq) AS last_seq
+      FROM ` + table + `
+      WHERE last_error IS NOT NULL AND (state = 2 OR (state = 0 AND attempts > 0))
+      GROUP BY destination, routing_key, last_error) g
+JOIN ` + table + ` o ON o.seq = g.last_seq
+ORDER BY g.failing + g.parked DESC, g.last_seq DESC
+LIMIT $1`
+}
+
+// scanFailures reads the rows of failuresSQL.
+func scanFailures(next func() bool, scan func(dest ...any) error, rowsErr func() error) ([]FailureGroup, error) {
+	var out []FailureGroup
+	for next() {
+		var g FailureGroup
+		if err := scan(&g.Destination, &g.RoutingKey, &g.Error, &g.Failing, &g.Parked, &g.LastID); err != nil {
+			return nil, err
+		}
+		out = append(out, g)
+	}
+	return out, rowsErr()
 }
 
 // Counts are the numbers of outbox rows per state.
@@ -548,6 +613,67 @@ func (r *Relay) publishBatch(ctx context.Context) (n int, record func() error, e
 // Counts returns the number of rows per state, for monitoring.
 func (r *Relay) Counts(ctx context.Context) (Counts, error) {
 	return r.st.counts(ctx)
+}
+
+// Failures returns up to n groups of the rows that are not sent and whose
+// last publish failed (pending rows waiting for their next attempt, and
+// parked rows), one per destination, routing key and last error, the
+// largest first: what `idemq relay --stats` shows. It reads the table
+// without locking it, so it is safe while relays run.
+func (r *Relay) Failures(ctx context.Context, n int) ([]FailureGroup, error) {
+	if n < 1 {
+		return nil, nil
+	}
+	g, err := r.st.failures(ctx, n)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: failures: %w", err)
+	}
+	return g, nil
+}
+
+// Parked returns the parked rows among ids, or up to n parked rows when
+// ids is empty (all of them with n 0), oldest first: what Unpark (with the
+// same ids) or UnparkAll would put back.
+func (r *Relay) Parked(ctx context.Context, ids []string, n int) ([]ParkedRow, error) {
+	if ids != nil && len(ids) == 0 {
+		ids = nil
+	}
+	rows, err := r.st.parked(ctx, ids, n)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: parked rows: %w", err)
+	}
+	return rows, nil
+}
+
+// Unpark puts the parked rows with the given ids back to pending with no
+// attempt counted, so that the relays publish them again (each gets
+// MaxAttempts new attempts; its last_error stays until the next failure).
+// Ids that name no parked row are left alone; no ids unparks nothing. It
+// returns the number of rows unparked. On PostgreSQL it wakes the relays
+// (NOTIFY); on SQLite they find the rows at their next poll. It is safe
+// while relays run.
+//
+// An unparked row is again the oldest pending row of its key, so the
+// key's later pending rows wait for it; the rows of its key that were
+// published while it was parked stay ahead of it.
+func (r *Relay) Unpark(ctx context.Context, ids ...string) (int64, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	n, err := r.st.unpark(ctx, ids)
+	if err != nil {
+		return n, fmt.Errorf("outbox: unpark: %w", err)
+	}
+	return n, nil
+}
+
+// UnparkAll is Unpark for every parked row.
+func (r *Relay) UnparkAll(ctx context.Context) (int64, error) {
+	n, err := r.st.unpark(ctx, nil)
+	if err != nil {
+		return n, fmt.Errorf("outbox: unpark: %w", err)
+	}
+	return n, nil
 }
 
 // backoff is the delay before the attempt after the attempts-th failure.
