@@ -378,8 +378,10 @@ type Counts struct {
 // A failed publish counts an attempt for the row and retries it after an
 // exponential backoff; until then the rows after it in its key wait. After
 // MaxAttempts the row is parked (state 2, with last_error) and its key
-// moves on. An outage (ErrUnavailable) counts nothing: the relay backs off
-// and retries the batch, so no row is ever dropped.
+// moves on; Unpark puts it back. Failures are logged per destination, at
+// most once per Config.FailureReminder, and Counts and Failures report
+// them. An outage (ErrUnavailable) counts nothing: the relay backs off and
+// retries the batch, so no row is ever dropped.
 type Relay struct {
 	st       store
 	pub      Publisher
