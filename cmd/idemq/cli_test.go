@@ -198,7 +198,7 @@ func TestCommandHelpShowsArguments(t *testing.T) {
 		{[]string{"purge", "--help"}, exitOK, true, []string{"usage: idemq purge [flags] SCOPE KEY\n", "-dsn DSN"}},
 		{[]string{"help", "migrate"}, exitOK, true, []string{"usage: idemq migrate [flags]\n", "-outbox", "-print"}},
 		{[]string{"help", "stats"}, exitOK, true, []string{"usage: idemq stats [flags]\n", "-json"}},
-		{[]string{"help", "relay"}, exitOK, true, []string{"usage: idemq relay [flags]\n", "-broker"}},
+		{[]string{"help", "relay"}, exitOK, true, []string{"usage: idemq relay [flags] [unpark ID...|unpark --all]\n", "-broker", "-dry-run"}},
 		{[]string{"help", "version"}, exitOK, true, []string{"usage: idemq version [flags]\n"}},
 		{[]string{"inspect", "--dsn", "x.db", "order-1"}, exitUsage, false, []string{"want two arguments, SCOPE and KEY", "usage: idemq inspect [flags] SCOPE KEY\n"}},
 		{[]string{"purge", "--dsn", "x.db", "--scope", "s", "a", "b"}, exitUsage, false, []string{"with --scope, want one argument, KEY; got 2", "usage: idemq purge [flags] SCOPE KEY\n"}},

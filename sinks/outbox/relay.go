@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/cfgerr"
 )
 
@@ -25,6 +26,18 @@ var (
 	// (topic, queue, exchange) does not exist or routes nowhere. It counts
 	// as an attempt.
 	ErrNoDestination = errors.New("outbox: destination does not exist")
+)
+
+// Log attribute keys of the relay and the Resender, besides the Runner's
+// (consumer.LogKey*: the error is consumer.LogKeyError, "err").
+const (
+	// logKeyDestination is a row's destination, and its routing key after
+	// a "/" when it has one (see destinationName).
+	logKeyDestination = "destination"
+	// logKeyParked counts parked rows.
+	logKeyParked  = "parked"
+	logKeyReplyID = "reply_id"
+	logKeyReplyTo = "reply_to"
 )
 
 // Publisher sends messages to a broker. Implementations: kafkaoutbox,
@@ -110,6 +123,14 @@ type Config struct {
 	Retention time.Duration
 	// CleanupInterval is how often the cleanup loop runs. Defaults to 1 min.
 	CleanupInterval time.Duration
+	// FailureReminder is the least time between two log lines about the
+	// failed publishes of one destination (a topic, queue or exchange that
+	// does not exist, a message the broker returns or refuses): its first
+	// failure is logged at once (WARN, with the row, its attempt, when it
+	// is tried again and the error), and later ones at most once per
+	// FailureReminder, with the number left out since. Parked rows are
+	// logged the same way at ERROR. Defaults to 1 min.
+	FailureReminder time.Duration
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 	// Hooks observe the relay (see Hook): for example
@@ -120,6 +141,9 @@ type Config struct {
 	// found through the pool's search_path. SQLite relays refuse one.
 	Schema Schema
 }
+
+// DefaultFailureReminder is Config.FailureReminder's default.
+const DefaultFailureReminder = time.Minute
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
@@ -146,6 +170,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.CleanupInterval == 0 {
 		c.CleanupInterval = time.Minute
+	}
+	if c.FailureReminder == 0 {
+		c.FailureReminder = DefaultFailureReminder
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -182,6 +209,9 @@ func (c Config) validate(args ...*idemq.ConfigError) error {
 	}
 	if c.MaxAttempts < 1 {
 		l.Add("MaxAttempts", "must be at least 1")
+	}
+	if c.FailureReminder < 0 {
+		l.Add("FailureReminder", "must not be negative")
 	}
 	return l.Err()
 }
@@ -236,7 +266,72 @@ type store interface {
 	cleanup(ctx context.Context, cutoff time.Duration, n int) (int64, error)
 	// counts returns the number of rows per state.
 	counts(ctx context.Context) (Counts, error)
+	// failures returns up to n groups of failed rows (failuresSQL).
+	failures(ctx context.Context, n int) ([]FailureGroup, error)
+	// parked returns up to n parked rows (all with n 0), of ids only when
+	// ids is not nil, in seq order.
+	parked(ctx context.Context, ids []string, n int) ([]ParkedRow, error)
+	// unpark makes the parked rows of ids (all with ids nil) pending with
+	// no attempt, and returns how many.
+	unpark(ctx context.Context, ids []string) (int64, error)
 	close()
+}
+
+// FailureGroup counts the unsent rows of one destination whose last
+// publish failed with one error (Relay.Failures).
+type FailureGroup struct {
+	// Destination and RoutingKey are the rows' (see Message).
+	Destination, RoutingKey string
+	// Error is the rows' last error.
+	Error string
+	// Failing rows are pending and wait for their next attempt; Parked
+	// rows wait for Unpark.
+	Failing, Parked int64
+	// LastID is the id of the group's newest row.
+	LastID string
+}
+
+// ParkedRow is a parked row (Relay.Parked).
+type ParkedRow struct {
+	ID, Destination, RoutingKey string
+	// Key is the row's partition key (Message.Key).
+	Key string
+	// Attempts is the number of failed publishes; LastError the last one's
+	// error.
+	Attempts  int
+	LastError string
+	// Created is when the row was written.
+	Created time.Time
+}
+
+// failuresSQL groups the unsent rows whose last publish failed (pending
+// with attempts counted, or parked) by destination and last error, the
+// largest groups first, in both dialects.
+func failuresSQL(table string) string {
+	return `SELECT g.destination, g.routing_key, g.last_error, g.failing, g.parked, o.id
+FROM (SELECT destination, routing_key, last_error,
+        sum(CASE WHEN state = 0 THEN 1 ELSE 0 END) AS failing,
+        sum(CASE WHEN state = 2 THEN 1 ELSE 0 END) AS parked,
+        max(seq) AS last_seq
+      FROM ` + table + `
+      WHERE last_error IS NOT NULL AND (state = 2 OR (state = 0 AND attempts > 0))
+      GROUP BY destination, routing_key, last_error) g
+JOIN ` + table + ` o ON o.seq = g.last_seq
+ORDER BY g.failing + g.parked DESC, g.last_seq DESC
+LIMIT $1`
+}
+
+// scanFailures reads the rows of failuresSQL.
+func scanFailures(next func() bool, scan func(dest ...any) error, rowsErr func() error) ([]FailureGroup, error) {
+	var out []FailureGroup
+	for next() {
+		var g FailureGroup
+		if err := scan(&g.Destination, &g.RoutingKey, &g.Error, &g.Failing, &g.Parked, &g.LastID); err != nil {
+			return nil, err
+		}
+		out = append(out, g)
+	}
+	return out, rowsErr()
 }
 
 // Counts are the numbers of outbox rows per state.
@@ -245,8 +340,12 @@ type Counts struct {
 	Pending int64
 	// Sent rows were confirmed by the broker and wait for the cleanup.
 	Sent int64
+	// Failing rows are the pending rows whose last publish failed (an
+	// attempt counted): they wait for their next attempt, and the later
+	// rows of their key wait for them.
+	Failing int64
 	// Parked rows failed MaxAttempts times; their last error is in
-	// last_error. Set state back to 0 to retry one.
+	// last_error. Relay.Unpark (idemq relay unpark) puts them back.
 	Parked int64
 	// OldestPending is the age of the oldest pending row (0 without one).
 	OldestPending time.Duration
@@ -279,16 +378,26 @@ type Counts struct {
 // A failed publish counts an attempt for the row and retries it after an
 // exponential backoff; until then the rows after it in its key wait. After
 // MaxAttempts the row is parked (state 2, with last_error) and its key
-// moves on. An outage (ErrUnavailable) counts nothing: the relay backs off
-// and retries the batch, so no row is ever dropped.
+// moves on; Unpark puts it back. Failures are logged per destination, at
+// most once per Config.FailureReminder, and Counts and Failures report
+// them. An outage (ErrUnavailable) counts nothing: the relay backs off and
+// retries the batch, so no row is ever dropped.
 type Relay struct {
-	st    store
-	pub   Publisher
-	cfg   Config
-	hooks hooks
+	st       store
+	pub      Publisher
+	cfg      Config
+	hooks    hooks
+	failures *failureLog
 	// overlap: the store's claims lock their rows, so a claim loop may
 	// record one batch while it claims the next.
 	overlap bool
+}
+
+// newRelay returns a relay over st; cfg has its defaults and is valid.
+func newRelay(st store, pub Publisher, cfg Config, overlap bool) *Relay {
+	r := &Relay{st: st, pub: pub, cfg: cfg, overlap: overlap, failures: newFailureLog(cfg.Logger, cfg.FailureReminder)}
+	r.setHooks()
+	return r
 }
 
 // Run publishes rows until ctx is cancelled, then returns nil. It runs
@@ -303,9 +412,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	wg.Go(func() {
 		for ctx.Err() == nil {
 			if err := r.st.wait(ctx, r.cfg.PollInterval); err != nil && ctx.Err() == nil {
-				r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: wait for notifications", slog.String("error", err.Error()))
+				r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: wait for notifications", slog.Any(consumer.LogKeyError, err))
 				sleep(ctx, r.cfg.PollInterval)
 			}
+			r.failures.flush(ctx)
 			w.signal()
 		}
 	})
@@ -340,7 +450,7 @@ func (r *Relay) claimLoop(ctx context.Context, w *wakeup) {
 		// Run returns only after the last batch is recorded; a failure to
 		// record it leaves its rows pending, to be published again.
 		if _, err := waitRecording(); err != nil {
-			r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: record publish", slog.String("error", err.Error()))
+			r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: record publish", slog.Any(consumer.LogKeyError, err))
 		}
 	}()
 	outage := time.Duration(0)
@@ -371,7 +481,7 @@ func (r *Relay) claimLoop(ctx context.Context, w *wakeup) {
 				outage = min(2*outage, r.cfg.MaxBackoff)
 			}
 			r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: publish failed, backing off",
-				slog.String("error", err.Error()), slog.Duration("backoff", outage))
+				slog.Duration(consumer.LogKeyDelay, outage), slog.Any(consumer.LogKeyError, err))
 			sleep(ctx, jitter(outage))
 			continue
 		case n > 0 || recorded:
@@ -461,11 +571,7 @@ func (r *Relay) publishBatch(ctx context.Context) (n int, record func() error, e
 		default:
 			attempts := row.attempts + 1
 			f := failure{seq: row.seq, err: err.Error(), park: attempts >= r.cfg.MaxAttempts, nextRetry: r.backoff(attempts)}
-			if f.park {
-				r.cfg.Logger.LogAttrs(ctx, slog.LevelError, "outbox relay: row parked",
-					slog.String("id", row.msg.ID), slog.String("destination", row.msg.Destination),
-					slog.Int("attempts", attempts), slog.String("error", f.err))
-			}
+			r.failures.failed(ctx, row.msg, attempts, f.err, f.park, f.nextRetry)
 			failed = append(failed, f)
 		}
 	}
@@ -511,6 +617,67 @@ func (r *Relay) Counts(ctx context.Context) (Counts, error) {
 	return r.st.counts(ctx)
 }
 
+// Failures returns up to n groups of the rows that are not sent and whose
+// last publish failed (pending rows waiting for their next attempt, and
+// parked rows), one per destination, routing key and last error, the
+// largest first: what `idemq relay --stats` shows. It reads the table
+// without locking it, so it is safe while relays run.
+func (r *Relay) Failures(ctx context.Context, n int) ([]FailureGroup, error) {
+	if n < 1 {
+		return nil, nil
+	}
+	g, err := r.st.failures(ctx, n)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: failures: %w", err)
+	}
+	return g, nil
+}
+
+// Parked returns the parked rows among ids, or up to n parked rows when
+// ids is empty (all of them with n 0), oldest first: what Unpark (with the
+// same ids) or UnparkAll would put back.
+func (r *Relay) Parked(ctx context.Context, ids []string, n int) ([]ParkedRow, error) {
+	if ids != nil && len(ids) == 0 {
+		ids = nil
+	}
+	rows, err := r.st.parked(ctx, ids, n)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: parked rows: %w", err)
+	}
+	return rows, nil
+}
+
+// Unpark puts the parked rows with the given ids back to pending with no
+// attempt counted, so that the relays publish them again (each gets
+// MaxAttempts new attempts; its last_error stays until the next failure).
+// Ids that name no parked row are left alone; no ids unparks nothing. It
+// returns the number of rows unparked. On PostgreSQL it wakes the relays
+// (NOTIFY); on SQLite they find the rows at their next poll. It is safe
+// while relays run.
+//
+// An unparked row is again the oldest pending row of its key, so the
+// key's later pending rows wait for it; the rows of its key that were
+// published while it was parked stay ahead of it.
+func (r *Relay) Unpark(ctx context.Context, ids ...string) (int64, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	n, err := r.st.unpark(ctx, ids)
+	if err != nil {
+		return n, fmt.Errorf("outbox: unpark: %w", err)
+	}
+	return n, nil
+}
+
+// UnparkAll is Unpark for every parked row.
+func (r *Relay) UnparkAll(ctx context.Context) (int64, error) {
+	n, err := r.st.unpark(ctx, nil)
+	if err != nil {
+		return n, fmt.Errorf("outbox: unpark: %w", err)
+	}
+	return n, nil
+}
+
 // backoff is the delay before the attempt after the attempts-th failure.
 func (r *Relay) backoff(attempts int) time.Duration {
 	d := r.cfg.MinBackoff
@@ -533,7 +700,7 @@ func (r *Relay) cleanupLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		if _, err := r.Cleanup(ctx); err != nil && ctx.Err() == nil {
-			r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: cleanup", slog.String("error", err.Error()))
+			r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: cleanup", slog.Any(consumer.LogKeyError, err))
 		}
 	}
 }

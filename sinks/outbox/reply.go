@@ -59,6 +59,12 @@ func Reply(h func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) ([]byte
 //
 // A duplicate request does not run h; a Resender, installed as a hook of
 // the same runner, re-sends the stored reply with the same id.
+//
+// A reply goes only to the ReplyTo of the request that wrote it. If the
+// reply's row exists for another destination (the request's record
+// expired and a new copy asks for the reply elsewhere), the handler fails
+// permanently with ErrReplyToMismatch: its writes roll back and the
+// message is dead-lettered.
 func (s Schema) Reply(h func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) ([]byte, error)) consumer.TxHandler[pgx.Tx] {
 	return consumer.TxResult(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) ([]byte, error) {
 		b, err := h(ctx, tx, msg)
@@ -70,39 +76,65 @@ func (s Schema) Reply(h func(ctx context.Context, tx pgx.Tx, msg *consumer.Messa
 			return nil, ErrNoID
 		}
 		if err := s.putReply(ctx, tx, id, msg, b, false); err != nil {
+			if errors.Is(err, ErrReplyToMismatch) {
+				return nil, consumer.Permanent(err) // the same request would be refused again
+			}
 			return nil, err
 		}
 		return b, nil
 	})
 }
 
-// replySQL inserts a reply's row, or re-arms it when the id exists: the row
-// becomes pending again, with the latest request's destination and
-// correlation header, and keeps its body (the reply as first committed,
-// which the stored result repeats). A row a relay is publishing is locked
-// by its claim: the statement waits for the relay to finish, then re-arms
-// it. The outbox's insert trigger fires for both, waking the relays.
+// ErrReplyToMismatch is the error of a reply whose request names another
+// ReplyTo than the request that wrote the reply's row: a reply goes only
+// where the first request asked for it. Reply fails with it (permanently:
+// the message is dead-lettered, its effect rolled back); a Resender logs
+// it and re-sends nothing.
+var ErrReplyToMismatch = errors.New("outbox: the reply exists for another ReplyTo")
+
+// replyToMismatch is an ErrReplyToMismatch naming both destinations.
+type replyToMismatch struct {
+	id, replyTo, first string
+}
+
+func (e *replyToMismatch) Error() string {
+	return fmt.Sprintf("%v: reply %s goes to %q, this request asks for it at %q", ErrReplyToMismatch, e.id, e.first, e.replyTo)
+}
+
+func (e *replyToMismatch) Unwrap() error { return ErrReplyToMismatch }
+
+// replySQL inserts a reply's row, or re-arms it when the id exists for the
+// same destination: the row becomes pending again, with the latest
+// request's correlation header, and keeps its body (the reply as first
+// committed, which the stored result repeats). A row for another
+// destination is left alone and no row is returned. A row a relay is
+// publishing is locked by its claim: the statement waits for the relay to
+// finish, then re-arms it. The outbox's insert trigger fires for both,
+// waking the relays.
 func replySQL(table string) string {
-	return `INSERT INTO ` + table + ` (id, source_key, destination, partition_key, routing_key, headers, body)
+	return `INSERT INTO ` + table + ` AS o (id, source_key, destination, partition_key, routing_key, headers, body)
 VALUES ($1, NULL, $2, '', $3, $4, $5)
-ON CONFLICT (id) DO UPDATE SET destination = EXCLUDED.destination, routing_key = EXCLUDED.routing_key,
-    headers = EXCLUDED.headers, state = 0, attempts = 0, last_error = NULL, next_attempt_at = NULL, sent_at = NULL
+ON CONFLICT (id) DO UPDATE SET headers = EXCLUDED.headers,
+    state = 0, attempts = 0, last_error = NULL, next_attempt_at = NULL, sent_at = NULL
+WHERE o.destination = EXCLUDED.destination AND o.routing_key = EXCLUDED.routing_key
 RETURNING id`
 }
 
-// rearmSQL re-arms a reply's row as replySQL does, without inserting one.
-// An update fires no insert trigger: the relays find the row at their next
-// poll (Config.PollInterval).
+// rearmSQL re-arms a reply's row for the same destination as replySQL
+// does, without inserting one. An update fires no insert trigger: the
+// relays find the row at their next poll (Config.PollInterval).
 func rearmSQL(table string) string {
-	return `UPDATE ` + table + ` SET destination = $2, routing_key = $3, headers = $4,
+	return `UPDATE ` + table + ` SET headers = $4,
     state = 0, attempts = 0, last_error = NULL, next_attempt_at = NULL, sent_at = NULL
-WHERE id = $1
+WHERE id = $1 AND destination = $2 AND routing_key = $3
 RETURNING id`
 }
 
 // putReply writes the reply to msg, id and body, with db. With rearmOnly
 // it only re-arms an existing row (a duplicate whose record holds no
-// result: its reply's body is not known).
+// result: its reply's body is not known). A row of id for another
+// destination than msg.ReplyTo is left alone: putReply returns a
+// *replyToMismatch.
 func (s Schema) putReply(ctx context.Context, db PgxQuerier, id string, msg *consumer.Message, body []byte, rearmOnly bool) error {
 	dest, routingKey := msg.ReplyTo, ""
 	if msg.Broker.System == "rabbitmq" {
@@ -124,13 +156,27 @@ func (s Schema) putReply(ctx context.Context, db PgxQuerier, id string, msg *con
 	}
 	var got string
 	if rearmOnly {
-		err := db.QueryRow(ctx, rearmSQL(s.table()), id, dest, routingKey, string(headers)).Scan(&got)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("outbox: reply to %q: %w", msg.ReplyTo, err)
-		}
-		return nil
+		err = db.QueryRow(ctx, rearmSQL(s.table()), id, dest, routingKey, string(headers)).Scan(&got)
+	} else {
+		err = db.QueryRow(ctx, replySQL(s.table()), id, dest, routingKey, string(headers), body).Scan(&got)
 	}
-	if err := db.QueryRow(ctx, replySQL(s.table()), id, dest, routingKey, string(headers), body).Scan(&got); err != nil {
+	if errors.Is(err, pgx.ErrNoRows) {
+		// No row for this destination: another destination's row, or (when
+		// re-arming) no row at all.
+		var firstDest, firstKey string
+		err = db.QueryRow(ctx, `SELECT destination, routing_key FROM `+s.table()+` WHERE id = $1`, id).Scan(&firstDest, &firstKey)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return nil
+		case err == nil:
+			first := firstDest
+			if firstKey != "" && firstDest == "" {
+				first = firstKey // a RabbitMQ queue, through the default exchange
+			}
+			return &replyToMismatch{id: id, replyTo: msg.ReplyTo, first: first}
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("outbox: reply to %q: %w", msg.ReplyTo, err)
 	}
 	return nil
@@ -156,15 +202,23 @@ const DefaultResendTimeout = 5 * time.Second
 // it is a consumer.HookClaimed, so the runner calls it for every
 // duplicate, on the lane, before the duplicate is acknowledged. For a
 // duplicate with ReplyTo whose record holds a result (Message.Outcome), it
-// writes the reply again with the same id (ReplyID) and body, to the
-// duplicate's ReplyTo and with its CorrelationID, in one statement on its
-// database.
+// writes the reply again with the same id (ReplyID) and body, with the
+// duplicate's CorrelationID, in one statement on its database.
 //
 // A re-send is recorded on the original reply's row (the outbox table's
 // id is unique, and the id is the reply's idempotency key): the row is put
 // back to pending, or inserted again from the stored result if the relay's
 // cleanup deleted it (not when the record holds no result: a nil result,
 // or a record written before results were stored).
+//
+// A re-send goes only where the first reply went: a duplicate whose
+// ReplyTo differs from the destination of the reply's row is refused (one
+// WARN line with both; the row is left as it is, pending or sent), so a
+// copy of the request can neither take the reply away from the first
+// requester nor have it sent elsewhere. The row is what remembers the
+// first destination: once the relay's cleanup has deleted it (Retention
+// after the broker confirmed it; at once with a negative Retention), the
+// reply is inserted again towards the duplicate's ReplyTo.
 // Every broker message of a reply therefore has the same id and body, and
 // the requester's idemq consumer, whose deduplication key is that id,
 // absorbs the repeats; repeats of a request that arrive while its reply is
@@ -222,7 +276,7 @@ func (r *Resender) OnClaimed(ctx context.Context, m *consumer.Message, c consume
 	}
 	id, ok := ReplyID(m.KeyContext(ctx))
 	if !ok {
-		r.cfg.Logger.WarnContext(ctx, "outbox: reply not re-sent: the request's key is unknown", slog.String("id", m.ID))
+		r.cfg.Logger.WarnContext(ctx, "outbox: reply not re-sent: the request's key is unknown", slog.String(consumer.LogKeyID, m.ID))
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
@@ -230,7 +284,13 @@ func (r *Resender) OnClaimed(ctx context.Context, m *consumer.Message, c consume
 	// A record without a result (a nil result, or written before results
 	// were stored) does not say what the reply was: re-arm its row if the
 	// relay's cleanup left it, never invent an empty reply.
-	if err := r.cfg.Schema.putReply(ctx, r.db, id, m, result, result == nil); err != nil {
-		r.cfg.Logger.WarnContext(ctx, "outbox: reply not re-sent", slog.String("reply_id", id), slog.Any("error", err))
+	err := r.cfg.Schema.putReply(ctx, r.db, id, m, result, result == nil)
+	var mismatch *replyToMismatch
+	switch {
+	case errors.As(err, &mismatch):
+		r.cfg.Logger.WarnContext(ctx, "outbox: reply not re-sent: the duplicate asks for it at another ReplyTo than the request that ran",
+			slog.String(logKeyReplyID, id), slog.String(logKeyReplyTo, m.ReplyTo), slog.String(logKeyDestination, mismatch.first))
+	case err != nil:
+		r.cfg.Logger.WarnContext(ctx, "outbox: reply not re-sent", slog.String(logKeyReplyID, id), slog.Any(consumer.LogKeyError, err))
 	}
 }

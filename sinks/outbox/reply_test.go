@@ -3,6 +3,8 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sources/memsource"
 )
@@ -55,9 +58,9 @@ func request(key, body, replyTo, corr string) memsource.Outgoing {
 }
 
 // replier returns a runner named "replier" over src answering with
-// "ok:"+body (failing for a body "fail", no result for "nil"), the Resender installed, and its
-// handler-run counter.
-func replier(t *testing.T, pool *pgxpool.Pool, schema string, src consumer.Source) (*consumer.Runner, *atomic.Int64) {
+// "ok:"+body (failing for a body "fail", no result for "nil"), the Resender
+// installed (logging to logger, if not nil), and its handler-run counter.
+func replier(t *testing.T, pool *pgxpool.Pool, schema string, src consumer.Source, logger *slog.Logger) (*consumer.Runner, *atomic.Int64) {
 	t.Helper()
 	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
 	if err != nil {
@@ -66,7 +69,7 @@ func replier(t *testing.T, pool *pgxpool.Pool, schema string, src consumer.Sourc
 	if err := store.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	resend, err := outbox.NewResender(pool, outbox.ResendConfig{})
+	resend, err := outbox.NewResender(pool, outbox.ResendConfig{Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +101,7 @@ func TestReply(t *testing.T) {
 			request("r-1", "a", "replies", "c-1"),
 			request("r-2", "b", "", ""),              // asks for no reply
 			request("r-3", "fail", "replies", "c-3")) // its handler fails: no reply
-		r, _ := replier(t, pool, schema, b.Source("requests"))
+		r, _ := replier(t, pool, schema, b.Source("requests"), nil)
 		runUntil(t, r, func(s consumer.Stats) bool { return s.Handled == 2 && s.DeadLettered == 1 })
 		rows := replyRows(t, pool)
 		want := replyRow{id: "replier:r-1" + outbox.ReplySuffix, dest: "replies", headers: `{"idemq-correlation-id":"c-1"}`, body: "ok:a"}
@@ -112,24 +115,80 @@ func TestReply(t *testing.T) {
 		b := memsource.New(memsource.Config{VisibilityTimeout: time.Second})
 		defer b.Close()
 		b.Publish("requests", request("r-1", "a", "replies", "c-1"))
-		r, runs := replier(t, pool, schema, b.Source("requests"))
+		r, runs := replier(t, pool, schema, b.Source("requests"), nil)
 		runUntil(t, r, func(s consumer.Stats) bool { return s.Handled == 1 })
 		// The relay sent the first reply.
 		if _, err := pool.Exec(context.Background(), `UPDATE idemq_outbox SET state = 1, sent_at = now()`); err != nil {
 			t.Fatal(err)
 		}
-		// The requester retries, from a new reply queue with a new
-		// correlation id.
-		b.Publish("requests", request("r-1", "a", "replies-2", "c-2"))
-		r, runs2 := replier(t, pool, schema, b.Source("requests"))
+		// The requester lost it and retries with a new correlation id.
+		b.Publish("requests", request("r-1", "a", "replies", "c-2"))
+		r, runs2 := replier(t, pool, schema, b.Source("requests"), nil)
 		runUntil(t, r, func(s consumer.Stats) bool { return s.Duplicates == 1 })
 		if n := runs.Load() + runs2.Load(); n != 1 {
 			t.Fatalf("handler ran %d times, want 1", n)
 		}
 		rows := replyRows(t, pool)
-		want := replyRow{id: "replier:r-1" + outbox.ReplySuffix, dest: "replies-2", headers: `{"idemq-correlation-id":"c-2"}`, body: "ok:a", state: 0}
+		want := replyRow{id: "replier:r-1" + outbox.ReplySuffix, dest: "replies", headers: `{"idemq-correlation-id":"c-2"}`, body: "ok:a", state: 0}
 		if len(rows) != 1 || rows[0] != want {
 			t.Fatalf("outbox rows %+v, want only %+v (the first reply, pending again)", rows, want)
+		}
+	})
+
+	t.Run("a duplicate asking for the reply elsewhere is refused", func(t *testing.T) {
+		pool, schema := newPoolSchema(t)
+		b := memsource.New(memsource.Config{VisibilityTimeout: time.Second})
+		defer b.Close()
+		b.Publish("requests", request("r-1", "a", "replies", "c-1"))
+		r, _ := replier(t, pool, schema, b.Source("requests"), nil)
+		runUntil(t, r, func(s consumer.Stats) bool { return s.Handled == 1 })
+		first := replyRow{id: "replier:r-1" + outbox.ReplySuffix, dest: "replies", headers: `{"idemq-correlation-id":"c-1"}`, body: "ok:a", state: 0}
+		if rows := replyRows(t, pool); len(rows) != 1 || rows[0] != first {
+			t.Fatalf("outbox rows %+v, want only %+v", rows, first)
+		}
+		// The reply is still pending when a copy of the request (same key,
+		// same payload) asks for it at another destination: the first
+		// requester's reply must stay where it goes.
+		for i, state := range []int{0, 1} {
+			if _, err := pool.Exec(context.Background(), `UPDATE idemq_outbox SET state = $1`, state); err != nil {
+				t.Fatal(err)
+			}
+			logs := testenv.NewLogRecorder()
+			b.Publish("requests", request("r-1", "a", "elsewhere", fmt.Sprintf("c-x%d", i)))
+			r, _ = replier(t, pool, schema, b.Source("requests"), logs.Logger())
+			runUntil(t, r, func(s consumer.Stats) bool { return s.Duplicates == 1 })
+			want := first
+			want.state = state
+			if rows := replyRows(t, pool); len(rows) != 1 || rows[0] != want {
+				t.Fatalf("row in state %d: outbox rows %+v after a duplicate asking for the reply at %q, want only %+v (unchanged)", state, rows, "elsewhere", want)
+			}
+			if got := logs.Find("outbox: reply not re-sent"); len(got) != 1 || got[0].Level != slog.LevelWarn {
+				t.Fatalf("row in state %d: refusal logged as %+v, want one WARN", state, got)
+			}
+		}
+	})
+	t.Run("a new request for an existing reply elsewhere is dead-lettered", func(t *testing.T) {
+		pool, schema := newPoolSchema(t)
+		b := memsource.New(memsource.Config{VisibilityTimeout: time.Second})
+		defer b.Close()
+		b.Publish("requests", request("r-1", "a", "replies", "c-1"))
+		r, _ := replier(t, pool, schema, b.Source("requests"), nil)
+		runUntil(t, r, func(s consumer.Stats) bool { return s.Handled == 1 })
+		// The request's record expired while its reply's row stayed: a new
+		// copy of the request runs the handler and asks for the reply
+		// elsewhere.
+		if _, err := pool.Exec(context.Background(), `DELETE FROM processed_messages`); err != nil {
+			t.Fatal(err)
+		}
+		b.Publish("requests", request("r-1", "a", "elsewhere", "c-2"))
+		r, runs := replier(t, pool, schema, b.Source("requests"), nil)
+		runUntil(t, r, func(s consumer.Stats) bool { return s.DeadLettered == 1 })
+		if runs.Load() != 1 || r.Stats().Handled != 0 {
+			t.Fatalf("handler ran %d times, %d handled; want 1 run, dead-lettered", runs.Load(), r.Stats().Handled)
+		}
+		want := replyRow{id: "replier:r-1" + outbox.ReplySuffix, dest: "replies", headers: `{"idemq-correlation-id":"c-1"}`, body: "ok:a"}
+		if rows := replyRows(t, pool); len(rows) != 1 || rows[0] != want {
+			t.Fatalf("outbox rows %+v, want only %+v (unchanged)", rows, want)
 		}
 	})
 	t.Run("a duplicate without a stored result re-arms the reply but never invents one", func(t *testing.T) {
@@ -138,7 +197,7 @@ func TestReply(t *testing.T) {
 		defer b.Close()
 		// "nil" answers with no result: the record keeps none.
 		b.Publish("requests", request("r-1", "nil", "replies", "c-1"))
-		r, _ := replier(t, pool, schema, b.Source("requests"))
+		r, _ := replier(t, pool, schema, b.Source("requests"), nil)
 		runUntil(t, r, func(s consumer.Stats) bool { return s.Handled == 1 })
 		if rows := replyRows(t, pool); len(rows) != 1 || rows[0].body != "" {
 			t.Fatalf("outbox rows %+v, want one empty reply", rows)
@@ -148,7 +207,7 @@ func TestReply(t *testing.T) {
 			t.Fatal(err)
 		}
 		b.Publish("requests", request("r-1", "nil", "replies", "c-2"))
-		r, _ = replier(t, pool, schema, b.Source("requests"))
+		r, _ = replier(t, pool, schema, b.Source("requests"), nil)
 		runUntil(t, r, func(s consumer.Stats) bool { return s.Duplicates == 1 })
 		if rows := replyRows(t, pool); len(rows) != 0 {
 			t.Fatalf("outbox rows %+v after the duplicate, want none: a record without a result says nothing of the reply", rows)

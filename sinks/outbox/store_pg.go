@@ -23,9 +23,7 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
 	if err := cfg.validate(argError("outbox.NewRelay(pool)", pool == nil), argError("outbox.NewRelay(pub)", pub == nil)); err != nil {
 		return nil, err
 	}
-	r := &Relay{st: &pgStore{pool: pool, table: cfg.Schema.table()}, pub: pub, cfg: cfg, overlap: true}
-	r.setHooks()
-	return r, nil
+	return newRelay(&pgStore{pool: pool, table: cfg.Schema.table()}, pub, cfg, true), nil
 }
 
 // pgStore is the relay's store on PostgreSQL.
@@ -224,11 +222,55 @@ func (s *pgStore) counts(ctx context.Context) (Counts, error) {
 	var c Counts
 	var age float64
 	err := s.pool.QueryRow(ctx, `SELECT
-		count(*) FILTER (WHERE state = 0), count(*) FILTER (WHERE state = 1), count(*) FILTER (WHERE state = 2),
+		count(*) FILTER (WHERE state = 0), count(*) FILTER (WHERE state = 0 AND attempts > 0),
+		count(*) FILTER (WHERE state = 1), count(*) FILTER (WHERE state = 2),
 		coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 0)), 0)::float8
-		FROM `+s.table).Scan(&c.Pending, &c.Sent, &c.Parked, &age)
+		FROM `+s.table).Scan(&c.Pending, &c.Failing, &c.Sent, &c.Parked, &age)
 	c.OldestPending = time.Duration(age * float64(time.Second))
 	return c, err
+}
+
+func (s *pgStore) failures(ctx context.Context, n int) ([]FailureGroup, error) {
+	rows, err := s.pool.Query(ctx, failuresSQL(s.table), n)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	return scanFailures(rows.Next, rows.Scan, rows.Err)
+}
+
+func (s *pgStore) parked(ctx context.Context, ids []string, n int) ([]ParkedRow, error) {
+	var limit *int
+	if n > 0 {
+		limit = &n
+	}
+	rows, err := s.pool.Query(ctx, `SELECT id, destination, routing_key, partition_key, attempts, coalesce(last_error, ''), created_at
+		FROM `+s.table+` WHERE state = 2 AND ($1::text[] IS NULL OR id = ANY($1))
+		ORDER BY seq LIMIT $2`, ids, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedRow, error) {
+		var p ParkedRow
+		err := r.Scan(&p.ID, &p.Destination, &p.RoutingKey, &p.Key, &p.Attempts, &p.LastError, &p.Created)
+		return p, err
+	})
+}
+
+func (s *pgStore) unpark(ctx context.Context, ids []string) (int64, error) {
+	tag, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET state = 0, attempts = 0, next_attempt_at = NULL
+		WHERE state = 2 AND ($1::text[] IS NULL OR id = ANY($1))`, ids)
+	if err != nil {
+		return 0, err
+	}
+	n := tag.RowsAffected()
+	if n > 0 {
+		// An update fires no insert trigger: wake the relays.
+		if _, err := s.pool.Exec(ctx, `SELECT pg_notify($1, '')`, Channel); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 func (s *pgStore) close() {

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"time"
 
 	"github.com/idemq/idemq"
@@ -26,9 +27,7 @@ func NewSQLiteRelay(db *sql.DB, pub Publisher, cfg Config) (*Relay, error) {
 	if err := cfg.validate(argError("outbox.NewSQLiteRelay(db)", db == nil), argError("outbox.NewSQLiteRelay(pub)", pub == nil), sqliteConcurrency, sqliteSchema); err != nil {
 		return nil, err
 	}
-	r := &Relay{st: &sqliteStore{db: db}, pub: pub, cfg: cfg}
-	r.setHooks()
-	return r, nil
+	return newRelay(&sqliteStore{db: db}, pub, cfg, false), nil
 }
 
 // sqliteStore is the relay's store on SQLite; times are Unix milliseconds.
@@ -131,13 +130,73 @@ func (s *sqliteStore) counts(ctx context.Context) (Counts, error) {
 	var c Counts
 	var oldest sql.NullInt64
 	err := s.db.QueryRowContext(ctx, `SELECT
-		coalesce(sum(state = 0), 0), coalesce(sum(state = 1), 0), coalesce(sum(state = 2), 0),
+		coalesce(sum(state = 0), 0), coalesce(sum(state = 0 AND attempts > 0), 0),
+		coalesce(sum(state = 1), 0), coalesce(sum(state = 2), 0),
 		min(CASE WHEN state = 0 THEN created_at END)
-		FROM `+Table).Scan(&c.Pending, &c.Sent, &c.Parked, &oldest)
+		FROM `+Table).Scan(&c.Pending, &c.Failing, &c.Sent, &c.Parked, &oldest)
 	if oldest.Valid {
 		c.OldestPending = time.Duration(nowMillis()-oldest.Int64) * time.Millisecond
 	}
 	return c, err
+}
+
+func (s *sqliteStore) failures(ctx context.Context, n int) ([]FailureGroup, error) {
+	rows, err := s.db.QueryContext(ctx, failuresSQL(Table), n)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	return scanFailures(rows.Next, rows.Scan, rows.Err)
+}
+
+// idsArg is ids as a JSON array for json_each, or NULL for nil.
+func idsArg(ids []string) (any, error) {
+	if ids == nil {
+		return nil, nil
+	}
+	b, err := json.Marshal(ids)
+	return string(b), err
+}
+
+func (s *sqliteStore) parked(ctx context.Context, ids []string, n int) ([]ParkedRow, error) {
+	arg, err := idsArg(ids)
+	if err != nil {
+		return nil, err
+	}
+	if n < 1 {
+		n = -1 // no limit
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT id, destination, routing_key, partition_key, attempts, coalesce(last_error, ''), created_at
+		FROM `+Table+` WHERE state = 2 AND ($1 IS NULL OR id IN (SELECT value FROM json_each($1)))
+		ORDER BY seq LIMIT $2`, arg, n)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []ParkedRow
+	for rows.Next() {
+		var p ParkedRow
+		var created int64
+		if err := rows.Scan(&p.ID, &p.Destination, &p.RoutingKey, &p.Key, &p.Attempts, &p.LastError, &created); err != nil {
+			return nil, err
+		}
+		p.Created = time.UnixMilli(created)
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+func (s *sqliteStore) unpark(ctx context.Context, ids []string) (int64, error) {
+	arg, err := idsArg(ids)
+	if err != nil {
+		return 0, err
+	}
+	res, err := s.db.ExecContext(ctx, `UPDATE `+Table+` SET state = 0, attempts = 0, next_attempt_at = NULL
+		WHERE state = 2 AND ($1 IS NULL OR id IN (SELECT value FROM json_each($1)))`, arg)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
 }
 
 func (s *sqliteStore) close() {}
