@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -316,7 +315,7 @@ func relayStats(ctx context.Context, r *outbox.Relay, asJSON bool, w io.Writer) 
 		for _, g := range groups {
 			out.Failures = append(out.Failures, failureJSON(g))
 		}
-		return relayJSON(w, out)
+		return writeJSON(w, out)
 	}
 	fmt.Fprintf(w, "pending         %d\n", c.Pending)
 	fmt.Fprintf(w, "  failing       %d (their last publish failed; they wait for their next attempt)\n", c.Failing)
@@ -409,7 +408,7 @@ func relayUnpark(ctx context.Context, r *outbox.Relay, ids []string, dryRun, asJ
 			p.Created = p.Created.UTC()
 			out.Rows = append(out.Rows, parkedJSON(p))
 		}
-		return relayJSON(w, out)
+		return writeJSON(w, out)
 	}
 	if dryRun {
 		fmt.Fprintf(w, "dry run, nothing changed: would unpark %s:\n", plural(int64(len(rows)), "row"))
@@ -422,15 +421,6 @@ func relayUnpark(ctx context.Context, r *outbox.Relay, ids []string, dryRun, asJ
 	}
 	fmt.Fprintf(w, "unparked %s: pending again, with no attempt counted; the relay publishes them again\n", plural(n, "row"))
 	return nil
-}
-
-// relayJSON writes v as indented JSON, without escaping HTML characters
-// (an error such as "<nil>" stays as it is).
-func relayJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	enc.SetEscapeHTML(false)
-	return enc.Encode(v)
 }
 
 // noPublisher is the publisher of `idemq relay --stats` and `idemq relay
