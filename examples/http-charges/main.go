@@ -2,12 +2,15 @@
 // Idempotency-Key creates a charge and moves an account's balance in one
 // transaction, together with the key's record and the response; a retry
 // with the same key (after a 504, a dropped connection, a crash) gets the
-// same response, byte for byte, and charges nothing again.
+// same response, byte for byte, and charges nothing again. Keys are the
+// authenticated caller's own: the bearer token names the caller (two demo
+// callers, alice-token and bob-token), and two callers' equal keys are two
+// charges.
 //
 //	go run ./examples/http-charges -addr 127.0.0.1:8088 -dsn sqlite:charges.db
 //	go run ./examples/http-charges -addr 127.0.0.1:8088 -dsn postgres://localhost/shop
 //
-//	curl -si -X POST http://127.0.0.1:8088/charges -H 'Idempotency-Key: 3f6c' -d '{"account": 7, "amount": 500}'
+//	curl -si -X POST http://127.0.0.1:8088/charges -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: 3f6c' -d '{"account": 7, "amount": 500}'
 //	curl -s http://127.0.0.1:8088/accounts/7
 //
 // `go run ./examples/http-charges client -url http://127.0.0.1:8088` is a
@@ -69,6 +72,21 @@ type Charge struct {
 	Balance int64 `json:"balance"`
 }
 
+// callers maps a bearer token to the caller it authenticates. A real API
+// checks its credentials against its own store; the example knows two.
+var callers = map[string]string{"alice-token": "alice", "bob-token": "bob"}
+
+// caller is the Source's Scope: the caller the request's bearer token
+// authenticates. Its keys are its own: another caller's equal key is
+// another operation, and never shows this caller's answer.
+func caller(r *http.Request) (string, error) {
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if name := callers[token]; ok && name != "" {
+		return name, nil
+	}
+	return "", errors.New("a known bearer token is required")
+}
+
 // createCharge is the endpoint: everything it writes through tx commits
 // with the key's record and the response it returns, or not at all.
 func createCharge(ctx context.Context, tx *sql.Tx, msg *consumer.Message) (httpsource.Response, error) {
@@ -115,7 +133,7 @@ func serve(ctx context.Context, addr, dsn string, log *slog.Logger) error {
 		}
 	}
 
-	src, err := httpsource.New(httpsource.Config{Logger: log})
+	src, err := httpsource.New(httpsource.Config{Scope: caller, Logger: log})
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package httpsource_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/sources/httpsource"
@@ -66,7 +68,8 @@ func serveRecorded(src http.Handler, key, body string, contentLength int64) *htt
 // TestSourceResponseRoundTrip: a response with several headers, a
 // multi-valued one, an empty value and a body larger than net/http's
 // chunking buffer is answered, then replayed, with the same status,
-// headers and body, and a Content-Length.
+// headers and body, and a Content-Length; with Config.ReplaySetCookie its
+// cookies too.
 func TestSourceResponseRoundTrip(t *testing.T) {
 	body := []byte(strings.Repeat("x", 3000))
 	want := http.Header{
@@ -76,7 +79,7 @@ func TestSourceResponseRoundTrip(t *testing.T) {
 		"X-Empty":      {""},
 		"x-lower":      {"v"}, // stored canonical
 	}
-	src := memSource(t, httpsource.Config{}, func(context.Context, *memdedup.Tx, *consumer.Message) (httpsource.Response, error) {
+	src := memSource(t, httpsource.Config{Scope: oneCaller, ReplaySetCookie: true}, func(context.Context, *memdedup.Tx, *consumer.Message) (httpsource.Response, error) {
 		return httpsource.Response{Status: http.StatusCreated, Header: want.Clone(), Body: body}, nil
 	})
 	first := serveRecorded(src, "k", `{}`, 2)
@@ -107,7 +110,7 @@ func TestSourceResponseRoundTrip(t *testing.T) {
 // TestSourceBodyLimit: a body over Config.MaxBodyBytes is answered 413
 // whether its length is declared or not; a body at the limit is handled.
 func TestSourceBodyLimit(t *testing.T) {
-	src := memSource(t, httpsource.Config{MaxBodyBytes: 10}, func(_ context.Context, _ *memdedup.Tx, msg *consumer.Message) (httpsource.Response, error) {
+	src := memSource(t, httpsource.Config{Scope: oneCaller, MaxBodyBytes: 10}, func(_ context.Context, _ *memdedup.Tx, msg *consumer.Message) (httpsource.Response, error) {
 		return httpsource.Response{Status: http.StatusCreated, Body: msg.Body}, nil
 	})
 	for _, c := range []struct {
@@ -139,7 +142,7 @@ func TestSourceBodyLimit(t *testing.T) {
 // store's allocations and the test's request and recorder.
 func BenchmarkServeHTTP(b *testing.B) {
 	res := []byte(`{"id":1,"account":7,"amount":5,"balance":5}` + "\n")
-	src := memSource(b, httpsource.Config{}, func(context.Context, *memdedup.Tx, *consumer.Message) (httpsource.Response, error) {
+	src := memSource(b, httpsource.Config{Scope: oneCaller}, func(context.Context, *memdedup.Tx, *consumer.Message) (httpsource.Response, error) {
 		return httpsource.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: res}, nil
 	})
 	var seq atomic.Int64
@@ -155,4 +158,22 @@ func BenchmarkServeHTTP(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestNewScope: a Source shares no key space between callers unless told
+// to: New refuses a Config without Scope.
+func TestNewScope(t *testing.T) {
+	_, err := httpsource.New(httpsource.Config{})
+	var ce *idemq.ConfigError
+	if !errors.Is(err, idemq.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != "httpsource.Config.Scope" {
+		t.Fatalf("New without Scope: %v, want a *idemq.ConfigError for httpsource.Config.Scope", err)
+	}
+	if _, err := httpsource.New(httpsource.Config{Scope: oneCaller, UnsafeSharedKeySpace: true}); !errors.Is(err, idemq.ErrInvalidConfig) {
+		t.Fatalf("New with Scope and UnsafeSharedKeySpace: %v, want an invalid configuration", err)
+	}
+	for _, cfg := range []httpsource.Config{{Scope: oneCaller}, {UnsafeSharedKeySpace: true}} {
+		if _, err := httpsource.New(cfg); err != nil {
+			t.Fatalf("New(%+v): %v", cfg, err)
+		}
+	}
 }

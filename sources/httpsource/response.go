@@ -55,7 +55,7 @@ func Tx[T any](h func(ctx context.Context, tx T, msg *consumer.Message) (Respons
 		if err != nil {
 			return nil, err
 		}
-		return encodeResponse(res)
+		return storedResponse(msg, res)
 	})
 }
 
@@ -70,7 +70,7 @@ func Lease(h func(ctx context.Context, msg *consumer.Message) (Response, error))
 		if err != nil {
 			return nil, err
 		}
-		return encodeResponse(res)
+		return storedResponse(msg, res)
 	})
 }
 
@@ -82,7 +82,7 @@ func Lease(h func(ctx context.Context, msg *consumer.Message) (Response, error))
 // handler returns; a request whose handler set none is answered 204 No
 // Content. It fails only for an invalid status.
 func Respond(msg *consumer.Message, res Response) error {
-	b, err := encodeResponse(res)
+	b, err := storedResponse(msg, res)
 	if err != nil {
 		return err
 	}
@@ -122,19 +122,34 @@ func Reject(status int, detail string) error {
 	return consumer.Permanent(&RejectError{Status: status, Detail: detail})
 }
 
+// storedResponse encodes res as the response to msg is stored: without its
+// Set-Cookie headers unless msg's Source replays them
+// (Config.ReplaySetCookie). Those held back are kept with the request, for
+// its own answer alone.
+func storedResponse(msg *consumer.Message, res Response) ([]byte, error) {
+	p, _ := msg.Handle.(*pending)
+	keep := p != nil && p.replayCookies
+	b, cookies, err := encodeResponse(res, keep)
+	if p != nil {
+		p.cookies = cookies
+	}
+	return b, err
+}
+
 // respMagic starts a stored Response, so that a result stored by another
 // handler (consumer.TxResult with raw bytes) is told apart.
 const respMagic = "idemq-http/1 "
 
 // encodeResponse renders res as it is stored: a status line, the headers in
 // MIME format (sorted, so equal responses store equal bytes), a blank line
-// and the body.
-func encodeResponse(res Response) ([]byte, error) {
+// and the body. Unless keepCookies, the Set-Cookie values are left out and
+// returned apart.
+func encodeResponse(res Response, keepCookies bool) (stored []byte, cookies []string, err error) {
 	if res.Status == 0 {
 		res.Status = http.StatusOK
 	}
 	if res.Status < 100 || res.Status > 999 {
-		return nil, consumer.Permanent(fmt.Errorf("httpsource: invalid status %d", res.Status))
+		return nil, nil, consumer.Permanent(fmt.Errorf("httpsource: invalid status %d", res.Status))
 	}
 	var b bytes.Buffer
 	b.WriteString(respMagic + strconv.Itoa(res.Status) + "\r\n")
@@ -147,18 +162,22 @@ func encodeResponse(res Response) ([]byte, error) {
 	}) {
 		ck := textproto.CanonicalMIMEHeaderKey(k)
 		if !validHeaderName(ck) || ck == "Content-Length" || ck == "Idempotent-Replayed" {
-			return nil, consumer.Permanent(fmt.Errorf("httpsource: header %q cannot be stored", k))
+			return nil, nil, consumer.Permanent(fmt.Errorf("httpsource: header %q cannot be stored", k))
 		}
 		for _, v := range res.Header[k] {
 			if !validHeaderValue(v) {
-				return nil, consumer.Permanent(fmt.Errorf("httpsource: header %q has an invalid value", k))
+				return nil, nil, consumer.Permanent(fmt.Errorf("httpsource: header %q has an invalid value", k))
+			}
+			if ck == "Set-Cookie" && !keepCookies {
+				cookies = append(cookies, v)
+				continue
 			}
 			b.WriteString(ck + ": " + v + "\r\n")
 		}
 	}
 	b.WriteString("\r\n")
 	b.Write(res.Body)
-	return b.Bytes(), nil
+	return b.Bytes(), cookies, nil
 }
 
 // decodeResponse reads a stored Response. A result without the magic

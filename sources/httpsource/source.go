@@ -32,14 +32,33 @@ const (
 	DefaultQueue        = 1024
 )
 
-// Config configures a Source. The zero value is usable.
+// Config configures a Source. Scope is required, unless
+// UnsafeSharedKeySpace says that every caller shares one key space.
 type Config struct {
 	// Scope returns the caller's scope for a request, for example the
 	// authenticated subject or tenant: keys are recorded as the scope and
-	// the key, encoded injectively, so two callers' keys never collide. An
-	// error answers 401 with its text as the problem detail. Defaults to
-	// nil: every caller shares one key space.
+	// the key, encoded injectively, so that two callers' keys never
+	// collide and no caller can read another's stored response by
+	// sending the same key. An error answers 401 with its text as the
+	// problem detail. Required: New fails without it, unless
+	// UnsafeSharedKeySpace is set.
 	Scope func(r *http.Request) (string, error)
+
+	// UnsafeSharedKeySpace records every caller's keys in one key space,
+	// without a Scope: a caller who sends a key another caller used gets
+	// that caller's stored response (its body, and its Set-Cookie with
+	// ReplaySetCookie), or a 422 that tells him the key exists. Set it
+	// only when one client owns the endpoint (a single internal service),
+	// never for an endpoint that several callers share. Defaults to
+	// false: New fails without a Scope.
+	UnsafeSharedKeySpace bool
+
+	// ReplaySetCookie stores the Set-Cookie headers of a handler's
+	// Response with it and replays them to retries. Defaults to false: a
+	// Set-Cookie is sent to the request whose handler returned it, and
+	// neither stored nor replayed (a session cookie belongs to one
+	// answer, and the store is no place for it).
+	ReplaySetCookie bool
 
 	// KeyOptional accepts requests without an Idempotency-Key: each one
 	// runs as a new operation under a generated key. Defaults to false: a
@@ -91,6 +110,12 @@ func (c Config) WithDefaults() Config {
 
 func (c Config) validate() error {
 	var l cfgerr.List
+	switch {
+	case c.Scope == nil && !c.UnsafeSharedKeySpace:
+		l.Add("httpsource.Config.Scope", "nil: set the caller's scope (or UnsafeSharedKeySpace, when one client owns the endpoint)")
+	case c.Scope != nil && c.UnsafeSharedKeySpace:
+		l.Add("httpsource.Config.UnsafeSharedKeySpace", "set together with Scope: choose one")
+	}
 	if c.MaxBodyBytes < 0 {
 		l.Addf("httpsource.Config.MaxBodyBytes", "%d is negative", c.MaxBodyBytes)
 	}
@@ -132,6 +157,11 @@ type pending struct {
 	deadline time.Time
 	answer   chan answer   // buffered 1; the first settle wins
 	done     chan struct{} // closed when the request is answered
+
+	// Set by the handler's adapter (Tx, Lease, Respond) when it encodes
+	// the Response, read when the request is settled.
+	replayCookies bool     // Config.ReplaySetCookie
+	cookies       []string // Set-Cookie held back from the store
 }
 
 // answer is what a request is answered with.
@@ -236,7 +266,8 @@ func (s *Source) begin(key string) (p, busy *pending) {
 	if q := s.inFlight[key]; q != nil {
 		return nil, q
 	}
-	p = &pending{key: key, answer: make(chan answer, 1), done: make(chan struct{}), deadline: time.Now().Add(s.cfg.Timeout)}
+	p = &pending{key: key, answer: make(chan answer, 1), done: make(chan struct{}), deadline: time.Now().Add(s.cfg.Timeout),
+		replayCookies: s.cfg.ReplaySetCookie}
 	s.inFlight[key] = p
 	return p, nil
 }
@@ -343,7 +374,9 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 // Ack implements consumer.Source: each request is answered with its
 // outcome (consumer.Message.Outcome): the handler's Response, or the stored
 // one with Idempotent-Replayed: true. A key settled without a stored
-// response (its handler returned none) is answered 204.
+// response (its handler returned none) is answered 204. The Set-Cookie
+// headers held back from the store (Config.ReplaySetCookie) go to the
+// request whose handler returned them, never to a replay.
 func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	for _, m := range msgs {
 		p, ok := m.Handle.(*pending)
@@ -359,6 +392,8 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 		if err != nil {
 			s.cfg.Logger.ErrorContext(ctx, "stored response unreadable", "key", m.Key, "err", err)
 			res = problemResponse(http.StatusInternalServerError, "the stored response cannot be read")
+		} else if !replayed && len(p.cookies) > 0 {
+			res.Header["Set-Cookie"] = p.cookies
 		}
 		p.settle(answer{res: res, replayed: replayed})
 	}

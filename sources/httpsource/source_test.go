@@ -31,10 +31,11 @@ import (
 
 // charge is the request body of the test endpoint.
 type charge struct {
-	Amount int  `json:"amount"`
-	Fail   bool `json:"fail,omitempty"`   // the handler returns an error (nothing stored)
-	Reject bool `json:"reject,omitempty"` // the handler rejects with 402 (nothing stored)
-	Block  bool `json:"block,omitempty"`  // the handler waits for endpoint.release
+	Amount int    `json:"amount"`
+	Fail   bool   `json:"fail,omitempty"`   // the handler returns an error (nothing stored)
+	Reject bool   `json:"reject,omitempty"` // the handler rejects with 402 (nothing stored)
+	Block  bool   `json:"block,omitempty"`  // the handler waits for endpoint.release
+	Cookie string `json:"cookie,omitempty"` // the response sets this cookie
 }
 
 // endpoint is a test server: an httpsource.Source on 127.0.0.1:0 with a
@@ -75,6 +76,9 @@ func (e *endpoint) handle(ctx context.Context, msg *consumer.Message, effect fun
 	}
 	res, err := httpsource.JSON(http.StatusCreated, map[string]any{"id": id, "amount": c.Amount})
 	res.Header.Set("Location", fmt.Sprintf("/charges/%d", id))
+	if c.Cookie != "" {
+		res.Header.Add("Set-Cookie", c.Cookie)
+	}
 	return res, err
 }
 
@@ -299,7 +303,7 @@ func wantProblem(t *testing.T, what string, r reply, status int) {
 func TestSource(t *testing.T) {
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
-			e := start(t, b, httpsource.Config{})
+			e := start(t, b, httpsource.Config{Scope: oneCaller})
 
 			first := post(t, e.url, "k1", `{"amount":500}`)
 			if first.status != http.StatusCreated || first.header.Get("Idempotent-Replayed") != "" ||
@@ -358,13 +362,7 @@ func TestSource(t *testing.T) {
 // caller's retry is a replay. The scope comes from the request.
 func TestSourceScopes(t *testing.T) {
 	b := backends()[1] // SQLite
-	e := start(t, b, httpsource.Config{Scope: func(r *http.Request) (string, error) {
-		tenant := r.Header.Get("X-Tenant")
-		if tenant == "" {
-			return "", errors.New("no tenant")
-		}
-		return tenant, nil
-	}})
+	e := start(t, b, httpsource.Config{Scope: tenantScope})
 	a := post(t, e.url, "same", `{"amount":1}`, "X-Tenant", "a")
 	bb := post(t, e.url, "same", `{"amount":1}`, "X-Tenant", "b:x")
 	if a.status != http.StatusCreated || bb.status != http.StatusCreated || a.body == bb.body {
@@ -382,7 +380,7 @@ func TestSourceScopes(t *testing.T) {
 // TestSourceWaitInProgress: with WaitInProgress a concurrent copy of a key
 // waits and gets the first request's response as a replay.
 func TestSourceWaitInProgress(t *testing.T) {
-	e := start(t, backends()[1], httpsource.Config{WaitInProgress: true})
+	e := start(t, backends()[1], httpsource.Config{Scope: oneCaller, WaitInProgress: true})
 	first := make(chan reply, 1)
 	go func() { first <- post(t, e.url, "w", `{"amount":3,"block":true}`) }()
 	<-e.started
@@ -425,8 +423,8 @@ func TestSourceLeaseInProgressElsewhere(t *testing.T) {
 	for _, wait := range []bool{false, true} {
 		t.Run(fmt.Sprintf("WaitInProgress=%v", wait), func(t *testing.T) {
 			name := fmt.Sprintf("busy-%d", time.Now().UnixNano()) // Redis keys outlive the test
-			a := instance(t, name, httpsource.Config{})
-			b := instance(t, name, httpsource.Config{WaitInProgress: wait, Timeout: 10 * time.Second})
+			a := instance(t, name, httpsource.Config{Scope: oneCaller})
+			b := instance(t, name, httpsource.Config{Scope: oneCaller, WaitInProgress: wait, Timeout: 10 * time.Second})
 			var once sync.Once
 			release := func() { once.Do(func() { close(a.release) }) }
 			t.Cleanup(release) // a's handler returns before its server stops
@@ -489,7 +487,7 @@ func TestSourceLeaseStoreResultLimit(t *testing.T) {
 		return httpsource.JSON(http.StatusCreated, map[string]string{"receipt": strings.Repeat("r", 100)})
 	})
 	e := &endpoint{}
-	serve(t, e, consumer.Leased(store, h, consumer.LeaseOptions{}), fmt.Sprintf("limit-%d", time.Now().UnixNano()), httpsource.Config{})
+	serve(t, e, consumer.Leased(store, h, consumer.LeaseOptions{}), fmt.Sprintf("limit-%d", time.Now().UnixNano()), httpsource.Config{Scope: oneCaller})
 
 	wantProblem(t, "response over the store's limit", post(t, e.url, "k", `{}`), http.StatusInternalServerError)
 	again := post(t, e.url, "k", `{}`)
@@ -498,5 +496,40 @@ func TestSourceLeaseStoreResultLimit(t *testing.T) {
 	}
 	if n := runs.Load(); n != 1 {
 		t.Fatalf("the handler ran %d times, want 1", n)
+	}
+}
+
+// oneCaller is a Config.Scope for tests with one caller.
+func oneCaller(*http.Request) (string, error) { return "caller", nil }
+
+// tenantScope is a Config.Scope: the caller is the X-Tenant header.
+func tenantScope(r *http.Request) (string, error) {
+	tenant := r.Header.Get("X-Tenant")
+	if tenant == "" {
+		return "", errors.New("no tenant")
+	}
+	return tenant, nil
+}
+
+// TestSourceSetCookie: a Set-Cookie of the handler's response reaches the
+// request that ran it, and is not replayed to a retry: a session cookie is
+// the first caller's alone.
+func TestSourceSetCookie(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			e := start(t, b, httpsource.Config{Scope: tenantScope})
+			body := `{"amount":5,"cookie":"session=alice-secret"}`
+			first := post(t, e.url, "c1", body, "X-Tenant", "alice")
+			if first.status != http.StatusCreated || first.header.Get("Set-Cookie") != "session=alice-secret" {
+				t.Fatalf("first request: %+v, want 201 with its Set-Cookie", first)
+			}
+			again := post(t, e.url, "c1", body, "X-Tenant", "alice")
+			if again.status != http.StatusCreated || again.header.Get("Idempotent-Replayed") != "true" || again.body != first.body {
+				t.Fatalf("retry: %+v, want the replay of %+v", again, first)
+			}
+			if c := again.header.Values("Set-Cookie"); len(c) != 0 {
+				t.Fatalf("the replay carries Set-Cookie %q, want none", c)
+			}
+		})
 	}
 }
