@@ -202,7 +202,7 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	fp, err := readFingerprint(w, r, s.cfg.MaxBodyBytes)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -226,8 +226,46 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		s.serve(w, r, p, key, body)
+		s.serve(w, r, p, key, fp)
 		return
+	}
+}
+
+// fingerprint is what identifies a request for its key's payload check
+// (consumer.Message.Fingerprint): the method and the target (the path with
+// its values, and the query) on one line, then the body. The method and
+// the escaped target hold no LF, so the first LF ends them and two
+// requests have equal fingerprints only if all three are equal.
+type fingerprint struct {
+	b    []byte
+	head int // where the body starts
+}
+
+// body returns the body, without room to append to it.
+func (f fingerprint) body() []byte { return f.b[f.head:len(f.b):len(f.b)] }
+
+// readFingerprint reads r's body, at most limit bytes, into r's
+// fingerprint: the body is not copied.
+func readFingerprint(w http.ResponseWriter, r *http.Request, limit int64) (fingerprint, error) {
+	head := r.Method + " " + r.URL.RequestURI() + "\n"
+	size := len(head) + 512
+	if n := r.ContentLength; n >= 0 && n <= limit {
+		size = len(head) + int(n) + 1 // +1: the read that finds EOF needs room
+	}
+	b := append(make([]byte, 0, size), head...)
+	body := http.MaxBytesReader(w, r.Body, limit)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := body.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return fingerprint{b: b, head: len(head)}, nil
+		}
+		if err != nil {
+			return fingerprint{}, err
+		}
 	}
 }
 
@@ -282,7 +320,7 @@ func (s *Source) end(p *pending) {
 	close(p.done)
 }
 
-func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key string, body []byte) {
+func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key string, fp fingerprint) {
 	defer s.end(p)
 	headers := make(map[string]string, len(r.Header))
 	for k, v := range r.Header {
@@ -293,7 +331,8 @@ func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key s
 	msg := &consumer.Message{
 		ID:           "http-" + strconv.FormatUint(s.seq.Add(1), 10),
 		Key:          key,
-		Body:         body,
+		Body:         fp.body(),
+		Fingerprint:  fp.b,
 		Headers:      headers,
 		PartitionKey: key, // copies of a key share a lane: the later one is a duplicate
 		Topic:        r.Method + " " + r.URL.Path,

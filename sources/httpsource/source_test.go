@@ -41,7 +41,8 @@ type charge struct {
 // endpoint is a test server: an httpsource.Source on 127.0.0.1:0 with a
 // runner on one of the paths and stores.
 type endpoint struct {
-	url     string
+	base    string // the server's URL
+	url     string // base + "/charges"
 	release chan struct{}
 	started chan struct{} // a blocking handler started
 	runs    atomic.Int64  // handler runs
@@ -220,8 +221,9 @@ func start(t *testing.T, b backend, cfg httpsource.Config) *endpoint {
 }
 
 // serve runs a Source for e and its runner on path, named name, behind a
-// real net/http server, and sets e.url.
-func serve(t *testing.T, e *endpoint, path consumer.Path, name string, cfg httpsource.Config) {
+// real net/http server, and sets e.base and e.url. The source is mounted on
+// patterns, by default "POST /charges".
+func serve(t *testing.T, e *endpoint, path consumer.Path, name string, cfg httpsource.Config, patterns ...string) {
 	t.Helper()
 	src, err := httpsource.New(cfg)
 	if err != nil {
@@ -236,7 +238,12 @@ func serve(t *testing.T, e *endpoint, path consumer.Path, name string, cfg https
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	mux := http.NewServeMux()
-	mux.Handle("POST /charges", src)
+	if len(patterns) == 0 {
+		patterns = []string{"POST /charges"}
+	}
+	for _, p := range patterns {
+		mux.Handle(p, src)
+	}
 	srv := httptest.NewServer(mux) // 127.0.0.1:0
 	t.Cleanup(func() {
 		srv.Close()
@@ -250,7 +257,7 @@ func serve(t *testing.T, e *endpoint, path consumer.Path, name string, cfg https
 			t.Error("Run did not return")
 		}
 	})
-	e.url = srv.URL + "/charges"
+	e.base, e.url = srv.URL, srv.URL+"/charges"
 }
 
 // reply is one response, read whole.
@@ -262,7 +269,14 @@ type reply struct {
 
 func post(t *testing.T, url, key, body string, hdr ...string) reply {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	return do(t, http.MethodPost, url, key, body, hdr...)
+}
+
+// do sends a request with key as its Idempotency-Key (none if empty) and
+// hdr as pairs of header names and values.
+func do(t *testing.T, method, url, key, body string, hdr ...string) reply {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -529,6 +543,35 @@ func TestSourceSetCookie(t *testing.T) {
 			}
 			if c := again.header.Values("Set-Cookie"); len(c) != 0 {
 				t.Fatalf("the replay carries Set-Cookie %q, want none", c)
+			}
+		})
+	}
+}
+
+// TestSourceRequestFingerprint: a key is bound to its request's method and
+// target as well as its body. One source on two routes: the key of a POST
+// to account 1 sent to account 2, or with DELETE, is answered 422 like a
+// different body, and the handler runs once for the one operation.
+func TestSourceRequestFingerprint(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			e := &endpoint{release: make(chan struct{}), started: make(chan struct{}, 8)}
+			path, name := b.start(t, e)
+			serve(t, e, path, name, httpsource.Config{Scope: oneCaller}, "POST /accounts/{id}/charges", "DELETE /accounts/{id}")
+			body := `{"amount":5}`
+			first := do(t, http.MethodPost, e.base+"/accounts/1/charges", "K", body)
+			if first.status != http.StatusCreated {
+				t.Fatalf("first request: %+v, want 201", first)
+			}
+			wantProblem(t, "the key on another account", do(t, http.MethodPost, e.base+"/accounts/2/charges", "K", body), http.StatusUnprocessableEntity)
+			wantProblem(t, "the key on another method and path", do(t, http.MethodDelete, e.base+"/accounts/3", "K", body), http.StatusUnprocessableEntity)
+			wantProblem(t, "the key with a query", do(t, http.MethodPost, e.base+"/accounts/1/charges?dry_run=1", "K", body), http.StatusUnprocessableEntity)
+			again := do(t, http.MethodPost, e.base+"/accounts/1/charges", "K", body)
+			if again.header.Get("Idempotent-Replayed") != "true" || again.body != first.body {
+				t.Fatalf("retry: %+v, want the replay of %+v", again, first)
+			}
+			if n := e.runs.Load(); n != 1 {
+				t.Fatalf("the handler ran %d times, want 1", n)
 			}
 		})
 	}
