@@ -55,7 +55,7 @@ func Tx[T any](h func(ctx context.Context, tx T, msg *consumer.Message) (Respons
 		if err != nil {
 			return nil, err
 		}
-		return storedResponse(msg, res)
+		return storedResponse(msg, res, adapterTx)
 	})
 }
 
@@ -70,7 +70,7 @@ func Lease(h func(ctx context.Context, msg *consumer.Message) (Response, error))
 		if err != nil {
 			return nil, err
 		}
-		return storedResponse(msg, res)
+		return storedResponse(msg, res, adapterLease)
 	})
 }
 
@@ -82,7 +82,7 @@ func Lease(h func(ctx context.Context, msg *consumer.Message) (Response, error))
 // handler returns; a request whose handler set none is answered 204 No
 // Content. It fails only for an invalid status.
 func Respond(msg *consumer.Message, res Response) error {
-	b, err := storedResponse(msg, res)
+	b, err := storedResponse(msg, res, adapterTx)
 	if err != nil {
 		return err
 	}
@@ -122,16 +122,20 @@ func Reject(status int, detail string) error {
 	return consumer.Permanent(&RejectError{Status: status, Detail: detail})
 }
 
-// storedResponse encodes res as the response to msg is stored: without its
-// Set-Cookie headers unless msg's Source replays them
-// (Config.ReplaySetCookie). Those held back are kept with the request, for
-// its own answer alone.
-func storedResponse(msg *consumer.Message, res Response) ([]byte, error) {
+// storedResponse encodes res, returned through a, as the response to msg
+// is stored: without its Set-Cookie headers unless msg's Source replays
+// them (Config.ReplaySetCookie). Those held back are kept with the
+// request, for its own answer alone, and so is what Lease encoded, for
+// the answer to a request whose Response the store refuses.
+func storedResponse(msg *consumer.Message, res Response, a adapter) ([]byte, error) {
 	p, _ := msg.Handle.(*pending)
 	keep := p != nil && p.replayCookies
 	b, cookies, err := encodeResponse(res, keep)
 	if p != nil {
-		p.cookies = cookies
+		p.cookies, p.adapter, p.leased = cookies, a, nil
+		if a == adapterLease {
+			p.leased = b
+		}
 	}
 	return b, err
 }

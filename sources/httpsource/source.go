@@ -162,7 +162,18 @@ type pending struct {
 	// the Response, read when the request is settled.
 	replayCookies bool     // Config.ReplaySetCookie
 	cookies       []string // Set-Cookie held back from the store
+	adapter       adapter  // which adapter ran the handler
+	leased        []byte   // Lease's encoded Response: its effect happened
 }
+
+// adapter says which of the package's adapters ran a request's handler.
+type adapter uint8
+
+const (
+	adapterNone  adapter = iota // none (a handler of its own)
+	adapterTx                   // Tx or Respond: the Response commits with the effect
+	adapterLease                // Lease: the effect happened before the Response is stored
+)
 
 // answer is what a request is answered with.
 type answer struct {
@@ -498,12 +509,18 @@ func (s *Source) again(msg *consumer.Message, delay time.Duration) {
 // DeadLetter implements consumer.Source: the request is answered with the
 // status the reason maps to (see docs/http.md), in an
 // application/problem+json body. Nothing was stored for it, except for a
-// result over consumer.Config.MaxResultBytes (or the lease store's lower
-// limit) on the lease path, where the effect happened and its key is done
-// without a response.
+// Response the store cannot keep (over consumer.Config.MaxResultBytes or
+// the lease store's lower limit, or a store without results) on the lease
+// path: there the effect happened and its key is done without the
+// Response, so the request is answered with the Response itself, and a
+// retry gets 204 as a replay.
 func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason error) error {
 	p, ok := msg.Handle.(*pending)
 	if !ok {
+		return nil
+	}
+	if errors.Is(reason, consumer.ErrResultTooLarge) || errors.Is(reason, consumer.ErrResultUnsupported) {
+		s.unkept(ctx, msg, p, reason)
 		return nil
 	}
 	status, detail := statusOf(reason)
@@ -512,6 +529,32 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	}
 	p.settle(answer{res: problemResponse(status, detail)})
 	return nil
+}
+
+// unkept answers p, whose handler's Response the store could not keep
+// (reason).
+func (s *Source) unkept(ctx context.Context, msg *consumer.Message, p *pending, reason error) {
+	s.cfg.Logger.ErrorContext(ctx, "response not stored", "key", msg.Key, "err", reason)
+	switch p.adapter {
+	case adapterLease:
+		// The effect happened and the key is done: the request gets its
+		// own Response, which no retry will see.
+		res, err := decodeResponse(p.leased)
+		if err != nil {
+			break
+		}
+		if len(p.cookies) > 0 {
+			res.Header["Set-Cookie"] = p.cookies
+		}
+		p.settle(answer{res: res})
+		return
+	case adapterTx:
+		p.settle(answer{res: problemResponse(http.StatusInternalServerError,
+			"the response is larger than the server can store, so nothing was done")})
+		return
+	}
+	p.settle(answer{res: problemResponse(http.StatusInternalServerError,
+		"the response could not be stored; the operation may have completed: a retry with the same "+HeaderKey+" tells")})
 }
 
 // statusOf maps a dead-letter reason to a status and a problem detail.

@@ -36,6 +36,7 @@ type charge struct {
 	Reject bool   `json:"reject,omitempty"` // the handler rejects with 402 (nothing stored)
 	Block  bool   `json:"block,omitempty"`  // the handler waits for endpoint.release
 	Cookie string `json:"cookie,omitempty"` // the response sets this cookie
+	Echo   string `json:"echo,omitempty"`   // the response's body holds this
 }
 
 // endpoint is a test server: an httpsource.Source on 127.0.0.1:0 with a
@@ -75,7 +76,11 @@ func (e *endpoint) handle(ctx context.Context, msg *consumer.Message, effect fun
 	if c.Fail {
 		return httpsource.Response{}, errors.New("handler failed after its effect")
 	}
-	res, err := httpsource.JSON(http.StatusCreated, map[string]any{"id": id, "amount": c.Amount})
+	out := map[string]any{"id": id, "amount": c.Amount}
+	if c.Echo != "" {
+		out["echo"] = c.Echo
+	}
+	res, err := httpsource.JSON(http.StatusCreated, out)
 	res.Header.Set("Location", fmt.Sprintf("/charges/%d", id))
 	if c.Cookie != "" {
 		res.Header.Add("Set-Cookie", c.Cookie)
@@ -482,8 +487,9 @@ func TestSourceLeaseInProgressElsewhere(t *testing.T) {
 
 // TestSourceLeaseStoreResultLimit: a response over the lease store's own
 // limit, lower than the runner's, is answered as one over the runner's: the
-// effect happened, so the key is done without the response (500), and the
-// retry gets 204 as a replay without running the handler again.
+// effect happened, so the key is done without the response, the request
+// gets the response, and the retry gets 204 as a replay without running
+// the handler again.
 func TestSourceLeaseStoreResultLimit(t *testing.T) {
 	opts, err := redis.ParseURL(testenv.RedisURL(t))
 	if err != nil {
@@ -503,7 +509,9 @@ func TestSourceLeaseStoreResultLimit(t *testing.T) {
 	e := &endpoint{}
 	serve(t, e, consumer.Leased(store, h, consumer.LeaseOptions{}), fmt.Sprintf("limit-%d", time.Now().UnixNano()), httpsource.Config{Scope: oneCaller})
 
-	wantProblem(t, "response over the store's limit", post(t, e.url, "k", `{}`), http.StatusInternalServerError)
+	if first := post(t, e.url, "k", `{}`); first.status != http.StatusCreated || !strings.Contains(first.body, "rrrr") {
+		t.Fatalf("response over the store's limit: %+v, want the 201 response", first)
+	}
 	again := post(t, e.url, "k", `{}`)
 	if again.status != http.StatusNoContent || again.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("retry: %+v, want 204 with Idempotent-Replayed: true", again)
@@ -569,6 +577,43 @@ func TestSourceRequestFingerprint(t *testing.T) {
 			again := do(t, http.MethodPost, e.base+"/accounts/1/charges", "K", body)
 			if again.header.Get("Idempotent-Replayed") != "true" || again.body != first.body {
 				t.Fatalf("retry: %+v, want the replay of %+v", again, first)
+			}
+			if n := e.runs.Load(); n != 1 {
+				t.Fatalf("the handler ran %d times, want 1", n)
+			}
+		})
+	}
+}
+
+// TestSourceOversizeResponse: a response over the limit the store keeps
+// (consumer.Config.MaxResultBytes, 64 KiB). On the lease path the effect
+// has happened when the limit is checked: the request gets its response,
+// never an error that invites a retry under a new key, and a retry with
+// the key gets 204 as a replay without running the handler again. On the
+// transactional path nothing was done: 500, and no effect.
+func TestSourceOversizeResponse(t *testing.T) {
+	big := strings.Repeat("r", 70<<10)
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			e := start(t, b, httpsource.Config{Scope: oneCaller})
+			body := `{"amount":5,"cookie":"s=1","echo":"` + big + `"}` // a 70 KiB response
+			first := post(t, e.url, "big", body)
+			if b.name != "redis-lease" {
+				wantProblem(t, "response over the limit", first, http.StatusInternalServerError)
+				if strings.Contains(first.body, "retry") {
+					t.Fatalf("the answer %q invites a retry that fails the same way", first.body)
+				}
+				if n := e.effects(); n != 0 {
+					t.Fatalf("%d effects of a request whose response could not be kept, want 0", n)
+				}
+				return
+			}
+			if first.status != http.StatusCreated || !strings.Contains(first.body, big) || first.header.Get("Set-Cookie") != "s=1" {
+				t.Fatalf("first request: %d %v (%d bytes), want its own 201 response", first.status, first.header, len(first.body))
+			}
+			again := post(t, e.url, "big", body)
+			if again.status != http.StatusNoContent || again.header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("retry: %+v, want 204 with Idempotent-Replayed: true", again)
 			}
 			if n := e.runs.Load(); n != 1 {
 				t.Fatalf("the handler ran %d times, want 1", n)
