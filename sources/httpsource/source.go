@@ -151,12 +151,16 @@ type Source struct {
 	inFlight map[string]*pending // by recorded key
 }
 
-// pending is a request waiting for its outcome.
+// pending is a request waiting for its outcome. It is in progress (in
+// Source.inFlight) from its arrival until it is settled: answered by the
+// runner, refused, or out of time. A client that leaves does not end it.
 type pending struct {
+	src      *Source
 	key      string
 	deadline time.Time
+	settled  atomic.Bool
 	answer   chan answer   // buffered 1; the first settle wins
-	done     chan struct{} // closed when the request is answered
+	done     chan struct{} // closed when the request is settled
 
 	// Set by the handler's adapter (Tx, Lease, Respond) when it encodes
 	// the Response, read when the request is settled.
@@ -315,24 +319,35 @@ func (s *Source) begin(key string) (p, busy *pending) {
 	if q := s.inFlight[key]; q != nil {
 		return nil, q
 	}
-	p = &pending{key: key, answer: make(chan answer, 1), done: make(chan struct{}), deadline: time.Now().Add(s.cfg.Timeout),
+	p = &pending{src: s, key: key, answer: make(chan answer, 1), done: make(chan struct{}), deadline: time.Now().Add(s.cfg.Timeout),
 		replayCookies: s.cfg.ReplaySetCookie}
 	s.inFlight[key] = p
 	return p, nil
 }
 
-// end removes p from the requests in flight and wakes its waiters.
-func (s *Source) end(p *pending) {
+// settle gives p its answer unless it has one, removes it from the
+// requests in flight and wakes its waiters.
+func (p *pending) settle(a answer) {
+	if !p.settled.CompareAndSwap(false, true) {
+		return
+	}
+	s := p.src
 	s.mu.Lock()
 	if s.inFlight[p.key] == p {
 		delete(s.inFlight, p.key)
 	}
 	s.mu.Unlock()
+	p.answer <- a // buffered 1: never blocks; after the removal, so that the client's next request is not in progress
 	close(p.done)
 }
 
+// refuse settles p with a and writes it to w.
+func refuse(w http.ResponseWriter, p *pending, a answer) {
+	p.settle(a)
+	write(w, <-p.answer)
+}
+
 func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key string, fp fingerprint) {
-	defer s.end(p)
 	headers := make(map[string]string, len(r.Header))
 	for k, v := range r.Header {
 		if len(v) > 0 {
@@ -356,31 +371,23 @@ func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key s
 	select {
 	case s.queue <- msg:
 	case <-s.closed:
-		unavailable(w, "the server is shutting down", 1)
+		refuse(w, p, unavailable("the server is shutting down", 1))
 		return
 	default:
-		unavailable(w, "too many requests are waiting", 1)
+		refuse(w, p, unavailable("too many requests are waiting", 1))
 		return
 	}
-	timer := time.NewTimer(time.Until(p.deadline))
-	defer timer.Stop()
+	timer := time.AfterFunc(time.Until(p.deadline), func() {
+		p.settle(answer{res: problemResponse(http.StatusServiceUnavailable, "the request was not settled in time; retry with the same "+HeaderKey)})
+	})
 	select {
 	case a := <-p.answer:
+		timer.Stop()
 		write(w, a)
-	case <-timer.C:
-		p.settle(answer{res: problemResponse(http.StatusServiceUnavailable, "the request was not settled in time; retry with the same "+HeaderKey)})
-		write(w, <-p.answer)
 	case <-r.Context().Done():
-		// The client left. The delivery is still settled; a retry with
-		// the same key gets its outcome.
-	}
-}
-
-// settle gives p its answer unless it has one.
-func (p *pending) settle(a answer) {
-	select {
-	case p.answer <- a:
-	default:
+		// The client left. The request stays in progress, so that a
+		// retry with its key gets 409, until the runner settles it or
+		// its Timeout passes; a retry after that gets its outcome.
 	}
 }
 
@@ -614,6 +621,7 @@ func problem(w http.ResponseWriter, status int, detail string) {
 	write(w, answer{res: problemResponse(status, detail)})
 }
 
-func unavailable(w http.ResponseWriter, detail string, secs int) {
-	write(w, answer{res: withRetryAfter(problemResponse(http.StatusServiceUnavailable, detail), secs)})
+// unavailable is a 503 answer with Retry-After: secs.
+func unavailable(detail string, secs int) answer {
+	return answer{res: withRetryAfter(problemResponse(http.StatusServiceUnavailable, detail), secs)}
 }

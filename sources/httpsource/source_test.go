@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -46,6 +47,7 @@ type endpoint struct {
 	url     string // base + "/charges"
 	release chan struct{}
 	started chan struct{} // a blocking handler started
+	closed  chan struct{} // if not nil, told when a connection closes
 	runs    atomic.Int64  // handler runs
 	effects func() int    // committed effects
 }
@@ -249,7 +251,15 @@ func serve(t *testing.T, e *endpoint, path consumer.Path, name string, cfg https
 	for _, p := range patterns {
 		mux.Handle(p, src)
 	}
-	srv := httptest.NewServer(mux) // 127.0.0.1:0
+	srv := httptest.NewUnstartedServer(mux) // 127.0.0.1:0
+	if e.closed != nil {
+		srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+			if st == http.StateClosed {
+				e.closed <- struct{}{}
+			}
+		}
+	}
+	srv.Start()
 	t.Cleanup(func() {
 		srv.Close()
 		cancel()
@@ -614,6 +624,70 @@ func TestSourceOversizeResponse(t *testing.T) {
 			again := post(t, e.url, "big", body)
 			if again.status != http.StatusNoContent || again.header.Get("Idempotent-Replayed") != "true" {
 				t.Fatalf("retry: %+v, want 204 with Idempotent-Replayed: true", again)
+			}
+			if n := e.runs.Load(); n != 1 {
+				t.Fatalf("the handler ran %d times, want 1", n)
+			}
+		})
+	}
+}
+
+// TestSourceClientLeaves: a client that hangs up does not end its request:
+// while the handler still runs, a retry with the key is answered 409 (not
+// queued behind it until the Timeout), and once the handler finished the
+// retry gets its response as a replay.
+func TestSourceClientLeaves(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			e := &endpoint{release: make(chan struct{}), started: make(chan struct{}, 8), closed: make(chan struct{}, 8)}
+			path, name := b.start(t, e)
+			serve(t, e, path, name, httpsource.Config{Scope: oneCaller, Timeout: 5 * time.Second})
+			var once sync.Once
+			release := func() { once.Do(func() { close(e.release) }) }
+			t.Cleanup(release)
+
+			body := `{"amount":3,"block":true}`
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.url, strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set(httpsource.HeaderKey, "left")
+			left := make(chan error, 1)
+			go func() {
+				resp, err := http.DefaultClient.Do(req)
+				if err == nil {
+					resp.Body.Close()
+				}
+				left <- err
+			}()
+			select {
+			case <-e.started:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the handler did not start")
+			}
+			cancel() // the client hangs up
+			if err := <-left; err == nil {
+				t.Fatal("the request that hung up got an answer")
+			}
+			select {
+			case <-e.closed: // the server is done with that request
+			case <-time.After(20 * time.Second):
+				t.Fatal("the server did not close the connection of the client that left")
+			}
+			wantProblem(t, "retry while the handler runs", post(t, e.url, "left", body), http.StatusConflict)
+
+			release()
+			var again reply
+			for range 200 { // bounded: the runner settles the first request soon after its handler returns
+				if again = post(t, e.url, "left", body); again.status != http.StatusConflict {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if again.status != http.StatusCreated || again.header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("retry after the handler finished: %+v, want the replay of its 201", again)
 			}
 			if n := e.runs.Load(); n != 1 {
 				t.Fatalf("the handler ran %d times, want 1", n)
