@@ -177,3 +177,23 @@ func TestNewScope(t *testing.T) {
 		}
 	}
 }
+
+// TestSourceClosed: after Close every request is answered 503 at once, with
+// Retry-After, instead of being queued for a runner that no longer
+// receives until its Timeout (the Timeout is short here, so that a queued
+// request shows by its answer instead of hanging).
+func TestSourceClosed(t *testing.T) {
+	src, err := httpsource.New(httpsource.Config{Scope: oneCaller, Timeout: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		w := serveRecorded(src, fmt.Sprintf("k%d", i), `{}`, 2)
+		if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" || !strings.Contains(w.Body.String(), "shutting down") {
+			t.Fatalf("request %d after Close: %d %v %s, want 503 shutting down, with Retry-After", i, w.Code, w.Header(), w.Body)
+		}
+	}
+}

@@ -147,6 +147,11 @@ type Source struct {
 	once   sync.Once
 	seq    atomic.Uint64
 
+	// qmu is held for reading to queue a request and for writing to
+	// close: no request is queued once Close has begun.
+	qmu      sync.RWMutex
+	isClosed bool
+
 	mu       sync.Mutex
 	inFlight map[string]*pending // by recorded key
 }
@@ -368,13 +373,8 @@ func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key s
 		Broker:       consumer.BrokerInfo{System: "http"},
 		Handle:       p,
 	}
-	select {
-	case s.queue <- msg:
-	case <-s.closed:
-		refuse(w, p, unavailable("the server is shutting down", 1))
-		return
-	default:
-		refuse(w, p, unavailable("too many requests are waiting", 1))
+	if a, ok := s.enqueue(msg); !ok {
+		refuse(w, p, a)
 		return
 	}
 	timer := time.AfterFunc(time.Until(p.deadline), func() {
@@ -403,6 +403,22 @@ func write(w http.ResponseWriter, a answer) {
 	h.Set("Content-Length", strconv.Itoa(len(a.res.Body)))
 	w.WriteHeader(a.res.Status)
 	_, _ = w.Write(a.res.Body)
+}
+
+// enqueue hands msg to the runner, or returns the answer that refuses it:
+// the source is closed, or its queue is full.
+func (s *Source) enqueue(msg *consumer.Message) (answer, bool) {
+	s.qmu.RLock()
+	defer s.qmu.RUnlock()
+	if s.isClosed {
+		return unavailable("the server is shutting down", 1), false
+	}
+	select {
+	case s.queue <- msg:
+		return answer{}, true
+	default:
+		return unavailable("too many requests are waiting", 1), false
+	}
 }
 
 // Receive implements consumer.Source: it returns the requests waiting, up
@@ -504,11 +520,11 @@ func (s *Source) again(msg *consumer.Message, delay time.Duration) {
 	next := *msg
 	next.Redelivered = true
 	time.AfterFunc(delay, func() {
-		select {
-		case s.queue <- &next:
-		case <-s.closed:
-			p.settle(answer{res: problemResponse(http.StatusServiceUnavailable, "the server is shutting down")})
-		case <-p.done:
+		if p.settled.Load() {
+			return // out of time meanwhile
+		}
+		if a, ok := s.enqueue(&next); !ok {
+			p.settle(a)
 		}
 	})
 }
@@ -583,15 +599,19 @@ func statusOf(reason error) (int, string) {
 }
 
 // Close implements consumer.Source: Receive fails with consumer.ErrClosed,
-// and requests not received yet are answered 503.
+// requests not received yet are answered 503, and so is every request
+// that arrives after it, at once.
 func (s *Source) Close() error {
 	s.once.Do(func() {
+		s.qmu.Lock()
+		s.isClosed = true
 		close(s.closed)
+		s.qmu.Unlock()
 		for {
 			select {
 			case m := <-s.queue:
 				if p, ok := m.Handle.(*pending); ok {
-					p.settle(answer{res: problemResponse(http.StatusServiceUnavailable, "the server is shutting down")})
+					p.settle(unavailable("the server is shutting down", 1))
 				}
 			default:
 				return
