@@ -91,8 +91,8 @@ func caller(r *http.Request) (string, error) {
 // with the key's record and the response it returns, or not at all.
 func createCharge(ctx context.Context, tx *sql.Tx, msg *consumer.Message) (httpsource.Response, error) {
 	var c Charge
-	if err := decode(msg.Body, &c); err != nil {
-		return httpsource.Response{}, httpsource.Reject(http.StatusBadRequest, err.Error())
+	if detail := decode(msg.Body, &c); detail != "" {
+		return httpsource.Response{}, httpsource.Reject(http.StatusBadRequest, detail)
 	}
 	if c.Amount <= 0 || c.Account <= 0 {
 		return httpsource.Response{}, httpsource.Reject(http.StatusUnprocessableEntity, "account and amount must be positive")
@@ -161,7 +161,8 @@ func serve(ctx context.Context, addr, dsn string, log *slog.Logger) error {
 		var balance int64
 		err = db.QueryRowContext(r.Context(), `SELECT balance FROM accounts WHERE id = $1`, id).Scan(&balance)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+			log.ErrorContext(r.Context(), "reading a balance", "account", id, "err", err)
+			http.Error(w, "the balance cannot be read now", http.StatusInternalServerError)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -214,12 +215,21 @@ func schema(d sqldedup.Dialect) []string {
 	}
 }
 
-// decode reads a JSON request body into v, refusing unknown fields.
-func decode(body []byte, v any) error {
+// decode reads a JSON request body into v, refusing unknown fields. It
+// returns what is wrong with the body, in the client's terms (JSON field
+// names, never Go types), or "" when it decoded.
+func decode(body []byte, v any) string {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("the body is not a charge: %w", err)
+	err := dec.Decode(v)
+	var typeErr *json.UnmarshalTypeError
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &typeErr) && typeErr.Field != "":
+		return fmt.Sprintf("the field %q cannot be a JSON %s", typeErr.Field, typeErr.Value)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return "the body has an unknown field " + strings.TrimPrefix(err.Error(), "json: unknown field ")
 	}
-	return nil
+	return "the body is not a JSON charge"
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/dedup/sqldedup"
 )
 
 // startServer runs the example's server in the test's process on a SQLite
@@ -98,5 +101,41 @@ func TestCallers(t *testing.T) {
 		if st, _, b := send(t, http.MethodPost, base+"/charges", token, "k1", body); st != http.StatusUnauthorized {
 			t.Fatalf("token %q: %d %s, want 401", token, st, b)
 		}
+	}
+}
+
+// TestErrorDetails: what a client is told of a failure names the client's
+// mistake, never a Go type or a database's error text.
+func TestErrorDetails(t *testing.T) {
+	base, dbPath := startServer(t)
+	for _, body := range []string{`{"account": "seven", "amount": 500}`, `{"account": 7, "amount": 5, "note": 1}`, `{"account": 7,`} {
+		st, _, b := send(t, http.MethodPost, base+"/charges", "alice-token", "bad-"+body, body)
+		var p struct{ Detail string }
+		if st != http.StatusBadRequest || json.Unmarshal([]byte(b), &p) != nil || p.Detail == "" {
+			t.Fatalf("body %s: %d %s, want 400 with a problem detail", body, st, b)
+		}
+		for _, internal := range []string{"Go ", "int64", "main.", "json:"} {
+			if strings.Contains(p.Detail, internal) {
+				t.Fatalf("body %s: detail %q tells %q", body, p.Detail, internal)
+			}
+		}
+	}
+
+	// The database fails: the client gets a 500 that says nothing of it.
+	db, err := sqldedup.OpenSQLite(context.Background(), dbPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(`DROP TABLE accounts`); err != nil {
+		t.Fatal(err)
+	}
+	st, _, b := send(t, http.MethodGet, base+"/accounts/7", "alice-token", "", "")
+	if st != http.StatusInternalServerError || strings.Contains(b, "accounts") || strings.Contains(b, "SQL") {
+		t.Fatalf("GET with the table gone: %d %q, want a 500 that names no database object", st, b)
+	}
+	st, _, b = send(t, http.MethodPost, base+"/charges", "alice-token", "k-gone", `{"account": 7, "amount": 5}`)
+	if st != http.StatusInternalServerError || strings.Contains(b, "accounts") || strings.Contains(b, "SQL") {
+		t.Fatalf("POST with the table gone: %d %q, want a 500 that names no database object", st, b)
 	}
 }
