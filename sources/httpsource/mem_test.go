@@ -2,6 +2,7 @@ package httpsource_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -23,6 +24,12 @@ import (
 // cleanup.
 func memSource(tb testing.TB, cfg httpsource.Config, h func(ctx context.Context, tx *memdedup.Tx, msg *consumer.Message) (httpsource.Response, error)) *httpsource.Source {
 	tb.Helper()
+	return memSourceOn(tb, cfg, httpsource.Tx(h))
+}
+
+// memSourceOn is memSource for any handler of the transactional path.
+func memSourceOn(tb testing.TB, cfg httpsource.Config, h consumer.TxHandler[*memdedup.Tx]) *httpsource.Source {
+	tb.Helper()
 	store, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		tb.Fatal(err)
@@ -31,7 +38,7 @@ func memSource(tb testing.TB, cfg httpsource.Config, h func(ctx context.Context,
 	if err != nil {
 		tb.Fatal(err)
 	}
-	r, err := consumer.NewRunner(src, consumer.Transactional[*memdedup.Tx](store, httpsource.Tx(h)),
+	r, err := consumer.NewRunner(src, consumer.Transactional[*memdedup.Tx](store, h),
 		consumer.Config{Name: "mem", Concurrency: 4, BatchSize: 64})
 	if err != nil {
 		tb.Fatal(err)
@@ -194,6 +201,71 @@ func TestSourceClosed(t *testing.T) {
 		w := serveRecorded(src, fmt.Sprintf("k%d", i), `{}`, 2)
 		if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" || !strings.Contains(w.Body.String(), "shutting down") {
 			t.Fatalf("request %d after Close: %d %v %s, want 503 shutting down, with Retry-After", i, w.Code, w.Header(), w.Body)
+		}
+	}
+}
+
+// TestSourceHopByHop: hop-by-hop headers of a handler's Response belong to
+// one connection: they are neither sent nor stored nor replayed. A 1xx
+// status is no final answer: the request fails, nothing is stored, and the
+// retry runs the handler again.
+func TestSourceHopByHop(t *testing.T) {
+	hop := []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Te", "Trailer", "Proxy-Authenticate", "X-Named-By-Connection"}
+	var runs atomic.Int64
+	src := memSource(t, httpsource.Config{Scope: oneCaller}, func(_ context.Context, _ *memdedup.Tx, msg *consumer.Message) (httpsource.Response, error) {
+		runs.Add(1)
+		if string(msg.Body) == "early" {
+			return httpsource.Response{Status: http.StatusEarlyHints, Header: http.Header{"Link": {"</a.css>; rel=preload"}}}, nil
+		}
+		h := http.Header{"Location": {"/charges/1"}}
+		for _, k := range hop {
+			h.Set(k, "x")
+		}
+		h.Set("Connection", "X-Named-By-Connection")
+		return httpsource.Response{Status: http.StatusCreated, Header: h, Body: []byte("ok")}, nil
+	})
+	for i := range 2 {
+		w := serveRecorded(src, "hop", "hop", 3)
+		if w.Code != http.StatusCreated || w.Header().Get("Location") != "/charges/1" {
+			t.Fatalf("answer %d: %d %v, want 201 with its Location", i, w.Code, w.Header())
+		}
+		for _, k := range hop {
+			if v, ok := w.Header()[k]; ok {
+				t.Fatalf("answer %d carries the hop-by-hop header %s: %q", i, k, v)
+			}
+		}
+	}
+	for i := range 2 {
+		w := serveRecorded(src, "early", "early", 5)
+		if w.Code != http.StatusInternalServerError || w.Header().Get(httpsource.HeaderReplayed) != "" {
+			t.Fatalf("a 103 response, request %d: %d %v %s, want 500, not stored", i, w.Code, w.Header(), w.Body)
+		}
+	}
+	if n := runs.Load(); n != 3 {
+		t.Fatalf("the handler ran %d times, want 3 (the 103 is not stored)", n)
+	}
+}
+
+// TestSourceMalformedDetail: a body that does not decode is answered 400
+// with a detail in the client's terms: JSON field names, never Go types or
+// the runner's error text.
+func TestSourceMalformedDetail(t *testing.T) {
+	type chargeIn struct {
+		Amount int `json:"amount"`
+	}
+	src := memSourceOn(t, httpsource.Config{Scope: oneCaller}, consumer.TxJSON(func(context.Context, *memdedup.Tx, *consumer.Message, chargeIn) error {
+		return nil
+	}))
+	for body, want := range map[string]string{`{"amount":"x"}`: `"amount"`, `{"amount":`: "JSON", `[1]`: "JSON"} {
+		w := serveRecorded(src, "m-"+body, body, int64(len(body)))
+		var p struct{ Detail string }
+		if w.Code != http.StatusBadRequest || json.Unmarshal(w.Body.Bytes(), &p) != nil || !strings.Contains(p.Detail, want) {
+			t.Fatalf("body %s: %d %s, want 400 with a detail naming %s", body, w.Code, w.Body, want)
+		}
+		for _, internal := range []string{"Go ", "idemq", "int", "chargeIn", "json:"} {
+			if strings.Contains(p.Detail, internal) {
+				t.Fatalf("body %s: detail %q tells %q", body, p.Detail, internal)
+			}
 		}
 	}
 }

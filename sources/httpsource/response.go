@@ -10,6 +10,7 @@ import (
 	"net/textproto"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/idemq/idemq/consumer"
 )
@@ -24,10 +25,14 @@ import (
 // (Stripe's practice). To refuse a request without storing anything, so
 // that the client's retry runs again, return Reject's error instead.
 type Response struct {
-	// Status is the HTTP status code. Defaults to 200.
+	// Status is the HTTP status code of the final response: 200 to 999
+	// (a 1xx fails the request, and nothing is stored). Defaults to 200.
 	Status int
-	// Header holds the response headers. Hop-by-hop headers are not
-	// allowed; Content-Length is computed.
+	// Header holds the response headers. Hop-by-hop headers (Connection,
+	// the headers it names, Keep-Alive, Transfer-Encoding, Upgrade, TE,
+	// Trailer, Proxy-*) are dropped: net/http writes those of its own
+	// connection. Content-Length is computed, and may not be set.
+	// Set-Cookie is sent but not stored unless Config.ReplaySetCookie.
 	Header http.Header
 	// Body is the response body.
 	Body []byte
@@ -152,9 +157,11 @@ func encodeResponse(res Response, keepCookies bool) (stored []byte, cookies []st
 	if res.Status == 0 {
 		res.Status = http.StatusOK
 	}
-	if res.Status < 100 || res.Status > 999 {
-		return nil, nil, consumer.Permanent(fmt.Errorf("httpsource: invalid status %d", res.Status))
+	if res.Status < 200 || res.Status > 999 {
+		// 1xx: an interim response, not an answer to store.
+		return nil, nil, consumer.Permanent(fmt.Errorf("httpsource: invalid status %d for a final response", res.Status))
 	}
+	hop := hopByHop(res.Header)
 	var b bytes.Buffer
 	b.WriteString(respMagic + strconv.Itoa(res.Status) + "\r\n")
 	for _, k := range slices.Sorted(func(yield func(string) bool) {
@@ -165,6 +172,9 @@ func encodeResponse(res Response, keepCookies bool) (stored []byte, cookies []st
 		}
 	}) {
 		ck := textproto.CanonicalMIMEHeaderKey(k)
+		if hop(ck) {
+			continue
+		}
 		if !validHeaderName(ck) || ck == "Content-Length" || ck == "Idempotent-Replayed" {
 			return nil, nil, consumer.Permanent(fmt.Errorf("httpsource: header %q cannot be stored", k))
 		}
@@ -218,6 +228,28 @@ func decodeResponse(stored []byte) (Response, error) {
 	}
 	res.Body = rest
 	return res, nil
+}
+
+// hopByHopHeaders are the headers of one connection (RFC 9110 section
+// 7.6.1, and those net/http's reverse proxy removes): net/http writes
+// its own, and a stored response never carries them.
+var hopByHopHeaders = map[string]bool{
+	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Transfer-Encoding": true,
+	"Upgrade": true, "Te": true, "Trailer": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
+}
+
+// hopByHop reports whether a canonical header name is hop-by-hop in h:
+// one of hopByHopHeaders or named by h's Connection header.
+func hopByHop(h http.Header) func(string) bool {
+	var named []string
+	for _, v := range h.Values("Connection") {
+		for f := range strings.SplitSeq(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				named = append(named, textproto.CanonicalMIMEHeaderKey(f))
+			}
+		}
+	}
+	return func(k string) bool { return hopByHopHeaders[k] || slices.Contains(named, k) }
 }
 
 func validHeaderName(k string) bool {

@@ -2,6 +2,8 @@ package httpsource
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/cfgerr"
@@ -40,8 +44,10 @@ type Config struct {
 	// the key, encoded injectively, so that two callers' keys never
 	// collide and no caller can read another's stored response by
 	// sending the same key. An error answers 401 with its text as the
-	// problem detail. Required: New fails without it, unless
-	// UnsafeSharedKeySpace is set.
+	// problem detail; so does an empty scope, or one that is not UTF-8 or
+	// holds a control character, with a detail naming the scope. A scope
+	// of any length is accepted: the 1 KiB limit is the key's. Required:
+	// New fails without it, unless UnsafeSharedKeySpace is set.
 	Scope func(r *http.Request) (string, error)
 
 	// UnsafeSharedKeySpace records every caller's keys in one key space,
@@ -229,7 +235,8 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			problem(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is larger than %d bytes", s.cfg.MaxBodyBytes))
 			return
 		}
-		problem(w, http.StatusBadRequest, "reading the body failed: "+err.Error())
+		s.cfg.Logger.DebugContext(r.Context(), "reading a request body failed", "err", err)
+		problem(w, http.StatusBadRequest, "reading the request body failed")
 		return
 	}
 	for {
@@ -306,15 +313,59 @@ func (s *Source) requestKey(w http.ResponseWriter, r *http.Request) (string, boo
 		}
 		key = fmt.Sprintf("generated:%d:%d", time.Now().UnixNano(), s.seq.Add(1))
 	}
+	if len(key) > consumer.MaxKeyBytes {
+		problem(w, http.StatusBadRequest, fmt.Sprintf("the %s is longer than %d bytes", HeaderKey, consumer.MaxKeyBytes))
+		return "", false
+	}
+	if p := textProblem(key); p != "" {
+		problem(w, http.StatusBadRequest, "the "+HeaderKey+" "+p)
+		return "", false
+	}
 	if s.cfg.Scope != nil {
 		scope, err := s.cfg.Scope(r)
 		if err != nil {
 			problem(w, http.StatusUnauthorized, err.Error())
 			return "", false
 		}
-		key = scopeEscaper.Replace(scope) + ":" + key
+		if scope == "" {
+			problem(w, http.StatusUnauthorized, "the caller has no scope")
+			return "", false
+		}
+		if p := textProblem(scope); p != "" {
+			s.cfg.Logger.WarnContext(r.Context(), "caller's scope refused", "reason", p)
+			problem(w, http.StatusUnauthorized, "the caller's scope "+p)
+			return "", false
+		}
+		key = scopedKey(scope, key)
 	}
 	return key, true
+}
+
+// textProblem says why a key or a scope cannot be recorded, or returns "":
+// it is not UTF-8, or holds a control character, as the runner's check of
+// keys says.
+func textProblem(s string) string {
+	switch {
+	case !utf8.ValidString(s):
+		return "is not UTF-8"
+	case strings.IndexFunc(s, unicode.IsControl) >= 0:
+		return "holds a control character"
+	}
+	return ""
+}
+
+// scopedKey is the key recorded for key in scope: "<scope>:<key>", with
+// '%' and ':' of the scope escaped. When that is longer than
+// consumer.MaxKeyBytes (the limit is the key's, not the scope's), it is
+// "%sha256:" and the hex SHA-256 digest of it instead: an escaped scope
+// has a '%' only before "25" or "3A", so no "<scope>:<key>" starts so.
+func scopedKey(scope, key string) string {
+	k := scopeEscaper.Replace(scope) + ":" + key
+	if len(k) <= consumer.MaxKeyBytes {
+		return k
+	}
+	sum := sha256.Sum256([]byte(k))
+	return "%sha256:" + hex.EncodeToString(sum[:])
 }
 
 // begin registers a request for key, or returns the one in flight.
@@ -547,10 +598,12 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 		return nil
 	}
 	status, detail := statusOf(reason)
+	res := problemResponse(status, detail)
 	if status >= 500 {
 		s.cfg.Logger.ErrorContext(ctx, "request failed", "key", msg.Key, "status", status, "err", reason)
+		res = withRetryAfter(res, 1) // nothing was stored: a retry runs the handler again
 	}
-	p.settle(answer{res: problemResponse(status, detail)})
+	p.settle(answer{res: res})
 	return nil
 }
 
@@ -589,13 +642,30 @@ func statusOf(reason error) (int, string) {
 	case errors.Is(reason, consumer.ErrPayloadMismatch):
 		return http.StatusUnprocessableEntity, "this " + HeaderKey + " was used with a different request payload"
 	case errors.Is(reason, consumer.ErrMalformed):
-		return http.StatusBadRequest, "the request body cannot be decoded: " + reason.Error()
+		return http.StatusBadRequest, malformedDetail(reason)
 	case errors.Is(reason, consumer.ErrMissingKey), errors.Is(reason, consumer.ErrInvalidKey):
 		return http.StatusBadRequest, "the " + HeaderKey + " is missing or invalid"
 	case errors.Is(reason, consumer.ErrOversized):
 		return http.StatusRequestEntityTooLarge, "the request body is too large"
 	}
 	return http.StatusInternalServerError, "the request failed and nothing was stored; a retry with the same " + HeaderKey + " runs it again"
+}
+
+// malformedDetail says what is wrong with a body that did not decode, in
+// the client's terms: a JSON field and kind or a position, never a Go type
+// or the runner's error text.
+func malformedDetail(reason error) string {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(reason, &typeErr) && typeErr.Field != "":
+		return fmt.Sprintf("the field %q of the request body cannot be a JSON %s", typeErr.Field, typeErr.Value)
+	case errors.As(reason, &typeErr):
+		return fmt.Sprintf("the request body cannot be a JSON %s", typeErr.Value)
+	case errors.As(reason, &syntaxErr):
+		return fmt.Sprintf("the request body is not valid JSON (at byte %d)", syntaxErr.Offset)
+	}
+	return "the request body cannot be decoded"
 }
 
 // Close implements consumer.Source: Receive fails with consumer.ErrClosed,

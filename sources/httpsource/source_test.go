@@ -354,13 +354,23 @@ func TestSource(t *testing.T) {
 			}
 
 			wantProblem(t, "same key, different payload", post(t, e.url, "k1", `{"amount":501}`), http.StatusUnprocessableEntity)
+			// The body is compared byte for byte (docs/http.md): the same
+			// fields in another order are another payload.
+			if r := post(t, e.url, "k5", `{"amount":2,"cookie":"c=1"}`); r.status != http.StatusCreated {
+				t.Fatalf("k5: %+v, want 201", r)
+			}
+			wantProblem(t, "same key, fields reordered", post(t, e.url, "k5", `{"cookie":"c=1","amount":2}`), http.StatusUnprocessableEntity)
 			wantProblem(t, "no key", post(t, e.url, "", `{"amount":1}`), http.StatusBadRequest)
 
 			// A failed handler stores nothing: the retry runs it again.
-			wantProblem(t, "failed handler", post(t, e.url, "k2", `{"amount":7,"fail":true}`), http.StatusInternalServerError)
+			failed := post(t, e.url, "k2", `{"amount":7,"fail":true}`)
+			wantProblem(t, "failed handler", failed, http.StatusInternalServerError)
+			if failed.header.Get("Retry-After") == "" { // its last attempt: MaxAttempts is 1
+				t.Fatalf("failed handler: %+v, want Retry-After", failed)
+			}
 			if b.name != "redis-lease" { // the lease path's effect happened; see docs/http.md
-				if n := e.effects(); n != 1 {
-					t.Fatalf("%d effects after a failed handler, want 1", n)
+				if n := e.effects(); n != 2 {
+					t.Fatalf("%d effects after a failed handler, want 2", n)
 				}
 			}
 			wantProblem(t, "rejected", post(t, e.url, "k3", `{"amount":7,"reject":true}`), http.StatusPaymentRequired)
@@ -691,6 +701,48 @@ func TestSourceClientLeaves(t *testing.T) {
 			}
 			if n := e.runs.Load(); n != 1 {
 				t.Fatalf("the handler ran %d times, want 1", n)
+			}
+		})
+	}
+}
+
+// TestSourceKeyLimits: the 1 KiB limit is the client's key's, whatever the
+// scope's length; a key over it, or with a control character, is blamed on
+// the key (400), and a scope that cannot be recorded on the scope (401).
+func TestSourceKeyLimits(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			e := start(t, b, httpsource.Config{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil }})
+			long := strings.Repeat("k", consumer.MaxKeyBytes)
+			for _, tenant := range []string{"acme", strings.Repeat("a:%", 400)} {
+				first := post(t, e.url, long, `{"amount":1}`, "X-Tenant", tenant)
+				if first.status != http.StatusCreated {
+					t.Fatalf("a 1 KiB key of tenant %.12q...: %+v, want 201", tenant, first)
+				}
+				again := post(t, e.url, long, `{"amount":1}`, "X-Tenant", tenant)
+				if again.header.Get("Idempotent-Replayed") != "true" || again.body != first.body {
+					t.Fatalf("its retry: %+v, want the replay of %+v", again, first)
+				}
+			}
+			if other := post(t, e.url, long[1:]+"j", `{"amount":1}`, "X-Tenant", "acme"); other.status != http.StatusCreated || other.header.Get("Idempotent-Replayed") != "" {
+				t.Fatalf("another 1 KiB key: %+v, want a new 201", other)
+			}
+			if n := e.effects(); n != 3 {
+				t.Fatalf("%d effects, want 3", n)
+			}
+			for what, key := range map[string]string{"a key over 1 KiB": long + "k", "a key with a TAB": "k\tk"} {
+				r := post(t, e.url, key, `{"amount":1}`, "X-Tenant", "acme")
+				wantProblem(t, what, r, http.StatusBadRequest)
+				if !strings.Contains(r.body, "Idempotency-Key") {
+					t.Fatalf("%s: %q, want the key blamed", what, r.body)
+				}
+			}
+			for what, tenant := range map[string]string{"an empty scope": "", "a scope with a TAB": "a\tb"} {
+				r := post(t, e.url, "k", `{"amount":1}`, "X-Tenant", tenant)
+				wantProblem(t, what, r, http.StatusUnauthorized)
+				if !strings.Contains(r.body, "scope") || strings.Contains(r.body, "Idempotency-Key") {
+					t.Fatalf("%s: %q, want the scope blamed, not the key", what, r.body)
+				}
 			}
 		})
 	}
