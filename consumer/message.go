@@ -27,6 +27,13 @@ type Message struct {
 	KeyErr error
 	// Body is the payload.
 	Body []byte
+	// Fingerprint, when not nil, is what the runner hashes into the
+	// record's payload hash instead of Body: the same key with another
+	// Fingerprint is a payload mismatch (ErrPayloadMismatch), never a
+	// duplicate. A source sets it when more than the body identifies a
+	// request (httpsource: the method and the target, then the body).
+	// Defaults to nil: the payload hash is Body's. Read-only.
+	Fingerprint []byte
 	// Headers holds the message's headers or string attributes.
 	Headers map[string]string
 	// PartitionKey orders messages: messages with the same non-empty

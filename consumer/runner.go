@@ -410,7 +410,11 @@ func (r *Runner) prepare(j *job) error {
 	if err := validKey(j.key); err != nil {
 		return err
 	}
-	j.hash = dedup.HashPayload(j.msg.Body)
+	if fp := j.msg.Fingerprint; fp != nil {
+		j.hash = dedup.HashPayload(fp)
+	} else {
+		j.hash = dedup.HashPayload(j.msg.Body)
+	}
 	return nil
 }
 

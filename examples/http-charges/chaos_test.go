@@ -201,6 +201,7 @@ func chaosPost(base, key, body string) (chaosReply, error) {
 	if err != nil {
 		return chaosReply{}, err
 	}
+	req.Header.Set("Authorization", "Bearer alice-token")
 	req.Header.Set("Idempotency-Key", key)
 	resp, err := chaosClient.Do(req)
 	if err != nil {

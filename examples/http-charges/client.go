@@ -23,6 +23,7 @@ func client(args []string) error {
 	url := fs.String("url", "http://127.0.0.1:8088", "the server's base URL")
 	account := fs.Int64("account", 7, "account to charge")
 	amount := fs.Int64("amount", 500, "amount to charge")
+	token := fs.String("token", "alice-token", "bearer token of the caller")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -36,14 +37,14 @@ func client(args []string) error {
 	// reaches us.
 	ctx, cancel := context.WithCancel(context.Background())
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { cancel() }})
-	_, err := post(ctx, *url, key, body)
+	_, err := post(ctx, *url, *token, key, body)
 	cancel()
 	fmt.Printf("attempt 1: response lost (%v)\n", err)
 
 	// Retries with the same key, as a client does after a 504.
 	for attempt := 2; attempt <= 20; attempt++ {
 		time.Sleep(100 * time.Millisecond)
-		res, err := post(context.Background(), *url, key, body)
+		res, err := post(context.Background(), *url, *token, key, body)
 		if err != nil {
 			fmt.Printf("attempt %d: %v\n", attempt, err)
 			continue
@@ -68,11 +69,12 @@ type clientReply struct {
 	body     string
 }
 
-func post(ctx context.Context, base, key, body string) (clientReply, error) {
+func post(ctx context.Context, base, token, key, body string) (clientReply, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/charges", strings.NewReader(body))
 	if err != nil {
 		return clientReply{}, err
 	}
+	req.Header.Set("Authorization", "Bearer "+token)
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)

@@ -2,12 +2,15 @@
 // Idempotency-Key creates a charge and moves an account's balance in one
 // transaction, together with the key's record and the response; a retry
 // with the same key (after a 504, a dropped connection, a crash) gets the
-// same response, byte for byte, and charges nothing again.
+// same response, byte for byte, and charges nothing again. Keys are the
+// authenticated caller's own: the bearer token names the caller (two demo
+// callers, alice-token and bob-token), and two callers' equal keys are two
+// charges.
 //
 //	go run ./examples/http-charges -addr 127.0.0.1:8088 -dsn sqlite:charges.db
 //	go run ./examples/http-charges -addr 127.0.0.1:8088 -dsn postgres://localhost/shop
 //
-//	curl -si -X POST http://127.0.0.1:8088/charges -H 'Idempotency-Key: 3f6c' -d '{"account": 7, "amount": 500}'
+//	curl -si -X POST http://127.0.0.1:8088/charges -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: 3f6c' -d '{"account": 7, "amount": 500}'
 //	curl -s http://127.0.0.1:8088/accounts/7
 //
 // `go run ./examples/http-charges client -url http://127.0.0.1:8088` is a
@@ -69,12 +72,27 @@ type Charge struct {
 	Balance int64 `json:"balance"`
 }
 
+// callers maps a bearer token to the caller it authenticates. A real API
+// checks its credentials against its own store; the example knows two.
+var callers = map[string]string{"alice-token": "alice", "bob-token": "bob"}
+
+// caller is the Source's Scope: the caller the request's bearer token
+// authenticates. Its keys are its own: another caller's equal key is
+// another operation, and never shows this caller's answer.
+func caller(r *http.Request) (string, error) {
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if name := callers[token]; ok && name != "" {
+		return name, nil
+	}
+	return "", errors.New("a known bearer token is required")
+}
+
 // createCharge is the endpoint: everything it writes through tx commits
 // with the key's record and the response it returns, or not at all.
 func createCharge(ctx context.Context, tx *sql.Tx, msg *consumer.Message) (httpsource.Response, error) {
 	var c Charge
-	if err := decode(msg.Body, &c); err != nil {
-		return httpsource.Response{}, httpsource.Reject(http.StatusBadRequest, err.Error())
+	if detail := decode(msg.Body, &c); detail != "" {
+		return httpsource.Response{}, httpsource.Reject(http.StatusBadRequest, detail)
 	}
 	if c.Amount <= 0 || c.Account <= 0 {
 		return httpsource.Response{}, httpsource.Reject(http.StatusUnprocessableEntity, "account and amount must be positive")
@@ -115,7 +133,7 @@ func serve(ctx context.Context, addr, dsn string, log *slog.Logger) error {
 		}
 	}
 
-	src, err := httpsource.New(httpsource.Config{Logger: log})
+	src, err := httpsource.New(httpsource.Config{Scope: caller, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -143,7 +161,8 @@ func serve(ctx context.Context, addr, dsn string, log *slog.Logger) error {
 		var balance int64
 		err = db.QueryRowContext(r.Context(), `SELECT balance FROM accounts WHERE id = $1`, id).Scan(&balance)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+			log.ErrorContext(r.Context(), "reading a balance", "account", id, "err", err)
+			http.Error(w, "the balance cannot be read now", http.StatusInternalServerError)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -196,12 +215,21 @@ func schema(d sqldedup.Dialect) []string {
 	}
 }
 
-// decode reads a JSON request body into v, refusing unknown fields.
-func decode(body []byte, v any) error {
+// decode reads a JSON request body into v, refusing unknown fields. It
+// returns what is wrong with the body, in the client's terms (JSON field
+// names, never Go types), or "" when it decoded.
+func decode(body []byte, v any) string {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("the body is not a charge: %w", err)
+	err := dec.Decode(v)
+	var typeErr *json.UnmarshalTypeError
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &typeErr) && typeErr.Field != "":
+		return fmt.Sprintf("the field %q cannot be a JSON %s", typeErr.Field, typeErr.Value)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return "the body has an unknown field " + strings.TrimPrefix(err.Error(), "json: unknown field ")
 	}
-	return nil
+	return "the body is not a JSON charge"
 }

@@ -2,6 +2,8 @@ package httpsource_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/sources/httpsource"
@@ -21,6 +24,12 @@ import (
 // cleanup.
 func memSource(tb testing.TB, cfg httpsource.Config, h func(ctx context.Context, tx *memdedup.Tx, msg *consumer.Message) (httpsource.Response, error)) *httpsource.Source {
 	tb.Helper()
+	return memSourceOn(tb, cfg, httpsource.Tx(h))
+}
+
+// memSourceOn is memSource for any handler of the transactional path.
+func memSourceOn(tb testing.TB, cfg httpsource.Config, h consumer.TxHandler[*memdedup.Tx]) *httpsource.Source {
+	tb.Helper()
 	store, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		tb.Fatal(err)
@@ -29,7 +38,7 @@ func memSource(tb testing.TB, cfg httpsource.Config, h func(ctx context.Context,
 	if err != nil {
 		tb.Fatal(err)
 	}
-	r, err := consumer.NewRunner(src, consumer.Transactional[*memdedup.Tx](store, httpsource.Tx(h)),
+	r, err := consumer.NewRunner(src, consumer.Transactional[*memdedup.Tx](store, h),
 		consumer.Config{Name: "mem", Concurrency: 4, BatchSize: 64})
 	if err != nil {
 		tb.Fatal(err)
@@ -66,7 +75,8 @@ func serveRecorded(src http.Handler, key, body string, contentLength int64) *htt
 // TestSourceResponseRoundTrip: a response with several headers, a
 // multi-valued one, an empty value and a body larger than net/http's
 // chunking buffer is answered, then replayed, with the same status,
-// headers and body, and a Content-Length.
+// headers and body, and a Content-Length; with Config.ReplaySetCookie its
+// cookies too.
 func TestSourceResponseRoundTrip(t *testing.T) {
 	body := []byte(strings.Repeat("x", 3000))
 	want := http.Header{
@@ -76,7 +86,7 @@ func TestSourceResponseRoundTrip(t *testing.T) {
 		"X-Empty":      {""},
 		"x-lower":      {"v"}, // stored canonical
 	}
-	src := memSource(t, httpsource.Config{}, func(context.Context, *memdedup.Tx, *consumer.Message) (httpsource.Response, error) {
+	src := memSource(t, httpsource.Config{Scope: oneCaller, ReplaySetCookie: true}, func(context.Context, *memdedup.Tx, *consumer.Message) (httpsource.Response, error) {
 		return httpsource.Response{Status: http.StatusCreated, Header: want.Clone(), Body: body}, nil
 	})
 	first := serveRecorded(src, "k", `{}`, 2)
@@ -107,7 +117,7 @@ func TestSourceResponseRoundTrip(t *testing.T) {
 // TestSourceBodyLimit: a body over Config.MaxBodyBytes is answered 413
 // whether its length is declared or not; a body at the limit is handled.
 func TestSourceBodyLimit(t *testing.T) {
-	src := memSource(t, httpsource.Config{MaxBodyBytes: 10}, func(_ context.Context, _ *memdedup.Tx, msg *consumer.Message) (httpsource.Response, error) {
+	src := memSource(t, httpsource.Config{Scope: oneCaller, MaxBodyBytes: 10}, func(_ context.Context, _ *memdedup.Tx, msg *consumer.Message) (httpsource.Response, error) {
 		return httpsource.Response{Status: http.StatusCreated, Body: msg.Body}, nil
 	})
 	for _, c := range []struct {
@@ -139,7 +149,7 @@ func TestSourceBodyLimit(t *testing.T) {
 // store's allocations and the test's request and recorder.
 func BenchmarkServeHTTP(b *testing.B) {
 	res := []byte(`{"id":1,"account":7,"amount":5,"balance":5}` + "\n")
-	src := memSource(b, httpsource.Config{}, func(context.Context, *memdedup.Tx, *consumer.Message) (httpsource.Response, error) {
+	src := memSource(b, httpsource.Config{Scope: oneCaller}, func(context.Context, *memdedup.Tx, *consumer.Message) (httpsource.Response, error) {
 		return httpsource.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: res}, nil
 	})
 	var seq atomic.Int64
@@ -155,4 +165,107 @@ func BenchmarkServeHTTP(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestNewScope: a Source shares no key space between callers unless told
+// to: New refuses a Config without Scope.
+func TestNewScope(t *testing.T) {
+	_, err := httpsource.New(httpsource.Config{})
+	var ce *idemq.ConfigError
+	if !errors.Is(err, idemq.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != "httpsource.Config.Scope" {
+		t.Fatalf("New without Scope: %v, want a *idemq.ConfigError for httpsource.Config.Scope", err)
+	}
+	if _, err := httpsource.New(httpsource.Config{Scope: oneCaller, UnsafeSharedKeySpace: true}); !errors.Is(err, idemq.ErrInvalidConfig) {
+		t.Fatalf("New with Scope and UnsafeSharedKeySpace: %v, want an invalid configuration", err)
+	}
+	for _, cfg := range []httpsource.Config{{Scope: oneCaller}, {UnsafeSharedKeySpace: true}} {
+		if _, err := httpsource.New(cfg); err != nil {
+			t.Fatalf("New(%+v): %v", cfg, err)
+		}
+	}
+}
+
+// TestSourceClosed: after Close every request is answered 503 at once, with
+// Retry-After, instead of being queued for a runner that no longer
+// receives until its Timeout (the Timeout is short here, so that a queued
+// request shows by its answer instead of hanging).
+func TestSourceClosed(t *testing.T) {
+	src, err := httpsource.New(httpsource.Config{Scope: oneCaller, Timeout: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		w := serveRecorded(src, fmt.Sprintf("k%d", i), `{}`, 2)
+		if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" || !strings.Contains(w.Body.String(), "shutting down") {
+			t.Fatalf("request %d after Close: %d %v %s, want 503 shutting down, with Retry-After", i, w.Code, w.Header(), w.Body)
+		}
+	}
+}
+
+// TestSourceHopByHop: hop-by-hop headers of a handler's Response belong to
+// one connection: they are neither sent nor stored nor replayed. A 1xx
+// status is no final answer: the request fails, nothing is stored, and the
+// retry runs the handler again.
+func TestSourceHopByHop(t *testing.T) {
+	hop := []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Te", "Trailer", "Proxy-Authenticate", "X-Named-By-Connection"}
+	var runs atomic.Int64
+	src := memSource(t, httpsource.Config{Scope: oneCaller}, func(_ context.Context, _ *memdedup.Tx, msg *consumer.Message) (httpsource.Response, error) {
+		runs.Add(1)
+		if string(msg.Body) == "early" {
+			return httpsource.Response{Status: http.StatusEarlyHints, Header: http.Header{"Link": {"</a.css>; rel=preload"}}}, nil
+		}
+		h := http.Header{"Location": {"/charges/1"}}
+		for _, k := range hop {
+			h.Set(k, "x")
+		}
+		h.Set("Connection", "X-Named-By-Connection")
+		return httpsource.Response{Status: http.StatusCreated, Header: h, Body: []byte("ok")}, nil
+	})
+	for i := range 2 {
+		w := serveRecorded(src, "hop", "hop", 3)
+		if w.Code != http.StatusCreated || w.Header().Get("Location") != "/charges/1" {
+			t.Fatalf("answer %d: %d %v, want 201 with its Location", i, w.Code, w.Header())
+		}
+		for _, k := range hop {
+			if v, ok := w.Header()[k]; ok {
+				t.Fatalf("answer %d carries the hop-by-hop header %s: %q", i, k, v)
+			}
+		}
+	}
+	for i := range 2 {
+		w := serveRecorded(src, "early", "early", 5)
+		if w.Code != http.StatusInternalServerError || w.Header().Get(httpsource.HeaderReplayed) != "" {
+			t.Fatalf("a 103 response, request %d: %d %v %s, want 500, not stored", i, w.Code, w.Header(), w.Body)
+		}
+	}
+	if n := runs.Load(); n != 3 {
+		t.Fatalf("the handler ran %d times, want 3 (the 103 is not stored)", n)
+	}
+}
+
+// TestSourceMalformedDetail: a body that does not decode is answered 400
+// with a detail in the client's terms: JSON field names, never Go types or
+// the runner's error text.
+func TestSourceMalformedDetail(t *testing.T) {
+	type chargeIn struct {
+		Amount int `json:"amount"`
+	}
+	src := memSourceOn(t, httpsource.Config{Scope: oneCaller}, consumer.TxJSON(func(context.Context, *memdedup.Tx, *consumer.Message, chargeIn) error {
+		return nil
+	}))
+	for body, want := range map[string]string{`{"amount":"x"}`: `"amount"`, `{"amount":`: "JSON", `[1]`: "JSON"} {
+		w := serveRecorded(src, "m-"+body, body, int64(len(body)))
+		var p struct{ Detail string }
+		if w.Code != http.StatusBadRequest || json.Unmarshal(w.Body.Bytes(), &p) != nil || !strings.Contains(p.Detail, want) {
+			t.Fatalf("body %s: %d %s, want 400 with a detail naming %s", body, w.Code, w.Body, want)
+		}
+		for _, internal := range []string{"Go ", "idemq", "int", "chargeIn", "json:"} {
+			if strings.Contains(p.Detail, internal) {
+				t.Fatalf("body %s: detail %q tells %q", body, p.Detail, internal)
+			}
+		}
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"net/textproto"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/idemq/idemq/consumer"
 )
@@ -24,10 +25,14 @@ import (
 // (Stripe's practice). To refuse a request without storing anything, so
 // that the client's retry runs again, return Reject's error instead.
 type Response struct {
-	// Status is the HTTP status code. Defaults to 200.
+	// Status is the HTTP status code of the final response: 200 to 999
+	// (a 1xx fails the request, and nothing is stored). Defaults to 200.
 	Status int
-	// Header holds the response headers. Hop-by-hop headers are not
-	// allowed; Content-Length is computed.
+	// Header holds the response headers. Hop-by-hop headers (Connection,
+	// the headers it names, Keep-Alive, Transfer-Encoding, Upgrade, TE,
+	// Trailer, Proxy-*) are dropped: net/http writes those of its own
+	// connection. Content-Length is computed, and may not be set.
+	// Set-Cookie is sent but not stored unless Config.ReplaySetCookie.
 	Header http.Header
 	// Body is the response body.
 	Body []byte
@@ -55,7 +60,7 @@ func Tx[T any](h func(ctx context.Context, tx T, msg *consumer.Message) (Respons
 		if err != nil {
 			return nil, err
 		}
-		return encodeResponse(res)
+		return storedResponse(msg, res, adapterTx)
 	})
 }
 
@@ -70,7 +75,7 @@ func Lease(h func(ctx context.Context, msg *consumer.Message) (Response, error))
 		if err != nil {
 			return nil, err
 		}
-		return encodeResponse(res)
+		return storedResponse(msg, res, adapterLease)
 	})
 }
 
@@ -82,7 +87,7 @@ func Lease(h func(ctx context.Context, msg *consumer.Message) (Response, error))
 // handler returns; a request whose handler set none is answered 204 No
 // Content. It fails only for an invalid status.
 func Respond(msg *consumer.Message, res Response) error {
-	b, err := encodeResponse(res)
+	b, err := storedResponse(msg, res, adapterTx)
 	if err != nil {
 		return err
 	}
@@ -122,20 +127,41 @@ func Reject(status int, detail string) error {
 	return consumer.Permanent(&RejectError{Status: status, Detail: detail})
 }
 
+// storedResponse encodes res, returned through a, as the response to msg
+// is stored: without its Set-Cookie headers unless msg's Source replays
+// them (Config.ReplaySetCookie). Those held back are kept with the
+// request, for its own answer alone, and so is what Lease encoded, for
+// the answer to a request whose Response the store refuses.
+func storedResponse(msg *consumer.Message, res Response, a adapter) ([]byte, error) {
+	p, _ := msg.Handle.(*pending)
+	keep := p != nil && p.replayCookies
+	b, cookies, err := encodeResponse(res, keep)
+	if p != nil {
+		p.cookies, p.adapter, p.leased = cookies, a, nil
+		if a == adapterLease {
+			p.leased = b
+		}
+	}
+	return b, err
+}
+
 // respMagic starts a stored Response, so that a result stored by another
 // handler (consumer.TxResult with raw bytes) is told apart.
 const respMagic = "idemq-http/1 "
 
 // encodeResponse renders res as it is stored: a status line, the headers in
 // MIME format (sorted, so equal responses store equal bytes), a blank line
-// and the body.
-func encodeResponse(res Response) ([]byte, error) {
+// and the body. Unless keepCookies, the Set-Cookie values are left out and
+// returned apart.
+func encodeResponse(res Response, keepCookies bool) (stored []byte, cookies []string, err error) {
 	if res.Status == 0 {
 		res.Status = http.StatusOK
 	}
-	if res.Status < 100 || res.Status > 999 {
-		return nil, consumer.Permanent(fmt.Errorf("httpsource: invalid status %d", res.Status))
+	if res.Status < 200 || res.Status > 999 {
+		// 1xx: an interim response, not an answer to store.
+		return nil, nil, consumer.Permanent(fmt.Errorf("httpsource: invalid status %d for a final response", res.Status))
 	}
+	hop := hopByHop(res.Header)
 	var b bytes.Buffer
 	b.WriteString(respMagic + strconv.Itoa(res.Status) + "\r\n")
 	for _, k := range slices.Sorted(func(yield func(string) bool) {
@@ -146,19 +172,26 @@ func encodeResponse(res Response) ([]byte, error) {
 		}
 	}) {
 		ck := textproto.CanonicalMIMEHeaderKey(k)
+		if hop(ck) {
+			continue
+		}
 		if !validHeaderName(ck) || ck == "Content-Length" || ck == "Idempotent-Replayed" {
-			return nil, consumer.Permanent(fmt.Errorf("httpsource: header %q cannot be stored", k))
+			return nil, nil, consumer.Permanent(fmt.Errorf("httpsource: header %q cannot be stored", k))
 		}
 		for _, v := range res.Header[k] {
 			if !validHeaderValue(v) {
-				return nil, consumer.Permanent(fmt.Errorf("httpsource: header %q has an invalid value", k))
+				return nil, nil, consumer.Permanent(fmt.Errorf("httpsource: header %q has an invalid value", k))
+			}
+			if ck == "Set-Cookie" && !keepCookies {
+				cookies = append(cookies, v)
+				continue
 			}
 			b.WriteString(ck + ": " + v + "\r\n")
 		}
 	}
 	b.WriteString("\r\n")
 	b.Write(res.Body)
-	return b.Bytes(), nil
+	return b.Bytes(), cookies, nil
 }
 
 // decodeResponse reads a stored Response. A result without the magic
@@ -195,6 +228,28 @@ func decodeResponse(stored []byte) (Response, error) {
 	}
 	res.Body = rest
 	return res, nil
+}
+
+// hopByHopHeaders are the headers of one connection (RFC 9110 section
+// 7.6.1, and those net/http's reverse proxy removes): net/http writes
+// its own, and a stored response never carries them.
+var hopByHopHeaders = map[string]bool{
+	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Transfer-Encoding": true,
+	"Upgrade": true, "Te": true, "Trailer": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
+}
+
+// hopByHop reports whether a canonical header name is hop-by-hop in h:
+// one of hopByHopHeaders or named by h's Connection header.
+func hopByHop(h http.Header) func(string) bool {
+	var named []string
+	for _, v := range h.Values("Connection") {
+		for f := range strings.SplitSeq(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				named = append(named, textproto.CanonicalMIMEHeaderKey(f))
+			}
+		}
+	}
+	return func(k string) bool { return hopByHopHeaders[k] || slices.Contains(named, k) }
 }
 
 func validHeaderName(k string) bool {

@@ -2,6 +2,8 @@ package httpsource
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/cfgerr"
@@ -32,14 +36,35 @@ const (
 	DefaultQueue        = 1024
 )
 
-// Config configures a Source. The zero value is usable.
+// Config configures a Source. Scope is required, unless
+// UnsafeSharedKeySpace says that every caller shares one key space.
 type Config struct {
 	// Scope returns the caller's scope for a request, for example the
 	// authenticated subject or tenant: keys are recorded as the scope and
-	// the key, encoded injectively, so two callers' keys never collide. An
-	// error answers 401 with its text as the problem detail. Defaults to
-	// nil: every caller shares one key space.
+	// the key, encoded injectively, so that two callers' keys never
+	// collide and no caller can read another's stored response by
+	// sending the same key. An error answers 401 with its text as the
+	// problem detail; so does an empty scope, or one that is not UTF-8 or
+	// holds a control character, with a detail naming the scope. A scope
+	// of any length is accepted: the 1 KiB limit is the key's. Required:
+	// New fails without it, unless UnsafeSharedKeySpace is set.
 	Scope func(r *http.Request) (string, error)
+
+	// UnsafeSharedKeySpace records every caller's keys in one key space,
+	// without a Scope: a caller who sends a key another caller used gets
+	// that caller's stored response (its body, and its Set-Cookie with
+	// ReplaySetCookie), or a 422 that tells him the key exists. Set it
+	// only when one client owns the endpoint (a single internal service),
+	// never for an endpoint that several callers share. Defaults to
+	// false: New fails without a Scope.
+	UnsafeSharedKeySpace bool
+
+	// ReplaySetCookie stores the Set-Cookie headers of a handler's
+	// Response with it and replays them to retries. Defaults to false: a
+	// Set-Cookie is sent to the request whose handler returned it, and
+	// neither stored nor replayed (a session cookie belongs to one
+	// answer, and the store is no place for it).
+	ReplaySetCookie bool
 
 	// KeyOptional accepts requests without an Idempotency-Key: each one
 	// runs as a new operation under a generated key. Defaults to false: a
@@ -91,6 +116,12 @@ func (c Config) WithDefaults() Config {
 
 func (c Config) validate() error {
 	var l cfgerr.List
+	switch {
+	case c.Scope == nil && !c.UnsafeSharedKeySpace:
+		l.Add("httpsource.Config.Scope", "nil: set the caller's scope (or UnsafeSharedKeySpace, when one client owns the endpoint)")
+	case c.Scope != nil && c.UnsafeSharedKeySpace:
+		l.Add("httpsource.Config.UnsafeSharedKeySpace", "set together with Scope: choose one")
+	}
 	if c.MaxBodyBytes < 0 {
 		l.Addf("httpsource.Config.MaxBodyBytes", "%d is negative", c.MaxBodyBytes)
 	}
@@ -122,17 +153,42 @@ type Source struct {
 	once   sync.Once
 	seq    atomic.Uint64
 
+	// qmu is held for reading to queue a request and for writing to
+	// close: no request is queued once Close has begun.
+	qmu      sync.RWMutex
+	isClosed bool
+
 	mu       sync.Mutex
 	inFlight map[string]*pending // by recorded key
 }
 
-// pending is a request waiting for its outcome.
+// pending is a request waiting for its outcome. It is in progress (in
+// Source.inFlight) from its arrival until it is settled: answered by the
+// runner, refused, or out of time. A client that leaves does not end it.
 type pending struct {
+	src      *Source
 	key      string
 	deadline time.Time
+	settled  atomic.Bool
 	answer   chan answer   // buffered 1; the first settle wins
-	done     chan struct{} // closed when the request is answered
+	done     chan struct{} // closed when the request is settled
+
+	// Set by the handler's adapter (Tx, Lease, Respond) when it encodes
+	// the Response, read when the request is settled.
+	replayCookies bool     // Config.ReplaySetCookie
+	cookies       []string // Set-Cookie held back from the store
+	adapter       adapter  // which adapter ran the handler
+	leased        []byte   // Lease's encoded Response: its effect happened
 }
+
+// adapter says which of the package's adapters ran a request's handler.
+type adapter uint8
+
+const (
+	adapterNone  adapter = iota // none (a handler of its own)
+	adapterTx                   // Tx or Respond: the Response commits with the effect
+	adapterLease                // Lease: the effect happened before the Response is stored
+)
 
 // answer is what a request is answered with.
 type answer struct {
@@ -172,14 +228,15 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	fp, err := readFingerprint(w, r, s.cfg.MaxBodyBytes)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			problem(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is larger than %d bytes", s.cfg.MaxBodyBytes))
 			return
 		}
-		problem(w, http.StatusBadRequest, "reading the body failed: "+err.Error())
+		s.cfg.Logger.DebugContext(r.Context(), "reading a request body failed", "err", err)
+		problem(w, http.StatusBadRequest, "reading the request body failed")
 		return
 	}
 	for {
@@ -196,8 +253,46 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		s.serve(w, r, p, key, body)
+		s.serve(w, r, p, key, fp)
 		return
+	}
+}
+
+// fingerprint is what identifies a request for its key's payload check
+// (consumer.Message.Fingerprint): the method and the target (the path with
+// its values, and the query) on one line, then the body. The method and
+// the escaped target hold no LF, so the first LF ends them and two
+// requests have equal fingerprints only if all three are equal.
+type fingerprint struct {
+	b    []byte
+	head int // where the body starts
+}
+
+// body returns the body, without room to append to it.
+func (f fingerprint) body() []byte { return f.b[f.head:len(f.b):len(f.b)] }
+
+// readFingerprint reads r's body, at most limit bytes, into r's
+// fingerprint: the body is not copied.
+func readFingerprint(w http.ResponseWriter, r *http.Request, limit int64) (fingerprint, error) {
+	head := r.Method + " " + r.URL.RequestURI() + "\n"
+	size := len(head) + 512
+	if n := r.ContentLength; n >= 0 && n <= limit {
+		size = len(head) + int(n) + 1 // +1: the read that finds EOF needs room
+	}
+	b := append(make([]byte, 0, size), head...)
+	body := http.MaxBytesReader(w, r.Body, limit)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := body.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return fingerprint{b: b, head: len(head)}, nil
+		}
+		if err != nil {
+			return fingerprint{}, err
+		}
 	}
 }
 
@@ -218,15 +313,59 @@ func (s *Source) requestKey(w http.ResponseWriter, r *http.Request) (string, boo
 		}
 		key = fmt.Sprintf("generated:%d:%d", time.Now().UnixNano(), s.seq.Add(1))
 	}
+	if len(key) > consumer.MaxKeyBytes {
+		problem(w, http.StatusBadRequest, fmt.Sprintf("the %s is longer than %d bytes", HeaderKey, consumer.MaxKeyBytes))
+		return "", false
+	}
+	if p := textProblem(key); p != "" {
+		problem(w, http.StatusBadRequest, "the "+HeaderKey+" "+p)
+		return "", false
+	}
 	if s.cfg.Scope != nil {
 		scope, err := s.cfg.Scope(r)
 		if err != nil {
 			problem(w, http.StatusUnauthorized, err.Error())
 			return "", false
 		}
-		key = scopeEscaper.Replace(scope) + ":" + key
+		if scope == "" {
+			problem(w, http.StatusUnauthorized, "the caller has no scope")
+			return "", false
+		}
+		if p := textProblem(scope); p != "" {
+			s.cfg.Logger.WarnContext(r.Context(), "caller's scope refused", "reason", p)
+			problem(w, http.StatusUnauthorized, "the caller's scope "+p)
+			return "", false
+		}
+		key = scopedKey(scope, key)
 	}
 	return key, true
+}
+
+// textProblem says why a key or a scope cannot be recorded, or returns "":
+// it is not UTF-8, or holds a control character, as the runner's check of
+// keys says.
+func textProblem(s string) string {
+	switch {
+	case !utf8.ValidString(s):
+		return "is not UTF-8"
+	case strings.IndexFunc(s, unicode.IsControl) >= 0:
+		return "holds a control character"
+	}
+	return ""
+}
+
+// scopedKey is the key recorded for key in scope: "<scope>:<key>", with
+// '%' and ':' of the scope escaped. When that is longer than
+// consumer.MaxKeyBytes (the limit is the key's, not the scope's), it is
+// "%sha256:" and the hex SHA-256 digest of it instead: an escaped scope
+// has a '%' only before "25" or "3A", so no "<scope>:<key>" starts so.
+func scopedKey(scope, key string) string {
+	k := scopeEscaper.Replace(scope) + ":" + key
+	if len(k) <= consumer.MaxKeyBytes {
+		return k
+	}
+	sum := sha256.Sum256([]byte(k))
+	return "%sha256:" + hex.EncodeToString(sum[:])
 }
 
 // begin registers a request for key, or returns the one in flight.
@@ -236,23 +375,35 @@ func (s *Source) begin(key string) (p, busy *pending) {
 	if q := s.inFlight[key]; q != nil {
 		return nil, q
 	}
-	p = &pending{key: key, answer: make(chan answer, 1), done: make(chan struct{}), deadline: time.Now().Add(s.cfg.Timeout)}
+	p = &pending{src: s, key: key, answer: make(chan answer, 1), done: make(chan struct{}), deadline: time.Now().Add(s.cfg.Timeout),
+		replayCookies: s.cfg.ReplaySetCookie}
 	s.inFlight[key] = p
 	return p, nil
 }
 
-// end removes p from the requests in flight and wakes its waiters.
-func (s *Source) end(p *pending) {
+// settle gives p its answer unless it has one, removes it from the
+// requests in flight and wakes its waiters.
+func (p *pending) settle(a answer) {
+	if !p.settled.CompareAndSwap(false, true) {
+		return
+	}
+	s := p.src
 	s.mu.Lock()
 	if s.inFlight[p.key] == p {
 		delete(s.inFlight, p.key)
 	}
 	s.mu.Unlock()
+	p.answer <- a // buffered 1: never blocks; after the removal, so that the client's next request is not in progress
 	close(p.done)
 }
 
-func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key string, body []byte) {
-	defer s.end(p)
+// refuse settles p with a and writes it to w.
+func refuse(w http.ResponseWriter, p *pending, a answer) {
+	p.settle(a)
+	write(w, <-p.answer)
+}
+
+func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key string, fp fingerprint) {
 	headers := make(map[string]string, len(r.Header))
 	for k, v := range r.Header {
 		if len(v) > 0 {
@@ -262,7 +413,8 @@ func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key s
 	msg := &consumer.Message{
 		ID:           "http-" + strconv.FormatUint(s.seq.Add(1), 10),
 		Key:          key,
-		Body:         body,
+		Body:         fp.body(),
+		Fingerprint:  fp.b,
 		Headers:      headers,
 		PartitionKey: key, // copies of a key share a lane: the later one is a duplicate
 		Topic:        r.Method + " " + r.URL.Path,
@@ -272,34 +424,21 @@ func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key s
 		Broker:       consumer.BrokerInfo{System: "http"},
 		Handle:       p,
 	}
-	select {
-	case s.queue <- msg:
-	case <-s.closed:
-		unavailable(w, "the server is shutting down", 1)
-		return
-	default:
-		unavailable(w, "too many requests are waiting", 1)
+	if a, ok := s.enqueue(msg); !ok {
+		refuse(w, p, a)
 		return
 	}
-	timer := time.NewTimer(time.Until(p.deadline))
-	defer timer.Stop()
+	timer := time.AfterFunc(time.Until(p.deadline), func() {
+		p.settle(answer{res: problemResponse(http.StatusServiceUnavailable, "the request was not settled in time; retry with the same "+HeaderKey)})
+	})
 	select {
 	case a := <-p.answer:
+		timer.Stop()
 		write(w, a)
-	case <-timer.C:
-		p.settle(answer{res: problemResponse(http.StatusServiceUnavailable, "the request was not settled in time; retry with the same "+HeaderKey)})
-		write(w, <-p.answer)
 	case <-r.Context().Done():
-		// The client left. The delivery is still settled; a retry with
-		// the same key gets its outcome.
-	}
-}
-
-// settle gives p its answer unless it has one.
-func (p *pending) settle(a answer) {
-	select {
-	case p.answer <- a:
-	default:
+		// The client left. The request stays in progress, so that a
+		// retry with its key gets 409, until the runner settles it or
+		// its Timeout passes; a retry after that gets its outcome.
 	}
 }
 
@@ -315,6 +454,22 @@ func write(w http.ResponseWriter, a answer) {
 	h.Set("Content-Length", strconv.Itoa(len(a.res.Body)))
 	w.WriteHeader(a.res.Status)
 	_, _ = w.Write(a.res.Body)
+}
+
+// enqueue hands msg to the runner, or returns the answer that refuses it:
+// the source is closed, or its queue is full.
+func (s *Source) enqueue(msg *consumer.Message) (answer, bool) {
+	s.qmu.RLock()
+	defer s.qmu.RUnlock()
+	if s.isClosed {
+		return unavailable("the server is shutting down", 1), false
+	}
+	select {
+	case s.queue <- msg:
+		return answer{}, true
+	default:
+		return unavailable("too many requests are waiting", 1), false
+	}
 }
 
 // Receive implements consumer.Source: it returns the requests waiting, up
@@ -343,7 +498,9 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 // Ack implements consumer.Source: each request is answered with its
 // outcome (consumer.Message.Outcome): the handler's Response, or the stored
 // one with Idempotent-Replayed: true. A key settled without a stored
-// response (its handler returned none) is answered 204.
+// response (its handler returned none) is answered 204. The Set-Cookie
+// headers held back from the store (Config.ReplaySetCookie) go to the
+// request whose handler returned them, never to a replay.
 func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	for _, m := range msgs {
 		p, ok := m.Handle.(*pending)
@@ -359,6 +516,8 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 		if err != nil {
 			s.cfg.Logger.ErrorContext(ctx, "stored response unreadable", "key", m.Key, "err", err)
 			res = problemResponse(http.StatusInternalServerError, "the stored response cannot be read")
+		} else if !replayed && len(p.cookies) > 0 {
+			res.Header["Set-Cookie"] = p.cookies
 		}
 		p.settle(answer{res: res, replayed: replayed})
 	}
@@ -412,11 +571,11 @@ func (s *Source) again(msg *consumer.Message, delay time.Duration) {
 	next := *msg
 	next.Redelivered = true
 	time.AfterFunc(delay, func() {
-		select {
-		case s.queue <- &next:
-		case <-s.closed:
-			p.settle(answer{res: problemResponse(http.StatusServiceUnavailable, "the server is shutting down")})
-		case <-p.done:
+		if p.settled.Load() {
+			return // out of time meanwhile
+		}
+		if a, ok := s.enqueue(&next); !ok {
+			p.settle(a)
 		}
 	})
 }
@@ -424,20 +583,54 @@ func (s *Source) again(msg *consumer.Message, delay time.Duration) {
 // DeadLetter implements consumer.Source: the request is answered with the
 // status the reason maps to (see docs/http.md), in an
 // application/problem+json body. Nothing was stored for it, except for a
-// result over consumer.Config.MaxResultBytes (or the lease store's lower
-// limit) on the lease path, where the effect happened and its key is done
-// without a response.
+// Response the store cannot keep (over consumer.Config.MaxResultBytes or
+// the lease store's lower limit, or a store without results) on the lease
+// path: there the effect happened and its key is done without the
+// Response, so the request is answered with the Response itself, and a
+// retry gets 204 as a replay.
 func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason error) error {
 	p, ok := msg.Handle.(*pending)
 	if !ok {
 		return nil
 	}
+	if errors.Is(reason, consumer.ErrResultTooLarge) || errors.Is(reason, consumer.ErrResultUnsupported) {
+		s.unkept(ctx, msg, p, reason)
+		return nil
+	}
 	status, detail := statusOf(reason)
+	res := problemResponse(status, detail)
 	if status >= 500 {
 		s.cfg.Logger.ErrorContext(ctx, "request failed", "key", msg.Key, "status", status, "err", reason)
+		res = withRetryAfter(res, 1) // nothing was stored: a retry runs the handler again
 	}
-	p.settle(answer{res: problemResponse(status, detail)})
+	p.settle(answer{res: res})
 	return nil
+}
+
+// unkept answers p, whose handler's Response the store could not keep
+// (reason).
+func (s *Source) unkept(ctx context.Context, msg *consumer.Message, p *pending, reason error) {
+	s.cfg.Logger.ErrorContext(ctx, "response not stored", "key", msg.Key, "err", reason)
+	switch p.adapter {
+	case adapterLease:
+		// The effect happened and the key is done: the request gets its
+		// own Response, which no retry will see.
+		res, err := decodeResponse(p.leased)
+		if err != nil {
+			break
+		}
+		if len(p.cookies) > 0 {
+			res.Header["Set-Cookie"] = p.cookies
+		}
+		p.settle(answer{res: res})
+		return
+	case adapterTx:
+		p.settle(answer{res: problemResponse(http.StatusInternalServerError,
+			"the response is larger than the server can store, so nothing was done")})
+		return
+	}
+	p.settle(answer{res: problemResponse(http.StatusInternalServerError,
+		"the response could not be stored; the operation may have completed: a retry with the same "+HeaderKey+" tells")})
 }
 
 // statusOf maps a dead-letter reason to a status and a problem detail.
@@ -449,7 +642,7 @@ func statusOf(reason error) (int, string) {
 	case errors.Is(reason, consumer.ErrPayloadMismatch):
 		return http.StatusUnprocessableEntity, "this " + HeaderKey + " was used with a different request payload"
 	case errors.Is(reason, consumer.ErrMalformed):
-		return http.StatusBadRequest, "the request body cannot be decoded: " + reason.Error()
+		return http.StatusBadRequest, malformedDetail(reason)
 	case errors.Is(reason, consumer.ErrMissingKey), errors.Is(reason, consumer.ErrInvalidKey):
 		return http.StatusBadRequest, "the " + HeaderKey + " is missing or invalid"
 	case errors.Is(reason, consumer.ErrOversized):
@@ -458,16 +651,37 @@ func statusOf(reason error) (int, string) {
 	return http.StatusInternalServerError, "the request failed and nothing was stored; a retry with the same " + HeaderKey + " runs it again"
 }
 
+// malformedDetail says what is wrong with a body that did not decode, in
+// the client's terms: a JSON field and kind or a position, never a Go type
+// or the runner's error text.
+func malformedDetail(reason error) string {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(reason, &typeErr) && typeErr.Field != "":
+		return fmt.Sprintf("the field %q of the request body cannot be a JSON %s", typeErr.Field, typeErr.Value)
+	case errors.As(reason, &typeErr):
+		return fmt.Sprintf("the request body cannot be a JSON %s", typeErr.Value)
+	case errors.As(reason, &syntaxErr):
+		return fmt.Sprintf("the request body is not valid JSON (at byte %d)", syntaxErr.Offset)
+	}
+	return "the request body cannot be decoded"
+}
+
 // Close implements consumer.Source: Receive fails with consumer.ErrClosed,
-// and requests not received yet are answered 503.
+// requests not received yet are answered 503, and so is every request
+// that arrives after it, at once.
 func (s *Source) Close() error {
 	s.once.Do(func() {
+		s.qmu.Lock()
+		s.isClosed = true
 		close(s.closed)
+		s.qmu.Unlock()
 		for {
 			select {
 			case m := <-s.queue:
 				if p, ok := m.Handle.(*pending); ok {
-					p.settle(answer{res: problemResponse(http.StatusServiceUnavailable, "the server is shutting down")})
+					p.settle(unavailable("the server is shutting down", 1))
 				}
 			default:
 				return
@@ -497,6 +711,7 @@ func problem(w http.ResponseWriter, status int, detail string) {
 	write(w, answer{res: problemResponse(status, detail)})
 }
 
-func unavailable(w http.ResponseWriter, detail string, secs int) {
-	write(w, answer{res: withRetryAfter(problemResponse(http.StatusServiceUnavailable, detail), secs)})
+// unavailable is a 503 answer with Retry-After: secs.
+func unavailable(detail string, secs int) answer {
+	return answer{res: withRetryAfter(problemResponse(http.StatusServiceUnavailable, detail), secs)}
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -31,18 +32,22 @@ import (
 
 // charge is the request body of the test endpoint.
 type charge struct {
-	Amount int  `json:"amount"`
-	Fail   bool `json:"fail,omitempty"`   // the handler returns an error (nothing stored)
-	Reject bool `json:"reject,omitempty"` // the handler rejects with 402 (nothing stored)
-	Block  bool `json:"block,omitempty"`  // the handler waits for endpoint.release
+	Amount int    `json:"amount"`
+	Fail   bool   `json:"fail,omitempty"`   // the handler returns an error (nothing stored)
+	Reject bool   `json:"reject,omitempty"` // the handler rejects with 402 (nothing stored)
+	Block  bool   `json:"block,omitempty"`  // the handler waits for endpoint.release
+	Cookie string `json:"cookie,omitempty"` // the response sets this cookie
+	Echo   string `json:"echo,omitempty"`   // the response's body holds this
 }
 
 // endpoint is a test server: an httpsource.Source on 127.0.0.1:0 with a
 // runner on one of the paths and stores.
 type endpoint struct {
-	url     string
+	base    string // the server's URL
+	url     string // base + "/charges"
 	release chan struct{}
 	started chan struct{} // a blocking handler started
+	closed  chan struct{} // if not nil, told when a connection closes
 	runs    atomic.Int64  // handler runs
 	effects func() int    // committed effects
 }
@@ -73,8 +78,15 @@ func (e *endpoint) handle(ctx context.Context, msg *consumer.Message, effect fun
 	if c.Fail {
 		return httpsource.Response{}, errors.New("handler failed after its effect")
 	}
-	res, err := httpsource.JSON(http.StatusCreated, map[string]any{"id": id, "amount": c.Amount})
+	out := map[string]any{"id": id, "amount": c.Amount}
+	if c.Echo != "" {
+		out["echo"] = c.Echo
+	}
+	res, err := httpsource.JSON(http.StatusCreated, out)
 	res.Header.Set("Location", fmt.Sprintf("/charges/%d", id))
+	if c.Cookie != "" {
+		res.Header.Add("Set-Cookie", c.Cookie)
+	}
 	return res, err
 }
 
@@ -216,8 +228,9 @@ func start(t *testing.T, b backend, cfg httpsource.Config) *endpoint {
 }
 
 // serve runs a Source for e and its runner on path, named name, behind a
-// real net/http server, and sets e.url.
-func serve(t *testing.T, e *endpoint, path consumer.Path, name string, cfg httpsource.Config) {
+// real net/http server, and sets e.base and e.url. The source is mounted on
+// patterns, by default "POST /charges".
+func serve(t *testing.T, e *endpoint, path consumer.Path, name string, cfg httpsource.Config, patterns ...string) {
 	t.Helper()
 	src, err := httpsource.New(cfg)
 	if err != nil {
@@ -232,8 +245,21 @@ func serve(t *testing.T, e *endpoint, path consumer.Path, name string, cfg https
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	mux := http.NewServeMux()
-	mux.Handle("POST /charges", src)
-	srv := httptest.NewServer(mux) // 127.0.0.1:0
+	if len(patterns) == 0 {
+		patterns = []string{"POST /charges"}
+	}
+	for _, p := range patterns {
+		mux.Handle(p, src)
+	}
+	srv := httptest.NewUnstartedServer(mux) // 127.0.0.1:0
+	if e.closed != nil {
+		srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+			if st == http.StateClosed {
+				e.closed <- struct{}{}
+			}
+		}
+	}
+	srv.Start()
 	t.Cleanup(func() {
 		srv.Close()
 		cancel()
@@ -246,7 +272,7 @@ func serve(t *testing.T, e *endpoint, path consumer.Path, name string, cfg https
 			t.Error("Run did not return")
 		}
 	})
-	e.url = srv.URL + "/charges"
+	e.base, e.url = srv.URL, srv.URL+"/charges"
 }
 
 // reply is one response, read whole.
@@ -258,7 +284,14 @@ type reply struct {
 
 func post(t *testing.T, url, key, body string, hdr ...string) reply {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	return do(t, http.MethodPost, url, key, body, hdr...)
+}
+
+// do sends a request with key as its Idempotency-Key (none if empty) and
+// hdr as pairs of header names and values.
+func do(t *testing.T, method, url, key, body string, hdr ...string) reply {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +332,7 @@ func wantProblem(t *testing.T, what string, r reply, status int) {
 func TestSource(t *testing.T) {
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
-			e := start(t, b, httpsource.Config{})
+			e := start(t, b, httpsource.Config{Scope: oneCaller})
 
 			first := post(t, e.url, "k1", `{"amount":500}`)
 			if first.status != http.StatusCreated || first.header.Get("Idempotent-Replayed") != "" ||
@@ -321,13 +354,23 @@ func TestSource(t *testing.T) {
 			}
 
 			wantProblem(t, "same key, different payload", post(t, e.url, "k1", `{"amount":501}`), http.StatusUnprocessableEntity)
+			// The body is compared byte for byte (docs/http.md): the same
+			// fields in another order are another payload.
+			if r := post(t, e.url, "k5", `{"amount":2,"cookie":"c=1"}`); r.status != http.StatusCreated {
+				t.Fatalf("k5: %+v, want 201", r)
+			}
+			wantProblem(t, "same key, fields reordered", post(t, e.url, "k5", `{"cookie":"c=1","amount":2}`), http.StatusUnprocessableEntity)
 			wantProblem(t, "no key", post(t, e.url, "", `{"amount":1}`), http.StatusBadRequest)
 
 			// A failed handler stores nothing: the retry runs it again.
-			wantProblem(t, "failed handler", post(t, e.url, "k2", `{"amount":7,"fail":true}`), http.StatusInternalServerError)
+			failed := post(t, e.url, "k2", `{"amount":7,"fail":true}`)
+			wantProblem(t, "failed handler", failed, http.StatusInternalServerError)
+			if failed.header.Get("Retry-After") == "" { // its last attempt: MaxAttempts is 1
+				t.Fatalf("failed handler: %+v, want Retry-After", failed)
+			}
 			if b.name != "redis-lease" { // the lease path's effect happened; see docs/http.md
-				if n := e.effects(); n != 1 {
-					t.Fatalf("%d effects after a failed handler, want 1", n)
+				if n := e.effects(); n != 2 {
+					t.Fatalf("%d effects after a failed handler, want 2", n)
 				}
 			}
 			wantProblem(t, "rejected", post(t, e.url, "k3", `{"amount":7,"reject":true}`), http.StatusPaymentRequired)
@@ -358,13 +401,7 @@ func TestSource(t *testing.T) {
 // caller's retry is a replay. The scope comes from the request.
 func TestSourceScopes(t *testing.T) {
 	b := backends()[1] // SQLite
-	e := start(t, b, httpsource.Config{Scope: func(r *http.Request) (string, error) {
-		tenant := r.Header.Get("X-Tenant")
-		if tenant == "" {
-			return "", errors.New("no tenant")
-		}
-		return tenant, nil
-	}})
+	e := start(t, b, httpsource.Config{Scope: tenantScope})
 	a := post(t, e.url, "same", `{"amount":1}`, "X-Tenant", "a")
 	bb := post(t, e.url, "same", `{"amount":1}`, "X-Tenant", "b:x")
 	if a.status != http.StatusCreated || bb.status != http.StatusCreated || a.body == bb.body {
@@ -382,7 +419,7 @@ func TestSourceScopes(t *testing.T) {
 // TestSourceWaitInProgress: with WaitInProgress a concurrent copy of a key
 // waits and gets the first request's response as a replay.
 func TestSourceWaitInProgress(t *testing.T) {
-	e := start(t, backends()[1], httpsource.Config{WaitInProgress: true})
+	e := start(t, backends()[1], httpsource.Config{Scope: oneCaller, WaitInProgress: true})
 	first := make(chan reply, 1)
 	go func() { first <- post(t, e.url, "w", `{"amount":3,"block":true}`) }()
 	<-e.started
@@ -425,8 +462,8 @@ func TestSourceLeaseInProgressElsewhere(t *testing.T) {
 	for _, wait := range []bool{false, true} {
 		t.Run(fmt.Sprintf("WaitInProgress=%v", wait), func(t *testing.T) {
 			name := fmt.Sprintf("busy-%d", time.Now().UnixNano()) // Redis keys outlive the test
-			a := instance(t, name, httpsource.Config{})
-			b := instance(t, name, httpsource.Config{WaitInProgress: wait, Timeout: 10 * time.Second})
+			a := instance(t, name, httpsource.Config{Scope: oneCaller})
+			b := instance(t, name, httpsource.Config{Scope: oneCaller, WaitInProgress: wait, Timeout: 10 * time.Second})
 			var once sync.Once
 			release := func() { once.Do(func() { close(a.release) }) }
 			t.Cleanup(release) // a's handler returns before its server stops
@@ -470,8 +507,9 @@ func TestSourceLeaseInProgressElsewhere(t *testing.T) {
 
 // TestSourceLeaseStoreResultLimit: a response over the lease store's own
 // limit, lower than the runner's, is answered as one over the runner's: the
-// effect happened, so the key is done without the response (500), and the
-// retry gets 204 as a replay without running the handler again.
+// effect happened, so the key is done without the response, the request
+// gets the response, and the retry gets 204 as a replay without running
+// the handler again.
 func TestSourceLeaseStoreResultLimit(t *testing.T) {
 	opts, err := redis.ParseURL(testenv.RedisURL(t))
 	if err != nil {
@@ -489,14 +527,223 @@ func TestSourceLeaseStoreResultLimit(t *testing.T) {
 		return httpsource.JSON(http.StatusCreated, map[string]string{"receipt": strings.Repeat("r", 100)})
 	})
 	e := &endpoint{}
-	serve(t, e, consumer.Leased(store, h, consumer.LeaseOptions{}), fmt.Sprintf("limit-%d", time.Now().UnixNano()), httpsource.Config{})
+	serve(t, e, consumer.Leased(store, h, consumer.LeaseOptions{}), fmt.Sprintf("limit-%d", time.Now().UnixNano()), httpsource.Config{Scope: oneCaller})
 
-	wantProblem(t, "response over the store's limit", post(t, e.url, "k", `{}`), http.StatusInternalServerError)
+	if first := post(t, e.url, "k", `{}`); first.status != http.StatusCreated || !strings.Contains(first.body, "rrrr") {
+		t.Fatalf("response over the store's limit: %+v, want the 201 response", first)
+	}
 	again := post(t, e.url, "k", `{}`)
 	if again.status != http.StatusNoContent || again.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("retry: %+v, want 204 with Idempotent-Replayed: true", again)
 	}
 	if n := runs.Load(); n != 1 {
 		t.Fatalf("the handler ran %d times, want 1", n)
+	}
+}
+
+// oneCaller is a Config.Scope for tests with one caller.
+func oneCaller(*http.Request) (string, error) { return "caller", nil }
+
+// tenantScope is a Config.Scope: the caller is the X-Tenant header.
+func tenantScope(r *http.Request) (string, error) {
+	tenant := r.Header.Get("X-Tenant")
+	if tenant == "" {
+		return "", errors.New("no tenant")
+	}
+	return tenant, nil
+}
+
+// TestSourceSetCookie: a Set-Cookie of the handler's response reaches the
+// request that ran it, and is not replayed to a retry: a session cookie is
+// the first caller's alone.
+func TestSourceSetCookie(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			e := start(t, b, httpsource.Config{Scope: tenantScope})
+			body := `{"amount":5,"cookie":"session=alice-secret"}`
+			first := post(t, e.url, "c1", body, "X-Tenant", "alice")
+			if first.status != http.StatusCreated || first.header.Get("Set-Cookie") != "session=alice-secret" {
+				t.Fatalf("first request: %+v, want 201 with its Set-Cookie", first)
+			}
+			again := post(t, e.url, "c1", body, "X-Tenant", "alice")
+			if again.status != http.StatusCreated || again.header.Get("Idempotent-Replayed") != "true" || again.body != first.body {
+				t.Fatalf("retry: %+v, want the replay of %+v", again, first)
+			}
+			if c := again.header.Values("Set-Cookie"); len(c) != 0 {
+				t.Fatalf("the replay carries Set-Cookie %q, want none", c)
+			}
+		})
+	}
+}
+
+// TestSourceRequestFingerprint: a key is bound to its request's method and
+// target as well as its body. One source on two routes: the key of a POST
+// to account 1 sent to account 2, or with DELETE, is answered 422 like a
+// different body, and the handler runs once for the one operation.
+func TestSourceRequestFingerprint(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			e := &endpoint{release: make(chan struct{}), started: make(chan struct{}, 8)}
+			path, name := b.start(t, e)
+			serve(t, e, path, name, httpsource.Config{Scope: oneCaller}, "POST /accounts/{id}/charges", "DELETE /accounts/{id}")
+			body := `{"amount":5}`
+			first := do(t, http.MethodPost, e.base+"/accounts/1/charges", "K", body)
+			if first.status != http.StatusCreated {
+				t.Fatalf("first request: %+v, want 201", first)
+			}
+			wantProblem(t, "the key on another account", do(t, http.MethodPost, e.base+"/accounts/2/charges", "K", body), http.StatusUnprocessableEntity)
+			wantProblem(t, "the key on another method and path", do(t, http.MethodDelete, e.base+"/accounts/3", "K", body), http.StatusUnprocessableEntity)
+			wantProblem(t, "the key with a query", do(t, http.MethodPost, e.base+"/accounts/1/charges?dry_run=1", "K", body), http.StatusUnprocessableEntity)
+			again := do(t, http.MethodPost, e.base+"/accounts/1/charges", "K", body)
+			if again.header.Get("Idempotent-Replayed") != "true" || again.body != first.body {
+				t.Fatalf("retry: %+v, want the replay of %+v", again, first)
+			}
+			if n := e.runs.Load(); n != 1 {
+				t.Fatalf("the handler ran %d times, want 1", n)
+			}
+		})
+	}
+}
+
+// TestSourceOversizeResponse: a response over the limit the store keeps
+// (consumer.Config.MaxResultBytes, 64 KiB). On the lease path the effect
+// has happened when the limit is checked: the request gets its response,
+// never an error that invites a retry under a new key, and a retry with
+// the key gets 204 as a replay without running the handler again. On the
+// transactional path nothing was done: 500, and no effect.
+func TestSourceOversizeResponse(t *testing.T) {
+	big := strings.Repeat("r", 70<<10)
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			e := start(t, b, httpsource.Config{Scope: oneCaller})
+			body := `{"amount":5,"cookie":"s=1","echo":"` + big + `"}` // a 70 KiB response
+			first := post(t, e.url, "big", body)
+			if b.name != "redis-lease" {
+				wantProblem(t, "response over the limit", first, http.StatusInternalServerError)
+				if strings.Contains(first.body, "retry") {
+					t.Fatalf("the answer %q invites a retry that fails the same way", first.body)
+				}
+				if n := e.effects(); n != 0 {
+					t.Fatalf("%d effects of a request whose response could not be kept, want 0", n)
+				}
+				return
+			}
+			if first.status != http.StatusCreated || !strings.Contains(first.body, big) || first.header.Get("Set-Cookie") != "s=1" {
+				t.Fatalf("first request: %d %v (%d bytes), want its own 201 response", first.status, first.header, len(first.body))
+			}
+			again := post(t, e.url, "big", body)
+			if again.status != http.StatusNoContent || again.header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("retry: %+v, want 204 with Idempotent-Replayed: true", again)
+			}
+			if n := e.runs.Load(); n != 1 {
+				t.Fatalf("the handler ran %d times, want 1", n)
+			}
+		})
+	}
+}
+
+// TestSourceClientLeaves: a client that hangs up does not end its request:
+// while the handler still runs, a retry with the key is answered 409 (not
+// queued behind it until the Timeout), and once the handler finished the
+// retry gets its response as a replay.
+func TestSourceClientLeaves(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			e := &endpoint{release: make(chan struct{}), started: make(chan struct{}, 8), closed: make(chan struct{}, 8)}
+			path, name := b.start(t, e)
+			serve(t, e, path, name, httpsource.Config{Scope: oneCaller, Timeout: 5 * time.Second})
+			var once sync.Once
+			release := func() { once.Do(func() { close(e.release) }) }
+			t.Cleanup(release)
+
+			body := `{"amount":3,"block":true}`
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.url, strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set(httpsource.HeaderKey, "left")
+			left := make(chan error, 1)
+			go func() {
+				resp, err := http.DefaultClient.Do(req)
+				if err == nil {
+					resp.Body.Close()
+				}
+				left <- err
+			}()
+			select {
+			case <-e.started:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the handler did not start")
+			}
+			cancel() // the client hangs up
+			if err := <-left; err == nil {
+				t.Fatal("the request that hung up got an answer")
+			}
+			select {
+			case <-e.closed: // the server is done with that request
+			case <-time.After(20 * time.Second):
+				t.Fatal("the server did not close the connection of the client that left")
+			}
+			wantProblem(t, "retry while the handler runs", post(t, e.url, "left", body), http.StatusConflict)
+
+			release()
+			var again reply
+			for range 200 { // bounded: the runner settles the first request soon after its handler returns
+				if again = post(t, e.url, "left", body); again.status != http.StatusConflict {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if again.status != http.StatusCreated || again.header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("retry after the handler finished: %+v, want the replay of its 201", again)
+			}
+			if n := e.runs.Load(); n != 1 {
+				t.Fatalf("the handler ran %d times, want 1", n)
+			}
+		})
+	}
+}
+
+// TestSourceKeyLimits: the 1 KiB limit is the client's key's, whatever the
+// scope's length; a key over it, or with a control character, is blamed on
+// the key (400), and a scope that cannot be recorded on the scope (401).
+func TestSourceKeyLimits(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			e := start(t, b, httpsource.Config{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil }})
+			long := strings.Repeat("k", consumer.MaxKeyBytes)
+			for _, tenant := range []string{"acme", strings.Repeat("a:%", 400)} {
+				first := post(t, e.url, long, `{"amount":1}`, "X-Tenant", tenant)
+				if first.status != http.StatusCreated {
+					t.Fatalf("a 1 KiB key of tenant %.12q...: %+v, want 201", tenant, first)
+				}
+				again := post(t, e.url, long, `{"amount":1}`, "X-Tenant", tenant)
+				if again.header.Get("Idempotent-Replayed") != "true" || again.body != first.body {
+					t.Fatalf("its retry: %+v, want the replay of %+v", again, first)
+				}
+			}
+			if other := post(t, e.url, long[1:]+"j", `{"amount":1}`, "X-Tenant", "acme"); other.status != http.StatusCreated || other.header.Get("Idempotent-Replayed") != "" {
+				t.Fatalf("another 1 KiB key: %+v, want a new 201", other)
+			}
+			if n := e.effects(); n != 3 {
+				t.Fatalf("%d effects, want 3", n)
+			}
+			for what, key := range map[string]string{"a key over 1 KiB": long + "k", "a key with a TAB": "k\tk"} {
+				r := post(t, e.url, key, `{"amount":1}`, "X-Tenant", "acme")
+				wantProblem(t, what, r, http.StatusBadRequest)
+				if !strings.Contains(r.body, "Idempotency-Key") {
+					t.Fatalf("%s: %q, want the key blamed", what, r.body)
+				}
+			}
+			for what, tenant := range map[string]string{"an empty scope": "", "a scope with a TAB": "a\tb"} {
+				r := post(t, e.url, "k", `{"amount":1}`, "X-Tenant", tenant)
+				wantProblem(t, what, r, http.StatusUnauthorized)
+				if !strings.Contains(r.body, "scope") || strings.Contains(r.body, "Idempotency-Key") {
+					t.Fatalf("%s: %q, want the scope blamed, not the key", what, r.body)
+				}
+			}
+		})
 	}
 }
