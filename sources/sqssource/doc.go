@@ -50,8 +50,9 @@
 //
 // The key the runner records is, in this order: the string message attribute
 // named by Config.KeyAttribute (a business or idempotency key set by the
-// producer), the MessageDeduplicationId on FIFO queues, else the MessageId
-// (Message.ID, through consumer.DefaultKey). The MessageId is stable across
+// producer), the consumer.MetaKey attribute (the key recorded for the
+// original of a replayed dead letter), the MessageDeduplicationId on FIFO
+// queues, else the MessageId (Message.ID, through consumer.DefaultKey). The MessageId is stable across
 // redeliveries; the receipt handle changes on every receive and is never a
 // key. A producer that may send one logical message twice to a standard queue
 // gets two MessageIds: give such messages a KeyAttribute, and set

@@ -9,10 +9,15 @@
 // two, the dead letter reappears after Config.ScanVisibility and the next
 // replay sends it again, which the runner absorbs as a duplicate of its key.
 //
-// The key must travel in a message attribute (sqssource.Config.KeyAttribute)
-// or, on FIFO queues, as the deduplication id for a replay to keep it: a
-// standard queue's default key is the MessageId, which SQS assigns anew to
-// the replayed copy, so a copy sent twice would be handled twice.
+// The copy keeps the key the runner recorded for the original: it carries
+// it in the consumer.MetaKey attribute (unless Config.KeyAttribute holds it
+// already), which sqssource reads after its KeyAttribute. The copy's
+// MessageId is new, and so is its MessageDeduplicationId on a FIFO queue
+// (the dead letter's MessageId: SQS drops a second copy of one dead letter
+// sent within its 5-minute deduplication interval, and never drops the copy
+// as a duplicate of the original). A dead letter whose key was not recorded
+// (a redrive policy moved it from a standard queue keyed on the MessageId)
+// is replayed with a new key.
 package sqsdlq
 
 import (
@@ -49,8 +54,9 @@ type Config struct {
 	// a redrive policy. Defaults to "" (they are kept, dlq.ErrNoOrigin).
 	OriginQueueURL string
 	// KeyAttribute is the message attribute holding the deduplication key
-	// (sqssource.Config.KeyAttribute). Defaults to "": the key shown is the
-	// FIFO deduplication id, else the original MessageId.
+	// (sqssource.Config.KeyAttribute). Defaults to "": the key shown is
+	// consumer.MetaKey, else the FIFO deduplication id, else the original
+	// MessageId.
 	KeyAttribute string
 	// ScanVisibility is how long a scan hides the dead letters it received.
 	// Defaults to 60 s.
@@ -200,6 +206,16 @@ func (b *Broker) replay(ctx context.Context, m types.Message, l *dlq.Letter) err
 			attrs[name] = types.MessageAttributeValue{DataType: v.DataType, StringValue: v.StringValue, BinaryValue: v.BinaryValue}
 		}
 	}
+	// The copy carries the key the runner recorded, which sqssource reads
+	// after its KeyAttribute: the copy's MessageId, and on FIFO queues its
+	// deduplication id, are new.
+	if l.Key != "" && (b.cfg.KeyAttribute == "" || aws.ToString(attrs[b.cfg.KeyAttribute].StringValue) != l.Key) {
+		if len(attrs) >= sqssource.MaxMessageAttributes {
+			return fmt.Errorf("sqsdlq: replay %s to %s (the dead letter stays): its %d message attributes leave no room for the key attribute %s",
+				l.ID, l.Origin, len(attrs), consumer.MetaKey)
+		}
+		attrs[consumer.MetaKey] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(l.Key)}
+	}
 	in := &sqs.SendMessageInput{QueueUrl: aws.String(l.Origin), MessageBody: m.Body, MessageAttributes: attrs}
 	if strings.HasSuffix(l.Origin, ".fifo") {
 		group := m.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
@@ -207,8 +223,11 @@ func (b *Broker) replay(ctx context.Context, m types.Message, l *dlq.Letter) err
 			group = "idemq-replay"
 		}
 		in.MessageGroupId = aws.String(group)
-		// A replay run again within SQS's deduplication interval is
-		// dropped by SQS itself.
+		// Unique per dead letter, not the key: a replay run again within
+		// SQS's deduplication interval is dropped by SQS itself, and the
+		// copy is never taken for the original (sent with the key as its
+		// deduplication id less than 5 minutes before, the copy would be
+		// dropped and lost).
 		in.MessageDeduplicationId = m.MessageId
 	}
 	if _, err := b.cfg.Client.SendMessage(ctx, in); err != nil {
