@@ -314,7 +314,7 @@ func nativeMove(ctx context.Context, b *sqsdlq.Broker, origin string, progress f
 	}
 	moved, err = b.MoveAll(ctx, origin, progress)
 	if errors.Is(err, sqsdlq.ErrNativeUnsupported) {
-		return 0, false, errors.New("the SQS endpoint has no message-move tasks")
+		return 0, false, err
 	}
 	return moved, true, err
 }

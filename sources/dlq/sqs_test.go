@@ -1,7 +1,12 @@
 package dlq_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"slices"
@@ -236,5 +241,197 @@ func TestSQSFIFOReplayKeepsKey(t *testing.T) {
 	want := map[string]int{keyOf(1): 1, keyOf(2): 1, keyOf(3): 1}
 	if !maps.Equal(eff, want) {
 		t.Errorf("effects by key %v, want %v", eff, want)
+	}
+}
+
+// allowPolicyHTTP gives the queue queueURL the RedriveAllowPolicy policy in
+// GetQueueAttributes responses, which ElasticMQ neither stores nor returns.
+type allowPolicyHTTP struct {
+	queueURL, policy string
+}
+
+func (p *allowPolicyHTTP) Do(r *http.Request) (*http.Response, error) {
+	if r.Header.Get("X-Amz-Target") != "AmazonSQS.GetQueueAttributes" {
+		return http.DefaultClient.Do(r)
+	}
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return nil, err
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	resp, err := http.DefaultClient.Do(r)
+	var in struct{ QueueUrl string }
+	if err != nil || json.Unmarshal(body, &in) != nil || in.QueueUrl != p.queueURL || resp.StatusCode != http.StatusOK {
+		return resp, err
+	}
+	defer resp.Body.Close()
+	var out struct{ Attributes map[string]string }
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, err
+	}
+	if out.Attributes == nil {
+		out.Attributes = map[string]string{}
+	}
+	out.Attributes[string(types.QueueAttributeNameRedriveAllowPolicy)] = p.policy
+	b, err := json.Marshal(out)
+	if err != nil {
+		return nil, err
+	}
+	resp.Body, resp.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+	resp.Header.Del("Content-Length")
+	return resp, nil
+}
+
+// moveRig is a dead-letter queue that the queue orders, and the queue
+// refunds unless told otherwise, name in their redrive policies.
+type moveRig struct {
+	c                     *sqs.Client
+	dead, orders, refunds string
+	// sent are the dead letters' bodies by origin URL.
+	sent map[string][]string
+}
+
+func newMoveRig(t *testing.T, endpoint string, refundsRedrive bool) *moveRig {
+	t.Helper()
+	c := sqsClient(endpoint)
+	name := runtest.UniqueName(t, "idemq-move")
+	brokerenv.DeleteSQSQueuesAtCleanup(t, endpoint, name+"-dlq", name+"-orders", name+"-refunds")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	create := func(n string, attrs map[string]string) string {
+		out, err := c.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(n), Attributes: attrs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return aws.ToString(out.QueueUrl)
+	}
+	rg := &moveRig{c: c, dead: create(name+"-dlq", nil), sent: map[string][]string{}}
+	deadARN := queueARN(t, c, rg.dead)
+	redrive := map[string]string{string(types.QueueAttributeNameRedrivePolicy): `{"deadLetterTargetArn":"` + deadARN + `","maxReceiveCount":"5"}`}
+	rg.orders = create(name+"-orders", redrive)
+	if !refundsRedrive {
+		redrive = nil
+	}
+	rg.refunds = create(name+"-refunds", redrive)
+	return rg
+}
+
+func queueARN(t *testing.T, c *sqs.Client, url string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := c.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(url),
+		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameQueueArn}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.Attributes[string(types.QueueAttributeNameQueueArn)]
+}
+
+// deadLetter writes a dead letter of origin, as sqssource does.
+func (rg *moveRig) deadLetter(t *testing.T, origin string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	body := fmt.Sprintf(`{"from":%q,"n":%d}`, origin, len(rg.sent[origin]))
+	str := func(s string) types.MessageAttributeValue {
+		return types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(s)}
+	}
+	if _, err := rg.c.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(rg.dead), MessageBody: aws.String(body),
+		MessageAttributes: map[string]types.MessageAttributeValue{consumer.MetaReason: str("bad SKU"), sqssource.MetaSourceQueue: str(origin),
+			sqssource.MetaMessageID: str(body), consumer.MetaAttempts: {DataType: aws.String("Number"), StringValue: aws.String("3")}}}); err != nil {
+		t.Fatal(err)
+	}
+	rg.sent[origin] = append(rg.sent[origin], body)
+}
+
+// holds returns the bodies in queue url.
+func (rg *moveRig) holds(t *testing.T, url string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out []string
+	for {
+		m, err := rg.c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(url), MaxNumberOfMessages: 10, WaitTimeSeconds: 1, VisibilityTimeout: 30})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(m.Messages) == 0 {
+			slices.Sort(out)
+			return out
+		}
+		for _, m := range m.Messages {
+			out = append(out, aws.ToString(m.Body))
+		}
+	}
+}
+
+// A dead-letter queue that two queues can feed is never moved whole to one
+// of them: a dead letter of refunds, written after the letters of orders
+// were listed, goes back to refunds.
+func TestSQSMoveAllKeepsOrigins(t *testing.T) {
+	rg := newMoveRig(t, testenv.SQSEndpoint(t), true)
+	rg.deadLetter(t, rg.orders)
+	rg.deadLetter(t, rg.orders)
+	b := openSQSDLQ(t, rg.c, rg.dead, 0)
+	// What the command line's replay saw: letters of orders only.
+	for _, l := range list(t, b, dlq.Filter{}) {
+		if l.Origin != rg.orders {
+			t.Fatalf("dead letter %+v: origin %q, want %q", l, l.Origin, rg.orders)
+		}
+	}
+	rg.deadLetter(t, rg.refunds)
+
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	moved, err := b.MoveAll(ctx, rg.orders, nil)
+	switch {
+	case errors.Is(err, sqsdlq.ErrNativeUnsupported):
+		t.Logf("MoveAll refused: %v", err)
+		if !errors.Is(err, sqsdlq.ErrNativeUnsafe) {
+			t.Errorf("MoveAll: %v, want ErrNativeUnsafe (ElasticMQ has message-move tasks)", err)
+		}
+		if _, err := dlq.Replay(ctx, b, dlq.Filter{}, dlq.Options{}); err != nil {
+			t.Fatalf("replay: %v", err)
+		}
+	case err != nil:
+		t.Fatalf("MoveAll: %v", err)
+	default:
+		t.Logf("MoveAll moved %d", moved)
+	}
+	for _, q := range []string{rg.orders, rg.refunds} {
+		if got := rg.holds(t, q); !slices.Equal(got, rg.sent[q]) {
+			t.Errorf("%s holds %q, want its own dead letters %q", q, got, rg.sent[q])
+		}
+	}
+}
+
+// With a RedriveAllowPolicy that names one source queue, MoveAll moves the
+// whole dead-letter queue there with a message-move task, and refuses any
+// other destination.
+func TestSQSMoveAllToTheOnlySource(t *testing.T) {
+	endpoint := testenv.SQSEndpoint(t)
+	// Only orders names the dead-letter queue, as its policy says.
+	rg := newMoveRig(t, endpoint, false)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	policy := `{"redrivePermission":"byQueue","sourceQueueArns":["` + queueARN(t, rg.c, rg.orders) + `"]}`
+	c := sqsClient(endpoint, func(o *sqs.Options) { o.HTTPClient = &allowPolicyHTTP{queueURL: rg.dead, policy: policy} })
+	b := openSQSDLQ(t, c, rg.dead, 0)
+	rg.deadLetter(t, rg.orders)
+	rg.deadLetter(t, rg.orders)
+
+	if _, err := b.MoveAll(ctx, rg.refunds, nil); !errors.Is(err, sqsdlq.ErrNativeUnsafe) {
+		t.Errorf("MoveAll to refunds: %v, want ErrNativeUnsafe", err)
+	}
+	moved, err := b.MoveAll(ctx, "", nil)
+	if err != nil {
+		t.Fatalf("MoveAll: %v", err)
+	}
+	if got := rg.holds(t, rg.orders); moved != 2 || !slices.Equal(got, rg.sent[rg.orders]) {
+		t.Errorf("moved %d; orders holds %q, want %q", moved, got, rg.sent[rg.orders])
+	}
+	if got := rg.holds(t, rg.refunds); len(got) != 0 {
+		t.Errorf("refunds holds %q, want nothing", got)
 	}
 }

@@ -113,7 +113,9 @@ type handle struct {
 // New returns a Source for cfg.QueueURL. It checks that the queue exists,
 // reads whether it is a FIFO queue and its redrive policy, and checks the
 // dead-letter route: it returns ErrNoDeadLetterRoute when neither
-// cfg.DeadLetterQueueURL nor a redrive policy is set, and a
+// cfg.DeadLetterQueueURL nor a redrive policy is set, a *idemq.ConfigError
+// when cfg.DeadLetterQueueURL's RedriveAllowPolicy does not allow the queue
+// as a source (see RedriveAllowPolicy), and a
 // *idemq.ConfigError for each invalid field of cfg (after WithDefaults),
 // all at once.
 //
@@ -139,7 +141,7 @@ func New(ctx context.Context, client Client, cfg Config) (*Source, error) {
 	}
 	s.log = cfg.Logger.With(logKeyQueue, s.queueName)
 
-	attrs, err := s.queueAttributes(ctx, cfg.QueueURL, types.QueueAttributeNameFifoQueue, types.QueueAttributeNameRedrivePolicy)
+	attrs, err := s.queueAttributes(ctx, cfg.QueueURL, types.QueueAttributeNameFifoQueue, types.QueueAttributeNameRedrivePolicy, types.QueueAttributeNameQueueArn)
 	if err != nil {
 		return nil, err
 	}
@@ -151,13 +153,24 @@ func New(ctx context.Context, client Client, cfg Config) (*Source, error) {
 	}
 	switch {
 	case cfg.DeadLetterQueueURL != "":
-		dl, err := s.queueAttributes(ctx, cfg.DeadLetterQueueURL, types.QueueAttributeNameFifoQueue, types.QueueAttributeNameMaximumMessageSize)
+		dl, err := s.queueAttributes(ctx, cfg.DeadLetterQueueURL, types.QueueAttributeNameFifoQueue, types.QueueAttributeNameMaximumMessageSize,
+			types.QueueAttributeNameRedriveAllowPolicy)
 		if err != nil {
 			return nil, err
 		}
 		s.deadLetterLimit = parseMaximumMessageSize(dl[string(types.QueueAttributeNameMaximumMessageSize)])
 		if dlFIFO := dl[string(types.QueueAttributeNameFifoQueue)] == "true"; dlFIFO != s.fifo {
 			return nil, configError("DeadLetterQueueURL", fmt.Sprintf("FIFO is %v for the dead-letter queue but %v for the queue", dlFIFO, s.fifo))
+		}
+		// A dead-letter queue that allows one source queue is moved whole
+		// to it by a message-move task (sqsdlq): dead letters of another
+		// queue would go there too.
+		allow, err := ParseRedriveAllowPolicy(dl[string(types.QueueAttributeNameRedriveAllowPolicy)])
+		if err != nil {
+			return nil, configError("DeadLetterQueueURL", err.Error())
+		}
+		if arn := attrs[string(types.QueueAttributeNameQueueArn)]; !allow.Allows(arn) {
+			return nil, configError("DeadLetterQueueURL", fmt.Sprintf("the dead-letter queue's RedriveAllowPolicy does not allow queue %s as a source", arn))
 		}
 	case s.maxReceiveCount == 0:
 		return nil, fmt.Errorf("%w (queue %s)", ErrNoDeadLetterRoute, s.queueName)
