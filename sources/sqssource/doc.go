@@ -3,7 +3,7 @@
 // consumer.Runner and every message's effect happens once, although SQS
 // delivers at least once:
 //
-//	client, err := sqssource.NewClient(ctx, "") // default AWS configuration chain
+//	client, err := sqssource.NewClient(ctx, "") // default AWS configuration chain; see NewClient for emulators
 //	src, err := sqssource.New(ctx, client, sqssource.Config{
 //		QueueURL:           "https://sqs.eu-west-1.amazonaws.com/123456789012/orders",
 //		DeadLetterQueueURL: "https://sqs.eu-west-1.amazonaws.com/123456789012/orders-dlq",
