@@ -59,7 +59,7 @@ func (f *dlqFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.dryRun, "dry-run", false, "replay, purge: show what would be replayed or purged, and change nothing")
 	fs.BoolVar(&f.asJSON, "json", false, "print JSON (one object per dead letter, or the result) for scripts")
 	fs.BoolVar(&f.all, "all", false, "purge: allow a purge without a filter (every dead letter)")
-	fs.BoolVar(&f.native, "native", true, "sqs replay without a filter: use SQS's message-move task where the endpoint has it (ElasticMQ does not: then receive, send, delete)")
+	fs.BoolVar(&f.native, "native", true, "sqs replay without a filter: use SQS's message-move task where the dead-letter queue's RedriveAllowPolicy allows one source queue (else receive, send, delete)")
 	dsnVar(fs, &f.store.dsn, "dsn", os.Getenv("IDEMQ_DSN"), "replay: the dedup store's database `DSN`, to forget each replayed key's failure count (with --scope); optional")
 	fs.StringVar(&f.store.schema, "schema", "", `PostgreSQL schema of the processed-messages table (default "public")`)
 	fs.StringVar(&f.store.table, "table", "", `processed-messages table name (default "processed_messages")`)
@@ -290,10 +290,10 @@ func deadLetters(n int) string {
 
 // nativeMove replays a whole SQS dead-letter queue with a message-move
 // task: to --origin, else to the one origin its dead letters name, else
-// (none names one: a redrive policy moved them) back to where SQS took
-// them from. done reports whether the move was made (or failed after it
-// started); when it is false, the caller replays by receive, send and
-// delete.
+// (none names one: a redrive policy moved them) to the one source queue
+// of its RedriveAllowPolicy; sqsdlq.Broker.MoveAll refuses any other case.
+// done reports whether the move was made (or failed after it started);
+// when it is false, the caller replays by receive, send and delete.
 func nativeMove(ctx context.Context, b *sqsdlq.Broker, origin string, progress func(int)) (moved int, done bool, err error) {
 	if origin == "" {
 		ls, err := dlq.List(ctx, b, dlq.Filter{})
@@ -314,7 +314,7 @@ func nativeMove(ctx context.Context, b *sqsdlq.Broker, origin string, progress f
 	}
 	moved, err = b.MoveAll(ctx, origin, progress)
 	if errors.Is(err, sqsdlq.ErrNativeUnsupported) {
-		return 0, false, errors.New("the SQS endpoint has no message-move tasks")
+		return 0, false, err
 	}
 	return moved, true, err
 }

@@ -20,9 +20,10 @@
 // account is poison: it goes to the dead-letter queue "<queue>-dlq" with the
 // reason in its idemq-reason attribute.
 //
-// By default it talks to the local SQS emulator with dummy credentials. Pass
-// -endpoint "" to use real SQS through the default AWS configuration chain
-// (AWS_REGION, AWS_PROFILE, instance roles, ...).
+// By default it talks to the local SQS emulator, with the region and dummy
+// credentials sqssource.NewClient uses for a local endpoint when none are
+// configured. Pass -endpoint "" to use real SQS through the default AWS
+// configuration chain (AWS_REGION, AWS_PROFILE, instance roles, ...).
 package main
 
 import (
@@ -39,8 +40,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/jackc/pgx/v5"
@@ -104,7 +103,7 @@ func main() {
 // run sets up the schema and the queues, publishes if asked, and consumes
 // until ctx is done or the queue was idle for o.idle.
 func run(ctx context.Context, o options, out io.Writer) error {
-	client, err := newClient(ctx, o.endpoint)
+	client, err := sqssource.NewClient(ctx, o.endpoint)
 	if err != nil {
 		return err
 	}
@@ -207,20 +206,6 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		s.Handled, s.Duplicates, s.Retried, s.DeadLettered, ss.Extended)
 	fmt.Fprintf(out, "credited in total: %d cents\n", total)
 	return nil
-}
-
-// newClient returns an SQS client. With an endpoint (a local emulator) and no
-// AWS credentials in the environment it uses dummy credentials, which
-// emulators accept; otherwise the default AWS configuration chain decides.
-func newClient(ctx context.Context, endpoint string) (*sqs.Client, error) {
-	var opts []func(*config.LoadOptions) error
-	if os.Getenv("AWS_REGION") == "" && os.Getenv("AWS_DEFAULT_REGION") == "" {
-		opts = append(opts, config.WithRegion("us-east-1"))
-	}
-	if endpoint != "" && os.Getenv("AWS_ACCESS_KEY_ID") == "" {
-		opts = append(opts, config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("local", "local", "")))
-	}
-	return sqssource.NewClient(ctx, endpoint, opts...)
 }
 
 // createQueues creates the queue and its dead-letter queue if missing and

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/sources/sqssource"
 )
 
 // The worker credits every distinct payment once, although a tenth of them
@@ -29,7 +30,7 @@ func TestWorkerCreditsEachPaymentOnce(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	client, err := newClient(ctx, endpoint)
+	client, err := sqssource.NewClient(ctx, endpoint)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,8 +1,15 @@
 package dlq_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -135,4 +142,296 @@ func TestSQS(t *testing.T) {
 		childEnv:     []string{"IDEMQ_DLQ_SQS_ENDPOINT=" + endpoint, "IDEMQ_DLQ_QUEUE_URL=" + dead},
 		killInWindow: true,
 	})
+}
+
+// A FIFO queue keyed on the deduplication id (no KeyAttribute): a replayed
+// dead letter keeps the key the runner recorded, so a replay of a message
+// applied meanwhile is absorbed, and two dead letters of one message (the
+// second written when deleting the original failed, past the dead-letter
+// queue's deduplication interval) take effect once.
+func TestSQSFIFOReplayKeepsKey(t *testing.T) {
+	endpoint := testenv.SQSEndpoint(t)
+	c := sqsClient(endpoint)
+	name := runtest.UniqueName(t, "idemq-dlq")
+	brokerenv.DeleteSQSQueuesAtCleanup(t, endpoint, name+".fifo", name+"-dlq.fifo")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*waitTimeout)
+	defer cancel()
+	var urls [2]string
+	for i, n := range []string{name + ".fifo", name + "-dlq.fifo"} {
+		out, err := c.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(n),
+			Attributes: map[string]string{string(types.QueueAttributeNameFifoQueue): "true"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		urls[i] = aws.ToString(out.QueueUrl)
+	}
+	queue, dead := urls[0], urls[1]
+	// order-2 and order-3 are poison (see poison) while broken is set.
+	keys := []string{keyOf(1), keyOf(2), keyOf(3)}
+	for _, k := range keys {
+		if _, err := c.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(queue), MessageBody: aws.String(`{"order":"` + k + `"}`),
+			MessageGroupId: aws.String(k), MessageDeduplicationId: aws.String(k),
+			MessageAttributes: map[string]types.MessageAttributeValue{
+				"tenant": {DataType: aws.String("String"), StringValue: aws.String("acme")}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// run runs a runner until done, then closes its source. A message that
+	// SQS handed to one of its receive calls that Close cancelled comes
+	// back after the visibility timeout, which is short for that reason.
+	db := newEffectsDB(t)
+	var broken atomic.Bool
+	run := func(t *testing.T, done func(consumer.Stats) bool) consumer.Stats {
+		src, err := sqssource.New(ctx, c, sqssource.Config{QueueURL: queue, DeadLetterQueueURL: dead,
+			WaitTime: time.Second, VisibilityTimeout: 2 * time.Second, Logger: runtest.Logger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer src.Close()
+		r := db.runner(t, src, &broken)
+		runtest.RunUntil(t, func() bool { return done(r.Stats()) }, r)
+		return r.Stats()
+	}
+	broken.Store(true)
+	run(t, func(st consumer.Stats) bool { return st.Handled >= 1 && st.DeadLettered >= 2 })
+
+	// A second dead letter of each poison message, with a deduplication
+	// id of its own.
+	var copies []types.SendMessageBatchRequestEntry
+	for len(copies) < 2 {
+		out, err := c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(dead), MaxNumberOfMessages: 10,
+			WaitTimeSeconds: 1, VisibilityTimeout: 30, MessageAttributeNames: []string{"All"},
+			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range out.Messages {
+			copies = append(copies, types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(len(copies))),
+				MessageBody: m.Body, MessageAttributes: m.MessageAttributes,
+				MessageGroupId:         aws.String(m.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]),
+				MessageDeduplicationId: aws.String("copy-" + aws.ToString(m.MessageId))})
+			if _, err := c.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{QueueUrl: aws.String(dead),
+				ReceiptHandle: m.ReceiptHandle, VisibilityTimeout: 0}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := c.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(dead), Entries: copies}); err != nil {
+		t.Fatal(err)
+	}
+
+	b := openSQSDLQ(t, c, dead, 0)
+	if got, want := keysOf(list(t, b, dlq.Filter{})), []string{keyOf(2), keyOf(2), keyOf(3), keyOf(3)}; !slices.Equal(got, want) {
+		t.Errorf("dead-letter keys %v, want the recorded keys %v", got, want)
+	}
+	broken.Store(false)
+	// One dead letter of each replayed and applied, then the other two.
+	for round, sel := range []dlq.Filter{{Key: keyOf(2), Limit: 1}, {Key: keyOf(3), Limit: 1}, {}} {
+		res, err := dlq.Replay(ctx, b, sel, dlq.Options{})
+		if err != nil {
+			t.Fatalf("replay %+v: %v", sel, err)
+		}
+		st := run(t, func(st consumer.Stats) bool { return st.Received >= uint64(res.Done) })
+		t.Logf("replay %d sent %d; the runner: %+v", round, res.Done, st)
+	}
+	if ls := list(t, b, dlq.Filter{}); len(ls) != 0 {
+		t.Errorf("%d dead letters left: %v", len(ls), keysOf(ls))
+	}
+	eff := db.effects(t)
+	want := map[string]int{keyOf(1): 1, keyOf(2): 1, keyOf(3): 1}
+	if !maps.Equal(eff, want) {
+		t.Errorf("effects by key %v, want %v", eff, want)
+	}
+}
+
+// allowPolicyHTTP gives the queue queueURL the RedriveAllowPolicy policy in
+// GetQueueAttributes responses, which ElasticMQ neither stores nor returns.
+type allowPolicyHTTP struct {
+	queueURL, policy string
+}
+
+func (p *allowPolicyHTTP) Do(r *http.Request) (*http.Response, error) {
+	if r.Header.Get("X-Amz-Target") != "AmazonSQS.GetQueueAttributes" {
+		return http.DefaultClient.Do(r)
+	}
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return nil, err
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	resp, err := http.DefaultClient.Do(r)
+	var in struct{ QueueUrl string }
+	if err != nil || json.Unmarshal(body, &in) != nil || in.QueueUrl != p.queueURL || resp.StatusCode != http.StatusOK {
+		return resp, err
+	}
+	defer resp.Body.Close()
+	var out struct{ Attributes map[string]string }
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, err
+	}
+	if out.Attributes == nil {
+		out.Attributes = map[string]string{}
+	}
+	out.Attributes[string(types.QueueAttributeNameRedriveAllowPolicy)] = p.policy
+	b, err := json.Marshal(out)
+	if err != nil {
+		return nil, err
+	}
+	resp.Body, resp.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+	resp.Header.Del("Content-Length")
+	return resp, nil
+}
+
+// moveRig is a dead-letter queue that the queue orders, and the queue
+// refunds unless told otherwise, name in their redrive policies.
+type moveRig struct {
+	c                     *sqs.Client
+	dead, orders, refunds string
+	// sent are the dead letters' bodies by origin URL.
+	sent map[string][]string
+}
+
+func newMoveRig(t *testing.T, endpoint string, refundsRedrive bool) *moveRig {
+	t.Helper()
+	c := sqsClient(endpoint)
+	name := runtest.UniqueName(t, "idemq-move")
+	brokerenv.DeleteSQSQueuesAtCleanup(t, endpoint, name+"-dlq", name+"-orders", name+"-refunds")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	create := func(n string, attrs map[string]string) string {
+		out, err := c.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(n), Attributes: attrs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return aws.ToString(out.QueueUrl)
+	}
+	rg := &moveRig{c: c, dead: create(name+"-dlq", nil), sent: map[string][]string{}}
+	deadARN := queueARN(t, c, rg.dead)
+	redrive := map[string]string{string(types.QueueAttributeNameRedrivePolicy): `{"deadLetterTargetArn":"` + deadARN + `","maxReceiveCount":"5"}`}
+	rg.orders = create(name+"-orders", redrive)
+	if !refundsRedrive {
+		redrive = nil
+	}
+	rg.refunds = create(name+"-refunds", redrive)
+	return rg
+}
+
+func queueARN(t *testing.T, c *sqs.Client, url string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := c.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(url),
+		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameQueueArn}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.Attributes[string(types.QueueAttributeNameQueueArn)]
+}
+
+// deadLetter writes a dead letter of origin, as sqssource does.
+func (rg *moveRig) deadLetter(t *testing.T, origin string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	body := fmt.Sprintf(`{"from":%q,"n":%d}`, origin, len(rg.sent[origin]))
+	str := func(s string) types.MessageAttributeValue {
+		return types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(s)}
+	}
+	if _, err := rg.c.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(rg.dead), MessageBody: aws.String(body),
+		MessageAttributes: map[string]types.MessageAttributeValue{consumer.MetaReason: str("bad SKU"), sqssource.MetaSourceQueue: str(origin),
+			sqssource.MetaMessageID: str(body), consumer.MetaAttempts: {DataType: aws.String("Number"), StringValue: aws.String("3")}}}); err != nil {
+		t.Fatal(err)
+	}
+	rg.sent[origin] = append(rg.sent[origin], body)
+}
+
+// holds returns the bodies in queue url.
+func (rg *moveRig) holds(t *testing.T, url string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out []string
+	for {
+		m, err := rg.c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(url), MaxNumberOfMessages: 10, WaitTimeSeconds: 1, VisibilityTimeout: 30})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(m.Messages) == 0 {
+			slices.Sort(out)
+			return out
+		}
+		for _, m := range m.Messages {
+			out = append(out, aws.ToString(m.Body))
+		}
+	}
+}
+
+// A dead-letter queue that two queues can feed is never moved whole to one
+// of them: a dead letter of refunds, written after the letters of orders
+// were listed, goes back to refunds.
+func TestSQSMoveAllKeepsOrigins(t *testing.T) {
+	rg := newMoveRig(t, testenv.SQSEndpoint(t), true)
+	rg.deadLetter(t, rg.orders)
+	rg.deadLetter(t, rg.orders)
+	b := openSQSDLQ(t, rg.c, rg.dead, 0)
+	// What the command line's replay saw: letters of orders only.
+	for _, l := range list(t, b, dlq.Filter{}) {
+		if l.Origin != rg.orders {
+			t.Fatalf("dead letter %+v: origin %q, want %q", l, l.Origin, rg.orders)
+		}
+	}
+	rg.deadLetter(t, rg.refunds)
+
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	moved, err := b.MoveAll(ctx, rg.orders, nil)
+	switch {
+	case errors.Is(err, sqsdlq.ErrNativeUnsupported):
+		t.Logf("MoveAll refused: %v", err)
+		if !errors.Is(err, sqsdlq.ErrNativeUnsafe) {
+			t.Errorf("MoveAll: %v, want ErrNativeUnsafe (ElasticMQ has message-move tasks)", err)
+		}
+		if _, err := dlq.Replay(ctx, b, dlq.Filter{}, dlq.Options{}); err != nil {
+			t.Fatalf("replay: %v", err)
+		}
+	case err != nil:
+		t.Fatalf("MoveAll: %v", err)
+	default:
+		t.Logf("MoveAll moved %d", moved)
+	}
+	for _, q := range []string{rg.orders, rg.refunds} {
+		if got := rg.holds(t, q); !slices.Equal(got, rg.sent[q]) {
+			t.Errorf("%s holds %q, want its own dead letters %q", q, got, rg.sent[q])
+		}
+	}
+}
+
+// With a RedriveAllowPolicy that names one source queue, MoveAll moves the
+// whole dead-letter queue there with a message-move task, and refuses any
+// other destination.
+func TestSQSMoveAllToTheOnlySource(t *testing.T) {
+	endpoint := testenv.SQSEndpoint(t)
+	// Only orders names the dead-letter queue, as its policy says.
+	rg := newMoveRig(t, endpoint, false)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	policy := `{"redrivePermission":"byQueue","sourceQueueArns":["` + queueARN(t, rg.c, rg.orders) + `"]}`
+	c := sqsClient(endpoint, func(o *sqs.Options) { o.HTTPClient = &allowPolicyHTTP{queueURL: rg.dead, policy: policy} })
+	b := openSQSDLQ(t, c, rg.dead, 0)
+	rg.deadLetter(t, rg.orders)
+	rg.deadLetter(t, rg.orders)
+
+	if _, err := b.MoveAll(ctx, rg.refunds, nil); !errors.Is(err, sqsdlq.ErrNativeUnsafe) {
+		t.Errorf("MoveAll to refunds: %v, want ErrNativeUnsafe", err)
+	}
+	moved, err := b.MoveAll(ctx, "", nil)
+	if err != nil {
+		t.Fatalf("MoveAll: %v", err)
+	}
+	if got := rg.holds(t, rg.orders); moved != 2 || !slices.Equal(got, rg.sent[rg.orders]) {
+		t.Errorf("moved %d; orders holds %q, want %q", moved, got, rg.sent[rg.orders])
+	}
+	if got := rg.holds(t, rg.refunds); len(got) != 0 {
+		t.Errorf("refunds holds %q, want nothing", got)
+	}
 }

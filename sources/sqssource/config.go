@@ -56,9 +56,11 @@ type Config struct {
 	// KeyAttribute names a string message attribute that carries the
 	// message's deduplication key (for example "Idempotency-Key"), set by
 	// producers that may send one logical message more than once. Messages
-	// without it fall back to MessageDeduplicationId on FIFO queues and to
-	// the MessageId (through consumer.DefaultKey) on standard queues.
-	// Defaults to empty (no attribute).
+	// without it fall back to consumer.MetaKey (the key recorded for the
+	// original, on a dead letter replayed by sqsdlq), then to
+	// MessageDeduplicationId on FIFO queues and to the MessageId (through
+	// consumer.DefaultKey) on standard queues. Defaults to empty (no
+	// attribute).
 	KeyAttribute string
 
 	// PartitionKeyAttribute names a string message attribute whose value

@@ -23,7 +23,13 @@ import (
 // " ...(truncated)"; characters SQS refuses in an attribute (control
 // characters, invalid UTF-8, U+FFFE, U+FFFF) are written as Go escapes
 // (\x01)), consumer.MetaAttempts, the number of attempts made (a Number
-// attribute), and the SQS fields below.
+// attribute), consumer.MetaKey, the key the runner recorded (unless the
+// Config.KeyAttribute attribute holds it already), and the SQS fields below.
+//
+// A replayed copy (sqsdlq) carries consumer.MetaKey, which Receive reads as
+// the key of a message without the Config.KeyAttribute attribute: the copy's
+// MessageId, and on FIFO queues its MessageDeduplicationId, are new, but its
+// key is the one recorded for the original.
 const (
 	// MetaSourceQueue holds the URL of the queue the message came from.
 	MetaSourceQueue = "idemq-source-queue"
@@ -34,9 +40,9 @@ const (
 // maxReasonBytes bounds the reason text stored in consumer.MetaReason.
 const maxReasonBytes = 2048
 
-// maxMessageAttributes is the number of message attributes SQS accepts on one
-// message.
-const maxMessageAttributes = 10
+// MaxMessageAttributes is the number of message attributes SQS accepts on
+// one message.
+const MaxMessageAttributes = 10
 
 // fifoDeadLetterGroup is the MessageGroupId of dead letters whose original had
 // none (it cannot happen on a FIFO queue, but SendMessage requires one).
@@ -45,8 +51,8 @@ const fifoDeadLetterGroup = "idemq-dead-letters"
 // DeadLetter routes msg to the dead-letter queue.
 //
 // With Config.DeadLetterQueueURL it sends a copy there (same body, its
-// message attributes, plus consumer.MetaReason, consumer.MetaAttempts, MetaSourceQueue and
-// MetaMessageID; on FIFO queues the same MessageGroupId and the original
+// message attributes, plus consumer.MetaReason, consumer.MetaAttempts,
+// MetaSourceQueue, MetaMessageID and consumer.MetaKey; on FIFO queues the same MessageGroupId and the original
 // MessageId as MessageDeduplicationId), and deletes the original only after
 // the send succeeded. Until both succeeded the original stays in flight (its
 // visibility extended and, on a FIFO queue, its group blocked). If either
@@ -57,15 +63,15 @@ const fifoDeadLetterGroup = "idemq-dead-letters"
 // and dead-lettered again, and the dead-letter queue holds two copies (a FIFO
 // dead-letter queue drops the second within its 5-minute deduplication
 // interval). SQS allows 10 message attributes: if the original has more than
-// fit beside the four above, the configured KeyAttribute is kept first, then
+// fit beside the five above, the configured KeyAttribute is kept first, then
 // the others in name order, and the rest is dropped (and logged).
 //
 // The copy must fit in the dead-letter queue's MaximumMessageSize (read at
 // New; 256 KiB at most), body and attributes together, so a message near the
 // limit would otherwise never be dead-lettered. The copy is cut to fit: the
 // original's attributes are dropped (largest first) before the reason is cut
-// below 256 bytes, then the key, queue, message id and attempts attributes
-// before it is cut below 64 bytes, then the reason is cut to what is left
+// below 256 bytes, then the key attribute, queue, message id, attempts and
+// consumer.MetaKey before it is cut below 64 bytes, then the reason is cut to what is left
 // (a maximum-size message keeps only as many bytes of reason as its own
 // attributes took). What was cut is logged at WARN; the Runner logs the full
 // reason. A body larger than the dead-letter queue's limit goes to the
@@ -89,14 +95,19 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	if err != nil {
 		return err
 	}
-	attempts := msg.Attempt
+	attempts, key := msg.Attempt, msg.Key
 	var dl *consumer.DeadLetterError
-	if errors.As(reason, &dl) && dl.Attempts > 0 {
-		attempts = dl.Attempts
+	if errors.As(reason, &dl) {
+		if dl.Attempts > 0 {
+			attempts = dl.Attempts
+		}
+		if dl.Key != "" {
+			key = dl.Key
+		}
 	}
 	var attrs map[string]types.MessageAttributeValue
 	if s.cfg.DeadLetterQueueURL != "" {
-		attrs = s.deadLetterAttributes(ctx, h, reason, attempts)
+		attrs = s.deadLetterAttributes(ctx, h, reason, attempts, key)
 		dropped, cut, fits := fitDeadLetter(aws.ToString(h.raw.Body), attrs, s.cfg.KeyAttribute, s.deadLetterLimit)
 		switch {
 		case !fits && s.maxReceiveCount > 0:
@@ -173,8 +184,10 @@ func (s *Source) handBack(ctx context.Context, h *handle) {
 }
 
 // deadLetterAttributes returns the attributes of a dead letter: the reason
-// attributes and as many of the original's as fit.
-func (s *Source) deadLetterAttributes(ctx context.Context, h *handle, reason error, attempts int) map[string]types.MessageAttributeValue {
+// attributes, the key the runner recorded (consumer.MetaKey) unless the
+// original's Config.KeyAttribute holds it, and as many of the original's
+// attributes as fit.
+func (s *Source) deadLetterAttributes(ctx context.Context, h *handle, reason error, attempts int, key string) map[string]types.MessageAttributeValue {
 	text := "unknown"
 	if reason != nil {
 		text = metatext.Clean(reason.Error(), maxReasonBytes)
@@ -188,6 +201,9 @@ func (s *Source) deadLetterAttributes(ctx context.Context, h *handle, reason err
 		MetaSourceQueue:       {DataType: aws.String("String"), StringValue: aws.String(metatext.Clean(s.cfg.QueueURL, maxReasonBytes))},
 		MetaMessageID:         {DataType: aws.String("String"), StringValue: aws.String(metatext.Clean(h.id, maxReasonBytes))},
 	}
+	if key != "" && (s.cfg.KeyAttribute == "" || aws.ToString(h.raw.MessageAttributes[s.cfg.KeyAttribute].StringValue) != key) {
+		attrs[consumer.MetaKey] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(metatext.Clean(key, consumer.MaxKeyBytes))}
+	}
 	names := make([]string, 0, len(h.raw.MessageAttributes))
 	for name := range h.raw.MessageAttributes {
 		if _, ours := attrs[name]; !ours {
@@ -197,7 +213,7 @@ func (s *Source) deadLetterAttributes(ctx context.Context, h *handle, reason err
 	sortKeyFirst(names, s.cfg.KeyAttribute)
 	var dropped []string
 	for _, name := range names {
-		if len(attrs) == maxMessageAttributes {
+		if len(attrs) == MaxMessageAttributes {
 			dropped = append(dropped, name)
 			continue
 		}

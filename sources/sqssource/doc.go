@@ -3,7 +3,7 @@
 // consumer.Runner and every message's effect happens once, although SQS
 // delivers at least once:
 //
-//	client, err := sqssource.NewClient(ctx, "") // default AWS configuration chain
+//	client, err := sqssource.NewClient(ctx, "") // default AWS configuration chain; see NewClient for emulators
 //	src, err := sqssource.New(ctx, client, sqssource.Config{
 //		QueueURL:           "https://sqs.eu-west-1.amazonaws.com/123456789012/orders",
 //		DeadLetterQueueURL: "https://sqs.eu-west-1.amazonaws.com/123456789012/orders-dlq",
@@ -50,8 +50,9 @@
 //
 // The key the runner records is, in this order: the string message attribute
 // named by Config.KeyAttribute (a business or idempotency key set by the
-// producer), the MessageDeduplicationId on FIFO queues, else the MessageId
-// (Message.ID, through consumer.DefaultKey). The MessageId is stable across
+// producer), the consumer.MetaKey attribute (the key recorded for the
+// original of a replayed dead letter), the MessageDeduplicationId on FIFO
+// queues, else the MessageId (Message.ID, through consumer.DefaultKey). The MessageId is stable across
 // redeliveries; the receipt handle changes on every receive and is never a
 // key. A producer that may send one logical message twice to a standard queue
 // gets two MessageIds: give such messages a KeyAttribute, and set

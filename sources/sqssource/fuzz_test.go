@@ -131,10 +131,10 @@ func FuzzDeadLetterAttributes(f *testing.F) {
 		if reason != "" {
 			reasonErr = &consumer.DeadLetterError{Key: "k", Attempts: attempts, Err: errors.New(reason)}
 		}
-		attrs := s.deadLetterAttributes(context.Background(), h, reasonErr, attempts)
+		attrs := s.deadLetterAttributes(context.Background(), h, reasonErr, attempts, "k")
 
-		if len(attrs) > maxMessageAttributes {
-			t.Fatalf("%d attributes, SQS accepts %d", len(attrs), maxMessageAttributes)
+		if len(attrs) > MaxMessageAttributes {
+			t.Fatalf("%d attributes, SQS accepts %d", len(attrs), MaxMessageAttributes)
 		}
 		r, ok := attrs[consumer.MetaReason]
 		if !ok || r.StringValue == nil {
@@ -168,7 +168,14 @@ func FuzzDeadLetterAttributes(f *testing.F) {
 		if id := attrs[MetaMessageID]; id.StringValue == nil || *id.StringValue != "m-1" {
 			t.Fatalf("message id attribute %+v", id)
 		}
+		// The key is recorded: in the key attribute, else in MetaKey.
 		ours := map[string]bool{consumer.MetaReason: true, consumer.MetaAttempts: true, MetaSourceQueue: true, MetaMessageID: true}
+		if aws.ToString(raw.MessageAttributes[s.cfg.KeyAttribute].StringValue) != "k" {
+			if k := attrs[consumer.MetaKey]; aws.ToString(k.StringValue) != "k" {
+				t.Fatalf("key attribute %s = %+v, want k", consumer.MetaKey, k)
+			}
+			ours[consumer.MetaKey] = true
+		}
 		for name, v := range attrs {
 			if ours[name] {
 				continue

@@ -170,6 +170,11 @@ func (s *Source) message(h *handle, now time.Time) *consumer.Message {
 	if s.cfg.KeyAttribute != "" {
 		key = headers[s.cfg.KeyAttribute]
 	}
+	if key == "" {
+		// A replayed dead letter (sqsdlq) carries the key the runner
+		// recorded for the original.
+		key = headers[consumer.MetaKey]
+	}
 	if key == "" && s.fifo {
 		key = m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)]
 	}

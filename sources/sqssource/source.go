@@ -15,15 +15,12 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/aws/retry"
-	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/cfgerr"
-	"github.com/idemq/idemq/internal/redact"
 )
 
 // Client is the part of the SQS API that a Source uses. *sqs.Client satisfies
@@ -113,7 +110,9 @@ type handle struct {
 // New returns a Source for cfg.QueueURL. It checks that the queue exists,
 // reads whether it is a FIFO queue and its redrive policy, and checks the
 // dead-letter route: it returns ErrNoDeadLetterRoute when neither
-// cfg.DeadLetterQueueURL nor a redrive policy is set, and a
+// cfg.DeadLetterQueueURL nor a redrive policy is set, a *idemq.ConfigError
+// when cfg.DeadLetterQueueURL's RedriveAllowPolicy does not allow the queue
+// as a source (see RedriveAllowPolicy), and a
 // *idemq.ConfigError for each invalid field of cfg (after WithDefaults),
 // all at once.
 //
@@ -139,7 +138,7 @@ func New(ctx context.Context, client Client, cfg Config) (*Source, error) {
 	}
 	s.log = cfg.Logger.With(logKeyQueue, s.queueName)
 
-	attrs, err := s.queueAttributes(ctx, cfg.QueueURL, types.QueueAttributeNameFifoQueue, types.QueueAttributeNameRedrivePolicy)
+	attrs, err := s.queueAttributes(ctx, cfg.QueueURL, types.QueueAttributeNameFifoQueue, types.QueueAttributeNameRedrivePolicy, types.QueueAttributeNameQueueArn)
 	if err != nil {
 		return nil, err
 	}
@@ -151,13 +150,24 @@ func New(ctx context.Context, client Client, cfg Config) (*Source, error) {
 	}
 	switch {
 	case cfg.DeadLetterQueueURL != "":
-		dl, err := s.queueAttributes(ctx, cfg.DeadLetterQueueURL, types.QueueAttributeNameFifoQueue, types.QueueAttributeNameMaximumMessageSize)
+		dl, err := s.queueAttributes(ctx, cfg.DeadLetterQueueURL, types.QueueAttributeNameFifoQueue, types.QueueAttributeNameMaximumMessageSize,
+			types.QueueAttributeNameRedriveAllowPolicy)
 		if err != nil {
 			return nil, err
 		}
 		s.deadLetterLimit = parseMaximumMessageSize(dl[string(types.QueueAttributeNameMaximumMessageSize)])
 		if dlFIFO := dl[string(types.QueueAttributeNameFifoQueue)] == "true"; dlFIFO != s.fifo {
 			return nil, configError("DeadLetterQueueURL", fmt.Sprintf("FIFO is %v for the dead-letter queue but %v for the queue", dlFIFO, s.fifo))
+		}
+		// A dead-letter queue that allows one source queue is moved whole
+		// to it by a message-move task (sqsdlq): dead letters of another
+		// queue would go there too.
+		allow, err := ParseRedriveAllowPolicy(dl[string(types.QueueAttributeNameRedriveAllowPolicy)])
+		if err != nil {
+			return nil, configError("DeadLetterQueueURL", err.Error())
+		}
+		if arn := attrs[string(types.QueueAttributeNameQueueArn)]; !allow.Allows(arn) {
+			return nil, configError("DeadLetterQueueURL", fmt.Sprintf("the dead-letter queue's RedriveAllowPolicy does not allow queue %s as a source", arn))
 		}
 	case s.maxReceiveCount == 0:
 		return nil, fmt.Errorf("%w (queue %s)", ErrNoDeadLetterRoute, s.queueName)
@@ -169,45 +179,6 @@ func New(ctx context.Context, client Client, cfg Config) (*Source, error) {
 	}
 	return s, nil
 }
-
-// NewClient returns an SQS client configured through the default
-// aws-sdk-go-v2 chain (environment, shared config and credentials files, web
-// identity, container and instance roles), adjusted by optFns (for example
-// config.WithRegion). A non-empty endpoint overrides the service endpoint,
-// for ElasticMQ or LocalStack; the chain also honours AWS_ENDPOINT_URL_SQS.
-// An endpoint that is not an absolute URL is a *idemq.ConfigError, which
-// shows it redacted (internal/redact).
-//
-// The client's retries of a failed call wait at most MaxRetryBackoff
-// between attempts (the SDK's default grows to 20 s), so that a call made
-// while SQS is unreachable goes on within about that once it answers again.
-func NewClient(ctx context.Context, endpoint string, optFns ...func(*config.LoadOptions) error) (*sqs.Client, error) {
-	if endpoint != "" {
-		// url.Parse's error, and the SDK's, quote the whole URL.
-		const field = "sqssource.NewClient(endpoint)"
-		u, err := url.Parse(endpoint)
-		switch {
-		case err != nil:
-			return nil, &idemq.ConfigError{Field: field, Err: redact.URLError(err)}
-		case u.Scheme == "" || u.Host == "":
-			return nil, &idemq.ConfigError{Field: field, Reason: fmt.Sprintf("%q is not an absolute URL", redact.URL(u))}
-		}
-	}
-	cfg, err := config.LoadDefaultConfig(ctx, optFns...)
-	if err != nil {
-		return nil, fmt.Errorf("sqssource: load AWS configuration: %w", err)
-	}
-	return sqs.NewFromConfig(cfg, func(o *sqs.Options) {
-		if endpoint != "" {
-			o.BaseEndpoint = aws.String(endpoint)
-		}
-		o.Retryer = retry.AddWithMaxBackoffDelay(o.Retryer, MaxRetryBackoff)
-	}), nil
-}
-
-// MaxRetryBackoff is the longest wait between two attempts of one call by a
-// client from NewClient.
-const MaxRetryBackoff = 500 * time.Millisecond
 
 // FIFO reports whether the queue is a FIFO queue.
 func (s *Source) FIFO() bool { return s.fifo }

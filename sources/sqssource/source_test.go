@@ -529,3 +529,57 @@ func TestConcurrentAcksShareDeleteCalls(t *testing.T) {
 		t.Errorf("%d messages left in the queue, want none", d)
 	}
 }
+
+// allowPolicyClient gives the queue queueURL the RedriveAllowPolicy policy,
+// which ElasticMQ neither stores nor returns.
+type allowPolicyClient struct {
+	sqssource.Client
+	queueURL, policy string
+}
+
+func (c allowPolicyClient) GetQueueAttributes(ctx context.Context, in *sqs.GetQueueAttributesInput, optFns ...func(*sqs.Options)) (*sqs.GetQueueAttributesOutput, error) {
+	out, err := c.Client.GetQueueAttributes(ctx, in, optFns...)
+	if err == nil && aws.ToString(in.QueueUrl) == c.queueURL {
+		out.Attributes[string(types.QueueAttributeNameRedriveAllowPolicy)] = c.policy
+	}
+	return out, err
+}
+
+// New refuses a dead-letter queue whose RedriveAllowPolicy does not allow
+// the queue: its dead letters would be moved to another queue by a
+// message-move task (sqsdlq.Broker.MoveAll) that trusts the policy.
+func TestNewChecksRedriveAllowPolicy(t *testing.T) {
+	t.Parallel()
+	c := sqsClient(t)
+	ctx := testContext(t, 30*time.Second)
+	q, other := newQueue(t, queueOptions{}), newQueue(t, queueOptions{})
+	arn := func(url string) string {
+		out, err := c.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(url),
+			AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameQueueArn}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out.Attributes[string(types.QueueAttributeNameQueueArn)]
+	}
+	byQueue := func(url string) string {
+		return `{"redrivePermission":"byQueue","sourceQueueArns":["` + arn(url) + `"]}`
+	}
+	for _, tc := range []struct {
+		policy string
+		ok     bool
+	}{
+		{"", true},
+		{`{"redrivePermission":"allowAll"}`, true},
+		{byQueue(q.URL), true},
+		{byQueue(other.URL), false},
+		{`{"redrivePermission":"denyAll"}`, false},
+	} {
+		src, err := sqssource.New(ctx, allowPolicyClient{Client: c, queueURL: q.DLQURL, policy: tc.policy}, sqssource.Config{QueueURL: q.URL, DeadLetterQueueURL: q.DLQURL})
+		if err == nil {
+			_ = src.Close()
+		}
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, idemq.ErrInvalidConfig)) {
+			t.Errorf("RedriveAllowPolicy %s: New returned %v, want ok=%v or a configuration error", tc.policy, err, tc.ok)
+		}
+	}
+}

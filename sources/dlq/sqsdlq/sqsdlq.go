@@ -9,10 +9,15 @@
 // two, the dead letter reappears after Config.ScanVisibility and the next
 // replay sends it again, which the runner absorbs as a duplicate of its key.
 //
-// The key must travel in a message attribute (sqssource.Config.KeyAttribute)
-// or, on FIFO queues, as the deduplication id for a replay to keep it: a
-// standard queue's default key is the MessageId, which SQS assigns anew to
-// the replayed copy, so a copy sent twice would be handled twice.
+// The copy keeps the key the runner recorded for the original: it carries
+// it in the consumer.MetaKey attribute (unless Config.KeyAttribute holds it
+// already), which sqssource reads after its KeyAttribute. The copy's
+// MessageId is new, and so is its MessageDeduplicationId on a FIFO queue
+// (the dead letter's MessageId: SQS drops a second copy of one dead letter
+// sent within its 5-minute deduplication interval, and never drops the copy
+// as a duplicate of the original). A dead letter whose key was not recorded
+// (a redrive policy moved it from a standard queue keyed on the MessageId)
+// is replayed with a new key.
 package sqsdlq
 
 import (
@@ -34,9 +39,19 @@ import (
 	"github.com/idemq/idemq/sources/sqssource"
 )
 
-// ErrNativeUnsupported reports an endpoint without message-move tasks
-// (StartMessageMoveTask), such as ElasticMQ: use Scan (dlq.Replay) instead.
-var ErrNativeUnsupported = errors.New("sqsdlq: the endpoint does not support message-move tasks")
+// ErrNativeUnsupported reports that MoveAll cannot replay the dead-letter
+// queue: the endpoint has no message-move tasks (StartMessageMoveTask), or
+// the task could send dead letters to a queue they did not come from
+// (ErrNativeUnsafe). Use Scan (dlq.Replay) instead, which sends each dead
+// letter to its own origin.
+var ErrNativeUnsupported = errors.New("sqsdlq: no message-move task for this dead-letter queue")
+
+// ErrNativeUnsafe reports a dead-letter queue whose dead letters may come
+// from more than one queue, or from another queue than the destination
+// asked for: a message-move task sends every message it finds, those that
+// arrive while it runs included, to one destination. It wraps
+// ErrNativeUnsupported.
+var ErrNativeUnsafe = fmt.Errorf("%w: the dead letters may come from another queue than the destination", ErrNativeUnsupported)
 
 // Config configures a Broker.
 type Config struct {
@@ -49,8 +64,9 @@ type Config struct {
 	// a redrive policy. Defaults to "" (they are kept, dlq.ErrNoOrigin).
 	OriginQueueURL string
 	// KeyAttribute is the message attribute holding the deduplication key
-	// (sqssource.Config.KeyAttribute). Defaults to "": the key shown is the
-	// FIFO deduplication id, else the original MessageId.
+	// (sqssource.Config.KeyAttribute). Defaults to "": the key shown is
+	// consumer.MetaKey, else the FIFO deduplication id, else the original
+	// MessageId.
 	KeyAttribute string
 	// ScanVisibility is how long a scan hides the dead letters it received.
 	// Defaults to 60 s.
@@ -200,6 +216,16 @@ func (b *Broker) replay(ctx context.Context, m types.Message, l *dlq.Letter) err
 			attrs[name] = types.MessageAttributeValue{DataType: v.DataType, StringValue: v.StringValue, BinaryValue: v.BinaryValue}
 		}
 	}
+	// The copy carries the key the runner recorded, which sqssource reads
+	// after its KeyAttribute: the copy's MessageId, and on FIFO queues its
+	// deduplication id, are new.
+	if l.Key != "" && (b.cfg.KeyAttribute == "" || aws.ToString(attrs[b.cfg.KeyAttribute].StringValue) != l.Key) {
+		if len(attrs) >= sqssource.MaxMessageAttributes {
+			return fmt.Errorf("sqsdlq: replay %s to %s (the dead letter stays): its %d message attributes leave no room for the key attribute %s",
+				l.ID, l.Origin, len(attrs), consumer.MetaKey)
+		}
+		attrs[consumer.MetaKey] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(l.Key)}
+	}
 	in := &sqs.SendMessageInput{QueueUrl: aws.String(l.Origin), MessageBody: m.Body, MessageAttributes: attrs}
 	if strings.HasSuffix(l.Origin, ".fifo") {
 		group := m.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
@@ -207,8 +233,11 @@ func (b *Broker) replay(ctx context.Context, m types.Message, l *dlq.Letter) err
 			group = "idemq-replay"
 		}
 		in.MessageGroupId = aws.String(group)
-		// A replay run again within SQS's deduplication interval is
-		// dropped by SQS itself.
+		// Unique per dead letter, not the key: a replay run again within
+		// SQS's deduplication interval is dropped by SQS itself, and the
+		// copy is never taken for the original (sent with the key as its
+		// deduplication id less than 5 minutes before, the copy would be
+		// dropped and lost).
 		in.MessageDeduplicationId = m.MessageId
 	}
 	if _, err := b.cfg.Client.SendMessage(ctx, in); err != nil {
@@ -259,27 +288,63 @@ func (b *Broker) letterOf(m types.Message) *dlq.Letter {
 	return l
 }
 
-// MoveAll starts SQS's native message-move task from the dead-letter queue
-// to destinationURL, or, when it is "", back to the queues a redrive policy
-// moved them from (all of its messages, with their attributes, idemq's
-// dead-letter metadata included: the runner ignores them and a new dead
-// letter replaces them) and waits for it to finish, calling progress with
-// the number moved so far. It returns ErrNativeUnsupported when the endpoint
-// has no message-move tasks, and the number of messages moved.
+// MoveAll replays the whole dead-letter queue with SQS's native
+// message-move task, to its one source queue, and waits for the task to
+// finish, calling progress with the number moved so far. It returns the
+// number of messages moved.
+//
+// The task moves every message of the queue, those that arrive while it
+// runs included, to one destination, so MoveAll uses it only when every
+// dead letter comes from one queue: the dead-letter queue's
+// RedriveAllowPolicy allows exactly one source queue (byQueue), no other
+// queue names it in a redrive policy (ListDeadLetterSourceQueues), and
+// destinationURL, when it is not "", is that queue. sqssource.New refuses a
+// Config.DeadLetterQueueURL whose RedriveAllowPolicy does not allow its
+// queue, so idemq's own dead letters keep to it; a program that sends to
+// the dead-letter queue directly must too. Otherwise MoveAll moves nothing
+// and returns an error wrapping ErrNativeUnsafe, and an endpoint without
+// message-move tasks gives one wrapping ErrNativeUnsupported: replay with
+// Scan (dlq.Replay). SQS's default RedriveAllowPolicy (allowAll) and
+// ElasticMQ (which keeps no RedriveAllowPolicy) always get
+// ErrNativeUnsafe.
+//
+// The moved messages keep every attribute, idemq's dead-letter metadata
+// included (the runner ignores it, and reads the recorded key from
+// consumer.MetaKey).
 func (b *Broker) MoveAll(ctx context.Context, destinationURL string, progress func(moved int)) (int, error) {
-	src, err := b.arn(ctx, b.cfg.QueueURL)
+	attrs, err := b.attributes(ctx, b.cfg.QueueURL, types.QueueAttributeNameQueueArn, types.QueueAttributeNameRedriveAllowPolicy)
 	if err != nil {
 		return 0, err
 	}
-	in := &sqs.StartMessageMoveTaskInput{SourceArn: aws.String(src)}
-	if destinationURL != "" {
-		dst, err := b.arn(ctx, destinationURL)
+	src := attrs[string(types.QueueAttributeNameQueueArn)]
+	var sources []string
+	for p := sqs.NewListDeadLetterSourceQueuesPaginator(b.cfg.Client, &sqs.ListDeadLetterSourceQueuesInput{QueueUrl: aws.String(b.cfg.QueueURL)}); p.HasMorePages(); {
+		out, err := p.NextPage(ctx)
 		if err != nil {
+			if unsupported(err) {
+				return 0, fmt.Errorf("%w: %w", ErrNativeUnsupported, err)
+			}
+			return 0, fmt.Errorf("sqsdlq: the queues that name %s as their dead-letter queue: %w", b.cfg.QueueURL, err)
+		}
+		for _, u := range out.QueueUrls {
+			arn, err := b.arn(ctx, u)
+			if err != nil {
+				return 0, err
+			}
+			sources = append(sources, arn)
+		}
+	}
+	var requested string
+	if destinationURL != "" {
+		if requested, err = b.arn(ctx, destinationURL); err != nil {
 			return 0, err
 		}
-		in.DestinationArn = aws.String(dst)
 	}
-	out, err := b.cfg.Client.StartMessageMoveTask(ctx, in)
+	dst, err := moveDestination(attrs[string(types.QueueAttributeNameRedriveAllowPolicy)], sources, requested)
+	if err != nil {
+		return 0, err
+	}
+	out, err := b.cfg.Client.StartMessageMoveTask(ctx, &sqs.StartMessageMoveTaskInput{SourceArn: aws.String(src), DestinationArn: aws.String(dst)})
 	if err != nil {
 		if unsupported(err) {
 			return 0, fmt.Errorf("%w: %w", ErrNativeUnsupported, err)
@@ -315,13 +380,49 @@ func (b *Broker) MoveAll(ctx context.Context, destinationURL string, progress fu
 	}
 }
 
-func (b *Broker) arn(ctx context.Context, url string) (string, error) {
-	out, err := b.cfg.Client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
-		QueueUrl: aws.String(url), AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameQueueArn}})
+// moveDestination returns the ARN of the one queue that can feed a
+// dead-letter queue whose RedriveAllowPolicy attribute is policy and which
+// the queues sources (ARNs) name in their redrive policies, where a
+// message-move task may send all of it; requested, when it is not "", must
+// be that queue. Any doubt is an error wrapping ErrNativeUnsafe.
+func moveDestination(policy string, sources []string, requested string) (string, error) {
+	p, err := sqssource.ParseRedriveAllowPolicy(policy)
 	if err != nil {
-		return "", fmt.Errorf("sqsdlq: ARN of %s: %w", url, err)
+		return "", fmt.Errorf("%w: %w", ErrNativeUnsafe, err)
 	}
-	return out.Attributes[string(types.QueueAttributeNameQueueArn)], nil
+	switch {
+	case p.Permission == sqssource.RedrivePermissionAllowAll:
+		return "", fmt.Errorf("%w: its RedriveAllowPolicy allows any queue as a source (allowAll, the default)", ErrNativeUnsafe)
+	case p.Permission != sqssource.RedrivePermissionByQueue || len(p.SourceQueueARNs) != 1:
+		return "", fmt.Errorf("%w: its RedriveAllowPolicy (%s) does not name exactly one source queue", ErrNativeUnsafe, policy)
+	}
+	only := p.SourceQueueARNs[0]
+	for _, s := range sources {
+		if s != only {
+			return "", fmt.Errorf("%w: %s names it as its dead-letter queue, but its RedriveAllowPolicy allows only %s", ErrNativeUnsafe, s, only)
+		}
+	}
+	if requested != "" && requested != only {
+		return "", fmt.Errorf("%w: its only source queue is %s, not %s", ErrNativeUnsafe, only, requested)
+	}
+	return only, nil
+}
+
+// attributes reads attributes of the queue at url.
+func (b *Broker) attributes(ctx context.Context, url string, names ...types.QueueAttributeName) (map[string]string, error) {
+	out, err := b.cfg.Client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(url), AttributeNames: names})
+	if err != nil {
+		return nil, fmt.Errorf("sqsdlq: attributes of %s: %w", url, err)
+	}
+	return out.Attributes, nil
+}
+
+func (b *Broker) arn(ctx context.Context, url string) (string, error) {
+	attrs, err := b.attributes(ctx, url, types.QueueAttributeNameQueueArn)
+	if err != nil {
+		return "", err
+	}
+	return attrs[string(types.QueueAttributeNameQueueArn)], nil
 }
 
 // unsupported reports an error that says the endpoint lacks the operation.
