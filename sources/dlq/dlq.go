@@ -148,9 +148,12 @@ type Broker interface {
 	// the origin confirmed its copy, so a Scan interrupted at any point (an
 	// error, a crash) loses nothing: it can be run again, and a dead letter
 	// whose copy was confirmed but not removed is sent again (the runner
-	// absorbs it as a duplicate of its key). A replayed copy keeps the key,
-	// the body and the user's headers and drops idemq's dead-letter
-	// metadata. Scan returns the first error that stopped it; done is the
+	// absorbs it as a duplicate of its key). A replayed copy keeps the
+	// body, the user's headers and the key the runner recorded (where the
+	// origin takes its key from elsewhere, such as a Kafka offset or an SQS
+	// deduplication id, the copy carries it in the source's key header or
+	// attribute), and drops the rest of idemq's dead-letter metadata. Scan
+	// returns the first error that stopped it; done is the
 	// number of ActionReplay and ActionPurge actions completed before it.
 	Scan(ctx context.Context, visit func(*Letter) Action) (done int, err error)
 	// Close releases the broker's connections.
