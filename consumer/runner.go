@@ -98,8 +98,11 @@ func (r *Runner) Config() Config { return r.cfg }
 // within Config.DrainTimeout, and returns nil. Messages not settled by then stay
 // unacknowledged and return to the broker. Run returns an error only if the
 // source is closed underneath it (ErrClosed), the Runner is already running,
-// or, before anything is received, the source's redelivery horizon exceeds
-// the store's retention (a *idemq.ConfigError, see HorizonReporter).
+// or, before anything is received: the store (or a hook in Config.Hooks)
+// reports that its tables do not exist (an error wrapping a
+// *dedup.SchemaError, matching dedup.ErrNotMigrated: see
+// dedup.SchemaChecker), or the source's redelivery horizon exceeds the
+// store's retention (a *idemq.ConfigError, see HorizonReporter).
 //
 // Run does not close the source; close it after Run returns.
 func (r *Runner) Run(ctx context.Context) error {
@@ -108,6 +111,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	defer r.running.Store(false)
 	defer r.draining.Store(false)
+	if err := r.checkSchema(ctx); err != nil {
+		return err
+	}
 	if err := checkRetention(ctx, r.src, r.path, r.log, r.cfg.AllowShortRetention); err != nil {
 		return err
 	}
