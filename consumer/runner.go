@@ -514,8 +514,10 @@ func (r *Runner) awaitStore(ctx context.Context) bool {
 	if !ok || !r.storeOut.down() {
 		return true
 	}
-	r.log.LogAttrs(ctx, slog.LevelInfo, "receiving paused until the store answers",
-		slog.String(LogKeyDependency, DependencyStore), slog.Duration(LogKeyDelay, outageProbe))
+	if r.storeOut.pause() { // once per outage: it pauses again after each failed try
+		r.log.LogAttrs(ctx, slog.LevelInfo, "receiving paused until the store answers",
+			slog.String(LogKeyDependency, DependencyStore), slog.Duration(LogKeyDelay, outageProbe))
+	}
 	for ctx.Err() == nil && r.storeOut.down() {
 		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 		err := pr.probe(pctx, r.cfg.Name)

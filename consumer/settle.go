@@ -84,11 +84,18 @@ var errDuplicateUnsettled = errors.New("first copy not settled")
 // the store's trouble.
 func infraErr(batch []*job) error {
 	for _, j := range batch {
-		if j.out == outRetryInfra && j.err != nil && !errors.Is(j.err, ErrKeyBusy) && !errors.Is(j.err, errDuplicateUnsettled) {
+		if storeTrouble(j) {
 			return j.err
 		}
 	}
 	return nil
+}
+
+// storeTrouble reports whether j was sent back for the store's trouble:
+// not for a reason of its own (another worker holds the key, an unsettled
+// copy in the batch).
+func storeTrouble(j *job) bool {
+	return j.out == outRetryInfra && j.err != nil && !errors.Is(j.err, ErrKeyBusy) && !errors.Is(j.err, errDuplicateUnsettled)
 }
 
 // followLeaders gives each later copy of a key in b its outcome from its
@@ -137,9 +144,16 @@ func (s *settler) settleFailed(ctx context.Context, j *job) Outcome {
 		}
 		return s.deadLetter(ctx, j, cause)
 	}
-	s.env.log.LogAttrs(ctx, slog.LevelInfo, "message will be retried", slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID),
+	attrs := []slog.Attr{slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID),
 		slog.String(LogKeyTopic, m.Topic), slog.Int(LogKeyAttempt, j.attempt()), slog.Duration(LogKeyDelay, delay),
-		slog.Any(LogKeyError, j.err))
+		slog.Any(LogKeyError, j.err)}
+	if storeTrouble(j) {
+		// Once the store's outage is reported, its lines speak for the
+		// messages it sends back: not one line per message and retry.
+		s.env.storeOut.line(ctx, s.env.log, slog.LevelInfo, "message will be retried", attrs...)
+	} else {
+		s.env.log.LogAttrs(ctx, slog.LevelInfo, "message will be retried", attrs...)
+	}
 	s.env.obs.onRetry(j, kind, delay)
 	var err error
 	if rel, ok := s.src.(Releaser); ok && j.out == outRetryInfra {
