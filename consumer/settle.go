@@ -140,7 +140,7 @@ func (s *settler) settleFailed(ctx context.Context, j *job) Outcome {
 	default: // poison, or out of attempts
 		cause := j.err
 		if j.out == outRetry {
-			cause = fmt.Errorf("%w after %d attempts: %w", ErrMaxAttempts, j.attempt(), j.err)
+			cause = &exhaustedError{attempts: j.attempt(), err: j.err}
 		}
 		return s.deadLetter(ctx, j, cause)
 	}
