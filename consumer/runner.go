@@ -137,6 +137,11 @@ func (r *Runner) Run(ctx context.Context) error {
 		close(l)
 	}
 
+	// ctx is done: the lines of the drain are logged with its values.
+	lctx := context.WithoutCancel(ctx)
+	start := time.Now()
+	r.log.LogAttrs(lctx, slog.LevelInfo, "stopping: draining the messages received",
+		slog.Duration(LogKeyDrainTimeout, r.cfg.DrainTimeout))
 	drained := make(chan struct{})
 	go func() { wg.Wait(); close(drained) }()
 	timer := time.NewTimer(r.cfg.DrainTimeout)
@@ -144,10 +149,11 @@ func (r *Runner) Run(ctx context.Context) error {
 	select {
 	case <-drained:
 	case <-timer.C:
-		r.log.LogAttrs(ctx, slog.LevelWarn, "drain timed out; unsettled messages return to the broker")
+		r.log.LogAttrs(lctx, slog.LevelWarn, "drain timed out; unsettled messages return to the broker")
 		cancelWork()
 		<-drained
 	}
+	r.log.LogAttrs(lctx, slog.LevelInfo, "stopped", slog.Duration(LogKeyElapsed, time.Since(start).Round(time.Millisecond)))
 	return err
 }
 

@@ -145,7 +145,7 @@ func (s *settler) settleFailed(ctx context.Context, j *job) Outcome {
 		return s.deadLetter(ctx, j, cause)
 	}
 	attrs := []slog.Attr{slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID),
-		slog.String(LogKeyTopic, m.Topic), slog.Int(LogKeyAttempt, j.attempt()), slog.Duration(LogKeyDelay, delay),
+		slog.String(LogKeyQueue, m.Topic), slog.Int(LogKeyAttempt, j.attempt()), slog.Duration(LogKeyDelay, delay),
 		slog.Any(LogKeyError, j.err)}
 	if storeTrouble(j) {
 		// Once the store's outage is reported, its lines speak for the
@@ -182,7 +182,7 @@ func (s *settler) settleFailed(ctx context.Context, j *job) Outcome {
 func (s *settler) deadLetter(ctx context.Context, j *job, cause error) Outcome {
 	m := j.msg
 	reason := &DeadLetterError{Key: j.key, Attempts: j.attempt(), Err: cause}
-	attrs := []slog.Attr{slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID), slog.String(LogKeyTopic, m.Topic),
+	attrs := []slog.Attr{slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID), slog.String(LogKeyQueue, m.Topic),
 		slog.Int(LogKeyAttempt, j.attempt()), slog.Any(LogKeyError, cause)}
 	var mm *dedup.MismatchError
 	if errors.As(cause, &mm) {
