@@ -3,12 +3,15 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/memdedup"
+	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -78,3 +81,41 @@ func TestDeadLetterReasonStartsWithCause(t *testing.T) {
 		}
 	}
 }
+
+// A handler's panic is logged with its stack; an oversized message is
+// logged with its key, as its dead letter carries it.
+func TestPanicAndOversizeLines(t *testing.T) {
+	var logs runtest.SyncBuffer
+	var calls atomic.Int32
+	b := runMem(t, consumer.Config{MaxMessageBytes: 10, Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+		func(_ context.Context, _ *memdedup.Tx, m *consumer.Message) error {
+			if calls.Add(1) == 1 {
+				panicInHandler()
+			}
+			return nil
+		},
+		memsource.Outgoing{Key: "panics", Body: []byte("{}")}, memsource.Outgoing{Key: "big-1", Body: []byte("far more than ten bytes")})
+	var panicLine, bigLine string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		switch {
+		case strings.Contains(l, "key=panics") && strings.Contains(l, "handler panicked"):
+			panicLine = l
+		case strings.Contains(l, "message dead-lettered") && strings.Contains(l, "too large"):
+			bigLine = l
+		}
+	}
+	if !strings.Contains(panicLine, "stack=") || !strings.Contains(panicLine, "panicInHandler") {
+		t.Errorf("the panic's line %q lacks its stack; logs:\n%s", panicLine, logs.String())
+	}
+	if !strings.Contains(bigLine, "key=big-1") {
+		t.Errorf("the oversized message's line %q lacks its key; logs:\n%s", bigLine, logs.String())
+	}
+	if dls := b.DeadLetters("t"); len(dls) != 1 || dls[0].Key != "big-1" {
+		t.Fatalf("dead letters %+v; want big-1", dls)
+	} else if dl := new(consumer.DeadLetterError); !errors.As(dls[0].Err, &dl) || dl.Key != "big-1" {
+		t.Errorf("dead letter reason %v: want DeadLetterError.Key big-1", dls[0].Err)
+	}
+}
+
+//go:noinline
+func panicInHandler() { panic("boom") }

@@ -61,7 +61,9 @@ var (
 // PanicError is the error of a handler or a Config.KeyFunc that panicked. A
 // handler's panic rolls back its transaction and the message is retried like
 // any failure; a KeyFunc's panic dead-letters the message at once, wrapped in
-// ErrMissingKey.
+// ErrMissingKey. Stack is the panicking goroutine's stack; the runner logs
+// it under LogKeyStack on the line that retries (at ERROR) or dead-letters
+// the message.
 type PanicError struct {
 	Value any
 	Stack []byte

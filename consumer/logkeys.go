@@ -22,6 +22,10 @@ const (
 	// LogKeySettleError is the error of a failed Retry or DeadLetter call,
 	// logged beside the message's own error (LogKeyError).
 	LogKeySettleError = "settle_err"
+	// LogKeyStack is the stack of a handler or KeyFunc that panicked
+	// (PanicError.Stack), on the line that retries or dead-letters its
+	// message.
+	LogKeyStack = "stack"
 	// LogKeyDrainTimeout is Config.DrainTimeout, on the line that starts
 	// the drain when Run's context is done.
 	LogKeyDrainTimeout = "drain_timeout"

@@ -368,8 +368,11 @@ func (r *Runner) prepareBatch(ctx context.Context, batch []*job) *prepared {
 	for _, j := range batch {
 		if err := r.prepare(j); err != nil {
 			// A key no store can hold must not travel into the dead
-			// letter's headers either.
-			j.key = ""
+			// letter's headers either; a valid one (an oversized body's)
+			// goes with the message into its line and dead letter.
+			if j.keyErr != nil || validKey(j.key) != nil {
+				j.key = ""
+			}
 			j.set(outDeadLetter, err)
 			continue
 		}
@@ -404,11 +407,11 @@ func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane, hol
 
 // prepare computes a job's key and digest and rejects bad input.
 func (r *Runner) prepare(j *job) error {
-	if max := r.cfg.MaxMessageBytes; max > 0 && len(j.msg.Body) > max {
-		return fmt.Errorf("%w: %d bytes, limit %d", ErrOversized, len(j.msg.Body), max)
-	}
 	if j.key == "" && j.keyErr == nil {
 		j.key, j.keyErr = r.keyOf(j.msg) // not computed on receipt
+	}
+	if max := r.cfg.MaxMessageBytes; max > 0 && len(j.msg.Body) > max {
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrOversized, len(j.msg.Body), max)
 	}
 	if err := j.keyErr; err != nil {
 		if errors.Is(err, ErrMissingKey) {

@@ -58,8 +58,8 @@ func (s *settler) settle(ctx context.Context, b *prepared, holds laneHolds) (ack
 		case ctx.Err() != nil:
 			stats.left.Add(1)
 			log.LogAttrs(mctx, slog.LevelInfo, "stopping: message left to the broker",
-				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt),
-				slog.Any(LogKeyError, j.err))
+				append([]slog.Attr{slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt),
+					slog.Any(LogKeyError, j.err)}, panicStack(j.err)...)...)
 			obs.onSettled(j, OutcomeLeft, len(b.batch), j.err)
 		default: // outRetry, outRetryInfra, outDeadLetter
 			o := s.settleFailed(mctx, j)
@@ -72,6 +72,16 @@ func (s *settler) settle(ctx context.Context, b *prepared, holds laneHolds) (ack
 		}
 	}
 	return acks
+}
+
+// panicStack returns the LogKeyStack attribute of the panic err wraps
+// (a *PanicError), or nothing.
+func panicStack(err error) []slog.Attr {
+	var p *PanicError
+	if !errors.As(err, &p) || len(p.Stack) == 0 {
+		return nil
+	}
+	return []slog.Attr{slog.String(LogKeyStack, string(p.Stack))}
 }
 
 // errDuplicateUnsettled is wrapped by the retry reason of a later copy of a
@@ -144,14 +154,17 @@ func (s *settler) settleFailed(ctx context.Context, j *job) Outcome {
 		}
 		return s.deadLetter(ctx, j, cause)
 	}
-	attrs := []slog.Attr{slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID),
+	attrs := append([]slog.Attr{slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID),
 		slog.String(LogKeyQueue, m.Topic), slog.Int(LogKeyAttempt, j.attempt()), slog.Duration(LogKeyDelay, delay),
-		slog.Any(LogKeyError, j.err)}
-	if storeTrouble(j) {
+		slog.Any(LogKeyError, j.err)}, panicStack(j.err)...)
+	switch {
+	case storeTrouble(j):
 		// Once the store's outage is reported, its lines speak for the
 		// messages it sends back: not one line per message and retry.
 		s.env.storeOut.line(ctx, s.env.log, slog.LevelInfo, "message will be retried", attrs...)
-	} else {
+	case errors.Is(j.err, ErrHandlerPanic):
+		s.env.log.LogAttrs(ctx, slog.LevelError, "message will be retried: handler panicked", attrs...)
+	default:
 		s.env.log.LogAttrs(ctx, slog.LevelInfo, "message will be retried", attrs...)
 	}
 	s.env.obs.onRetry(j, kind, delay)
@@ -182,8 +195,8 @@ func (s *settler) settleFailed(ctx context.Context, j *job) Outcome {
 func (s *settler) deadLetter(ctx context.Context, j *job, cause error) Outcome {
 	m := j.msg
 	reason := &DeadLetterError{Key: j.key, Attempts: j.attempt(), Err: cause}
-	attrs := []slog.Attr{slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID), slog.String(LogKeyQueue, m.Topic),
-		slog.Int(LogKeyAttempt, j.attempt()), slog.Any(LogKeyError, cause)}
+	attrs := append([]slog.Attr{slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID), slog.String(LogKeyQueue, m.Topic),
+		slog.Int(LogKeyAttempt, j.attempt()), slog.Any(LogKeyError, cause)}, panicStack(cause)...)
 	var mm *dedup.MismatchError
 	if errors.As(cause, &mm) {
 		attrs = append(attrs, slog.String(LogKeyStored, mm.Stored.String()), slog.String(LogKeyReceived, mm.Received.String()))
