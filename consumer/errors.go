@@ -151,7 +151,8 @@ type DeadLetterError struct {
 
 // Error implements error.
 func (e *DeadLetterError) Error() string {
-	if ex, ok := e.Err.(*exhaustedError); ok {
+	var ex *exhaustedError
+	if errors.As(e.Err, &ex) {
 		return fmt.Sprintf("%v (idemq: dead-lettered: retries exhausted after %s)", ex.err, attempts(ex.attempts))
 	}
 	return fmt.Sprintf("%v (idemq: dead-lettered after %s)", e.Err, attempts(e.Attempts))

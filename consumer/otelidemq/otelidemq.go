@@ -773,12 +773,9 @@ func recordFailure(span trace.Span, err error) {
 // idemq and fmt.Errorf("%w: %w", sentinel, cause) put the cause).
 func causeOf(err error) error {
 	for {
-		var next error
-		switch u := err.(type) {
-		case interface{ Unwrap() error }:
-			next = u.Unwrap()
-		case interface{ Unwrap() []error }:
-			if errs := u.Unwrap(); len(errs) > 0 {
+		next := errors.Unwrap(err)
+		if multi, ok := err.(interface{ Unwrap() []error }); ok { //nolint:errorlint // walks the chain itself
+			if errs := multi.Unwrap(); len(errs) > 0 {
 				next = errs[len(errs)-1]
 			}
 		}
