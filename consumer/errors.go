@@ -141,7 +141,7 @@ func retryDelay(err error) (time.Duration, bool) {
 // (MetaReason), starts with the cause and ends with the route, so that a
 // reason cut short still shows the cause:
 //
-//	card declined (idemq: dead-lettered: retries exhausted after 5 attempts)
+//	card declined (idemq: retries exhausted after 5 attempts)
 //	permanent: unknown account (idemq: dead-lettered after 1 attempt)
 type DeadLetterError struct {
 	Key      string
@@ -153,7 +153,7 @@ type DeadLetterError struct {
 func (e *DeadLetterError) Error() string {
 	var ex *exhaustedError
 	if errors.As(e.Err, &ex) {
-		return fmt.Sprintf("%v (idemq: dead-lettered: retries exhausted after %s)", ex.err, attempts(ex.attempts))
+		return ex.Error() // "<last error> (idemq: retries exhausted after n attempts)"
 	}
 	return fmt.Sprintf("%v (idemq: dead-lettered after %s)", e.Err, attempts(e.Attempts))
 }
