@@ -108,6 +108,8 @@ func TestStoreOutageLogsNoLinePerMessage(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	r.stop(t)
+	t.Logf("%d store failures: %d lines \"message will be retried\", %d \"receiving paused\"",
+		r.Health().StoreFailures, len(rec.Find("message will be retried")), len(rec.Find("receiving paused")))
 	// Before the outage is declared, each failure may have its line.
 	if n := len(rec.Find("message will be retried")); n > threshold {
 		t.Errorf("%d lines \"message will be retried\" for %d store failures; want at most %d", n, r.Health().StoreFailures, threshold)
