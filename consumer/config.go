@@ -130,8 +130,10 @@ type Config struct {
 
 	// AllowShortRetention lets Run start although the source's broker may
 	// redeliver a message later than the store remembers it (see
-	// HorizonReporter); Run then logs one WARN with both durations. Defaults
-	// to false: Run refuses with a *idemq.ConfigError.
+	// HorizonReporter); Run then logs one WARN with both durations. It also
+	// lowers the WARN about a horizon the source cannot tell
+	// (ErrHorizonUnknown) to INFO. Defaults to false: Run refuses with a
+	// *idemq.ConfigError.
 	AllowShortRetention bool
 
 	// Hooks observe the runner: each is checked once, in NewRunner, for the

@@ -34,8 +34,10 @@ var (
 	// different payload. It is routed to the dead-letter destination as
 	// poison; the stored effect is left alone. It is dedup.ErrPayloadMismatch.
 	ErrPayloadMismatch = dedup.ErrPayloadMismatch
-	// ErrMaxAttempts wraps the last error of a message that failed
-	// RetryPolicy.MaxAttempts times and was dead-lettered.
+	// ErrMaxAttempts is matched by the error of a message that failed
+	// RetryPolicy.MaxAttempts times and was dead-lettered. That error
+	// also wraps the last failure, and its text starts with it:
+	// "<last error> (idemq: retries exhausted after 5 attempts)".
 	ErrMaxAttempts = errors.New("idemq: retries exhausted")
 	// ErrHandlerPanic is matched by the error of a handler that panicked.
 	ErrHandlerPanic = errors.New("idemq: handler panicked")
@@ -59,7 +61,9 @@ var (
 // PanicError is the error of a handler or a Config.KeyFunc that panicked. A
 // handler's panic rolls back its transaction and the message is retried like
 // any failure; a KeyFunc's panic dead-letters the message at once, wrapped in
-// ErrMissingKey.
+// ErrMissingKey. Stack is the panicking goroutine's stack; the runner logs
+// it under LogKeyStack on the line that retries (at ERROR) or dead-letters
+// the message.
 type PanicError struct {
 	Value any
 	Stack []byte
@@ -132,6 +136,13 @@ func retryDelay(err error) (time.Duration, bool) {
 // attempt count (the handler failures counted by the store, else the broker's
 // delivery count) and the final error, which wraps the sentinel that explains
 // the route (ErrMaxAttempts, ErrMissingKey, ErrPayloadMismatch, ...).
+//
+// Its text, which the sources write as the dead letter's reason
+// (MetaReason), starts with the cause and ends with the route, so that a
+// reason cut short still shows the cause:
+//
+//	card declined (idemq: retries exhausted after 5 attempts)
+//	permanent: unknown account (idemq: dead-lettered after 1 attempt)
 type DeadLetterError struct {
 	Key      string
 	Attempts int
@@ -140,7 +151,33 @@ type DeadLetterError struct {
 
 // Error implements error.
 func (e *DeadLetterError) Error() string {
-	return fmt.Sprintf("idemq: dead-lettered after %d attempt(s): %v", e.Attempts, e.Err)
+	var ex *exhaustedError
+	if errors.As(e.Err, &ex) {
+		return ex.Error() // "<last error> (idemq: retries exhausted after n attempts)"
+	}
+	return fmt.Sprintf("%v (idemq: dead-lettered after %s)", e.Err, attempts(e.Attempts))
+}
+
+// exhaustedError is the error of a message that failed
+// RetryPolicy.MaxAttempts times: its last failure, then the count. It
+// matches ErrMaxAttempts and the last failure.
+type exhaustedError struct {
+	attempts int
+	err      error
+}
+
+func (e *exhaustedError) Error() string {
+	return fmt.Sprintf("%v (%v after %s)", e.err, ErrMaxAttempts, attempts(e.attempts))
+}
+
+func (e *exhaustedError) Unwrap() []error { return []error{ErrMaxAttempts, e.err} }
+
+// attempts is "1 attempt" or "n attempts".
+func attempts(n int) string {
+	if n == 1 {
+		return "1 attempt"
+	}
+	return fmt.Sprintf("%d attempts", n)
 }
 
 // Unwrap returns the final error.

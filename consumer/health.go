@@ -68,6 +68,9 @@ type outage struct {
 	// answered: a probe reached the dependency since its last failure (see
 	// Runner.awaitStore); only a real call ends the outage.
 	answered bool
+	// paused: the pause of receiving was logged for this run of failures
+	// (see Runner.awaitStore).
+	paused bool
 }
 
 func newOutage(dep string, cfg Config) *outage {
@@ -96,7 +99,17 @@ func (o *outage) succeed() {
 	if o.reported {
 		o.recovered, o.lasted, o.failures = true, time.Since(o.since), o.streak
 	}
-	o.streak, o.reported, o.suppressed = 0, false, 0
+	o.streak, o.reported, o.suppressed, o.paused = 0, false, 0, false
+}
+
+// pause reports whether the pause of receiving for this run of failures
+// is yet to be logged, and marks it logged.
+func (o *outage) pause() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	first := !o.paused
+	o.paused = true
+	return first
 }
 
 // failed counts a failure and logs what is due.

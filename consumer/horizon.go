@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -25,10 +26,17 @@ const Unbounded = time.Duration(math.MaxInt64)
 //   - horizon > retention: Run refuses to start with a *idemq.ConfigError that
 //     states both durations, unless Config.AllowShortRetention is set; then
 //     it logs one WARN with both and runs.
-//   - horizon Unbounded: Run logs one WARN that names the fix (a message
-//     TTL on the queue, at most the retention) and runs; refusing would
-//     reject every default RabbitMQ queue.
-//   - an error: Run logs one WARN and runs unchecked.
+//   - horizon Unbounded (a RabbitMQ queue the source declared without a
+//     message TTL): Run logs one INFO line that names the fix (a message
+//     TTL on the queue, at most the retention) and runs. The broker keeps
+//     an unsettled message for ever, but it hands a processed message whose
+//     acknowledgement was lost back at once when the consumer's channel
+//     closes: it comes later than the retention only if no consumer runs
+//     for that long.
+//   - an error matching ErrHorizonUnknown (a queue the source did not
+//     declare): Run logs one WARN that says the retention is not checked
+//     and how to check it, INFO with Config.AllowShortRetention, and runs.
+//   - another error: Run logs one WARN and runs unchecked.
 type HorizonReporter interface {
 	// RedeliveryHorizon returns the longest time after it was published
 	// that the broker may still deliver a message (its retention: SQS's
@@ -36,6 +44,11 @@ type HorizonReporter interface {
 	// queue's x-message-ttl), or Unbounded.
 	RedeliveryHorizon(ctx context.Context) (time.Duration, error)
 }
+
+// ErrHorizonUnknown is matched by the error of a HorizonReporter that cannot
+// tell its broker's redelivery horizon, such as amqpsource for a queue it
+// did not declare (AMQP does not return a queue's arguments).
+var ErrHorizonUnknown = errors.New("idemq: redelivery horizon unknown")
 
 // horizonTimeout bounds the source's RedeliveryHorizon call at the start of
 // Run.
@@ -74,11 +87,18 @@ func checkRetention(ctx context.Context, src Source, path Path, log *slog.Logger
 	horizon, err := hr.RedeliveryHorizon(hctx)
 	cancel()
 	switch {
+	case errors.Is(err, ErrHorizonUnknown):
+		level := slog.LevelWarn
+		if allowShort {
+			level = slog.LevelInfo
+		}
+		log.LogAttrs(ctx, level, "the source cannot tell how late the broker may redeliver a message; the dedup retention is not checked against it (set Config.AllowShortRetention to accept that)",
+			slog.Duration(LogKeyRetention, retention), slog.Any(LogKeyError, err))
 	case err != nil:
 		log.LogAttrs(ctx, slog.LevelWarn, "could not read the source's redelivery horizon; the dedup retention is not checked against it",
 			slog.Duration(LogKeyRetention, retention), slog.Any(LogKeyError, err))
 	case horizon == Unbounded:
-		log.LogAttrs(ctx, slog.LevelWarn, "the broker keeps unsettled messages without a time limit, longer than the dedup retention: a redelivery older than the retention runs the handler again; give the queue a message TTL (x-message-ttl) of at most the retention",
+		log.LogAttrs(ctx, slog.LevelInfo, "the broker keeps unsettled messages without a time limit: a message redelivered after the dedup retention (when no consumer ran for that long) runs the handler again; a message TTL (x-message-ttl) of at most the retention bounds it",
 			slog.String(LogKeyHorizon, "unbounded"), slog.Duration(LogKeyRetention, retention))
 	case horizon <= retention:
 	case allowShort:

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -34,7 +35,7 @@ func runBriefly(t *testing.T, src horizonSource, path consumer.Path, allow bool)
 	var logs runtest.SyncBuffer
 	r, err := consumer.NewRunner(src, path, consumer.Config{
 		Name: "horizon", AllowShortRetention: allow,
-		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -60,10 +61,13 @@ func runBriefly(t *testing.T, src horizonSource, path consumer.Path, allow bool)
 
 // The Runner compares the source's redelivery horizon with the store's
 // retention when Run starts: longer refuses with both numbers, unless
-// AllowShortRetention, which warns once; unbounded warns with the fix;
-// shorter or equal says nothing.
+// AllowShortRetention, which warns once; an unknown horizon warns, unless
+// AllowShortRetention; unbounded (a queue the source declared without a
+// TTL: known, and bounded in practice by how long no consumer runs) is
+// said once at INFO with the fix; shorter or equal says nothing.
 func TestRetentionGuard(t *testing.T) {
 	const retention = 72 * time.Hour
+	unknown := fmt.Errorf("queue not declared by the source: %w", consumer.ErrHorizonUnknown)
 	cases := []struct {
 		name      string
 		horizon   time.Duration
@@ -71,6 +75,7 @@ func TestRetentionGuard(t *testing.T) {
 		allow     bool
 		refuse    bool
 		warn      []string
+		info      []string
 		lease     bool
 		retention time.Duration
 	}{
@@ -78,8 +83,10 @@ func TestRetentionGuard(t *testing.T) {
 		{name: "opted in", horizon: 96 * time.Hour, allow: true, warn: []string{"redelivery_horizon=96h0m0s", "dedup_retention=72h0m0s", "AllowShortRetention"}},
 		{name: "equal", horizon: retention},
 		{name: "below", horizon: time.Hour},
-		{name: "unbounded", horizon: consumer.Unbounded, warn: []string{"redelivery_horizon=unbounded", "dedup_retention=72h0m0s", "x-message-ttl"}},
-		{name: "unknown", err: errors.New("broker says no"), warn: []string{"broker says no", "dedup_retention=72h0m0s"}},
+		{name: "unbounded", horizon: consumer.Unbounded, info: []string{"redelivery_horizon=unbounded", "dedup_retention=72h0m0s", "x-message-ttl"}},
+		{name: "unknown", err: unknown, warn: []string{"not declared by the source", "dedup_retention=72h0m0s", "AllowShortRetention"}},
+		{name: "unknown, opted in", err: unknown, allow: true, info: []string{"not declared by the source", "dedup_retention=72h0m0s"}},
+		{name: "failed", err: errors.New("broker says no"), warn: []string{"broker says no", "dedup_retention=72h0m0s"}},
 		{name: "lease path", horizon: 96 * time.Hour, refuse: true, lease: true, retention: retention},
 		{name: "lease path long retention", horizon: 96 * time.Hour, lease: true, retention: 8 * 24 * time.Hour},
 	}
@@ -109,18 +116,31 @@ func TestRetentionGuard(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Run = %v", err)
 			}
-			if len(c.warn) == 0 {
-				if logs != "" {
-					t.Fatalf("logged %q, want nothing", logs)
+			var warns, infos []string
+			for _, l := range strings.Split(logs, "\n") {
+				switch {
+				case strings.Contains(l, "level=WARN"):
+					warns = append(warns, l)
+				case strings.Contains(l, "level=INFO") && strings.Contains(l, "dedup_retention="):
+					infos = append(infos, l)
 				}
-				return
 			}
-			if n := strings.Count(logs, "level=WARN"); n != 1 {
-				t.Fatalf("%d WARN lines, want 1: %s", n, logs)
-			}
-			for _, w := range c.warn {
-				if !strings.Contains(logs, w) {
-					t.Errorf("WARN %q does not mention %q", logs, w)
+			for level, e := range map[string]struct {
+				lines, want []string
+			}{"WARN": {warns, c.warn}, "INFO": {infos, c.info}} {
+				if len(e.want) == 0 {
+					if len(e.lines) > 0 {
+						t.Errorf("%s lines %q about the retention, want none", level, e.lines)
+					}
+					continue
+				}
+				if len(e.lines) != 1 {
+					t.Fatalf("%d %s lines about the retention, want 1: %s", len(e.lines), level, logs)
+				}
+				for _, w := range e.want {
+					if !strings.Contains(e.lines[0], w) {
+						t.Errorf("%s %q does not mention %q", level, e.lines[0], w)
+					}
 				}
 			}
 		})

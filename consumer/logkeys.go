@@ -5,7 +5,14 @@ const (
 	LogKeyConsumer = "consumer"
 	LogKeyKey      = "key"
 	LogKeyID       = "message_id"
-	LogKeyTopic    = "topic"
+	// LogKeyQueue is the queue, topic or route a message came from
+	// (Message.Topic), or that a source consumes.
+	LogKeyQueue = "queue"
+	// LogKeyTopic was the key of LogKeyQueue.
+	//
+	// Deprecated: use LogKeyQueue: one key names where a message came
+	// from, on every broker.
+	LogKeyTopic    = LogKeyQueue
 	LogKeyAttempt  = "attempt"
 	LogKeyError    = "err"
 	LogKeyDelay    = "delay"
@@ -15,4 +22,14 @@ const (
 	// LogKeySettleError is the error of a failed Retry or DeadLetter call,
 	// logged beside the message's own error (LogKeyError).
 	LogKeySettleError = "settle_err"
+	// LogKeyStack is the stack of a handler or KeyFunc that panicked
+	// (PanicError.Stack), on the line that retries or dead-letters its
+	// message.
+	LogKeyStack = "stack"
+	// LogKeyDrainTimeout is Config.DrainTimeout, on the line that starts
+	// the drain when Run's context is done.
+	LogKeyDrainTimeout = "drain_timeout"
+	// LogKeyElapsed is how long something took: the drain, on the line
+	// "stopped".
+	LogKeyElapsed = "elapsed"
 )

@@ -6,11 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/sources/memsource"
 )
 
 // warnsAfter returns the WARN lines recorded after the first n lines.
@@ -82,4 +84,40 @@ func TestStoreOutagePausesReceivingAndRecoversFast(t *testing.T) {
 	t.Logf("PostgreSQL: first message handled %v after the store answered again", d.Round(time.Millisecond))
 	f.settled()
 	f.requireOnce(append(keys, "before")...)
+}
+
+// A store that loses its table while the runner runs is an outage: the
+// runner logs the outage and its transitions, not one line per message
+// and retry. With one message per transaction, a line per message would be
+// a line per failure.
+func TestStoreOutageLogsNoLinePerMessage(t *testing.T) {
+	f := newFixture(t)
+	rec := testenv.NewLogRecorder()
+	const threshold = 2
+	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)),
+		consumer.Config{OutageThreshold: threshold, OutageReminder: time.Hour, Concurrency: 1, BatchSize: 1, Logger: rec.Logger()})
+	f.publish("warm")
+	f.waitFor("the first message", func(st memsource.TopicStats) bool { return st.Acks == 1 })
+	f.exec(`DROP TABLE ` + pgx.Identifier{f.store.Config().Schema, f.store.Config().Table}.Sanitize())
+	f.publish(keys(20, "k")...)
+	deadline := time.Now().Add(30 * time.Second)
+	for r.Health().StoreFailures < 30 {
+		if time.Now().After(deadline) {
+			t.Fatalf("store failures = %d after 30 s, want 30", r.Health().StoreFailures)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	r.stop(t)
+	t.Logf("%d store failures: %d lines \"message will be retried\", %d \"receiving paused\"",
+		r.Health().StoreFailures, len(rec.Find("message will be retried")), len(rec.Find("receiving paused")))
+	// Before the outage is declared, each failure may have its line.
+	if n := len(rec.Find("message will be retried")); n > threshold {
+		t.Errorf("%d lines \"message will be retried\" for %d store failures; want at most %d", n, r.Health().StoreFailures, threshold)
+	}
+	if n := len(rec.Find("receiving paused")); n > 1 {
+		t.Errorf("%d lines \"receiving paused\" in one outage; want 1", n)
+	}
+	if n := len(rec.Find("dependency failing")); n != 1 {
+		t.Errorf("%d lines \"dependency failing\"; want 1", n)
+	}
 }

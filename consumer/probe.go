@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/idemq/idemq/dedup"
 )
@@ -34,6 +35,52 @@ const probeKey = "\x00idemq-probe"
 func (p *leasePath) probe(ctx context.Context, scope string) error {
 	if _, err := p.store.Inspect(ctx, scope, probeKey); err != nil && !errors.Is(err, dedup.ErrNotFound) {
 		return fmt.Errorf("idemq: probe: %w", err)
+	}
+	return nil
+}
+
+// schemaCheckers returns the path's store if it implements
+// dedup.SchemaChecker.
+func (p *txPath[Tx]) schemaCheckers() []dedup.SchemaChecker {
+	if c, ok := any(p.store).(dedup.SchemaChecker); ok {
+		return []dedup.SchemaChecker{c}
+	}
+	return nil
+}
+
+func (p *leasePath) schemaCheckers() []dedup.SchemaChecker {
+	if c, ok := p.store.(dedup.SchemaChecker); ok {
+		return []dedup.SchemaChecker{c}
+	}
+	return nil
+}
+
+// checkSchema asks the path's store and every hook that implements
+// dedup.SchemaChecker whether its tables exist, and returns an error
+// wrapping the first *dedup.SchemaError. Any other error (the database is
+// down) is logged and left to the outage handling: Run starts, and its
+// first messages find out.
+func (r *Runner) checkSchema(ctx context.Context) error {
+	var checkers []dedup.SchemaChecker
+	if p, ok := r.path.(interface{ schemaCheckers() []dedup.SchemaChecker }); ok {
+		checkers = p.schemaCheckers()
+	}
+	for _, h := range r.cfg.Hooks {
+		if c, ok := h.(dedup.SchemaChecker); ok {
+			checkers = append(checkers, c)
+		}
+	}
+	for _, c := range checkers {
+		cctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		err := c.CheckSchema(cctx)
+		cancel()
+		switch {
+		case errors.Is(err, dedup.ErrNotMigrated):
+			return fmt.Errorf("idemq: consumer %q cannot start: %w", r.cfg.Name, err)
+		case err != nil && ctx.Err() == nil:
+			r.log.LogAttrs(ctx, slog.LevelWarn, "could not check the database schema; starting unchecked",
+				slog.Any(LogKeyError, err))
+		}
 	}
 	return nil
 }

@@ -98,8 +98,11 @@ func (r *Runner) Config() Config { return r.cfg }
 // within Config.DrainTimeout, and returns nil. Messages not settled by then stay
 // unacknowledged and return to the broker. Run returns an error only if the
 // source is closed underneath it (ErrClosed), the Runner is already running,
-// or, before anything is received, the source's redelivery horizon exceeds
-// the store's retention (a *idemq.ConfigError, see HorizonReporter).
+// or, before anything is received: the store (or a hook in Config.Hooks)
+// reports that its tables do not exist (an error wrapping a
+// *dedup.SchemaError, matching dedup.ErrNotMigrated: see
+// dedup.SchemaChecker), or the source's redelivery horizon exceeds the
+// store's retention (a *idemq.ConfigError, see HorizonReporter).
 //
 // Run does not close the source; close it after Run returns.
 func (r *Runner) Run(ctx context.Context) error {
@@ -108,6 +111,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	defer r.running.Store(false)
 	defer r.draining.Store(false)
+	if err := r.checkSchema(ctx); err != nil {
+		return err
+	}
 	if err := checkRetention(ctx, r.src, r.path, r.log, r.cfg.AllowShortRetention); err != nil {
 		return err
 	}
@@ -131,6 +137,11 @@ func (r *Runner) Run(ctx context.Context) error {
 		close(l)
 	}
 
+	// ctx is done: the lines of the drain are logged with its values.
+	lctx := context.WithoutCancel(ctx)
+	start := time.Now()
+	r.log.LogAttrs(lctx, slog.LevelInfo, "stopping: draining the messages received",
+		slog.Duration(LogKeyDrainTimeout, r.cfg.DrainTimeout))
 	drained := make(chan struct{})
 	go func() { wg.Wait(); close(drained) }()
 	timer := time.NewTimer(r.cfg.DrainTimeout)
@@ -138,10 +149,11 @@ func (r *Runner) Run(ctx context.Context) error {
 	select {
 	case <-drained:
 	case <-timer.C:
-		r.log.LogAttrs(ctx, slog.LevelWarn, "drain timed out; unsettled messages return to the broker")
+		r.log.LogAttrs(lctx, slog.LevelWarn, "drain timed out; unsettled messages return to the broker")
 		cancelWork()
 		<-drained
 	}
+	r.log.LogAttrs(lctx, slog.LevelInfo, "stopped", slog.Duration(LogKeyElapsed, time.Since(start).Round(time.Millisecond)))
 	return err
 }
 
@@ -356,8 +368,11 @@ func (r *Runner) prepareBatch(ctx context.Context, batch []*job) *prepared {
 	for _, j := range batch {
 		if err := r.prepare(j); err != nil {
 			// A key no store can hold must not travel into the dead
-			// letter's headers either.
-			j.key = ""
+			// letter's headers either; a valid one (an oversized body's)
+			// goes with the message into its line and dead letter.
+			if j.keyErr != nil || validKey(j.key) != nil {
+				j.key = ""
+			}
 			j.set(outDeadLetter, err)
 			continue
 		}
@@ -392,11 +407,11 @@ func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane, hol
 
 // prepare computes a job's key and digest and rejects bad input.
 func (r *Runner) prepare(j *job) error {
-	if max := r.cfg.MaxMessageBytes; max > 0 && len(j.msg.Body) > max {
-		return fmt.Errorf("%w: %d bytes, limit %d", ErrOversized, len(j.msg.Body), max)
-	}
 	if j.key == "" && j.keyErr == nil {
 		j.key, j.keyErr = r.keyOf(j.msg) // not computed on receipt
+	}
+	if max := r.cfg.MaxMessageBytes; max > 0 && len(j.msg.Body) > max {
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrOversized, len(j.msg.Body), max)
 	}
 	if err := j.keyErr; err != nil {
 		if errors.Is(err, ErrMissingKey) {
@@ -508,8 +523,10 @@ func (r *Runner) awaitStore(ctx context.Context) bool {
 	if !ok || !r.storeOut.down() {
 		return true
 	}
-	r.log.LogAttrs(ctx, slog.LevelInfo, "receiving paused until the store answers",
-		slog.String(LogKeyDependency, DependencyStore), slog.Duration(LogKeyDelay, outageProbe))
+	if r.storeOut.pause() { // once per outage: it pauses again after each failed try
+		r.log.LogAttrs(ctx, slog.LevelInfo, "receiving paused until the store answers",
+			slog.String(LogKeyDependency, DependencyStore), slog.Duration(LogKeyDelay, outageProbe))
+	}
 	for ctx.Err() == nil && r.storeOut.down() {
 		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 		err := pr.probe(pctx, r.cfg.Name)

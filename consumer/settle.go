@@ -58,8 +58,8 @@ func (s *settler) settle(ctx context.Context, b *prepared, holds laneHolds) (ack
 		case ctx.Err() != nil:
 			stats.left.Add(1)
 			log.LogAttrs(mctx, slog.LevelInfo, "stopping: message left to the broker",
-				slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt),
-				slog.Any(LogKeyError, j.err))
+				append([]slog.Attr{slog.String(LogKeyKey, j.key), slog.String(LogKeyID, j.msg.ID), slog.Int(LogKeyAttempt, j.msg.Attempt),
+					slog.Any(LogKeyError, j.err)}, panicStack(j.err)...)...)
 			obs.onSettled(j, OutcomeLeft, len(b.batch), j.err)
 		default: // outRetry, outRetryInfra, outDeadLetter
 			o := s.settleFailed(mctx, j)
@@ -74,6 +74,16 @@ func (s *settler) settle(ctx context.Context, b *prepared, holds laneHolds) (ack
 	return acks
 }
 
+// panicStack returns the LogKeyStack attribute of the panic err wraps
+// (a *PanicError), or nothing.
+func panicStack(err error) []slog.Attr {
+	var p *PanicError
+	if !errors.As(err, &p) || len(p.Stack) == 0 {
+		return nil
+	}
+	return []slog.Attr{slog.String(LogKeyStack, string(p.Stack))}
+}
+
 // errDuplicateUnsettled is wrapped by the retry reason of a later copy of a
 // key in a batch whose first copy was not settled.
 var errDuplicateUnsettled = errors.New("first copy not settled")
@@ -84,11 +94,18 @@ var errDuplicateUnsettled = errors.New("first copy not settled")
 // the store's trouble.
 func infraErr(batch []*job) error {
 	for _, j := range batch {
-		if j.out == outRetryInfra && j.err != nil && !errors.Is(j.err, ErrKeyBusy) && !errors.Is(j.err, errDuplicateUnsettled) {
+		if storeTrouble(j) {
 			return j.err
 		}
 	}
 	return nil
+}
+
+// storeTrouble reports whether j was sent back for the store's trouble:
+// not for a reason of its own (another worker holds the key, an unsettled
+// copy in the batch).
+func storeTrouble(j *job) bool {
+	return j.out == outRetryInfra && j.err != nil && !errors.Is(j.err, ErrKeyBusy) && !errors.Is(j.err, errDuplicateUnsettled)
 }
 
 // followLeaders gives each later copy of a key in b its outcome from its
@@ -133,13 +150,23 @@ func (s *settler) settleFailed(ctx context.Context, j *job) Outcome {
 	default: // poison, or out of attempts
 		cause := j.err
 		if j.out == outRetry {
-			cause = fmt.Errorf("%w after %d attempts: %w", ErrMaxAttempts, j.attempt(), j.err)
+			cause = &exhaustedError{attempts: j.attempt(), err: j.err}
 		}
 		return s.deadLetter(ctx, j, cause)
 	}
-	s.env.log.LogAttrs(ctx, slog.LevelInfo, "message will be retried", slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID),
-		slog.String(LogKeyTopic, m.Topic), slog.Int(LogKeyAttempt, j.attempt()), slog.Duration(LogKeyDelay, delay),
-		slog.Any(LogKeyError, j.err))
+	attrs := append([]slog.Attr{slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID),
+		slog.String(LogKeyQueue, m.Topic), slog.Int(LogKeyAttempt, j.attempt()), slog.Duration(LogKeyDelay, delay),
+		slog.Any(LogKeyError, j.err)}, panicStack(j.err)...)
+	switch {
+	case storeTrouble(j):
+		// Once the store's outage is reported, its lines speak for the
+		// messages it sends back: not one line per message and retry.
+		s.env.storeOut.line(ctx, s.env.log, slog.LevelInfo, "message will be retried", attrs...)
+	case errors.Is(j.err, ErrHandlerPanic):
+		s.env.log.LogAttrs(ctx, slog.LevelError, "message will be retried: handler panicked", attrs...)
+	default:
+		s.env.log.LogAttrs(ctx, slog.LevelInfo, "message will be retried", attrs...)
+	}
 	s.env.obs.onRetry(j, kind, delay)
 	var err error
 	if rel, ok := s.src.(Releaser); ok && j.out == outRetryInfra {
@@ -168,8 +195,8 @@ func (s *settler) settleFailed(ctx context.Context, j *job) Outcome {
 func (s *settler) deadLetter(ctx context.Context, j *job, cause error) Outcome {
 	m := j.msg
 	reason := &DeadLetterError{Key: j.key, Attempts: j.attempt(), Err: cause}
-	attrs := []slog.Attr{slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID), slog.String(LogKeyTopic, m.Topic),
-		slog.Int(LogKeyAttempt, j.attempt()), slog.Any(LogKeyError, cause)}
+	attrs := append([]slog.Attr{slog.String(LogKeyKey, j.key), slog.String(LogKeyID, m.ID), slog.String(LogKeyQueue, m.Topic),
+		slog.Int(LogKeyAttempt, j.attempt()), slog.Any(LogKeyError, cause)}, panicStack(cause)...)
 	var mm *dedup.MismatchError
 	if errors.As(cause, &mm) {
 		attrs = append(attrs, slog.String(LogKeyStored, mm.Stored.String()), slog.String(LogKeyReceived, mm.Received.String()))

@@ -24,8 +24,9 @@ func (p *txPath[Tx]) describe() (string, string) {
 
 func (p *leasePath) describe() (string, string) { return "lease", typeName(p.store) }
 
-// logStart logs at Info what a runner with cfg consumes (the source, or
-// its String), through which path and store, and with which key function.
+// logStart logs at Info what a runner with cfg consumes (the source's
+// String, else its type), through which path and store, and with which key
+// function. log names the consumer already.
 func logStart(ctx context.Context, log *slog.Logger, cfg Config, source Source, path Path) {
 	kind, store := "custom", typeName(path)
 	if d, ok := path.(describer); ok {
@@ -36,7 +37,6 @@ func logStart(ctx context.Context, log *slog.Logger, cfg Config, source Source, 
 		src = s.String()
 	}
 	log.LogAttrs(ctx, slog.LevelInfo, "consuming",
-		slog.String("consumer", cfg.Name),
 		slog.String("source", src),
 		slog.String("path", kind),
 		slog.String("store", store),

@@ -50,9 +50,21 @@ func TestRunLogsWhatItConsumes(t *testing.T) {
 			line = l
 		}
 	}
-	for _, want := range []string{"consumer=billing", "memsource", "memdedup", "consumer.RequireKey", "path=transactional"} {
+	for _, want := range []string{"consumer=billing", `source="memsource topic=orders"`, "memdedup", "consumer.RequireKey", "path=transactional"} {
 		if !strings.Contains(line, want) {
 			t.Errorf("start line %q lacks %q; logs:\n%s", line, want, logs.String())
 		}
+	}
+	if n := strings.Count(line, "consumer="); n != 1 {
+		t.Errorf("start line %q names the consumer %d times, want once", line, n)
+	}
+	// The shutdown: one line as the drain starts, one when it ended.
+	var draining, drained bool
+	for _, l := range strings.Split(logs.String(), "\n") {
+		draining = draining || strings.Contains(l, "level=INFO") && strings.Contains(l, "msg=\"stopping: draining") && strings.Contains(l, "drain_timeout=30s")
+		drained = drained || strings.Contains(l, "level=INFO") && strings.Contains(l, "msg=stopped") && strings.Contains(l, "consumer=billing")
+	}
+	if !draining || !drained {
+		t.Errorf("drain logged start %v, end %v; want both; logs:\n%s", draining, drained, logs.String())
 	}
 }

@@ -24,6 +24,9 @@
 // record) implements TableStatsReporter: pgdedup and sqldedup do, and
 // consumer/otelidemq exports the measurement as gauges.
 //
+// A store whose tables its Migrate creates implements SchemaChecker, so that
+// the Runner refuses to start without them: pgdedup and sqldedup do.
+//
 // # Optional interfaces
 //
 // Besides TxStore or LeaseStore, a store may implement optional interfaces;
@@ -43,6 +46,7 @@
 //	PoolSizer            x        x         .           .               .
 //	RetentionReporter    x        x         .           x               .
 //	TableStatsReporter   x        x         .           .               .
+//	SchemaChecker        x        x         .           .               .
 //	LeaseStore           .        .         x           .               x
 //	BatchClaimer         .        .         x           .               .
 //	FailureCounter       x        x         x           x               x

@@ -565,6 +565,17 @@ func (s *countingStore[Tx]) PoolSize() int {
 	return ps.PoolSize()
 }
 
+// CheckSchema passes the store's schema check through (see
+// dedup.SchemaChecker), or nil (nothing to check) as the runner assumes
+// without one.
+func (s *countingStore[Tx]) CheckSchema(ctx context.Context) error {
+	sc, ok := s.TxStore.(dedup.SchemaChecker)
+	if !ok {
+		return nil
+	}
+	return sc.CheckSchema(ctx)
+}
+
 // TableStats passes the store's measurement through (see
 // dedup.TableStatsReporter), or none.
 func (s *countingStore[Tx]) TableStats() (dedup.TableStats, bool) {

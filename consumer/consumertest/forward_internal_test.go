@@ -2,6 +2,7 @@ package consumertest
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -42,6 +43,10 @@ func (fullTxStore) ForgetEnded(context.Context, *fakeTx, string, string, []strin
 func (fullTxStore) RecordFailure(context.Context, string, dedup.Record) (int, error)     { return 5, nil }
 func (fullTxStore) ForgetFailures(context.Context, string, string) error                 { return nil }
 func (fullTxStore) StoreResults(context.Context, *fakeTx, string, []dedup.Result) error  { return nil }
+func (fullTxStore) CheckSchema(context.Context) error                                    { return errNoTable }
+
+// errNoTable is fullTxStore's answer to CheckSchema.
+var errNoTable = &dedup.SchemaError{Table: "t"}
 
 // bareLeaseStore implements LeaseStore and none of the optional interfaces.
 type bareLeaseStore struct{ dedup.LeaseStore }
@@ -77,6 +82,7 @@ var forwarded = map[string][]string{
 	"PoolSizer":           {"tx"},
 	"RetentionReporter":   {"tx"},
 	"TableStatsReporter":  {"tx"},
+	"SchemaChecker":       {"tx"},
 	"BatchClaimer":        {"lease"},
 	"FailureCounter":      {"tx", "lease"},
 	"ResultStorer":        {"tx"},
@@ -101,6 +107,7 @@ func ifaceType(name string) reflect.Type {
 		"PoolSizer":           reflect.TypeFor[dedup.PoolSizer](),
 		"RetentionReporter":   reflect.TypeFor[dedup.RetentionReporter](),
 		"TableStatsReporter":  reflect.TypeFor[dedup.TableStatsReporter](),
+		"SchemaChecker":       reflect.TypeFor[dedup.SchemaChecker](),
 		"BatchClaimer":        reflect.TypeFor[dedup.BatchClaimer](),
 		"FailureCounter":      reflect.TypeFor[dedup.FailureCounter](),
 		"ResultStorer":        reflect.TypeFor[dedup.ResultStorer[*fakeTx]](),
@@ -170,6 +177,9 @@ func TestWrappersForwardEveryOptionalInterface(t *testing.T) {
 			t.Errorf("TableStats through the wrapper = %v, %v; want the store's", st, ok)
 		}
 	}
+	if sc, ok := full.(dedup.SchemaChecker); ok && !errors.Is(sc.CheckSchema(ctx), errNoTable) {
+		t.Errorf("CheckSchema through the wrapper = %v, want the store's %v", sc.CheckSchema(ctx), errNoTable)
+	}
 	for kind, w := range wrappers {
 		if fc, ok := w.full.(dedup.FailureCounter); ok {
 			if n, err := fc.RecordFailure(ctx, "s", dedup.Record{Key: "k"}); n != 5 || err != nil {
@@ -178,6 +188,9 @@ func TestWrappersForwardEveryOptionalInterface(t *testing.T) {
 		}
 	}
 	bare := wrappers["tx"].bare
+	if sc, ok := bare.(dedup.SchemaChecker); ok && sc.CheckSchema(ctx) != nil {
+		t.Errorf("CheckSchema through the wrapper of a store without one = %v, want nil", sc.CheckSchema(ctx))
+	}
 	if ps, ok := bare.(dedup.PoolSizer); ok && ps.PoolSize() != 0 {
 		t.Errorf("PoolSize through the wrapper of a store without one = %d, want 0 (no limit known)", ps.PoolSize())
 	}

@@ -141,7 +141,8 @@ func checkConventions(t *testing.T, s sdktrace.ReadOnlySpan, producer trace.Span
 }
 
 // processAttrs are the attributes every process span has, for message id
-// of system from destination, received from server (host:port).
+// (none when empty) of system from destination, received from server
+// (host:port).
 func processAttrs(t *testing.T, system attribute.KeyValue, destination, id, server string) []attribute.KeyValue {
 	t.Helper()
 	host, port, err := net.SplitHostPort(server)
@@ -152,9 +153,13 @@ func processAttrs(t *testing.T, system attribute.KeyValue, destination, id, serv
 	if err != nil {
 		t.Fatal(err)
 	}
-	return []attribute.KeyValue{system, semconv.MessagingDestinationName(destination), semconv.MessagingMessageID(id),
+	kvs := []attribute.KeyValue{system, semconv.MessagingDestinationName(destination),
 		semconv.MessagingOperationName("process"), semconv.MessagingOperationTypeProcess,
 		semconv.ServerAddress(host), semconv.ServerPort(p)}
+	if id != "" {
+		kvs = append(kvs, semconv.MessagingMessageID(id))
+	}
+	return kvs
 }
 
 func TestKafkaTraceparent(t *testing.T) {
@@ -195,10 +200,12 @@ func TestKafkaTraceparent(t *testing.T) {
 	}
 	defer src.Close()
 	consumeOne(t, tel, src, group)
-	want := append(processAttrs(t, semconv.MessagingSystemKafka, topic, topic+"/0/0", brokers[0]),
+	// No messaging.message.id: a Kafka message has none (the source's ID is
+	// the topic, partition and offset, which have attributes of their own).
+	want := append(processAttrs(t, semconv.MessagingSystemKafka, topic, "", brokers[0]),
 		semconv.MessagingConsumerGroupName(group), semconv.MessagingDestinationPartitionID("0"),
 		semconv.MessagingKafkaOffset(0), semconv.MessagingKafkaMessageKey("order-7"))
-	checkOne(t, tel, parent, topic+"/0/0", want, semconv.AWSSQSQueueURLKey)
+	checkOne(t, tel, parent, "", want, semconv.AWSSQSQueueURLKey, semconv.MessagingMessageIDKey)
 }
 
 func sqsTestClient(t *testing.T) *sqs.Client {
@@ -299,11 +306,18 @@ func TestSQSAWSTraceHeader(t *testing.T) {
 	checkSQS(t, tel, parent, name, url, aws.ToString(out.MessageId))
 }
 
-// A traceparent in the AMQP headers parents the span.
+// A traceparent in the AMQP headers parents the span; a message without a
+// message-id property gets no messaging.message.id.
 func TestRabbitMQTraceparent(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs RabbitMQ; skipped with -short")
 	}
+	for _, id := range []string{"id-k1", ""} {
+		t.Run("message-id "+strconv.Quote(id), func(t *testing.T) { rabbitMQTraceparent(t, id) })
+	}
+}
+
+func rabbitMQTraceparent(t *testing.T, id string) {
 	url := testenv.AMQPURL(t)
 	queue := "idemq.otel." + suffix()
 	ctx := brokerCtx(t)
@@ -339,7 +353,7 @@ func TestRabbitMQTraceparent(t *testing.T) {
 		t.Fatal(err)
 	}
 	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routingKey, true, false,
-		amqp.Publishing{Headers: h, MessageId: "id-k1", DeliveryMode: amqp.Persistent, Body: []byte("body")})
+		amqp.Publishing{Headers: h, MessageId: id, DeliveryMode: amqp.Persistent, Body: []byte("body")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,9 +366,13 @@ func TestRabbitMQTraceparent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := append(processAttrs(t, semconv.MessagingSystemRabbitMQ, exchange+":"+routingKey+":"+queue, "id-k1", net.JoinHostPort(u.Host, strconv.Itoa(u.Port))),
+	want := append(processAttrs(t, semconv.MessagingSystemRabbitMQ, exchange+":"+routingKey+":"+queue, id, net.JoinHostPort(u.Host, strconv.Itoa(u.Port))),
 		semconv.MessagingRabbitMQDestinationRoutingKey(routingKey), semconv.MessagingRabbitMQMessageDeliveryTag(1))
-	checkOne(t, tel, parent, "id-k1", want, semconv.MessagingConsumerGroupNameKey, semconv.MessagingDestinationPartitionIDKey)
+	absent := []attribute.Key{semconv.MessagingConsumerGroupNameKey, semconv.MessagingDestinationPartitionIDKey}
+	if id == "" {
+		absent = append(absent, semconv.MessagingMessageIDKey)
+	}
+	checkOne(t, tel, parent, id, want, absent...)
 }
 
 // gauge returns the value of the int64 gauge name at the data point whose

@@ -750,10 +750,51 @@ func linksTo(ctxs []context.Context) []trace.Link {
 	return links
 }
 
-// recordFailure records err on span and sets its status to Error.
+// recordFailure records err on span as an exception event and sets its
+// status to Error and its error.type. The event's exception.type is the
+// type of the cause (see causeOf), not of the wrappers around it; a
+// panic's stack is its exception.stacktrace.
 func recordFailure(span trace.Span, err error) {
-	span.RecordError(err)
+	if !span.IsRecording() {
+		return
+	}
+	attrs := []attribute.KeyValue{semconv.ExceptionType(typeName(causeOf(err))), semconv.ExceptionMessage(err.Error())}
+	var p *consumer.PanicError
+	if errors.As(err, &p) && len(p.Stack) > 0 {
+		attrs = append(attrs, semconv.ExceptionStacktrace(string(p.Stack)))
+	}
+	span.AddEvent(semconv.ExceptionEventName, trace.WithAttributes(attrs...))
+	span.SetAttributes(AttrErrorType.String(errorType(err)))
 	span.SetStatus(codes.Error, err.Error())
+}
+
+// causeOf returns the error that err wraps at the end of its chain: through
+// Unwrap() error, and through the last error of Unwrap() []error (where
+// idemq and fmt.Errorf("%w: %w", sentinel, cause) put the cause).
+func causeOf(err error) error {
+	for {
+		next := errors.Unwrap(err)
+		if multi, ok := err.(interface{ Unwrap() []error }); ok { //nolint:errorlint // walks the chain itself
+			if errs := multi.Unwrap(); len(errs) > 0 {
+				next = errs[len(errs)-1]
+			}
+		}
+		if next == nil {
+			return err
+		}
+		err = next
+	}
+}
+
+// typeName names the type of v as the SDK's RecordError does for
+// exception.type: package path and name for a named type, else the type's
+// string ("*pkg.Type").
+func typeName(v any) string {
+	t := reflect.TypeOf(v)
+	if t.PkgPath() == "" && t.Name() == "" {
+		return t.String()
+	}
+	return t.PkgPath() + "." + t.Name()
 }
 
 // txProcess makes the process span of a transaction (SpanPerTransaction):
@@ -813,6 +854,7 @@ func (h *Hook) txProcess(ctx context.Context, d *destAttrs, t consumer.TxInfo) {
 		child.End(trace.WithTimestamp(st.end))
 	}
 	if failed != nil {
+		span.SetAttributes(AttrErrorType.String(errorType(failed)))
 		span.SetStatus(codes.Error, failed.Error())
 	}
 	span.End(trace.WithTimestamp(end))
@@ -885,14 +927,15 @@ func (h *Hook) OnRetry(ctx context.Context, m *consumer.Message, kind consumer.R
 	h.retries.Add(ctx, 1, h.addOpts(ctx, k)...)
 }
 
-// OnDeadLetter adds a dead-letter event, sets the span's status to Error,
-// and counts it by reason.
+// OnDeadLetter adds a dead-letter event, sets the span's status to Error
+// and its error.type, and counts it by reason.
 func (h *Hook) OnDeadLetter(ctx context.Context, m *consumer.Message, reason consumer.DeadLetterReason, err error) {
 	r := AttrDeadLetter.String(string(reason))
 	if !h.perTx {
 		span := trace.SpanFromContext(ctx)
 		span.AddEvent(EventDeadLetter, trace.WithAttributes(r))
 		if err != nil {
+			span.SetAttributes(AttrErrorType.String(errorType(err)))
 			span.SetStatus(codes.Error, err.Error())
 		}
 	}
@@ -923,21 +966,24 @@ func (h *Hook) OnSettled(ctx context.Context, m *consumer.Message, s consumer.Se
 	outcome := AttrOutcome.String(s.Outcome.String())
 	if st.span != nil {
 		b := &m.Broker
+		attrs := make([]attribute.KeyValue, 0, 5)
+		attrs = append(attrs, outcome, AttrAttempt.Int(m.Attempt))
+		// A Kafka message has no ID of its own: the source's is its topic,
+		// partition and offset, which have attributes of their own.
+		isKafka := st.dest.key.system == SystemKafka
+		if m.ID != "" && !isKafka {
+			attrs = append(attrs, AttrMessageID.String(m.ID))
+		}
 		switch {
-		case st.dest.key.system == SystemKafka && b.Partition != "":
+		case isKafka && b.Partition != "":
+			attrs = append(attrs, semconv.MessagingKafkaOffset(int(b.Offset)))
 			if b.MessageKey != "" {
-				st.span.SetAttributes(outcome, AttrMessageID.String(m.ID), AttrAttempt.Int(m.Attempt),
-					semconv.MessagingKafkaOffset(int(b.Offset)), semconv.MessagingKafkaMessageKey(b.MessageKey))
-			} else {
-				st.span.SetAttributes(outcome, AttrMessageID.String(m.ID), AttrAttempt.Int(m.Attempt),
-					semconv.MessagingKafkaOffset(int(b.Offset)))
+				attrs = append(attrs, semconv.MessagingKafkaMessageKey(b.MessageKey))
 			}
 		case st.dest.key.system == SystemRabbitMQ && b.DeliveryTag > 0:
-			st.span.SetAttributes(outcome, AttrMessageID.String(m.ID), AttrAttempt.Int(m.Attempt),
-				semconv.MessagingRabbitMQMessageDeliveryTag(int(b.DeliveryTag)))
-		default:
-			st.span.SetAttributes(outcome, AttrMessageID.String(m.ID), AttrAttempt.Int(m.Attempt))
+			attrs = append(attrs, semconv.MessagingRabbitMQMessageDeliveryTag(int(b.DeliveryTag)))
 		}
+		st.span.SetAttributes(attrs...)
 	}
 	opt := st.dest.outcomes[consumer.OutcomeLeft]
 	if s.Outcome >= 0 && int(s.Outcome) < len(st.dest.outcomes) {

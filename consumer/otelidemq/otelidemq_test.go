@@ -62,18 +62,16 @@ func producerSpan(t *testing.T) (trace.SpanContext, map[string]string) {
 	return span.SpanContext(), headers
 }
 
-// processSpans returns the ended process spans, by message ID.
+// processSpans returns the ended process spans, by message ID ("" for
+// those without one: Kafka's, and a message without an ID).
 func (tel *telemetry) processSpans() map[string][]sdktrace.ReadOnlySpan {
 	out := map[string][]sdktrace.ReadOnlySpan{}
 	for _, s := range tel.spans.Ended() {
 		if s.SpanKind() != trace.SpanKindConsumer {
 			continue
 		}
-		for _, a := range s.Attributes() {
-			if a.Key == otelidemq.AttrMessageID {
-				out[a.Value.AsString()] = append(out[a.Value.AsString()], s)
-			}
-		}
+		id, _ := attr(s, otelidemq.AttrMessageID)
+		out[id.AsString()] = append(out[id.AsString()], s)
 	}
 	return out
 }

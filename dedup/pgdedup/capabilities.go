@@ -20,6 +20,7 @@ var (
 	_ dedup.PoolSizer                = (*Store)(nil)
 	_ dedup.RetentionReporter        = (*Store)(nil)
 	_ dedup.TableStatsReporter       = (*Store)(nil)
+	_ dedup.SchemaChecker            = (*Store)(nil)
 	_ dedup.FailureCounter           = (*Store)(nil)
 	_ dedup.ResultStorer[pgx.Tx]     = (*Store)(nil)
 )

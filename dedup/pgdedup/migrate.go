@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
@@ -122,3 +123,22 @@ func (s *Store) migrateTx(ctx context.Context, tx pgx.Tx) ([]Migration, error) {
 	}
 	return pending, nil
 }
+
+// CheckSchema implements dedup.SchemaChecker: one statement that reads no
+// row checks that the record table and its failure table exist with every
+// column of the latest migration. It returns a *dedup.SchemaError (matching
+// dedup.ErrNotMigrated) naming Migrate when they do not, and the database's
+// error when it could not be asked. The Runner calls it when Run starts.
+func (s *Store) CheckSchema(ctx context.Context) error {
+	_, err := s.db.Exec(ctx, sqlstore.SchemaProbe(s.q.table, s.failuresTable()))
+	switch {
+	case sqlstore.Undefined(err):
+		return &dedup.SchemaError{Table: s.cfg.Schema + "." + s.cfg.Table, Migrate: migrateHint, Err: err}
+	case err != nil:
+		return fmt.Errorf("pgdedup: check schema: %w", err)
+	}
+	return nil
+}
+
+// migrateHint is how a missing table is created, for dedup.SchemaError.
+const migrateHint = "create it with pgdedup.Store.Migrate (or run `idemq migrate`, or apply MigrationSQL)"

@@ -4,10 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
@@ -207,4 +209,27 @@ func splitStatements(sql string) []string {
 		out = append(out, stmt)
 	}
 	return out
+}
+
+// CheckSchema implements dedup.SchemaChecker: one statement that reads no
+// row checks that the record table and its failure table exist with every
+// column of the latest migration. It returns a *dedup.SchemaError (matching
+// dedup.ErrNotMigrated) naming Migrate when they do not, and the database's
+// error when it could not be asked. The Runner calls it when Run starts.
+func (s *Store) CheckSchema(ctx context.Context) error {
+	var one int
+	err := s.db.QueryRowContext(ctx, sqlstore.SchemaProbe(s.q.table, s.failuresTable())).Scan(&one)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil
+	case sqlstore.Undefined(err):
+		table := s.cfg.Table
+		if s.cfg.Dialect == Postgres {
+			table = s.cfg.Schema + "." + table
+		}
+		return &dedup.SchemaError{Table: table, Migrate: "create it with sqldedup.Store.Migrate (or run `idemq migrate`, or apply MigrationSQL)", Err: err}
+	case err != nil:
+		return fmt.Errorf("sqldedup: check schema: %w", err)
+	}
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
@@ -294,3 +295,27 @@ func (r *Resender) OnClaimed(ctx context.Context, m *consumer.Message, c consume
 		r.cfg.Logger.WarnContext(ctx, "outbox: reply not re-sent", slog.String(logKeyReplyID, id), slog.Any(consumer.LogKeyError, err))
 	}
 }
+
+// CheckSchema implements dedup.SchemaChecker, so that a Runner with the
+// Resender in its Hooks refuses to start without the outbox table: one
+// statement that reads no row checks that the table exists with the
+// columns of the latest migration. It returns a *dedup.SchemaError (naming
+// Migrate and `idemq migrate --outbox`) when it does not, the database's
+// error when it could not be asked.
+func (r *Resender) CheckSchema(ctx context.Context) error {
+	t := r.cfg.Schema.table()
+	var one int
+	err := r.db.QueryRow(ctx, `SELECT 1 FROM (SELECT seq, id, source_key, destination, partition_key, routing_key, headers, body, state, attempts, next_attempt_at, sent_at FROM `+t+` WHERE false) AS o`).Scan(&one)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000" || pgErr.Code == "42703"):
+		return &dedup.SchemaError{Table: t, Migrate: "create it with outbox.Migrate (or run `idemq migrate --outbox`)", Err: err}
+	case err != nil:
+		return fmt.Errorf("outbox: check schema: %w", err)
+	}
+	return nil
+}
+
+var _ dedup.SchemaChecker = (*Resender)(nil)

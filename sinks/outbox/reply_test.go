@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sinks/outbox"
@@ -221,5 +223,23 @@ func TestNewResenderConfig(t *testing.T) {
 	}
 	if _, err := outbox.NewResender((*pgxpool.Pool)(nil), outbox.ResendConfig{Timeout: -1}); !errors.Is(err, idemq.ErrInvalidConfig) {
 		t.Fatalf("negative Timeout: %v, want ErrInvalidConfig", err)
+	}
+}
+
+// A runner with a Resender refuses to start while the outbox table is
+// missing, naming the migration that creates it.
+func TestResenderChecksOutboxTable(t *testing.T) {
+	pool, schema := newPoolSchema(t)
+	if _, err := pool.Exec(context.Background(), `DROP TABLE idemq_outbox`); err != nil {
+		t.Fatal(err)
+	}
+	b := memsource.New(memsource.Config{})
+	defer b.Close()
+	r, _ := replier(t, pool, schema, b.Source("requests"), nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := r.Run(ctx)
+	if !errors.Is(err, dedup.ErrNotMigrated) || !strings.Contains(err.Error(), "idemq migrate --outbox") {
+		t.Fatalf("Run = %v; want dedup.ErrNotMigrated naming idemq migrate --outbox", err)
 	}
 }

@@ -243,6 +243,18 @@ type Topology struct {
 	// to Queue's name.
 	BindingKeys []string
 
+	// MessageTTL is Queue's x-message-ttl: a message left in the queue
+	// longer than this (no consumer took it, or it was handed back unsettled
+	// that long after it was published) expires into the dead-letter
+	// destination, with "expired" in its x-first-death-reason header. It
+	// bounds how late a redelivery can come (the Source's
+	// RedeliveryHorizon), so set it to at most the dedup store's retention:
+	// the Runner refuses to start when it is longer (see
+	// consumer.HorizonReporter). Whole milliseconds. Defaults to 0: no TTL,
+	// the queue keeps a message until it is settled. RabbitMQ refuses to
+	// declare an existing queue with another TTL than it has.
+	MessageTTL time.Duration
+
 	// QueueArgs are extra arguments for Queue (x-max-length, ...). The
 	// source sets x-queue-type, x-delivery-limit and the dead-letter
 	// arguments itself, and for a quorum queue "x-dead-letter-strategy":
@@ -423,6 +435,12 @@ func (c Config) validate() error {
 		}
 		if t.Exchange == "" && len(t.BindingKeys) > 0 {
 			l.Add("Declare.BindingKeys", "set without Declare.Exchange")
+		}
+		switch _, inArgs := t.QueueArgs["x-message-ttl"]; {
+		case t.MessageTTL < 0 || t.MessageTTL%time.Millisecond != 0:
+			l.Addf("Declare.MessageTTL", "%s is not a positive number of milliseconds", t.MessageTTL)
+		case t.MessageTTL > 0 && inArgs:
+			l.Add("Declare.MessageTTL", "set with x-message-ttl in Declare.QueueArgs: set one")
 		}
 	}
 	return l.Err()

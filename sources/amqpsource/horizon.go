@@ -12,19 +12,24 @@ import (
 
 var _ consumer.HorizonReporter = (*Source)(nil)
 
-// RedeliveryHorizon returns the x-message-ttl of Queue as Config.Declare
-// declares it (Topology.QueueArgs), else consumer.Unbounded: a RabbitMQ queue
-// without a message TTL keeps an unsettled message for ever, so a redelivery
-// may come at any age. The Source cannot read the arguments of a queue it
-// did not declare (AMQP 0.9.1 does not return them, and a policy may set a
-// TTL too), so a queue declared by operations reports Unbounded. The Runner
-// warns about an unbounded horizon and refuses a TTL longer than the dedup
-// store's retention (see consumer.HorizonReporter). The retry queues' TTLs do
-// not count: a message only enters one after its handler failed, which left
-// no record.
+// RedeliveryHorizon returns the message TTL of Queue as Config.Declare
+// declares it (Topology.MessageTTL, or x-message-ttl in Topology.QueueArgs),
+// else consumer.Unbounded: a RabbitMQ queue without a message TTL keeps an
+// unsettled message for ever. The Source cannot read the arguments of a
+// queue it did not declare (AMQP 0.9.1 does not return them, and a policy
+// may set a TTL too): for a queue declared by operations (Declare nil) it
+// returns an error matching consumer.ErrHorizonUnknown. The Runner refuses
+// a TTL longer than the dedup store's retention, notes an unbounded horizon
+// at INFO and warns about an unknown one (see consumer.HorizonReporter).
+// The retry queues' TTLs do not count: a message only enters one after its
+// handler failed, which left no record.
 func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, error) {
 	if s.cfg.Declare == nil {
-		return consumer.Unbounded, nil
+		return 0, fmt.Errorf("amqpsource: queue %q is not declared by the source (Config.Declare is nil), so its message TTL cannot be read: declare it with Topology.MessageTTL at most the dedup retention: %w",
+			s.cfg.Queue, consumer.ErrHorizonUnknown)
+	}
+	if ttl := s.cfg.Declare.MessageTTL; ttl > 0 {
+		return ttl, nil
 	}
 	ttl, ok, err := millisArg(s.cfg.Declare.QueueArgs, "x-message-ttl")
 	if err != nil {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,7 +19,6 @@ import (
 
 // Log attribute keys of the source, besides the Runner's (consumer.LogKey*).
 const (
-	logKeyQueue      = "queue"
 	logKeyGeneration = "channel_generation"
 	logKeyRetryQueue = "retry_queue"
 )
@@ -45,6 +46,7 @@ type Source struct {
 	// broker is the BrokerInfo of every message, but for its exchange,
 	// routing key and delivery tag.
 	broker consumer.BrokerInfo
+	desc   string // String's
 
 	mu  sync.Mutex
 	gen uint64 // generation of the newest session
@@ -81,13 +83,19 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	s := &Source{
 		cfg:     cfg,
-		log:     cfg.Logger.With(logKeyQueue, cfg.Queue),
+		log:     cfg.Logger.With(consumer.LogKeyQueue, cfg.Queue),
 		in:      make(chan inbound, cfg.Prefetch),
 		closing: make(chan struct{}),
 		broker:  consumer.BrokerInfo{System: "rabbitmq"},
 	}
+	s.desc = "rabbitmq queue=" + cfg.Queue
 	if u, err := amqp.ParseURI(cfg.URL); err == nil {
 		s.broker.ServerAddress, s.broker.ServerPort = u.Host, u.Port
+		vhost := u.Vhost
+		if cfg.AMQP.Vhost != "" {
+			vhost = cfg.AMQP.Vhost
+		}
+		s.desc = fmt.Sprintf("rabbitmq %s vhost=%s queue=%s", net.JoinHostPort(u.Host, strconv.Itoa(u.Port)), vhost, cfg.Queue)
 	}
 	first, err := s.dial(ctx)
 	if err != nil {
@@ -436,6 +444,11 @@ func (s *Source) handBackLater(ctx context.Context, h *handle, hold time.Duratio
 		}
 	}()
 }
+
+// String names the source for logs (the Runner's start line): its broker's
+// host and port, virtual host and queue, like "rabbitmq 127.0.0.1:5672
+// vhost=/ queue=orders". It holds no user name or password.
+func (s *Source) String() string { return s.desc }
 
 // Close stops consuming and closes the connection. Messages received but not
 // acknowledged, including those buffered in the client and not yet returned by

@@ -51,6 +51,9 @@ func declareTopology(ch *amqp.Channel, cfg Config) error {
 		args[k] = v
 	}
 	args["x-queue-type"] = t.QueueType
+	if t.MessageTTL > 0 {
+		args["x-message-ttl"] = t.MessageTTL.Milliseconds()
+	}
 	args["x-dead-letter-exchange"] = cfg.DeadLetterExchange
 	args["x-dead-letter-routing-key"] = cfg.DeadLetterRoutingKey
 	if t.QueueType == QueueTypeQuorum {

@@ -2,6 +2,7 @@ package amqpsource
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,6 +107,11 @@ func TestConfigValidation(t *testing.T) {
 		"DeadLetterRoutingKey": {URL: "amqp://x", Queue: "q", DeadLetterRoutingKey: "q"},
 		"Declare.QueueType":    {URL: "amqp://x", Queue: "q", Declare: &Topology{QueueType: "stream"}},
 		"Declare.BindingKeys":  {URL: "amqp://x", Queue: "q", Declare: &Topology{BindingKeys: []string{"k"}}},
+		"Declare.MessageTTL":   {URL: "amqp://x", Queue: "q", Declare: &Topology{MessageTTL: -time.Second}},
+	}
+	both := Config{URL: "amqp://x", Queue: "q", Declare: &Topology{MessageTTL: time.Hour, QueueArgs: amqp.Table{"x-message-ttl": int64(1000)}}}
+	if err := both.WithDefaults().validate(); err == nil || !strings.Contains(err.Error(), "Declare.MessageTTL") {
+		t.Errorf("MessageTTL with x-message-ttl in QueueArgs: got %v, want an error for Declare.MessageTTL", err)
 	}
 	for field, c := range bad {
 		err := c.WithDefaults().validate()

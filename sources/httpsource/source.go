@@ -668,6 +668,10 @@ func malformedDetail(reason error) string {
 	return "the request body cannot be decoded"
 }
 
+// String names the source for logs (the Runner's start line): "http
+// Idempotency-Key requests". The route it is mounted on is the caller's.
+func (s *Source) String() string { return "http Idempotency-Key requests" }
+
 // Close implements consumer.Source: Receive fails with consumer.ErrClosed,
 // requests not received yet are answered 503, and so is every request
 // that arrives after it, at once.

@@ -35,7 +35,7 @@ func (s *Source) requestCommit(ctx context.Context) error {
 	for _, p := range stale {
 		s.stats.staleCommitsSkipped.Add(1)
 		s.log.InfoContext(ctx, "commit skipped: the settled messages were fetched before the latest rebalance; the partition's owner recommits",
-			consumer.LogKeyTopic, p.topic, logKeyPartition, p.partition, logKeyOffset, p.last+1,
+			consumer.LogKeyQueue, p.topic, logKeyPartition, p.partition, logKeyOffset, p.last+1,
 			logKeyGeneration, gen)
 	}
 	if len(commit) == 0 {

@@ -86,7 +86,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 			}
 		}
 		s.log.Log(ctx, level, "dead-letter write failed; the message blocks its partition's commit until a write succeeds",
-			consumer.LogKeyID, msg.ID, consumer.LogKeyTopic, dead.Topic, consumer.LogKeyCount, failures,
+			consumer.LogKeyID, msg.ID, consumer.LogKeyQueue, dead.Topic, consumer.LogKeyCount, failures,
 			consumer.LogKeyError, err)
 		return fmt.Errorf("kafkasource: dead-letter %s to topic %q (handed out again in %s): %w",
 			msg.ID, dead.Topic, s.cfg.DeadLetterRetryDelay, err)

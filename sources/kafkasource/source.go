@@ -234,6 +234,13 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 // Config returns the source's configuration with defaults applied.
 func (s *Source) Config() Config { return s.cfg }
 
+// String names the source for logs (the Runner's start line): its
+// bootstrap addresses, topics and consumer group, like "kafka
+// 127.0.0.1:9092 topics=orders group=billing". It holds no credentials.
+func (s *Source) String() string {
+	return "kafka " + strings.Join(s.cfg.Brokers, ",") + " topics=" + strings.Join(s.cfg.Topics, ",") + " group=" + s.cfg.GroupID
+}
+
 // Close stops fetching, commits the settled prefixes (bounded by
 // Config.CommitTimeout; a failure is returned), leaves the consumer group and
 // closes the connections. Messages fetched and not settled, including those waiting for

@@ -3,6 +3,8 @@ package memsource
 import (
 	"context"
 	"fmt"
+
+	"github.com/idemq/idemq/consumer"
 )
 
 // FaultKind names a scripted failure.
@@ -133,7 +135,7 @@ func (b *Broker) fire(ctx context.Context, kind FaultKind, t *topic, m *stored) 
 	if !ok {
 		return nil
 	}
-	b.log.DebugContext(ctx, "memsource: injected fault", "fault", f.Kind.String(), "topic", t.name, "message_id", idOf(m))
+	b.log.DebugContext(ctx, "memsource: injected fault", "fault", f.Kind.String(), consumer.LogKeyQueue, t.name, "message_id", idOf(m))
 	return &f
 }
 

@@ -79,6 +79,10 @@ func (s *Source) Name() string { return s.name }
 // Topic returns the name of the Source's topic.
 func (s *Source) Topic() string { return s.t.name }
 
+// String names the source for logs (the Runner's start line): "memsource
+// topic=<topic>".
+func (s *Source) String() string { return "memsource topic=" + s.t.name }
+
 // Receive blocks until a message is deliverable, then returns up to max of
 // them, in publish order (see the package documentation for the
 // partition-key order). It returns ctx.Err() when ctx is done,
@@ -162,7 +166,7 @@ func (s *Source) take(ctx context.Context, now time.Time, max int) ([]*consumer.
 		Expire: func(d *delivery) {
 			t.stats.Expired++
 			events = append(events, b.event(EventExpire, t, d.Src, d.Msg, d.Attempt, nil))
-			b.log.DebugContext(ctx, "memsource: visibility timeout passed", "topic", t.name, "message_id", d.Msg.ID, "attempt", d.Attempt)
+			b.log.DebugContext(ctx, "memsource: visibility timeout passed", consumer.LogKeyQueue, t.name, "message_id", d.Msg.ID, "attempt", d.Attempt)
 		},
 		Copies: func(m *stored) (duplicate, concurrent bool) {
 			return b.fire(ctx, FaultDuplicate, t, m) != nil, b.fire(ctx, FaultConcurrentDuplicate, t, m) != nil

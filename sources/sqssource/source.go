@@ -38,11 +38,6 @@ var _ Client = (*sqs.Client)(nil)
 
 var _ consumer.Source = (*Source)(nil)
 
-// Log attribute keys of the source, besides the Runner's (consumer.LogKey*).
-const (
-	logKeyQueue = "queue"
-)
-
 // Source receives messages from one SQS queue for a consumer.Runner. It
 // implements consumer.Source: it deletes a message only when Ack is called
 // (after the runner's transaction committed), keeps the visibility of every
@@ -136,7 +131,7 @@ func New(ctx context.Context, client Client, cfg Config) (*Source, error) {
 		active:    make(map[string]*handle),
 		wake:      make(chan struct{}),
 	}
-	s.log = cfg.Logger.With(logKeyQueue, s.queueName)
+	s.log = cfg.Logger.With(consumer.LogKeyQueue, s.queueName)
 
 	attrs, err := s.queueAttributes(ctx, cfg.QueueURL, types.QueueAttributeNameFifoQueue, types.QueueAttributeNameRedrivePolicy, types.QueueAttributeNameQueueArn)
 	if err != nil {
@@ -188,6 +183,17 @@ func (s *Source) FIFO() bool { return s.fifo }
 // set the runner's RetryPolicy.MaxAttempts to at least this value, so that
 // SQS, which keeps the message, moves it before the runner gives up on it.
 func (s *Source) MaxReceiveCount() int { return s.maxReceiveCount }
+
+// String names the source for logs (the Runner's start line): its queue's
+// URL without user information or query, like "sqs
+// http://127.0.0.1:9324/000000000000/orders". It holds no credentials.
+func (s *Source) String() string {
+	u, err := url.Parse(s.cfg.QueueURL)
+	if err != nil {
+		return "sqs queue=" + s.queueName
+	}
+	return "sqs " + (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
+}
 
 // Close stops receiving and the heartbeat, waits for the ReceiveMessage calls
 // in flight, and makes every message received but not settled visible again
