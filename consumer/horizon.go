@@ -60,13 +60,6 @@ const (
 	LogKeyRetention = "dedup_retention"
 )
 
-// retentionPath is implemented by paths whose store forgets records.
-type retentionPath interface {
-	// retention returns how long the path's store remembers a processed
-	// key, and false if it cannot tell.
-	retention() (time.Duration, bool)
-}
-
 // checkRetention compares the redelivery horizon of src with the retention
 // of the store of path (see HorizonReporter); allowShort is
 // Config.AllowShortRetention.
@@ -75,11 +68,7 @@ func checkRetention(ctx context.Context, src Source, path Path, log *slog.Logger
 	if !ok {
 		return nil
 	}
-	rp, ok := path.(retentionPath)
-	if !ok {
-		return nil
-	}
-	retention, ok := rp.retention()
+	retention, ok := path.retention()
 	if !ok {
 		return nil
 	}

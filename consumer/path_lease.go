@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/internal/cfgerr"
 )
 
@@ -76,12 +77,23 @@ func (o LeaseOptions) WithDefaults() LeaseOptions {
 // Duplicate window: a crash after the effect and before the key is marked
 // done lets the effect run again once the lease expires. Forward IdempotencyKey to
 // the downstream system so that it deduplicates that repetition.
-func Leased(store dedup.LeaseStore, h Handler, opts LeaseOptions) Path {
-	return &leasePath{store: store, h: h, opts: opts.WithDefaults()}
+func Leased(store dedupdriver.LeaseStore, h Handler, opts LeaseOptions) Path {
+	p := &leasePath{store: store, h: h, opts: opts.WithDefaults()}
+	if !cfgerr.IsNil(store) {
+		p.drv = store.Driver()
+	}
+	if !cfgerr.IsNil(p.drv) {
+		p.caps = p.drv.Caps()
+	}
+	return p
 }
 
+// leasePath is the lease path, over the driver of store and its
+// capabilities.
 type leasePath struct {
-	store dedup.LeaseStore
+	store any // the user's store, for the start line
+	drv   dedupdriver.Lease
+	caps  dedupdriver.Caps
 	h     Handler
 	opts  LeaseOptions
 }
@@ -104,7 +116,7 @@ func (p *leasePath) process(ctx context.Context, env *pathEnv, batch []*job, _ *
 }
 
 func (p *leasePath) abandonLease(ctx context.Context, env *pathEnv, key, token string) {
-	if err := p.store.Abandon(ctx, env.scope, key, token); err != nil {
+	if err := p.drv.Abandon(ctx, env.scope, key, token); err != nil {
 		env.storeOut.warn(ctx, env.log, "abandoning the lease failed; it expires by itself",
 			slog.String(LogKeyKey, key), slog.Any(LogKeyError, err))
 	}
@@ -135,7 +147,7 @@ func (p *leasePath) claim(ctx context.Context, env *pathEnv, j *job, pc *preclai
 		token = pc.token // the failed batch claim may hold the key with it
 	}
 	confirmed = time.Now()
-	c, err = p.store.Claim(ctx, env.scope, dedup.Record{Key: j.key, PayloadHash: j.hash}, token, p.opts.Lease)
+	c, err = p.drv.Claim(ctx, env.scope, dedup.Record{Key: j.key, PayloadHash: j.hash}, token, p.opts.Lease)
 	if err != nil {
 		return token, c, confirmed, fmt.Errorf("idemq: claim lease: %w", err)
 	}
@@ -247,18 +259,17 @@ func (p *leasePath) complete(ctx context.Context, env *pathEnv, j *job, token st
 // the message.
 func (p *leasePath) completeKey(ctx context.Context, env *pathEnv, j *job, token string, v []byte) error {
 	if v != nil && j.msg.res.err == nil {
-		rc, can := p.store.(dedup.ResultCompleter)
-		if !can {
-			j.msg.res.err = Permanent(fmt.Errorf("%w: %T does not implement dedup.ResultCompleter", ErrResultUnsupported, p.store))
+		if !p.caps.Results {
+			j.msg.res.err = Permanent(fmt.Errorf("%w: %T keeps no results", ErrResultUnsupported, p.store))
 		} else {
-			err := rc.CompleteWithResult(ctx, env.scope, j.key, token, p.opts.Retention, v)
-			if !errors.Is(err, dedup.ErrResultTooLarge) && !errors.Is(err, ErrResultUnsupported) {
+			err := p.drv.CompleteWithResult(ctx, env.scope, j.key, token, p.opts.Retention, v)
+			if !errors.Is(err, dedup.ErrResultTooLarge) && !errors.Is(err, ErrResultUnsupported) && !errors.Is(err, dedupdriver.ErrUnsupported) {
 				return err
 			}
 			j.msg.res.err = Permanent(err)
 		}
 	}
-	return p.store.Complete(ctx, env.scope, j.key, token, p.opts.Retention)
+	return p.drv.Complete(ctx, env.scope, j.key, token, p.opts.Retention)
 }
 
 // settleLease gives j its outcome from r, then tells the hooks what
@@ -313,8 +324,11 @@ func (p *leasePath) settleLease(env *pathEnv, j *job, r *leaseRun) {
 func (p *leasePath) validate() error {
 	var l cfgerr.List
 	o := p.opts
-	if cfgerr.IsNil(p.store) {
+	switch {
+	case cfgerr.IsNil(p.store):
 		l.Add("Leased store", "nil")
+	case cfgerr.IsNil(p.drv):
+		l.Add("Leased store", "its Driver is nil")
 	}
 	if p.h == nil {
 		l.Add("Leased handler", "nil")
@@ -370,7 +384,7 @@ func (p *leasePath) refresh(ctx context.Context, env *pathEnv, cancel context.Ca
 				return
 			case <-t.C:
 				sent := time.Now()
-				err := p.store.Refresh(ctx, env.scope, key, token, p.opts.Lease)
+				err := p.drv.Refresh(ctx, env.scope, key, token, p.opts.Lease)
 				if errors.Is(err, dedup.ErrLeaseLost) {
 					cancel(err)
 					result <- err
@@ -414,10 +428,13 @@ func newToken() string {
 	return hex.EncodeToString(b[:])
 }
 
-// failureCounter returns the store's handler-failure counter, or nil.
-func (p *leasePath) failureCounter() dedup.FailureCounter {
-	fc, _ := p.store.(dedup.FailureCounter)
-	return fc
-}
+// driverCaps returns the capabilities of the path's store.
+func (p *leasePath) driverCaps() dedupdriver.Caps { return p.caps }
+
+// driver returns the path's store driver.
+func (p *leasePath) driver() dedupdriver.Common { return p.drv }
+
+// poolSize is 0: the lease path holds no connection across a handler.
+func (p *leasePath) poolSize() int { return 0 }
 
 func (p *leasePath) retention() (time.Duration, bool) { return p.opts.Retention, true }

@@ -84,8 +84,8 @@ func NewRunner(src Source, path Path, cfg Config) (*Runner, error) {
 		stats: &r.stats, storeOut: r.storeOut, obs: &r.hooks, takeAhead: r.takeAhead,
 	}
 	r.settler = settler{env: &r.env, src: src, out: r.settleOut}
-	if fc, ok := path.(failureCounting); ok {
-		r.settler.counter = fc.failureCounter()
+	if path.driverCaps().FailureCount {
+		r.settler.counter = path.driver()
 	}
 	return r, nil
 }
@@ -519,8 +519,7 @@ func (r *Runner) WaitIdle(ctx context.Context, idle time.Duration) error {
 // meanwhile are handled (and retried) as usual. It returns false when ctx
 // is done.
 func (r *Runner) awaitStore(ctx context.Context) bool {
-	pr, ok := r.path.(prober)
-	if !ok || !r.storeOut.down() {
+	if !r.storeOut.down() {
 		return true
 	}
 	if r.storeOut.pause() { // once per outage: it pauses again after each failed try
@@ -529,7 +528,7 @@ func (r *Runner) awaitStore(ctx context.Context) bool {
 	}
 	for ctx.Err() == nil && r.storeOut.down() {
 		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-		err := pr.probe(pctx, r.cfg.Name)
+		err := r.path.probe(pctx, r.cfg.Name)
 		cancel()
 		switch {
 		case ctx.Err() != nil:

@@ -35,7 +35,7 @@
 // retries a command whose reply was lost on the network, and the retry finds
 // the state the first try wrote and reports the same outcome.
 //
-// The store also implements dedup.FailureCounter: the handler failures of a
+// The store also implements dedupdriver.Common: the handler failures of a
 // key are counted in a small hash named like the key's record plus
 // ":failures" (same hash tag, so same Cluster slot), incremented by one
 // script only when a handler failed (a hash of the count and the payload

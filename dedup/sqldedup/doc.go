@@ -58,7 +58,7 @@
 //
 // # Handler failures
 //
-// Store implements dedup.FailureCounter: when a handler fails, the runner
+// The store counts handler failures (dedupdriver.Caps.FailureCount): when a handler fails, the runner
 // counts the failure with one upsert into the table Config.Table + "_failures"
 // (migration 002, both dialects), after the failed transaction rolled back,
 // so the count survives the rollback and the happy path never writes it. A
