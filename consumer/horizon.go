@@ -18,7 +18,7 @@ const Unbounded = time.Duration(math.MaxInt64)
 // HorizonReporter is implemented by sources that can tell how late a
 // redelivery may come. The Runner asks once, when Run starts, and compares
 // the answer with how long its store remembers a processed message
-// (dedup.RetentionReporter, or LeaseOptions.Retention on the lease path): a
+// (dedupdriver.Caps.Retention, or LeaseOptions.Retention on the lease path): a
 // redelivery older than the store's retention is no longer recognised and
 // runs the handler again.
 //

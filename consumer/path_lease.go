@@ -64,7 +64,7 @@ func (o LeaseOptions) WithDefaults() LeaseOptions {
 // have expired, and its outcome is not marked done.
 //
 // With Config.BatchSize above 1 and a store that implements
-// dedup.BatchClaimer (dedup/redisdedup does), the keys of a batch are claimed
+// dedupdriver.Caps.BatchClaim (dedup/redisdedup does), the keys of a batch are claimed
 // in one round trip and the leases of the messages waiting their turn are
 // refreshed until their handler starts; each key is still marked done right
 // after its own effect, so batching does not widen the window below. A queued

@@ -48,7 +48,7 @@ type Runner struct {
 // cfg (after WithDefaults) and returns a *idemq.ConfigError for each invalid field
 // of cfg and path, all at once (see idemq.ConfigError),
 // including a Concurrency that the store's connection pool cannot serve
-// (see dedup.PoolSizer): the pool must hold more connections than
+// (see dedupdriver.Caps.Pool): the pool must hold more connections than
 // Concurrency. An unset Concurrency is lowered to one less than such a pool.
 func NewRunner(src Source, path Path, cfg Config) (*Runner, error) {
 	if src == nil {

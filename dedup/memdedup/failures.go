@@ -19,7 +19,7 @@ type failureCount struct {
 // every transaction (a rollback does not undo it) and expires Retention after
 // its last failure; a failure with another payload digest starts it again at
 // 1. Store and its Leases share the counts.
-func (s *Store) RecordFailure(ctx context.Context, scope string, rec dedup.Record) (int, error) {
+func (s txDriver) RecordFailure(ctx context.Context, scope string, rec dedup.Record) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -44,7 +44,7 @@ func (s *Store) RecordFailure(ctx context.Context, scope string, rec dedup.Recor
 }
 
 // ForgetFailures implements dedupdriver.Common.
-func (s *Store) ForgetFailures(ctx context.Context, scope, k string) error {
+func (s txDriver) ForgetFailures(ctx context.Context, scope, k string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -68,12 +68,12 @@ func (s *Store) Failures(scope, k string) int {
 
 // RecordFailure implements dedupdriver.Common with the counts of the
 // store the Leases belong to.
-func (ls *Leases) RecordFailure(ctx context.Context, scope string, rec dedup.Record) (int, error) {
-	return ls.s.RecordFailure(ctx, scope, rec)
+func (ls leaseDriver) RecordFailure(ctx context.Context, scope string, rec dedup.Record) (int, error) {
+	return txDriver{ls.s}.RecordFailure(ctx, scope, rec)
 }
 
 // ForgetFailures implements dedupdriver.Common with the counts of the
 // store the Leases belong to.
-func (ls *Leases) ForgetFailures(ctx context.Context, scope, key string) error {
-	return ls.s.ForgetFailures(ctx, scope, key)
+func (ls leaseDriver) ForgetFailures(ctx context.Context, scope, key string) error {
+	return txDriver{ls.s}.ForgetFailures(ctx, scope, key)
 }

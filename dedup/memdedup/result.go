@@ -12,7 +12,7 @@ import (
 // StoreResults implements dedupdriver.Tx: each result is kept with the
 // record of its key, which tx must have claimed as new; it becomes visible
 // with the record at Commit and goes with it at Rollback.
-func (s *Store) StoreResults(ctx context.Context, tx *Tx, scope string, results []dedup.Result) error {
+func (s txDriver) StoreResults(ctx context.Context, tx *Tx, scope string, results []dedup.Result) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -45,7 +45,7 @@
 // # Retention
 //
 // Records expire after Config.Retention (8 days by default, above the default
-// retention of SQS queues and Kafka topics; Store.Retention reports it to the
+// retention of SQS queues and Kafka topics; the store reports it to the
 // Runner, which refuses to start when its source's broker keeps messages
 // longer). An expired record no longer deduplicates; RunJanitor deletes expired records in small
 // batches, skipping rows that are locked, under an advisory lock so that one

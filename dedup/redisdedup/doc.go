@@ -1,5 +1,5 @@
 // Package redisdedup is the Redis store of idemq's lease path: a
-// dedup.LeaseStore for effects that cannot join a database transaction
+// lease store for effects that cannot join a database transaction
 // (emails, SMS, webhooks, payment vendors), built on go-redis v9.
 //
 //	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
@@ -42,7 +42,7 @@
 // digest it belongs to), deleted when the runner dead-letters the message,
 // and otherwise expiring Config.FailureRetention after the last failure.
 //
-// Beyond dedup.LeaseStore, the store offers ClaimBatch and CompleteBatch,
+// Beyond the lease operations, the store offers ClaimBatch and CompleteBatch,
 // which pipeline many keys in one round trip (each key still atomic on its
 // own), and CompleteWithResult and Result, which keep a result (a
 // downstream id, a response) with a done key for later deliveries to read.
