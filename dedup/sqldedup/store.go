@@ -119,9 +119,10 @@ func (c Config) validate() error {
 	return l.Err()
 }
 
-// Store is the database/sql deduplication store of the transactional path.
-// It implements dedupdriver.Tx, so handlers receive the *sql.Tx that
-// also records their message. It is safe for concurrent use.
+// Store is the database/sql deduplication store of the transactional path:
+// hand it to consumer.Transactional, which drives it through its Driver
+// (dedupdriver.Tx[*sql.Tx]), so handlers receive the *sql.Tx that also
+// records their message. It is safe for concurrent use.
 type Store struct {
 	db    DB
 	cfg   Config
