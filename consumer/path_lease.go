@@ -52,7 +52,9 @@ func (o LeaseOptions) WithDefaults() LeaseOptions {
 	return o
 }
 
-// Leased returns the path for effects outside a database. For each message
+// Leased returns the path for effects outside a database. store is a
+// redisdedup.Store, or anything else whose Driver returns a
+// dedupdriver.Lease. For each message
 // the runner claims the key in store with a fresh token, runs the handler while
 // refreshing the lease, marks the key done, and only then acknowledges. A key
 // already done is acknowledged without running the handler; a key another

@@ -22,7 +22,9 @@ var ErrCommit = errors.New("idemq: commit failed")
 // the runner begins a transaction, records every message's key in it
 // through store, runs the handler of each new key, commits, and only then
 // acknowledges. A key already recorded is acknowledged without running the
-// handler.
+// handler. store is a pgdedup.Store, a sqldedup.Store, or anything else
+// whose Driver returns a dedupdriver.Tx; the runner asks the driver once
+// for its capabilities (dedupdriver.Caps) and takes its paths from them.
 //
 // A batch runs without savepoints. When a handler fails, the transaction is
 // rolled back (with the failed message's record and writes) and the batch
