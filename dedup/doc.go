@@ -24,6 +24,11 @@
 // record) implements TableStatsReporter: pgdedup and sqldedup do, and
 // consumer/otelidemq exports the measurement as gauges.
 //
+// A store whose server can be set up to lose writes it acknowledged (Redis
+// without an fsync'ed append-only file) implements DurabilityReporter: the
+// Runner reads the settings once when Run starts and warns, or refuses to
+// start when the store is told to (redisdedup.Config.RequireDurable).
+//
 // # Optional interfaces
 //
 // Besides TxStore or LeaseStore, a store may implement optional interfaces;
@@ -48,6 +53,7 @@
 //	FailureCounter       x        x         x           x               x
 //	ResultStorer         x        x         .           x               .
 //	ResultCompleter      .        .         x           .               x
+//	DurabilityReporter   .        .         x           .               .
 //
 // Each store package asserts its row of this table at compile time
 // (capabilities.go), and a test in dedup/deduptest checks the table against

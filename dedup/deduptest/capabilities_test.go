@@ -86,6 +86,8 @@ func ifaceTypes(name string) map[string]reflect.Type {
 		return same(reflect.TypeFor[dedup.RetentionReporter]())
 	case "TableStatsReporter":
 		return same(reflect.TypeFor[dedup.TableStatsReporter]())
+	case "DurabilityReporter":
+		return same(reflect.TypeFor[dedup.DurabilityReporter]())
 	}
 	return nil
 }
