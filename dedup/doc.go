@@ -27,6 +27,11 @@
 // A store whose tables its Migrate creates implements SchemaChecker, so that
 // the Runner refuses to start without them: pgdedup and sqldedup do.
 //
+// A store whose server can be set up to lose writes it acknowledged (Redis
+// without an fsync'ed append-only file) implements DurabilityReporter: the
+// Runner reads the settings once when Run starts and warns, or refuses to
+// start when the store is told to (redisdedup.Config.RequireDurable).
+//
 // # Optional interfaces
 //
 // Besides TxStore or LeaseStore, a store may implement optional interfaces;
@@ -52,6 +57,7 @@
 //	FailureCounter       x        x         x           x               x
 //	ResultStorer         x        x         .           x               .
 //	ResultCompleter      .        .         x           .               x
+//	DurabilityReporter   .        .         x           .               .
 //
 // Each store package asserts its row of this table at compile time
 // (capabilities.go), and a test in dedup/deduptest checks the table against

@@ -648,3 +648,14 @@ func (s *countingLeases) CompleteWithResult(ctx context.Context, scope, key, tok
 	}
 	return err
 }
+
+// Durability passes the store's answer through (see
+// dedup.DurabilityReporter), or reports no loss for a store without one, as
+// the runner assumes without it.
+func (s *countingLeases) Durability(ctx context.Context) (dedup.Durability, error) {
+	dr, ok := s.LeaseStore.(dedup.DurabilityReporter)
+	if !ok {
+		return dedup.Durability{}, nil
+	}
+	return dr.Durability(ctx)
+}

@@ -61,6 +61,9 @@ func (fullLeaseStore) RecordFailure(context.Context, string, dedup.Record) (int,
 	return 5, nil
 }
 func (fullLeaseStore) ForgetFailures(context.Context, string, string) error { return nil }
+func (fullLeaseStore) Durability(context.Context) (dedup.Durability, error) {
+	return dedup.Durability{Loss: "lossy"}, nil
+}
 func (fullLeaseStore) CompleteWithResult(context.Context, string, string, string, time.Duration, []byte) error {
 	return nil
 }
@@ -87,6 +90,7 @@ var forwarded = map[string][]string{
 	"FailureCounter":      {"tx", "lease"},
 	"ResultStorer":        {"tx"},
 	"ResultCompleter":     {"lease"},
+	"DurabilityReporter":  {"lease"},
 }
 
 // conditional lists the interfaces a wrapper may have only when its store
@@ -112,6 +116,7 @@ func ifaceType(name string) reflect.Type {
 		"FailureCounter":      reflect.TypeFor[dedup.FailureCounter](),
 		"ResultStorer":        reflect.TypeFor[dedup.ResultStorer[*fakeTx]](),
 		"ResultCompleter":     reflect.TypeFor[dedup.ResultCompleter](),
+		"DurabilityReporter":  reflect.TypeFor[dedup.DurabilityReporter](),
 	}[name]
 }
 
@@ -185,6 +190,16 @@ func TestWrappersForwardEveryOptionalInterface(t *testing.T) {
 			if n, err := fc.RecordFailure(ctx, "s", dedup.Record{Key: "k"}); n != 5 || err != nil {
 				t.Errorf("RecordFailure through the %s wrapper = %d, %v; want the store's 5", kind, n, err)
 			}
+		}
+	}
+	if dr, ok := wrappers["lease"].full.(dedup.DurabilityReporter); ok {
+		if d, err := dr.Durability(ctx); d.Loss != "lossy" || err != nil {
+			t.Errorf("Durability through the lease wrapper = %+v, %v; want the store's", d, err)
+		}
+	}
+	if dr, ok := wrappers["lease"].bare.(dedup.DurabilityReporter); ok {
+		if d, err := dr.Durability(ctx); d != (dedup.Durability{}) || err != nil {
+			t.Errorf("Durability through the wrapper of a store without one = %+v, %v; want no loss", d, err)
 		}
 	}
 	bare := wrappers["tx"].bare

@@ -88,6 +88,8 @@ func ifaceTypes(name string) map[string]reflect.Type {
 		return same(reflect.TypeFor[dedup.TableStatsReporter]())
 	case "SchemaChecker":
 		return same(reflect.TypeFor[dedup.SchemaChecker]())
+	case "DurabilityReporter":
+		return same(reflect.TypeFor[dedup.DurabilityReporter]())
 	}
 	return nil
 }

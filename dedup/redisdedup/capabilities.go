@@ -6,8 +6,9 @@ import "github.com/idemq/idemq/dedup"
 // table in the dedup package doc (a test in dedup/deduptest checks that they
 // agree). The runner finds the optional interfaces by type assertion.
 var (
-	_ dedup.LeaseStore      = (*Store)(nil)
-	_ dedup.BatchClaimer    = (*Store)(nil)
-	_ dedup.FailureCounter  = (*Store)(nil)
-	_ dedup.ResultCompleter = (*Store)(nil)
+	_ dedup.LeaseStore         = (*Store)(nil)
+	_ dedup.BatchClaimer       = (*Store)(nil)
+	_ dedup.FailureCounter     = (*Store)(nil)
+	_ dedup.ResultCompleter    = (*Store)(nil)
+	_ dedup.DurabilityReporter = (*Store)(nil)
 )
