@@ -118,7 +118,8 @@ func TestAPICheck(t *testing.T) {
 	})
 
 	t.Run("a near name does not count", func(t *testing.T) {
-		setChangelog("## [Unreleased]\n\n### Removed\n\n- `gate.Gone()` and `gate.Config.Old`: gone.\n" +
+		setChangelog("## [Unreleased]\n\n### Added\n\n- `sub.T.M` under Added says nothing of its removal.\n\n" +
+			"### Removed\n\n- `gate.Gone()` and `gate.Config.Old`: gone.\n" +
 			"- `sub.T.MM`, `xsub.T.M`, `sub.T.M.N` are other names.\n\n```\nsub.T.M\n```\n")
 		out := run(t, dir, 1)
 		mustContain(t, out, "`sub.T.M`")
@@ -127,8 +128,8 @@ func TestAPICheck(t *testing.T) {
 	})
 
 	t.Run("named breaks pass", func(t *testing.T) {
-		setChangelog("## [Unreleased]\n\n### Removed\n\n- `gate.Gone()` and `gate.Config.Old`: gone.\n" +
-			"- The method `sub.T.M` is gone too.\n")
+		setChangelog("## [Unreleased]\n\n### Removed\n\n- `gate.Gone()` and `gate.Config.Old`: gone.\n\n" +
+			"### Changed\n\n- The method `sub.T.M` is gone too.\n")
 		out := run(t, dir, 0)
 		mustContain(t, out, "3 incompatible API changes since the baseline")
 	})
