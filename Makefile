@@ -138,6 +138,10 @@ lint: ## gofmt, go vet, golangci-lint (.golangci.yml: staticcheck, errcheck, rev
 deps-weight: ## Count and weigh the modules a user downloads to import consumer and dedup/pgdedup (fails above 10 modules or 30 MB), and each source alone.
 	bash .ci/deps-weight
 
+.PHONY: apicheck
+apicheck: ## Compare the exported API with the baseline commit in .ci/api-baseline (apidiff): fails on an incompatible change that CHANGELOG.md does not name.
+	bash .ci/apicheck
+
 .PHONY: services
 services: ## Install (when missing) and start PostgreSQL, Redis, RabbitMQ, Kafka and ElasticMQ, and the cluster profiles (3-node Kafka, Redis Cluster, Redis with Sentinel), on 127.0.0.1.
 	$(SERVICES) up

@@ -56,6 +56,7 @@ func pathSees(p Path) []string {
 	add(c.FailureCount, "FailureCounter")
 	add(c.Results && tx, "ResultStorer")
 	add(c.Results && !tx, "ResultCompleter")
+	add(c.Durability, "DurabilityReporter")
 	return out
 }
 
@@ -104,7 +105,7 @@ func TestRunnerSeesEachStoresCapabilities(t *testing.T) {
 		{"memdedup.Store", Transactional(mem, noMem), Transactional(forwardTx[*memdedup.Tx]{mem.Driver()}, noMem), []string{
 			"RetentionReporter", "FailureCounter", "ResultStorer"}},
 		{"redisdedup", Leased(rs, noLease, LeaseOptions{}), Leased(forwardLease{rs.Driver()}, noLease, LeaseOptions{}), []string{
-			"BatchClaimer", "FailureCounter", "ResultCompleter"}},
+			"BatchClaimer", "FailureCounter", "ResultCompleter", "DurabilityReporter"}},
 		{"memdedup.Leases", Leased(mem.Leases(), noLease, LeaseOptions{}), Leased(forwardLease{mem.Leases().Driver()}, noLease, LeaseOptions{}), []string{
 			"FailureCounter", "ResultCompleter"}},
 	} {

@@ -231,6 +231,12 @@ type Health struct {
 	// Releaser.Release and Source.DeadLetter calls. Ready ignores it: only
 	// a later failed message can try the route again and end the run.
 	SettleFailures int `json:"settle_failures"`
+	// StoreLoss, when not empty, says how the store's server can lose the
+	// records it acknowledged (Redis without an fsync'ed append-only file),
+	// as the store read its settings when Run started (see
+	// dedupdriver.Caps.Durability): a processed key it loses runs the handler
+	// again when its message is delivered again. Ready ignores it.
+	StoreLoss string `json:"store_loss,omitempty"`
 	// Ready is the verdict for a readiness probe: running, not draining,
 	// and neither the broker's receive side, nor the store, nor the
 	// acknowledgements have failed Config.OutageThreshold times in a row.

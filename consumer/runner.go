@@ -33,7 +33,8 @@ type Runner struct {
 
 	running     atomic.Bool
 	draining    atomic.Bool
-	lastReceive atomic.Int64 // UnixNano of the last successful Receive
+	lastReceive atomic.Int64           // UnixNano of the last successful Receive
+	storeLoss   atomic.Pointer[string] // Health.StoreLoss, read when Run started
 	stats       counters
 	hooks       observer
 	env         pathEnv // what the path gets (see Path)
@@ -104,6 +105,10 @@ func (r *Runner) Config() Config { return r.cfg }
 // dedup.SchemaChecker), or the source's redelivery horizon exceeds the
 // store's retention (a *idemq.ConfigError, see HorizonReporter).
 //
+// Run also refuses to start when the store was told to refuse a server
+// that can lose the records it acknowledged (an error matching
+// dedup.ErrNotDurable, see dedupdriver.Caps.Durability).
+//
 // Run does not close the source; close it after Run returns.
 func (r *Runner) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
@@ -115,6 +120,9 @@ func (r *Runner) Run(ctx context.Context) error {
 		return err
 	}
 	if err := checkRetention(ctx, r.src, r.path, r.log, r.cfg.AllowShortRetention); err != nil {
+		return err
+	}
+	if err := r.checkDurability(ctx); err != nil {
 		return err
 	}
 	logStart(ctx, r.log, r.cfg, r.src, r.path)
@@ -483,6 +491,9 @@ func (r *Runner) Health() Health {
 	}
 	if ns := r.lastReceive.Load(); ns != 0 {
 		h.LastReceive = time.Unix(0, ns)
+	}
+	if l := r.storeLoss.Load(); l != nil {
+		h.StoreLoss = *l
 	}
 	t := r.cfg.OutageThreshold
 	h.Ready = h.Running && !h.Draining && h.ReceiveFailures < t && h.StoreFailures < t && h.AckFailures < t

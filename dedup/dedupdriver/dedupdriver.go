@@ -32,6 +32,7 @@
 //	FailureCount      x        x         x           x               x
 //	Results           x        x         x           x               x
 //	BatchClaim        .        .         x           .               .
+//	Durability        .        .         x           .               .
 //
 // (Retention is a duration: x means the driver reports one.) A test in
 // dedup/deduptest checks this table against the stores' drivers, and one in
@@ -103,6 +104,10 @@ type Caps struct {
 	// BatchClaim: Lease.ClaimBatch claims many keys in one round trip.
 	// Without it the lease path claims each key when its turn comes.
 	BatchClaim bool
+	// Durability: Durability reads the server's persistence settings,
+	// which the Runner asks once when Run starts (a server that can lose
+	// what it acknowledged forgets processed keys).
+	Durability bool
 }
 
 // TxStore is a store of the transactional path: what
@@ -149,6 +154,17 @@ type Common interface {
 	// a key without a count is not an error. ErrUnsupported without
 	// Caps.FailureCount.
 	ForgetFailures(ctx context.Context, scope, key string) error
+	// Durability reads the persistence settings of a server that can be
+	// set up to acknowledge a write before it is safe from a restart or a
+	// crash (Redis without an fsync'ed append-only file), and says in
+	// dedup.Durability.Loss whether such a write can be lost: a record
+	// lost that way is a processed key forgotten. The Runner asks once,
+	// when Run starts: a Loss is logged at WARN and reported in
+	// consumer.Health.StoreLoss; an error matching dedup.ErrNotDurable (the
+	// store was told to refuse such a server) stops Run; another error is
+	// logged and Run goes on unchecked. ErrUnsupported without
+	// Caps.Durability.
+	Durability(ctx context.Context) (dedup.Durability, error)
 }
 
 // Tx is the driver of the transactional path: it records processed keys

@@ -108,6 +108,10 @@ func txUnsupported[T any](d dedupdriver.Tx[T]) func(t *testing.T, caps dedupdriv
 		if !caps.SchemaCheck {
 			wantUnsupported(t, "CheckSchema", d.CheckSchema(ctx))
 		}
+		if !caps.Durability {
+			_, err := d.Durability(ctx)
+			wantUnsupported(t, "Durability", err)
+		}
 	}
 }
 
@@ -122,6 +126,10 @@ func leaseUnsupported(d dedupdriver.Lease) func(t *testing.T, caps dedupdriver.C
 		}
 		if !caps.SchemaCheck {
 			wantUnsupported(t, "CheckSchema", d.CheckSchema(ctx))
+		}
+		if !caps.Durability {
+			_, err := d.Durability(ctx)
+			wantUnsupported(t, "Durability", err)
 		}
 	}
 }
@@ -147,6 +155,7 @@ func capsCells(caps dedupdriver.Caps) map[string]string {
 		"FailedTx": c(caps.FailedTx), "EndedTx": c(caps.EndedTx), "Transient": c(caps.Transient),
 		"Pool": c(caps.Pool), "Retention": c(caps.Retention > 0), "SchemaCheck": c(caps.SchemaCheck),
 		"FailureCount": c(caps.FailureCount), "Results": c(caps.Results), "BatchClaim": c(caps.BatchClaim),
+		"Durability": c(caps.Durability),
 	}
 }
 

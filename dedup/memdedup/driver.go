@@ -86,3 +86,15 @@ func (leaseDriver) CheckSchema(context.Context) error { return dedupdriver.ErrUn
 func (leaseDriver) ClaimBatch(context.Context, string, []dedup.Record, []string, time.Duration) ([]dedup.Claim, error) {
 	return nil, dedupdriver.ErrUnsupported
 }
+
+// Durability implements dedupdriver.Tx: dedupdriver.ErrUnsupported
+// (Caps.Durability is false).
+func (txDriver) Durability(context.Context) (dedup.Durability, error) {
+	return dedup.Durability{}, dedupdriver.ErrUnsupported
+}
+
+// Durability implements dedupdriver.Lease: dedupdriver.ErrUnsupported
+// (Caps.Durability is false).
+func (leaseDriver) Durability(context.Context) (dedup.Durability, error) {
+	return dedup.Durability{}, dedupdriver.ErrUnsupported
+}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/dedupdriver"
 )
 
@@ -32,3 +33,10 @@ func (s txDriver) Caps() dedupdriver.Caps {
 
 // CheckSchema implements dedupdriver.Tx: Store.CheckSchema.
 func (s txDriver) CheckSchema(ctx context.Context) error { return s.Store.CheckSchema(ctx) }
+
+// Durability implements dedupdriver.Tx: a PostgreSQL commit is durable, so there is
+// nothing to report: dedupdriver.ErrUnsupported
+// (Caps.Durability is false).
+func (txDriver) Durability(context.Context) (dedup.Durability, error) {
+	return dedup.Durability{}, dedupdriver.ErrUnsupported
+}

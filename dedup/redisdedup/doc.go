@@ -98,9 +98,23 @@
 // Redis restart forgets every lease and every done record: messages
 // redelivered afterwards run their effects again (with the same key, so a
 // downstream that deduplicates still absorbs them). With appendonly yes and
-// appendfsync everysec, up to a second of writes can be lost in a crash.
+// appendfsync everysec (or no), a crash of Redis's machine loses the writes
+// not yet synced, about the last second; a crash of the Redis process alone
+// leaves them to the kernel, which writes them (TestCompletedKeysAcrossACrash:
+// of the keys completed before a SIGKILL, none was lost with everysec, no or
+// always, all of them without persistence). With appendfsync always, Redis
+// acknowledges a write only after its fsync.
 // Replication is asynchronous: after a Sentinel or Cluster failover, writes the
 // old primary had not yet replicated are lost in the same way. Effects that
 // must never repeat belong on the transactional path, or must carry the key
 // downstream.
+//
+// The store says which applies: Durability reads INFO persistence and CONFIG
+// GET appendfsync and save (of every master of a Cluster) and describes the
+// loss, and the Runner calls it once when Run starts, logs one WARN when
+// acknowledged records can be lost and reports it in Health.StoreLoss. A
+// Redis with CONFIG disabled or renamed cannot show appendfsync, and is
+// reported as possibly losing them. With Config.RequireDurable the Runner
+// refuses to start instead (a *idemq.ConfigError matching
+// dedup.ErrNotDurable) unless appendonly is yes and appendfsync always.
 package redisdedup

@@ -20,9 +20,10 @@ var _ dedupdriver.Lease = leaseDriver{}
 func (s *Store) Driver() dedupdriver.Lease { return leaseDriver{s} }
 
 // Caps implements dedupdriver.Lease: redisdedup claims batches in one
-// pipeline, keeps results and counts failures.
+// pipeline, keeps results, counts failures and reads Redis's persistence
+// settings (Store.Durability).
 func (leaseDriver) Caps() dedupdriver.Caps {
-	return dedupdriver.Caps{BatchClaim: true, Results: true, FailureCount: true}
+	return dedupdriver.Caps{BatchClaim: true, Results: true, FailureCount: true, Durability: true}
 }
 
 // CheckSchema implements dedupdriver.Lease: Redis has no schema, so it

@@ -54,6 +54,17 @@ type Config struct {
 	// long as LeaseOptions.Retention and the broker's redelivery horizon.
 	// Defaults to dedup.DefaultRetention.
 	FailureRetention time.Duration
+
+	// RequireDurable makes Durability fail, and so a Runner refuse to start
+	// (Run returns the error, a *idemq.ConfigError matching
+	// dedup.ErrNotDurable), when Redis can lose a record it acknowledged:
+	// the append-only file off or appendfsync other than always, on any
+	// master of a Cluster, or settings that could not be read (CONFIG
+	// disabled or renamed, as on some managed services, or denied by an
+	// ACL). A lost record is a processed key forgotten: its next delivery
+	// runs the handler again. Defaults to false: the Runner logs one WARN
+	// with the loss, reports it in Health.StoreLoss and runs.
+	RequireDurable bool
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.

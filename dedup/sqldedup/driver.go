@@ -58,3 +58,9 @@ func (txDriver) Ended(*sql.Tx) bool { return false }
 func (txDriver) ForgetEnded(context.Context, *sql.Tx, string, string, []string) error {
 	return dedupdriver.ErrUnsupported
 }
+
+// Durability implements dedupdriver.Tx: dedupdriver.ErrUnsupported
+// (Caps.Durability is false).
+func (txDriver) Durability(context.Context) (dedup.Durability, error) {
+	return dedup.Durability{}, dedupdriver.ErrUnsupported
+}

@@ -73,8 +73,9 @@ const commitLoopFunc = "kafka-go.(*Reader).commitLoopInterval"
 
 // readerLogger returns kafka-go's Logger for the reader: it counts the
 // successful offset commits and the generations joined, which kafka-go
-// reports only there, and passes every line to l at Debug when l logs at
-// that level.
+// reports only there, queues the members it gives up for the source to
+// leave the group with (see leavingFormat), and passes every line to l at
+// Debug when l logs at that level.
 func readerLogger(l *slog.Logger, c *counters) kafka.Logger {
 	debug := kafkaLogger(l, slog.LevelDebug)
 	return kafka.LoggerFunc(func(format string, args ...any) {
@@ -83,6 +84,10 @@ func readerLogger(l *slog.Logger, c *counters) kafka.Logger {
 			c.commits.Add(1)
 		case strings.HasPrefix(format, joinedPrefix):
 			c.joins.Add(1)
+		case format == leavingFormat && len(args) == 2:
+			if member, ok := args[1].(string); ok && member != "" {
+				c.abandon(member)
+			}
 		}
 		if debug != nil {
 			debug.Printf(format, args...)

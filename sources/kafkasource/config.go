@@ -192,7 +192,7 @@ type Config struct {
 	// JoinGroupBackoff is the delay before rejoining the group after an
 	// error, such as the coordinator being unreachable: it bounds how long
 	// the Source takes to rejoin once the broker answers again. Defaults
-	// to 500 ms.
+	// to DefaultJoinGroupBackoff (200 ms).
 	JoinGroupBackoff time.Duration
 
 	// CommitInterval is how often the settled offsets are committed. Ack
@@ -250,7 +250,7 @@ const (
 	DefaultSessionTimeout       = 10 * time.Second
 	DefaultHeartbeatInterval    = time.Second
 	DefaultRebalanceTimeout     = 30 * time.Second
-	DefaultJoinGroupBackoff     = 500 * time.Millisecond
+	DefaultJoinGroupBackoff     = 200 * time.Millisecond
 	DefaultCommitInterval       = time.Second
 	DefaultCommitTimeout        = 10 * time.Second
 	DefaultDeadLetterTimeout    = 10 * time.Second

@@ -1,15 +1,18 @@
 package kafkasource_test
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/kafkasource"
+	"github.com/idemq/idemq/sources/sourcetest"
 )
 
 // With the configuration docs/guarantees.md names (brokers, topics and group;
@@ -62,5 +65,44 @@ func TestDefaultConfigSurvivesBrokerRestart(t *testing.T) {
 	}
 	if dead := w.runner.Stats().DeadLettered; dead != 0 {
 		t.Fatalf("%d dead letters, want none", dead)
+	}
+}
+
+// After a restart of the broker (a private one: the shared broker stays up),
+// the group goes on without waiting for the session of the member that
+// kafka-go gave up while the broker was away. kafka-go leaves the group with
+// that member when it cannot reach the coordinator, which fails while the
+// broker is down, and rejoins as a new member; the restarted coordinator
+// still holds the old one and completes the new member's join only once it
+// left or its session (SessionTimeout, counted from the group's reload)
+// expired. The source leaves with it as soon as the coordinator answers.
+// SessionTimeout is 45 s here, so a join that waits for it cannot pass.
+func TestBrokerRestartRejoinsWithoutWaitingForTheSession(t *testing.T) {
+	k := startKafka(t)
+	brokers := []string{k.Addr}
+	topic := newTopic(t, brokers, 1)
+	cfg := kafkasource.Config{
+		Brokers:        brokers,
+		Topics:         []string{topic},
+		GroupID:        "g-" + topic,
+		SessionTimeout: 45 * time.Second,
+		Logger:         runtest.Logger(t),
+	}
+	store, err := memdedup.New(memdedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := openSource(t, cfg)
+	w := startWorker(t, src, consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
+		consumer.Config{Name: "rejoin", Logger: runtest.Logger(t)})
+	publish(t, brokers, topic, sourcetest.Outgoing{Key: "before", Body: []byte("x")})
+	w.waitHandled(t, 1, waitTimeout)
+
+	answered := k.restart(t)
+	publish(t, brokers, topic, sourcetest.Outgoing{Key: "after", Body: []byte("y")})
+	d := testenv.WaitRecovery(t, answered, cfg.SessionTimeout-15*time.Second, func() bool { return w.runner.Stats().Handled >= 2 })
+	t.Logf("Kafka restart: the message sent after it handled %v after the broker answered again", d.Round(time.Millisecond))
+	if left := src.Stats().MembersLeft; left == 0 {
+		t.Errorf("Stats().MembersLeft = 0, want the member kafka-go gave up left by the source")
 	}
 }

@@ -24,6 +24,7 @@ const (
 	logKeyOffset     = "offset"
 	logKeyGeneration = "generation"
 	logKeyComponent  = "component"
+	logKeyMember     = "member"
 )
 
 var (
@@ -73,6 +74,7 @@ type Source struct {
 
 	fetchCancel context.CancelFunc
 	fetchDone   chan struct{}
+	leaveDone   chan struct{} // leaveAbandoned returned
 	closing     chan struct{}
 	closeOnce   sync.Once
 	closeErr    error
@@ -142,7 +144,7 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	stats := new(counters)
+	stats := &counters{abandoned: make(chan string, abandonedMembers)}
 	rc := kafka.ReaderConfig{
 		Brokers:           cfg.Brokers,
 		GroupID:           cfg.GroupID,
@@ -219,6 +221,7 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 		ready:     make(chan *consumer.Message, cfg.MaxUncommitted),
 		errs:      make(chan error, 1),
 		fetchDone: make(chan struct{}),
+		leaveDone: make(chan struct{}),
 		closing:   make(chan struct{}),
 		ledger:    newLedger(),
 		timers:    make(map[*entry]*time.Timer),
@@ -227,6 +230,7 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.fetchCancel = cancel
 	go s.fetchLoop(ctx)
+	go s.leaveAbandoned(ctx)
 	go s.watchTopics(ctx, missing, checked)
 	return s, nil
 }
@@ -264,6 +268,7 @@ func (s *Source) close() error {
 
 	s.fetchCancel()
 	<-s.fetchDone
+	<-s.leaveDone
 
 	var errs []error
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CommitTimeout)

@@ -41,6 +41,12 @@ type Stats struct {
 	// failed deadLetterStuckAfter times in a row. Such a message holds its
 	// partition's commit until a write succeeds.
 	DeadLetterStuck uint64
+	// MembersLeft is the number of group members that kafka-go gave up
+	// (it rejoins as a new member when it cannot reach the coordinator,
+	// as while the broker restarts) and that the source then removed from
+	// the group with a LeaveGroup of its own, so that the group rebalanced
+	// without waiting for their session to expire (SessionTimeout).
+	MembersLeft uint64
 	// Rebalances is the number of consumer-group generations this source
 	// joined (one per rebalance it took part in) plus the partition leader
 	// changes its reader noticed: kafka-go counts both. A message fetched
@@ -59,11 +65,13 @@ type Stats struct {
 type counters struct {
 	fetched, redelivered, commits, commitFailures, staleCommitsSkipped atomic.Uint64
 	deadLettered, deadLetterFailures, deadLetterStuck                  atomic.Uint64
-	staleSettlesDropped                                                atomic.Uint64
+	staleSettlesDropped, membersLeft                                   atomic.Uint64
 	// joins counts the group generations the reader joined (see
 	// readerLogger); unlike the rebalance count, a leader change does not
 	// move it.
 	joins atomic.Int64
+	// abandoned carries the members kafka-go gave up to leaveAbandoned.
+	abandoned chan string
 }
 
 // Stats returns a snapshot of the source's counters. It is safe to call at
@@ -84,6 +92,7 @@ func (s *Source) Stats() Stats {
 		DeadLetterFailures:  c.deadLetterFailures.Load(),
 		DeadLetterStuck:     c.deadLetterStuck.Load(),
 		StaleSettlesDropped: c.staleSettlesDropped.Load(),
+		MembersLeft:         c.membersLeft.Load(),
 		Rebalances:          gen,
 		InFlight:            inFlight,
 		Held:                held,
