@@ -44,10 +44,10 @@ func (h *Hook) ObserveLag(src consumer.LagReporter) (metric.Registration, error)
 			if h.group != "" {
 				kvs = append(kvs, AttrConsumerGroup.String(h.group))
 			}
-			o.ObserveInt64(h.kafkaLag, l.Lag, metric.WithAttributeSet(attribute.NewSet(kvs...)))
+			o.ObserveInt64(h.lag, l.Lag, metric.WithAttributeSet(attribute.NewSet(kvs...)))
 		}
 		return nil
-	}, h.kafkaLag)
+	}, h.lag)
 	if err != nil {
 		return nil, fmt.Errorf("otelidemq: observe the lag: %w", err)
 	}

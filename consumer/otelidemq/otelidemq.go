@@ -185,7 +185,7 @@ type Hook struct {
 
 	// Observed on demand (ObserveLag, ...).
 	meter        metric.Meter
-	kafkaLag     metric.Int64ObservableGauge
+	lag          metric.Int64ObservableGauge
 	dedupRecords metric.Int64ObservableGauge
 	dedupOldest  metric.Float64ObservableGauge
 
@@ -470,7 +470,7 @@ func New(cfg Config) (*Hook, error) {
 	h.commitDur = seconds(MetricCommitDuration, "Time to make a message's effect durable (commit, or mark done).")
 	h.clientDur = seconds(MetricOperationDuration, semconvClientDuration.Description())
 	h.meter = m
-	h.kafkaLag, err = m.Int64ObservableGauge(MetricKafkaLag, metric.WithUnit("{message}"),
+	h.lag, err = m.Int64ObservableGauge(MetricKafkaLag, metric.WithUnit("{message}"),
 		metric.WithDescription("Messages of a partition at and after the first one the consumer has not settled (high watermark minus the next offset to commit)."))
 	errs = append(errs, err)
 	h.dedupRecords, err = m.Int64ObservableGauge(MetricDedupRecords, metric.WithUnit("{record}"),
