@@ -66,6 +66,9 @@ type Releaser interface {
 // PartitionLag is how far a consumer is behind one partition of a log-based
 // broker (a Kafka topic partition).
 type PartitionLag struct {
+	// System is the broker's messaging system, as BrokerInfo.System names
+	// it.
+	System    string
 	Topic     string
 	Partition int
 	// Lag is the number of messages in the partition at or after the first

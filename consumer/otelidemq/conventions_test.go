@@ -5,7 +5,6 @@ import (
 	"slices"
 	"testing"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 
@@ -20,19 +19,6 @@ import (
 // process metrics and idemq.batch.size, and a consumer-side
 // messaging.client.operation.duration for acknowledgements.
 func TestMetricConventions(t *testing.T) {
-	for _, c := range []struct {
-		got  string
-		want attribute.KeyValue
-	}{
-		{otelidemq.SystemKafka, semconv.MessagingSystemKafka},
-		{otelidemq.SystemSQS, semconv.MessagingSystemAWSSQS},
-		{otelidemq.SystemRabbitMQ, semconv.MessagingSystemRabbitMQ},
-	} {
-		if c.got != c.want.Value.AsString() {
-			t.Errorf("system %q, semconv says %q", c.got, c.want.Value.AsString())
-		}
-	}
-
 	tel := newTelemetry(t, otelidemq.Config{})
 	store, _ := memdedup.New(memdedup.Config{})
 	b := memsource.New(memsource.Config{})
@@ -94,22 +80,27 @@ func TestMetricConventions(t *testing.T) {
 	}
 }
 
-// On Kafka a first delivery of a processed key may be a producer's re-send
-// or a message fetched again after a rebalance: the duplicate reason is
+// Where the source says its broker does not mark every redelivery (Kafka),
+// a first delivery of a processed key may be a producer's re-send or a
+// message fetched again after a rebalance: the duplicate reason is
 // "unknown", not the runner's guess "producer". Elsewhere it stays
 // "producer".
-func TestKafkaDuplicateReasonUnknown(t *testing.T) {
-	for _, c := range []struct{ system, want string }{
-		{otelidemq.SystemKafka, "unknown"},
-		{otelidemq.SystemRabbitMQ, "producer"},
+func TestUnmarkedRedeliveryDuplicateReasonUnknown(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		broker consumer.BrokerInfo
+		want   string
+	}{
+		{"unmarked", consumer.BrokerInfo{System: "kafka", UnmarkedRedeliveries: true}, "unknown"},
+		{"marked", consumer.BrokerInfo{System: "rabbitmq"}, "producer"},
 	} {
-		t.Run(c.system, func(t *testing.T) {
-			tel := newTelemetry(t, otelidemq.Config{System: c.system})
+		t.Run(c.name, func(t *testing.T) {
+			tel := newTelemetry(t, otelidemq.Config{})
 			store, _ := memdedup.New(memdedup.Config{})
 			b := memsource.New(memsource.Config{})
 			t.Cleanup(func() { b.Close() })
 			b.Publish("orders", memsource.Outgoing{Key: "k1"})
-			r, err := consumer.NewRunner(b.Source("orders"), consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
+			r, err := consumer.NewRunner(brokerSource{b.Source("orders"), c.broker}, consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
 				consumer.Config{Name: "c", Hooks: []consumer.Hook{tel.hook}})
 			if err != nil {
 				t.Fatal(err)

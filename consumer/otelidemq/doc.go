@@ -20,14 +20,19 @@
 // default; Config.ParentOnProducer makes it the producer span's child too.
 //
 // Attribute keys and values come from go.opentelemetry.io/otel/semconv
-// (v1.41.0, SchemaURL), so that they cannot drift from the conventions. The
-// broker-specific ones (server.address and server.port, the Kafka
-// partition, offset and key, the RabbitMQ routing key and delivery tag and
-// "{exchange}:{routing key}:{queue}" destination, the SQS queue URL, the
-// consumer group for Kafka only) come from consumer.Message.Broker, which
-// the sources fill; docs/observability.md lists them. The work done for it is traced where
-// it is done: per message, or once per transaction, following the
-// messaging conventions for batches.
+// (v1.41.0, SchemaURL), so that they cannot drift from the conventions.
+// What is particular to a broker comes from consumer.Message.Broker, which
+// the sources fill and the hook copies without knowing the broker:
+// messaging.system, server.address and server.port, the destination's
+// attributes (the consumer group, the partition, a destination name other
+// than the topic, ...) on the process span, and on the metrics those the
+// messaging conventions list for metrics (messaging.consumer.group.name,
+// messaging.destination.partition.id, messaging.destination.subscription.name
+// and messaging.destination.template), the message's own attributes (an
+// offset, a delivery tag, ...) at its settlement, and the broker's name for
+// an acknowledgement; docs/observability.md lists what each source fills.
+// The work done for it is traced where it is done: per message, or once per
+// transaction, following the messaging conventions for batches.
 //
 //   - "handler": a child span per attempt of a per-message handler (lease
 //     path, Transactional); a batch handler's call (TransactionalBatch) over
@@ -46,8 +51,9 @@
 // links per span by default (sdktrace.SpanLimits.LinkCountLimit): raise it
 // for larger batches. A duplicate is an
 // "idemq.duplicate" event with its reason (redelivery, concurrent, producer,
-// and on Kafka unknown in place of producer: see DuplicateUnknown and
-// consumer.DuplicateReason), not an error; retries, dead letters and lost
+// and unknown in place of producer where the broker does not mark every
+// redelivery: see DuplicateUnknown and consumer.DuplicateReason), not an
+// error; retries, dead letters and lost
 // leases are events too, and a dead letter sets the span's status to Error.
 //
 // A per-message handler's context carries its handler span, so spans and

@@ -112,25 +112,42 @@ func (s noIDSource) Receive(ctx context.Context, max int) ([]*consumer.Message, 
 	return msgs, err
 }
 
-// messaging.message.id is the broker's message ID: left out on Kafka, whose
-// messages have none (the source's ID is made of topic, partition and
-// offset, which have attributes of their own), and when a message has none.
+// brokerSource hands out its messages with the BrokerInfo broker, as a
+// source of that broker would.
+type brokerSource struct {
+	consumer.Source
+	broker consumer.BrokerInfo
+}
+
+func (s brokerSource) Receive(ctx context.Context, max int) ([]*consumer.Message, error) {
+	msgs, err := s.Source.Receive(ctx, max)
+	for _, m := range msgs {
+		m.Broker = s.broker
+	}
+	return msgs, err
+}
+
+// messaging.message.id is the broker's message ID: left out where the
+// source made the ID itself (Kafka, whose messages have none: the source's
+// ID is made of topic, partition and offset, which have attributes of their
+// own), and when a message has none.
 func TestMessageIDAttribute(t *testing.T) {
 	for _, c := range []struct {
-		name, system string
-		noID, want   bool
+		name       string
+		broker     consumer.BrokerInfo
+		noID, want bool
 	}{
-		{"rabbitmq", otelidemq.SystemRabbitMQ, false, true},
-		{"rabbitmq without message-id", otelidemq.SystemRabbitMQ, true, false},
-		{"kafka", otelidemq.SystemKafka, false, false},
+		{"rabbitmq", consumer.BrokerInfo{System: "rabbitmq"}, false, true},
+		{"rabbitmq without message-id", consumer.BrokerInfo{System: "rabbitmq"}, true, false},
+		{"kafka", consumer.BrokerInfo{System: "kafka", SyntheticID: true}, false, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			tel := newTelemetry(t, otelidemq.Config{System: c.system})
+			tel := newTelemetry(t, otelidemq.Config{})
 			store, _ := memdedup.New(memdedup.Config{})
 			b := memsource.New(memsource.Config{})
 			t.Cleanup(func() { b.Close() })
 			b.Publish("orders", memsource.Outgoing{Key: "k1"})
-			var src consumer.Source = b.Source("orders")
+			var src consumer.Source = brokerSource{b.Source("orders"), c.broker}
 			if c.noID {
 				src = noIDSource{src}
 			}

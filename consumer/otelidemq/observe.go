@@ -1,6 +1,7 @@
 package otelidemq
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strconv"
@@ -18,9 +19,10 @@ import (
 const observeTimeout = 5 * time.Second
 
 // ObserveLag exports src's lag per partition as the idemq.kafka.lag gauge
-// (unit {message}; attributes messaging.system "kafka",
-// messaging.destination.name the topic, messaging.destination.partition.id
-// the partition, and the consumer group when Config.ConsumerGroup is set).
+// (unit {message}; attributes messaging.system (Config.System, else the
+// PartitionLag's System, else "idemq"), messaging.destination.name the
+// topic, messaging.destination.partition.id the partition, and the consumer
+// group when Config.ConsumerGroup is set).
 // The lag is read from src at each metrics collection (kafkasource: one
 // request to the brokers, bounded by 5 s); a failed read is reported to the
 // SDK's error handler and observes nothing. Unregister the returned
@@ -34,14 +36,18 @@ func (h *Hook) ObserveLag(src consumer.LagReporter) (metric.Registration, error)
 			return fmt.Errorf("otelidemq: read the lag: %w", err)
 		}
 		for _, l := range lags {
-			kvs := []attribute.KeyValue{AttrSystem.String(SystemKafka), AttrDestination.String(l.Topic), AttrPartition.String(strconv.Itoa(l.Partition))}
+			system := h.system
+			if system == "" {
+				system = cmp.Or(l.System, systemUnknown)
+			}
+			kvs := []attribute.KeyValue{AttrSystem.String(system), AttrDestination.String(l.Topic), AttrPartition.String(strconv.Itoa(l.Partition))}
 			if h.group != "" {
 				kvs = append(kvs, AttrConsumerGroup.String(h.group))
 			}
-			o.ObserveInt64(h.kafkaLag, l.Lag, metric.WithAttributeSet(attribute.NewSet(kvs...)))
+			o.ObserveInt64(h.lag, l.Lag, metric.WithAttributeSet(attribute.NewSet(kvs...)))
 		}
 		return nil
-	}, h.kafkaLag)
+	}, h.lag)
 	if err != nil {
 		return nil, fmt.Errorf("otelidemq: observe the lag: %w", err)
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"reflect"
 	"runtime/debug"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,7 +59,7 @@ var scopeVersion = func() string {
 const (
 	AttrSystem        = semconv.MessagingSystemKey
 	AttrDestination   = semconv.MessagingDestinationNameKey
-	AttrConsumerGroup = semconv.MessagingConsumerGroupNameKey // Kafka only
+	AttrConsumerGroup = semconv.MessagingConsumerGroupNameKey
 	AttrMessageID     = semconv.MessagingMessageIDKey
 	AttrOperationType = semconv.MessagingOperationTypeKey
 	AttrOperationName = semconv.MessagingOperationNameKey
@@ -68,17 +67,12 @@ const (
 	AttrBatchCount = semconv.MessagingBatchMessageCountKey
 	AttrBatchNew   = attribute.Key("idemq.batch.new_count") // messages claimed as new (SpanPerTransaction)
 	// AttrAttempt is the broker's delivery count (consumer.Message.Attempt,
-	// from 1). The conventions register no delivery count for Kafka, SQS
-	// or RabbitMQ, hence an idemq name.
+	// from 1). The conventions register no delivery count for most
+	// brokers, hence an idemq name.
 	AttrAttempt         = attribute.Key("idemq.message.attempt")
 	AttrErrorType       = semconv.ErrorTypeKey
 	AttrServerAddress   = semconv.ServerAddressKey
 	AttrServerPort      = semconv.ServerPortKey
-	AttrKafkaOffset     = semconv.MessagingKafkaOffsetKey
-	AttrKafkaKey        = semconv.MessagingKafkaMessageKeyKey
-	AttrRoutingKey      = semconv.MessagingRabbitMQDestinationRoutingKeyKey
-	AttrDeliveryTag     = semconv.MessagingRabbitMQMessageDeliveryTagKey
-	AttrSQSQueueURL     = semconv.AWSSQSQueueURLKey
 	AttrOutcome         = attribute.Key("idemq.outcome")
 	AttrDuplicateReason = attribute.Key("idemq.duplicate.reason")
 	AttrDeadLetter      = attribute.Key("idemq.dead_letter.reason")
@@ -88,12 +82,14 @@ const (
 	AttrScope           = attribute.Key("idemq.dedup.scope")
 )
 
-// DuplicateUnknown is the duplicate reason ("unknown") reported on Kafka
-// in place of consumer.DuplicateProducer: Kafka does not mark a message
-// fetched again after a rebalance or a lost offset commit as redelivered,
-// so the runner cannot tell it from a producer's re-send, and otelidemq
-// does not guess. Redeliveries the Kafka source does recognise (its
-// in-process retries, Attempt above 1) stay "redelivery".
+// DuplicateUnknown is the duplicate reason ("unknown") reported in place
+// of consumer.DuplicateProducer for a message whose source says its broker
+// does not mark every redelivery (consumer.BrokerInfo.UnmarkedRedeliveries,
+// as kafkasource does: a message fetched again after a rebalance or a lost
+// offset commit looks like a first delivery), so the runner cannot tell a
+// redelivery from a producer's re-send, and otelidemq does not guess.
+// Redeliveries such a source does recognise (Attempt above 1) stay
+// "redelivery".
 const DuplicateUnknown consumer.DuplicateReason = 0
 
 // Span event names.
@@ -104,14 +100,9 @@ const (
 	EventLeaseLost  = "idemq.lease_lost"
 )
 
-// Messaging systems, as messaging.system names them (the values of
-// semconv.MessagingSystemKafka, MessagingSystemAWSSQS and
-// MessagingSystemRabbitMQ; a test holds them equal).
-const (
-	SystemKafka    = "kafka"
-	SystemSQS      = "aws_sqs"
-	SystemRabbitMQ = "rabbitmq"
-)
+// systemUnknown is messaging.system when neither Config.System nor the
+// message's source names one.
+const systemUnknown = "idemq"
 
 // Config configures a Hook. The zero value uses the global providers.
 type Config struct {
@@ -124,13 +115,15 @@ type Config struct {
 	// no-op default, W3C trace context and baggage.
 	Propagator propagation.TextMapPropagator
 	// System is messaging.system. Defaults to the message's
-	// Broker.System, else what its Raw type tells (SystemKafka, SystemSQS,
-	// SystemRabbitMQ), else "idemq".
+	// Broker.System, else "idemq".
 	System string
-	// ConsumerGroup is messaging.consumer.group.name, which the
-	// conventions define for Kafka only: it is left out for every other
-	// system. Defaults to the message's Broker.ConsumerGroup (the Kafka
-	// source's GroupID).
+	// ConsumerGroup is messaging.consumer.group.name. It replaces the
+	// group a message's source reports (kafkasource reports its GroupID),
+	// is set on the messages of a source that names no system
+	// (Broker.System empty, as memsource) and on the measurements made
+	// without a message, and is left out for the messages of every other
+	// source (SQS and RabbitMQ have no consumer groups). Defaults to the
+	// group the source reports.
 	ConsumerGroup string
 	// ParentOnProducer makes a message's process span a child of the
 	// producer's span found in its headers, as well as linked to it. The
@@ -192,7 +185,7 @@ type Hook struct {
 
 	// Observed on demand (ObserveLag, ...).
 	meter        metric.Meter
-	kafkaLag     metric.Int64ObservableGauge
+	lag          metric.Int64ObservableGauge
 	dedupRecords metric.Int64ObservableGauge
 	dedupOldest  metric.Float64ObservableGauge
 
@@ -201,57 +194,91 @@ type Hook struct {
 	lastDest atomic.Pointer[destAttrs] // the latest destination looked up
 }
 
+// maxKeyAttrs is the number of a destination's attributes a destKey holds
+// as they are; the rest it holds as text.
+const maxKeyAttrs = 4
+
 // destKey names the metric attributes of one destination: the message's
 // system and topic, and what its BrokerInfo says of where it came from
-// (but for the per-message offset, key and delivery tag).
+// (but for the attributes of the message alone).
 type destKey struct {
-	system, topic, group string
-	server               string
-	port                 int
-	partition, queueURL  string
-	exchange, routingKey string
+	system, topic, settle string
+	server                string
+	port                  int
+	// group is Config.ConsumerGroup where it applies to the message (see
+	// Config.ConsumerGroup), else empty.
+	group string
+	// dest is the source's messaging.destination.name, else empty.
+	dest  string
+	attrs [maxKeyAttrs]consumer.BrokerAttr
+	n     int
+	more  string // the attributes past maxKeyAttrs, as text
 }
 
 // keyOf returns the destKey of m for system.
 func (h *Hook) keyOf(system string, m *consumer.Message) destKey {
 	b := &m.Broker
-	k := destKey{system: system, topic: m.Topic, server: b.ServerAddress, port: b.ServerPort}
-	switch system {
-	case SystemKafka:
-		k.group, k.partition = h.group, b.Partition
-		if k.group == "" {
-			k.group = b.ConsumerGroup
+	k := destKey{system: system, topic: m.Topic, settle: b.SettleName, server: b.ServerAddress, port: b.ServerPort}
+	hasGroup := false
+	for i, a := range b.Attrs {
+		switch a.Key {
+		case string(semconv.MessagingDestinationNameKey):
+			k.dest = a.Value()
+		case string(AttrConsumerGroup):
+			hasGroup = true
 		}
-	case SystemRabbitMQ:
-		k.exchange, k.routingKey = b.Exchange, b.RoutingKey
-	case SystemSQS:
-		k.queueURL = b.QueueURL
-	default:
-		// An unknown system: Config.ConsumerGroup as given.
-		k.group, k.partition = h.group, b.Partition
+		if i < maxKeyAttrs {
+			k.attrs[i] = a
+			continue
+		}
+		if _, isInt := a.Int(); isInt {
+			k.more += "\x00#"
+		} else {
+			k.more += "\x00"
+		}
+		k.more += a.Key + "\x00" + a.Value()
+	}
+	k.n = min(len(b.Attrs), maxKeyAttrs)
+	if h.group != "" && (hasGroup || b.System == "") {
+		k.group = h.group
 	}
 	return k
 }
 
-// destination returns messaging.destination.name: the topic or queue, and
-// for RabbitMQ "{exchange}:{routing key}:{queue}", leaving out an empty
-// part (the default exchange) and the routing key when it is the queue's
-// name, as the conventions ask.
-func (k destKey) destination() string {
-	if k.system != SystemRabbitMQ {
-		return k.topic
+// destination returns messaging.destination.name: the source's, else the
+// topic or queue.
+func (k *destKey) destination() string {
+	if k.dest != "" {
+		return k.dest
 	}
-	parts := make([]string, 0, 3)
-	if k.exchange != "" {
-		parts = append(parts, k.exchange)
+	return k.topic
+}
+
+// brokerAttrs returns the destination's attributes: those of k, and those
+// past maxKeyAttrs from b, the BrokerInfo k was made of.
+func brokerAttrs(k *destKey, b *consumer.BrokerInfo) []consumer.BrokerAttr {
+	if len(b.Attrs) > maxKeyAttrs {
+		return b.Attrs
 	}
-	if k.routingKey != "" && k.routingKey != k.topic {
-		parts = append(parts, k.routingKey)
+	return k.attrs[:k.n]
+}
+
+// kv returns a as an OpenTelemetry attribute.
+func kv(a consumer.BrokerAttr) attribute.KeyValue {
+	if n, ok := a.Int(); ok {
+		return attribute.Int64(a.Key, n)
 	}
-	if k.topic != "" {
-		parts = append(parts, k.topic)
-	}
-	return strings.Join(parts, ":")
+	return attribute.String(a.Key, a.Value())
+}
+
+// metricKeys are the keys of the destination attributes that the
+// messaging conventions put on the metrics too, but for the consumer
+// group, which every measurement of the destination carries; the others
+// are set on spans only.
+var metricKeys = map[attribute.Key]bool{
+	semconv.MessagingDestinationPartitionIDKey:      true,
+	semconv.MessagingDestinationSubscriptionNameKey: true,
+	semconv.MessagingDestinationTemplateKey:         true,
 }
 
 // destAttrs are the metric attributes of one destination, built once: an
@@ -284,8 +311,8 @@ func with(kvs []attribute.KeyValue, extra ...attribute.KeyValue) metric.Measurem
 	return metric.WithAttributeSet(attribute.NewSet(append(kvs[:len(kvs):len(kvs)], extra...)...))
 }
 
-// attrsOf returns the metric attributes of a destination.
-func (h *Hook) attrsOf(k destKey) *destAttrs {
+// attrsOf returns the metric attributes of a destination: k, made of b.
+func (h *Hook) attrsOf(k destKey, b *consumer.BrokerInfo) *destAttrs {
 	if d := h.lastDest.Load(); d != nil && d.key == k {
 		return d
 	}
@@ -297,34 +324,46 @@ func (h *Hook) attrsOf(k destKey) *destAttrs {
 		return d
 	}
 	destination := k.destination()
-	common := []attribute.KeyValue{AttrSystem.String(k.system), semconv.MessagingOperationName("process"), semconv.MessagingOperationTypeProcess}
+	// group and server: the attributes of every measurement of the
+	// destination but for its name and partition.
+	var where, dest, spanOnly []attribute.KeyValue
 	if k.group != "" {
-		common = append(common, semconv.MessagingConsumerGroupName(k.group))
+		where = append(where, semconv.MessagingConsumerGroupName(k.group))
 	}
-	if k.server != "" {
-		common = append(common, semconv.ServerAddress(k.server))
-		if k.port > 0 {
-			common = append(common, semconv.ServerPort(k.port))
+	for _, a := range brokerAttrs(&k, b) {
+		switch key := attribute.Key(a.Key); {
+		case a.Key == "" || key == semconv.MessagingDestinationNameKey:
+		case key == AttrConsumerGroup:
+			if k.group == "" {
+				where = append(where, kv(a))
+			}
+		case metricKeys[key]:
+			dest = append(dest, kv(a))
+		default:
+			spanOnly = append(spanOnly, kv(a))
 		}
 	}
+	if k.server != "" {
+		where = append(where, semconv.ServerAddress(k.server))
+		if k.port > 0 {
+			where = append(where, semconv.ServerPort(k.port))
+		}
+	}
+	common := append([]attribute.KeyValue{AttrSystem.String(k.system), semconv.MessagingOperationName("process"), semconv.MessagingOperationTypeProcess}, where...)
 	kvs := append(common[:len(common):len(common)], semconv.MessagingDestinationName(destination))
-	if k.partition != "" {
-		kvs = append(kvs, semconv.MessagingDestinationPartitionID(k.partition))
-	}
-	spanKVs := kvs[:len(kvs):len(kvs)]
-	switch {
-	case k.queueURL != "":
-		spanKVs = append(spanKVs, semconv.AWSSQSQueueURL(k.queueURL))
-	case k.routingKey != "":
-		spanKVs = append(spanKVs, semconv.MessagingRabbitMQDestinationRoutingKey(k.routingKey))
-	}
+	kvs = append(kvs, dest...)
+	spanKVs := append(kvs[:len(kvs):len(kvs)], spanOnly...)
 	opt := with(kvs)
 	d = &destAttrs{key: k, spanName: "process " + destination, kvs: kvs, spanKVs: spanKVs,
 		add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt},
 		batch: []metric.RecordOption{with(common)}}
 	d.spanOpt = trace.WithAttributes(d.spanKVs...)
-	settle := []attribute.KeyValue{AttrSystem.String(k.system), semconv.MessagingOperationName(settleName(k.system)), semconv.MessagingOperationTypeSettle}
-	settle = append(settle, common[3:]...) // group, server
+	settleName := k.settle
+	if settleName == "" {
+		settleName = "ack"
+	}
+	settle := []attribute.KeyValue{AttrSystem.String(k.system), semconv.MessagingOperationName(settleName), semconv.MessagingOperationTypeSettle}
+	settle = append(settle, where...)
 	d.settleAny = []metric.RecordOption{with(settle)}
 	d.settle = []metric.RecordOption{with(settle, semconv.MessagingDestinationName(destination))}
 	for o := range d.outcomes {
@@ -391,7 +430,7 @@ func New(cfg Config) (*Hook, error) {
 	if cfg.System != "" {
 		base = append(base, AttrSystem.String(cfg.System))
 	}
-	if cfg.ConsumerGroup != "" && (cfg.System == "" || cfg.System == SystemKafka) {
+	if cfg.ConsumerGroup != "" {
 		base = append(base, AttrConsumerGroup.String(cfg.ConsumerGroup))
 	}
 	baseOpt := metric.WithAttributeSet(attribute.NewSet(base...))
@@ -431,7 +470,7 @@ func New(cfg Config) (*Hook, error) {
 	h.commitDur = seconds(MetricCommitDuration, "Time to make a message's effect durable (commit, or mark done).")
 	h.clientDur = seconds(MetricOperationDuration, semconvClientDuration.Description())
 	h.meter = m
-	h.kafkaLag, err = m.Int64ObservableGauge(MetricKafkaLag, metric.WithUnit("{message}"),
+	h.lag, err = m.Int64ObservableGauge(MetricKafkaLag, metric.WithUnit("{message}"),
 		metric.WithDescription("Messages of a partition at and after the first one the consumer has not settled (high watermark minus the next offset to commit)."))
 	errs = append(errs, err)
 	h.dedupRecords, err = m.Int64ObservableGauge(MetricDedupRecords, metric.WithUnit("{record}"),
@@ -541,14 +580,7 @@ func (h *Hook) recOpts(ctx context.Context, extra ...attribute.KeyValue) []metri
 func (h *Hook) OnReceived(ctx context.Context, m *consumer.Message) context.Context {
 	now := time.Now()
 	ctx = Extract(ctx, h.prop, m)
-	system := h.system
-	if system == "" {
-		system = m.Broker.System
-	}
-	if system == "" {
-		system = systemOf(m)
-	}
-	dest := h.attrsOf(h.keyOf(system, m))
+	dest := h.attrsOf(h.keyOf(h.systemOf(m), m), &m.Broker)
 	// The attributes a sampler may use are set at the start; the message's
 	// own (its ID, attempt, offset, ...) are set with its outcome, in one
 	// call, which saves the allocations of a start option per message.
@@ -601,9 +633,8 @@ func (h *Hook) OnClaimed(ctx context.Context, m *consumer.Message, c consumer.Cl
 		return
 	}
 	s := stateOf(ctx)
-	if c.Reason == consumer.DuplicateProducer && s != nil && s.dest.key.system == SystemKafka {
-		// Kafka marks no redelivery: a message fetched again after a
-		// rebalance or a lost offset commit looks like the producer's
+	if c.Reason == consumer.DuplicateProducer && m != nil && m.Broker.UnmarkedRedeliveries {
+		// A redelivery the broker did not mark looks like the producer's
 		// re-send to the runner, so the reason is unknown.
 		c.Reason = DuplicateUnknown
 	}
@@ -860,39 +891,33 @@ func (h *Hook) txProcess(ctx context.Context, d *destAttrs, t consumer.TxInfo) {
 	span.End(trace.WithTimestamp(end))
 }
 
-// settleName is messaging.operation.name of an acknowledgement on system:
-// the broker's own name for it.
-func settleName(system string) string {
-	switch system {
-	case SystemKafka:
-		return "commit"
-	case SystemSQS:
-		return "delete"
+// systemOf returns messaging.system for m: Config.System, else the
+// message's Broker.System, else "idemq".
+func (h *Hook) systemOf(m *consumer.Message) string {
+	switch {
+	case h.system != "":
+		return h.system
+	case m.Broker.System != "":
+		return m.Broker.System
 	}
-	return "ack"
+	return systemUnknown
 }
 
 // OnAckDone records the acknowledgement's messaging.client.operation.duration
-// (operation type settle; name "commit" on Kafka, "delete" on SQS, "ack"
-// on RabbitMQ), with the destination when all its messages share one, and
+// (operation type settle, named by the source's BrokerInfo.SettleName, "ack"
+// by default), with the destination when all its messages share one, and
 // error.type when it failed.
 func (h *Hook) OnAckDone(ctx context.Context, a consumer.AckInfo) {
 	if len(a.Messages) == 0 {
 		return
 	}
-	system := h.system
-	if system == "" {
-		system = a.Messages[0].Broker.System
-	}
-	if system == "" {
-		system = systemOf(a.Messages[0])
-	}
-	k := h.keyOf(system, a.Messages[0])
-	k.partition = ""
-	d := h.attrsOf(k)
+	first := a.Messages[0]
+	system := h.systemOf(first)
+	k := h.keyOf(system, first)
+	d := h.attrsOf(k, &first.Broker)
 	opt := d.settle
 	for _, m := range a.Messages[1:] {
-		if mk := h.keyOf(system, m); mk.topic != k.topic || mk.exchange != k.exchange || mk.routingKey != k.routingKey {
+		if mk := h.keyOf(system, m); mk.topic != k.topic || mk.dest != k.dest {
 			opt = d.settleAny
 			break
 		}
@@ -966,22 +991,18 @@ func (h *Hook) OnSettled(ctx context.Context, m *consumer.Message, s consumer.Se
 	outcome := AttrOutcome.String(s.Outcome.String())
 	if st.span != nil {
 		b := &m.Broker
-		attrs := make([]attribute.KeyValue, 0, 5)
+		attrs := make([]attribute.KeyValue, 0, 3+len(b.MessageAttrs))
 		attrs = append(attrs, outcome, AttrAttempt.Int(m.Attempt))
-		// A Kafka message has no ID of its own: the source's is its topic,
-		// partition and offset, which have attributes of their own.
-		isKafka := st.dest.key.system == SystemKafka
-		if m.ID != "" && !isKafka {
+		// A synthetic ID (a log's topic, partition and offset) is no ID of
+		// the message's own; where the message sits has attributes of its
+		// own.
+		if m.ID != "" && !b.SyntheticID {
 			attrs = append(attrs, AttrMessageID.String(m.ID))
 		}
-		switch {
-		case isKafka && b.Partition != "":
-			attrs = append(attrs, semconv.MessagingKafkaOffset(int(b.Offset)))
-			if b.MessageKey != "" {
-				attrs = append(attrs, semconv.MessagingKafkaMessageKey(b.MessageKey))
+		for _, a := range b.MessageAttrs {
+			if a.Key != "" {
+				attrs = append(attrs, kv(a))
 			}
-		case st.dest.key.system == SystemRabbitMQ && b.DeliveryTag > 0:
-			attrs = append(attrs, semconv.MessagingRabbitMQMessageDeliveryTag(int(b.DeliveryTag)))
 		}
 		st.span.SetAttributes(attrs...)
 	}
@@ -1027,25 +1048,4 @@ func errorType(err error) string {
 		return "permanent"
 	}
 	return "_OTHER"
-}
-
-// systemOf tells the messaging system from the package of the message's
-// Raw value.
-func systemOf(m *consumer.Message) string {
-	if m.Raw == nil {
-		return "idemq"
-	}
-	t := reflect.TypeOf(m.Raw)
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	switch p := t.PkgPath(); {
-	case strings.Contains(p, "kafka"):
-		return SystemKafka
-	case strings.Contains(p, "service/sqs"):
-		return SystemSQS
-	case strings.Contains(p, "amqp"):
-		return SystemRabbitMQ
-	}
-	return "idemq"
 }

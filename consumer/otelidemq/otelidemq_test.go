@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -577,6 +579,43 @@ func TestInject(t *testing.T) {
 	got := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), c))
 	if got.SpanID() != span.SpanContext().SpanID() || got.TraceID() != span.SpanContext().TraceID() {
 		t.Fatalf("extracted %v from %v, want the span %v", got, c, span.SpanContext())
+	}
+}
+
+// Propagator, the sinks' option, injects as Inject does: the span and its
+// baggage, and nothing without a span; it extracts what it injects.
+func TestPropagator(t *testing.T) {
+	p := otelidemq.Propagator()
+	member, err := baggage.NewMember("tenant", "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bag, err := baggage.New(member)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := baggage.ContextWithBaggage(context.Background(), bag)
+	c := propagation.MapCarrier{}
+	p.Inject(ctx, c)
+	if len(c) != 0 {
+		t.Fatalf("injected %v without a span", c)
+	}
+	tp := sdktrace.NewTracerProvider()
+	ctx, span := tp.Tracer("t").Start(ctx, "handler")
+	defer span.End()
+	p.Inject(ctx, c)
+	if c.Get("traceparent") == "" || c.Get("baggage") != "tenant=t1" {
+		t.Fatalf("injected %v, want a traceparent and the baggage", c)
+	}
+	out := p.Extract(context.Background(), c)
+	if got := trace.SpanContextFromContext(out); got.SpanID() != span.SpanContext().SpanID() {
+		t.Fatalf("extracted span %v, want %v", got, span.SpanContext())
+	}
+	if got := baggage.FromContext(out).Member("tenant").Value(); got != "t1" {
+		t.Fatalf("extracted baggage tenant=%q, want t1", got)
+	}
+	if f := p.Fields(); !slices.Contains(f, "traceparent") || !slices.Contains(f, "baggage") {
+		t.Fatalf("Fields %v, want traceparent and baggage", f)
 	}
 }
 

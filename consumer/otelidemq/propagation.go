@@ -31,15 +31,43 @@ func propagator() propagation.TextMapPropagator {
 
 // Inject writes the span context of ctx (and its baggage) into carrier with
 // the global propagator, or W3C trace context and baggage while none is set,
-// so that the downstream system's spans join the message's trace. Sinks call
-// it on their outgoing requests (sinks/webhook does, with a
-// propagation.HeaderCarrier); an outbox stores the carrier with the row.
-// Without a span in ctx it writes nothing.
+// so that the downstream system's spans join the message's trace. Call it
+// on an outgoing request made from a handler (with a
+// propagation.HeaderCarrier), or give a sink Propagator() instead. Without
+// a span in ctx it writes nothing.
 func Inject(ctx context.Context, carrier propagation.TextMapCarrier) {
 	if !trace.SpanContextFromContext(ctx).IsValid() {
 		return
 	}
 	propagator().Inject(ctx, carrier)
+}
+
+// Propagator returns the propagator the hook uses by default, for the
+// sinks' Config.Propagator (sinks/webhook):
+//
+//	sink, err := webhook.New(webhook.Config{URL: url, Propagator: otelidemq.Propagator()})
+//
+// It injects as Inject does (the global propagator's fields, or W3C trace
+// context and baggage while none is set, and nothing without a span in
+// ctx) and extracts with the same propagator. It reads the global
+// propagator at each call, so one set after it was made is used.
+func Propagator() propagation.TextMapPropagator {
+	return globalPropagator{}
+}
+
+// globalPropagator is Propagator's propagation.TextMapPropagator.
+type globalPropagator struct{}
+
+func (globalPropagator) Inject(ctx context.Context, carrier propagation.TextMapCarrier) {
+	Inject(ctx, carrier)
+}
+
+func (globalPropagator) Extract(ctx context.Context, carrier propagation.TextMapCarrier) context.Context {
+	return propagator().Extract(ctx, carrier)
+}
+
+func (globalPropagator) Fields() []string {
+	return propagator().Fields()
 }
 
 // Extract returns ctx with the producer's span context found in m's headers

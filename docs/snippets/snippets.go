@@ -22,6 +22,7 @@ import (
 	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/outbox/kafkaoutbox"
+	"github.com/idemq/idemq/sinks/webhook"
 	"github.com/idemq/idemq/sources/kafkasource"
 )
 
@@ -105,6 +106,13 @@ func observe(src consumer.Source, path consumer.Path) {
 	hook, _ := otelidemq.New(otelidemq.Config{ConsumerGroup: "billing"}) // global providers, or pass them
 	runner, _ := consumer.NewRunner(src, path, consumer.Config{Name: "billing", Hooks: []consumer.Hook{hook}})
 	_ = runner
+}
+
+// docs/observability.md: a webhook sink that follows the application's
+// propagator.
+func webhookTraced(url string) {
+	sink, err := webhook.New(webhook.Config{URL: url, Propagator: otelidemq.Propagator()})
+	_, _ = sink, err
 }
 
 // docs/outbox.md: publishing from a handler.

@@ -183,6 +183,11 @@ func run(ctx context.Context, o options, ln net.Listener, logs io.Writer) (err e
 	}
 	defer func() { err = errors.Join(err, dedupStats.Unregister()) }()
 
+	// The handler's context carries its span (the hook makes it), so an
+	// effect it sends on joins the message's trace: a webhook sink with
+	// webhook.Config{Propagator: otelidemq.Propagator()} writes it in the
+	// request's headers, and outbox.Publish stores its W3C trace context
+	// with the row.
 	orders := pgx.Identifier{o.schema, "orders"}.Sanitize()
 	handler := consumer.TxJSON(func(ctx context.Context, tx pgx.Tx, m *consumer.Message, order Order) error {
 		if m.Attempt == 1 && strings.HasSuffix(m.Key, "7") {

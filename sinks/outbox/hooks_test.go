@@ -235,7 +235,7 @@ func TestRelaySendSpan(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	rtp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	t.Cleanup(func() { _ = rtp.Shutdown(context.Background()) })
-	hook, err := otelidemq.NewRelayHook(otelidemq.Config{TracerProvider: rtp, System: otelidemq.SystemKafka})
+	hook, err := otelidemq.NewRelayHook(otelidemq.Config{TracerProvider: rtp, System: "kafka"})
 	if err != nil {
 		t.Fatal(err)
 	}

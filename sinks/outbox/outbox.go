@@ -13,7 +13,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/consumer/otelidemq"
 )
 
 // Table is the name of the outbox table that the migrations create and
@@ -90,9 +89,11 @@ type Message struct {
 	// Headers are sent as Kafka headers, SQS string attributes or AMQP
 	// headers. SQS refuses characters outside the XML 1.0 range, so sqsoutbox
 	// writes those (control characters, invalid UTF-8) as Go escapes them
-	// ("\x01"), as it does for Key and ID. When ctx carries a span (consumer/otelidemq's handler span),
-	// Publish adds its W3C traceparent (and tracestate) unless Headers has
-	// a traceparent already.
+	// ("\x01"), as it does for Key and ID. When ctx carries a span
+	// (consumer/otelidemq's handler span), Publish adds its W3C traceparent
+	// (and tracestate) unless Headers has a traceparent already; to carry
+	// another format or baggage, inject it into Headers first (for example
+	// otelidemq.Inject(ctx, propagation.MapCarrier(headers))).
 	Headers map[string]string
 	// Body is the payload.
 	Body []byte
@@ -192,11 +193,11 @@ func insertArgs(ctx context.Context, m *Message) ([]any, error) {
 		sourceKey = &k
 	}
 	if _, set := m.Headers["traceparent"]; !set && trace.SpanContextFromContext(ctx).IsValid() {
-		// The handler's span (consumer/otelidemq) travels with the row,
-		// so the downstream consumer's spans join the message's trace.
+		// The handler's span travels with the row, so the downstream
+		// consumer's spans join the message's trace.
 		h := make(map[string]string, len(m.Headers)+2)
 		maps.Copy(h, m.Headers)
-		otelidemq.Inject(ctx, propagation.MapCarrier(h))
+		propagation.TraceContext{}.Inject(ctx, propagation.MapCarrier(h))
 		m.Headers = h
 	}
 	headers := []byte("{}")

@@ -14,7 +14,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/consumer/otelidemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/cfgerr"
 )
@@ -146,7 +145,7 @@ func (s Schema) putReply(ctx context.Context, db PgxQuerier, id string, msg *con
 		h[consumer.HeaderCorrelationID] = msg.CorrelationID
 	}
 	if trace.SpanContextFromContext(ctx).IsValid() {
-		otelidemq.Inject(ctx, propagation.MapCarrier(h)) // as Publish does
+		propagation.TraceContext{}.Inject(ctx, propagation.MapCarrier(h)) // as Publish does
 	}
 	headers, err := json.Marshal(h)
 	if err != nil {

@@ -3,8 +3,9 @@
 // consumer.IdempotencyKey(ctx), in an Idempotency-Key header, so that the receiver
 // can recognise a repeated delivery. When the handler's context carries a
 // span (consumer/otelidemq), the request carries it too, as a W3C
-// traceparent header (otelidemq.Inject), so the receiver's spans join the
-// message's trace.
+// traceparent header by default (Config.Propagator; otelidemq.Propagator()
+// follows the application's global propagator), so the receiver's spans
+// join the message's trace.
 //
 //	sink, err := webhook.New(webhook.Config{URL: "https://hooks.example.com/notify"})
 //	...

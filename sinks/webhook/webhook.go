@@ -16,7 +16,6 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/consumer/otelidemq"
 	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/sinks"
@@ -77,6 +76,16 @@ type Config struct {
 	// Logger receives one debug record per attempt (key, status, duration).
 	// Defaults to a logger that discards everything.
 	Logger *slog.Logger
+
+	// Propagator writes the trace context of the context Send is given
+	// (the handler's span) into each request's headers, so that the
+	// receiver's spans join the message's trace: otelidemq.Propagator()
+	// writes what the application's global propagator does, or W3C trace
+	// context and baggage while none is set. A propagator with no fields
+	// (propagation.NewCompositeTextMapPropagator()) writes nothing.
+	// Defaults to W3C trace context (propagation.TraceContext), which
+	// writes traceparent and tracestate when the context carries a span.
+	Propagator propagation.TextMapPropagator
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -103,6 +112,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Propagator == nil {
+		c.Propagator = propagation.TraceContext{}
 	}
 	return c
 }
@@ -218,8 +230,8 @@ func (s *Sink) Send(ctx context.Context, req Request) error {
 	}
 	hr.Header.Set("Content-Type", s.cfg.ContentType)
 	hr.Header.Set(s.cfg.KeyHeader, key)
-	// The handler's span (consumer/otelidemq) continues downstream.
-	otelidemq.Inject(ctx, propagation.HeaderCarrier(hr.Header))
+	// The handler's span continues downstream.
+	s.cfg.Propagator.Inject(ctx, propagation.HeaderCarrier(hr.Header))
 	if err := checkHeader(hr.Header); err != nil {
 		// net/http would refuse it on every attempt.
 		return consumer.Permanent(fmt.Errorf("webhook: building the request: %w", err))

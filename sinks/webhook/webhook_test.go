@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq"
@@ -260,9 +261,57 @@ func TestUnsendableRequestIsPermanent(t *testing.T) {
 	}
 }
 
+// tracedContext returns a context carrying a sampled span context.
+func tracedContext(t *testing.T) context.Context {
+	sc := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID:    trace.TraceID{0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36},
+		SpanID:     trace.SpanID{0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7},
+		TraceFlags: trace.FlagsSampled,
+	})
+	return trace.ContextWithSpanContext(testContext(t), sc)
+}
+
+// headerPropagator writes the span ID in X-Span, as a propagator other
+// than W3C trace context would.
+type headerPropagator struct{}
+
+func (headerPropagator) Inject(ctx context.Context, c propagation.TextMapCarrier) {
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		c.Set("X-Span", sc.SpanID().String())
+	}
+}
+func (headerPropagator) Extract(ctx context.Context, _ propagation.TextMapCarrier) context.Context {
+	return ctx
+}
+func (headerPropagator) Fields() []string { return []string{"X-Span"} }
+
+// Config.Propagator writes the trace context in place of W3C trace
+// context; a propagator with no fields writes none.
+func TestSendPropagator(t *testing.T) {
+	var seen http.Header
+	rcv := webhooktest.New(t, func(c webhooktest.Call) webhooktest.Response {
+		seen = c.Request.Header.Clone()
+		return webhooktest.Response{Status: http.StatusOK}
+	})
+	s := newSink(t, webhook.Config{URL: rcv.URL(), Propagator: headerPropagator{}})
+	if err := s.Send(tracedContext(t), webhook.Request{Key: "k1"}); err != nil {
+		t.Fatalf("Send: %v", err)
+	}
+	if got, tp := seen.Get("X-Span"), seen.Get("Traceparent"); got != "00f067aa0ba902b7" || tp != "" {
+		t.Fatalf("X-Span %q, traceparent %q; want the span ID and no traceparent", got, tp)
+	}
+	s = newSink(t, webhook.Config{URL: rcv.URL(), Propagator: propagation.NewCompositeTextMapPropagator()})
+	if err := s.Send(tracedContext(t), webhook.Request{Key: "k2"}); err != nil {
+		t.Fatalf("Send: %v", err)
+	}
+	if tp := seen.Get("Traceparent"); tp != "" {
+		t.Fatalf("traceparent %q sent with an empty propagator", tp)
+	}
+}
+
 // A request sent from a traced handler carries its span as a W3C
-// traceparent header, so that the receiver's spans join the message's
-// trace; without a span there is none.
+// traceparent header by default, so that the receiver's spans join the
+// message's trace; without a span there is none.
 func TestSendCarriesTraceparent(t *testing.T) {
 	var seen http.Header
 	rcv := webhooktest.New(t, func(c webhooktest.Call) webhooktest.Response {
@@ -276,13 +325,7 @@ func TestSendCarriesTraceparent(t *testing.T) {
 	if tp := seen.Get("Traceparent"); tp != "" {
 		t.Fatalf("traceparent %q sent without a span", tp)
 	}
-	sc := trace.NewSpanContext(trace.SpanContextConfig{
-		TraceID:    trace.TraceID{0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36},
-		SpanID:     trace.SpanID{0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7},
-		TraceFlags: trace.FlagsSampled,
-	})
-	ctx := trace.ContextWithSpanContext(testContext(t), sc)
-	if err := s.Send(ctx, webhook.Request{Key: "k1"}); err != nil {
+	if err := s.Send(tracedContext(t), webhook.Request{Key: "k1"}); err != nil {
 		t.Fatalf("Send: %v", err)
 	}
 	if got, want := seen.Get("Traceparent"), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"; got != want {

@@ -220,4 +220,14 @@
 // is the Config.PartitionKeyHeader header, when configured: the Runner then
 // handles messages of one partition key in one lane, which keeps batches
 // that update the same rows from deadlocking each other.
+//
+// # Telemetry
+//
+// Message.Broker says, in the terms of the OpenTelemetry messaging
+// conventions, where a message came from: messaging.system "rabbitmq",
+// Config.URL's host and port as server.address and server.port, the
+// destination's messaging.destination.name "{exchange}:{routing
+// key}:{queue}" (leaving out the default exchange, and the routing key when
+// it is the queue's name) and messaging.rabbitmq.destination.routing_key,
+// and the delivery's messaging.rabbitmq.message.delivery_tag.
 package amqpsource

@@ -51,8 +51,7 @@ func (s *Source) toMessage(sess *session, d amqp.Delivery, now time.Time) *consu
 	if s.cfg.PartitionKeyHeader != "" {
 		partition, _ = stringHeader(d.Headers[s.cfg.PartitionKeyHeader])
 	}
-	broker := s.broker
-	broker.Exchange, broker.RoutingKey, broker.DeliveryTag = d.Exchange, d.RoutingKey, d.DeliveryTag
+	broker := s.brokerAttrs.set(s.broker, d.Exchange, d.RoutingKey, d.DeliveryTag)
 	return &consumer.Message{
 		ID:            d.MessageId,
 		Key:           key,

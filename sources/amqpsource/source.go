@@ -43,10 +43,11 @@ type Source struct {
 	once    sync.Once
 	wg      sync.WaitGroup
 
-	// broker is the BrokerInfo of every message, but for its exchange,
-	// routing key and delivery tag.
-	broker consumer.BrokerInfo
-	desc   string // String's
+	// broker is the BrokerInfo of every message, but for its attributes,
+	// which brokerAttrs adds.
+	broker      consumer.BrokerInfo
+	brokerAttrs brokerAttrs
+	desc        string // String's
 
 	mu  sync.Mutex
 	gen uint64 // generation of the newest session
@@ -86,8 +87,9 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 		log:     cfg.Logger.With(consumer.LogKeyQueue, cfg.Queue),
 		in:      make(chan inbound, cfg.Prefetch),
 		closing: make(chan struct{}),
-		broker:  consumer.BrokerInfo{System: "rabbitmq"},
+		broker:  consumer.BrokerInfo{System: systemRabbitMQ},
 	}
+	s.brokerAttrs.queue = cfg.Queue
 	s.desc = "rabbitmq queue=" + cfg.Queue
 	if u, err := amqp.ParseURI(cfg.URL); err == nil {
 		s.broker.ServerAddress, s.broker.ServerPort = u.Host, u.Port

@@ -240,4 +240,16 @@
 // consumer.Runner counts them, logs one ERROR line after
 // consumer.Config.OutageThreshold of them in a row, and reports them in
 // Runner.Health.
+//
+// # Telemetry
+//
+// Message.Broker says, in the terms of the OpenTelemetry messaging
+// conventions, where a message came from: messaging.system "kafka", the
+// first of Config.Brokers as server.address and server.port, the
+// destination's messaging.consumer.group.name (Config.GroupID) and
+// messaging.destination.partition.id, the message's messaging.kafka.offset
+// and messaging.kafka.message.key (when it has a key), "commit" as the name
+// of an acknowledgement, SyntheticID (Message.ID is made of topic, partition
+// and offset) and UnmarkedRedeliveries (a message fetched again after a
+// rebalance or a lost offset commit has Attempt 1).
 package kafkasource

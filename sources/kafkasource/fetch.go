@@ -197,15 +197,15 @@ func (s *Source) message(e *entry, attempt int) *consumer.Message {
 		}
 		headers[h.Key] = string(h.Value)
 	}
-	broker := s.broker
-	broker.Partition, broker.Offset = strconv.Itoa(e.km.Partition), e.km.Offset
+	var key string
 	switch {
 	case len(e.km.Key) == 0:
 	case e.partitionKey == string(e.km.Key):
-		broker.MessageKey = e.partitionKey // the same string, not a copy
+		key = e.partitionKey // the same string, not a copy
 	default:
-		broker.MessageKey = string(e.km.Key)
+		key = string(e.km.Key)
 	}
+	broker := messageBroker(s.broker, s.cfg.GroupID, e.km.Partition, e.km.Offset, key)
 	return &consumer.Message{
 		ID:            e.id,
 		Key:           e.key,

@@ -32,7 +32,7 @@ func (s *Source) Lag(ctx context.Context) ([]consumer.PartitionLag, error) {
 	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
 	for tp, next := range s.ledger.next(gen) {
 		// Lag holds the next offset until the high watermark is known.
-		lags = append(lags, consumer.PartitionLag{Topic: tp.topic, Partition: tp.partition, Lag: next})
+		lags = append(lags, consumer.PartitionLag{System: systemKafka, Topic: tp.topic, Partition: tp.partition, Lag: next})
 		req.Topics[tp.topic] = append(req.Topics[tp.topic], kafka.LastOffsetOf(tp.partition))
 	}
 	s.mu.Unlock()

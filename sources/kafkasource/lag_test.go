@@ -32,7 +32,7 @@ func TestLagPerPartition(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Lag: %v", err)
 	}
-	want := consumer.PartitionLag{Topic: topic, Partition: 0, Lag: 12 - 4}
+	want := consumer.PartitionLag{System: "kafka", Topic: topic, Partition: 0, Lag: 12 - 4}
 	if len(lags) != 1 || lags[0] != want {
 		t.Fatalf("Lag = %+v, want [%+v]", lags, want)
 	}

@@ -79,8 +79,7 @@ type Source struct {
 	closeOnce   sync.Once
 	closeErr    error
 
-	// broker is the BrokerInfo of every message, but for its partition,
-	// offset and key.
+	// broker is the BrokerInfo of every message, but for its attributes.
 	broker consumer.BrokerInfo
 
 	// genMu serialises reads of the reader's rebalance counter, which
@@ -206,7 +205,7 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 		log:       cfg.Logger.With(logKeyGroup, cfg.GroupID),
 		reader:    reader,
 		transport: transport,
-		broker:    consumer.BrokerInfo{System: "kafka", ConsumerGroup: cfg.GroupID}.WithServer(cfg.Brokers[0]),
+		broker:    brokerInfo(cfg.GroupID, cfg.Brokers[0]),
 		dlq: &kafka.Writer{
 			Addr:         kafka.TCP(cfg.Brokers...),
 			Balancer:     &kafka.Hash{},

@@ -151,4 +151,12 @@
 // runs an ElasticMQ of its own that keeps queues and messages in a database
 // file, restarts it in the middle of a run with the default configuration,
 // and finds every message handled once.
+//
+// # Telemetry
+//
+// Message.Broker says, in the terms of the OpenTelemetry messaging
+// conventions, where a message came from: messaging.system "aws_sqs", the
+// queue URL's host and port (the scheme's default port when it names none)
+// as server.address and server.port, the destination's aws.sqs.queue.url,
+// and "delete" as the name of an acknowledgement.
 package sqssource

@@ -302,12 +302,21 @@ func parseMaxReceiveCount(policy string) (int, error) {
 	return n, nil
 }
 
-// queueName returns the last path element of a queue URL.
+// The OpenTelemetry messaging attributes the source puts in
+// consumer.Message.Broker, named as semantic conventions v1.41.0 name them.
+const (
+	systemSQS       = "aws_sqs"
+	attrQueueURL    = "aws.sqs.queue.url"
+	settleOperation = "delete"
+)
+
 // brokerInfo returns the consumer.BrokerInfo of the messages of the queue
-// at queueURL: its URL and the endpoint's host and port (the scheme's
-// default port when the URL names none).
+// at queueURL: system "aws_sqs", an acknowledgement named "delete", the
+// endpoint's host and port (the scheme's default port when the URL names
+// none), and the queue's aws.sqs.queue.url.
 func brokerInfo(queueURL string) consumer.BrokerInfo {
-	b := consumer.BrokerInfo{System: "aws_sqs", QueueURL: queueURL}
+	b := consumer.BrokerInfo{System: systemSQS, SettleName: settleOperation,
+		Attrs: []consumer.BrokerAttr{consumer.StringAttr(attrQueueURL, queueURL)}}
 	u, err := url.Parse(queueURL)
 	if err != nil {
 		return b
@@ -324,6 +333,7 @@ func brokerInfo(queueURL string) consumer.BrokerInfo {
 	return b
 }
 
+// queueName returns the last path element of a queue URL.
 func queueName(queueURL string) string {
 	if u, err := url.Parse(queueURL); err == nil && u.Path != "" {
 		return path.Base(u.Path)

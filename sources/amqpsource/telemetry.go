@@ -1,0 +1,63 @@
+package amqpsource
+
+import (
+	"strings"
+	"sync/atomic"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// The OpenTelemetry messaging attributes the source puts in
+// consumer.Message.Broker, named as semantic conventions v1.41.0 name them.
+const (
+	systemRabbitMQ  = "rabbitmq"
+	attrDestination = "messaging.destination.name"
+	attrRoutingKey  = "messaging.rabbitmq.destination.routing_key"
+	attrDeliveryTag = "messaging.rabbitmq.message.delivery_tag"
+)
+
+// destAttrs are the destination attributes of the messages published to
+// one exchange with one routing key.
+type destAttrs struct {
+	exchange, routingKey string
+	attrs                []consumer.BrokerAttr
+}
+
+// brokerAttrs makes the consumer.BrokerInfo attributes of the deliveries
+// from queue, keeping the latest destination's for the next delivery.
+type brokerAttrs struct {
+	queue string
+	last  atomic.Pointer[destAttrs]
+}
+
+// set returns b with the attributes of delivery tag, published to exchange
+// with routingKey: messaging.destination.name "{exchange}:{routing
+// key}:{queue}" (leaving out an empty part, and the routing key when it is
+// the queue's name), messaging.rabbitmq.destination.routing_key when there
+// is one, and messaging.rabbitmq.message.delivery_tag when tag is not 0.
+func (c *brokerAttrs) set(b consumer.BrokerInfo, exchange, routingKey string, tag uint64) consumer.BrokerInfo {
+	d := c.last.Load()
+	if d == nil || d.exchange != exchange || d.routingKey != routingKey {
+		parts := make([]string, 0, 3)
+		if exchange != "" {
+			parts = append(parts, exchange)
+		}
+		if routingKey != "" && routingKey != c.queue {
+			parts = append(parts, routingKey)
+		}
+		if c.queue != "" {
+			parts = append(parts, c.queue)
+		}
+		d = &destAttrs{exchange: exchange, routingKey: routingKey,
+			attrs: []consumer.BrokerAttr{consumer.StringAttr(attrDestination, strings.Join(parts, ":"))}}
+		if routingKey != "" {
+			d.attrs = append(d.attrs, consumer.StringAttr(attrRoutingKey, routingKey))
+		}
+		c.last.Store(d)
+	}
+	b.Attrs = d.attrs
+	if tag > 0 {
+		b.MessageAttrs = []consumer.BrokerAttr{consumer.IntAttr(attrDeliveryTag, int64(tag))}
+	}
+	return b
+}
