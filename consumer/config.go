@@ -27,7 +27,7 @@ type Config struct {
 	// until it drains, which bounds memory. On the transactional path each
 	// goroutine holds a database connection for its whole transaction, so
 	// the store's connection pool must be larger than Concurrency (NewRunner
-	// checks it where the store reports its pool size, dedup.PoolSizer).
+	// checks it where the store reports its pool size, dedupdriver.Caps.Pool).
 	// Defaults to 4, or to one less than the store's pool when that is
 	// smaller (pgxpool's default pool is 4 connections or the number of
 	// CPUs, whichever is larger).
@@ -262,7 +262,7 @@ func RequireKey(m *Message) (string, error) {
 type RetryPolicy struct {
 	// MaxAttempts is the number of attempts after which a failing message is
 	// dead-lettered with ErrMaxAttempts. An attempt is a handler failure as
-	// the path's store counts it per key (dedup.FailureCounter), so
+	// the path's store counts it per key (dedupdriver.Caps.FailureCount), so
 	// deliveries to consumers that crashed or were killed do not count; with
 	// a store that cannot count, or when counting fails, it is the broker's
 	// delivery count, Message.Attempt. Defaults to 5.

@@ -4,11 +4,11 @@
 // A worker is one handler function and a Source (a broker adapter from
 // sources/...). The Runner receives messages, and for each one:
 //
-//   - on the transactional path (Transactional, with a dedup.TxStore such as
+//   - on the transactional path (Transactional, with a store such as
 //     dedup/pgdedup), records the message's key in the same database
 //     transaction as the handler's writes, commits, and only then
 //     acknowledges;
-//   - on the lease path (Leased, with a dedup.LeaseStore such as
+//   - on the lease path (Leased, with a store such as
 //     dedup/redisdedup), claims the key with a token-guarded lease, runs the
 //     handler while refreshing the lease, marks the key done, and only then
 //     acknowledges.
@@ -46,9 +46,9 @@
 //   - Claim: asking the store for a key; its answer is a dedup.State (new,
 //     done, mismatch, ...), the one name of a claim's result everywhere
 //     (HookClaimed's ClaimInfo.State too: done is a duplicate). A lease is the lease path's claim: a
-//     token-guarded, expiring hold on a key (dedup.LeaseStore), refreshed
+//     token-guarded, expiring hold on a key (dedupdriver.Lease), refreshed
 //     while the handler runs, then completed (marked done) or abandoned
-//     (LeaseStore.Abandon, after a failed effect). Release is a settle
+//     (dedupdriver.Lease.Abandon, after a failed effect). Release is a settle
 //     (below), never something done to a lease.
 //   - Duplicate: a delivery of a key that is already recorded with the same
 //     payload. It is acknowledged without running the handler. The same
@@ -102,8 +102,8 @@
 // A handler error or panic rolls back the handler's writes and its record (or
 // abandons its lease) and the message is retried with backoff
 // (RetryPolicy) until RetryPolicy.MaxAttempts, then dead-lettered with the
-// reason. Attempts are handler failures: when the path's store implements
-// dedup.FailureCounter (pgdedup, sqldedup and redisdedup do), the runner
+// reason. Attempts are handler failures: when the path's store counts them
+// (dedupdriver.Caps.FailureCount: pgdedup, sqldedup and redisdedup do), the runner
 // counts each failure of a key there, after the failed transaction, and the
 // count (not Message.Attempt, which also rises for every consumer that crashed
 // while holding the message) decides the backoff and the dead letter. The
@@ -118,7 +118,7 @@
 // (ErrPayloadMismatch), or a handler error wrapped with Permanent. Failures of
 // the database or the broker are retried without counting against the
 // message: the store's own begin, claim and commit, and the typed driver
-// errors its TransientClassifier recognises (a deadlock, a serialization
+// errors its driver classifies as transient (dedupdriver.Caps.Transient) (a deadlock, a serialization
 // failure, a lost connection). Any other handler error, its HandlerTimeout
 // deadline included, is a counted attempt; Permanent always wins. Nothing is
 // acknowledged before its effect is durable: a failed commit (ErrCommit)

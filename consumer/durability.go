@@ -18,20 +18,9 @@ const (
 	LogKeyStoreSettings = "store_settings"
 )
 
-// durabilityReporter returns the path's store as a dedup.DurabilityReporter.
-func (p *leasePath) durabilityReporter() (dedup.DurabilityReporter, bool) {
-	dr, ok := p.store.(dedup.DurabilityReporter)
-	return dr, ok
-}
-
-func (p *txPath[Tx]) durabilityReporter() (dedup.DurabilityReporter, bool) {
-	dr, ok := any(p.store).(dedup.DurabilityReporter)
-	return dr, ok
-}
-
 // checkDurability asks the runner's store, once when Run starts, whether its
 // server can lose the records it acknowledged (see
-// dedup.DurabilityReporter). It logs one WARN when it can, or when the
+// dedupdriver.Caps.Durability). It logs one WARN when it can, or when the
 // settings could not be read, and keeps the loss for Health.StoreLoss; it
 // returns the store's refusal (an error matching dedup.ErrNotDurable).
 func (r *Runner) checkDurability(ctx context.Context) error {
@@ -45,18 +34,11 @@ func (r *Runner) checkDurability(ctx context.Context) error {
 
 // storeDurability asks the store of path (see checkDurability).
 func storeDurability(ctx context.Context, path Path, log *slog.Logger) (string, error) {
-	rp, ok := path.(interface {
-		durabilityReporter() (dedup.DurabilityReporter, bool)
-	})
-	if !ok {
-		return "", nil
-	}
-	dr, ok := rp.durabilityReporter()
-	if !ok {
+	if !path.driverCaps().Durability {
 		return "", nil
 	}
 	dctx, cancel := context.WithTimeout(ctx, probeTimeout)
-	d, err := dr.Durability(dctx)
+	d, err := path.driver().Durability(dctx)
 	cancel()
 	switch {
 	case errors.Is(err, dedup.ErrNotDurable):

@@ -10,17 +10,27 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
-// durableLeases is a lease store that answers Durability with d and err.
+// durableLeases is a lease store whose driver reports Durability and
+// answers it with d and err.
 type durableLeases struct {
-	*memdedup.Leases
+	dedupdriver.Lease
 	d     dedup.Durability
 	err   error
 	calls int
+}
+
+func (s *durableLeases) Driver() dedupdriver.Lease { return s }
+
+func (s *durableLeases) Caps() dedupdriver.Caps {
+	c := s.Lease.Caps()
+	c.Durability = true
+	return c
 }
 
 func (s *durableLeases) Durability(context.Context) (dedup.Durability, error) {
@@ -53,7 +63,7 @@ func TestRunChecksTheStoresDurability(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			store := &durableLeases{Leases: ms.Leases(), d: tc.d, err: tc.err}
+			store := &durableLeases{Lease: ms.Leases().Driver(), d: tc.d, err: tc.err}
 			b := memsource.New(memsource.Config{})
 			defer b.Close()
 			var logs runtest.SyncBuffer

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"time"
+
+	"github.com/idemq/idemq/dedup/dedupdriver"
 )
 
 // Path is the way a Runner turns messages into effects: Transactional for
@@ -20,6 +22,26 @@ type Path interface {
 	process(ctx context.Context, env *pathEnv, batch []*job, l *lane)
 	// validate reports a misconfigured path as a *ConfigError.
 	validate() error
+	// driverCaps returns what the path's store driver can do; the Runner
+	// asks it instead of looking for optional interfaces, so that a store
+	// wrapper that forwards the driver keeps the Runner on the same paths.
+	driverCaps() dedupdriver.Caps
+	// driver returns the store's driver, which counts handler failures
+	// when driverCaps().FailureCount is set and checks the schema when
+	// driverCaps().SchemaCheck is.
+	driver() dedupdriver.Common
+	// poolSize returns the size of the connection pool the path's
+	// transactions draw on, 0 when unknown or unlimited.
+	poolSize() int
+	// retention returns how long the path's store remembers a processed
+	// key, and false if it cannot tell.
+	retention() (time.Duration, bool)
+	// probe checks that the store answers, without touching any message's
+	// record.
+	probe(ctx context.Context, scope string) error
+	// describe returns the path's kind and its store's type, for the
+	// start line.
+	describe() (kind, store string)
 }
 
 // pathEnv is what a Path gets from its Runner, as values: the scope, the

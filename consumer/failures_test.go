@@ -215,7 +215,7 @@ func TestAnotherPayloadStartsTheCountAgain(t *testing.T) {
 	e := newAttemptsEnv(t, 0)
 	ctx := context.Background()
 	for range 4 {
-		if _, err := e.store.RecordFailure(ctx, "attempts", dedup.Record{Key: "k1", PayloadHash: dedup.HashPayload([]byte("old"))}); err != nil {
+		if _, err := e.store.Driver().RecordFailure(ctx, "attempts", dedup.Record{Key: "k1", PayloadHash: dedup.HashPayload([]byte("old"))}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/memsource"
@@ -253,23 +254,28 @@ func (f *fixture) waitFor(what string, cond func(memsource.TopicStats) bool) mem
 	}
 }
 
-// recordingStore wraps a TxStore and remembers which keys each transaction
-// committed, so tests can check that nothing is acknowledged before its
-// commit.
+// recordingStore wraps a store's driver and remembers which keys each
+// transaction committed, so tests can check that nothing is acknowledged
+// before its commit. It reports no capability (Caps{}): the runner begins,
+// claims and commits through it, one step at a time.
 type recordingStore struct {
-	dedup.TxStore[pgx.Tx]
+	dedupdriver.Tx[pgx.Tx]
 	mu        sync.Mutex
 	claimed   map[pgx.Tx][]string
 	committed map[string]bool
 	failNext  int // commits to fail (after the real commit is skipped)
 }
 
-func newRecordingStore(s dedup.TxStore[pgx.Tx]) *recordingStore {
-	return &recordingStore{TxStore: s, claimed: map[pgx.Tx][]string{}, committed: map[string]bool{}}
+func newRecordingStore(s dedupdriver.TxStore[pgx.Tx]) *recordingStore {
+	return &recordingStore{Tx: s.Driver(), claimed: map[pgx.Tx][]string{}, committed: map[string]bool{}}
 }
 
+func (s *recordingStore) Driver() dedupdriver.Tx[pgx.Tx] { return s }
+
+func (s *recordingStore) Caps() dedupdriver.Caps { return dedupdriver.Caps{} }
+
 func (s *recordingStore) Claim(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, error) {
-	cs, err := s.TxStore.Claim(ctx, tx, scope, recs)
+	cs, err := s.Tx.Claim(ctx, tx, scope, recs)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, c := range cs {
@@ -288,10 +294,10 @@ func (s *recordingStore) Commit(ctx context.Context, tx pgx.Tx) error {
 	}
 	s.mu.Unlock()
 	if fail {
-		_ = s.TxStore.Rollback(ctx, tx)
+		_ = s.Tx.Rollback(ctx, tx)
 		return pgx.ErrTxCommitRollback
 	}
-	if err := s.TxStore.Commit(ctx, tx); err != nil {
+	if err := s.Tx.Commit(ctx, tx); err != nil {
 		return err
 	}
 	s.mu.Lock()

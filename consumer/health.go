@@ -234,7 +234,7 @@ type Health struct {
 	// StoreLoss, when not empty, says how the store's server can lose the
 	// records it acknowledged (Redis without an fsync'ed append-only file),
 	// as the store read its settings when Run started (see
-	// dedup.DurabilityReporter): a processed key it loses runs the handler
+	// dedupdriver.Caps.Durability): a processed key it loses runs the handler
 	// again when its message is delivered again. Ready ignores it.
 	StoreLoss string `json:"store_loss,omitempty"`
 	// Ready is the verdict for a readiness probe: running, not draining,

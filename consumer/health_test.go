@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/sources/memsource"
 )
@@ -187,18 +188,22 @@ func TestHealthWhileDraining(t *testing.T) {
 	until(t, "Run to return", func() bool { return !r.Health().Running })
 }
 
-// flakyLeases is a lease store whose Claim fails while down is set, as Redis
-// does during an outage.
+// flakyLeases is a lease driver whose Claim fails while down is set, as
+// Redis does during an outage. It reports no capability.
 type flakyLeases struct {
-	dedup.LeaseStore
+	dedupdriver.Lease
 	down atomic.Bool
 }
+
+func (s *flakyLeases) Driver() dedupdriver.Lease { return s }
+
+func (s *flakyLeases) Caps() dedupdriver.Caps { return dedupdriver.Caps{} }
 
 func (s *flakyLeases) Claim(ctx context.Context, scope string, rec dedup.Record, token string, lease time.Duration) (dedup.Claim, error) {
 	if s.down.Load() {
 		return dedup.Claim{}, errors.New("dial tcp 127.0.0.1:6379: connect: connection refused")
 	}
-	return s.LeaseStore.Claim(ctx, scope, rec, token, lease)
+	return s.Lease.Claim(ctx, scope, rec, token, lease)
 }
 
 // A lease store outage (Redis down) is logged once at ERROR naming the store
@@ -207,7 +212,7 @@ func (s *flakyLeases) Claim(ctx context.Context, scope string, rec dedup.Record,
 func TestLeaseStoreOutageIsVisible(t *testing.T) {
 	e := newMemEnv(t, time.Second)
 	var logs logBuffer
-	leases := &flakyLeases{LeaseStore: e.store.Leases()}
+	leases := &flakyLeases{Lease: e.store.Leases().Driver()}
 	leases.down.Store(true)
 	var effects atomic.Int64
 	path := consumer.Leased(leases, func(ctx context.Context, m *consumer.Message) error {

@@ -18,7 +18,7 @@ const Unbounded = time.Duration(math.MaxInt64)
 // HorizonReporter is implemented by sources that can tell how late a
 // redelivery may come. The Runner asks once, when Run starts, and compares
 // the answer with how long its store remembers a processed message
-// (dedup.RetentionReporter, or LeaseOptions.Retention on the lease path): a
+// (dedupdriver.Caps.Retention, or LeaseOptions.Retention on the lease path): a
 // redelivery older than the store's retention is no longer recognised and
 // runs the handler again.
 //
@@ -60,13 +60,6 @@ const (
 	LogKeyRetention = "dedup_retention"
 )
 
-// retentionPath is implemented by paths whose store forgets records.
-type retentionPath interface {
-	// retention returns how long the path's store remembers a processed
-	// key, and false if it cannot tell.
-	retention() (time.Duration, bool)
-}
-
 // checkRetention compares the redelivery horizon of src with the retention
 // of the store of path (see HorizonReporter); allowShort is
 // Config.AllowShortRetention.
@@ -75,11 +68,7 @@ func checkRetention(ctx context.Context, src Source, path Path, log *slog.Logger
 	if !ok {
 		return nil
 	}
-	rp, ok := path.(retentionPath)
-	if !ok {
-		return nil
-	}
-	retention, ok := rp.retention()
+	retention, ok := path.retention()
 	if !ok {
 		return nil
 	}

@@ -67,8 +67,7 @@ func (q *queuedLeases) stop() {
 // can, and returns nil otherwise (or when refreshing is disabled, since the
 // leases of later messages must be kept alive while earlier ones run).
 func (p *leasePath) claimBatch(ctx context.Context, env *pathEnv, batch []*job) *queuedLeases {
-	bc, ok := p.store.(dedup.BatchClaimer)
-	if !ok || len(batch) < 2 || p.opts.RefreshInterval < 0 {
+	if !p.caps.BatchClaim || len(batch) < 2 || p.opts.RefreshInterval < 0 {
 		return nil
 	}
 	q := &queuedLeases{pre: make([]preclaim, len(batch))}
@@ -81,7 +80,7 @@ func (p *leasePath) claimBatch(ctx context.Context, env *pathEnv, batch []*job) 
 		q.pre[i].token = tokens[i]
 	}
 	sent := time.Now()
-	cs, err := bc.ClaimBatch(ctx, env.scope, recs, tokens, p.opts.Lease)
+	cs, err := p.drv.ClaimBatch(ctx, env.scope, recs, tokens, p.opts.Lease)
 	if err != nil || len(cs) != len(batch) {
 		env.storeOut.warn(ctx, env.log, "batch claim failed; claiming one by one",
 			slog.Int(LogKeyCount, len(batch)), slog.Any(LogKeyError, err))
@@ -121,7 +120,7 @@ func (p *leasePath) refreshQueued(ctx context.Context, env *pathEnv, batch []*jo
 				continue
 			}
 			sent := time.Now()
-			err := p.store.Refresh(ctx, env.scope, batch[i].key, pc.token, p.opts.Lease)
+			err := p.drv.Refresh(ctx, env.scope, batch[i].key, pc.token, p.opts.Lease)
 			q.mu.Lock()
 			switch {
 			case err == nil:

@@ -16,15 +16,14 @@ import (
 var ErrResultTooLarge = dedup.ErrResultTooLarge
 
 // ErrResultUnsupported is matched by the dead-letter reason of a message
-// whose handler returned a result that the path's store cannot keep (it
-// implements neither dedup.ResultStorer nor dedup.ResultCompleter). It is
-// never retried.
+// whose handler returned a result that the path's store cannot keep (its
+// driver has no dedupdriver.Caps.Results). It is never retried.
 var ErrResultUnsupported = errors.New("idemq: the store keeps no results")
 
 // TxResult adapts a transactional handler that returns a result: the result
 // is stored with the message's record, in the same transaction as the
-// handler's writes (the store must implement dedup.ResultStorer, as pgdedup
-// and sqldedup do), and a later duplicate of the key gets it back through
+// handler's writes (the store must keep results, dedupdriver.Caps.Results, as
+// pgdedup and sqldedup do), and a later duplicate of the key gets it back through
 // Message.Outcome instead of running h. A failed handler stores nothing, so
 // its retry runs h again. A result above Config.MaxResultBytes rolls the
 // writes back and dead-letters the message with ErrResultTooLarge. A nil
@@ -67,7 +66,7 @@ func TxResultJSON[T, R, Tx any](h func(ctx context.Context, tx Tx, msg *Message,
 
 // LeaseResult adapts a handler of the lease path that returns a result: the
 // result is stored next to the done key when the key is marked done (the
-// store must implement dedup.ResultCompleter, as redisdedup does), and a
+// store must keep results, dedupdriver.Caps.Results, as redisdedup does), and a
 // later duplicate of the key gets it back through Message.Outcome. A failed
 // handler stores nothing. The effect has happened by the time the result is
 // checked, so a result above Config.MaxResultBytes (or the store's own

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/internal/cfgerr"
 )
 
@@ -51,7 +52,9 @@ func (o LeaseOptions) WithDefaults() LeaseOptions {
 	return o
 }
 
-// Leased returns the path for effects outside a database. For each message
+// Leased returns the path for effects outside a database. store is a
+// redisdedup.Store, or anything else whose Driver returns a
+// dedupdriver.Lease. For each message
 // the runner claims the key in store with a fresh token, runs the handler while
 // refreshing the lease, marks the key done, and only then acknowledges. A key
 // already done is acknowledged without running the handler; a key another
@@ -63,7 +66,7 @@ func (o LeaseOptions) WithDefaults() LeaseOptions {
 // have expired, and its outcome is not marked done.
 //
 // With Config.BatchSize above 1 and a store that implements
-// dedup.BatchClaimer (dedup/redisdedup does), the keys of a batch are claimed
+// dedupdriver.Caps.BatchClaim (dedup/redisdedup does), the keys of a batch are claimed
 // in one round trip and the leases of the messages waiting their turn are
 // refreshed until their handler starts; each key is still marked done right
 // after its own effect, so batching does not widen the window below. A queued
@@ -76,12 +79,23 @@ func (o LeaseOptions) WithDefaults() LeaseOptions {
 // Duplicate window: a crash after the effect and before the key is marked
 // done lets the effect run again once the lease expires. Forward IdempotencyKey to
 // the downstream system so that it deduplicates that repetition.
-func Leased(store dedup.LeaseStore, h Handler, opts LeaseOptions) Path {
-	return &leasePath{store: store, h: h, opts: opts.WithDefaults()}
+func Leased(store dedupdriver.LeaseStore, h Handler, opts LeaseOptions) Path {
+	p := &leasePath{store: store, h: h, opts: opts.WithDefaults()}
+	if !cfgerr.IsNil(store) {
+		p.drv = store.Driver()
+	}
+	if !cfgerr.IsNil(p.drv) {
+		p.caps = p.drv.Caps()
+	}
+	return p
 }
 
+// leasePath is the lease path, over the driver of store and its
+// capabilities.
 type leasePath struct {
-	store dedup.LeaseStore
+	store any // the user's store, for the start line
+	drv   dedupdriver.Lease
+	caps  dedupdriver.Caps
 	h     Handler
 	opts  LeaseOptions
 }
@@ -104,7 +118,7 @@ func (p *leasePath) process(ctx context.Context, env *pathEnv, batch []*job, _ *
 }
 
 func (p *leasePath) abandonLease(ctx context.Context, env *pathEnv, key, token string) {
-	if err := p.store.Abandon(ctx, env.scope, key, token); err != nil {
+	if err := p.drv.Abandon(ctx, env.scope, key, token); err != nil {
 		env.storeOut.warn(ctx, env.log, "abandoning the lease failed; it expires by itself",
 			slog.String(LogKeyKey, key), slog.Any(LogKeyError, err))
 	}
@@ -135,7 +149,7 @@ func (p *leasePath) claim(ctx context.Context, env *pathEnv, j *job, pc *preclai
 		token = pc.token // the failed batch claim may hold the key with it
 	}
 	confirmed = time.Now()
-	c, err = p.store.Claim(ctx, env.scope, dedup.Record{Key: j.key, PayloadHash: j.hash}, token, p.opts.Lease)
+	c, err = p.drv.Claim(ctx, env.scope, dedup.Record{Key: j.key, PayloadHash: j.hash}, token, p.opts.Lease)
 	if err != nil {
 		return token, c, confirmed, fmt.Errorf("idemq: claim lease: %w", err)
 	}
@@ -247,18 +261,17 @@ func (p *leasePath) complete(ctx context.Context, env *pathEnv, j *job, token st
 // the message.
 func (p *leasePath) completeKey(ctx context.Context, env *pathEnv, j *job, token string, v []byte) error {
 	if v != nil && j.msg.res.err == nil {
-		rc, can := p.store.(dedup.ResultCompleter)
-		if !can {
-			j.msg.res.err = Permanent(fmt.Errorf("%w: %T does not implement dedup.ResultCompleter", ErrResultUnsupported, p.store))
+		if !p.caps.Results {
+			j.msg.res.err = Permanent(fmt.Errorf("%w: %T keeps no results", ErrResultUnsupported, p.store))
 		} else {
-			err := rc.CompleteWithResult(ctx, env.scope, j.key, token, p.opts.Retention, v)
-			if !errors.Is(err, dedup.ErrResultTooLarge) && !errors.Is(err, ErrResultUnsupported) {
+			err := p.drv.CompleteWithResult(ctx, env.scope, j.key, token, p.opts.Retention, v)
+			if !errors.Is(err, dedup.ErrResultTooLarge) && !errors.Is(err, ErrResultUnsupported) && !errors.Is(err, dedupdriver.ErrUnsupported) {
 				return err
 			}
 			j.msg.res.err = Permanent(err)
 		}
 	}
-	return p.store.Complete(ctx, env.scope, j.key, token, p.opts.Retention)
+	return p.drv.Complete(ctx, env.scope, j.key, token, p.opts.Retention)
 }
 
 // settleLease gives j its outcome from r, then tells the hooks what
@@ -313,8 +326,11 @@ func (p *leasePath) settleLease(env *pathEnv, j *job, r *leaseRun) {
 func (p *leasePath) validate() error {
 	var l cfgerr.List
 	o := p.opts
-	if cfgerr.IsNil(p.store) {
+	switch {
+	case cfgerr.IsNil(p.store):
 		l.Add("Leased store", "nil")
+	case cfgerr.IsNil(p.drv):
+		l.Add("Leased store", "its Driver is nil")
 	}
 	if p.h == nil {
 		l.Add("Leased handler", "nil")
@@ -370,7 +386,7 @@ func (p *leasePath) refresh(ctx context.Context, env *pathEnv, cancel context.Ca
 				return
 			case <-t.C:
 				sent := time.Now()
-				err := p.store.Refresh(ctx, env.scope, key, token, p.opts.Lease)
+				err := p.drv.Refresh(ctx, env.scope, key, token, p.opts.Lease)
 				if errors.Is(err, dedup.ErrLeaseLost) {
 					cancel(err)
 					result <- err
@@ -414,10 +430,13 @@ func newToken() string {
 	return hex.EncodeToString(b[:])
 }
 
-// failureCounter returns the store's handler-failure counter, or nil.
-func (p *leasePath) failureCounter() dedup.FailureCounter {
-	fc, _ := p.store.(dedup.FailureCounter)
-	return fc
-}
+// driverCaps returns the capabilities of the path's store.
+func (p *leasePath) driverCaps() dedupdriver.Caps { return p.caps }
+
+// driver returns the path's store driver.
+func (p *leasePath) driver() dedupdriver.Common { return p.drv }
+
+// poolSize is 0: the lease path holds no connection across a handler.
+func (p *leasePath) poolSize() int { return 0 }
 
 func (p *leasePath) retention() (time.Duration, bool) { return p.opts.Retention, true }

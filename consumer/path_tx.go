@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/internal/cfgerr"
 )
 
@@ -21,7 +22,9 @@ var ErrCommit = errors.New("idemq: commit failed")
 // the runner begins a transaction, records every message's key in it
 // through store, runs the handler of each new key, commits, and only then
 // acknowledges. A key already recorded is acknowledged without running the
-// handler.
+// handler. store is a pgdedup.Store, a sqldedup.Store, or anything else
+// whose Driver returns a dedupdriver.Tx; the runner asks the driver once
+// for its capabilities (dedupdriver.Caps) and takes its paths from them.
 //
 // A batch runs without savepoints. When a handler fails, the transaction is
 // rolled back (with the failed message's record and writes) and the batch
@@ -45,7 +48,7 @@ var ErrCommit = errors.New("idemq: commit failed")
 // own is retried without counting an attempt, and the later messages of its
 // PartitionKey wait behind it. The lane's next batch runs at full size.
 //
-// When store chains commits (dedup.CommitChainer, as pgdedup does) and a
+// When the store chains commits (dedupdriver.Caps.CommitChain, as pgdedup's does) and a
 // lane's next batch is already queued, the lane takes that batch before it
 // commits, and the commit begins the next transaction and claims the next
 // batch's keys in the same round trip. Nothing of the next batch is
@@ -56,8 +59,8 @@ var ErrCommit = errors.New("idemq: commit failed")
 // There is no duplicate window on this path: the record and the effect commit
 // together, and a concurrent delivery of the same key waits on the record's
 // row lock for the first transaction's outcome.
-func Transactional[Tx any](store dedup.TxStore[Tx], h TxHandler[Tx]) Path {
-	return &txPath[Tx]{store: store, h: h}
+func Transactional[Tx any](store dedupdriver.TxStore[Tx], h TxHandler[Tx]) Path {
+	return newTxPath(store, h, nil)
 }
 
 // TransactionalBatch returns the transactional path with one handler call
@@ -81,22 +84,38 @@ func Transactional[Tx any](store dedup.TxStore[Tx], h TxHandler[Tx]) Path {
 // message once per transaction instead, in TxInfo. The context those hooks get is the message's (with its
 // DedupKey, without the handler's cancellation); the handler's own ctx
 // carries no message's hook values, since it handles many.
-func TransactionalBatch[Tx any](store dedup.TxStore[Tx], h TxBatchHandler[Tx]) Path {
-	return &txPath[Tx]{store: store, bh: h}
+func TransactionalBatch[Tx any](store dedupdriver.TxStore[Tx], h TxBatchHandler[Tx]) Path {
+	return newTxPath(store, nil, h)
 }
 
 // txPath is the transactional path, with a handler per message (h) or one
-// for the whole batch (bh).
+// for the whole batch (bh), over the driver of store and its capabilities.
 type txPath[Tx any] struct {
-	store dedup.TxStore[Tx]
+	store any // the user's store, for the start line
+	drv   dedupdriver.Tx[Tx]
+	caps  dedupdriver.Caps
 	h     TxHandler[Tx]
 	bh    TxBatchHandler[Tx]
 }
 
+func newTxPath[Tx any](store dedupdriver.TxStore[Tx], h TxHandler[Tx], bh TxBatchHandler[Tx]) *txPath[Tx] {
+	p := &txPath[Tx]{store: store, h: h, bh: bh}
+	if !cfgerr.IsNil(store) {
+		p.drv = store.Driver()
+	}
+	if !cfgerr.IsNil(p.drv) {
+		p.caps = p.drv.Caps()
+	}
+	return p
+}
+
 func (p *txPath[Tx]) validate() error {
 	var l cfgerr.List
-	if cfgerr.IsNil(p.store) {
+	switch {
+	case cfgerr.IsNil(p.store):
 		l.Add("Transactional store", "nil")
+	case cfgerr.IsNil(p.drv):
+		l.Add("Transactional store", "its Driver is nil")
 	}
 	if p.h == nil && p.bh == nil {
 		l.Add("Transactional handler", "nil")
@@ -251,7 +270,7 @@ func (p *txPath[Tx]) try(ctx context.Context, env *pathEnv, jobs []*job, l *lane
 	chained := false
 	defer func() {
 		if !chained {
-			_ = p.store.Rollback(context.WithoutCancel(ctx), tx) // safe after commit
+			_ = p.drv.Rollback(context.WithoutCancel(ctx), tx) // safe after commit
 		}
 	}()
 	if len(claims) != len(jobs) {
@@ -346,15 +365,14 @@ func (p *txPath[Tx]) storeResults(ctx context.Context, env *pathEnv, tx Tx, fres
 	if len(results) == 0 {
 		return tryResult{}, false
 	}
-	rs, ok := p.store.(dedup.ResultStorer[Tx])
-	if !ok {
-		return tryResult{err: Permanent(fmt.Errorf("%w: %T does not implement dedup.ResultStorer", ErrResultUnsupported, p.store)), culprit: first}, true
+	if !p.caps.Results {
+		return tryResult{err: Permanent(fmt.Errorf("%w: %T keeps no results", ErrResultUnsupported, p.store)), culprit: first}, true
 	}
-	err := rs.StoreResults(ctx, tx, env.scope, results)
+	err := p.drv.StoreResults(ctx, tx, env.scope, results)
 	switch {
 	case err == nil:
 		return tryResult{}, false
-	case errors.Is(err, ErrResultUnsupported): // a wrapper of a store without results
+	case errors.Is(err, ErrResultUnsupported), errors.Is(err, dedupdriver.ErrUnsupported): // a wrapper of a store without results
 		return tryResult{err: Permanent(err), culprit: first}, true
 	case p.aborted(err):
 		return tryResult{err: err, suspects: fresh}, true
@@ -366,7 +384,7 @@ func (p *txPath[Tx]) storeResults(ctx context.Context, env *pathEnv, tx Tx, fres
 // openTx is a transaction that claimed the keys of jobs: begun for them, or
 // chained into the commit of the lane's last batch.
 type openTx[Tx any] struct {
-	store      dedup.TxStore[Tx]
+	drv        dedupdriver.Tx[Tx]
 	jobs       []*job
 	tx         Tx
 	claims     []dedup.Claim
@@ -375,7 +393,7 @@ type openTx[Tx any] struct {
 }
 
 func (o *openTx[Tx]) abandon(ctx context.Context) {
-	_ = o.store.Rollback(context.WithoutCancel(ctx), o.tx)
+	_ = o.drv.Rollback(context.WithoutCancel(ctx), o.tx)
 }
 
 // open returns a transaction that claimed the keys of jobs: the lane's
@@ -390,7 +408,7 @@ func (p *txPath[Tx]) open(ctx context.Context, env *pathEnv, jobs []*job, l *lan
 		}
 		l.abandon(ctx) // its claims would block ours
 	}
-	o := &openTx[Tx]{store: p.store, jobs: jobs}
+	o := &openTx[Tx]{drv: p.drv, jobs: jobs}
 	o.timed(env, func() { o.tx, o.claims, o.err = p.beginClaim(ctx, env.scope, dedupRecords(jobs)) })
 	return o
 }
@@ -422,27 +440,26 @@ func dedupRecords(jobs []*job) []dedup.Record {
 // for it, in l.chain. err is the commit's: a failed claim after a commit
 // only leaves the next batch to begin on its own.
 func (p *txPath[Tx]) commit(ctx context.Context, env *pathEnv, tx Tx, l *lane) (chained bool, err error) {
-	cc, ok := p.store.(dedup.CommitChainer[Tx])
-	if !ok || l == nil {
-		return false, p.store.Commit(ctx, tx)
+	if !p.caps.CommitChain || l == nil {
+		return false, p.drv.Commit(ctx, tx)
 	}
 	if !settlesQuietly(l.cur) {
 		// Settling this batch publishes a retry or a dead letter: a
 		// transaction chained now would idle through that broker I/O,
 		// and a server's idle_in_transaction_session_timeout would kill
 		// it under the next batch's first message.
-		return false, p.store.Commit(ctx, tx)
+		return false, p.drv.Commit(ctx, tx)
 	}
 	next := env.takeAhead(ctx, l)
 	if next == nil || len(next.live) == 0 {
-		return false, p.store.Commit(ctx, tx)
+		return false, p.drv.Commit(ctx, tx)
 	}
-	o := &openTx[Tx]{store: p.store, jobs: next.live, tx: tx}
+	o := &openTx[Tx]{drv: p.drv, jobs: next.live, tx: tx}
 	var (
 		claims    []dedup.Claim
 		committed bool
 	)
-	o.timed(env, func() { claims, committed, err = cc.CommitChain(ctx, tx, env.scope, dedupRecords(next.live)) })
+	o.timed(env, func() { claims, committed, err = p.drv.CommitChain(ctx, tx, env.scope, dedupRecords(next.live)) })
 	switch {
 	case err == nil:
 		o.claims = claims
@@ -485,20 +502,20 @@ func settlesQuietly(b *prepared) bool {
 // beginClaim begins a transaction and claims recs in it, in one round trip
 // where the store can pipeline them. On an error no transaction is open.
 func (p *txPath[Tx]) beginClaim(ctx context.Context, scope string, recs []dedup.Record) (Tx, []dedup.Claim, error) {
-	if bc, ok := p.store.(dedup.BeginClaimer[Tx]); ok {
-		tx, claims, err := bc.BeginClaim(ctx, scope, recs)
+	if p.caps.BeginClaim {
+		tx, claims, err := p.drv.BeginClaim(ctx, scope, recs)
 		if err != nil {
 			return tx, nil, fmt.Errorf("idemq: begin and claim: %w", err)
 		}
 		return tx, claims, nil
 	}
-	tx, err := p.store.Begin(ctx)
+	tx, err := p.drv.Begin(ctx)
 	if err != nil {
 		return tx, nil, fmt.Errorf("idemq: begin: %w", err)
 	}
-	claims, err := p.store.Claim(ctx, tx, scope, recs)
+	claims, err := p.drv.Claim(ctx, tx, scope, recs)
 	if err != nil {
-		_ = p.store.Rollback(context.WithoutCancel(ctx), tx)
+		_ = p.drv.Rollback(context.WithoutCancel(ctx), tx)
 		return tx, nil, fmt.Errorf("idemq: claim: %w", err)
 	}
 	return tx, claims, nil
@@ -543,23 +560,21 @@ var errTxEnded = errors.New("idemq: the handler ended the transaction itself (CO
 // ended reports whether the store knows, without a round trip, that tx was
 // ended by a handler.
 func (p *txPath[Tx]) ended(tx Tx) bool {
-	er, ok := p.store.(dedup.EndedTxReporter[Tx])
-	return ok && er.Ended(tx)
+	return p.caps.EndedTx && p.drv.Ended(tx)
 }
 
 // forgetEnded removes the records of later, whose handlers did not run,
 // after culprit's handler ended tx: a COMMIT made them durable, and their
 // rerun would take them for duplicates. A failure is logged.
 func (p *txPath[Tx]) forgetEnded(ctx context.Context, env *pathEnv, tx Tx, culprit *job, later []*job) {
-	er, ok := p.store.(dedup.EndedTxReporter[Tx])
-	if !ok || len(later) == 0 {
+	if !p.caps.EndedTx || len(later) == 0 {
 		return
 	}
 	keys := make([]string, len(later))
 	for i, j := range later {
 		keys[i] = j.key
 	}
-	if err := er.ForgetEnded(ctx, tx, env.scope, culprit.key, keys); err != nil {
+	if err := p.drv.ForgetEnded(ctx, tx, env.scope, culprit.key, keys); err != nil {
 		env.log.ErrorContext(ctx, "removing the records of messages whose handler did not run failed; they may be taken for duplicates",
 			LogKeyCount, len(keys), LogKeyError, err)
 	}
@@ -572,15 +587,13 @@ var errSwallowed = errors.New("idemq: the handler returned nil but a statement o
 // failed reports whether the store knows, without a round trip, that tx has
 // failed.
 func (p *txPath[Tx]) failed(tx Tx) bool {
-	fr, ok := p.store.(dedup.FailedTxReporter[Tx])
-	return ok && fr.Failed(tx)
+	return p.caps.FailedTx && p.drv.Failed(tx)
 }
 
 // aborted reports whether a statement's error says only that the
 // transaction had already failed.
 func (p *txPath[Tx]) aborted(err error) bool {
-	ac, ok := p.store.(dedup.AbortClassifier)
-	return ok && ac.IsAborted(err)
+	return p.caps.Aborted && p.drv.IsAborted(err)
 }
 
 // handlerTransient reports whether a handler's error is a database condition
@@ -591,8 +604,7 @@ func (p *txPath[Tx]) handlerTransient(err error) bool {
 	if IsPermanent(err) {
 		return false
 	}
-	tc, ok := p.store.(dedup.TransientClassifier)
-	return ok && tc.IsTransient(err)
+	return p.caps.Transient && p.drv.IsTransient(err)
 }
 
 // blame settles the job whose handler failed: a transient database error
@@ -635,26 +647,25 @@ func (p *txPath[Tx]) infra(ctx context.Context, env *pathEnv, held *heldPartitio
 	env.storeOut.warn(ctx, env.log, "transaction failed; its messages will be retried", slog.Int(LogKeyCount, n), slog.Any(LogKeyError, err))
 }
 
-// failureCounter returns the store's handler-failure counter, or nil.
-func (p *txPath[Tx]) failureCounter() dedup.FailureCounter {
-	fc, _ := p.store.(dedup.FailureCounter)
-	return fc
-}
+// driverCaps returns the capabilities of the path's store.
+func (p *txPath[Tx]) driverCaps() dedupdriver.Caps { return p.caps }
+
+// driver returns the path's store driver as a failure counter.
+func (p *txPath[Tx]) driver() dedupdriver.Common { return p.drv }
 
 // poolSize returns the connection pool size of the path's store, or 0 when
-// the store does not report one (see dedup.PoolSizer).
+// the store does not report one (dedupdriver.Caps.Pool).
 func (p *txPath[Tx]) poolSize() int {
-	if ps, ok := p.store.(dedup.PoolSizer); ok {
-		return ps.PoolSize()
+	if p.caps.Pool {
+		return p.drv.PoolSize()
 	}
 	return 0
 }
 
+// retention returns the retention the store's driver reports
+// (dedupdriver.Caps.Retention), and false when it reports none.
 func (p *txPath[Tx]) retention() (time.Duration, bool) {
-	if rr, ok := any(p.store).(dedup.RetentionReporter); ok {
-		return rr.Retention(), true
-	}
-	return 0, false
+	return p.caps.Retention, p.caps.Retention > 0
 }
 
 // handleBatch runs the batch handler over the new messages in tx. failed

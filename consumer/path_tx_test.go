@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/memsource"
@@ -252,9 +253,9 @@ func TestSwallowedErrorBlamesOnlyTheCulprit(t *testing.T) {
 		pos := tc.pos
 		t.Run(fmt.Sprint(tc.name, " culprit at ", pos), func(t *testing.T) {
 			f := newFixture(t)
-			var store dedup.TxStore[pgx.Tx] = f.store
+			var store dedupdriver.TxStore[pgx.Tx] = f.store
 			if tc.blind {
-				store = blindStore{f.store}
+				store = blindStore{f.store.Driver()}
 			}
 			ks := keys(7, "s")
 			poison := ks[pos]
@@ -512,7 +513,7 @@ func TestRefusedCommitInBatchBlamesOnlyTheCulprit(t *testing.T) {
 // key is allowed by a deferred foreign key (bad is not), runs them through
 // store with cfg and checks that bad alone is dead-lettered, for its
 // refused commit, and every other key's effect committed once.
-func (f *fixture) refusedCommitOf(bad string, ks []string, store dedup.TxStore[pgx.Tx], cfg consumer.Config) *running {
+func (f *fixture) refusedCommitOf(bad string, ks []string, store dedupdriver.TxStore[pgx.Tx], cfg consumer.Config) *running {
 	f.t.Helper()
 	allowed := strings.Replace(f.table, `"effects"`, `"allowed"`, 1)
 	f.exec(`CREATE TABLE ` + allowed + ` (key text PRIMARY KEY)`)
@@ -584,18 +585,15 @@ func TestRefusedChainedCommitBlamesOnlyTheCulprit(t *testing.T) {
 	}
 }
 
-// blindStore is pgdedup without dedup.FailedTxReporter (and without the
-// pipelined BeginClaim): the runner must find a swallowed error from the
-// 25P02 of a later statement or from the refused commit.
-type blindStore struct{ s *pgdedup.Store }
+// blindStore is pgdedup's driver that cannot tell a failed transaction
+// (no Caps.FailedTx) and does nothing else beyond the minimum but classify
+// errors: the runner must find a swallowed error from the 25P02 of a later
+// statement or from the refused commit.
+type blindStore struct{ dedupdriver.Tx[pgx.Tx] }
 
-func (b blindStore) Begin(ctx context.Context) (pgx.Tx, error)     { return b.s.Begin(ctx) }
-func (b blindStore) Commit(ctx context.Context, tx pgx.Tx) error   { return b.s.Commit(ctx, tx) }
-func (b blindStore) Rollback(ctx context.Context, tx pgx.Tx) error { return b.s.Rollback(ctx, tx) }
-func (b blindStore) IsAborted(err error) bool                      { return b.s.IsAborted(err) }
-func (b blindStore) IsTransient(err error) bool                    { return b.s.IsTransient(err) }
-func (b blindStore) Claim(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, error) {
-	return b.s.Claim(ctx, tx, scope, recs)
+func (b blindStore) Driver() dedupdriver.Tx[pgx.Tx] { return b }
+func (b blindStore) Caps() dedupdriver.Caps {
+	return dedupdriver.Caps{Aborted: true, Transient: true}
 }
 
 // Order holds under bisect plus an infrastructure failure: A and B of one

@@ -6,9 +6,6 @@ import (
 	"github.com/idemq/idemq"
 )
 
-// pooled is implemented by paths whose store draws on a connection pool.
-type pooled interface{ poolSize() int }
-
 // fitPool checks cfg.Concurrency against the connection pool of path's store.
 // Each lane holds a connection for its whole transaction, and the handler's
 // own queries outside the transaction, the retention janitor and the rest of
@@ -16,11 +13,7 @@ type pooled interface{ poolSize() int }
 // Concurrency. An unset Concurrency (explicit is false) is lowered to fit
 // instead of failing.
 func fitPool(path Path, cfg *Config, explicit bool) error {
-	pp, ok := path.(pooled)
-	if !ok {
-		return nil
-	}
-	size := pp.poolSize()
+	size := path.poolSize()
 	if size <= 0 || cfg.Concurrency < size {
 		return nil
 	}

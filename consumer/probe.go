@@ -9,19 +9,13 @@ import (
 	"github.com/idemq/idemq/dedup"
 )
 
-// prober is a Path that can check that its store answers, without touching
-// any message's record.
-type prober interface {
-	probe(ctx context.Context, scope string) error
-}
-
 // probe begins a transaction and rolls it back.
 func (p *txPath[Tx]) probe(ctx context.Context, _ string) error {
-	tx, err := p.store.Begin(ctx)
+	tx, err := p.drv.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("idemq: probe: begin: %w", err)
 	}
-	if err := p.store.Rollback(ctx, tx); err != nil {
+	if err := p.drv.Rollback(ctx, tx); err != nil {
 		return fmt.Errorf("idemq: probe: rollback: %w", err)
 	}
 	return nil
@@ -33,37 +27,22 @@ const probeKey = "\x00idemq-probe"
 
 // probe inspects a key that no message has.
 func (p *leasePath) probe(ctx context.Context, scope string) error {
-	if _, err := p.store.Inspect(ctx, scope, probeKey); err != nil && !errors.Is(err, dedup.ErrNotFound) {
+	if _, err := p.drv.Inspect(ctx, scope, probeKey); err != nil && !errors.Is(err, dedup.ErrNotFound) {
 		return fmt.Errorf("idemq: probe: %w", err)
 	}
 	return nil
 }
 
-// schemaCheckers returns the path's store if it implements
-// dedup.SchemaChecker.
-func (p *txPath[Tx]) schemaCheckers() []dedup.SchemaChecker {
-	if c, ok := any(p.store).(dedup.SchemaChecker); ok {
-		return []dedup.SchemaChecker{c}
-	}
-	return nil
-}
-
-func (p *leasePath) schemaCheckers() []dedup.SchemaChecker {
-	if c, ok := p.store.(dedup.SchemaChecker); ok {
-		return []dedup.SchemaChecker{c}
-	}
-	return nil
-}
-
-// checkSchema asks the path's store and every hook that implements
+// checkSchema asks the path's store (when its driver checks schemas) and
+// every hook that implements
 // dedup.SchemaChecker whether its tables exist, and returns an error
 // wrapping the first *dedup.SchemaError. Any other error (the database is
 // down) is logged and left to the outage handling: Run starts, and its
 // first messages find out.
 func (r *Runner) checkSchema(ctx context.Context) error {
 	var checkers []dedup.SchemaChecker
-	if p, ok := r.path.(interface{ schemaCheckers() []dedup.SchemaChecker }); ok {
-		checkers = p.schemaCheckers()
+	if r.path.driverCaps().SchemaCheck {
+		checkers = append(checkers, r.path.driver())
 	}
 	for _, h := range r.cfg.Hooks {
 		if c, ok := h.(dedup.SchemaChecker); ok {

@@ -49,7 +49,7 @@ type Runner struct {
 // cfg (after WithDefaults) and returns a *idemq.ConfigError for each invalid field
 // of cfg and path, all at once (see idemq.ConfigError),
 // including a Concurrency that the store's connection pool cannot serve
-// (see dedup.PoolSizer): the pool must hold more connections than
+// (see dedupdriver.Caps.Pool): the pool must hold more connections than
 // Concurrency. An unset Concurrency is lowered to one less than such a pool.
 func NewRunner(src Source, path Path, cfg Config) (*Runner, error) {
 	if src == nil {
@@ -85,8 +85,8 @@ func NewRunner(src Source, path Path, cfg Config) (*Runner, error) {
 		stats: &r.stats, storeOut: r.storeOut, obs: &r.hooks, takeAhead: r.takeAhead,
 	}
 	r.settler = settler{env: &r.env, src: src, out: r.settleOut}
-	if fc, ok := path.(failureCounting); ok {
-		r.settler.counter = fc.failureCounter()
+	if path.driverCaps().FailureCount {
+		r.settler.counter = path.driver()
 	}
 	return r, nil
 }
@@ -107,7 +107,7 @@ func (r *Runner) Config() Config { return r.cfg }
 //
 // Run also refuses to start when the store was told to refuse a server
 // that can lose the records it acknowledged (an error matching
-// dedup.ErrNotDurable, see dedup.DurabilityReporter).
+// dedup.ErrNotDurable, see dedupdriver.Caps.Durability).
 //
 // Run does not close the source; close it after Run returns.
 func (r *Runner) Run(ctx context.Context) error {
@@ -530,8 +530,7 @@ func (r *Runner) WaitIdle(ctx context.Context, idle time.Duration) error {
 // meanwhile are handled (and retried) as usual. It returns false when ctx
 // is done.
 func (r *Runner) awaitStore(ctx context.Context) bool {
-	pr, ok := r.path.(prober)
-	if !ok || !r.storeOut.down() {
+	if !r.storeOut.down() {
 		return true
 	}
 	if r.storeOut.pause() { // once per outage: it pauses again after each failed try
@@ -540,7 +539,7 @@ func (r *Runner) awaitStore(ctx context.Context) bool {
 	}
 	for ctx.Err() == nil && r.storeOut.down() {
 		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-		err := pr.probe(pctx, r.cfg.Name)
+		err := r.path.probe(pctx, r.cfg.Name)
 		cancel()
 		switch {
 		case ctx.Err() != nil:

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 )
 
 // settler settles the jobs of a batch once its path is done: it hands back
@@ -20,7 +21,7 @@ type settler struct {
 	out *outage // the Retry, Release and DeadLetter calls' run of failures
 	// counter is the path's store's handler-failure counter, or nil (the
 	// broker's attempt count applies).
-	counter dedup.FailureCounter
+	counter dedupdriver.Common
 }
 
 // settle settles a prepared batch whose path is done: it reports the
@@ -227,12 +228,6 @@ func (s *settler) deadLetter(ctx context.Context, j *job, cause error) Outcome {
 // an unreachable store delays the retry decision by at most this much before
 // the runner falls back to the broker's attempt count.
 const failureCountTimeout = 5 * time.Second
-
-// failureCounting is implemented by the paths whose store can count handler
-// failures per key (dedup.FailureCounter).
-type failureCounting interface {
-	failureCounter() dedup.FailureCounter
-}
 
 // countFailure records the handler failure of j in the path's store and sets
 // j.failures to the key's failure count, which the retry policy then uses

@@ -9,12 +9,6 @@ import (
 	"strings"
 )
 
-// describer is implemented by the paths: their kind and their store's type,
-// for the start line.
-type describer interface {
-	describe() (kind, store string)
-}
-
 func (p *txPath[Tx]) describe() (string, string) {
 	if p.bh != nil {
 		return "transactional-batch", typeName(p.store)
@@ -28,10 +22,7 @@ func (p *leasePath) describe() (string, string) { return "lease", typeName(p.sto
 // String, else its type), through which path and store, and with which key
 // function. log names the consumer already.
 func logStart(ctx context.Context, log *slog.Logger, cfg Config, source Source, path Path) {
-	kind, store := "custom", typeName(path)
-	if d, ok := path.(describer); ok {
-		kind, store = d.describe()
-	}
+	kind, store := path.describe()
 	src := typeName(source)
 	if s, ok := source.(fmt.Stringer); ok {
 		src = s.String()

@@ -1,32 +1,9 @@
 package dedup
 
-import (
-	"context"
-	"errors"
-)
+import "errors"
 
-// DurabilityReporter is an optional interface of a store whose server can be
-// set up to acknowledge a write before the write is safe from a restart or a
-// crash (Redis without an fsync'ed append-only file; redisdedup implements
-// it). A record lost that way is a processed key forgotten: its next
-// delivery runs the handler again.
-//
-// The Runner asks once, when Run starts (bounded by a few seconds):
-//
-//   - Durability.Loss empty: nothing to say.
-//   - Durability.Loss set: Run logs one WARN with the loss and the settings
-//     read, reports the loss in Health.StoreLoss (consumer), and runs.
-//   - an error matching ErrNotDurable: the store was told to refuse such a
-//     server (redisdedup.Config.RequireDurable); Run returns the error before
-//     receiving anything.
-//   - another error: Run logs one WARN and runs unchecked.
-type DurabilityReporter interface {
-	// Durability reads the server's persistence settings and says whether a
-	// write the server acknowledged can be lost.
-	Durability(ctx context.Context) (Durability, error)
-}
-
-// Durability is what a store read of its server's persistence settings.
+// Durability is what a store read of its server's persistence settings:
+// the answer of its driver's Durability (dedupdriver.Caps.Durability).
 type Durability struct {
 	// Settings are the settings read, as the server names them, for logs
 	// and errors: "appendonly=yes appendfsync=everysec".
@@ -38,7 +15,8 @@ type Durability struct {
 	Loss string
 }
 
-// ErrNotDurable is matched by the error of a DurabilityReporter set to refuse
+// ErrNotDurable is matched by the error of a store's Durability (see
+// dedupdriver.Caps.Durability) set to refuse
 // a server that can lose the writes it acknowledged (see
 // redisdedup.Config.RequireDurable). The error is a *idemq.ConfigError
 // that states the settings read.

@@ -6,7 +6,7 @@ import (
 	"fmt"
 )
 
-// ErrNotMigrated is matched by the error of SchemaChecker.CheckSchema when
+// ErrNotMigrated is matched by the error of a CheckSchema method when
 // the database lacks a table or column that the checker needs: its
 // migrations were not applied. The concrete error is a *SchemaError.
 var ErrNotMigrated = errors.New("dedup: database schema not migrated")
@@ -36,8 +36,8 @@ func (e *SchemaError) Unwrap() error { return e.Err }
 // Is makes errors.Is(err, ErrNotMigrated) true.
 func (e *SchemaError) Is(target error) bool { return target == ErrNotMigrated }
 
-// SchemaChecker is an optional interface of a store, and of a consumer.Hook
-// that writes to tables of its own. CheckSchema reports whether the tables
+// SchemaChecker is implemented by a consumer.Hook that writes to tables of
+// its own (and by the stores' drivers, see dedupdriver.Common). CheckSchema reports whether the tables
 // and columns it uses exist, without reading or writing any row: a
 // *SchemaError (matching ErrNotMigrated) when they do not, another error
 // when the database could not be asked (it is down). The Runner calls it

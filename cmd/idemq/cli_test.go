@@ -77,7 +77,7 @@ func record(t *testing.T, db *sql.DB, cfg sqldedup.Config, scope, key, body stri
 	if _, err := store.MarkProcessedTx(ctx, tx, scope, key, []byte(body)); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.StoreResults(ctx, tx, scope, []dedup.Result{{Key: key, Value: []byte(`{"charge":"ch_1"}`)}}); err != nil {
+	if err := store.Driver().StoreResults(ctx, tx, scope, []dedup.Result{{Key: key, Value: []byte(`{"charge":"ch_1"}`)}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {

@@ -230,7 +230,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return err
 		}
 		defer closeDB()
-		opts.Failures, opts.Scope = store, f.scope
+		opts.Failures, opts.Scope = store.Driver(), f.scope
 	}
 	if sq, ok := b.(*sqsdlq.Broker); ok && sub == "replay" && !selective && !f.dryRun && f.native && opts.Failures == nil {
 		moved, done, err := nativeMove(ctx, sq, f.origin, opts.Progress)

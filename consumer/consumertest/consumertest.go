@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 )
 
 // Fault is how a scripted message is delivered.
@@ -187,11 +188,11 @@ var errInjected = errors.New("consumertest: injected failure after the handler")
 // message is settled. It fails t if the replay does not settle within
 // Options.Timeout. Check the result with Report.RequireExactlyOnce and your
 // own queries of the business tables.
-func ReplayTx[Tx any](t TB, store dedup.TxStore[Tx], handler consumer.TxHandler[Tx], script []Delivery, opts Options) *Report {
+func ReplayTx[Tx any](t TB, store dedupdriver.TxStore[Tx], handler consumer.TxHandler[Tx], script []Delivery, opts Options) *Report {
 	t.Helper()
 	opts = opts.withDefaults(t)
 	rep := &Report{Calls: map[string]int{}, Committed: map[string]int{}}
-	cs := &countingStore[Tx]{TxStore: store, pending: map[any][]string{}, report: rep}
+	cs := &countingStore[Tx]{Tx: store.Driver(), pending: map[any][]string{}, report: rep}
 	fails := map[string]int{}
 	for _, d := range script {
 		if d.FailFirst > 0 {
@@ -216,7 +217,7 @@ func ReplayTx[Tx any](t TB, store dedup.TxStore[Tx], handler consumer.TxHandler[
 		cs.succeeded(tx, key)
 		return nil
 	}
-	replay(t, consumer.Transactional(txStoreFor(cs), h), script, opts, rep)
+	replay(t, consumer.Transactional(cs, h), script, opts, rep)
 	return rep
 }
 
@@ -224,11 +225,11 @@ func ReplayTx[Tx any](t TB, store dedup.TxStore[Tx], handler consumer.TxHandler[
 // handler runs through consumer.Leased over store (for example a
 // redisdedup.Store). Committed counts the calls whose key was then marked
 // done.
-func Replay(t TB, store dedup.LeaseStore, handler consumer.Handler, lease consumer.LeaseOptions, script []Delivery, opts Options) *Report {
+func Replay(t TB, store dedupdriver.LeaseStore, handler consumer.Handler, lease consumer.LeaseOptions, script []Delivery, opts Options) *Report {
 	t.Helper()
 	opts = opts.withDefaults(t)
 	rep := &Report{Calls: map[string]int{}, Committed: map[string]int{}}
-	ls := &countingLeases{LeaseStore: store, report: rep}
+	ls := &countingLeases{Lease: store.Driver(), report: rep}
 	fails := map[string]int{}
 	for _, d := range script {
 		if d.FailFirst > 0 {
@@ -252,7 +253,7 @@ func Replay(t TB, store dedup.LeaseStore, handler consumer.Handler, lease consum
 		}
 		return nil
 	}
-	replay(t, consumer.Leased(leaseStoreFor(ls), h, lease), script, opts, rep)
+	replay(t, consumer.Leased(ls, h, lease), script, opts, rep)
 	return rep
 }
 
@@ -386,37 +387,24 @@ func (r *Report) RequireExactlyOnce(t TB) {
 	}
 }
 
-// countingStore counts, per key, the successful handler calls whose
-// transaction committed.
+// countingStore is the driver the replay's Runner sees on the transactional
+// path: the store's own driver, forwarded whole (Caps included, so the
+// Runner takes the paths it takes for the store), counting per key the
+// successful handler calls whose transaction committed.
 type countingStore[Tx any] struct {
-	dedup.TxStore[Tx]
+	dedupdriver.Tx[Tx]
 	mu      sync.Mutex
 	pending map[any][]string
 	report  *Report
 }
 
+// Driver returns s: the replay hands s to consumer.Transactional.
+func (s *countingStore[Tx]) Driver() dedupdriver.Tx[Tx] { return s }
+
 func (s *countingStore[Tx]) succeeded(tx Tx, key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pending[any(tx)] = append(s.pending[any(tx)], key)
-}
-
-// BeginClaim passes the store's pipelined begin and claim through (see
-// dedup.BeginClaimer), or begins and claims in two calls.
-func (s *countingStore[Tx]) BeginClaim(ctx context.Context, scope string, recs []dedup.Record) (Tx, []dedup.Claim, error) {
-	if bc, ok := s.TxStore.(dedup.BeginClaimer[Tx]); ok {
-		return bc.BeginClaim(ctx, scope, recs)
-	}
-	tx, err := s.TxStore.Begin(ctx)
-	if err != nil {
-		return tx, nil, err
-	}
-	cs, err := s.TxStore.Claim(ctx, tx, scope, recs)
-	if err != nil {
-		_ = s.TxStore.Rollback(context.WithoutCancel(ctx), tx)
-		return tx, nil, err
-	}
-	return tx, cs, nil
 }
 
 // ended forgets the handler calls of tx, counting them if it committed.
@@ -431,231 +419,56 @@ func (s *countingStore[Tx]) ended(tx Tx, committed bool) {
 	delete(s.pending, any(tx))
 }
 
+// Commit commits through the store's driver and counts the keys of tx if
+// it committed.
 func (s *countingStore[Tx]) Commit(ctx context.Context, tx Tx) error {
-	err := s.TxStore.Commit(ctx, tx)
+	err := s.Tx.Commit(ctx, tx)
 	s.ended(tx, err == nil)
 	return err
 }
 
-// chainingStore is a countingStore over a store that chains commits (see
-// dedup.CommitChainer): a chained commit counts the keys of the transaction
-// it committed, as Commit does.
-type chainingStore[Tx any] struct {
-	*countingStore[Tx]
-}
-
-func (s *chainingStore[Tx]) CommitChain(ctx context.Context, tx Tx, scope string, recs []dedup.Record) ([]dedup.Claim, bool, error) {
-	claims, committed, err := s.TxStore.(dedup.CommitChainer[Tx]).CommitChain(ctx, tx, scope, recs)
+// CommitChain chains through the store's driver and counts the keys of the
+// transaction it committed, as Commit does.
+func (s *countingStore[Tx]) CommitChain(ctx context.Context, tx Tx, scope string, recs []dedup.Record) ([]dedup.Claim, bool, error) {
+	claims, committed, err := s.Tx.CommitChain(ctx, tx, scope, recs)
 	s.ended(tx, committed)
 	return claims, committed, err
 }
 
+// Rollback forgets the handler calls of tx and rolls it back through the
+// store's driver.
 func (s *countingStore[Tx]) Rollback(ctx context.Context, tx Tx) error {
 	s.ended(tx, false)
-	return s.TxStore.Rollback(ctx, tx)
+	return s.Tx.Rollback(ctx, tx)
 }
 
-// IsTransient passes the store's classification through (see
-// dedup.TransientClassifier), so that the replay takes the runner's real
-// paths.
-func (s *countingStore[Tx]) IsTransient(err error) bool {
-	tc, ok := s.TxStore.(dedup.TransientClassifier)
-	return ok && tc.IsTransient(err)
-}
-
-// Failed passes the store's report through (see dedup.FailedTxReporter).
-func (s *countingStore[Tx]) Failed(tx Tx) bool {
-	fr, ok := s.TxStore.(dedup.FailedTxReporter[Tx])
-	return ok && fr.Failed(tx)
-}
-
-// Ended passes the store's report through (see dedup.EndedTxReporter).
-func (s *countingStore[Tx]) Ended(tx Tx) bool {
-	er, ok := s.TxStore.(dedup.EndedTxReporter[Tx])
-	return ok && er.Ended(tx)
-}
-
-// ForgetEnded passes through to the store (see dedup.EndedTxReporter).
-func (s *countingStore[Tx]) ForgetEnded(ctx context.Context, tx Tx, scope, culprit string, keys []string) error {
-	if er, ok := s.TxStore.(dedup.EndedTxReporter[Tx]); ok {
-		return er.ForgetEnded(ctx, tx, scope, culprit, keys)
-	}
-	return nil
-}
-
-// IsAborted passes the store's classification through (see
-// dedup.AbortClassifier).
-func (s *countingStore[Tx]) IsAborted(err error) bool {
-	ac, ok := s.TxStore.(dedup.AbortClassifier)
-	return ok && ac.IsAborted(err)
-}
-
-// txStoreFor returns cs as the runner is to see it: with every optional
-// interface its store has (the table in the dedup package doc), so that a
-// replay takes the runner's paths for that store. countingStore itself
-// answers the interfaces whose absence it can stand for (false, 0, no
-// measurement, or Begin then Claim); the ones the runner treats otherwise
-// when they are missing (CommitChainer, FailureCounter, RetentionReporter)
-// are added only when the store has them.
-func txStoreFor[Tx any](cs *countingStore[Tx]) dedup.TxStore[Tx] {
-	fc, counts := cs.TxStore.(dedup.FailureCounter)
-	rr, retains := cs.TxStore.(dedup.RetentionReporter)
-	if _, ok := cs.TxStore.(dedup.CommitChainer[Tx]); ok {
-		ch := &chainingStore[Tx]{cs}
-		switch {
-		case counts && retains:
-			return struct {
-				*chainingStore[Tx]
-				dedup.FailureCounter
-				dedup.RetentionReporter
-			}{ch, fc, rr}
-		case counts:
-			return struct {
-				*chainingStore[Tx]
-				dedup.FailureCounter
-			}{ch, fc}
-		case retains:
-			return struct {
-				*chainingStore[Tx]
-				dedup.RetentionReporter
-			}{ch, rr}
-		}
-		return ch
-	}
-	switch {
-	case counts && retains:
-		return struct {
-			*countingStore[Tx]
-			dedup.FailureCounter
-			dedup.RetentionReporter
-		}{cs, fc, rr}
-	case counts:
-		return struct {
-			*countingStore[Tx]
-			dedup.FailureCounter
-		}{cs, fc}
-	case retains:
-		return struct {
-			*countingStore[Tx]
-			dedup.RetentionReporter
-		}{cs, rr}
-	}
-	return cs
-}
-
-// leaseStoreFor returns ls as the runner is to see it, with the store's
-// FailureCounter when it has one (see txStoreFor).
-func leaseStoreFor(ls *countingLeases) dedup.LeaseStore {
-	if fc, ok := ls.LeaseStore.(dedup.FailureCounter); ok {
-		return struct {
-			*countingLeases
-			dedup.FailureCounter
-		}{ls, fc}
-	}
-	return ls
-}
-
-// PoolSize passes the store's pool size through (see dedup.PoolSizer), or
-// 0 (no limit known) as the runner assumes without one.
-func (s *countingStore[Tx]) PoolSize() int {
-	ps, ok := s.TxStore.(dedup.PoolSizer)
-	if !ok {
-		return 0
-	}
-	return ps.PoolSize()
-}
-
-// CheckSchema passes the store's schema check through (see
-// dedup.SchemaChecker), or nil (nothing to check) as the runner assumes
-// without one.
-func (s *countingStore[Tx]) CheckSchema(ctx context.Context) error {
-	sc, ok := s.TxStore.(dedup.SchemaChecker)
-	if !ok {
-		return nil
-	}
-	return sc.CheckSchema(ctx)
-}
-
-// TableStats passes the store's measurement through (see
-// dedup.TableStatsReporter), or none.
-func (s *countingStore[Tx]) TableStats() (dedup.TableStats, bool) {
-	tr, ok := s.TxStore.(dedup.TableStatsReporter)
-	if !ok {
-		return dedup.TableStats{}, false
-	}
-	return tr.TableStats()
-}
-
-// countingLeases counts the keys marked done.
+// countingLeases is the driver the replay's Runner sees on the lease path:
+// the store's own driver, forwarded whole, counting the keys marked done.
 type countingLeases struct {
-	dedup.LeaseStore
+	dedupdriver.Lease
 	mu     sync.Mutex
 	report *Report
 }
 
+// Driver returns s: the replay hands s to consumer.Leased.
+func (s *countingLeases) Driver() dedupdriver.Lease { return s }
+
+func (s *countingLeases) done(key string, err error) error {
+	if err == nil {
+		s.mu.Lock()
+		s.report.Committed[key]++
+		s.mu.Unlock()
+	}
+	return err
+}
+
+// Complete marks key done through the store's driver and counts it.
 func (s *countingLeases) Complete(ctx context.Context, scope, key, token string, retention time.Duration) error {
-	err := s.LeaseStore.Complete(ctx, scope, key, token, retention)
-	if err == nil {
-		s.mu.Lock()
-		s.report.Committed[key]++
-		s.mu.Unlock()
-	}
-	return err
+	return s.done(key, s.Lease.Complete(ctx, scope, key, token, retention))
 }
 
-// ClaimBatch passes batch claims through when the store has them (see
-// dedup.BatchClaimer), and claims one key after another otherwise, so that
-// the replay takes the runner's batch path either way.
-func (s *countingLeases) ClaimBatch(ctx context.Context, scope string, recs []dedup.Record, tokens []string, lease time.Duration) ([]dedup.Claim, error) {
-	if bc, ok := s.LeaseStore.(dedup.BatchClaimer); ok {
-		return bc.ClaimBatch(ctx, scope, recs, tokens, lease)
-	}
-	claims := make([]dedup.Claim, len(recs))
-	for i, r := range recs {
-		c, err := s.LeaseStore.Claim(ctx, scope, r, tokens[i], lease)
-		if err != nil {
-			return nil, err
-		}
-		claims[i] = c
-	}
-	return claims, nil
-}
-
-// StoreResults passes the handlers' results through to the store (see
-// dedup.ResultStorer); a store without results fails the transaction.
-func (s *countingStore[Tx]) StoreResults(ctx context.Context, tx Tx, scope string, results []dedup.Result) error {
-	rs, ok := s.TxStore.(dedup.ResultStorer[Tx])
-	if !ok {
-		return fmt.Errorf("consumertest: %T: %w", s.TxStore, consumer.ErrResultUnsupported)
-	}
-	return rs.StoreResults(ctx, tx, scope, results)
-}
-
-// CompleteWithResult passes through to the store (see
-// dedup.ResultCompleter) and counts the completion as Complete does; a
-// store without results fails with consumer.ErrResultUnsupported, and the
-// runner then marks the key done without the result.
+// CompleteWithResult marks key done with result through the store's driver
+// and counts it, as Complete does.
 func (s *countingLeases) CompleteWithResult(ctx context.Context, scope, key, token string, retention time.Duration, result []byte) error {
-	rc, ok := s.LeaseStore.(dedup.ResultCompleter)
-	if !ok {
-		return fmt.Errorf("consumertest: %T: %w", s.LeaseStore, consumer.ErrResultUnsupported)
-	}
-	err := rc.CompleteWithResult(ctx, scope, key, token, retention, result)
-	if err == nil {
-		s.mu.Lock()
-		s.report.Committed[key]++
-		s.mu.Unlock()
-	}
-	return err
-}
-
-// Durability passes the store's answer through (see
-// dedup.DurabilityReporter), or reports no loss for a store without one, as
-// the runner assumes without it.
-func (s *countingLeases) Durability(ctx context.Context) (dedup.Durability, error) {
-	dr, ok := s.LeaseStore.(dedup.DurabilityReporter)
-	if !ok {
-		return dedup.Durability{}, nil
-	}
-	return dr.Durability(ctx)
+	return s.done(key, s.Lease.CompleteWithResult(ctx, scope, key, token, retention, result))
 }

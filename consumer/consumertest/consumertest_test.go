@@ -14,6 +14,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/consumertest"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/testenv"
 )
@@ -26,10 +27,14 @@ type recordingTB struct {
 
 func (r *recordingTB) Fatalf(format string, args ...any) { r.failed = fmt.Sprintf(format, args...) }
 
-// forgetful is a store that never remembers a key: every delivery is new.
-// It embeds the interface, not *pgdedup.Store, so that the store's
-// pipelined BeginClaim (which would bypass this Claim) is hidden.
-type forgetful struct{ dedup.TxStore[pgx.Tx] }
+// forgetful is a store whose driver never remembers a key: every delivery
+// is new. It reports no capability, so that the store's pipelined
+// BeginClaim (which would bypass this Claim) is not used.
+type forgetful struct{ dedupdriver.Tx[pgx.Tx] }
+
+func (f forgetful) Driver() dedupdriver.Tx[pgx.Tx] { return f }
+
+func (forgetful) Caps() dedupdriver.Caps { return dedupdriver.Caps{} }
 
 func (forgetful) Claim(_ context.Context, _ pgx.Tx, _ string, recs []dedup.Record) ([]dedup.Claim, error) {
 	cs := make([]dedup.Claim, len(recs))
@@ -38,8 +43,6 @@ func (forgetful) Claim(_ context.Context, _ pgx.Tx, _ string, recs []dedup.Recor
 	}
 	return cs, nil
 }
-
-func (forgetful) Unclaim(context.Context, pgx.Tx, string, string) error { return nil }
 
 func script() []consumertest.Delivery {
 	return []consumertest.Delivery{
@@ -100,7 +103,7 @@ func TestReplayCatchesMissingDedup(t *testing.T) {
 		{"slower than the visibility timeout", slowFirstCalls(250 * time.Millisecond)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rep := consumertest.ReplayTx(t, forgetful{newStore(t)}, tc.handler, script(), consumertest.Options{})
+			rep := consumertest.ReplayTx(t, forgetful{newStore(t).Driver()}, tc.handler, script(), consumertest.Options{})
 			tb := &recordingTB{T: t}
 			rep.RequireExactlyOnce(tb)
 			for _, k := range []string{"a", "c", "d"} {

@@ -69,19 +69,19 @@ func TestDedupTableGauges(t *testing.T) {
 	}
 
 	for scope, keys := range map[string][]string{"orders": {"o1", "o2", "o3"}, "emails": {"e1"}} {
-		tx, err := store.Begin(ctx)
+		tx, err := store.Driver().Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer store.Rollback(ctx, tx) // released if the test fails first; a no-op after Commit
+		defer store.Driver().Rollback(ctx, tx) // released if the test fails first; a no-op after Commit
 		var recs []dedup.Record
 		for _, k := range keys {
 			recs = append(recs, dedup.Record{Key: k, PayloadHash: dedup.HashPayload([]byte(k))})
 		}
-		if _, err := store.Claim(ctx, tx, scope, recs); err != nil {
+		if _, err := store.Driver().Claim(ctx, tx, scope, recs); err != nil {
 			t.Fatal(err)
 		}
-		if err := store.Commit(ctx, tx); err != nil {
+		if err := store.Driver().Commit(ctx, tx); err != nil {
 			t.Fatal(err)
 		}
 	}

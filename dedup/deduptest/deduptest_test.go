@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/deduptest"
 	"github.com/idemq/idemq/dedup/memdedup"
 )
@@ -13,7 +13,7 @@ import (
 // real stores run them in their own packages against their servers.
 
 func TestTxStoreSuiteOnMemstore(t *testing.T) {
-	deduptest.RunTxStore(t, func(t *testing.T, retention time.Duration) dedup.TxStore[*memdedup.Tx] {
+	deduptest.RunTxStore(t, func(t *testing.T, retention time.Duration) dedupdriver.TxStore[*memdedup.Tx] {
 		s, err := memdedup.New(memdedup.Config{Retention: retention})
 		if err != nil {
 			t.Fatal(err)
@@ -23,7 +23,7 @@ func TestTxStoreSuiteOnMemstore(t *testing.T) {
 }
 
 func TestLeaseStoreSuiteOnMemstore(t *testing.T) {
-	deduptest.RunLeaseStore(t, func(t *testing.T) dedup.LeaseStore {
+	deduptest.RunLeaseStore(t, func(t *testing.T) dedupdriver.LeaseStore {
 		s, err := memdedup.New(memdedup.Config{})
 		if err != nil {
 			t.Fatal(err)
@@ -33,11 +33,11 @@ func TestLeaseStoreSuiteOnMemstore(t *testing.T) {
 }
 
 func TestFailureCounterSuiteOnMemstore(t *testing.T) {
-	deduptest.RunFailureCounter(t, func(t *testing.T, retention time.Duration) dedup.FailureCounter {
+	deduptest.RunFailureCounter(t, func(t *testing.T, retention time.Duration) dedupdriver.Common {
 		s, err := memdedup.New(memdedup.Config{Retention: retention})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return s
+		return s.Driver()
 	})
 }

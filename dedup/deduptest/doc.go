@@ -1,14 +1,15 @@
 // Package deduptest is the conformance suite that every idemq deduplication
 // store runs against a real server: RunTxStore for the stores of the
-// transactional path (dedup.TxStore, such as dedup/pgdedup) and
-// RunLeaseStore for the stores of the lease path (dedup.LeaseStore, such as
-// dedup/redisdedup). CheckJanitorStats checks the table measurement of a
+// transactional path (dedupdriver.TxStore, such as dedup/pgdedup) and
+// RunLeaseStore for the stores of the lease path (dedupdriver.LeaseStore,
+// such as dedup/redisdedup); both run against the store's driver, and skip
+// what its Caps does not report. CheckJanitorStats checks the table measurement of a
 // store whose janitor reports one (dedup.TableStatsReporter).
 //
 // A store's test calls the suite with a constructor:
 //
 //	func TestConformance(t *testing.T) {
-//		deduptest.RunLeaseStore(t, func(t *testing.T) dedup.LeaseStore {
+//		deduptest.RunLeaseStore(t, func(t *testing.T) dedupdriver.LeaseStore {
 //			return newStore(t) // a store on the real server, closed with t.Cleanup
 //		})
 //	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 )
 
 // failureRetention is the retention of the counters made for the expiry
@@ -19,19 +20,20 @@ type cleaner interface {
 	Cleanup(ctx context.Context) (int64, error)
 }
 
-// RunFailureCounter runs the conformance suite of dedup.FailureCounter
+// RunFailureCounter runs the conformance suite of failure counting
+// (dedupdriver.Caps.FailureCount: RecordFailure and ForgetFailures)
 // against the counters newCounter returns. newCounter is called once per
 // subtest with the retention the counter must apply to its counts, and must
 // return a counter on the real server; it registers the counter's cleanup
 // with t.Cleanup. A counter that also has a Cleanup(ctx) (int64, error)
 // method (a janitor) is checked to delete expired counts. Subtests run in
 // parallel, each on its own scope.
-func RunFailureCounter(t *testing.T, newCounter func(t *testing.T, retention time.Duration) dedup.FailureCounter) {
+func RunFailureCounter(t *testing.T, newCounter func(t *testing.T, retention time.Duration) dedupdriver.Common) {
 	t.Helper()
 	tests := []struct {
 		name      string
 		retention time.Duration
-		fn        func(t *testing.T, c dedup.FailureCounter)
+		fn        func(t *testing.T, c dedupdriver.Common)
 	}{
 		{"CountsEachFailure", time.Hour, failuresCount},
 		{"ScopesAndKeysAreSeparate", time.Hour, failuresSeparate},
@@ -49,12 +51,12 @@ func RunFailureCounter(t *testing.T, newCounter func(t *testing.T, retention tim
 }
 
 // recordFailure records a failure of key with the payload "p".
-func recordFailure(ctx context.Context, t *testing.T, c dedup.FailureCounter, scope, key string) int {
+func recordFailure(ctx context.Context, t *testing.T, c dedupdriver.Common, scope, key string) int {
 	t.Helper()
 	return recordFailureOf(ctx, t, c, scope, rec(key, payload("p")))
 }
 
-func recordFailureOf(ctx context.Context, t *testing.T, c dedup.FailureCounter, scope string, r dedup.Record) int {
+func recordFailureOf(ctx context.Context, t *testing.T, c dedupdriver.Common, scope string, r dedup.Record) int {
 	t.Helper()
 	n, err := c.RecordFailure(ctx, scope, r)
 	if err != nil {
@@ -63,7 +65,7 @@ func recordFailureOf(ctx context.Context, t *testing.T, c dedup.FailureCounter, 
 	return n
 }
 
-func failuresCount(t *testing.T, c dedup.FailureCounter) {
+func failuresCount(t *testing.T, c dedupdriver.Common) {
 	ctx, scope := testContext(t), newScope(t)
 	for want := 1; want <= 3; want++ {
 		if got := recordFailure(ctx, t, c, scope, "k"); got != want {
@@ -72,7 +74,7 @@ func failuresCount(t *testing.T, c dedup.FailureCounter) {
 	}
 }
 
-func failuresSeparate(t *testing.T, c dedup.FailureCounter) {
+func failuresSeparate(t *testing.T, c dedupdriver.Common) {
 	ctx, scope := testContext(t), newScope(t)
 	// Pairs that a naive "scope:key" encoding would merge.
 	pairs := [][2]string{
@@ -88,7 +90,7 @@ func failuresSeparate(t *testing.T, c dedup.FailureCounter) {
 	}
 }
 
-func failuresConcurrent(t *testing.T, c dedup.FailureCounter) {
+func failuresConcurrent(t *testing.T, c dedupdriver.Common) {
 	ctx, scope := testContext(t), newScope(t)
 	const n = 20
 	var (
@@ -119,7 +121,7 @@ func failuresConcurrent(t *testing.T, c dedup.FailureCounter) {
 	}
 }
 
-func failuresExpire(t *testing.T, c dedup.FailureCounter) {
+func failuresExpire(t *testing.T, c dedupdriver.Common) {
 	ctx, scope := testContext(t), newScope(t)
 	recordFailure(ctx, t, c, scope, "old")
 	recordFailure(ctx, t, c, scope, "old")
@@ -148,7 +150,7 @@ func failuresExpire(t *testing.T, c dedup.FailureCounter) {
 	}
 }
 
-func failuresOtherPayload(t *testing.T, c dedup.FailureCounter) {
+func failuresOtherPayload(t *testing.T, c dedupdriver.Common) {
 	ctx, scope := testContext(t), newScope(t)
 	recordFailureOf(ctx, t, c, scope, rec("k", payload("first")))
 	recordFailureOf(ctx, t, c, scope, rec("k", payload("first")))
@@ -160,7 +162,7 @@ func failuresOtherPayload(t *testing.T, c dedup.FailureCounter) {
 	}
 }
 
-func failuresForget(t *testing.T, c dedup.FailureCounter) {
+func failuresForget(t *testing.T, c dedupdriver.Common) {
 	ctx, scope := testContext(t), newScope(t)
 	if err := c.ForgetFailures(ctx, scope, "never-failed"); err != nil {
 		t.Fatalf("ForgetFailures of a key without a count: %v", err)

@@ -10,17 +10,18 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 )
 
 // RunLeaseStore runs the conformance suite of the lease path against the
 // stores newStore returns. newStore is called once per subtest and must
 // return a store on the real server; it registers the store's cleanup with
 // t.Cleanup. Subtests run in parallel, each on its own scope.
-func RunLeaseStore(t *testing.T, newStore func(t *testing.T) dedup.LeaseStore) {
+func RunLeaseStore(t *testing.T, newStore func(t *testing.T) dedupdriver.LeaseStore) {
 	t.Helper()
 	tests := []struct {
 		name string
-		fn   func(t *testing.T, s dedup.LeaseStore)
+		fn   func(t *testing.T, s dedupdriver.Lease)
 	}{
 		{"ClaimThenInProgress", leaseClaimThenInProgress},
 		{"CompleteThenDuplicate", leaseCompleteThenDuplicate},
@@ -39,7 +40,7 @@ func RunLeaseStore(t *testing.T, newStore func(t *testing.T) dedup.LeaseStore) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			tc.fn(t, newStore(t))
+			tc.fn(t, newStore(t).Driver())
 		})
 	}
 }
@@ -47,7 +48,7 @@ func RunLeaseStore(t *testing.T, newStore func(t *testing.T) dedup.LeaseStore) {
 // Leases long enough never to expire during a subtest.
 const longLease = time.Minute
 
-func claim(ctx context.Context, t *testing.T, s dedup.LeaseStore, scope string, r dedup.Record, token string, lease time.Duration) dedup.Claim {
+func claim(ctx context.Context, t *testing.T, s dedupdriver.Lease, scope string, r dedup.Record, token string, lease time.Duration) dedup.Claim {
 	t.Helper()
 	c, err := s.Claim(ctx, scope, r, token, lease)
 	if err != nil {
@@ -80,7 +81,7 @@ func mustNil(t *testing.T, op string, err error) {
 	}
 }
 
-func leaseClaimThenInProgress(t *testing.T, s dedup.LeaseStore) {
+func leaseClaimThenInProgress(t *testing.T, s dedupdriver.Lease) {
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")
 	before := time.Now()
@@ -102,7 +103,7 @@ func leaseClaimThenInProgress(t *testing.T, s dedup.LeaseStore) {
 	}
 }
 
-func leaseCompleteThenDuplicate(t *testing.T, s dedup.LeaseStore) {
+func leaseCompleteThenDuplicate(t *testing.T, s dedupdriver.Lease) {
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")
 	tok := newToken()
@@ -134,7 +135,7 @@ func leaseCompleteThenDuplicate(t *testing.T, s dedup.LeaseStore) {
 	wantState(t, claim(ctx, t, s, scope, rec("k", h), newToken(), longLease), dedup.StateDone)
 }
 
-func leasePayloadMismatch(t *testing.T, s dedup.LeaseStore) {
+func leasePayloadMismatch(t *testing.T, s dedupdriver.Lease) {
 	ctx := testContext(t)
 	scope, h1, h2 := newScope(t), payload("one"), payload("two")
 	tok := newToken()
@@ -166,7 +167,7 @@ func leasePayloadMismatch(t *testing.T, s dedup.LeaseStore) {
 	wantState(t, claim(ctx, t, s, scope, rec("k", h1), newToken(), longLease), dedup.StateDone)
 }
 
-func leaseReleaseOnFailure(t *testing.T, s dedup.LeaseStore) {
+func leaseReleaseOnFailure(t *testing.T, s dedupdriver.Lease) {
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")
 	tok1, tok2 := newToken(), newToken()
@@ -183,7 +184,7 @@ func leaseReleaseOnFailure(t *testing.T, s dedup.LeaseStore) {
 	wantState(t, claim(ctx, t, s, scope, rec("k", h), newToken(), longLease), dedup.StateDone)
 }
 
-func leaseTokenGuards(t *testing.T, s dedup.LeaseStore) {
+func leaseTokenGuards(t *testing.T, s dedupdriver.Lease) {
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")
 	tok, other := newToken(), newToken()
@@ -203,7 +204,7 @@ func leaseTokenGuards(t *testing.T, s dedup.LeaseStore) {
 	mustNil(t, "Complete by the holder", s.Complete(ctx, scope, "k", tok, time.Hour))
 }
 
-func leaseExpiry(t *testing.T, s dedup.LeaseStore) {
+func leaseExpiry(t *testing.T, s dedupdriver.Lease) {
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")
 	stale, next := newToken(), newToken()
@@ -231,7 +232,7 @@ func leaseExpiry(t *testing.T, s dedup.LeaseStore) {
 	wantState(t, claim(ctx, t, s, scope, rec("k", h), newToken(), longLease), dedup.StateDone)
 }
 
-func leaseRefreshKeeps(t *testing.T, s dedup.LeaseStore) {
+func leaseRefreshKeeps(t *testing.T, s dedupdriver.Lease) {
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")
 	tok := newToken()
@@ -247,7 +248,7 @@ func leaseRefreshKeeps(t *testing.T, s dedup.LeaseStore) {
 	mustNil(t, "Complete after refreshes", s.Complete(ctx, scope, "k", tok, time.Hour))
 }
 
-func leaseRetentionExpiry(t *testing.T, s dedup.LeaseStore) {
+func leaseRetentionExpiry(t *testing.T, s dedupdriver.Lease) {
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")
 	tok := newToken()
@@ -277,7 +278,7 @@ func leaseRetentionExpiry(t *testing.T, s dedup.LeaseStore) {
 
 // race lets n goroutines claim one key at the same moment, each with its own
 // token, and returns the states they saw and their tokens.
-func race(t *testing.T, s dedup.LeaseStore, scope string, r dedup.Record, n int) ([]dedup.State, []string) {
+func race(t *testing.T, s dedupdriver.Lease, scope string, r dedup.Record, n int) ([]dedup.State, []string) {
 	t.Helper()
 	ctx := testContext(t)
 	states, tokens, errs := make([]dedup.State, n), make([]string, n), make([]error, n)
@@ -307,7 +308,7 @@ func count(states []dedup.State) map[dedup.State]int {
 	return m
 }
 
-func leaseConcurrentRace(t *testing.T, s dedup.LeaseStore) {
+func leaseConcurrentRace(t *testing.T, s dedupdriver.Lease) {
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")
 	const goroutines, keys = 32, 5
@@ -330,7 +331,7 @@ func leaseConcurrentRace(t *testing.T, s dedup.LeaseStore) {
 	}
 }
 
-func leaseRaceAfterExpiry(t *testing.T, s dedup.LeaseStore) {
+func leaseRaceAfterExpiry(t *testing.T, s dedupdriver.Lease) {
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")
 	const lease, goroutines = 150 * time.Millisecond, 16
@@ -352,7 +353,7 @@ func leaseRaceAfterExpiry(t *testing.T, s dedup.LeaseStore) {
 	}
 }
 
-func leaseScopesSeparate(t *testing.T, s dedup.LeaseStore) {
+func leaseScopesSeparate(t *testing.T, s dedupdriver.Lease) {
 	ctx := testContext(t)
 	base, h := newScope(t), payload("a")
 	// Pairs that a naive "scope:key" encoding would confuse, and keys with
@@ -383,7 +384,7 @@ func leaseScopesSeparate(t *testing.T, s dedup.LeaseStore) {
 	wantState(t, claim(ctx, t, s, base+"-fresh", rec("x:y", h), newToken(), longLease), dedup.StateNew)
 }
 
-func leaseInspectNotFound(t *testing.T, s dedup.LeaseStore) {
+func leaseInspectNotFound(t *testing.T, s dedupdriver.Lease) {
 	ctx := testContext(t)
 	_, err := s.Inspect(ctx, newScope(t), "never-claimed")
 	if !errors.Is(err, dedup.ErrNotFound) {
@@ -391,14 +392,14 @@ func leaseInspectNotFound(t *testing.T, s dedup.LeaseStore) {
 	}
 }
 
-// leaseResults: a result stored with CompleteWithResult (dedup.ResultCompleter)
+// leaseResults: a result stored with CompleteWithResult (dedupdriver.Caps.Results)
 // comes back with every duplicate verdict and from Inspect; a key completed
 // without one has a nil Result; a different payload is a mismatch without it.
-// Stores without ResultCompleter skip it.
-func leaseResults(t *testing.T, s dedup.LeaseStore) {
-	rc, ok := s.(dedup.ResultCompleter)
-	if !ok {
-		t.Skipf("%T does not implement dedup.ResultCompleter", s)
+// Stores without it skip it.
+func leaseResults(t *testing.T, s dedupdriver.Lease) {
+	rc := s
+	if !s.Caps().Results {
+		t.Skipf("%T keeps no results", s)
 	}
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")

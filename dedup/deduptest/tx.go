@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 )
 
 // RunTxStore runs the conformance suite of the transactional path against the
@@ -21,12 +22,12 @@ import (
 // registered with t.Cleanup. Subtests run in parallel, each on its own scope;
 // the concurrent ones hold up to 9 transactions open at once, so the store's
 // connection pool must allow a few connections.
-func RunTxStore[Tx any](t *testing.T, newStore func(t *testing.T, retention time.Duration) dedup.TxStore[Tx]) {
+func RunTxStore[Tx any](t *testing.T, newStore func(t *testing.T, retention time.Duration) dedupdriver.TxStore[Tx]) {
 	t.Helper()
 	tests := []struct {
 		name      string
 		retention time.Duration
-		fn        func(t *testing.T, s dedup.TxStore[Tx])
+		fn        func(t *testing.T, s dedupdriver.Tx[Tx])
 	}{
 		{"DuplicateAcrossTransactions", time.Hour, txDuplicates[Tx]},
 		{"RollbackLeavesNoRecord", time.Hour, txRollback[Tx]},
@@ -45,7 +46,7 @@ func RunTxStore[Tx any](t *testing.T, newStore func(t *testing.T, retention time
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			tc.fn(t, newStore(t, tc.retention))
+			tc.fn(t, newStore(t, tc.retention).Driver())
 		})
 	}
 }
@@ -59,7 +60,7 @@ const txHold = 100 * time.Millisecond
 
 // inTx runs fn in a new transaction and commits it if commit is true, else
 // rolls it back. It fails t on any store error.
-func inTx[Tx any](ctx context.Context, t *testing.T, s dedup.TxStore[Tx], commit bool, fn func(tx Tx)) {
+func inTx[Tx any](ctx context.Context, t *testing.T, s dedupdriver.Tx[Tx], commit bool, fn func(tx Tx)) {
 	t.Helper()
 	tx, err := s.Begin(ctx)
 	if err != nil {
@@ -80,7 +81,7 @@ func inTx[Tx any](ctx context.Context, t *testing.T, s dedup.TxStore[Tx], commit
 
 // claimIn claims recs in tx and checks that the answer has one claim per
 // record, in the order of recs.
-func claimIn[Tx any](ctx context.Context, t *testing.T, s dedup.TxStore[Tx], tx Tx, scope string, recs ...dedup.Record) []dedup.Claim {
+func claimIn[Tx any](ctx context.Context, t *testing.T, s dedupdriver.Tx[Tx], tx Tx, scope string, recs ...dedup.Record) []dedup.Claim {
 	t.Helper()
 	cs, err := s.Claim(ctx, tx, scope, recs)
 	if err != nil {
@@ -105,7 +106,7 @@ func wantClaimsOf(t *testing.T, op string, recs []dedup.Record, cs []dedup.Claim
 }
 
 // claimCommitted claims recs in a transaction of its own and commits.
-func claimCommitted[Tx any](ctx context.Context, t *testing.T, s dedup.TxStore[Tx], scope string, recs ...dedup.Record) []dedup.Claim {
+func claimCommitted[Tx any](ctx context.Context, t *testing.T, s dedupdriver.Tx[Tx], scope string, recs ...dedup.Record) []dedup.Claim {
 	t.Helper()
 	var cs []dedup.Claim
 	inTx(ctx, t, s, true, func(tx Tx) { cs = claimIn(ctx, t, s, tx, scope, recs...) })
@@ -114,7 +115,7 @@ func claimCommitted[Tx any](ctx context.Context, t *testing.T, s dedup.TxStore[T
 
 // peek claims recs in a transaction that it rolls back, to see their state
 // without recording anything.
-func peek[Tx any](ctx context.Context, t *testing.T, s dedup.TxStore[Tx], scope string, recs ...dedup.Record) []dedup.Claim {
+func peek[Tx any](ctx context.Context, t *testing.T, s dedupdriver.Tx[Tx], scope string, recs ...dedup.Record) []dedup.Claim {
 	t.Helper()
 	var cs []dedup.Claim
 	inTx(ctx, t, s, false, func(tx Tx) { cs = claimIn(ctx, t, s, tx, scope, recs...) })
@@ -148,7 +149,7 @@ const (
 	sMismatch = dedup.StateMismatch
 )
 
-func txDuplicates[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+func txDuplicates[Tx any](t *testing.T, s dedupdriver.Tx[Tx]) {
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")
 	wantStates(t, "first claim", claimCommitted(ctx, t, s, scope, rec("b", h), rec("a", h)), sNew, sNew)
@@ -163,7 +164,7 @@ func txDuplicates[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
 	wantStates(t, "third claim", peek(ctx, t, s, scope, rec("a", h), rec("b", h), rec("c", h)), sDone, sDone, sDone)
 }
 
-func txRollback[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+func txRollback[Tx any](t *testing.T, s dedupdriver.Tx[Tx]) {
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")
 	// A failed handler's transaction rolls back: its retry is new again.
@@ -174,7 +175,7 @@ func txRollback[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
 	wantStates(t, "claim after commit", peek(ctx, t, s, scope, rec("k", h)), sDone)
 }
 
-func txMismatch[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+func txMismatch[Tx any](t *testing.T, s dedupdriver.Tx[Tx]) {
 	ctx := testContext(t)
 	scope, h1, h2 := newScope(t), payload("one"), payload("two")
 	claimCommitted(ctx, t, s, scope, rec("k", h1))
@@ -191,7 +192,7 @@ func txMismatch[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
 // txBatchRerun drives a batch the way the runner does when a handler fails:
 // the whole transaction rolls back, and the batch runs again without the
 // culprit and commits.
-func txBatchRerun[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+func txBatchRerun[Tx any](t *testing.T, s dedupdriver.Tx[Tx]) {
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")
 	inTx(ctx, t, s, false, func(tx Tx) {
@@ -204,9 +205,9 @@ func txBatchRerun[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
 // txBeginClaim checks a store's pipelined BeginClaim, if it has one: the
 // same answers as Claim, and a transaction that commits or rolls back like
 // one from Begin.
-func txBeginClaim[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
-	bc, ok := s.(dedup.BeginClaimer[Tx])
-	if !ok {
+func txBeginClaim[Tx any](t *testing.T, s dedupdriver.Tx[Tx]) {
+	bc := s
+	if !s.Caps().BeginClaim {
 		t.Skip("the store has no BeginClaim")
 	}
 	ctx := testContext(t)
@@ -243,9 +244,9 @@ func txBeginClaim[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
 // durable, the chained claim answers as Claim would (a key of the
 // transaction just committed is done), the chained transaction commits and
 // rolls back like one from Begin, and a chain can run many times over.
-func txCommitChain[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
-	cc, ok := s.(dedup.CommitChainer[Tx])
-	if !ok {
+func txCommitChain[Tx any](t *testing.T, s dedupdriver.Tx[Tx]) {
+	cc := s
+	if !s.Caps().CommitChain {
 		t.Skip("the store has no CommitChain")
 	}
 	ctx := testContext(t)
@@ -292,7 +293,7 @@ func txCommitChain[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
 // decide is called with each goroutine's claims while its transaction is
 // open and says whether to commit it. The winner of a key holds it for
 // txHold before deciding, so the others really wait.
-func txContend[Tx any](ctx context.Context, t *testing.T, s dedup.TxStore[Tx], scope string, n int,
+func txContend[Tx any](ctx context.Context, t *testing.T, s dedupdriver.Tx[Tx], scope string, n int,
 	recsOf func(i int) []dedup.Record, decide func(cs []dedup.Claim) bool) [][]dedup.Claim {
 	t.Helper()
 	results, errs := make([][]dedup.Claim, n), make([]error, n)
@@ -312,7 +313,7 @@ func txContend[Tx any](ctx context.Context, t *testing.T, s dedup.TxStore[Tx], s
 	return results
 }
 
-func contendOne[Tx any](ctx context.Context, s dedup.TxStore[Tx], scope string, recs []dedup.Record, decide func([]dedup.Claim) bool) ([]dedup.Claim, error) {
+func contendOne[Tx any](ctx context.Context, s dedupdriver.Tx[Tx], scope string, recs []dedup.Record, decide func([]dedup.Claim) bool) ([]dedup.Claim, error) {
 	tx, err := s.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
@@ -354,7 +355,7 @@ func tally(results [][]dedup.Claim, k int) map[dedup.State]int {
 
 const raceGoroutines = 8
 
-func txRace[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+func txRace[Tx any](t *testing.T, s dedupdriver.Tx[Tx]) {
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")
 	results := txContend(ctx, t, s, scope, raceGoroutines,
@@ -365,7 +366,7 @@ func txRace[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
 	}
 }
 
-func txRaceRollback[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+func txRaceRollback[Tx any](t *testing.T, s dedupdriver.Tx[Tx]) {
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")
 	var rolledBack atomic.Bool
@@ -383,7 +384,7 @@ func txRaceRollback[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
 	wantStates(t, "after the race", peek(ctx, t, s, scope, rec("k", h)), sDone)
 }
 
-func txKeyOrders[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+func txKeyOrders[Tx any](t *testing.T, s dedupdriver.Tx[Tx]) {
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")
 	keys := []string{"k1", "k2", "k3", "k4", "k5"}
@@ -418,7 +419,7 @@ func txKeyOrders[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
 	}
 }
 
-func txExpiry[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+func txExpiry[Tx any](t *testing.T, s dedupdriver.Tx[Tx]) {
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")
 	claimCommitted(ctx, t, s, scope, rec("k", h))
@@ -435,7 +436,7 @@ func txExpiry[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
 	wantStates(t, "claim after the new record", peek(ctx, t, s, scope, rec("k", h)), sDone)
 }
 
-func txScopes[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+func txScopes[Tx any](t *testing.T, s dedupdriver.Tx[Tx]) {
 	ctx := testContext(t)
 	base, h := newScope(t), payload("a")
 	pairs := []struct{ scope, key string }{
@@ -453,7 +454,7 @@ func txScopes[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
 	wantStates(t, "fresh scope", peek(ctx, t, s, base+"-fresh", rec("x:y", h)), sNew)
 }
 
-func txLargeBatch[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
+func txLargeBatch[Tx any](t *testing.T, s dedupdriver.Tx[Tx]) {
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")
 	const n = 500
@@ -474,15 +475,15 @@ func txLargeBatch[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
 	wantStates(t, "second batch, second half", cs[n/2:], wantAll(sNew)...)
 }
 
-// txResults: a result stored with a record (dedup.ResultStorer) commits with
+// txResults: a result stored with a record (dedupdriver.Caps.Results) commits with
 // it and comes back, byte for byte, with the duplicate verdict; a record
 // without one comes back with a nil Result; a rolled-back result is gone with
 // its record; a different payload is still a mismatch, and an expired record
-// claimed anew has no result. Stores without ResultStorer skip it.
-func txResults[Tx any](t *testing.T, s dedup.TxStore[Tx]) {
-	rs, ok := s.(dedup.ResultStorer[Tx])
-	if !ok {
-		t.Skipf("%T does not implement dedup.ResultStorer", s)
+// claimed anew has no result. Stores without it skip it.
+func txResults[Tx any](t *testing.T, s dedupdriver.Tx[Tx]) {
+	rs := s
+	if !s.Caps().Results {
+		t.Skipf("%T keeps no results", s)
 	}
 	ctx := testContext(t)
 	scope, h := newScope(t), payload("a")

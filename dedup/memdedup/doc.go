@@ -1,7 +1,7 @@
 // Package memdedup is the in-memory deduplication store, the fake that unit
 // tests and the demo use in place of a database: a
-// dedup.TxStore[*memdedup.Tx] for the transactional path and, through
-// Store.Leases, a dedup.LeaseStore for the lease path, with the semantics of
+// dedupdriver.TxStore[*memdedup.Tx] for the transactional path and, through
+// Store.Leases, a dedupdriver.LeaseStore for the lease path, with the semantics of
 // the real stores, an event log and scripted faults.
 //
 // # Semantics
@@ -17,7 +17,7 @@
 // Config.Retention, measured with Config.Now, so tests can move time
 // forward.
 //
-// The lease path follows dedup.LeaseStore: a token-guarded lease that
+// The lease path follows dedupdriver.Lease: a token-guarded lease that
 // expires, can be refreshed, completed (kept for the retention) or abandoned.
 //
 // # Observation and faults

@@ -15,11 +15,11 @@ type failureCount struct {
 	expiresAt time.Time
 }
 
-// RecordFailure implements dedup.FailureCounter. The count lives outside
+// RecordFailure implements dedupdriver.Common. The count lives outside
 // every transaction (a rollback does not undo it) and expires Retention after
 // its last failure; a failure with another payload digest starts it again at
 // 1. Store and its Leases share the counts.
-func (s *Store) RecordFailure(ctx context.Context, scope string, rec dedup.Record) (int, error) {
+func (s txDriver) RecordFailure(ctx context.Context, scope string, rec dedup.Record) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -43,8 +43,8 @@ func (s *Store) RecordFailure(ctx context.Context, scope string, rec dedup.Recor
 	return c.n, nil
 }
 
-// ForgetFailures implements dedup.FailureCounter.
-func (s *Store) ForgetFailures(ctx context.Context, scope, k string) error {
+// ForgetFailures implements dedupdriver.Common.
+func (s txDriver) ForgetFailures(ctx context.Context, scope, k string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -66,14 +66,14 @@ func (s *Store) Failures(scope, k string) int {
 	return c.n
 }
 
-// RecordFailure implements dedup.FailureCounter with the counts of the
+// RecordFailure implements dedupdriver.Common with the counts of the
 // store the Leases belong to.
-func (ls *Leases) RecordFailure(ctx context.Context, scope string, rec dedup.Record) (int, error) {
-	return ls.s.RecordFailure(ctx, scope, rec)
+func (ls leaseDriver) RecordFailure(ctx context.Context, scope string, rec dedup.Record) (int, error) {
+	return txDriver{ls.s}.RecordFailure(ctx, scope, rec)
 }
 
-// ForgetFailures implements dedup.FailureCounter with the counts of the
+// ForgetFailures implements dedupdriver.Common with the counts of the
 // store the Leases belong to.
-func (ls *Leases) ForgetFailures(ctx context.Context, scope, key string) error {
-	return ls.s.ForgetFailures(ctx, scope, key)
+func (ls leaseDriver) ForgetFailures(ctx context.Context, scope, key string) error {
+	return txDriver{ls.s}.ForgetFailures(ctx, scope, key)
 }

@@ -19,12 +19,12 @@ type lease struct {
 	result      []byte // see CompleteWithResult
 }
 
-// Leases is the lease-path view of a Store: a dedup.LeaseStore sharing the
+// Leases is the lease-path view of a Store (a dedupdriver.LeaseStore) sharing the
 // store's clock, retention, event log and Inspect. It is safe for concurrent
 // use.
 type Leases struct{ s *Store }
 
-// Leases returns the store's dedup.LeaseStore. (The two interfaces both have
+// Leases returns the store's lease-path view. (The two drivers both have
 // a Claim method, so one type cannot implement both.)
 func (s *Store) Leases() *Leases { return &Leases{s: s} }
 

@@ -59,8 +59,8 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Store is an in-memory dedup.TxStore[*Tx]; Leases gives its
-// dedup.LeaseStore. It is safe for concurrent use.
+// Store is an in-memory store of the transactional path
+// (dedupdriver.TxStore[*Tx]); Leases gives its lease-path view. It is safe for concurrent use.
 type Store struct {
 	cfg Config
 

@@ -9,10 +9,10 @@ import (
 	"github.com/idemq/idemq/dedup"
 )
 
-// StoreResults implements dedup.ResultStorer: each result is kept with the
+// StoreResults implements dedupdriver.Tx: each result is kept with the
 // record of its key, which tx must have claimed as new; it becomes visible
 // with the record at Commit and goes with it at Rollback.
-func (s *Store) StoreResults(ctx context.Context, tx *Tx, scope string, results []dedup.Result) error {
+func (s txDriver) StoreResults(ctx context.Context, tx *Tx, scope string, results []dedup.Result) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -31,7 +31,7 @@ func (s *Store) StoreResults(ctx context.Context, tx *Tx, scope string, results 
 	return nil
 }
 
-// CompleteWithResult implements dedup.ResultCompleter: Complete, keeping
+// CompleteWithResult implements dedupdriver.Lease: Complete, keeping
 // result with the done key.
 func (ls *Leases) CompleteWithResult(ctx context.Context, scope, k, token string, retention time.Duration, result []byte) error {
 	return ls.complete(ctx, scope, k, token, retention, slices.Clone(result))

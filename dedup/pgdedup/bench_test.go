@@ -19,15 +19,15 @@ func BenchmarkCommitChain(b *testing.B) {
 	ctx := b.Context()
 	h := dedup.HashPayload([]byte("{}"))
 	rec := func(i int) []dedup.Record { return []dedup.Record{{Key: "k" + strconv.Itoa(i), PayloadHash: h}} }
-	tx, _, err := s.BeginClaim(ctx, "bench", rec(0))
+	tx, _, err := s.Driver().BeginClaim(ctx, "bench", rec(0))
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer func() { _ = s.Rollback(ctx, tx) }()
+	defer func() { _ = s.Driver().Rollback(ctx, tx) }()
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 1; i <= b.N; i++ {
-		cs, chained, err := s.CommitChain(ctx, tx, "bench", rec(i))
+		cs, chained, err := s.Driver().CommitChain(ctx, tx, "bench", rec(i))
 		if err != nil || !chained || cs[0].State != dedup.StateNew {
 			b.Fatalf("CommitChain: %v, chained %v, claims %+v", err, chained, cs)
 		}

@@ -1,6 +1,6 @@
 // Package pgdedup is the PostgreSQL store of idemq's transactional path
-// (github.com/jackc/pgx/v5). It implements dedup.TxStore[pgx.Tx], so a
-// handler receives the pgx.Tx that also records its message:
+// (github.com/jackc/pgx/v5). Its driver implements dedupdriver.Tx[pgx.Tx],
+// so a handler receives the pgx.Tx that also records its message:
 //
 //	store, err := pgdedup.New(pool, pgdedup.Config{})
 //	...
@@ -35,7 +35,7 @@
 // handlers return (StoreResults) are written by a statement pipelined with
 // COMMIT AND CHAIN when the runner chains transactions (no round trip of
 // their own), or sent just before a plain COMMIT (one).
-// A batch takes no savepoints (see dedup.TxStore), so it
+// A batch takes no savepoints (see dedupdriver.Tx), so it
 // takes one transaction ID however many messages it holds. Commit reports a
 // commit the database refused for the transaction's content with
 // dedup.ErrTxRefused, and IsAborted recognises the statements refused after
@@ -45,7 +45,7 @@
 // # Retention
 //
 // Records expire after Config.Retention (8 days by default, above the default
-// retention of SQS queues and Kafka topics; Store.Retention reports it to the
+// retention of SQS queues and Kafka topics; the store reports it to the
 // Runner, which refuses to start when its source's broker keeps messages
 // longer). An expired record no longer deduplicates; RunJanitor deletes expired records in small
 // batches, skipping rows that are locked, under an advisory lock so that one
@@ -57,7 +57,7 @@
 //
 // # Handler failures
 //
-// Store implements dedup.FailureCounter: when a handler fails, the runner
+// The store counts handler failures (dedupdriver.Caps.FailureCount): when a handler fails, the runner
 // counts the failure with one upsert into the table Config.Table + "_failures"
 // (migration 002), on the pool and after the failed transaction rolled back,
 // so the count survives the rollback and the happy path never writes it. A

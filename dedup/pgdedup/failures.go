@@ -16,12 +16,12 @@ func (s *Store) failuresTable() string {
 	return pgx.Identifier{s.cfg.Schema, s.cfg.Table + sqlstore.FailuresSuffix}.Sanitize()
 }
 
-// RecordFailure implements dedup.FailureCounter: one upsert, in its own
+// RecordFailure implements dedupdriver.Common: one upsert, in its own
 // implicit transaction on the store's DB (never in a handler's transaction,
 // whose rollback would undo it). The count expires Config.Retention after
 // the last failure; an expired count starts again at 1, and Cleanup deletes
 // expired counts.
-func (s *Store) RecordFailure(ctx context.Context, scope string, rec dedup.Record) (int, error) {
+func (s txDriver) RecordFailure(ctx context.Context, scope string, rec dedup.Record) (int, error) {
 	var n int
 	err := s.db.QueryRow(ctx, sqlstore.PostgresRecordFailure(s.failuresTable()),
 		scope, rec.Key, rec.PayloadHash[:], s.cfg.Retention.Microseconds()).Scan(&n)
@@ -31,9 +31,9 @@ func (s *Store) RecordFailure(ctx context.Context, scope string, rec dedup.Recor
 	return n, nil
 }
 
-// ForgetFailures implements dedup.FailureCounter: it deletes the failure
+// ForgetFailures implements dedupdriver.Common: it deletes the failure
 // count of key in scope.
-func (s *Store) ForgetFailures(ctx context.Context, scope, key string) error {
+func (s txDriver) ForgetFailures(ctx context.Context, scope, key string) error {
 	if _, err := s.db.Exec(ctx, `DELETE FROM `+s.failuresTable()+` WHERE scope = $1 AND key = $2`, scope, key); err != nil {
 		return fmt.Errorf("pgdedup: forget failures of %q: %w", key, err)
 	}

@@ -37,17 +37,17 @@ func TestUnreachableDatabaseErrorIsNotRepeated(t *testing.T) {
 	recs := []dedup.Record{rec("k1", "a")}
 
 	// The connection dies while the transaction is open: CommitChain.
-	tx, _, err := s.BeginClaim(ctx, "scope", recs)
+	tx, _, err := s.Driver().BeginClaim(ctx, "scope", recs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	proxy.Cut()
-	_, _, err = s.CommitChain(ctx, tx, "scope", []dedup.Record{rec("k2", "b")})
+	_, _, err = s.Driver().CommitChain(ctx, tx, "scope", []dedup.Record{rec("k2", "b")})
 	_ = tx.Rollback(context.Background())
 	wantOnce(t, "CommitChain", err)
 
 	// No connection at all: BeginClaim.
-	_, _, err = s.BeginClaim(ctx, "scope", recs)
+	_, _, err = s.Driver().BeginClaim(ctx, "scope", recs)
 	wantOnce(t, "BeginClaim", err)
 }
 

@@ -163,12 +163,12 @@ type batchSender interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// BeginClaim implements dedup.BeginClaimer: BEGIN and the claim's insert go
+// BeginClaim implements dedupdriver.Tx: BEGIN and the claim's insert go
 // to the server in one pipelined round trip, when the store's DB is a
 // *pgxpool.Pool or a *pgx.Conn (with another DB it is Begin then Claim).
 // Keys already recorded need one more statement, as in Claim. On an error
 // the transaction is rolled back and its connection released.
-func (s *Store) BeginClaim(ctx context.Context, scope string, recs []dedup.Record) (pgx.Tx, []dedup.Claim, error) {
+func (s txDriver) BeginClaim(ctx context.Context, scope string, recs []dedup.Record) (pgx.Tx, []dedup.Claim, error) {
 	var db batchSender
 	switch d := s.db.(type) {
 	case *pgxpool.Pool:
@@ -203,7 +203,7 @@ func (s *Store) BeginClaim(ctx context.Context, scope string, recs []dedup.Recor
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, nil, fmt.Errorf("pgdedup: begin and claim: %w", err)
 	}
-	cs, err := sqlstore.Claim(ctx, &preInserted{pgClaim: pgClaim{s: s, tx: tx, scope: scope}, first: inserted}, recs, 0)
+	cs, err := sqlstore.Claim(ctx, &preInserted{pgClaim: pgClaim{s: s.Store, tx: tx, scope: scope}, first: inserted}, recs, 0)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, nil, fmt.Errorf("pgdedup: %w", err)
@@ -211,14 +211,14 @@ func (s *Store) BeginClaim(ctx context.Context, scope string, recs []dedup.Recor
 	return tx, cs, nil
 }
 
-// CommitChain implements dedup.CommitChainer: COMMIT AND CHAIN and the next
+// CommitChain implements dedupdriver.Tx: COMMIT AND CHAIN and the next
 // claim's insert go to the server in one pipelined round trip on tx's
 // connection, which stays out of the pool, after the results StoreResults
 // queued for tx (see StoreResults). Keys already recorded need one
 // more statement, as in Claim. A failed COMMIT AND CHAIN begins nothing and
 // the server skips the insert; a transaction that had failed is rolled back
 // and refused (ErrTxRefused), as by Commit.
-func (s *Store) CommitChain(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, bool, error) {
+func (s txDriver) CommitChain(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, bool, error) {
 	sql, args := s.insertArgs(scope, recs)
 	rs := s.results.take(tx)
 	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(rs)+2)}
@@ -247,7 +247,7 @@ func (s *Store) CommitChain(ctx context.Context, tx pgx.Tx, scope string, recs [
 	if err = closeBatch(br, err); err != nil {
 		return nil, true, fmt.Errorf("pgdedup: claim after commit: %w", err)
 	}
-	cs, err := sqlstore.Claim(ctx, &preInserted{pgClaim: pgClaim{s: s, tx: tx, scope: scope}, first: inserted}, recs, 0)
+	cs, err := sqlstore.Claim(ctx, &preInserted{pgClaim: pgClaim{s: s.Store, tx: tx, scope: scope}, first: inserted}, recs, 0)
 	if err != nil {
 		return nil, true, fmt.Errorf("pgdedup: %w", err)
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 )
 
-// StoreResults implements dedup.ResultStorer: each result goes into the
+// StoreResults implements dedupdriver.Tx: each result goes into the
 // record of its key, claimed in tx, in one statement. The result column
 // (migration 003, bytea) is NULL for records without one. The store has no
 // size limit of its own below PostgreSQL's 1 GB: the runner's
@@ -28,7 +28,7 @@ import (
 // tx committed with tx.Commit are not written. The store's Rollback drops
 // them. With another DB the statement is sent at once (one round trip). results must not be modified
 // until tx ends. It is safe for concurrent use on different transactions.
-func (s *Store) StoreResults(ctx context.Context, tx pgx.Tx, scope string, results []dedup.Result) error {
+func (s txDriver) StoreResults(ctx context.Context, tx pgx.Tx, scope string, results []dedup.Result) error {
 	if len(results) == 0 {
 		return nil
 	}

@@ -39,31 +39,31 @@ func backendPID(ctx context.Context, t *testing.T, pool *pgxpool.Pool) int32 {
 }
 
 // TestStoreResults groups the tests of the results kept with records
-// (dedup.ResultStorer) and what they cost.
+// (dedupdriver.Caps.Results) and what they cost.
 func TestStoreResults(t *testing.T) {
 	t.Run("one round trip of their own with a plain Commit", func(t *testing.T) {
 		s, pool, c := newCountedStore(t)
 		ctx := testCtx(t)
 		pid := backendPID(ctx, t, pool)
 		c.Trips.Store(0)
-		tx, cs, err := s.BeginClaim(ctx, "sc", []dedup.Record{rec("a", "x"), rec("b", "x")})
+		tx, cs, err := s.Driver().BeginClaim(ctx, "sc", []dedup.Record{rec("a", "x"), rec("b", "x")})
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer s.Rollback(ctx, tx)
+		defer s.Driver().Rollback(ctx, tx)
 		if states(cs) != "a=new b=new" {
 			t.Fatalf("claims %s", states(cs))
 		}
-		if err := s.StoreResults(ctx, tx, "sc", []dedup.Result{{Key: "a", Value: []byte("ra")}, {Key: "b", Value: []byte("rb")}}); err != nil {
+		if err := s.Driver().StoreResults(ctx, tx, "sc", []dedup.Result{{Key: "a", Value: []byte("ra")}, {Key: "b", Value: []byte("rb")}}); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Commit(ctx, tx); err != nil {
+		if err := s.Driver().Commit(ctx, tx); err != nil {
 			t.Fatal(err)
 		}
 		if got := c.Trips.Load(); got != 3 {
 			t.Errorf("BeginClaim, StoreResults and Commit took %d round trips, want 3 (begin+claim, results, commit)", got)
 		}
-		if err := s.Rollback(ctx, tx); err != nil {
+		if err := s.Driver().Rollback(ctx, tx); err != nil {
 			t.Errorf("Rollback after Commit: %v", err)
 		}
 		if got := backendPID(ctx, t, pool); got != pid {
@@ -84,22 +84,22 @@ func TestStoreResults(t *testing.T) {
 		ctx := testCtx(t)
 		pid := backendPID(ctx, t, pool)
 		c.Trips.Store(0)
-		tx, _, err := s.BeginClaim(ctx, "sc", []dedup.Record{rec("a", "x")})
+		tx, _, err := s.Driver().BeginClaim(ctx, "sc", []dedup.Record{rec("a", "x")})
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer s.Rollback(ctx, tx)
-		if err := s.StoreResults(ctx, tx, "sc", []dedup.Result{{Key: "a", Value: []byte("ra")}}); err != nil {
+		defer s.Driver().Rollback(ctx, tx)
+		if err := s.Driver().StoreResults(ctx, tx, "sc", []dedup.Result{{Key: "a", Value: []byte("ra")}}); err != nil {
 			t.Fatal(err)
 		}
-		cs, committed, err := s.CommitChain(ctx, tx, "sc", []dedup.Record{rec("b", "x")})
+		cs, committed, err := s.Driver().CommitChain(ctx, tx, "sc", []dedup.Record{rec("b", "x")})
 		if err != nil || !committed || states(cs) != "b=new" {
 			t.Fatalf("CommitChain = %s, %v, %v; want b=new, committed", states(cs), committed, err)
 		}
-		if err := s.StoreResults(ctx, tx, "sc", []dedup.Result{{Key: "b", Value: []byte("rb")}}); err != nil {
+		if err := s.Driver().StoreResults(ctx, tx, "sc", []dedup.Result{{Key: "b", Value: []byte("rb")}}); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Commit(ctx, tx); err != nil {
+		if err := s.Driver().Commit(ctx, tx); err != nil {
 			t.Fatal(err)
 		}
 		if got := c.Trips.Load(); got != 4 {
@@ -119,27 +119,27 @@ func TestStoreResults(t *testing.T) {
 	t.Run("rolled back with their transaction", func(t *testing.T) {
 		s, _, _ := newCountedStore(t)
 		ctx := testCtx(t)
-		tx, _, err := s.BeginClaim(ctx, "sc", []dedup.Record{rec("a", "x")})
+		tx, _, err := s.Driver().BeginClaim(ctx, "sc", []dedup.Record{rec("a", "x")})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.StoreResults(ctx, tx, "sc", []dedup.Result{{Key: "a", Value: []byte("ra")}}); err != nil {
+		if err := s.Driver().StoreResults(ctx, tx, "sc", []dedup.Result{{Key: "a", Value: []byte("ra")}}); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Rollback(ctx, tx); err != nil {
+		if err := s.Driver().Rollback(ctx, tx); err != nil {
 			t.Fatal(err)
 		}
 		// The same key in a new transaction: the rolled-back result must
 		// not follow it.
-		tx, cs, err := s.BeginClaim(ctx, "sc", []dedup.Record{rec("a", "x")})
+		tx, cs, err := s.Driver().BeginClaim(ctx, "sc", []dedup.Record{rec("a", "x")})
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer s.Rollback(ctx, tx)
+		defer s.Driver().Rollback(ctx, tx)
 		if states(cs) != "a=new" {
 			t.Fatalf("claims after the rollback %s, want a=new", states(cs))
 		}
-		if err := s.Commit(ctx, tx); err != nil {
+		if err := s.Driver().Commit(ctx, tx); err != nil {
 			t.Fatal(err)
 		}
 		if e, err := s.Inspect(ctx, "sc", "a"); err != nil || e.Result != nil {
@@ -151,23 +151,23 @@ func TestStoreResults(t *testing.T) {
 		s, pool, _ := newCountedStore(t)
 		ctx := testCtx(t)
 		pid := backendPID(ctx, t, pool)
-		tx, _, err := s.BeginClaim(ctx, "sc", []dedup.Record{rec("a", "x")})
+		tx, _, err := s.Driver().BeginClaim(ctx, "sc", []dedup.Record{rec("a", "x")})
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer s.Rollback(ctx, tx)
+		defer s.Driver().Rollback(ctx, tx)
 		// A handler's statement fails and the handler swallows it.
 		if _, err := tx.Exec(ctx, `SELECT 1/0`); err == nil {
 			t.Fatal("division by zero succeeded")
 		}
-		if err := s.StoreResults(ctx, tx, "sc", []dedup.Result{{Key: "a", Value: []byte("ra")}}); err != nil && !s.IsAborted(err) {
+		if err := s.Driver().StoreResults(ctx, tx, "sc", []dedup.Result{{Key: "a", Value: []byte("ra")}}); err != nil && !s.Driver().IsAborted(err) {
 			t.Fatalf("StoreResults: %v", err)
 		}
-		err = s.Commit(ctx, tx)
+		err = s.Driver().Commit(ctx, tx)
 		if !errors.Is(err, dedup.ErrTxRefused) {
 			t.Fatalf("Commit = %v, want an error matching dedup.ErrTxRefused", err)
 		}
-		if err := s.Rollback(ctx, tx); err != nil {
+		if err := s.Driver().Rollback(ctx, tx); err != nil {
 			t.Errorf("Rollback after the refused Commit: %v", err)
 		}
 		if got := backendPID(ctx, t, pool); got != pid {

@@ -111,8 +111,9 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Store is the PostgreSQL deduplication store of the transactional path. It
-// implements dedup.TxStore[pgx.Tx]. It is safe for concurrent use.
+// Store is the PostgreSQL deduplication store of the transactional path:
+// hand it to consumer.Transactional, which drives it through its Driver
+// (dedupdriver.Tx[pgx.Tx]). It is safe for concurrent use.
 type Store struct {
 	db    DB
 	cfg   Config
@@ -145,11 +146,11 @@ func New(db DB, cfg Config) (*Store, error) {
 // Config returns the store's configuration with defaults applied.
 func (s *Store) Config() Config { return s.cfg }
 
-// Begin implements dedup.TxStore. It starts a READ COMMITTED transaction
+// Begin implements dedupdriver.Tx. It starts a READ COMMITTED transaction
 // (the default), which Claim relies on to see concurrent commits.
-func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(ctx) }
+func (s txDriver) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(ctx) }
 
-// Commit implements dedup.TxStore. When the database refused the commit for
+// Commit implements dedupdriver.Tx. When the database refused the commit for
 // the transaction's content, the error matches dedup.ErrTxRefused: a
 // transaction that had failed (pgx.ErrTxCommitRollback, after a handler
 // swallowed an error) or a deferred constraint the server rejected. Any other
@@ -158,7 +159,7 @@ func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(c
 // Results that StoreResults queued for tx are written by the same pipelined
 // round trip as the COMMIT. tx is closed when Commit returns, whatever it
 // returns.
-func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error {
+func (s txDriver) Commit(ctx context.Context, tx pgx.Tx) error {
 	if rs := s.results.take(tx); len(rs) > 0 {
 		return s.commitWithResults(ctx, tx, rs)
 	}
@@ -176,9 +177,9 @@ func refusedCommit(err error) error {
 	return err
 }
 
-// Rollback implements dedup.TxStore; it is safe after Commit. It drops the
+// Rollback implements dedupdriver.Tx; it is safe after Commit. It drops the
 // results StoreResults queued for tx.
-func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error {
+func (s txDriver) Rollback(ctx context.Context, tx pgx.Tx) error {
 	s.results.take(tx)
 	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		return err
@@ -186,32 +187,32 @@ func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-// IsAborted implements dedup.AbortClassifier: SQLSTATE 25P02, the error of
+// IsAborted implements dedupdriver.Tx: SQLSTATE 25P02, the error of
 // any statement sent after an earlier one failed in the same transaction.
-func (s *Store) IsAborted(err error) bool {
+func (s txDriver) IsAborted(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && sqlstore.PostgresAborted(pgErr.Code)
 }
 
-// Failed implements dedup.FailedTxReporter: the transaction status of tx's
+// Failed implements dedupdriver.Tx: the transaction status of tx's
 // connection, as of the last reply, is failed ('E'). It sends nothing.
-func (s *Store) Failed(tx pgx.Tx) bool {
+func (s txDriver) Failed(tx pgx.Tx) bool {
 	c := tx.Conn()
 	return c != nil && c.PgConn().TxStatus() == 'E'
 }
 
-// Ended implements dedup.EndedTxReporter: the connection of tx is open and
+// Ended implements dedupdriver.Tx: the connection of tx is open and
 // its transaction status is 'I' (idle, no transaction), which a handler's
 // COMMIT or ROLLBACK through tx leaves. It costs no round trip.
-func (s *Store) Ended(tx pgx.Tx) bool {
+func (s txDriver) Ended(tx pgx.Tx) bool {
 	c := tx.Conn()
 	return c != nil && !c.IsClosed() && c.PgConn().TxStatus() == 'I'
 }
 
-// ForgetEnded implements dedup.EndedTxReporter: one statement, in autocommit
+// ForgetEnded implements dedupdriver.Tx: one statement, in autocommit
 // on the connection of tx, deletes the records of keys whose xmin (the
 // inserting or renewing transaction) is that of culprit's record.
-func (s *Store) ForgetEnded(ctx context.Context, tx pgx.Tx, scope, culprit string, keys []string) error {
+func (s txDriver) ForgetEnded(ctx context.Context, tx pgx.Tx, scope, culprit string, keys []string) error {
 	if len(keys) == 0 {
 		return nil
 	}
@@ -221,23 +222,16 @@ func (s *Store) ForgetEnded(ctx context.Context, tx pgx.Tx, scope, culprit strin
 	return nil
 }
 
-// Claim implements dedup.TxStore. New keys are inserted in ascending key
+// Claim implements dedupdriver.Tx. New keys are inserted in ascending key
 // order in one statement, so concurrent batches lock them in the same order.
 // A key held by a concurrent uncommitted transaction makes the statement wait
 // for that transaction's outcome. An expired record (older than Retention,
 // not yet deleted by the janitor) counts as absent and is claimed anew.
-func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, error) {
+func (s txDriver) Claim(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, error) {
 	return s.claim(ctx, tx, scope, recs)
 }
 
-// Unclaim removes the record of key in scope written in tx, so that the key
-// is new again once tx commits.
-func (s *Store) Unclaim(ctx context.Context, tx pgx.Tx, scope, key string) error {
-	_, err := tx.Exec(ctx, s.q.unclaim, scope, key)
-	return err
-}
-
-// IsTransient implements dedup.TransientClassifier. Only typed driver errors
+// IsTransient implements dedupdriver.Tx. Only typed driver errors
 // are transient: a *pgconn.PgError whose SQLSTATE is a serialization
 // failure or deadlock (40001, 40P01), a connection exception (class 08), a
 // session terminated for idling in a transaction (25P03) or a server
@@ -248,7 +242,7 @@ func (s *Store) Unclaim(ctx context.Context, tx pgx.Tx, scope, key string) error
 // its HandlerTimeout), and errors of other libraries (*url.Error,
 // *net.DNSError, io.ErrUnexpectedEOF from a decoder), even when they
 // implement net.Error. It is safe for concurrent use.
-func (s *Store) IsTransient(err error) bool {
+func (s txDriver) IsTransient(err error) bool {
 	if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return false
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/deduptest"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/testenv"
@@ -72,16 +73,16 @@ func rec(key, body string) dedup.Record {
 func claimCommit(t *testing.T, s *pgdedup.Store, scope string, recs ...dedup.Record) []dedup.Claim {
 	t.Helper()
 	ctx := testCtx(t)
-	tx, err := s.Begin(ctx)
+	tx, err := s.Driver().Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Rollback(ctx, tx)
-	cs, err := s.Claim(ctx, tx, scope, recs)
+	defer s.Driver().Rollback(ctx, tx)
+	cs, err := s.Driver().Claim(ctx, tx, scope, recs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Commit(ctx, tx); err != nil {
+	if err := s.Driver().Commit(ctx, tx); err != nil {
 		t.Fatal(err)
 	}
 	return cs
@@ -211,15 +212,15 @@ func TestClaimStates(t *testing.T) {
 func TestClaimRollbackLeavesNoRecord(t *testing.T) {
 	store, _ := newStore(t, pgdedup.Config{})
 	ctx := testCtx(t)
-	tx, err := store.Begin(ctx)
+	tx, err := store.Driver().Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Rollback(ctx, tx) // released if the test fails first
-	if _, err := store.Claim(ctx, tx, "s", []dedup.Record{rec("k", "x")}); err != nil {
+	defer store.Driver().Rollback(ctx, tx) // released if the test fails first
+	if _, err := store.Driver().Claim(ctx, tx, "s", []dedup.Record{rec("k", "x")}); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.Rollback(ctx, tx); err != nil {
+	if err := store.Driver().Rollback(ctx, tx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := store.Inspect(ctx, "s", "k"); !errors.Is(err, dedup.ErrNotFound) {
@@ -236,23 +237,23 @@ func TestCommitRefusedAndAborted(t *testing.T) {
 		var tx pgx.Tx
 		var err error
 		if begin == "Begin" {
-			tx, err = store.Begin(ctx)
+			tx, err = store.Driver().Begin(ctx)
 		} else {
-			tx, _, err = store.BeginClaim(ctx, "s", []dedup.Record{rec(begin, "x")})
+			tx, _, err = store.Driver().BeginClaim(ctx, "s", []dedup.Record{rec(begin, "x")})
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer store.Rollback(ctx, tx) // released if the test fails first
+		defer store.Driver().Rollback(ctx, tx) // released if the test fails first
 		_, swallowed := tx.Exec(ctx, "SELECT 1/0")
 		_, err = tx.Exec(ctx, "SELECT 1")
-		if swallowed == nil || store.IsAborted(swallowed) || !store.IsAborted(err) {
-			t.Fatalf("%s: IsAborted(%v) = %v, IsAborted(%v) = %v; want false, true", begin, swallowed, store.IsAborted(swallowed), err, store.IsAborted(err))
+		if swallowed == nil || store.Driver().IsAborted(swallowed) || !store.Driver().IsAborted(err) {
+			t.Fatalf("%s: IsAborted(%v) = %v, IsAborted(%v) = %v; want false, true", begin, swallowed, store.Driver().IsAborted(swallowed), err, store.Driver().IsAborted(err))
 		}
-		if err := store.Commit(ctx, tx); !errors.Is(err, dedup.ErrTxRefused) {
+		if err := store.Driver().Commit(ctx, tx); !errors.Is(err, dedup.ErrTxRefused) {
 			t.Fatalf("%s: commit of an aborted transaction = %v, want ErrTxRefused", begin, err)
 		}
-		if err := store.Rollback(ctx, tx); err != nil {
+		if err := store.Driver().Rollback(ctx, tx); err != nil {
 			t.Fatalf("%s: Rollback after Commit: %v", begin, err)
 		}
 	}
@@ -275,7 +276,7 @@ func TestCommitChainRefused(t *testing.T) {
 	} {
 		mine, next := fmt.Sprintf("mine-%d", i), fmt.Sprintf("next-%d", i)
 		func() {
-			tx, cs, err := store.BeginClaim(ctx, "s", []dedup.Record{rec(mine, "x")})
+			tx, cs, err := store.Driver().BeginClaim(ctx, "s", []dedup.Record{rec(mine, "x")})
 			if err != nil || cs[0].State != dedup.StateNew {
 				t.Fatalf("%s: BeginClaim: %v %v", tc.name, cs, err)
 			}
@@ -284,16 +285,16 @@ func TestCommitChainRefused(t *testing.T) {
 			rolledBack := false
 			defer func() {
 				if !rolledBack {
-					_ = store.Rollback(ctx, tx)
+					_ = store.Driver().Rollback(ctx, tx)
 				}
 			}()
 			_, _ = tx.Exec(ctx, tc.sql) // the error is swallowed, or comes at commit
-			cs, committed, err := store.CommitChain(ctx, tx, "s", []dedup.Record{rec(next, "x")})
+			cs, committed, err := store.Driver().CommitChain(ctx, tx, "s", []dedup.Record{rec(next, "x")})
 			if committed || !errors.Is(err, dedup.ErrTxRefused) || cs != nil {
 				t.Fatalf("%s: CommitChain = %v, committed %v, %v; want nothing, false, ErrTxRefused", tc.name, cs, committed, err)
 			}
 			rolledBack = true
-			if err := store.Rollback(ctx, tx); err != nil {
+			if err := store.Driver().Rollback(ctx, tx); err != nil {
 				t.Fatalf("%s: Rollback after a refused chain: %v", tc.name, err)
 			}
 		}()
@@ -304,12 +305,12 @@ func TestCommitChainRefused(t *testing.T) {
 		}
 	}
 	for range 4 { // every connection of the pool is clean
-		tx, cs, err := store.BeginClaim(ctx, "s", []dedup.Record{rec("after", "x")})
+		tx, cs, err := store.Driver().BeginClaim(ctx, "s", []dedup.Record{rec("after", "x")})
 		if err != nil || cs[0].State != dedup.StateNew {
 			t.Fatalf("BeginClaim after the refused chains: %v %v", cs, err)
 		}
-		failed := store.Failed(tx)
-		if err := store.Rollback(ctx, tx); err != nil {
+		failed := store.Driver().Failed(tx)
+		if err := store.Driver().Rollback(ctx, tx); err != nil {
 			t.Fatal(err)
 		}
 		if failed {
@@ -325,25 +326,25 @@ func TestConcurrentClaimWaitsForOutcome(t *testing.T) {
 		t.Run(fmt.Sprintf("commit=%v", commit), func(t *testing.T) {
 			store, _ := newStore(t, pgdedup.Config{})
 			ctx := testCtx(t)
-			first, err := store.Begin(ctx)
+			first, err := store.Driver().Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer store.Rollback(ctx, first)
-			if _, err := store.Claim(ctx, first, "s", []dedup.Record{rec("k", "x")}); err != nil {
+			defer store.Driver().Rollback(ctx, first)
+			if _, err := store.Driver().Claim(ctx, first, "s", []dedup.Record{rec("k", "x")}); err != nil {
 				t.Fatal(err)
 			}
 
 			result := make(chan dedup.Claim, 1)
 			go func() {
-				tx, err := store.Begin(ctx)
+				tx, err := store.Driver().Begin(ctx)
 				if err != nil {
 					t.Error(err)
 					result <- dedup.Claim{}
 					return
 				}
-				defer store.Rollback(ctx, tx)
-				cs, err := store.Claim(ctx, tx, "s", []dedup.Record{rec("k", "x")})
+				defer store.Driver().Rollback(ctx, tx)
+				cs, err := store.Driver().Claim(ctx, tx, "s", []dedup.Record{rec("k", "x")})
 				if err != nil {
 					t.Error(err)
 					result <- dedup.Claim{}
@@ -357,9 +358,9 @@ func TestConcurrentClaimWaitsForOutcome(t *testing.T) {
 			case <-time.After(300 * time.Millisecond):
 			}
 			if commit {
-				err = store.Commit(ctx, first)
+				err = store.Driver().Commit(ctx, first)
 			} else {
-				err = store.Rollback(ctx, first)
+				err = store.Driver().Rollback(ctx, first)
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -397,18 +398,18 @@ func TestCrossedBatchesDoNotDeadlock(t *testing.T) {
 			batch = reversed
 		}
 		wg.Go(func() {
-			tx, err := store.Begin(ctx)
+			tx, err := store.Driver().Begin(ctx)
 			if err != nil {
 				t.Error(err)
 				return
 			}
-			defer store.Rollback(ctx, tx)
-			cs, err := store.Claim(ctx, tx, "s", batch)
+			defer store.Driver().Rollback(ctx, tx)
+			cs, err := store.Driver().Claim(ctx, tx, "s", batch)
 			if err != nil {
 				t.Errorf("claim: %v", err)
 				return
 			}
-			if err := store.Commit(ctx, tx); err != nil {
+			if err := store.Driver().Commit(ctx, tx); err != nil {
 				t.Errorf("commit: %v", err)
 				return
 			}
@@ -515,7 +516,7 @@ func TestMarkProcessedTx(t *testing.T) {
 	store, _ := newStore(t, pgdedup.Config{})
 	ctx := testCtx(t)
 	mark := func(body string) (dedup.State, error) {
-		tx, err := store.Begin(ctx)
+		tx, err := store.Driver().Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -547,16 +548,16 @@ func TestMarkProcessedTx(t *testing.T) {
 
 // TestConformance runs the dedup store conformance suite against PostgreSQL.
 func TestConformance(t *testing.T) {
-	deduptest.RunTxStore(t, func(t *testing.T, retention time.Duration) dedup.TxStore[pgx.Tx] {
+	deduptest.RunTxStore(t, func(t *testing.T, retention time.Duration) dedupdriver.TxStore[pgx.Tx] {
 		store, _ := newStore(t, pgdedup.Config{Retention: retention})
 		return store
 	})
 }
 
 func TestFailureCounterConformance(t *testing.T) {
-	deduptest.RunFailureCounter(t, func(t *testing.T, retention time.Duration) dedup.FailureCounter {
+	deduptest.RunFailureCounter(t, func(t *testing.T, retention time.Duration) dedupdriver.Common {
 		store, _ := newStore(t, pgdedup.Config{Retention: retention})
-		return store
+		return store.Driver()
 	})
 }
 
@@ -586,7 +587,7 @@ func TestIsTransient(t *testing.T) {
 		{errors.New("boom"), false},
 		{nil, false},
 	} {
-		if got := s.IsTransient(tc.err); got != tc.want {
+		if got := s.Driver().IsTransient(tc.err); got != tc.want {
 			t.Errorf("IsTransient(%v) = %v, want %v", tc.err, got, tc.want)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/deduptest"
 	"github.com/idemq/idemq/dedup/redisdedup"
 	"github.com/idemq/idemq/internal/testenv"
@@ -37,16 +38,16 @@ func newClusterStore(t testing.TB, cfg redisdedup.Config) (*redisdedup.Store, *r
 }
 
 func TestClusterConformance(t *testing.T) {
-	deduptest.RunLeaseStore(t, func(t *testing.T) dedup.LeaseStore {
+	deduptest.RunLeaseStore(t, func(t *testing.T) dedupdriver.LeaseStore {
 		s, _ := newClusterStore(t, redisdedup.Config{})
 		return s
 	})
 }
 
 func TestClusterFailureCounterConformance(t *testing.T) {
-	deduptest.RunFailureCounter(t, func(t *testing.T, retention time.Duration) dedup.FailureCounter {
+	deduptest.RunFailureCounter(t, func(t *testing.T, retention time.Duration) dedupdriver.Common {
 		s, _ := newClusterStore(t, redisdedup.Config{FailureRetention: retention})
-		return s
+		return s.Driver()
 	})
 }
 

@@ -1,5 +1,5 @@
 // Package redisdedup is the Redis store of idemq's lease path: a
-// dedup.LeaseStore for effects that cannot join a database transaction
+// lease store for effects that cannot join a database transaction
 // (emails, SMS, webhooks, payment vendors), built on go-redis v9.
 //
 //	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
@@ -35,14 +35,14 @@
 // retries a command whose reply was lost on the network, and the retry finds
 // the state the first try wrote and reports the same outcome.
 //
-// The store also implements dedup.FailureCounter: the handler failures of a
+// The store also implements dedupdriver.Common: the handler failures of a
 // key are counted in a small hash named like the key's record plus
 // ":failures" (same hash tag, so same Cluster slot), incremented by one
 // script only when a handler failed (a hash of the count and the payload
 // digest it belongs to), deleted when the runner dead-letters the message,
 // and otherwise expiring Config.FailureRetention after the last failure.
 //
-// Beyond dedup.LeaseStore, the store offers ClaimBatch and CompleteBatch,
+// Beyond the lease operations, the store offers ClaimBatch and CompleteBatch,
 // which pipeline many keys in one round trip (each key still atomic on its
 // own), and CompleteWithResult and Result, which keep a result (a
 // downstream id, a response) with a done key for later deliveries to read.

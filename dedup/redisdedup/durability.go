@@ -39,8 +39,8 @@ type persistence struct {
 //
 // With Config.RequireDurable, a Loss is returned with an error: a
 // *idemq.ConfigError matching dedup.ErrNotDurable. Other errors are
-// Redis's. It implements dedup.DurabilityReporter; the Runner calls it once
-// when Run starts.
+// Redis's. The store's driver answers with it (dedupdriver.Caps.Durability):
+// the Runner calls it once when Run starts.
 func (s *Store) Durability(ctx context.Context) (dedup.Durability, error) {
 	ps, err := s.persistence(ctx)
 	if err != nil {

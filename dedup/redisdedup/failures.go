@@ -37,11 +37,11 @@ func (s *Store) FailuresKey(scope, key string) string {
 	return s.RedisKey(scope, key) + failuresSuffix
 }
 
-// RecordFailure implements dedup.FailureCounter: one atomic script on a key
+// RecordFailure implements dedupdriver.Common: one atomic script on a key
 // of its own, so it neither touches the lease nor needs its token. The count
 // expires Config.FailureRetention after the last failure and then starts
 // again at 1, as it does for another payload digest.
-func (s *Store) RecordFailure(ctx context.Context, scope string, rec dedup.Record) (int, error) {
+func (s leaseDriver) RecordFailure(ctx context.Context, scope string, rec dedup.Record) (int, error) {
 	if rec.Key == "" {
 		return 0, fmt.Errorf("redisdedup: record failure: %w: empty key", ErrInvalidArgument)
 	}
@@ -54,9 +54,9 @@ func (s *Store) RecordFailure(ctx context.Context, scope string, rec dedup.Recor
 	return n, nil
 }
 
-// ForgetFailures implements dedup.FailureCounter: it deletes the failure
+// ForgetFailures implements dedupdriver.Common: it deletes the failure
 // count of key in scope.
-func (s *Store) ForgetFailures(ctx context.Context, scope, key string) error {
+func (s leaseDriver) ForgetFailures(ctx context.Context, scope, key string) error {
 	if err := s.rdb.Del(ctx, s.FailuresKey(scope, key)).Err(); err != nil {
 		s.reloadOn(err)
 		return fmt.Errorf("redisdedup: forget failures of %q: %w", key, err)

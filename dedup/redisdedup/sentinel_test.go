@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/deduptest"
 	"github.com/idemq/idemq/dedup/redisdedup"
 	"github.com/idemq/idemq/internal/testenv"
@@ -37,7 +38,7 @@ func newSentinelStore(t testing.TB, cfg redisdedup.Config) (*redisdedup.Store, *
 }
 
 func TestSentinelConformance(t *testing.T) {
-	deduptest.RunLeaseStore(t, func(t *testing.T) dedup.LeaseStore {
+	deduptest.RunLeaseStore(t, func(t *testing.T) dedupdriver.LeaseStore {
 		s, _ := newSentinelStore(t, redisdedup.Config{})
 		return s
 	})

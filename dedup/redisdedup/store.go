@@ -96,7 +96,8 @@ func (c Config) validate() error {
 	return l.Err()
 }
 
-// Store is a dedup.LeaseStore in Redis. It is safe for concurrent use by
+// Store is the Redis store of the lease path: hand it to consumer.Leased,
+// which drives it through its Driver (dedupdriver.Lease). It is safe for concurrent use by
 // multiple goroutines and by many processes sharing one Redis: every
 // operation is a single atomic script on one key.
 type Store struct {
@@ -223,7 +224,7 @@ func (s *Store) Complete(ctx context.Context, scope, key, token string, retentio
 // downstream id, a status, a response. Larger results fail with an error
 // matching both ErrInvalidArgument and dedup.ErrResultTooLarge before
 // reaching Redis, and the key stays held by token. It implements
-// dedup.ResultCompleter.
+// dedupdriver.Lease.
 func (s *Store) CompleteWithResult(ctx context.Context, scope, key, token string, retention time.Duration, result []byte) error {
 	if len(result) > s.cfg.MaxResultBytes {
 		return fmt.Errorf("redisdedup: complete %q: %w: %w: result has %d bytes, limit %d",

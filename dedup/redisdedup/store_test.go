@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/deduptest"
 	"github.com/idemq/idemq/dedup/redisdedup"
 	"github.com/idemq/idemq/internal/testenv"
@@ -60,7 +61,7 @@ func unique(prefix string) string {
 func token() string { return unique("tok") }
 
 func TestConformance(t *testing.T) {
-	deduptest.RunLeaseStore(t, func(t *testing.T) dedup.LeaseStore {
+	deduptest.RunLeaseStore(t, func(t *testing.T) dedupdriver.LeaseStore {
 		s, _ := newStore(t, redisdedup.Config{})
 		return s
 	})
@@ -393,8 +394,8 @@ func TestBatch(t *testing.T) {
 }
 
 func TestFailureCounterConformance(t *testing.T) {
-	deduptest.RunFailureCounter(t, func(t *testing.T, retention time.Duration) dedup.FailureCounter {
+	deduptest.RunFailureCounter(t, func(t *testing.T, retention time.Duration) dedupdriver.Common {
 		s, _ := newStore(t, redisdedup.Config{FailureRetention: retention})
-		return s
+		return s.Driver()
 	})
 }

@@ -29,14 +29,14 @@ func BenchmarkClaimCommit(b *testing.B) {
 						recs[i] = dedup.Record{Key: fmt.Sprintf("k%09d", n), PayloadHash: hash}
 						n++
 					}
-					tx, err := store.Begin(ctx)
+					tx, err := store.Driver().Begin(ctx)
 					if err != nil {
 						b.Fatal(err)
 					}
-					if _, err := store.Claim(ctx, tx, "bench", recs); err != nil {
+					if _, err := store.Driver().Claim(ctx, tx, "bench", recs); err != nil {
 						b.Fatal(err)
 					}
-					if err := store.Commit(ctx, tx); err != nil {
+					if err := store.Driver().Commit(ctx, tx); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -1,7 +1,7 @@
 // Package sqldedup is the database/sql store of idemq's transactional path,
 // with dialects for SQLite (modernc.org/sqlite, pure Go) and PostgreSQL
-// (github.com/jackc/pgx/v5/stdlib, or any PostgreSQL driver). It implements
-// dedup.TxStore[*sql.Tx], so users of database/sql, sqlx, sqlc and similar
+// (github.com/jackc/pgx/v5/stdlib, or any PostgreSQL driver). Its driver
+// implements dedupdriver.Tx[*sql.Tx], so users of database/sql, sqlx, sqlc and similar
 // get the *sql.Tx that also records their message, and the runner is the same
 // one that drives dedup/pgdedup:
 //
@@ -46,7 +46,7 @@
 // # Retention
 //
 // Records expire after Config.Retention (8 days by default, above the default
-// retention of SQS queues and Kafka topics; Store.Retention reports it to the
+// retention of SQS queues and Kafka topics; the store reports it to the
 // Runner, which refuses to start when its source's broker keeps messages
 // longer). An expired record no longer deduplicates and is claimed anew;
 // RunJanitor deletes expired records in small batches (on PostgreSQL
@@ -58,7 +58,7 @@
 //
 // # Handler failures
 //
-// Store implements dedup.FailureCounter: when a handler fails, the runner
+// The store counts handler failures (dedupdriver.Caps.FailureCount): when a handler fails, the runner
 // counts the failure with one upsert into the table Config.Table + "_failures"
 // (migration 002, both dialects), after the failed transaction rolled back,
 // so the count survives the rollback and the happy path never writes it. A

@@ -20,12 +20,12 @@ func (s *Store) failuresTable() string {
 	return t
 }
 
-// RecordFailure implements dedup.FailureCounter: one upsert, in its own
+// RecordFailure implements dedupdriver.Common: one upsert, in its own
 // implicit transaction on the store's DB (never in a handler's transaction,
 // whose rollback would undo it). The count expires Config.Retention after
 // the last failure; an expired count starts again at 1, and Cleanup deletes
 // expired counts. On SQLite it takes the write lock for one statement.
-func (s *Store) RecordFailure(ctx context.Context, scope string, rec dedup.Record) (int, error) {
+func (s txDriver) RecordFailure(ctx context.Context, scope string, rec dedup.Record) (int, error) {
 	query := sqlstore.PostgresRecordFailure(s.failuresTable())
 	args := []any{scope, rec.Key, rec.PayloadHash[:], s.cfg.Retention.Microseconds()}
 	if s.cfg.Dialect != Postgres {
@@ -47,9 +47,9 @@ RETURNING failures`
 	return n, nil
 }
 
-// ForgetFailures implements dedup.FailureCounter: it deletes the failure
+// ForgetFailures implements dedupdriver.Common: it deletes the failure
 // count of key in scope.
-func (s *Store) ForgetFailures(ctx context.Context, scope, key string) error {
+func (s txDriver) ForgetFailures(ctx context.Context, scope, key string) error {
 	query := `DELETE FROM ` + s.failuresTable() + ` WHERE scope = ` + s.q.ph(1) + ` AND key = ` + s.q.ph(2)
 	if _, err := s.db.ExecContext(ctx, query, scope, key); err != nil {
 		return fmt.Errorf("sqldedup: forget failures of %q: %w", key, err)

@@ -119,9 +119,10 @@ func (c Config) validate() error {
 	return l.Err()
 }
 
-// Store is the database/sql deduplication store of the transactional path.
-// It implements dedup.TxStore[*sql.Tx], so handlers receive the *sql.Tx that
-// also records their message. It is safe for concurrent use.
+// Store is the database/sql deduplication store of the transactional path:
+// hand it to consumer.Transactional, which drives it through its Driver
+// (dedupdriver.Tx[*sql.Tx]), so handlers receive the *sql.Tx that also
+// records their message. It is safe for concurrent use.
 type Store struct {
 	db    DB
 	cfg   Config
@@ -147,14 +148,14 @@ func New(db DB, cfg Config) (*Store, error) {
 // Config returns the store's configuration with defaults applied.
 func (s *Store) Config() Config { return s.cfg }
 
-// Begin implements dedup.TxStore. It starts a transaction with the driver's
+// Begin implements dedupdriver.Tx. It starts a transaction with the driver's
 // default options: READ COMMITTED on PostgreSQL, which Claim relies on to see
 // concurrent commits; on SQLite, BEGIN IMMEDIATE when the connection was
 // opened with _txlock=immediate (see OpenSQLite), else a deferred
 // transaction whose first statement (Claim's insert) takes the write lock.
-func (s *Store) Begin(ctx context.Context) (*sql.Tx, error) { return s.db.BeginTx(ctx, nil) }
+func (s txDriver) Begin(ctx context.Context) (*sql.Tx, error) { return s.db.BeginTx(ctx, nil) }
 
-// Commit implements dedup.TxStore. Any error, including sql.ErrTxDone for a
+// Commit implements dedupdriver.Tx. Any error, including sql.ErrTxDone for a
 // transaction that database/sql already rolled back because its context
 // ended, means the records in tx must not be acknowledged. When the database
 // refused the commit for the transaction's content, the error matches
@@ -169,7 +170,7 @@ func (s *Store) Begin(ctx context.Context) (*sql.Tx, error) { return s.db.BeginT
 // so that the runner finds and blames that handler. database/sql gives no
 // access to the connection's transaction status without a round trip, so
 // this check runs once per commit, not after every handler as pgdedup's.
-func (s *Store) Commit(ctx context.Context, tx *sql.Tx) error {
+func (s txDriver) Commit(ctx context.Context, tx *sql.Tx) error {
 	if s.cfg.Dialect == Postgres {
 		if err := s.checkOpen(ctx, tx); err != nil {
 			_ = tx.Rollback()
@@ -194,7 +195,7 @@ func (s *Store) checkOpen(ctx context.Context, tx *sql.Tx) error {
 	_, err := tx.ExecContext(ctx, `SAVEPOINT idemq_open; RELEASE SAVEPOINT idemq_open`)
 	var state interface{ SQLState() string }
 	switch {
-	case err == nil || s.IsAborted(err):
+	case err == nil || (txDriver{s}).IsAborted(err):
 		return nil
 	case errors.As(err, &state) && state.SQLState() == "25P01":
 		return fmt.Errorf("%w: %w", dedup.ErrTxRefused, errTxEnded)
@@ -203,30 +204,23 @@ func (s *Store) checkOpen(ctx context.Context, tx *sql.Tx) error {
 	}
 }
 
-// Rollback implements dedup.TxStore; it is safe after Commit.
-func (s *Store) Rollback(_ context.Context, tx *sql.Tx) error {
+// Rollback implements dedupdriver.Tx; it is safe after Commit.
+func (s txDriver) Rollback(_ context.Context, tx *sql.Tx) error {
 	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return err
 	}
 	return nil
 }
 
-// Claim implements dedup.TxStore. New keys are inserted in ascending key
+// Claim implements dedupdriver.Tx. New keys are inserted in ascending key
 // order, so concurrent batches take them in the same order. On PostgreSQL a
 // key held by a concurrent uncommitted transaction makes the insert wait for
 // that transaction's outcome; on SQLite the other transaction cannot exist,
 // since SQLite admits one writer at a time. An expired record (older than
 // Retention, not yet deleted by the janitor) counts as absent and is claimed
 // anew.
-func (s *Store) Claim(ctx context.Context, tx *sql.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, error) {
+func (s txDriver) Claim(ctx context.Context, tx *sql.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, error) {
 	return s.claim(ctx, tx, scope, recs)
-}
-
-// Unclaim removes the record of key in scope written in tx, so that the key
-// is new again once tx commits.
-func (s *Store) Unclaim(ctx context.Context, tx *sql.Tx, scope, key string) error {
-	_, err := tx.ExecContext(ctx, s.q.deleteKey(), scope, key)
-	return err
 }
 
 // MarkProcessedTx records key as processed in a transaction the caller owns,

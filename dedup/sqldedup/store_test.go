@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/deduptest"
 	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/internal/testenv"
@@ -105,8 +106,8 @@ func backends() map[string]func(t *testing.T, cfg sqldedup.Config) (*sqldedup.St
 }
 
 func TestConformance(t *testing.T) {
-	sqliteWith := func(open func(t *testing.T) *sql.DB) func(t *testing.T, retention time.Duration) dedup.TxStore[*sql.Tx] {
-		return func(t *testing.T, retention time.Duration) dedup.TxStore[*sql.Tx] {
+	sqliteWith := func(open func(t *testing.T) *sql.DB) func(t *testing.T, retention time.Duration) dedupdriver.TxStore[*sql.Tx] {
+		return func(t *testing.T, retention time.Duration) dedupdriver.TxStore[*sql.Tx] {
 			return migrated(t, open(t), sqldedup.Config{Dialect: sqldedup.SQLite, Retention: retention})
 		}
 	}
@@ -123,7 +124,7 @@ func TestConformance(t *testing.T) {
 		deduptest.RunTxStore(t, sqliteWith(func(t *testing.T) *sql.DB { return sqlitePool(t, 10, false) }))
 	})
 	t.Run("postgres", func(t *testing.T) {
-		deduptest.RunTxStore(t, func(t *testing.T, retention time.Duration) dedup.TxStore[*sql.Tx] {
+		deduptest.RunTxStore(t, func(t *testing.T, retention time.Duration) dedupdriver.TxStore[*sql.Tx] {
 			db, schema := postgres(t)
 			return migrated(t, db, sqldedup.Config{Dialect: sqldedup.Postgres, Schema: schema, Retention: retention})
 		})
@@ -310,16 +311,16 @@ func TestMarkProcessedTxInspectPurge(t *testing.T) {
 func claimCommit(t *testing.T, store *sqldedup.Store, scope string, recs ...dedup.Record) []dedup.Claim {
 	t.Helper()
 	ctx := testCtx(t)
-	tx, err := store.Begin(ctx)
+	tx, err := store.Driver().Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Rollback(ctx, tx)
-	cs, err := store.Claim(ctx, tx, scope, recs)
+	defer store.Driver().Rollback(ctx, tx)
+	cs, err := store.Driver().Claim(ctx, tx, scope, recs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := store.Commit(ctx, tx); err != nil {
+	if err := store.Driver().Commit(ctx, tx); err != nil {
 		t.Fatal(err)
 	}
 	return cs
@@ -443,7 +444,7 @@ func TestIsTransient(t *testing.T) {
 		{pg, &net.DNSError{Err: "timeout", Name: "x", IsTimeout: true}, false},
 		{lite, fmt.Errorf("decode: %w", io.ErrUnexpectedEOF), false},
 	} {
-		if got := tc.store.IsTransient(tc.err); got != tc.want {
+		if got := tc.store.Driver().IsTransient(tc.err); got != tc.want {
 			t.Errorf("%s IsTransient(%v) = %v, want %v", tc.store.Config().Dialect, tc.err, got, tc.want)
 		}
 	}
@@ -451,14 +452,14 @@ func TestIsTransient(t *testing.T) {
 
 func TestFailureCounterConformance(t *testing.T) {
 	t.Run("sqlite", func(t *testing.T) {
-		deduptest.RunFailureCounter(t, func(t *testing.T, retention time.Duration) dedup.FailureCounter {
-			return migrated(t, sqlitePool(t, 10, true), sqldedup.Config{Dialect: sqldedup.SQLite, Retention: retention})
+		deduptest.RunFailureCounter(t, func(t *testing.T, retention time.Duration) dedupdriver.Common {
+			return migrated(t, sqlitePool(t, 10, true), sqldedup.Config{Dialect: sqldedup.SQLite, Retention: retention}).Driver()
 		})
 	})
 	t.Run("postgres", func(t *testing.T) {
-		deduptest.RunFailureCounter(t, func(t *testing.T, retention time.Duration) dedup.FailureCounter {
+		deduptest.RunFailureCounter(t, func(t *testing.T, retention time.Duration) dedupdriver.Common {
 			db, schema := postgres(t)
-			return migrated(t, db, sqldedup.Config{Dialect: sqldedup.Postgres, Schema: schema, Retention: retention})
+			return migrated(t, db, sqldedup.Config{Dialect: sqldedup.Postgres, Schema: schema, Retention: retention}).Driver()
 		})
 	})
 }
@@ -470,20 +471,20 @@ func TestCommitRefusedAndAborted(t *testing.T) {
 	db, schema := postgres(t)
 	store := migrated(t, db, sqldedup.Config{Dialect: sqldedup.Postgres, Schema: schema})
 	ctx := testCtx(t)
-	tx, err := store.Begin(ctx)
+	tx, err := store.Driver().Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Rollback(ctx, tx) // released if the test fails first
+	defer store.Driver().Rollback(ctx, tx) // released if the test fails first
 	_, swallowed := tx.ExecContext(ctx, "SELECT 1/0")
 	_, err = tx.ExecContext(ctx, "SELECT 1")
-	if swallowed == nil || store.IsAborted(swallowed) || !store.IsAborted(err) {
-		t.Fatalf("IsAborted(%v) = %v, IsAborted(%v) = %v; want false, true", swallowed, store.IsAborted(swallowed), err, store.IsAborted(err))
+	if swallowed == nil || store.Driver().IsAborted(swallowed) || !store.Driver().IsAborted(err) {
+		t.Fatalf("IsAborted(%v) = %v, IsAborted(%v) = %v; want false, true", swallowed, store.Driver().IsAborted(swallowed), err, store.Driver().IsAborted(err))
 	}
-	if err := store.Commit(ctx, tx); !errors.Is(err, dedup.ErrTxRefused) {
+	if err := store.Driver().Commit(ctx, tx); !errors.Is(err, dedup.ErrTxRefused) {
 		t.Fatalf("commit of an aborted transaction = %v, want ErrTxRefused", err)
 	}
-	if err := store.Rollback(ctx, tx); err != nil {
+	if err := store.Driver().Rollback(ctx, tx); err != nil {
 		t.Fatalf("Rollback after Commit: %v", err)
 	}
 }
@@ -497,15 +498,15 @@ func TestCommitRefusedSQLite(t *testing.T) {
 		CREATE TABLE child (k TEXT REFERENCES parent (k) DEFERRABLE INITIALLY DEFERRED)`); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := store.Begin(ctx)
+	tx, err := store.Driver().Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Rollback(ctx, tx)
+	defer store.Driver().Rollback(ctx, tx)
 	if _, err := tx.ExecContext(ctx, `INSERT INTO child VALUES ('orphan')`); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.Commit(ctx, tx); !errors.Is(err, dedup.ErrTxRefused) {
+	if err := store.Driver().Commit(ctx, tx); !errors.Is(err, dedup.ErrTxRefused) {
 		t.Fatalf("commit breaking a deferred foreign key = %v, want ErrTxRefused", err)
 	}
 	// Nothing committed, and the connection is usable again.

@@ -17,7 +17,7 @@ const (
 	sqliteLocked = 6 // SQLITE_LOCKED: a conflict inside one connection
 )
 
-// IsTransient implements dedup.TransientClassifier. It reports whether err, returned inside one of the store's
+// IsTransient implements dedupdriver.Tx. It reports whether err, returned inside one of the store's
 // transactions, is a passing database condition that says nothing about the
 // message, so that a runner retries it without counting it against the
 // message's attempts:
@@ -37,7 +37,7 @@ const (
 // even when they implement net.Error.
 //
 // It is safe for concurrent use.
-func (s *Store) IsTransient(err error) bool {
+func (s txDriver) IsTransient(err error) bool {
 	if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return false
 	}
@@ -71,11 +71,11 @@ var failedTxCommit = []string{
 	"could not complete operation in a failed transaction",
 }
 
-// IsAborted implements dedup.AbortClassifier: PostgreSQL's SQLSTATE 25P02,
+// IsAborted implements dedupdriver.Tx: PostgreSQL's SQLSTATE 25P02,
 // the error of any statement sent after an earlier one failed in the same
 // transaction, from drivers whose error has a SQLState() string method.
 // SQLite rolls back only the failed statement, so it has no such state.
-func (s *Store) IsAborted(err error) bool {
+func (s txDriver) IsAborted(err error) bool {
 	var state interface{ SQLState() string }
 	return errors.As(err, &state) && sqlstore.PostgresAborted(state.SQLState())
 }
@@ -83,7 +83,7 @@ func (s *Store) IsAborted(err error) bool {
 // refused reports whether a commit error says the database refused the
 // transaction's content (see Commit).
 func (s *Store) refused(err error) bool {
-	if s.IsTransient(err) {
+	if (txDriver{s}).IsTransient(err) {
 		return false
 	}
 	var state interface{ SQLState() string }

@@ -17,7 +17,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/consumertest"
 	"github.com/idemq/idemq/consumer/otelidemq"
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/sinks/outbox"
@@ -75,7 +75,7 @@ func workerSQLite(ctx context.Context, src consumer.Source) {
 }
 
 // docs/workers.md: a whole batch in one statement.
-func workerBatch(src consumer.Source, store dedup.TxStore[pgx.Tx]) {
+func workerBatch(src consumer.Source, store dedupdriver.TxStore[pgx.Tx]) {
 	credit := consumer.TxBatchJSON(func(ctx context.Context, tx pgx.Tx, items []consumer.BatchItem[Payment]) error {
 		ids, amounts := make([]int32, len(items)), make([]int64, len(items))
 		for i, it := range items {
@@ -91,7 +91,7 @@ func workerBatch(src consumer.Source, store dedup.TxStore[pgx.Tx]) {
 }
 
 // docs/testing.md: replaying a handler.
-func replay(t consumertest.TB, store dedup.TxStore[pgx.Tx], charge consumer.TxHandler[pgx.Tx], order1, order2, order3 []byte) {
+func replay(t consumertest.TB, store dedupdriver.TxStore[pgx.Tx], charge consumer.TxHandler[pgx.Tx], order1, order2, order3 []byte) {
 	rep := consumertest.ReplayTx(t, store, charge, []consumertest.Delivery{
 		{Key: "order-1", Body: order1, Fault: consumertest.ConcurrentDuplicate},
 		{Key: "order-2", Body: order2, Fault: consumertest.CrashAfterCommit},

@@ -9,7 +9,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/dedup/redisdedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 )
 
 // leaseAudit watches what the Redis store told every worker about every key,
@@ -147,13 +147,15 @@ func (a *leaseAudit) lostRuns() map[string]int {
 
 // auditedStore is a Redis lease store that reports to a leaseAudit.
 type auditedStore struct {
-	*redisdedup.Store
+	dedupdriver.Lease
 	audit *leaseAudit
 }
 
+func (s *auditedStore) Driver() dedupdriver.Lease { return s }
+
 func (s *auditedStore) Claim(ctx context.Context, scope string, rec dedup.Record, token string, lease time.Duration) (dedup.Claim, error) {
 	sent := s.audit.tick()
-	c, err := s.Store.Claim(ctx, scope, rec, token, lease)
+	c, err := s.Lease.Claim(ctx, scope, rec, token, lease)
 	if err == nil {
 		s.audit.claimed(rec.Key, token, sent, c)
 	}
@@ -162,7 +164,7 @@ func (s *auditedStore) Claim(ctx context.Context, scope string, rec dedup.Record
 
 func (s *auditedStore) ClaimBatch(ctx context.Context, scope string, recs []dedup.Record, tokens []string, lease time.Duration) ([]dedup.Claim, error) {
 	sent := s.audit.tick()
-	cs, err := s.Store.ClaimBatch(ctx, scope, recs, tokens, lease)
+	cs, err := s.Lease.ClaimBatch(ctx, scope, recs, tokens, lease)
 	s.audit.mu.Lock()
 	s.audit.batches++
 	s.audit.mu.Unlock()
@@ -175,7 +177,7 @@ func (s *auditedStore) ClaimBatch(ctx context.Context, scope string, recs []dedu
 }
 
 func (s *auditedStore) Refresh(ctx context.Context, scope, key, token string, lease time.Duration) error {
-	err := s.Store.Refresh(ctx, scope, key, token, lease)
+	err := s.Lease.Refresh(ctx, scope, key, token, lease)
 	// The refresher of a running handler passes the handler's ctx, which
 	// carries the token; the refresher of queued leases does not.
 	_, running := consumer.LeaseToken(ctx)
@@ -184,7 +186,7 @@ func (s *auditedStore) Refresh(ctx context.Context, scope, key, token string, le
 }
 
 func (s *auditedStore) Complete(ctx context.Context, scope, key, token string, retention time.Duration) error {
-	err := s.Store.Complete(ctx, scope, key, token, retention)
+	err := s.Lease.Complete(ctx, scope, key, token, retention)
 	s.audit.reported(key, token, err, true, false)
 	return err
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/dedup/redisdedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sinks/webhook/webhooktest"
 	"github.com/idemq/idemq/sources/memsource"
@@ -20,21 +20,23 @@ import (
 // ErrLeaseLost: the store is unreachable for them), except those of key
 // healthy, and which records the sizes of its batch claims.
 type refreshOutage struct {
-	*redisdedup.Store
+	dedupdriver.Lease
 	healthy    string
 	batchSizes chan int
 	afterBatch func() // called once the first batch claim returned
 }
 
+func (s *refreshOutage) Driver() dedupdriver.Lease { return s }
+
 func (s *refreshOutage) Refresh(ctx context.Context, scope, key, token string, lease time.Duration) error {
 	if key == s.healthy {
-		return s.Store.Refresh(ctx, scope, key, token, lease)
+		return s.Lease.Refresh(ctx, scope, key, token, lease)
 	}
 	return errors.New("refresh: connection reset by peer")
 }
 
 func (s *refreshOutage) ClaimBatch(ctx context.Context, scope string, recs []dedup.Record, tokens []string, lease time.Duration) ([]dedup.Claim, error) {
-	cs, err := s.Store.ClaimBatch(ctx, scope, recs, tokens, lease)
+	cs, err := s.Lease.ClaimBatch(ctx, scope, recs, tokens, lease)
 	select {
 	case s.batchSizes <- len(recs):
 		s.afterBatch()
@@ -75,7 +77,7 @@ func leaseExpiredWhileQueued(t *testing.T) (batched bool, k2Effects int) {
 	opts := consumer.LeaseOptions{Lease: 300 * time.Millisecond, RefreshInterval: 100 * time.Millisecond, InProgressDelay: 50 * time.Millisecond}
 
 	redisA, _ := newRedisStore(t)
-	storeA := &refreshOutage{Store: redisA, healthy: "k1", batchSizes: make(chan int, 1)}
+	storeA := &refreshOutage{Lease: redisA.Driver(), healthy: "k1", batchSizes: make(chan int, 1)}
 	send := env.sink.Handler()
 	k2Done := func() bool { return env.rcv.Successes(env.key("k2")) > 0 }
 	var grouped atomic.Bool // A claimed k1 and k2 in one batch: the scenario
@@ -121,7 +123,7 @@ func leaseExpiredWhileQueued(t *testing.T) (batched bool, k2Effects int) {
 // expired while the process stalled) and stays in flight until k2's handler
 // starts or a second passes.
 type refreshInFlight struct {
-	*redisdedup.Store
+	dedupdriver.Lease
 	rkey       func(key string) string
 	del        func(ctx context.Context, rkey string) error
 	once       sync.Once
@@ -131,22 +133,24 @@ type refreshInFlight struct {
 	batchSizes chan int
 }
 
+func (s *refreshInFlight) Driver() dedupdriver.Lease { return s }
+
 func (s *refreshInFlight) ClaimBatch(ctx context.Context, scope string, recs []dedup.Record, tokens []string, lease time.Duration) ([]dedup.Claim, error) {
 	select {
 	case s.batchSizes <- len(recs):
 	default:
 	}
-	return s.Store.ClaimBatch(ctx, scope, recs, tokens, lease)
+	return s.Lease.ClaimBatch(ctx, scope, recs, tokens, lease)
 }
 
 func (s *refreshInFlight) Refresh(ctx context.Context, scope, key, token string, lease time.Duration) error {
 	if _, running := consumer.LeaseToken(ctx); key != "k2" || running {
-		return s.Store.Refresh(ctx, scope, key, token, lease)
+		return s.Lease.Refresh(ctx, scope, key, token, lease)
 	}
 	first := false
 	s.once.Do(func() { first = true })
 	if !first {
-		return s.Store.Refresh(ctx, scope, key, token, lease)
+		return s.Lease.Refresh(ctx, scope, key, token, lease)
 	}
 	if err := s.del(ctx, s.rkey(key)); err != nil {
 		return err
@@ -157,7 +161,7 @@ func (s *refreshInFlight) Refresh(ctx context.Context, scope, key, token string,
 	case <-s.k2Started:
 	case <-time.After(time.Second):
 	}
-	return s.Store.Refresh(ctx, scope, key, token, lease) // ErrLeaseLost
+	return s.Lease.Refresh(ctx, scope, key, token, lease) // ErrLeaseLost
 }
 
 // A queued message is handed to its handler while a refresh of its lease is
@@ -187,7 +191,7 @@ func refreshInFlightWhenHandedOut(t *testing.T) (batched, ranUnderLost bool) {
 	opts := consumer.LeaseOptions{Lease: 2 * time.Second, RefreshInterval: 100 * time.Millisecond, InProgressDelay: 50 * time.Millisecond}
 	redisA, rdb := newRedisStore(t)
 	store := &refreshInFlight{
-		Store:      redisA,
+		Lease:      redisA.Driver(),
 		rkey:       func(key string) string { return redisA.RedisKey(env.name, key) },
 		del:        func(ctx context.Context, rkey string) error { return rdb.Del(ctx, rkey).Err() },
 		inFlight:   make(chan struct{}),

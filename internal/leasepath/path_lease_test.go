@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/redisdedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
@@ -84,7 +85,7 @@ func newLeaseEnv(t *testing.T, cfg memsource.Config, respond func(webhooktest.Ca
 var fastRetry = consumer.RetryPolicy{InitialBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, MaxAttempts: 5}
 
 // runner builds a runner on a new Source of the env's topic.
-func (e *leaseEnv) runner(t *testing.T, store dedup.LeaseStore, h consumer.Handler, opts consumer.LeaseOptions, concurrency int) *consumer.Runner {
+func (e *leaseEnv) runner(t *testing.T, store dedupdriver.LeaseStore, h consumer.Handler, opts consumer.LeaseOptions, concurrency int) *consumer.Runner {
 	t.Helper()
 	return e.runnerOn(t, e.topic, store, h, opts, concurrency)
 }
@@ -92,7 +93,7 @@ func (e *leaseEnv) runner(t *testing.T, store dedup.LeaseStore, h consumer.Handl
 // runnerOn builds a runner on a new Source of topic, with the env's consumer
 // name: a runner on another topic deduplicates against the env's runners,
 // like a second delivery path of the same messages.
-func (e *leaseEnv) runnerOn(t *testing.T, topic string, store dedup.LeaseStore, h consumer.Handler, opts consumer.LeaseOptions, concurrency int) *consumer.Runner {
+func (e *leaseEnv) runnerOn(t *testing.T, topic string, store dedupdriver.LeaseStore, h consumer.Handler, opts consumer.LeaseOptions, concurrency int) *consumer.Runner {
 	t.Helper()
 	src := e.broker.Source(topic)
 	t.Cleanup(func() { _ = src.Close() })
@@ -267,7 +268,7 @@ func TestLeaseBatchedClaims(t *testing.T) {
 	var runners []*consumer.Runner
 	for range 2 {
 		store, _ := newRedisStore(t)
-		runners = append(runners, env.runner(t, &auditedStore{Store: store, audit: audit}, audit.handler(env.sink.Handler()), opts, 1))
+		runners = append(runners, env.runner(t, &auditedStore{Lease: store.Driver(), audit: audit}, audit.handler(env.sink.Handler()), opts, 1))
 	}
 	for range 2 { // each batch holds ten distinct keys
 		for _, k := range keys {
@@ -312,20 +313,25 @@ func TestLeaseBatchedClaims(t *testing.T) {
 
 // leaseSpy wraps a LeaseStore and counts what the runner did with it.
 type leaseSpy struct {
-	dedup.LeaseStore
+	dedupdriver.Lease
 	claims, refreshes, completes, completesLost atomic.Int64
 	// completeHook, if set, replaces Complete.
 	completeHook func(ctx context.Context, scope, key, token string, retention time.Duration) error
 }
 
+func (s *leaseSpy) Driver() dedupdriver.Lease { return s }
+
+// Caps reports no capability: the spy counts one claim per message.
+func (s *leaseSpy) Caps() dedupdriver.Caps { return dedupdriver.Caps{} }
+
 func (s *leaseSpy) Claim(ctx context.Context, scope string, rec dedup.Record, token string, lease time.Duration) (dedup.Claim, error) {
 	s.claims.Add(1)
-	return s.LeaseStore.Claim(ctx, scope, rec, token, lease)
+	return s.Lease.Claim(ctx, scope, rec, token, lease)
 }
 
 func (s *leaseSpy) Refresh(ctx context.Context, scope, key, token string, lease time.Duration) error {
 	s.refreshes.Add(1)
-	return s.LeaseStore.Refresh(ctx, scope, key, token, lease)
+	return s.Lease.Refresh(ctx, scope, key, token, lease)
 }
 
 func (s *leaseSpy) Complete(ctx context.Context, scope, key, token string, retention time.Duration) error {
@@ -334,7 +340,7 @@ func (s *leaseSpy) Complete(ctx context.Context, scope, key, token string, reten
 	if s.completeHook != nil {
 		err = s.completeHook(ctx, scope, key, token, retention)
 	} else {
-		err = s.LeaseStore.Complete(ctx, scope, key, token, retention)
+		err = s.Lease.Complete(ctx, scope, key, token, retention)
 	}
 	if errors.Is(err, dedup.ErrLeaseLost) {
 		s.completesLost.Add(1)
@@ -366,7 +372,7 @@ func TestLeaseSlowHandlerRefreshKeepsKey(t *testing.T) {
 	opts := consumer.LeaseOptions{Lease: 300 * time.Millisecond, RefreshInterval: 75 * time.Millisecond, InProgressDelay: 50 * time.Millisecond}
 	s1, _ := newRedisStore(t)
 	s2, _ := newRedisStore(t)
-	spy1, spy2 := &leaseSpy{LeaseStore: s1}, &leaseSpy{LeaseStore: s2}
+	spy1, spy2 := &leaseSpy{Lease: s1.Driver()}, &leaseSpy{Lease: s2.Driver()}
 	r1 := env.runner(t, spy1, nil, opts, 1)
 	r2 := env.runnerOn(t, other, spy2, nil, opts, 1)
 	env.publish("slow", `{"to":"slow"}`, 1)
@@ -400,7 +406,7 @@ func TestLeaseSlowHandlerWithoutRefreshLosesKey(t *testing.T) {
 	opts := consumer.LeaseOptions{Lease: 300 * time.Millisecond, RefreshInterval: -1, InProgressDelay: 50 * time.Millisecond}
 	s1, _ := newRedisStore(t)
 	s2, _ := newRedisStore(t)
-	spy1, spy2 := &leaseSpy{LeaseStore: s1}, &leaseSpy{LeaseStore: s2}
+	spy1, spy2 := &leaseSpy{Lease: s1.Driver()}, &leaseSpy{Lease: s2.Driver()}
 	r1 := env.runner(t, spy1, nil, opts, 1)
 	r2 := env.runnerOn(t, other, spy2, nil, opts, 1)
 	env.publish("slow", `{"to":"slow"}`, 1)
@@ -433,7 +439,7 @@ func TestLeaseSlowHandlerWithoutRefreshLosesKey(t *testing.T) {
 func TestLeaseLostCancelsHandler(t *testing.T) {
 	store, rdb := newRedisStore(t)
 	env := newLeaseEnv(t, memsource.Config{}, nil)
-	spy := &leaseSpy{LeaseStore: store}
+	spy := &leaseSpy{Lease: store.Driver()}
 	var causes []error
 	var mu sync.Mutex
 	stolen := make(chan struct{})
@@ -629,7 +635,7 @@ func TestLeaseCrashWindow(t *testing.T) {
 	const lease = 500 * time.Millisecond
 	var windows []time.Duration
 	crashedToken := ""
-	spy := &leaseSpy{LeaseStore: store}
+	spy := &leaseSpy{Lease: store.Driver()}
 	spy.completeHook = func(ctx context.Context, scope, key, token string, retention time.Duration) error {
 		mu.Lock()
 		if key == "crash" && crashedToken == "" {
@@ -800,7 +806,7 @@ func TestLeaseCompleteRetriedAfterStoreHiccup(t *testing.T) {
 	store, _ := newRedisStore(t)
 	env := newLeaseEnv(t, memsource.Config{}, nil)
 	var failures atomic.Int64
-	spy := &leaseSpy{LeaseStore: store}
+	spy := &leaseSpy{Lease: store.Driver()}
 	spy.completeHook = func(ctx context.Context, scope, key, token string, retention time.Duration) error {
 		if key == "hiccup" && failures.Add(1) <= 3 {
 			return errors.New("connection reset by peer")

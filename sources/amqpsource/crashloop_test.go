@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/amqpsource"
 	"github.com/idemq/idemq/sources/sourcetest"
@@ -37,7 +37,7 @@ func TestCrashLoopWorker(t *testing.T) {
 	if mode == "" {
 		t.Skip("helper process of TestCrashLoopIsNotCounted")
 	}
-	sourcetest.CrashLoopWorker(t, mode, func(ctx context.Context) (consumer.Source, dedup.TxStore[pgx.Tx]) {
+	sourcetest.CrashLoopWorker(t, mode, func(ctx context.Context) (consumer.Source, dedupdriver.TxStore[pgx.Tx]) {
 		db := openDatabase(t, os.Getenv(crashDBEnv), os.Getenv(crashSchemaEnv))
 		src, err := amqpsource.New(ctx, amqpsource.Config{URL: os.Getenv(crashAMQPEnv), Queue: os.Getenv(crashQueueEnv), Prefetch: 1})
 		if err != nil {

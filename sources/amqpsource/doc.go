@@ -104,7 +104,7 @@
 //     which count deliveries returned unsettled, such as those of a consumer
 //     that crashed or was killed). The runner's RetryPolicy.MaxAttempts
 //     counts handler failures instead when its store counts them
-//     (dedup.FailureCounter: pgdedup, sqldedup and redisdedup do), so a crash
+//     (dedupdriver.Caps.FailureCount: pgdedup, sqldedup and redisdedup do), so a crash
 //     loop does not dead-letter a message (TestCrashLoopIsNotCounted);
 //     Attempt decides only when the count cannot be written or the store
 //     cannot count.

@@ -11,8 +11,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/idemq/idemq/dedup"
 )
 
 // PreviewBytes is how many bytes of a dead letter's body Letter.Body holds.
@@ -206,9 +204,13 @@ type Options struct {
 	// Failures, when set, has the failure count of each replayed key
 	// forgotten (ForgetFailures in Scope) before its copy is sent, so that
 	// the replay starts with a fresh count even where the runner could not
-	// forget it after the dead letter. Defaults to nil: the runner's own
-	// forgetting (after every successful dead letter) is relied on.
-	Failures dedup.FailureCounter
+	// forget it after the dead letter: the driver of the runner's store,
+	// like pgdedup.Store.Driver() (a dedupdriver.Common). Defaults to nil:
+	// the runner's own forgetting (after every successful dead letter) is
+	// relied on.
+	Failures interface {
+		ForgetFailures(ctx context.Context, scope, key string) error
+	}
 	// Scope is the runner's Config.Name, the scope of Failures' counts.
 	Scope string
 	// Progress, when set, is called after each dead letter replayed or

@@ -23,7 +23,7 @@
 // record makes it a duplicate.
 //
 // The runner forgets a key's failure count after it dead-lettered the
-// message (dedup.FailureCounter), so a replayed message gets the full
+// message (dedupdriver.Caps.FailureCount), so a replayed message gets the full
 // RetryPolicy again; Options.Failures forgets it once more, for a count the
 // runner could not delete.
 package dlq

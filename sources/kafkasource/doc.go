@@ -183,7 +183,7 @@
 //
 // Attempts are counted in process: after a restart or rebalance a message's
 // Attempt starts again at 1. The runner's RetryPolicy does not rely on it
-// when its store counts handler failures per key (dedup.FailureCounter:
+// when its store counts handler failures per key (dedupdriver.Caps.FailureCount:
 // pgdedup, sqldedup and redisdedup do): those counts survive restarts and
 // rebalances, so a poison message is dead-lettered after MaxAttempts
 // failures even if its workers keep restarting.

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/internal/runtest"
 )
 
@@ -126,7 +126,7 @@ func crashAttempt(t *testing.T, line string) int {
 // first retry delay, until SIGTERM (or two minutes), printing what the parent
 // waits for. In mode CrashLoopBlock the handler hangs; in mode
 // CrashLoopFailOnce it fails its first call and then calls apply.
-func CrashLoopWorker[Tx any](t *testing.T, mode string, open func(ctx context.Context) (consumer.Source, dedup.TxStore[Tx]), apply consumer.TxHandler[Tx], backoff time.Duration) {
+func CrashLoopWorker[Tx any](t *testing.T, mode string, open func(ctx context.Context) (consumer.Source, dedupdriver.TxStore[Tx]), apply consumer.TxHandler[Tx], backoff time.Duration) {
 	t.Helper()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()

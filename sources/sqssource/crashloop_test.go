@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
@@ -34,7 +34,7 @@ func TestCrashLoopWorker(t *testing.T) {
 	if mode == "" {
 		t.Skip("helper process of TestCrashLoopIsNotCounted")
 	}
-	sourcetest.CrashLoopWorker(t, mode, func(ctx context.Context) (consumer.Source, dedup.TxStore[pgx.Tx]) {
+	sourcetest.CrashLoopWorker(t, mode, func(ctx context.Context) (consumer.Source, dedupdriver.TxStore[pgx.Tx]) {
 		schema := os.Getenv(crashSchemaEnv)
 		dbURL, err := testenv.WithSearchPath(testenv.DatabaseURL(t), schema)
 		if err != nil {

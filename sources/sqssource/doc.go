@@ -106,7 +106,7 @@
 // disabled, or past MaxExtension), or retried by the runner because of a
 // database failure or a duplicate of its key in the same batch counts one
 // more receive. The runner does not use it for its retry policy when its
-// store counts handler failures (dedup.FailureCounter: pgdedup, sqldedup and
+// store counts handler failures (dedupdriver.Caps.FailureCount: pgdedup, sqldedup and
 // redisdedup do): RetryPolicy.MaxAttempts then means handler failures, and a
 // crash loop does not dead-letter a message (TestCrashLoopIsNotCounted kills
 // a worker ten times with the message in flight). Only when the count cannot
