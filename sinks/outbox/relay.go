@@ -137,7 +137,7 @@ type Config struct {
 	// consumer/otelidemq's RelayHook for metrics. Defaults to none.
 	Hooks []Hook
 	// Schema is the PostgreSQL schema of the outbox table, as given to
-	// Schema.Publish and Schema.Migrate. Defaults to "": the table is
+	// Schema.Publish and dedup/migrate's Config.Schema. Defaults to "": the table is
 	// found through the pool's search_path. SQLite relays refuse one.
 	Schema Schema
 }
