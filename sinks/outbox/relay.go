@@ -349,6 +349,8 @@ type Counts struct {
 	Parked int64
 	// OldestPending is the age of the oldest pending row (0 without one).
 	OldestPending time.Duration
+	// OldestParked is the age of the oldest parked row (0 without one).
+	OldestParked time.Duration
 }
 
 // Relay publishes committed outbox rows through a Publisher.

@@ -219,15 +219,7 @@ func (s *pgStore) cleanup(ctx context.Context, retention time.Duration, n int) (
 }
 
 func (s *pgStore) counts(ctx context.Context) (Counts, error) {
-	var c Counts
-	var age float64
-	err := s.pool.QueryRow(ctx, `SELECT
-		count(*) FILTER (WHERE state = 0), count(*) FILTER (WHERE state = 0 AND attempts > 0),
-		count(*) FILTER (WHERE state = 1), count(*) FILTER (WHERE state = 2),
-		coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 0)), 0)::float8
-		FROM `+s.table).Scan(&c.Pending, &c.Failing, &c.Sent, &c.Parked, &age)
-	c.OldestPending = time.Duration(age * float64(time.Second))
-	return c, err
+	return scanCounts(s.pool.QueryRow(ctx, countsSQL(s.table, true)).Scan)
 }
 
 func (s *pgStore) failures(ctx context.Context, n int) ([]FailureGroup, error) {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/dedup/migrate"
 )
 
 // NewSQLiteRelay returns a relay over the outbox table of a SQLite
@@ -127,17 +128,7 @@ func (s *sqliteStore) cleanup(ctx context.Context, retention time.Duration, n in
 }
 
 func (s *sqliteStore) counts(ctx context.Context) (Counts, error) {
-	var c Counts
-	var oldest sql.NullInt64
-	err := s.db.QueryRowContext(ctx, `SELECT
-		coalesce(sum(state = 0), 0), coalesce(sum(state = 0 AND attempts > 0), 0),
-		coalesce(sum(state = 1), 0), coalesce(sum(state = 2), 0),
-		min(CASE WHEN state = 0 THEN created_at END)
-		FROM `+Table).Scan(&c.Pending, &c.Failing, &c.Sent, &c.Parked, &oldest)
-	if oldest.Valid {
-		c.OldestPending = time.Duration(nowMillis()-oldest.Int64) * time.Millisecond
-	}
-	return c, err
+	return Schema("").Counts(ctx, s.db, migrate.SQLite)
 }
 
 func (s *sqliteStore) failures(ctx context.Context, n int) ([]FailureGroup, error) {
