@@ -5,7 +5,8 @@ import "time"
 // TableReport is a SQL store's account of its processed-message table, read
 // from the table when asked (the store's Report method), for operators and
 // `idemq stats`. Unlike TableStats, which the janitor measures in the
-// background, it also counts expired records, ages and sizes.
+// background, it also counts expired records, ages and sizes. Reading it
+// scans the whole table: it is not for a metrics loop.
 type TableReport struct {
 	// At is the time the report was read, the "now" of its ages and
 	// expiries.
@@ -21,15 +22,6 @@ type TableReport struct {
 	SizeKnown bool
 	// TableBytes is the table's size on disk, IndexBytes its indexes'.
 	TableBytes, IndexBytes int64
-}
-
-// Records returns the number of records of every scope.
-func (r TableReport) Records() int64 {
-	var n int64
-	for _, sc := range r.Scopes {
-		n += sc.Records
-	}
-	return n
 }
 
 // ScopeReport describes the records of one scope.

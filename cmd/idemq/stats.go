@@ -114,7 +114,7 @@ func collectStats(ctx context.Context, store *sqldedup.Store, db *sql.DB) (*tabl
 	if err != nil {
 		return nil, err
 	}
-	st := &tableStats{At: r.At, Table: c.Table, Scopes: []scopeStats{}, Total: r.Records()}
+	st := &tableStats{At: r.At, Table: c.Table, Scopes: []scopeStats{}}
 	var schema outbox.Schema
 	if c.Dialect == sqldedup.Postgres {
 		st.Schema = c.Schema
@@ -126,6 +126,7 @@ func collectStats(ctx context.Context, store *sqldedup.Store, db *sql.DB) (*tabl
 			s.Ages[ageName(sc.Ages, i)] = a.Records
 		}
 		st.Scopes = append(st.Scopes, s)
+		st.Total += s.Records
 	}
 	if r.SizeKnown {
 		st.TableBytes, st.IndexBytes = &r.TableBytes, &r.IndexBytes

@@ -9,12 +9,9 @@ import (
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
-// Report reads the table: per scope its records, oldest and newest, the
-// expired records the janitor has not deleted yet and the records by age;
-// and the sizes of the table and its indexes. It reads every row, so it
-// costs a scan of the table: it is for operators (`idemq stats`), not for
-// a metrics loop (see TableStats). It returns the database's error when the
-// table does not exist.
+// Report reads the table's dedup.TableReport, sizes included, in two
+// statements that scan the whole table. It returns the database's error
+// (SQLSTATE 42P01) when the table does not exist.
 func (s *Store) Report(ctx context.Context) (dedup.TableReport, error) {
 	r := dedup.TableReport{At: time.Now().UTC(), Table: s.cfg.Schema + "." + s.cfg.Table}
 	q, args := sqlstore.ReportQuery(true, s.q.table, r.At)

@@ -9,13 +9,10 @@ import (
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
-// Report reads the table: per scope its records, oldest and newest, the
-// expired records the janitor has not deleted yet and the records by age;
-// and the sizes of the table and its indexes (on SQLite only where the
-// driver has the dbstat table: see TableReport.SizeKnown). It reads every
-// row, so it costs a scan of the table: it is for operators (`idemq
-// stats`), not for a metrics loop (see TableStats). It returns the
-// database's error when the table does not exist.
+// Report reads the table's dedup.TableReport in statements that scan the
+// whole table; on SQLite the sizes are known only where the driver has the
+// dbstat table. It returns the database's error when the table does not
+// exist.
 func (s *Store) Report(ctx context.Context) (dedup.TableReport, error) {
 	pg := s.cfg.Dialect == Postgres
 	r := dedup.TableReport{At: time.Now().UTC(), Table: s.cfg.Table}

@@ -38,35 +38,14 @@ type sqliteStore struct {
 
 func nowMillis() int64 { return time.Now().UnixMilli() }
 
-const sqliteClaimSQL = `SELECT o.seq, o.attempts, o.id, o.destination, o.partition_key, o.routing_key, o.headers, o.body
-FROM ` + Table + ` o
-WHERE o.state = 0
-  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= $2)
-  AND (o.partition_key = '' OR NOT EXISTS (
-        SELECT 1 FROM ` + Table + ` p
-        WHERE p.state = 0 AND p.partition_key = o.partition_key AND p.seq < o.seq))
-ORDER BY o.seq
-LIMIT $1`
-
 func (s *sqliteStore) claimBatch(ctx context.Context, n int) (claim, error) {
-	rows, err := s.db.QueryContext(ctx, sqliteClaimSQL, n, nowMillis())
+	rows, err := s.db.QueryContext(ctx, claimSQL(Table, false), n, nowMillis())
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []row
-	for rows.Next() {
-		var r row
-		var headers string
-		if err := rows.Scan(&r.seq, &r.attempts, &r.msg.ID, &r.msg.Destination, &r.msg.Key, &r.msg.RoutingKey, &headers, &r.msg.Body); err != nil {
-			return nil, err
-		}
-		if err := decodeHeaders(headers, &r.msg); err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := scanClaimed(rows.Next, rows.Scan, rows.Err)
+	if err != nil {
 		return nil, err
 	}
 	return &sqliteClaim{db: s.db, claimed: out}, nil
