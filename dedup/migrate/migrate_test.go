@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 
@@ -223,7 +224,7 @@ func TestMigrateOutboxBeforeVersions(t *testing.T) {
 
 // TestSQL: the printed SQL is rendered for the configured names.
 func TestSQL(t *testing.T) {
-	m, err := migrate.NewPgx(nil, migrate.Config{Schema: "billing", Table: "records"})
+	m, err := migrate.NewSQL(nil, migrate.Config{Schema: "billing", Table: "records"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +237,7 @@ func TestSQL(t *testing.T) {
 	if strings.Contains(s, "processed_messages (") || strings.Contains(s, "processed_messages\n") {
 		t.Errorf("SQL names the default table:\n%s", s)
 	}
-	o, err := migrate.NewPgx(nil, migrate.Config{Line: migrate.Outbox, Schema: "billing"})
+	o, err := migrate.NewSQL(nil, migrate.Config{Line: migrate.Outbox, Schema: "billing"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +274,7 @@ func TestConfigErrors(t *testing.T) {
 			t.Errorf("NewSQL(%+v) = %v; want an *idemq.ConfigError", cfg, err)
 		}
 	}
-	if _, err := migrate.NewPgx(nil, migrate.Config{Dialect: migrate.SQLite}); err == nil {
+	if _, err := migrate.NewPgx(&pgxpool.Pool{}, migrate.Config{Dialect: migrate.SQLite}); err == nil {
 		t.Error("NewPgx with SQLite: no error")
 	}
 }

@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-
-	"github.com/jackc/pgx/v5"
+	"strconv"
+	"strings"
 
 	"github.com/idemq/idemq"
 )
@@ -22,15 +22,28 @@ type Migrator[TTx any] struct {
 	db driver[TTx]
 }
 
-// PgxBeginner is what NewPgx needs of pgx: *pgxpool.Pool and *pgx.Conn fit.
-type PgxBeginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
+// PgxTx is what a Migrator needs of a pgx transaction: pgx.Tx has it. The
+// package names no pgx type, so that a program on database/sql alone does
+// not link pgx; Tag and Row are pgconn.CommandTag and pgx.Row, inferred.
+type PgxTx[Tag any, Row interface{ Scan(dest ...any) error }] interface {
+	Exec(ctx context.Context, sql string, args ...any) (Tag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) Row
+	Commit(ctx context.Context) error
+	Rollback(ctx context.Context) error
+}
+
+// PgxBeginner is what NewPgx needs of pgx: *pgxpool.Pool and *pgx.Conn
+// fit, with TTx pgx.Tx.
+type PgxBeginner[TTx any] interface {
+	Begin(ctx context.Context) (TTx, error)
 }
 
 // NewPgx returns a Migrator for cfg (whose Dialect must be Postgres or
-// empty) on db. db may be nil when only SQL and AllVersions are called. It
-// returns an *idemq.ConfigError for an invalid cfg.
-func NewPgx(db PgxBeginner, cfg Config) (*Migrator[pgx.Tx], error) {
+// empty) on db, a *pgxpool.Pool or *pgx.Conn: its type arguments are
+// inferred, and its transactions are pgx.Tx. To print the SQL without a
+// database, use NewSQL(nil, cfg). It returns an *idemq.ConfigError for an
+// invalid cfg.
+func NewPgx[TTx PgxTx[Tag, Row], Tag any, Row interface{ Scan(dest ...any) error }](db PgxBeginner[TTx], cfg Config) (*Migrator[TTx], error) {
 	if cfg.Dialect != "" && cfg.Dialect != Postgres {
 		return nil, &idemq.ConfigError{Field: "migrate.Config.Dialect", Reason: fmt.Sprintf("%q: NewPgx is for PostgreSQL; use NewSQL", cfg.Dialect)}
 	}
@@ -38,7 +51,7 @@ func NewPgx(db PgxBeginner, cfg Config) (*Migrator[pgx.Tx], error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Migrator[pgx.Tx]{p: p, db: pgxDriver{db: db}}, nil
+	return &Migrator[TTx]{p: p, db: pgxDriver[TTx, Tag, Row]{db: db}}, nil
 }
 
 // SQLBeginner is what NewSQL needs of database/sql: *sql.DB and *sql.Conn
@@ -223,7 +236,7 @@ func (m *Migrator[TTx]) ExistingVersions(ctx context.Context) ([]Migration, erro
 
 // errNoDB is returned by the methods that need a database when the
 // Migrator was made without one.
-var errNoDB = errors.New("migrate: the Migrator has no database (NewPgx or NewSQL with nil)")
+var errNoDB = errors.New("migrate: the Migrator has no database (NewSQL with nil)")
 
 func (m *Migrator[TTx]) needDB() error {
 	if m.db.isNil() {
@@ -243,37 +256,47 @@ type driver[TTx any] interface {
 	versions(ctx context.Context, tx TTx, sql string) ([]Migration, error)
 }
 
-type pgxDriver struct{ db PgxBeginner }
+type pgxDriver[TTx PgxTx[Tag, Row], Tag any, Row interface{ Scan(dest ...any) error }] struct {
+	db PgxBeginner[TTx]
+}
 
-func (d pgxDriver) isNil() bool { return d.db == nil }
+func (d pgxDriver[TTx, Tag, Row]) isNil() bool { return d.db == nil }
 
-func (d pgxDriver) begin(ctx context.Context) (pgx.Tx, error) { return d.db.Begin(ctx) }
+func (d pgxDriver[TTx, Tag, Row]) begin(ctx context.Context) (TTx, error) { return d.db.Begin(ctx) }
 
-func (pgxDriver) commit(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) }
+func (pgxDriver[TTx, Tag, Row]) commit(ctx context.Context, tx TTx) error { return tx.Commit(ctx) }
 
-func (pgxDriver) rollback(ctx context.Context, tx pgx.Tx) { _ = tx.Rollback(ctx) }
+func (pgxDriver[TTx, Tag, Row]) rollback(ctx context.Context, tx TTx) { _ = tx.Rollback(ctx) }
 
-func (pgxDriver) exec(ctx context.Context, tx pgx.Tx, sql string, args ...any) error {
+func (pgxDriver[TTx, Tag, Row]) exec(ctx context.Context, tx TTx, sql string, args ...any) error {
 	_, err := tx.Exec(ctx, sql, args...)
 	return err
 }
 
-func (pgxDriver) exists(ctx context.Context, tx pgx.Tx, sql string, args ...any) (bool, error) {
+func (pgxDriver[TTx, Tag, Row]) exists(ctx context.Context, tx TTx, sql string, args ...any) (bool, error) {
 	var ok bool
 	err := tx.QueryRow(ctx, sql, args...).Scan(&ok)
 	return ok, err
 }
 
-func (pgxDriver) versions(ctx context.Context, tx pgx.Tx, sql string) ([]Migration, error) {
-	rows, err := tx.Query(ctx, sql)
-	if err != nil {
+// versions reads the rows of query (version, name) as one row, as
+// PgxTx offers no Query.
+func (pgxDriver[TTx, Tag, Row]) versions(ctx context.Context, tx TTx, query string) ([]Migration, error) {
+	var all string
+	q := `SELECT coalesce(string_agg(v.version::text || ' ' || v.name, E'\n' ORDER BY v.version), '') FROM (` + query + `) AS v`
+	if err := tx.QueryRow(ctx, q).Scan(&all); err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Migration, error) {
-		var m Migration
-		err := r.Scan(&m.Version, &m.Name)
-		return m, err
-	})
+	var out []Migration
+	for line := range strings.Lines(all) {
+		num, name, _ := strings.Cut(strings.TrimSpace(line), " ")
+		v, err := strconv.Atoi(num)
+		if err != nil {
+			return nil, fmt.Errorf("versions table: %q: %w", line, err)
+		}
+		out = append(out, Migration{Version: v, Name: name})
+	}
+	return out, nil
 }
 
 type sqlDriver struct{ db SQLBeginner }
@@ -314,8 +337,5 @@ func (sqlDriver) versions(ctx context.Context, tx *sql.Tx, query string) ([]Migr
 	return out, rows.Err()
 }
 
-// Compile-time checks that both drivers fit.
-var (
-	_ driver[pgx.Tx]  = pgxDriver{}
-	_ driver[*sql.Tx] = sqlDriver{}
-)
+// Compile-time check that the database/sql driver fits.
+var _ driver[*sql.Tx] = sqlDriver{}

@@ -139,7 +139,7 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	var n int
 	schema := store.Config().Schema
 	err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "Mixed_Case_migrations"}.Sanitize()).Scan(&n)
-	m, merr := migrate.NewPgx(nil, migrate.Config{Schema: schema, Table: "Mixed_Case"})
+	m, merr := migrate.NewSQL(nil, migrate.Config{Schema: schema, Table: "Mixed_Case"})
 	if merr != nil {
 		t.Fatal(merr)
 	}

@@ -19,7 +19,7 @@ func TestWrongTxDoesNotCompile(t *testing.T) {
 	}
 	for _, want := range []string{
 		"*sql.Tx does not implement outbox.PgxQuerier",
-		"*sql.DB does not implement migrate.PgxBeginner",
+		"type *sql.DB of db does not match migrate.PgxBeginner",
 		"struct{} does not implement outbox.SQLQuerier",
 	} {
 		if !strings.Contains(string(out), want) {

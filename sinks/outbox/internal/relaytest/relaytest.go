@@ -228,7 +228,7 @@ func Check(t testing.TB, want []outbox.Message, got []Got, dups bool) int {
 
 // MigrateOutbox creates the outbox table through pool, with cfg's Schema
 // (empty: the first of the pool's search_path).
-func MigrateOutbox(t testing.TB, pool migrate.PgxBeginner, cfg migrate.Config) {
+func MigrateOutbox(t testing.TB, pool *pgxpool.Pool, cfg migrate.Config) {
 	t.Helper()
 	cfg.Line = migrate.Outbox
 	m, err := migrate.NewPgx(pool, cfg)
