@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -12,11 +11,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
-	_ "modernc.org/sqlite"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup/migrate"
-	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/internal/testenv"
 )
 
@@ -73,23 +70,12 @@ func targets() []target {
 			}
 			return m, db
 		}},
-		{"database/sql sqlite", func(t *testing.T, cfg migrate.Config) (runner, *sql.DB) {
-			db, err := sqldedup.OpenSQLite(testCtx(t), filepath.Join(t.TempDir(), "m.db"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { db.Close() })
-			cfg.Dialect = migrate.SQLite
-			m, err := migrate.NewSQL(db, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return m, db
-		}},
 	}
 }
 
-// TestMigrator applies each line to each database: the first Migrate
+// TestMigrator applies each line to PostgreSQL through pgx and
+// database/sql (dedup/sqldedup's tests do SQLite, so that this package's
+// tests need no SQLite driver): the first Migrate
 // applies every migration and records it, the second applies none, and
 // the tables answer a query over every column of the latest migration.
 func TestMigrator(t *testing.T) {
@@ -141,7 +127,7 @@ func TestMigrator(t *testing.T) {
 // TestMigrateConcurrent: every worker may call Migrate at start-up; of
 // concurrent calls, one applies the migrations and the others none.
 func TestMigrateConcurrent(t *testing.T) {
-	for _, tg := range targets()[:2] {
+	for _, tg := range targets() {
 		for _, line := range []migrate.Line{migrate.Dedup, migrate.Outbox} {
 			t.Run(tg.name+"/"+string(line), func(t *testing.T) {
 				m, _ := tg.new(t, migrate.Config{Line: line})
@@ -193,32 +179,6 @@ func TestMigrateTxRollback(t *testing.T) {
 	}
 	if done, err := m.ExistingVersions(ctx); err != nil || len(done) != 0 {
 		t.Fatalf("ExistingVersions after a rolled-back MigrateTx = %v, %v; want none", done, err)
-	}
-}
-
-// TestMigrateOutboxBeforeVersions: an outbox table made before its
-// versions table was kept (every column there, on SQLite whose ADD COLUMN
-// has no IF NOT EXISTS) is brought under versioning without an error.
-func TestMigrateOutboxBeforeVersions(t *testing.T) {
-	db, err := sqldedup.OpenSQLite(testCtx(t), filepath.Join(t.TempDir(), "m.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	ctx := testCtx(t)
-	m, err := migrate.NewSQL(db, migrate.Config{Line: migrate.Outbox, Dialect: migrate.SQLite})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mg := range m.AllVersions() {
-		for stmt := range strings.SplitSeq(mg.Up, ";\n") {
-			if _, err := db.ExecContext(ctx, stmt); err != nil {
-				t.Fatalf("%s: %v", mg.Name, err)
-			}
-		}
-	}
-	if got, err := m.Migrate(ctx); err != nil || len(got) != len(m.AllVersions()) {
-		t.Fatalf("Migrate over an unversioned outbox table = %d, %v; want every migration recorded", len(got), err)
 	}
 }
 
