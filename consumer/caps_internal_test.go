@@ -8,12 +8,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/dedup/redisdedup"
 	"github.com/idemq/idemq/dedup/sqldedup"
 )
 
@@ -77,12 +75,6 @@ func TestRunnerSeesEachStoresCapabilities(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
-	defer rdb.Close()
-	rs, err := redisdedup.New(rdb, redisdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	mem, err := memdedup.New(memdedup.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -104,8 +96,6 @@ func TestRunnerSeesEachStoresCapabilities(t *testing.T) {
 			"AbortClassifier", "TransientClassifier", "PoolSizer", "RetentionReporter", "SchemaChecker", "FailureCounter", "ResultStorer"}},
 		{"memdedup.Store", Transactional(mem, noMem), Transactional(forwardTx[*memdedup.Tx]{mem.Driver()}, noMem), []string{
 			"RetentionReporter", "FailureCounter", "ResultStorer"}},
-		{"redisdedup", Leased(rs, noLease, LeaseOptions{}), Leased(forwardLease{rs.Driver()}, noLease, LeaseOptions{}), []string{
-			"BatchClaimer", "FailureCounter", "ResultCompleter", "DurabilityReporter"}},
 		{"memdedup.Leases", Leased(mem.Leases(), noLease, LeaseOptions{}), Leased(forwardLease{mem.Leases().Driver()}, noLease, LeaseOptions{}), []string{
 			"FailureCounter", "ResultCompleter"}},
 	} {
