@@ -391,6 +391,24 @@ func tableName(c sqldedup.Config) string {
 	return c.Table
 }
 
+// openSQL opens the database of dialect at source through database/sql
+// (PostgreSQL through pgx's stdlib driver) and checks that it answers; see
+// openMode (not noConnect) for a SQLite file. table names the table the
+// command reads, for the error about a missing file.
+func openSQL(ctx context.Context, dialect sqldedup.Dialect, source string, mode openMode, table string) (*sql.DB, error) {
+	if dialect == sqldedup.SQLite {
+		return openSQLite(ctx, source, mode, table)
+	}
+	db, err := sql.Open("pgx", source)
+	if err != nil {
+		return nil, err
+	}
+	if err := db.PingContext(ctx); err != nil {
+		return nil, errors.Join(fmt.Errorf("connect: %w", err), db.Close())
+	}
+	return db, nil
+}
+
 // open opens the database and the store; see openMode.
 func (f *storeFlags) open(ctx context.Context, mode openMode) (*sqldedup.Store, func(), error) {
 	dialect, source, err := dialectOf(f.dsn)
@@ -406,21 +424,12 @@ func (f *storeFlags) open(ctx context.Context, mode openMode) (*sqldedup.Store, 
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
-	var db *sql.DB
-	switch {
-	case mode == noConnect:
-		return store, func() {}, nil // MigrationSQL does not touch the database
-	case dialect == sqldedup.SQLite:
-		if db, err = openSQLite(ctx, source, mode, tableName(store.Config())); err != nil {
-			return nil, nil, err
-		}
-	default:
-		if db, err = sql.Open("pgx", source); err != nil {
-			return nil, nil, err
-		}
-		if err := db.PingContext(ctx); err != nil {
-			return nil, nil, errors.Join(fmt.Errorf("connect: %w", err), db.Close())
-		}
+	if mode == noConnect {
+		return store, func() {}, nil
+	}
+	db, err := openSQL(ctx, dialect, source, mode, tableName(store.Config()))
+	if err != nil {
+		return nil, nil, err
 	}
 	closeDB := func() { db.Close() }
 	store, err = sqldedup.New(db, cfg)
@@ -429,60 +438,6 @@ func (f *storeFlags) open(ctx context.Context, mode openMode) (*sqldedup.Store, 
 		return nil, nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
 	return store, closeDB, nil
-}
-
-func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("migrate", stderr)
-	var sf storeFlags
-	sf.register(fs)
-	print := fs.Bool("print", false, "print the SQL instead of applying it (no connection is made, so no --dsn is needed: without one, PostgreSQL's SQL)")
-	outboxTable := fs.Bool("outbox", false, "the outbox table's migrations (sinks/outbox) instead of the processed-messages table's")
-	if pos, err := parse(fs, args); err != nil {
-		return err
-	} else if len(pos) > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, pos)
-	}
-	if *print && sf.dsn == "" {
-		// The DSN only chooses the dialect of the SQL printed.
-		sf.dsn = "postgres://"
-	}
-	if *outboxTable {
-		return migrateOutbox(ctx, sf.dsn, sf.schema, *print, stdout)
-	}
-	mode := createDB
-	if *print {
-		mode = noConnect
-	}
-	store, closeDB, err := sf.open(ctx, mode)
-	if err != nil {
-		return err
-	}
-	defer closeDB()
-	if *print {
-		sql, err := store.MigrationSQL()
-		if err != nil {
-			return err
-		}
-		fmt.Fprint(stdout, sql)
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	applied, err := store.ApplyMigrations(ctx)
-	if err != nil {
-		return err
-	}
-	c := store.Config()
-	where := tableName(c)
-	if len(applied) == 0 {
-		fmt.Fprintf(stdout, "%s (%s) is already up to date: no migration applied\n", where, c.Dialect)
-		return nil
-	}
-	for _, m := range applied {
-		fmt.Fprintf(stdout, "applied migration %d (%s) to %s (%s)\n", m.Version, m.Name, where, c.Dialect)
-	}
-	fmt.Fprintf(stdout, "%s (%s) is up to date\n", where, c.Dialect)
-	return nil
 }
 
 // keyCommand parses the command line of inspect and purge: a DSN, the

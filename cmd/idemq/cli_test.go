@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/migrate"
 	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/internal/testenv"
 )
@@ -260,9 +261,10 @@ func TestVersionString(t *testing.T) {
 	}
 }
 
-// idemq migrate lists the migrations it applied (version and name), and
-// says "already up to date" when it applied none; the outbox's migrations
-// list what they created.
+// idemq migrate lists the migrations it applied (version and name), for
+// the processed-messages table and the outbox table alike, and says
+// "already up to date" when it applied none; --status lists them as
+// applied.
 func TestMigrateReportsApplied(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -296,24 +298,21 @@ func TestMigrateReportsApplied(t *testing.T) {
 			if code != exitOK {
 				t.Fatalf("first migrate = %d:\n%s%s", code, out, errOut)
 			}
-			var want []string
+			cfg := migrate.Config{Line: migrate.Dedup, Dialect: migrate.SQLite}
 			if tc.outbox {
-				want = []string{"applied the outbox migrations to idemq_outbox", "  table idemq_outbox\n", "  index idemq_outbox_pending_idx\n"}
-				if tc.postgres {
-					want = append(want, "  trigger idemq_outbox_notify\n", "  function idemq_outbox_notify\n")
-				}
-			} else {
-				d := sqldedup.SQLite
-				if tc.postgres {
-					d = sqldedup.Postgres
-				}
-				ms, err := sqldedup.Migrations(d)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, m := range ms {
-					want = append(want, fmt.Sprintf("applied migration %d (%s) to ", m.Version, m.Name))
-				}
+				cfg.Line = migrate.Outbox
+			}
+			if tc.postgres {
+				cfg.Dialect = migrate.Postgres
+			}
+			m, err := migrate.NewSQL(nil, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want, applied []string
+			for _, m := range m.AllVersions() {
+				want = append(want, fmt.Sprintf("applied migration %d (%s) to ", m.Version, m.Name))
+				applied = append(applied, fmt.Sprintf("applied  %d (%s)\n", m.Version, m.Name))
 			}
 			for _, w := range append(want, "is up to date\n") {
 				if !strings.Contains(out, w) {
@@ -326,6 +325,12 @@ func TestMigrateReportsApplied(t *testing.T) {
 			code, out, errOut = idemq(t, args...)
 			if code != exitOK || !strings.Contains(out, "is already up to date: no migration applied\n") || strings.Contains(out, "applied migration") {
 				t.Fatalf("second migrate = %d:\n%s%s", code, out, errOut)
+			}
+			code, out, errOut = idemq(t, append(args, "--status")...)
+			for _, w := range append(applied, ": 0 pending\n") {
+				if code != exitOK || !strings.Contains(out, w) {
+					t.Errorf("migrate --status = %d, lacks %q:\n%s%s", code, w, out, errOut)
+				}
 			}
 		})
 	}

@@ -2,6 +2,7 @@
 //
 //	idemq migrate --dsn URL            # apply the processed-messages table migrations; lists those applied
 //	idemq migrate --print [--dsn URL]  # print them instead: no connection (without a DSN, PostgreSQL's SQL)
+//	idemq migrate --status --dsn URL   # list them as applied or pending
 //	idemq migrate --outbox --dsn URL [--print]  # the same for the outbox table (sinks/outbox)
 //	idemq relay --dsn URL --broker kafka|sqs|rabbitmq  # publish committed outbox rows; --stats shows their counts
 //	idemq dlq list|show|replay|purge --broker kafka|sqs|rabbitmq --dlq TOPIC|QUEUE  # operate dead letters (docs/operations.md)

@@ -7,13 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup/sqldedup"
@@ -32,120 +30,6 @@ func relayCommand() command {
 		summary: "publish the committed rows of the outbox table (sinks/outbox) to a broker (--broker), show their counts and errors (--stats), or retry parked rows (unpark)",
 		run:     runRelay,
 	}
-}
-
-// migrateOutbox applies or prints the outbox table's migrations
-// (idemq migrate --outbox), in schema ("": the first of the search path).
-func migrateOutbox(ctx context.Context, dsn, schemaName string, print bool, stdout io.Writer) error {
-	schema := outbox.Schema(schemaName)
-	dialect, source, err := dialectOf(dsn)
-	if err != nil {
-		return err
-	}
-	if dialect == sqldedup.SQLite && schema != "" {
-		return fmt.Errorf("%w: --schema is for PostgreSQL; SQLite has none", errUsage)
-	}
-	if print {
-		s, err := schema.MigrationSQL(dialect)
-		if err != nil {
-			return err
-		}
-		fmt.Fprint(stdout, s)
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	db, closeDB, err := openOutboxDB(ctx, dialect, source, createDB)
-	if err != nil {
-		return err
-	}
-	defer closeDB()
-	before, err := outboxObjects(ctx, db, schema)
-	if err != nil {
-		return err
-	}
-	switch db := db.(type) {
-	case *pgxpool.Pool:
-		err = schema.Migrate(ctx, db)
-	case *sql.DB:
-		err = schema.MigrateSQL(ctx, db, dialect)
-	}
-	if err != nil {
-		return err
-	}
-	after, err := outboxObjects(ctx, db, schema)
-	if err != nil {
-		return err
-	}
-	// The outbox's migrations are idempotent statements without a versions
-	// table: what they applied is what they created.
-	var created []string
-	for _, o := range after {
-		if !slices.Contains(before, o) {
-			created = append(created, o)
-		}
-	}
-	table := outbox.Table
-	if schema != "" {
-		table = string(schema) + "." + table
-	}
-	if len(created) == 0 {
-		fmt.Fprintf(stdout, "%s (%s) is already up to date: no migration applied\n", table, dialect)
-		return nil
-	}
-	fmt.Fprintf(stdout, "applied the outbox migrations to %s (%s), which created:\n", table, dialect)
-	for _, o := range created {
-		fmt.Fprintf(stdout, "  %s\n", o)
-	}
-	fmt.Fprintf(stdout, "%s (%s) is up to date\n", table, dialect)
-	return nil
-}
-
-// outboxObjects lists the outbox's schema objects ("table idemq_outbox",
-// "index ...", "trigger ...") in the database db (a *pgxpool.Pool, in the
-// schema the migrations use: schema, or the first of the search path; or a
-// SQLite *sql.DB), sorted.
-func outboxObjects(ctx context.Context, db any, schema outbox.Schema) ([]string, error) {
-	switch d := db.(type) {
-	case *pgxpool.Pool:
-		rows, err := d.Query(ctx, `
-WITH s AS (SELECT coalesce(nullif($2, ''), current_schema()) AS name)
-SELECT CASE c.relkind WHEN 'r' THEN 'table' WHEN 'i' THEN 'index' WHEN 'S' THEN 'sequence' ELSE 'relation' END || ' ' || c.relname
-  FROM pg_class c, s WHERE c.relnamespace = to_regnamespace(quote_ident(s.name)) AND c.relname LIKE $1 || '%'
-UNION ALL
-SELECT 'trigger ' || t.tgname FROM pg_trigger t, s WHERE t.tgrelid = to_regclass(quote_ident(s.name) || '.' || $1) AND NOT t.tgisinternal
-UNION ALL
-SELECT 'function ' || p.proname FROM pg_proc p, s WHERE p.pronamespace = to_regnamespace(quote_ident(s.name)) AND p.proname LIKE $1 || '%'
-ORDER BY 1`, outbox.Table, string(schema))
-		if err != nil {
-			return nil, fmt.Errorf("list the outbox's objects: %w", err)
-		}
-		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return nil, fmt.Errorf("list the outbox's objects: %w", err)
-		}
-		return out, nil
-	case *sql.DB:
-		rows, err := d.QueryContext(ctx, `SELECT type || ' ' || name FROM sqlite_master
-  WHERE tbl_name = ? AND name NOT LIKE 'sqlite_autoindex%' ORDER BY 1`, outbox.Table)
-		if err != nil {
-			return nil, fmt.Errorf("list the outbox's objects: %w", err)
-		}
-		defer rows.Close()
-		var out []string
-		for rows.Next() {
-			var o string
-			if err := rows.Scan(&o); err != nil {
-				return nil, fmt.Errorf("list the outbox's objects: %w", err)
-			}
-			out = append(out, o)
-		}
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("list the outbox's objects: %w", err)
-		}
-		return out, nil
-	}
-	return nil, fmt.Errorf("list the outbox's objects: unsupported database %T", db)
 }
 
 // openOutboxDB opens a pgx pool (PostgreSQL) or a *sql.DB (SQLite); see

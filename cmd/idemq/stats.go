@@ -5,26 +5,17 @@ import (
 	"database/sql"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/sinks/outbox"
 )
 
-// ageBuckets are the upper bounds of the age distribution of `idemq stats`.
-var ageBuckets = []struct {
-	name string
-	max  time.Duration
-}{
-	{"<1m", time.Minute},
-	{"<1h", time.Hour},
-	{"<1d", 24 * time.Hour},
-	{"<7d", 7 * 24 * time.Hour},
-}
+// ageColumns are the age buckets of the stores' reports
+// (dedup.ScopeReport.Ages), as ageName names them.
+var ageColumns = []string{"<1m", "<1h", "<1d", "<7d", ">=7d"}
 
 // scopeStats describes the records of one scope.
 type scopeStats struct {
@@ -84,24 +75,24 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	var db *sql.DB
-	if dialect == sqldedup.SQLite {
-		if sf.schema != "" {
-			return fmt.Errorf("%w: --schema is for PostgreSQL; SQLite has none", errUsage)
-		}
-		table := sf.table
-		if table == "" {
-			table = sqldedup.DefaultTable
-		}
-		db, err = openSQLite(ctx, source, existingDB, table)
-	} else {
-		db, err = sql.Open("pgx", source)
+	if dialect == sqldedup.SQLite && sf.schema != "" {
+		return fmt.Errorf("%w: --schema is for PostgreSQL; SQLite has none", errUsage)
 	}
+	cfg := sqldedup.Config{Dialect: dialect, Schema: sf.schema, Table: sf.table}
+	// Validate the names before any connection or file is made.
+	store, err := sqldedup.New(&sql.DB{}, cfg)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	db, err := openSQL(ctx, dialect, source, existingDB, tableName(store.Config()))
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	st, err := collectStats(ctx, db, dialect, sf.schema, sf.table, time.Now())
+	if store, err = sqldedup.New(db, cfg); err != nil {
+		return err
+	}
+	st, err := collectStats(ctx, store, db)
 	if err != nil {
 		return err
 	}
@@ -112,166 +103,89 @@ func runStats(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return nil
 }
 
-// collectStats reads the statistics of the processed-messages table.
-func collectStats(ctx context.Context, db *sql.DB, dialect sqldedup.Dialect, schema, table string, now time.Time) (*tableStats, error) {
-	if schema == "" {
-		schema = "public"
-	}
-	if table == "" {
-		table = "processed_messages"
-	}
-	st := &tableStats{At: now.UTC(), Table: table, Scopes: []scopeStats{}}
-	var name, q string
-	var cutoffs []any
-	if dialect == sqldedup.Postgres {
-		st.Schema = schema
-		name = pgx.Identifier{schema, table}.Sanitize()
-		var b strings.Builder
-		b.WriteString(`SELECT scope, count(*), min(processed_at), max(processed_at), count(*) FILTER (WHERE expires_at <= $1)`)
-		for i := range ageBuckets {
-			fmt.Fprintf(&b, `, count(*) FILTER (WHERE processed_at > $%d)`, i+2)
-			cutoffs = append(cutoffs, now.Add(-ageBuckets[i].max))
-		}
-		q = b.String() + ` FROM ` + name + ` GROUP BY scope ORDER BY scope`
-		cutoffs = append([]any{now}, cutoffs...)
-	} else {
-		name = `"` + strings.ReplaceAll(table, `"`, `""`) + `"`
-		var b strings.Builder
-		b.WriteString(`SELECT scope, count(*), min(processed_at), max(processed_at), sum(expires_at <= ?)`)
-		for i := range ageBuckets {
-			b.WriteString(`, sum(processed_at > ?)`)
-			cutoffs = append(cutoffs, now.Add(-ageBuckets[i].max).UnixMicro())
-		}
-		q = b.String() + ` FROM ` + name + ` GROUP BY scope ORDER BY scope`
-		cutoffs = append([]any{now.UnixMicro()}, cutoffs...)
-	}
-	rows, err := db.QueryContext(ctx, q, cutoffs...)
+// collectStats reads the report of store's table and the counts of the
+// outbox table in its schema (or SQLite file) through db, store's database.
+func collectStats(ctx context.Context, store *sqldedup.Store, db *sql.DB) (*tableStats, error) {
+	c := store.Config()
+	r, err := store.Report(ctx)
 	if isNoTable(err) {
-		return nil, &noTableError{Table: strings.ReplaceAll(name, `"`, "")}
+		return nil, &noTableError{Table: tableName(c)}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var s scopeStats
-		younger := make([]int64, len(ageBuckets))
-		dest := []any{&s.Scope, &s.Records, nil, nil, &s.Expired}
-		var oldestT, newestT time.Time
-		var oldestU, newestU int64
-		if dialect == sqldedup.Postgres {
-			dest[2], dest[3] = &oldestT, &newestT
-		} else {
-			dest[2], dest[3] = &oldestU, &newestU
-		}
-		for i := range younger {
-			dest = append(dest, &younger[i])
-		}
-		if err := rows.Scan(dest...); err != nil {
-			return nil, fmt.Errorf("read %s: %w", name, err)
-		}
-		if dialect != sqldedup.Postgres {
-			oldestT, newestT = time.UnixMicro(oldestU), time.UnixMicro(newestU)
-		}
-		s.Oldest, s.Newest = oldestT.UTC(), newestT.UTC()
-		// younger[i] counts records newer than bound i: cumulative.
-		s.Ages = map[string]int64{}
-		prev := int64(0)
-		for i, b := range ageBuckets {
-			s.Ages[b.name] = younger[i] - prev
-			prev = younger[i]
-		}
-		s.Ages[">=7d"] = s.Records - prev
-		st.Total += s.Records
-		st.Scopes = append(st.Scopes, s)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
-	}
-	var tableBytes, indexBytes sql.NullInt64
-	if dialect == sqldedup.Postgres {
-		err := db.QueryRowContext(ctx, `SELECT pg_table_size(to_regclass($1)), pg_indexes_size(to_regclass($1))`, name).Scan(&tableBytes, &indexBytes)
-		if err != nil {
-			return nil, fmt.Errorf("size of %s: %w", name, err)
-		}
-	} else {
-		// dbstat is compiled into the SQLite driver; without it the
-		// sizes stay unknown (null).
-		_ = db.QueryRowContext(ctx, `SELECT (SELECT sum(pgsize) FROM dbstat WHERE name = ?1),
-			(SELECT coalesce(sum(d.pgsize), 0) FROM dbstat d JOIN sqlite_master m ON m.name = d.name WHERE m.type = 'index' AND m.tbl_name = ?1)`,
-			table).Scan(&tableBytes, &indexBytes)
-	}
-	if tableBytes.Valid && indexBytes.Valid {
-		st.TableBytes, st.IndexBytes = &tableBytes.Int64, &indexBytes.Int64
-	}
-	if st.Outbox, err = collectOutboxStats(ctx, db, dialect, schema); err != nil {
 		return nil, err
 	}
+	st := &tableStats{At: r.At, Table: c.Table, Scopes: []scopeStats{}}
+	var schema outbox.Schema
+	if c.Dialect == sqldedup.Postgres {
+		st.Schema = c.Schema
+		schema = outbox.Schema(c.Schema)
+	}
+	for _, sc := range r.Scopes {
+		s := scopeStats{Scope: sc.Scope, Records: sc.Records, Oldest: sc.Oldest, Newest: sc.Newest, Expired: sc.Expired, Ages: map[string]int64{}}
+		for i, a := range sc.Ages {
+			s.Ages[ageName(sc.Ages, i)] = a.Records
+		}
+		st.Scopes = append(st.Scopes, s)
+		st.Total += s.Records
+	}
+	if r.SizeKnown {
+		st.TableBytes, st.IndexBytes = &r.TableBytes, &r.IndexBytes
+	}
+	counts, err := schema.Counts(ctx, db, c.Dialect)
+	switch {
+	case isNoTable(err):
+		return st, nil
+	case err != nil:
+		return nil, fmt.Errorf("read %s: %w", outbox.Table, err)
+	}
+	o := &outboxStats{Table: outbox.Table, Pending: counts.Pending, Sent: counts.Sent, Parked: counts.Parked}
+	since := func(n int64, age time.Duration) *time.Time {
+		if n == 0 {
+			return nil
+		}
+		t := st.At.Add(-age)
+		return &t
+	}
+	o.OldestPending, o.OldestParked = since(counts.Pending, counts.OldestPending), since(counts.Parked, counts.OldestParked)
+	st.Outbox = o
 	return st, nil
 }
 
-// collectOutboxStats counts the outbox table's rows by state, and returns
-// nil when the schema (or SQLite file) has no outbox table.
-func collectOutboxStats(ctx context.Context, db *sql.DB, dialect sqldedup.Dialect, schema string) (*outboxStats, error) {
-	var name, exists, q string
-	// States: 0 pending, 1 sent, 2 parked (sinks/outbox).
-	if dialect == sqldedup.Postgres {
-		name = pgx.Identifier{schema, outbox.Table}.Sanitize()
-		exists = `SELECT to_regclass($1) IS NOT NULL`
-		q = `SELECT count(*) FILTER (WHERE state = 0), count(*) FILTER (WHERE state = 1), count(*) FILTER (WHERE state = 2),
-			min(created_at) FILTER (WHERE state = 0), min(created_at) FILTER (WHERE state = 2) FROM ` + name
-	} else {
-		name = outbox.Table
-		exists = `SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?`
-		q = `SELECT coalesce(sum(state = 0), 0), coalesce(sum(state = 1), 0), coalesce(sum(state = 2), 0),
-			min(CASE WHEN state = 0 THEN created_at END), min(CASE WHEN state = 2 THEN created_at END) FROM ` + name
-	}
-	var ok bool
-	if err := db.QueryRowContext(ctx, exists, name).Scan(&ok); err != nil {
-		return nil, fmt.Errorf("look for %s: %w", name, err)
-	}
-	if !ok {
-		return nil, nil
-	}
-	o := &outboxStats{Table: outbox.Table}
-	var pendingT, parkedT sql.NullTime
-	var pendingMs, parkedMs sql.NullInt64 // SQLite: Unix milliseconds
-	dest := []any{&o.Pending, &o.Sent, &o.Parked, &pendingT, &parkedT}
-	if dialect != sqldedup.Postgres {
-		dest[3], dest[4] = &pendingMs, &parkedMs
-	}
-	if err := db.QueryRowContext(ctx, q).Scan(dest...); err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
-	}
-	at := func(t sql.NullTime, ms sql.NullInt64) *time.Time {
+// ageName names bucket i of ages as `idemq stats` shows it: "<1m", "<1h",
+// "<1d", "<7d", and ">=7d" for the last.
+func ageName(ages []dedup.AgeCount, i int) string {
+	short := func(d time.Duration) string {
 		switch {
-		case t.Valid:
-			u := t.Time.UTC()
-			return &u
-		case ms.Valid:
-			u := time.UnixMilli(ms.Int64).UTC()
-			return &u
+		case d%(24*time.Hour) == 0:
+			return fmt.Sprintf("%dd", d/(24*time.Hour))
+		case d%time.Hour == 0:
+			return fmt.Sprintf("%dh", d/time.Hour)
 		}
-		return nil
+		return fmt.Sprintf("%dm", d/time.Minute)
 	}
-	o.OldestPending, o.OldestParked = at(pendingT, pendingMs), at(parkedT, parkedMs)
-	return o, nil
+	if u := ages[i].Under; u > 0 {
+		return "<" + short(u)
+	}
+	if i == 0 {
+		return "all"
+	}
+	return ">=" + short(ages[i-1].Under)
 }
 
 func printStats(w io.Writer, st *tableStats) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "scope\trecords\texpired, not deleted\toldest\tnewest")
-	for _, b := range ageBuckets {
-		fmt.Fprintf(tw, "\t%s", b.name)
+	for _, b := range ageColumns {
+		fmt.Fprintf(tw, "\t%s", b)
 	}
-	fmt.Fprintf(tw, "\t>=7d\n")
+	fmt.Fprintln(tw)
 	for _, s := range st.Scopes {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s", s.Scope, s.Records, s.Expired,
 			s.Oldest.Format(time.RFC3339), s.Newest.Format(time.RFC3339))
-		for _, b := range ageBuckets {
-			fmt.Fprintf(tw, "\t%d", s.Ages[b.name])
+		for _, b := range ageColumns {
+			fmt.Fprintf(tw, "\t%d", s.Ages[b])
 		}
-		fmt.Fprintf(tw, "\t%d\n", s.Ages[">=7d"])
+		fmt.Fprintln(tw)
 	}
 	_ = tw.Flush()
 	qualify := func(table string) string {

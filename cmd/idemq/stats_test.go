@@ -12,9 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemq/idemq/dedup/sqldedup"
+	"github.com/idemq/idemq/dedup/migrate"
 	"github.com/idemq/idemq/internal/testenv"
-	"github.com/idemq/idemq/sinks/outbox"
 )
 
 // statsRows are the records the stats tests insert: ages and expiries
@@ -219,7 +218,11 @@ func TestStatsOutboxPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	if err := outbox.MigrateSQL(ctx, db, sqldedup.Postgres); err != nil {
+	m, err := migrate.NewSQL(db, migrate.Config{Line: migrate.Outbox})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()

@@ -68,9 +68,9 @@
 //
 // # Schema
 //
-// Migrate applies the embedded, numbered migrations (see Migrations; the files
-// are dedup/internal/sqlstore/postgres/*.sql, plain SQL with goose annotations,
-// shared with dedup/sqldedup) for the configured schema and table;
-// ApplyMigrations also returns the ones it applied, and MigrationSQL prints them. Schema and table names are validated as plain identifiers
+// Migrate applies the embedded, numbered migrations (dedup/migrate's Dedup
+// line, plain SQL with goose annotations, shared with dedup/sqldedup) for the
+// configured schema and table. dedup/migrate also applies them in your
+// transaction, prints them and lists those applied. Schema and table names are validated as plain identifiers
 // and quoted; configuration cannot inject SQL.
 package pgdedup

@@ -20,6 +20,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/deduptest"
+	"github.com/idemq/idemq/dedup/migrate"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/testenv"
 )
@@ -120,38 +121,6 @@ func TestNewRejectsNonIdentifiers(t *testing.T) {
 	}
 }
 
-// ApplyMigrations reports the migrations it applied: all of them on an
-// empty schema, none on a second call.
-func TestApplyMigrationsReportsApplied(t *testing.T) {
-	ctx := testCtx(t)
-	url := testenv.DatabaseURL(t)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.ClosePoolAtCleanup(t, pool)
-	store, err := pgdedup.New(pool, pgdedup.Config{Schema: testenv.Schema(t, url)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := pgdedup.Migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := store.ApplyMigrations(ctx)
-	if err != nil || len(got) != len(want) || len(got) == 0 {
-		t.Fatalf("first ApplyMigrations = %d migrations, %v; want %d", len(got), err, len(want))
-	}
-	for i := range got {
-		if got[i].Version != want[i].Version || got[i].Name != want[i].Name {
-			t.Errorf("applied[%d] = %d %s, want %d %s", i, got[i].Version, got[i].Name, want[i].Version, want[i].Name)
-		}
-	}
-	if again, err := store.ApplyMigrations(ctx); err != nil || len(again) != 0 {
-		t.Fatalf("second ApplyMigrations = %v, %v; want none", again, err)
-	}
-}
-
 func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	store, pool := newStore(t, pgdedup.Config{Table: "Mixed_Case"})
 	ctx := testCtx(t)
@@ -170,7 +139,11 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	var n int
 	schema := store.Config().Schema
 	err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "Mixed_Case_migrations"}.Sanitize()).Scan(&n)
-	ms, _ := pgdedup.Migrations()
+	m, merr := migrate.NewSQL(nil, migrate.Config{Schema: schema, Table: "Mixed_Case"})
+	if merr != nil {
+		t.Fatal(merr)
+	}
+	ms := m.AllVersions()
 	if err != nil || n != len(ms) {
 		t.Fatalf("migrations applied = %d, %v; want %d", n, err, len(ms))
 	}
@@ -184,9 +157,8 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	if err != nil || idx != 1 {
 		t.Fatalf("expiry index = %d, %v; want 1", idx, err)
 	}
-	sql, err := store.MigrationSQL()
-	if err != nil || !strings.Contains(sql, `"Mixed_Case"`) || strings.Contains(sql, "EXISTS processed_messages") {
-		t.Fatalf("MigrationSQL not rendered for the configured table: %v\n%s", err, sql)
+	if sql := m.SQL(); !strings.Contains(sql, `"Mixed_Case"`) || strings.Contains(sql, "EXISTS processed_messages") {
+		t.Fatalf("migration SQL not rendered for the configured table:\n%s", sql)
 	}
 }
 

@@ -7,25 +7,24 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/migrate"
 )
 
-// Dialect names the SQL dialect of the database behind a Store.
-type Dialect string
+// Dialect names the SQL dialect of the database behind a Store. It is
+// dedup/migrate's Dialect.
+type Dialect = migrate.Dialect
 
 // The supported dialects.
 const (
 	// SQLite is SQLite 3.37 or newer, for example through modernc.org/sqlite
 	// (pure Go, driver name "sqlite"). SQLite has one writer at a time: see
 	// the package documentation and OpenSQLite.
-	SQLite Dialect = "sqlite"
+	SQLite = migrate.SQLite
 	// Postgres is PostgreSQL 12 or newer, for example through
 	// github.com/jackc/pgx/v5/stdlib (driver name "pgx"). The table is the
 	// one dedup/pgdedup uses, so both stores can share it.
-	Postgres Dialect = "postgres"
+	Postgres = migrate.Postgres
 )
-
-// String returns the dialect's name.
-func (d Dialect) String() string { return string(d) }
 
 // maxKeysPerStatement bounds the keys sent in one statement, well below the
 // parameter limits of SQLite (32766) and PostgreSQL (65535).

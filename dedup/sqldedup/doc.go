@@ -69,11 +69,10 @@
 //
 // # Schema
 //
-// Migrate applies the embedded, numbered migrations of the dialect (see
-// Migrations; plain SQL with goose annotations: migrations/sqlite here, and
-// for PostgreSQL the files shared with dedup/pgdedup)
-// for the configured schema and table; ApplyMigrations also returns the
-// ones it applied, and MigrationSQL prints them. Schema and
+// Migrate applies the embedded, numbered migrations of the dialect (those of
+// dedup/migrate's Dedup line: for PostgreSQL the files dedup/pgdedup
+// applies too) for the configured schema and table. dedup/migrate also
+// applies them in your transaction, prints them and lists those applied. Schema and
 // table names are validated as plain identifiers and quoted; configuration
 // cannot inject SQL. SQLite stores times as Unix microseconds (UTC).
 package sqldedup

@@ -131,7 +131,7 @@ type Store struct {
 }
 
 // New returns a Store over db. It validates cfg; it does not touch the
-// database (call Migrate, or apply the SQL of MigrationSQL yourself).
+// database (call Migrate, or apply dedup/migrate's SQL yourself).
 func New(db DB, cfg Config) (*Store, error) {
 	var l cfgerr.List
 	if db == nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/deduptest"
+	"github.com/idemq/idemq/dedup/migrate"
 	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/internal/testenv"
 )
@@ -166,32 +167,6 @@ func TestConfigValidation(t *testing.T) {
 	}
 }
 
-func TestMigrationSQL(t *testing.T) {
-	for _, d := range []sqldedup.Dialect{sqldedup.SQLite, sqldedup.Postgres} {
-		cfg := sqldedup.Config{Dialect: d, Table: "billing_msgs"}
-		if d == sqldedup.Postgres {
-			cfg.Schema = "billing"
-		}
-		s, err := sqldedup.New(&sql.DB{}, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := s.MigrationSQL()
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := `"billing_msgs"`
-		if d == sqldedup.Postgres {
-			want = `"billing"."billing_msgs"`
-		}
-		if !strings.Contains(got, "CREATE TABLE IF NOT EXISTS "+want) ||
-			!strings.Contains(got, `"billing_msgs_expires_at_idx"`) ||
-			strings.Contains(got, "processed_messages\"") || strings.Contains(got, "processed_messages (") {
-			t.Errorf("%s: MigrationSQL not rendered for the configured table:\n%s", d, got)
-		}
-	}
-}
-
 func TestMigrateTwiceAndConcurrently(t *testing.T) {
 	for name, open := range backends() {
 		t.Run(name, func(t *testing.T) {
@@ -211,48 +186,13 @@ func TestMigrateTwiceAndConcurrently(t *testing.T) {
 			if c := store.Config(); c.Dialect == sqldedup.Postgres {
 				table = `"` + c.Schema + `".` + table
 			}
-			ms, _ := sqldedup.Migrations(store.Config().Dialect)
+			m, err := migrate.NewSQL(nil, migrate.Config{Dialect: store.Config().Dialect})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ms := m.AllVersions()
 			if err := db.QueryRowContext(ctx, "SELECT count(*) FROM "+table).Scan(&versions); err != nil || versions != len(ms) {
 				t.Fatalf("applied migrations = %d, %v; want %d", versions, err, len(ms))
-			}
-		})
-	}
-}
-
-// ApplyMigrations reports the migrations it applied: all of them on an
-// empty database, none on a second call.
-func TestApplyMigrationsReportsApplied(t *testing.T) {
-	for name, open := range map[string]func(t *testing.T) (*sql.DB, sqldedup.Config){
-		"sqlite": func(t *testing.T) (*sql.DB, sqldedup.Config) {
-			return sqliteFile(t), sqldedup.Config{Dialect: sqldedup.SQLite}
-		},
-		"postgres": func(t *testing.T) (*sql.DB, sqldedup.Config) {
-			db, schema := postgres(t)
-			return db, sqldedup.Config{Dialect: sqldedup.Postgres, Schema: schema}
-		},
-	} {
-		t.Run(name, func(t *testing.T) {
-			db, cfg := open(t)
-			store, err := sqldedup.New(db, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx := testCtx(t)
-			want, err := sqldedup.Migrations(cfg.Dialect)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := store.ApplyMigrations(ctx)
-			if err != nil || len(got) != len(want) || len(got) == 0 {
-				t.Fatalf("first ApplyMigrations = %d migrations, %v; want %d", len(got), err, len(want))
-			}
-			for i := range got {
-				if got[i].Version != want[i].Version || got[i].Name != want[i].Name {
-					t.Errorf("applied[%d] = %d %s, want %d %s", i, got[i].Version, got[i].Name, want[i].Version, want[i].Name)
-				}
-			}
-			if again, err := store.ApplyMigrations(ctx); err != nil || len(again) != 0 {
-				t.Fatalf("second ApplyMigrations = %v, %v; want none", again, err)
 			}
 		})
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/idemq/idemq/consumer/consumertest"
 	"github.com/idemq/idemq/consumer/otelidemq"
 	"github.com/idemq/idemq/dedup/dedupdriver"
+	"github.com/idemq/idemq/dedup/migrate"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/sinks/outbox"
@@ -137,7 +138,8 @@ func publish(ctx context.Context, pool *pgxpool.Pool) {
 // docs/outbox.md: a schema, a routing key and a batch handler.
 func publishBatch(ctx context.Context, pool *pgxpool.Pool, pub outbox.Publisher) {
 	billing := outbox.Schema("billing") // the table lives in schema billing, whatever the search_path
-	_ = billing.Migrate(ctx, pool)      // idemq migrate --outbox --schema billing
+	m, _ := migrate.NewPgx(pool, migrate.Config{Line: migrate.Outbox, Schema: string(billing)})
+	_, _ = m.Migrate(ctx) // idemq migrate --outbox --schema billing
 	chargeAll := func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
 		for _, m := range msgs {
 			// m.KeyContext(ctx) carries m's IdempotencyKey: each event gets m's stable id.

@@ -27,6 +27,7 @@
 // metrics). Publish stores the handler span's trace context in the row's
 // headers, so the published message continues the handler's trace.
 //
-// The migrations are embedded: Migrate, MigrateTx, MigrateSQL, MigrateTxSQL,
-// MigrationSQL, and `idemq migrate --outbox [--schema S] [--print]`.
+// The outbox table's migrations are those of dedup/migrate's Outbox line:
+// migrate.NewPgx (or NewSQL) with Config{Line: migrate.Outbox}, and
+// `idemq migrate --outbox [--schema S] [--print|--status]`.
 package outbox

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup/migrate"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/outbox/kafkaoutbox"
@@ -36,7 +37,11 @@ func Example() {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	if err := outbox.Migrate(ctx, pool); err != nil {
+	outboxMigrator, err := migrate.NewPgx(pool, migrate.Config{Line: migrate.Outbox})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := outboxMigrator.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
 

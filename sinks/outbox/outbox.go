@@ -13,12 +13,13 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup/migrate"
 )
 
 // Table is the name of the outbox table that the migrations create and
 // Publish and the relay use. Without a Schema (the default) it is found
 // through the connection's search_path on PostgreSQL.
-const Table = "idemq_outbox"
+const Table = migrate.OutboxTable
 
 // Schema is the PostgreSQL schema that holds the outbox table. The empty
 // Schema, the default of the package-level functions and of

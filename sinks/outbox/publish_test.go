@@ -16,10 +16,12 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup/migrate"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sinks/outbox"
+	"github.com/idemq/idemq/sinks/outbox/internal/relaytest"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -46,9 +48,7 @@ func newPoolSchema(t *testing.T) (*pgxpool.Pool, string) {
 		t.Fatal(err)
 	}
 	testenv.ClosePoolAtCleanup(t, pool)
-	if err := outbox.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
+	relaytest.MigrateOutbox(t, pool, migrate.Config{})
 	return pool, schema
 }
 
@@ -62,7 +62,11 @@ func newSQLite(t *testing.T) *sql.DB {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	if err := outbox.MigrateSQL(ctx, db, sqldedup.SQLite); err != nil {
+	m, err := migrate.NewSQL(db, migrate.Config{Line: migrate.Outbox, Dialect: migrate.SQLite})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	return db

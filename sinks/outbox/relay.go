@@ -137,7 +137,7 @@ type Config struct {
 	// consumer/otelidemq's RelayHook for metrics. Defaults to none.
 	Hooks []Hook
 	// Schema is the PostgreSQL schema of the outbox table, as given to
-	// Schema.Publish and Schema.Migrate. Defaults to "": the table is
+	// Schema.Publish and dedup/migrate's Config.Schema. Defaults to "": the table is
 	// found through the pool's search_path. SQLite relays refuse one.
 	Schema Schema
 }
@@ -349,6 +349,8 @@ type Counts struct {
 	Parked int64
 	// OldestPending is the age of the oldest pending row (0 without one).
 	OldestPending time.Duration
+	// OldestParked is the age of the oldest parked row (0 without one).
+	OldestParked time.Duration
 }
 
 // Relay publishes committed outbox rows through a Publisher.

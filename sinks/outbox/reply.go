@@ -299,7 +299,7 @@ func (r *Resender) OnClaimed(ctx context.Context, m *consumer.Message, c consume
 // Resender in its Hooks refuses to start without the outbox table: one
 // statement that reads no row checks that the table exists with the
 // columns of the latest migration. It returns a *dedup.SchemaError (naming
-// Migrate and `idemq migrate --outbox`) when it does not, the database's
+// dedup/migrate and `idemq migrate --outbox`) when it does not, the database's
 // error when it could not be asked.
 func (r *Resender) CheckSchema(ctx context.Context) error {
 	t := r.cfg.Schema.table()
@@ -310,7 +310,7 @@ func (r *Resender) CheckSchema(ctx context.Context) error {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil
 	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000" || pgErr.Code == "42703"):
-		return &dedup.SchemaError{Table: t, Migrate: "create it with outbox.Migrate (or run `idemq migrate --outbox`)", Err: err}
+		return &dedup.SchemaError{Table: t, Migrate: "create it with dedup/migrate's Outbox line (or run `idemq migrate --outbox`)", Err: err}
 	case err != nil:
 		return fmt.Errorf("outbox: check schema: %w", err)
 	}

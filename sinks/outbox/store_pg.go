@@ -34,20 +34,24 @@ type pgStore struct {
 }
 
 // claimSQL selects the eligible rows: pending, due, and the oldest pending
-// row of their key (rows without a key are not ordered). Rows another relay
-// locked are skipped; their key's later rows are not eligible, because the
-// locked row is still pending.
-func claimSQL(table string) string {
+// row of their key (rows without a key are not ordered); $1 is the most to
+// select. On PostgreSQL, rows another relay locked are skipped; their key's
+// later rows are not eligible, because the locked row is still pending.
+// On SQLite (one relay at a time), $2 is the time now in Unix milliseconds.
+func claimSQL(table string, postgres bool) string {
+	now, lock := "$2", ""
+	if postgres {
+		now, lock = "now()", "\nFOR UPDATE OF o SKIP LOCKED"
+	}
 	return `SELECT o.seq, o.attempts, o.id, o.destination, o.partition_key, o.routing_key, o.headers, o.body
 FROM ` + table + ` o
 WHERE o.state = 0
-  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= ` + now + `)
   AND (o.partition_key = '' OR NOT EXISTS (
         SELECT 1 FROM ` + table + ` p
         WHERE p.state = 0 AND p.partition_key = o.partition_key AND p.seq < o.seq))
 ORDER BY o.seq
-LIMIT $1
-FOR UPDATE OF o SKIP LOCKED`
+LIMIT $1` + lock
 }
 
 // claimBatch opens a transaction on a connection of its own and claims
@@ -59,7 +63,7 @@ func (s *pgStore) claimBatch(ctx context.Context, n int) (claim, error) {
 	}
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
-	b.Queue(claimSQL(s.table), n)
+	b.Queue(claimSQL(s.table, true), n)
 	br := conn.SendBatch(ctx, b)
 	out, err := scanClaim(br)
 	if cerr := br.Close(); err == nil {
@@ -83,11 +87,16 @@ func scanClaim(br pgx.BatchResults) ([]row, error) {
 		return nil, err
 	}
 	defer rows.Close()
+	return scanClaimed(rows.Next, rows.Scan, rows.Err)
+}
+
+// scanClaimed reads the rows of claimSQL.
+func scanClaimed(next func() bool, scan func(dest ...any) error, rowsErr func() error) ([]row, error) {
 	var out []row
-	for rows.Next() {
+	for next() {
 		var r row
 		var headers string
-		if err := rows.Scan(&r.seq, &r.attempts, &r.msg.ID, &r.msg.Destination, &r.msg.Key, &r.msg.RoutingKey, &headers, &r.msg.Body); err != nil {
+		if err := scan(&r.seq, &r.attempts, &r.msg.ID, &r.msg.Destination, &r.msg.Key, &r.msg.RoutingKey, &headers, &r.msg.Body); err != nil {
 			return nil, err
 		}
 		if err := decodeHeaders(headers, &r.msg); err != nil {
@@ -95,7 +104,7 @@ func scanClaim(br pgx.BatchResults) ([]row, error) {
 		}
 		out = append(out, r)
 	}
-	return out, rows.Err()
+	return out, rowsErr()
 }
 
 // decodeHeaders decodes a row's headers column into m.Headers.
@@ -219,15 +228,7 @@ func (s *pgStore) cleanup(ctx context.Context, retention time.Duration, n int) (
 }
 
 func (s *pgStore) counts(ctx context.Context) (Counts, error) {
-	var c Counts
-	var age float64
-	err := s.pool.QueryRow(ctx, `SELECT
-		count(*) FILTER (WHERE state = 0), count(*) FILTER (WHERE state = 0 AND attempts > 0),
-		count(*) FILTER (WHERE state = 1), count(*) FILTER (WHERE state = 2),
-		coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 0)), 0)::float8
-		FROM `+s.table).Scan(&c.Pending, &c.Failing, &c.Sent, &c.Parked, &age)
-	c.OldestPending = time.Duration(age * float64(time.Second))
-	return c, err
+	return scanCounts(s.pool.QueryRow(ctx, countsSQL(s.table, true)).Scan)
 }
 
 func (s *pgStore) failures(ctx context.Context, n int) ([]FailureGroup, error) {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/dedup/migrate"
 )
 
 // NewSQLiteRelay returns a relay over the outbox table of a SQLite
@@ -37,35 +38,14 @@ type sqliteStore struct {
 
 func nowMillis() int64 { return time.Now().UnixMilli() }
 
-const sqliteClaimSQL = `SELECT o.seq, o.attempts, o.id, o.destination, o.partition_key, o.routing_key, o.headers, o.body
-FROM ` + Table + ` o
-WHERE o.state = 0
-  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= $2)
-  AND (o.partition_key = '' OR NOT EXISTS (
-        SELECT 1 FROM ` + Table + ` p
-        WHERE p.state = 0 AND p.partition_key = o.partition_key AND p.seq < o.seq))
-ORDER BY o.seq
-LIMIT $1`
-
 func (s *sqliteStore) claimBatch(ctx context.Context, n int) (claim, error) {
-	rows, err := s.db.QueryContext(ctx, sqliteClaimSQL, n, nowMillis())
+	rows, err := s.db.QueryContext(ctx, claimSQL(Table, false), n, nowMillis())
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []row
-	for rows.Next() {
-		var r row
-		var headers string
-		if err := rows.Scan(&r.seq, &r.attempts, &r.msg.ID, &r.msg.Destination, &r.msg.Key, &r.msg.RoutingKey, &headers, &r.msg.Body); err != nil {
-			return nil, err
-		}
-		if err := decodeHeaders(headers, &r.msg); err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := scanClaimed(rows.Next, rows.Scan, rows.Err)
+	if err != nil {
 		return nil, err
 	}
 	return &sqliteClaim{db: s.db, claimed: out}, nil
@@ -127,17 +107,7 @@ func (s *sqliteStore) cleanup(ctx context.Context, retention time.Duration, n in
 }
 
 func (s *sqliteStore) counts(ctx context.Context) (Counts, error) {
-	var c Counts
-	var oldest sql.NullInt64
-	err := s.db.QueryRowContext(ctx, `SELECT
-		coalesce(sum(state = 0), 0), coalesce(sum(state = 0 AND attempts > 0), 0),
-		coalesce(sum(state = 1), 0), coalesce(sum(state = 2), 0),
-		min(CASE WHEN state = 0 THEN created_at END)
-		FROM `+Table).Scan(&c.Pending, &c.Failing, &c.Sent, &c.Parked, &oldest)
-	if oldest.Valid {
-		c.OldestPending = time.Duration(nowMillis()-oldest.Int64) * time.Millisecond
-	}
-	return c, err
+	return Schema("").Counts(ctx, s.db, migrate.SQLite)
 }
 
 func (s *sqliteStore) failures(ctx context.Context, n int) ([]FailureGroup, error) {

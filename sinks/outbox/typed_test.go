@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// Publish, PublishSQL and Migrate take small interfaces: a wrong type is a
+// Publish, PublishSQL and migrate.NewPgx take small interfaces: a wrong type is a
 // compile error, not a run-time ErrUnsupportedTx.
 func TestWrongTxDoesNotCompile(t *testing.T) {
 	if testing.Short() {
@@ -19,7 +19,7 @@ func TestWrongTxDoesNotCompile(t *testing.T) {
 	}
 	for _, want := range []string{
 		"*sql.Tx does not implement outbox.PgxQuerier",
-		"*sql.DB does not implement outbox.PgxBeginner",
+		"type *sql.DB of db does not match migrate.PgxBeginner",
 		"struct{} does not implement outbox.SQLQuerier",
 	} {
 		if !strings.Contains(string(out), want) {

@@ -6,7 +6,7 @@ import (
 	"fmt"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dedup/sqldedup"
+	"github.com/idemq/idemq/dedup/migrate"
 	"github.com/idemq/idemq/sinks/outbox"
 )
 
@@ -21,12 +21,20 @@ import (
 func EnableEvents(ctx context.Context, s Store, destination string) error {
 	switch s := s.(type) {
 	case *SQLiteStore:
-		if err := outbox.MigrateSQL(ctx, s.DB, sqldedup.SQLite); err != nil {
+		m, err := migrate.NewSQL(s.DB, migrate.Config{Line: migrate.Outbox, Dialect: migrate.SQLite})
+		if err == nil {
+			_, err = m.Migrate(ctx)
+		}
+		if err != nil {
 			return fmt.Errorf("checkout: create the outbox table: %w", err)
 		}
 		s.Events = destination
 	case *PostgresStore:
-		if err := outbox.Migrate(ctx, s.Pool); err != nil { // in the schema: the pool's search_path
+		m, err := migrate.NewPgx(s.Pool, migrate.Config{Line: migrate.Outbox}) // in the schema: the pool's search_path
+		if err == nil {
+			_, err = m.Migrate(ctx)
+		}
+		if err != nil {
 			return fmt.Errorf("checkout: create the outbox table: %w", err)
 		}
 		s.Events = destination

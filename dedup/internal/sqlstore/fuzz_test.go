@@ -11,7 +11,7 @@ import (
 // back to the original SQL. The table and the failure table keep the
 // qualified table's schema; other derived names (indexes) get none.
 func FuzzRender(f *testing.F) {
-	ms, err := Postgres()
+	ms, err := postgresMigrations()
 	if err == nil {
 		for _, m := range ms {
 			f.Add(m.Up, "seen")

@@ -1,11 +1,9 @@
 // Package sqlstore is the machinery shared by the SQL stores, dedup/pgdedup
-// and dedup/sqldedup: their migrations (the PostgreSQL ones are shared, so
-// both stores can use one table), and the janitor loops that delete expired
-// records.
+// and dedup/sqldedup, and by dedup/migrate: reading and rendering migration
+// files, and the janitor loops that delete expired records.
 package sqlstore
 
 import (
-	"embed"
 	"fmt"
 	"io/fs"
 	"regexp"
@@ -30,12 +28,6 @@ type Migration struct {
 	// Down is the SQL that reverts it, for DefaultTable.
 	Down string
 }
-
-//go:embed postgres/*.sql
-var postgres embed.FS
-
-// Postgres returns the PostgreSQL migrations in version order.
-func Postgres() ([]Migration, error) { return Load(postgres, "postgres") }
 
 // Load reads the migrations in dir of fsys, in version order. Each file name
 // starts with its version and each file has an "-- +goose Up" and an

@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -31,8 +32,14 @@ func TestLoadOrdersAndSplits(t *testing.T) {
 	}
 }
 
+// postgresMigrations reads dedup/migrate's PostgreSQL files of the
+// processed-message table.
+func postgresMigrations() ([]Migration, error) {
+	return Load(os.DirFS("../../migrate/sql/dedup"), "postgres")
+}
+
 func TestPostgresMigrationsRender(t *testing.T) {
-	ms, err := Postgres()
+	ms, err := postgresMigrations()
 	if err != nil || len(ms) == 0 {
 		t.Fatalf("Postgres() = %v, %v", ms, err)
 	}
@@ -43,7 +50,7 @@ func TestPostgresMigrationsRender(t *testing.T) {
 }
 
 func TestFailureTableRendersInTheSchema(t *testing.T) {
-	ms, err := Postgres()
+	ms, err := postgresMigrations()
 	if err != nil || len(ms) < 2 {
 		t.Fatalf("Postgres() = %v, %v", ms, err)
 	}

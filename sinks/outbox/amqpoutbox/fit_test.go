@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup/migrate"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sinks/outbox"
@@ -71,15 +72,13 @@ func TestRelayAMQPSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if err := schema.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
+	relaytest.MigrateOutbox(t, pool, migrate.Config{Schema: string(schema)})
 	var where *string
 	if err := pool.QueryRow(ctx, `SELECT to_regclass($1)::text`, pgx.Identifier{string(schema), outbox.Table}.Sanitize()).Scan(&where); err != nil {
 		t.Fatal(err)
 	}
 	if where == nil {
-		t.Fatalf("Schema(%q).Migrate: no table %s in the schema", schema, outbox.Table)
+		t.Fatalf("migrate with Schema %q: no table %s in the schema", schema, outbox.Table)
 	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {

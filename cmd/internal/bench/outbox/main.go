@@ -54,6 +54,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
+	"github.com/idemq/idemq/dedup/migrate"
 	"github.com/idemq/idemq/internal/pgtrace"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/outbox/amqpoutbox"
@@ -422,7 +423,12 @@ func openPool(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	return pool, outbox.Migrate(ctx, pool)
+	m, err := migrate.NewPgx(pool, migrate.Config{Line: migrate.Outbox})
+	if err != nil {
+		return nil, err
+	}
+	_, err = m.Migrate(ctx)
+	return pool, err
 }
 
 func randomSuffix() string {

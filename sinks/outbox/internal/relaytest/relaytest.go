@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq/dedup/migrate"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sinks/outbox"
 )
@@ -46,9 +47,7 @@ func NewPool(t testing.TB) (*pgxpool.Pool, string, string) {
 		t.Fatal(err)
 	}
 	testenv.ClosePoolAtCleanup(t, pool)
-	if err := outbox.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
+	MigrateOutbox(t, pool, migrate.Config{})
 	return pool, schema, u
 }
 
@@ -225,4 +224,18 @@ func Check(t testing.TB, want []outbox.Message, got []Got, dups bool) int {
 		t.Fatalf("%d duplicate deliveries", duplicates)
 	}
 	return duplicates
+}
+
+// MigrateOutbox creates the outbox table through pool, with cfg's Schema
+// (empty: the first of the pool's search_path).
+func MigrateOutbox(t testing.TB, pool *pgxpool.Pool, cfg migrate.Config) {
+	t.Helper()
+	cfg.Line = migrate.Outbox
+	m, err := migrate.NewPgx(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -1,5 +1,5 @@
 // Command wrongtx must not compile: TestWrongTxDoesNotCompile builds it to
-// check that outbox.Publish and outbox.Migrate refuse a wrong type at
+// check that outbox.Publish and migrate.NewPgx refuse a wrong type at
 // compile time.
 package main
 
@@ -7,6 +7,7 @@ import (
 	"context"
 	"database/sql"
 
+	"github.com/idemq/idemq/dedup/migrate"
 	"github.com/idemq/idemq/sinks/outbox"
 )
 
@@ -15,6 +16,6 @@ func main() {
 	var tx *sql.Tx
 	var db *sql.DB
 	_, _ = outbox.Publish(ctx, tx, outbox.Message{ID: "x"}) // a *sql.Tx: PublishSQL
-	_ = outbox.Migrate(ctx, db)                             // a *sql.DB: MigrateSQL
+	_, _ = migrate.NewPgx(db, migrate.Config{})             // a *sql.DB: NewSQL
 	_, _ = outbox.PublishSQL(ctx, struct{}{}, outbox.Message{ID: "x"})
 }

@@ -1,0 +1,341 @@
+package migrate
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/idemq/idemq"
+)
+
+// Migrator applies the migrations of one Config to one database: a pgx pool
+// or connection (NewPgx, transactions of type pgx.Tx) or a database/sql
+// handle (NewSQL, transactions of type *sql.Tx). It is safe for concurrent
+// use; so are concurrent Migrate calls from several processes (see
+// Migrate).
+type Migrator[TTx any] struct {
+	p  *plan
+	db driver[TTx]
+}
+
+// PgxTx is what a Migrator needs of a pgx transaction: pgx.Tx has it. The
+// package names no pgx type, so that a program on database/sql alone does
+// not link pgx; Tag and Row are pgconn.CommandTag and pgx.Row, inferred.
+type PgxTx[Tag any, Row interface{ Scan(dest ...any) error }] interface {
+	Exec(ctx context.Context, sql string, args ...any) (Tag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) Row
+	Commit(ctx context.Context) error
+	Rollback(ctx context.Context) error
+}
+
+// PgxBeginner is what NewPgx needs of pgx: *pgxpool.Pool and *pgx.Conn
+// fit, with TTx pgx.Tx.
+type PgxBeginner[TTx any] interface {
+	Begin(ctx context.Context) (TTx, error)
+}
+
+// NewPgx returns a Migrator for cfg (whose Dialect must be Postgres or
+// empty) on db, a *pgxpool.Pool or *pgx.Conn: its type arguments are
+// inferred, and its transactions are pgx.Tx. To print the SQL without a
+// database, use NewSQL(nil, cfg). It returns an *idemq.ConfigError for an
+// invalid cfg.
+func NewPgx[TTx PgxTx[Tag, Row], Tag any, Row interface{ Scan(dest ...any) error }](db PgxBeginner[TTx], cfg Config) (*Migrator[TTx], error) {
+	if cfg.Dialect != "" && cfg.Dialect != Postgres {
+		return nil, &idemq.ConfigError{Field: "migrate.Config.Dialect", Reason: fmt.Sprintf("%q: NewPgx is for PostgreSQL; use NewSQL", cfg.Dialect)}
+	}
+	p, err := newPlan("migrate.NewPgx(cfg)", cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Migrator[TTx]{p: p, db: pgxDriver[TTx, Tag, Row]{db: db}}, nil
+}
+
+// SQLBeginner is what NewSQL needs of database/sql: *sql.DB and *sql.Conn
+// fit.
+type SQLBeginner interface {
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
+// NewSQL returns a Migrator for cfg on db, a database of cfg.Dialect. db
+// may be nil when only SQL and AllVersions are called. It returns an
+// *idemq.ConfigError for an invalid cfg.
+func NewSQL(db SQLBeginner, cfg Config) (*Migrator[*sql.Tx], error) {
+	p, err := newPlan("migrate.NewSQL(cfg)", cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Migrator[*sql.Tx]{p: p, db: sqlDriver{db: db}}, nil
+}
+
+// Config returns the Migrator's configuration, with its defaults filled in.
+func (m *Migrator[TTx]) Config() Config { return m.p.cfg }
+
+// Table returns the migrated table's name as messages give it:
+// schema-qualified when it has a schema.
+func (m *Migrator[TTx]) Table() string { return m.p.table }
+
+// AllVersions returns every migration of the line, rendered for the
+// Config, in version order.
+func (m *Migrator[TTx]) AllVersions() []Migration { return slices.Clone(m.p.migrations) }
+
+// SQL returns the SQL that Migrate applies to an empty database, rendered
+// for the Config, for review or for another migration tool: the schema
+// statements (PostgreSQL), then the Up section of every migration. It does
+// not include the versions table that Migrate keeps.
+func (m *Migrator[TTx]) SQL() string { return m.p.script() }
+
+// Migrate applies, in one transaction, every migration not yet applied, and
+// returns them in version order: none when the table was up to date.
+// Concurrent calls, from this process or others, are serialised (an
+// advisory lock on PostgreSQL, the write lock on SQLite), so every worker
+// may call it at start-up; of concurrent calls, only the first applies and
+// reports the migrations.
+func (m *Migrator[TTx]) Migrate(ctx context.Context) ([]Migration, error) {
+	if err := m.needDB(); err != nil {
+		return nil, err
+	}
+	tx, err := m.db.begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrate %s: %w", m.p.table, err)
+	}
+	defer m.db.rollback(ctx, tx) // safe after commit
+	applied, err := m.MigrateTx(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.db.commit(ctx, tx); err != nil {
+		return nil, fmt.Errorf("migrate %s: commit: %w", m.p.table, err)
+	}
+	return applied, nil
+}
+
+// MigrateTx is Migrate inside the caller's transaction tx, for
+// applications that run their own migrations in one transaction; nothing
+// is applied until tx commits. On PostgreSQL the Outbox line with a Schema
+// sets tx's search_path to it (SET LOCAL).
+func (m *Migrator[TTx]) MigrateTx(ctx context.Context, tx TTx) ([]Migration, error) {
+	p := m.p
+	var steps []string
+	if p.cfg.Dialect == Postgres {
+		steps = append(steps, `SELECT pg_advisory_xact_lock(hashtext('`+p.lockKey+`'))`)
+		steps = append(steps, p.enter...)
+		steps = append(steps, `CREATE TABLE IF NOT EXISTS `+p.versions+` (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)`)
+	} else {
+		steps = append(steps, `CREATE TABLE IF NOT EXISTS `+p.versions+` (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT    NOT NULL,
+    applied_at TEXT    NOT NULL DEFAULT CURRENT_TIMESTAMP
+)`,
+			// A write as the first data statement takes SQLite's write
+			// lock, so concurrent migrations in deferred transactions
+			// serialise instead of failing on upgrade.
+			`DELETE FROM `+p.versions+` WHERE version < 0`)
+	}
+	for _, q := range steps {
+		if err := m.db.exec(ctx, tx, q); err != nil {
+			return nil, fmt.Errorf("migrate %s: %w", p.table, err)
+		}
+	}
+	done, err := m.db.versions(ctx, tx, `SELECT version, name FROM `+p.versions+` ORDER BY version`)
+	if err != nil {
+		return nil, fmt.Errorf("migrate %s: %w", p.table, err)
+	}
+	var pending []Migration
+	for _, mg := range p.migrations {
+		if !slices.ContainsFunc(done, func(d Migration) bool { return d.Version == mg.Version }) {
+			pending = append(pending, mg)
+		}
+	}
+	ph1, ph2 := "$1", "$2"
+	if p.cfg.Dialect == SQLite {
+		ph1, ph2 = "?1", "?2"
+	}
+	insert := `INSERT INTO ` + p.versions + ` (version, name) VALUES (` + ph1 + `, ` + ph2 + `)`
+	for _, mg := range pending {
+		if err := m.apply(ctx, tx, mg); err != nil {
+			return nil, fmt.Errorf("migrate %s: %s: %w", p.table, mg.Name, err)
+		}
+		if err := m.db.exec(ctx, tx, insert, mg.Version, mg.Name); err != nil {
+			return nil, fmt.Errorf("migrate %s: %s: %w", p.table, mg.Name, err)
+		}
+	}
+	return pending, nil
+}
+
+// apply runs the Up section of mg in tx: in one call on PostgreSQL, one
+// statement at a time on SQLite, where an ADD COLUMN of a column that
+// exists is skipped (SQLite has no ADD COLUMN IF NOT EXISTS, and a table
+// made before the versions table was kept may have it).
+func (m *Migrator[TTx]) apply(ctx context.Context, tx TTx, mg Migration) error {
+	if m.p.cfg.Dialect == Postgres {
+		return m.db.exec(ctx, tx, mg.Up)
+	}
+	for _, stmt := range splitStatements(mg.Up) {
+		if c := addColumn.FindStringSubmatch(stmt); c != nil {
+			has, err := m.db.exists(ctx, tx, `SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2`, c[1], c[2])
+			if err != nil {
+				return err
+			}
+			if has {
+				continue
+			}
+		}
+		if err := m.db.exec(ctx, tx, stmt); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ExistingVersions returns the migrations recorded as applied, in version
+// order: none when the versions table does not exist. A version this
+// program does not know (applied by a newer one) has only its Version and
+// Name.
+func (m *Migrator[TTx]) ExistingVersions(ctx context.Context) ([]Migration, error) {
+	if err := m.needDB(); err != nil {
+		return nil, err
+	}
+	tx, err := m.db.begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrate %s: %w", m.p.table, err)
+	}
+	defer m.db.rollback(ctx, tx)
+	p := m.p
+	probe := `SELECT to_regclass($1) IS NOT NULL`
+	name := p.versions
+	if p.cfg.Dialect == SQLite {
+		probe = `SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?1`
+		name = p.versions[1 : len(p.versions)-1] // unquoted: SQLite has no schema
+	}
+	ok, err := m.db.exists(ctx, tx, probe, name)
+	if err != nil {
+		return nil, fmt.Errorf("migrate %s: %w", p.table, err)
+	}
+	if !ok {
+		return nil, nil
+	}
+	done, err := m.db.versions(ctx, tx, `SELECT version, name FROM `+p.versions+` ORDER BY version`)
+	if err != nil {
+		return nil, fmt.Errorf("migrate %s: %w", p.table, err)
+	}
+	for i, d := range done {
+		if j := slices.IndexFunc(p.migrations, func(mg Migration) bool { return mg.Version == d.Version }); j >= 0 {
+			done[i] = p.migrations[j]
+		}
+	}
+	return done, nil
+}
+
+// errNoDB is returned by the methods that need a database when the
+// Migrator was made without one.
+var errNoDB = errors.New("migrate: the Migrator has no database (NewSQL with nil)")
+
+func (m *Migrator[TTx]) needDB() error {
+	if m.db.isNil() {
+		return errNoDB
+	}
+	return nil
+}
+
+// driver is what a Migrator needs of a database library.
+type driver[TTx any] interface {
+	isNil() bool
+	begin(ctx context.Context) (TTx, error)
+	commit(ctx context.Context, tx TTx) error
+	rollback(ctx context.Context, tx TTx)
+	exec(ctx context.Context, tx TTx, sql string, args ...any) error
+	exists(ctx context.Context, tx TTx, sql string, args ...any) (bool, error)
+	versions(ctx context.Context, tx TTx, sql string) ([]Migration, error)
+}
+
+type pgxDriver[TTx PgxTx[Tag, Row], Tag any, Row interface{ Scan(dest ...any) error }] struct {
+	db PgxBeginner[TTx]
+}
+
+func (d pgxDriver[TTx, Tag, Row]) isNil() bool { return d.db == nil }
+
+func (d pgxDriver[TTx, Tag, Row]) begin(ctx context.Context) (TTx, error) { return d.db.Begin(ctx) }
+
+func (pgxDriver[TTx, Tag, Row]) commit(ctx context.Context, tx TTx) error { return tx.Commit(ctx) }
+
+func (pgxDriver[TTx, Tag, Row]) rollback(ctx context.Context, tx TTx) { _ = tx.Rollback(ctx) }
+
+func (pgxDriver[TTx, Tag, Row]) exec(ctx context.Context, tx TTx, sql string, args ...any) error {
+	_, err := tx.Exec(ctx, sql, args...)
+	return err
+}
+
+func (pgxDriver[TTx, Tag, Row]) exists(ctx context.Context, tx TTx, sql string, args ...any) (bool, error) {
+	var ok bool
+	err := tx.QueryRow(ctx, sql, args...).Scan(&ok)
+	return ok, err
+}
+
+// versions reads the rows of query (version, name) as one row, as
+// PgxTx offers no Query.
+func (pgxDriver[TTx, Tag, Row]) versions(ctx context.Context, tx TTx, query string) ([]Migration, error) {
+	var all string
+	q := `SELECT coalesce(string_agg(v.version::text || ' ' || v.name, E'\n' ORDER BY v.version), '') FROM (` + query + `) AS v`
+	if err := tx.QueryRow(ctx, q).Scan(&all); err != nil {
+		return nil, err
+	}
+	var out []Migration
+	for line := range strings.Lines(all) {
+		num, name, _ := strings.Cut(strings.TrimSpace(line), " ")
+		v, err := strconv.Atoi(num)
+		if err != nil {
+			return nil, fmt.Errorf("versions table: %q: %w", line, err)
+		}
+		out = append(out, Migration{Version: v, Name: name})
+	}
+	return out, nil
+}
+
+type sqlDriver struct{ db SQLBeginner }
+
+func (d sqlDriver) isNil() bool { return d.db == nil }
+
+func (d sqlDriver) begin(ctx context.Context) (*sql.Tx, error) { return d.db.BeginTx(ctx, nil) }
+
+func (sqlDriver) commit(_ context.Context, tx *sql.Tx) error { return tx.Commit() }
+
+func (sqlDriver) rollback(_ context.Context, tx *sql.Tx) { _ = tx.Rollback() }
+
+func (sqlDriver) exec(ctx context.Context, tx *sql.Tx, query string, args ...any) error {
+	_, err := tx.ExecContext(ctx, query, args...)
+	return err
+}
+
+func (sqlDriver) exists(ctx context.Context, tx *sql.Tx, query string, args ...any) (bool, error) {
+	var ok bool
+	err := tx.QueryRowContext(ctx, query, args...).Scan(&ok)
+	return ok, err
+}
+
+func (sqlDriver) versions(ctx context.Context, tx *sql.Tx, query string) ([]Migration, error) {
+	rows, err := tx.QueryContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Migration
+	for rows.Next() {
+		var m Migration
+		if err := rows.Scan(&m.Version, &m.Name); err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}
+
+// Compile-time check that the database/sql driver fits.
+var _ driver[*sql.Tx] = sqlDriver{}

@@ -1,0 +1,54 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/dedup/migrate"
+)
+
+// countsSQL returns the statement that counts the rows of table t per
+// state, with the ages in milliseconds of the oldest pending and the
+// oldest parked row (0 without one). On SQLite, whose times are Unix
+// milliseconds, its one argument is the time now in Unix milliseconds.
+func countsSQL(t string, postgres bool) string {
+	age := func(state int) string {
+		if postgres {
+			return fmt.Sprintf("coalesce((extract(epoch FROM now() - min(created_at) FILTER (WHERE state = %d)) * 1000)::bigint, 0)", state)
+		}
+		return fmt.Sprintf("coalesce($1 - min(created_at) FILTER (WHERE state = %d), 0)", state)
+	}
+	return fmt.Sprintf(`SELECT count(*) FILTER (WHERE state = %[1]d), count(*) FILTER (WHERE state = %[1]d AND attempts > 0),
+		count(*) FILTER (WHERE state = %[2]d), count(*) FILTER (WHERE state = %[3]d), %[4]s, %[5]s FROM %[6]s`,
+		statePending, stateSent, stateParked, age(statePending), age(stateParked), t)
+}
+
+// scanCounts reads the row of countsSQL.
+func scanCounts(scan func(dest ...any) error) (Counts, error) {
+	var c Counts
+	var pending, parked int64
+	if err := scan(&c.Pending, &c.Failing, &c.Sent, &c.Parked, &pending, &parked); err != nil {
+		return Counts{}, err
+	}
+	c.OldestPending = time.Duration(pending) * time.Millisecond
+	c.OldestParked = time.Duration(parked) * time.Millisecond
+	return c, nil
+}
+
+// Counts returns the number of rows per state of the outbox table in
+// schema s, through db, a database/sql handle of dialect d, without a
+// Relay: what `idemq stats` shows. It reads the table without locking it.
+// It returns the database's error when the table does not exist.
+func (s Schema) Counts(ctx context.Context, db SQLQuerier, d migrate.Dialect) (Counts, error) {
+	switch {
+	case d == migrate.SQLite && s != "":
+		return Counts{}, &idemq.ConfigError{Field: "outbox.Schema", Reason: fmt.Sprintf("%q: SQLite has no schemas", string(s))}
+	case d == migrate.SQLite:
+		return scanCounts(db.QueryRowContext(ctx, countsSQL(Table, false), nowMillis()).Scan)
+	case d == migrate.Postgres:
+		return scanCounts(db.QueryRowContext(ctx, countsSQL(s.table(), true)).Scan)
+	}
+	return Counts{}, &idemq.ConfigError{Field: "outbox.Schema.Counts(d)", Reason: fmt.Sprintf("unknown dialect %q", d)}
+}
