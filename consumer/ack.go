@@ -86,13 +86,10 @@ func (a *acker) ack(ctx context.Context, bs []ackBatch) {
 	}
 	start := time.Now()
 	err := a.src.Ack(ctx, msgs)
-	for _, h := range obs.ack {
-		h.OnAck(ctx, len(msgs), err)
-	}
-	if len(obs.ackDone) > 0 {
+	if len(obs.ack) > 0 {
 		info := AckInfo{Messages: msgs, Start: start, End: time.Now(), Err: err}
-		for _, h := range obs.ackDone {
-			h.OnAckDone(ctx, info)
+		for _, h := range obs.ack {
+			h.OnAck(ctx, info)
 		}
 	}
 	if len(obs.settled) > 0 {

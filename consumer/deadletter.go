@@ -4,8 +4,8 @@ package consumer
 // attributes (SQS) that every source writes on a dead-lettered copy, so that
 // a tool reading a dead-letter destination finds the same names whatever the
 // broker. These are the only names of this metadata: a source adds its
-// broker's own fields (kafkasource.MetaOriginTopic, amqpsource.MetaQueue,
-// sqssource.MetaSourceQueue, ...) under the same Meta prefix.
+// broker's own fields (kafkasource.MetaOriginTopic, amqpsource.MetaOriginQueue,
+// sqssource.MetaOriginQueue, ...) under the same Meta prefix.
 const (
 	// MetaReason holds the dead-letter reason: the text of the error
 	// passed to Source.DeadLetter.

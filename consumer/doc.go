@@ -156,7 +156,7 @@
 // assertion in NewRunner, so adding an event never breaks a hook. Events:
 // received, batch formed, claimed (new, or a duplicate with its
 // DuplicateReason), handler start and end, commit, ack (HookAck: the
-// count; HookAckDone: the messages and the call's timing), retry (by
+// messages, the call's timing and error), retry (by
 // RetryKind), dead letter (by DeadLetterReason), lease lost, lease refresh
 // failed, and settled, the last event of every received message; and, on
 // the transactional path, one event per transaction (HookTx: its claim, a

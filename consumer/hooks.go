@@ -189,11 +189,22 @@ type HookTx interface {
 	OnTx(ctx context.Context, t TxInfo)
 }
 
-// HookAck is called after each Source.Ack call with the number of messages
-// acknowledged and its error. A failed ack of n messages adds n to
-// Stats.AckFailures.
+// AckInfo describes one Source.Ack call of the runner: the messages it
+// acknowledged (one call may cover several, coalesced off the workers'
+// path), when it started and ended, and its error. Messages is the
+// runner's slice: read it during the call only.
+type AckInfo struct {
+	Messages   []*Message
+	Start, End time.Time
+	Err        error
+}
+
+// HookAck is told about every Source.Ack call, with its messages, timing
+// and error. A failed ack of n messages adds n to Stats.AckFailures. It is
+// called from the runner's acknowledging goroutine; an implementation must
+// be safe for concurrent use and return quickly.
 type HookAck interface {
-	OnAck(ctx context.Context, n int, err error)
+	OnAck(ctx context.Context, a AckInfo)
 }
 
 // RetryKind tells why a message is handed back for a later attempt.
@@ -317,7 +328,6 @@ type observer struct {
 	tx          []HookTx
 	commit      []HookCommit
 	ack         []HookAck
-	ackDone     []HookAckDone
 	retry       []HookRetry
 	deadLetter  []HookDeadLetter
 	leaseLost   []HookLeaseLost
@@ -360,7 +370,6 @@ func resolveHooks(hs []Hook) observer {
 		}
 		collect(&h.commit, x)
 		collect(&h.ack, x)
-		collect(&h.ackDone, x)
 		collect(&h.retry, x)
 		collect(&h.deadLetter, x)
 		collect(&h.leaseLost, x)

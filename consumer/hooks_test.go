@@ -106,12 +106,12 @@ func (h *recordingHook) OnCommit(ctx context.Context, m *consumer.Message, c con
 	h.commits++
 }
 
-func (h *recordingHook) OnAck(ctx context.Context, n int, err error) {
+func (h *recordingHook) OnAck(ctx context.Context, a consumer.AckInfo) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.ackCalls++
-	if err != nil {
-		h.ackFailed += n
+	if a.Err != nil {
+		h.ackFailed += len(a.Messages)
 	}
 }
 
@@ -327,7 +327,7 @@ func (noopHook) OnHandlerStart(ctx context.Context, _ *consumer.Message) context
 }
 func (noopHook) OnHandlerEnd(context.Context, *consumer.Message, time.Duration, error) {}
 func (noopHook) OnCommit(context.Context, *consumer.Message, consumer.CommitInfo)      {}
-func (noopHook) OnAck(context.Context, int, error)                                     {}
+func (noopHook) OnAck(context.Context, consumer.AckInfo)                               {}
 func (noopHook) OnSettled(context.Context, *consumer.Message, consumer.SettleInfo)     {}
 func (noopHook) OnRetry(context.Context, *consumer.Message, consumer.RetryKind, time.Duration, error) {
 }

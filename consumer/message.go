@@ -77,7 +77,7 @@ type Message struct {
 	// computed the key (see KeyContext); its key is empty before. A value,
 	// not a pointer: setting it costs no allocation per message.
 	keys msgKeys
-	// res is the message's result and outcome (see Outcome, outcome.go).
+	// res is the message's result and outcome (see Outcome, result.go).
 	res resultSlot
 }
 

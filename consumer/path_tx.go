@@ -284,7 +284,7 @@ func (p *txPath[Tx]) try(ctx context.Context, env *pathEnv, jobs []*job, l *lane
 			news++
 		case dedup.StateDone:
 			j.set(outDuplicate, nil)
-			j.replay(c.Result) // outcome.go: the stored result, for Message.Outcome
+			j.replay(c.Result) // result.go: the stored result, for Message.Outcome
 		case dedup.StateMismatch:
 			j.set(outDeadLetter, &dedup.MismatchError{Scope: env.scope, Key: j.key, Stored: c.StoredHash, Received: j.hash})
 		default:
@@ -310,7 +310,7 @@ func (p *txPath[Tx]) try(ctx context.Context, env *pathEnv, jobs []*job, l *lane
 	if res, failed := p.handle(ctx, env, tx, fresh, ti); failed {
 		return res
 	}
-	// outcome.go: the handlers' results go into their records, in tx.
+	// result.go: the handlers' results go into their records, in tx.
 	if res, failed := p.storeResults(ctx, env, tx, fresh); failed {
 		return res
 	}
@@ -338,7 +338,7 @@ func (p *txPath[Tx]) try(ctx context.Context, env *pathEnv, jobs []*job, l *lane
 	}
 	for _, j := range fresh {
 		j.set(outAck, nil)
-		j.handled() // outcome.go: for Message.Outcome
+		j.handled() // result.go: for Message.Outcome
 	}
 	return tryResult{}
 }

@@ -81,7 +81,7 @@ func TestDLQCommandSQS(t *testing.T) {
 	for _, m := range []struct{ key, reason string }{{"o-1", "bad SKU"}, {"o-2", "bad SKU"}, {"o-3", "card declined"}} {
 		if _, err := c.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(dead), MessageBody: aws.String(`{"k":"` + m.key + `"}`),
 			MessageAttributes: map[string]types.MessageAttributeValue{
-				consumer.MetaReason: str(m.reason), sqssource.MetaSourceQueue: str(origin), sqssource.MetaMessageID: str("m-" + m.key),
+				consumer.MetaReason: str(m.reason), sqssource.MetaOriginQueue: str(origin), sqssource.MetaOriginMessageID: str("m-" + m.key),
 				consumer.MetaAttempts: {DataType: aws.String("Number"), StringValue: aws.String("5")}, "key": str(m.key),
 			}}); err != nil {
 			t.Fatal(err)
@@ -255,7 +255,7 @@ func TestDLQCommandRabbitMQ(t *testing.T) {
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", dead, true, false, amqp.Publishing{
 			DeliveryMode: amqp.Persistent, Body: []byte(`{"k":"` + m.key + `"}`),
 			Headers: amqp.Table{"idempotency-key": m.key, "tenant": "acme", consumer.MetaReason: m.reason,
-				consumer.MetaAttempts: int64(5), amqpsource.MetaQueue: queue, consumer.MetaKey: m.key,
+				consumer.MetaAttempts: int64(5), amqpsource.MetaOriginQueue: queue, consumer.MetaKey: m.key,
 				consumer.MetaDeadLetteredAt: time.Now().UTC().Format(time.RFC3339Nano)},
 		})
 		if err != nil {
@@ -408,7 +408,7 @@ func TestDLQStableIDs(t *testing.T) {
 	for _, k := range []string{"s-1", "s-2", "s-3", "s-4"} {
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", dead, true, false, amqp.Publishing{
 			DeliveryMode: amqp.Persistent, Body: []byte(`{"k":"` + k + `"}`),
-			Headers: amqp.Table{consumer.MetaReason: "boom", amqpsource.MetaQueue: queue, consumer.MetaKey: k},
+			Headers: amqp.Table{consumer.MetaReason: "boom", amqpsource.MetaOriginQueue: queue, consumer.MetaKey: k},
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -399,7 +399,6 @@ var (
 	_ consumer.HookCommit             = (*Hook)(nil)
 	_ consumer.HookTx                 = (*Hook)(nil)
 	_ consumer.HookAck                = (*Hook)(nil)
-	_ consumer.HookAckDone            = (*Hook)(nil)
 	_ consumer.HookRetry              = (*Hook)(nil)
 	_ consumer.HookDeadLetter         = (*Hook)(nil)
 	_ consumer.HookLeaseLost          = (*Hook)(nil)
@@ -903,11 +902,15 @@ func (h *Hook) systemOf(m *consumer.Message) string {
 	return systemUnknown
 }
 
-// OnAckDone records the acknowledgement's messaging.client.operation.duration
+// OnAck records the acknowledgement's messaging.client.operation.duration
 // (operation type settle, named by the source's BrokerInfo.SettleName, "ack"
 // by default), with the destination when all its messages share one, and
-// error.type when it failed.
-func (h *Hook) OnAckDone(ctx context.Context, a consumer.AckInfo) {
+// error.type when it failed, and counts the messages of a failed
+// acknowledgement.
+func (h *Hook) OnAck(ctx context.Context, a consumer.AckInfo) {
+	if a.Err != nil {
+		h.ackFailures.Add(ctx, int64(len(a.Messages)), h.baseAdd...)
+	}
 	if len(a.Messages) == 0 {
 		return
 	}
@@ -926,13 +929,6 @@ func (h *Hook) OnAckDone(ctx context.Context, a consumer.AckInfo) {
 		opt = append(opt[:len(opt):len(opt)], metric.WithAttributes(AttrErrorType.String(errorType(a.Err))))
 	}
 	h.clientDur.Record(ctx, a.End.Sub(a.Start).Seconds(), opt...)
-}
-
-// OnAck counts the messages of a failed acknowledgement.
-func (h *Hook) OnAck(ctx context.Context, n int, err error) {
-	if err != nil {
-		h.ackFailures.Add(ctx, int64(n), h.baseAdd...)
-	}
 }
 
 // OnRetry adds a retry event and counts it by kind.

@@ -32,7 +32,7 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 			t.Errorf("%s = %v, reports fields %q, want %q", name, err, got, want)
 		}
 	}
-	_, err := outbox.NewRelay(nil, nil, outbox.Config{BatchSize: -1, MinBackoff: 2, MaxBackoff: 1})
+	_, err := outbox.NewRelay(nil, nil, outbox.Config{BatchSize: -1, InitialBackoff: 2, MaxBackoff: 1})
 	check("NewRelay", err, []string{"outbox.NewRelay(pool)", "outbox.NewRelay(pub)", "outbox.Config.BatchSize", "outbox.Config.MaxBackoff"})
 	_, err = outbox.NewSQLiteRelay(&sql.DB{}, nil, outbox.Config{Concurrency: 2, MaxAttempts: -1})
 	check("NewSQLiteRelay", err, []string{"outbox.NewSQLiteRelay(pub)", "outbox.Config.Concurrency", "outbox.Config.MaxAttempts"})

@@ -111,10 +111,10 @@ type Config struct {
 	// parked (state "parked", with its last error) instead of retried. An
 	// outage (ErrUnavailable) is not an attempt. Defaults to 10.
 	MaxAttempts int
-	// MinBackoff is the delay before a failed row's second attempt and the
+	// InitialBackoff is the delay before a failed row's second attempt and the
 	// first pause after an outage; both double up to MaxBackoff. Defaults to
 	// 100 ms.
-	MinBackoff time.Duration
+	InitialBackoff time.Duration
 	// MaxBackoff caps the delays. Defaults to 30 s.
 	MaxBackoff time.Duration
 	// Retention is how long sent rows stay in the table (for inspection)
@@ -159,8 +159,8 @@ func (c Config) WithDefaults() Config {
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = 10
 	}
-	if c.MinBackoff == 0 {
-		c.MinBackoff = 100 * time.Millisecond
+	if c.InitialBackoff == 0 {
+		c.InitialBackoff = 100 * time.Millisecond
 	}
 	if c.MaxBackoff == 0 {
 		c.MaxBackoff = 30 * time.Second
@@ -199,10 +199,10 @@ func (c Config) validate(args ...*idemq.ConfigError) error {
 	if c.PollInterval < 0 {
 		l.Add("PollInterval", "must not be negative")
 	}
-	if c.MinBackoff < 0 {
-		l.Add("MinBackoff", "must not be negative")
-	} else if c.MaxBackoff < c.MinBackoff {
-		l.Add("MaxBackoff", "smaller than MinBackoff")
+	if c.InitialBackoff < 0 {
+		l.Add("InitialBackoff", "must not be negative")
+	} else if c.MaxBackoff < c.InitialBackoff {
+		l.Add("MaxBackoff", "smaller than InitialBackoff")
 	}
 	if c.CleanupInterval < 0 {
 		l.Add("CleanupInterval", "must not be negative")
@@ -478,7 +478,7 @@ func (r *Relay) claimLoop(ctx context.Context, w *wakeup) {
 			return
 		case err != nil:
 			if outage == 0 {
-				outage = r.cfg.MinBackoff
+				outage = r.cfg.InitialBackoff
 			} else {
 				outage = min(2*outage, r.cfg.MaxBackoff)
 			}
@@ -682,7 +682,7 @@ func (r *Relay) UnparkAll(ctx context.Context) (int64, error) {
 
 // backoff is the delay before the attempt after the attempts-th failure.
 func (r *Relay) backoff(attempts int) time.Duration {
-	d := r.cfg.MinBackoff
+	d := r.cfg.InitialBackoff
 	for i := 1; i < attempts && d < r.cfg.MaxBackoff; i++ {
 		d *= 2
 	}

@@ -56,7 +56,7 @@ func (r *recorder) ids() []string {
 }
 
 func testConfig() outbox.Config {
-	return outbox.Config{PollInterval: 20 * time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, MaxAttempts: 3}
+	return outbox.Config{PollInterval: 20 * time.Millisecond, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, MaxAttempts: 3}
 }
 
 func insertPG(t *testing.T, pool *pgxpool.Pool, msgs ...outbox.Message) {
@@ -110,7 +110,7 @@ func TestRelayKeyWaitsForFailedRow(t *testing.T) {
 		return nil
 	}}
 	cfg := testConfig()
-	cfg.MinBackoff, cfg.MaxBackoff = 50*time.Millisecond, 50*time.Millisecond
+	cfg.InitialBackoff, cfg.MaxBackoff = 50*time.Millisecond, 50*time.Millisecond
 	r, err := outbox.NewRelay(pool, pub, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -495,7 +495,7 @@ func TestRelayWholeBatchError(t *testing.T) {
 					cfg := testConfig()
 					cfg.MaxAttempts = 3
 					cfg.Logger = relaytest.Logger()
-					cfg.MinBackoff, cfg.MaxBackoff = time.Nanosecond, time.Nanosecond
+					cfg.InitialBackoff, cfg.MaxBackoff = time.Nanosecond, time.Nanosecond
 					r := st.relay(t, pub, cfg)
 					want := int64(len(wholeBatchRows()))
 					for i := range 3 {

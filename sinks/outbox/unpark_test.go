@@ -37,7 +37,7 @@ func TestRelayUnpark(t *testing.T) {
 			parkCfg := testConfig()
 			parkCfg.MaxAttempts = 1
 			slowCfg := testConfig()
-			slowCfg.MinBackoff, slowCfg.MaxBackoff = time.Hour, time.Hour
+			slowCfg.InitialBackoff, slowCfg.MaxBackoff = time.Hour, time.Hour
 			var park, slow *outbox.Relay
 			var insert func(msgs ...outbox.Message)
 			switch d {

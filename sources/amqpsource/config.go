@@ -23,11 +23,11 @@ const (
 	// queues. The source sets it on every retry copy; Message.Attempt is
 	// one more than it (plus the broker's x-delivery-count).
 	HeaderRetries = "idemq-retries"
-	// MetaQueue holds the queue a dead-lettered copy was consumed from. The
+	// MetaOriginQueue holds the queue a dead-lettered copy was consumed from. The
 	// copy also carries consumer.MetaReason (the error text),
 	// consumer.MetaAttempts, consumer.MetaKey (when it has one) and
 	// consumer.MetaDeadLetteredAt (RFC 3339).
-	MetaQueue = "idemq-queue"
+	MetaOriginQueue = "idemq-queue"
 
 	// headerDeliveryCount is set by quorum queues on redeliveries.
 	headerDeliveryCount = "x-delivery-count"

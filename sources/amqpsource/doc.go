@@ -85,7 +85,7 @@
 //   - Dead letters carry their reason. DeadLetter publishes a copy to
 //     Config.DeadLetterExchange / DeadLetterRoutingKey (default: the queue
 //     "<queue>.dlq" through the default exchange) with consumer.MetaReason,
-//     consumer.MetaAttempts, MetaQueue, consumer.MetaKey and consumer.MetaDeadLetteredAt, and
+//     consumer.MetaAttempts, MetaOriginQueue, consumer.MetaKey and consumer.MetaDeadLetteredAt, and
 //     acknowledges the original only after the broker confirmed the copy. If
 //     the destination does not exist the broker returns the copy (it is
 //     published with the mandatory flag), or closes the publishing channel

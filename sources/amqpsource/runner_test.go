@@ -209,8 +209,8 @@ func TestPoisonIsDeadLettered(t *testing.T) {
 	for _, d := range peek(t, url, q+".dlq") {
 		key, _ := d.Headers[consumer.MetaKey].(string)
 		reason, _ := d.Headers[consumer.MetaReason].(string)
-		if d.Headers[amqpsource.MetaQueue] != q {
-			t.Errorf("dead letter %q: %s = %v, want %s", key, amqpsource.MetaQueue, d.Headers[amqpsource.MetaQueue], q)
+		if d.Headers[amqpsource.MetaOriginQueue] != q {
+			t.Errorf("dead letter %q: %s = %v, want %s", key, amqpsource.MetaOriginQueue, d.Headers[amqpsource.MetaOriginQueue], q)
 		}
 		if key == "flaky" && d.Headers[consumer.MetaAttempts] != int64(3) {
 			t.Errorf("dead letter flaky: %s = %v, want 3", consumer.MetaAttempts, d.Headers[consumer.MetaAttempts])

@@ -360,7 +360,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	p := copyOf(h.d)
 	p.Headers[consumer.MetaReason] = metatext.Clean(reason.Error(), maxReasonBytes)
 	p.Headers[consumer.MetaAttempts] = int64(attempts)
-	p.Headers[MetaQueue] = metatext.Clean(s.cfg.Queue, maxReasonBytes)
+	p.Headers[MetaOriginQueue] = metatext.Clean(s.cfg.Queue, maxReasonBytes)
 	p.Headers[consumer.MetaDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	if key != "" {
 		p.Headers[consumer.MetaKey] = metatext.Clean(key, consumer.MaxKeyBytes)

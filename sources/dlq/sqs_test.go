@@ -338,8 +338,8 @@ func (rg *moveRig) deadLetter(t *testing.T, origin string) {
 		return types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(s)}
 	}
 	if _, err := rg.c.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(rg.dead), MessageBody: aws.String(body),
-		MessageAttributes: map[string]types.MessageAttributeValue{consumer.MetaReason: str("bad SKU"), sqssource.MetaSourceQueue: str(origin),
-			sqssource.MetaMessageID: str(body), consumer.MetaAttempts: {DataType: aws.String("Number"), StringValue: aws.String("3")}}}); err != nil {
+		MessageAttributes: map[string]types.MessageAttributeValue{consumer.MetaReason: str("bad SKU"), sqssource.MetaOriginQueue: str(origin),
+			sqssource.MetaOriginMessageID: str(body), consumer.MetaAttempts: {DataType: aws.String("Number"), StringValue: aws.String("3")}}}); err != nil {
 		t.Fatal(err)
 	}
 	rg.sent[origin] = append(rg.sent[origin], body)

@@ -41,7 +41,7 @@ type Config struct {
 
 	// DeadLetterQueueURL is the queue that DeadLetter sends poison messages
 	// to, with the reason in the message attributes consumer.MetaReason,
-	// consumer.MetaAttempts, MetaSourceQueue and MetaMessageID, before it deletes the
+	// consumer.MetaAttempts, MetaOriginQueue and MetaOriginMessageID, before it deletes the
 	// original. It must be a FIFO queue if and only if QueueURL is one.
 	//
 	// When it is empty, dead-lettering is left to the queue's redrive

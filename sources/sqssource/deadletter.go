@@ -31,10 +31,10 @@ import (
 // MessageId, and on FIFO queues its MessageDeduplicationId, are new, but its
 // key is the one recorded for the original.
 const (
-	// MetaSourceQueue holds the URL of the queue the message came from.
-	MetaSourceQueue = "idemq-source-queue"
-	// MetaMessageID holds the MessageId of the original message.
-	MetaMessageID = "idemq-message-id"
+	// MetaOriginQueue holds the URL of the queue the message came from.
+	MetaOriginQueue = "idemq-source-queue"
+	// MetaOriginMessageID holds the MessageId of the original message.
+	MetaOriginMessageID = "idemq-message-id"
 )
 
 // maxReasonBytes bounds the reason text stored in consumer.MetaReason.
@@ -52,7 +52,7 @@ const fifoDeadLetterGroup = "idemq-dead-letters"
 //
 // With Config.DeadLetterQueueURL it sends a copy there (same body, its
 // message attributes, plus consumer.MetaReason, consumer.MetaAttempts,
-// MetaSourceQueue, MetaMessageID and consumer.MetaKey; on FIFO queues the same MessageGroupId and the original
+// MetaOriginQueue, MetaOriginMessageID and consumer.MetaKey; on FIFO queues the same MessageGroupId and the original
 // MessageId as MessageDeduplicationId), and deletes the original only after
 // the send succeeded. Until both succeeded the original stays in flight (its
 // visibility extended and, on a FIFO queue, its group blocked). If either
@@ -198,8 +198,8 @@ func (s *Source) deadLetterAttributes(ctx context.Context, h *handle, reason err
 	attrs := map[string]types.MessageAttributeValue{
 		consumer.MetaReason:   {DataType: aws.String("String"), StringValue: aws.String(text)},
 		consumer.MetaAttempts: {DataType: aws.String("Number"), StringValue: aws.String(strconv.Itoa(attempts))},
-		MetaSourceQueue:       {DataType: aws.String("String"), StringValue: aws.String(metatext.Clean(s.cfg.QueueURL, maxReasonBytes))},
-		MetaMessageID:         {DataType: aws.String("String"), StringValue: aws.String(metatext.Clean(h.id, maxReasonBytes))},
+		MetaOriginQueue:       {DataType: aws.String("String"), StringValue: aws.String(metatext.Clean(s.cfg.QueueURL, maxReasonBytes))},
+		MetaOriginMessageID:   {DataType: aws.String("String"), StringValue: aws.String(metatext.Clean(h.id, maxReasonBytes))},
 	}
 	if key != "" && (s.cfg.KeyAttribute == "" || aws.ToString(h.raw.MessageAttributes[s.cfg.KeyAttribute].StringValue) != key) {
 		attrs[consumer.MetaKey] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(metatext.Clean(key, consumer.MaxKeyBytes))}

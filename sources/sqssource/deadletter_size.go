@@ -45,7 +45,7 @@ func messageSize(body string, attrs map[string]types.MessageAttributeValue) int 
 // fitDeadLetter shrinks attrs, the attributes of a dead-letter copy of body,
 // until the copy fits in limit bytes. It drops the original's attributes
 // (largest first) while the reason would be cut below 256 bytes, then the key
-// attribute, MetaSourceQueue, MetaMessageID, consumer.MetaAttempts and
+// attribute, MetaOriginQueue, MetaOriginMessageID, consumer.MetaAttempts and
 // consumer.MetaKey while it would be cut below 64 bytes, then cuts the reason to what is left (dropping it if
 // not one byte is). It returns the names it dropped and whether the reason
 // was cut, and false if not even the body alone fits.
@@ -77,7 +77,7 @@ func fitDeadLetter(body string, attrs map[string]types.MessageAttributeValue, ke
 	var theirs []string
 	for name := range attrs {
 		switch name {
-		case consumer.MetaAttempts, MetaSourceQueue, MetaMessageID, consumer.MetaKey, keyAttr:
+		case consumer.MetaAttempts, MetaOriginQueue, MetaOriginMessageID, consumer.MetaKey, keyAttr:
 		default:
 			theirs = append(theirs, name)
 		}
@@ -86,7 +86,7 @@ func fitDeadLetter(body string, attrs map[string]types.MessageAttributeValue, ke
 		return cmp.Or(cmp.Compare(attributeSize(b, attrs[b]), attributeSize(a, attrs[a])), cmp.Compare(a, b))
 	})
 	drop(keepReasonBytes, theirs)
-	drop(minReasonBytes, []string{keyAttr, MetaSourceQueue, MetaMessageID, consumer.MetaAttempts, consumer.MetaKey})
+	drop(minReasonBytes, []string{keyAttr, MetaOriginQueue, MetaOriginMessageID, consumer.MetaAttempts, consumer.MetaKey})
 	drop(1, theirs) // when there is no reason to keep
 
 	if hasReason {

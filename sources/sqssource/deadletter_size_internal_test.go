@@ -19,8 +19,8 @@ func TestFitDeadLetter(t *testing.T) {
 		return map[string]types.MessageAttributeValue{
 			consumer.MetaReason:   str(strings.Repeat("r", 1000)),
 			consumer.MetaAttempts: {DataType: aws.String("Number"), StringValue: aws.String("5")},
-			MetaSourceQueue:       str("http://127.0.0.1:9324/000000000000/orders"),
-			MetaMessageID:         str("0f6c1b9e-6f8e-4a53-9d57-3d9d1f2a0c11"),
+			MetaOriginQueue:       str("http://127.0.0.1:9324/000000000000/orders"),
+			MetaOriginMessageID:   str("0f6c1b9e-6f8e-4a53-9d57-3d9d1f2a0c11"),
 			"key":                 str("order-1"),
 			"big":                 str(strings.Repeat("x", 500)),
 			"small":               str("y"),
@@ -39,9 +39,9 @@ func TestFitDeadLetter(t *testing.T) {
 		{"fits", MaxMessageSize - size, nil, false, true, nil},
 		{"reason cut, nothing dropped", MaxMessageSize - size + 100, nil, true, true, nil},
 		{"original's largest attribute dropped first", MaxMessageSize - size + 1000, []string{"big"}, true, true, nil},
-		{"everything but a short reason", MaxMessageSize - (reasonSize - 1000 + 20), []string{"big", "small", "key", MetaSourceQueue, MetaMessageID, consumer.MetaAttempts}, true, true, []string{consumer.MetaReason}},
-		{"body alone", MaxMessageSize, []string{"big", "small", "key", MetaSourceQueue, MetaMessageID, consumer.MetaAttempts, consumer.MetaReason}, false, true, []string{}},
-		{"too large", MaxMessageSize + 1, []string{"big", "small", "key", MetaSourceQueue, MetaMessageID, consumer.MetaAttempts, consumer.MetaReason}, false, false, []string{}},
+		{"everything but a short reason", MaxMessageSize - (reasonSize - 1000 + 20), []string{"big", "small", "key", MetaOriginQueue, MetaOriginMessageID, consumer.MetaAttempts}, true, true, []string{consumer.MetaReason}},
+		{"body alone", MaxMessageSize, []string{"big", "small", "key", MetaOriginQueue, MetaOriginMessageID, consumer.MetaAttempts, consumer.MetaReason}, false, true, []string{}},
+		{"too large", MaxMessageSize + 1, []string{"big", "small", "key", MetaOriginQueue, MetaOriginMessageID, consumer.MetaAttempts, consumer.MetaReason}, false, false, []string{}},
 	}
 	for _, c := range cases {
 		attrs := full()

@@ -152,7 +152,7 @@ func FuzzDeadLetterAttributes(f *testing.F) {
 		}
 		// What SQS accepts: String and Number values that are not empty
 		// and hold only characters of the XML range.
-		for _, name := range []string{consumer.MetaReason, consumer.MetaAttempts, MetaSourceQueue, MetaMessageID} {
+		for _, name := range []string{consumer.MetaReason, consumer.MetaAttempts, MetaOriginQueue, MetaOriginMessageID} {
 			v := aws.ToString(attrs[name].StringValue)
 			if v == "" || !metatext.ValidString(v) {
 				t.Fatalf("attribute %s = %q, which SQS refuses", name, v)
@@ -162,14 +162,14 @@ func FuzzDeadLetterAttributes(f *testing.F) {
 		if !ok || a.StringValue == nil || *a.StringValue != strconv.Itoa(attempts) {
 			t.Fatalf("attempts attribute %+v, want %d", a, attempts)
 		}
-		if src := attrs[MetaSourceQueue]; src.StringValue == nil || *src.StringValue != s.cfg.QueueURL {
+		if src := attrs[MetaOriginQueue]; src.StringValue == nil || *src.StringValue != s.cfg.QueueURL {
 			t.Fatalf("source queue attribute %+v", src)
 		}
-		if id := attrs[MetaMessageID]; id.StringValue == nil || *id.StringValue != "m-1" {
+		if id := attrs[MetaOriginMessageID]; id.StringValue == nil || *id.StringValue != "m-1" {
 			t.Fatalf("message id attribute %+v", id)
 		}
 		// The key is recorded: in the key attribute, else in MetaKey.
-		ours := map[string]bool{consumer.MetaReason: true, consumer.MetaAttempts: true, MetaSourceQueue: true, MetaMessageID: true}
+		ours := map[string]bool{consumer.MetaReason: true, consumer.MetaAttempts: true, MetaOriginQueue: true, MetaOriginMessageID: true}
 		if aws.ToString(raw.MessageAttributes[s.cfg.KeyAttribute].StringValue) != "k" {
 			if k := attrs[consumer.MetaKey]; aws.ToString(k.StringValue) != "k" {
 				t.Fatalf("key attribute %s = %+v, want k", consumer.MetaKey, k)

@@ -325,9 +325,9 @@ func TestPoisonIsDeadLettered(t *testing.T) {
 		}
 		attempts, _ := strconv.Atoi(attr(consumer.MetaAttempts))
 		if !strings.Contains(attr(consumer.MetaReason), w.reason) || attempts != w.attempts ||
-			attr(sqssource.MetaMessageID) == "" || attr(sqssource.MetaSourceQueue) != q.URL {
+			attr(sqssource.MetaOriginMessageID) == "" || attr(sqssource.MetaOriginQueue) != q.URL {
 			t.Errorf("dead letter %s: reason %q, attempts %d, id %q, source %q; want reason with %q, %d attempts",
-				key, attr(consumer.MetaReason), attempts, attr(sqssource.MetaMessageID), attr(sqssource.MetaSourceQueue), w.reason, w.attempts)
+				key, attr(consumer.MetaReason), attempts, attr(sqssource.MetaOriginMessageID), attr(sqssource.MetaOriginQueue), w.reason, w.attempts)
 		}
 	}
 	rows, keys := effectCounts(t, db)

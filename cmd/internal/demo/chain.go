@@ -59,7 +59,7 @@ func startChain(ctx context.Context, store checkout.Store, runID string, seed ui
 	c.broker.Inject(memsource.Fault{Kind: memsource.FaultDuplicate, Probability: 0.02, Times: -1})
 	c.broker.Inject(memsource.Fault{Kind: memsource.FaultConcurrentDuplicate, Probability: 0.02, Times: -1})
 	c.pub = &crashingPublisher{broker: c.broker, topic: c.topic, rng: rand.New(rand.NewPCG(seed, 0x0b0))}
-	cfg := outbox.Config{BatchSize: 50, PollInterval: 50 * time.Millisecond, MinBackoff: 10 * time.Millisecond,
+	cfg := outbox.Config{BatchSize: 50, PollInterval: 50 * time.Millisecond, InitialBackoff: 10 * time.Millisecond,
 		MaxBackoff: 200 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}
 	var err error
 	switch st := store.(type) {

@@ -219,7 +219,7 @@ func (b *Broker) replay(ctx context.Context, pub *amqp.Channel, returns <-chan a
 // broker's dead-lettering adds.
 func isMeta(k string) bool {
 	switch k {
-	case consumer.MetaReason, consumer.MetaAttempts, amqpsource.MetaQueue, consumer.MetaKey,
+	case consumer.MetaReason, consumer.MetaAttempts, amqpsource.MetaOriginQueue, consumer.MetaKey,
 		consumer.MetaDeadLetteredAt, amqpsource.HeaderRetries, "x-death", "x-delivery-count":
 		return true
 	}
@@ -260,7 +260,7 @@ func (b *Broker) letterOf(d amqp.Delivery) *dlq.Letter {
 	l := &dlq.Letter{
 		ID:      d.MessageId,
 		Reason:  amqpsource.DeadLetterReason(d.Headers),
-		Origin:  str(amqpsource.MetaQueue),
+		Origin:  str(amqpsource.MetaOriginQueue),
 		Key:     str(consumer.MetaKey),
 		Headers: map[string]string{},
 	}

@@ -60,7 +60,7 @@ type Config struct {
 	// QueueURL is the dead-letter queue's URL. Required.
 	QueueURL string
 	// OriginQueueURL is where dead letters without the
-	// sqssource.MetaSourceQueue attribute are replayed: those SQS moved by
+	// sqssource.MetaOriginQueue attribute are replayed: those SQS moved by
 	// a redrive policy. Defaults to "" (they are kept, dlq.ErrNoOrigin).
 	OriginQueueURL string
 	// KeyAttribute is the message attribute holding the deduplication key
@@ -103,7 +103,7 @@ func New(cfg Config) (*Broker, error) {
 func (b *Broker) Close() error { return nil }
 
 // metaAttrs are the attributes sqssource.DeadLetter adds.
-var metaAttrs = []string{consumer.MetaReason, consumer.MetaAttempts, sqssource.MetaSourceQueue, sqssource.MetaMessageID,
+var metaAttrs = []string{consumer.MetaReason, consumer.MetaAttempts, sqssource.MetaOriginQueue, sqssource.MetaOriginMessageID,
 	consumer.MetaKey, consumer.MetaDeadLetteredAt}
 
 func isMeta(name string) bool {
@@ -257,7 +257,7 @@ func (b *Broker) letterOf(m types.Message) *dlq.Letter {
 	l := &dlq.Letter{
 		ID:      aws.ToString(m.MessageId),
 		Reason:  attr(consumer.MetaReason),
-		Origin:  attr(sqssource.MetaSourceQueue),
+		Origin:  attr(sqssource.MetaOriginQueue),
 		Headers: map[string]string{},
 	}
 	if l.Origin == "" {
@@ -272,7 +272,7 @@ func (b *Broker) letterOf(m types.Message) *dlq.Letter {
 	case m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)] != "":
 		l.Key = m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)]
 	default:
-		l.Key = attr(sqssource.MetaMessageID)
+		l.Key = attr(sqssource.MetaOriginMessageID)
 	}
 	if t, err := time.Parse(time.RFC3339Nano, attr(consumer.MetaDeadLetteredAt)); err == nil {
 		l.DeadLetteredAt = t

@@ -420,8 +420,8 @@ type Latency struct {
 	since time.Time
 }
 
-// OnAckDone implements consumer.HookAckDone.
-func (l *Latency) OnAckDone(_ context.Context, a consumer.AckInfo) {
+// OnAck implements consumer.HookAck.
+func (l *Latency) OnAck(_ context.Context, a consumer.AckInfo) {
 	if a.Err != nil {
 		return
 	}

@@ -93,12 +93,12 @@ func Insert(t testing.TB, pool *pgxpool.Pool, msgs []outbox.Message) {
 // FastConfig is a relay config for tests: quick retries and polls.
 func FastConfig() outbox.Config {
 	return outbox.Config{
-		BatchSize:    50,
-		PollInterval: 200 * time.Millisecond,
-		MaxAttempts:  3,
-		MinBackoff:   20 * time.Millisecond,
-		MaxBackoff:   200 * time.Millisecond,
-		Logger:       Logger(),
+		BatchSize:      50,
+		PollInterval:   200 * time.Millisecond,
+		MaxAttempts:    3,
+		InitialBackoff: 20 * time.Millisecond,
+		MaxBackoff:     200 * time.Millisecond,
+		Logger:         Logger(),
 	}
 }
 

@@ -1,0 +1,131 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// ErrResultTooLarge is matched by the dead-letter reason of a message whose
+// handler returned a result larger than Config.MaxResultBytes (or than the
+// lease store's own limit). It is dedup.ErrResultTooLarge. It is never
+// retried: the same handler would return the same result again.
+var ErrResultTooLarge = dedup.ErrResultTooLarge
+
+// ErrResultUnsupported is matched by the dead-letter reason of a message
+// whose handler returned a result that the path's store cannot keep (its
+// driver has no dedupdriver.Caps.Results). It is never retried.
+var ErrResultUnsupported = errors.New("idemq: the store keeps no results")
+
+// TxResult adapts a transactional handler that returns a result: the result
+// is stored with the message's record, in the same transaction as the
+// handler's writes (the store must keep results, dedupdriver.Caps.Results, as
+// pgdedup and sqldedup do), and a later duplicate of the key gets it back through
+// Message.Outcome instead of running h. A failed handler stores nothing, so
+// its retry runs h again. A result above Config.MaxResultBytes rolls the
+// writes back and dead-letters the message with ErrResultTooLarge. A nil
+// result is not stored (the record keeps none).
+//
+//	consumer.Transactional(store, consumer.TxResult(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) ([]byte, error) {
+//		var id int64
+//		err := tx.QueryRow(ctx, `INSERT INTO charges (amount) VALUES ($1) RETURNING id`, 500).Scan(&id)
+//		return []byte(strconv.FormatInt(id, 10)), err
+//	}))
+func TxResult[Tx any](h func(ctx context.Context, tx Tx, msg *Message) ([]byte, error)) TxHandler[Tx] {
+	return func(ctx context.Context, tx Tx, msg *Message) error {
+		msg.setReturned(nil, false)
+		b, err := h(ctx, tx, msg)
+		if err != nil {
+			return err
+		}
+		msg.setReturned(b, true)
+		return nil
+	}
+}
+
+// TxResultJSON is TxResult for typed handlers: it decodes the body as JSON
+// into a T (a body that does not decode is dead-lettered with
+// ErrMalformed, as with TxJSON), calls h, and stores its result encoded as
+// JSON. A result that does not encode fails the message permanently.
+func TxResultJSON[T, R, Tx any](h func(ctx context.Context, tx Tx, msg *Message, v T) (R, error)) TxHandler[Tx] {
+	return TxResult(func(ctx context.Context, tx Tx, msg *Message) ([]byte, error) {
+		v, err := decodeJSON[T](msg)
+		if err != nil {
+			return nil, err
+		}
+		res, err := h(ctx, tx, msg, v)
+		if err != nil {
+			return nil, err
+		}
+		return encodeResult(res)
+	})
+}
+
+// LeaseResult adapts a handler of the lease path that returns a result: the
+// result is stored next to the done key when the key is marked done (the
+// store must keep results, dedupdriver.Caps.Results, as redisdedup does), and a
+// later duplicate of the key gets it back through Message.Outcome. A failed
+// handler stores nothing. The effect has happened by the time the result is
+// checked, so a result above Config.MaxResultBytes (or the store's own
+// limit, redisdedup.Config.MaxResultBytes) is dropped: the key is marked
+// done without it, so the effect is not repeated, and the message is
+// dead-lettered with ErrResultTooLarge.
+func LeaseResult(h func(ctx context.Context, msg *Message) ([]byte, error)) Handler {
+	return func(ctx context.Context, msg *Message) error {
+		msg.setReturned(nil, false)
+		b, err := h(ctx, msg)
+		if err != nil {
+			return err
+		}
+		msg.setReturned(b, true)
+		return nil
+	}
+}
+
+// LeaseResultJSON is LeaseResult for typed handlers: it decodes the body as
+// JSON into a T (a body that does not decode is dead-lettered with
+// ErrMalformed), calls h, and stores its result encoded as JSON.
+func LeaseResultJSON[T, R any](h func(ctx context.Context, msg *Message, v T) (R, error)) Handler {
+	return LeaseResult(func(ctx context.Context, msg *Message) ([]byte, error) {
+		v, err := decodeJSON[T](msg)
+		if err != nil {
+			return nil, err
+		}
+		res, err := h(ctx, msg, v)
+		if err != nil {
+			return nil, err
+		}
+		return encodeResult(res)
+	})
+}
+
+// result returns the result j's handler returned, if any and not nil.
+func (j *job) result() ([]byte, bool) {
+	r := &j.msg.res
+	return r.value, r.returned && r.value != nil
+}
+
+// handled marks j as handled, for Message.Outcome: its handler's result,
+// if any, is durable.
+func (j *job) handled() {
+	if !j.msg.res.returned {
+		j.msg.res.value = nil
+	}
+	j.msg.res.state = outcomeFresh
+}
+
+// replay marks j as a duplicate whose record holds result.
+func (j *job) replay(result []byte) {
+	j.msg.res.value, j.msg.res.returned, j.msg.res.state = result, false, outcomeReplayed
+}
+
+func encodeResult[R any](res R) ([]byte, error) {
+	b, err := json.Marshal(res)
+	if err != nil {
+		return nil, Permanent(fmt.Errorf("idemq: encoding result %T: %w", res, err))
+	}
+	return b, nil
+}
