@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -25,6 +24,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisdedup"
 	"github.com/idemq/idemq/internal/runtest"
+	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -51,12 +51,7 @@ func startRedis(t testing.TB, args ...string) *privateRedis {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Skip("redis-server not found; run: bash testdata/services/services.sh up redis")
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("pick a port: %v", err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
+	port := testenv.FreePort(t)
 	r := &privateRedis{Addr: "127.0.0.1:" + strconv.Itoa(port), dir: t.TempDir()}
 	r.args = append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", r.dir,
 		"--save", "", "--appendonly", "no", "--logfile", filepath.Join(r.dir, "redis.log")}, args...)

@@ -3,7 +3,6 @@ package testenv
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -51,12 +50,7 @@ func StartDurableSQS(t testing.TB) *DurableSQS {
 	if _, err := exec.LookPath("java"); err != nil {
 		t.Skip("testenv: java not found; run: bash testdata/services/services.sh up elasticmq")
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("testenv: pick a port for ElasticMQ: %v", err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
+	port := FreePort(t)
 
 	dir := t.TempDir()
 	d := &DurableSQS{

@@ -330,3 +330,17 @@ func readEnvFile(path string) (map[string]string, error) {
 	}
 	return vars, nil
 }
+
+// FreePort returns a loopback TCP port that was free a moment ago, for a
+// server of a test's own (a private Redis, Kafka or ElasticMQ). Another
+// process may take it before the server binds it; a server that cannot
+// bind fails its start.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testenv: pick a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}

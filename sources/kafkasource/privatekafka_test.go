@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,7 +54,7 @@ func startKafka(t testing.TB) *privateKafka {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port, controller := freePort(t), freePort(t)
+	port, controller := testenv.FreePort(t), testenv.FreePort(t)
 	dir := t.TempDir()
 	k := &privateKafka{
 		Addr:      "127.0.0.1:" + strconv.Itoa(port),
@@ -79,17 +78,6 @@ func startKafka(t testing.TB) *privateKafka {
 	t.Cleanup(k.kill)
 	k.start(t)
 	return k
-}
-
-// freePort returns a loopback port that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func (k *privateKafka) start(t testing.TB) {
