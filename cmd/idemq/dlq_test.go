@@ -228,51 +228,16 @@ func TestDLQCommandKafka(t *testing.T) {
 // idemq dlq on RabbitMQ: show by key, purge --dry-run, a replay of a
 // selection, then a purge of the rest by reason.
 func TestDLQCommandRabbitMQ(t *testing.T) {
-	url := testenv.AMQPURL(t)
-	queue := runtest.UniqueName(t, "idemq-cli")
-	dead := queue + ".dlq"
-	brokerenv.DeleteQueuesAtCleanup(t, url, queue, dead)
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{queue, dead} {
-		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	r := newRabbitDLQ(t, "idemq-cli")
+	queue := r.queue
 	for _, m := range []struct{ key, reason string }{{"r-1", "bad SKU"}, {"r-2", "card declined"}, {"r-3", "bad SKU"}} {
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", dead, true, false, amqp.Publishing{
-			DeliveryMode: amqp.Persistent, Body: []byte(`{"k":"` + m.key + `"}`),
-			Headers: amqp.Table{"idempotency-key": m.key, "tenant": "acme", consumer.MetaReason: m.reason,
-				consumer.MetaAttempts: int64(5), amqpsource.MetaOriginQueue: queue, consumer.MetaKey: m.key,
-				consumer.MetaDeadLetteredAt: time.Now().UTC().Format(time.RFC3339Nano)},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ok, err := dc.WaitContext(ctx); !ok || err != nil {
-			t.Fatalf("publish not confirmed: %v", err)
-		}
+		r.deadLetter(t, `{"k":"`+m.key+`"}`, amqp.Table{"idempotency-key": m.key, "tenant": "acme", consumer.MetaReason: m.reason,
+			consumer.MetaAttempts: int64(5), amqpsource.MetaOriginQueue: queue, consumer.MetaKey: m.key,
+			consumer.MetaDeadLetteredAt: time.Now().UTC().Format(time.RFC3339Nano)})
 	}
 	dlqCmd := func(args ...string) string {
 		t.Helper()
-		args = append(append([]string{"dlq"}, args...), "--broker", "rabbitmq", "--amqp-url", url, "--dlq", dead)
-		code, out, errOut := idemq(t, args...)
-		if code != exitOK {
-			t.Fatalf("idemq %s = %d:\n%s%s", strings.Join(args, " "), code, out, errOut)
-		}
-		return out
+		return r.cmd(t, args...)
 	}
 	if out := dlqCmd("show", "r-2"); !strings.Contains(out, "card declined") || !strings.Contains(out, "header:           tenant=acme") || !strings.Contains(out, "origin:           "+queue) {
 		t.Errorf("show r-2:\n%s", out)
@@ -289,14 +254,14 @@ func TestDLQCommandRabbitMQ(t *testing.T) {
 	if out := dlqCmd("list"); !strings.Contains(out, "0 dead letters") {
 		t.Fatalf("list:\n%s", out)
 	}
-	d, ok, err := ch.Get(queue, true)
+	d, ok, err := r.ch.Get(queue, true)
 	if err != nil || !ok {
 		t.Fatalf("the origin queue holds no replayed copy: %v", err)
 	}
 	if d.Headers["idempotency-key"] != "r-2" || d.Headers["tenant"] != "acme" || d.Headers[consumer.MetaReason] != nil {
 		t.Errorf("replayed copy's headers %v: want the key and tenant, no idemq metadata", d.Headers)
 	}
-	if _, more, _ := ch.Get(queue, true); more {
+	if _, more, _ := r.ch.Get(queue, true); more {
 		t.Errorf("the origin queue holds more than the one replayed copy")
 	}
 }
@@ -382,49 +347,13 @@ func TestDLQListLimit(t *testing.T) {
 // arguments, here on RabbitMQ dead letters without a MessageId. purge
 // takes --dry-run and --json.
 func TestDLQStableIDs(t *testing.T) {
-	url := testenv.AMQPURL(t)
-	queue := runtest.UniqueName(t, "idemq-cli-ids")
-	dead := queue + ".dlq"
-	brokerenv.DeleteQueuesAtCleanup(t, url, queue, dead)
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{queue, dead} {
-		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	r := newRabbitDLQ(t, "idemq-cli-ids")
 	for _, k := range []string{"s-1", "s-2", "s-3", "s-4"} {
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", dead, true, false, amqp.Publishing{
-			DeliveryMode: amqp.Persistent, Body: []byte(`{"k":"` + k + `"}`),
-			Headers: amqp.Table{consumer.MetaReason: "boom", amqpsource.MetaOriginQueue: queue, consumer.MetaKey: k},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ok, err := dc.WaitContext(ctx); !ok || err != nil {
-			t.Fatalf("publish not confirmed: %v", err)
-		}
+		r.deadLetter(t, `{"k":"`+k+`"}`, amqp.Table{consumer.MetaReason: "boom", amqpsource.MetaOriginQueue: r.queue, consumer.MetaKey: k})
 	}
 	dlqCmd := func(args ...string) string {
 		t.Helper()
-		args = append(append([]string{"dlq"}, args...), "--broker", "rabbitmq", "--amqp-url", url, "--dlq", dead)
-		code, out, errOut := idemq(t, args...)
-		if code != exitOK {
-			t.Fatalf("idemq %s = %d:\n%s%s", strings.Join(args, " "), code, out, errOut)
-		}
-		return out
+		return r.cmd(t, args...)
 	}
 	ids := func() map[string]string { // key -> ID
 		t.Helper()
@@ -474,4 +403,66 @@ func TestDLQStableIDs(t *testing.T) {
 	if out := dlqCmd("list"); !strings.HasSuffix(out, "\n1 dead letter\n") {
 		t.Errorf("list:\n%s", out)
 	}
+}
+
+// rabbitDLQ is an origin queue and its dead-letter queue on the test's
+// RabbitMQ, deleted when the test ends, and a channel in confirm mode.
+type rabbitDLQ struct {
+	url, queue, dead string
+	ch               *amqp.Channel
+}
+
+// newRabbitDLQ declares a queue named after prefix and the test, and its
+// "<queue>.dlq".
+func newRabbitDLQ(t *testing.T, prefix string) *rabbitDLQ {
+	t.Helper()
+	r := &rabbitDLQ{url: testenv.AMQPURL(t), queue: runtest.UniqueName(t, prefix)}
+	r.dead = r.queue + ".dlq"
+	brokerenv.DeleteQueuesAtCleanup(t, r.url, r.queue, r.dead)
+	conn, err := amqp.Dial(r.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	if r.ch, err = conn.Channel(); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{r.queue, r.dead} {
+		if _, err := r.ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// deadLetter publishes a persistent dead letter with body and headers to
+// the dead-letter queue and waits for the broker's confirm.
+func (r *rabbitDLQ) deadLetter(t *testing.T, body string, headers amqp.Table) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dc, err := r.ch.PublishWithDeferredConfirmWithContext(ctx, "", r.dead, true, false, amqp.Publishing{
+		DeliveryMode: amqp.Persistent, Body: []byte(body), Headers: headers,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := dc.WaitContext(ctx); !ok || err != nil {
+		t.Fatalf("publish not confirmed: %v", err)
+	}
+}
+
+// cmd runs idemq dlq args on the dead-letter queue and returns its stdout;
+// it fails t unless idemq exits 0.
+func (r *rabbitDLQ) cmd(t *testing.T, args ...string) string {
+	t.Helper()
+	args = append(append([]string{"dlq"}, args...), "--broker", "rabbitmq", "--amqp-url", r.url, "--dlq", r.dead)
+	code, out, errOut := idemq(t, args...)
+	if code != exitOK {
+		t.Fatalf("idemq %s = %d:\n%s%s", strings.Join(args, " "), code, out, errOut)
+	}
+	return out
 }
