@@ -219,9 +219,8 @@
 // LeaveGroup itself, again every 100 ms, until the coordinator reports that
 // it no longer knows the member (Stats.MembersLeft counts them), so the
 // group resumes once the coordinator has loaded it and kafka-go's next join
-// attempt (Config.JoinGroupBackoff, 200 ms) arrives: 0.55–0.97 s after the
-// broker answered again, measured in docs/chaos.md, where it took
-// SessionTimeout and more before.
+// attempt (Config.JoinGroupBackoff, 200 ms) arrives, not a SessionTimeout
+// later (docs/chaos.md has the figures).
 //
 // # Brokers
 //
