@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -25,6 +27,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/console"
 	"github.com/idemq/idemq/dedup/pgdedup"
+	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/internal/testenv/brokerenv"
@@ -391,5 +394,105 @@ func consoleScenario(t *testing.T, rg consoleRig) {
 	}
 	if strings.Contains(logs.String(), "guest:guest") {
 		t.Errorf("the console's log shows a password:\n%s", logs.String())
+	}
+}
+
+// idemq console refuses a command line it cannot serve safely: mutations
+// without a token, malformed --dlq and --worker.
+func TestConsoleUsage(t *testing.T) {
+	t.Setenv(consoleTokenEnv, "")
+	for _, args := range [][]string{
+		{"console"},
+		{"console", "--read-only", "--dlq", "orders.dlq"},
+		{"console", "--read-only", "--dlq", "pulsar:orders.dlq"},
+		{"console", "--read-only", "--worker", "http://127.0.0.1:8080/readyz"},
+		{"console", "--read-only", "--scope", "orders"},
+		{"console", "--read-only", "--prefix", "idemq/"},
+		{"console", "--read-only", "extra"},
+	} {
+		if code, _, errOut := idemq(t, args...); code != exitUsage {
+			t.Errorf("idemq %s = %d, want %d:\n%s", strings.Join(args, " "), code, exitUsage, errOut)
+		}
+	}
+}
+
+// The whole command on a SQLite store with an outbox, and a RabbitMQ
+// dead-letter store that cannot be reached: it listens where --addr says,
+// shows the dedup and outbox tables, says the broker is unreachable, and
+// no page or log line shows the broker URL's password or the token.
+func TestConsoleCommand(t *testing.T) {
+	path := t.TempDir() + "/idemq.db"
+	for _, args := range [][]string{{"migrate", "--dsn", "sqlite:" + path}, {"migrate", "--outbox", "--dsn", "sqlite:" + path}} {
+		if code, _, errOut := idemq(t, args...); code != exitOK {
+			t.Fatalf("%v: %s", args, errOut)
+		}
+	}
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	record(t, db, sqldedup.Config{Dialect: sqldedup.SQLite}, "orders", "o-1", "{}")
+	record(t, db, sqldedup.Config{Dialect: sqldedup.SQLite}, "orders", "o-2", "{}")
+	now := time.Now()
+	for i, r := range outboxRows {
+		if _, err := db.Exec(`INSERT INTO idemq_outbox (id, destination, body, state, created_at, sent_at) VALUES (?, 'd', x'00', ?, ?, ?)`,
+			"e"+strconv.Itoa(i), r.state, now.Add(-r.age).UnixMilli(), now.Add(-10*time.Second).UnixMilli()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const token = "cmd-test-token-42"
+	t.Setenv(consoleTokenEnv, token)
+	ctx, cancel := context.WithCancel(context.Background())
+	var out, errOut runtest.SyncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- runConsole(ctx, []string{"--addr", "127.0.0.1:0", "--dsn", "sqlite:" + path, "--prefix", "/ops",
+			"--dlq", "rabbitmq:orders.dlq", "--amqp-url", "amqp://ops:hunter2@127.0.0.1:1/"}, &out, &errOut)
+	}()
+	addrRE := regexp.MustCompile(`http://(127\.0\.0\.1:\d+)/ops/`)
+	runtest.WaitFor(t, 10*time.Second, func() string { return "the console's address in " + out.String() + errOut.String() }, func() bool {
+		return addrRE.MatchString(out.String())
+	})
+	base := "http://" + addrRE.FindStringSubmatch(out.String())[1] + "/ops"
+	get := func(p string) string {
+		t.Helper()
+		resp, err := http.Get(base + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s: %d", p, resp.StatusCode)
+		}
+		return string(b)
+	}
+	var pages strings.Builder
+	for p, want := range map[string][]string{
+		"/":               {`data-queue="orders.dlq"`, "unreadable"},
+		"/dlq/orders.dlq": {`id="queue-error"`},
+		"/dedup":          {`<td class="num records">2</td>`, `<td class="num results">2</td>`, `<td class="num failing">0</td>`, `id="dedup-retention">8d<`},
+		"/outbox":         {`id="outbox-pending">2<`, `id="outbox-parked" class="bad">1`, `id="outbox-sent-per-minute">1<`},
+	} {
+		body := get(p)
+		pages.WriteString(body)
+		for _, w := range want {
+			if !strings.Contains(body, w) {
+				t.Errorf("%s lacks %s:\n%s", p, w, body)
+			}
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("runConsole: %v", err)
+	}
+	for _, secret := range []string{"hunter2", token} {
+		if strings.Contains(pages.String(), secret) || strings.Contains(out.String()+errOut.String(), secret) {
+			t.Errorf("%q shown in a page or the output:\n%s\n%s", secret, out.String(), errOut.String())
+		}
+	}
+	if !strings.Contains(errOut.String(), "console: list dead letters") {
+		t.Errorf("the unreachable broker is not logged:\n%s", errOut.String())
 	}
 }
