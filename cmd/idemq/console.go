@@ -207,7 +207,7 @@ func (f *consoleFlags) config(ctx context.Context, stderr io.Writer) (console.Co
 		if err != nil {
 			return cfg, nil, err
 		}
-		closeAll = func() { db.Close() }
+		closeAll = func() { _ = db.Close() }
 		retention := store.Config().Retention
 		if f.retention != "" {
 			if retention, err = time.ParseDuration(f.retention); err != nil {
@@ -250,8 +250,7 @@ func (f *consoleFlags) openStore(ctx context.Context) (*sqldedup.Store, *sql.DB,
 	}
 	store, err := sqldedup.New(db, cfg)
 	if err != nil {
-		db.Close()
-		return nil, nil, fmt.Errorf("%w: %w", errUsage, err)
+		return nil, nil, errors.Join(fmt.Errorf("%w: %w", errUsage, err), db.Close())
 	}
 	return store, db, nil
 }

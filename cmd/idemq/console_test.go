@@ -218,6 +218,9 @@ func consoleScenario(t *testing.T, rg consoleRig) {
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if code, _, errOut := idemq(t, "migrate", "--outbox", "--dsn", dbURL, "--schema", schema); code != exitOK {
+		t.Fatalf("migrate --outbox: %s", errOut)
+	}
 	effects := pgx.Identifier{schema, "effects"}.Sanitize()
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+effects+` (key text NOT NULL)`); err != nil {
 		t.Fatal(err)
@@ -324,6 +327,9 @@ func consoleScenario(t *testing.T, rg consoleRig) {
 	}
 	if code, body := call(http.MethodGet, "/", nil); code != http.StatusOK || !regexp.MustCompile(`class="num count"[^>]*>3<`).MatchString(body) {
 		t.Errorf("overview (%d) does not count 3 dead letters:\n%s", code, body)
+	}
+	if _, body := call(http.MethodGet, "/outbox", nil); !strings.Contains(body, `id="outbox-pending">0<`) || !strings.Contains(body, `id="outbox-sent-per-minute">0<`) {
+		t.Errorf("the outbox page of an empty outbox:\n%s", body)
 	}
 	if _, body := call(http.MethodGet, "/dedup", nil); !strings.Contains(body, `<td class="scope-name">orders</td>`) || !strings.Contains(body, fmt.Sprintf(`<td class="num records">%d</td>`, consoleMessages-len(consolePoison))) {
 		t.Errorf("the dedup page does not show the runner's %d records:\n%s", consoleMessages-len(consolePoison), body)

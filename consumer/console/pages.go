@@ -183,6 +183,18 @@ func (c *Console) list(ctx context.Context, q *Queue, f dlq.Filter) (ls []*dlq.L
 	if j != nil {
 		return nil, false, true, nil
 	}
+	select {
+	case c.scans[q.Name] <- struct{}{}:
+	case <-ctx.Done():
+		return nil, false, false, ctx.Err()
+	}
+	defer func() { <-c.scans[q.Name] }()
+	c.mu.Lock()
+	j = c.busy[q.Name]
+	c.mu.Unlock()
+	if j != nil {
+		return nil, false, true, nil
+	}
 	b, err := q.Open(ctx)
 	if err != nil {
 		c.log(ctx, slog.LevelWarn, "console: open a dead-letter store", slog.String("queue", q.Name), slog.String("error", c.errText(err)))
