@@ -18,21 +18,12 @@ const (
 	LogKeyStoreSettings = "store_settings"
 )
 
-// checkDurability asks the runner's store, once when Run starts, whether its
+// storeDurability asks the store of path, once when Run starts, whether its
 // server can lose the records it acknowledged (see
-// dedupdriver.Caps.Durability). It logs one WARN when it can, or when the
-// settings could not be read, and keeps the loss for Health.StoreLoss; it
-// returns the store's refusal (an error matching dedup.ErrNotDurable).
-func (r *Runner) checkDurability(ctx context.Context) error {
-	loss, err := storeDurability(ctx, r.path, r.log)
-	if err != nil {
-		return err
-	}
-	r.storeLoss.Store(&loss)
-	return nil
-}
-
-// storeDurability asks the store of path (see checkDurability).
+// dedupdriver.Caps.Durability), and returns the loss, which Run keeps for
+// Health.StoreLoss. It logs one WARN when it can, or when the settings could
+// not be read; it returns the store's refusal (an error matching
+// dedup.ErrNotDurable).
 func storeDurability(ctx context.Context, path Path, log *slog.Logger) (string, error) {
 	if !path.driverCaps().Durability {
 		return "", nil

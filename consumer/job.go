@@ -54,31 +54,6 @@ type prepared struct {
 	one     [1]*job // live's array for a batch of one
 }
 
-// lane is what one lane carries from one batch to the next: the batch it
-// took ahead while committing the last one, and the open transaction that
-// commit chained and that already claimed that batch's keys.
-type lane struct {
-	in    <-chan *job
-	cur   *prepared // the batch being handled
-	ahead *prepared
-	chain chained
-}
-
-// chained is a path's open transaction for the batch a lane took ahead.
-type chained interface {
-	// abandon rolls the transaction back.
-	abandon(ctx context.Context)
-}
-
-// abandon rolls back the transaction chained for the batch taken ahead, if
-// any.
-func (l *lane) abandon(ctx context.Context) {
-	if l.chain != nil {
-		l.chain.abandon(ctx)
-		l.chain = nil
-	}
-}
-
 // attempt is the attempt number the retry policy sees for j: its key's
 // counted handler failures, else the broker's delivery count.
 func (j *job) attempt() int {
@@ -86,4 +61,13 @@ func (j *job) attempt() int {
 		return j.failures
 	}
 	return j.msg.Attempt
+}
+
+// dedupRecords returns the dedup records of jobs.
+func dedupRecords(jobs []*job) []dedup.Record {
+	recs := make([]dedup.Record, len(jobs))
+	for i, j := range jobs {
+		recs[i] = dedup.Record{Key: j.key, PayloadHash: j.hash}
+	}
+	return recs
 }

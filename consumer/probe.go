@@ -33,18 +33,18 @@ func (p *leasePath) probe(ctx context.Context, scope string) error {
 	return nil
 }
 
-// checkSchema asks the path's store (when its driver checks schemas) and
-// every hook that implements
+// checkSchema asks the store of path (when its driver checks schemas) and
+// every hook of cfg that implements
 // dedup.SchemaChecker whether its tables exist, and returns an error
 // wrapping the first *dedup.SchemaError. Any other error (the database is
 // down) is logged and left to the outage handling: Run starts, and its
 // first messages find out.
-func (r *Runner) checkSchema(ctx context.Context) error {
+func checkSchema(ctx context.Context, path Path, cfg Config, log *slog.Logger) error {
 	var checkers []dedup.SchemaChecker
-	if r.path.driverCaps().SchemaCheck {
-		checkers = append(checkers, r.path.driver())
+	if path.driverCaps().SchemaCheck {
+		checkers = append(checkers, path.driver())
 	}
-	for _, h := range r.cfg.Hooks {
+	for _, h := range cfg.Hooks {
 		if c, ok := h.(dedup.SchemaChecker); ok {
 			checkers = append(checkers, c)
 		}
@@ -55,9 +55,9 @@ func (r *Runner) checkSchema(ctx context.Context) error {
 		cancel()
 		switch {
 		case errors.Is(err, dedup.ErrNotMigrated):
-			return fmt.Errorf("idemq: consumer %q cannot start: %w", r.cfg.Name, err)
+			return fmt.Errorf("idemq: consumer %q cannot start: %w", cfg.Name, err)
 		case err != nil && ctx.Err() == nil:
-			r.log.LogAttrs(ctx, slog.LevelWarn, "could not check the database schema; starting unchecked",
+			log.LogAttrs(ctx, slog.LevelWarn, "could not check the database schema; starting unchecked",
 				slog.Any(LogKeyError, err))
 		}
 	}

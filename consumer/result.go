@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 )
 
 // ErrResultTooLarge is matched by the dead-letter reason of a message whose
@@ -128,4 +129,68 @@ func encodeResult[R any](res R) ([]byte, error) {
 		return nil, Permanent(fmt.Errorf("idemq: encoding result %T: %w", res, err))
 	}
 	return b, nil
+}
+
+// storeResults writes the results of fresh's handlers into their records in
+// tx, in one call to the store, before the commit. failed reports that the
+// transaction must be rolled back, with res saying why: a store that keeps
+// no results blames the first message with one; a statement refused because
+// a handler aborted the transaction makes every handler a suspect; any
+// other failure is the store's.
+func (p *txPath[Tx]) storeResults(ctx context.Context, env *pathEnv, tx Tx, fresh []*job) (res tryResult, failed bool) {
+	var (
+		results []dedup.Result
+		first   *job
+	)
+	for _, j := range fresh {
+		if v, ok := j.result(); ok {
+			results = append(results, dedup.Result{Key: j.key, Value: v})
+			if first == nil {
+				first = j
+			}
+		}
+	}
+	if len(results) == 0 {
+		return tryResult{}, false
+	}
+	if !p.caps.Results {
+		return tryResult{err: Permanent(fmt.Errorf("%w: %T keeps no results", ErrResultUnsupported, p.store)), culprit: first}, true
+	}
+	err := p.drv.StoreResults(ctx, tx, env.scope, results)
+	switch {
+	case err == nil:
+		return tryResult{}, false
+	case errors.Is(err, ErrResultUnsupported), errors.Is(err, dedupdriver.ErrUnsupported): // a wrapper of a store without results
+		return tryResult{err: Permanent(err), culprit: first}, true
+	case p.aborted(err):
+		return tryResult{err: err, suspects: fresh}, true
+	default:
+		return tryResult{err: fmt.Errorf("idemq: store results: %w", err), infra: true}, true
+	}
+}
+
+// resultErr returns err, the error of j's handler, or when it is nil and
+// the handler returned a result above Config.MaxResultBytes, a permanent
+// error matching ErrResultTooLarge.
+func (env *pathEnv) resultErr(j *job, err error) error {
+	if err != nil {
+		return err
+	}
+	_, err = env.checkResult(j)
+	return err
+}
+
+// checkResult returns the result j's handler returned, nil if none, and a
+// permanent error matching ErrResultTooLarge when it is above
+// Config.MaxResultBytes.
+func (env *pathEnv) checkResult(j *job) ([]byte, error) {
+	v, ok := j.result()
+	if !ok {
+		return nil, nil
+	}
+	if max := env.maxResultBytes; max < 0 || len(v) <= max {
+		return v, nil
+	}
+	return v, Permanent(fmt.Errorf("%w: key %q: %d bytes, limit %d (Config.MaxResultBytes)",
+		ErrResultTooLarge, j.key, len(v), env.maxResultBytes))
 }

@@ -116,15 +116,17 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	defer r.running.Store(false)
 	defer r.draining.Store(false)
-	if err := r.checkSchema(ctx); err != nil {
+	if err := checkSchema(ctx, r.path, r.cfg, r.log); err != nil {
 		return err
 	}
 	if err := checkRetention(ctx, r.src, r.path, r.log, r.cfg.AllowShortRetention); err != nil {
 		return err
 	}
-	if err := r.checkDurability(ctx); err != nil {
+	loss, err := storeDurability(ctx, r.path, r.log)
+	if err != nil {
 		return err
 	}
+	r.storeLoss.Store(&loss)
 	logStart(ctx, r.log, r.cfg, r.src, r.path)
 
 	// Work outlives ctx during the drain, and is cancelled when the drain
@@ -139,7 +141,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		wg.Go(func() { r.lane(workCtx, lanes[i]) })
 	}
 
-	err := r.receive(ctx, lanes)
+	err = r.receive(ctx, lanes)
 	r.draining.Store(true)
 	for _, l := range lanes {
 		close(l)
@@ -263,7 +265,6 @@ func (r *Runner) lane(ctx context.Context, in <-chan *job) {
 	a := startAcker(ctx, r.src, &r.env, r.ackOut)
 	defer a.stop()
 	l := &lane{in: in}
-	holds := laneHolds{} // partitions waiting for a message handed back
 	defer l.abandon(ctx) // nothing is chained once the last batch ran; a safety net
 	buf := make([]*job, 0, r.cfg.BatchSize)
 	for {
@@ -286,7 +287,7 @@ func (r *Runner) lane(ctx context.Context, in <-chan *job) {
 			l.abandon(ctx)
 			continue
 		}
-		r.handle(ctx, b, a, l, holds)
+		r.handle(ctx, b, a, l)
 	}
 }
 
@@ -399,16 +400,17 @@ func (r *Runner) prepareBatch(ctx context.Context, batch []*job) *prepared {
 	return b
 }
 
-// handle runs a prepared batch's path and settles every message.
-func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane, holds laneHolds) {
-	if l != nil {
-		l.cur = b
-	}
-	b.live = holds.holdBack(b.live)
+// handle runs a prepared batch's path in the lane's partition order and
+// settles every message.
+func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane) {
+	l.cur = b
+	b.live = l.order.admit(b.live)
 	if len(b.live) > 0 {
 		r.path.process(ctx, &r.env, b.live, l)
 	}
-	if acks := r.settler.settle(ctx, b, holds); len(acks) > 0 {
+	acks := r.settler.settle(ctx, b)
+	l.order.settled(b.batch, r.stats.received.Load())
+	if len(acks) > 0 {
 		a.send(ackBatch{jobs: acks, size: len(b.batch)})
 	}
 }
