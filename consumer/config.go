@@ -91,7 +91,7 @@ type Config struct {
 	MaxMessageBytes int
 
 	// MaxResultBytes is the largest result a handler may return through
-	// TxResult or LeaseResult (see Message.Outcome). On the transactional
+	// TxResult or Result (see StoredResult). On the transactional
 	// path a larger result rolls the handler's writes back and dead-letters
 	// the message with ErrResultTooLarge, without retries; on the lease
 	// path, where the effect has happened, the key is marked done without

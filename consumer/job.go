@@ -7,16 +7,17 @@ import (
 	"github.com/idemq/idemq/dedup"
 )
 
-// outcome is what the runner does with a message once its path is done.
-type outcome int
+// fate is what the runner does with a message once its path is done;
+// the settler carries it out, and the Outcome it reports follows from it.
+type fate int
 
 const (
-	outNone       outcome = iota // not settled: left to the broker
-	outAck                       // effect durable now (handler ran and committed)
-	outDuplicate                 // effect was durable before; acknowledge
-	outRetry                     // handler failed; retry with backoff or dead-letter
-	outRetryInfra                // store or broker trouble; retry, never dead-letter
-	outDeadLetter                // poison; dead-letter now
+	outNone       fate = iota // not settled: left to the broker
+	outAck                    // effect durable now (handler ran and committed)
+	outDuplicate              // effect was durable before; acknowledge
+	outRetry                  // handler failed; retry with backoff or dead-letter
+	outRetryInfra             // store or broker trouble; retry, never dead-letter
+	outDeadLetter             // poison; dead-letter now
 )
 
 // job is one message moving through a Runner.
@@ -27,7 +28,7 @@ type job struct {
 	keyErr error // from Config.KeyFunc (or the source), checked by prepare
 	hash   dedup.Hash
 
-	out   outcome
+	out   fate
 	err   error
 	delay time.Duration // for outRetryInfra, or from RetryAfter
 
@@ -41,7 +42,7 @@ type job struct {
 	follower bool // the same key came earlier in the batch
 }
 
-func (j *job) set(o outcome, err error) { j.out, j.err = o, err }
+func (j *job) set(o fate, err error) { j.out, j.err = o, err }
 
 // prepared is a batch ready for its path: the jobs to run (live, one per
 // key) and the later copies of their keys (followers), settled after them.

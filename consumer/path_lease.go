@@ -253,7 +253,7 @@ func (p *leasePath) completeKey(ctx context.Context, env *pathEnv, j *job, token
 }
 
 // settleLease gives j its outcome from r, then tells the hooks what
-// happened, and then marks j handled (Message.Outcome) if it was, in the
+// happened, and then marks j handled (StoredResult) if it was, in the
 // order of the transactional path.
 func (p *leasePath) settleLease(env *pathEnv, j *job, r *leaseRun) {
 	switch {
@@ -266,7 +266,7 @@ func (p *leasePath) settleLease(env *pathEnv, j *job, r *leaseRun) {
 		}
 	case r.claim.State == dedup.StateDone:
 		j.set(outDuplicate, nil)
-		j.replay(r.claim.Result) // the stored result, for Message.Outcome
+		j.replay(r.claim.Result) // the stored result, for StoredResult
 	case r.claim.State == dedup.StateMismatch:
 		j.set(outDeadLetter, &dedup.MismatchError{Scope: env.scope, Key: j.key, Stored: r.claim.StoredHash, Received: j.hash})
 	case r.claim.State == dedup.StateInProgress:

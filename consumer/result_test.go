@@ -37,7 +37,7 @@ type seenOutcome struct {
 func (s *outcomeSource) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	s.mu.Lock()
 	for _, m := range msgs {
-		res, replayed, ok := m.Outcome()
+		res, replayed, ok := consumer.StoredResult(m)
 		s.seen = append(s.seen, seenOutcome{key: m.Key, attempt: m.Attempt, result: string(res), replayed: replayed, ok: ok})
 	}
 	s.mu.Unlock()
@@ -230,7 +230,7 @@ func TestOutcome(t *testing.T) {
 		src := &outcomeSource{Source: broker.Source("mail")}
 		var mu sync.Mutex
 		calls := 0
-		h := consumer.LeaseResultJSON(func(ctx context.Context, msg *consumer.Message, v map[string]int) (map[string]string, error) {
+		h := consumer.ResultJSON(func(ctx context.Context, msg *consumer.Message, v map[string]int) (map[string]string, error) {
 			mu.Lock()
 			defer mu.Unlock()
 			calls++
@@ -284,7 +284,7 @@ func TestOutcome(t *testing.T) {
 		broker := memsource.New(memsource.Config{VisibilityTimeout: 300 * time.Millisecond, Seed: 1})
 		t.Cleanup(func() { broker.Close() })
 		var calls atomic.Int32
-		h := consumer.LeaseResult(func(ctx context.Context, msg *consumer.Message) ([]byte, error) {
+		h := consumer.Result(func(ctx context.Context, msg *consumer.Message) ([]byte, error) {
 			calls.Add(1)
 			return []byte("12345"), nil
 		})

@@ -227,12 +227,12 @@ func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
 }
 
 // keyOf returns the deduplication key of m from Config.KeyFunc. A key the
-// source could not read (Message.KeyErr) and a KeyFunc that panics give an
+// source could not read (Delivery.KeyErr) and a KeyFunc that panics give an
 // error wrapping ErrMissingKey (and, for a panic, a *PanicError), so that one
 // malformed message is dead-lettered instead of crashing the process.
 func (r *Runner) keyOf(m *Message) (key string, err error) {
-	if m.KeyErr != nil {
-		return "", fmt.Errorf("%w: the source could not read it: %w", ErrMissingKey, m.KeyErr)
+	if m.delivery.KeyErr != nil {
+		return "", fmt.Errorf("%w: the source could not read it: %w", ErrMissingKey, m.delivery.KeyErr)
 	}
 	defer func() {
 		if v := recover(); v != nil {

@@ -106,7 +106,7 @@ func storeTrouble(j *job) bool {
 // followLeaders gives each later copy of a key in b its outcome from its
 // leader's: retried after it when the leader was not settled,
 // dead-lettered when its payload differs, else a duplicate with the
-// leader's result (for Message.Outcome).
+// leader's result (for StoredResult).
 func (s *settler) followLeaders(b *prepared) {
 	for _, f := range b.followers {
 		leader := b.leaders[f.key]
@@ -117,7 +117,7 @@ func (s *settler) followLeaders(b *prepared) {
 			f.set(outDeadLetter, &dedup.MismatchError{Scope: s.env.scope, Key: f.key, Stored: leader.hash, Received: f.hash})
 		default:
 			f.set(outDuplicate, nil)
-			v, _, _ := leader.msg.Outcome()
+			v, _, _ := StoredResult(leader.msg)
 			f.replay(v)
 		}
 	}

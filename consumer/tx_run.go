@@ -47,7 +47,7 @@ func (p *txPath[Tx]) try(ctx context.Context, env *pathEnv, jobs []*job, l *lane
 			news++
 		case dedup.StateDone:
 			j.set(outDuplicate, nil)
-			j.replay(c.Result) // result.go: the stored result, for Message.Outcome
+			j.replay(c.Result) // result.go: the stored result, for StoredResult
 		case dedup.StateMismatch:
 			j.set(outDeadLetter, &dedup.MismatchError{Scope: env.scope, Key: j.key, Stored: c.StoredHash, Received: j.hash})
 		default:
@@ -98,7 +98,7 @@ func (p *txPath[Tx]) try(ctx context.Context, env *pathEnv, jobs []*job, l *lane
 	}
 	for _, j := range fresh {
 		j.set(outAck, nil)
-		j.handled() // result.go: for Message.Outcome
+		j.handled() // result.go: for StoredResult
 	}
 	return tryResult{}
 }

@@ -270,7 +270,7 @@ func (r *Resender) OnClaimed(ctx context.Context, m *consumer.Message, c consume
 	if c.State != dedup.StateDone || m.ReplyTo == "" {
 		return
 	}
-	result, replayed, ok := m.Outcome()
+	result, replayed, ok := consumer.StoredResult(m)
 	if !ok || !replayed {
 		return
 	}
