@@ -7,26 +7,19 @@ import (
 )
 
 // order keeps the messages of a partition key in order in one lane, where
-// they all go (laneOf). The lane's goroutine calls admit before a batch's
-// path runs and settled once the batch is settled; the path asks it, between
-// the transactions or messages it runs, which jobs may still run. It is used
-// by its lane's goroutine only.
+// they all go (laneOf): Runner.handle admits a batch through it and records
+// what the batch handed back once it is settled; the paths ask it, between
+// the transactions or messages they run, which jobs may still run. Used by
+// its lane's goroutine only.
 //
-// Within a batch, the messages after a failed one of their partition are not
-// handled (they would overtake it): they are retried without counting an
-// attempt, as late as the failed one. Earlier ones are handled: they precede
-// it anyway.
-//
-// From one batch to the next: a message handed back for a later attempt
-// (Retry or Release, with a delay) comes back through the broker; the
-// messages of its partition that the runner received before it was handed
-// back are already in the lane, and a later batch would commit them ahead of
-// it. They are handed back behind it instead: retried without counting an
-// attempt, due no sooner than the message they wait for, in their order.
-// Messages received after the hand-back are the broker's to order (it
-// delivers a partition key in order), and so is the handed-back message
-// itself. A lane's jobs arrive in receive order, so such a hold is dropped
-// once the lane has seen a job received after it.
+// Within a batch, the messages after a failed one of their partition wait
+// for it (retried without counting an attempt, as late as it); earlier ones
+// precede it anyway. Across batches, a message handed back (Retry or
+// Release) comes back through the broker, and the messages of its partition
+// received before the hand-back, already in the lane, wait for it too. The
+// broker orders what it delivers after the hand-back, the message's own
+// redelivery included; a lane's jobs arrive in receive order, so such a
+// hold ends once the lane has seen a job received after it.
 type order struct {
 	failed map[string]*job     // the batch's failed message of each partition key
 	back   map[string]laneHold // the last message handed back of each partition key
@@ -39,9 +32,9 @@ type laneHold struct {
 	due time.Time // when the last message handed back may come back
 }
 
-// admit starts a batch: it gives every job of live that waits behind a
-// message handed back the outcome of waiting for it, and returns the others,
-// in order. It then drops the holds that no later job can be covered by.
+// admit starts a batch: the jobs of live that wait behind a message handed
+// back get that outcome; it returns the others, in order, and drops the
+// holds that no later job can be covered by.
 func (o *order) admit(live []*job) []*job {
 	clear(o.failed)
 	if len(o.back) == 0 || len(live) == 0 {
@@ -68,10 +61,9 @@ func (o *order) admit(live []*job) []*job {
 	return out
 }
 
-// settled ends a batch: every job of batch handed back (retried, or left to
-// the broker by a failed Retry: either way it comes again later) holds its
-// partition key, due no sooner than its delay from now, and the jobs
-// received so far (up to seq) wait behind it.
+// settled ends a batch: a job of batch handed back (retried, or left to the
+// broker by a failed Retry: it comes again) holds its partition key for the
+// jobs received so far (up to seq), due no sooner than its delay from now.
 func (o *order) settled(batch []*job, seq uint64) {
 	for _, j := range batch {
 		pk := j.msg.PartitionKey

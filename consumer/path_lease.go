@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -35,18 +36,10 @@ type LeaseOptions struct {
 
 // WithDefaults returns a copy of o with every zero field set to its default.
 func (o LeaseOptions) WithDefaults() LeaseOptions {
-	if o.Lease == 0 {
-		o.Lease = 30 * time.Second
-	}
-	if o.RefreshInterval == 0 {
-		o.RefreshInterval = o.Lease / 3
-	}
-	if o.Retention == 0 {
-		o.Retention = dedup.DefaultRetention
-	}
-	if o.InProgressDelay == 0 {
-		o.InProgressDelay = o.Lease / 2
-	}
+	o.Lease = cmp.Or(o.Lease, 30*time.Second)
+	o.RefreshInterval = cmp.Or(o.RefreshInterval, o.Lease/3)
+	o.Retention = cmp.Or(o.Retention, dedup.DefaultRetention)
+	o.InProgressDelay = cmp.Or(o.InProgressDelay, o.Lease/2)
 	return o
 }
 

@@ -169,17 +169,6 @@ func (p *txPath[Tx]) storeResults(ctx context.Context, env *pathEnv, tx Tx, fres
 	}
 }
 
-// resultErr returns err, the error of j's handler, or when it is nil and
-// the handler returned a result above Config.MaxResultBytes, a permanent
-// error matching ErrResultTooLarge.
-func (env *pathEnv) resultErr(j *job, err error) error {
-	if err != nil {
-		return err
-	}
-	_, err = env.checkResult(j)
-	return err
-}
-
 // checkResult returns the result j's handler returned, nil if none, and a
 // permanent error matching ErrResultTooLarge when it is above
 // Config.MaxResultBytes.

@@ -275,10 +275,7 @@ func (r *Runner) lane(ctx context.Context, in <-chan *job) {
 			if !ok {
 				return
 			}
-			batch := r.fill(append(buf[:0], j), in)
-			if len(batch) < r.cfg.BatchSize && r.cfg.BatchWait > 0 {
-				batch = r.fillWithin(batch, in, r.cfg.BatchWait)
-			}
+			batch := r.fill(append(buf[:0], j), in, r.cfg.BatchWait)
 			if r.leftOnDrain(ctx, batch) {
 				continue
 			}
@@ -309,23 +306,40 @@ func (r *Runner) takeAhead(ctx context.Context, l *lane) *prepared {
 	default:
 		return nil
 	}
-	l.ahead = r.prepareBatch(ctx, r.fill(append(make([]*job, 0, r.cfg.BatchSize), j), l.in))
+	l.ahead = r.prepareBatch(ctx, r.fill(append(make([]*job, 0, r.cfg.BatchSize), j), l.in, 0))
 	return l.ahead
 }
 
-// fill adds the jobs queued in in to batch, without waiting, until it holds
-// BatchSize.
-func (r *Runner) fill(batch []*job, in <-chan *job) []*job {
+// fill adds jobs from in to batch until it holds BatchSize or in is closed
+// (the Runner is draining: what is queued is handled at once): the jobs
+// queued and, with a wait, those that arrive within wait of the first
+// that was not.
+func (r *Runner) fill(batch []*job, in <-chan *job, wait time.Duration) []*job {
+	var timeout <-chan time.Time // set once fill waits
 	for len(batch) < r.cfg.BatchSize {
+		var j *job
+		ok := true
 		select {
-		case j, ok := <-in:
-			if !ok {
+		case j, ok = <-in:
+		default:
+			if wait <= 0 {
 				return batch
 			}
-			batch = append(batch, j)
-		default:
+			if timeout == nil {
+				t := time.NewTimer(wait)
+				defer t.Stop()
+				timeout = t.C
+			}
+			select {
+			case j, ok = <-in:
+			case <-timeout:
+				return batch
+			}
+		}
+		if !ok {
 			return batch
 		}
+		batch = append(batch, j)
 	}
 	return batch
 }
@@ -340,26 +354,6 @@ func (r *Runner) leftOnDrain(ctx context.Context, batch []*job) bool {
 		r.hooks.onSettled(j, OutcomeLeft, len(batch), nil)
 	}
 	return true
-}
-
-// fillWithin adds jobs from in to batch until it holds BatchSize, wait has
-// passed or in is closed (the Runner is draining: what is queued is
-// handled at once).
-func (r *Runner) fillWithin(batch []*job, in <-chan *job, wait time.Duration) []*job {
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	for len(batch) < r.cfg.BatchSize {
-		select {
-		case j, ok := <-in:
-			if !ok {
-				return batch
-			}
-			batch = append(batch, j)
-		case <-timer.C:
-			return batch
-		}
-	}
-	return batch
 }
 
 // prepareBatch validates a batch's jobs and splits it for its path. It

@@ -110,8 +110,13 @@ func (p *txPath[Tx]) handle(ctx context.Context, env *pathEnv, tx Tx, fresh []*j
 		return p.handleBatch(ctx, env, tx, fresh, ti)
 	}
 	for i, j := range fresh {
-		// env.go: resultErr refuses a result above Config.MaxResultBytes.
-		err := env.call(ctx, j, func(ctx context.Context) error { return env.resultErr(j, p.h(ctx, tx, j.msg)) })
+		err := env.call(ctx, j, func(ctx context.Context) error {
+			if err := p.h(ctx, tx, j.msg); err != nil {
+				return err
+			}
+			_, err := env.checkResult(j) // a result above Config.MaxResultBytes
+			return err
+		})
 		switch {
 		case p.ended(tx):
 			// Its COMMIT made the records of the later messages durable
