@@ -66,7 +66,7 @@ func (s *outcomeSource) waitAcked(f *fixture, n int, maxRetries uint64) []seenOu
 // TestOutcome: a handler's result is stored with its record, and a
 // redelivery of the key (its ack was lost), a producer's second copy, or a
 // second copy in the same batch gets the stored result through
-// Message.Outcome, byte for byte, without running the handler again.
+// StoredResult, byte for byte, without running the handler again.
 func TestOutcome(t *testing.T) {
 	t.Run("tx redelivery replays the stored result", func(t *testing.T) {
 		f := newFixture(t)

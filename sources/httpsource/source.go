@@ -495,7 +495,7 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 }
 
 // Ack implements consumer.Source: each request is answered with its
-// outcome (consumer.Message.Outcome): the handler's Response, or the stored
+// stored result (consumer.StoredResult): the handler's Response, or the stored
 // one with Idempotent-Replayed: true. A key settled without a stored
 // response (its handler returned none) is answered 204. The Set-Cookie
 // headers held back from the store (Config.ReplaySetCookie) go to the
