@@ -169,7 +169,9 @@ func (c Config) WithDefaults() Config {
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, DefaultDrainTimeout)
 	c.OutageThreshold = cmp.Or(c.OutageThreshold, DefaultOutageThreshold)
 	c.OutageReminder = cmp.Or(c.OutageReminder, DefaultOutageReminder)
-	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
 	c.Retry = c.Retry.WithDefaults()
 	return c
 }
