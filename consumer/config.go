@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"math"
@@ -91,7 +92,7 @@ type Config struct {
 	MaxMessageBytes int
 
 	// MaxResultBytes is the largest result a handler may return through
-	// TxResult or LeaseResult (see Message.Outcome). On the transactional
+	// TxResult or Result (see StoredResult). On the transactional
 	// path a larger result rolls the handler's writes back and dead-letters
 	// the message with ErrResultTooLarge, without retries; on the lease
 	// path, where the effect has happened, the key is marked done without
@@ -157,33 +158,17 @@ const (
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	if c.Concurrency == 0 {
-		c.Concurrency = DefaultConcurrency
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.HandlerTimeout == 0 {
-		c.HandlerTimeout = DefaultHandlerTimeout
-	}
+	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, DefaultHandlerTimeout)
 	if c.KeyFunc == nil {
 		c.KeyFunc = DefaultKey
 	}
-	if c.MaxMessageBytes == 0 {
-		c.MaxMessageBytes = DefaultMaxMessageBytes
-	}
-	if c.MaxResultBytes == 0 {
-		c.MaxResultBytes = DefaultMaxResultBytes
-	}
-	if c.DrainTimeout == 0 {
-		c.DrainTimeout = DefaultDrainTimeout
-	}
-	if c.OutageThreshold == 0 {
-		c.OutageThreshold = DefaultOutageThreshold
-	}
-	if c.OutageReminder == 0 {
-		c.OutageReminder = DefaultOutageReminder
-	}
+	c.MaxMessageBytes = cmp.Or(c.MaxMessageBytes, DefaultMaxMessageBytes)
+	c.MaxResultBytes = cmp.Or(c.MaxResultBytes, DefaultMaxResultBytes)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, DefaultDrainTimeout)
+	c.OutageThreshold = cmp.Or(c.OutageThreshold, DefaultOutageThreshold)
+	c.OutageReminder = cmp.Or(c.OutageReminder, DefaultOutageReminder)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -282,21 +267,11 @@ type RetryPolicy struct {
 
 // WithDefaults returns a copy of p with every zero field set to its default.
 func (p RetryPolicy) WithDefaults() RetryPolicy {
-	if p.MaxAttempts == 0 {
-		p.MaxAttempts = 5
-	}
-	if p.InitialBackoff == 0 {
-		p.InitialBackoff = 200 * time.Millisecond
-	}
-	if p.MaxBackoff == 0 {
-		p.MaxBackoff = 30 * time.Second
-	}
-	if p.Multiplier == 0 {
-		p.Multiplier = 2
-	}
-	if p.Jitter == 0 {
-		p.Jitter = 0.2
-	}
+	p.MaxAttempts = cmp.Or(p.MaxAttempts, 5)
+	p.InitialBackoff = cmp.Or(p.InitialBackoff, 200*time.Millisecond)
+	p.MaxBackoff = cmp.Or(p.MaxBackoff, 30*time.Second)
+	p.Multiplier = cmp.Or(p.Multiplier, 2)
+	p.Jitter = cmp.Or(p.Jitter, 0.2)
 	return p
 }
 

@@ -174,11 +174,11 @@
 //
 // # Results
 //
-// A handler adapted with TxResult or LeaseResult (or their JSON variants)
+// A handler adapted with TxResult or Result (or their JSON variants)
 // returns a result, which the runner stores with the key's record: in the
 // same transaction on the transactional path, next to the done key on the
 // lease path. A duplicate of the key gets it back instead of running the
-// handler, and the source reads either through Message.Outcome before Ack
+// handler, and the source reads either through StoredResult before Ack
 // (sources/httpsource answers HTTP requests with it). Results are bounded by
 // Config.MaxResultBytes and kept for the record's retention.
 //

@@ -2,12 +2,12 @@ package consumer
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"runtime/debug"
 	"time"
 
 	"github.com/idemq/idemq/dedup/dedupdriver"
+	"github.com/idemq/idemq/internal/cfgerr"
 )
 
 // Path is the way a Runner turns messages into effects: Transactional for
@@ -43,6 +43,42 @@ type Path interface {
 	// start line.
 	describe() (kind, store string)
 }
+
+// pathStore is a path's store: the user's value (for the start line), its
+// driver, and the driver's capabilities, asked once. It gives a Path its
+// driverCaps and driver.
+type pathStore[D dedupdriver.Common] struct {
+	store any
+	drv   D
+	caps  dedupdriver.Caps
+}
+
+// newPathStore returns the pathStore of store; store and its driver may be
+// nil (validate reports them).
+func newPathStore[D dedupdriver.Common](store interface{ Driver() D }) pathStore[D] {
+	s := pathStore[D]{store: store}
+	if !cfgerr.IsNil(store) {
+		s.drv = store.Driver()
+	}
+	if !cfgerr.IsNil(s.drv) {
+		s.caps = s.drv.Caps()
+	}
+	return s
+}
+
+// validate adds a nil store or driver of the path named path to l.
+func (s *pathStore[D]) validate(l *cfgerr.List, path string) {
+	switch {
+	case cfgerr.IsNil(s.store):
+		l.Add(path+" store", "nil")
+	case cfgerr.IsNil(s.drv):
+		l.Add(path+" store", "its Driver is nil")
+	}
+}
+
+func (s *pathStore[D]) driverCaps() dedupdriver.Caps { return s.caps }
+
+func (s *pathStore[D]) driver() dedupdriver.Common { return s.drv }
 
 // pathEnv is what a Path gets from its Runner, as values: the scope, the
 // logger, the configuration it reads, the counters, the store's outage
@@ -140,28 +176,29 @@ func (env *pathEnv) failure(j *job, err error) {
 	j.delay = env.backoff(j)
 }
 
-// resultErr returns err, the error of j's handler, or when it is nil and
-// the handler returned a result above Config.MaxResultBytes, a permanent
-// error matching ErrResultTooLarge.
-func (env *pathEnv) resultErr(j *job, err error) error {
-	if err != nil {
-		return err
-	}
-	_, err = env.checkResult(j)
-	return err
+// lane is what one lane carries from one batch to the next: the batch it
+// took ahead while committing the last one, the open transaction that
+// commit chained and that already claimed that batch's keys, and the order
+// of its partition keys.
+type lane struct {
+	in    <-chan *job
+	cur   *prepared // the batch being handled
+	ahead *prepared
+	chain chained
+	order order
 }
 
-// checkResult returns the result j's handler returned, nil if none, and a
-// permanent error matching ErrResultTooLarge when it is above
-// Config.MaxResultBytes.
-func (env *pathEnv) checkResult(j *job) ([]byte, error) {
-	v, ok := j.result()
-	if !ok {
-		return nil, nil
+// chained is a path's open transaction for the batch a lane took ahead.
+type chained interface {
+	// abandon rolls the transaction back.
+	abandon(ctx context.Context)
+}
+
+// abandon rolls back the transaction chained for the batch taken ahead, if
+// any.
+func (l *lane) abandon(ctx context.Context) {
+	if l.chain != nil {
+		l.chain.abandon(ctx)
+		l.chain = nil
 	}
-	if max := env.maxResultBytes; max < 0 || len(v) <= max {
-		return v, nil
-	}
-	return v, Permanent(fmt.Errorf("%w: key %q: %d bytes, limit %d (Config.MaxResultBytes)",
-		ErrResultTooLarge, j.key, len(v), env.maxResultBytes))
 }

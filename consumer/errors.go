@@ -16,7 +16,7 @@ var (
 	// ErrMissingKey reports a message without a deduplication key: the
 	// KeyFunc returned "" or an error, or panicked (the error then also
 	// wraps a *PanicError), or the source could not read the key
-	// (Message.KeyErr). It is routed to the dead-letter destination without
+	// (Delivery.KeyErr). It is routed to the dead-letter destination without
 	// retries.
 	ErrMissingKey = errors.New("idemq: message has no deduplication key")
 	// ErrInvalidKey reports a deduplication key that no store or downstream

@@ -119,7 +119,7 @@ func FuzzPrepare(f *testing.F) {
 		msg := &Message{ID: id, Key: key, Body: body, Attempt: 1}
 		sourceKeyErr := !keyErr && len(id) == 4 // the source could not read the key
 		if sourceKeyErr {
-			msg.KeyErr = errors.New("header not UTF-8")
+			Deliver(msg, Delivery{KeyErr: errors.New("header not UTF-8")})
 		}
 		j := &job{msg: msg}
 		err := r.prepare(j)

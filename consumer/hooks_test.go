@@ -389,28 +389,28 @@ func itoa(i int) string {
 }
 
 // outcomeAtHook records, per message, whether its outcome was visible
-// through Message.Outcome when HookCommit and HookSettled were called.
+// through StoredResult when HookCommit and HookSettled were called.
 type outcomeAtHook struct {
 	mu                  sync.Mutex
 	atCommit, atSettled map[string]bool
 }
 
 func (h *outcomeAtHook) OnCommit(_ context.Context, m *consumer.Message, _ consumer.CommitInfo) {
-	_, _, ok := m.Outcome()
+	_, _, ok := consumer.StoredResult(m)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.atCommit[m.Key] = ok
 }
 
 func (h *outcomeAtHook) OnSettled(_ context.Context, m *consumer.Message, _ consumer.SettleInfo) {
-	_, _, ok := m.Outcome()
+	_, _, ok := consumer.StoredResult(m)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.atSettled[m.Key] = ok
 }
 
 // On both paths HookCommit is told of a message's commit before its result
-// is visible through Message.Outcome (it is marked handled once the hooks
+// is visible through StoredResult (it is marked handled once the hooks
 // heard of the commit), and HookSettled sees it.
 func TestCommitHookPrecedesOutcome(t *testing.T) {
 	for name, leased := range map[string]bool{"transactional": false, "leased": true} {
@@ -422,7 +422,7 @@ func TestCommitHookPrecedesOutcome(t *testing.T) {
 			b := memsource.New(memsource.Config{})
 			t.Cleanup(func() { b.Close() })
 			result := func(_ context.Context, m *consumer.Message) ([]byte, error) { return []byte("r-" + m.Key), nil }
-			path := consumer.Leased(store.Leases(), consumer.LeaseResult(result), consumer.LeaseOptions{})
+			path := consumer.Leased(store.Leases(), consumer.Result(result), consumer.LeaseOptions{})
 			if !leased {
 				path = consumer.Transactional(store, consumer.TxResult(func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) ([]byte, error) {
 					return result(ctx, m)

@@ -7,16 +7,17 @@ import (
 	"github.com/idemq/idemq/dedup"
 )
 
-// outcome is what the runner does with a message once its path is done.
-type outcome int
+// fate is what the runner does with a message once its path is done;
+// the settler carries it out, and the Outcome it reports follows from it.
+type fate int
 
 const (
-	outNone       outcome = iota // not settled: left to the broker
-	outAck                       // effect durable now (handler ran and committed)
-	outDuplicate                 // effect was durable before; acknowledge
-	outRetry                     // handler failed; retry with backoff or dead-letter
-	outRetryInfra                // store or broker trouble; retry, never dead-letter
-	outDeadLetter                // poison; dead-letter now
+	outNone       fate = iota // not settled: left to the broker
+	outAck                    // effect durable now (handler ran and committed)
+	outDuplicate              // effect was durable before; acknowledge
+	outRetry                  // handler failed; retry with backoff or dead-letter
+	outRetryInfra             // store or broker trouble; retry, never dead-letter
+	outDeadLetter             // poison; dead-letter now
 )
 
 // job is one message moving through a Runner.
@@ -27,7 +28,7 @@ type job struct {
 	keyErr error // from Config.KeyFunc (or the source), checked by prepare
 	hash   dedup.Hash
 
-	out   outcome
+	out   fate
 	err   error
 	delay time.Duration // for outRetryInfra, or from RetryAfter
 
@@ -41,7 +42,7 @@ type job struct {
 	follower bool // the same key came earlier in the batch
 }
 
-func (j *job) set(o outcome, err error) { j.out, j.err = o, err }
+func (j *job) set(o fate, err error) { j.out, j.err = o, err }
 
 // prepared is a batch ready for its path: the jobs to run (live, one per
 // key) and the later copies of their keys (followers), settled after them.
@@ -54,31 +55,6 @@ type prepared struct {
 	one     [1]*job // live's array for a batch of one
 }
 
-// lane is what one lane carries from one batch to the next: the batch it
-// took ahead while committing the last one, and the open transaction that
-// commit chained and that already claimed that batch's keys.
-type lane struct {
-	in    <-chan *job
-	cur   *prepared // the batch being handled
-	ahead *prepared
-	chain chained
-}
-
-// chained is a path's open transaction for the batch a lane took ahead.
-type chained interface {
-	// abandon rolls the transaction back.
-	abandon(ctx context.Context)
-}
-
-// abandon rolls back the transaction chained for the batch taken ahead, if
-// any.
-func (l *lane) abandon(ctx context.Context) {
-	if l.chain != nil {
-		l.chain.abandon(ctx)
-		l.chain = nil
-	}
-}
-
 // attempt is the attempt number the retry policy sees for j: its key's
 // counted handler failures, else the broker's delivery count.
 func (j *job) attempt() int {
@@ -86,4 +62,13 @@ func (j *job) attempt() int {
 		return j.failures
 	}
 	return j.msg.Attempt
+}
+
+// dedupRecords returns the dedup records of jobs.
+func dedupRecords(jobs []*job) []dedup.Record {
+	recs := make([]dedup.Record, len(jobs))
+	for i, j := range jobs {
+		recs[i] = dedup.Record{Key: j.key, PayloadHash: j.hash}
+	}
+	return recs
 }

@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 )
 
 // preclaim is the claim of one message made for its whole batch.
@@ -63,24 +66,24 @@ func (q *queuedLeases) stop() {
 	q.wg.Wait()
 }
 
-// claimBatch claims every key of a batch in one round trip when the store
-// can, and returns nil otherwise (or when refreshing is disabled, since the
-// leases of later messages must be kept alive while earlier ones run).
-func (p *leasePath) claimBatch(ctx context.Context, env *pathEnv, batch []*job) *queuedLeases {
-	if !p.caps.BatchClaim || len(batch) < 2 || p.opts.RefreshInterval < 0 {
+// claimQueued claims every key of a batch for lease in one round trip
+// through drv when it can (caps), and keeps refreshing them every
+// interval; it returns nil otherwise (or when refreshing is disabled, a
+// negative every, since the leases of later messages must be kept alive
+// while earlier ones run).
+func claimQueued(ctx context.Context, env *pathEnv, drv dedupdriver.Lease, caps dedupdriver.Caps, lease, every time.Duration, batch []*job) *queuedLeases {
+	if !caps.BatchClaim || len(batch) < 2 || every < 0 {
 		return nil
 	}
 	q := &queuedLeases{pre: make([]preclaim, len(batch))}
 	q.refreshed = sync.NewCond(&q.mu)
-	recs := make([]dedup.Record, len(batch))
 	tokens := make([]string, len(batch))
-	for i, j := range batch {
-		recs[i] = dedup.Record{Key: j.key, PayloadHash: j.hash}
+	for i := range batch {
 		tokens[i] = newToken()
 		q.pre[i].token = tokens[i]
 	}
 	sent := time.Now()
-	cs, err := p.drv.ClaimBatch(ctx, env.scope, recs, tokens, p.opts.Lease)
+	cs, err := drv.ClaimBatch(ctx, env.scope, dedupRecords(batch), tokens, lease)
 	if err != nil || len(cs) != len(batch) {
 		env.storeOut.warn(ctx, env.log, "batch claim failed; claiming one by one",
 			slog.Int(LogKeyCount, len(batch)), slog.Any(LogKeyError, err))
@@ -90,14 +93,14 @@ func (p *leasePath) claimBatch(ctx context.Context, env *pathEnv, batch []*job) 
 		q.pre[i].claim, q.pre[i].ok, q.pre[i].confirmed = cs[i], true, sent
 	}
 	q.done = make(chan struct{})
-	q.wg.Go(func() { p.refreshQueued(ctx, env, batch, q) })
+	q.wg.Go(func() { q.refresh(ctx, env, drv, lease, every, batch) })
 	return q
 }
 
-// refreshQueued extends the leases of the messages not handed out yet, every
-// RefreshInterval, until q is stopped.
-func (p *leasePath) refreshQueued(ctx context.Context, env *pathEnv, batch []*job, q *queuedLeases) {
-	t := time.NewTicker(p.opts.RefreshInterval)
+// refresh extends the leases of the messages not handed out yet, every
+// interval, until q is stopped.
+func (q *queuedLeases) refresh(ctx context.Context, env *pathEnv, drv dedupdriver.Lease, lease, every time.Duration, batch []*job) {
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
@@ -120,7 +123,7 @@ func (p *leasePath) refreshQueued(ctx context.Context, env *pathEnv, batch []*jo
 				continue
 			}
 			sent := time.Now()
-			err := p.drv.Refresh(ctx, env.scope, batch[i].key, pc.token, p.opts.Lease)
+			err := drv.Refresh(ctx, env.scope, batch[i].key, pc.token, lease)
 			q.mu.Lock()
 			switch {
 			case err == nil:
@@ -139,8 +142,15 @@ func (p *leasePath) refreshQueued(ctx context.Context, env *pathEnv, batch []*jo
 				env.obs.onRefreshFailed(ctx, err)
 			}
 			// Other errors: retried on the next tick. If they last, the
-			// message's confirmation passes safeUntil and claim takes the
+			// message's confirmation passes leasePath.safeUntil and claim takes the
 			// key again before its handler may run.
 		}
 	}
+}
+
+// newToken returns a fresh lease token.
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

@@ -7,12 +7,7 @@ const (
 	LogKeyID       = "message_id"
 	// LogKeyQueue is the queue, topic or route a message came from
 	// (Message.Topic), or that a source consumes.
-	LogKeyQueue = "queue"
-	// LogKeyTopic was the key of LogKeyQueue.
-	//
-	// Deprecated: use LogKeyQueue: one key names where a message came
-	// from, on every broker.
-	LogKeyTopic    = LogKeyQueue
+	LogKeyQueue    = "queue"
 	LogKeyAttempt  = "attempt"
 	LogKeyError    = "err"
 	LogKeyDelay    = "delay"

@@ -20,11 +20,6 @@ type Message struct {
 	// idempotency header or attribute), or empty. Config.KeyFunc decides
 	// the key the runner records; by default it is Key, else ID.
 	Key string
-	// KeyErr, when a source sets it, says why the source could not read the
-	// message's key (for example its own key function panicked). The runner
-	// then dead-letters the message at once with an error wrapping
-	// ErrMissingKey and KeyErr, whatever Config.KeyFunc would say.
-	KeyErr error
 	// Body is the payload.
 	Body []byte
 	// Fingerprint, when not nil, is what the runner hashes into the
@@ -69,17 +64,41 @@ type Message struct {
 	// Broker says where the message came from, for telemetry; see
 	// BrokerInfo. Read-only.
 	Broker BrokerInfo
-	// Handle is bookkeeping owned by the Source that produced the message
-	// (receipt handles, delivery tags, offsets). Nothing else may touch it.
-	Handle any
 
+	// delivery is what the Source that produced the message attached
+	// (see Deliver).
+	delivery Delivery
 	// keys is the scope and key the runner recorded, set once the runner
 	// computed the key (see KeyContext); its key is empty before. A value,
 	// not a pointer: setting it costs no allocation per message.
 	keys msgKeys
-	// res is the message's result and outcome (see Outcome, result.go).
+	// res is the message's result (see StoredResult, result.go).
 	res resultSlot
 }
+
+// Delivery is what a Source attaches to a Message it produces (Deliver) and
+// alone reads back (DeliveryOf). Nothing else may touch it.
+type Delivery struct {
+	// Handle is the Source's bookkeeping (receipt handles, delivery tags,
+	// offsets).
+	Handle any
+	// KeyErr, when set, says why the Source could not read the message's
+	// key (for example its own key function panicked). The runner then
+	// dead-letters the message at once with an error wrapping
+	// ErrMissingKey and KeyErr, whatever Config.KeyFunc would say.
+	KeyErr error
+}
+
+// Deliver attaches d to m, a Message the calling Source produces, and
+// returns m. It is how a Source gives a message its Delivery.
+func Deliver(m *Message, d Delivery) *Message {
+	m.delivery = d
+	return m
+}
+
+// DeliveryOf returns the Delivery the Source that produced m attached to
+// it; the zero Delivery if none. Only that Source reads it.
+func DeliveryOf(m *Message) Delivery { return m.delivery }
 
 // msgKeys is the consumer's name and the deduplication key of a message.
 type msgKeys struct{ scope, key string }
@@ -164,52 +183,53 @@ func withKeys(ctx context.Context, k *msgKeys) context.Context {
 	return context.WithValue(ctx, ctxKeyKeys, k)
 }
 
-// resultSlot is what a Message carries of its outcome: the result its
-// handler returned (set by TxResult and LeaseResult), or the result stored
-// with its key (set by the runner on a duplicate), and whether the runner
+// resultSlot is what a Message carries of its result: the result its
+// handler returned (set by TxResult and Result), or the result stored with
+// its key (set by the runner on a duplicate), and whether the runner
 // settled the message as handled or as a duplicate.
 type resultSlot struct {
 	value    []byte
-	returned bool         // the handler's adapter returned value
-	state    outcomeState // set by the runner, before Ack
-	err      error        // lease path: why the result was not stored
+	returned bool        // the handler's adapter returned value
+	state    resultState // set by the runner, before Ack
+	err      error       // lease path: why the result was not stored
 }
 
-// outcomeState is how a message was settled, as Outcome reports it.
-type outcomeState uint8
+// resultState says whose result a Message carries, as StoredResult reports
+// it.
+type resultState uint8
 
 const (
-	outcomeUnknown  outcomeState = iota // not settled, or not acknowledged
-	outcomeFresh                        // the handler ran and its effect is durable
-	outcomeReplayed                     // a duplicate: the stored result
+	resultUnknown  resultState = iota // not settled, or not acknowledged
+	resultFresh                       // the handler ran and its effect is durable
+	resultReplayed                    // a duplicate: the stored result
 )
 
-// Outcome returns the outcome of m once the runner has settled it as
-// handled or as a duplicate, which it does before it passes m to the
+// StoredResult returns the stored result of m once the runner has settled
+// it as handled or as a duplicate, which it does before it passes m to the
 // Source's Ack: ok is false before, and for messages retried or
 // dead-lettered. For a handled message, result is what its handler returned
-// through TxResult, TxResultJSON, LeaseResult or LeaseResultJSON, and
-// replayed is false. For a duplicate (a redelivery, a retried request, or a
-// second copy of the key in one batch), result is the result stored with
-// the key's record, byte for byte, and replayed is true. result is nil when
-// the handler returned none (a plain TxHandler or Handler, a
-// TransactionalBatch handler that set none with SetResult, or a record
-// written before results were stored). A Source that answers its producer
-// (sources/httpsource, a request/reply consumer) reads it in Ack; nothing
-// else should. The slice must not be modified.
-func (m *Message) Outcome() (result []byte, replayed bool, ok bool) {
+// through TxResult, TxResultJSON, Result or ResultJSON, and replayed is
+// false. For a duplicate (a redelivery, a retried request, or a second copy
+// of the key in one batch), result is the result stored with the key's
+// record, byte for byte, and replayed is true. result is nil when the
+// handler returned none (a plain TxHandler or Handler, a TransactionalBatch
+// handler that set none with SetResult, or a record written before results
+// were stored). A Source that answers its producer (sources/httpsource, a
+// request/reply consumer) reads it in Ack; nothing else should. The slice
+// must not be modified.
+func StoredResult(m *Message) (result []byte, replayed bool, ok bool) {
 	switch m.res.state {
-	case outcomeFresh:
+	case resultFresh:
 		return m.res.value, false, true
-	case outcomeReplayed:
+	case resultReplayed:
 		return m.res.value, true, true
 	}
 	return nil, false, false
 }
 
 // SetResult records b as m's result, to be stored with m's record and
-// returned to m's duplicates by Outcome, as the result a TxResult or
-// LeaseResult handler returns. It is how a TransactionalBatch handler
+// returned to m's duplicates (StoredResult), as the result a TxResult or
+// Result handler returns. It is how a TransactionalBatch handler
 // returns a result per message: call it from the handler, for the messages
 // it was given, before it returns (the last call for a message wins). A
 // handler run again (after a failure, or a batch-mate's) starts with no

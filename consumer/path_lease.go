@@ -1,9 +1,8 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -37,18 +36,10 @@ type LeaseOptions struct {
 
 // WithDefaults returns a copy of o with every zero field set to its default.
 func (o LeaseOptions) WithDefaults() LeaseOptions {
-	if o.Lease == 0 {
-		o.Lease = 30 * time.Second
-	}
-	if o.RefreshInterval == 0 {
-		o.RefreshInterval = o.Lease / 3
-	}
-	if o.Retention == 0 {
-		o.Retention = dedup.DefaultRetention
-	}
-	if o.InProgressDelay == 0 {
-		o.InProgressDelay = o.Lease / 2
-	}
+	o.Lease = cmp.Or(o.Lease, 30*time.Second)
+	o.RefreshInterval = cmp.Or(o.RefreshInterval, o.Lease/3)
+	o.Retention = cmp.Or(o.Retention, dedup.DefaultRetention)
+	o.InProgressDelay = cmp.Or(o.InProgressDelay, o.Lease/2)
 	return o
 }
 
@@ -80,41 +71,28 @@ func (o LeaseOptions) WithDefaults() LeaseOptions {
 // done lets the effect run again once the lease expires. Forward IdempotencyKey to
 // the downstream system so that it deduplicates that repetition.
 func Leased(store dedupdriver.LeaseStore, h Handler, opts LeaseOptions) Path {
-	p := &leasePath{store: store, h: h, opts: opts.WithDefaults()}
-	if !cfgerr.IsNil(store) {
-		p.drv = store.Driver()
-	}
-	if !cfgerr.IsNil(p.drv) {
-		p.caps = p.drv.Caps()
-	}
-	return p
+	return &leasePath{pathStore: newPathStore[dedupdriver.Lease](store), h: h, opts: opts.WithDefaults()}
 }
 
 // leasePath is the lease path, over the driver of store and its
 // capabilities.
 type leasePath struct {
-	store any // the user's store, for the start line
-	drv   dedupdriver.Lease
-	caps  dedupdriver.Caps
-	h     Handler
-	opts  LeaseOptions
+	pathStore[dedupdriver.Lease]
+	h    Handler
+	opts LeaseOptions
 }
 
-func (p *leasePath) process(ctx context.Context, env *pathEnv, batch []*job, _ *lane) {
-	q := p.claimBatch(ctx, env, batch)
+func (p *leasePath) process(ctx context.Context, env *pathEnv, batch []*job, l *lane) {
+	q := claimQueued(ctx, env, p.drv, p.caps, p.opts.Lease, p.opts.RefreshInterval, batch)
 	defer q.stop()
-	var held heldPartitions
-	for i, j := range batch {
+	l.order.inTurn(batch, func(i int, j *job, held bool) {
 		pc := q.take(i)
-		if held.holds(j) {
-			if pc != nil && pc.ok && pc.claim.State == dedup.StateNew && pc.lost == nil {
-				p.abandonLease(ctx, env, j.key, pc.token)
-			}
-			continue
+		if !held {
+			p.one(ctx, env, j, pc)
+		} else if pc != nil && pc.ok && pc.claim.State == dedup.StateNew && pc.lost == nil {
+			p.abandonLease(ctx, env, j.key, pc.token)
 		}
-		p.one(ctx, env, j, pc)
-		held.hold(j)
-	}
+	})
 }
 
 func (p *leasePath) abandonLease(ctx context.Context, env *pathEnv, key, token string) {
@@ -170,13 +148,9 @@ func (p *leasePath) safeUntil(confirmed time.Time) time.Time {
 // key is new, and settles it.
 func (p *leasePath) one(ctx context.Context, env *pathEnv, j *job, pc *preclaim) {
 	var r leaseRun
-	if env.obs.claimsTimed() {
-		r.ev.claimStart = time.Now()
-	}
+	r.ev.claimStart = env.obs.clock().now()
 	token, c, confirmed, err := p.claim(ctx, env, j, pc)
-	if !r.ev.claimStart.IsZero() {
-		r.ev.claimEnd = time.Now()
-	}
+	r.ev.claimEnd = env.obs.clock().now()
 	r.claim, r.claimErr = c, err
 	if err == nil {
 		env.infraOK()
@@ -212,10 +186,7 @@ func (p *leasePath) run(ctx context.Context, env *pathEnv, j *job, token string,
 			j.msg.res.err = rerr
 		}
 		// The lease is still refreshed while the key is marked done.
-		var start time.Time
-		if len(env.obs.commit) > 0 {
-			start = time.Now()
-		}
+		start := env.obs.clock().now()
 		r.cerr = p.complete(ctx, env, j, token, v)
 		r.ev.commit = commitInfo(start, 1, r.cerr)
 	}
@@ -275,7 +246,7 @@ func (p *leasePath) completeKey(ctx context.Context, env *pathEnv, j *job, token
 }
 
 // settleLease gives j its outcome from r, then tells the hooks what
-// happened, and then marks j handled (Message.Outcome) if it was, in the
+// happened, and then marks j handled (StoredResult) if it was, in the
 // order of the transactional path.
 func (p *leasePath) settleLease(env *pathEnv, j *job, r *leaseRun) {
 	switch {
@@ -288,7 +259,7 @@ func (p *leasePath) settleLease(env *pathEnv, j *job, r *leaseRun) {
 		}
 	case r.claim.State == dedup.StateDone:
 		j.set(outDuplicate, nil)
-		j.replay(r.claim.Result) // the stored result, for Message.Outcome
+		j.replay(r.claim.Result) // the stored result, for StoredResult
 	case r.claim.State == dedup.StateMismatch:
 		j.set(outDeadLetter, &dedup.MismatchError{Scope: env.scope, Key: j.key, Stored: r.claim.StoredHash, Received: j.hash})
 	case r.claim.State == dedup.StateInProgress:
@@ -326,12 +297,7 @@ func (p *leasePath) settleLease(env *pathEnv, j *job, r *leaseRun) {
 func (p *leasePath) validate() error {
 	var l cfgerr.List
 	o := p.opts
-	switch {
-	case cfgerr.IsNil(p.store):
-		l.Add("Leased store", "nil")
-	case cfgerr.IsNil(p.drv):
-		l.Add("Leased store", "its Driver is nil")
-	}
+	p.pathStore.validate(&l, "Leased")
 	if p.h == nil {
 		l.Add("Leased handler", "nil")
 	}
@@ -423,18 +389,6 @@ func (p *leasePath) refresh(ctx context.Context, env *pathEnv, cancel context.Ca
 		return err
 	}
 }
-
-func newToken() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
-// driverCaps returns the capabilities of the path's store.
-func (p *leasePath) driverCaps() dedupdriver.Caps { return p.caps }
-
-// driver returns the path's store driver.
-func (p *leasePath) driver() dedupdriver.Common { return p.drv }
 
 // poolSize is 0: the lease path holds no connection across a handler.
 func (p *leasePath) poolSize() int { return 0 }

@@ -33,18 +33,18 @@ func (p *leasePath) probe(ctx context.Context, scope string) error {
 	return nil
 }
 
-// checkSchema asks the path's store (when its driver checks schemas) and
-// every hook that implements
+// checkSchema asks the store of path (when its driver checks schemas) and
+// every hook of cfg that implements
 // dedup.SchemaChecker whether its tables exist, and returns an error
 // wrapping the first *dedup.SchemaError. Any other error (the database is
 // down) is logged and left to the outage handling: Run starts, and its
 // first messages find out.
-func (r *Runner) checkSchema(ctx context.Context) error {
+func checkSchema(ctx context.Context, path Path, cfg Config, log *slog.Logger) error {
 	var checkers []dedup.SchemaChecker
-	if r.path.driverCaps().SchemaCheck {
-		checkers = append(checkers, r.path.driver())
+	if path.driverCaps().SchemaCheck {
+		checkers = append(checkers, path.driver())
 	}
-	for _, h := range r.cfg.Hooks {
+	for _, h := range cfg.Hooks {
 		if c, ok := h.(dedup.SchemaChecker); ok {
 			checkers = append(checkers, c)
 		}
@@ -55,11 +55,48 @@ func (r *Runner) checkSchema(ctx context.Context) error {
 		cancel()
 		switch {
 		case errors.Is(err, dedup.ErrNotMigrated):
-			return fmt.Errorf("idemq: consumer %q cannot start: %w", r.cfg.Name, err)
+			return fmt.Errorf("idemq: consumer %q cannot start: %w", cfg.Name, err)
 		case err != nil && ctx.Err() == nil:
-			r.log.LogAttrs(ctx, slog.LevelWarn, "could not check the database schema; starting unchecked",
+			log.LogAttrs(ctx, slog.LevelWarn, "could not check the database schema; starting unchecked",
 				slog.Any(LogKeyError, err))
 		}
 	}
 	return nil
+}
+
+// Log attribute keys of the durability check.
+const (
+	// LogKeyStoreLoss says how the store's server can lose the records it
+	// acknowledged (dedup.Durability.Loss).
+	LogKeyStoreLoss = "store_loss"
+	// LogKeyStoreSettings are the persistence settings the store read
+	// (dedup.Durability.Settings).
+	LogKeyStoreSettings = "store_settings"
+)
+
+// storeDurability asks the store of path, once when Run starts, whether its
+// server can lose the records it acknowledged (see
+// dedupdriver.Caps.Durability), and returns the loss, which Run keeps for
+// Health.StoreLoss. It logs one WARN when it can, or when the settings could
+// not be read; it returns the store's refusal (an error matching
+// dedup.ErrNotDurable).
+func storeDurability(ctx context.Context, path Path, log *slog.Logger) (string, error) {
+	if !path.driverCaps().Durability {
+		return "", nil
+	}
+	dctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	d, err := path.driver().Durability(dctx)
+	cancel()
+	switch {
+	case errors.Is(err, dedup.ErrNotDurable):
+		return "", err
+	case err != nil:
+		log.LogAttrs(ctx, slog.LevelWarn, "could not read the dedup store's persistence settings; whether it can lose the records it acknowledged is not known",
+			slog.Any(LogKeyError, err))
+		return "", nil
+	case d.Loss != "":
+		log.LogAttrs(ctx, slog.LevelWarn, "the dedup store can lose records it acknowledged: a processed key it loses runs the handler again when its message is delivered again",
+			slog.String(LogKeyStoreLoss, d.Loss), slog.String(LogKeyStoreSettings, d.Settings))
+	}
+	return d.Loss, nil
 }

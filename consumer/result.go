@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/dedupdriver"
 )
 
 // ErrResultTooLarge is matched by the dead-letter reason of a message whose
@@ -24,7 +25,7 @@ var ErrResultUnsupported = errors.New("idemq: the store keeps no results")
 // is stored with the message's record, in the same transaction as the
 // handler's writes (the store must keep results, dedupdriver.Caps.Results, as
 // pgdedup and sqldedup do), and a later duplicate of the key gets it back through
-// Message.Outcome instead of running h. A failed handler stores nothing, so
+// StoredResult instead of running h. A failed handler stores nothing, so
 // its retry runs h again. A result above Config.MaxResultBytes rolls the
 // writes back and dead-letters the message with ErrResultTooLarge. A nil
 // result is not stored (the record keeps none).
@@ -64,16 +65,16 @@ func TxResultJSON[T, R, Tx any](h func(ctx context.Context, tx Tx, msg *Message,
 	})
 }
 
-// LeaseResult adapts a handler of the lease path that returns a result: the
+// Result adapts a handler of the lease path that returns a result: the
 // result is stored next to the done key when the key is marked done (the
 // store must keep results, dedupdriver.Caps.Results, as redisdedup does), and a
-// later duplicate of the key gets it back through Message.Outcome. A failed
+// later duplicate of the key gets it back through StoredResult. A failed
 // handler stores nothing. The effect has happened by the time the result is
 // checked, so a result above Config.MaxResultBytes (or the store's own
 // limit, redisdedup.Config.MaxResultBytes) is dropped: the key is marked
 // done without it, so the effect is not repeated, and the message is
 // dead-lettered with ErrResultTooLarge.
-func LeaseResult(h func(ctx context.Context, msg *Message) ([]byte, error)) Handler {
+func Result(h func(ctx context.Context, msg *Message) ([]byte, error)) Handler {
 	return func(ctx context.Context, msg *Message) error {
 		msg.setReturned(nil, false)
 		b, err := h(ctx, msg)
@@ -85,11 +86,11 @@ func LeaseResult(h func(ctx context.Context, msg *Message) ([]byte, error)) Hand
 	}
 }
 
-// LeaseResultJSON is LeaseResult for typed handlers: it decodes the body as
+// ResultJSON is Result for typed handlers: it decodes the body as
 // JSON into a T (a body that does not decode is dead-lettered with
 // ErrMalformed), calls h, and stores its result encoded as JSON.
-func LeaseResultJSON[T, R any](h func(ctx context.Context, msg *Message, v T) (R, error)) Handler {
-	return LeaseResult(func(ctx context.Context, msg *Message) ([]byte, error) {
+func ResultJSON[T, R any](h func(ctx context.Context, msg *Message, v T) (R, error)) Handler {
+	return Result(func(ctx context.Context, msg *Message) ([]byte, error) {
 		v, err := decodeJSON[T](msg)
 		if err != nil {
 			return nil, err
@@ -108,18 +109,18 @@ func (j *job) result() ([]byte, bool) {
 	return r.value, r.returned && r.value != nil
 }
 
-// handled marks j as handled, for Message.Outcome: its handler's result,
+// handled marks j as handled, for StoredResult: its handler's result,
 // if any, is durable.
 func (j *job) handled() {
 	if !j.msg.res.returned {
 		j.msg.res.value = nil
 	}
-	j.msg.res.state = outcomeFresh
+	j.msg.res.state = resultFresh
 }
 
 // replay marks j as a duplicate whose record holds result.
 func (j *job) replay(result []byte) {
-	j.msg.res.value, j.msg.res.returned, j.msg.res.state = result, false, outcomeReplayed
+	j.msg.res.value, j.msg.res.returned, j.msg.res.state = result, false, resultReplayed
 }
 
 func encodeResult[R any](res R) ([]byte, error) {
@@ -128,4 +129,57 @@ func encodeResult[R any](res R) ([]byte, error) {
 		return nil, Permanent(fmt.Errorf("idemq: encoding result %T: %w", res, err))
 	}
 	return b, nil
+}
+
+// storeResults writes the results of fresh's handlers into their records in
+// tx, in one call to the store, before the commit. failed reports that the
+// transaction must be rolled back, with res saying why: a store that keeps
+// no results blames the first message with one; a statement refused because
+// a handler aborted the transaction makes every handler a suspect; any
+// other failure is the store's.
+func (p *txPath[Tx]) storeResults(ctx context.Context, env *pathEnv, tx Tx, fresh []*job) (res tryResult, failed bool) {
+	var (
+		results []dedup.Result
+		first   *job
+	)
+	for _, j := range fresh {
+		if v, ok := j.result(); ok {
+			results = append(results, dedup.Result{Key: j.key, Value: v})
+			if first == nil {
+				first = j
+			}
+		}
+	}
+	if len(results) == 0 {
+		return tryResult{}, false
+	}
+	if !p.caps.Results {
+		return tryResult{err: Permanent(fmt.Errorf("%w: %T keeps no results", ErrResultUnsupported, p.store)), culprit: first}, true
+	}
+	err := p.drv.StoreResults(ctx, tx, env.scope, results)
+	switch {
+	case err == nil:
+		return tryResult{}, false
+	case errors.Is(err, ErrResultUnsupported), errors.Is(err, dedupdriver.ErrUnsupported): // a wrapper of a store without results
+		return tryResult{err: Permanent(err), culprit: first}, true
+	case p.aborted(err):
+		return tryResult{err: err, suspects: fresh}, true
+	default:
+		return tryResult{err: fmt.Errorf("idemq: store results: %w", err), infra: true}, true
+	}
+}
+
+// checkResult returns the result j's handler returned, nil if none, and a
+// permanent error matching ErrResultTooLarge when it is above
+// Config.MaxResultBytes.
+func (env *pathEnv) checkResult(j *job) ([]byte, error) {
+	v, ok := j.result()
+	if !ok {
+		return nil, nil
+	}
+	if max := env.maxResultBytes; max < 0 || len(v) <= max {
+		return v, nil
+	}
+	return v, Permanent(fmt.Errorf("%w: key %q: %d bytes, limit %d (Config.MaxResultBytes)",
+		ErrResultTooLarge, j.key, len(v), env.maxResultBytes))
 }

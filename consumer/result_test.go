@@ -37,7 +37,7 @@ type seenOutcome struct {
 func (s *outcomeSource) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	s.mu.Lock()
 	for _, m := range msgs {
-		res, replayed, ok := m.Outcome()
+		res, replayed, ok := consumer.StoredResult(m)
 		s.seen = append(s.seen, seenOutcome{key: m.Key, attempt: m.Attempt, result: string(res), replayed: replayed, ok: ok})
 	}
 	s.mu.Unlock()
@@ -66,7 +66,7 @@ func (s *outcomeSource) waitAcked(f *fixture, n int, maxRetries uint64) []seenOu
 // TestOutcome: a handler's result is stored with its record, and a
 // redelivery of the key (its ack was lost), a producer's second copy, or a
 // second copy in the same batch gets the stored result through
-// Message.Outcome, byte for byte, without running the handler again.
+// StoredResult, byte for byte, without running the handler again.
 func TestOutcome(t *testing.T) {
 	t.Run("tx redelivery replays the stored result", func(t *testing.T) {
 		f := newFixture(t)
@@ -230,7 +230,7 @@ func TestOutcome(t *testing.T) {
 		src := &outcomeSource{Source: broker.Source("mail")}
 		var mu sync.Mutex
 		calls := 0
-		h := consumer.LeaseResultJSON(func(ctx context.Context, msg *consumer.Message, v map[string]int) (map[string]string, error) {
+		h := consumer.ResultJSON(func(ctx context.Context, msg *consumer.Message, v map[string]int) (map[string]string, error) {
 			mu.Lock()
 			defer mu.Unlock()
 			calls++
@@ -284,7 +284,7 @@ func TestOutcome(t *testing.T) {
 		broker := memsource.New(memsource.Config{VisibilityTimeout: 300 * time.Millisecond, Seed: 1})
 		t.Cleanup(func() { broker.Close() })
 		var calls atomic.Int32
-		h := consumer.LeaseResult(func(ctx context.Context, msg *consumer.Message) ([]byte, error) {
+		h := consumer.Result(func(ctx context.Context, msg *consumer.Message) ([]byte, error) {
 			calls.Add(1)
 			return []byte("12345"), nil
 		})

@@ -192,7 +192,9 @@ func (s keyErrSource) Receive(ctx context.Context, max int) ([]*consumer.Message
 	ms, err := s.Source.Receive(ctx, max)
 	for _, m := range ms {
 		if m.Key == "bad" {
-			m.KeyErr = errors.New("key header is not text")
+			d := consumer.DeliveryOf(m)
+			d.KeyErr = errors.New("key header is not text")
+			consumer.Deliver(m, d)
 		}
 	}
 	return ms, err

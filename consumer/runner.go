@@ -116,15 +116,17 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	defer r.running.Store(false)
 	defer r.draining.Store(false)
-	if err := r.checkSchema(ctx); err != nil {
+	if err := checkSchema(ctx, r.path, r.cfg, r.log); err != nil {
 		return err
 	}
 	if err := checkRetention(ctx, r.src, r.path, r.log, r.cfg.AllowShortRetention); err != nil {
 		return err
 	}
-	if err := r.checkDurability(ctx); err != nil {
+	loss, err := storeDurability(ctx, r.path, r.log)
+	if err != nil {
 		return err
 	}
+	r.storeLoss.Store(&loss)
 	logStart(ctx, r.log, r.cfg, r.src, r.path)
 
 	// Work outlives ctx during the drain, and is cancelled when the drain
@@ -139,7 +141,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		wg.Go(func() { r.lane(workCtx, lanes[i]) })
 	}
 
-	err := r.receive(ctx, lanes)
+	err = r.receive(ctx, lanes)
 	r.draining.Store(true)
 	for _, l := range lanes {
 		close(l)
@@ -225,12 +227,12 @@ func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
 }
 
 // keyOf returns the deduplication key of m from Config.KeyFunc. A key the
-// source could not read (Message.KeyErr) and a KeyFunc that panics give an
+// source could not read (Delivery.KeyErr) and a KeyFunc that panics give an
 // error wrapping ErrMissingKey (and, for a panic, a *PanicError), so that one
 // malformed message is dead-lettered instead of crashing the process.
 func (r *Runner) keyOf(m *Message) (key string, err error) {
-	if m.KeyErr != nil {
-		return "", fmt.Errorf("%w: the source could not read it: %w", ErrMissingKey, m.KeyErr)
+	if m.delivery.KeyErr != nil {
+		return "", fmt.Errorf("%w: the source could not read it: %w", ErrMissingKey, m.delivery.KeyErr)
 	}
 	defer func() {
 		if v := recover(); v != nil {
@@ -263,7 +265,6 @@ func (r *Runner) lane(ctx context.Context, in <-chan *job) {
 	a := startAcker(ctx, r.src, &r.env, r.ackOut)
 	defer a.stop()
 	l := &lane{in: in}
-	holds := laneHolds{} // partitions waiting for a message handed back
 	defer l.abandon(ctx) // nothing is chained once the last batch ran; a safety net
 	buf := make([]*job, 0, r.cfg.BatchSize)
 	for {
@@ -274,10 +275,7 @@ func (r *Runner) lane(ctx context.Context, in <-chan *job) {
 			if !ok {
 				return
 			}
-			batch := r.fill(append(buf[:0], j), in)
-			if len(batch) < r.cfg.BatchSize && r.cfg.BatchWait > 0 {
-				batch = r.fillWithin(batch, in, r.cfg.BatchWait)
-			}
+			batch := r.fill(append(buf[:0], j), in, r.cfg.BatchWait)
 			if r.leftOnDrain(ctx, batch) {
 				continue
 			}
@@ -286,7 +284,7 @@ func (r *Runner) lane(ctx context.Context, in <-chan *job) {
 			l.abandon(ctx)
 			continue
 		}
-		r.handle(ctx, b, a, l, holds)
+		r.handle(ctx, b, a, l)
 	}
 }
 
@@ -308,23 +306,40 @@ func (r *Runner) takeAhead(ctx context.Context, l *lane) *prepared {
 	default:
 		return nil
 	}
-	l.ahead = r.prepareBatch(ctx, r.fill(append(make([]*job, 0, r.cfg.BatchSize), j), l.in))
+	l.ahead = r.prepareBatch(ctx, r.fill(append(make([]*job, 0, r.cfg.BatchSize), j), l.in, 0))
 	return l.ahead
 }
 
-// fill adds the jobs queued in in to batch, without waiting, until it holds
-// BatchSize.
-func (r *Runner) fill(batch []*job, in <-chan *job) []*job {
+// fill adds jobs from in to batch until it holds BatchSize or in is closed
+// (the Runner is draining: what is queued is handled at once): the jobs
+// queued and, with a wait, those that arrive within wait of the first
+// that was not.
+func (r *Runner) fill(batch []*job, in <-chan *job, wait time.Duration) []*job {
+	var timeout <-chan time.Time // set once fill waits
 	for len(batch) < r.cfg.BatchSize {
+		var j *job
+		ok := true
 		select {
-		case j, ok := <-in:
-			if !ok {
+		case j, ok = <-in:
+		default:
+			if wait <= 0 {
 				return batch
 			}
-			batch = append(batch, j)
-		default:
+			if timeout == nil {
+				t := time.NewTimer(wait)
+				defer t.Stop()
+				timeout = t.C
+			}
+			select {
+			case j, ok = <-in:
+			case <-timeout:
+				return batch
+			}
+		}
+		if !ok {
 			return batch
 		}
+		batch = append(batch, j)
 	}
 	return batch
 }
@@ -339,26 +354,6 @@ func (r *Runner) leftOnDrain(ctx context.Context, batch []*job) bool {
 		r.hooks.onSettled(j, OutcomeLeft, len(batch), nil)
 	}
 	return true
-}
-
-// fillWithin adds jobs from in to batch until it holds BatchSize, wait has
-// passed or in is closed (the Runner is draining: what is queued is
-// handled at once).
-func (r *Runner) fillWithin(batch []*job, in <-chan *job, wait time.Duration) []*job {
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	for len(batch) < r.cfg.BatchSize {
-		select {
-		case j, ok := <-in:
-			if !ok {
-				return batch
-			}
-			batch = append(batch, j)
-		case <-timer.C:
-			return batch
-		}
-	}
-	return batch
 }
 
 // prepareBatch validates a batch's jobs and splits it for its path. It
@@ -399,16 +394,17 @@ func (r *Runner) prepareBatch(ctx context.Context, batch []*job) *prepared {
 	return b
 }
 
-// handle runs a prepared batch's path and settles every message.
-func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane, holds laneHolds) {
-	if l != nil {
-		l.cur = b
-	}
-	b.live = holds.holdBack(b.live)
+// handle runs a prepared batch's path in the lane's partition order and
+// settles every message.
+func (r *Runner) handle(ctx context.Context, b *prepared, a *acker, l *lane) {
+	l.cur = b
+	b.live = l.order.admit(b.live)
 	if len(b.live) > 0 {
 		r.path.process(ctx, &r.env, b.live, l)
 	}
-	if acks := r.settler.settle(ctx, b, holds); len(acks) > 0 {
+	acks := r.settler.settle(ctx, b)
+	l.order.settled(b.batch, r.stats.received.Load())
+	if len(acks) > 0 {
 		a.send(ackBatch{jobs: acks, size: len(b.batch)})
 	}
 }

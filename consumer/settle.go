@@ -30,9 +30,8 @@ type settler struct {
 // returns those to acknowledge, for the lane's acker. Once ctx is cancelled
 // (the drain timed out) nothing is retried or dead-lettered: a handler cut
 // short by the shutdown did not fail, so its message is left to the broker
-// without counting an attempt. A message handed back holds its partition in
-// holds.
-func (s *settler) settle(ctx context.Context, b *prepared, holds laneHolds) (acks []*job) {
+// without counting an attempt. A job dead-lettered ends with outDeadLetter.
+func (s *settler) settle(ctx context.Context, b *prepared) (acks []*job) {
 	if len(b.live) > 0 {
 		s.env.storeOut.report(ctx, s.env.log, infraErr(b.live))
 	}
@@ -64,11 +63,6 @@ func (s *settler) settle(ctx context.Context, b *prepared, holds laneHolds) (ack
 			obs.onSettled(j, OutcomeLeft, len(b.batch), j.err)
 		default: // outRetry, outRetryInfra, outDeadLetter
 			o := s.settleFailed(mctx, j)
-			if j.out != outDeadLetter && o != OutcomeDeadLettered {
-				// Handed back, or left to the broker by a failed
-				// Retry: either way it comes again later.
-				holds.handedBack(j, stats.received.Load())
-			}
 			obs.onSettled(j, o, len(b.batch), j.err)
 		}
 	}
@@ -112,7 +106,7 @@ func storeTrouble(j *job) bool {
 // followLeaders gives each later copy of a key in b its outcome from its
 // leader's: retried after it when the leader was not settled,
 // dead-lettered when its payload differs, else a duplicate with the
-// leader's result (for Message.Outcome).
+// leader's result (for StoredResult).
 func (s *settler) followLeaders(b *prepared) {
 	for _, f := range b.followers {
 		leader := b.leaders[f.key]
@@ -123,7 +117,7 @@ func (s *settler) followLeaders(b *prepared) {
 			f.set(outDeadLetter, &dedup.MismatchError{Scope: s.env.scope, Key: f.key, Stored: leader.hash, Received: f.hash})
 		default:
 			f.set(outDuplicate, nil)
-			v, _, _ := leader.msg.Outcome()
+			v, _, _ := StoredResult(leader.msg)
 			f.replay(v)
 		}
 	}
@@ -213,6 +207,7 @@ func (s *settler) deadLetter(ctx context.Context, j *job, cause error) Outcome {
 			append(attrs, slog.Any(LogKeySettleError, err))...)
 		return OutcomeLeft
 	}
+	j.out = outDeadLetter // out of attempts: not handed back (order.settled)
 	s.env.stats.deadLettered.Add(1)
 	s.out.ok(ctx, s.env.log)
 	if errors.Is(cause, ErrPayloadMismatch) {

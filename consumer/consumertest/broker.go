@@ -173,7 +173,7 @@ func (s *source) take(now time.Time, max int) ([]*consumer.Message, time.Time) {
 		Deliver: func(d *delivery) {
 			b.deliveries++
 			sc := d.Msg.Payload
-			out = append(out, &consumer.Message{
+			out = append(out, consumer.Deliver(&consumer.Message{
 				ID:           d.Msg.ID,
 				Key:          sc.d.Key,
 				Body:         append([]byte(nil), sc.d.Body...),
@@ -183,8 +183,7 @@ func (s *source) take(now time.Time, max int) ([]*consumer.Message, time.Time) {
 				Attempt:      d.Attempt,
 				Redelivered:  d.Attempt > 1,
 				ReceivedAt:   now,
-				Handle:       d,
-			})
+			}, consumer.Delivery{Handle: d}))
 		},
 		Copies: func(m *message) (duplicate, concurrent bool) {
 			sc := m.Payload
@@ -200,7 +199,7 @@ func (s *source) take(now time.Time, max int) ([]*consumer.Message, time.Time) {
 // message is settled already), expiring it if its visibility timeout
 // passed. b.mu is held.
 func (s *source) current(msg *consumer.Message, now time.Time) (*delivery, error) {
-	d, ok := msg.Handle.(*delivery)
+	d, ok := consumer.DeliveryOf(msg).Handle.(*delivery)
 	if !ok || d == nil || d.Src != s {
 		return nil, fmt.Errorf("consumertest: message %q was not received by this source", msg.ID)
 	}

@@ -201,7 +201,7 @@ const DefaultResendTimeout = 5 * time.Second
 // consumer.Config.Hooks of the runner whose handler is wrapped by Reply:
 // it is a consumer.HookClaimed, so the runner calls it for every
 // duplicate, on the lane, before the duplicate is acknowledged. For a
-// duplicate with ReplyTo whose record holds a result (Message.Outcome), it
+// duplicate with ReplyTo whose record holds a result (consumer.StoredResult), it
 // writes the reply again with the same id (ReplyID) and body, with the
 // duplicate's CorrelationID, in one statement on its database.
 //
@@ -270,7 +270,7 @@ func (r *Resender) OnClaimed(ctx context.Context, m *consumer.Message, c consume
 	if c.State != dedup.StateDone || m.ReplyTo == "" {
 		return
 	}
-	result, replayed, ok := m.Outcome()
+	result, replayed, ok := consumer.StoredResult(m)
 	if !ok || !replayed {
 		return
 	}

@@ -65,11 +65,11 @@ func TestFlushCoalescesRecordedAcks(t *testing.T) {
 	// would, while the loop cannot run, and then runs one pass.
 	record := func(msgs []*consumer.Message) {
 		t.Helper()
-		sess := msgs[0].Handle.(*handle).sess
+		sess := consumer.DeliveryOf(msgs[0]).Handle.(*handle).sess
 		sess.ackMu.Lock()
 		defer sess.ackMu.Unlock()
 		for i := len(msgs) - 1; i >= 0; i-- {
-			sess.settled[msgs[i].Handle.(*handle).tag] = sess.clock()
+			sess.settled[consumer.DeliveryOf(msgs[i]).Handle.(*handle).tag] = sess.clock()
 		}
 		if _, err := sess.flushLocked(0); err != nil {
 			t.Fatal(err)

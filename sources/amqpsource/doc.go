@@ -48,7 +48,7 @@
 //     with exponential backoff (Config.ReconnectDelay, MaxReconnectDelay,
 //     500 ms by default, so it is back within about that once the broker
 //     answers again) and resumes consuming. Delivery tags belong to one channel: each
-//     Message.Handle remembers the channel session that issued its tag, and
+//     consumer.Delivery.Handle remembers the channel session that issued its tag, and
 //     settlements of a dead session send nothing (ErrStaleDelivery) instead of
 //     acknowledging an unrelated delivery that reuses the number on the new
 //     channel. Deliveries of a dead session still buffered in the client are

@@ -9,6 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 )
 
@@ -186,9 +187,9 @@ func FuzzToMessage(f *testing.F) {
 		if m.PartitionKey != wantPart {
 			t.Fatalf("partition key %q, want %q", m.PartitionKey, wantPart)
 		}
-		h, ok := m.Handle.(*handle)
+		h, ok := consumer.DeliveryOf(m).Handle.(*handle)
 		if !ok || h.tag != 9 || h.attempt != m.Attempt || h.src != s {
-			t.Fatalf("handle %+v does not match the delivery", m.Handle)
+			t.Fatalf("handle %+v does not match the delivery", consumer.DeliveryOf(m).Handle)
 		}
 	})
 }

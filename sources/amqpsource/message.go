@@ -14,7 +14,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// handle is Message.Handle for this source: the delivery tag and the channel
+// handle is consumer.Delivery.Handle for this source: the delivery tag and the channel
 // session it is valid on. A tag means nothing on any other channel, so a
 // handle whose session died is never acknowledged.
 type handle struct {
@@ -52,7 +52,7 @@ func (s *Source) toMessage(sess *session, d amqp.Delivery, now time.Time) *consu
 		partition, _ = stringHeader(d.Headers[s.cfg.PartitionKeyHeader])
 	}
 	broker := s.brokerAttrs.set(s.broker, d.Exchange, d.RoutingKey, d.DeliveryTag)
-	return &consumer.Message{
+	return consumer.Deliver(&consumer.Message{
 		ID:            d.MessageId,
 		Key:           key,
 		Body:          d.Body,
@@ -66,8 +66,7 @@ func (s *Source) toMessage(sess *session, d amqp.Delivery, now time.Time) *consu
 		ReceivedAt:    now,
 		Raw:           d,
 		Broker:        broker,
-		Handle:        &handle{src: s, sess: sess, tag: d.DeliveryTag, attempt: attempt, d: d},
-	}
+	}, consumer.Delivery{Handle: &handle{src: s, sess: sess, tag: d.DeliveryTag, attempt: attempt, d: d}})
 }
 
 // stringHeaders returns the headers whose values have a string form. Nested

@@ -31,7 +31,7 @@ const maxReasonBytes = 4096
 // Receive from one goroutine and Ack, Retry and DeadLetter from several.
 //
 // Message.Raw is the amqp091.Delivery; do not settle it through its
-// Acknowledger. Message.Handle holds the delivery tag and the channel session
+// Acknowledger. consumer.Delivery.Handle holds the delivery tag and the channel session
 // it belongs to.
 type Source struct {
 	cfg Config
@@ -480,7 +480,7 @@ func (s *Source) handleOf(m *consumer.Message) (*handle, error) {
 	if m == nil {
 		return nil, fmt.Errorf("%w: nil message", ErrForeignMessage)
 	}
-	h, ok := m.Handle.(*handle)
+	h, ok := consumer.DeliveryOf(m).Handle.(*handle)
 	if !ok || h.src != s {
 		return nil, fmt.Errorf("%w: message %q", ErrForeignMessage, m.ID)
 	}

@@ -66,11 +66,11 @@ func Tx[T any](h func(ctx context.Context, tx T, msg *consumer.Message) (Respons
 
 // Lease adapts an endpoint of the lease path (effects outside a database:
 // a payment provider, an email): the Response h returns is stored next to
-// the done key (consumer.LeaseResult). Forward consumer.IdempotencyKey(ctx)
+// the done key (consumer.Result). Forward consumer.IdempotencyKey(ctx)
 // to the downstream system, so that the crash window between its effect
 // and the done mark is covered downstream.
 func Lease(h func(ctx context.Context, msg *consumer.Message) (Response, error)) consumer.Handler {
-	return consumer.LeaseResult(func(ctx context.Context, msg *consumer.Message) ([]byte, error) {
+	return consumer.Result(func(ctx context.Context, msg *consumer.Message) ([]byte, error) {
 		res, err := h(ctx, msg)
 		if err != nil {
 			return nil, err
@@ -133,7 +133,7 @@ func Reject(status int, detail string) error {
 // request, for its own answer alone, and so is what Lease encoded, for
 // the answer to a request whose Response the store refuses.
 func storedResponse(msg *consumer.Message, res Response, a adapter) ([]byte, error) {
-	p, _ := msg.Handle.(*pending)
+	p, _ := consumer.DeliveryOf(msg).Handle.(*pending)
 	keep := p != nil && p.replayCookies
 	b, cookies, err := encodeResponse(res, keep)
 	if p != nil {

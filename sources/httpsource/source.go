@@ -410,7 +410,7 @@ func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key s
 			headers[k] = v[0]
 		}
 	}
-	msg := &consumer.Message{
+	msg := consumer.Deliver(&consumer.Message{
 		ID:           "http-" + strconv.FormatUint(s.seq.Add(1), 10),
 		Key:          key,
 		Body:         fp.body(),
@@ -422,8 +422,7 @@ func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key s
 		ReceivedAt:   time.Now(),
 		Raw:          r,
 		Broker:       consumer.BrokerInfo{System: "http"},
-		Handle:       p,
-	}
+	}, consumer.Delivery{Handle: p})
 	if a, ok := s.enqueue(msg); !ok {
 		refuse(w, p, a)
 		return
@@ -496,18 +495,18 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 }
 
 // Ack implements consumer.Source: each request is answered with its
-// outcome (consumer.Message.Outcome): the handler's Response, or the stored
+// stored result (consumer.StoredResult): the handler's Response, or the stored
 // one with Idempotent-Replayed: true. A key settled without a stored
 // response (its handler returned none) is answered 204. The Set-Cookie
 // headers held back from the store (Config.ReplaySetCookie) go to the
 // request whose handler returned them, never to a replay.
 func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	for _, m := range msgs {
-		p, ok := m.Handle.(*pending)
+		p, ok := consumer.DeliveryOf(m).Handle.(*pending)
 		if !ok {
 			continue
 		}
-		result, replayed, _ := m.Outcome()
+		result, replayed, _ := consumer.StoredResult(m)
 		if result == nil {
 			p.settle(answer{res: Response{Status: http.StatusNoContent}, replayed: replayed})
 			continue
@@ -531,7 +530,7 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 // failures per key (consumer.RetryPolicy.MaxAttempts): past it, the answer
 // is the same 500.
 func (s *Source) Retry(_ context.Context, msg *consumer.Message, delay time.Duration) error {
-	if p, ok := msg.Handle.(*pending); ok {
+	if p, ok := consumer.DeliveryOf(msg).Handle.(*pending); ok {
 		secs := max(1, int(delay.Round(time.Second)/time.Second))
 		p.settle(answer{res: withRetryAfter(problemResponse(http.StatusInternalServerError,
 			"the request failed and nothing was stored; a retry with the same "+HeaderKey+" runs it again"), secs)})
@@ -548,7 +547,7 @@ func (s *Source) Retry(_ context.Context, msg *consumer.Message, delay time.Dura
 // with Retry-After.
 func (s *Source) Release(_ context.Context, msg *consumer.Message, delay time.Duration, reason error) error {
 	if errors.Is(reason, consumer.ErrKeyBusy) && !s.cfg.WaitInProgress {
-		if p, ok := msg.Handle.(*pending); ok {
+		if p, ok := consumer.DeliveryOf(msg).Handle.(*pending); ok {
 			p.settle(answer{res: problemResponse(http.StatusConflict, busyDetail)})
 		}
 		return nil
@@ -558,7 +557,7 @@ func (s *Source) Release(_ context.Context, msg *consumer.Message, delay time.Du
 }
 
 func (s *Source) again(msg *consumer.Message, delay time.Duration) {
-	p, ok := msg.Handle.(*pending)
+	p, ok := consumer.DeliveryOf(msg).Handle.(*pending)
 	if !ok {
 		return
 	}
@@ -589,7 +588,7 @@ func (s *Source) again(msg *consumer.Message, delay time.Duration) {
 // Response, so the request is answered with the Response itself, and a
 // retry gets 204 as a replay.
 func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason error) error {
-	p, ok := msg.Handle.(*pending)
+	p, ok := consumer.DeliveryOf(msg).Handle.(*pending)
 	if !ok {
 		return nil
 	}
@@ -684,7 +683,7 @@ func (s *Source) Close() error {
 		for {
 			select {
 			case m := <-s.queue:
-				if p, ok := m.Handle.(*pending); ok {
+				if p, ok := consumer.DeliveryOf(m).Handle.(*pending); ok {
 					p.settle(unavailable("the server is shutting down", 1))
 				}
 			default:

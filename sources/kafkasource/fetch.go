@@ -206,10 +206,9 @@ func (s *Source) message(e *entry, attempt int) *consumer.Message {
 		key = string(e.km.Key)
 	}
 	broker := messageBroker(s.broker, s.cfg.GroupID, e.km.Partition, e.km.Offset, key)
-	return &consumer.Message{
+	return consumer.Deliver(&consumer.Message{
 		ID:            e.id,
 		Key:           e.key,
-		KeyErr:        e.keyErr,
 		Body:          e.km.Value,
 		Headers:       headers,
 		PartitionKey:  e.partitionKey,
@@ -221,8 +220,7 @@ func (s *Source) message(e *entry, attempt int) *consumer.Message {
 		ReceivedAt:    time.Now(),
 		Raw:           e.km,
 		Broker:        broker,
-		Handle:        e,
-	}
+	}, consumer.Delivery{Handle: e, KeyErr: e.keyErr})
 }
 
 // observeGeneration returns the reader's rebalance count so far. kafka-go

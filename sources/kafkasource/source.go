@@ -98,7 +98,7 @@ type Source struct {
 
 var _ consumer.Source = (*Source)(nil)
 
-// entry is one fetched message. It is consumer.Message.Handle.
+// entry is one fetched message. It is consumer.Delivery.Handle.
 type entry struct {
 	src          *Source
 	km           kafka.Message
@@ -295,7 +295,7 @@ func (s *Source) entryOf(m *consumer.Message) (*entry, error) {
 	if m == nil {
 		return nil, fmt.Errorf("%w: nil message", ErrForeignMessage)
 	}
-	e, ok := m.Handle.(*entry)
+	e, ok := consumer.DeliveryOf(m).Handle.(*entry)
 	if !ok || e.src != s {
 		return nil, fmt.Errorf("%w: %s", ErrForeignMessage, m.ID)
 	}

@@ -403,7 +403,7 @@ func TestMethodsRejectForeignMessages(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	topic := newTopic(t, brokers, 1)
 	src := openSource(t, testConfig(t, brokers, topic, runtest.UniqueName(t, "g")))
-	foreign := &consumer.Message{ID: "x", Handle: "not ours"}
+	foreign := consumer.Deliver(&consumer.Message{ID: "x"}, consumer.Delivery{Handle: "not ours"})
 	ctx := context.Background()
 	for name, err := range map[string]error{
 		"Ack":        src.Ack(ctx, []*consumer.Message{foreign}),

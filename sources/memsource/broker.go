@@ -187,7 +187,7 @@ type (
 	// stored is one published message; its Payload is what was published.
 	stored = memqueue.Message[Outgoing, *Source]
 	// delivery is one handing-out of a message to a Source; it is the
-	// consumer.Message.Handle of memsource messages.
+	// consumer.Delivery.Handle of memsource messages.
 	delivery = memqueue.Delivery[Outgoing, *Source]
 )
 

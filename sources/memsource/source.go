@@ -36,7 +36,7 @@ func WithVisibilityTimeout(d time.Duration) SourceOption {
 // Source is safe for concurrent use.
 //
 // Message.Raw of a received message is an Outgoing with the message's key,
-// body, headers and partition key (read-only); Message.Handle identifies the
+// body, headers and partition key (read-only); consumer.Delivery.Handle identifies the
 // delivery.
 type Source struct {
 	b    *Broker
@@ -146,7 +146,7 @@ func (s *Source) take(ctx context.Context, now time.Time, max int) ([]*consumer.
 				t.stats.Redeliveries++
 			}
 			raw := Outgoing{Key: m.Payload.Key, Body: append([]byte(nil), m.Payload.Body...), Headers: maps.Clone(m.Payload.Headers), PartitionKey: m.Payload.PartitionKey}
-			out = append(out, &consumer.Message{
+			out = append(out, consumer.Deliver(&consumer.Message{
 				ID:            m.ID,
 				Key:           raw.Key,
 				Body:          raw.Body,
@@ -159,8 +159,7 @@ func (s *Source) take(ctx context.Context, now time.Time, max int) ([]*consumer.
 				CorrelationID: raw.Headers[consumer.HeaderCorrelationID],
 				ReceivedAt:    now,
 				Raw:           raw,
-				Handle:        d,
-			})
+			}, consumer.Delivery{Handle: d}))
 			events = append(events, b.event(EventReceive, t, s, m, d.Attempt, nil))
 		},
 		Expire: func(d *delivery) {
@@ -179,7 +178,7 @@ func (s *Source) take(ctx context.Context, now time.Time, max int) ([]*consumer.
 // visibility timeout passed. The returned delivery is nil when the message was
 // settled already (the call is then a no-op). b.mu is held.
 func (s *Source) current(msg *consumer.Message, now time.Time, events *[]Event) (*delivery, error) {
-	d, ok := msg.Handle.(*delivery)
+	d, ok := consumer.DeliveryOf(msg).Handle.(*delivery)
 	if !ok || d == nil || d.Src != s {
 		return nil, fmt.Errorf("memsource: message %q: %w", msg.ID, ErrForeignMessage)
 	}

@@ -27,7 +27,7 @@ func (s *Source) take(max int) []*consumer.Message {
 	var out []*consumer.Message
 	keep := s.ready[:0]
 	for _, m := range s.ready {
-		h := m.Handle.(*handle)
+		h := consumer.DeliveryOf(m).Handle.(*handle)
 		if len(out) == max || s.active[h.group] != nil {
 			keep = append(keep, m)
 			continue
@@ -83,7 +83,7 @@ func (s *Source) detachFollowers(h *handle) []*handle {
 	var out []*handle
 	keep := s.ready[:0]
 	for _, m := range s.ready {
-		f := m.Handle.(*handle)
+		f := consumer.DeliveryOf(m).Handle.(*handle)
 		if f.group != h.group {
 			keep = append(keep, m)
 			continue

@@ -25,7 +25,7 @@ func orderSource(fifo, relaxed bool) *Source {
 // poll does.
 func receiveForTest(s *Source, id, group string) *consumer.Message {
 	h := &handle{src: s, id: id, group: group}
-	m := &consumer.Message{ID: id, PartitionKey: group, Handle: h}
+	m := consumer.Deliver(&consumer.Message{ID: id, PartitionKey: group}, consumer.Delivery{Handle: h})
 	s.inflight[h] = struct{}{}
 	s.ready = append(s.ready, m)
 	return m
@@ -74,13 +74,13 @@ func TestStrictFIFOTakeAndGiveBack(t *testing.T) {
 	wantIDs(t, "take(10) with every group busy", ids(s.take(10)))
 
 	wake := s.wake
-	s.untrack(a1.Handle.(*handle))
+	s.untrack(consumer.DeliveryOf(a1).Handle.(*handle))
 	select {
 	case <-wake:
 	default:
 		t.Fatal("untrack of a group's active message did not wake Receive")
 	}
-	if _, ok := s.inflight[a1.Handle.(*handle)]; ok {
+	if _, ok := s.inflight[consumer.DeliveryOf(a1).Handle.(*handle)]; ok {
 		t.Fatal("untracked message is still in flight")
 	}
 	a2 := s.take(10)
@@ -88,7 +88,7 @@ func TestStrictFIFOTakeAndGiveBack(t *testing.T) {
 	wantIDs(t, "ready", readyIDs(s), "a3", "b2")
 
 	// a2 goes back to the queue (Retry): a3, already received, must follow it.
-	followers := s.untrackWithFollowers(a2[0].Handle.(*handle))
+	followers := s.untrackWithFollowers(consumer.DeliveryOf(a2[0]).Handle.(*handle))
 	wantIDs(t, "followers of a2", handleIDs(followers), "a3")
 	wantIDs(t, "ready after untrackWithFollowers", readyIDs(s), "b2")
 	for _, id := range []string{"a2", "a3"} {
@@ -129,7 +129,7 @@ func TestTakeWithoutStrictOrder(t *testing.T) {
 			if len(s.active) != 0 {
 				t.Fatalf("active = %v, want none", s.active)
 			}
-			if f := s.untrackWithFollowers(got[0].Handle.(*handle)); len(f) != 0 {
+			if f := s.untrackWithFollowers(consumer.DeliveryOf(got[0]).Handle.(*handle)); len(f) != 0 {
 				t.Fatalf("untrackWithFollowers returned followers %q, want none", handleIDs(f))
 			}
 			wantIDs(t, "ready after untrackWithFollowers", readyIDs(s), "a3")

@@ -82,7 +82,7 @@ func FuzzMessage(f *testing.F) {
 		if m.Attempt != want || m.Attempt < 1 || m.Redelivered != (m.Attempt > 1) {
 			t.Fatalf("attempt %d (redelivered %v) from receive count %q", m.Attempt, m.Redelivered, receiveCount)
 		}
-		if m.ID != "m-1" || string(m.Body) != body || m.Topic != "orders" || m.Handle != h || !m.ReceivedAt.Equal(now) {
+		if m.ID != "m-1" || string(m.Body) != body || m.Topic != "orders" || consumer.DeliveryOf(m).Handle != h || !m.ReceivedAt.Equal(now) {
 			t.Fatalf("message fields do not match: %+v", m)
 		}
 		for name, v := range raw.MessageAttributes {

@@ -182,7 +182,7 @@ func (s *Source) message(h *handle, now time.Time) *consumer.Message {
 	if !s.fifo && s.cfg.PartitionKeyAttribute != "" {
 		partition = headers[s.cfg.PartitionKeyAttribute]
 	}
-	return &consumer.Message{
+	return consumer.Deliver(&consumer.Message{
 		ID:            h.id,
 		Key:           key,
 		Body:          []byte(aws.ToString(m.Body)),
@@ -196,6 +196,5 @@ func (s *Source) message(h *handle, now time.Time) *consumer.Message {
 		ReceivedAt:    now,
 		Raw:           m,
 		Broker:        s.broker,
-		Handle:        h,
-	}
+	}, consumer.Delivery{Handle: h})
 }

@@ -88,7 +88,7 @@ type Source struct {
 	stats counters
 }
 
-// handle is the Message.Handle of a message received by a Source.
+// handle is the consumer.Delivery.Handle of a message received by a Source.
 type handle struct {
 	src        *Source
 	raw        types.Message
@@ -254,7 +254,7 @@ func (s *Source) handleOf(m *consumer.Message) (*handle, error) {
 	if m == nil {
 		return nil, fmt.Errorf("%w: nil message", ErrForeignMessage)
 	}
-	h, ok := m.Handle.(*handle)
+	h, ok := consumer.DeliveryOf(m).Handle.(*handle)
 	if !ok || h.src != s {
 		return nil, fmt.Errorf("%w: message %q", ErrForeignMessage, m.ID)
 	}
