@@ -255,7 +255,7 @@ var boundaryScenarios = []struct {
 			return fmt.Errorf("record of k after the drop: %w", err)
 		}
 		if _, err := p.Inspect(ctx, "s", "older"); !errors.Is(err, dedup.ErrNotFound) {
-			return fmt.Errorf("record of a partition a retention past its day: %v, want dropped", err)
+			return fmt.Errorf("record of a partition a retention past its day: %w, want dropped", err)
 		}
 		return nil
 	}},
