@@ -117,8 +117,6 @@ func BenchmarkPartitionLockWait(b *testing.B) {
 		s, pool := newStore(b, pgdedup.Config{Partitioned: true})
 		ctx := b.Context()
 		t := pgx.Identifier{s.Config().Schema, s.Config().Table}.Sanitize()
-		// A partition of a day long past, full, for the janitor to drop;
-		// its clock is a day ahead, so it also creates a partition.
 		// The migration's first partition covers every time before the day
 		// after tomorrow: daily ones replace it.
 		var first string
@@ -131,39 +129,63 @@ func BenchmarkPartitionLockWait(b *testing.B) {
 		if _, err := s.Cleanup(ctx); err != nil {
 			b.Fatal(err)
 		}
-		old := pgx.Identifier{s.Config().Schema, s.Config().Table + "_p20200101"}.Sanitize()
-		if _, err := pool.Exec(ctx, `CREATE TABLE `+old+` (LIKE `+t+` INCLUDING DEFAULTS);
-ALTER TABLE `+t+` ATTACH PARTITION `+old+` FOR VALUES FROM ('2020-01-01 00:00Z') TO ('2020-01-02 00:00Z');
-INSERT INTO `+t+` (scope, key, payload_hash, processed_at, expires_at)
-SELECT 'old', 'k' || i, '\x00', '2020-01-01 12:00Z', '2020-01-09 12:00Z' FROM generate_series(1, `+strconv.Itoa(rows)+`) AS i;
-ANALYZE `+old); err != nil {
-			b.Fatal(err)
-		}
-		cfg := s.Config()
-		cfg.Now = func() time.Time { return time.Now().AddDate(0, 0, 1) }
-		janitor, err := pgdedup.New(pool, cfg)
-		if err != nil {
-			b.Fatal(err)
-		}
 		load := startLoad(ctx, s, workers, hold)
-		time.Sleep(time.Second)
-		from := time.Now()
-		n, cerr := janitor.Cleanup(ctx)
-		to := time.Now()
+		var creates, drops [][2]time.Time
+		for round := 1; round <= 3; round++ {
+			// A janitor whose clock is round days ahead creates a
+			// partition; then, given a full partition of a day long past,
+			// drops it.
+			cfg := s.Config()
+			cfg.Now = func() time.Time { return time.Now().AddDate(0, 0, round) }
+			janitor, err := pgdedup.New(pool, cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, step := range []string{"create", "drop"} {
+				if step == "drop" {
+					day := fmt.Sprintf("2020-01-%02d", round)
+					old := pgx.Identifier{s.Config().Schema, s.Config().Table + "_p202001" + day[8:]}.Sanitize()
+					if _, err := pool.Exec(ctx, `CREATE TABLE `+old+` (LIKE `+t+` INCLUDING DEFAULTS);
+ALTER TABLE `+t+` ATTACH PARTITION `+old+` FOR VALUES FROM ('`+day+` 00:00Z') TO ('`+day+` 00:00Z'::timestamptz + interval '1 day');
+INSERT INTO `+t+` (scope, key, payload_hash, processed_at, expires_at)
+SELECT 'old', 'k' || i, '\x00', '`+day+` 12:00Z', '`+day+` 12:00Z'::timestamptz + interval '8 days' FROM generate_series(1, `+strconv.Itoa(rows)+`) AS i;
+ANALYZE `+old); err != nil {
+						b.Fatal(err)
+					}
+				}
+				time.Sleep(time.Second)
+				from := time.Now()
+				n, err := janitor.Cleanup(ctx)
+				to := time.Now()
+				b.Logf("round %d, %s: %s, %d records dropped, err %v", round, step, to.Sub(from).Round(time.Microsecond), n, err)
+				if step == "create" {
+					creates = append(creates, [2]time.Time{from, to})
+				} else {
+					drops = append(drops, [2]time.Time{from, to})
+				}
+			}
+		}
 		time.Sleep(time.Second)
 		if err := load.end(); err != nil {
 			b.Fatal(err)
 		}
-		if cerr != nil {
-			b.Logf("cleanup: %v", cerr)
+		for _, w := range []struct {
+			name    string
+			windows [][2]time.Time
+		}{{"create", creates}, {"drop", drops}} {
+			var in, out []time.Duration
+			var took time.Duration
+			for i, win := range w.windows {
+				a, o := load.during(win[0], win[1], hold)
+				in = append(in, a...)
+				if i == 0 {
+					out = o
+				}
+				took = max(took, win[1].Sub(win[0]))
+			}
+			slices.Sort(in)
+			report(b, w.name, took, in, out)
 		}
-		var parts int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = $1::regclass`, t).Scan(&parts); err != nil {
-			b.Fatal(err)
-		}
-		b.Logf("dropped %d records, %d partitions now", n, parts)
-		in, out := load.during(from, to, hold)
-		report(b, "drop+create", to.Sub(from), in, out)
 	})
 	b.Run("migrate", func(b *testing.B) {
 		s, pool := newStore(b, pgdedup.Config{})
