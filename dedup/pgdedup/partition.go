@@ -66,7 +66,8 @@ func (s *Store) partitioned(ctx context.Context, db DBTX) (bool, error) {
 
 // maintainPartitions creates the partitions of the clock's day and the
 // PartitionsAhead days after it, and drops every partition whose records
-// all expired (its day ended at least Retention ago), one DDL statement
+// all expired (its day ended at least Retention ago, and a scan finds no
+// record of a store with a longer retention), one DDL statement
 // per transaction, each under the janitor's advisory lock and
 // PartitionLockTimeout. It returns the records the dropped partitions held
 // (as the planner's statistics estimate them), and busy when another
@@ -116,8 +117,19 @@ func (s *Store) partitionStep(ctx context.Context) (dropped int64, done, busy bo
 	now := s.cfg.Now()
 	var step string
 	for _, p := range have {
-		if p.to != nil && !p.to.Add(s.cfg.Retention).After(now) {
-			step, dropped = `DROP TABLE `+pgx.Identifier{s.cfg.Schema, p.name}.Sanitize(), p.records
+		if p.to == nil || p.to.Add(s.cfg.Retention).After(now) {
+			continue
+		}
+		// Past this store's retention; stores of other scopes on the
+		// table may keep theirs longer. The first unexpired record ends
+		// the scan.
+		name := pgx.Identifier{s.cfg.Schema, p.name}.Sanitize()
+		var kept bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+name+` WHERE expires_at > $1)`, now).Scan(&kept); err != nil {
+			return 0, false, false, fmt.Errorf("pgdedup: partitions: %w", err)
+		}
+		if !kept {
+			step, dropped = `DROP TABLE `+name, p.records
 			break
 		}
 	}
