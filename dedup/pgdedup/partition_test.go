@@ -184,7 +184,7 @@ var boundaryScenarios = []struct {
 			case <-time.After(10 * time.Millisecond):
 			}
 			var waiting bool
-			if err := p.pool.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_locks WHERE NOT granted`).Scan(&waiting); err != nil {
+			if err := p.pool.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_locks WHERE NOT granted AND locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&waiting); err != nil {
 				return err
 			}
 			if waiting {
