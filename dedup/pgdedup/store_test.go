@@ -526,6 +526,15 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestConformancePartitioned runs the suite on a table partitioned by day
+// (migration 004), with the claim that serialises keys by advisory lock.
+func TestConformancePartitioned(t *testing.T) {
+	deduptest.RunTxStore(t, func(t *testing.T, retention time.Duration) dedupdriver.TxStore[pgx.Tx] {
+		store, _ := newStore(t, pgdedup.Config{Retention: retention, Partitioned: true})
+		return store
+	})
+}
+
 func TestFailureCounterConformance(t *testing.T) {
 	deduptest.RunFailureCounter(t, func(t *testing.T, retention time.Duration) dedupdriver.Common {
 		store, _ := newStore(t, pgdedup.Config{Retention: retention})
@@ -549,6 +558,10 @@ func TestIsTransient(t *testing.T) {
 		{&pgconn.PgError{Code: "25P03"}, true},
 		{&pgconn.PgError{Code: "08003"}, true},
 		{&pgconn.PgError{Code: "23505"}, false},
+		// No partition for the clock's day (the janitor has not run for
+		// PartitionsAhead days): the store's outage, not the message's.
+		{&pgconn.PgError{Code: "23514", Message: `no partition of relation "processed_messages" found for row`}, true},
+		{&pgconn.PgError{Code: "23514", ConstraintName: "amount_positive", Message: `new row violates check constraint "amount_positive"`}, false},
 		{&pgconn.PgError{Code: "25P02"}, false},
 		{&pgconn.PgError{Code: "55P03"}, false},
 		{context.DeadlineExceeded, false},
