@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/internal/memqueue"
 )
 
@@ -87,11 +88,11 @@ func (b *broker) publish(d Delivery) {
 	sc.d.Headers = maps.Clone(d.Headers)
 	sc.d.Body = append([]byte(nil), d.Body...)
 	switch d.Fault {
-	case Redelivered:
+	case faults.Redelivered:
 		sc.duplicate = true
-	case ConcurrentDuplicate:
+	case faults.ConcurrentDuplicate:
 		sc.concurrent = true
-	case CrashAfterCommit:
+	case faults.CrashAfterCommit:
 		sc.dropAck = true
 	}
 	b.queue.Publish(fmt.Sprintf("replay-%d", b.nextID), d.PartitionKey, sc)

@@ -13,47 +13,8 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/dedupdriver"
+	"github.com/idemq/idemq/faults"
 )
-
-// Fault is how a scripted message is delivered.
-type Fault int
-
-const (
-	// Once delivers the message once: the happy path.
-	Once Fault = iota
-	// Redelivered delivers the message a second time while the first
-	// delivery is still being handled by the same worker, as a broker does
-	// after a lost ack or an expired lease.
-	Redelivered
-	// ConcurrentDuplicate delivers the message to two workers at the same
-	// moment, as after a consumer-group rebalance or an expired visibility
-	// timeout.
-	ConcurrentDuplicate
-	// CrashAfterCommit loses the acknowledgement after the handler's
-	// transaction committed, as when the worker crashes between commit and
-	// ack: the broker redelivers the message.
-	CrashAfterCommit
-	// ProducerDuplicate publishes the message twice, as a producer that
-	// retries a send.
-	ProducerDuplicate
-)
-
-// String returns the fault's name.
-func (f Fault) String() string {
-	switch f {
-	case Once:
-		return "once"
-	case Redelivered:
-		return "redelivered"
-	case ConcurrentDuplicate:
-		return "concurrent-duplicate"
-	case CrashAfterCommit:
-		return "crash-after-commit"
-	case ProducerDuplicate:
-		return "producer-duplicate"
-	}
-	return fmt.Sprintf("Fault(%d)", int(f))
-}
 
 // Delivery is one scripted message.
 type Delivery struct {
@@ -66,8 +27,16 @@ type Delivery struct {
 	Headers map[string]string
 	// PartitionKey orders messages, as on a real broker.
 	PartitionKey string
-	// Fault is how the message is delivered. Defaults to Once.
-	Fault Fault
+	// Fault is how the message is delivered, in the words of package
+	// faults that every in-memory kit shares: faults.None (the default)
+	// delivers it once; faults.Redelivered a second time while the first
+	// delivery is still being handled by the same worker;
+	// faults.ConcurrentDuplicate to two workers at the same moment;
+	// faults.CrashAfterCommit loses the acknowledgement after the handler's
+	// transaction committed, so that the message is delivered again;
+	// faults.ProducerDuplicate publishes it twice. Replay fails t on any
+	// other kind.
+	Fault faults.Kind
 	// FailFirst makes the first FailFirst attempts fail after the handler
 	// returned successfully, so that the transaction rolls back and the
 	// message is retried. It shows that the handler's writes roll back
@@ -296,13 +265,13 @@ func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Repo
 		seen[d.Key] = true
 		rep.keys = append(rep.keys, dedupKey(opts, d))
 		switch d.Fault {
-		case Once, Redelivered, ConcurrentDuplicate, CrashAfterCommit:
+		case faults.None, faults.Redelivered, faults.ConcurrentDuplicate, faults.CrashAfterCommit:
 			broker.publish(d)
-		case ProducerDuplicate:
+		case faults.ProducerDuplicate:
 			broker.publish(d)
 			broker.publish(d)
 		default:
-			t.Fatalf("consumertest: unknown fault %v", d.Fault)
+			t.Fatalf("consumertest: fault %v is not a delivery's", d.Fault)
 		}
 	}
 

@@ -10,8 +10,8 @@
 // test schema — and then check the returned Report and your own tables:
 //
 //	rep := consumertest.ReplayTx(t, store, charge, []consumertest.Delivery{
-//		{Key: "order-1", Body: body1, Fault: consumertest.ConcurrentDuplicate},
-//		{Key: "order-2", Body: body2, Fault: consumertest.CrashAfterCommit},
+//		{Key: "order-1", Body: body1, Fault: faults.ConcurrentDuplicate},
+//		{Key: "order-2", Body: body2, Fault: faults.CrashAfterCommit},
 //		{Key: "order-3", Body: body3, FailFirst: 2},
 //	}, consumertest.Options{})
 //	rep.RequireExactlyOnce(t)

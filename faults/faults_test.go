@@ -1,6 +1,9 @@
 package faults
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestScriptFiresInOrderAndCounts(t *testing.T) {
 	var s Script[string]
@@ -49,4 +52,21 @@ func join(s []string) string {
 		out += x
 	}
 	return out
+}
+
+func TestKindNames(t *testing.T) {
+	seen := map[string]Kind{}
+	for k := None; k <= RecordFailureError; k++ {
+		name := k.String()
+		if name == "" || strings.HasPrefix(name, "faults.Kind(") {
+			t.Errorf("Kind(%d) has no name: %q", int(k), name)
+		}
+		if prev, ok := seen[name]; ok {
+			t.Errorf("%v and Kind(%d) share the name %q", prev, int(k), name)
+		}
+		seen[name] = k
+	}
+	if got := Kind(99).String(); got != "faults.Kind(99)" {
+		t.Errorf("Kind(99).String() = %q", got)
+	}
 }

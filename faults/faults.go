@@ -1,7 +1,8 @@
-// Package faults is the script of injected failures that the in-memory
-// broker (sources/memsource) and the in-memory store (dedup/memdedup)
-// share: faults fire in the order they were injected, each a given number of
-// times. What a fault is and which operation it matches stays with its owner.
+// Package faults is the vocabulary of injected failures that the in-memory
+// kits share (Kind: consumertest's scripted deliveries, memsource's broker,
+// memdedup's store), and the script that fires them (Script): faults fire in
+// the order they were injected, each a given number of times. What else a
+// fault carries, and which operation it matches, stays with its owner.
 package faults
 
 // Script holds the scheduled faults of type F. The zero value is an empty
