@@ -14,6 +14,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/faults"
+	"github.com/idemq/idemq/sources/memsource"
 )
 
 // Delivery is one scripted message.
@@ -90,7 +91,7 @@ type Report struct {
 	Duplicates uint64
 	// DeadLetters lists the messages routed to the dead-letter
 	// destination, with their reasons.
-	DeadLetters []DeadLetter
+	DeadLetters []memsource.DeadLetter
 
 	keys    []string
 	running running
@@ -253,10 +254,15 @@ func (o Options) withDefaults(t TB) Options {
 
 const topic = "replay"
 
+// replayVisibility is how long a delivery of the replay's broker stays
+// invisible before it is delivered again (a lost acknowledgement's message
+// comes back after it).
+const replayVisibility = 200 * time.Millisecond
+
 func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Report) {
 	t.Helper()
-	broker := newBroker(200 * time.Millisecond)
-	defer broker.close()
+	broker := memsource.New(memsource.Config{VisibilityTimeout: replayVisibility})
+	defer broker.Close()
 	seen := map[string]bool{}
 	for _, d := range script {
 		if d.Key == "" || seen[d.Key] {
@@ -264,12 +270,14 @@ func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Repo
 		}
 		seen[d.Key] = true
 		rep.keys = append(rep.keys, dedupKey(opts, d))
+		out := memsource.Outgoing{Key: d.Key, Body: d.Body, Headers: d.Headers, PartitionKey: d.PartitionKey}
 		switch d.Fault {
-		case faults.None, faults.Redelivered, faults.ConcurrentDuplicate, faults.CrashAfterCommit:
-			broker.publish(d)
+		case faults.None:
+			broker.Publish(topic, out)
+		case faults.Redelivered, faults.ConcurrentDuplicate, faults.CrashAfterCommit:
+			broker.Inject(memsource.Fault{Kind: d.Fault, Topic: topic, ID: broker.Publish(topic, out)[0]})
 		case faults.ProducerDuplicate:
-			broker.publish(d)
-			broker.publish(d)
+			broker.Publish(topic, out, out)
 		default:
 			t.Fatalf("consumertest: fault %v is not a delivery's", d.Fault)
 		}
@@ -280,7 +288,7 @@ func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Repo
 	var wg sync.WaitGroup
 	runners := make([]*consumer.Runner, opts.Workers)
 	for i := range runners {
-		r, err := consumer.NewRunner(broker.source(), path, consumer.Config{
+		r, err := consumer.NewRunner(broker.Source(topic), path, consumer.Config{
 			Name:           opts.Scope,
 			Concurrency:    2,
 			BatchSize:      opts.BatchSize,
@@ -298,7 +306,8 @@ func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Repo
 
 	deadline := time.Now().Add(opts.Timeout)
 	for {
-		ready, inFlight := broker.pending()
+		st := broker.Stats(topic)
+		ready, inFlight := st.Ready, st.InFlight
 		if ready == 0 && inFlight == 0 {
 			break
 		}
@@ -314,11 +323,11 @@ func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Repo
 	}
 	cancel()
 	wg.Wait()
-	rep.Deliveries = broker.deliveryCount()
+	rep.Deliveries = broker.Stats(topic).Deliveries
 	for _, r := range runners {
 		rep.Duplicates += r.Stats().Duplicates
 	}
-	rep.DeadLetters = broker.deadLetters()
+	rep.DeadLetters = broker.DeadLetters(topic)
 }
 
 // dedupKey returns the deduplication key the runners will see for d: the

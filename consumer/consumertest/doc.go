@@ -2,8 +2,9 @@
 // so that your tests can show that its effect happens exactly once.
 //
 // ReplayTx runs a handler of the transactional path through real Runners
-// (two competing workers by default) over an in-memory broker that delivers a
-// script of messages with faults: redeliveries, concurrent duplicates, lost
+// (two competing workers by default) over the in-memory broker of
+// sources/memsource, which delivers a script of messages with faults (the
+// kinds of package faults): redeliveries, concurrent duplicates, lost
 // acknowledgements after commit (a crash between commit and ack), producer
 // duplicates, and failures after the handler ran (so that its writes must roll
 // back). Run it against a real database — for example a pgdedup.Store on a
