@@ -12,6 +12,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/memdedup"
+	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -132,7 +133,7 @@ func TestTxHooksReportClaimsAndCommits(t *testing.T) {
 	}
 	// The batch's first transaction fails in the handler of "bad", its
 	// rerun without "bad" fails to commit, its retry commits.
-	store.Inject(memdedup.Fault{Op: memdedup.OpCommit})
+	store.Inject(memdedup.Fault{Kind: faults.CommitError})
 	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 	t.Cleanup(func() { b.Close() })
 
@@ -268,7 +269,7 @@ func TestTxBatchHooksMatchPerMessagePath(t *testing.T) {
 	}
 	// The batch's first transaction fails in the handler for "bad", its
 	// rerun without "bad" fails to commit, its retry commits.
-	store.Inject(memdedup.Fault{Op: memdedup.OpCommit})
+	store.Inject(memdedup.Fault{Kind: faults.CommitError})
 	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 	t.Cleanup(func() { b.Close() })
 
@@ -406,7 +407,7 @@ func TestHookTxReportsEachTransactionOnce(t *testing.T) {
 	}
 	// The first transaction fails in the handler for "bad", its rerun
 	// without "bad" fails to commit; the retries commit.
-	store.Inject(memdedup.Fault{Op: memdedup.OpCommit})
+	store.Inject(memdedup.Fault{Kind: faults.CommitError})
 	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 	t.Cleanup(func() { b.Close() })
 	type order struct{ K string }

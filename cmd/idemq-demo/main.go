@@ -1,8 +1,8 @@
 // Command idemq-demo is the zero-setup demo that `make demo` runs: the
-// checkout worker (cmd/internal/checkout) under chaos on an in-process Kafka
+// checkout worker (internal/checkout) under chaos on an in-process Kafka
 // cluster and a SQLite file, killed and restarted, its events through the
 // outbox to a notifier, then the proof that every order was charged and
-// notified exactly once (cmd/internal/demo).
+// notified exactly once (cmd/idemq-demo/internal/demo).
 //
 //	idemq-demo [--messages 2000 --kills 4 --seed 1]
 //	idemq-demo --broker kafka --kafka 127.0.0.1:9092 --store postgres --db URL
@@ -27,7 +27,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 
-	"github.com/idemq/idemq/cmd/internal/demo"
+	"github.com/idemq/idemq/cmd/idemq-demo/internal/demo"
 	"github.com/idemq/idemq/internal/redact"
 )
 

@@ -13,47 +13,9 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/dedupdriver"
+	"github.com/idemq/idemq/faults"
+	"github.com/idemq/idemq/sources/memsource"
 )
-
-// Fault is how a scripted message is delivered.
-type Fault int
-
-const (
-	// Once delivers the message once: the happy path.
-	Once Fault = iota
-	// Redelivered delivers the message a second time while the first
-	// delivery is still being handled by the same worker, as a broker does
-	// after a lost ack or an expired lease.
-	Redelivered
-	// ConcurrentDuplicate delivers the message to two workers at the same
-	// moment, as after a consumer-group rebalance or an expired visibility
-	// timeout.
-	ConcurrentDuplicate
-	// CrashAfterCommit loses the acknowledgement after the handler's
-	// transaction committed, as when the worker crashes between commit and
-	// ack: the broker redelivers the message.
-	CrashAfterCommit
-	// ProducerDuplicate publishes the message twice, as a producer that
-	// retries a send.
-	ProducerDuplicate
-)
-
-// String returns the fault's name.
-func (f Fault) String() string {
-	switch f {
-	case Once:
-		return "once"
-	case Redelivered:
-		return "redelivered"
-	case ConcurrentDuplicate:
-		return "concurrent-duplicate"
-	case CrashAfterCommit:
-		return "crash-after-commit"
-	case ProducerDuplicate:
-		return "producer-duplicate"
-	}
-	return fmt.Sprintf("Fault(%d)", int(f))
-}
 
 // Delivery is one scripted message.
 type Delivery struct {
@@ -66,8 +28,16 @@ type Delivery struct {
 	Headers map[string]string
 	// PartitionKey orders messages, as on a real broker.
 	PartitionKey string
-	// Fault is how the message is delivered. Defaults to Once.
-	Fault Fault
+	// Fault is how the message is delivered, in the words of package
+	// faults that every in-memory kit shares: faults.None (the default)
+	// delivers it once; faults.Redelivered a second time while the first
+	// delivery is still being handled by the same worker;
+	// faults.ConcurrentDuplicate to two workers at the same moment;
+	// faults.CrashAfterCommit loses the acknowledgement after the handler's
+	// transaction committed, so that the message is delivered again;
+	// faults.ProducerDuplicate publishes it twice. Replay fails t on any
+	// other kind.
+	Fault faults.Kind
 	// FailFirst makes the first FailFirst attempts fail after the handler
 	// returned successfully, so that the transaction rolls back and the
 	// message is retried. It shows that the handler's writes roll back
@@ -121,7 +91,7 @@ type Report struct {
 	Duplicates uint64
 	// DeadLetters lists the messages routed to the dead-letter
 	// destination, with their reasons.
-	DeadLetters []DeadLetter
+	DeadLetters []memsource.DeadLetter
 
 	keys    []string
 	running running
@@ -284,10 +254,15 @@ func (o Options) withDefaults(t TB) Options {
 
 const topic = "replay"
 
+// replayVisibility is how long a delivery of the replay's broker stays
+// invisible before it is delivered again (a lost acknowledgement's message
+// comes back after it).
+const replayVisibility = 200 * time.Millisecond
+
 func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Report) {
 	t.Helper()
-	broker := newBroker(200 * time.Millisecond)
-	defer broker.close()
+	broker := memsource.New(memsource.Config{VisibilityTimeout: replayVisibility})
+	defer broker.Close()
 	seen := map[string]bool{}
 	for _, d := range script {
 		if d.Key == "" || seen[d.Key] {
@@ -295,14 +270,16 @@ func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Repo
 		}
 		seen[d.Key] = true
 		rep.keys = append(rep.keys, dedupKey(opts, d))
+		out := memsource.Outgoing{Key: d.Key, Body: d.Body, Headers: d.Headers, PartitionKey: d.PartitionKey}
 		switch d.Fault {
-		case Once, Redelivered, ConcurrentDuplicate, CrashAfterCommit:
-			broker.publish(d)
-		case ProducerDuplicate:
-			broker.publish(d)
-			broker.publish(d)
+		case faults.None:
+			broker.Publish(topic, out)
+		case faults.Redelivered, faults.ConcurrentDuplicate, faults.CrashAfterCommit:
+			broker.Inject(memsource.Fault{Kind: d.Fault, Topic: topic, ID: broker.Publish(topic, out)[0]})
+		case faults.ProducerDuplicate:
+			broker.Publish(topic, out, out)
 		default:
-			t.Fatalf("consumertest: unknown fault %v", d.Fault)
+			t.Fatalf("consumertest: fault %v is not a delivery's", d.Fault)
 		}
 	}
 
@@ -311,7 +288,7 @@ func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Repo
 	var wg sync.WaitGroup
 	runners := make([]*consumer.Runner, opts.Workers)
 	for i := range runners {
-		r, err := consumer.NewRunner(broker.source(), path, consumer.Config{
+		r, err := consumer.NewRunner(broker.Source(topic), path, consumer.Config{
 			Name:           opts.Scope,
 			Concurrency:    2,
 			BatchSize:      opts.BatchSize,
@@ -329,7 +306,8 @@ func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Repo
 
 	deadline := time.Now().Add(opts.Timeout)
 	for {
-		ready, inFlight := broker.pending()
+		st := broker.Stats(topic)
+		ready, inFlight := st.Ready, st.InFlight
 		if ready == 0 && inFlight == 0 {
 			break
 		}
@@ -345,11 +323,11 @@ func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Repo
 	}
 	cancel()
 	wg.Wait()
-	rep.Deliveries = broker.deliveryCount()
+	rep.Deliveries = broker.Stats(topic).Deliveries
 	for _, r := range runners {
 		rep.Duplicates += r.Stats().Duplicates
 	}
-	rep.DeadLetters = broker.deadLetters()
+	rep.DeadLetters = broker.DeadLetters(topic)
 }
 
 // dedupKey returns the deduplication key the runners will see for d: the

@@ -22,6 +22,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/otelidemq"
 	"github.com/idemq/idemq/dedup/memdedup"
+	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -222,7 +223,7 @@ func TestProcessSpanParentedOnProducer(t *testing.T) {
 	}
 	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond})
 	t.Cleanup(func() { b.Close() })
-	b.Inject(memsource.Fault{Kind: memsource.FaultDropAck})
+	b.Inject(memsource.Fault{Kind: faults.CrashAfterCommit})
 	ids := b.Publish("orders", memsource.Outgoing{Key: "k1", Body: []byte("b"), Headers: headers})
 
 	var mu sync.Mutex
@@ -363,8 +364,8 @@ func TestMetricsMatchStats(t *testing.T) {
 			}
 			b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 			t.Cleanup(func() { b.Close() })
-			b.Inject(memsource.Fault{Kind: memsource.FaultDropAck, Key: "drop"})
-			b.Inject(memsource.Fault{Kind: memsource.FaultAckError, Key: "ackerr"})
+			b.Inject(memsource.Fault{Kind: faults.CrashAfterCommit, Key: "drop"})
+			b.Inject(memsource.Fault{Kind: faults.AckError, Key: "ackerr"})
 			var mu sync.Mutex
 			calls := map[string]int{}
 			h := func(ctx context.Context, m *consumer.Message) error {
@@ -476,7 +477,7 @@ func TestTransactionalSpans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store.Inject(memdedup.Fault{Op: memdedup.OpCommit})
+	store.Inject(memdedup.Fault{Kind: faults.CommitError})
 	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 	t.Cleanup(func() { b.Close() })
 	var mu sync.Mutex

@@ -27,7 +27,8 @@
 // same Event is passed to Config.OnEvent before the operation returns, so a
 // test can merge it with the acknowledgements of a source and check that no
 // message was acknowledged before the commit that recorded its key. Inject
-// scripts failures of Begin, Claim and Commit, including a commit whose
+// scripts failures of Begin, Claim, Commit and RecordFailure, in the words of
+// package faults that every in-memory kit shares, including a commit whose
 // outcome is reported as failed although it happened.
 //
 // # Duplicate window

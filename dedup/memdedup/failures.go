@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/faults"
 )
 
 // failureCount is the handler-failure count of one key.
@@ -25,7 +26,7 @@ func (s txDriver) RecordFailure(ctx context.Context, scope string, rec dedup.Rec
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if f := s.takeFault(OpRecordFailure); f != nil {
+	if f := s.takeFault(faults.RecordFailureError); f != nil {
 		return 0, fmt.Errorf("memdedup: record failure: %w", f.err())
 	}
 	if s.fails == nil {

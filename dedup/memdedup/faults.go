@@ -1,50 +1,33 @@
 package memdedup
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
 
-// Op names an operation a Fault can fail.
-type Op int
-
-// Operations that can fail.
-const (
-	// OpBegin fails Begin.
-	OpBegin Op = iota + 1
-	// OpClaim fails Claim before it claims anything.
-	OpClaim
-	// OpCommit fails Commit: the transaction is rolled back, or, with
-	// Fault.Applied, committed although Commit returns the error.
-	OpCommit
-	// OpRecordFailure fails RecordFailure (the failure is not counted).
-	OpRecordFailure
+	"github.com/idemq/idemq/faults"
 )
 
-// String returns the operation's name.
-func (o Op) String() string {
-	switch o {
-	case OpBegin:
-		return "begin"
-	case OpClaim:
-		return "claim"
-	case OpCommit:
-		return "commit"
-	case OpRecordFailure:
-		return "record failure"
-	}
-	return fmt.Sprintf("Op(%d)", int(o))
-}
+// kinds are the fault kinds a Store injects (see Fault.Kind).
+var kinds = []faults.Kind{faults.BeginError, faults.ClaimError, faults.CommitError, faults.RecordFailureError}
 
 // Fault scripts failures of an operation.
 type Fault struct {
-	// Op is the operation that fails.
-	Op Op
+	// Kind is the operation that fails, in the words of package faults
+	// that every in-memory kit shares: faults.BeginError fails Begin,
+	// faults.ClaimError fails Claim before it claims anything,
+	// faults.CommitError fails Commit (the transaction is rolled back, or,
+	// with Applied, committed although Commit returns the error), and
+	// faults.RecordFailureError fails RecordFailure (the failure is not
+	// counted).
+	Kind faults.Kind
 	// Err is the error returned (wrapped). Defaults to ErrInjected.
 	Err error
-	// Times is how many calls of Op fail. Zero means 1; negative means
+	// Times is how many calls of the operation fail. Zero means 1; negative means
 	// every call until ClearFaults.
 	Times int
-	// Applied, for OpCommit, makes the commit happen although Commit returns
-	// the error: the outcome a client sees when the connection drops after
-	// the server committed. The caller must then not acknowledge, and the
+	// Applied, for faults.CommitError, makes the commit happen although
+	// Commit returns the error: the outcome a client sees when the
+	// connection drops after the server committed. The caller must then not acknowledge, and the
 	// redelivery must be recognised as a duplicate.
 	Applied bool
 }
@@ -56,9 +39,13 @@ func (f Fault) err() error {
 	return ErrInjected
 }
 
-// Inject schedules f. Faults for the same Op are used in the order they were
-// injected. Safe for concurrent use.
+// Inject schedules f. Faults of the same Kind are used in the order they
+// were injected. It panics if f.Kind is not one of a store's (see
+// Fault.Kind). Safe for concurrent use.
 func (s *Store) Inject(f Fault) {
+	if !slices.Contains(kinds, f.Kind) {
+		panic(fmt.Sprintf("memdedup: Inject: fault kind %v is not a store's", f.Kind))
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.faults.Add(f, f.Times)
@@ -71,10 +58,10 @@ func (s *Store) ClearFaults() {
 	s.faults.Clear()
 }
 
-// takeFault returns the first fault scheduled for op and uses up one of its
-// calls, or returns nil. s.mu is held.
-func (s *Store) takeFault(op Op) *Fault {
-	f, ok := s.faults.Fire(func(f Fault) bool { return f.Op == op })
+// takeFault returns the first fault of kind k scheduled and uses up one of
+// its calls, or returns nil. s.mu is held.
+func (s *Store) takeFault(k faults.Kind) *Fault {
+	f, ok := s.faults.Fire(func(f Fault) bool { return f.Kind == k })
 	if !ok {
 		return nil
 	}

@@ -1,5 +1,5 @@
-// Package memqueue is the queue of the in-memory brokers (sources/memsource
-// and consumer/consumertest's replay broker): messages in publish order,
+// Package memqueue is the queue of the in-memory broker, sources/memsource
+// (which consumer/consumertest replays on): messages in publish order,
 // delivered at least once, each delivery visible to one source until it is
 // settled or its visibility timeout passes, retry delays, owed duplicate
 // copies, and the messages of one partition key delivered one at a time, in

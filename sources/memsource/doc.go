@@ -41,11 +41,12 @@
 // # Faults
 //
 // Broker.Inject scripts failures per topic, per message (Key or ID) and by
-// probability, drawn from an RNG seeded with Config.Seed: duplicate delivery
-// (FaultDuplicate), the same message to two sources at once
-// (FaultConcurrentDuplicate), an acknowledgement lost after the commit
-// (FaultDropAck, the "crash after commit, before ack"), failing Ack, Retry
-// and DeadLetter, and receive errors (FaultReceiveError). SetUnavailable
+// probability, drawn from an RNG seeded with Config.Seed, in the words of
+// package faults that every in-memory kit shares: a second delivery
+// (faults.Redelivered), the same message to two sources at once
+// (faults.ConcurrentDuplicate), an acknowledgement lost after the commit
+// (faults.CrashAfterCommit), failing Ack, Retry and DeadLetter, and receive
+// errors (faults.ReceiveError). SetUnavailable
 // makes the whole broker unreachable for a while.
 //
 // # Observation

@@ -3,74 +3,25 @@ package memsource
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/faults"
 )
 
-// FaultKind names a scripted failure.
-type FaultKind int
-
-// Fault kinds.
-const (
-	// FaultDuplicate delivers a matching message twice in a row: a second
-	// delivery (Attempt increased, Redelivered set) follows at once, in the
-	// same Receive if it has room, else in the next one, while the first is
-	// still in flight.
-	FaultDuplicate FaultKind = iota + 1
-	// FaultConcurrentDuplicate delivers a matching message to a second
-	// Source while the first delivery is still in flight: the next Receive
-	// of any other Source on the topic gets it too, as after an expired
-	// visibility timeout or a consumer-group rebalance.
-	FaultConcurrentDuplicate
-	// FaultDropAck makes Ack return nil without acknowledging a matching
-	// message, as when a worker crashes after its commit and before its
-	// ack reached the broker. The message comes back after its visibility
-	// timeout.
-	FaultDropAck
-	// FaultAckError makes Ack fail for a matching message: it returns the
-	// fault's error and leaves that message in flight (other messages of
-	// the call are acknowledged). The message comes back after its
-	// visibility timeout.
-	FaultAckError
-	// FaultReceiveError makes Receive fail with the fault's error wrapped
-	// together with ErrUnavailable: the broker is unreachable. Key and ID
-	// are ignored.
-	FaultReceiveError
-	// FaultRetryError makes Retry fail for a matching message; it stays in
-	// flight.
-	FaultRetryError
-	// FaultDeadLetterError makes DeadLetter fail for a matching message; it
-	// stays in flight.
-	FaultDeadLetterError
-)
-
-// String returns the kind's name.
-func (k FaultKind) String() string {
-	switch k {
-	case FaultDuplicate:
-		return "duplicate"
-	case FaultConcurrentDuplicate:
-		return "concurrent-duplicate"
-	case FaultDropAck:
-		return "drop-ack"
-	case FaultAckError:
-		return "ack-error"
-	case FaultReceiveError:
-		return "receive-error"
-	case FaultRetryError:
-		return "retry-error"
-	case FaultDeadLetterError:
-		return "dead-letter-error"
-	}
-	return fmt.Sprintf("FaultKind(%d)", int(k))
+// kinds are the fault kinds a Broker injects (see Broker.Inject).
+var kinds = []faults.Kind{
+	faults.Redelivered, faults.ConcurrentDuplicate, faults.CrashAfterCommit, faults.AckError,
+	faults.ReceiveError, faults.RetryError, faults.DeadLetterError,
 }
 
-// Fault scripts a failure. A fault applies to the operations of its Kind on
+// Fault scripts a failure. A fault applies to the operations of its Kind (one
+// of the kinds listed at Broker.Inject) on
 // messages matching Topic, Key and ID (empty fields match everything), fires
 // with Probability, and stops after firing Times times.
 type Fault struct {
 	// Kind is the failure.
-	Kind FaultKind
+	Kind faults.Kind
 	// Topic restricts the fault to one topic. Empty matches every topic.
 	Topic string
 	// Key restricts the fault to messages with this Key. Empty matches
@@ -98,11 +49,26 @@ func (f Fault) err() error {
 	return ErrInjected
 }
 
-// Inject schedules f. It panics if f.Kind is unknown or f.Probability is
-// outside [0, 1]. Safe for concurrent use.
+// Inject schedules f, whose Kind is one of:
+//   - faults.Redelivered: a second delivery of a matching message follows at
+//     once, in the same Receive if it has room, else in the next one, while
+//     the first is still in flight;
+//   - faults.ConcurrentDuplicate: the next Receive of any other Source on
+//     the topic gets the message too;
+//   - faults.CrashAfterCommit: Ack returns nil without acknowledging the
+//     message, which comes back after its visibility timeout;
+//   - faults.AckError: Ack returns the fault's error and leaves the message
+//     in flight (the other messages of the call are acknowledged);
+//   - faults.ReceiveError: Receive fails with the fault's error wrapped
+//     together with ErrUnavailable (Key and ID are ignored);
+//   - faults.RetryError, faults.DeadLetterError: the operation fails and
+//     the message stays in flight.
+//
+// It panics if f.Kind is another or f.Probability is outside [0, 1]. Safe
+// for concurrent use.
 func (b *Broker) Inject(f Fault) {
-	if f.Kind < FaultDuplicate || f.Kind > FaultDeadLetterError {
-		panic(fmt.Sprintf("memsource: Inject: unknown fault kind %d", int(f.Kind)))
+	if !slices.Contains(kinds, f.Kind) {
+		panic(fmt.Sprintf("memsource: Inject: fault kind %v is not a broker's", f.Kind))
 	}
 	if f.Probability < 0 || f.Probability > 1 {
 		panic(fmt.Sprintf("memsource: Inject: probability %v outside [0, 1]", f.Probability))
@@ -122,7 +88,7 @@ func (b *Broker) ClearFaults() {
 // fire returns the first scheduled fault of kind matching topic t and message
 // m (nil for receive faults) that fires now, using up one firing, or nil.
 // b.mu is held.
-func (b *Broker) fire(ctx context.Context, kind FaultKind, t *topic, m *stored) *Fault {
+func (b *Broker) fire(ctx context.Context, kind faults.Kind, t *topic, m *stored) *Fault {
 	f, ok := b.faults.Fire(func(f Fault) bool {
 		if f.Kind != kind || (f.Topic != "" && f.Topic != t.name) {
 			return false

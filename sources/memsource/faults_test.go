@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -183,7 +184,7 @@ func TestForeignMessage(t *testing.T) {
 
 func TestFaultDuplicate(t *testing.T) {
 	b := memsource.New(memsource.Config{})
-	b.Inject(memsource.Fault{Kind: memsource.FaultDuplicate, Key: "a"})
+	b.Inject(memsource.Fault{Kind: faults.Redelivered, Key: "a"})
 	publish(b, "t", "a", "b")
 	src := b.Source("t")
 	msgs := recv(t, src, 10)
@@ -207,7 +208,7 @@ func TestFaultDuplicate(t *testing.T) {
 
 func TestFaultDuplicateWithoutRoom(t *testing.T) {
 	b := memsource.New(memsource.Config{})
-	b.Inject(memsource.Fault{Kind: memsource.FaultDuplicate})
+	b.Inject(memsource.Fault{Kind: faults.Redelivered})
 	publish(b, "t", "a", "b")
 	src := b.Source("t")
 	if got := keys(recv(t, src, 1)); !slices.Equal(got, []string{"a#1"}) {
@@ -220,7 +221,7 @@ func TestFaultDuplicateWithoutRoom(t *testing.T) {
 
 func TestFaultConcurrentDuplicate(t *testing.T) {
 	b := memsource.New(memsource.Config{})
-	b.Inject(memsource.Fault{Kind: memsource.FaultConcurrentDuplicate, Topic: "t"})
+	b.Inject(memsource.Fault{Kind: faults.ConcurrentDuplicate, Topic: "t"})
 	publish(b, "t", "a")
 	one, two := b.Source("t"), b.Source("t")
 	m1 := recv(t, one, 10)
@@ -236,9 +237,9 @@ func TestFaultConcurrentDuplicate(t *testing.T) {
 
 func TestFaultDropAckAndAckError(t *testing.T) {
 	b := memsource.New(memsource.Config{VisibilityTimeout: 50 * time.Millisecond})
-	b.Inject(memsource.Fault{Kind: memsource.FaultDropAck, Key: "a"})
+	b.Inject(memsource.Fault{Kind: faults.CrashAfterCommit, Key: "a"})
 	boom := errors.New("boom")
-	b.Inject(memsource.Fault{Kind: memsource.FaultAckError, Key: "b", Err: boom})
+	b.Inject(memsource.Fault{Kind: faults.AckError, Key: "b", Err: boom})
 	publish(b, "t", "a", "b", "c")
 	src := b.Source("t")
 	msgs := recv(t, src, 10)
@@ -266,7 +267,7 @@ func TestFaultDropAckAndAckError(t *testing.T) {
 
 func TestFaultReceiveErrorAndUnavailable(t *testing.T) {
 	b := memsource.New(memsource.Config{})
-	b.Inject(memsource.Fault{Kind: memsource.FaultReceiveError, Times: 2})
+	b.Inject(memsource.Fault{Kind: faults.ReceiveError, Times: 2})
 	publish(b, "t", "a")
 	src := b.Source("t")
 	for range 2 {
@@ -305,8 +306,8 @@ func TestFaultReceiveErrorAndUnavailable(t *testing.T) {
 
 func TestFaultRetryAndDeadLetterErrors(t *testing.T) {
 	b := memsource.New(memsource.Config{})
-	b.Inject(memsource.Fault{Kind: memsource.FaultRetryError})
-	b.Inject(memsource.Fault{Kind: memsource.FaultDeadLetterError})
+	b.Inject(memsource.Fault{Kind: faults.RetryError})
+	b.Inject(memsource.Fault{Kind: faults.DeadLetterError})
 	publish(b, "t", "a")
 	src := b.Source("t")
 	m := recv(t, src, 1)[0]
@@ -327,7 +328,7 @@ func TestFaultRetryAndDeadLetterErrors(t *testing.T) {
 func TestFaultProbabilityIsDeterministic(t *testing.T) {
 	dropped := func(seed uint64) []string {
 		b := memsource.New(memsource.Config{Seed: seed})
-		b.Inject(memsource.Fault{Kind: memsource.FaultDropAck, Probability: 0.3, Times: -1})
+		b.Inject(memsource.Fault{Kind: faults.CrashAfterCommit, Probability: 0.3, Times: -1})
 		var ks []string
 		for i := range 200 {
 			ks = append(ks, fmt.Sprintf("k%03d", i))
