@@ -17,7 +17,7 @@ TEST_FLAGS ?= -p 1 -count=1 -timeout 30m
 # (its other tests run with the rest, since they use the brokers). The core
 # packages (RACE_CORE, what make test-race-core covers) run under the race
 # detector, once: make test runs no second, plain pass of them. The
-# programs module (benchmarks, chaos suite, checkout worker: a module of its
+# cmd/internal module (benchmarks, chaos suite, checkout worker: a module of its
 # own, so that ./... here does not reach it) runs its tests after the
 # module's own, before the restarters.
 RESTART_BROKERS := ./sources/amqpsource ./sources/kafkasource
@@ -50,7 +50,7 @@ demo: ## Run the checkout worker on embedded defaults (in-process Kafka, SQLite)
 test: services ## Start the real services, then run every test (the core under the race detector, those that restart a service last).
 	$(WITH_ENV) $(GO) test -race -p 2 $(TEST_RUN) $$($(GO) list $(SLOW_FIRST) $(RACE_CORE) | $(call only,$(RACE_CORE)) | $(call except,$(RESTART_BROKERS) $(RESTART_REDIS)))
 	$(WITH_ENV) $(GO) test -p 2 $(TEST_RUN) -skip '$(REDIS_RESTART_TESTS)' $$($(GO) list $(SLOW_FIRST) ./... | $(call except,$(RACE_CORE) $(RESTART_BROKERS) $(BESIDE_BROKERS) $(RESTART_REDIS)))
-	$(WITH_ENV) $(GO) -C programs test -p 2 $(TEST_RUN) ./...
+	$(WITH_ENV) $(GO) -C cmd/internal test -p 2 $(TEST_RUN) ./...
 	$(WITH_ENV) redis_log=$$(mktemp); \
 	( $(GO) test -race -p 1 $(TEST_RUN) $(RESTART_REDIS) && \
 	  $(GO) test $(TEST_RUN) -run '$(REDIS_RESTART_TESTS)' ./internal/testenv ) >"$$redis_log" 2>&1 & redis=$$!; \
@@ -61,7 +61,7 @@ test: services ## Start the real services, then run every test (the core under t
 .PHONY: test-race
 test-race: services ## Like test, with the race detector.
 	$(WITH_ENV) $(GO) test -race $(TEST_FLAGS) ./...
-	$(WITH_ENV) $(GO) -C programs test -race $(TEST_FLAGS) ./...
+	$(WITH_ENV) $(GO) -C cmd/internal test -race $(TEST_FLAGS) ./...
 
 .PHONY: test-race-core
 test-race-core: services ## The race detector over the runner (its lease path with Redis too), the stores and the in-memory broker.
@@ -82,7 +82,7 @@ CHAOS_FLAGS ?=
 
 .PHONY: chaos
 chaos: services ## SIGKILL workers and PostgreSQL backends on Kafka, SQS, RabbitMQ and the Redis lease path; kill a Kafka node and a Redis Cluster master, restart RabbitMQ and PostgreSQL; prove one effect per key, none missing, poison dead-lettered (CHAOS=short|long, CHAOS_FLAGS).
-	$(WITH_ENV) CHAOS=$(CHAOS) $(GO) -C programs run ./chaos $(CHAOS_FLAGS)
+	$(WITH_ENV) CHAOS=$(CHAOS) $(GO) -C cmd/internal run ./chaos $(CHAOS_FLAGS)
 
 # test-short points every service at a closed loopback port (and the
 # services' state directory nowhere), so a test that needs a service and does
@@ -96,20 +96,20 @@ NO_SERVICES := TEST_DATABASE_URL='postgres://127.0.0.1:1/none?sslmode=disable' \
 .PHONY: test-short
 test-short: ## Unit tests only: no service needed (and none used: every service address is a closed port).
 	$(NO_SERVICES) $(GO) test -short -count=1 ./...
-	$(NO_SERVICES) $(GO) -C programs test -short -count=1 ./...
+	$(NO_SERVICES) $(GO) -C cmd/internal test -short -count=1 ./...
 
 .PHONY: bench
 bench: services ## PostgreSQL path vs hand-written careful and set-based workers: msg/s, ratios, round trips, statements, XIDs per message (BENCH_FLAGS=-sweep for batch sizes).
-	$(WITH_ENV) $(GO) -C programs run ./bench/core $(BENCH_FLAGS)
+	$(WITH_ENV) $(GO) -C cmd/internal run ./bench/core $(BENCH_FLAGS)
 
 .PHONY: bench-http
 bench-http: services ## POST /charges with Idempotency-Key: httpsource on pgdedup vs a careful hand-written net/http + pgx handler at 1/16/64 clients: req/s, p50/p99, ratios, two alternating rounds (BENCH_FLAGS=-duration 10s ...).
-	$(WITH_ENV) $(GO) -C programs run ./bench/http $(BENCH_FLAGS)
+	$(WITH_ENV) $(GO) -C cmd/internal run ./bench/http $(BENCH_FLAGS)
 
 .PHONY: bench-retention
 bench-retention: ## pgdedup's janitor at full speed on a 10 M-row table: claims/s idle vs while it deletes (ratio), its rows/s, p99 claim latency, table and index size after 3 cycles (BENCH_FLAGS=-rows N ...).
 	$(SERVICES) up postgres
-	$(WITH_ENV) $(GO) -C programs run ./bench/retention $(BENCH_FLAGS)
+	$(WITH_ENV) $(GO) -C cmd/internal run ./bench/retention $(BENCH_FLAGS)
 
 # Native fuzz targets, as package:Target; make fuzz runs each for FUZZTIME.
 FUZZ_TARGETS := \
@@ -132,15 +132,15 @@ fuzz: ## Run every fuzz target for FUZZTIME (default 10s) each, FUZZJOBS (defaul
 	GO=$(GO) FUZZTIME=$(FUZZTIME) FUZZMINIMIZE=$(FUZZMINIMIZE) FUZZJOBS=$(FUZZJOBS) FUZZFLAGS='$(FUZZFLAGS)' bash .ci/fuzz $(FUZZ_TARGETS)
 
 .PHONY: lint
-lint: ## gofmt, go vet, golangci-lint (.golangci.yml: staticcheck, errcheck, revive, sloglint, depguard's layering rules, ...), go mod tidy -diff; the modules of their own (programs, testdata/containers) too.
+lint: ## gofmt, go vet, golangci-lint (.golangci.yml: staticcheck, errcheck, revive, sloglint, depguard's layering rules, ...), go mod tidy -diff; the modules of their own (cmd/internal, testdata/containers) too.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
-	$(GO) -C programs vet ./...
+	$(GO) -C cmd/internal vet ./...
 	cd testdata/containers && $(GO) vet ./...
 	$(GOLANGCI_LINT) run ./...
-	cd programs && $(GOLANGCI_LINT) run ./...
+	cd cmd/internal && $(GOLANGCI_LINT) run ./...
 	$(GO) mod tidy -diff
-	$(GO) -C programs mod tidy -diff
+	$(GO) -C cmd/internal mod tidy -diff
 	cd testdata/containers && $(GO) mod tidy -diff
 
 .PHONY: deps-weight

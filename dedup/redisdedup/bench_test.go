@@ -15,7 +15,7 @@ import (
 //
 //	go test -run '^$' -bench . ./dedup/redisdedup
 //
-// programs/bench/lease runs the same claim next to the runner's lease path.
+// cmd/internal/bench/lease runs the same claim next to the runner's lease path.
 func BenchmarkClaim(b *testing.B) { benchStore(b, false) }
 
 // BenchmarkClaimComplete measures a claim and the completion of the same key:

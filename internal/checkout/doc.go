@@ -20,7 +20,7 @@
 //
 // The ledger has no unique constraint on order_id on purpose: a double
 // charge would show up as a second row, which Store.Ledger counts. The
-// command in programs/checkout runs the worker with flags; `make demo` (cmd/idemq-demo) runs it as
+// command in cmd/internal/checkout runs the worker with flags; `make demo` (cmd/idemq-demo) runs it as
 // a child process that it kills and restarts while a chaos producer re-sends
 // orders, and then checks the ledger.
 //

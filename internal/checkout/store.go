@@ -78,7 +78,7 @@ type SQLiteStore struct {
 // OpenSQLite opens (creating if needed) the SQLite database at path with
 // sqldedup.OpenSQLite, applies the dedup migrations and the checkout tables,
 // and creates accounts accounts with OpeningBalance. The modernc.org/sqlite
-// driver must be registered (a blank import); the command in programs/checkout
+// driver must be registered (a blank import); the command in cmd/internal/checkout
 // does that.
 func OpenSQLite(ctx context.Context, path string, accounts int) (*SQLiteStore, error) {
 	db, err := sqldedup.OpenSQLite(ctx, path)

@@ -31,7 +31,7 @@
 //     than half of the prefetch slots. RabbitMQ's queue handles
 //     acknowledgements frame by frame, and fewer frames leave it more time
 //     to deliver (docs/performance.md has the measurements, from
-//     programs/bench/amqp). Close sends every recorded acknowledgement
+//     cmd/internal/bench/amqp). Close sends every recorded acknowledgement
 //     before it closes the connection; Retry and DeadLetter, whose copy is
 //     out, acknowledge the original without a hold (and end the hold of the
 //     others). This widens the redelivery window by the hold: if the

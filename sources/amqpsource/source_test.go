@@ -262,7 +262,7 @@ func TestQuorumDeliveryLimit(t *testing.T) {
 
 // BenchmarkReceiveAck measures the source alone: receive and acknowledge
 // pre-published persistent messages, no handler. The comparison with a raw
-// consumer and the Runner is `go -C programs run ./bench/amqp`.
+// consumer and the Runner is `go -C cmd/internal run ./bench/amqp`.
 func BenchmarkReceiveAck(b *testing.B) {
 	url := brokerURL(b)
 	q := newQueue(b, url, classic, 0)

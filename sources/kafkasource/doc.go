@@ -198,7 +198,7 @@
 // without heartbeating (a frozen VM, a throttled container, a network blip)
 // before it is evicted for nothing: a false rebalance pauses the whole group
 // for a moment and redelivers the uncommitted messages, which deduplication
-// absorbs. go -C programs run ./bench/kafkasession measures both (its results
+// absorbs. go -C cmd/internal run ./bench/kafkasession measures both (its results
 // are in docs/performance.md).
 //
 // The stall after a kill is SessionTimeout plus up to one HeartbeatInterval

@@ -8,7 +8,7 @@ import (
 )
 
 // The group session defaults are the measured choice (go run
-// ./programs/bench/kafkasession): a killed member's partitions stall about
+// ./cmd/internal/bench/kafkasession): a killed member's partitions stall about
 // 10.5 s instead of 32 s, with no false rebalance under CPU load.
 func TestSessionDefaults(t *testing.T) {
 	c := kafkasource.Config{}.WithDefaults()

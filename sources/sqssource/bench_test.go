@@ -9,7 +9,7 @@ import (
 // BenchmarkReceiveAck measures the source alone: b.N messages received and
 // deleted through Receive and Ack, 40 at a time, with no handler. Publishing
 // is not timed. For the comparison with the raw API and with the runner on
-// PostgreSQL, run `go -C programs run ./bench/sqs`.
+// PostgreSQL, run `go -C cmd/internal run ./bench/sqs`.
 func BenchmarkReceiveAck(b *testing.B) {
 	q := newQueue(b, queueOptions{})
 	publish(b, q.URL, false, numbered("bench", b.N)...)

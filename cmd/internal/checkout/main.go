@@ -4,10 +4,10 @@
 // every order is charged exactly once although the broker delivers at least
 // once.
 //
-//	go -C programs run ./checkout -publish 1000 -idle 3s                          # in-memory broker, SQLite file
-//	go -C programs run ./checkout -broker kafka -store postgres -publish 1000 -idle 3s
-//	go -C programs run ./checkout -broker rabbitmq -publish 1000 -idle 3s
-//	go -C programs run ./checkout -broker sqs -publish 1000 -idle 3s
+//	go -C cmd/internal run ./checkout -publish 1000 -idle 3s                          # in-memory broker, SQLite file
+//	go -C cmd/internal run ./checkout -broker kafka -store postgres -publish 1000 -idle 3s
+//	go -C cmd/internal run ./checkout -broker rabbitmq -publish 1000 -idle 3s
+//	go -C cmd/internal run ./checkout -broker sqs -publish 1000 -idle 3s
 //
 // Every flag can also be set in the environment (CHECKOUT_BROKER,
 // CHECKOUT_STORE, CHECKOUT_SQLITE, DATABASE_URL, KAFKA_BROKERS, AMQP_URL,

@@ -36,7 +36,7 @@
 // twice, in alternating order; ratios to the hand-written workers are printed
 // per round and over the means.
 //
-//	go -C programs run ./bench/kafka
+//	go -C cmd/internal run ./bench/kafka
 //
 // TEST_KAFKA_BROKERS and TEST_DATABASE_URL select other servers.
 package main
@@ -61,7 +61,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/programs/bench/handwritten"
+	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/sources/kafkasource"
 )
 

@@ -35,7 +35,7 @@
 // round and over the means. Run it with
 //
 //	bash testdata/services/services.sh up postgres elasticmq
-//	go -C programs run ./bench/sqs
+//	go -C cmd/internal run ./bench/sqs
 //
 // TEST_SQS_ENDPOINT and TEST_DATABASE_URL select other servers.
 package main
@@ -65,7 +65,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/programs/bench/handwritten"
+	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/sources/sqssource"
 )
 

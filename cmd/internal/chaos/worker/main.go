@@ -1,4 +1,4 @@
-// Command worker is the worker process of the chaos suite (programs/chaos):
+// Command worker is the worker process of the chaos suite (cmd/internal/chaos):
 // a small idemq consumer written from the public API only, as a user would
 // write it. It consumes items from Kafka, SQS or RabbitMQ and inserts one row
 // per item into the table "effects" of its PostgreSQL schema, in the

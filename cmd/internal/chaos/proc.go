@@ -13,7 +13,7 @@ import (
 )
 
 // report is the JSON line a worker process prints every 50 ms and once
-// more when it stopped (see programs/chaos/worker).
+// more when it stopped (see cmd/internal/chaos/worker).
 type report struct {
 	Received     uint64 `json:"received"`
 	Handled      uint64 `json:"handled"`

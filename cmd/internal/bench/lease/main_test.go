@@ -46,7 +46,7 @@ func TestRun(t *testing.T) {
 // BenchmarkRunnerLeasePath measures the runner's lease path on the in-memory
 // source with a no-op effect, per message, at concurrency 8.
 //
-//	go -C programs test -run '^$' -bench . ./bench/lease
+//	go -C cmd/internal test -run '^$' -bench . ./bench/lease
 func BenchmarkRunnerLeasePath(b *testing.B) {
 	s := newStore(b)
 	b.ResetTimer()

@@ -23,7 +23,7 @@
 // profile of the run whose samples carry the label phase=raw or phase=relay
 // (go tool pprof -tagfocus phase=relay).
 //
-//	go -C programs run ./bench/outbox [-broker kafka|sqs|rabbitmq|none|all] [-n 20000] [-rounds 1] [-cpuprofile f]
+//	go -C cmd/internal run ./bench/outbox [-broker kafka|sqs|rabbitmq|none|all] [-n 20000] [-rounds 1] [-cpuprofile f]
 //
 // TEST_KAFKA_BROKERS, TEST_SQS_ENDPOINT, TEST_AMQP_URL and TEST_DATABASE_URL
 // select other servers.
@@ -55,7 +55,7 @@ import (
 
 	"github.com/idemq/idemq/dedup/migrate"
 	"github.com/idemq/idemq/internal/pgtrace"
-	"github.com/idemq/idemq/programs/bench/handwritten"
+	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/outbox/amqpoutbox"
 	"github.com/idemq/idemq/sinks/outbox/kafkaoutbox"

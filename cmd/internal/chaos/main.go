@@ -1,6 +1,6 @@
 // Command chaos is the project's chaos suite: for each broker (Kafka, SQS on
 // the ElasticMQ emulator, RabbitMQ) it builds the worker of
-// programs/chaos/worker, a consumer written from the public API as a user
+// cmd/internal/chaos/worker, a consumer written from the public API as a user
 // would, runs several of its processes against one PostgreSQL store
 // (dedup/pgdedup), produces items with about 10 % producer re-sends (same
 // key) and a few poison messages (a body that is not JSON), SIGKILLs workers
@@ -39,8 +39,8 @@
 //
 //	make chaos                # CHAOS=short: a few minutes for the four scenarios
 //	make chaos CHAOS=long     # over 1,000 process kills in total
-//	go -C programs run ./chaos -brokers kafka -mode short
-//	go -C programs run ./chaos -dry-run-faults rabbitmq-restart,postgres-restart
+//	go -C cmd/internal run ./chaos -brokers kafka -mode short
+//	go -C cmd/internal run ./chaos -dry-run-faults rabbitmq-restart,postgres-restart
 //
 // The services must run (make services, with the kafka-cluster and
 // redis-cluster profiles); their addresses come from the environment the
@@ -168,7 +168,7 @@ func run(ctx context.Context, m mode, modeName string, kinds []string, verbose b
 	}
 	defer os.RemoveAll(dir)
 	bin := filepath.Join(dir, "worker")
-	build := exec.CommandContext(ctx, envOr("GO", "go"), "build", "-o", bin, "github.com/idemq/idemq/programs/chaos/worker")
+	build := exec.CommandContext(ctx, envOr("GO", "go"), "build", "-o", bin, "github.com/idemq/idemq/cmd/internal/chaos/worker")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "chaos: build the worker:", err)

@@ -75,7 +75,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/pgtrace"
-	"github.com/idemq/idemq/programs/bench/handwritten"
+	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 )
 
 const schema = "idemq_bench"

@@ -1,4 +1,4 @@
-module github.com/idemq/idemq/programs
+module github.com/idemq/idemq/cmd/internal
 
 go 1.26.0
 
@@ -57,4 +57,4 @@ require (
 
 // The programs build against the module in the parent directory, never a
 // published version: they measure and stress the code beside them.
-replace github.com/idemq/idemq => ../
+replace github.com/idemq/idemq => ../..

@@ -14,8 +14,8 @@
 // Each setting is a SessionTimeout/HeartbeatInterval pair. The program runs
 // itself as the workers (-worker). Bounded: every wait has a deadline.
 //
-//	go -C programs run ./bench/kafkasession
-//	go -C programs run ./bench/kafkasession -settings 30s/3s,10s/1s,6s/500ms -kills 3 -load 60s
+//	go -C cmd/internal run ./bench/kafkasession
+//	go -C cmd/internal run ./bench/kafkasession -settings 30s/3s,10s/1s,6s/500ms -kills 3 -load 60s
 //
 // TEST_KAFKA_BROKERS selects another broker.
 package main

@@ -58,7 +58,7 @@ import (
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/pgtrace"
 	"github.com/idemq/idemq/internal/redact"
-	"github.com/idemq/idemq/programs/bench/handwritten"
+	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/sources/httpsource"
 )
 

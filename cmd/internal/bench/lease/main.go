@@ -17,7 +17,7 @@
 // the Redis round trips per message (a go-redis hook counts a command sent
 // alone or a pipeline as one), of the best round.
 //
-//	go -C programs run ./bench/lease -n 20000 -concurrency 8
+//	go -C cmd/internal run ./bench/lease -n 20000 -concurrency 8
 //
 // The Redis address comes from -redis, else TEST_REDIS_URL, else
 // redis://127.0.0.1:6379/0. Keys are written under a fresh scope and expire
@@ -44,7 +44,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisdedup"
-	"github.com/idemq/idemq/programs/bench/handwritten"
+	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/sources/memsource"
 )
 

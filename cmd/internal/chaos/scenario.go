@@ -22,7 +22,7 @@ import (
 	"github.com/idemq/idemq/dedup/redisdedup"
 )
 
-// databaseEnv hands a worker its PostgreSQL URL (see programs/chaos/worker).
+// databaseEnv hands a worker its PostgreSQL URL (see cmd/internal/chaos/worker).
 const databaseEnv = "CHAOS_DATABASE_URL"
 
 // handlerWork is the time each handler call of the workers takes, inside

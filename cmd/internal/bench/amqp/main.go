@@ -27,7 +27,7 @@
 // timed. Every workload runs twice, in alternating order; ratios to the
 // hand-written workers are printed per round and over the means. Run it with
 //
-//	go -C programs run ./bench/amqp
+//	go -C cmd/internal run ./bench/amqp
 //
 // after `bash testdata/services/services.sh up postgres rabbitmq`;
 // TEST_AMQP_URL and TEST_DATABASE_URL select other servers.
@@ -54,7 +54,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/programs/bench/handwritten"
+	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/sources/amqpsource"
 )
 
