@@ -1,6 +1,7 @@
 package redisdedup
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -69,15 +70,9 @@ type Config struct {
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	if c.Prefix == "" {
-		c.Prefix = DefaultPrefix
-	}
-	if c.MaxResultBytes == 0 {
-		c.MaxResultBytes = DefaultMaxResultBytes
-	}
-	if c.FailureRetention == 0 {
-		c.FailureRetention = dedup.DefaultRetention
-	}
+	c.Prefix = cmp.Or(c.Prefix, DefaultPrefix)
+	c.MaxResultBytes = cmp.Or(c.MaxResultBytes, DefaultMaxResultBytes)
+	c.FailureRetention = cmp.Or(c.FailureRetention, dedup.DefaultRetention)
 	return c
 }
 

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -147,36 +148,16 @@ const DefaultFailureReminder = time.Minute
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	if c.BatchSize == 0 {
-		c.BatchSize = 100
-	}
-	if c.Concurrency == 0 {
-		c.Concurrency = 1
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = time.Second
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 10
-	}
-	if c.InitialBackoff == 0 {
-		c.InitialBackoff = 100 * time.Millisecond
-	}
-	if c.MaxBackoff == 0 {
-		c.MaxBackoff = 30 * time.Second
-	}
-	if c.Retention == 0 {
-		c.Retention = 24 * time.Hour
-	}
-	if c.CleanupInterval == 0 {
-		c.CleanupInterval = time.Minute
-	}
-	if c.FailureReminder == 0 {
-		c.FailureReminder = DefaultFailureReminder
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.BatchSize = cmp.Or(c.BatchSize, 100)
+	c.Concurrency = cmp.Or(c.Concurrency, 1)
+	c.PollInterval = cmp.Or(c.PollInterval, time.Second)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, 10)
+	c.InitialBackoff = cmp.Or(c.InitialBackoff, 100*time.Millisecond)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, 30*time.Second)
+	c.Retention = cmp.Or(c.Retention, 24*time.Hour)
+	c.CleanupInterval = cmp.Or(c.CleanupInterval, time.Minute)
+	c.FailureReminder = cmp.Or(c.FailureReminder, DefaultFailureReminder)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
 

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -244,12 +245,8 @@ var _ consumer.HookClaimed = (*Resender)(nil)
 // re-send is one autocommitted statement). It fails with idemq.ErrInvalidConfig
 // when db is nil or cfg.Timeout is negative.
 func NewResender(db PgxQuerier, cfg ResendConfig) (*Resender, error) {
-	if cfg.Timeout == 0 {
-		cfg.Timeout = DefaultResendTimeout
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultResendTimeout)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	var l cfgerr.List
 	if cfgerr.IsNil(db) {
 		l.Add("db", "required")

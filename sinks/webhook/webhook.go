@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -90,32 +91,18 @@ type Config struct {
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	if c.Method == "" {
-		c.Method = DefaultMethod
-	}
-	if c.ContentType == "" {
-		c.ContentType = DefaultContentType
-	}
-	if c.KeyHeader == "" {
-		c.KeyHeader = DefaultKeyHeader
-	}
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
-	}
-	if c.MaxRetryAfter == 0 {
-		c.MaxRetryAfter = DefaultMaxRetryAfter
-	}
+	c.Method = cmp.Or(c.Method, DefaultMethod)
+	c.ContentType = cmp.Or(c.ContentType, DefaultContentType)
+	c.KeyHeader = cmp.Or(c.KeyHeader, DefaultKeyHeader)
+	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
+	c.MaxRetryAfter = cmp.Or(c.MaxRetryAfter, DefaultMaxRetryAfter)
 	if c.Client == nil {
 		c.Client = &http.Client{
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		}
 	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
-	if c.Propagator == nil {
-		c.Propagator = propagation.TraceContext{}
-	}
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
+	c.Propagator = cmp.Or[propagation.TextMapPropagator](c.Propagator, propagation.TraceContext{})
 	return c
 }
 

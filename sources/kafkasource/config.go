@@ -1,6 +1,7 @@
 package kafkasource
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -261,63 +262,25 @@ const (
 // WithDefaults returns a copy of c with every zero field set to its default.
 // It does not copy the Brokers and Topics slices.
 func (c Config) WithDefaults() Config {
-	if c.Dialer == nil {
-		c.Dialer = kafka.DefaultDialer
-	}
-	if c.StartOffset == 0 {
-		c.StartOffset = kafka.FirstOffset
-	}
-	if c.ConnectTimeout == 0 {
-		c.ConnectTimeout = DefaultConnectTimeout
-	}
-	if c.KeyHeader == "" {
-		c.KeyHeader = DefaultKeyHeader
-	}
-	if c.MaxInFlight == 0 {
-		c.MaxInFlight = DefaultMaxInFlight
-	}
-	if c.MaxUncommitted == 0 {
-		c.MaxUncommitted = max(DefaultMaxUncommitted, c.MaxInFlight)
-	}
-	if c.QueueCapacity == 0 {
-		c.QueueCapacity = DefaultQueueCapacity
-	}
-	if c.MinBytes == 0 {
-		c.MinBytes = DefaultMinBytes
-	}
-	if c.MaxBytes == 0 {
-		c.MaxBytes = DefaultMaxBytes
-	}
-	if c.MaxWait == 0 {
-		c.MaxWait = DefaultMaxWait
-	}
-	if c.SessionTimeout == 0 {
-		c.SessionTimeout = DefaultSessionTimeout
-	}
-	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = DefaultHeartbeatInterval
-	}
-	if c.RebalanceTimeout == 0 {
-		c.RebalanceTimeout = DefaultRebalanceTimeout
-	}
-	if c.JoinGroupBackoff == 0 {
-		c.JoinGroupBackoff = DefaultJoinGroupBackoff
-	}
-	if c.CommitInterval == 0 {
-		c.CommitInterval = DefaultCommitInterval
-	}
-	if c.CommitTimeout == 0 {
-		c.CommitTimeout = DefaultCommitTimeout
-	}
-	if c.DeadLetterTimeout == 0 {
-		c.DeadLetterTimeout = DefaultDeadLetterTimeout
-	}
-	if c.DeadLetterRetryDelay == 0 {
-		c.DeadLetterRetryDelay = DefaultDeadLetterRetryDelay
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.Dialer = cmp.Or(c.Dialer, kafka.DefaultDialer)
+	c.StartOffset = cmp.Or(c.StartOffset, kafka.FirstOffset)
+	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, DefaultConnectTimeout)
+	c.KeyHeader = cmp.Or(c.KeyHeader, DefaultKeyHeader)
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
+	c.MaxUncommitted = cmp.Or(c.MaxUncommitted, max(DefaultMaxUncommitted, c.MaxInFlight))
+	c.QueueCapacity = cmp.Or(c.QueueCapacity, DefaultQueueCapacity)
+	c.MinBytes = cmp.Or(c.MinBytes, DefaultMinBytes)
+	c.MaxBytes = cmp.Or(c.MaxBytes, DefaultMaxBytes)
+	c.MaxWait = cmp.Or(c.MaxWait, DefaultMaxWait)
+	c.SessionTimeout = cmp.Or(c.SessionTimeout, DefaultSessionTimeout)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	c.RebalanceTimeout = cmp.Or(c.RebalanceTimeout, DefaultRebalanceTimeout)
+	c.JoinGroupBackoff = cmp.Or(c.JoinGroupBackoff, DefaultJoinGroupBackoff)
+	c.CommitInterval = cmp.Or(c.CommitInterval, DefaultCommitInterval)
+	c.CommitTimeout = cmp.Or(c.CommitTimeout, DefaultCommitTimeout)
+	c.DeadLetterTimeout = cmp.Or(c.DeadLetterTimeout, DefaultDeadLetterTimeout)
+	c.DeadLetterRetryDelay = cmp.Or(c.DeadLetterRetryDelay, DefaultDeadLetterRetryDelay)
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return c
 }
 
