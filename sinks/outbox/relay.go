@@ -171,29 +171,17 @@ func (c Config) validate(args ...*idemq.ConfigError) error {
 		}
 	}
 	l.Prefix = "outbox.Config."
-	if c.BatchSize < 1 {
-		l.Add("BatchSize", "must be at least 1")
-	}
-	if c.Concurrency < 1 {
-		l.Add("Concurrency", "must be at least 1")
-	}
-	if c.PollInterval < 0 {
-		l.Add("PollInterval", "must not be negative")
-	}
+	l.Positive("BatchSize", c.BatchSize)
+	l.Positive("Concurrency", c.Concurrency)
+	l.NotNegative("PollInterval", c.PollInterval)
 	if c.InitialBackoff < 0 {
 		l.Add("InitialBackoff", "must not be negative")
 	} else if c.MaxBackoff < c.InitialBackoff {
 		l.Add("MaxBackoff", "smaller than InitialBackoff")
 	}
-	if c.CleanupInterval < 0 {
-		l.Add("CleanupInterval", "must not be negative")
-	}
-	if c.MaxAttempts < 1 {
-		l.Add("MaxAttempts", "must be at least 1")
-	}
-	if c.FailureReminder < 0 {
-		l.Add("FailureReminder", "must not be negative")
-	}
+	l.NotNegative("CleanupInterval", c.CleanupInterval)
+	l.Positive("MaxAttempts", c.MaxAttempts)
+	l.NotNegative("FailureReminder", c.FailureReminder)
 	return l.Err()
 }
 

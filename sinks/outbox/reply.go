@@ -252,9 +252,7 @@ func NewResender(db PgxQuerier, cfg ResendConfig) (*Resender, error) {
 		l.Add("db", "required")
 	}
 	l.Prefix = "outbox.ResendConfig."
-	if cfg.Timeout < 0 {
-		l.Add("Timeout", "must not be negative")
-	}
+	l.NotNegative("Timeout", cfg.Timeout)
 	if err := l.Err(); err != nil {
 		return nil, err
 	}

@@ -130,12 +130,8 @@ func (c Config) validate() (*url.URL, error) {
 	if err := checkHeader(c.Header); err != nil {
 		l.AddErr("Header", "", err)
 	}
-	if c.Timeout < 0 {
-		l.Add("Timeout", "must not be negative")
-	}
-	if c.MaxRetryAfter < 0 {
-		l.Add("MaxRetryAfter", "must not be negative")
-	}
+	l.NotNegative("Timeout", c.Timeout)
+	l.NotNegative("MaxRetryAfter", c.MaxRetryAfter)
 	return u, l.Err()
 }
 

@@ -369,15 +369,9 @@ func (c Config) validate() error {
 	if c.AckHold > MaxAckHold {
 		l.Add("AckHold", "longer than MaxAckHold (1 min): held deliveries keep their prefetch slots and near the broker's consumer_timeout")
 	}
-	if c.ConnectTimeout < 0 {
-		l.Add("ConnectTimeout", "must not be negative")
-	}
-	if c.UnroutableDelay < 0 {
-		l.Add("UnroutableDelay", "must not be negative")
-	}
-	if c.PublishTimeout < 0 {
-		l.Add("PublishTimeout", "must not be negative")
-	}
+	l.NotNegative("ConnectTimeout", c.ConnectTimeout)
+	l.NotNegative("UnroutableDelay", c.UnroutableDelay)
+	l.NotNegative("PublishTimeout", c.PublishTimeout)
 	if c.ReconnectDelay < 0 {
 		l.Add("ReconnectDelay", "must not be negative")
 	} else if c.MaxReconnectDelay < c.ReconnectDelay {

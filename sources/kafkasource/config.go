@@ -334,45 +334,27 @@ func (c Config) validate() error {
 	} else if c.MaxUncommitted < c.MaxInFlight {
 		l.Add("MaxUncommitted", "must be at least MaxInFlight")
 	}
-	if c.QueueCapacity < 1 {
-		l.Add("QueueCapacity", "must be at least 1")
-	}
+	l.Positive("QueueCapacity", c.QueueCapacity)
 	if c.MinBytes < 1 {
 		l.Add("MinBytes", "must be at least 1")
 	} else if c.MaxBytes < c.MinBytes {
 		l.Add("MaxBytes", "smaller than MinBytes")
 	}
-	if c.MaxWait < 0 {
-		l.Add("MaxWait", "must not be negative")
-	}
+	l.NotNegative("MaxWait", c.MaxWait)
 	if c.IsolationLevel != kafka.ReadUncommitted && c.IsolationLevel != kafka.ReadCommitted {
 		l.Addf("IsolationLevel", "unknown value %d", int(c.IsolationLevel))
 	}
-	if c.SessionTimeout < 0 {
-		l.Add("SessionTimeout", "must not be negative")
-	}
+	l.NotNegative("SessionTimeout", c.SessionTimeout)
 	if c.HeartbeatInterval < 0 {
 		l.Add("HeartbeatInterval", "must not be negative")
 	} else if c.SessionTimeout >= 0 && c.HeartbeatInterval >= c.SessionTimeout {
 		l.Add("HeartbeatInterval", "must be below SessionTimeout")
 	}
-	if c.RebalanceTimeout < 0 {
-		l.Add("RebalanceTimeout", "must not be negative")
-	}
-	if c.JoinGroupBackoff < 0 {
-		l.Add("JoinGroupBackoff", "must not be negative")
-	}
-	if c.CommitInterval < 0 {
-		l.Add("CommitInterval", "must not be negative")
-	}
-	if c.CommitTimeout < 0 {
-		l.Add("CommitTimeout", "must not be negative")
-	}
-	if c.DeadLetterTimeout < 0 {
-		l.Add("DeadLetterTimeout", "must not be negative")
-	}
-	if c.DeadLetterRetryDelay < 0 {
-		l.Add("DeadLetterRetryDelay", "must not be negative")
-	}
+	l.NotNegative("RebalanceTimeout", c.RebalanceTimeout)
+	l.NotNegative("JoinGroupBackoff", c.JoinGroupBackoff)
+	l.NotNegative("CommitInterval", c.CommitInterval)
+	l.NotNegative("CommitTimeout", c.CommitTimeout)
+	l.NotNegative("DeadLetterTimeout", c.DeadLetterTimeout)
+	l.NotNegative("DeadLetterRetryDelay", c.DeadLetterRetryDelay)
 	return l.Err()
 }

@@ -187,21 +187,15 @@ func (c Config) validate() error {
 	if c.WaitTime < 0 || c.WaitTime > MaxWaitTime || !wholeSeconds(c.WaitTime) {
 		l.Addf("WaitTime", "%s is not a whole number of seconds up to 20s", c.WaitTime)
 	}
-	if c.MaxReceivers < 1 {
-		l.Add("MaxReceivers", "must be at least 1")
-	}
+	l.Positive("MaxReceivers", c.MaxReceivers)
 	if !badVisibility && c.heartbeat() && c.HeartbeatInterval > c.VisibilityTimeout/2 {
 		l.Addf("HeartbeatInterval", "%s is more than half of VisibilityTimeout %s", c.HeartbeatInterval, c.VisibilityTimeout)
 	}
 	if c.MaxExtension <= 0 || c.MaxExtension > MaxVisibility {
 		l.Addf("MaxExtension", "%s is not above 0 and at most 12h", c.MaxExtension)
 	}
-	if c.RequestTimeout < 0 {
-		l.Add("RequestTimeout", "must not be negative")
-	}
-	if c.DeleteAttempts < 1 {
-		l.Add("DeleteAttempts", "must be at least 1")
-	}
+	l.NotNegative("RequestTimeout", c.RequestTimeout)
+	l.Positive("DeleteAttempts", c.DeleteAttempts)
 	if c.RedriveDelay > MaxVisibility {
 		l.Addf("RedriveDelay", "%s is more than 12h", c.RedriveDelay)
 	}
