@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
@@ -76,15 +75,7 @@ type RelayHook struct {
 // NewRelayHook returns a RelayHook over cfg.MeterProvider (default
 // otel.GetMeterProvider()), or an error if an instrument cannot be created.
 func NewRelayHook(cfg Config) (*RelayHook, error) {
-	if cfg.MeterProvider == nil {
-		cfg.MeterProvider = otel.GetMeterProvider()
-	}
-	if cfg.TracerProvider == nil {
-		cfg.TracerProvider = otel.GetTracerProvider()
-	}
-	if cfg.Propagator == nil {
-		cfg.Propagator = propagator()
-	}
+	cfg = cfg.withDefaults()
 	var kvs []attribute.KeyValue
 	if cfg.System != "" {
 		kvs = append(kvs, AttrSystem.String(cfg.System))
@@ -93,7 +84,7 @@ func NewRelayHook(cfg Config) (*RelayHook, error) {
 		return metric.WithAttributeSet(attribute.NewSet(append(kvs[:len(kvs):len(kvs)], extra...)...))
 	}
 	h := &RelayHook{
-		tracer:  cfg.TracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(scopeVersion), trace.WithSchemaURL(SchemaURL)),
+		tracer:  tracer(cfg.TracerProvider),
 		prop:    cfg.Propagator,
 		kvs:     kvs,
 		base:    with(AttrOperationName.String(relayOperationName)),
@@ -189,13 +180,8 @@ func (h *RelayHook) OnRelaySend(ctx context.Context, ids, destinations []string,
 	} else {
 		attrs = append(attrs, semconv.MessagingBatchMessageCount(len(ids)))
 	}
-	_, span := h.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(start),
-		trace.WithLinks(links...), trace.WithAttributes(attrs...))
-	if err != nil {
-		span.SetAttributes(AttrErrorType.String(errorType(err)))
-		recordFailure(span, err)
-	}
-	span.End(trace.WithTimestamp(start.Add(d)))
+	timedSpan(ctx, h.tracer, name, start, start.Add(d), err,
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithLinks(links...), trace.WithAttributes(attrs...))
 }
 
 // ObserveRelayCounts keeps counts for the gauges; the last call wins.
