@@ -82,11 +82,8 @@ func (e *BatchError) Error() string {
 // errAt returns the error of message i under the Publisher contract.
 func errAt(err error, i int) error {
 	var be *BatchError
-	if errors.As(err, &be) {
-		if i < len(be.Errs) {
-			return be.Errs[i]
-		}
-		return err
+	if errors.As(err, &be) && i < len(be.Errs) {
+		return be.Errs[i]
 	}
 	return err
 }
