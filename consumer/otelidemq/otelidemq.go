@@ -148,20 +148,9 @@ type Config struct {
 }
 
 // Hook is a consumer.Hook that traces every message with OpenTelemetry and
-// records metrics. Pass it in consumer.Config.Hooks. It is safe for
-// concurrent use; one Hook may serve several runners.
-//
-// Spans: one "process <destination>" span (kind consumer) per delivery,
-// from receipt to settlement, linked to the producer's span found in the
-// message's headers (W3C traceparent/tracestate, or an SQS
-// AWSTraceHeader), and its child with Config.ParentOnProducer; "claim", "handler" and "commit" spans for the work done
-// for it: child spans where the work is per message, and one span per
-// transaction, linked to the process spans of its messages, where the
-// transactional path does it once for several (see the package doc). A
-// duplicate is a span event with its reason, not an error; a dead letter
-// sets the span's status to Error. A per-message handler's context carries
-// its handler span, so that spans and trace-aware logs made by the handler
-// join the message's trace, and Inject forwards it.
+// records metrics, as the package documentation describes (Traces, Span
+// per transaction, Metrics). Pass it in consumer.Config.Hooks. It is safe
+// for concurrent use; one Hook may serve several runners.
 type Hook struct {
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
