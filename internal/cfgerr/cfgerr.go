@@ -36,18 +36,22 @@ func (l *List) Addf(field, format string, args ...any) {
 	l.Add(field, fmt.Sprintf(format, args...))
 }
 
-// NotNegative records that field "must not be negative" when d is.
-func (l *List) NotNegative(field string, d time.Duration) {
+// NotNegative records that field "must not be negative" when d is, and
+// reports whether d is valid, for the checks that compare it next.
+func (l *List) NotNegative(field string, d time.Duration) bool {
 	if d < 0 {
 		l.Add(field, "must not be negative")
 	}
+	return d >= 0
 }
 
-// Positive records that field "must be at least 1" when n is not.
-func (l *List) Positive(field string, n int) {
+// Positive records that field "must be at least 1" when n is not, and
+// reports whether n is valid, for the checks that compare it next.
+func (l *List) Positive(field string, n int) bool {
 	if n < 1 {
 		l.Add(field, "must be at least 1")
 	}
+	return n >= 1
 }
 
 // Include adds the errors of a nested check; err may be nil, one error or

@@ -52,10 +52,12 @@ func TestList(t *testing.T) {
 
 func TestBounds(t *testing.T) {
 	l := cfgerr.List{Prefix: "p."}
-	l.NotNegative("Zero", 0)
-	l.NotNegative("Neg", -time.Nanosecond)
-	l.Positive("One", 1)
-	l.Positive("Zero", 0)
+	if !l.NotNegative("Zero", 0) || l.NotNegative("Neg", -time.Nanosecond) {
+		t.Error("NotNegative reports 0 invalid or -1ns valid")
+	}
+	if !l.Positive("One", 1) || l.Positive("Zero", 0) {
+		t.Error("Positive reports 1 invalid or 0 valid")
+	}
 	want := "idemq: invalid configuration: p.Neg: must not be negative; p.Zero: must be at least 1"
 	if err := l.Err(); err == nil || err.Error() != want {
 		t.Errorf("Err() = %v, want %s", err, want)

@@ -171,9 +171,7 @@ func (c Config) validate(args ...*idemq.ConfigError) error {
 	l.Positive("BatchSize", c.BatchSize)
 	l.Positive("Concurrency", c.Concurrency)
 	l.NotNegative("PollInterval", c.PollInterval)
-	if c.InitialBackoff < 0 {
-		l.Add("InitialBackoff", "must not be negative")
-	} else if c.MaxBackoff < c.InitialBackoff {
+	if l.NotNegative("InitialBackoff", c.InitialBackoff) && c.MaxBackoff < c.InitialBackoff {
 		l.Add("MaxBackoff", "smaller than InitialBackoff")
 	}
 	l.NotNegative("CleanupInterval", c.CleanupInterval)

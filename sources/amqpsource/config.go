@@ -372,9 +372,7 @@ func (c Config) validate() error {
 	l.NotNegative("ConnectTimeout", c.ConnectTimeout)
 	l.NotNegative("UnroutableDelay", c.UnroutableDelay)
 	l.NotNegative("PublishTimeout", c.PublishTimeout)
-	if c.ReconnectDelay < 0 {
-		l.Add("ReconnectDelay", "must not be negative")
-	} else if c.MaxReconnectDelay < c.ReconnectDelay {
+	if l.NotNegative("ReconnectDelay", c.ReconnectDelay) && c.MaxReconnectDelay < c.ReconnectDelay {
 		l.Add("MaxReconnectDelay", "smaller than ReconnectDelay")
 	}
 	if !c.ClassicRetryQueues {

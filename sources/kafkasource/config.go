@@ -329,15 +329,11 @@ func (c Config) validate() error {
 	if c.Ordering != OrderByKey && c.Ordering != OrderByPartition {
 		l.Addf("Ordering", "unknown value %d", int(c.Ordering))
 	}
-	if c.MaxInFlight < 1 {
-		l.Add("MaxInFlight", "must be at least 1")
-	} else if c.MaxUncommitted < c.MaxInFlight {
+	if l.Positive("MaxInFlight", c.MaxInFlight) && c.MaxUncommitted < c.MaxInFlight {
 		l.Add("MaxUncommitted", "must be at least MaxInFlight")
 	}
 	l.Positive("QueueCapacity", c.QueueCapacity)
-	if c.MinBytes < 1 {
-		l.Add("MinBytes", "must be at least 1")
-	} else if c.MaxBytes < c.MinBytes {
+	if l.Positive("MinBytes", c.MinBytes) && c.MaxBytes < c.MinBytes {
 		l.Add("MaxBytes", "smaller than MinBytes")
 	}
 	l.NotNegative("MaxWait", c.MaxWait)
@@ -345,9 +341,7 @@ func (c Config) validate() error {
 		l.Addf("IsolationLevel", "unknown value %d", int(c.IsolationLevel))
 	}
 	l.NotNegative("SessionTimeout", c.SessionTimeout)
-	if c.HeartbeatInterval < 0 {
-		l.Add("HeartbeatInterval", "must not be negative")
-	} else if c.SessionTimeout >= 0 && c.HeartbeatInterval >= c.SessionTimeout {
+	if l.NotNegative("HeartbeatInterval", c.HeartbeatInterval) && c.SessionTimeout >= 0 && c.HeartbeatInterval >= c.SessionTimeout {
 		l.Add("HeartbeatInterval", "must be below SessionTimeout")
 	}
 	l.NotNegative("RebalanceTimeout", c.RebalanceTimeout)
