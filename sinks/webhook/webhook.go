@@ -205,11 +205,10 @@ func (s *Sink) Send(ctx context.Context, req Request) error {
 	if err != nil {
 		return consumer.Permanent(fmt.Errorf("webhook: building the request: %w", err))
 	}
-	for k, vs := range s.cfg.Header {
-		hr.Header[http.CanonicalHeaderKey(k)] = vs
-	}
-	for k, vs := range req.Header {
-		hr.Header[http.CanonicalHeaderKey(k)] = vs
+	for _, h := range []http.Header{s.cfg.Header, req.Header} { // req.Header overrides
+		for k, vs := range h {
+			hr.Header[http.CanonicalHeaderKey(k)] = vs
+		}
 	}
 	hr.Header.Set("Content-Type", s.cfg.ContentType)
 	hr.Header.Set(s.cfg.KeyHeader, key)
@@ -229,7 +228,7 @@ func (s *Sink) Send(ctx context.Context, req Request) error {
 		if ctx.Err() != nil {
 			// The runner gave up on this attempt (lease lost, handler
 			// timeout, shutdown); the error says why.
-			return fmt.Errorf("webhook: %s %s (key %q): %w", s.cfg.Method, s.endpoint, key, context.Cause(ctx))
+			err = context.Cause(ctx)
 		}
 		return fmt.Errorf("webhook: %s %s (key %q): %w", s.cfg.Method, s.endpoint, key, err)
 	}
@@ -364,10 +363,7 @@ func ParseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 		if secs < 0 {
 			return 0, false
 		}
-		if secs > int64(24*365*time.Hour/time.Second) {
-			secs = int64(24 * 365 * time.Hour / time.Second)
-		}
-		return time.Duration(secs) * time.Second, true
+		return time.Duration(min(secs, int64(24*365*time.Hour/time.Second))) * time.Second, true
 	}
 	t, err := http.ParseTime(v)
 	if err != nil {
