@@ -104,11 +104,5 @@
 // # Outbox relay
 //
 // RelayHook measures and traces a sinks/outbox Relay: pass NewRelayHook's
-// result in outbox.Config.Hooks. Each publish of a batch is a "send" span
-// linked to the trace context every message was published from. It counts the rows published by outcome
-// (messaging.client.sent.messages), times each batch's publish
-// (messaging.client.operation.duration), and reads the rows pending and
-// parked and the age of the oldest pending row from the outbox table at each
-// collection (idemq.outbox.pending, idemq.outbox.parked,
-// idemq.outbox.oldest_pending.age).
+// result in outbox.Config.Hooks.
 package otelidemq

@@ -1,6 +1,7 @@
 package otelidemq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -147,20 +148,9 @@ type Config struct {
 }
 
 // Hook is a consumer.Hook that traces every message with OpenTelemetry and
-// records metrics. Pass it in consumer.Config.Hooks. It is safe for
-// concurrent use; one Hook may serve several runners.
-//
-// Spans: one "process <destination>" span (kind consumer) per delivery,
-// from receipt to settlement, linked to the producer's span found in the
-// message's headers (W3C traceparent/tracestate, or an SQS
-// AWSTraceHeader), and its child with Config.ParentOnProducer; "claim", "handler" and "commit" spans for the work done
-// for it: child spans where the work is per message, and one span per
-// transaction, linked to the process spans of its messages, where the
-// transactional path does it once for several (see the package doc). A
-// duplicate is a span event with its reason, not an error; a dead letter
-// sets the span's status to Error. A per-message handler's context carries
-// its handler span, so that spans and trace-aware logs made by the handler
-// join the message's trace, and Inject forwards it.
+// records metrics, as the package documentation describes (Traces, Span
+// per transaction, Metrics). Pass it in consumer.Config.Hooks. It is safe
+// for concurrent use; one Hook may serve several runners.
 type Hook struct {
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
@@ -408,17 +398,9 @@ var (
 
 // New returns a Hook, or an error if an instrument cannot be created.
 func New(cfg Config) (*Hook, error) {
-	if cfg.TracerProvider == nil {
-		cfg.TracerProvider = otel.GetTracerProvider()
-	}
-	if cfg.MeterProvider == nil {
-		cfg.MeterProvider = otel.GetMeterProvider()
-	}
-	if cfg.Propagator == nil {
-		cfg.Propagator = propagator()
-	}
+	cfg = cfg.withDefaults()
 	h := &Hook{
-		tracer: cfg.TracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(scopeVersion), trace.WithSchemaURL(SchemaURL)),
+		tracer: tracer(cfg.TracerProvider),
 		prop:   cfg.Propagator,
 		system: cfg.System,
 		group:  cfg.ConsumerGroup,
@@ -491,6 +473,20 @@ var durationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,
 
 // semconvClientDuration names messaging.client.operation.duration.
 var semconvClientDuration messagingconv.ClientOperationDuration
+
+// withDefaults returns c with the providers and the propagator its fields
+// default to.
+func (c Config) withDefaults() Config {
+	c.TracerProvider = cmp.Or(c.TracerProvider, otel.GetTracerProvider())
+	c.MeterProvider = cmp.Or(c.MeterProvider, otel.GetMeterProvider())
+	c.Propagator = cmp.Or(c.Propagator, propagator())
+	return c
+}
+
+// tracer returns the tracer of the instrumentation scope from tp.
+func tracer(tp trace.TracerProvider) trace.Tracer {
+	return tp.Tracer(ScopeName, trace.WithInstrumentationVersion(scopeVersion), trace.WithSchemaURL(SchemaURL))
+}
 
 // meter returns the meter of the instrumentation scope from mp.
 func meter(mp metric.MeterProvider) metric.Meter {
@@ -625,8 +621,7 @@ func (h *Hook) OnBatch(ctx context.Context, size int) {
 // reason.
 func (h *Hook) OnClaimed(ctx context.Context, m *consumer.Message, c consumer.ClaimInfo) {
 	if !h.perTx && !c.Start.IsZero() && c.Messages <= 1 && c.State > 0 && int(c.State) < len(h.claimOpts) {
-		_, span := h.tracer.Start(ctx, "claim", trace.WithTimestamp(c.Start), h.claimOpts[c.State])
-		span.End(trace.WithTimestamp(c.End))
+		timedSpan(ctx, h.tracer, "claim", c.Start, c.End, nil, h.claimOpts[c.State])
 	}
 	if c.State != dedup.StateDone {
 		return
@@ -684,11 +679,7 @@ func (h *Hook) OnCommit(ctx context.Context, m *consumer.Message, c consumer.Com
 		return
 	}
 	if !h.perTx {
-		_, span := h.tracer.Start(ctx, "commit", trace.WithTimestamp(c.Start))
-		if c.Err != nil {
-			recordFailure(span, c.Err)
-		}
-		span.End(trace.WithTimestamp(c.End))
+		timedSpan(ctx, h.tracer, "commit", c.Start, c.End, c.Err)
 	}
 	h.commitDur.Record(ctx, c.End.Sub(c.Start).Seconds(), h.recOpts(ctx)...)
 }
@@ -760,13 +751,18 @@ func (h *Hook) txSpan(ctx context.Context, name string, d *destAttrs, msgs []con
 	}
 	attrs := make([]attribute.KeyValue, 0, len(kvs)+1)
 	attrs = append(append(attrs, kvs...), AttrBatchCount.Int(len(msgs)))
-	_, span := h.tracer.Start(ctx, name, trace.WithNewRoot(), trace.WithTimestamp(start),
-		trace.WithLinks(links...), trace.WithAttributes(attrs...))
+	timedSpan(ctx, h.tracer, name, start, end, err, trace.WithNewRoot(), trace.WithLinks(links...), trace.WithAttributes(attrs...))
+	return links
+}
+
+// timedSpan makes a span of work done from start to end, with err recorded
+// on it (recordFailure) when not nil.
+func timedSpan(ctx context.Context, t trace.Tracer, name string, start, end time.Time, err error, opts ...trace.SpanStartOption) {
+	_, span := t.Start(ctx, name, append(opts, trace.WithTimestamp(start))...)
 	if err != nil {
 		recordFailure(span, err)
 	}
 	span.End(trace.WithTimestamp(end))
-	return links
 }
 
 // linksTo returns links to the spans of the contexts that carry one.
@@ -877,11 +873,7 @@ func (h *Hook) txProcess(ctx context.Context, d *destAttrs, t consumer.TxInfo) {
 		if st.start.IsZero() {
 			continue
 		}
-		_, child := h.tracer.Start(pctx, st.name, trace.WithTimestamp(st.start))
-		if st.err != nil {
-			recordFailure(child, st.err)
-		}
-		child.End(trace.WithTimestamp(st.end))
+		timedSpan(pctx, h.tracer, st.name, st.start, st.end, st.err)
 	}
 	if failed != nil {
 		span.SetAttributes(AttrErrorType.String(errorType(failed)))

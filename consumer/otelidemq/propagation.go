@@ -95,12 +95,9 @@ func Extract(ctx context.Context, p propagation.TextMapPropagator, m *consumer.M
 
 // parseXRay reads an X-Ray trace header,
 // "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1".
+// A header without both ids gives no valid span context.
 func parseXRay(h string) (trace.SpanContext, bool) {
-	if h == "" {
-		return trace.SpanContext{}, false
-	}
 	var cfg trace.SpanContextConfig
-	var haveTrace, haveSpan bool
 	for part := range strings.SplitSeq(h, ";") {
 		k, v, _ := strings.Cut(strings.TrimSpace(part), "=")
 		switch k {
@@ -115,22 +112,17 @@ func parseXRay(h string) (trace.SpanContext, bool) {
 				return trace.SpanContext{}, false
 			}
 			copy(cfg.TraceID[:], b)
-			haveTrace = true
 		case "Parent":
 			b, err := hex.DecodeString(v)
 			if err != nil || len(b) != 8 {
 				return trace.SpanContext{}, false
 			}
 			copy(cfg.SpanID[:], b)
-			haveSpan = true
 		case "Sampled":
 			if v == "1" {
 				cfg.TraceFlags = trace.FlagsSampled
 			}
 		}
-	}
-	if !haveTrace || !haveSpan {
-		return trace.SpanContext{}, false
 	}
 	cfg.Remote = true
 	sc := trace.NewSpanContext(cfg)

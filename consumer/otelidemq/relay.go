@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
@@ -28,38 +27,25 @@ const (
 	relayOperationName        = "send"
 )
 
-// RelayHook measures a transactional outbox relay (sinks/outbox.Relay).
-// Pass it in the relay's outbox.Config.Hooks; it implements
-// outbox.HookPublish and outbox.HookCounts. It is safe for concurrent use.
+// RelayHook measures and traces a transactional outbox relay
+// (sinks/outbox.Relay). Pass it in the relay's outbox.Config.Hooks; it
+// implements outbox.HookPublish, outbox.HookSend and outbox.HookCounts. It
+// is safe for concurrent use.
 //
-// Instruments:
-//   - messaging.client.sent.messages: rows the relay handed to the broker,
-//     by idemq.outcome: "sent" (the broker confirmed), "parked" (failed for
-//     the last allowed time) or "retried" (failed, or an outage: published
-//     again later);
-//   - messaging.client.operation.duration (s): one publish of a batch,
-//     from the call to the broker's confirmation, with
-//     messaging.operation.name "send" and error.type when it failed;
-//   - idemq.outbox.pending, idemq.outbox.parked: rows waiting to be sent,
-//     and parked rows (observable gauges, read from the outbox table at
-//     each collection);
-//   - idemq.outbox.oldest_pending.age (s): the age of the oldest pending
-//     row, the relay's lag (observable gauge).
-//
-// Spans: one "send <destination>" span (kind client; "send" when the batch
-// mixes destinations) per publish of a batch, from the call to the
-// broker's confirmation, linked to the trace context each message was
-// published from (stored in its headers by outbox.Publish), with
-// messaging.operation.name and .type "send", messaging.batch.message_count
-// for a batch of several (messaging.message.id for one), and status Error
-// when the publish failed. It is kind client, not producer, because the
-// messages carry the context they were published from, not the send
-// span's: that is their creation context.
+// Each publish of a batch is one "send <destination>" span of kind client
+// ("send" when the batch mixes destinations), linked to the trace context
+// every message was published from, and is counted by outcome
+// (messaging.client.sent.messages: sent, parked, retried) and timed
+// (messaging.client.operation.duration). The rows pending and parked and
+// the age of the oldest pending row are observable gauges read from the
+// outbox table at each collection. docs/observability.md ("Outbox relay")
+// lists every instrument and attribute.
 //
 // Config.System, when set, is the messaging.system attribute of every
 // measurement and span; Config.TracerProvider and Propagator make and
-// read the spans; Config.ConsumerGroup is not used. The gauges read the counts of the last relay the hook was given to:
-// use one RelayHook per relay, or per outbox table.
+// read the spans; Config.ConsumerGroup is not used. The gauges read the
+// counts of the last relay the hook was given to: use one RelayHook per
+// relay, or per outbox table.
 type RelayHook struct {
 	tracer                trace.Tracer
 	prop                  propagation.TextMapPropagator
@@ -76,15 +62,7 @@ type RelayHook struct {
 // NewRelayHook returns a RelayHook over cfg.MeterProvider (default
 // otel.GetMeterProvider()), or an error if an instrument cannot be created.
 func NewRelayHook(cfg Config) (*RelayHook, error) {
-	if cfg.MeterProvider == nil {
-		cfg.MeterProvider = otel.GetMeterProvider()
-	}
-	if cfg.TracerProvider == nil {
-		cfg.TracerProvider = otel.GetTracerProvider()
-	}
-	if cfg.Propagator == nil {
-		cfg.Propagator = propagator()
-	}
+	cfg = cfg.withDefaults()
 	var kvs []attribute.KeyValue
 	if cfg.System != "" {
 		kvs = append(kvs, AttrSystem.String(cfg.System))
@@ -93,7 +71,7 @@ func NewRelayHook(cfg Config) (*RelayHook, error) {
 		return metric.WithAttributeSet(attribute.NewSet(append(kvs[:len(kvs):len(kvs)], extra...)...))
 	}
 	h := &RelayHook{
-		tracer:  cfg.TracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(scopeVersion), trace.WithSchemaURL(SchemaURL)),
+		tracer:  tracer(cfg.TracerProvider),
 		prop:    cfg.Propagator,
 		kvs:     kvs,
 		base:    with(AttrOperationName.String(relayOperationName)),
@@ -189,13 +167,8 @@ func (h *RelayHook) OnRelaySend(ctx context.Context, ids, destinations []string,
 	} else {
 		attrs = append(attrs, semconv.MessagingBatchMessageCount(len(ids)))
 	}
-	_, span := h.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(start),
-		trace.WithLinks(links...), trace.WithAttributes(attrs...))
-	if err != nil {
-		span.SetAttributes(AttrErrorType.String(errorType(err)))
-		recordFailure(span, err)
-	}
-	span.End(trace.WithTimestamp(start.Add(d)))
+	timedSpan(ctx, h.tracer, name, start, start.Add(d), err,
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithLinks(links...), trace.WithAttributes(attrs...))
 }
 
 // ObserveRelayCounts keeps counts for the gauges; the last call wins.

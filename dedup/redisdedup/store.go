@@ -1,6 +1,7 @@
 package redisdedup
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -69,15 +70,9 @@ type Config struct {
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	if c.Prefix == "" {
-		c.Prefix = DefaultPrefix
-	}
-	if c.MaxResultBytes == 0 {
-		c.MaxResultBytes = DefaultMaxResultBytes
-	}
-	if c.FailureRetention == 0 {
-		c.FailureRetention = dedup.DefaultRetention
-	}
+	c.Prefix = cmp.Or(c.Prefix, DefaultPrefix)
+	c.MaxResultBytes = cmp.Or(c.MaxResultBytes, DefaultMaxResultBytes)
+	c.FailureRetention = cmp.Or(c.FailureRetention, dedup.DefaultRetention)
 	return c
 }
 
@@ -198,13 +193,20 @@ func (s *Store) Refresh(ctx context.Context, scope, key, token string, lease tim
 	if err != nil {
 		return fmt.Errorf("redisdedup: refresh: %w", err)
 	}
-	n, err := refreshScript.Run(ctx, s.rdb, []string{s.RedisKey(scope, key)}, token, ms).Int64()
+	return s.runHeld(ctx, "refresh", refreshScript, scope, key, token, ms)
+}
+
+// runHeld runs script, for op, on the record of key, for a token that
+// must hold it: the script returns 1 when it does, and anything else makes
+// an error matching dedup.ErrLeaseLost.
+func (s *Store) runHeld(ctx context.Context, op string, script *redis.Script, scope, key string, args ...any) error {
+	n, err := script.Run(ctx, s.rdb, []string{s.RedisKey(scope, key)}, args...).Int64()
 	s.reloadOn(err)
 	if err != nil {
-		return fmt.Errorf("redisdedup: refresh %q: %w", key, err)
+		return fmt.Errorf("redisdedup: %s %q: %w", op, key, err)
 	}
 	if n != 1 {
-		return fmt.Errorf("redisdedup: refresh %q: %w", key, dedup.ErrLeaseLost)
+		return fmt.Errorf("redisdedup: %s %q: %w", op, key, dedup.ErrLeaseLost)
 	}
 	return nil
 }
@@ -242,15 +244,7 @@ func (s *Store) complete(ctx context.Context, scope, key, token string, retentio
 	if withResult {
 		args = []any{token, ms, "1", result}
 	}
-	n, err := completeScript.Run(ctx, s.rdb, []string{s.RedisKey(scope, key)}, args...).Int64()
-	s.reloadOn(err)
-	if err != nil {
-		return fmt.Errorf("redisdedup: complete %q: %w", key, err)
-	}
-	if n != 1 {
-		return fmt.Errorf("redisdedup: complete %q: %w", key, dedup.ErrLeaseLost)
-	}
-	return nil
+	return s.runHeld(ctx, "complete", completeScript, scope, key, args...)
 }
 
 // Abandon deletes the lease token holds on key after a failed effect, so

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"time"
 
 	"github.com/idemq/idemq"
 )
@@ -33,6 +34,24 @@ func (l *List) AddErr(field, reason string, err error) {
 // Addf is Add with a formatted reason.
 func (l *List) Addf(field, format string, args ...any) {
 	l.Add(field, fmt.Sprintf(format, args...))
+}
+
+// NotNegative records that field "must not be negative" when d is, and
+// reports whether d is valid, for the checks that compare it next.
+func (l *List) NotNegative(field string, d time.Duration) bool {
+	if d < 0 {
+		l.Add(field, "must not be negative")
+	}
+	return d >= 0
+}
+
+// Positive records that field "must be at least 1" when n is not, and
+// reports whether n is valid, for the checks that compare it next.
+func (l *List) Positive(field string, n int) bool {
+	if n < 1 {
+		l.Add(field, "must be at least 1")
+	}
+	return n >= 1
 }
 
 // Include adds the errors of a nested check; err may be nil, one error or

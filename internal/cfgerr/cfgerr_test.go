@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/cfgerr"
@@ -46,5 +47,19 @@ func TestList(t *testing.T) {
 	want := "idemq: invalid configuration: A: bad; pkg.Config.B: worse; pkg.Config.C: 3 is odd; pkg.Config.E: cause; wrapped: idemq: invalid configuration: D: x"
 	if err.Error() != want {
 		t.Errorf("Error() =\n%s\nwant\n%s", err, want)
+	}
+}
+
+func TestBounds(t *testing.T) {
+	l := cfgerr.List{Prefix: "p."}
+	if !l.NotNegative("Zero", 0) || l.NotNegative("Neg", -time.Nanosecond) {
+		t.Error("NotNegative reports 0 invalid or -1ns valid")
+	}
+	if !l.Positive("One", 1) || l.Positive("Zero", 0) {
+		t.Error("Positive reports 1 invalid or 0 valid")
+	}
+	want := "idemq: invalid configuration: p.Neg: must not be negative; p.Zero: must be at least 1"
+	if err := l.Err(); err == nil || err.Error() != want {
+		t.Errorf("Err() = %v, want %s", err, want)
 	}
 }

@@ -69,13 +69,11 @@ func (l *failureLog) failed(ctx context.Context, m Message, attempts int, err st
 		l.dests[dest] = d
 	}
 	d.last, d.lastErr = now, err
-	var logIt bool
-	var suppressed int
+	r := &d.retry
 	if park {
-		logIt, suppressed = d.park.due(now, l.every)
-	} else {
-		logIt, suppressed = d.retry.due(now, l.every)
+		r = &d.park
 	}
+	logIt, suppressed := r.due(now, l.every)
 	l.mu.Unlock()
 	if !logIt {
 		return

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -81,11 +82,8 @@ func (e *BatchError) Error() string {
 // errAt returns the error of message i under the Publisher contract.
 func errAt(err error, i int) error {
 	var be *BatchError
-	if errors.As(err, &be) {
-		if i < len(be.Errs) {
-			return be.Errs[i]
-		}
-		return err
+	if errors.As(err, &be) && i < len(be.Errs) {
+		return be.Errs[i]
 	}
 	return err
 }
@@ -147,36 +145,16 @@ const DefaultFailureReminder = time.Minute
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	if c.BatchSize == 0 {
-		c.BatchSize = 100
-	}
-	if c.Concurrency == 0 {
-		c.Concurrency = 1
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = time.Second
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 10
-	}
-	if c.InitialBackoff == 0 {
-		c.InitialBackoff = 100 * time.Millisecond
-	}
-	if c.MaxBackoff == 0 {
-		c.MaxBackoff = 30 * time.Second
-	}
-	if c.Retention == 0 {
-		c.Retention = 24 * time.Hour
-	}
-	if c.CleanupInterval == 0 {
-		c.CleanupInterval = time.Minute
-	}
-	if c.FailureReminder == 0 {
-		c.FailureReminder = DefaultFailureReminder
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.BatchSize = cmp.Or(c.BatchSize, 100)
+	c.Concurrency = cmp.Or(c.Concurrency, 1)
+	c.PollInterval = cmp.Or(c.PollInterval, time.Second)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, 10)
+	c.InitialBackoff = cmp.Or(c.InitialBackoff, 100*time.Millisecond)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, 30*time.Second)
+	c.Retention = cmp.Or(c.Retention, 24*time.Hour)
+	c.CleanupInterval = cmp.Or(c.CleanupInterval, time.Minute)
+	c.FailureReminder = cmp.Or(c.FailureReminder, DefaultFailureReminder)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
 
@@ -190,29 +168,15 @@ func (c Config) validate(args ...*idemq.ConfigError) error {
 		}
 	}
 	l.Prefix = "outbox.Config."
-	if c.BatchSize < 1 {
-		l.Add("BatchSize", "must be at least 1")
-	}
-	if c.Concurrency < 1 {
-		l.Add("Concurrency", "must be at least 1")
-	}
-	if c.PollInterval < 0 {
-		l.Add("PollInterval", "must not be negative")
-	}
-	if c.InitialBackoff < 0 {
-		l.Add("InitialBackoff", "must not be negative")
-	} else if c.MaxBackoff < c.InitialBackoff {
+	l.Positive("BatchSize", c.BatchSize)
+	l.Positive("Concurrency", c.Concurrency)
+	l.NotNegative("PollInterval", c.PollInterval)
+	if l.NotNegative("InitialBackoff", c.InitialBackoff) && c.MaxBackoff < c.InitialBackoff {
 		l.Add("MaxBackoff", "smaller than InitialBackoff")
 	}
-	if c.CleanupInterval < 0 {
-		l.Add("CleanupInterval", "must not be negative")
-	}
-	if c.MaxAttempts < 1 {
-		l.Add("MaxAttempts", "must be at least 1")
-	}
-	if c.FailureReminder < 0 {
-		l.Add("FailureReminder", "must not be negative")
-	}
+	l.NotNegative("CleanupInterval", c.CleanupInterval)
+	l.Positive("MaxAttempts", c.MaxAttempts)
+	l.NotNegative("FailureReminder", c.FailureReminder)
 	return l.Err()
 }
 

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -244,20 +245,14 @@ var _ consumer.HookClaimed = (*Resender)(nil)
 // re-send is one autocommitted statement). It fails with idemq.ErrInvalidConfig
 // when db is nil or cfg.Timeout is negative.
 func NewResender(db PgxQuerier, cfg ResendConfig) (*Resender, error) {
-	if cfg.Timeout == 0 {
-		cfg.Timeout = DefaultResendTimeout
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultResendTimeout)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	var l cfgerr.List
 	if cfgerr.IsNil(db) {
 		l.Add("db", "required")
 	}
 	l.Prefix = "outbox.ResendConfig."
-	if cfg.Timeout < 0 {
-		l.Add("Timeout", "must not be negative")
-	}
+	l.NotNegative("Timeout", cfg.Timeout)
 	if err := l.Err(); err != nil {
 		return nil, err
 	}

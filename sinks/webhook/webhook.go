@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -90,32 +91,18 @@ type Config struct {
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	if c.Method == "" {
-		c.Method = DefaultMethod
-	}
-	if c.ContentType == "" {
-		c.ContentType = DefaultContentType
-	}
-	if c.KeyHeader == "" {
-		c.KeyHeader = DefaultKeyHeader
-	}
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
-	}
-	if c.MaxRetryAfter == 0 {
-		c.MaxRetryAfter = DefaultMaxRetryAfter
-	}
+	c.Method = cmp.Or(c.Method, DefaultMethod)
+	c.ContentType = cmp.Or(c.ContentType, DefaultContentType)
+	c.KeyHeader = cmp.Or(c.KeyHeader, DefaultKeyHeader)
+	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
+	c.MaxRetryAfter = cmp.Or(c.MaxRetryAfter, DefaultMaxRetryAfter)
 	if c.Client == nil {
 		c.Client = &http.Client{
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		}
 	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
-	if c.Propagator == nil {
-		c.Propagator = propagation.TraceContext{}
-	}
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
+	c.Propagator = cmp.Or[propagation.TextMapPropagator](c.Propagator, propagation.TraceContext{})
 	return c
 }
 
@@ -143,12 +130,8 @@ func (c Config) validate() (*url.URL, error) {
 	if err := checkHeader(c.Header); err != nil {
 		l.AddErr("Header", "", err)
 	}
-	if c.Timeout < 0 {
-		l.Add("Timeout", "must not be negative")
-	}
-	if c.MaxRetryAfter < 0 {
-		l.Add("MaxRetryAfter", "must not be negative")
-	}
+	l.NotNegative("Timeout", c.Timeout)
+	l.NotNegative("MaxRetryAfter", c.MaxRetryAfter)
 	return u, l.Err()
 }
 
@@ -222,11 +205,10 @@ func (s *Sink) Send(ctx context.Context, req Request) error {
 	if err != nil {
 		return consumer.Permanent(fmt.Errorf("webhook: building the request: %w", err))
 	}
-	for k, vs := range s.cfg.Header {
-		hr.Header[http.CanonicalHeaderKey(k)] = vs
-	}
-	for k, vs := range req.Header {
-		hr.Header[http.CanonicalHeaderKey(k)] = vs
+	for _, h := range []http.Header{s.cfg.Header, req.Header} { // req.Header overrides
+		for k, vs := range h {
+			hr.Header[http.CanonicalHeaderKey(k)] = vs
+		}
 	}
 	hr.Header.Set("Content-Type", s.cfg.ContentType)
 	hr.Header.Set(s.cfg.KeyHeader, key)
@@ -246,7 +228,7 @@ func (s *Sink) Send(ctx context.Context, req Request) error {
 		if ctx.Err() != nil {
 			// The runner gave up on this attempt (lease lost, handler
 			// timeout, shutdown); the error says why.
-			return fmt.Errorf("webhook: %s %s (key %q): %w", s.cfg.Method, s.endpoint, key, context.Cause(ctx))
+			err = context.Cause(ctx)
 		}
 		return fmt.Errorf("webhook: %s %s (key %q): %w", s.cfg.Method, s.endpoint, key, err)
 	}
@@ -381,10 +363,7 @@ func ParseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 		if secs < 0 {
 			return 0, false
 		}
-		if secs > int64(24*365*time.Hour/time.Second) {
-			secs = int64(24 * 365 * time.Hour / time.Second)
-		}
-		return time.Duration(secs) * time.Second, true
+		return time.Duration(min(secs, int64(24*365*time.Hour/time.Second))) * time.Second, true
 	}
 	t, err := http.ParseTime(v)
 	if err != nil {

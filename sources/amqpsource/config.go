@@ -1,6 +1,7 @@
 package amqpsource
 
 import (
+	"cmp"
 	"log/slog"
 	"maps"
 	"net/url"
@@ -298,64 +299,34 @@ func PrefetchFor(rc consumer.Config) int {
 // WithDefaults returns a copy of c with every zero field set to its default.
 // It does not modify c.AMQP's maps.
 func (c Config) WithDefaults() Config {
-	if c.ConnectTimeout == 0 {
-		c.ConnectTimeout = DefaultConnectTimeout
-	}
-	if c.AMQP.Heartbeat == 0 {
-		c.AMQP.Heartbeat = DefaultHeartbeat
-	}
+	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, DefaultConnectTimeout)
+	c.AMQP.Heartbeat = cmp.Or(c.AMQP.Heartbeat, DefaultHeartbeat)
 	if c.AMQP.Properties == nil {
 		p := amqp.NewConnectionProperties()
 		p.SetClientConnectionName("idemq amqpsource " + c.Queue)
 		c.AMQP.Properties = p
 	}
-	if c.Prefetch == 0 {
-		c.Prefetch = PrefetchFor(consumer.Config{})
-	}
-	if c.AckHold == 0 {
-		c.AckHold = DefaultAckHold
-	}
-	if c.KeyHeader == "" {
-		c.KeyHeader = DefaultKeyHeader
-	}
-	if c.RetryQueuePrefix == "" {
-		c.RetryQueuePrefix = c.Queue + ".retry."
-	}
-	if c.DeadLetterRoutingKey == "" {
-		c.DeadLetterRoutingKey = c.Queue + ".dlq"
-	}
-	if c.UnroutableDelay == 0 {
-		c.UnroutableDelay = DefaultUnroutableDelay
-	}
-	if c.PublishTimeout == 0 {
-		c.PublishTimeout = DefaultPublishTimeout
-	}
-	if c.ReconnectDelay == 0 {
-		c.ReconnectDelay = DefaultReconnectDelay
-	}
-	if c.MaxReconnectDelay == 0 {
-		c.MaxReconnectDelay = max(DefaultMaxReconnectDelay, c.ReconnectDelay)
-	}
+	c.Prefetch = cmp.Or(c.Prefetch, PrefetchFor(consumer.Config{}))
+	c.AckHold = cmp.Or(c.AckHold, DefaultAckHold)
+	c.KeyHeader = cmp.Or(c.KeyHeader, DefaultKeyHeader)
+	c.RetryQueuePrefix = cmp.Or(c.RetryQueuePrefix, c.Queue+".retry.")
+	c.DeadLetterRoutingKey = cmp.Or(c.DeadLetterRoutingKey, c.Queue+".dlq")
+	c.UnroutableDelay = cmp.Or(c.UnroutableDelay, DefaultUnroutableDelay)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, DefaultPublishTimeout)
+	c.ReconnectDelay = cmp.Or(c.ReconnectDelay, DefaultReconnectDelay)
+	c.MaxReconnectDelay = cmp.Or(c.MaxReconnectDelay, max(DefaultMaxReconnectDelay, c.ReconnectDelay))
 	if c.Declare != nil {
 		t := c.Declare.withDefaults(c.Queue)
 		c.Declare = &t
 	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return c
 }
 
 func (t Topology) withDefaults(queue string) Topology {
-	if t.QueueType == "" {
-		t.QueueType = QueueTypeQuorum
-	}
-	if t.DeliveryLimit == 0 {
-		t.DeliveryLimit = DefaultDeliveryLimit
-	}
-	if t.ExchangeKind == "" {
-		t.ExchangeKind = amqp.ExchangeDirect
-	}
+	t.QueueType = cmp.Or(t.QueueType, QueueTypeQuorum)
+	t.DeliveryLimit = cmp.Or(t.DeliveryLimit, DefaultDeliveryLimit)
+	t.ExchangeKind = cmp.Or(t.ExchangeKind, amqp.ExchangeDirect)
 	if t.Exchange != "" && len(t.BindingKeys) == 0 {
 		t.BindingKeys = []string{queue}
 	}
@@ -398,18 +369,10 @@ func (c Config) validate() error {
 	if c.AckHold > MaxAckHold {
 		l.Add("AckHold", "longer than MaxAckHold (1 min): held deliveries keep their prefetch slots and near the broker's consumer_timeout")
 	}
-	if c.ConnectTimeout < 0 {
-		l.Add("ConnectTimeout", "must not be negative")
-	}
-	if c.UnroutableDelay < 0 {
-		l.Add("UnroutableDelay", "must not be negative")
-	}
-	if c.PublishTimeout < 0 {
-		l.Add("PublishTimeout", "must not be negative")
-	}
-	if c.ReconnectDelay < 0 {
-		l.Add("ReconnectDelay", "must not be negative")
-	} else if c.MaxReconnectDelay < c.ReconnectDelay {
+	l.NotNegative("ConnectTimeout", c.ConnectTimeout)
+	l.NotNegative("UnroutableDelay", c.UnroutableDelay)
+	l.NotNegative("PublishTimeout", c.PublishTimeout)
+	if l.NotNegative("ReconnectDelay", c.ReconnectDelay) && c.MaxReconnectDelay < c.ReconnectDelay {
 		l.Add("MaxReconnectDelay", "smaller than ReconnectDelay")
 	}
 	if !c.ClassicRetryQueues {

@@ -1,6 +1,7 @@
 package kafkasource
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -261,63 +262,25 @@ const (
 // WithDefaults returns a copy of c with every zero field set to its default.
 // It does not copy the Brokers and Topics slices.
 func (c Config) WithDefaults() Config {
-	if c.Dialer == nil {
-		c.Dialer = kafka.DefaultDialer
-	}
-	if c.StartOffset == 0 {
-		c.StartOffset = kafka.FirstOffset
-	}
-	if c.ConnectTimeout == 0 {
-		c.ConnectTimeout = DefaultConnectTimeout
-	}
-	if c.KeyHeader == "" {
-		c.KeyHeader = DefaultKeyHeader
-	}
-	if c.MaxInFlight == 0 {
-		c.MaxInFlight = DefaultMaxInFlight
-	}
-	if c.MaxUncommitted == 0 {
-		c.MaxUncommitted = max(DefaultMaxUncommitted, c.MaxInFlight)
-	}
-	if c.QueueCapacity == 0 {
-		c.QueueCapacity = DefaultQueueCapacity
-	}
-	if c.MinBytes == 0 {
-		c.MinBytes = DefaultMinBytes
-	}
-	if c.MaxBytes == 0 {
-		c.MaxBytes = DefaultMaxBytes
-	}
-	if c.MaxWait == 0 {
-		c.MaxWait = DefaultMaxWait
-	}
-	if c.SessionTimeout == 0 {
-		c.SessionTimeout = DefaultSessionTimeout
-	}
-	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = DefaultHeartbeatInterval
-	}
-	if c.RebalanceTimeout == 0 {
-		c.RebalanceTimeout = DefaultRebalanceTimeout
-	}
-	if c.JoinGroupBackoff == 0 {
-		c.JoinGroupBackoff = DefaultJoinGroupBackoff
-	}
-	if c.CommitInterval == 0 {
-		c.CommitInterval = DefaultCommitInterval
-	}
-	if c.CommitTimeout == 0 {
-		c.CommitTimeout = DefaultCommitTimeout
-	}
-	if c.DeadLetterTimeout == 0 {
-		c.DeadLetterTimeout = DefaultDeadLetterTimeout
-	}
-	if c.DeadLetterRetryDelay == 0 {
-		c.DeadLetterRetryDelay = DefaultDeadLetterRetryDelay
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.Dialer = cmp.Or(c.Dialer, kafka.DefaultDialer)
+	c.StartOffset = cmp.Or(c.StartOffset, kafka.FirstOffset)
+	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, DefaultConnectTimeout)
+	c.KeyHeader = cmp.Or(c.KeyHeader, DefaultKeyHeader)
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
+	c.MaxUncommitted = cmp.Or(c.MaxUncommitted, max(DefaultMaxUncommitted, c.MaxInFlight))
+	c.QueueCapacity = cmp.Or(c.QueueCapacity, DefaultQueueCapacity)
+	c.MinBytes = cmp.Or(c.MinBytes, DefaultMinBytes)
+	c.MaxBytes = cmp.Or(c.MaxBytes, DefaultMaxBytes)
+	c.MaxWait = cmp.Or(c.MaxWait, DefaultMaxWait)
+	c.SessionTimeout = cmp.Or(c.SessionTimeout, DefaultSessionTimeout)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	c.RebalanceTimeout = cmp.Or(c.RebalanceTimeout, DefaultRebalanceTimeout)
+	c.JoinGroupBackoff = cmp.Or(c.JoinGroupBackoff, DefaultJoinGroupBackoff)
+	c.CommitInterval = cmp.Or(c.CommitInterval, DefaultCommitInterval)
+	c.CommitTimeout = cmp.Or(c.CommitTimeout, DefaultCommitTimeout)
+	c.DeadLetterTimeout = cmp.Or(c.DeadLetterTimeout, DefaultDeadLetterTimeout)
+	c.DeadLetterRetryDelay = cmp.Or(c.DeadLetterRetryDelay, DefaultDeadLetterRetryDelay)
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return c
 }
 
@@ -366,50 +329,26 @@ func (c Config) validate() error {
 	if c.Ordering != OrderByKey && c.Ordering != OrderByPartition {
 		l.Addf("Ordering", "unknown value %d", int(c.Ordering))
 	}
-	if c.MaxInFlight < 1 {
-		l.Add("MaxInFlight", "must be at least 1")
-	} else if c.MaxUncommitted < c.MaxInFlight {
+	if l.Positive("MaxInFlight", c.MaxInFlight) && c.MaxUncommitted < c.MaxInFlight {
 		l.Add("MaxUncommitted", "must be at least MaxInFlight")
 	}
-	if c.QueueCapacity < 1 {
-		l.Add("QueueCapacity", "must be at least 1")
-	}
-	if c.MinBytes < 1 {
-		l.Add("MinBytes", "must be at least 1")
-	} else if c.MaxBytes < c.MinBytes {
+	l.Positive("QueueCapacity", c.QueueCapacity)
+	if l.Positive("MinBytes", c.MinBytes) && c.MaxBytes < c.MinBytes {
 		l.Add("MaxBytes", "smaller than MinBytes")
 	}
-	if c.MaxWait < 0 {
-		l.Add("MaxWait", "must not be negative")
-	}
+	l.NotNegative("MaxWait", c.MaxWait)
 	if c.IsolationLevel != kafka.ReadUncommitted && c.IsolationLevel != kafka.ReadCommitted {
 		l.Addf("IsolationLevel", "unknown value %d", int(c.IsolationLevel))
 	}
-	if c.SessionTimeout < 0 {
-		l.Add("SessionTimeout", "must not be negative")
-	}
-	if c.HeartbeatInterval < 0 {
-		l.Add("HeartbeatInterval", "must not be negative")
-	} else if c.SessionTimeout >= 0 && c.HeartbeatInterval >= c.SessionTimeout {
+	l.NotNegative("SessionTimeout", c.SessionTimeout)
+	if l.NotNegative("HeartbeatInterval", c.HeartbeatInterval) && c.SessionTimeout >= 0 && c.HeartbeatInterval >= c.SessionTimeout {
 		l.Add("HeartbeatInterval", "must be below SessionTimeout")
 	}
-	if c.RebalanceTimeout < 0 {
-		l.Add("RebalanceTimeout", "must not be negative")
-	}
-	if c.JoinGroupBackoff < 0 {
-		l.Add("JoinGroupBackoff", "must not be negative")
-	}
-	if c.CommitInterval < 0 {
-		l.Add("CommitInterval", "must not be negative")
-	}
-	if c.CommitTimeout < 0 {
-		l.Add("CommitTimeout", "must not be negative")
-	}
-	if c.DeadLetterTimeout < 0 {
-		l.Add("DeadLetterTimeout", "must not be negative")
-	}
-	if c.DeadLetterRetryDelay < 0 {
-		l.Add("DeadLetterRetryDelay", "must not be negative")
-	}
+	l.NotNegative("RebalanceTimeout", c.RebalanceTimeout)
+	l.NotNegative("JoinGroupBackoff", c.JoinGroupBackoff)
+	l.NotNegative("CommitInterval", c.CommitInterval)
+	l.NotNegative("CommitTimeout", c.CommitTimeout)
+	l.NotNegative("DeadLetterTimeout", c.DeadLetterTimeout)
+	l.NotNegative("DeadLetterRetryDelay", c.DeadLetterRetryDelay)
 	return l.Err()
 }

@@ -24,6 +24,12 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 			[]string{"kafkasource.Config.Brokers", "kafkasource.Config.GroupID"}},
 		{"topics and in-flight", kafkasource.Config{Brokers: []string{"127.0.0.1:1"}, Topics: []string{"a", "a"}, GroupID: "g", MaxInFlight: -1, CommitTimeout: -1},
 			[]string{"kafkasource.Config.Topics", "kafkasource.Config.MaxInFlight", "kafkasource.Config.CommitTimeout"}},
+		{"bounds compared", kafkasource.Config{Brokers: []string{"127.0.0.1:1"}, Topics: []string{"t"}, GroupID: "g",
+			MaxInFlight: 10, MaxUncommitted: 5, MinBytes: 10, MaxBytes: 5, SessionTimeout: 5, HeartbeatInterval: 5},
+			[]string{"kafkasource.Config.MaxUncommitted", "kafkasource.Config.MaxBytes", "kafkasource.Config.HeartbeatInterval"}},
+		{"bounds negative", kafkasource.Config{Brokers: []string{"127.0.0.1:1"}, Topics: []string{"t"}, GroupID: "g",
+			MinBytes: -1, HeartbeatInterval: -1},
+			[]string{"kafkasource.Config.MinBytes", "kafkasource.Config.HeartbeatInterval"}},
 	}
 	for _, tc := range cases {
 		src, err := kafkasource.New(t.Context(), tc.cfg)

@@ -1,6 +1,7 @@
 package sqssource
 
 import (
+	"cmp"
 	"log/slog"
 	"time"
 
@@ -154,36 +155,16 @@ type Config struct {
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	if c.VisibilityTimeout == 0 {
-		c.VisibilityTimeout = DefaultVisibilityTimeout
-	}
-	if c.WaitTime == 0 {
-		c.WaitTime = DefaultWaitTime
-	}
-	if c.MaxReceivers == 0 {
-		c.MaxReceivers = DefaultMaxReceivers
-	}
-	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = c.VisibilityTimeout / 3
-	}
-	if c.MaxExtension == 0 {
-		c.MaxExtension = DefaultMaxExtension
-	}
-	if c.RequestTimeout == 0 {
-		c.RequestTimeout = DefaultRequestTimeout
-	}
-	if c.DeleteAttempts == 0 {
-		c.DeleteAttempts = DefaultDeleteAttempts
-	}
-	if c.ReleaseTimeout == 0 {
-		c.ReleaseTimeout = DefaultReleaseTimeout
-	}
-	if c.RedriveDelay == 0 {
-		c.RedriveDelay = DefaultRedriveDelay
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.VisibilityTimeout = cmp.Or(c.VisibilityTimeout, DefaultVisibilityTimeout)
+	c.WaitTime = cmp.Or(c.WaitTime, DefaultWaitTime)
+	c.MaxReceivers = cmp.Or(c.MaxReceivers, DefaultMaxReceivers)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, c.VisibilityTimeout/3)
+	c.MaxExtension = cmp.Or(c.MaxExtension, DefaultMaxExtension)
+	c.RequestTimeout = cmp.Or(c.RequestTimeout, DefaultRequestTimeout)
+	c.DeleteAttempts = cmp.Or(c.DeleteAttempts, DefaultDeleteAttempts)
+	c.ReleaseTimeout = cmp.Or(c.ReleaseTimeout, DefaultReleaseTimeout)
+	c.RedriveDelay = cmp.Or(c.RedriveDelay, DefaultRedriveDelay)
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return c
 }
 
@@ -206,21 +187,15 @@ func (c Config) validate() error {
 	if c.WaitTime < 0 || c.WaitTime > MaxWaitTime || !wholeSeconds(c.WaitTime) {
 		l.Addf("WaitTime", "%s is not a whole number of seconds up to 20s", c.WaitTime)
 	}
-	if c.MaxReceivers < 1 {
-		l.Add("MaxReceivers", "must be at least 1")
-	}
+	l.Positive("MaxReceivers", c.MaxReceivers)
 	if !badVisibility && c.heartbeat() && c.HeartbeatInterval > c.VisibilityTimeout/2 {
 		l.Addf("HeartbeatInterval", "%s is more than half of VisibilityTimeout %s", c.HeartbeatInterval, c.VisibilityTimeout)
 	}
 	if c.MaxExtension <= 0 || c.MaxExtension > MaxVisibility {
 		l.Addf("MaxExtension", "%s is not above 0 and at most 12h", c.MaxExtension)
 	}
-	if c.RequestTimeout < 0 {
-		l.Add("RequestTimeout", "must not be negative")
-	}
-	if c.DeleteAttempts < 1 {
-		l.Add("DeleteAttempts", "must be at least 1")
-	}
+	l.NotNegative("RequestTimeout", c.RequestTimeout)
+	l.Positive("DeleteAttempts", c.DeleteAttempts)
 	if c.RedriveDelay > MaxVisibility {
 		l.Addf("RedriveDelay", "%s is more than 12h", c.RedriveDelay)
 	}

@@ -28,6 +28,7 @@
 package amqpoutbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -92,9 +93,7 @@ func New(cfg Config) (*Publisher, error) {
 	if _, err := amqp.ParseURI(cfg.URL); err != nil {
 		return nil, &idemq.ConfigError{Field: "amqpoutbox.Config.URL", Err: err}
 	}
-	if cfg.ConfirmTimeout == 0 {
-		cfg.ConfirmTimeout = 30 * time.Second
-	}
+	cfg.ConfirmTimeout = cmp.Or(cfg.ConfirmTimeout, 30*time.Second)
 	return &Publisher{cfg: cfg}, nil
 }
 
