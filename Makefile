@@ -143,9 +143,10 @@ apicheck: ## Compare the exported API with the baseline commit in .ci/api-baseli
 	bash .ci/apicheck
 
 .PHONY: services
-services: ## Install (when missing) and start PostgreSQL, Redis, RabbitMQ, Kafka and ElasticMQ, and the cluster profiles (3-node Kafka, Redis Cluster, Redis with Sentinel), on 127.0.0.1.
+services: ## Install (when missing) and start PostgreSQL, Redis, RabbitMQ, Kafka and ElasticMQ, and the cluster profiles (3-node Kafka, Redis Cluster, Redis with Sentinel), on 127.0.0.1; install Chromium for the browser tests.
 	$(SERVICES) up
 	$(SERVICES) up kafka-cluster redis-cluster redis-sentinel
+	$(SERVICES) browser
 
 .PHONY: services-down
 services-down: ## Stop the services that make services started.
