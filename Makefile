@@ -134,6 +134,11 @@ lint: ## gofmt, go vet, golangci-lint (.golangci.yml: staticcheck, errcheck, rev
 	$(GO) mod tidy -diff
 	cd testdata/containers && $(GO) mod tidy -diff
 
+.PHONY: screenshots
+screenshots: services ## Regenerate the console's screenshots (docs/console/*.png) with headless Chromium, against dead letters a real runner made on RabbitMQ, SQS and Kafka.
+	mkdir -p docs/console
+	$(WITH_ENV) IDEMQ_SCREENSHOTS=$(CURDIR)/docs/console $(GO) test -count=1 -timeout 10m -run '^TestConsoleInBrowser$$' ./cmd/idemq
+
 .PHONY: deps-weight
 deps-weight: ## Count and weigh the modules a user downloads to import consumer and dedup/pgdedup (fails above 10 modules or 30 MB), and each source alone.
 	bash .ci/deps-weight
