@@ -66,6 +66,7 @@ func commands() []command {
 		{name: "inspect", args: "SCOPE KEY", summary: "show the record of a processed message: when, payload hash, expiry", run: runInspect},
 		relayCommand(),
 		dlqCommand(),
+		consoleCommand(),
 		{name: "stats", summary: "records per scope, their ages, the expired ones not deleted yet, the table's and indexes' size", run: runStats},
 		{name: "purge", args: "SCOPE KEY", summary: "delete the record of a key, so that its next delivery runs the handler again", run: runPurge},
 		{name: "version", summary: "print idemq's version and the Go version it was built with", run: runVersion},

@@ -6,6 +6,7 @@
 //	idemq migrate --outbox --dsn URL [--print]  # the same for the outbox table (sinks/outbox)
 //	idemq relay --dsn URL --broker kafka|sqs|rabbitmq  # publish committed outbox rows; --stats shows their counts
 //	idemq dlq list|show|replay|purge --broker kafka|sqs|rabbitmq --dlq TOPIC|QUEUE  # operate dead letters (docs/operations.md)
+//	idemq console --dlq kafka:orders.dlq --dsn URL --worker NAME=URL  # the operator's web console (docs/operations.md)
 //	idemq inspect --dsn URL SCOPE KEY  # show a processed record (or --scope SCOPE KEY)
 //	idemq purge --dsn URL SCOPE KEY    # forget a record, so its next delivery runs again
 //	idemq stats --dsn URL              # records per scope, their ages, table size, outbox rows

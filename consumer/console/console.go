@@ -44,10 +44,14 @@ type Console struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu      sync.Mutex
-	plans   map[string]*plan
-	jobs    map[string]*job
-	busy    map[string]*job // the running job of each queue, by queue name
+	mu    sync.Mutex
+	plans map[string]*plan
+	jobs  map[string]*job
+	busy  map[string]*job // the running job of each queue, by queue name
+	// scans holds a token per queue while its store is scanned: one scan
+	// of a store at a time, since a second one hides SQS and RabbitMQ dead
+	// letters from the first.
+	scans   map[string]chan struct{}
 	workers map[string]*WorkerStatus
 }
 
@@ -73,6 +77,10 @@ func New(c Config) (*Console, error) {
 		cfg: c, pages: pages, static: http.FileServerFS(static), key: key,
 		ctx: ctx, cancel: cancel,
 		plans: map[string]*plan{}, jobs: map[string]*job{}, busy: map[string]*job{}, workers: map[string]*WorkerStatus{},
+		scans: map[string]chan struct{}{},
+	}
+	for _, q := range c.Queues {
+		con.scans[q.Name] = make(chan struct{}, 1)
 	}
 	con.handler = con.routes()
 	return con, nil

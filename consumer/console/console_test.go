@@ -253,6 +253,9 @@ func TestConsoleReplayGroup(t *testing.T) {
 		t.Fatalf("sign in: %d", code)
 	}
 	csrf := s.csrf(c, "/dlq/orders.dlq")
+	if _, body := s.get(c, "/dlq/orders.dlq"); !strings.Contains(body, `id="replay-selected"`) || !strings.Contains(body, `class="inline group-replay"`) {
+		t.Errorf("signed in, the queue page offers no replay:\n%s", body)
+	}
 	group := `handler: bad SKU <n> in order "…"`
 	code, body, _ := s.do(c, http.MethodPost, "/dlq/orders.dlq/confirm", url.Values{"csrf": {csrf}, "action": {"replay"}, "group": {group}}, nil)
 	if code != http.StatusOK || !strings.Contains(body, `<span id="confirm-count">3</span>`) {
@@ -319,6 +322,9 @@ func TestConsoleSecurity(t *testing.T) {
 		st := newStore()
 		s := newSite(t, console.Config{Token: token, Queues: []console.Queue{{Name: "orders.dlq", Open: st.open}}})
 		c := s.client()
+		if _, body := s.get(c, "/dlq/orders.dlq"); strings.Contains(body, `id="replay-selected"`) || !strings.Contains(body, `id="sign-in-hint"`) {
+			t.Errorf("the queue page offers a replay before signing in, or no way to sign in:\n%s", body)
+		}
 		csrf := s.csrf(c, "/login")
 		if code := mutate(t, s, c, csrf, nil); code != http.StatusUnauthorized {
 			t.Errorf("confirm without signing in: %d, want 401", code)

@@ -158,6 +158,13 @@ func (c *Console) execute(q *Queue, p *plan, j *job) {
 		if len(p.IDs) == 0 {
 			return nil
 		}
+		// Wait for a listing that began before the job to end.
+		select {
+		case c.scans[q.Name] <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		defer func() { <-c.scans[q.Name] }()
 		b, err := q.Open(ctx)
 		if err != nil {
 			return err

@@ -27,14 +27,17 @@ type page struct {
 	CSRF     string
 	SignedIn bool
 	Mutable  bool
-	ReadOnly bool
-	Queues   []Queue
-	Outbox   bool
-	Dedup    bool
-	Workers  bool
-	Path     string
-	Now      time.Time
-	Data     map[string]any
+	// CanMutate: mutations are accepted and the browser is signed in, so
+	// the pages show the replay and purge buttons.
+	CanMutate bool
+	ReadOnly  bool
+	Queues    []Queue
+	Outbox    bool
+	Dedup     bool
+	Workers   bool
+	Path      string
+	Now       time.Time
+	Data      map[string]any
 }
 
 // funcs are the templates' helpers.
@@ -84,6 +87,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, nam
 		ReadOnly: c.cfg.ReadOnly, Queues: c.cfg.Queues, Outbox: c.cfg.Outbox != nil, Dedup: c.cfg.Dedup != nil,
 		Workers: len(c.cfg.Workers) > 0, Path: r.URL.Path, Now: time.Now(), Data: data,
 	}
+	p.CanMutate = p.Mutable && p.SignedIn
 	var buf bytes.Buffer
 	if err := c.pages[name].Execute(&buf, p); err != nil {
 		c.log(r.Context(), slog.LevelError, "console: render a page", slog.String("page", name), slog.String("error", c.errText(err)))
@@ -179,6 +183,18 @@ func countString(n int, more bool) string {
 func (c *Console) list(ctx context.Context, q *Queue, f dlq.Filter) (ls []*dlq.Letter, more, busy bool, err error) {
 	c.mu.Lock()
 	j := c.busy[q.Name]
+	c.mu.Unlock()
+	if j != nil {
+		return nil, false, true, nil
+	}
+	select {
+	case c.scans[q.Name] <- struct{}{}:
+	case <-ctx.Done():
+		return nil, false, false, ctx.Err()
+	}
+	defer func() { <-c.scans[q.Name] }()
+	c.mu.Lock()
+	j = c.busy[q.Name]
 	c.mu.Unlock()
 	if j != nil {
 		return nil, false, true, nil
