@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
-	"net/http/httptest"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +14,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/idemq/idemq/consumer/console"
+	"github.com/idemq/idemq/internal/runtest"
+	"github.com/idemq/idemq/internal/testenv"
 )
 
 // consoleToken is the token the browser signs in with.
@@ -30,7 +32,9 @@ type tab struct {
 // answered 200.
 func (b tab) open(path string) {
 	b.t.Helper()
-	resp, err := chromedp.Run(b.ctx, chromedp.NavigateResponse(b.base+path))
+	ctx, cancel := context.WithTimeout(b.ctx, rigWait)
+	defer cancel()
+	resp, err := chromedp.Run(ctx, chromedp.NavigateResponse(b.base+path))
 	if err != nil {
 		b.t.Fatalf("open %s: %v", path, err)
 	}
@@ -54,7 +58,9 @@ func (b tab) submit(sel, expect string) {
 // status of the page it leads to.
 func (b tab) click(sel string) int64 {
 	b.t.Helper()
-	resp, err := chromedp.RunResponse(b.ctx, chromedp.Click(chromedp.CSS(sel)))
+	ctx, cancel := context.WithTimeout(b.ctx, rigWait)
+	defer cancel()
+	resp, err := chromedp.RunResponse(ctx, chromedp.Click(chromedp.CSS(sel)))
 	if err != nil {
 		b.t.Fatalf("click %s: %v", sel, err)
 	}
@@ -87,6 +93,17 @@ func (b tab) waitFor(what, cond string) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// header returns a CSS selector of the header cell of table's column
+// named name.
+func header(b tab, table, name string) string {
+	b.t.Helper()
+	i := eval[int](b, fmt.Sprintf(`Array.from(document.querySelectorAll(%q)).findIndex(th => th.textContent.trim() === %q)`, "#"+table+" thead th", name))
+	if i < 0 {
+		b.t.Fatalf("table %s has no column %s", table, name)
+	}
+	return fmt.Sprintf("#%s thead th:nth-child(%d)", table, i+1)
 }
 
 // rows returns the text of the cells sel (a CSS selector relative to each
@@ -126,26 +143,46 @@ func groupRow(b tab, part string) string {
 	return fmt.Sprintf(`tr.group[data-reason=%q]`, reason)
 }
 
-// consoleServer serves a console over the rigs' dead-letter stores and
-// workers.
-func consoleServer(t *testing.T, rigs []*rig) *httptest.Server {
+// consoleServer runs idemq console, as an operator would, over the
+// rigs' dead-letter stores, the database's dedup table and outbox, and
+// the runners' reports, on a free loopback port; it returns the console's
+// URL. The command stops at the test's end.
+func consoleServer(t *testing.T, db *effectsDB, rigs []*rig) string {
 	t.Helper()
-	cfg := console.Config{Token: consoleToken}
+	t.Setenv("AWS_REGION", testenv.SQSRegion)
+	t.Setenv("AWS_ACCESS_KEY_ID", testenv.SQSAccessKeyID)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", testenv.SQSSecretAccessKey)
+	args := []string{"--addr", "127.0.0.1:0", "--token", consoleToken, "--dsn", db.url, "--schema", db.schema, "--scope", rigScope}
 	for _, rg := range rigs {
-		cfg.Queues = append(cfg.Queues, console.Queue{Name: rg.queue, Broker: rg.broker, Open: rg.open,
-			Failures: rg.db.store.Driver(), Scope: rigScope(rg.broker)})
-		cfg.Workers = append(cfg.Workers, console.Worker{Name: "orders-" + rg.broker, URL: rg.healthURL})
+		args = append(args, rg.flags...)
+		args = append(args, "--worker", "orders-"+rg.broker+"="+rg.healthURL)
 	}
-	c, err := console.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(c)
+	ctx, cancel := context.WithCancel(context.Background())
+	var out, logs runtest.SyncBuffer
+	done := make(chan error, 1)
+	go func() { done <- runConsole(ctx, args, &out, &logs) }()
 	t.Cleanup(func() {
-		srv.Close()
-		_ = c.Close()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("idemq console: %v\n%s", err, logs.String())
+		}
 	})
-	return srv
+	addr := regexp.MustCompile(`idemq console: (http://\S+)/ `)
+	var url string
+	runtest.WaitFor(t, rigWait, func() string { return "idemq console to listen: " + out.String() + logs.String() }, func() bool {
+		if m := addr.FindStringSubmatch(out.String()); m != nil {
+			url = m[1]
+			return true
+		}
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("idemq console %s: %v\n%s", strings.Join(args, " "), err, logs.String())
+		default:
+		}
+		return false
+	})
+	return url
 }
 
 // The console in a real browser, over dead letters that real runners made
@@ -164,8 +201,8 @@ func TestConsoleInBrowser(t *testing.T) {
 			t.Fatalf("%s holds %d dead letters, want %d", rg.queue, n, len(rigPoison))
 		}
 	}
-	srv := consoleServer(t, rigs)
-	b := tab{t: t, ctx: newBrowser(t, browserOptions{}), base: srv.URL}
+	base := consoleServer(t, db, rigs)
+	b := tab{t: t, ctx: newBrowser(t, browserOptions{}), base: base}
 	wantGroups := map[string]string{groupSKU: "2", groupDeclined: "1"}
 
 	t.Run("overview", func(t *testing.T) {
@@ -194,8 +231,6 @@ func TestConsoleInBrowser(t *testing.T) {
 				t.Errorf("%s letters %v, want %v", rg.queue, keys, want)
 			}
 		}
-		b.open("/dlq/" + rigs[0].queue)
-		screenshot(t, b.ctx, "console-queue")
 	})
 
 	t.Run("sort and filter", func(t *testing.T) {
@@ -219,7 +254,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		if got := order(); !slices.Equal(got, []string{groupSKU, groupDeclined}) {
 			t.Fatalf("groups as served: %v", got)
 		}
-		countHeader := `#groups thead th:nth-child(2)`
+		countHeader := header(b, "groups", "Dead letters")
 		for _, want := range [][]string{{groupDeclined, groupSKU}, {groupSKU, groupDeclined}} {
 			if err := chromedp.Do(b.ctx, chromedp.Click(chromedp.CSS(countHeader))); err != nil {
 				t.Fatal(err)
@@ -228,7 +263,7 @@ func TestConsoleInBrowser(t *testing.T) {
 				t.Errorf("groups after a click on the count: %v, want %v", got, want)
 			}
 		}
-		keyHeader := `#letters thead th:nth-child(3)`
+		keyHeader := header(b, "letters", "Key")
 		asc := brokerKeys(rg.broker, 2, 3, 5)
 		desc := slices.Clone(asc)
 		slices.Reverse(desc)
@@ -249,7 +284,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	})
 
 	t.Run("no JavaScript", func(t *testing.T) {
-		nb := tab{t: t, ctx: newBrowser(t, browserOptions{noScript: true}), base: srv.URL}
+		nb := tab{t: t, ctx: newBrowser(t, browserOptions{noScript: true}), base: base}
 		nb.open("/")
 		if got := rows(nb, "queues", ".count"); !slices.Equal(got, []string{"3", "3", "3"}) {
 			t.Errorf("overview counts without JavaScript: %v", got)
@@ -271,12 +306,16 @@ func TestConsoleInBrowser(t *testing.T) {
 
 	t.Run("replay", func(t *testing.T) {
 		b.t = t
-		// Without the token, a replay is refused and nothing moves; a
-		// wrong token does not sign in.
+		// Before signing in, the pages offer no replay, and the console
+		// refuses one (a form posted by hand); nothing moves.
 		rg := rigs[0]
 		b.open("/dlq/" + rg.queue)
-		if status := b.click(groupRow(b, groupSKU) + " .group-replay button"); status != http.StatusUnauthorized {
-			t.Errorf("a replay before signing in answered %d, want %d", status, http.StatusUnauthorized)
+		if eval[bool](b, `!!document.querySelector(".group-replay, #replay-all, #replay-selected")`) {
+			t.Errorf("%s's page offers a replay before signing in", rg.queue)
+		}
+		post := fmt.Sprintf(`fetch(%q, {method: "POST", body: new URLSearchParams({action: "replay", all: "1"})}).then(r => r.status)`, "/dlq/"+rg.queue+"/confirm")
+		if status, err := chromedp.Run(b.ctx, chromedp.Evaluate[int](post, chromedp.EvalAwaitPromise)); err != nil || status != http.StatusUnauthorized {
+			t.Errorf("a replay posted before signing in answered %d (%v), want %d", status, err, http.StatusUnauthorized)
 		}
 		if n := countDeadLetters(t, rg); n != len(rigPoison) {
 			t.Fatalf("%s holds %d dead letters after a refused replay, want %d", rg.queue, n, len(rigPoison))
@@ -300,6 +339,9 @@ func TestConsoleInBrowser(t *testing.T) {
 		for i, rg := range rigs {
 			// The SKU group: confirmation, then the job's progress.
 			b.open("/dlq/" + rg.queue)
+			if i == 0 {
+				screenshot(t, b.ctx, "console-queue")
+			}
 			b.submit(groupRow(b, groupSKU)+" .group-replay button", "#confirm-count")
 			if got := eval[string](b, `document.querySelector("#confirm-count").textContent`); got != "2" {
 				t.Fatalf("%s: the confirmation counts %q dead letters, want 2", rg.queue, got)
@@ -344,6 +386,28 @@ func TestConsoleInBrowser(t *testing.T) {
 		if got := rows(b, "queues", ".count"); !slices.Equal(got, []string{"0", "0", "0"}) {
 			t.Errorf("overview counts after the replays: %v", got)
 		}
+	})
+
+	// Each order handled published an event to the outbox, which no relay
+	// sends; each took effect once, so the runners' table holds a record
+	// per order.
+	orders := len(rigs) * rigOrders
+	t.Run("outbox", func(t *testing.T) {
+		b.t = t
+		b.open("/outbox")
+		if got := eval[string](b, `document.querySelector("#outbox-pending")?.textContent.trim()`); got != fmt.Sprint(orders) {
+			t.Errorf("outbox pending %q, want %d", got, orders)
+		}
+		screenshot(t, b.ctx, "console-outbox")
+	})
+
+	t.Run("dedup", func(t *testing.T) {
+		b.t = t
+		b.open("/dedup")
+		if got := rows(b, "dedup-scopes", ".records"); !slices.Equal(got, []string{fmt.Sprint(orders)}) {
+			t.Errorf("dedup records of scope %s: %v, want %d", rigScope, got, orders)
+		}
+		screenshot(t, b.ctx, "console-dedup")
 	})
 
 	t.Run("workers", func(t *testing.T) {

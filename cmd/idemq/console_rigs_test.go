@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,6 +26,7 @@ import (
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/internal/testenv/brokerenv"
+	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sources/amqpsource"
 	"github.com/idemq/idemq/sources/dlq"
 	"github.com/idemq/idemq/sources/dlq/amqpdlq"
@@ -57,23 +60,37 @@ func rigKey(broker string, i int) string { return fmt.Sprintf("%s-order-%d", bro
 // consuming the origin into the effects table.
 type rig struct {
 	// broker is the broker's kind ("rabbitmq", "sqs", "kafka"); queue is
-	// the dead-letter store's name in the console.
+	// the dead-letter store's name in the console (its topic or queue
+	// name).
 	broker, queue string
+	// flags are idemq console's flags for the dead-letter store.
+	flags []string
 	// open opens the dead-letter store.
 	open func(ctx context.Context) (dlq.Broker, error)
-	// runner consumes the origin into db; its Config.Name,
-	// "orders-<broker>", is its scope.
+	// runner consumes the origin into db.
 	runner *consumer.Runner
 	db     *effectsDB
 	// healthURL serves the runner's console.WorkerReport.
 	healthURL string
 }
 
-// effectsDB is the database the handlers write to: an effects table (one
-// row per order handled) and the runners' processed-message records.
+// rigScope is every rig's runner's Config.Name: the keys of the brokers
+// differ, so the runners can share the scope, which idemq console's
+// --scope names.
+const rigScope = "orders"
+
+// rigName returns a short unique name for a topic or queue: the
+// screenshots show it.
+func rigName() string { return "orders-" + strings.ToLower(rand.Text()[:6]) }
+
+// effectsDB is the database the handlers write to, in a schema of the
+// test's own: an effects table (one row per order handled), the
+// runners' processed-message records and the outbox, where each handler
+// publishes an event that no relay sends (the console's outbox backlog).
 type effectsDB struct {
-	pool  *pgxpool.Pool
-	store *pgdedup.Store
+	url, schema string
+	pool        *pgxpool.Pool
+	store       *pgdedup.Store
 	// broken makes the handlers fail the poison orders for good.
 	broken atomic.Bool
 }
@@ -81,18 +98,9 @@ type effectsDB struct {
 func newEffectsDB(t *testing.T) *effectsDB {
 	t.Helper()
 	url := testenv.DatabaseURL(t)
-	schema := testenv.Schema(t, url)
-	surl, err := testenv.WithSearchPath(url, schema)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool, schema := testenv.SchemaPool(t)
 	ctx, cancel := context.WithTimeout(context.Background(), rigWait)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, surl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.ClosePoolAtCleanup(t, pool)
 	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
@@ -100,10 +108,13 @@ func newEffectsDB(t *testing.T) *effectsDB {
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE effects (key text NOT NULL, at timestamptz NOT NULL DEFAULT now())`); err != nil {
+	if code, _, errOut := idemq(t, "migrate", "--outbox", "--dsn", url, "--schema", schema); code != exitOK {
+		t.Fatalf("idemq migrate --outbox = %d: %s", code, errOut)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{schema, "effects"}.Sanitize()+` (key text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	db := &effectsDB{pool: pool, store: store}
+	db := &effectsDB{url: url, schema: schema, pool: pool, store: store}
 	db.broken.Store(true)
 	return db
 }
@@ -113,7 +124,7 @@ func (d *effectsDB) effects(t *testing.T) map[string]int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), rigWait)
 	defer cancel()
-	rows, err := d.pool.Query(ctx, `SELECT key, count(*) FROM effects GROUP BY key`)
+	rows, err := d.pool.Query(ctx, `SELECT key, count(*) FROM `+pgx.Identifier{d.schema, "effects"}.Sanitize()+` GROUP BY key`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,35 +149,36 @@ func (d *effectsDB) effects(t *testing.T) map[string]int {
 }
 
 // newRig returns the rig of a started runner on src whose handler writes
-// one effects row per order and fails the poison orders for good while d
-// is broken, its report served for the console's workers page. The runner
-// stops at the test's end.
-func (d *effectsDB) newRig(t *testing.T, broker, queue string, src consumer.Source, open func(context.Context) (dlq.Broker, error)) *rig {
+// one effects row and one outbox event per order, and fails the poison
+// orders for good while d is broken; its report is served for the
+// console's workers page. The runner stops at the test's end.
+func (d *effectsDB) newRig(t *testing.T, broker, queue string, flags []string, src consumer.Source, open func(context.Context) (dlq.Broker, error)) *rig {
 	t.Helper()
 	rep := &console.WorkerReporter{}
 	if lr, ok := src.(consumer.LagReporter); ok {
 		rep.Lag = lr
 	}
+	effects := pgx.Identifier{d.schema, "effects"}.Sanitize()
 	r, err := consumer.NewRunner(src, consumer.Transactional(d.store, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		for i, reason := range rigPoison {
 			if m.Key == rigKey(broker, i) && d.broken.Load() {
 				return consumer.Permanent(errors.New(reason))
 			}
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO effects (key) VALUES ($1)`, m.Key)
+		if _, err := tx.Exec(ctx, `INSERT INTO `+effects+` (key) VALUES ($1)`, m.Key); err != nil {
+			return err
+		}
+		_, err := outbox.Schema(d.schema).Publish(ctx, tx, outbox.Message{Destination: "order-events", Key: m.Key, Body: m.Body})
 		return err
-	}), consumer.Config{Name: rigScope(broker), Concurrency: 2, Logger: runtest.Logger(t), Hooks: []consumer.Hook{rep}})
+	}), consumer.Config{Name: rigScope, Concurrency: 2, Logger: runtest.Logger(t), Hooks: []consumer.Hook{rep}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(runtest.Start(t, r))
 	health := httptest.NewServer(rep.Handler(r))
 	t.Cleanup(health.Close)
-	return &rig{broker: broker, queue: queue, open: open, runner: r, db: d, healthURL: health.URL + "/readyz"}
+	return &rig{broker: broker, queue: queue, flags: flags, open: open, runner: r, db: d, healthURL: health.URL + "/readyz"}
 }
-
-// rigScope is the Config.Name of broker's runner.
-func rigScope(broker string) string { return "orders-" + broker }
 
 // waitDeadLetters waits until the runner handled the good orders and
 // dead-lettered the poison ones.
@@ -203,7 +215,7 @@ func orderBody(i int) string { return fmt.Sprintf(`{"order":%d,"sku":"S-%d"}`, i
 func rabbitRig(t *testing.T, db *effectsDB) *rig {
 	t.Helper()
 	url := testenv.AMQPURL(t)
-	queue := runtest.UniqueName(t, "console-orders")
+	queue := rigName()
 	cfg := amqpsource.Config{URL: url, Queue: queue, Declare: &amqpsource.Topology{}, Logger: runtest.Logger(t)}
 	dead := amqpsource.DeadLetterQueue(cfg)
 	brokerenv.DeleteQueuesAtCleanup(t, url, queue, dead)
@@ -239,7 +251,7 @@ func rabbitRig(t *testing.T, db *effectsDB) *rig {
 			t.Fatalf("publish %s not confirmed (acked %v): %v", key, ok, err)
 		}
 	}
-	return db.newRig(t, "rabbitmq", "rabbitmq-orders", src, func(context.Context) (dlq.Broker, error) {
+	return db.newRig(t, "rabbitmq", dead, []string{"--dlq", "rabbitmq:" + dead, "--amqp-url", url}, src, func(context.Context) (dlq.Broker, error) {
 		return amqpdlq.New(amqpdlq.Config{URL: url, Queue: dead})
 	})
 }
@@ -250,7 +262,7 @@ func sqsRig(t *testing.T, db *effectsDB) *rig {
 	endpoint := testenv.SQSEndpoint(t)
 	c := sqs.New(sqs.Options{Region: testenv.SQSRegion, BaseEndpoint: aws.String(endpoint),
 		Credentials: credentials.NewStaticCredentialsProvider(testenv.SQSAccessKeyID, testenv.SQSSecretAccessKey, "")})
-	name := runtest.UniqueName(t, "console-orders")
+	name := rigName()
 	brokerenv.DeleteSQSQueuesAtCleanup(t, endpoint, name, name+"-dlq")
 	ctx, cancel := context.WithTimeout(context.Background(), rigWait)
 	defer cancel()
@@ -277,7 +289,8 @@ func sqsRig(t *testing.T, db *effectsDB) *rig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = src.Close() })
-	return db.newRig(t, "sqs", "sqs-orders", src, func(context.Context) (dlq.Broker, error) {
+	flags := []string{"--dlq", "sqs:" + dead, "--sqs-endpoint", endpoint, "--key-attribute", "idempotency-key"}
+	return db.newRig(t, "sqs", name+"-dlq", flags, src, func(context.Context) (dlq.Broker, error) {
 		return sqsdlq.New(sqsdlq.Config{Client: c, QueueURL: dead, KeyAttribute: "idempotency-key"})
 	})
 }
@@ -286,7 +299,7 @@ func sqsRig(t *testing.T, db *effectsDB) *rig {
 func kafkaRig(t *testing.T, db *effectsDB) *rig {
 	t.Helper()
 	brokers := testenv.KafkaBrokers(t)
-	topic := runtest.UniqueName(t, "console-orders")
+	topic := rigName()
 	dead := kafkasource.DeadLetterTopic(topic)
 	brokerenv.DeleteTopicsAtCleanup(t, brokers, topic, dead, kafkadlq.ProgressTopic(dead))
 	ctx, cancel := context.WithTimeout(context.Background(), rigWait)
@@ -317,7 +330,7 @@ func kafkaRig(t *testing.T, db *effectsDB) *rig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = src.Close() })
-	return db.newRig(t, "kafka", "kafka-orders", src, func(context.Context) (dlq.Broker, error) {
+	return db.newRig(t, "kafka", dead, []string{"--dlq", "kafka:" + dead, "--brokers", strings.Join(brokers, ",")}, src, func(context.Context) (dlq.Broker, error) {
 		return kafkadlq.New(kafkadlq.Config{Brokers: brokers, Topic: dead})
 	})
 }
