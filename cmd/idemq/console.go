@@ -34,6 +34,9 @@ func consoleCommand() command {
 // consoleTokenEnv is the environment variable of the console's token.
 const consoleTokenEnv = "IDEMQ_CONSOLE_TOKEN"
 
+// minTokenLen is the shortest token idemq console accepts.
+const minTokenLen = 16
+
 // listFlag is a repeatable flag.
 type listFlag []string
 
@@ -141,8 +144,11 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if f.token == "" {
 		f.token = os.Getenv(consoleTokenEnv)
 	}
-	if f.token == "" && !f.readOnly {
+	switch {
+	case f.token == "" && !f.readOnly:
 		return fmt.Errorf("%w: replay and purge need a token: set %s (or --token), or start with --read-only", errUsage, consoleTokenEnv)
+	case f.token != "" && len(f.token) < minTokenLen:
+		return fmt.Errorf("%w: the token is %d bytes; use at least %d random ones (openssl rand -hex 24)", errUsage, len(f.token), minTokenLen)
 	}
 	cfg, closeAll, err := f.config(ctx, stderr)
 	if err != nil {

@@ -415,6 +415,7 @@ func TestConsoleUsage(t *testing.T) {
 		{"console", "--read-only", "--scope", "orders"},
 		{"console", "--read-only", "--prefix", "idemq/"},
 		{"console", "--read-only", "extra"},
+		{"console", "--token", "short"},
 	} {
 		if code, _, errOut := idemq(t, args...); code != exitUsage {
 			t.Errorf("idemq %s = %d, want %d:\n%s", strings.Join(args, " "), code, exitUsage, errOut)
@@ -500,5 +501,41 @@ func TestConsoleCommand(t *testing.T) {
 	}
 	if !strings.Contains(errOut.String(), "console: list dead letters") {
 		t.Errorf("the unreachable broker is not logged:\n%s", errOut.String())
+	}
+}
+
+// The dedup page's partitions come from PostgreSQL's catalog: a range
+// partitioned table lists each partition with its bound; a plain table
+// none.
+func TestConsolePartitions(t *testing.T) {
+	dbURL := testenv.DatabaseURL(t)
+	pool, schema := testenv.SchemaPool(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	q := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+	for _, stmt := range []string{
+		`CREATE TABLE ` + q("parted") + ` (scope text, key text, processed_at timestamptz NOT NULL) PARTITION BY RANGE (processed_at)`,
+		`CREATE TABLE ` + q("parted_20260101") + ` PARTITION OF ` + q("parted") + ` FOR VALUES FROM ('2026-01-01') TO ('2026-01-02')`,
+		`CREATE TABLE ` + q("parted_20260102") + ` PARTITION OF ` + q("parted") + ` FOR VALUES FROM ('2026-01-02') TO ('2026-01-03')`,
+		`CREATE TABLE ` + q("plain") + ` (scope text)`,
+	} {
+		if _, err := pool.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db, err := sql.Open("pgx", dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ps, err := partitions(ctx, db, `"`+schema+`"."parted"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != 2 || !strings.HasSuffix(ps[0].Name, "parted_20260101") || !strings.Contains(ps[0].Bound, "2026-01-01") || !strings.HasSuffix(ps[1].Name, "parted_20260102") {
+		t.Errorf("partitions %+v, want the two days in order", ps)
+	}
+	if ps, err := partitions(ctx, db, `"`+schema+`"."plain"`); err != nil || ps != nil {
+		t.Errorf("partitions of a plain table: %+v, %v", ps, err)
 	}
 }

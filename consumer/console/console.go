@@ -117,7 +117,7 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (c *Console) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /static/", http.StripPrefix("/static", c.static))
+	mux.Handle("GET /static/{file}", http.StripPrefix("/static", c.static))
 	mux.HandleFunc("GET /{$}", c.overview)
 	mux.HandleFunc("GET /overview.json", c.overviewJSON)
 	mux.HandleFunc("GET /dlq/{queue}", c.queuePage)

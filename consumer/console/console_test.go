@@ -404,7 +404,7 @@ func TestConsoleSecurity(t *testing.T) {
 		for _, p := range []string{
 			"/static/../console.go", "/static/..%2fconsole.go", "/static/%2e%2e/console.go", "/static/../../go.mod",
 			"/static/..%2f..%2fconsole.go", "/static/templates/layout.html", "/static/../templates/layout.html",
-			"/static/%2e%2e%2ftemplates%2flayout.html", "/static//etc/passwd", "/static/..\\console.go",
+			"/static/%2e%2e%2ftemplates%2flayout.html", "/static//etc/passwd", "/static/..\\console.go", "/static/",
 		} {
 			req, _ := http.NewRequest(http.MethodGet, s.srv.URL+p, nil)
 			req.URL.RawPath, req.URL.Path = "", "" // sent as written
@@ -415,6 +415,9 @@ func TestConsoleSecurity(t *testing.T) {
 			}
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
+			if strings.Contains(string(b), `href="console.js"`) {
+				t.Errorf("GET %s (%d) lists the assets", p, resp.StatusCode)
+			}
 			if strings.Contains(string(b), "package console") || strings.Contains(string(b), "{{define") || strings.Contains(string(b), "module github.com") || strings.Contains(string(b), "root:") {
 				t.Errorf("GET %s (%d) served a file outside the assets", p, resp.StatusCode)
 			}

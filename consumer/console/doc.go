@@ -27,6 +27,14 @@
 // refused with 403. Pages are sent with a Content-Security-Policy that
 // allows only the console's own script and stylesheet, and everything a
 // dead letter carries (body, headers, reason, key) is escaped as text;
-// headers whose names look secret (redact.SecretKey) are masked, and the
-// secrets of Config.DSNs never appear in a page or a log line.
+// headers whose names look secret (containing pass, secret, token, key,
+// auth...) are masked, and the secrets of Config.DSNs and the token never
+// appear in a page or a log line.
+//
+// # Workers
+//
+// The Workers page scrapes each Config.Workers URL when it is served:
+// consumer.HealthHandler's readyz, or the handler of a WorkerReporter,
+// which adds the in-flight count, the lag and the last error. A worker
+// that does not answer within Config.ScrapeTimeout shows as gone.
 package console

@@ -39,6 +39,11 @@ func newRunner(t testing.TB, hooks ...consumer.Hook) (*consumer.Runner, *memsour
 	return r, b
 }
 
+// fixedLag is a consumer.LagReporter with fixed lags.
+type fixedLag []consumer.PartitionLag
+
+func (f fixedLag) Lag(context.Context) ([]consumer.PartitionLag, error) { return f, nil }
+
 // workers reads the console's workers.json.
 func workers(t *testing.T, s *site) map[string]console.WorkerStatus {
 	t.Helper()
@@ -64,7 +69,7 @@ func TestConsoleWorkers(t *testing.T) {
 	plain := httptest.NewServer(http.StripPrefix("/health", consumer.HealthHandler(plainRunner)))
 	t.Cleanup(plain.Close)
 
-	rep := &console.WorkerReporter{}
+	rep := &console.WorkerReporter{Lag: fixedLag{{Topic: "orders", Partition: 0, Lag: 5}, {Topic: "orders", Partition: 1, Lag: 7}}}
 	richRunner, broker := newRunner(t, rep)
 	runtest.Start(t, richRunner)
 	rich := httptest.NewServer(rep.Handler(richRunner))
@@ -92,7 +97,7 @@ func TestConsoleWorkers(t *testing.T) {
 		return ws["plain"].State == console.StateReady && ws["rich"].State == console.StateReady && richRunner.Stats().DeadLettered == 1
 	})
 	ws := workers(t, s)
-	if r := ws["rich"].Report; r == nil || r.InFlight == nil || *r.InFlight != 0 || r.Stats == nil || r.Stats.Received != 2 || r.LastError == "" {
+	if r := ws["rich"].Report; r == nil || r.InFlight == nil || *r.InFlight != 0 || r.Stats == nil || r.Stats.Received != 2 || r.LastError == "" || r.Lag == nil || *r.Lag != 12 {
 		t.Errorf("the reporter's worker: %+v", r)
 	} else if !strings.Contains(r.LastError, "bad SKU 17") {
 		t.Errorf("last error %q, want the handler's", r.LastError)
@@ -106,7 +111,7 @@ func TestConsoleWorkers(t *testing.T) {
 		}
 	}
 	_, page := s.get(s.client(), "/workers")
-	for _, w := range []string{`data-worker="rich" data-state="ready"`, `<td class="last-error">permanent: bad SKU 17</td>`, `data-worker="hangs" data-state="gone"`} {
+	for _, w := range []string{`data-worker="rich" data-state="ready"`, `<td class="last-error">permanent: bad SKU 17</td>`, `<td class="num lag">12</td>`, `data-worker="hangs" data-state="gone"`} {
 		if !strings.Contains(page, w) {
 			t.Errorf("workers page lacks %s", w)
 		}
