@@ -66,8 +66,10 @@ func TestDashboardNamesExportedMetrics(t *testing.T) {
 func TestDashboardCheckFailsOnUnknownMetric(t *testing.T) {
 	exported := exportedSeries(t)
 	dash := readDashboard(t, dashboardFile)
-	dash.Panels = append(dash.Panels, panel{Title: "Planted", Type: "timeseries",
-		Targets: []target{{RefID: "A", Expr: `sum by (idemq_dead_letter_reason) (rate(idemq_dead_letter_total{job="w"}[5m]))`}}})
+	planted := panel{ID: 9999, Title: "Planted", Type: "timeseries",
+		Targets: []target{{RefID: "A", Expr: `sum by (idemq_dead_letter_reason) (rate(idemq_dead_letter_total{job="w"}[5m]))`}}}
+	planted.GridPos.W, planted.GridPos.H = 12, 8
+	dash.Panels = append(dash.Panels, planted)
 	err := checkDashboard(dash, exported)
 	if err == nil || !strings.Contains(err.Error(), `panel "Planted"`) || !strings.Contains(err.Error(), "idemq_dead_letter_total") {
 		t.Fatalf("checkDashboard with a planted panel = %v, want an error naming the panel and idemq_dead_letter_total", err)
@@ -271,11 +273,12 @@ type dashboard struct {
 }
 
 type panel struct {
-	ID      int      `json:"id"`
-	Title   string   `json:"title"`
-	Type    string   `json:"type"`
-	Targets []target `json:"targets"`
-	Panels  []panel  `json:"panels"` // a collapsed row's panels
+	ID      int                `json:"id"`
+	Title   string             `json:"title"`
+	Type    string             `json:"type"`
+	GridPos struct{ W, H int } `json:"gridPos"`
+	Targets []target           `json:"targets"`
+	Panels  []panel            `json:"panels"` // a collapsed row's panels
 }
 
 type target struct {
@@ -313,8 +316,9 @@ func readDashboard(t *testing.T, path string) dashboard {
 	return d
 }
 
-// checkDashboard returns an error naming every panel that has no query, or
-// a query that names a series missing from exported.
+// checkDashboard returns an error naming every panel that has no title,
+// unique id or size, no query, or a query that names a series missing
+// from exported.
 func checkDashboard(d dashboard, exported map[string]bool) error {
 	var problems []string
 	if d.Title == "" || d.UID == "" {
@@ -324,7 +328,12 @@ func checkDashboard(d dashboard, exported map[string]bool) error {
 	if len(ps) == 0 {
 		problems = append(problems, "the dashboard has no panel")
 	}
+	ids := map[int]bool{}
 	for _, p := range ps {
+		if p.ID == 0 || ids[p.ID] || p.Title == "" || p.GridPos.W <= 0 || p.GridPos.H <= 0 {
+			problems = append(problems, fmt.Sprintf("panel %q (id %d) needs a title, a unique id and a size (gridPos w, h)", p.Title, p.ID))
+		}
+		ids[p.ID] = true
 		if len(p.Targets) == 0 {
 			problems = append(problems, fmt.Sprintf("panel %q has no query", p.Title))
 		}
