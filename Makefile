@@ -24,7 +24,7 @@ REDIS_RESTART_TESTS := ^TestRestartRedisSmoke$$
 RACE_CORE       := ./consumer/... ./dedup/... ./internal/leasepath ./dedup/memdedup ./sources/memsource
 # The longest packages start first, so that two at a time do not end with
 # one of them running alone.
-SLOW_FIRST      := ./dedup/sqldedup ./consumer ./cmd/internal/demo ./sources/dlq \
+SLOW_FIRST      := ./dedup/sqldedup ./consumer ./cmd/internal/demo ./sources/sqssource/sqsdlq \
 	./sinks/outbox/kafkaoutbox ./consumer/otelidemq ./sinks/outbox/internal/chain ./cmd/idemq ./sinks/outbox/amqpoutbox
 TEST_RUN        ?= -count=1 -timeout 30m
 # Filters of go list's output (import paths, order kept): only the packages

@@ -16,10 +16,10 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer/console"
+	"github.com/idemq/idemq/consumer/dlq"
 	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/sinks/outbox"
-	"github.com/idemq/idemq/sources/dlq"
-	"github.com/idemq/idemq/sources/dlq/kafkadlq"
+	"github.com/idemq/idemq/sources/kafkasource/kafkadlq"
 )
 
 // consoleCommand is the console's entry in the command table.

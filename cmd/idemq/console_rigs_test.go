@@ -22,18 +22,18 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/console"
+	"github.com/idemq/idemq/consumer/dlq"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sources/amqpsource"
-	"github.com/idemq/idemq/sources/dlq"
-	"github.com/idemq/idemq/sources/dlq/amqpdlq"
-	"github.com/idemq/idemq/sources/dlq/kafkadlq"
-	"github.com/idemq/idemq/sources/dlq/sqsdlq"
+	"github.com/idemq/idemq/sources/amqpsource/amqpdlq"
 	"github.com/idemq/idemq/sources/kafkasource"
+	"github.com/idemq/idemq/sources/kafkasource/kafkadlq"
 	"github.com/idemq/idemq/sources/sqssource"
+	"github.com/idemq/idemq/sources/sqssource/sqsdlq"
 )
 
 // rigWait bounds each wait of the console's fixtures.

@@ -32,8 +32,8 @@ import (
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/amqpsource"
-	"github.com/idemq/idemq/sources/dlq/kafkadlq"
 	"github.com/idemq/idemq/sources/kafkasource"
+	"github.com/idemq/idemq/sources/kafkasource/kafkadlq"
 	"github.com/idemq/idemq/sources/sqssource"
 )
 

@@ -14,11 +14,11 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/idemq/idemq/sources/dlq"
-	"github.com/idemq/idemq/sources/dlq/amqpdlq"
-	"github.com/idemq/idemq/sources/dlq/kafkadlq"
-	"github.com/idemq/idemq/sources/dlq/sqsdlq"
+	"github.com/idemq/idemq/consumer/dlq"
+	"github.com/idemq/idemq/sources/amqpsource/amqpdlq"
+	"github.com/idemq/idemq/sources/kafkasource/kafkadlq"
 	"github.com/idemq/idemq/sources/sqssource"
+	"github.com/idemq/idemq/sources/sqssource/sqsdlq"
 )
 
 // dlqCommand is the dead-letter command's entry in the command table.

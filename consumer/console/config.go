@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/consumer/dlq"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/sources/dlq"
 )
 
 // Queue is a dead-letter topic or queue the console shows, replays and

@@ -18,9 +18,9 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer/console"
+	"github.com/idemq/idemq/consumer/dlq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/runtest"
-	"github.com/idemq/idemq/sources/dlq"
 )
 
 // memStore is a dead-letter store in memory, shared by the brokers the

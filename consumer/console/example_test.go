@@ -8,7 +8,7 @@ import (
 	"regexp"
 
 	"github.com/idemq/idemq/consumer/console"
-	"github.com/idemq/idemq/sources/dlq"
+	"github.com/idemq/idemq/consumer/dlq"
 )
 
 // A program mounts the console on its own mux, under a prefix, next to its

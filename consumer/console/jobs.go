@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemq/idemq/sources/dlq"
+	"github.com/idemq/idemq/consumer/dlq"
 )
 
 // planTTL is how long a confirmation page's plan can be run.

@@ -9,8 +9,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/idemq/idemq/consumer/dlq"
 	"github.com/idemq/idemq/internal/redact"
-	"github.com/idemq/idemq/sources/dlq"
 )
 
 // letterView is a dead letter as a page shows it: every text scrubbed, the

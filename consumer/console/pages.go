@@ -14,8 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemq/idemq/consumer/dlq"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/sources/dlq"
 )
 
 // page is what the layout template gets.

@@ -76,7 +76,7 @@ type Charge struct {
 // checks its credentials against its own store; the example knows two.
 var callers = map[string]string{"alice-token": "alice", "bob-token": "bob"}
 
-// caller is the Source's Scope: the caller the request's bearer token
+// caller is the Source's Caller: who the request's bearer token
 // authenticates. Its keys are its own: another caller's equal key is
 // another operation, and never shows this caller's answer.
 func caller(r *http.Request) (string, error) {
@@ -133,7 +133,7 @@ func serve(ctx context.Context, addr, dsn string, log *slog.Logger) error {
 		}
 	}
 
-	src, err := httpsource.New(httpsource.Config{Scope: caller, Logger: log})
+	src, err := httpsource.New(httpsource.Config{Caller: caller, Logger: log})
 	if err != nil {
 		return err
 	}

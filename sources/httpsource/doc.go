@@ -4,7 +4,7 @@
 // Runner, lanes, batching, stores, hooks and telemetry as a broker's
 // messages, and is answered from its outcome.
 //
-//	src, _ := httpsource.New(httpsource.Config{Scope: caller}) // the authenticated caller: keys are its own
+//	src, _ := httpsource.New(httpsource.Config{Caller: caller}) // the authenticated caller: keys are its own
 //	path := consumer.Transactional(store, httpsource.Tx(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) (httpsource.Response, error) {
 //		... // write through tx
 //		return httpsource.JSON(http.StatusCreated, charge)
@@ -12,7 +12,7 @@
 //	runner, _ := consumer.NewRunner(src, path, consumer.Config{Name: "charges"})
 //	mux.Handle("POST /charges", src)
 //
-// Keys belong to the caller that Config.Scope names (required; a shared key
+// Keys belong to the caller that Config.Caller names (required; a shared key
 // space is the loudly named opt-in Config.UnsafeSharedKeySpace): another
 // caller's equal key is another operation and never shows this caller's
 // answer. The handler's Response is stored with the request's record in the same

@@ -86,7 +86,7 @@ func TestSourceResponseRoundTrip(t *testing.T) {
 		"X-Empty":      {""},
 		"x-lower":      {"v"}, // stored canonical
 	}
-	src := memSource(t, httpsource.Config{Scope: oneCaller, ReplaySetCookie: true}, func(context.Context, *memdedup.Tx, *consumer.Message) (httpsource.Response, error) {
+	src := memSource(t, httpsource.Config{Caller: oneCaller, ReplaySetCookie: true}, func(context.Context, *memdedup.Tx, *consumer.Message) (httpsource.Response, error) {
 		return httpsource.Response{Status: http.StatusCreated, Header: want.Clone(), Body: body}, nil
 	})
 	first := serveRecorded(src, "k", `{}`, 2)
@@ -117,7 +117,7 @@ func TestSourceResponseRoundTrip(t *testing.T) {
 // TestSourceBodyLimit: a body over Config.MaxBodyBytes is answered 413
 // whether its length is declared or not; a body at the limit is handled.
 func TestSourceBodyLimit(t *testing.T) {
-	src := memSource(t, httpsource.Config{Scope: oneCaller, MaxBodyBytes: 10}, func(_ context.Context, _ *memdedup.Tx, msg *consumer.Message) (httpsource.Response, error) {
+	src := memSource(t, httpsource.Config{Caller: oneCaller, MaxBodyBytes: 10}, func(_ context.Context, _ *memdedup.Tx, msg *consumer.Message) (httpsource.Response, error) {
 		return httpsource.Response{Status: http.StatusCreated, Body: msg.Body}, nil
 	})
 	for _, c := range []struct {
@@ -149,7 +149,7 @@ func TestSourceBodyLimit(t *testing.T) {
 // store's allocations and the test's request and recorder.
 func BenchmarkServeHTTP(b *testing.B) {
 	res := []byte(`{"id":1,"account":7,"amount":5,"balance":5}` + "\n")
-	src := memSource(b, httpsource.Config{Scope: oneCaller}, func(context.Context, *memdedup.Tx, *consumer.Message) (httpsource.Response, error) {
+	src := memSource(b, httpsource.Config{Caller: oneCaller}, func(context.Context, *memdedup.Tx, *consumer.Message) (httpsource.Response, error) {
 		return httpsource.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: res}, nil
 	})
 	var seq atomic.Int64
@@ -167,18 +167,18 @@ func BenchmarkServeHTTP(b *testing.B) {
 	})
 }
 
-// TestNewScope: a Source shares no key space between callers unless told
-// to: New refuses a Config without Scope.
-func TestNewScope(t *testing.T) {
+// TestNewCaller: a Source shares no key space between callers unless told
+// to: New refuses a Config without Caller.
+func TestNewCaller(t *testing.T) {
 	_, err := httpsource.New(httpsource.Config{})
 	var ce *idemq.ConfigError
-	if !errors.Is(err, idemq.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != "httpsource.Config.Scope" {
-		t.Fatalf("New without Scope: %v, want a *idemq.ConfigError for httpsource.Config.Scope", err)
+	if !errors.Is(err, idemq.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != "httpsource.Config.Caller" {
+		t.Fatalf("New without Caller: %v, want a *idemq.ConfigError for httpsource.Config.Caller", err)
 	}
-	if _, err := httpsource.New(httpsource.Config{Scope: oneCaller, UnsafeSharedKeySpace: true}); !errors.Is(err, idemq.ErrInvalidConfig) {
-		t.Fatalf("New with Scope and UnsafeSharedKeySpace: %v, want an invalid configuration", err)
+	if _, err := httpsource.New(httpsource.Config{Caller: oneCaller, UnsafeSharedKeySpace: true}); !errors.Is(err, idemq.ErrInvalidConfig) {
+		t.Fatalf("New with Caller and UnsafeSharedKeySpace: %v, want an invalid configuration", err)
 	}
-	for _, cfg := range []httpsource.Config{{Scope: oneCaller}, {UnsafeSharedKeySpace: true}} {
+	for _, cfg := range []httpsource.Config{{Caller: oneCaller}, {UnsafeSharedKeySpace: true}} {
 		if _, err := httpsource.New(cfg); err != nil {
 			t.Fatalf("New(%+v): %v", cfg, err)
 		}
@@ -190,7 +190,7 @@ func TestNewScope(t *testing.T) {
 // receives until its Timeout (the Timeout is short here, so that a queued
 // request shows by its answer instead of hanging).
 func TestSourceClosed(t *testing.T) {
-	src, err := httpsource.New(httpsource.Config{Scope: oneCaller, Timeout: time.Millisecond})
+	src, err := httpsource.New(httpsource.Config{Caller: oneCaller, Timeout: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func TestSourceClosed(t *testing.T) {
 func TestSourceHopByHop(t *testing.T) {
 	hop := []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Te", "Trailer", "Proxy-Authenticate", "X-Named-By-Connection"}
 	var runs atomic.Int64
-	src := memSource(t, httpsource.Config{Scope: oneCaller}, func(_ context.Context, _ *memdedup.Tx, msg *consumer.Message) (httpsource.Response, error) {
+	src := memSource(t, httpsource.Config{Caller: oneCaller}, func(_ context.Context, _ *memdedup.Tx, msg *consumer.Message) (httpsource.Response, error) {
 		runs.Add(1)
 		if string(msg.Body) == "early" {
 			return httpsource.Response{Status: http.StatusEarlyHints, Header: http.Header{"Link": {"</a.css>; rel=preload"}}}, nil
@@ -253,7 +253,7 @@ func TestSourceMalformedDetail(t *testing.T) {
 	type chargeIn struct {
 		Amount int `json:"amount"`
 	}
-	src := memSourceOn(t, httpsource.Config{Scope: oneCaller}, consumer.TxJSON(func(context.Context, *memdedup.Tx, *consumer.Message, chargeIn) error {
+	src := memSourceOn(t, httpsource.Config{Caller: oneCaller}, consumer.TxJSON(func(context.Context, *memdedup.Tx, *consumer.Message, chargeIn) error {
 		return nil
 	}))
 	for body, want := range map[string]string{`{"amount":"x"}`: `"amount"`, `{"amount":`: "JSON", `[1]`: "JSON"} {

@@ -36,27 +36,27 @@ const (
 	DefaultQueue        = 1024
 )
 
-// Config configures a Source. Scope is required, unless
+// Config configures a Source. Caller is required, unless
 // UnsafeSharedKeySpace says that every caller shares one key space.
 type Config struct {
-	// Scope returns the caller's scope for a request, for example the
-	// authenticated subject or tenant: keys are recorded as the scope and
-	// the key, encoded injectively, so that two callers' keys never
-	// collide and no caller can read another's stored response by
-	// sending the same key. An error answers 401 with its text as the
-	// problem detail; so does an empty scope, or one that is not UTF-8 or
-	// holds a control character, with a detail naming the scope. A scope
-	// of any length is accepted: the 1 KiB limit is the key's. Required:
-	// New fails without it, unless UnsafeSharedKeySpace is set.
-	Scope func(r *http.Request) (string, error)
+	// Caller names who sent a request, for example the authenticated
+	// subject or tenant: keys are recorded as the caller and the key,
+	// encoded injectively, so that two callers' keys never collide and no
+	// caller can read another's stored response by sending the same key.
+	// An error answers 401 with its text as the problem detail; so does an
+	// empty caller, or one that is not UTF-8 or holds a control character,
+	// with a detail naming the caller. A caller of any length is accepted:
+	// the 1 KiB limit is the key's. Required: New fails without it, unless
+	// UnsafeSharedKeySpace is set.
+	Caller func(r *http.Request) (string, error)
 
 	// UnsafeSharedKeySpace records every caller's keys in one key space,
-	// without a Scope: a caller who sends a key another caller used gets
+	// without a Caller: a caller who sends a key another caller used gets
 	// that caller's stored response (its body, and its Set-Cookie with
 	// ReplaySetCookie), or a 422 that tells him the key exists. Set it
 	// only when one client owns the endpoint (a single internal service),
 	// never for an endpoint that several callers share. Defaults to
-	// false: New fails without a Scope.
+	// false: New fails without a Caller.
 	UnsafeSharedKeySpace bool
 
 	// ReplaySetCookie stores the Set-Cookie headers of a handler's
@@ -117,10 +117,10 @@ func (c Config) WithDefaults() Config {
 func (c Config) validate() error {
 	var l cfgerr.List
 	switch {
-	case c.Scope == nil && !c.UnsafeSharedKeySpace:
-		l.Add("httpsource.Config.Scope", "nil: set the caller's scope (or UnsafeSharedKeySpace, when one client owns the endpoint)")
-	case c.Scope != nil && c.UnsafeSharedKeySpace:
-		l.Add("httpsource.Config.UnsafeSharedKeySpace", "set together with Scope: choose one")
+	case c.Caller == nil && !c.UnsafeSharedKeySpace:
+		l.Add("httpsource.Config.Caller", "nil: name the request's caller (or set UnsafeSharedKeySpace, when one client owns the endpoint)")
+	case c.Caller != nil && c.UnsafeSharedKeySpace:
+		l.Add("httpsource.Config.UnsafeSharedKeySpace", "set together with Caller: choose one")
 	}
 	if c.MaxBodyBytes < 0 {
 		l.Addf("httpsource.Config.MaxBodyBytes", "%d is negative", c.MaxBodyBytes)
@@ -217,9 +217,9 @@ func New(cfg Config) (*Source, error) {
 	}, nil
 }
 
-// scopeEscaper makes "<scope>:<key>" injective, as consumer.IdempotencyKey
-// does: the escaped scope holds no ':'.
-var scopeEscaper = strings.NewReplacer("%", "%25", ":", "%3A")
+// callerEscaper makes "<caller>:<key>" injective, as consumer.IdempotencyKey
+// does: the escaped caller holds no ':'.
+var callerEscaper = strings.NewReplacer("%", "%25", ":", "%3A")
 
 // ServeHTTP implements http.Handler: it answers the request from the
 // outcome of its delivery.
@@ -321,27 +321,27 @@ func (s *Source) requestKey(w http.ResponseWriter, r *http.Request) (string, boo
 		problem(w, http.StatusBadRequest, "the "+HeaderKey+" "+p)
 		return "", false
 	}
-	if s.cfg.Scope != nil {
-		scope, err := s.cfg.Scope(r)
+	if s.cfg.Caller != nil {
+		caller, err := s.cfg.Caller(r)
 		if err != nil {
 			problem(w, http.StatusUnauthorized, err.Error())
 			return "", false
 		}
-		if scope == "" {
-			problem(w, http.StatusUnauthorized, "the caller has no scope")
+		if caller == "" {
+			problem(w, http.StatusUnauthorized, "the request names no caller")
 			return "", false
 		}
-		if p := textProblem(scope); p != "" {
-			s.cfg.Logger.WarnContext(r.Context(), "caller's scope refused", "reason", p)
-			problem(w, http.StatusUnauthorized, "the caller's scope "+p)
+		if p := textProblem(caller); p != "" {
+			s.cfg.Logger.WarnContext(r.Context(), "caller refused", "reason", p)
+			problem(w, http.StatusUnauthorized, "the caller "+p)
 			return "", false
 		}
-		key = scopedKey(scope, key)
+		key = callerKey(caller, key)
 	}
 	return key, true
 }
 
-// textProblem says why a key or a scope cannot be recorded, or returns "":
+// textProblem says why a key or a caller cannot be recorded, or returns "":
 // it is not UTF-8, or holds a control character, as the runner's check of
 // keys says.
 func textProblem(s string) string {
@@ -354,13 +354,13 @@ func textProblem(s string) string {
 	return ""
 }
 
-// scopedKey is the key recorded for key in scope: "<scope>:<key>", with
-// '%' and ':' of the scope escaped. When that is longer than
-// consumer.MaxKeyBytes (the limit is the key's, not the scope's), it is
-// "%sha256:" and the hex SHA-256 digest of it instead: an escaped scope
-// has a '%' only before "25" or "3A", so no "<scope>:<key>" starts so.
-func scopedKey(scope, key string) string {
-	k := scopeEscaper.Replace(scope) + ":" + key
+// callerKey is the key recorded for key of caller: "<caller>:<key>", with
+// '%' and ':' of the caller escaped. When that is longer than
+// consumer.MaxKeyBytes (the limit is the key's, not the caller's), it is
+// "%sha256:" and the hex SHA-256 digest of it instead: an escaped caller
+// has a '%' only before "25" or "3A", so no "<caller>:<key>" starts so.
+func callerKey(caller, key string) string {
+	k := callerEscaper.Replace(caller) + ":" + key
 	if len(k) <= consumer.MaxKeyBytes {
 		return k
 	}

@@ -332,7 +332,7 @@ func wantProblem(t *testing.T, what string, r reply, status int) {
 func TestSource(t *testing.T) {
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
-			e := start(t, b, httpsource.Config{Scope: oneCaller})
+			e := start(t, b, httpsource.Config{Caller: oneCaller})
 
 			first := post(t, e.url, "k1", `{"amount":500}`)
 			if first.status != http.StatusCreated || first.header.Get("Idempotent-Replayed") != "" ||
@@ -397,11 +397,11 @@ func TestSource(t *testing.T) {
 	}
 }
 
-// TestSourceScopes: two callers' equal keys are two operations; the same
-// caller's retry is a replay. The scope comes from the request.
-func TestSourceScopes(t *testing.T) {
+// TestSourceCallers: two callers' equal keys are two operations; the same
+// caller's retry is a replay. The caller comes from the request.
+func TestSourceCallers(t *testing.T) {
 	b := backends()[1] // SQLite
-	e := start(t, b, httpsource.Config{Scope: tenantScope})
+	e := start(t, b, httpsource.Config{Caller: tenantCaller})
 	a := post(t, e.url, "same", `{"amount":1}`, "X-Tenant", "a")
 	bb := post(t, e.url, "same", `{"amount":1}`, "X-Tenant", "b:x")
 	if a.status != http.StatusCreated || bb.status != http.StatusCreated || a.body == bb.body {
@@ -419,7 +419,7 @@ func TestSourceScopes(t *testing.T) {
 // TestSourceWaitInProgress: with WaitInProgress a concurrent copy of a key
 // waits and gets the first request's response as a replay.
 func TestSourceWaitInProgress(t *testing.T) {
-	e := start(t, backends()[1], httpsource.Config{Scope: oneCaller, WaitInProgress: true})
+	e := start(t, backends()[1], httpsource.Config{Caller: oneCaller, WaitInProgress: true})
 	first := make(chan reply, 1)
 	go func() { first <- post(t, e.url, "w", `{"amount":3,"block":true}`) }()
 	<-e.started
@@ -462,8 +462,8 @@ func TestSourceLeaseInProgressElsewhere(t *testing.T) {
 	for _, wait := range []bool{false, true} {
 		t.Run(fmt.Sprintf("WaitInProgress=%v", wait), func(t *testing.T) {
 			name := fmt.Sprintf("busy-%d", time.Now().UnixNano()) // Redis keys outlive the test
-			a := instance(t, name, httpsource.Config{Scope: oneCaller})
-			b := instance(t, name, httpsource.Config{Scope: oneCaller, WaitInProgress: wait, Timeout: 10 * time.Second})
+			a := instance(t, name, httpsource.Config{Caller: oneCaller})
+			b := instance(t, name, httpsource.Config{Caller: oneCaller, WaitInProgress: wait, Timeout: 10 * time.Second})
 			var once sync.Once
 			release := func() { once.Do(func() { close(a.release) }) }
 			t.Cleanup(release) // a's handler returns before its server stops
@@ -527,7 +527,7 @@ func TestSourceLeaseStoreResultLimit(t *testing.T) {
 		return httpsource.JSON(http.StatusCreated, map[string]string{"receipt": strings.Repeat("r", 100)})
 	})
 	e := &endpoint{}
-	serve(t, e, consumer.Leased(store, h, consumer.LeaseOptions{}), fmt.Sprintf("limit-%d", time.Now().UnixNano()), httpsource.Config{Scope: oneCaller})
+	serve(t, e, consumer.Leased(store, h, consumer.LeaseOptions{}), fmt.Sprintf("limit-%d", time.Now().UnixNano()), httpsource.Config{Caller: oneCaller})
 
 	if first := post(t, e.url, "k", `{}`); first.status != http.StatusCreated || !strings.Contains(first.body, "rrrr") {
 		t.Fatalf("response over the store's limit: %+v, want the 201 response", first)
@@ -541,11 +541,11 @@ func TestSourceLeaseStoreResultLimit(t *testing.T) {
 	}
 }
 
-// oneCaller is a Config.Scope for tests with one caller.
+// oneCaller is a Config.Caller for tests with one caller.
 func oneCaller(*http.Request) (string, error) { return "caller", nil }
 
-// tenantScope is a Config.Scope: the caller is the X-Tenant header.
-func tenantScope(r *http.Request) (string, error) {
+// tenantCaller is a Config.Caller: the caller is the X-Tenant header.
+func tenantCaller(r *http.Request) (string, error) {
 	tenant := r.Header.Get("X-Tenant")
 	if tenant == "" {
 		return "", errors.New("no tenant")
@@ -559,7 +559,7 @@ func tenantScope(r *http.Request) (string, error) {
 func TestSourceSetCookie(t *testing.T) {
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
-			e := start(t, b, httpsource.Config{Scope: tenantScope})
+			e := start(t, b, httpsource.Config{Caller: tenantCaller})
 			body := `{"amount":5,"cookie":"session=alice-secret"}`
 			first := post(t, e.url, "c1", body, "X-Tenant", "alice")
 			if first.status != http.StatusCreated || first.header.Get("Set-Cookie") != "session=alice-secret" {
@@ -585,7 +585,7 @@ func TestSourceRequestFingerprint(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			e := &endpoint{release: make(chan struct{}), started: make(chan struct{}, 8)}
 			path, name := b.start(t, e)
-			serve(t, e, path, name, httpsource.Config{Scope: oneCaller}, "POST /accounts/{id}/charges", "DELETE /accounts/{id}")
+			serve(t, e, path, name, httpsource.Config{Caller: oneCaller}, "POST /accounts/{id}/charges", "DELETE /accounts/{id}")
 			body := `{"amount":5}`
 			first := do(t, http.MethodPost, e.base+"/accounts/1/charges", "K", body)
 			if first.status != http.StatusCreated {
@@ -615,7 +615,7 @@ func TestSourceOversizeResponse(t *testing.T) {
 	big := strings.Repeat("r", 70<<10)
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
-			e := start(t, b, httpsource.Config{Scope: oneCaller})
+			e := start(t, b, httpsource.Config{Caller: oneCaller})
 			body := `{"amount":5,"cookie":"s=1","echo":"` + big + `"}` // a 70 KiB response
 			first := post(t, e.url, "big", body)
 			if b.name != "redis-lease" {
@@ -651,7 +651,7 @@ func TestSourceClientLeaves(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			e := &endpoint{release: make(chan struct{}), started: make(chan struct{}, 8), closed: make(chan struct{}, 8)}
 			path, name := b.start(t, e)
-			serve(t, e, path, name, httpsource.Config{Scope: oneCaller, Timeout: 5 * time.Second})
+			serve(t, e, path, name, httpsource.Config{Caller: oneCaller, Timeout: 5 * time.Second})
 			var once sync.Once
 			release := func() { once.Do(func() { close(e.release) }) }
 			t.Cleanup(release)
@@ -707,12 +707,12 @@ func TestSourceClientLeaves(t *testing.T) {
 }
 
 // TestSourceKeyLimits: the 1 KiB limit is the client's key's, whatever the
-// scope's length; a key over it, or with a control character, is blamed on
-// the key (400), and a scope that cannot be recorded on the scope (401).
+// caller's length; a key over it, or with a control character, is blamed on
+// the key (400), and a caller that cannot be recorded on the caller (401).
 func TestSourceKeyLimits(t *testing.T) {
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
-			e := start(t, b, httpsource.Config{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil }})
+			e := start(t, b, httpsource.Config{Caller: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil }})
 			long := strings.Repeat("k", consumer.MaxKeyBytes)
 			for _, tenant := range []string{"acme", strings.Repeat("a:%", 400)} {
 				first := post(t, e.url, long, `{"amount":1}`, "X-Tenant", tenant)
@@ -737,11 +737,11 @@ func TestSourceKeyLimits(t *testing.T) {
 					t.Fatalf("%s: %q, want the key blamed", what, r.body)
 				}
 			}
-			for what, tenant := range map[string]string{"an empty scope": "", "a scope with a TAB": "a\tb"} {
+			for what, tenant := range map[string]string{"an empty caller": "", "a caller with a TAB": "a\tb"} {
 				r := post(t, e.url, "k", `{"amount":1}`, "X-Tenant", tenant)
 				wantProblem(t, what, r, http.StatusUnauthorized)
-				if !strings.Contains(r.body, "scope") || strings.Contains(r.body, "Idempotency-Key") {
-					t.Fatalf("%s: %q, want the scope blamed, not the key", what, r.body)
+				if !strings.Contains(r.body, "caller") || strings.Contains(r.body, "Idempotency-Key") {
+					t.Fatalf("%s: %q, want the caller blamed, not the key", what, r.body)
 				}
 			}
 		})

@@ -1,4 +1,4 @@
-package dlq_test
+package sqsdlq_test
 
 import (
 	"bytes"
@@ -22,28 +22,38 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dlq"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/internal/testenv/brokerenv"
-	"github.com/idemq/idemq/sources/dlq"
-	"github.com/idemq/idemq/sources/dlq/sqsdlq"
+	"github.com/idemq/idemq/sources/internal/dlqtest"
 	"github.com/idemq/idemq/sources/sqssource"
+	"github.com/idemq/idemq/sources/sqssource/sqsdlq"
 )
 
-func init() {
-	childBrokers["TestSQS"] = func(t *testing.T, env func(string) string) dlq.Broker {
+// TestHelperReplayChild is TestSQS's replay child (see
+// dlqtest.ReplayChild): it is killed as it deletes a dead letter.
+func TestHelperReplayChild(t *testing.T) {
+	dlqtest.ReplayChild(t, func(t *testing.T, env func(string) string) dlq.Broker {
 		// The child's scan hides what it received for 1 s only, so that
 		// what it held when killed comes back soon.
 		c := sqsClient(env("IDEMQ_DLQ_SQS_ENDPOINT"), func(o *sqs.Options) {
 			o.HTTPClient = &killingHTTP{Doer: awshttp.NewBuildableClient()}
 		})
 		return openSQSDLQ(t, c, env("IDEMQ_DLQ_QUEUE_URL"), time.Second)
-	}
+	})
+}
+
+// New refuses a configuration without its required fields with one
+// *idemq.ConfigError per field.
+func TestNewRefusesMissingFields(t *testing.T) {
+	_, err := sqsdlq.New(sqsdlq.Config{})
+	dlqtest.CheckMissingFields(t, err, "sqsdlq.Config.Client", "sqsdlq.Config.QueueURL")
 }
 
 // killingHTTP SIGKILLs the process as it is about to delete a dead letter
-// past killAfter(): its copy is in the origin queue, the dead letter not
-// deleted.
+// past the ones the child may remove (dlqtest.KillAtRemoval): its copy is in
+// the origin queue, the dead letter not deleted.
 type killingHTTP struct {
 	Doer interface {
 		Do(*http.Request) (*http.Response, error)
@@ -53,7 +63,7 @@ type killingHTTP struct {
 
 func (k *killingHTTP) Do(r *http.Request) (*http.Response, error) {
 	if r.Header.Get("X-Amz-Target") == "AmazonSQS.DeleteMessage" {
-		killAtRemoval(&k.deletes)
+		dlqtest.KillAtRemoval(&k.deletes)
 	}
 	return k.Doer.Do(r)
 }
@@ -93,8 +103,8 @@ func TestSQS(t *testing.T) {
 	str := func(s string) types.MessageAttributeValue {
 		return types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(s)}
 	}
-	runScenario(t, rig{
-		publish: func(t *testing.T, key, body string) {
+	dlqtest.RunScenario(t, dlqtest.Rig{
+		Publish: func(t *testing.T, key, body string) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			if _, err := c.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(queue), MessageBody: aws.String(body),
@@ -102,7 +112,7 @@ func TestSQS(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		source: func(t *testing.T) consumer.Source {
+		Source: func(t *testing.T) consumer.Source {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			src, err := sqssource.New(ctx, c, sqssource.Config{QueueURL: queue, DeadLetterQueueURL: dead,
@@ -113,13 +123,13 @@ func TestSQS(t *testing.T) {
 			t.Cleanup(func() { _ = src.Close() })
 			return src
 		},
-		broker: func(t *testing.T) dlq.Broker { return openSQSDLQ(t, c, dead, 0) },
+		Broker: func(t *testing.T) dlq.Broker { return openSQSDLQ(t, c, dead, 0) },
 		// A second copy of each dead letter: replayed as well, absorbed.
-		again: func(t *testing.T, b dlq.Broker) {
+		Again: func(t *testing.T, b dlq.Broker) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			var copies []types.SendMessageBatchRequestEntry
-			for len(copies) < len(poison) {
+			for len(copies) < len(dlqtest.Poison) {
 				out, err := c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(dead), MaxNumberOfMessages: 10,
 					WaitTimeSeconds: 1, VisibilityTimeout: 30, MessageAttributeNames: []string{"All"}})
 				if err != nil {
@@ -138,9 +148,9 @@ func TestSQS(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		againBefore:  true,
-		childEnv:     []string{"IDEMQ_DLQ_SQS_ENDPOINT=" + endpoint, "IDEMQ_DLQ_QUEUE_URL=" + dead},
-		killInWindow: true,
+		AgainBefore:  true,
+		ChildEnv:     []string{"IDEMQ_DLQ_SQS_ENDPOINT=" + endpoint, "IDEMQ_DLQ_QUEUE_URL=" + dead},
+		KillInWindow: true,
 	})
 }
 
@@ -154,7 +164,7 @@ func TestSQSFIFOReplayKeepsKey(t *testing.T) {
 	c := sqsClient(endpoint)
 	name := runtest.UniqueName(t, "idemq-dlq")
 	brokerenv.DeleteSQSQueuesAtCleanup(t, endpoint, name+".fifo", name+"-dlq.fifo")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*waitTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*dlqtest.WaitTimeout)
 	defer cancel()
 	var urls [2]string
 	for i, n := range []string{name + ".fifo", name + "-dlq.fifo"} {
@@ -166,8 +176,8 @@ func TestSQSFIFOReplayKeepsKey(t *testing.T) {
 		urls[i] = aws.ToString(out.QueueUrl)
 	}
 	queue, dead := urls[0], urls[1]
-	// order-2 and order-3 are poison (see poison) while broken is set.
-	keys := []string{keyOf(1), keyOf(2), keyOf(3)}
+	// order-2 and order-3 are poison (see dlqtest.Poison) while broken is set.
+	keys := []string{dlqtest.KeyOf(1), dlqtest.KeyOf(2), dlqtest.KeyOf(3)}
 	for _, k := range keys {
 		if _, err := c.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(queue), MessageBody: aws.String(`{"order":"` + k + `"}`),
 			MessageGroupId: aws.String(k), MessageDeduplicationId: aws.String(k),
@@ -179,7 +189,7 @@ func TestSQSFIFOReplayKeepsKey(t *testing.T) {
 	// run runs a runner until done, then closes its source. A message that
 	// SQS handed to one of its receive calls that Close cancelled comes
 	// back after the visibility timeout, which is short for that reason.
-	db := newEffectsDB(t)
+	db := dlqtest.NewEffectsDB(t)
 	var broken atomic.Bool
 	run := func(t *testing.T, done func(consumer.Stats) bool) consumer.Stats {
 		src, err := sqssource.New(ctx, c, sqssource.Config{QueueURL: queue, DeadLetterQueueURL: dead,
@@ -188,7 +198,7 @@ func TestSQSFIFOReplayKeepsKey(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer src.Close()
-		r := db.runner(t, src, &broken)
+		r := db.Runner(t, src, &broken)
 		runtest.RunUntil(t, func() bool { return done(r.Stats()) }, r)
 		return r.Stats()
 	}
@@ -221,12 +231,12 @@ func TestSQSFIFOReplayKeepsKey(t *testing.T) {
 	}
 
 	b := openSQSDLQ(t, c, dead, 0)
-	if got, want := keysOf(list(t, b, dlq.Filter{})), []string{keyOf(2), keyOf(2), keyOf(3), keyOf(3)}; !slices.Equal(got, want) {
+	if got, want := dlqtest.KeysOf(dlqtest.List(t, b, dlq.Filter{})), []string{dlqtest.KeyOf(2), dlqtest.KeyOf(2), dlqtest.KeyOf(3), dlqtest.KeyOf(3)}; !slices.Equal(got, want) {
 		t.Errorf("dead-letter keys %v, want the recorded keys %v", got, want)
 	}
 	broken.Store(false)
 	// One dead letter of each replayed and applied, then the other two.
-	for round, sel := range []dlq.Filter{{Key: keyOf(2), Limit: 1}, {Key: keyOf(3), Limit: 1}, {}} {
+	for round, sel := range []dlq.Filter{{Key: dlqtest.KeyOf(2), Limit: 1}, {Key: dlqtest.KeyOf(3), Limit: 1}, {}} {
 		res, err := dlq.Replay(ctx, b, sel, dlq.Options{})
 		if err != nil {
 			t.Fatalf("replay %+v: %v", sel, err)
@@ -234,11 +244,11 @@ func TestSQSFIFOReplayKeepsKey(t *testing.T) {
 		st := run(t, func(st consumer.Stats) bool { return st.Received >= uint64(res.Done) })
 		t.Logf("replay %d sent %d; the runner: %+v", round, res.Done, st)
 	}
-	if ls := list(t, b, dlq.Filter{}); len(ls) != 0 {
-		t.Errorf("%d dead letters left: %v", len(ls), keysOf(ls))
+	if ls := dlqtest.List(t, b, dlq.Filter{}); len(ls) != 0 {
+		t.Errorf("%d dead letters left: %v", len(ls), dlqtest.KeysOf(ls))
 	}
-	eff := db.effects(t)
-	want := map[string]int{keyOf(1): 1, keyOf(2): 1, keyOf(3): 1}
+	eff := db.Effects(t)
+	want := map[string]int{dlqtest.KeyOf(1): 1, dlqtest.KeyOf(2): 1, dlqtest.KeyOf(3): 1}
 	if !maps.Equal(eff, want) {
 		t.Errorf("effects by key %v, want %v", eff, want)
 	}
@@ -375,14 +385,14 @@ func TestSQSMoveAllKeepsOrigins(t *testing.T) {
 	rg.deadLetter(t, rg.orders)
 	b := openSQSDLQ(t, rg.c, rg.dead, 0)
 	// What the command line's replay saw: letters of orders only.
-	for _, l := range list(t, b, dlq.Filter{}) {
+	for _, l := range dlqtest.List(t, b, dlq.Filter{}) {
 		if l.Origin != rg.orders {
 			t.Fatalf("dead letter %+v: origin %q, want %q", l, l.Origin, rg.orders)
 		}
 	}
 	rg.deadLetter(t, rg.refunds)
 
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), dlqtest.WaitTimeout)
 	defer cancel()
 	moved, err := b.MoveAll(ctx, rg.orders, nil)
 	switch {
@@ -413,7 +423,7 @@ func TestSQSMoveAllToTheOnlySource(t *testing.T) {
 	endpoint := testenv.SQSEndpoint(t)
 	// Only orders names the dead-letter queue, as its policy says.
 	rg := newMoveRig(t, endpoint, false)
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), dlqtest.WaitTimeout)
 	defer cancel()
 	policy := `{"redrivePermission":"byQueue","sourceQueueArns":["` + queueARN(t, rg.c, rg.orders) + `"]}`
 	c := sqsClient(endpoint, func(o *sqs.Options) { o.HTTPClient = &allowPolicyHTTP{queueURL: rg.dead, policy: policy} })

@@ -24,9 +24,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dlq"
 	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/sources/amqpsource"
-	"github.com/idemq/idemq/sources/dlq"
 )
 
 // Config configures a Broker.

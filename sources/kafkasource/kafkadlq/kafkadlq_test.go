@@ -1,4 +1,4 @@
-package dlq_test
+package kafkadlq_test
 
 import (
 	"context"
@@ -16,24 +16,36 @@ import (
 	"github.com/segmentio/kafka-go/protocol/produce"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dlq"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/internal/testenv/brokerenv"
-	"github.com/idemq/idemq/sources/dlq"
-	"github.com/idemq/idemq/sources/dlq/kafkadlq"
+	"github.com/idemq/idemq/sources/internal/dlqtest"
 	"github.com/idemq/idemq/sources/kafkasource"
+	"github.com/idemq/idemq/sources/kafkasource/kafkadlq"
 )
 
-func init() {
-	childBrokers["TestKafka"] = func(t *testing.T, env func(string) string) dlq.Broker {
+// TestHelperReplayChild is TestKafka's replay child (see
+// dlqtest.ReplayChild): it is killed as it records a dead letter's
+// progress.
+func TestHelperReplayChild(t *testing.T) {
+	dlqtest.ReplayChild(t, func(t *testing.T, env func(string) string) dlq.Broker {
 		return openKafkaDLQ(t, strings.Split(env("IDEMQ_DLQ_BROKERS"), ","), env("IDEMQ_DLQ_TOPIC"),
 			&killingTransport{RoundTripper: &kafka.Transport{}})
-	}
+	})
+}
+
+// New refuses a configuration without its required fields with one
+// *idemq.ConfigError per field.
+func TestNewRefusesMissingFields(t *testing.T) {
+	_, err := kafkadlq.New(kafkadlq.Config{})
+	dlqtest.CheckMissingFields(t, err, "kafkadlq.Config.Brokers", "kafkadlq.Config.Topic")
 }
 
 // killingTransport SIGKILLs the process as it is about to record the
-// progress of a dead letter past killAfter(): its copy is acknowledged at
-// the origin, its removal not recorded.
+// progress of a dead letter past the ones the child may remove
+// (dlqtest.KillAtRemoval): its copy is acknowledged at the origin, its
+// removal not recorded.
 type killingTransport struct {
 	kafka.RoundTripper
 	commits atomic.Int64
@@ -41,7 +53,7 @@ type killingTransport struct {
 
 func (k *killingTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafka.Request) (kafka.Response, error) {
 	if p, ok := req.(*produce.Request); ok && len(p.Topics) > 0 && strings.HasSuffix(p.Topics[0].Topic, ".progress") {
-		killAtRemoval(&k.commits)
+		dlqtest.KillAtRemoval(&k.commits)
 	}
 	return k.RoundTripper.RoundTrip(ctx, addr, req)
 }
@@ -69,8 +81,8 @@ func TestKafka(t *testing.T) {
 		t.Fatal(err)
 	}
 	group := runtest.UniqueName(t, "g")
-	runScenario(t, rig{
-		publish: func(t *testing.T, key, body string) {
+	dlqtest.RunScenario(t, dlqtest.Rig{
+		Publish: func(t *testing.T, key, body string) {
 			tr := &kafka.Transport{}
 			defer tr.CloseIdleConnections()
 			w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Hash{},
@@ -84,7 +96,7 @@ func TestKafka(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		source: func(t *testing.T) consumer.Source {
+		Source: func(t *testing.T) consumer.Source {
 			src, err := kafkasource.New(context.Background(), kafkasource.Config{
 				Brokers: brokers, Topics: []string{topic}, GroupID: group,
 				SessionTimeout: 6 * time.Second, HeartbeatInterval: 300 * time.Millisecond, RebalanceTimeout: 10 * time.Second,
@@ -97,12 +109,12 @@ func TestKafka(t *testing.T) {
 			t.Cleanup(func() { src.Close() })
 			return src
 		},
-		broker: func(t *testing.T) dlq.Broker { return openKafkaDLQ(t, brokers, dead, nil) },
+		Broker: func(t *testing.T) dlq.Broker { return openKafkaDLQ(t, brokers, dead, nil) },
 		// The dead-letter topic keeps what was replayed: rewinding the
 		// progress replays it all again.
-		again:        func(t *testing.T, _ dlq.Broker) { rewindProgress(t, brokers, dead, kafkadlq.DefaultGroup, 0, 1) },
-		childEnv:     []string{"IDEMQ_DLQ_BROKERS=" + strings.Join(brokers, ","), "IDEMQ_DLQ_TOPIC=" + dead},
-		killInWindow: true,
+		Again:        func(t *testing.T, _ dlq.Broker) { rewindProgress(t, brokers, dead, kafkadlq.DefaultGroup, 0, 1) },
+		ChildEnv:     []string{"IDEMQ_DLQ_BROKERS=" + strings.Join(brokers, ","), "IDEMQ_DLQ_TOPIC=" + dead},
+		KillInWindow: true,
 	})
 }
 
@@ -129,12 +141,12 @@ func kafkaTopics(t *testing.T, prefix string) (brokers []string, topic, dead str
 // offsets.
 func TestKafkaKeylessReplayedTwice(t *testing.T) {
 	brokers, topic, dead := kafkaTopics(t, "idemq-dlq-keyless")
-	db := newEffectsDB(t)
+	db := dlqtest.NewEffectsDB(t)
 	tr := &kafka.Transport{}
 	defer tr.CloseIdleConnections()
 	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: topic, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
 	defer w.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), dlqtest.WaitTimeout)
 	defer cancel()
 	if err := w.WriteMessages(ctx, kafka.Message{Value: []byte(`{"order":1}`), Headers: []kafka.Header{{Key: "tenant", Value: []byte("acme")}}}); err != nil {
 		t.Fatal(err)
@@ -153,7 +165,7 @@ func TestKafkaKeylessReplayedTwice(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer src.Close()
-		r, err := consumer.NewRunner(src, consumer.Transactional(db.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+		r, err := consumer.NewRunner(src, consumer.Transactional(db.Store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			if broken.Load() {
 				return consumer.Permanent(errors.New("bad SKU"))
 			}
@@ -184,7 +196,7 @@ func TestKafkaKeylessReplayedTwice(t *testing.T) {
 	}
 	broken.Store(false)
 	st := run(func(st consumer.Stats) bool { return st.Received >= 2 })
-	if n := db.effects(t)[`{"order":1}`]; n != 1 {
+	if n := db.Effects(t)[`{"order":1}`]; n != 1 {
 		t.Errorf("the dead letter replayed twice took effect %d times, want once (runner: %+v)", n, st)
 	}
 }
@@ -199,7 +211,7 @@ func TestKafkaProgressOutlivesGroupOffsets(t *testing.T) {
 	defer tr.CloseIdleConnections()
 	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: dead, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
 	defer w.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), dlqtest.WaitTimeout)
 	defer cancel()
 	var msgs []kafka.Message
 	for i, k := range []string{"k-1", "k-2", "k-3", "k-4"} {
@@ -232,7 +244,7 @@ func TestKafkaProgressOutlivesGroupOffsets(t *testing.T) {
 	}
 	b2 := openKafkaDLQGroup(t, brokers, dead, group)
 	defer b2.Close()
-	if got := keysOf(list(t, b2, dlq.Filter{})); !slices.Equal(got, []string{"k-2", "k-4"}) {
+	if got := dlqtest.KeysOf(dlqtest.List(t, b2, dlq.Filter{})); !slices.Equal(got, []string{"k-2", "k-4"}) {
 		t.Fatalf("after the group's offsets are gone the dead letters are %v, want [k-2 k-4]", got)
 	}
 	if res, err := dlq.Replay(ctx, b2, dlq.Filter{}, dlq.Options{}); err != nil || res.Done != 2 {
@@ -279,7 +291,7 @@ func rewindProgress(t *testing.T, brokers []string, dead, group string, partitio
 // nothing.
 func TestKafkaProgressTopicNotDurable(t *testing.T) {
 	brokers, topic, dead := kafkaTopics(t, "idemq-dlq-retained")
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), dlqtest.WaitTimeout)
 	defer cancel()
 	if err := kafkasource.CreateTopics(ctx, nil, brokers, kafkasource.TopicSpec{Name: kafkadlq.ProgressTopic(dead)}); err != nil {
 		t.Fatal(err)

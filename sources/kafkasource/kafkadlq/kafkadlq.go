@@ -40,8 +40,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dlq"
 	"github.com/idemq/idemq/internal/cfgerr"
-	"github.com/idemq/idemq/sources/dlq"
 	"github.com/idemq/idemq/sources/kafkasource"
 )
 

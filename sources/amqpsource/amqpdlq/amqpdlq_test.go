@@ -1,4 +1,4 @@
-package dlq_test
+package amqpdlq_test
 
 import (
 	"context"
@@ -11,16 +11,20 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dlq"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/amqpsource"
-	"github.com/idemq/idemq/sources/dlq"
-	"github.com/idemq/idemq/sources/dlq/amqpdlq"
+	"github.com/idemq/idemq/sources/amqpsource/amqpdlq"
+	"github.com/idemq/idemq/sources/internal/dlqtest"
 )
 
-func init() {
-	childBrokers["TestRabbitMQ"] = func(t *testing.T, env func(string) string) dlq.Broker {
+// TestHelperReplayChild is TestRabbitMQ's replay child (see
+// dlqtest.ReplayChild): its connection is killed as it acknowledges a dead
+// letter.
+func TestHelperReplayChild(t *testing.T) {
+	dlqtest.ReplayChild(t, func(t *testing.T, env func(string) string) dlq.Broker {
 		acks := &atomic.Int64{}
 		dial := func(network, addr string) (net.Conn, error) {
 			c, err := net.DialTimeout(network, addr, 10*time.Second)
@@ -30,12 +34,20 @@ func init() {
 			return &killingConn{Conn: c, acks: acks}, nil
 		}
 		return openAMQPDLQ(t, env("IDEMQ_DLQ_AMQP_URL"), env("IDEMQ_DLQ_QUEUE"), dial)
-	}
+	})
+}
+
+// New refuses a configuration without its required fields with one
+// *idemq.ConfigError per field.
+func TestNewRefusesMissingFields(t *testing.T) {
+	_, err := amqpdlq.New(amqpdlq.Config{})
+	dlqtest.CheckMissingFields(t, err, "amqpdlq.Config.URL", "amqpdlq.Config.Queue")
 }
 
 // killingConn SIGKILLs the process as it is about to acknowledge (remove)
-// a dead letter past killAfter(): its copy is confirmed in the origin
-// queue, the dead letter not acknowledged. It reads the AMQP frames each
+// a dead letter past the ones the child may remove (dlqtest.KillAtRemoval):
+// its copy is confirmed in the origin queue, the dead letter not
+// acknowledged. It reads the AMQP frames each
 // Write carries (amqp091 flushes whole frames): a method frame (type 1)
 // whose class and method are basic (60) ack (80).
 type killingConn struct {
@@ -50,7 +62,7 @@ func (k *killingConn) Write(p []byte) (int, error) {
 			break
 		}
 		if f[0] == 1 && binary.BigEndian.Uint16(f[7:9]) == 60 && binary.BigEndian.Uint16(f[9:11]) == 80 {
-			killAtRemoval(k.acks)
+			dlqtest.KillAtRemoval(k.acks)
 		}
 		f = f[8+size:]
 	}
@@ -105,8 +117,8 @@ func TestRabbitMQ(t *testing.T) {
 	brokerenv.DeleteQueuesAtCleanup(t, url, queue, dead)
 	// The first source declares the queues; messages are published after.
 	first := openAMQPSource(t, cfg)
-	runScenario(t, rig{
-		publish: func(t *testing.T, key, body string) {
+	dlqtest.RunScenario(t, dlqtest.Rig{
+		Publish: func(t *testing.T, key, body string) {
 			withChannel(t, url, func(ctx context.Context, ch *amqp.Channel) {
 				publishConfirmed(ctx, t, ch, queue, amqp.Publishing{
 					Headers:      amqp.Table{amqpsource.DefaultKeyHeader: key, "tenant": "acme"},
@@ -114,7 +126,7 @@ func TestRabbitMQ(t *testing.T) {
 				})
 			})
 		},
-		source: func(t *testing.T) consumer.Source {
+		Source: func(t *testing.T) consumer.Source {
 			if first != nil {
 				src := first
 				first = nil
@@ -122,9 +134,9 @@ func TestRabbitMQ(t *testing.T) {
 			}
 			return openAMQPSource(t, cfg)
 		},
-		broker: func(t *testing.T) dlq.Broker { return openAMQPDLQ(t, url, dead, nil) },
+		Broker: func(t *testing.T) dlq.Broker { return openAMQPDLQ(t, url, dead, nil) },
 		// A second copy of each dead letter: replayed as well, absorbed.
-		again: func(t *testing.T, _ dlq.Broker) {
+		Again: func(t *testing.T, _ dlq.Broker) {
 			withChannel(t, url, func(ctx context.Context, ch *amqp.Channel) {
 				var ds []amqp.Delivery
 				for {
@@ -145,9 +157,9 @@ func TestRabbitMQ(t *testing.T) {
 				}
 			})
 		},
-		againBefore:  true,
-		childEnv:     []string{"IDEMQ_DLQ_AMQP_URL=" + url, "IDEMQ_DLQ_QUEUE=" + dead},
-		killInWindow: true,
+		AgainBefore:  true,
+		ChildEnv:     []string{"IDEMQ_DLQ_AMQP_URL=" + url, "IDEMQ_DLQ_QUEUE=" + dead},
+		KillInWindow: true,
 	})
 }
 

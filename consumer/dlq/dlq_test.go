@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/consumer/dlq"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/sources/dlq"
 )
 
 // memBroker is a dead-letter store in memory: what Scan does with each

@@ -3,11 +3,12 @@
 // dead-letter destination with their reason, attempts, key and origin
 // (consumer.MetaReason, MetaAttempts, MetaKey, MetaDeadLetteredAt).
 //
-// Each broker's dead-letter store is a Broker: kafkadlq (the "<topic>.dlq"
-// topic), sqsdlq (the dead-letter queue) and amqpdlq (the queue behind the
+// Each broker's dead-letter store, beside its source, is a Broker:
+// sources/kafkasource/kafkadlq ("<topic>.dlq"), sources/sqssource/sqsdlq
+// (the dead-letter queue), sources/amqpsource/amqpdlq (the queue behind the
 // dead-letter exchange). List, Replay and Purge work on any of them through
-// a Filter (reason, key glob, time range, limit, IDs or keys); the command line is
-// `idemq dlq list|show|replay|purge`.
+// a Filter (reason, key glob, time range, limit, IDs or keys); the command
+// line is `idemq dlq list|show|replay|purge`.
 //
 // # Replay is at least once and loses nothing
 //

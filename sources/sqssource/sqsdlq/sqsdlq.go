@@ -34,8 +34,8 @@ import (
 	"github.com/aws/smithy-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dlq"
 	"github.com/idemq/idemq/internal/cfgerr"
-	"github.com/idemq/idemq/sources/dlq"
 	"github.com/idemq/idemq/sources/sqssource"
 )
 
