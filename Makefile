@@ -143,6 +143,11 @@ lint: ## gofmt, go vet, golangci-lint (.golangci.yml: staticcheck, errcheck, rev
 	$(GO) -C cmd/internal mod tidy -diff
 	cd testdata/containers && $(GO) mod tidy -diff
 
+.PHONY: screenshots
+screenshots: services ## Regenerate the console's screenshots (docs/console/*.png) with headless Chromium, against dead letters a real runner made on RabbitMQ, SQS and Kafka.
+	mkdir -p docs/console
+	$(WITH_ENV) IDEMQ_SCREENSHOTS=$(CURDIR)/docs/console $(GO) test -count=1 -timeout 10m -run '^TestConsoleInBrowser$$' ./cmd/idemq
+
 .PHONY: deps-weight
 deps-weight: ## Count and weigh the modules a user downloads to import consumer and dedup/pgdedup (fails above 10 modules or 30 MB), and each source alone.
 	bash .ci/deps-weight
@@ -152,9 +157,10 @@ apicheck: ## Compare the exported API with the baseline commit in .ci/api-baseli
 	bash .ci/apicheck
 
 .PHONY: services
-services: ## Install (when missing) and start PostgreSQL, Redis, RabbitMQ, Kafka and ElasticMQ, and the cluster profiles (3-node Kafka, Redis Cluster, Redis with Sentinel), on 127.0.0.1.
+services: ## Install (when missing) and start PostgreSQL, Redis, RabbitMQ, Kafka and ElasticMQ, and the cluster profiles (3-node Kafka, Redis Cluster, Redis with Sentinel), on 127.0.0.1; install Chromium for the browser tests.
 	$(SERVICES) up
 	$(SERVICES) up kafka-cluster redis-cluster redis-sentinel
+	$(SERVICES) browser
 
 .PHONY: services-down
 services-down: ## Stop the services that make services started.

@@ -30,6 +30,7 @@
 #   services.sh restart <svc...>   stop, then start again on the same port and data dir
 #   services.sh status  [svc...]   print whether each service answers
 #   services.sh env                print `export VAR=value` lines for the tests
+#   services.sh browser            install Chromium (Debian package chromium) when missing
 #
 # A service that already answers on its port (checked at protocol level) is used
 # as it is and never stopped by this script. State - data directories, logs, pid
@@ -907,6 +908,20 @@ cmd_down() {
 	done
 }
 
+# cmd_browser installs Chromium, which the browser tests drive headless,
+# when none is on PATH. It is a program, not a service: nothing runs.
+cmd_browser() {
+	local bin
+	for bin in chromium chromium-browser; do
+		if command -v "$bin" >/dev/null 2>&1; then
+			log "browser: $(command -v "$bin") ($("$bin" --version 2>/dev/null || echo 'version unknown'))"
+			return
+		fi
+	done
+	apt_install chromium
+	log "browser: $(command -v chromium) ($(chromium --version 2>/dev/null || echo 'version unknown'))"
+}
+
 cmd_status() {
 	local svc rc=0
 	for svc in "$@"; do
@@ -935,7 +950,7 @@ check_services() {
 }
 
 usage() {
-	sed -n '11,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+	sed -n '11,34p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 }
 
@@ -948,6 +963,11 @@ main() {
 		mkdir -p "$STATE_DIR"
 		write_env
 		env_lines
+		return
+		;;
+	browser)
+		mkdir -p "$STATE_DIR"
+		cmd_browser
 		return
 		;;
 	up | down | status) [ $# -gt 0 ] || set -- "${ALL_SERVICES[@]}" ;;
