@@ -78,8 +78,8 @@ func eval[T any](b tab, expr string) T {
 }
 
 // waitFor polls the page until the JavaScript expression cond is true. A
-// page that is being replaced (the job page reloads itself while the job
-// runs) may fail an evaluation: waitFor tries again.
+// page that is being replaced (a job page without a script reloads itself
+// while the job runs) may fail an evaluation: waitFor tries again.
 func (b tab) waitFor(what, cond string) {
 	b.t.Helper()
 	deadline := time.Now().Add(rigWait)
@@ -350,7 +350,14 @@ func TestConsoleInBrowser(t *testing.T) {
 				screenshot(t, b.ctx, "console-confirm")
 			}
 			b.submit("#confirm-run", "#job-state")
+			// With a script, the job page follows the job in place: it
+			// must not also reload itself (its meta refresh is for
+			// browsers without one), or this mark is lost.
+			eval[bool](b, `window.idemqSamePage = true`)
 			b.waitFor("the replay to end", `document.readyState === "complete" && document.querySelector("#job-state")?.textContent === "done"`)
+			if !eval[bool](b, `window.idemqSamePage === true`) {
+				t.Errorf("%s: the job page reloaded itself while its script followed the job", rg.queue)
+			}
 			if got := eval[string](b, `document.querySelector("#job-done").textContent`); got != "2" {
 				t.Errorf("%s: the job replayed %s dead letters, want 2", rg.queue, got)
 			}

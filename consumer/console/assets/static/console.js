@@ -72,9 +72,8 @@
   }
   function liveJob(el) {
     if (el.getAttribute("data-running") !== "true") return;
-    // The page's meta refresh is the fallback; the script takes over.
-    var meta = document.querySelector('meta[http-equiv="refresh"]');
-    if (meta) meta.parentNode.removeChild(meta);
+    // Without a script the page refreshes itself (a meta refresh inside
+    // <noscript>); with one, this polls the progress instead.
     var t = setInterval(function () {
       getJSON(prefix + "/jobs/" + el.getAttribute("data-job") + "/progress.json", function (j) {
         document.getElementById("job-done").textContent = j.done;
