@@ -1,6 +1,7 @@
 package pgdedup
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -98,27 +99,13 @@ const (
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	if c.Schema == "" {
-		c.Schema = DefaultSchema
-	}
-	if c.Table == "" {
-		c.Table = DefaultTable
-	}
-	if c.Retention == 0 {
-		c.Retention = dedup.DefaultRetention
-	}
-	if c.CleanupInterval == 0 {
-		c.CleanupInterval = DefaultCleanupInterval
-	}
-	if c.CleanupBatchSize == 0 {
-		c.CleanupBatchSize = DefaultCleanupBatchSize
-	}
-	if c.StatsInterval == 0 {
-		c.StatsInterval = DefaultStatsInterval
-	}
-	if c.CleanupPause == 0 {
-		c.CleanupPause = DefaultCleanupPause
-	}
+	c.Schema = cmp.Or(c.Schema, DefaultSchema)
+	c.Table = cmp.Or(c.Table, DefaultTable)
+	c.Retention = cmp.Or(c.Retention, dedup.DefaultRetention)
+	c.CleanupInterval = cmp.Or(c.CleanupInterval, DefaultCleanupInterval)
+	c.CleanupBatchSize = cmp.Or(c.CleanupBatchSize, DefaultCleanupBatchSize)
+	c.StatsInterval = cmp.Or(c.StatsInterval, DefaultStatsInterval)
+	c.CleanupPause = cmp.Or(c.CleanupPause, DefaultCleanupPause)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
