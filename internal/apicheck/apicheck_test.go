@@ -147,6 +147,15 @@ func TestAPICheck(t *testing.T) {
 		run(t, dir, 0)
 	})
 
+	t.Run("a release and its commit, for a clone without tags", func(t *testing.T) {
+		setBaseline("v0.1.0 " + base)
+		setChangelog("## [Unreleased]\n\n## [0.1.0] - 2026-01-01\n\n- `gate.Gone`, `gate.Config.Old` and `sub.T.M` are gone.\n")
+		out := run(t, dir, 1)
+		mustContain(t, out, "since the baseline v0.1.0")
+		setChangelog("## [Unreleased]\n\n- `gate.Gone`, `gate.Config.Old` and `sub.T.M` are gone.\n\n## [0.1.0] - 2026-01-01\n")
+		run(t, dir, 0)
+	})
+
 	t.Run("a baseline missing from the clone fails clearly", func(t *testing.T) {
 		setBaseline(strings.Repeat("1", 40))
 		out := run(t, dir, 1)
