@@ -194,11 +194,14 @@ func Sizes(ctx context.Context, db pgdedup.DBTX, table string) (Size, error) {
 	time.Sleep(1500 * time.Millisecond)
 	_, _ = db.Exec(ctx, `SELECT pg_stat_clear_snapshot()`)
 	var sz Size
-	err := db.QueryRow(ctx, `SELECT coalesce(sum(pg_relation_size(t.relid)), 0)::int8, coalesce(sum(pg_indexes_size(t.relid)), 0)::int8,
+	// pg_partition_tree has no row for a table that is not partitioned.
+	err := db.QueryRow(ctx, `WITH t AS (
+  SELECT relid FROM pg_partition_tree($1::regclass) WHERE isleaf
+  UNION ALL SELECT oid FROM pg_class WHERE oid = $1::regclass AND relkind <> 'p')
+SELECT coalesce(sum(pg_relation_size(t.relid)), 0)::int8, coalesce(sum(pg_indexes_size(t.relid)), 0)::int8,
        coalesce(sum(s.n_live_tup), 0)::int8, coalesce(sum(s.n_dead_tup), 0)::int8,
        coalesce(sum(s.autovacuum_count + s.vacuum_count), 0)::int8
-FROM pg_partition_tree($1::regclass) t LEFT JOIN pg_stat_user_tables s ON s.relid = t.relid
-WHERE t.isleaf`, table).Scan(&sz.Table, &sz.Indexes, &sz.Live, &sz.Dead, &sz.Vacuums)
+FROM t LEFT JOIN pg_stat_user_tables s ON s.relid = t.relid`, table).Scan(&sz.Table, &sz.Indexes, &sz.Live, &sz.Dead, &sz.Vacuums)
 	if err != nil {
 		return sz, fmt.Errorf("sizes of %s: %w", table, err)
 	}
