@@ -4,6 +4,7 @@ import (
 	"embed"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/idemq/idemq"
@@ -62,6 +63,12 @@ type Config struct {
 	// Table is the processed-message table's name (Dedup only; the outbox
 	// table is always OutboxTable). Defaults to "processed_messages".
 	Table string
+	// Partitioned adds, to the Dedup line on PostgreSQL, the migrations
+	// that partition the processed-message table by day (004: the table
+	// is renamed, a partitioned one takes its name and the unexpired
+	// records are copied, while writes wait), for dedup/pgdedup with
+	// Config.Partitioned. Defaults to false: the table stays unpartitioned.
+	Partitioned bool
 }
 
 // withDefaults fills the zero fields of c.
@@ -101,6 +108,9 @@ func (c Config) validate(l *cfgerr.List) {
 		} else if !sqlstore.IdentRE.MatchString(c.Schema) || len(c.Schema) > sqlstore.MaxSchemaBytes {
 			l.Addf("Schema", "%q is not a plain SQL identifier of at most %d bytes", c.Schema, sqlstore.MaxSchemaBytes)
 		}
+	}
+	if c.Partitioned && (c.Line != Dedup || c.Dialect != Postgres) {
+		l.Addf("Partitioned", "only the Dedup line on PostgreSQL is partitioned")
 	}
 	switch {
 	case c.Line == Outbox && c.Table != "":
@@ -146,9 +156,18 @@ func newPlan(field string, cfg Config) (*plan, error) {
 	if err := l.Err(); err != nil {
 		return nil, err
 	}
-	ms, err := sqlstore.Load(files, "sql/"+string(cfg.Line)+"/"+string(cfg.Dialect))
+	dir := "sql/" + string(cfg.Line) + "/" + string(cfg.Dialect)
+	ms, err := sqlstore.Load(files, dir)
 	if err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	if cfg.Partitioned {
+		more, err := sqlstore.Load(files, dir+"-partitioned")
+		if err != nil {
+			return nil, fmt.Errorf("migrate: %w", err)
+		}
+		ms = append(ms, more...)
+		slices.SortFunc(ms, func(a, b sqlstore.Migration) int { return a.Version - b.Version })
 	}
 	if len(ms) == 0 {
 		return nil, &idemq.ConfigError{Field: field, Reason: fmt.Sprintf("no %s migrations for %s", cfg.Line, cfg.Dialect)}

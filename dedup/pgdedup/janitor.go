@@ -15,8 +15,23 @@ import (
 // call returns at once (an advisory lock lets one cleaner run at a time).
 // Expired handler-failure counts (see RecordFailure) are deleted the same
 // way, after the records.
+//
+// On a partitioned table (Config.Partitioned) it creates and drops
+// partitions instead (see PartitionsAhead and PartitionLockTimeout), and
+// counts the records of the partitions dropped as the planner's statistics
+// estimate them.
 func (s *Store) Cleanup(ctx context.Context) (int64, error) {
-	n, err := sqlstore.CleanupPaced(ctx, s.cfg.CleanupBatchSize, s.cfg.CleanupPause, s.cleanupBatch)
+	batch := s.cleanupBatch
+	if s.cfg.Partitioned {
+		p, err := s.partitioned(ctx, s.db)
+		if err != nil {
+			return 0, fmt.Errorf("pgdedup: cleanup: %w", err)
+		}
+		if p {
+			batch = s.maintainPartitions
+		}
+	}
+	n, err := sqlstore.CleanupPaced(ctx, s.cfg.CleanupBatchSize, s.cfg.CleanupPause, batch)
 	if err != nil {
 		return n, err
 	}
@@ -31,14 +46,13 @@ func (s *Store) cleanupBatch(ctx context.Context) (deleted int64, busy bool, err
 	}
 	defer tx.Rollback(ctx) // safe after commit
 	var locked bool
-	lockKey := "idemq.pgdedup.cleanup:" + s.q.table
-	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtext($1))`, lockKey).Scan(&locked); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtext($1))`, s.lockKey()).Scan(&locked); err != nil {
 		return 0, false, fmt.Errorf("pgdedup: cleanup: %w", err)
 	}
 	if !locked {
 		return 0, true, nil
 	}
-	tag, err := tx.Exec(ctx, s.q.cleanup, s.cfg.CleanupBatchSize)
+	tag, err := tx.Exec(ctx, s.q.cleanup, s.cfg.CleanupBatchSize, s.cfg.Now())
 	if err != nil {
 		return 0, false, fmt.Errorf("pgdedup: cleanup: %w", err)
 	}
@@ -47,6 +61,10 @@ func (s *Store) cleanupBatch(ctx context.Context) (deleted int64, busy bool, err
 	}
 	return tag.RowsAffected(), false, nil
 }
+
+// lockKey is the key of the janitor's advisory lock: one process cleans
+// (or maintains the partitions of) a table at a time.
+func (s *Store) lockKey() string { return "idemq.pgdedup.cleanup:" + s.q.table }
 
 // RunJanitor calls Cleanup every Config.CleanupInterval until ctx is done,
 // logging failures, and returns nil when ctx is done. Run it in its own

@@ -15,7 +15,7 @@ import (
 // the store's schema and table; use that package to apply the migrations in
 // your own transaction, print their SQL or list the applied versions.
 func (s *Store) Migrate(ctx context.Context) error {
-	m, err := migrate.NewPgx(s.db, migrate.Config{Line: migrate.Dedup, Schema: s.cfg.Schema, Table: s.cfg.Table})
+	m, err := migrate.NewPgx(s.db, migrate.Config{Line: migrate.Dedup, Schema: s.cfg.Schema, Table: s.cfg.Table, Partitioned: s.cfg.Partitioned})
 	if err != nil {
 		return fmt.Errorf("pgdedup: %w", err)
 	}

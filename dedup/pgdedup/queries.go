@@ -13,39 +13,44 @@ import (
 )
 
 // queries holds the store's SQL, rendered once for the configured table.
+// The clock (Config.Now) is an argument: $5 of the inserts and the renewal,
+// $3 of the lookup, $2 of the cleanup.
 type queries struct {
 	table, claimInsert, claimInsertOne, claimSelect, claimRenew, unclaim, forgetEnded, inspect, cleanup string
 	storeResult, storeResults                                                                           string
+	// lockOne and lockMany take the keys' advisory locks before the insert
+	// on a partitioned table (see newQueries); empty on an unpartitioned one.
+	lockOne, lockMany string
 }
 
-func newQueries(schema, table string) queries {
+func newQueries(schema, table string, partitioned bool) queries {
 	t := pgx.Identifier{schema, table}.Sanitize()
-	return queries{
+	q := queries{
 		table: t,
 		// Rows are inserted in key order, so concurrent claims lock in
 		// that order. ON CONFLICT DO NOTHING waits for an uncommitted
 		// conflicting row and then skips it if it committed.
-		claimInsert: `INSERT INTO ` + t + ` (scope, key, payload_hash, expires_at)
-SELECT $1, u.k, u.h, now() + $4 * interval '1 microsecond'
+		claimInsert: `INSERT INTO ` + t + ` (scope, key, payload_hash, processed_at, expires_at)
+SELECT $1, u.k, u.h, $5::timestamptz, $5 + $4 * interval '1 microsecond'
 FROM unnest($2::text[], $3::bytea[]) AS u(k, h)
 ORDER BY u.k
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING key`,
 		// The same for one key (a batch of 1): no unnest and no sort for
 		// the server to run.
-		claimInsertOne: `INSERT INTO ` + t + ` (scope, key, payload_hash, expires_at)
-VALUES ($1, $2, $3, now() + $4 * interval '1 microsecond')
+		claimInsertOne: `INSERT INTO ` + t + ` (scope, key, payload_hash, processed_at, expires_at)
+VALUES ($1, $2, $3, $5::timestamptz, $5 + $4 * interval '1 microsecond')
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING key`,
 		// A new statement, so a new snapshot: it sees the commits the
 		// insert waited for.
-		claimSelect: `SELECT key, payload_hash, processed_at, expires_at <= now(), result
+		claimSelect: `SELECT key, payload_hash, processed_at, expires_at <= $3, result
 FROM ` + t + `
 WHERE scope = $1 AND key = ANY($2::text[])
 ORDER BY key
 FOR UPDATE`,
 		claimRenew: `UPDATE ` + t + `
-SET payload_hash = $3, processed_at = now(), expires_at = now() + $4 * interval '1 microsecond', result = NULL
+SET payload_hash = $3, processed_at = $5::timestamptz, expires_at = $5 + $4 * interval '1 microsecond', result = NULL
 WHERE scope = $1 AND key = $2`,
 		// The results of keys claimed in the same transaction (see
 		// StoreResults): one row, or many through unnest.
@@ -60,9 +65,35 @@ WHERE p.scope = $1 AND p.key = u.k`,
 AND xmin = (SELECT xmin FROM ` + t + ` WHERE scope = $1 AND key = $2)`,
 		inspect: `SELECT payload_hash, processed_at, expires_at, result FROM ` + t + ` WHERE scope = $1 AND key = $2`,
 		cleanup: `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
-SELECT ctid FROM ` + t + ` WHERE expires_at <= now()
+SELECT ctid FROM ` + t + ` WHERE expires_at <= $2
 LIMIT $1 FOR UPDATE SKIP LOCKED))`,
 	}
+	if partitioned {
+		// A partitioned table enforces (scope, key) only within a
+		// partition, so the key's uniqueness is the claim's own work: a
+		// transaction-scoped advisory lock per key (scope and key hashed,
+		// in the two-key space), taken in one order by every claim, makes
+		// concurrent claims of one key take turns whatever day their
+		// clocks say; the insert, a later statement and so a later
+		// snapshot, then sees every committed record of the key, in any
+		// partition, and inserts only when there is none. A key that
+		// another claim holds waits, as ON CONFLICT does, for that
+		// transaction's outcome.
+		q.lockOne = `SELECT pg_advisory_xact_lock(hashtext($1), hashtext($2))`
+		q.lockMany = `SELECT count(pg_advisory_xact_lock(l.s, l.k)) FROM (
+SELECT DISTINCT hashtext($1) AS s, hashtext(k) AS k FROM unnest($2::text[]) AS k ORDER BY 1, 2 OFFSET 0) AS l`
+		q.claimInsert = `INSERT INTO ` + t + ` (scope, key, payload_hash, processed_at, expires_at)
+SELECT $1, u.k, u.h, $5::timestamptz, $5 + $4 * interval '1 microsecond'
+FROM unnest($2::text[], $3::bytea[]) AS u(k, h)
+WHERE NOT EXISTS (SELECT FROM ` + t + ` AS p WHERE p.scope = $1 AND p.key = u.k)
+ORDER BY u.k
+RETURNING key`
+		q.claimInsertOne = `INSERT INTO ` + t + ` (scope, key, payload_hash, processed_at, expires_at)
+SELECT $1, $2, $3, $5::timestamptz, $5 + $4 * interval '1 microsecond'
+WHERE NOT EXISTS (SELECT FROM ` + t + ` WHERE scope = $1 AND key = $2)
+RETURNING key`
+	}
+	return q
 }
 
 func (s *Store) claim(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, error) {
@@ -81,28 +112,64 @@ type pgClaim struct {
 }
 
 func (c pgClaim) Insert(ctx context.Context, recs []dedup.Record) (map[string]bool, error) {
-	sql, args := c.s.insertArgs(c.scope, recs)
-	rows, err := c.tx.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, err
+	if c.s.q.lockOne == "" {
+		sql, args := c.s.insertArgs(c.scope, recs)
+		rows, err := c.tx.Query(ctx, sql, args...)
+		if err != nil {
+			return nil, err
+		}
+		return collectKeys(rows, recs)
 	}
-	return collectKeys(rows, recs)
+	b := &pgx.Batch{}
+	c.s.queueInsert(b, c.scope, recs)
+	br := c.tx.SendBatch(ctx, b)
+	inserted, err := c.s.readInsert(br, recs)
+	return inserted, closeBatch(br, err)
 }
 
 // insertArgs returns the claim's insert for recs and its arguments: the
 // single-row statement for one record, else the keys and payload digests as
 // arrays.
 func (s *Store) insertArgs(scope string, recs []dedup.Record) (string, []any) {
-	retention := s.retention // boxed once, in New
+	retention, now := s.retention, s.cfg.Now() // retention boxed once, in New
 	if len(recs) == 1 {
-		return s.q.claimInsertOne, []any{scope, recs[0].Key, recs[0].PayloadHash[:], retention}
+		return s.q.claimInsertOne, []any{scope, recs[0].Key, recs[0].PayloadHash[:], retention, now}
 	}
 	keys := make([]string, len(recs))
 	hashes := make([][]byte, len(recs))
 	for i, r := range recs {
 		keys[i], hashes[i] = r.Key, r.PayloadHash[:]
 	}
-	return s.q.claimInsert, []any{scope, keys, hashes, retention}
+	return s.q.claimInsert, []any{scope, keys, hashes, retention, now}
+}
+
+// queueInsert queues the claim's insert of recs in b, after the keys'
+// advisory locks on a partitioned table.
+func (s *Store) queueInsert(b *pgx.Batch, scope string, recs []dedup.Record) {
+	sql, args := s.insertArgs(scope, recs)
+	switch {
+	case s.q.lockOne == "":
+	case len(recs) == 1:
+		b.Queue(s.q.lockOne, scope, recs[0].Key)
+	default:
+		b.Queue(s.q.lockMany, scope, args[1])
+	}
+	b.Queue(sql, args...)
+}
+
+// readInsert reads the results queueInsert queued: the keys inserted. It
+// does not close br.
+func (s *Store) readInsert(br pgx.BatchResults, recs []dedup.Record) (map[string]bool, error) {
+	if s.q.lockOne != "" {
+		if _, err := br.Exec(); err != nil {
+			return nil, err
+		}
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	return collectKeys(rows, recs)
 }
 
 // collectKeys reads the keys the insert of recs returned, and closes rows.
@@ -132,7 +199,7 @@ func (c pgClaim) Lookup(ctx context.Context, recs []dedup.Record) (map[string]sq
 	for i, r := range recs {
 		keys[i] = r.Key
 	}
-	rows, err := c.tx.Query(ctx, c.s.q.claimSelect, c.scope, keys)
+	rows, err := c.tx.Query(ctx, c.s.q.claimSelect, c.scope, keys, c.s.cfg.Now())
 	if err != nil {
 		return nil, err
 	}
@@ -153,7 +220,7 @@ func (c pgClaim) Lookup(ctx context.Context, recs []dedup.Record) (map[string]sq
 }
 
 func (c pgClaim) Renew(ctx context.Context, r dedup.Record) error {
-	_, err := c.tx.Exec(ctx, c.s.q.claimRenew, c.scope, r.Key, r.PayloadHash[:], c.s.cfg.Retention.Microseconds())
+	_, err := c.tx.Exec(ctx, c.s.q.claimRenew, c.scope, r.Key, r.PayloadHash[:], c.s.retention, c.s.cfg.Now())
 	return err
 }
 
@@ -189,13 +256,12 @@ func (s txDriver) BeginClaim(ctx context.Context, scope string, recs []dedup.Rec
 		return tx, cs, nil
 	}
 
-	sql, args := s.insertArgs(scope, recs)
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	b.Queue(sql, args...)
+	s.queueInsert(b, scope, recs)
 	br := db.SendBatch(ctx, b)
 	tx := br.Tx()
-	inserted, err := readBeginClaim(br, recs)
+	inserted, err := s.readBeginClaim(br, recs)
 	if tx == nil {
 		return nil, nil, errors.Join(err, errors.New("pgdedup: the batch began no transaction"))
 	}
@@ -219,12 +285,11 @@ func (s txDriver) BeginClaim(ctx context.Context, scope string, recs []dedup.Rec
 // the server skips the insert; a transaction that had failed is rolled back
 // and refused (ErrTxRefused), as by Commit.
 func (s txDriver) CommitChain(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, bool, error) {
-	sql, args := s.insertArgs(scope, recs)
 	rs := s.results.take(tx)
-	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(rs)+2)}
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(rs)+3)}
 	s.queueResults(b, rs)
 	b.Queue(`COMMIT AND CHAIN`)
-	b.Queue(sql, args...)
+	s.queueInsert(b, scope, recs)
 	br := tx.SendBatch(ctx, b)
 	if err := readResults(br, len(rs)); err != nil {
 		// The server skipped the COMMIT: tx is open and has failed.
@@ -239,11 +304,7 @@ func (s txDriver) CommitChain(ctx context.Context, tx pgx.Tx, scope string, recs
 		// chained the next one, which the caller rolls back.
 		return nil, false, refusedCommit(closeBatch(br, pgx.ErrTxCommitRollback))
 	}
-	rows, err := br.Query()
-	if err != nil {
-		return nil, true, fmt.Errorf("pgdedup: claim after commit: %w", closeBatch(br, err))
-	}
-	inserted, err := collectKeys(rows, recs)
+	inserted, err := s.readInsert(br, recs)
 	if err = closeBatch(br, err); err != nil {
 		return nil, true, fmt.Errorf("pgdedup: claim after commit: %w", err)
 	}
@@ -270,15 +331,11 @@ func closeBatch(br pgx.BatchResults, err error) error {
 
 // readBeginClaim reads the results of a BEGIN and claim batch: the keys
 // the insert recorded.
-func readBeginClaim(br pgx.BatchResults, recs []dedup.Record) (map[string]bool, error) {
+func (s *Store) readBeginClaim(br pgx.BatchResults, recs []dedup.Record) (map[string]bool, error) {
 	if _, err := br.Exec(); err != nil {
 		return nil, closeBatch(br, err)
 	}
-	rows, err := br.Query()
-	if err != nil {
-		return nil, closeBatch(br, err)
-	}
-	inserted, err := collectKeys(rows, recs)
+	inserted, err := s.readInsert(br, recs)
 	return inserted, closeBatch(br, err)
 }
 

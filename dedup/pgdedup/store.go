@@ -70,6 +70,20 @@ type Config struct {
 	// Logger receives the janitor's logs. Defaults to a logger that
 	// discards everything.
 	Logger *slog.Logger
+	// Partitioned says that the table is partitioned by day of
+	// processed_at (dedup/migrate's migration 004, which Migrate applies
+	// when this is set). A claim then takes an advisory lock per key and
+	// records a key only when no partition holds it, and Cleanup creates
+	// partitions ahead and drops those whose every record expired, instead
+	// of deleting rows. A partitioned store also works on a table not yet
+	// partitioned (it cleans it row by row), so a deployment can switch
+	// first and partition the table afterwards: docs/operations.md.
+	// Defaults to false.
+	Partitioned bool
+	// Now is the store's clock: the processed-at time of the records it
+	// writes (and so their partition), their expiry, and which records
+	// have expired. Defaults to time.Now.
+	Now func() time.Time
 }
 
 // Defaults used by Config.WithDefaults.
@@ -108,6 +122,9 @@ func (c Config) WithDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 	return c
 }
 
@@ -140,7 +157,7 @@ func New(db DB, cfg Config) (*Store, error) {
 	if err := l.Err(); err != nil {
 		return nil, err
 	}
-	return &Store{db: db, cfg: cfg, q: newQueries(cfg.Schema, cfg.Table), retention: cfg.Retention.Microseconds()}, nil
+	return &Store{db: db, cfg: cfg, q: newQueries(cfg.Schema, cfg.Table, cfg.Partitioned), retention: cfg.Retention.Microseconds()}, nil
 }
 
 // Config returns the store's configuration with defaults applied.

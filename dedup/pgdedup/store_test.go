@@ -526,6 +526,15 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestConformancePartitioned runs the suite on a table partitioned by day
+// (migration 004), with the claim that serialises keys by advisory lock.
+func TestConformancePartitioned(t *testing.T) {
+	deduptest.RunTxStore(t, func(t *testing.T, retention time.Duration) dedupdriver.TxStore[pgx.Tx] {
+		store, _ := newStore(t, pgdedup.Config{Retention: retention, Partitioned: true})
+		return store
+	})
+}
+
 func TestFailureCounterConformance(t *testing.T) {
 	deduptest.RunFailureCounter(t, func(t *testing.T, retention time.Duration) dedupdriver.Common {
 		store, _ := newStore(t, pgdedup.Config{Retention: retention})

@@ -1,0 +1,324 @@
+package pgdedup_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgdedup"
+)
+
+// testClock is a clock a test sets (pgdedup.Config.Now).
+type testClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *testClock) Set(t time.Time) {
+	c.mu.Lock()
+	c.t = t
+	c.mu.Unlock()
+}
+
+// day0 is the first day of the boundary scenarios, far from the real
+// clock's.
+var day0 = time.Date(2030, 3, 10, 0, 0, 0, 0, time.UTC)
+
+// boundaryRetention is the retention of the boundary scenarios.
+const boundaryRetention = 3 * 24 * time.Hour
+
+// partitioned is a partitioned store with its own clock, and a way to make
+// more stores on the same table, each with its own clock (workers whose
+// clocks straddle midnight).
+type partitioned struct {
+	*pgdedup.Store
+	pool  *pgxpool.Pool
+	clock *testClock
+	naive bool
+}
+
+func newPartitioned(t *testing.T, naive bool) *partitioned {
+	t.Helper()
+	clock := &testClock{t: day0.Add(12 * time.Hour)}
+	s, pool := newStore(t, pgdedup.Config{Partitioned: true, Retention: boundaryRetention, Now: clock.Now})
+	p := &partitioned{Store: s, pool: pool, clock: clock, naive: naive}
+	if naive {
+		pgdedup.PlantNaiveClaim(s)
+	}
+	if _, err := s.Cleanup(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// other returns another store on p's table, with its own clock at at.
+func (p *partitioned) other(at time.Time) (*pgdedup.Store, error) {
+	clock := &testClock{t: at}
+	cfg := p.Config()
+	cfg.Now = clock.Now
+	s, err := pgdedup.New(p.pool, cfg)
+	if err == nil && p.naive {
+		pgdedup.PlantNaiveClaim(s)
+	}
+	return s, err
+}
+
+// at sets p's clock to t and runs the janitor, which creates the
+// partitions of t's day and drops the expired ones.
+func (p *partitioned) at(ctx context.Context, t time.Time) error {
+	p.clock.Set(t)
+	_, err := p.Cleanup(ctx)
+	return err
+}
+
+// claimOn claims recs through s in a new transaction, which it commits after
+// storing results (when not nil) unless keep is set; then it returns tx open.
+func claimOn(ctx context.Context, s *pgdedup.Store, scope string, results []dedup.Result, keep bool, recs ...dedup.Record) (pgx.Tx, []dedup.Claim, error) {
+	d := s.Driver()
+	tx, cs, err := d.BeginClaim(ctx, scope, recs)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := d.StoreResults(ctx, tx, scope, results); err != nil {
+		_ = d.Rollback(ctx, tx)
+		return nil, nil, err
+	}
+	if keep {
+		return tx, cs, nil
+	}
+	return nil, cs, d.Commit(ctx, tx)
+}
+
+// wantStates returns an error naming the first claim of cs whose state is
+// not want's.
+func wantStates(what string, cs []dedup.Claim, want ...dedup.State) error {
+	for i, c := range cs {
+		if c.State != want[i] {
+			return fmt.Errorf("%s: key %q: state %v, want %v", what, c.Key, c.State, want[i])
+		}
+	}
+	return nil
+}
+
+// boundaryScenarios are the claims whose first record lives in an older
+// partition than the clock's day, or straddle midnight. Each returns an
+// error when the store got it wrong.
+var boundaryScenarios = []struct {
+	name string
+	run  func(ctx context.Context, p *partitioned) error
+}{
+	{"RedeliveryNextDay", func(ctx context.Context, p *partitioned) error {
+		if _, _, err := claimOn(ctx, p.Store, "s", nil, false, rec("k", "a")); err != nil {
+			return err
+		}
+		if err := p.at(ctx, day0.Add(36*time.Hour)); err != nil {
+			return err
+		}
+		// A batch: the key of yesterday and a new one.
+		_, cs, err := claimOn(ctx, p.Store, "s", nil, false, rec("k", "a"), rec("new", "a"))
+		if err != nil {
+			return err
+		}
+		if err := wantStates("redelivery a day later", cs, dedup.StateDone, dedup.StateNew); err != nil {
+			return err
+		}
+		_, cs, err = claimOn(ctx, p.Store, "s", nil, false, rec("k", "a"))
+		if err != nil {
+			return err
+		}
+		return wantStates("redelivery a day later, alone", cs, dedup.StateDone)
+	}},
+	{"ConcurrentAcrossMidnight", func(ctx context.Context, p *partitioned) error {
+		midnight := day0.AddDate(0, 0, 1)
+		if err := p.at(ctx, midnight.Add(-time.Millisecond)); err != nil {
+			return err
+		}
+		before, err := p.other(midnight.Add(-time.Millisecond))
+		if err != nil {
+			return err
+		}
+		after, err := p.other(midnight.Add(time.Millisecond))
+		if err != nil {
+			return err
+		}
+		tx, cs, err := claimOn(ctx, before, "s", nil, true, rec("k", "a"))
+		if err != nil {
+			return err
+		}
+		defer func() { _ = before.Driver().Rollback(context.WithoutCancel(ctx), tx) }()
+		if err := wantStates("claim before midnight", cs, dedup.StateNew); err != nil {
+			return err
+		}
+		type outcome struct {
+			cs  []dedup.Claim
+			err error
+		}
+		second := make(chan outcome, 1)
+		go func() {
+			_, cs, err := claimOn(ctx, after, "s", nil, false, rec("k", "a"))
+			second <- outcome{cs, err}
+		}()
+		// Commit the first claim once the second waits for it, or has
+		// returned without waiting.
+		var got *outcome
+		for got == nil {
+			select {
+			case o := <-second:
+				got = &o
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(10 * time.Millisecond):
+			}
+			var waiting bool
+			if err := p.pool.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_locks WHERE NOT granted`).Scan(&waiting); err != nil {
+				return err
+			}
+			if waiting {
+				break
+			}
+		}
+		if err := before.Driver().Commit(ctx, tx); err != nil {
+			return err
+		}
+		if got == nil {
+			o := <-second
+			got = &o
+		}
+		if got.err != nil {
+			return got.err
+		}
+		return wantStates("claim 2 ms later, after midnight", got.cs, dedup.StateDone)
+	}},
+	{"DuplicateWhileOldPartitionIsDropped", func(ctx context.Context, p *partitioned) error {
+		// A record in the window's oldest partition that may not be
+		// dropped yet, and one in the partition before, which may.
+		if _, _, err := claimOn(ctx, p.Store, "s", nil, false, rec("older", "a")); err != nil {
+			return err
+		}
+		first := day0.AddDate(0, 0, 1).Add(23 * time.Hour)
+		if err := p.at(ctx, first); err != nil {
+			return err
+		}
+		if _, _, err := claimOn(ctx, p.Store, "s", nil, false, rec("k", "a")); err != nil {
+			return err
+		}
+		// A minute before k expires: day0's partition ended a retention
+		// ago, the partition of k did not.
+		edge := first.Add(boundaryRetention - time.Minute)
+		// The partitions up to the edge's day exist; day0's is still there.
+		if err := p.at(ctx, edge.AddDate(0, 0, -1)); err != nil {
+			return err
+		}
+		p.clock.Set(edge)
+		dup, err := p.other(edge)
+		if err != nil {
+			return err
+		}
+		var (
+			wg       sync.WaitGroup
+			cleanErr error
+		)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, cleanErr = p.Cleanup(ctx)
+		}()
+		_, cs, err := claimOn(ctx, dup, "s", nil, false, rec("k", "a"))
+		wg.Wait()
+		if err != nil {
+			return err
+		}
+		if cleanErr != nil && !errors.Is(cleanErr, context.Canceled) {
+			// A drop that timed out on the table lock is retried.
+			if _, err := p.Cleanup(ctx); err != nil {
+				return err
+			}
+		}
+		if err := wantStates("duplicate at the window's edge", cs, dedup.StateDone); err != nil {
+			return err
+		}
+		if _, err := p.Inspect(ctx, "s", "k"); err != nil {
+			return fmt.Errorf("record of k after the drop: %w", err)
+		}
+		if _, err := p.Inspect(ctx, "s", "older"); !errors.Is(err, dedup.ErrNotFound) {
+			return fmt.Errorf("record of a partition a retention past its day: %v, want dropped", err)
+		}
+		return nil
+	}},
+	{"ResultInOlderPartition", func(ctx context.Context, p *partitioned) error {
+		res := []dedup.Result{{Key: "k", Value: []byte("receipt-1")}}
+		if _, _, err := claimOn(ctx, p.Store, "s", res, false, rec("k", "a")); err != nil {
+			return err
+		}
+		if err := p.at(ctx, day0.Add(60*time.Hour)); err != nil {
+			return err
+		}
+		_, cs, err := claimOn(ctx, p.Store, "s", nil, false, rec("k", "a"))
+		if err != nil {
+			return err
+		}
+		if err := wantStates("redelivery two days later", cs, dedup.StateDone); err != nil {
+			return err
+		}
+		if string(cs[0].Result) != "receipt-1" {
+			return fmt.Errorf("stored result two days later: %q, want %q", cs[0].Result, "receipt-1")
+		}
+		return nil
+	}},
+	{"MismatchAgainstOlderPartition", func(ctx context.Context, p *partitioned) error {
+		if _, _, err := claimOn(ctx, p.Store, "s", nil, false, rec("k", "a")); err != nil {
+			return err
+		}
+		if err := p.at(ctx, day0.Add(36*time.Hour)); err != nil {
+			return err
+		}
+		_, cs, err := claimOn(ctx, p.Store, "s", nil, false, rec("k", "another payload"))
+		if err != nil {
+			return err
+		}
+		return wantStates("other payload a day later", cs, dedup.StateMismatch)
+	}},
+}
+
+// TestPartitionBoundary runs each boundary scenario on a partitioned
+// table.
+func TestPartitionBoundary(t *testing.T) {
+	for _, sc := range boundaryScenarios {
+		t.Run(sc.name, func(t *testing.T) {
+			p := newPartitioned(t, false)
+			if err := sc.run(testCtx(t), p); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestPartitionBoundaryCatchesNaiveClaim runs the boundary scenarios
+// against the claim that looks only at the clock's day (PlantNaiveClaim):
+// every one of them must fail, or it tests nothing.
+func TestPartitionBoundaryCatchesNaiveClaim(t *testing.T) {
+	for _, sc := range boundaryScenarios {
+		t.Run(sc.name, func(t *testing.T) {
+			p := newPartitioned(t, true)
+			err := sc.run(testCtx(t), p)
+			if err == nil {
+				t.Fatal("the naive claim passed: the scenario cannot fail")
+			}
+			t.Logf("naive claim caught: %v", err)
+		})
+	}
+}
