@@ -86,7 +86,7 @@ type options struct {
 // modes are the defaults of -mode; flags given explicitly win.
 var modes = map[string]options{
 	"short": {rows: 2_000_000, run: 30 * time.Second, cycle: 15 * time.Second, lead: 5 * time.Second, cycleMax: 2 * time.Minute, sharedBuffers: "512MB", timeout: 10 * time.Minute},
-	"long":  {rows: 80_000_000, run: 5 * time.Minute, cycle: 240 * time.Second, lead: 60 * time.Second, cycleMax: 15 * time.Minute, sharedBuffers: "2GB", timeout: 3 * time.Hour},
+	"long":  {rows: 80_000_000, run: 5 * time.Minute, cycle: 150 * time.Second, lead: 60 * time.Second, cycleMax: 10 * time.Minute, sharedBuffers: "2GB", timeout: 3 * time.Hour},
 }
 
 func main() {
@@ -103,7 +103,7 @@ func main() {
 	flag.Float64Var(&o.postFactor, "post-factor", 2, "time of the primary key build and restart after the COPY, as a share of the COPY's, to date the first rollover")
 	flag.IntVar(&o.concurrency, "concurrency", 4, "Runner.Concurrency")
 	flag.IntVar(&o.batch, "batch", 100, "Runner.BatchSize")
-	layouts := flag.String("layouts", "empty,delete", "layouts measured, in order, comma-separated: empty, delete")
+	layouts := flag.String("layouts", "empty,delete,partitioned", "layouts measured, in order, comma-separated: empty, delete, partitioned, partitioned-empty (the partitioned store on an empty table)")
 	flag.StringVar(&o.sharedBuffers, "shared-buffers", "", "shared_buffers of the cluster of its own")
 	flag.DurationVar(&o.timeout, "timeout", 0, "give up the whole benchmark after this long")
 	flag.Parse()
@@ -233,12 +233,13 @@ func (b *bench) setWAL(ctx context.Context, wal string) error {
 
 // layoutKinds are the layouts -layouts accepts, and whether they are
 // filled.
-var layoutKinds = map[string]bool{"empty": false, "delete": true}
+var layoutKinds = map[string]bool{"empty": false, "delete": true, "partitioned": true, "partitioned-empty": false}
 
 // cycle is one day's retention during a run.
 type cycle struct {
-	at, done time.Time // its rollover; the janitor's return with its rows gone (zero: not seen)
-	deleted  int64     // the janitor's total at done
+	at      time.Time // its rollover
+	started time.Time // the janitor's first transaction after it
+	done    time.Time // the commit that removed the day's last records (zero: not seen)
 }
 
 // result is one layout's run.
@@ -253,15 +254,32 @@ type result struct {
 	claimLat, commitLat []pgload.Sample
 	wal                 int64
 	cycles              []cycle
+	janitorErrs         []string // the failed cleanups, each retried a second later
 	after               pgload.Size
-	runErr              string
 }
 
 func (r *result) rate() float64 { return float64(r.claims) / r.d.Seconds() }
 
+// clock is the store's clock of the partitioned layout (Config.Now): the
+// time plus a day for each rollover.
+type clock struct{ offset atomic.Int64 }
+
+func (c *clock) now() time.Time { return time.Now().Add(time.Duration(c.offset.Load())) }
+
+func (c *clock) rollover() { c.offset.Add(int64(24 * time.Hour)) }
+
+// run is how a layout's run goes: the stores' config, when its days roll
+// over, what a rollover does, and when the janitor has removed day k.
+type runPlan struct {
+	store     pgdedup.Config
+	rollovers []time.Time
+	advance   func() // nil: the rollovers are dated in the records
+	gone      func(k int, deleted, drops int64) bool
+}
+
 // layout creates, fills, runs and drops one layout's table.
 func (b *bench) layout(ctx context.Context, name string) (res *result, err error) {
-	schema := schemaPrefix + name
+	schema := schemaPrefix + strings.ReplaceAll(name, "-", "_")
 	table := schema + ".processed_messages"
 	drop := func() error {
 		dctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -279,37 +297,60 @@ func (b *bench) layout(ctx context.Context, name string) (res *result, err error
 	}()
 	fmt.Printf("\n%s: ", name)
 	res = &result{name: name}
-	mig, err := pgdedup.New(b.admin, pgdedup.Config{Schema: schema})
+	clk := &clock{}
+	rp := runPlan{store: pgdedup.Config{Schema: schema}}
+	if strings.HasPrefix(name, "partitioned") {
+		rp.store.Partitioned, rp.store.Now = true, clk.now
+	}
+	mig, err := pgdedup.New(b.admin, rp.store)
 	if err != nil {
 		return nil, err
 	}
 	if err := mig.Migrate(ctx); err != nil {
 		return nil, err
 	}
-	p := plan{rows: b.o.rows, days: b.o.days, cycles: b.o.cycles}
-	var rollovers []time.Time
-	if layoutKinds[name] {
+	if !layoutKinds[name] {
+		fmt.Println("no records, nothing expires")
+	} else {
 		fmt.Printf("filling %d records\n", b.o.rows)
 		if err := b.setWAL(ctx, "minimal"); err != nil {
 			return nil, err
 		}
-		p.start = time.Now()
-		var e0 time.Time
-		p.firstExpiry = func(left int) error {
-			el := time.Since(p.start)
-			rate := float64(b.o.rows-left) / el.Seconds()
-			rest := time.Duration(float64(left) / rate * float64(time.Second))
-			post := time.Duration(b.o.postFactor * float64(el+rest))
-			e0 = time.Now().Add(rest + post + 10*time.Second + b.o.lead).Truncate(time.Second)
-			return nil
+		p := plan{rows: b.o.rows, days: b.o.days, cycles: b.o.cycles, start: time.Now()}
+		perDay := int64(p.perDay())
+		if name == "delete" {
+			// The DELETE janitor's clock is the time: the oldest days are
+			// dated to expire at the rollovers, chosen when the COPY gets
+			// to them (the other days written first) from its rate so far.
+			var e0 time.Time
+			p.firstExpiry = func(left int) error {
+				el := time.Since(p.start)
+				rate := float64(b.o.rows-left) / el.Seconds()
+				rest := time.Duration(float64(left) / rate * float64(time.Second))
+				post := time.Duration(b.o.postFactor * float64(el+rest))
+				e0 = time.Now().Add(rest + post + 10*time.Second + b.o.lead).Truncate(time.Second)
+				return nil
+			}
+			p.expiry = func(day int) time.Time { return e0.Add(time.Duration(day) * b.o.cycle) }
+			res.copyTime, res.indexTime, err = fillTable(ctx, b.admin, table, schema+".processed_messages_expires_at_idx", p)
+			for k := range b.o.cycles {
+				rp.rollovers = append(rp.rollovers, p.expiry(k))
+			}
+			rp.gone = func(k int, deleted, _ int64) bool { return deleted >= int64(k+1)*perDay }
+		} else {
+			// Today's partition is the clock's, created by the migration;
+			// the fill's days are the 8 before. A rollover moves the clock
+			// a day on: the oldest day's partition is then a retention past
+			// its day, and the janitor drops it.
+			res.copyTime, res.indexTime, err = fillPartitions(ctx, b.admin, schema, "processed_messages", p)
+			rp.advance = clk.rollover
+			rp.gone = func(k int, _, drops int64) bool { return drops >= int64(k+1) }
 		}
-		p.expiry = func(day int) time.Time { return e0.Add(time.Duration(day) * b.o.cycle) }
-		res.copyTime, res.indexTime, err = copyFreeze(ctx, b.admin, table, schema+".processed_messages_expires_at_idx", p)
 		if err != nil {
 			return nil, fmt.Errorf("fill: %w", err)
 		}
 		res.filled = int64(b.o.rows)
-		fmt.Printf("  COPY FREEZE in %.1f s (%.0f rows/s), primary key, BRIN summary and ANALYZE in %.1f s\n",
+		fmt.Printf("  COPY FREEZE in %.1f s (%.0f rows/s), primary key, BRIN summary or ATTACH, and ANALYZE in %.1f s\n",
 			res.copyTime.Seconds(), float64(b.o.rows)/res.copyTime.Seconds(), res.indexTime.Seconds())
 		if err := b.setWAL(ctx, "replica"); err != nil {
 			return nil, err
@@ -319,14 +360,8 @@ func (b *bench) layout(ctx context.Context, name string) (res *result, err error
 		}
 		fmt.Printf("  after the fill: heap %s, indexes %s: %.1f + %.1f bytes per record\n", pgload.MiB(res.fill.Table), pgload.MiB(res.fill.Indexes),
 			float64(res.fill.Table)/float64(res.filled), float64(res.fill.Indexes)/float64(res.filled))
-		for k := range b.o.cycles {
-			rollovers = append(rollovers, p.expiry(k))
-		}
-	} else {
-		fmt.Println("no records, nothing expires")
 	}
-	if err := b.measure(ctx, res, schema, table, rollovers, p.perDay()); err != nil {
-		res.runErr = err.Error()
+	if err := b.measure(ctx, res, table, rp); err != nil {
 		return res, err
 	}
 	if !layoutKinds[name] {
@@ -339,7 +374,7 @@ func (b *bench) layout(ctx context.Context, name string) (res *result, err error
 
 // measure runs the Runner and the janitor on the layout's table until
 // -run has passed and every rollover's day is gone.
-func (b *bench) measure(ctx context.Context, res *result, schema, table string, rollovers []time.Time, perDay int) error {
+func (b *bench) measure(ctx context.Context, res *result, table string, rp runPlan) error {
 	cfg, err := pgxpool.ParseConfig(b.dsn)
 	if err != nil {
 		return err
@@ -358,7 +393,7 @@ func (b *bench) measure(ctx context.Context, res *result, schema, table string, 
 		return err
 	}
 	defer jpool.Close()
-	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
+	store, err := pgdedup.New(pool, rp.store)
 	if err != nil {
 		return err
 	}
@@ -378,28 +413,49 @@ func (b *bench) measure(ctx context.Context, res *result, schema, table string, 
 	if err := b.admin.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn0); err != nil {
 		return err
 	}
-	res.cycles = make([]cycle, len(rollovers))
-	for k, at := range rollovers {
+	if rp.advance != nil {
+		// The clock's rollovers fit in the run.
+		every := min(b.o.cycle, (b.o.run-b.o.lead)/time.Duration(b.o.cycles))
+		rp.rollovers = nil
+		for k := range b.o.cycles {
+			rp.rollovers = append(rp.rollovers, time.Now().Add(b.o.lead+time.Duration(k)*every))
+		}
+	}
+	res.cycles = make([]cycle, len(rp.rollovers))
+	for k, at := range rp.rollovers {
 		res.cycles[k].at = at
 	}
 	var (
-		mu   sync.Mutex
-		jerr error
-		wg   sync.WaitGroup
+		mu sync.Mutex
+		wg sync.WaitGroup
 	)
-	// A day is gone when the janitor's committed deletions since the run's
-	// start pass it: only the rolled-over days have expired records.
-	jdb := &countingDB{Pool: jpool, committed: func(total int64, at time.Time) {
-		mu.Lock()
-		defer mu.Unlock()
-		for k := range res.cycles {
-			c := &res.cycles[k]
-			if c.done.IsZero() && !at.Before(c.at) && total >= int64(k+1)*int64(perDay) {
-				c.done, c.deleted = at, total
+	// A day is gone when the janitor's committed deletions, or its
+	// partitions dropped, since the run's start pass it (rp.gone): only the
+	// rolled-over days have expired records.
+	jdb := &countingDB{Pool: jpool,
+		began: func(at time.Time) {
+			mu.Lock()
+			defer mu.Unlock()
+			for k := range res.cycles {
+				c := &res.cycles[k]
+				if c.started.IsZero() && !at.Before(c.at) && !c.at.IsZero() {
+					c.started = at
+				}
 			}
-		}
-	}}
-	janitor, err := pgdedup.New(jdb, pgdedup.Config{Schema: schema, Logger: b.logger})
+		},
+		committed: func(deleted, drops int64, at time.Time) {
+			mu.Lock()
+			defer mu.Unlock()
+			for k := range res.cycles {
+				c := &res.cycles[k]
+				if c.done.IsZero() && !c.started.IsZero() && rp.gone(k, deleted, drops) {
+					c.done = at
+				}
+			}
+		}}
+	jcfg := rp.store
+	jcfg.Logger = b.logger
+	janitor, err := pgdedup.New(jdb, jcfg)
 	if err != nil {
 		return err
 	}
@@ -414,10 +470,11 @@ func (b *bench) measure(ctx context.Context, res *result, schema, table string, 
 				return
 			}
 			if err != nil {
+				// RunJanitor logs a failed cleanup and tries again at its
+				// next tick: so does this loop, counting them.
 				mu.Lock()
-				jerr = err
+				res.janitorErrs = append(res.janitorErrs, fmt.Sprintf("%+.1f s: %v", time.Since(res.start).Seconds(), err))
 				mu.Unlock()
-				return
 			}
 			select {
 			case <-jctx.Done():
@@ -430,15 +487,30 @@ func (b *bench) measure(ctx context.Context, res *result, schema, table string, 
 	defer rstop()
 	res.start = time.Now()
 	fmt.Printf("  run: started")
-	for k, at := range rollovers {
+	for k, at := range rp.rollovers {
 		fmt.Printf("; rollover %d at %+.0f s", k+1, at.Sub(res.start).Seconds())
 	}
 	fmt.Println()
 	rerr := make(chan error, 1)
 	go func() { rerr <- runner.Run(rctx) }()
+	if rp.advance != nil {
+		wg.Go(func() {
+			for k, at := range rp.rollovers {
+				select {
+				case <-jctx.Done():
+					return
+				case <-time.After(time.Until(at)):
+				}
+				mu.Lock()
+				res.cycles[k].at = time.Now()
+				rp.advance()
+				mu.Unlock()
+			}
+		})
+	}
 	deadline := res.start.Add(b.o.run)
-	if n := len(rollovers); n > 0 {
-		deadline = maxTime(deadline, rollovers[n-1]).Add(b.o.cycleMax)
+	if n := len(rp.rollovers); n > 0 {
+		deadline = maxTime(deadline, rp.rollovers[n-1]).Add(b.o.cycleMax)
 	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -455,15 +527,11 @@ wait:
 			break wait
 		case now := <-tick.C:
 			mu.Lock()
-			done, je := true, jerr
+			done := true
 			for _, c := range res.cycles {
 				done = done && !c.done.IsZero()
 			}
 			mu.Unlock()
-			if je != nil {
-				runErr = fmt.Errorf("janitor: %w", je)
-				break wait
-			}
 			if (done && now.Sub(res.start) >= b.o.run) || now.After(deadline) {
 				break wait
 			}
@@ -502,9 +570,12 @@ wait:
 			fmt.Printf("  rollover %d at %+.0f s: its day not gone by the end of the run\n", k+1, c.at.Sub(res.start).Seconds())
 			continue
 		}
-		w := window(res.claimLat, c.at, c.done)
-		fmt.Printf("  rollover %d at %+.0f s: day of %d records gone in %.1f s (janitor's deletions %d); claims meanwhile: p99 %s, max %s\n",
-			k+1, c.at.Sub(res.start).Seconds(), perDay, c.done.Sub(c.at).Seconds(), c.deleted, pgload.Ms(pgload.Pct(w, 0.99)), pgload.Ms(pgload.Pct(w, 1)))
+		w := window(res.claimLat, c.started, c.done)
+		fmt.Printf("  rollover %d at %+.0f s: its day removed in %.3f s (from the janitor's first transaction after it; %.1f s after the rollover); claims meanwhile: p99 %s, max %s\n",
+			k+1, c.at.Sub(res.start).Seconds(), c.done.Sub(c.started).Seconds(), c.done.Sub(c.at).Seconds(), pgload.Ms(pgload.Pct(w, 0.99)), pgload.Ms(pgload.Pct(w, 1)))
+	}
+	if n := len(res.janitorErrs); n > 0 {
+		fmt.Printf("  %d cleanups failed (and were retried a second later), the first: %s\n", n, res.janitorErrs[0])
 	}
 	fmt.Printf("  after the run: heap %s, indexes %s, %d live and %d dead tuples, %d vacuums\n",
 		pgload.MiB(res.after.Table), pgload.MiB(res.after.Indexes), res.after.Live, res.after.Dead, res.after.Vacuums)
@@ -529,16 +600,19 @@ func maxTime(a, b time.Time) time.Time {
 	return b
 }
 
-// countingDB is the janitor's database: it counts the rows its DELETEs
-// removed, at each commit, and reports the total.
+// countingDB is the janitor's database: it reports when a transaction
+// begins and, at each commit, the rows its DELETEs removed and the tables
+// it dropped so far.
 type countingDB struct {
 	*pgxpool.Pool
-	total     atomic.Int64
-	committed func(total int64, at time.Time)
+	deleted, drops atomic.Int64
+	began          func(at time.Time)
+	committed      func(deleted, drops int64, at time.Time)
 }
 
 // Begin starts a counting transaction.
 func (d *countingDB) Begin(ctx context.Context) (pgx.Tx, error) {
+	d.began(time.Now())
 	tx, err := d.Pool.Begin(ctx)
 	if err != nil {
 		return nil, err
@@ -548,14 +622,19 @@ func (d *countingDB) Begin(ctx context.Context) (pgx.Tx, error) {
 
 type countingTx struct {
 	pgx.Tx
-	db      *countingDB
-	deleted int64
+	db             *countingDB
+	deleted, drops int64
 }
 
 func (t *countingTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	tag, err := t.Tx.Exec(ctx, sql, args...)
-	if err == nil && tag.Delete() {
-		t.deleted += tag.RowsAffected()
+	if err == nil {
+		switch {
+		case tag.Delete():
+			t.deleted += tag.RowsAffected()
+		case tag.String() == "DROP TABLE":
+			t.drops++
+		}
 	}
 	return tag, err
 }
@@ -564,8 +643,8 @@ func (t *countingTx) Commit(ctx context.Context) error {
 	if err := t.Tx.Commit(ctx); err != nil {
 		return err
 	}
-	if t.deleted > 0 {
-		t.db.committed(t.db.total.Add(t.deleted), time.Now())
+	if t.deleted > 0 || t.drops > 0 {
+		t.db.committed(t.db.deleted.Add(t.deleted), t.db.drops.Add(t.drops), time.Now())
 	}
 	return nil
 }
