@@ -81,12 +81,13 @@ type options struct {
 	layouts       []string
 	sharedBuffers string
 	timeout       time.Duration
+	redisKeys     int
 }
 
 // modes are the defaults of -mode; flags given explicitly win.
 var modes = map[string]options{
-	"short": {rows: 2_000_000, run: 30 * time.Second, cycle: 15 * time.Second, lead: 5 * time.Second, cycleMax: 2 * time.Minute, sharedBuffers: "512MB", timeout: 10 * time.Minute},
-	"long":  {rows: 80_000_000, run: 5 * time.Minute, cycle: 150 * time.Second, lead: 60 * time.Second, cycleMax: 10 * time.Minute, sharedBuffers: "2GB", timeout: 3 * time.Hour},
+	"short": {rows: 2_000_000, run: 30 * time.Second, cycle: 10 * time.Second, lead: 5 * time.Second, cycleMax: 2 * time.Minute, sharedBuffers: "512MB", timeout: 10 * time.Minute, redisKeys: 200_000},
+	"long":  {rows: 80_000_000, run: 5 * time.Minute, cycle: 150 * time.Second, lead: 60 * time.Second, cycleMax: 10 * time.Minute, sharedBuffers: "2GB", timeout: 3 * time.Hour, redisKeys: 5_000_000},
 }
 
 func main() {
@@ -106,6 +107,7 @@ func main() {
 	layouts := flag.String("layouts", "empty,delete,partitioned", "layouts measured, in order, comma-separated: empty, delete, partitioned, partitioned-empty (the partitioned store on an empty table)")
 	flag.StringVar(&o.sharedBuffers, "shared-buffers", "", "shared_buffers of the cluster of its own")
 	flag.DurationVar(&o.timeout, "timeout", 0, "give up the whole benchmark after this long")
+	flag.IntVar(&o.redisKeys, "redis-keys", -1, "keys written through redisdedup into a redis-server of its own to measure its memory per key, after the layouts (0: none; default: 200,000 short, 5 M long)")
 	flag.Parse()
 	def, ok := modes[o.mode]
 	if !ok {
@@ -130,8 +132,14 @@ func main() {
 	if !set["shared-buffers"] {
 		o.sharedBuffers = def.sharedBuffers
 	}
+	if !set["redis-keys"] {
+		o.redisKeys = def.redisKeys
+	}
 	for _, l := range strings.Split(*layouts, ",") {
 		l = strings.TrimSpace(l)
+		if l == "" {
+			continue
+		}
 		if _, ok := layoutKinds[l]; !ok {
 			fmt.Fprintf(os.Stderr, "bench: -layouts: unknown layout %q\n", l)
 			os.Exit(2)
@@ -157,7 +165,19 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, o options) (err error) {
+func run(ctx context.Context, o options) error {
+	if len(o.layouts) > 0 {
+		if err := runPostgres(ctx, o); err != nil {
+			return err
+		}
+	}
+	if o.redisKeys > 0 {
+		return redisMemory(ctx, o.redisKeys, o.rows)
+	}
+	return nil
+}
+
+func runPostgres(ctx context.Context, o options) (err error) {
 	b := &bench{o: o, logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	dsn := o.dsn
 	if dsn == "" {
