@@ -82,12 +82,13 @@ type options struct {
 	sharedBuffers string
 	timeout       time.Duration
 	redisKeys     int
+	sqliteRecords int
 }
 
 // modes are the defaults of -mode; flags given explicitly win.
 var modes = map[string]options{
-	"short": {rows: 2_000_000, run: 30 * time.Second, cycle: 10 * time.Second, lead: 5 * time.Second, cycleMax: 2 * time.Minute, sharedBuffers: "512MB", timeout: 10 * time.Minute, redisKeys: 200_000},
-	"long":  {rows: 80_000_000, run: 5 * time.Minute, cycle: 150 * time.Second, lead: 60 * time.Second, cycleMax: 10 * time.Minute, sharedBuffers: "2GB", timeout: 3 * time.Hour, redisKeys: 5_000_000},
+	"short": {rows: 2_000_000, run: 30 * time.Second, cycle: 10 * time.Second, lead: 5 * time.Second, cycleMax: 2 * time.Minute, sharedBuffers: "512MB", timeout: 10 * time.Minute, redisKeys: 200_000, sqliteRecords: 200_000},
+	"long":  {rows: 80_000_000, run: 5 * time.Minute, cycle: 150 * time.Second, lead: 60 * time.Second, cycleMax: 10 * time.Minute, sharedBuffers: "2GB", timeout: 3 * time.Hour, redisKeys: 5_000_000, sqliteRecords: 1_000_000},
 }
 
 func main() {
@@ -107,6 +108,7 @@ func main() {
 	layouts := flag.String("layouts", "empty,delete,partitioned", "layouts measured, in order, comma-separated: empty, delete, partitioned, partitioned-empty (the partitioned store on an empty table)")
 	flag.StringVar(&o.sharedBuffers, "shared-buffers", "", "shared_buffers of the cluster of its own")
 	flag.DurationVar(&o.timeout, "timeout", 0, "give up the whole benchmark after this long")
+	flag.IntVar(&o.sqliteRecords, "sqlite-records", -1, "records claimed through sqldedup into a SQLite file of its own to measure its size per record, after the layouts (0: none; default: 200,000 short, 1 M long)")
 	flag.IntVar(&o.redisKeys, "redis-keys", -1, "keys written through redisdedup into a redis-server of its own to measure its memory per key, after the layouts (0: none; default: 200,000 short, 5 M long)")
 	flag.Parse()
 	def, ok := modes[o.mode]
@@ -134,6 +136,9 @@ func main() {
 	}
 	if !set["redis-keys"] {
 		o.redisKeys = def.redisKeys
+	}
+	if !set["sqlite-records"] {
+		o.sqliteRecords = def.sqliteRecords
 	}
 	for _, l := range strings.Split(*layouts, ",") {
 		l = strings.TrimSpace(l)
@@ -168,6 +173,11 @@ func main() {
 func run(ctx context.Context, o options) error {
 	if len(o.layouts) > 0 {
 		if err := runPostgres(ctx, o); err != nil {
+			return err
+		}
+	}
+	if o.sqliteRecords > 0 {
+		if err := sqliteSize(ctx, o.sqliteRecords, o.rows, o.batch); err != nil {
 			return err
 		}
 	}
