@@ -4,40 +4,55 @@
 //
 //   - creates the table through the store's migrations in a schema of its
 //     own and, for the filled layouts, fills it with -rows records over
-//     -days days (random UUID keys of 36 bytes, four scopes in turn, random
-//     32-byte payload hashes, processed over the days before the fill) with
-//     one binary COPY … FREEZE (the primary key built after it); the fill is
-//     setup, not measured;
+//     -days UTC days (random UUID keys of 36 bytes, four scopes in turn,
+//     random 32-byte payload hashes) with binary COPY … FREEZE (the primary
+//     key built after it); the fill is setup, not measured;
 //   - runs the real Runner (consumer.Runner, the batch API at -batch and
 //     -concurrency, new random UUID keys from an in-process source, as fast
 //     as it takes them) for at least -run, with the store's janitor active
-//     (Cleanup again a second after it returns, pgdedup's default batch and
-//     pause), while -cycles days roll over, -cycle apart: the fill dates the
-//     oldest days so that day k expires at the k-th rollover (the clock the
-//     DELETE janitor reads is the server's, so the rows are dated against
-//     it), and the run lasts until each rolled-over day is gone (at most
-//     -cycle-max after the last rollover);
-//   - prints claims/s, the claim's latency (BEGIN and the claim's INSERT,
-//     one pipelined round trip, from a pgx tracer) p50/p99/max, WAL bytes
-//     per claim (pg_current_wal_lsn before and after the run, the janitor's
-//     WAL included), bytes per record on disk after the fill (heap, and
-//     indexes), each day's retention (from its rollover to the janitor's
-//     return with its rows gone) with the claims' p99 and max latency
-//     meanwhile, and the table's size and dead tuples after the cycles.
+//     (Cleanup, and again a second after it returns, at pgdedup's default
+//     batch and pause; a failed Cleanup is counted and retried, as
+//     RunJanitor does), while -cycles days roll over; the run lasts until
+//     each rolled-over day is gone (at most -cycle-max after the last
+//     rollover);
+//   - prints claims/s, the claim's latency (BEGIN and the claim's
+//     statements, one pipelined round trip, from a pgx tracer) p50/p99/max,
+//     WAL bytes per claim (pg_current_wal_lsn before and after the run, the
+//     janitor's WAL included), bytes per record on disk after the fill (heap,
+//     and indexes), the time each rolled-over day took to go (from the
+//     janitor's first transaction after the rollover to the commit that
+//     removed its last records) with the claims' p99 and max latency
+//     meanwhile (for a drop: the lock wait the claims see), and the table's
+//     size and dead tuples after the run.
 //
-// The layouts: empty (today's table, nothing in it, nothing to expire) and
-// delete (today's table, filled, the DELETE janitor). Then it checks the
-// goals of each filled layout against the empty table: claims/s >= 0.9x,
-// claim p99 <= 1.2x, a day's retention under 1 s with no dead tuple left,
-// at most 100 bytes per record of heap. Every figure is measured.
+// The layouts:
+//
+//   - empty: today's table, nothing in it, nothing expires;
+//   - delete: today's table, filled, the DELETE janitor. Its clock is the
+//     time, so the fill dates the oldest days to expire at the rollovers,
+//     -cycle apart, choosing them when the COPY gets to those days;
+//   - partitioned: the table partitioned by day (pgdedup.Config.Partitioned),
+//     filled one partition per day; a rollover moves the store's clock
+//     (Config.Now) a day on and the janitor drops the oldest partition;
+//   - partitioned-empty: the partitioned store on an empty table.
+//
+// Then it checks the goals of each filled layout against the empty tables:
+// claims/s >= 0.9x, claim p99 <= 1.2x, a day's retention under 1 s with no
+// dead tuple left, at most 100 bytes of heap per record. Every figure is
+// measured; a goal not met is printed as such and does not fail the run.
+// After the layouts it measures the other stores at the same volume:
+// SQLite's bytes per record and claims/s after -sqlite-records records,
+// and Redis's memory per key after -redis-keys done keys, each extrapolated
+// to -rows.
 //
 // The server is a PostgreSQL cluster of its own (initdb into a temporary
-// directory, on a free loopback port, removed at the end), loaded with
-// wal_level=minimal and restarted with wal_level=replica for the measured
-// runs; IDEMQ_BENCH_PG_DSN (or -dsn) selects an existing server instead,
-// whose wal_level is left alone. -mode short (2 M records, 30 s runs) is
-// what CI runs; -mode long (80 M records, 5 min runs) is `make
-// bench-scale`.
+// directory, on a free loopback port, removed at the end; as the postgres
+// user when run as root), loaded with wal_level=minimal and restarted with
+// wal_level=replica for the measured runs; IDEMQ_BENCH_PG_DSN (or -dsn)
+// selects an existing server instead, whose wal_level is left alone. Redis
+// is a redis-server of its own, SQLite a file in a temporary directory.
+// -mode short (2 M records, 30 s runs, a few minutes) is what CI runs;
+// -mode long (80 M records, 5 min runs) is `make bench-scale`.
 package main
 
 import (
@@ -217,12 +232,16 @@ func runPostgres(ctx context.Context, o options) (err error) {
 	var results []*result
 	for _, name := range o.layouts {
 		r, err := b.layout(ctx, name)
-		if r != nil {
-			results = append(results, r)
-		}
 		if err != nil {
+			// What was measured is printed all the same (an interrupt
+			// or -timeout stops a long run).
+			if len(results) > 0 {
+				fmt.Printf("\n%s did not finish; the layouts measured before it:\n", name)
+				report(o, results)
+			}
 			return fmt.Errorf("%s: %w", name, err)
 		}
+		results = append(results, r)
 	}
 	report(o, results)
 	return nil
