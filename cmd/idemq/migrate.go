@@ -20,6 +20,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	print := fs.Bool("print", false, "print the SQL instead of applying it (no connection is made, so no --dsn is needed: without one, PostgreSQL's SQL)")
 	status := fs.Bool("status", false, "list the applied and the pending migrations instead of applying them")
 	outboxTable := fs.Bool("outbox", false, "the outbox table's migrations (sinks/outbox) instead of the processed-messages table's")
+	partitioned := fs.Bool("partitioned", false, "partition the processed-messages table by day (PostgreSQL, for pgdedup.Config.Partitioned): the index and the bound are made first without blocking writes, then the table becomes the first partition")
 	if pos, err := parse(fs, args); err != nil {
 		return err
 	} else if len(pos) > 0 {
@@ -36,7 +37,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if dialect == sqldedup.SQLite && sf.schema != "" {
 		return fmt.Errorf("%w: --schema is for PostgreSQL; SQLite has none", errUsage)
 	}
-	cfg := migrate.Config{Line: migrate.Dedup, Dialect: dialect, Schema: sf.schema, Table: sf.table}
+	cfg := migrate.Config{Line: migrate.Dedup, Dialect: dialect, Schema: sf.schema, Table: sf.table, Partitioned: *partitioned}
 	if *outboxTable {
 		cfg.Line = migrate.Outbox
 	}
@@ -49,7 +50,12 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fmt.Fprint(stdout, m.SQL())
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	// Building the partitioning's index of a large table takes longer.
+	limit := time.Minute
+	if *partitioned {
+		limit = time.Hour
+	}
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	mode := createDB
 	if *status {
@@ -67,9 +73,20 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *status {
 		return migrateStatus(ctx, m, stdout)
 	}
+	start := time.Now()
+	if err := m.Prepare(ctx); err != nil {
+		return err
+	}
+	if *partitioned {
+		fmt.Fprintf(stdout, "prepared %s for partitioning in %s, writes going on\n", where, time.Since(start).Round(time.Millisecond))
+	}
+	start = time.Now()
 	applied, err := m.Migrate(ctx)
 	if err != nil {
 		return err
+	}
+	if *partitioned && len(applied) > 0 {
+		fmt.Fprintf(stdout, "the migrations held %s's lock for %s\n", where, time.Since(start).Round(time.Millisecond))
 	}
 	if len(applied) == 0 {
 		fmt.Fprintf(stdout, "%s (%s) is already up to date: no migration applied\n", where, dialect)

@@ -195,6 +195,71 @@ func (m *Migrator[TTx]) apply(ctx context.Context, tx TTx, mg Migration) error {
 	return nil
 }
 
+// Prepare readies an unpartitioned processed-message table for the
+// migration that partitions it (Config.Partitioned) without blocking its
+// writes, so that Migrate then holds the table's lock for catalog changes
+// only (docs/operations.md has the measured times): it builds the unique
+// index on (scope, key, processed_at) with CREATE INDEX CONCURRENTLY, and
+// proves that every row is before the first partition's end with a CHECK
+// constraint added NOT VALID (a brief exclusive lock, waited for at most
+// lock_timeout, 1 s) and validated while writes go on. Migrate drops the
+// constraint. Call Migrate the same day: until then the constraint refuses
+// records dated after the day after tomorrow (UTC).
+//
+// It does nothing when Config.Partitioned is false, the table does not
+// exist or is already partitioned. The database must be a *pgxpool.Pool,
+// a *pgx.Conn (NewPgx) or a *sql.DB (NewSQL): the index is built outside a
+// transaction. An index left invalid by an interrupted build is dropped and
+// built again.
+func (m *Migrator[TTx]) Prepare(ctx context.Context) error {
+	p := m.p
+	if !p.cfg.Partitioned {
+		return nil
+	}
+	if err := m.needDB(); err != nil {
+		return err
+	}
+	table, name := quote(p.cfg.Schema)+"."+quote(p.cfg.Table), p.cfg.Table
+	tx, err := m.db.begin(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate %s: prepare: %w", p.table, err)
+	}
+	var unpartitioned, invalid bool
+	err = func() error {
+		defer m.db.rollback(ctx, tx)
+		if unpartitioned, err = m.db.exists(ctx, tx, `SELECT coalesce((SELECT relkind = 'r' FROM pg_class WHERE oid = to_regclass($1)), false)`, table); err != nil {
+			return err
+		}
+		invalid, err = m.db.exists(ctx, tx, `SELECT coalesce((SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)), false)`,
+			quote(p.cfg.Schema)+"."+quote(name+"_partition_idx"))
+		return err
+	}()
+	if err != nil || !unpartitioned {
+		return err
+	}
+	var steps []string
+	if invalid {
+		steps = append(steps, `DROP INDEX CONCURRENTLY IF EXISTS `+quote(p.cfg.Schema)+"."+quote(name+"_partition_idx"))
+	}
+	bound := quote(name + "_partition_bound")
+	steps = append(steps,
+		`CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS `+quote(name+"_partition_idx")+` ON `+table+` (scope, key, processed_at)`,
+		`DO $$ BEGIN
+    SET LOCAL lock_timeout = '1s';
+    IF NOT EXISTS (SELECT FROM pg_constraint WHERE conrelid = '`+table+`'::regclass AND conname = '`+name+`_partition_bound') THEN
+        EXECUTE format('ALTER TABLE %s ADD CONSTRAINT %s CHECK (processed_at < %L) NOT VALID', '`+table+`', '`+bound+`',
+            ((now() AT TIME ZONE 'UTC')::date + 2)::timestamp AT TIME ZONE 'UTC');
+    END IF;
+END $$`,
+		`ALTER TABLE `+table+` VALIDATE CONSTRAINT `+bound)
+	for _, q := range steps {
+		if err := m.db.execNoTx(ctx, q); err != nil {
+			return fmt.Errorf("migrate %s: prepare: %w", p.table, err)
+		}
+	}
+	return nil
+}
+
 // ExistingVersions returns the migrations recorded as applied, in version
 // order: none when the versions table does not exist. A version this
 // program does not know (applied by a newer one) has only its Version and
@@ -254,7 +319,13 @@ type driver[TTx any] interface {
 	exec(ctx context.Context, tx TTx, sql string, args ...any) error
 	exists(ctx context.Context, tx TTx, sql string, args ...any) (bool, error)
 	versions(ctx context.Context, tx TTx, sql string) ([]Migration, error)
+	// execNoTx runs sql outside a transaction, when the database can.
+	execNoTx(ctx context.Context, sql string) error
 }
+
+// errNeedsPool is execNoTx's error for a database that can only begin
+// transactions.
+var errNeedsPool = errors.New("needs a statement outside a transaction: give a *pgxpool.Pool, *pgx.Conn or *sql.DB")
 
 type pgxDriver[TTx PgxTx[Tag, Row], Tag any, Row interface{ Scan(dest ...any) error }] struct {
 	db PgxBeginner[TTx]
@@ -299,7 +370,29 @@ func (pgxDriver[TTx, Tag, Row]) versions(ctx context.Context, tx TTx, query stri
 	return out, nil
 }
 
+func (d pgxDriver[TTx, Tag, Row]) execNoTx(ctx context.Context, sql string) error {
+	e, ok := d.db.(interface {
+		Exec(ctx context.Context, sql string, args ...any) (Tag, error)
+	})
+	if !ok {
+		return errNeedsPool
+	}
+	_, err := e.Exec(ctx, sql)
+	return err
+}
+
 type sqlDriver struct{ db SQLBeginner }
+
+func (d sqlDriver) execNoTx(ctx context.Context, query string) error {
+	e, ok := d.db.(interface {
+		ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	})
+	if !ok {
+		return errNeedsPool
+	}
+	_, err := e.ExecContext(ctx, query)
+	return err
+}
 
 func (d sqlDriver) isNil() bool { return d.db == nil }
 

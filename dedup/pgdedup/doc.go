@@ -23,6 +23,20 @@
 // Use the default READ COMMITTED isolation: a claim must see the commit it
 // waited for.
 //
+// # Partitioned table
+//
+// With Config.Partitioned the table is partitioned by day (UTC) of
+// processed_at (dedup/migrate's migration 004), and the janitor drops a
+// day's partition instead of deleting rows. PostgreSQL enforces a unique
+// key only within a partition, so the claim does it: it takes a
+// transaction-scoped advisory lock per key (in one order), then, in a later
+// statement whose snapshot sees every commit the lock waited for, inserts
+// the keys that no partition holds. A redelivery on a later day, two claims
+// on either side of midnight, a stored result and a payload mismatch in an
+// older partition are found as in one table. The clock that dates a record,
+// and so chooses its partition, is Config.Now. docs/operations.md has the
+// measurements and the migration of an existing table.
+//
 // # Round trips
 //
 // With a *pgxpool.Pool or a *pgx.Conn, BeginClaim sends BEGIN and the claim's
@@ -47,7 +61,8 @@
 // Records expire after Config.Retention (8 days by default, above the default
 // retention of SQS queues and Kafka topics; the store reports it to the
 // Runner, which refuses to start when its source's broker keeps messages
-// longer). An expired record no longer deduplicates; RunJanitor deletes expired records in small
+// longer). An expired record no longer deduplicates; RunJanitor drops the
+// partitions whose records all expired (Config.Partitioned), or deletes expired records in small
 // batches, skipping rows that are locked, under an advisory lock so that one
 // process cleans at a time, with a pause (Config.CleanupPause) between two
 // batches so that a backlog does not starve the claims. Every

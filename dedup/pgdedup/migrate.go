@@ -2,6 +2,7 @@ package pgdedup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/idemq/idemq/dedup"
@@ -27,7 +28,8 @@ func (s *Store) Migrate(ctx context.Context) error {
 
 // CheckSchema implements dedup.SchemaChecker: one statement that reads no
 // row checks that the record table and its failure table exist with every
-// column of the latest migration. It returns a *dedup.SchemaError (matching
+// column of the latest migration, and, unless Config.Partitioned, a second
+// that the table is not partitioned. It returns a *dedup.SchemaError (matching
 // dedup.ErrNotMigrated) naming Migrate when they do not, and the database's
 // error when it could not be asked. The Runner calls it when Run starts.
 func (s *Store) CheckSchema(ctx context.Context) error {
@@ -38,8 +40,23 @@ func (s *Store) CheckSchema(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("pgdedup: check schema: %w", err)
 	}
+	if s.cfg.Partitioned {
+		return nil
+	}
+	// The claim of an unpartitioned table needs its key (scope, key).
+	switch p, err := s.partitioned(ctx, s.db); {
+	case err != nil:
+		return fmt.Errorf("pgdedup: check schema: %w", err)
+	case p:
+		return &dedup.SchemaError{Table: s.cfg.Schema + "." + s.cfg.Table, Err: errPartitioned,
+			Migrate: "set pgdedup.Config.Partitioned, or revert migration 004 (its Down section)"}
+	}
 	return nil
 }
+
+// errPartitioned is the cause CheckSchema gives when a store that is not
+// Config.Partitioned finds a partitioned table.
+var errPartitioned = errors.New("the table is partitioned by day")
 
 // migrateHint is how a missing table is created, for dedup.SchemaError.
 const migrateHint = "create it with pgdedup.Store.Migrate (or run `idemq migrate`, or dedup/migrate)"

@@ -3,6 +3,7 @@ package pgdedup
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,6 +28,28 @@ const (
 // partitionLayout is "YYYYMMDD", the day of a partition's name.
 const partitionLayout = "20060102"
 
+// partitionsSQL lists the partitions of a table ($1): name, records as the
+// statistics estimate them, and the bounds of their range (NULL for
+// MINVALUE and MAXVALUE).
+const partitionsSQL = `SELECT c.relname, greatest(c.reltuples, 0)::bigint,
+(regexp_match(b.e, 'FROM \(''([^'']*)''\)'))[1]::timestamptz,
+(regexp_match(b.e, 'TO \(''([^'']*)''\)'))[1]::timestamptz
+FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid,
+LATERAL (SELECT pg_get_expr(c.relpartbound, c.oid) AS e) AS b
+WHERE i.inhparent = to_regclass($1)`
+
+// partition is a partition of the table, as partitionsSQL lists it.
+type partition struct {
+	name     string
+	records  int64
+	from, to *time.Time // nil: unbounded
+}
+
+// covers reports whether t is in p's range.
+func (p partition) covers(t time.Time) bool {
+	return (p.from == nil || !t.Before(*p.from)) && (p.to == nil || t.Before(*p.to))
+}
+
 // partitionName returns the name of the partition of day (UTC).
 func (s *Store) partitionName(day time.Time) string {
 	return s.cfg.Table + "_p" + day.UTC().Format(partitionLayout)
@@ -43,7 +66,8 @@ func (s *Store) partitioned(ctx context.Context, db DBTX) (bool, error) {
 
 // maintainPartitions creates the partitions of the clock's day and the
 // PartitionsAhead days after it, and drops every partition whose records
-// all expired (its day ended at least Retention ago), one DDL statement
+// all expired (its day ended at least Retention ago, and a scan finds no
+// record of a store with a longer retention), one DDL statement
 // per transaction, each under the janitor's advisory lock and
 // PartitionLockTimeout. It returns the records the dropped partitions held
 // (as the planner's statistics estimate them), and busy when another
@@ -78,44 +102,48 @@ func (s *Store) partitionStep(ctx context.Context) (dropped int64, done, busy bo
 	if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, PartitionLockTimeout.Milliseconds())); err != nil {
 		return 0, false, false, fmt.Errorf("pgdedup: partitions: %w", err)
 	}
-	rows, err := tx.Query(ctx, `SELECT c.relname, greatest(c.reltuples, 0)::bigint FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-WHERE i.inhparent = to_regclass($1)`, s.q.table)
+	rows, err := tx.Query(ctx, partitionsSQL, s.q.table)
 	if err != nil {
 		return 0, false, false, fmt.Errorf("pgdedup: partitions: %w", err)
 	}
-	have := map[string]int64{}
 	var (
-		name string
-		n    int64
+		have []partition
+		p    partition
 	)
-	if _, err := pgx.ForEachRow(rows, []any{&name, &n}, func() error { have[name] = n; return nil }); err != nil {
+	if _, err := pgx.ForEachRow(rows, []any{&p.name, &p.records, &p.from, &p.to}, func() error { have = append(have, p); return nil }); err != nil {
 		return 0, false, false, fmt.Errorf("pgdedup: partitions: %w", err)
 	}
 
-	now := s.cfg.Now().UTC()
-	today := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
-	parent := s.q.table
+	now := s.cfg.Now()
 	var step string
-	for name, n := range have {
-		day, err := time.Parse(partitionLayout, strings.TrimPrefix(name, s.cfg.Table+"_p"))
-		if err != nil || !strings.HasPrefix(name, s.cfg.Table+"_p") {
-			continue // not one of ours
+	for _, p := range have {
+		if p.to == nil || p.to.Add(s.cfg.Retention).After(now) {
+			continue
 		}
-		if !day.AddDate(0, 0, 1).Add(s.cfg.Retention).After(now) {
-			step, dropped = `DROP TABLE `+pgx.Identifier{s.cfg.Schema, name}.Sanitize(), n
+		// Past this store's retention; stores of other scopes on the
+		// table may keep theirs longer. The first unexpired record ends
+		// the scan.
+		name := pgx.Identifier{s.cfg.Schema, p.name}.Sanitize()
+		var kept bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+name+` WHERE expires_at > $1)`, now).Scan(&kept); err != nil {
+			return 0, false, false, fmt.Errorf("pgdedup: partitions: %w", err)
+		}
+		if !kept {
+			step, dropped = `DROP TABLE `+name, p.records
 			break
 		}
 	}
+	u := now.UTC()
+	today := time.Date(u.Year(), u.Month(), u.Day(), 0, 0, 0, 0, time.UTC)
 	for d := 0; step == "" && d <= PartitionsAhead; d++ {
 		day := today.AddDate(0, 0, d)
-		name := s.partitionName(day)
-		if _, ok := have[name]; ok {
+		if slices.ContainsFunc(have, func(p partition) bool { return p.covers(day) }) {
 			continue
 		}
 		// CREATE TABLE ... PARTITION OF would take the parent's exclusive
 		// lock; ATTACH PARTITION takes a lock that claims do not conflict
 		// with.
-		p := pgx.Identifier{s.cfg.Schema, name}.Sanitize()
+		parent, p := s.q.table, pgx.Identifier{s.cfg.Schema, s.partitionName(day)}.Sanitize()
 		step = fmt.Sprintf(`CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS);
 ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')`,
 			p, parent, parent, p, day.Format(time.RFC3339), day.AddDate(0, 0, 1).Format(time.RFC3339))

@@ -255,7 +255,7 @@ var boundaryScenarios = []struct {
 			return fmt.Errorf("record of k after the drop: %w", err)
 		}
 		if _, err := p.Inspect(ctx, "s", "older"); !errors.Is(err, dedup.ErrNotFound) {
-			return fmt.Errorf("record of a partition a retention past its day: %v, want dropped", err)
+			return fmt.Errorf("record of a partition a retention past its day: %w, want dropped", err)
 		}
 		return nil
 	}},
@@ -320,5 +320,36 @@ func TestPartitionBoundaryCatchesNaiveClaim(t *testing.T) {
 			}
 			t.Logf("naive claim caught: %v", err)
 		})
+	}
+}
+
+// TestPartitionDropKeepsLongerRetention: stores of several scopes share a
+// table, each with its own retention. The janitor of the shortest drops no
+// partition that holds a record another store still remembers.
+func TestPartitionDropKeepsLongerRetention(t *testing.T) {
+	ctx := testCtx(t)
+	p := newPartitioned(t, false) // retention 3 days
+	cfg := p.Config()
+	cfg.Retention = 8 * 24 * time.Hour
+	long, err := pgdedup.New(p.pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := claimOn(ctx, long, "long", nil, false, rec("k", "a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.at(ctx, day0.AddDate(0, 0, 5)); err != nil {
+		t.Fatal(err)
+	}
+	e, err := p.Inspect(ctx, "long", "k")
+	if err != nil {
+		t.Fatalf("a record of an 8-day retention after the 3-day janitor's run, 5 days later: %v", err)
+	}
+	// Once it expired, its partition goes.
+	if err := p.at(ctx, e.ExpiresAt.AddDate(0, 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Inspect(ctx, "long", "k"); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("the record a day after it expired: %v, want its partition dropped", err)
 	}
 }

@@ -38,3 +38,14 @@ func TestReport(t *testing.T) {
 	}
 	deduptest.CheckReport(t, ctx, store, store.Config().Schema+".seen", oldest)
 }
+
+// TestReportPartitioned: the sizes of a partitioned table are its
+// partitions' (the partitioned table itself has no storage).
+func TestReportPartitioned(t *testing.T) {
+	store, _ := newStore(t, pgdedup.Config{Partitioned: true})
+	claimCommit(t, store, "a", rec("a1", "x"))
+	r, err := store.Report(testCtx(t))
+	if err != nil || !r.SizeKnown || r.TableBytes == 0 || r.IndexBytes == 0 {
+		t.Fatalf("Report: %v; sizes known %v, table %d bytes, indexes %d bytes; want both above 0", err, r.SizeKnown, r.TableBytes, r.IndexBytes)
+	}
+}

@@ -2,6 +2,7 @@ package pgdedup_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -58,5 +59,25 @@ func TestCheckSchema(t *testing.T) {
 	pool.Close()
 	if err := store.CheckSchema(ctx); err == nil || errors.Is(err, dedup.ErrNotMigrated) {
 		t.Errorf("closed pool: CheckSchema = %v; want an error that is not ErrNotMigrated", err)
+	}
+}
+
+// TestCheckSchemaPartitionedTable: a store that is not Partitioned refuses,
+// at start, a table that was partitioned (its claims' ON CONFLICT (scope,
+// key) would fail on every message), naming the setting; a Partitioned one
+// accepts both layouts.
+func TestCheckSchemaPartitionedTable(t *testing.T) {
+	ctx := testCtx(t)
+	part, pool := newStore(t, pgdedup.Config{Partitioned: true})
+	if err := part.CheckSchema(ctx); err != nil {
+		t.Fatalf("Partitioned store on a partitioned table: CheckSchema = %v", err)
+	}
+	plain, err := pgdedup.New(pool, pgdedup.Config{Schema: part.Config().Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = plain.CheckSchema(ctx)
+	if !errors.Is(err, dedup.ErrNotMigrated) || !strings.Contains(err.Error(), "Config.Partitioned") {
+		t.Fatalf("unpartitioned store on a partitioned table: CheckSchema = %v; want dedup.ErrNotMigrated naming Config.Partitioned", err)
 	}
 }

@@ -258,17 +258,27 @@ func (s txDriver) Claim(ctx context.Context, tx pgx.Tx, scope string, recs []ded
 // violation, a bad value, a context deadline or cancellation (a handler past
 // its HandlerTimeout), and errors of other libraries (*url.Error,
 // *net.DNSError, io.ErrUnexpectedEOF from a decoder), even when they
-// implement net.Error. It is safe for concurrent use.
+// implement net.Error. A record refused for want of a partition (23514
+// naming the store's table and no constraint, Config.Partitioned) is
+// transient too: the janitor, not the message, is at fault, and creates it
+// on its next run. It is safe for concurrent use.
 func (s txDriver) IsTransient(err error) bool {
 	if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return false
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return sqlstore.PostgresTransient(pgErr.Code)
+		return sqlstore.PostgresTransient(pgErr.Code) || s.noPartition(pgErr)
 	}
 	var connErr *pgconn.ConnectError
 	return errors.As(err, &connErr) || pgconn.SafeToRetry(err)
+}
+
+// noPartition reports whether err is PostgreSQL's refusal of a record for
+// which the table has no partition (23514 without a constraint, naming the
+// table): the janitor has not created the clock's day.
+func (s *Store) noPartition(err *pgconn.PgError) bool {
+	return err.Code == "23514" && err.ConstraintName == "" && err.Message == `no partition of relation "`+s.cfg.Table+`" found for row`
 }
 
 // MarkProcessedTx records key as processed in a transaction the caller owns,

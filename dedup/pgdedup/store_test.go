@@ -558,6 +558,10 @@ func TestIsTransient(t *testing.T) {
 		{&pgconn.PgError{Code: "25P03"}, true},
 		{&pgconn.PgError{Code: "08003"}, true},
 		{&pgconn.PgError{Code: "23505"}, false},
+		// No partition for the clock's day (the janitor has not run for
+		// PartitionsAhead days): the store's outage, not the message's.
+		{&pgconn.PgError{Code: "23514", Message: `no partition of relation "processed_messages" found for row`}, true},
+		{&pgconn.PgError{Code: "23514", ConstraintName: "amount_positive", Message: `new row violates check constraint "amount_positive"`}, false},
 		{&pgconn.PgError{Code: "25P02"}, false},
 		{&pgconn.PgError{Code: "55P03"}, false},
 		{context.DeadlineExceeded, false},

@@ -74,8 +74,10 @@ func ScanReport(rows ScanRows, r *dedup.TableReport) error {
 }
 
 // PostgresSizeQuery returns the sizes of table t (quoted and qualified), and
-// of its indexes, in bytes; its one argument is t.
-const PostgresSizeQuery = `SELECT pg_table_size(to_regclass($1)), pg_indexes_size(to_regclass($1))`
+// of its indexes, in bytes (of its partitions, when it is partitioned); its
+// one argument is t.
+const PostgresSizeQuery = `SELECT sum(pg_table_size(r))::bigint, sum(pg_indexes_size(r))::bigint
+FROM (SELECT to_regclass($1) UNION SELECT relid FROM pg_partition_tree(to_regclass($1))) AS t(r)`
 
 // SQLiteSizeQuery returns the sizes of table ?1 (unquoted), and of its
 // indexes, in bytes, from the dbstat table: an error where the driver was
