@@ -201,10 +201,12 @@ func fillTable(ctx context.Context, pool *pgxpool.Pool, table, brin string, p pl
 }
 
 // fillPartitions loads p into the partitioned table (schema.table), one
-// partition per day named as pgdedup's janitor names them: each created
-// with its bounds as a CHECK constraint and loaded by one COPY, then its
-// primary key built and the partition attached (the CHECK spares the
-// attach a scan of it; it is dropped after).
+// partition per day named as pgdedup's janitor names them, in place of the
+// migration's empty ones: each created with its bounds as a CHECK
+// constraint and loaded by one COPY, then its primary key built and the
+// partition attached (the CHECK spares the attach a scan of it; it is
+// dropped after). The janitor's first Cleanup creates today's and the
+// next days'.
 func fillPartitions(ctx context.Context, pool *pgxpool.Pool, schema, table string, p plan) (copyTime, indexTime time.Duration, err error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -212,6 +214,22 @@ func fillPartitions(ctx context.Context, pool *pgxpool.Pool, schema, table strin
 	}
 	defer conn.Release()
 	parent := pgx.Identifier{schema, table}.Sanitize()
+	// The migration's partitions are empty; some may cover the fill's
+	// days (the table it partitioned covers every time before its cut).
+	rows, err := conn.Query(ctx, `SELECT format('%I.%I', n.nspname, c.relname) FROM pg_inherits i
+JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE i.inhparent = $1::regclass`, parent)
+	if err != nil {
+		return 0, 0, err
+	}
+	old, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, o := range old {
+		if err := execAll(ctx, conn, `DROP TABLE `+o); err != nil {
+			return 0, 0, err
+		}
+	}
 	for _, d := range p.order() {
 		lo, hi := p.dayStart(d), p.dayStart(d+1)
 		name := table + "_p" + lo.Format("20060102")

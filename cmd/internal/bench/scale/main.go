@@ -404,6 +404,16 @@ func (b *bench) layout(ctx context.Context, name string) (res *result, err error
 		if err := b.setWAL(ctx, "replica"); err != nil {
 			return nil, err
 		}
+		if rp.store.Partitioned {
+			// Today's partition and the next days', before any claim.
+			st, err := pgdedup.New(b.admin, rp.store)
+			if err == nil {
+				_, err = st.Cleanup(ctx)
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
 		if res.fill, err = pgload.Sizes(ctx, b.admin, table); err != nil {
 			return nil, err
 		}
