@@ -51,7 +51,7 @@
 // wal_level=replica for the measured runs; IDEMQ_BENCH_PG_DSN (or -dsn)
 // selects an existing server instead, whose wal_level is left alone. Redis
 // is a redis-server of its own, SQLite a file in a temporary directory.
-// -mode short (2 M records, 30 s runs, a few minutes) is what CI runs;
+// -mode short (2 M records, 25 s runs, a few minutes) is what CI runs;
 // -mode long (80 M records, 5 min runs) is `make bench-scale`.
 package main
 
@@ -102,13 +102,13 @@ type options struct {
 
 // modes are the defaults of -mode; flags given explicitly win.
 var modes = map[string]options{
-	"short": {rows: 2_000_000, run: 30 * time.Second, cycle: 10 * time.Second, lead: 5 * time.Second, cycleMax: 2 * time.Minute, sharedBuffers: "512MB", timeout: 10 * time.Minute, redisKeys: 200_000, sqliteRecords: 200_000},
+	"short": {rows: 2_000_000, run: 25 * time.Second, cycle: 10 * time.Second, lead: 3 * time.Second, cycleMax: 2 * time.Minute, sharedBuffers: "512MB", timeout: 10 * time.Minute, redisKeys: 100_000, sqliteRecords: 100_000},
 	"long":  {rows: 80_000_000, run: 5 * time.Minute, cycle: 150 * time.Second, lead: 60 * time.Second, cycleMax: 10 * time.Minute, sharedBuffers: "2GB", timeout: 3 * time.Hour, redisKeys: 5_000_000, sqliteRecords: 1_000_000},
 }
 
 func main() {
 	var o options
-	flag.StringVar(&o.mode, "mode", "short", "short (2 M records, 30 s runs: CI) or long (80 M records, 5 min runs); sets the defaults of -rows, -run, -cycle, -lead, -cycle-max, -shared-buffers, -timeout")
+	flag.StringVar(&o.mode, "mode", "short", "short (2 M records, 25 s runs: CI) or long (80 M records, 5 min runs); sets the defaults of -rows, -run, -cycle, -lead, -cycle-max, -shared-buffers, -timeout")
 	flag.StringVar(&o.dsn, "dsn", "", "PostgreSQL URL of an existing server (default: $IDEMQ_BENCH_PG_DSN, else a cluster of its own)")
 	flag.IntVar(&o.rows, "rows", 0, "records filled before the run (the documented load: 80 M)")
 	flag.IntVar(&o.days, "days", 8, "days of retention the records span")
@@ -123,8 +123,8 @@ func main() {
 	layouts := flag.String("layouts", "empty,delete,partitioned", "layouts measured, in order, comma-separated: empty, delete, partitioned, partitioned-empty (the partitioned store on an empty table)")
 	flag.StringVar(&o.sharedBuffers, "shared-buffers", "", "shared_buffers of the cluster of its own")
 	flag.DurationVar(&o.timeout, "timeout", 0, "give up the whole benchmark after this long")
-	flag.IntVar(&o.sqliteRecords, "sqlite-records", -1, "records claimed through sqldedup into a SQLite file of its own to measure its size per record, after the layouts (0: none; default: 200,000 short, 1 M long)")
-	flag.IntVar(&o.redisKeys, "redis-keys", -1, "keys written through redisdedup into a redis-server of its own to measure its memory per key, after the layouts (0: none; default: 200,000 short, 5 M long)")
+	flag.IntVar(&o.sqliteRecords, "sqlite-records", -1, "records claimed through sqldedup into a SQLite file of its own to measure its size per record, after the layouts (0: none; default: 100,000 short, 1 M long)")
+	flag.IntVar(&o.redisKeys, "redis-keys", -1, "keys written through redisdedup into a redis-server of its own to measure its memory per key, after the layouts (0: none; default: 100,000 short, 5 M long)")
 	flag.Parse()
 	def, ok := modes[o.mode]
 	if !ok {
