@@ -61,7 +61,7 @@ func sqliteSize(ctx context.Context, n, target, batch int) error {
 			return fmt.Errorf("sqlite: runner stopped early: %w", err)
 		case <-ctx.Done():
 			stop()
-			<-rerr
+			_ = <-rerr
 			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
