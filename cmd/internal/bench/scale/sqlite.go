@@ -61,8 +61,7 @@ func sqliteSize(ctx context.Context, n, target, batch int) error {
 			return fmt.Errorf("sqlite: runner stopped early: %w", err)
 		case <-ctx.Done():
 			stop()
-			_ = <-rerr
-			return ctx.Err()
+			return errors.Join(ctx.Err(), <-rerr)
 		case <-time.After(100 * time.Millisecond):
 		}
 		if tenth.IsZero() && src.Acked.Load() >= int64(n)*9/10 {
