@@ -106,7 +106,7 @@ bench-retention: ## pgdedup's janitor at full speed on a 10 M-row table: claims/
 	$(WITH_ENV) $(GO) run ./cmd/internal/bench/retention $(BENCH_FLAGS)
 
 # SCALE=short (2 M records, 25 s runs, under 4 minutes: run by CI) or SCALE=long
-# (80 M records, 5 min runs; about an hour and 40 GB of disk). Both run a
+# (80 M records, 5 min runs; over an hour and about 25 GB of disk). Both run a
 # PostgreSQL cluster of their own (IDEMQ_BENCH_PG_DSN selects a server
 # instead) and a redis-server of their own.
 SCALE ?= long
