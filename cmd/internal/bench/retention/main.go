@@ -33,8 +33,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -49,9 +47,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq/cmd/internal/bench/pgload"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
 )
@@ -144,11 +142,11 @@ func run(ctx context.Context, o options) (err error) {
 	defer b.pool.Close()
 	defer b.jpool.Close()
 
-	sz, err := b.sizes(ctx)
+	sz, err := pgload.Sizes(ctx, b.admin, b.table)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("after fill: table %s, indexes %s, %d live and %d dead tuples\n", mib(sz.table), mib(sz.indexes), sz.live, sz.dead)
+	fmt.Printf("after fill: table %s, indexes %s, %d live and %d dead tuples\n", pgload.MiB(sz.Table), pgload.MiB(sz.Indexes), sz.Live, sz.Dead)
 	var peak float64
 	var last *pgdedup.Store
 	for _, js := range o.janitors {
@@ -235,7 +233,7 @@ func (b *bench) rounds(ctx context.Context, janitor *pgdedup.Store) (float64, er
 				name = "janitor running"
 			}
 			fmt.Printf("%-7d %-16s %9d %7.1f %9.0f %8s %9s %9s %10s %9s %10s\n", round, name, r.n, r.d.Seconds(), r.rate(), ratio,
-				ms(pct(r.claimLat, 0.50)), ms(pct(r.claimLat, 0.99)), ms(pct(r.commitLat, 0.99)), dash(cleaning, r.deleted), dashf(cleaning, r.deleteRate()))
+				pgload.Ms(pgload.Pct(r.claimLat, 0.50)), pgload.Ms(pgload.Pct(r.claimLat, 0.99)), pgload.Ms(pgload.Pct(r.commitLat, 0.99)), dash(cleaning, r.deleted), dashf(cleaning, r.deleteRate()))
 			if r.ranOut {
 				fmt.Printf("        (the janitor ran out of expired records after %.1f s: deleted/s is over that time)\n", r.active.Seconds())
 			}
@@ -246,7 +244,7 @@ func (b *bench) rounds(ctx context.Context, janitor *pgdedup.Store) (float64, er
 	fmt.Printf("janitor delete rate while claims run: %s rows/s = %.2fx the peak claim rate %.0f/s (target >= 20000 rows/s and >= 1x)\n",
 		joinf(delRates, "%.0f"), minDel/peak, peak)
 	fmt.Printf("claim latency with the janitor running (both rounds): p50 %s, p99 %s, max %s; commit p99 %s\n",
-		ms(pct(lat.claim, 0.5)), ms(pct(lat.claim, 0.99)), ms(pct(lat.claim, 1)), ms(pct(lat.commit, 0.99)))
+		pgload.Ms(pgload.Pct(lat.claim, 0.5)), pgload.Ms(pgload.Pct(lat.claim, 0.99)), pgload.Ms(pgload.Pct(lat.claim, 1)), pgload.Ms(pgload.Pct(lat.commit, 0.99)))
 	return peak, nil
 }
 
@@ -297,7 +295,7 @@ type bench struct {
 	logger *slog.Logger
 	pool   *pgxpool.Pool // the Runner's
 	jpool  *pgxpool.Pool // the janitor's
-	tracer *tracer
+	tracer *pgload.Tracer
 	store  *pgdedup.Store
 	keys   atomic.Int64
 }
@@ -355,7 +353,7 @@ func (b *bench) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	b.tracer = &tracer{}
+	b.tracer = &pgload.Tracer{}
 	cfg.ConnConfig.Tracer = b.tracer
 	cfg.MaxConns = int32(b.o.concurrency + 1)
 	cfg.MinConns = cfg.MaxConns
@@ -393,18 +391,15 @@ func (r phaseResult) deleteRate() float64 {
 // settled, the records deleted and the latencies the tracer saw.
 func (b *bench) phase(ctx context.Context, janitor *pgdedup.Store) (phaseResult, error) {
 	cleaning := janitor != nil
-	src := &source{keys: &b.keys}
-	path := consumer.TransactionalBatch(b.store, func(context.Context, pgx.Tx, []*consumer.Message) error { return nil })
-	runner, err := consumer.NewRunner(src, path, consumer.Config{
-		Name: scope, Concurrency: b.o.concurrency, BatchSize: b.o.batch, Logger: b.logger,
-	})
+	src := &pgload.Source{Keys: &b.keys}
+	runner, err := pgload.Runner(src, b.store, scope, consumer.Config{Concurrency: b.o.concurrency, BatchSize: b.o.batch, Logger: b.logger})
 	if err != nil {
 		return phaseResult{}, err
 	}
 	if err := b.pool.Ping(ctx); err != nil {
 		return phaseResult{}, err
 	}
-	b.tracer.reset()
+	b.tracer.Reset()
 	pctx, stop := context.WithCancel(ctx)
 	defer stop()
 	var (
@@ -464,143 +459,23 @@ func (b *bench) phase(ctx context.Context, janitor *pgdedup.Store) (phaseResult,
 	if st.DeadLettered > 0 || st.Retried > 0 || st.Duplicates > 0 {
 		return res, fmt.Errorf("%d dead-lettered, %d retried, %d duplicates: every key is new", st.DeadLettered, st.Retried, st.Duplicates)
 	}
-	res.n = src.acked.Load()
-	res.claimLat, res.commitLat = b.tracer.take()
+	res.n = src.Acked.Load()
+	res.claimLat, res.commitLat = b.tracer.Take()
 	return res, nil
 }
 
-// size is the table's and indexes' size and its tuples.
-type size struct{ table, indexes, live, dead, vacuums int64 }
-
 // printSizes prints the table's and indexes' size and its tuples.
 func (b *bench) printSizes(ctx context.Context, label string) error {
-	sz, err := b.sizes(ctx)
+	sz, err := pgload.Sizes(ctx, b.admin, b.table)
 	if err != nil {
 		return err
 	}
 	if label != "" {
 		fmt.Printf("%-6s %9s %9s %9s %10s ", label, "-", "-", "-", "-")
 	}
-	fmt.Printf("%12s %12s %11d %11d %8d\n", mib(sz.table), mib(sz.indexes), sz.live, sz.dead, sz.vacuums)
+	fmt.Printf("%12s %12s %11d %11d %8d\n", pgload.MiB(sz.Table), pgload.MiB(sz.Indexes), sz.Live, sz.Dead, sz.Vacuums)
 	return nil
 }
-
-// sizes reads the table's and indexes' size and its tuples.
-func (b *bench) sizes(ctx context.Context) (size, error) {
-	// The statistics are flushed by each backend at most once a second.
-	time.Sleep(1500 * time.Millisecond)
-	_, _ = b.admin.Exec(ctx, `SELECT pg_stat_clear_snapshot()`)
-	var sz size
-	err := b.admin.QueryRow(ctx, `SELECT pg_relation_size(c.oid), pg_indexes_size(c.oid), s.n_live_tup, s.n_dead_tup,
-       s.autovacuum_count + s.vacuum_count
-FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
-WHERE c.oid = $1::regclass`, b.table).Scan(&sz.table, &sz.indexes, &sz.live, &sz.dead, &sz.vacuums)
-	if err != nil {
-		return sz, fmt.Errorf("sizes: %w", err)
-	}
-	return sz, nil
-}
-
-// source serves new messages with random keys, as fast as the Runner takes
-// them, and counts the acknowledged ones.
-type source struct {
-	keys  *atomic.Int64
-	acked atomic.Int64
-}
-
-func (s *source) Receive(ctx context.Context, max int) ([]*consumer.Message, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	out := make([]*consumer.Message, max)
-	raw := make([]byte, 16*max)
-	_, _ = rand.Read(raw)
-	now := time.Now()
-	for i := range out {
-		key := hex.EncodeToString(raw[16*i : 16*(i+1)])
-		n := s.keys.Add(1)
-		out[i] = &consumer.Message{ID: key, Key: key, Body: []byte(fmt.Sprintf(`{"n":%d}`, n)), PartitionKey: key, Attempt: 1, ReceivedAt: now}
-	}
-	return out, nil
-}
-
-func (s *source) Ack(_ context.Context, msgs []*consumer.Message) error {
-	s.acked.Add(int64(len(msgs)))
-	return nil
-}
-
-func (s *source) Retry(context.Context, *consumer.Message, time.Duration) error { return nil }
-
-func (s *source) DeadLetter(context.Context, *consumer.Message, error) error { return nil }
-
-func (s *source) Close() error { return nil }
-
-// tracer records the latency of each claim (the pipelined BEGIN and
-// INSERT) and of each COMMIT.
-type tracer struct {
-	mu             sync.Mutex
-	claims, commit []time.Duration
-}
-
-type startKey struct{}
-
-func (t *tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.EqualFold(d.SQL, "commit") {
-		return context.WithValue(ctx, startKey{}, time.Now())
-	}
-	return ctx
-}
-
-func (t *tracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
-	if s, ok := ctx.Value(startKey{}).(time.Time); ok {
-		t.mu.Lock()
-		t.commit = append(t.commit, time.Since(s))
-		t.mu.Unlock()
-	}
-}
-
-func (t *tracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	return context.WithValue(ctx, startKey{}, time.Now())
-}
-
-func (t *tracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-
-func (t *tracer) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchEndData) {
-	if s, ok := ctx.Value(startKey{}).(time.Time); ok {
-		t.mu.Lock()
-		t.claims = append(t.claims, time.Since(s))
-		t.mu.Unlock()
-	}
-}
-
-func (t *tracer) reset() {
-	t.mu.Lock()
-	t.claims, t.commit = nil, nil
-	t.mu.Unlock()
-}
-
-func (t *tracer) take() (claims, commit []time.Duration) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	claims, commit = t.claims, t.commit
-	t.claims, t.commit = nil, nil
-	return claims, commit
-}
-
-// pct returns the p quantile of ds (p = 1: the maximum), or 0 for none.
-func pct(ds []time.Duration, p float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(p*float64(len(s))+0.5) - 1
-	return s[min(max(i, 0), len(s)-1)]
-}
-
-func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000) }
-
-func mib(n int64) string { return fmt.Sprintf("%.0f MiB", float64(n)/(1<<20)) }
 
 func dash(on bool, n int64) string {
 	if !on {
