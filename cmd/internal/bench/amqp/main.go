@@ -52,9 +52,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/sources/amqpsource"
 )
 

@@ -70,12 +70,12 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/otelidemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/pgtrace"
-	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 )
 
 const schema = "idemq_bench"

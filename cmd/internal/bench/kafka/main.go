@@ -59,9 +59,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/sources/kafkasource"
 )
 

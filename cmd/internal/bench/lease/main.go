@@ -41,10 +41,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisdedup"
-	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/sources/memsource"
 )
 

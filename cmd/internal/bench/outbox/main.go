@@ -53,9 +53,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/dedup/migrate"
 	"github.com/idemq/idemq/internal/pgtrace"
-	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/outbox/amqpoutbox"
 	"github.com/idemq/idemq/sinks/outbox/kafkaoutbox"

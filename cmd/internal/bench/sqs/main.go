@@ -63,9 +63,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/sources/sqssource"
 )
 
