@@ -185,6 +185,8 @@ func TestPartitionMaintenanceConcurrent(t *testing.T) {
 	if got := partitions(t, pool); !slices.Equal(got, want) {
 		t.Fatalf("partitions %v, want %v", got, want)
 	}
+	// The sequence outlived the first partition.
+	execPG(t, pool, `INSERT INTO idemq_outbox (id, destination, body, created_at) VALUES ('y', 'd', '', now() + interval '9 days')`)
 }
 
 // A reply's id stays one row when its first row is in another day's
@@ -267,5 +269,41 @@ func TestPartitionedReplyOnce(t *testing.T) {
 	<-done
 	if n := count("req2"); n != 1 {
 		t.Fatalf("two replies req2 at once: %d rows, want 1", n)
+	}
+}
+
+// Migration 003's Down makes the table unpartitioned again with every row,
+// in order.
+func TestPartitionedMigrationDown(t *testing.T) {
+	ctx := context.Background()
+	pool := newPartitionedPool(t, outbox.Message{ID: "old", Destination: "d"})
+	r := partitionedRelay(t, pool, &recorder{}, time.Now())
+	if _, err := r.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	insertPG(t, pool, outbox.Message{ID: "new", Destination: "d"})
+	execPG(t, pool, `UPDATE idemq_outbox SET created_at = now() + interval '2 days' WHERE id = 'new'`)
+	m, err := migrate.NewPgx(pool, migrate.Config{Line: migrate.Outbox, Partitioned: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := m.AllVersions()[2]
+	if down.Version != 3 {
+		t.Fatalf("third migration is %d, want 3", down.Version)
+	}
+	execPG(t, pool, down.Down)
+	var kind string
+	var rows int
+	if err := pool.QueryRow(ctx, `SELECT relkind::text, (SELECT count(*) FROM idemq_outbox) FROM pg_class WHERE oid = 'idemq_outbox'::regclass`).Scan(&kind, &rows); err != nil {
+		t.Fatal(err)
+	}
+	if kind != "r" || rows != 2 {
+		t.Fatalf("after 003's Down: relkind %q, %d rows; want r, 2", kind, rows)
+	}
+	insertPG(t, pool, outbox.Message{ID: "after", Destination: "d"})
+	rec := &recorder{}
+	drain(t, partitionedRelay(t, pool, rec, time.Now()))
+	if got, want := rec.ids(), []string{"old", "new", "after"}; !slices.Equal(got, want) {
+		t.Fatalf("published %v, want %v", got, want)
 	}
 }
