@@ -233,9 +233,8 @@ func (s *pgStore) cleanup(ctx context.Context, retention time.Duration, n int) (
 			if err != nil {
 				return 0, err
 			}
-			// The relay's Cleanup calls again while a call returns n rows.
 			dropped, _, err := s.parts.Maintain(ctx)
-			return min(dropped, int64(n)-1), err
+			return dropped, err
 		}
 	}
 	tag, err := s.pool.Exec(ctx, `DELETE FROM `+s.table+` WHERE seq IN (
