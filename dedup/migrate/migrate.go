@@ -63,11 +63,12 @@ type Config struct {
 	// Table is the processed-message table's name (Dedup only; the outbox
 	// table is always OutboxTable). Defaults to "processed_messages".
 	Table string
-	// Partitioned adds, to the Dedup line on PostgreSQL, the migrations
-	// that partition the processed-message table by day (004: the table
-	// is renamed, a partitioned one takes its name and the unexpired
-	// records are copied, while writes wait), for dedup/pgdedup with
-	// Config.Partitioned. Defaults to false: the table stays unpartitioned.
+	// Partitioned adds, on PostgreSQL, the migrations that partition the
+	// line's table by day: for Dedup, 004 (the processed-message table
+	// becomes the first partition, for dedup/pgdedup with
+	// Config.Partitioned); for Outbox, 003 (the outbox table becomes the
+	// first partition, for outbox.Config.Partitioned). Defaults to false:
+	// the table stays unpartitioned.
 	Partitioned bool
 }
 
@@ -109,8 +110,8 @@ func (c Config) validate(l *cfgerr.List) {
 			l.Addf("Schema", "%q is not a plain SQL identifier of at most %d bytes", c.Schema, sqlstore.MaxSchemaBytes)
 		}
 	}
-	if c.Partitioned && (c.Line != Dedup || c.Dialect != Postgres) {
-		l.Addf("Partitioned", "only the Dedup line on PostgreSQL is partitioned")
+	if c.Partitioned && c.Dialect != Postgres {
+		l.Addf("Partitioned", "only PostgreSQL tables are partitioned")
 	}
 	switch {
 	case c.Line == Outbox && c.Table != "":

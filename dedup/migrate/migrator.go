@@ -206,14 +206,15 @@ func (m *Migrator[TTx]) apply(ctx context.Context, tx TTx, mg Migration) error {
 // constraint. Call Migrate the same day: until then the constraint refuses
 // records dated after the day after tomorrow (UTC).
 //
-// It does nothing when Config.Partitioned is false, the table does not
+// It does nothing for the Outbox line (its migration builds what it needs
+// while writes wait), when Config.Partitioned is false, the table does not
 // exist or is already partitioned. The database must be a *pgxpool.Pool,
 // a *pgx.Conn (NewPgx) or a *sql.DB (NewSQL): the index is built outside a
 // transaction. An index left invalid by an interrupted build is dropped and
 // built again.
 func (m *Migrator[TTx]) Prepare(ctx context.Context) error {
 	p := m.p
-	if !p.cfg.Partitioned {
+	if !p.cfg.Partitioned || p.cfg.Line != Dedup {
 		return nil
 	}
 	if err := m.needDB(); err != nil {

@@ -121,6 +121,13 @@ type Config struct {
 	Retention time.Duration
 	// CleanupInterval is how often the cleanup loop runs. Defaults to 1 min.
 	CleanupInterval time.Duration
+	// Partitioned says that the PostgreSQL table is partitioned by day of
+	// created_at (docs/outbox.md): the cleanup loop then runs whatever the
+	// Retention, creates partitions ahead and drops those holding no
+	// pending, parked or retained row, instead of deleting rows. On a table
+	// not yet partitioned it deletes rows as before. Ignored on SQLite.
+	// Defaults to false.
+	Partitioned bool
 	// FailureReminder is the least time between two log lines about the
 	// failed publishes of one destination (a topic, queue or exchange that
 	// does not exist, a message the broker returns or refuses): its first
@@ -654,7 +661,7 @@ func (r *Relay) backoff(attempts int) time.Duration {
 }
 
 func (r *Relay) cleanupLoop(ctx context.Context) {
-	if r.cfg.Retention < 0 {
+	if r.cfg.Retention < 0 && !r.cfg.Partitioned {
 		return
 	}
 	t := time.NewTicker(r.cfg.CleanupInterval)
@@ -674,7 +681,7 @@ func (r *Relay) cleanupLoop(ctx context.Context) {
 // Cleanup deletes the rows sent more than Retention ago, in batches of
 // 1000 so that it never holds many locks, and returns how many it deleted.
 func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
-	if r.cfg.Retention < 0 {
+	if r.cfg.Retention < 0 && !r.cfg.Partitioned {
 		return 0, nil
 	}
 	var total int64

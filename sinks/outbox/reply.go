@@ -111,15 +111,20 @@ func (e *replyToMismatch) Unwrap() error { return ErrReplyToMismatch }
 // destination is left alone and no row is returned. A row a relay is
 // publishing is locked by its claim: the statement waits for the relay to
 // finish, then re-arms it. The outbox's insert trigger fires for both,
-// waking the relays.
+// waking the relays. It runs under replyLockSQL: a table partitioned by
+// day has no unique index on id, and the lock keeps a second reply to the
+// id from inserting a row of its own.
 func replySQL(table string) string {
-	return `INSERT INTO ` + table + ` AS o (id, source_key, destination, partition_key, routing_key, headers, body)
-VALUES ($1, NULL, $2, '', $3, $4, $5)
-ON CONFLICT (id) DO UPDATE SET headers = EXCLUDED.headers,
-    state = 0, attempts = 0, last_error = NULL, next_attempt_at = NULL, sent_at = NULL
-WHERE o.destination = EXCLUDED.destination AND o.routing_key = EXCLUDED.routing_key
-RETURNING id`
+	return `WITH u AS (` + rearmSQL(table) + `),
+i AS (INSERT INTO ` + table + ` (id, source_key, destination, partition_key, routing_key, headers, body)
+SELECT $1, NULL, $2, '', $3, $4, $5 WHERE NOT EXISTS (SELECT FROM ` + table + ` WHERE id = $1)
+RETURNING id)
+SELECT id FROM u UNION ALL SELECT id FROM i`
 }
+
+// replyLockSQL takes the transaction's lock on a reply's id ($1) in table
+// ($2), which replySQL runs under.
+const replyLockSQL = `SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtext('idemq.outbox.reply:' || $2::text || ':' || $1::text))) AS l`
 
 // rearmSQL re-arms a reply's row for the same destination as replySQL
 // does, without inserting one. An update fires no insert trigger: the
@@ -158,7 +163,7 @@ func (s Schema) putReply(ctx context.Context, db PgxQuerier, id string, msg *con
 	var got string
 	if rearmOnly {
 		err = db.QueryRow(ctx, rearmSQL(s.table()), id, dest, routingKey, string(headers)).Scan(&got)
-	} else {
+	} else if err = db.QueryRow(ctx, replyLockSQL, id, s.table()).Scan(new(int)); err == nil {
 		err = db.QueryRow(ctx, replySQL(s.table()), id, dest, routingKey, string(headers), body).Scan(&got)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/internal/pgpart"
 )
 
 // NewRelay returns a relay over the outbox table of a PostgreSQL database
@@ -23,7 +25,14 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
 	if err := cfg.validate(argError("outbox.NewRelay(pool)", pool == nil), argError("outbox.NewRelay(pub)", pub == nil)); err != nil {
 		return nil, err
 	}
-	return newRelay(&pgStore{pool: pool, table: cfg.Schema.table()}, pub, cfg, true), nil
+	st := &pgStore{pool: pool, table: cfg.Schema.table()}
+	if cfg.Partitioned {
+		st.parts = &pgpart.Table{
+			DB: pool, Schema: string(cfg.Schema), Name: Table, LockKey: "idemq.outbox.cleanup:" + st.table,
+			Retention: max(cfg.Retention, 0), Now: time.Now, Kept: st.kept, Prefix: "outbox", Logger: cfg.Logger,
+		}
+	}
+	return newRelay(st, pub, cfg, true), nil
 }
 
 // pgStore is the relay's store on PostgreSQL.
@@ -31,6 +40,7 @@ type pgStore struct {
 	pool   *pgxpool.Pool
 	table  string        // the outbox table's name, qualified with its schema
 	listen *pgxpool.Conn // the LISTEN connection, nil until the first wait
+	parts  *pgpart.Table // the table's partitions (Config.Partitioned), else nil
 }
 
 // claimSQL selects the eligible rows: pending, due, and the oldest pending
@@ -218,6 +228,15 @@ func (s *pgStore) wait(ctx context.Context, d time.Duration) error {
 }
 
 func (s *pgStore) cleanup(ctx context.Context, retention time.Duration, n int) (int64, error) {
+	if s.parts != nil {
+		if p, err := s.parts.Partitioned(ctx, s.pool); err != nil || p {
+			if err != nil {
+				return 0, err
+			}
+			dropped, _, err := s.parts.Maintain(ctx)
+			return dropped, err
+		}
+	}
 	tag, err := s.pool.Exec(ctx, `DELETE FROM `+s.table+` WHERE seq IN (
 		SELECT seq FROM `+s.table+` WHERE state = 1 AND sent_at < now() - make_interval(secs => $1)
 		LIMIT $2 FOR UPDATE SKIP LOCKED)`, retention.Seconds(), n)
@@ -225,6 +244,26 @@ func (s *pgStore) cleanup(ctx context.Context, retention time.Duration, n int) (
 		return 0, err
 	}
 	return tag.RowsAffected(), nil
+}
+
+// keptSQL finds a row of a partition ($1 the time now, $2 the retention in
+// seconds) that the relay still needs: pending, parked, or sent less than
+// the retention ago.
+const keptSQL = `SELECT EXISTS (SELECT FROM %s WHERE state <> 1 OR sent_at > $1::timestamptz - make_interval(secs => $2))`
+
+// kept reports whether partition holds a row the relay still needs. A
+// partition found without one is locked against writes and looked at
+// again: a reply re-armed since (Schema.Reply) is pending again.
+func (s *pgStore) kept(ctx context.Context, tx pgx.Tx, partition string, now time.Time) (kept bool, err error) {
+	q := fmt.Sprintf(keptSQL, partition)
+	if err := tx.QueryRow(ctx, q, now, s.parts.Retention.Seconds()).Scan(&kept); err != nil || kept {
+		return kept, err
+	}
+	if _, err := tx.Exec(ctx, `LOCK TABLE `+partition+` IN SHARE MODE`); err != nil {
+		return false, err
+	}
+	err = tx.QueryRow(ctx, q, now, s.parts.Retention.Seconds()).Scan(&kept)
+	return kept, err
 }
 
 func (s *pgStore) counts(ctx context.Context) (Counts, error) {
