@@ -13,11 +13,12 @@ import (
 // name two kits share names the same kind, and that different names name
 // different kinds.
 func TestFaultKindIsOneVocabulary(t *testing.T) {
-	var k consumertest.FaultKind = memsource.CrashAfterCommit
-	var s memsource.FaultKind = k
-	var d memdedup.FaultKind = s
-	if d != consumertest.CrashAfterCommit {
-		t.Errorf("memsource.CrashAfterCommit = %v, consumertest.CrashAfterCommit = %v", d, consumertest.CrashAfterCommit)
+	// Each kit's field takes another kit's kind as it is.
+	d := consumertest.Delivery{Fault: memsource.CrashAfterCommit}.Fault
+	s := memsource.Fault{Kind: d}.Kind
+	k := memdedup.Fault{Kind: s}.Kind
+	if k != consumertest.CrashAfterCommit {
+		t.Errorf("memsource.CrashAfterCommit = %v, consumertest.CrashAfterCommit = %v", k, consumertest.CrashAfterCommit)
 	}
 	shared := map[string][2]consumertest.FaultKind{
 		"Redelivered":         {consumertest.Redelivered, memsource.Redelivered},
