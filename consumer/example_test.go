@@ -12,7 +12,6 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -59,7 +58,7 @@ func ExampleTransactional() {
 		memsource.Outgoing{Key: "pay-2", Body: []byte(`{"account":2,"amount":700}`)},
 		memsource.Outgoing{Key: "pay-2", Body: []byte(`{"account":2,"amount":700}`)}, // producer retry
 	)
-	broker.Inject(memsource.Fault{Kind: faults.Redelivered, ID: ids[0]}) // broker redelivery
+	broker.Inject(memsource.Fault{Kind: memsource.Redelivered, ID: ids[0]}) // broker redelivery
 	src := broker.Source("payments")
 	defer src.Close()
 

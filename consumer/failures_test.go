@@ -13,7 +13,6 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/memdedup"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sources/memsource"
 )
@@ -192,7 +191,7 @@ func TestMaxAttemptsCountsHandlerFailures(t *testing.T) {
 // tries the dead letter again instead of starting over.
 func TestFailedDeadLetterKeepsTheCount(t *testing.T) {
 	e := newAttemptsEnv(t, 0)
-	e.broker.Inject(memsource.Fault{Kind: faults.DeadLetterError})
+	e.broker.Inject(memsource.Fault{Kind: memsource.DeadLetterError})
 	h := e.handler(1 << 30)
 	path := consumer.Transactional(e.store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error { return h(ctx, m) })
 	r, err := consumer.NewRunner(e.src, path, e.config(2))
@@ -265,7 +264,7 @@ func TestBatchCountsOnlyTheFailedMessage(t *testing.T) {
 // broker's attempt count and says so.
 func TestFailureCounterDownFallsBackToBrokerAttempts(t *testing.T) {
 	e := newAttemptsEnv(t, 10)
-	e.store.Inject(memdedup.Fault{Kind: faults.RecordFailureError, Times: -1})
+	e.store.Inject(memdedup.Fault{Kind: memdedup.RecordFailureError, Times: -1})
 	h := e.handler(1 << 30)
 	path := consumer.Transactional(e.store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error { return h(ctx, m) })
 	r, err := consumer.NewRunner(e.src, path, e.config(5))

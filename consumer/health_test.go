@@ -12,7 +12,6 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/memdedup"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -68,7 +67,7 @@ func quoteIfNeeded(s string) string {
 func TestBrokerOutageIsVisible(t *testing.T) {
 	e := newMemEnv(t, time.Second)
 	var logs logBuffer
-	e.broker.Inject(memsource.Fault{Kind: faults.ReceiveError, Times: -1})
+	e.broker.Inject(memsource.Fault{Kind: memsource.ReceiveError, Times: -1})
 	r, stop := e.run(e.broker.Source(e.topic), e.handler(nil), outageConfig(&logs))
 	until(t, "receive failures", func() bool { return r.Health().ReceiveFailures >= 10 })
 	if h := r.Health(); h.Ready || !h.Running || !h.LastReceive.IsZero() {
@@ -93,7 +92,7 @@ func TestBrokerOutageIsVisible(t *testing.T) {
 func TestStoreOutageIsVisible(t *testing.T) {
 	e := newMemEnv(t, time.Second)
 	var logs logBuffer
-	e.store.Inject(memdedup.Fault{Kind: faults.ClaimError, Times: -1})
+	e.store.Inject(memdedup.Fault{Kind: memdedup.ClaimError, Times: -1})
 	e.broker.Publish(e.topic, memsource.Outgoing{Key: "k", Body: []byte("x")})
 	r, stop := e.run(e.broker.Source(e.topic), e.handler(nil), outageConfig(&logs))
 	until(t, "store failures", func() bool { return r.Health().StoreFailures >= 5 })
@@ -114,7 +113,7 @@ func TestStoreOutageIsVisible(t *testing.T) {
 func TestAckOutageIsVisible(t *testing.T) {
 	e := newMemEnv(t, 20*time.Millisecond)
 	var logs logBuffer
-	e.broker.Inject(memsource.Fault{Kind: faults.AckError, Times: -1})
+	e.broker.Inject(memsource.Fault{Kind: memsource.AckError, Times: -1})
 	e.broker.Publish(e.topic, memsource.Outgoing{Key: "k", Body: []byte("x")})
 	r, stop := e.run(e.broker.Source(e.topic), e.handler(nil), outageConfig(&logs))
 	until(t, "ack failures", func() bool { return r.Health().AckFailures >= 3 })
@@ -136,7 +135,7 @@ func TestSettleOutageIsVisible(t *testing.T) {
 	var logs logBuffer
 	var failing atomic.Bool
 	failing.Store(true)
-	e.broker.Inject(memsource.Fault{Kind: faults.RetryError, Times: -1})
+	e.broker.Inject(memsource.Fault{Kind: memsource.RetryError, Times: -1})
 	e.broker.Publish(e.topic, memsource.Outgoing{Key: "k", Body: []byte("x")})
 	cfg := outageConfig(&logs)
 	cfg.Retry.MaxAttempts = 1000 // retried, never dead-lettered

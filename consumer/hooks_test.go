@@ -10,7 +10,6 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/memdedup"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -162,8 +161,8 @@ func hookScenario(t *testing.T, leased bool, hs ...consumer.Hook) *consumer.Runn
 	}
 	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 	t.Cleanup(func() { b.Close() })
-	b.Inject(memsource.Fault{Kind: faults.CrashAfterCommit, Key: "drop"})
-	b.Inject(memsource.Fault{Kind: faults.AckError, Key: "ackerr"})
+	b.Inject(memsource.Fault{Kind: memsource.CrashAfterCommit, Key: "drop"})
+	b.Inject(memsource.Fault{Kind: memsource.AckError, Key: "ackerr"})
 
 	var mu sync.Mutex
 	calls := map[string]int{}

@@ -15,7 +15,6 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/memdedup"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -72,7 +71,7 @@ func TestOutcome(t *testing.T) {
 	t.Run("tx redelivery replays the stored result", func(t *testing.T) {
 		f := newFixture(t)
 		f.maxCalls("a", 1)
-		f.broker.Inject(memsource.Fault{Kind: faults.CrashAfterCommit, Key: "a"})
+		f.broker.Inject(memsource.Fault{Kind: memsource.CrashAfterCommit, Key: "a"})
 		src := &outcomeSource{Source: f.broker.Source(f.topic)}
 		h := consumer.TxResult(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) ([]byte, error) {
 			if err := f.handler(nil)(ctx, tx, msg); err != nil {
@@ -150,7 +149,7 @@ func TestOutcome(t *testing.T) {
 		f.maxCalls("a", 2) // the batch runs again without "big"
 		f.maxCalls("b", 2)
 		f.maxCalls("big", 1)
-		f.broker.Inject(memsource.Fault{Kind: faults.CrashAfterCommit, Key: "a"})
+		f.broker.Inject(memsource.Fault{Kind: memsource.CrashAfterCommit, Key: "a"})
 		src := &outcomeSource{Source: f.broker.Source(f.topic)}
 		f.publish("a", "b", "big")
 		bh := func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
@@ -227,7 +226,7 @@ func TestOutcome(t *testing.T) {
 		}
 		broker := memsource.New(memsource.Config{VisibilityTimeout: 300 * time.Millisecond, Seed: 1})
 		t.Cleanup(func() { broker.Close() })
-		broker.Inject(memsource.Fault{Kind: faults.CrashAfterCommit, Key: "l"})
+		broker.Inject(memsource.Fault{Kind: memsource.CrashAfterCommit, Key: "l"})
 		src := &outcomeSource{Source: broker.Source("mail")}
 		var mu sync.Mutex
 		calls := 0

@@ -13,7 +13,6 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/memdedup"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -301,7 +300,7 @@ func (b *logBuffer) logger() *slog.Logger {
 // failure, and the message comes back.
 func TestDeadLetteredCountsOnlyAcceptedDeadLetters(t *testing.T) {
 	e := newMemEnv(t, 100*time.Millisecond)
-	e.broker.Inject(memsource.Fault{Kind: faults.DeadLetterError, Times: 1})
+	e.broker.Inject(memsource.Fault{Kind: memsource.DeadLetterError, Times: 1})
 	e.broker.Publish(e.topic, memsource.Outgoing{Key: "poison", Body: []byte("x")})
 	var logs logBuffer
 	path := e.handler(func(context.Context, *consumer.Message) error {

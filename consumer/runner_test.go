@@ -19,7 +19,6 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/memdedup"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/sources/memsource"
 )
@@ -78,9 +77,9 @@ func TestDeferredConstraintFailsCommit(t *testing.T) {
 func TestDuplicatesNeverRunTwice(t *testing.T) {
 	f := newFixture(t)
 	ks := keys(60, "d")
-	f.broker.Inject(memsource.Fault{Kind: faults.Redelivered, Probability: 0.3, Times: -1})
-	f.broker.Inject(memsource.Fault{Kind: faults.ConcurrentDuplicate, Probability: 0.3, Times: -1})
-	f.broker.Inject(memsource.Fault{Kind: faults.CrashAfterCommit, Probability: 0.2, Times: -1})
+	f.broker.Inject(memsource.Fault{Kind: memsource.Redelivered, Probability: 0.3, Times: -1})
+	f.broker.Inject(memsource.Fault{Kind: memsource.ConcurrentDuplicate, Probability: 0.3, Times: -1})
+	f.broker.Inject(memsource.Fault{Kind: memsource.CrashAfterCommit, Probability: 0.2, Times: -1})
 	f.publish(ks...)
 	f.publish(ks[:20]...) // the producer sends a third of them twice
 	path := consumer.Transactional(f.store, f.handler(nil))
@@ -260,7 +259,7 @@ func TestPermanentAndRetryAfter(t *testing.T) {
 func TestAckFailureAfterCommit(t *testing.T) {
 	f := newFixture(t)
 	ks := keys(20, "a")
-	f.broker.Inject(memsource.Fault{Kind: faults.AckError, Times: 5})
+	f.broker.Inject(memsource.Fault{Kind: memsource.AckError, Times: 5})
 	f.publish(ks...)
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)), consumer.Config{})
 	f.settled()
@@ -282,7 +281,7 @@ func TestAckFailureAfterCommit(t *testing.T) {
 func TestUnreachableBrokerIsRetried(t *testing.T) {
 	f := newFixture(t)
 	f.publish(keys(5, "u")...)
-	f.broker.Inject(memsource.Fault{Kind: faults.ReceiveError, Times: 4})
+	f.broker.Inject(memsource.Fault{Kind: memsource.ReceiveError, Times: 4})
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)), consumer.Config{})
 	f.settled()
 	r.stop(t)

@@ -12,7 +12,6 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/memdedup"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -133,7 +132,7 @@ func TestTxHooksReportClaimsAndCommits(t *testing.T) {
 	}
 	// The batch's first transaction fails in the handler of "bad", its
 	// rerun without "bad" fails to commit, its retry commits.
-	store.Inject(memdedup.Fault{Kind: faults.CommitError})
+	store.Inject(memdedup.Fault{Kind: memdedup.CommitError})
 	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 	t.Cleanup(func() { b.Close() })
 
@@ -269,7 +268,7 @@ func TestTxBatchHooksMatchPerMessagePath(t *testing.T) {
 	}
 	// The batch's first transaction fails in the handler for "bad", its
 	// rerun without "bad" fails to commit, its retry commits.
-	store.Inject(memdedup.Fault{Kind: faults.CommitError})
+	store.Inject(memdedup.Fault{Kind: memdedup.CommitError})
 	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 	t.Cleanup(func() { b.Close() })
 
@@ -407,7 +406,7 @@ func TestHookTxReportsEachTransactionOnce(t *testing.T) {
 	}
 	// The first transaction fails in the handler for "bad", its rerun
 	// without "bad" fails to commit; the retries commit.
-	store.Inject(memdedup.Fault{Kind: faults.CommitError})
+	store.Inject(memdedup.Fault{Kind: memdedup.CommitError})
 	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 	t.Cleanup(func() { b.Close() })
 	type order struct{ K string }

@@ -13,7 +13,6 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/dedupdriver"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -28,16 +27,11 @@ type Delivery struct {
 	Headers map[string]string
 	// PartitionKey orders messages, as on a real broker.
 	PartitionKey string
-	// Fault is how the message is delivered, in the words of package
-	// faults that every in-memory kit shares: faults.None (the default)
-	// delivers it once; faults.Redelivered a second time while the first
-	// delivery is still being handled by the same worker;
-	// faults.ConcurrentDuplicate to two workers at the same moment;
-	// faults.CrashAfterCommit loses the acknowledgement after the handler's
-	// transaction committed, so that the message is delivered again;
-	// faults.ProducerDuplicate publishes it twice. Replay fails t on any
-	// other kind.
-	Fault faults.Kind
+	// Fault is how the message is delivered, one of the kinds this package
+	// re-exports (FaultKind): None (the default), Redelivered,
+	// ConcurrentDuplicate, CrashAfterCommit or ProducerDuplicate. Replay
+	// fails t on any other kind.
+	Fault FaultKind
 	// FailFirst makes the first FailFirst attempts fail after the handler
 	// returned successfully, so that the transaction rolls back and the
 	// message is retried. It shows that the handler's writes roll back
@@ -272,11 +266,11 @@ func replay(t TB, path consumer.Path, script []Delivery, opts Options, rep *Repo
 		rep.keys = append(rep.keys, dedupKey(opts, d))
 		out := memsource.Outgoing{Key: d.Key, Body: d.Body, Headers: d.Headers, PartitionKey: d.PartitionKey}
 		switch d.Fault {
-		case faults.None:
+		case None:
 			broker.Publish(topic, out)
-		case faults.Redelivered, faults.ConcurrentDuplicate, faults.CrashAfterCommit:
+		case Redelivered, ConcurrentDuplicate, CrashAfterCommit:
 			broker.Inject(memsource.Fault{Kind: d.Fault, Topic: topic, ID: broker.Publish(topic, out)[0]})
-		case faults.ProducerDuplicate:
+		case ProducerDuplicate:
 			broker.Publish(topic, out, out)
 		default:
 			t.Fatalf("consumertest: fault %v is not a delivery's", d.Fault)

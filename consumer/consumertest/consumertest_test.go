@@ -16,7 +16,6 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/internal/testenv"
 )
 
@@ -47,10 +46,10 @@ func (forgetful) Claim(_ context.Context, _ pgx.Tx, _ string, recs []dedup.Recor
 
 func script() []consumertest.Delivery {
 	return []consumertest.Delivery{
-		{Key: "a", Body: []byte("a"), Fault: faults.Redelivered},
-		{Key: "b", Body: []byte("b"), Fault: faults.ConcurrentDuplicate},
-		{Key: "c", Body: []byte("c"), Fault: faults.CrashAfterCommit},
-		{Key: "d", Body: []byte("d"), Fault: faults.ProducerDuplicate},
+		{Key: "a", Body: []byte("a"), Fault: consumertest.Redelivered},
+		{Key: "b", Body: []byte("b"), Fault: consumertest.ConcurrentDuplicate},
+		{Key: "c", Body: []byte("c"), Fault: consumertest.CrashAfterCommit},
+		{Key: "d", Body: []byte("d"), Fault: consumertest.ProducerDuplicate},
 		{Key: "e", Body: []byte("e"), FailFirst: 1},
 	}
 }

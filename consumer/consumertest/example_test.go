@@ -12,7 +12,6 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/consumertest"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/faults"
 )
 
 // Order is the message of the example.
@@ -65,10 +64,10 @@ func ExampleReplayTx() {
 	order := func(id string, amount int64) []byte { b, _ := json.Marshal(Order{id, amount}); return b }
 
 	rep := consumertest.ReplayTx(exampleT{}, store, charge, []consumertest.Delivery{
-		{Key: "order-1", Body: order("order-1", 100), Fault: faults.Redelivered},
-		{Key: "order-2", Body: order("order-2", 200), Fault: faults.ConcurrentDuplicate},
-		{Key: "order-3", Body: order("order-3", 300), Fault: faults.CrashAfterCommit},
-		{Key: "order-4", Body: order("order-4", 400), Fault: faults.ProducerDuplicate},
+		{Key: "order-1", Body: order("order-1", 100), Fault: consumertest.Redelivered},
+		{Key: "order-2", Body: order("order-2", 200), Fault: consumertest.ConcurrentDuplicate},
+		{Key: "order-3", Body: order("order-3", 300), Fault: consumertest.CrashAfterCommit},
+		{Key: "order-4", Body: order("order-4", 400), Fault: consumertest.ProducerDuplicate},
 		{Key: "order-5", Body: order("order-5", 500), FailFirst: 2},
 	}, consumertest.Options{})
 	rep.RequireExactlyOnce(exampleT{})

@@ -10,7 +10,6 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/consumertest"
 	"github.com/idemq/idemq/dedup/memdedup"
-	"github.com/idemq/idemq/faults"
 )
 
 func newMemstore(t *testing.T) *memdedup.Store {
@@ -32,8 +31,8 @@ func TestReplayUsesKeyFunc(t *testing.T) {
 		return "", consumer.ErrMissingKey
 	}
 	script := []consumertest.Delivery{
-		{Key: "m1", Headers: map[string]string{"order-id": "order-1"}, Fault: faults.Redelivered},
-		{Key: "m2", Headers: map[string]string{"order-id": "order-2"}, Fault: faults.CrashAfterCommit},
+		{Key: "m1", Headers: map[string]string{"order-id": "order-1"}, Fault: consumertest.Redelivered},
+		{Key: "m2", Headers: map[string]string{"order-id": "order-2"}, Fault: consumertest.CrashAfterCommit},
 	}
 	rep := consumertest.ReplayTx(t, newMemstore(t), func(context.Context, *memdedup.Tx, *consumer.Message) error {
 		return nil

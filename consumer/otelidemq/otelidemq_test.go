@@ -22,7 +22,6 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/otelidemq"
 	"github.com/idemq/idemq/dedup/memdedup"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -223,7 +222,7 @@ func TestProcessSpanParentedOnProducer(t *testing.T) {
 	}
 	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond})
 	t.Cleanup(func() { b.Close() })
-	b.Inject(memsource.Fault{Kind: faults.CrashAfterCommit})
+	b.Inject(memsource.Fault{Kind: memsource.CrashAfterCommit})
 	ids := b.Publish("orders", memsource.Outgoing{Key: "k1", Body: []byte("b"), Headers: headers})
 
 	var mu sync.Mutex
@@ -364,8 +363,8 @@ func TestMetricsMatchStats(t *testing.T) {
 			}
 			b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 			t.Cleanup(func() { b.Close() })
-			b.Inject(memsource.Fault{Kind: faults.CrashAfterCommit, Key: "drop"})
-			b.Inject(memsource.Fault{Kind: faults.AckError, Key: "ackerr"})
+			b.Inject(memsource.Fault{Kind: memsource.CrashAfterCommit, Key: "drop"})
+			b.Inject(memsource.Fault{Kind: memsource.AckError, Key: "ackerr"})
 			var mu sync.Mutex
 			calls := map[string]int{}
 			h := func(ctx context.Context, m *consumer.Message) error {
@@ -477,7 +476,7 @@ func TestTransactionalSpans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store.Inject(memdedup.Fault{Kind: faults.CommitError})
+	store.Inject(memdedup.Fault{Kind: memdedup.CommitError})
 	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 	t.Cleanup(func() { b.Close() })
 	var mu sync.Mutex

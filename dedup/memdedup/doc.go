@@ -27,9 +27,10 @@
 // same Event is passed to Config.OnEvent before the operation returns, so a
 // test can merge it with the acknowledgements of a source and check that no
 // message was acknowledged before the commit that recorded its key. Inject
-// scripts failures of Begin, Claim, Commit and RecordFailure, in the words of
-// package faults that every in-memory kit shares, including a commit whose
-// outcome is reported as failed although it happened.
+// scripts failures of Begin, Claim, Commit and RecordFailure (BeginError,
+// ClaimError, CommitError, RecordFailureError: kinds of FaultKind, the one
+// vocabulary every in-memory kit speaks under the same names), including a
+// commit whose outcome is reported as failed although it happened.
 //
 // # Duplicate window
 //

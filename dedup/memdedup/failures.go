@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/faults"
 )
 
 // failureCount is the handler-failure count of one key.
@@ -26,7 +25,7 @@ func (s txDriver) RecordFailure(ctx context.Context, scope string, rec dedup.Rec
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if f := s.takeFault(faults.RecordFailureError); f != nil {
+	if f := s.takeFault(RecordFailureError); f != nil {
 		return 0, fmt.Errorf("memdedup: record failure: %w", f.err())
 	}
 	if s.fails == nil {

@@ -4,28 +4,47 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/idemq/idemq/faults"
+	"github.com/idemq/idemq/internal/faults"
+)
+
+// FaultKind names an injected failure (Fault.Kind): which operation of the
+// store fails. It is the one vocabulary of injected failures that every
+// in-memory kit speaks (consumer/consumertest, sources/memsource, memdedup):
+// an alias, so a kind from one kit is a kind of every other, under the same
+// name in each.
+type FaultKind = faults.Kind
+
+// The kinds a Store accepts (see Fault.Kind). Each has the same name in every
+// in-memory kit that accepts it.
+const (
+	// BeginError fails Begin.
+	BeginError = faults.BeginError
+	// ClaimError fails Claim before it claims anything.
+	ClaimError = faults.ClaimError
+	// CommitError fails Commit.
+	CommitError = faults.CommitError
+	// RecordFailureError fails RecordFailure (the failure is not counted).
+	RecordFailureError = faults.RecordFailureError
 )
 
 // kinds are the fault kinds a Store injects (see Fault.Kind).
-var kinds = []faults.Kind{faults.BeginError, faults.ClaimError, faults.CommitError, faults.RecordFailureError}
+var kinds = []FaultKind{BeginError, ClaimError, CommitError, RecordFailureError}
 
 // Fault scripts failures of an operation.
 type Fault struct {
-	// Kind is the operation that fails, in the words of package faults
-	// that every in-memory kit shares: faults.BeginError fails Begin,
-	// faults.ClaimError fails Claim before it claims anything,
-	// faults.CommitError fails Commit (the transaction is rolled back, or,
-	// with Applied, committed although Commit returns the error), and
-	// faults.RecordFailureError fails RecordFailure (the failure is not
-	// counted).
-	Kind faults.Kind
+	// Kind is the operation that fails, one of the kinds this package
+	// re-exports: BeginError fails Begin, ClaimError fails Claim before it
+	// claims anything, CommitError fails Commit (the transaction is rolled
+	// back, or, with Applied, committed although Commit returns the error),
+	// and RecordFailureError fails RecordFailure (the failure is not
+	// counted). The zero value is no store kind: Inject panics on it.
+	Kind FaultKind
 	// Err is the error returned (wrapped). Defaults to ErrInjected.
 	Err error
 	// Times is how many calls of the operation fail. Zero means 1; negative means
 	// every call until ClearFaults.
 	Times int
-	// Applied, for faults.CommitError, makes the commit happen although
+	// Applied, for CommitError, makes the commit happen although
 	// Commit returns the error: the outcome a client sees when the
 	// connection drops after the server committed. The caller must then not acknowledge, and the
 	// redelivery must be recognised as a duplicate.
@@ -60,7 +79,7 @@ func (s *Store) ClearFaults() {
 
 // takeFault returns the first fault of kind k scheduled and uses up one of
 // its calls, or returns nil. s.mu is held.
-func (s *Store) takeFault(k faults.Kind) *Fault {
+func (s *Store) takeFault(k FaultKind) *Fault {
 	f, ok := s.faults.Fire(func(f Fault) bool { return f.Kind == k })
 	if !ok {
 		return nil

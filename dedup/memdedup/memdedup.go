@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/faults"
+	"github.com/idemq/idemq/internal/faults"
 )
 
 // Errors returned by the store. Match them with errors.Is.
@@ -141,7 +141,7 @@ func (s *Store) Begin(ctx context.Context) (*Tx, error) {
 		return nil, err
 	}
 	s.mu.Lock()
-	if f := s.takeFault(faults.BeginError); f != nil {
+	if f := s.takeFault(BeginError); f != nil {
 		s.mu.Unlock()
 		return nil, f.err()
 	}
@@ -163,7 +163,7 @@ func (s *Store) Commit(ctx context.Context, tx *Tx) error {
 		s.mu.Unlock()
 		return err
 	}
-	if f := s.takeFault(faults.CommitError); f != nil {
+	if f := s.takeFault(CommitError); f != nil {
 		err := f.err()
 		var ev Event
 		if f.Applied {
@@ -261,7 +261,7 @@ func (s *Store) Claim(ctx context.Context, tx *Tx, scope string, recs []dedup.Re
 	if err := s.usable(tx); err != nil {
 		return nil, err
 	}
-	if f := s.takeFault(faults.ClaimError); f != nil {
+	if f := s.takeFault(ClaimError); f != nil {
 		return nil, fmt.Errorf("memdedup: claim: %w", f.err())
 	}
 	claims := make([]dedup.Claim, len(recs))

@@ -11,7 +11,6 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/memdedup"
-	"github.com/idemq/idemq/faults"
 )
 
 // clock is a manual clock for retention and lease tests.
@@ -298,7 +297,7 @@ func TestFaults(t *testing.T) {
 
 	t.Run("begin", func(t *testing.T) {
 		s := newStore(t, memdedup.Config{})
-		s.Inject(memdedup.Fault{Kind: faults.BeginError, Err: boom, Times: 2})
+		s.Inject(memdedup.Fault{Kind: memdedup.BeginError, Err: boom, Times: 2})
 		for range 2 {
 			if _, err := s.Begin(t.Context()); !errors.Is(err, boom) {
 				t.Fatalf("Begin: %v, want boom", err)
@@ -309,7 +308,7 @@ func TestFaults(t *testing.T) {
 
 	t.Run("claim", func(t *testing.T) {
 		s := newStore(t, memdedup.Config{})
-		s.Inject(memdedup.Fault{Kind: faults.ClaimError})
+		s.Inject(memdedup.Fault{Kind: memdedup.ClaimError})
 		tx := begin(t, s)
 		if _, err := s.Claim(t.Context(), tx, "scope", []dedup.Record{rec("a", "1")}); !errors.Is(err, memdedup.ErrInjected) {
 			t.Fatalf("Claim: %v, want ErrInjected", err)
@@ -319,7 +318,7 @@ func TestFaults(t *testing.T) {
 
 	t.Run("commit", func(t *testing.T) {
 		s := newStore(t, memdedup.Config{})
-		s.Inject(memdedup.Fault{Kind: faults.CommitError, Err: boom})
+		s.Inject(memdedup.Fault{Kind: memdedup.CommitError, Err: boom})
 		tx := begin(t, s)
 		claim(t, s, tx, rec("a", "1"))
 		_ = tx.Add("a", 1)
@@ -335,7 +334,7 @@ func TestFaults(t *testing.T) {
 
 	t.Run("commit-applied", func(t *testing.T) {
 		s := newStore(t, memdedup.Config{})
-		s.Inject(memdedup.Fault{Kind: faults.CommitError, Applied: true})
+		s.Inject(memdedup.Fault{Kind: memdedup.CommitError, Applied: true})
 		tx := begin(t, s)
 		claim(t, s, tx, rec("a", "1"))
 		_ = tx.Add("a", 1)
@@ -351,7 +350,7 @@ func TestFaults(t *testing.T) {
 
 	t.Run("forever-and-clear", func(t *testing.T) {
 		s := newStore(t, memdedup.Config{})
-		s.Inject(memdedup.Fault{Kind: faults.BeginError, Times: -1})
+		s.Inject(memdedup.Fault{Kind: memdedup.BeginError, Times: -1})
 		for range 5 {
 			if _, err := s.Begin(t.Context()); err == nil {
 				t.Fatal("Begin succeeded under a permanent fault")
@@ -370,7 +369,7 @@ func TestEvents(t *testing.T) {
 		defer mu.Unlock()
 		hooked = append(hooked, e)
 	}})
-	s.Inject(memdedup.Fault{Kind: faults.CommitError, Times: 1})
+	s.Inject(memdedup.Fault{Kind: memdedup.CommitError, Times: 1})
 
 	tx := begin(t, s)
 	claim(t, s, tx, rec("a", "1"))

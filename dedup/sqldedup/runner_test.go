@@ -17,7 +17,6 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/dedup/sqldedup"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/memsource"
 )
@@ -64,9 +63,9 @@ func TestRunnerEffectsOnce(t *testing.T) {
 				}
 			}
 			broker.Publish("payments", memsource.Outgoing{Key: "bad", Body: []byte("{not json")})
-			broker.Inject(memsource.Fault{Kind: faults.Redelivered, Probability: 0.1, Times: -1})
-			broker.Inject(memsource.Fault{Kind: faults.ConcurrentDuplicate, Probability: 0.1, Times: -1})
-			broker.Inject(memsource.Fault{Kind: faults.CrashAfterCommit, Probability: 0.05, Times: -1})
+			broker.Inject(memsource.Fault{Kind: memsource.Redelivered, Probability: 0.1, Times: -1})
+			broker.Inject(memsource.Fault{Kind: memsource.ConcurrentDuplicate, Probability: 0.1, Times: -1})
+			broker.Inject(memsource.Fault{Kind: memsource.CrashAfterCommit, Probability: 0.05, Times: -1})
 
 			var calls atomic.Int64
 			handle := consumer.TxJSON(func(ctx context.Context, tx *sql.Tx, msg *consumer.Message, p payment) error {

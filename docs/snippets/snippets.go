@@ -21,7 +21,6 @@ import (
 	"github.com/idemq/idemq/dedup/migrate"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/dedup/sqldedup"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/outbox/kafkaoutbox"
 	"github.com/idemq/idemq/sinks/webhook"
@@ -95,8 +94,8 @@ func workerBatch(src consumer.Source, store dedupdriver.TxStore[pgx.Tx]) {
 // docs/testing.md: replaying a handler.
 func replay(t consumertest.TB, store dedupdriver.TxStore[pgx.Tx], charge consumer.TxHandler[pgx.Tx], order1, order2, order3 []byte) {
 	rep := consumertest.ReplayTx(t, store, charge, []consumertest.Delivery{
-		{Key: "order-1", Body: order1, Fault: faults.ConcurrentDuplicate},
-		{Key: "order-2", Body: order2, Fault: faults.CrashAfterCommit},
+		{Key: "order-1", Body: order1, Fault: consumertest.ConcurrentDuplicate},
+		{Key: "order-2", Body: order2, Fault: consumertest.CrashAfterCommit},
 		{Key: "order-3", Body: order3, FailFirst: 2}, // its writes must roll back twice
 	}, consumertest.Options{BatchSize: 10})
 	rep.RequireExactlyOnce(t)

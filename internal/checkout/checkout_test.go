@@ -12,7 +12,6 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/internal/checkout"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/internal/testenv/brokerenv"
@@ -163,8 +162,8 @@ func exercise(t *testing.T, cfg checkout.BrokerConfig, store checkout.Store, n i
 
 func TestMemoryBrokerWithFaultsOnSQLite(t *testing.T) {
 	mem := memsource.New(memsource.Config{VisibilityTimeout: 300 * time.Millisecond, Seed: 3})
-	mem.Inject(memsource.Fault{Kind: faults.Redelivered, Probability: 0.1, Times: -1})
-	mem.Inject(memsource.Fault{Kind: faults.CrashAfterCommit, Probability: 0.05, Times: -1})
+	mem.Inject(memsource.Fault{Kind: memsource.Redelivered, Probability: 0.1, Times: -1})
+	mem.Inject(memsource.Fault{Kind: memsource.CrashAfterCommit, Probability: 0.05, Times: -1})
 	exercise(t, checkout.BrokerConfig{Kind: checkout.BrokerMemory, Memory: mem}, sqliteStore(t), 600)
 	if st := mem.Stats("checkout-orders"); st.Pending != 0 || st.DroppedAcks == 0 {
 		t.Fatalf("broker %+v: want nothing pending and some dropped acks", st)

@@ -20,7 +20,6 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/redisdedup"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sinks/webhook"
@@ -179,8 +178,8 @@ func TestLeaseSequentialRedeliveries(t *testing.T) {
 	store, _ := newRedisStore(t)
 	env := newLeaseEnv(t, memsource.Config{VisibilityTimeout: 300 * time.Millisecond}, nil)
 	keys := keysN("seq", 30)
-	env.broker.Inject(memsource.Fault{Kind: faults.CrashAfterCommit, Topic: env.topic, Probability: 0.3, Times: -1})
-	env.broker.Inject(memsource.Fault{Kind: faults.Redelivered, Topic: env.topic, Probability: 0.3, Times: -1})
+	env.broker.Inject(memsource.Fault{Kind: memsource.CrashAfterCommit, Topic: env.topic, Probability: 0.3, Times: -1})
+	env.broker.Inject(memsource.Fault{Kind: memsource.Redelivered, Topic: env.topic, Probability: 0.3, Times: -1})
 	r := env.runner(t, store, nil, consumer.LeaseOptions{}, 1)
 	for _, k := range keys {
 		env.publish(k, `{"to":"`+k+`"}`, 1)
@@ -209,7 +208,7 @@ func TestLeaseConcurrentRunners(t *testing.T) {
 		return webhooktest.Response{}
 	})
 	keys := keysN("conc", 40)
-	env.broker.Inject(memsource.Fault{Kind: faults.ConcurrentDuplicate, Topic: env.topic, Probability: 0.5, Times: -1})
+	env.broker.Inject(memsource.Fault{Kind: memsource.ConcurrentDuplicate, Topic: env.topic, Probability: 0.5, Times: -1})
 	opts := consumer.LeaseOptions{Lease: 5 * time.Second, InProgressDelay: 50 * time.Millisecond}
 	var runners []*consumer.Runner
 	for range 4 {
@@ -263,7 +262,7 @@ func TestLeaseBatchedClaims(t *testing.T) {
 	})
 	env.batch = 10
 	keys := keysN("batch", 30)
-	env.broker.Inject(memsource.Fault{Kind: faults.ConcurrentDuplicate, Topic: env.topic, Probability: 0.3, Times: -1})
+	env.broker.Inject(memsource.Fault{Kind: memsource.ConcurrentDuplicate, Topic: env.topic, Probability: 0.3, Times: -1})
 	opts := consumer.LeaseOptions{Lease: 250 * time.Millisecond, RefreshInterval: 50 * time.Millisecond, InProgressDelay: 50 * time.Millisecond}
 	audit := newLeaseAudit()
 	var runners []*consumer.Runner

@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/internal/cfgerr"
+	"github.com/idemq/idemq/internal/faults"
 	"github.com/idemq/idemq/internal/memqueue"
 )
 

@@ -41,13 +41,13 @@
 // # Faults
 //
 // Broker.Inject scripts failures per topic, per message (Key or ID) and by
-// probability, drawn from an RNG seeded with Config.Seed, in the words of
-// package faults that every in-memory kit shares: a second delivery
-// (faults.Redelivered), the same message to two sources at once
-// (faults.ConcurrentDuplicate), an acknowledgement lost after the commit
-// (faults.CrashAfterCommit), failing Ack, Retry and DeadLetter, and receive
-// errors (faults.ReceiveError). SetUnavailable
-// makes the whole broker unreachable for a while.
+// probability, drawn from an RNG seeded with Config.Seed. Its kinds
+// (FaultKind) are the one vocabulary every in-memory kit speaks, under the
+// same names: a second delivery (Redelivered), the same message to two
+// sources at once (ConcurrentDuplicate), an acknowledgement lost after the
+// commit (CrashAfterCommit), failing Ack, Retry and DeadLetter (AckError,
+// RetryError, DeadLetterError), and receive errors (ReceiveError).
+// SetUnavailable makes the whole broker unreachable for a while.
 //
 // # Observation
 //

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -15,7 +14,7 @@ import (
 func Example() {
 	b := memsource.New(memsource.Config{VisibilityTimeout: 50 * time.Millisecond})
 	defer b.Close()
-	b.Inject(memsource.Fault{Kind: faults.CrashAfterCommit, Key: "order-1"})
+	b.Inject(memsource.Fault{Kind: memsource.CrashAfterCommit, Key: "order-1"})
 	ids := b.Publish("orders", memsource.Outgoing{Key: "order-1", Body: []byte(`{"amount":42}`)})
 
 	src := b.Source("orders")
@@ -48,9 +47,9 @@ func ExampleBroker_Inject() {
 	b := memsource.New(memsource.Config{Seed: 1})
 	defer b.Close()
 	// Every message is delivered twice in a row, as after a redelivery.
-	b.Inject(memsource.Fault{Kind: faults.Redelivered, Times: -1})
+	b.Inject(memsource.Fault{Kind: memsource.Redelivered, Times: -1})
 	// A third of receives fail as if the broker were unreachable.
-	b.Inject(memsource.Fault{Kind: faults.ReceiveError, Probability: 0.3, Times: -1})
+	b.Inject(memsource.Fault{Kind: memsource.ReceiveError, Probability: 0.3, Times: -1})
 	b.Publish("events", memsource.Outgoing{Key: "e-1"}, memsource.Outgoing{Key: "e-2"})
 
 	src := b.Source("events")

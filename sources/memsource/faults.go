@@ -6,13 +6,43 @@ import (
 	"slices"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/faults"
+	"github.com/idemq/idemq/internal/faults"
+)
+
+// FaultKind names an injected failure (Fault.Kind): how the broker delivers
+// a message, or which of its operations fails. It is the one vocabulary of
+// injected failures that every in-memory kit speaks (consumer/consumertest,
+// memsource, dedup/memdedup): an alias, so a kind from one kit is a kind of
+// every other, under the same name in each.
+type FaultKind = faults.Kind
+
+// The kinds a Broker accepts (see Broker.Inject). Each has the same name in
+// every in-memory kit that accepts it.
+const (
+	// Redelivered delivers a matching message a second time while the
+	// first delivery is still in flight.
+	Redelivered = faults.Redelivered
+	// ConcurrentDuplicate delivers a matching message to a second Source
+	// while the first delivery is still in flight.
+	ConcurrentDuplicate = faults.ConcurrentDuplicate
+	// CrashAfterCommit loses the acknowledgement of a matching message: Ack
+	// reports success, and the message comes back.
+	CrashAfterCommit = faults.CrashAfterCommit
+	// ReceiveError fails Receive: the broker is unreachable.
+	ReceiveError = faults.ReceiveError
+	// AckError fails the Ack of a matching message; it stays in flight.
+	AckError = faults.AckError
+	// RetryError fails the Retry of a matching message; it stays in flight.
+	RetryError = faults.RetryError
+	// DeadLetterError fails the DeadLetter of a matching message; it stays
+	// in flight.
+	DeadLetterError = faults.DeadLetterError
 )
 
 // kinds are the fault kinds a Broker injects (see Broker.Inject).
-var kinds = []faults.Kind{
-	faults.Redelivered, faults.ConcurrentDuplicate, faults.CrashAfterCommit, faults.AckError,
-	faults.ReceiveError, faults.RetryError, faults.DeadLetterError,
+var kinds = []FaultKind{
+	Redelivered, ConcurrentDuplicate, CrashAfterCommit, AckError,
+	ReceiveError, RetryError, DeadLetterError,
 }
 
 // Fault scripts a failure. A fault applies to the operations of its Kind (one
@@ -20,8 +50,8 @@ var kinds = []faults.Kind{
 // messages matching Topic, Key and ID (empty fields match everything), fires
 // with Probability, and stops after firing Times times.
 type Fault struct {
-	// Kind is the failure.
-	Kind faults.Kind
+	// Kind is the failure, one of the kinds listed at Broker.Inject.
+	Kind FaultKind
 	// Topic restricts the fault to one topic. Empty matches every topic.
 	Topic string
 	// Key restricts the fault to messages with this Key. Empty matches
@@ -50,18 +80,18 @@ func (f Fault) err() error {
 }
 
 // Inject schedules f, whose Kind is one of:
-//   - faults.Redelivered: a second delivery of a matching message follows at
+//   - Redelivered: a second delivery of a matching message follows at
 //     once, in the same Receive if it has room, else in the next one, while
 //     the first is still in flight;
-//   - faults.ConcurrentDuplicate: the next Receive of any other Source on
+//   - ConcurrentDuplicate: the next Receive of any other Source on
 //     the topic gets the message too;
-//   - faults.CrashAfterCommit: Ack returns nil without acknowledging the
+//   - CrashAfterCommit: Ack returns nil without acknowledging the
 //     message, which comes back after its visibility timeout;
-//   - faults.AckError: Ack returns the fault's error and leaves the message
+//   - AckError: Ack returns the fault's error and leaves the message
 //     in flight (the other messages of the call are acknowledged);
-//   - faults.ReceiveError: Receive fails with the fault's error wrapped
+//   - ReceiveError: Receive fails with the fault's error wrapped
 //     together with ErrUnavailable (Key and ID are ignored);
-//   - faults.RetryError, faults.DeadLetterError: the operation fails and
+//   - RetryError, DeadLetterError: the operation fails and
 //     the message stays in flight.
 //
 // It panics if f.Kind is another or f.Probability is outside [0, 1]. Safe
@@ -88,7 +118,7 @@ func (b *Broker) ClearFaults() {
 // fire returns the first scheduled fault of kind matching topic t and message
 // m (nil for receive faults) that fires now, using up one firing, or nil.
 // b.mu is held.
-func (b *Broker) fire(ctx context.Context, kind faults.Kind, t *topic, m *stored) *Fault {
+func (b *Broker) fire(ctx context.Context, kind FaultKind, t *topic, m *stored) *Fault {
 	f, ok := b.faults.Fire(func(f Fault) bool {
 		if f.Kind != kind || (f.Topic != "" && f.Topic != t.name) {
 			return false

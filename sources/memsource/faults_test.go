@@ -11,7 +11,6 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -184,7 +183,7 @@ func TestForeignMessage(t *testing.T) {
 
 func TestFaultDuplicate(t *testing.T) {
 	b := memsource.New(memsource.Config{})
-	b.Inject(memsource.Fault{Kind: faults.Redelivered, Key: "a"})
+	b.Inject(memsource.Fault{Kind: memsource.Redelivered, Key: "a"})
 	publish(b, "t", "a", "b")
 	src := b.Source("t")
 	msgs := recv(t, src, 10)
@@ -208,7 +207,7 @@ func TestFaultDuplicate(t *testing.T) {
 
 func TestFaultDuplicateWithoutRoom(t *testing.T) {
 	b := memsource.New(memsource.Config{})
-	b.Inject(memsource.Fault{Kind: faults.Redelivered})
+	b.Inject(memsource.Fault{Kind: memsource.Redelivered})
 	publish(b, "t", "a", "b")
 	src := b.Source("t")
 	if got := keys(recv(t, src, 1)); !slices.Equal(got, []string{"a#1"}) {
@@ -221,7 +220,7 @@ func TestFaultDuplicateWithoutRoom(t *testing.T) {
 
 func TestFaultConcurrentDuplicate(t *testing.T) {
 	b := memsource.New(memsource.Config{})
-	b.Inject(memsource.Fault{Kind: faults.ConcurrentDuplicate, Topic: "t"})
+	b.Inject(memsource.Fault{Kind: memsource.ConcurrentDuplicate, Topic: "t"})
 	publish(b, "t", "a")
 	one, two := b.Source("t"), b.Source("t")
 	m1 := recv(t, one, 10)
@@ -237,9 +236,9 @@ func TestFaultConcurrentDuplicate(t *testing.T) {
 
 func TestFaultDropAckAndAckError(t *testing.T) {
 	b := memsource.New(memsource.Config{VisibilityTimeout: 50 * time.Millisecond})
-	b.Inject(memsource.Fault{Kind: faults.CrashAfterCommit, Key: "a"})
+	b.Inject(memsource.Fault{Kind: memsource.CrashAfterCommit, Key: "a"})
 	boom := errors.New("boom")
-	b.Inject(memsource.Fault{Kind: faults.AckError, Key: "b", Err: boom})
+	b.Inject(memsource.Fault{Kind: memsource.AckError, Key: "b", Err: boom})
 	publish(b, "t", "a", "b", "c")
 	src := b.Source("t")
 	msgs := recv(t, src, 10)
@@ -267,7 +266,7 @@ func TestFaultDropAckAndAckError(t *testing.T) {
 
 func TestFaultReceiveErrorAndUnavailable(t *testing.T) {
 	b := memsource.New(memsource.Config{})
-	b.Inject(memsource.Fault{Kind: faults.ReceiveError, Times: 2})
+	b.Inject(memsource.Fault{Kind: memsource.ReceiveError, Times: 2})
 	publish(b, "t", "a")
 	src := b.Source("t")
 	for range 2 {
@@ -306,8 +305,8 @@ func TestFaultReceiveErrorAndUnavailable(t *testing.T) {
 
 func TestFaultRetryAndDeadLetterErrors(t *testing.T) {
 	b := memsource.New(memsource.Config{})
-	b.Inject(memsource.Fault{Kind: faults.RetryError})
-	b.Inject(memsource.Fault{Kind: faults.DeadLetterError})
+	b.Inject(memsource.Fault{Kind: memsource.RetryError})
+	b.Inject(memsource.Fault{Kind: memsource.DeadLetterError})
 	publish(b, "t", "a")
 	src := b.Source("t")
 	m := recv(t, src, 1)[0]
@@ -328,7 +327,7 @@ func TestFaultRetryAndDeadLetterErrors(t *testing.T) {
 func TestFaultProbabilityIsDeterministic(t *testing.T) {
 	dropped := func(seed uint64) []string {
 		b := memsource.New(memsource.Config{Seed: seed})
-		b.Inject(memsource.Fault{Kind: faults.CrashAfterCommit, Probability: 0.3, Times: -1})
+		b.Inject(memsource.Fault{Kind: memsource.CrashAfterCommit, Probability: 0.3, Times: -1})
 		var ks []string
 		for i := range 200 {
 			ks = append(ks, fmt.Sprintf("k%03d", i))

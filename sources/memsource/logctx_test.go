@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sources/memsource"
 )
@@ -16,7 +15,7 @@ import (
 func TestLogsCarryTheCallersContext(t *testing.T) {
 	rec := testenv.NewLogRecorder()
 	b := memsource.New(memsource.Config{VisibilityTimeout: 20 * time.Millisecond, Logger: rec.Logger()})
-	b.Inject(memsource.Fault{Kind: faults.Redelivered, Key: "a"})
+	b.Inject(memsource.Fault{Kind: memsource.Redelivered, Key: "a"})
 	publish(b, "t", "a")
 	src := b.Source("t")
 	ctx, cancel := context.WithTimeout(testenv.MarkedContext(t.Context(), "receive"), 5*time.Second)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/memdedup"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/sources/memsource"
 )
 
@@ -59,16 +58,16 @@ func TestRunnerExactlyOnceUnderFaults(t *testing.T) {
 	b := memsource.New(memsource.Config{VisibilityTimeout: 200 * time.Millisecond, Seed: 42, OnEvent: log.broker})
 	defer b.Close()
 	for _, f := range []memsource.Fault{
-		{Kind: faults.Redelivered, Probability: 0.1, Times: -1},
-		{Kind: faults.ConcurrentDuplicate, Probability: 0.1, Times: -1},
-		{Kind: faults.CrashAfterCommit, Probability: 0.2, Times: -1},
-		{Kind: faults.AckError, Probability: 0.05, Times: -1},
-		{Kind: faults.ReceiveError, Probability: 0.05, Times: -1},
-		{Kind: faults.RetryError, Probability: 0.1, Times: -1},
+		{Kind: memsource.Redelivered, Probability: 0.1, Times: -1},
+		{Kind: memsource.ConcurrentDuplicate, Probability: 0.1, Times: -1},
+		{Kind: memsource.CrashAfterCommit, Probability: 0.2, Times: -1},
+		{Kind: memsource.AckError, Probability: 0.05, Times: -1},
+		{Kind: memsource.ReceiveError, Probability: 0.05, Times: -1},
+		{Kind: memsource.RetryError, Probability: 0.1, Times: -1},
 	} {
 		b.Inject(f)
 	}
-	store.Inject(memdedup.Fault{Kind: faults.CommitError, Applied: true, Times: 3})
+	store.Inject(memdedup.Fault{Kind: memdedup.CommitError, Applied: true, Times: 3})
 
 	const n = 200
 	var msgs []memsource.Outgoing

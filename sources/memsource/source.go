@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/internal/memqueue"
 )
 
@@ -112,7 +111,7 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 		}
 		if first {
 			first = false
-			if f := b.fire(ctx, faults.ReceiveError, t, nil); f != nil {
+			if f := b.fire(ctx, ReceiveError, t, nil); f != nil {
 				b.mu.Unlock()
 				return nil, fmt.Errorf("%w: %w", ErrUnavailable, f.err())
 			}
@@ -169,7 +168,7 @@ func (s *Source) take(ctx context.Context, now time.Time, max int) ([]*consumer.
 			b.log.DebugContext(ctx, "memsource: visibility timeout passed", consumer.LogKeyQueue, t.name, "message_id", d.Msg.ID, "attempt", d.Attempt)
 		},
 		Copies: func(m *stored) (duplicate, concurrent bool) {
-			return b.fire(ctx, faults.Redelivered, t, m) != nil, b.fire(ctx, faults.ConcurrentDuplicate, t, m) != nil
+			return b.fire(ctx, Redelivered, t, m) != nil, b.fire(ctx, ConcurrentDuplicate, t, m) != nil
 		},
 	})
 	return out, events, wake
@@ -234,12 +233,12 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 			continue
 		}
 		m := d.Msg
-		if b.fire(ctx, faults.CrashAfterCommit, t, m) != nil {
+		if b.fire(ctx, CrashAfterCommit, t, m) != nil {
 			t.stats.DroppedAcks++
 			events = append(events, b.event(EventAckDropped, t, s, m, d.Attempt, nil))
 			continue
 		}
-		if f := b.fire(ctx, faults.AckError, t, m); f != nil {
+		if f := b.fire(ctx, AckError, t, m); f != nil {
 			t.stats.DroppedAcks++
 			events = append(events, b.event(EventAckDropped, t, s, m, d.Attempt, f.err()))
 			errs = append(errs, fmt.Errorf("memsource: ack of message %q: %w", m.ID, f.err()))
@@ -271,7 +270,7 @@ func (s *Source) Retry(ctx context.Context, msg *consumer.Message, delay time.Du
 	d, err := s.current(msg, now, &events)
 	if err == nil && d != nil {
 		m := d.Msg
-		if f := b.fire(ctx, faults.RetryError, t, m); f != nil {
+		if f := b.fire(ctx, RetryError, t, m); f != nil {
 			err = fmt.Errorf("memsource: retry of message %q: %w", m.ID, f.err())
 		} else {
 			t.queue.Retry(d, now, delay)
@@ -301,7 +300,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	d, err := s.current(msg, now, &events)
 	if err == nil && d != nil {
 		m := d.Msg
-		if f := b.fire(ctx, faults.DeadLetterError, t, m); f != nil {
+		if f := b.fire(ctx, DeadLetterError, t, m); f != nil {
 			err = fmt.Errorf("memsource: dead-letter of message %q: %w", m.ID, f.err())
 		} else {
 			if reason == nil {

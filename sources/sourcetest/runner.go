@@ -11,7 +11,6 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/memdedup"
-	"github.com/idemq/idemq/faults"
 )
 
 // consumerName is the Config.Name of the suite's runners: the scope of their
@@ -350,8 +349,8 @@ func (s *suite) runnerExactlyOnce(t *testing.T, n int) {
 	r.partialAck = s.h.Features.PartialAck
 	r.failFirst = 5
 	// The first commit fails; the second is applied but reported as failed.
-	r.store.Inject(memdedup.Fault{Kind: faults.CommitError})
-	r.store.Inject(memdedup.Fault{Kind: faults.CommitError, Applied: true})
+	r.store.Inject(memdedup.Fault{Kind: memdedup.CommitError})
+	r.store.Inject(memdedup.Fault{Kind: memdedup.CommitError, Applied: true})
 	r.start(s.open(t, topic), consumer.Config{})
 	r.waitDone(keysOf(out), s.runnerTimeout(n))
 	r.check(keysOf(out))

@@ -15,7 +15,6 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/migrate"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/outbox/amqpoutbox"
@@ -184,8 +183,8 @@ func TestBatchHandlerPublishesOncePerMessage(t *testing.T) {
 	const n = 30
 	b := memsource.New(memsource.Config{VisibilityTimeout: 200 * time.Millisecond, Seed: 7})
 	t.Cleanup(func() { b.Close() })
-	b.Inject(memsource.Fault{Kind: faults.CrashAfterCommit, Topic: "orders", Probability: 0.3, Times: 8})
-	b.Inject(memsource.Fault{Kind: faults.ConcurrentDuplicate, Topic: "orders", Probability: 0.2, Times: 5})
+	b.Inject(memsource.Fault{Kind: memsource.CrashAfterCommit, Topic: "orders", Probability: 0.3, Times: 8})
+	b.Inject(memsource.Fault{Kind: memsource.ConcurrentDuplicate, Topic: "orders", Probability: 0.2, Times: 5})
 	for i := range n {
 		m := memsource.Outgoing{Key: fmt.Sprintf("o-%02d", i), Body: []byte(strconv.Itoa(i))}
 		b.Publish("orders", m)

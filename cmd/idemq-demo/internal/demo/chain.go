@@ -15,7 +15,6 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/memdedup"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/internal/checkout"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/webhook"
@@ -57,8 +56,8 @@ func startChain(ctx context.Context, store checkout.Store, runID string, seed ui
 		return nil, fmt.Errorf("demo: %w", err)
 	}
 	c.broker = memsource.New(memsource.Config{VisibilityTimeout: time.Second, Seed: seed})
-	c.broker.Inject(memsource.Fault{Kind: faults.Redelivered, Probability: 0.02, Times: -1})
-	c.broker.Inject(memsource.Fault{Kind: faults.ConcurrentDuplicate, Probability: 0.02, Times: -1})
+	c.broker.Inject(memsource.Fault{Kind: memsource.Redelivered, Probability: 0.02, Times: -1})
+	c.broker.Inject(memsource.Fault{Kind: memsource.ConcurrentDuplicate, Probability: 0.02, Times: -1})
 	c.pub = &crashingPublisher{broker: c.broker, topic: c.topic, rng: rand.New(rand.NewPCG(seed, 0x0b0))}
 	cfg := outbox.Config{BatchSize: 50, PollInterval: 50 * time.Millisecond, InitialBackoff: 10 * time.Millisecond,
 		MaxBackoff: 200 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}

@@ -23,7 +23,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/faults"
 	"github.com/idemq/idemq/internal/checkout"
 	"github.com/idemq/idemq/sources/kafkasource"
 	"github.com/idemq/idemq/sources/memsource"
@@ -112,8 +111,8 @@ func (s *supervisor) setup(ctx context.Context) error {
 	case BrokerMemory:
 		kind = checkout.BrokerMemory
 		s.memory = memsource.New(memsource.Config{VisibilityTimeout: time.Second, Seed: s.cfg.Seed})
-		s.memory.Inject(memsource.Fault{Kind: faults.Redelivered, Probability: 0.02, Times: -1})
-		s.memory.Inject(memsource.Fault{Kind: faults.ConcurrentDuplicate, Probability: 0.02, Times: -1})
+		s.memory.Inject(memsource.Fault{Kind: memsource.Redelivered, Probability: 0.02, Times: -1})
+		s.memory.Inject(memsource.Fault{Kind: memsource.ConcurrentDuplicate, Probability: 0.02, Times: -1})
 		s.sum.Broker = "memsource (in-process, workers in-process)"
 	}
 

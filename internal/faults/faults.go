@@ -2,7 +2,9 @@
 // kits share (Kind: consumertest's scripted deliveries, memsource's broker,
 // memdedup's store), and the script that fires them (Script): faults fire in
 // the order they were injected, each a given number of times. What else a
-// fault carries, and which operation it matches, stays with its owner.
+// fault carries, and which operation it matches, stays with its owner. The
+// kits re-export Kind (FaultKind) and the kinds they accept, so that their
+// users never import this package.
 package faults
 
 // Script holds the scheduled faults of type F. The zero value is an empty

@@ -5,8 +5,8 @@ import "fmt"
 // Kind names an injected failure: how a broker delivers a message, or which
 // operation of a broker or a store fails. It is the one vocabulary of the
 // in-memory kits: consumertest.Delivery.Fault, memsource.Fault.Kind and
-// memdedup.Fault.Kind. Each kit accepts the kinds it can inject and says
-// which.
+// memdedup.Fault.Kind. Each kit re-exports it as the alias FaultKind, with
+// the kinds it accepts as constants of the same names.
 type Kind int
 
 // Kinds of injected failure.
