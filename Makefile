@@ -24,7 +24,7 @@ RESTART_BROKERS := ./sources/amqpsource ./sources/kafkasource
 BESIDE_BROKERS  := ./sources/sqssource
 RESTART_REDIS   := ./dedup/redisdedup ./internal/leasepath
 REDIS_RESTART_TESTS := ^TestRestartRedisSmoke$$
-RACE_CORE       := ./consumer/... ./dedup/... ./internal/leasepath ./dedup/memdedup ./sources/memsource
+RACE_CORE       := ./consumer/... ./dedup/... ./internal/leasepath ./dedup/memdedup ./consumer/memsource
 # The longest packages start first, so that two at a time do not end with
 # one of them running alone.
 SLOW_FIRST      := ./dedup/sqldedup ./consumer ./cmd/idemq-demo/internal/demo ./sources/sqssource/sqsdlq \

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // conflictScript plays the database of handlers that update hot rows

@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/runtest"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // The default config batches what is queued and nothing more: a lone

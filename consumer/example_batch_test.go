@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // A batch worker: the handler receives the batch's new payments, already

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup/pgdedup"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // Payment is the body of a payment message.

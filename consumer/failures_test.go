@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/runtest"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // crashedBefore is a source whose every delivery looks as if extra earlier

@@ -11,9 +11,9 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/runtest"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // horizonSource is a memsource.Source whose broker reports a redelivery

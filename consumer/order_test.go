@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/sources/memsource"
+	"github.com/idemq/idemq/consumer/memsource"
 )
 
 // Order holds across batches: while a message of a partition key is handed

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup/memdedup"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // memEnv is an in-memory broker and transactional store, for tests of the

@@ -17,10 +17,10 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/cfgerr"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // Invariants 1 and 2: the record and the effect commit together, and nothing

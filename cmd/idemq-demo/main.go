@@ -1,12 +1,15 @@
 // Command idemq-demo is the zero-setup demo that `make demo` runs: the
-// checkout worker (internal/checkout) under chaos on an in-process Kafka
+// checkout worker (cmd/idemq-demo/internal/checkout) under chaos on an in-process Kafka
 // cluster and a SQLite file, killed and restarted, its events through the
 // outbox to a notifier, then the proof that every order was charged and
 // notified exactly once (cmd/idemq-demo/internal/demo).
 //
 //	idemq-demo [--messages 2000 --kills 4 --seed 1]
 //	idemq-demo --broker kafka --kafka 127.0.0.1:9092 --store postgres --db URL
+//	idemq-demo checkout -broker rabbitmq -store postgres -publish 1000 -idle 3s
 //
+// "idemq-demo checkout" runs the same worker on any broker and store
+// without the chaos (checkout.go).
 // It is a program of its own so that the operations command (cmd/idemq)
 // does not link the demo's in-process broker. The demo starts its workers as
 // "idemq-demo worker ..." (this executable). Exit status: 0 when the proof
@@ -53,9 +56,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var err error
-	if len(args) > 0 && args[0] == workerArg { // started by the demo's supervisor
+	switch {
+	case len(args) > 0 && args[0] == workerArg: // started by the demo's supervisor
 		err = runWorker(ctx, args[1:], stdout)
-	} else {
+	case len(args) > 0 && args[0] == checkoutArg:
+		err = runCheckout(ctx, args[1:], stdout, stderr)
+	default:
 		err = runDemo(ctx, args, stdout, stderr)
 	}
 	switch {

@@ -25,7 +25,7 @@ func TestLinksNoDemo(t *testing.T) {
 	if len(deps) < 20 {
 		t.Fatalf("go list -deps listed %d packages: %q", len(deps), deps)
 	}
-	forbidden := []string{module + "/cmd/idemq-demo/internal/demo", module + "/internal/checkout", module + "/sources/memsource", "github.com/twmb/franz-go"}
+	forbidden := []string{module + "/cmd/idemq-demo/internal/demo", module + "/cmd/idemq-demo/internal/checkout", module + "/consumer/memsource", "github.com/twmb/franz-go"}
 	for _, d := range deps {
 		for _, f := range forbidden {
 			if d == f || strings.HasPrefix(d, f+"/") {

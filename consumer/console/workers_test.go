@@ -12,9 +12,9 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/console"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/runtest"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // newRunner returns a runner of topic "orders" on a memsource broker whose

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/dedupdriver"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // Delivery is one scripted message.

@@ -3,7 +3,7 @@
 //
 // ReplayTx runs a handler of the transactional path through real Runners
 // (two competing workers by default) over the in-memory broker of
-// sources/memsource, which delivers a script of messages with faults (the
+// consumer/memsource, which delivers a script of messages with faults (the
 // kinds of FaultKind, the one vocabulary every in-memory kit speaks under the
 // same names): redeliveries, concurrent duplicates, lost
 // acknowledgements after commit (a crash between commit and ack), producer

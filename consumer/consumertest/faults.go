@@ -4,7 +4,7 @@ import "github.com/idemq/idemq/internal/faults"
 
 // FaultKind names how a scripted message is delivered (Delivery.Fault). It
 // is the one vocabulary of injected failures that every in-memory kit speaks
-// (consumertest, sources/memsource, dedup/memdedup): an alias, so a kind
+// (consumertest, consumer/memsource, dedup/memdedup): an alias, so a kind
 // from one kit is a kind of every other, under the same name in each.
 type FaultKind = faults.Kind
 

@@ -4,8 +4,8 @@ import (
 	"testing"
 
 	"github.com/idemq/idemq/consumer/consumertest"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup/memdedup"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // TestFaultKindIsOneVocabulary checks that the kits' FaultKind is one type

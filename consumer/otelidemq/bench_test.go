@@ -13,11 +13,11 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/consumer/otelidemq"
 	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/internal/testenv"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // sdkHook returns a Hook on a real SDK: every span sampled and batched to

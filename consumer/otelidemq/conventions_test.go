@@ -9,9 +9,9 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/consumer/otelidemq"
 	"github.com/idemq/idemq/dedup/memdedup"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // The metrics follow the messaging conventions: a versioned scope with the

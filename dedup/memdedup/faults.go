@@ -9,7 +9,7 @@ import (
 
 // FaultKind names an injected failure (Fault.Kind): which operation of the
 // store fails. It is the one vocabulary of injected failures that every
-// in-memory kit speaks (consumer/consumertest, sources/memsource, memdedup):
+// in-memory kit speaks (consumer/consumertest, consumer/memsource, memdedup):
 // an alias, so a kind from one kit is a kind of every other, under the same
 // name in each.
 type FaultKind = faults.Kind

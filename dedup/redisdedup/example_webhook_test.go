@@ -10,9 +10,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup/redisdedup"
 	"github.com/idemq/idemq/sinks/webhook"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // Welcome is the body of a welcome-email message.

@@ -13,8 +13,8 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup/sqldedup"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // A worker on SQLite: the handler writes its ledger row through the *sql.Tx

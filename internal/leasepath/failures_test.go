@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/internal/runtest"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // raisedAttempts is a source whose every delivery looks as if extra earlier

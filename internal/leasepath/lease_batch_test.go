@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sinks/webhook/webhooktest"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // refreshOutage is a Redis lease store whose refreshes fail (not with

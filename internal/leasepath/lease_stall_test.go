@@ -10,12 +10,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisdedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sinks/webhook/webhooktest"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // A running handler never outlives its lease, whatever the refreshes fail

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/redisdedup"
@@ -24,7 +25,6 @@ import (
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sinks/webhook"
 	"github.com/idemq/idemq/sinks/webhook/webhooktest"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // These tests drive the whole lease path: memsource → Runner → Leased with

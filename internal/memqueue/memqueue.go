@@ -1,4 +1,4 @@
-// Package memqueue is the queue of the in-memory broker, sources/memsource
+// Package memqueue is the queue of the in-memory broker, consumer/memsource
 // (which consumer/consumertest replays on): messages in publish order,
 // delivered at least once, each delivery visible to one source until it is
 // settled or its visibility timeout passes, retry delays, owed duplicate

@@ -16,13 +16,13 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup/migrate"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/outbox/internal/relaytest"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // fastRetry retries failed handlers at once.

@@ -12,11 +12,11 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/runtest"
 	"github.com/idemq/idemq/sinks/webhook"
 	"github.com/idemq/idemq/sinks/webhook/webhooktest"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // plantedSecret is put in the password, the path and the query of the

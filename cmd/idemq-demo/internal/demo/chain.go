@@ -13,12 +13,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemq/idemq/cmd/idemq-demo/internal/checkout"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup/memdedup"
-	"github.com/idemq/idemq/internal/checkout"
 	"github.com/idemq/idemq/sinks/outbox"
 	"github.com/idemq/idemq/sinks/webhook"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // chainName is the notifier's consumer name: the scope of its leases and

@@ -22,10 +22,10 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/idemq/idemq/cmd/idemq-demo/internal/checkout"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/checkout"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/sources/kafkasource"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // Run runs the demo: it sets up the broker and the store, starts a worker,

@@ -14,8 +14,8 @@ import (
 
 	_ "modernc.org/sqlite"
 
+	"github.com/idemq/idemq/cmd/idemq-demo/internal/checkout"
 	"github.com/idemq/idemq/cmd/idemq-demo/internal/demo"
-	"github.com/idemq/idemq/internal/checkout"
 	"github.com/idemq/idemq/internal/testenv"
 )
 

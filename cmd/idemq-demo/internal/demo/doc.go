@@ -1,5 +1,5 @@
 // Package demo is the machinery of `make demo` (cmd/idemq-demo): a supervisor that runs the
-// checkout worker (internal/checkout) as real child processes, kills them
+// checkout worker (../checkout) as real child processes, kills them
 // with SIGKILL at random moments (seeded), restarts them, while a chaos
 // producer sends orders, re-sends some with the same idempotency key and adds
 // malformed ones; then it reads the ledger and checks the proof: every valid

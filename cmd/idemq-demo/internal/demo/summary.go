@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemq/idemq/cmd/idemq-demo/internal/checkout"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/checkout"
 )
 
 // ErrProofFailed is matched by the error of Summary.Check when the ledger does

@@ -5,7 +5,7 @@
 //     per message), the ceiling the lease path is compared with;
 //   - claim+complete: the same loop also marking each key done, which is
 //     all the Redis work the lease path does per message;
-//   - runner: consumer.Leased on the in-memory source (sources/memsource)
+//   - runner: consumer.Leased on the in-memory source (consumer/memsource)
 //     with the Redis store and a no-op effect, from the first receive to the
 //     last acknowledgement, at batch size 1 (a claim and a completion per
 //     message), 16 (one claim round trip per batch, a completion per
@@ -43,9 +43,9 @@ import (
 
 	"github.com/idemq/idemq/cmd/internal/bench/handwritten"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisdedup"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 const (

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/internal/testenv"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // TestLogsCarryTheCallersContext checks that the broker's log lines (an

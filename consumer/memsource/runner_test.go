@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup/memdedup"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // orderLog merges the store's commits and the broker's acknowledgements in

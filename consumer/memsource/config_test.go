@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/internal/cfgerr"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // TestConfigErrorsNameEveryField: Validate reports a *idemq.ConfigError

@@ -10,8 +10,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/sources/kafkasource"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 // Broker kinds accepted by BrokerConfig.Kind.

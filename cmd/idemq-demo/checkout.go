@@ -1,13 +1,13 @@
-// Command checkout runs the checkout worker of package checkout: orders
-// arrive on a broker, and each one debits an account and writes a ledger row
-// in the transaction that also records the order's idempotency key, so that
-// every order is charged exactly once although the broker delivers at least
-// once.
+// The checkout subcommand: the demo's checkout worker on any broker and
+// store, outside the demo's chaos. Orders arrive on a broker, and each one
+// debits an account and writes a ledger row in the transaction that also
+// records the order's idempotency key, so that every order is charged
+// exactly once although the broker delivers at least once.
 //
-//	go -C cmd/internal run ./checkout -publish 1000 -idle 3s                          # in-memory broker, SQLite file
-//	go -C cmd/internal run ./checkout -broker kafka -store postgres -publish 1000 -idle 3s
-//	go -C cmd/internal run ./checkout -broker rabbitmq -publish 1000 -idle 3s
-//	go -C cmd/internal run ./checkout -broker sqs -publish 1000 -idle 3s
+//	go run ./cmd/idemq-demo checkout -publish 1000 -idle 3s                          # in-memory broker, SQLite file
+//	go run ./cmd/idemq-demo checkout -broker kafka -store postgres -publish 1000 -idle 3s
+//	go run ./cmd/idemq-demo checkout -broker rabbitmq -publish 1000 -idle 3s
+//	go run ./cmd/idemq-demo checkout -broker sqs -publish 1000 -idle 3s
 //
 // Every flag can also be set in the environment (CHECKOUT_BROKER,
 // CHECKOUT_STORE, CHECKOUT_SQLITE, DATABASE_URL, KAFKA_BROKERS, AMQP_URL,
@@ -19,6 +19,7 @@
 // total, and the number of orders charged twice, which is always 0. Kill it
 // (kill -9) while it runs and start it again without -publish: the ledger is
 // still exact.
+
 package main
 
 import (
@@ -31,17 +32,16 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	_ "modernc.org/sqlite"
 
-	"github.com/idemq/idemq/internal/checkout"
+	"github.com/idemq/idemq/cmd/idemq-demo/internal/checkout"
 )
 
-type options struct {
+// checkoutOptions are the checkout subcommand's flags.
+type checkoutOptions struct {
 	broker, store       string
 	sqlitePath, dbURL   string
 	schema              string
@@ -53,24 +53,35 @@ type options struct {
 	verbose             bool
 }
 
-func main() {
-	var o options
-	flag.StringVar(&o.broker, "broker", env("memory", "CHECKOUT_BROKER"), "broker: memory, kafka, sqs or rabbitmq")
-	flag.StringVar(&o.store, "store", env("sqlite", "CHECKOUT_STORE"), "store: sqlite or postgres")
-	flag.StringVar(&o.sqlitePath, "sqlite", env("checkout.db", "CHECKOUT_SQLITE"), "SQLite file of the sqlite store")
-	flag.StringVar(&o.dbURL, "db", "", "PostgreSQL URL of the postgres store (default: $DATABASE_URL, else $TEST_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable)")
-	flag.StringVar(&o.schema, "schema", "checkout", "PostgreSQL schema of the postgres store")
-	flag.StringVar(&o.kafka, "kafka", env("127.0.0.1:9092", "KAFKA_BROKERS", "TEST_KAFKA_BROKERS"), "comma-separated Kafka bootstrap brokers")
-	flag.StringVar(&o.amqpURL, "amqp", "", "RabbitMQ URL (default: $AMQP_URL, else $TEST_AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/)")
-	flag.StringVar(&o.sqs, "sqs", env("http://127.0.0.1:9324", "SQS_ENDPOINT", "TEST_SQS_ENDPOINT"), `SQS endpoint ("" for AWS)`)
-	flag.StringVar(&o.topic, "topic", "checkout-orders", "Kafka topic, SQS queue or RabbitMQ queue")
-	flag.IntVar(&o.publish, "publish", 0, "publish this many orders before consuming")
-	flag.IntVar(&o.accounts, "accounts", 50, "number of accounts")
-	flag.IntVar(&o.concurrency, "concurrency", 4, "batches handled at once")
-	flag.IntVar(&o.batch, "batch", 20, "orders per transaction")
-	flag.DurationVar(&o.idle, "idle", 0, "exit after no order arrived for this long (0: run until interrupted)")
-	flag.BoolVar(&o.verbose, "v", false, "log the runner's and the source's messages")
-	flag.Parse()
+// checkoutArg is the first argument of the checkout subcommand.
+const checkoutArg = "checkout"
+
+// runCheckout runs the checkout subcommand with its command-line args.
+func runCheckout(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var o checkoutOptions
+	fs := flag.NewFlagSet("idemq-demo checkout", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.broker, "broker", env("memory", "CHECKOUT_BROKER"), "broker: memory, kafka, sqs or rabbitmq")
+	fs.StringVar(&o.store, "store", env("sqlite", "CHECKOUT_STORE"), "store: sqlite or postgres")
+	fs.StringVar(&o.sqlitePath, "sqlite", env("checkout.db", "CHECKOUT_SQLITE"), "SQLite file of the sqlite store")
+	fs.StringVar(&o.dbURL, "db", "", "PostgreSQL URL of the postgres store (default: $DATABASE_URL, else $TEST_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/idemq_test?sslmode=disable)")
+	fs.StringVar(&o.schema, "schema", "checkout", "PostgreSQL schema of the postgres store")
+	fs.StringVar(&o.kafka, "kafka", env("127.0.0.1:9092", "KAFKA_BROKERS", "TEST_KAFKA_BROKERS"), "comma-separated Kafka bootstrap brokers")
+	fs.StringVar(&o.amqpURL, "amqp", "", "RabbitMQ URL (default: $AMQP_URL, else $TEST_AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/)")
+	fs.StringVar(&o.sqs, "sqs", env("http://127.0.0.1:9324", "SQS_ENDPOINT", "TEST_SQS_ENDPOINT"), `SQS endpoint ("" for AWS)`)
+	fs.StringVar(&o.topic, "topic", "checkout-orders", "Kafka topic, SQS queue or RabbitMQ queue")
+	fs.IntVar(&o.publish, "publish", 0, "publish this many orders before consuming")
+	fs.IntVar(&o.accounts, "accounts", 50, "number of accounts")
+	fs.IntVar(&o.concurrency, "concurrency", 4, "batches handled at once")
+	fs.IntVar(&o.batch, "batch", 20, "orders per transaction")
+	fs.DurationVar(&o.idle, "idle", 0, "exit after no order arrived for this long (0: run until interrupted)")
+	fs.BoolVar(&o.verbose, "v", false, "log the runner's and the source's messages")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
 	// URLs may carry passwords: they come from the environment after
 	// parsing, so that -h never prints them.
 	if o.dbURL == "" {
@@ -83,15 +94,12 @@ func main() {
 		o.idle = 3 * time.Second // nothing else can publish to an in-process broker
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, o, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "checkout:", err)
-		os.Exit(1)
-	}
+	return runCheckoutWorker(ctx, o, stdout)
 }
 
-func run(ctx context.Context, o options, out io.Writer) error {
+// runCheckoutWorker runs the checkout worker as o says, and checks the
+// ledger at the end.
+func runCheckoutWorker(ctx context.Context, o checkoutOptions, out io.Writer) error {
 	logger := slog.New(slog.DiscardHandler)
 	if o.verbose {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -124,7 +132,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	defer broker.Close()
 
 	if o.publish > 0 {
-		if err := publish(setup, broker, o); err != nil {
+		if err := publishOrders(setup, broker, o); err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "published %d orders (%d of them twice) and 1 malformed order\n", o.publish, (o.publish+9)/10)
@@ -149,10 +157,10 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	return nil
 }
 
-// publish sends o.publish orders of a fresh run, every tenth twice, and one
+// publishOrders sends o.publish orders of a fresh run, every tenth twice, and one
 // malformed body. With RabbitMQ the queue is declared by the first source,
 // so one is opened (and closed) first.
-func publish(ctx context.Context, b checkout.Broker, o options) error {
+func publishOrders(ctx context.Context, b checkout.Broker, o checkoutOptions) error {
 	if o.broker == checkout.BrokerRabbitMQ {
 		rc := checkout.WorkerConfig{}.RunnerConfig()
 		src, err := b.Source(ctx, &rc)
@@ -174,14 +182,4 @@ func publish(ctx context.Context, b checkout.Broker, o options) error {
 	}
 	msgs = append(msgs, checkout.Outgoing{Key: run + "-malformed", Body: []byte("{not json"), PartitionKey: checkout.AccountID(0)})
 	return b.Publish(ctx, msgs...)
-}
-
-// env returns the first non-empty environment variable of names, else def.
-func env(def string, names ...string) string {
-	for _, n := range names {
-		if v := os.Getenv(n); v != "" {
-			return v
-		}
-	}
-	return def
 }

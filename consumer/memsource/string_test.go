@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/idemq/idemq/sources/memsource"
+	"github.com/idemq/idemq/consumer/memsource"
 )
 
 // String names the topic for the Runner's start line.

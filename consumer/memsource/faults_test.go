@@ -11,7 +11,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/sources/memsource"
+	"github.com/idemq/idemq/consumer/memsource"
 )
 
 func recv(t *testing.T, src *memsource.Source, max int) []*consumer.Message {

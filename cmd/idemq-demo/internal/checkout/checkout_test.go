@@ -11,13 +11,13 @@ import (
 
 	_ "modernc.org/sqlite"
 
+	"github.com/idemq/idemq/cmd/idemq-demo/internal/checkout"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/checkout"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/internal/testenv/brokerenv"
 	"github.com/idemq/idemq/sources/amqpsource"
 	"github.com/idemq/idemq/sources/kafkasource"
-	"github.com/idemq/idemq/sources/memsource"
 )
 
 const accounts = 20

@@ -13,12 +13,12 @@ func TestRunInMemoryOnSQLite(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	err := run(ctx, options{
+	err := runCheckoutWorker(ctx, checkoutOptions{
 		broker: "memory", store: "sqlite", sqlitePath: filepath.Join(t.TempDir(), "c.db"),
 		topic: "orders", publish: 200, accounts: 10, concurrency: 2, batch: 10, idle: time.Second,
 	}, &out)
 	if err != nil {
-		t.Fatalf("run: %v\n%s", err, out.String())
+		t.Fatalf("runCheckoutWorker: %v\n%s", err, out.String())
 	}
 	for _, want := range []string{
 		"published 200 orders (20 of them twice) and 1 malformed order",
@@ -33,8 +33,8 @@ func TestRunInMemoryOnSQLite(t *testing.T) {
 }
 
 func TestRunRejectsUnknownStore(t *testing.T) {
-	err := run(context.Background(), options{broker: "memory", store: "mysql"}, &bytes.Buffer{})
+	err := runCheckoutWorker(context.Background(), checkoutOptions{broker: "memory", store: "mysql"}, &bytes.Buffer{})
 	if err == nil || !strings.Contains(err.Error(), `unknown store "mysql"`) {
-		t.Fatalf("run = %v, want an unknown store error", err)
+		t.Fatalf("runCheckoutWorker = %v, want an unknown store error", err)
 	}
 }

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/sources/memsource"
+	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/sources/sourcetest"
 )
 

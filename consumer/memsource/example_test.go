@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemq/idemq/sources/memsource"
+	"github.com/idemq/idemq/consumer/memsource"
 )
 
 // A lost acknowledgement ("the worker crashed after its commit, before its
