@@ -263,7 +263,8 @@ func (f *consoleFlags) openStore(ctx context.Context) (*sqldedup.Store, *sql.DB,
 
 // sqlDedup reads the processed-messages table for the console: the
 // store's Report, and from the table itself the stored results, the
-// failure counts and, on PostgreSQL, the partitions.
+// failure counts and, on PostgreSQL, the partitions and the transactions
+// claiming now.
 type sqlDedup struct {
 	store     *sqldedup.Store
 	db        *sql.DB
@@ -286,6 +287,9 @@ func (d *sqlDedup) DedupStats(ctx context.Context) (console.DedupStats, error) {
 	}
 	if c.Dialect == sqldedup.Postgres {
 		if st.Partitions, err = partitions(ctx, d.db, table); err != nil {
+			return st, err
+		}
+		if st.Claiming, err = claiming(ctx, d.db, table); err != nil {
 			return st, err
 		}
 	}
@@ -316,6 +320,27 @@ func countByScope(ctx context.Context, db *sql.DB, query string) (map[string]int
 		out[scope] = n
 	}
 	return out, rows.Err()
+}
+
+// claiming counts the open transactions, other than this session's, that
+// hold or wait for a write lock on table or one of its partitions: each has
+// claimed (or cleans up) keys not committed yet. pg_locks shows every
+// role's locks, pg_stat_activity another role's transaction start only to
+// pg_read_all_stats: those count as Hidden.
+func claiming(ctx context.Context, db *sql.DB, table string) (*console.Claiming, error) {
+	var c console.Claiming
+	var oldest sql.NullTime
+	err := db.QueryRowContext(ctx, `SELECT count(DISTINCT l.pid), count(DISTINCT l.pid) FILTER (WHERE a.xact_start IS NULL), min(a.xact_start)
+		FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock' AND l.pid <> pg_backend_pid()
+		AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		AND (l.relation = $1::regclass OR l.relation IN (SELECT relid FROM pg_partition_tree($1::regclass)))`,
+		table).Scan(&c.Transactions, &c.Hidden, &oldest)
+	if err != nil {
+		return nil, fmt.Errorf("read the transactions claiming in %s: %w", table, err)
+	}
+	c.Oldest = oldest.Time
+	return &c, nil
 }
 
 // partitions lists the partitions of table from PostgreSQL's catalog, nil

@@ -26,6 +26,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/console"
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgdedup"
 	"github.com/idemq/idemq/dedup/sqldedup"
 	"github.com/idemq/idemq/internal/runtest"
@@ -538,4 +539,121 @@ func TestConsolePartitions(t *testing.T) {
 	if ps, err := partitions(ctx, db, `"`+schema+`"."plain"`); err != nil || ps != nil {
 		t.Errorf("partitions of a plain table: %+v, %v", ps, err)
 	}
+}
+
+// The dedup page counts the transactions claiming now: a claim not
+// committed yet is invisible to the console's session, its transaction's
+// lock on the table is not. One open claim shows 1 and its age; after its
+// commit, 0. A console whose role may not see the claiming session's start
+// (another role's, without pg_read_all_stats) still counts it and says it
+// cannot date it.
+func TestConsoleClaiming(t *testing.T) {
+	for _, hidden := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Visible", true: "OtherRole"}[hidden], func(t *testing.T) { consoleClaiming(t, hidden) })
+	}
+}
+
+func consoleClaiming(t *testing.T, hidden bool) {
+	dbURL := testenv.DatabaseURL(t)
+	pool, schema := testenv.SchemaPool(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	store, err := pgdedup.New(pool, pgdedup.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if hidden {
+		// The console's sessions take a role of their own, which may read
+		// the schema's tables and nothing more.
+		role := pgx.Identifier{schema + "_console"}.Sanitize()
+		for _, stmt := range []string{`CREATE ROLE ` + role + ` NOLOGIN`,
+			`GRANT USAGE ON SCHEMA ` + pgx.Identifier{schema}.Sanitize() + ` TO ` + role,
+			`GRANT SELECT ON ALL TABLES IN SCHEMA ` + pgx.Identifier{schema}.Sanitize() + ` TO ` + role} {
+			if _, err := pool.Exec(ctx, stmt); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Cleanup(func() {
+			if _, err := pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role); err != nil {
+				t.Error(err)
+			}
+		})
+		u, err := url.Parse(dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := u.Query()
+		q.Set("options", "--role="+schema+"_console")
+		u.RawQuery = q.Encode()
+		dbURL = u.String()
+	}
+	var f consoleFlags
+	fs := newFlags("console", io.Discard)
+	f.register(fs)
+	if _, err := parse(fs, []string{"--dsn", dbURL, "--schema", schema, "--read-only"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, closeAll, err := f.config(ctx, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll()
+	c, err := console.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	srv := httptest.NewServer(c)
+	defer srv.Close()
+	page := func() string {
+		t.Helper()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/dedup", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || strings.Contains(string(b), `id="dedup-error"`) {
+			t.Fatalf("dedup page: %d\n%s", resp.StatusCode, b)
+		}
+		return string(b)
+	}
+	want := func(body string, frags ...string) {
+		t.Helper()
+		for _, w := range frags {
+			if !strings.Contains(body, w) {
+				t.Errorf("dedup page lacks %s:\n%s", w, body)
+			}
+		}
+	}
+	want(page(), `id="dedup-claiming">0<`, `id="dedup-claiming-age">—<`)
+
+	tx, _, err := store.Driver().BeginClaim(ctx, "orders", []dedup.Record{{Key: "order-1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	body := page()
+	want(body, `id="dedup-claiming">1<`)
+	if hidden {
+		want(body, `id="dedup-claiming-age">unknown<`, `id="claiming-hidden">1 of the transactions`)
+	} else {
+		if !regexp.MustCompile(`id="dedup-claiming-age">\d+[sm] ago<`).MatchString(body) {
+			t.Errorf("dedup page shows no age of the open claim's transaction:\n%s", body)
+		}
+		if strings.Contains(body, `id="claiming-hidden"`) {
+			t.Errorf("a console that may see the claiming session says it may not:\n%s", body)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want(page(), `id="dedup-claiming">0<`)
 }

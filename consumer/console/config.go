@@ -88,6 +88,11 @@ type DedupStats struct {
 	// uncommitted row that other sessions do not see; a lease store's
 	// leases are claims.
 	Claims map[string]Claims
+	// Claiming counts, for the whole table, the transactions claiming
+	// now: on the transactional path those that hold a write lock on it
+	// and have not committed, each with one claim or a batch of them, of
+	// scopes no other session can tell. Nil when unknown.
+	Claiming *Claiming
 	// Partitions are the table's partitions, nil when it has none (or the
 	// store does not report them).
 	Partitions []Partition
@@ -98,6 +103,18 @@ type Claims struct {
 	// Count is their number; Oldest is when the oldest was made.
 	Count  int64
 	Oldest time.Time
+}
+
+// Claiming counts the open transactions that write to a dedup table.
+type Claiming struct {
+	// Transactions is their number; Oldest is when the oldest of those
+	// whose start the reader may see began (zero when none).
+	Transactions int64
+	Oldest       time.Time
+	// Hidden is how many of Transactions belong to sessions whose start
+	// the reader may not see (PostgreSQL shows another role's only to
+	// members of pg_read_all_stats); Oldest leaves them out.
+	Hidden int64
 }
 
 // Partition is one partition of a partitioned table.

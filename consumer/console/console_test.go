@@ -614,6 +614,15 @@ func TestConsoleOutboxAndDedup(t *testing.T) {
 			t.Errorf("dedup page with claims and partitions lacks %s:\n%s", w, body)
 		}
 	}
+	// The transactions claiming now, some of whose start the reader may
+	// not see; and an empty table, which has no scope to head the ages.
+	s3 := newSite(t, console.Config{Dedup: fixedDedup{TableReport: dedup.TableReport{At: now}, Claiming: &console.Claiming{Transactions: 3, Hidden: 2, Oldest: now.Add(-4 * time.Minute)}}})
+	_, body = s3.get(s3.client(), "/dedup")
+	for _, w := range []string{`id="dedup-claiming">3<`, `id="dedup-claiming-age">4m ago<`, `id="claiming-hidden">2 of the transactions`, `id="dedup-scope-count">0<`} {
+		if !strings.Contains(body, w) {
+			t.Errorf("dedup page with transactions claiming lacks %s:\n%s", w, body)
+		}
+	}
 }
 
 // New refuses a configuration it cannot serve.
