@@ -211,6 +211,25 @@ func countDeadLetters(t *testing.T, rg *rig) int {
 
 func orderBody(i int) string { return fmt.Sprintf(`{"order":%d,"sku":"S-%d"}`, i, 100+i) }
 
+// confirmChannel opens a RabbitMQ channel in confirm mode, closed with its
+// connection when t ends.
+func confirmChannel(t *testing.T, url string) *amqp.Channel {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
 // rabbitRig: a RabbitMQ queue declared by amqpsource with its .dlq.
 func rabbitRig(t *testing.T, db *effectsDB) *rig {
 	t.Helper()
@@ -226,18 +245,7 @@ func rabbitRig(t *testing.T, db *effectsDB) *rig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = src.Close() })
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
+	ch := confirmChannel(t, url)
 	for i := 1; i <= rigOrders; i++ {
 		key := rigKey("rabbitmq", i)
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, amqp.Publishing{

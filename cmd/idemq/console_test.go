@@ -80,18 +80,7 @@ func TestConsoleBrokers(t *testing.T) {
 		first := open(t) // declares the queues
 		consoleScenario(t, consoleRig{
 			publish: func(t *testing.T, key string) {
-				conn, err := amqp.Dial(url)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer conn.Close()
-				ch, err := conn.Channel()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := ch.Confirm(false); err != nil {
-					t.Fatal(err)
-				}
+				ch := confirmChannel(t, url)
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()
 				dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, amqp.Publishing{
