@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/metatext"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 )
 
 // Log attribute keys of the source, besides the Runner's (consumer.LogKey*).
@@ -477,12 +478,5 @@ func (s *Source) isClosing() bool {
 }
 
 func (s *Source) handleOf(m *consumer.Message) (*handle, error) {
-	if m == nil {
-		return nil, fmt.Errorf("%w: nil message", ErrForeignMessage)
-	}
-	h, ok := consumer.DeliveryOf(m).Handle.(*handle)
-	if !ok || h.src != s {
-		return nil, fmt.Errorf("%w: message %q", ErrForeignMessage, m.ID)
-	}
-	return h, nil
+	return brokerkit.Handle(m, ErrForeignMessage, func(h *handle) bool { return h.src == s })
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 )
 
 // ErrTopicNotFound is matched by the error Receive returns while one of
@@ -56,8 +57,7 @@ func (s *Source) watchTopics(ctx context.Context, missing []string, checked bool
 			default: // an earlier error is still waiting to be reported
 			}
 		}
-		sleep(ctx, topicCheckInterval)
-		if ctx.Err() != nil {
+		if !brokerkit.Sleep(ctx.Done(), topicCheckInterval) {
 			return
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 )
 
 // leavingFormat is the line kafka-go's ConsumerGroup logs, with the group
@@ -103,6 +104,6 @@ func (s *Source) leave(ctx context.Context, client *kafka.Client, member string)
 		if !answered.IsZero() && time.Since(answered) > s.cfg.SessionTimeout+s.cfg.RebalanceTimeout {
 			return
 		}
-		sleep(ctx, leaveInterval)
+		brokerkit.Sleep(ctx.Done(), leaveInterval)
 	}
 }

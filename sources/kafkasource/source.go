@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 )
 
 // Log attribute keys of the source, besides the Runner's (consumer.LogKey*).
@@ -292,14 +293,7 @@ func (s *Source) close() error {
 }
 
 func (s *Source) entryOf(m *consumer.Message) (*entry, error) {
-	if m == nil {
-		return nil, fmt.Errorf("%w: nil message", ErrForeignMessage)
-	}
-	e, ok := consumer.DeliveryOf(m).Handle.(*entry)
-	if !ok || e.src != s {
-		return nil, fmt.Errorf("%w: %s", ErrForeignMessage, m.ID)
-	}
-	return e, nil
+	return brokerkit.Handle(m, ErrForeignMessage, func(e *entry) bool { return e.src == s })
 }
 
 // transportFor builds the dead-letter writer's transport from the dialer, so

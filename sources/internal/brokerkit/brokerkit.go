@@ -1,0 +1,62 @@
+// Package brokerkit holds the machinery that the broker adapters
+// (kafkasource, amqpsource, sqssource) and their dead-letter stores share:
+// finding a message's own delivery, pausing between attempts at a broker
+// that is away, and keeping the warnings of a long outage few.
+package brokerkit
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// Handle returns the consumer.Delivery.Handle of m when it is an H for which
+// own holds: a message that the calling source received. Otherwise it
+// returns an error wrapping foreign, the source's ErrForeignMessage.
+func Handle[H any](m *consumer.Message, foreign error, own func(H) bool) (H, error) {
+	var zero H
+	if m == nil {
+		return zero, fmt.Errorf("%w: nil message", foreign)
+	}
+	h, ok := consumer.DeliveryOf(m).Handle.(H)
+	if !ok || !own(h) {
+		return zero, fmt.Errorf("%w: message %q", foreign, m.ID)
+	}
+	return h, nil
+}
+
+// Sleep waits d or until done is closed; it reports whether d elapsed.
+func Sleep(done <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// Warnings limits the warnings of a failure that repeats, for example a
+// broker that cannot be reached: the first few failures in a row are each
+// logged, then one a consumer.DefaultOutageReminder (the runner reports the
+// outage, and the attempts come often). The zero value is ready to use; it
+// is not safe for concurrent use.
+type Warnings struct {
+	last time.Time
+}
+
+// warnEach is how many failures in a row are each logged before the lines
+// are limited to one a consumer.DefaultOutageReminder.
+const warnEach = 3
+
+// Due reports whether the failures-th failure in a row is to be logged,
+// and if so notes that it is.
+func (w *Warnings) Due(failures int) bool {
+	if failures > warnEach && time.Since(w.last) < consumer.DefaultOutageReminder {
+		return false
+	}
+	w.last = time.Now()
+	return true
+}
