@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -27,6 +26,7 @@ import (
 	"github.com/idemq/idemq/consumer/dlq"
 	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/sources/amqpsource"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 )
 
 // Config configures a Broker.
@@ -257,13 +257,9 @@ func (b *Broker) letterOf(d amqp.Delivery) *dlq.Letter {
 		}
 		return ""
 	}
-	l := &dlq.Letter{
-		ID:      d.MessageId,
-		Reason:  amqpsource.DeadLetterReason(d.Headers),
-		Origin:  str(amqpsource.MetaOriginQueue),
-		Key:     str(consumer.MetaKey),
-		Headers: map[string]string{},
-	}
+	l := brokerkit.Letter(d.MessageId, d.Body, str)
+	l.Reason = amqpsource.DeadLetterReason(d.Headers)
+	l.Origin = str(amqpsource.MetaOriginQueue)
 	if l.ID == "" {
 		l.ID = digestID(d)
 	}
@@ -276,11 +272,6 @@ func (b *Broker) letterOf(d amqp.Delivery) *dlq.Letter {
 	if l.Key == "" {
 		l.Key = d.MessageId
 	}
-	l.Attempts, _ = strconv.Atoi(str(consumer.MetaAttempts))
-	if t, err := time.Parse(time.RFC3339Nano, str(consumer.MetaDeadLetteredAt)); err == nil {
-		l.DeadLetteredAt = t
-	}
-	l.Body, l.Size = dlq.Preview(d.Body)
 	for k := range d.Headers {
 		if !isMeta(k) {
 			if v := str(k); v != "" {

@@ -1,14 +1,17 @@
 // Package brokerkit holds the machinery that the broker adapters
 // (kafkasource, amqpsource, sqssource) and their dead-letter stores share:
 // finding a message's own delivery, pausing between attempts at a broker
-// that is away, and keeping the warnings of a long outage few.
+// that is away, keeping the warnings of a long outage few, and reading a
+// dead letter's metadata.
 package brokerkit
 
 import (
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dlq"
 )
 
 // Handle returns the consumer.Delivery.Handle of m when it is an H for which
@@ -59,4 +62,17 @@ func (w *Warnings) Due(failures int) bool {
 	}
 	w.last = time.Now()
 	return true
+}
+
+// Letter returns the dlq.Letter of the dead letter id with body, its
+// Reason, Key, Attempts and DeadLetteredAt read with meta from the
+// metadata every source writes (consumer.MetaReason, consumer.MetaKey,
+// consumer.MetaAttempts, consumer.MetaDeadLetteredAt), and an empty Headers
+// map for the store to fill.
+func Letter(id string, body []byte, meta func(name string) string) *dlq.Letter {
+	l := &dlq.Letter{ID: id, Reason: meta(consumer.MetaReason), Key: meta(consumer.MetaKey), Headers: map[string]string{}}
+	l.Attempts, _ = strconv.Atoi(meta(consumer.MetaAttempts))
+	l.DeadLetteredAt, _ = time.Parse(time.RFC3339Nano, meta(consumer.MetaDeadLetteredAt))
+	l.Body, l.Size = dlq.Preview(body)
+	return l
 }

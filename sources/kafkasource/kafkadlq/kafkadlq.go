@@ -42,6 +42,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/dlq"
 	"github.com/idemq/idemq/internal/cfgerr"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 	"github.com/idemq/idemq/sources/kafkasource"
 )
 
@@ -451,22 +452,14 @@ func (originPartition) Balance(m kafka.Message, partitions ...int) int {
 // letterOf describes m, whose key is in keyHeader when it has no
 // consumer.MetaKey.
 func letterOf(m kafka.Message, keyHeader string) *dlq.Letter {
-	l := &dlq.Letter{
-		ID:      fmt.Sprintf("%d/%d", m.Partition, m.Offset),
-		Key:     header(m, consumer.MetaKey),
-		Reason:  header(m, consumer.MetaReason),
-		Origin:  header(m, kafkasource.MetaOriginTopic),
-		Headers: map[string]string{},
-	}
+	l := brokerkit.Letter(fmt.Sprintf("%d/%d", m.Partition, m.Offset), m.Value, func(k string) string { return header(m, k) })
+	l.Origin = header(m, kafkasource.MetaOriginTopic)
 	if l.Key == "" {
 		l.Key = header(m, keyHeader)
 	}
-	l.Attempts, _ = strconv.Atoi(header(m, consumer.MetaAttempts))
-	l.DeadLetteredAt, _ = time.Parse(time.RFC3339Nano, header(m, consumer.MetaDeadLetteredAt))
 	if l.DeadLetteredAt.IsZero() {
 		l.DeadLetteredAt = m.Time
 	}
-	l.Body, l.Size = dlq.Preview(m.Value)
 	for _, h := range m.Headers {
 		if !isMeta(h.Key) {
 			l.Headers[h.Key] = string(h.Value)
