@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 )
 
 // TopicSpec describes a topic for CreateTopics.
@@ -75,16 +76,12 @@ func CreateTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, t
 
 	// Wait for the metadata to show every partition with a leader.
 	for _, t := range topics {
-		for {
+		err := brokerkit.Poll(ctx, 50*time.Millisecond, func() (bool, error) {
 			parts, err := conn.ReadPartitions(t.Name)
-			if err == nil && len(parts) >= t.Partitions && allLed(parts) {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("kafkasource: create topics: waiting for %q to appear: %w", t.Name, waitEnded(ctx, err))
-			case <-time.After(50 * time.Millisecond):
-			}
+			return err == nil && len(parts) >= t.Partitions && allLed(parts), err
+		})
+		if err != nil {
+			return fmt.Errorf("kafkasource: create topics: waiting for %q to appear: %w", t.Name, err)
 		}
 	}
 	return nil
@@ -124,17 +121,14 @@ func DeleteTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, t
 	// Wait for the metadata to list none of them. The request names no
 	// topic: one that names a deleted topic could create it again on a
 	// broker that creates topics automatically.
-	for {
+	err = brokerkit.Poll(ctx, 50*time.Millisecond, func() (bool, error) {
 		parts, err := conn.ReadPartitions()
-		if err == nil && !slices.ContainsFunc(parts, func(p kafka.Partition) bool { return slices.Contains(topics, p.Topic) }) {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("kafkasource: delete topics: waiting for %v to go: %w", topics, waitEnded(ctx, err))
-		case <-time.After(50 * time.Millisecond):
-		}
+		return err == nil && !slices.ContainsFunc(parts, func(p kafka.Partition) bool { return slices.Contains(topics, p.Topic) }), err
+	})
+	if err != nil {
+		return fmt.Errorf("kafkasource: delete topics: waiting for %v to go: %w", topics, err)
 	}
+	return nil
 }
 
 // dialController connects to the first of brokers that answers and to the
@@ -165,16 +159,6 @@ func dialController(ctx context.Context, dialer *kafka.Dialer, brokers []string)
 	}
 	setDeadline(ctx, controller)
 	return conn, controller, nil
-}
-
-// waitEnded is the error of a wait that ctx ended: ctx's error, with the
-// last error of the wait when there was one (the metadata may have answered
-// without showing what the wait was for).
-func waitEnded(ctx context.Context, last error) error {
-	if last == nil {
-		return ctx.Err()
-	}
-	return fmt.Errorf("%w (last error: %w)", ctx.Err(), last)
 }
 
 func allLed(parts []kafka.Partition) bool {

@@ -169,14 +169,12 @@ func waitCounted(conn *amqp.Connection, queue string, n int) {
 		return
 	}
 	defer ch.Close()
-	deadline := time.Now().Add(requeueWait)
-	for time.Now().Before(deadline) {
+	ctx, cancel := context.WithTimeout(context.Background(), requeueWait)
+	defer cancel()
+	_ = brokerkit.Poll(ctx, 20*time.Millisecond, func() (bool, error) {
 		q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
-		if err != nil || q.Messages >= n {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err != nil || q.Messages >= n, nil
+	})
 }
 
 // replay publishes the copy of d to its origin queue and waits for the

@@ -1,11 +1,12 @@
 // Package brokerkit holds the machinery that the broker adapters
 // (kafkasource, amqpsource, sqssource) and their dead-letter stores share:
 // finding a message's own delivery, pausing between attempts at a broker
-// that is away, keeping the warnings of a long outage few, and reading a
-// dead letter's metadata.
+// that is away or waiting for it to show a change, keeping the warnings of
+// a long outage few, and reading a dead letter's metadata.
 package brokerkit
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"time"
@@ -75,4 +76,24 @@ func Letter(id string, body []byte, meta func(name string) string) *dlq.Letter {
 	l.DeadLetteredAt, _ = time.Parse(time.RFC3339Nano, meta(consumer.MetaDeadLetteredAt))
 	l.Body, l.Size = dlq.Preview(body)
 	return l
+}
+
+// Poll calls check every interval until it reports true, or until ctx is
+// done: it then returns ctx's error, with check's last error when there was
+// one (the broker may have answered without showing what the wait was for).
+func Poll(ctx context.Context, interval time.Duration, check func() (bool, error)) error {
+	for {
+		ok, err := check()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if err == nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("%w (last error: %w)", ctx.Err(), err)
+		case <-time.After(interval):
+		}
+	}
 }

@@ -644,19 +644,13 @@ func (b *Broker) ensureProgressTopic(ctx context.Context) error {
 func (b *Broker) waitLeader(ctx context.Context, topic string) error {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
 	defer cancel()
-	for {
+	err := brokerkit.Poll(ctx, 50*time.Millisecond, func() (bool, error) {
 		md, err := b.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
-		if err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil {
-			for _, p := range md.Topics[0].Partitions {
-				if p.ID == 0 && p.Error == nil && p.Leader.Host != "" {
-					return nil
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("kafkadlq: the progress topic %q has no leader yet: %w", topic, errors.Join(ctx.Err(), err))
-		case <-time.After(50 * time.Millisecond):
-		}
+		return err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil && slices.ContainsFunc(md.Topics[0].Partitions,
+			func(p kafka.Partition) bool { return p.ID == 0 && p.Error == nil && p.Leader.Host != "" }), err
+	})
+	if err != nil {
+		return fmt.Errorf("kafkadlq: the progress topic %q has no leader yet: %w", topic, err)
 	}
+	return nil
 }
