@@ -333,14 +333,7 @@ func withProducerDuplicates(msgs []Outgoing, dupEvery int) []Outgoing {
 // of its key and that every effect was applied exactly once, through handler
 // failures, failed and unknown-outcome commits, and producer duplicates.
 func (s *suite) testRunnerAcksAfterCommit(t *testing.T) {
-	n := 40
-	if s.stress {
-		n = 1000
-	}
-	s.runnerExactlyOnce(t, n)
-}
-
-func (s *suite) runnerExactlyOnce(t *testing.T, n int) {
+	n := s.scale(40, 1000)
 	topic := s.h.NewTopic(t)
 	out := outgoing("runner", n)
 	s.h.Publish(t, topic, withProducerDuplicates(out, 7)...)

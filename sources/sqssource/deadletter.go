@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -210,7 +209,10 @@ func (s *Source) deadLetterAttributes(ctx context.Context, h *handle, reason err
 			names = append(names, name)
 		}
 	}
-	sortKeyFirst(names, s.cfg.KeyAttribute)
+	slices.Sort(names)
+	if i := slices.Index(names, s.cfg.KeyAttribute); i > 0 { // the key attribute first
+		names = slices.Insert(slices.Delete(names, i, i+1), 0, s.cfg.KeyAttribute)
+	}
 	var dropped []string
 	for _, name := range names {
 		if len(attrs) == MaxMessageAttributes {
@@ -224,19 +226,4 @@ func (s *Source) deadLetterAttributes(ctx context.Context, h *handle, reason err
 		s.log.WarnContext(ctx, "dead letter has too many message attributes; some were dropped", consumer.LogKeyID, h.id, "dropped", dropped)
 	}
 	return attrs
-}
-
-// sortKeyFirst sorts names, with key (if present) first.
-func sortKeyFirst(names []string, key string) {
-	slices.SortFunc(names, func(a, b string) int {
-		switch {
-		case a == b:
-			return 0
-		case a == key:
-			return -1
-		case b == key:
-			return 1
-		}
-		return strings.Compare(a, b)
-	})
 }
