@@ -33,12 +33,11 @@ func (s *Source) watchTopics(ctx context.Context, missing []string, checked bool
 	if checked && len(missing) == 0 {
 		return
 	}
-	c := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: s.transport}
 	var warnedAt time.Time
 	for first := true; ; first = false {
 		var err error
 		if !first || !checked {
-			missing, err = missingTopics(ctx, c, s.cfg.Topics)
+			missing, err = missingTopics(ctx, s.client, s.cfg.Topics)
 		}
 		switch {
 		case err == nil && len(missing) == 0 && (!first || !checked):

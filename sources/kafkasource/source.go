@@ -59,6 +59,7 @@ type Source struct {
 	reader    *kafka.Reader
 	dlq       *kafka.Writer
 	transport *kafka.Transport
+	client    *kafka.Client // admin requests: metadata, offsets, configs, LeaveGroup
 
 	// slots holds one token per message fetched, not yet settled and not
 	// held behind a retried message of its key (Config.MaxInFlight).
@@ -206,6 +207,7 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 		log:       cfg.Logger.With(logKeyGroup, cfg.GroupID),
 		reader:    reader,
 		transport: transport,
+		client:    &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: transport},
 		broker:    brokerInfo(cfg.GroupID, cfg.Brokers[0]),
 		dlq: &kafka.Writer{
 			Addr:         kafka.TCP(cfg.Brokers...),
