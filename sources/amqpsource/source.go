@@ -350,16 +350,10 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	if reason == nil {
 		reason = errors.New("no reason given")
 	}
-	attempts, key := h.attempt, msg.Key
-	var dl *consumer.DeadLetterError
-	if errors.As(reason, &dl) {
-		attempts = max(dl.Attempts, 1)
-		if dl.Key != "" {
-			key = dl.Key
-		}
-	}
+	attempts, key := brokerkit.Recorded(reason, h.attempt, msg.Key)
+	attempts = max(attempts, 1) // h.attempt is at least 1
 	p := copyOf(h.d)
-	p.Headers[consumer.MetaReason] = metatext.Clean(reason.Error(), maxReasonBytes)
+	p.Headers[consumer.MetaReason] = brokerkit.ReasonText(reason, maxReasonBytes)
 	p.Headers[consumer.MetaAttempts] = int64(attempts)
 	p.Headers[MetaOriginQueue] = metatext.Clean(s.cfg.Queue, maxReasonBytes)
 	p.Headers[consumer.MetaDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)

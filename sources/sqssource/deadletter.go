@@ -1,8 +1,8 @@
 package sqssource
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/metatext"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 )
 
 // Message attributes that DeadLetter adds to the copy it sends to
@@ -94,15 +95,9 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	if err != nil {
 		return err
 	}
-	attempts, key := msg.Attempt, msg.Key
-	var dl *consumer.DeadLetterError
-	if errors.As(reason, &dl) {
-		if dl.Attempts > 0 {
-			attempts = dl.Attempts
-		}
-		if dl.Key != "" {
-			key = dl.Key
-		}
+	attempts, key := brokerkit.Recorded(reason, msg.Attempt, msg.Key)
+	if attempts <= 0 {
+		attempts = msg.Attempt
 	}
 	var attrs map[string]types.MessageAttributeValue
 	if s.cfg.DeadLetterQueueURL != "" {
@@ -187,13 +182,7 @@ func (s *Source) handBack(ctx context.Context, h *handle) {
 // original's Config.KeyAttribute holds it, and as many of the original's
 // attributes as fit.
 func (s *Source) deadLetterAttributes(ctx context.Context, h *handle, reason error, attempts int, key string) map[string]types.MessageAttributeValue {
-	text := "unknown"
-	if reason != nil {
-		text = metatext.Clean(reason.Error(), maxReasonBytes)
-	}
-	if text == "" {
-		text = "unknown" // SQS refuses an empty String attribute
-	}
+	text := cmp.Or(brokerkit.ReasonText(reason, maxReasonBytes), "unknown") // SQS refuses an empty String attribute
 	attrs := map[string]types.MessageAttributeValue{
 		consumer.MetaReason:   {DataType: aws.String("String"), StringValue: aws.String(text)},
 		consumer.MetaAttempts: {DataType: aws.String("Number"), StringValue: aws.String(strconv.Itoa(attempts))},

@@ -2,17 +2,20 @@
 // (kafkasource, amqpsource, sqssource) and their dead-letter stores share:
 // finding a message's own delivery, pausing between attempts at a broker
 // that is away or waiting for it to show a change, keeping the warnings of
-// a long outage few, and reading a dead letter's metadata.
+// a long outage few, and writing and reading a dead letter's metadata.
 package brokerkit
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/dlq"
+	"github.com/idemq/idemq/internal/metatext"
 )
 
 // Handle returns the consumer.Delivery.Handle of m when it is an H for which
@@ -96,4 +99,26 @@ func Poll(ctx context.Context, interval time.Duration, check func() (bool, error
 		case <-time.After(interval):
 		}
 	}
+}
+
+// Recorded returns the attempts and key that a dead letter of a message
+// delivered as attempt with key records for reason: those of the
+// *consumer.DeadLetterError in reason (its key only when it has one), else
+// attempt and key.
+func Recorded(reason error, attempt int, key string) (int, string) {
+	var dl *consumer.DeadLetterError
+	if errors.As(reason, &dl) {
+		return dl.Attempts, cmp.Or(dl.Key, key)
+	}
+	return attempt, key
+}
+
+// ReasonText returns the text a dead letter records for reason: its error
+// text made fit for broker metadata and cut to maxBytes (metatext.Clean),
+// or "unknown" for a nil reason.
+func ReasonText(reason error, maxBytes int) string {
+	if reason == nil {
+		return "unknown"
+	}
+	return metatext.Clean(reason.Error(), maxBytes)
 }

@@ -3,8 +3,11 @@ package brokerkit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/consumer"
 )
 
 // A wait that the context ended reports the context's error, and the last
@@ -48,5 +51,27 @@ func TestWarnings(t *testing.T) {
 	w.last = time.Now().Add(-time.Hour)
 	if !w.Due(warnEach + 2) {
 		t.Fatalf("failure %d not due an hour after the last warning", warnEach+2)
+	}
+}
+
+// A dead letter records the attempts and key of the runner's
+// DeadLetterError, the message's key when the error has none, and the
+// message's own without one.
+func TestRecorded(t *testing.T) {
+	reason := fmt.Errorf("wrapped: %w", &consumer.DeadLetterError{Key: "k1", Attempts: 5, Err: errors.New("boom")})
+	if a, k := Recorded(reason, 1, "k0"); a != 5 || k != "k1" {
+		t.Errorf("Recorded(DeadLetterError) = %d, %q; want 5, k1", a, k)
+	}
+	if a, k := Recorded(&consumer.DeadLetterError{Attempts: 2}, 1, "k0"); a != 2 || k != "k0" {
+		t.Errorf("Recorded(DeadLetterError without key) = %d, %q; want 2, k0", a, k)
+	}
+	if a, k := Recorded(errors.New("boom"), 3, "k0"); a != 3 || k != "k0" {
+		t.Errorf("Recorded(plain error) = %d, %q; want 3, k0", a, k)
+	}
+	if got := ReasonText(nil, 10); got != "unknown" {
+		t.Errorf("ReasonText(nil) = %q, want unknown", got)
+	}
+	if got := ReasonText(errors.New("a\x01b"), 0); got != `a\x01b` {
+		t.Errorf("ReasonText(control character) = %q, want it escaped", got)
 	}
 }
