@@ -315,14 +315,9 @@ func brokerInfo(queueURL string) consumer.BrokerInfo {
 	if err != nil {
 		return b
 	}
-	b.ServerAddress = u.Hostname()
-	switch p := u.Port(); {
-	case p != "":
-		b.ServerPort, _ = strconv.Atoi(p)
-	case u.Scheme == "https":
-		b.ServerPort = 443
-	case u.Scheme == "http":
-		b.ServerPort = 80
+	b = b.WithServer(u.Host)
+	if b.ServerPort == 0 {
+		b.ServerPort = map[string]int{"https": 443, "http": 80}[u.Scheme]
 	}
 	return b
 }
