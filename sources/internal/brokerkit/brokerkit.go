@@ -45,6 +45,26 @@ func Sleep(done <-chan struct{}, d time.Duration) bool {
 	}
 }
 
+// Poll calls check every interval until it reports true, or until ctx is
+// done: it then returns ctx's error, with check's last error when there was
+// one (the broker may have answered without showing what the wait was for).
+func Poll(ctx context.Context, interval time.Duration, check func() (bool, error)) error {
+	for {
+		ok, err := check()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if err == nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("%w (last error: %w)", ctx.Err(), err)
+		case <-time.After(interval):
+		}
+	}
+}
+
 // Warnings limits the warnings of a failure that repeats, for example a
 // broker that cannot be reached: the first few failures in a row are each
 // logged, then one a consumer.DefaultOutageReminder (the runner reports the
@@ -68,39 +88,6 @@ func (w *Warnings) Due(failures int) bool {
 	return true
 }
 
-// Letter returns the dlq.Letter of the dead letter id with body, its
-// Reason, Key, Attempts and DeadLetteredAt read with meta from the
-// metadata every source writes (consumer.MetaReason, consumer.MetaKey,
-// consumer.MetaAttempts, consumer.MetaDeadLetteredAt), and an empty Headers
-// map for the store to fill.
-func Letter(id string, body []byte, meta func(name string) string) *dlq.Letter {
-	l := &dlq.Letter{ID: id, Reason: meta(consumer.MetaReason), Key: meta(consumer.MetaKey), Headers: map[string]string{}}
-	l.Attempts, _ = strconv.Atoi(meta(consumer.MetaAttempts))
-	l.DeadLetteredAt, _ = time.Parse(time.RFC3339Nano, meta(consumer.MetaDeadLetteredAt))
-	l.Body, l.Size = dlq.Preview(body)
-	return l
-}
-
-// Poll calls check every interval until it reports true, or until ctx is
-// done: it then returns ctx's error, with check's last error when there was
-// one (the broker may have answered without showing what the wait was for).
-func Poll(ctx context.Context, interval time.Duration, check func() (bool, error)) error {
-	for {
-		ok, err := check()
-		if ok {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			if err == nil {
-				return ctx.Err()
-			}
-			return fmt.Errorf("%w (last error: %w)", ctx.Err(), err)
-		case <-time.After(interval):
-		}
-	}
-}
-
 // Recorded returns the attempts and key that a dead letter of a message
 // delivered as attempt with key records for reason: those of the
 // *consumer.DeadLetterError in reason (its key only when it has one), else
@@ -121,4 +108,17 @@ func ReasonText(reason error, maxBytes int) string {
 		return "unknown"
 	}
 	return metatext.Clean(reason.Error(), maxBytes)
+}
+
+// Letter returns the dlq.Letter of the dead letter id with body, its
+// Reason, Key, Attempts and DeadLetteredAt read with meta from the
+// metadata every source writes (consumer.MetaReason, consumer.MetaKey,
+// consumer.MetaAttempts, consumer.MetaDeadLetteredAt), and an empty Headers
+// map for the store to fill.
+func Letter(id string, body []byte, meta func(name string) string) *dlq.Letter {
+	l := &dlq.Letter{ID: id, Reason: meta(consumer.MetaReason), Key: meta(consumer.MetaKey), Headers: map[string]string{}}
+	l.Attempts, _ = strconv.Atoi(meta(consumer.MetaAttempts))
+	l.DeadLetteredAt, _ = time.Parse(time.RFC3339Nano, meta(consumer.MetaDeadLetteredAt))
+	l.Body, l.Size = dlq.Preview(body)
+	return l
 }
