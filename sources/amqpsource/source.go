@@ -351,7 +351,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 		reason = errors.New("no reason given")
 	}
 	attempts, key := brokerkit.Recorded(reason, h.attempt, msg.Key)
-	attempts = max(attempts, 1) // h.attempt is at least 1
+	attempts = max(attempts, 1) // a dead letter counts one attempt at least
 	p := copyOf(h.d)
 	p.Headers[consumer.MetaReason] = brokerkit.ReasonText(reason, maxReasonBytes)
 	p.Headers[consumer.MetaAttempts] = int64(attempts)
