@@ -3,6 +3,7 @@ package amqpsource
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -51,12 +52,8 @@ func millisArg(args amqp.Table, name string) (d time.Duration, ok bool, err erro
 	}
 	var ms int64
 	switch n := v.(type) {
-	case int:
-		ms = int64(n)
-	case int32:
-		ms = int64(n)
-	case int64:
-		ms = n
+	case int, int32, int64:
+		ms = reflect.ValueOf(n).Int()
 	case uint32:
 		ms = int64(n)
 	default:

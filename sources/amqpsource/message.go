@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"maps"
+	"reflect"
 	"strconv"
 	"time"
 
@@ -107,24 +108,10 @@ func stringHeader(v any) (string, bool) {
 // publisher's client library chose.
 func intHeader(v any) (int64, bool) {
 	switch v := v.(type) {
-	case int8:
-		return int64(v), true
-	case int16:
-		return int64(v), true
-	case int32:
-		return int64(v), true
-	case int64:
-		return v, true
-	case int:
-		return int64(v), true
-	case uint8:
-		return int64(v), true
-	case uint16:
-		return int64(v), true
-	case uint32:
-		return int64(v), true
-	case uint64:
-		return int64(min(v, 1<<62)), true
+	case int8, int16, int32, int64, int:
+		return reflect.ValueOf(v).Int(), true
+	case uint8, uint16, uint32, uint64:
+		return int64(min(reflect.ValueOf(v).Uint(), 1<<62)), true
 	case string:
 		return parseInt(v)
 	case []byte:

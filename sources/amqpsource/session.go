@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 )
 
 // closeTimeout bounds the close handshake of a connection.
@@ -186,7 +187,7 @@ func (s *Source) supervise(base context.Context, sess *session) {
 		cancel()
 	}()
 	failures := 0
-	var warnedAt time.Time // the last "reconnect failed" line
+	var warnings brokerkit.Warnings
 	for {
 		if sess != nil {
 			cause := s.forward(sess)
@@ -200,7 +201,7 @@ func (s *Source) supervise(base context.Context, sess *session) {
 			sess = nil
 		}
 		failures++
-		if !sleep(s.closing, backoff.Backoff(failures)) {
+		if !brokerkit.Sleep(s.closing, backoff.Backoff(failures)) {
 			return
 		}
 		next, err := s.dial(ctx)
@@ -208,10 +209,9 @@ func (s *Source) supervise(base context.Context, sess *session) {
 			if s.isClosing() {
 				return
 			}
-			// A few lines, then one a minute: the broker may be away for
-			// long, and the attempts come every MaxReconnectDelay.
-			if failures <= reconnectWarnings || time.Since(warnedAt) >= consumer.DefaultOutageReminder {
-				warnedAt = time.Now()
+			// The broker may be away for long, and the attempts come
+			// every MaxReconnectDelay.
+			if warnings.Due(failures) {
 				s.log.WarnContext(ctx, "reconnect failed", consumer.LogKeyAttempt, failures, consumer.LogKeyError, err)
 			}
 			continue
@@ -221,10 +221,6 @@ func (s *Source) supervise(base context.Context, sess *session) {
 		sess = next
 	}
 }
-
-// reconnectWarnings is how many failed reconnects in a row are each
-// logged before the lines are limited to one a minute.
-const reconnectWarnings = 3
 
 var errDeliveriesClosed = errors.New("amqpsource: delivery channel closed")
 
@@ -264,18 +260,6 @@ func closeCause(what string, e *amqp.Error) error {
 		return fmt.Errorf("amqpsource: %s closed", what)
 	}
 	return fmt.Errorf("amqpsource: %s closed: %w", what, e)
-}
-
-// sleep waits d or until stop is closed; it reports whether d elapsed.
-func sleep(stop <-chan struct{}, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-stop:
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // alive reports whether the session's channel can still settle its tags.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/metatext"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 )
 
 // Log attribute keys of the source, besides the Runner's (consumer.LogKey*).
@@ -349,16 +350,10 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	if reason == nil {
 		reason = errors.New("no reason given")
 	}
-	attempts, key := h.attempt, msg.Key
-	var dl *consumer.DeadLetterError
-	if errors.As(reason, &dl) {
-		attempts = max(dl.Attempts, 1)
-		if dl.Key != "" {
-			key = dl.Key
-		}
-	}
+	attempts, key := brokerkit.Recorded(reason, h.attempt, msg.Key)
+	attempts = max(attempts, 1) // a dead letter counts one attempt at least
 	p := copyOf(h.d)
-	p.Headers[consumer.MetaReason] = metatext.Clean(reason.Error(), maxReasonBytes)
+	p.Headers[consumer.MetaReason] = brokerkit.ReasonText(reason, maxReasonBytes)
 	p.Headers[consumer.MetaAttempts] = int64(attempts)
 	p.Headers[MetaOriginQueue] = metatext.Clean(s.cfg.Queue, maxReasonBytes)
 	p.Headers[consumer.MetaDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
@@ -477,12 +472,5 @@ func (s *Source) isClosing() bool {
 }
 
 func (s *Source) handleOf(m *consumer.Message) (*handle, error) {
-	if m == nil {
-		return nil, fmt.Errorf("%w: nil message", ErrForeignMessage)
-	}
-	h, ok := consumer.DeliveryOf(m).Handle.(*handle)
-	if !ok || h.src != s {
-		return nil, fmt.Errorf("%w: message %q", ErrForeignMessage, m.ID)
-	}
-	return h, nil
+	return brokerkit.Handle(m, ErrForeignMessage, func(h *handle) bool { return h.src == s })
 }

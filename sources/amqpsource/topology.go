@@ -2,6 +2,7 @@ package amqpsource
 
 import (
 	"fmt"
+	"maps"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -47,9 +48,7 @@ func declareTopology(ch *amqp.Channel, cfg Config) error {
 	}
 
 	args := amqp.Table{}
-	for k, v := range t.QueueArgs {
-		args[k] = v
-	}
+	maps.Copy(args, t.QueueArgs)
 	args["x-queue-type"] = t.QueueType
 	if t.MessageTTL > 0 {
 		args["x-message-ttl"] = t.MessageTTL.Milliseconds()

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/textproto"
 	"slices"
@@ -164,13 +165,7 @@ func encodeResponse(res Response, keepCookies bool) (stored []byte, cookies []st
 	hop := hopByHop(res.Header)
 	var b bytes.Buffer
 	b.WriteString(respMagic + strconv.Itoa(res.Status) + "\r\n")
-	for _, k := range slices.Sorted(func(yield func(string) bool) {
-		for k := range res.Header {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
+	for _, k := range slices.Sorted(maps.Keys(res.Header)) {
 		ck := textproto.CanonicalMIMEHeaderKey(k)
 		if hop(ck) {
 			continue

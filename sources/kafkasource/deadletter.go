@@ -2,7 +2,6 @@ package kafkasource
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/metatext"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 )
 
 // DeadLetter writes a copy of msg to the dead-letter topic
@@ -109,19 +109,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 
 // deadLetterCopy builds the dead-letter message for km.
 func (s *Source) deadLetterCopy(km kafka.Message, msg *consumer.Message, reason error) kafka.Message {
-	attempts := msg.Attempt
-	key := msg.Key
-	var dl *consumer.DeadLetterError
-	if errors.As(reason, &dl) {
-		attempts = dl.Attempts
-		if dl.Key != "" {
-			key = dl.Key
-		}
-	}
-	text := "unknown"
-	if reason != nil {
-		text = metatext.Clean(reason.Error(), maxReasonBytes)
-	}
+	attempts, key := brokerkit.Recorded(reason, msg.Attempt, msg.Key)
 	headers := make([]kafka.Header, 0, len(km.Headers)+8)
 	for _, h := range km.Headers {
 		if !isDeadLetterHeader(h.Key) {
@@ -129,7 +117,7 @@ func (s *Source) deadLetterCopy(km kafka.Message, msg *consumer.Message, reason 
 		}
 	}
 	headers = append(headers,
-		kafka.Header{Key: consumer.MetaReason, Value: []byte(text)},
+		kafka.Header{Key: consumer.MetaReason, Value: []byte(brokerkit.ReasonText(reason, maxReasonBytes))},
 		kafka.Header{Key: consumer.MetaAttempts, Value: []byte(strconv.Itoa(attempts))},
 		kafka.Header{Key: MetaOriginTopic, Value: []byte(km.Topic)},
 		kafka.Header{Key: MetaOriginPartition, Value: []byte(strconv.Itoa(km.Partition))},

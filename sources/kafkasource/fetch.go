@@ -10,6 +10,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 )
 
 // Receive blocks until at least one message is available, then returns up to
@@ -67,7 +68,7 @@ func (s *Source) drain(first *consumer.Message, limit int) []*consumer.Message {
 func (s *Source) fetchLoop(ctx context.Context) {
 	defer close(s.fetchDone)
 	failures := 0
-	var warnedAt time.Time // the last "fetch failed" line
+	var warnings brokerkit.Warnings
 	for {
 		select {
 		case s.retained <- struct{}{}:
@@ -92,17 +93,15 @@ func (s *Source) fetchLoop(ctx context.Context) {
 			}
 			failures++
 			err = fmt.Errorf("kafkasource: fetch: %w", err)
-			// A few lines, then one a minute: the runner reports the
-			// outage, and the attempts come every fetchBackoff.
-			if failures <= fetchWarnings || time.Since(warnedAt) >= consumer.DefaultOutageReminder {
-				warnedAt = time.Now()
+			// The attempts come every fetchBackoff.
+			if warnings.Due(failures) {
 				s.log.WarnContext(ctx, "fetch failed", consumer.LogKeyError, err, consumer.LogKeyAttempt, failures)
 			}
 			select {
 			case s.errs <- err:
 			default: // an earlier error is still waiting to be reported
 			}
-			sleep(ctx, fetchBackoff(failures))
+			brokerkit.Sleep(ctx.Done(), fetchBackoff(failures))
 			continue
 		}
 		failures = 0
@@ -241,10 +240,6 @@ func (s *Source) observeGeneration(ctx context.Context) int64 {
 	return s.gen.Load()
 }
 
-// fetchWarnings is how many failed fetches in a row are each logged
-// before the lines are limited to one a minute.
-const fetchWarnings = 3
-
 // maxFetchBackoff caps the pause between fetch attempts, and so how long
 // fetching waits once the broker answers again.
 const maxFetchBackoff = 500 * time.Millisecond
@@ -257,13 +252,4 @@ func fetchBackoff(n int) time.Duration {
 		d *= 2
 	}
 	return min(d, maxFetchBackoff)
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }

@@ -30,14 +30,13 @@ var _ consumer.HorizonReporter = (*Source)(nil)
 // segment.ms; that slack is not included. The Runner calls it when Run starts
 // (see consumer.HorizonReporter).
 func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, error) {
-	c := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: s.transport}
 	req := &kafka.DescribeConfigsRequest{}
 	for _, t := range s.cfg.Topics {
 		req.Resources = append(req.Resources, kafka.DescribeConfigRequestResource{
 			ResourceType: kafka.ResourceTypeTopic, ResourceName: t, ConfigNames: []string{"retention.ms"},
 		})
 	}
-	resp, err := c.DescribeConfigs(ctx, req)
+	resp, err := s.client.DescribeConfigs(ctx, req)
 	if err != nil {
 		return 0, fmt.Errorf("kafkasource: describe the retention of topics %v: %w", s.cfg.Topics, err)
 	}

@@ -40,8 +40,7 @@ func (s *Source) Lag(ctx context.Context) ([]consumer.PartitionLag, error) {
 		return nil, nil
 	}
 
-	c := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: s.transport}
-	resp, err := c.ListOffsets(ctx, req)
+	resp, err := s.client.ListOffsets(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("kafkasource: list the high watermarks: %w", err)
 	}

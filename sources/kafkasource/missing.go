@@ -10,6 +10,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 )
 
 // ErrTopicNotFound is matched by the error Receive returns while one of
@@ -32,12 +33,11 @@ func (s *Source) watchTopics(ctx context.Context, missing []string, checked bool
 	if checked && len(missing) == 0 {
 		return
 	}
-	c := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: s.transport}
 	var warnedAt time.Time
 	for first := true; ; first = false {
 		var err error
 		if !first || !checked {
-			missing, err = missingTopics(ctx, c, s.cfg.Topics)
+			missing, err = missingTopics(ctx, s.client, s.cfg.Topics)
 		}
 		switch {
 		case err == nil && len(missing) == 0 && (!first || !checked):
@@ -56,8 +56,7 @@ func (s *Source) watchTopics(ctx context.Context, missing []string, checked bool
 			default: // an earlier error is still waiting to be reported
 			}
 		}
-		sleep(ctx, topicCheckInterval)
-		if ctx.Err() != nil {
+		if !brokerkit.Sleep(ctx.Done(), topicCheckInterval) {
 			return
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 )
 
 // leavingFormat is the line kafka-go's ConsumerGroup logs, with the group
@@ -44,13 +45,12 @@ func (c *counters) abandon(member string) {
 // leavingFormat), until ctx is cancelled (Close).
 func (s *Source) leaveAbandoned(ctx context.Context) {
 	defer close(s.leaveDone)
-	client := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: s.transport}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case member := <-s.stats.abandoned:
-			s.leave(ctx, client, member)
+			s.leave(ctx, member)
 		}
 	}
 }
@@ -63,12 +63,12 @@ func (s *Source) leaveAbandoned(ctx context.Context) {
 // the broker is unreachable or the coordinator not ready, and gives up
 // SessionTimeout + RebalanceTimeout after the broker first answered, when
 // the coordinator has dropped the member by itself.
-func (s *Source) leave(ctx context.Context, client *kafka.Client, member string) {
+func (s *Source) leave(ctx context.Context, member string) {
 	var answered time.Time // the first answer of the broker
 	left := false          // a LeaveGroup succeeded
 	for {
 		lctx, cancel := context.WithTimeout(ctx, leaveTimeout)
-		res, err := client.LeaveGroup(lctx, &kafka.LeaveGroupRequest{
+		res, err := s.client.LeaveGroup(lctx, &kafka.LeaveGroupRequest{
 			GroupID: s.cfg.GroupID,
 			Members: []kafka.LeaveGroupRequestMember{{ID: member}},
 		})
@@ -103,6 +103,6 @@ func (s *Source) leave(ctx context.Context, client *kafka.Client, member string)
 		if !answered.IsZero() && time.Since(answered) > s.cfg.SessionTimeout+s.cfg.RebalanceTimeout {
 			return
 		}
-		sleep(ctx, leaveInterval)
+		brokerkit.Sleep(ctx.Done(), leaveInterval)
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 )
 
 // Log attribute keys of the source, besides the Runner's (consumer.LogKey*).
@@ -58,6 +59,7 @@ type Source struct {
 	reader    *kafka.Reader
 	dlq       *kafka.Writer
 	transport *kafka.Transport
+	client    *kafka.Client // admin requests: metadata, offsets, configs, LeaveGroup
 
 	// slots holds one token per message fetched, not yet settled and not
 	// held behind a retried message of its key (Config.MaxInFlight).
@@ -205,6 +207,7 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 		log:       cfg.Logger.With(logKeyGroup, cfg.GroupID),
 		reader:    reader,
 		transport: transport,
+		client:    &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: transport},
 		broker:    brokerInfo(cfg.GroupID, cfg.Brokers[0]),
 		dlq: &kafka.Writer{
 			Addr:         kafka.TCP(cfg.Brokers...),
@@ -292,14 +295,7 @@ func (s *Source) close() error {
 }
 
 func (s *Source) entryOf(m *consumer.Message) (*entry, error) {
-	if m == nil {
-		return nil, fmt.Errorf("%w: nil message", ErrForeignMessage)
-	}
-	e, ok := consumer.DeliveryOf(m).Handle.(*entry)
-	if !ok || e.src != s {
-		return nil, fmt.Errorf("%w: %s", ErrForeignMessage, m.ID)
-	}
-	return e, nil
+	return brokerkit.Handle(m, ErrForeignMessage, func(e *entry) bool { return e.src == s })
 }
 
 // transportFor builds the dead-letter writer's transport from the dialer, so

@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 )
 
 // TopicSpec describes a topic for CreateTopics.
@@ -63,31 +64,21 @@ func CreateTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, t
 		return nil
 	}
 
-	conn, cc, err := dialController(ctx, dialer, brokers)
-	if err != nil {
-		return fmt.Errorf("kafkasource: create topics: %w", err)
-	}
-	defer conn.Close()
-	defer cc.Close()
-	if err := cc.CreateTopics(configs...); err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
-		return fmt.Errorf("kafkasource: create topics: %w", err)
-	}
-
-	// Wait for the metadata to show every partition with a leader.
-	for _, t := range topics {
-		for {
+	return onController(ctx, dialer, brokers, "create topics", func(cc *kafka.Conn) error {
+		if err := cc.CreateTopics(configs...); !errors.Is(err, kafka.TopicAlreadyExists) {
+			return err
+		}
+		return nil
+	}, func(conn *kafka.Conn) (bool, error) {
+		// The metadata shows every partition with a leader.
+		for _, t := range topics {
 			parts, err := conn.ReadPartitions(t.Name)
-			if err == nil && len(parts) >= t.Partitions && allLed(parts) {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("kafkasource: create topics: waiting for %q to appear: %w", t.Name, waitEnded(ctx, err))
-			case <-time.After(50 * time.Millisecond):
+			if err != nil || len(parts) < t.Partitions || !allLed(parts) {
+				return false, err
 			}
 		}
-	}
-	return nil
+		return true, nil
+	})
 }
 
 // DeleteTopics deletes the topics through the cluster's controller and waits
@@ -108,73 +99,59 @@ func DeleteTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, t
 	if len(topics) == 0 {
 		return nil
 	}
-	conn, cc, err := dialController(ctx, dialer, brokers)
-	if err != nil {
-		return fmt.Errorf("kafkasource: delete topics: %w", err)
-	}
-	defer conn.Close()
-	defer cc.Close()
 	// kafka-go reports the first topic's error only; a topic that could not
-	// be deleted for another reason stays listed, and the wait below ends
-	// with the context.
-	if err := cc.DeleteTopics(topics...); err != nil && !errors.Is(err, kafka.UnknownTopicOrPartition) {
-		return fmt.Errorf("kafkasource: delete topics: %w", err)
-	}
-
-	// Wait for the metadata to list none of them. The request names no
-	// topic: one that names a deleted topic could create it again on a
-	// broker that creates topics automatically.
-	for {
+	// be deleted for another reason stays listed, and the wait ends with the
+	// context. The wait's request names no topic: one that names a deleted
+	// topic could create it again on a broker that creates topics
+	// automatically.
+	return onController(ctx, dialer, brokers, "delete topics", func(cc *kafka.Conn) error {
+		if err := cc.DeleteTopics(topics...); !errors.Is(err, kafka.UnknownTopicOrPartition) {
+			return err
+		}
+		return nil
+	}, func(conn *kafka.Conn) (bool, error) {
 		parts, err := conn.ReadPartitions()
-		if err == nil && !slices.ContainsFunc(parts, func(p kafka.Partition) bool { return slices.Contains(topics, p.Topic) }) {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("kafkasource: delete topics: waiting for %v to go: %w", topics, waitEnded(ctx, err))
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+		return err == nil && !slices.ContainsFunc(parts, func(p kafka.Partition) bool { return slices.Contains(topics, p.Topic) }), err
+	})
 }
 
-// dialController connects to the first of brokers that answers and to the
-// cluster's controller, each with ctx's deadline, through dialer (nil:
-// kafka.DefaultDialer).
-func dialController(ctx context.Context, dialer *kafka.Dialer, brokers []string) (conn, controller *kafka.Conn, err error) {
+// onController runs op (what names it in errors) on a connection to the
+// cluster's controller, then calls done on a connection to the first of
+// brokers that answers every 50 ms until it reports true, all bounded by
+// ctx; dialer nil is kafka.DefaultDialer.
+func onController(ctx context.Context, dialer *kafka.Dialer, brokers []string, what string, op func(*kafka.Conn) error, done func(*kafka.Conn) (bool, error)) error {
 	if dialer == nil {
 		dialer = kafka.DefaultDialer
 	}
+	var conn *kafka.Conn
+	var err error
 	for _, b := range brokers {
 		if conn, err = dialer.DialContext(ctx, "tcp", b); err == nil {
 			break
 		}
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("dial: %w", err)
+		return fmt.Errorf("kafkasource: %s: dial: %w", what, err)
 	}
+	defer conn.Close()
 	setDeadline(ctx, conn)
 	c, err := conn.Controller()
 	if err != nil {
-		_ = conn.Close()
-		return nil, nil, fmt.Errorf("find controller: %w", err)
+		return fmt.Errorf("kafkasource: %s: find controller: %w", what, err)
 	}
-	controller, err = dialer.DialContext(ctx, "tcp", net.JoinHostPort(c.Host, strconv.Itoa(c.Port)))
+	cc, err := dialer.DialContext(ctx, "tcp", net.JoinHostPort(c.Host, strconv.Itoa(c.Port)))
 	if err != nil {
-		_ = conn.Close()
-		return nil, nil, fmt.Errorf("dial controller: %w", err)
+		return fmt.Errorf("kafkasource: %s: dial controller: %w", what, err)
 	}
-	setDeadline(ctx, controller)
-	return conn, controller, nil
-}
-
-// waitEnded is the error of a wait that ctx ended: ctx's error, with the
-// last error of the wait when there was one (the metadata may have answered
-// without showing what the wait was for).
-func waitEnded(ctx context.Context, last error) error {
-	if last == nil {
-		return ctx.Err()
+	defer cc.Close()
+	setDeadline(ctx, cc)
+	if err := op(cc); err != nil {
+		return fmt.Errorf("kafkasource: %s: %w", what, err)
 	}
-	return fmt.Errorf("%w (last error: %w)", ctx.Err(), last)
+	if err := brokerkit.Poll(ctx, 50*time.Millisecond, func() (bool, error) { return done(conn) }); err != nil {
+		return fmt.Errorf("kafkasource: %s: waiting for the metadata to show it: %w", what, err)
+	}
+	return nil
 }
 
 func allLed(parts []kafka.Partition) bool {

@@ -13,44 +13,38 @@ import (
 func (s *suite) testCancelAndClose(t *testing.T) {
 	topic := s.h.NewTopic(t)
 
-	t.Run("CancelledContext", func(t *testing.T) {
-		src := s.open(t, topic)
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		err := returnsPromptly(t, "Receive with a cancelled context", func() error {
-			_, err := src.Receive(ctx, receiveBatch)
-			return err
+	for _, c := range []struct {
+		name, what string
+		ctx        func() (context.Context, context.CancelFunc)
+		want       error
+	}{
+		{"CancelledContext", "Receive with a cancelled context", func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			return ctx, cancel
+		}, context.Canceled},
+		{"CancelWhileBlocked", "Receive on an empty topic after its context was cancelled", func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(context.Background())
+			time.AfterFunc(200*time.Millisecond, cancel)
+			return ctx, cancel
+		}, context.Canceled},
+		{"Deadline", "Receive on an empty topic past its deadline", func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 300*time.Millisecond)
+		}, context.DeadlineExceeded},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			src := s.open(t, topic)
+			ctx, cancel := c.ctx()
+			defer cancel()
+			err := returnsPromptly(t, c.what, func() error {
+				_, err := src.Receive(ctx, receiveBatch)
+				return err
+			})
+			if !errors.Is(err, c.want) {
+				t.Fatalf("sourcetest: %s returned %v, want an error matching %v", c.what, err, c.want)
+			}
 		})
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("sourcetest: Receive with a cancelled context returned %v, want an error matching context.Canceled", err)
-		}
-	})
-
-	t.Run("CancelWhileBlocked", func(t *testing.T) {
-		src := s.open(t, topic)
-		ctx, cancel := context.WithCancel(context.Background())
-		time.AfterFunc(200*time.Millisecond, cancel)
-		err := returnsPromptly(t, "Receive on an empty topic after its context was cancelled", func() error {
-			_, err := src.Receive(ctx, receiveBatch)
-			return err
-		})
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("sourcetest: Receive cancelled while blocked returned %v, want an error matching context.Canceled", err)
-		}
-	})
-
-	t.Run("Deadline", func(t *testing.T) {
-		src := s.open(t, topic)
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		defer cancel()
-		err := returnsPromptly(t, "Receive on an empty topic past its deadline", func() error {
-			_, err := src.Receive(ctx, receiveBatch)
-			return err
-		})
-		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("sourcetest: Receive past its deadline returned %v, want an error matching context.DeadlineExceeded", err)
-		}
-	})
+	}
 
 	t.Run("CloseWhileBlocked", func(t *testing.T) {
 		src := s.open(t, topic)

@@ -10,14 +10,7 @@ import (
 // them, and checks that none comes back, neither to the same source nor to a
 // new one.
 func (s *suite) testPublishReceiveAck(t *testing.T) {
-	n := 25
-	if s.stress {
-		n = 2000
-	}
-	s.publishReceiveAck(t, n)
-}
-
-func (s *suite) publishReceiveAck(t *testing.T, n int) {
+	n := s.scale(25, 2000)
 	topic := s.h.NewTopic(t)
 	out := outgoing("deliver", n)
 	want := byKey(out)

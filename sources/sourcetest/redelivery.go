@@ -44,11 +44,7 @@ func (s *suite) testCloseRedelivers(t *testing.T) {
 // a source must never acknowledge a message that was not passed to Ack (a
 // cumulative offset commit past an unacknowledged message loses it).
 func (s *suite) testPartialAck(t *testing.T) {
-	topic := s.h.NewTopic(t)
-	out := outgoing("partial", 10)
-	s.h.Publish(t, topic, out...)
-	src := s.open(t, topic)
-	got := receiveKeys(t, src, s.deliveryTimeout(), keysOf(out), nil)
+	topic, out, src, got := s.publishReceive(t, "partial", 10)
 	acked := make(map[string]bool)
 	var acks, keep []*consumer.Message
 	for _, m := range firstByKey(got) {
@@ -81,6 +77,16 @@ func (s *suite) testPartialAck(t *testing.T) {
 	}
 }
 
+// publishReceive publishes n messages (outgoing(prefix, n)) to a new topic
+// and receives each at least once from a new source, acknowledging none.
+func (s *suite) publishReceive(t *testing.T, prefix string, n int) (string, []Outgoing, consumer.Source, []*consumer.Message) {
+	topic := s.h.NewTopic(t)
+	out := outgoing(prefix, n)
+	s.h.Publish(t, topic, out...)
+	src := s.open(t, topic)
+	return topic, out, src, receiveKeys(t, src, s.deliveryTimeout(), keysOf(out), nil)
+}
+
 // indexOf returns the position of key in msgs, or -1.
 func indexOf(msgs []Outgoing, key string) int {
 	for i, m := range msgs {
@@ -95,11 +101,7 @@ func indexOf(msgs []Outgoing, key string) int {
 // with the same ID and Key and a higher Attempt, and not before the delay
 // when the source honours it.
 func (s *suite) testRetry(t *testing.T) {
-	topic := s.h.NewTopic(t)
-	out := outgoing("retry", 2)
-	s.h.Publish(t, topic, out...)
-	src := s.open(t, topic)
-	got := receiveKeys(t, src, s.deliveryTimeout(), keysOf(out), nil)
+	_, out, src, got := s.publishReceive(t, "retry", 2)
 	firsts := firstByKey(got)
 	now, later := firsts[out[0].Key], firsts[out[1].Key]
 	ackExcept(t, src, got, now, later)
@@ -137,11 +139,7 @@ func (s *suite) testRetry(t *testing.T) {
 // again and, when the dead-letter destination is readable, that it arrived
 // there with its reason.
 func (s *suite) testDeadLetter(t *testing.T) {
-	topic := s.h.NewTopic(t)
-	out := outgoing("dead", 2)
-	s.h.Publish(t, topic, out...)
-	src := s.open(t, topic)
-	got := receiveKeys(t, src, s.deliveryTimeout(), keysOf(out), nil)
+	topic, out, src, got := s.publishReceive(t, "dead", 2)
 	poison := firstByKey(got)[out[0].Key]
 	ackExcept(t, src, got, poison)
 

@@ -132,8 +132,9 @@ type rig struct {
 	stops   []func()
 }
 
-func newRig(t *testing.T) *rig {
-	r := &rig{t: t, led: &ledger{}, failed: make(map[string]bool)}
+// newRig returns a rig for the suite's source (Features.PartialAck).
+func (s *suite) newRig(t *testing.T) *rig {
+	r := &rig{t: t, led: &ledger{}, failed: make(map[string]bool), partialAck: s.h.Features.PartialAck}
 	store, err := memdedup.New(memdedup.Config{OnEvent: func(e memdedup.Event) {
 		if e.Kind != memdedup.EventCommit {
 			return
@@ -333,20 +334,12 @@ func withProducerDuplicates(msgs []Outgoing, dupEvery int) []Outgoing {
 // of its key and that every effect was applied exactly once, through handler
 // failures, failed and unknown-outcome commits, and producer duplicates.
 func (s *suite) testRunnerAcksAfterCommit(t *testing.T) {
-	n := 40
-	if s.stress {
-		n = 1000
-	}
-	s.runnerExactlyOnce(t, n)
-}
-
-func (s *suite) runnerExactlyOnce(t *testing.T, n int) {
+	n := s.scale(40, 1000)
 	topic := s.h.NewTopic(t)
 	out := outgoing("runner", n)
 	s.h.Publish(t, topic, withProducerDuplicates(out, 7)...)
 
-	r := newRig(t)
-	r.partialAck = s.h.Features.PartialAck
+	r := s.newRig(t)
 	r.failFirst = 5
 	// The first commit fails; the second is applied but reported as failed.
 	r.store.Inject(memdedup.Fault{Kind: memdedup.CommitError})
@@ -366,8 +359,7 @@ func (s *suite) testCompetingConsumers(t *testing.T) {
 	n := 60
 	topic := s.h.NewTopic(t)
 	out := outgoing("compete", n)
-	r := newRig(t)
-	r.partialAck = s.h.Features.PartialAck
+	r := s.newRig(t)
 	r.failFirst = 9
 	r.work = time.Millisecond
 	a := r.start(s.open(t, topic), consumer.Config{Concurrency: 2, BatchSize: 3})
@@ -388,8 +380,7 @@ func (s *suite) testRestart(t *testing.T) {
 	topic := s.h.NewTopic(t)
 	out := outgoing("restart", n)
 	before, after := out[:n/2], out[n/2:]
-	r := newRig(t)
-	r.partialAck = s.h.Features.PartialAck
+	r := s.newRig(t)
 	r.work = 10 * time.Millisecond
 	s.h.Publish(t, topic, before...)
 	r.start(s.open(t, topic), consumer.Config{Concurrency: 2, BatchSize: 2})

@@ -178,6 +178,14 @@ func (s *suite) tests() []testCase {
 	}
 }
 
+// scale returns n, or stress in the stress mode (StressEnv).
+func (s *suite) scale(n, stress int) int {
+	if s.stress {
+		return stress
+	}
+	return n
+}
+
 // deliveryTimeout returns Features.DeliveryTimeout or its default.
 func (s *suite) deliveryTimeout() time.Duration {
 	if d := s.h.Features.DeliveryTimeout; d > 0 {

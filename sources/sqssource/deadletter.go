@@ -1,12 +1,11 @@
 package sqssource
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/metatext"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 )
 
 // Message attributes that DeadLetter adds to the copy it sends to
@@ -95,15 +95,9 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	if err != nil {
 		return err
 	}
-	attempts, key := msg.Attempt, msg.Key
-	var dl *consumer.DeadLetterError
-	if errors.As(reason, &dl) {
-		if dl.Attempts > 0 {
-			attempts = dl.Attempts
-		}
-		if dl.Key != "" {
-			key = dl.Key
-		}
+	attempts, key := brokerkit.Recorded(reason, msg.Attempt, msg.Key)
+	if attempts <= 0 {
+		attempts = msg.Attempt
 	}
 	var attrs map[string]types.MessageAttributeValue
 	if s.cfg.DeadLetterQueueURL != "" {
@@ -188,13 +182,7 @@ func (s *Source) handBack(ctx context.Context, h *handle) {
 // original's Config.KeyAttribute holds it, and as many of the original's
 // attributes as fit.
 func (s *Source) deadLetterAttributes(ctx context.Context, h *handle, reason error, attempts int, key string) map[string]types.MessageAttributeValue {
-	text := "unknown"
-	if reason != nil {
-		text = metatext.Clean(reason.Error(), maxReasonBytes)
-	}
-	if text == "" {
-		text = "unknown" // SQS refuses an empty String attribute
-	}
+	text := cmp.Or(brokerkit.ReasonText(reason, maxReasonBytes), "unknown") // SQS refuses an empty String attribute
 	attrs := map[string]types.MessageAttributeValue{
 		consumer.MetaReason:   {DataType: aws.String("String"), StringValue: aws.String(text)},
 		consumer.MetaAttempts: {DataType: aws.String("Number"), StringValue: aws.String(strconv.Itoa(attempts))},
@@ -210,7 +198,10 @@ func (s *Source) deadLetterAttributes(ctx context.Context, h *handle, reason err
 			names = append(names, name)
 		}
 	}
-	sortKeyFirst(names, s.cfg.KeyAttribute)
+	slices.Sort(names)
+	if i := slices.Index(names, s.cfg.KeyAttribute); i > 0 { // the key attribute first
+		names = slices.Insert(slices.Delete(names, i, i+1), 0, s.cfg.KeyAttribute)
+	}
 	var dropped []string
 	for _, name := range names {
 		if len(attrs) == MaxMessageAttributes {
@@ -224,19 +215,4 @@ func (s *Source) deadLetterAttributes(ctx context.Context, h *handle, reason err
 		s.log.WarnContext(ctx, "dead letter has too many message attributes; some were dropped", consumer.LogKeyID, h.id, "dropped", dropped)
 	}
 	return attrs
-}
-
-// sortKeyFirst sorts names, with key (if present) first.
-func sortKeyFirst(names []string, key string) {
-	slices.SortFunc(names, func(a, b string) int {
-		switch {
-		case a == b:
-			return 0
-		case a == key:
-			return -1
-		case b == key:
-			return 1
-		}
-		return strings.Compare(a, b)
-	})
 }

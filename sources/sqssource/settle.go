@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 )
 
 // Ack deletes msgs from the queue with DeleteMessageBatch, 10 per call, and
@@ -64,7 +65,7 @@ func (s *Source) deleteBatch(ctx context.Context, hs []*handle) ([]EntryError, e
 		reasons = make(map[*handle]EntryError)
 	)
 	for attempt := 1; attempt <= s.cfg.DeleteAttempts && len(pending) > 0; attempt++ {
-		if attempt > 1 && !sleep(ctx, time.Duration(50<<attempt)*time.Millisecond) {
+		if attempt > 1 && !brokerkit.Sleep(ctx.Done(), time.Duration(50<<attempt)*time.Millisecond) {
 			break
 		}
 		entries := make([]types.DeleteMessageBatchRequestEntry, len(pending))
@@ -209,16 +210,4 @@ func (s *Source) changeVisibility(ctx context.Context, hs []*handle, d func(*han
 func seconds(d time.Duration) int32 {
 	d = min(max(d, 0), MaxVisibility)
 	return int32((d + time.Second - 1) / time.Second)
-}
-
-// sleep waits for d or until ctx is done; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

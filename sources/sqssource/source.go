@@ -21,6 +21,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/cfgerr"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 )
 
 // Client is the part of the SQS API that a Source uses. *sqs.Client satisfies
@@ -251,14 +252,7 @@ func (s *Source) release() {
 
 // handleOf returns the handle of a message received by s.
 func (s *Source) handleOf(m *consumer.Message) (*handle, error) {
-	if m == nil {
-		return nil, fmt.Errorf("%w: nil message", ErrForeignMessage)
-	}
-	h, ok := consumer.DeliveryOf(m).Handle.(*handle)
-	if !ok || h.src != s {
-		return nil, fmt.Errorf("%w: message %q", ErrForeignMessage, m.ID)
-	}
-	return h, nil
+	return brokerkit.Handle(m, ErrForeignMessage, func(h *handle) bool { return h.src == s })
 }
 
 func (s *Source) isClosed() bool {
@@ -321,14 +315,9 @@ func brokerInfo(queueURL string) consumer.BrokerInfo {
 	if err != nil {
 		return b
 	}
-	b.ServerAddress = u.Hostname()
-	switch p := u.Port(); {
-	case p != "":
-		b.ServerPort, _ = strconv.Atoi(p)
-	case u.Scheme == "https":
-		b.ServerPort = 443
-	case u.Scheme == "http":
-		b.ServerPort = 80
+	b = b.WithServer(u.Host)
+	if b.ServerPort == 0 {
+		b.ServerPort = map[string]int{"https": 443, "http": 80}[u.Scheme]
 	}
 	return b
 }

@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -27,6 +26,7 @@ import (
 	"github.com/idemq/idemq/consumer/dlq"
 	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/sources/amqpsource"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 )
 
 // Config configures a Broker.
@@ -169,14 +169,12 @@ func waitCounted(conn *amqp.Connection, queue string, n int) {
 		return
 	}
 	defer ch.Close()
-	deadline := time.Now().Add(requeueWait)
-	for time.Now().Before(deadline) {
+	ctx, cancel := context.WithTimeout(context.Background(), requeueWait)
+	defer cancel()
+	_ = brokerkit.Poll(ctx, 20*time.Millisecond, func() (bool, error) {
 		q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
-		if err != nil || q.Messages >= n {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err != nil || q.Messages >= n, nil
+	})
 }
 
 // replay publishes the copy of d to its origin queue and waits for the
@@ -257,13 +255,9 @@ func (b *Broker) letterOf(d amqp.Delivery) *dlq.Letter {
 		}
 		return ""
 	}
-	l := &dlq.Letter{
-		ID:      d.MessageId,
-		Reason:  amqpsource.DeadLetterReason(d.Headers),
-		Origin:  str(amqpsource.MetaOriginQueue),
-		Key:     str(consumer.MetaKey),
-		Headers: map[string]string{},
-	}
+	l := brokerkit.Letter(d.MessageId, d.Body, str)
+	l.Reason = amqpsource.DeadLetterReason(d.Headers)
+	l.Origin = str(amqpsource.MetaOriginQueue)
 	if l.ID == "" {
 		l.ID = digestID(d)
 	}
@@ -276,11 +270,6 @@ func (b *Broker) letterOf(d amqp.Delivery) *dlq.Letter {
 	if l.Key == "" {
 		l.Key = d.MessageId
 	}
-	l.Attempts, _ = strconv.Atoi(str(consumer.MetaAttempts))
-	if t, err := time.Parse(time.RFC3339Nano, str(consumer.MetaDeadLetteredAt)); err == nil {
-		l.DeadLetteredAt = t
-	}
-	l.Body, l.Size = dlq.Preview(d.Body)
 	for k := range d.Headers {
 		if !isMeta(k) {
 			if v := str(k); v != "" {

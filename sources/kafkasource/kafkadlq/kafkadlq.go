@@ -42,6 +42,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/dlq"
 	"github.com/idemq/idemq/internal/cfgerr"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 	"github.com/idemq/idemq/sources/kafkasource"
 )
 
@@ -297,64 +298,78 @@ func (b *Broker) partitions(ctx context.Context) ([]*partitionState, error) {
 
 // scanPartition visits the dead letters of one partition.
 func (b *Broker) scanPartition(ctx context.Context, p *partitionState, visit func(*dlq.Letter) dlq.Action) (done int, stop bool, err error) {
-	if p.committed >= p.last {
-		return 0, false, nil
+	kept := false // a dead letter at or after p.committed was kept
+	err = b.read(ctx, b.cfg.Topic, p.id, p.committed, p.last, func(m kafka.Message) (bool, error) {
+		if slices.Contains(p.done, m.Offset) {
+			if !kept {
+				p.advance(m.Offset)
+			}
+			return true, nil
+		}
+		l := letterOf(m, b.cfg.KeyHeader)
+		switch act := visit(l); act {
+		case dlq.ActionStop:
+			stop = true
+			return false, nil
+		case dlq.ActionReplay, dlq.ActionPurge:
+			if kept && len(encodeDone(append(p.done, m.Offset))) > maxMetadataBytes {
+				return false, fmt.Errorf("%w (partition %d, offset %d)", ErrTooScattered, p.id, m.Offset)
+			}
+			if err := b.ensureProgressTopic(ctx); err != nil {
+				return false, err
+			}
+			if act == dlq.ActionReplay {
+				if err := b.replay(ctx, m, l); err != nil {
+					return false, err
+				}
+			}
+			if kept {
+				p.done = append(p.done, m.Offset)
+			} else {
+				p.advance(m.Offset)
+			}
+			if err := b.commit(ctx, p); err != nil {
+				return false, err
+			}
+			done++
+		default:
+			kept = true
+		}
+		return true, nil
+	})
+	return done, stop, err
+}
+
+// read hands fn the messages of partition of topic from offset from to
+// last (the partition's end when the caller looked), in order, until fn
+// returns false or an error.
+func (b *Broker) read(ctx context.Context, topic string, partition int, from, last int64, fn func(kafka.Message) (bool, error)) error {
+	if from >= last {
+		return nil
 	}
 	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers: b.cfg.Brokers, Topic: b.cfg.Topic, Partition: p.id, Dialer: b.cfg.Dialer,
+		Brokers: b.cfg.Brokers, Topic: topic, Partition: partition, Dialer: b.cfg.Dialer,
 		MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 200 * time.Millisecond,
 	})
 	defer r.Close()
-	if err := r.SetOffset(p.committed); err != nil {
-		return 0, false, fmt.Errorf("kafkadlq: seek %q partition %d: %w", b.cfg.Topic, p.id, err)
+	if err := r.SetOffset(from); err != nil {
+		return fmt.Errorf("kafkadlq: seek %q partition %d: %w", topic, partition, err)
 	}
-	kept := false // a dead letter at or after p.committed was kept
 	for {
 		rctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
 		m, err := r.FetchMessage(rctx)
 		cancel()
 		if err != nil {
-			return done, false, fmt.Errorf("kafkadlq: read %q partition %d at offset %d (end %d): %w", b.cfg.Topic, p.id, r.Offset(), p.last, err)
+			return fmt.Errorf("kafkadlq: read %q partition %d at offset %d (end %d): %w", topic, partition, r.Offset(), last, err)
 		}
-		if m.Offset >= p.last {
-			return done, false, nil
+		if m.Offset >= last {
+			return nil
 		}
-		if slices.Contains(p.done, m.Offset) {
-			if !kept {
-				p.advance(m.Offset)
-			}
-		} else {
-			l := letterOf(m, b.cfg.KeyHeader)
-			switch act := visit(l); act {
-			case dlq.ActionStop:
-				return done, true, nil
-			case dlq.ActionReplay, dlq.ActionPurge:
-				if kept && len(encodeDone(append(p.done, m.Offset))) > maxMetadataBytes {
-					return done, true, fmt.Errorf("%w (partition %d, offset %d)", ErrTooScattered, p.id, m.Offset)
-				}
-				if err := b.ensureProgressTopic(ctx); err != nil {
-					return done, true, err
-				}
-				if act == dlq.ActionReplay {
-					if err := b.replay(ctx, m, l); err != nil {
-						return done, true, err
-					}
-				}
-				if kept {
-					p.done = append(p.done, m.Offset)
-				} else {
-					p.advance(m.Offset)
-				}
-				if err := b.commit(ctx, p); err != nil {
-					return done, true, err
-				}
-				done++
-			default:
-				kept = true
-			}
+		if more, err := fn(m); !more || err != nil {
+			return err
 		}
-		if m.Offset+1 >= p.last {
-			return done, false, nil
+		if m.Offset+1 >= last {
+			return nil
 		}
 	}
 }
@@ -437,22 +452,14 @@ func (originPartition) Balance(m kafka.Message, partitions ...int) int {
 // letterOf describes m, whose key is in keyHeader when it has no
 // consumer.MetaKey.
 func letterOf(m kafka.Message, keyHeader string) *dlq.Letter {
-	l := &dlq.Letter{
-		ID:      fmt.Sprintf("%d/%d", m.Partition, m.Offset),
-		Key:     header(m, consumer.MetaKey),
-		Reason:  header(m, consumer.MetaReason),
-		Origin:  header(m, kafkasource.MetaOriginTopic),
-		Headers: map[string]string{},
-	}
+	l := brokerkit.Letter(fmt.Sprintf("%d/%d", m.Partition, m.Offset), m.Value, func(k string) string { return header(m, k) })
+	l.Origin = header(m, kafkasource.MetaOriginTopic)
 	if l.Key == "" {
 		l.Key = header(m, keyHeader)
 	}
-	l.Attempts, _ = strconv.Atoi(header(m, consumer.MetaAttempts))
-	l.DeadLetteredAt, _ = time.Parse(time.RFC3339Nano, header(m, consumer.MetaDeadLetteredAt))
 	if l.DeadLetteredAt.IsZero() {
 		l.DeadLetteredAt = m.Time
 	}
-	l.Body, l.Size = dlq.Preview(m.Value)
 	for _, h := range m.Headers {
 		if !isMeta(h.Key) {
 			l.Headers[h.Key] = string(h.Value)
@@ -549,35 +556,17 @@ func (b *Broker) readProgress(ctx context.Context) (map[int]progressRecord, erro
 		return nil, err
 	}
 	out := map[int]progressRecord{}
-	if first >= last {
-		return out, nil
-	}
-	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers: b.cfg.Brokers, Topic: b.cfg.ProgressTopic, Partition: 0, Dialer: b.cfg.Dialer,
-		MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 200 * time.Millisecond,
-	})
-	defer r.Close()
-	if err := r.SetOffset(first); err != nil {
-		return nil, fmt.Errorf("kafkadlq: seek the progress topic %q: %w", b.cfg.ProgressTopic, err)
-	}
-	for {
-		rctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
-		m, err := r.FetchMessage(rctx)
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("kafkadlq: read the progress topic %q at offset %d (end %d): %w", b.cfg.ProgressTopic, r.Offset(), last, err)
-		}
-		if m.Offset >= last {
-			return out, nil
-		}
+	err = b.read(ctx, b.cfg.ProgressTopic, 0, first, last, func(m kafka.Message) (bool, error) {
 		var rec progressRecord
 		if json.Unmarshal(m.Value, &rec) == nil && rec.Topic == b.cfg.Topic && rec.Group == b.cfg.Group {
 			out[rec.Partition] = rec
 		}
-		if m.Offset+1 >= last {
-			return out, nil
-		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	return out, nil
 }
 
 // progressOffsets returns the first offset of the progress topic and its
@@ -655,19 +644,13 @@ func (b *Broker) ensureProgressTopic(ctx context.Context) error {
 func (b *Broker) waitLeader(ctx context.Context, topic string) error {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
 	defer cancel()
-	for {
+	err := brokerkit.Poll(ctx, 50*time.Millisecond, func() (bool, error) {
 		md, err := b.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
-		if err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil {
-			for _, p := range md.Topics[0].Partitions {
-				if p.ID == 0 && p.Error == nil && p.Leader.Host != "" {
-					return nil
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("kafkadlq: the progress topic %q has no leader yet: %w", topic, errors.Join(ctx.Err(), err))
-		case <-time.After(50 * time.Millisecond):
-		}
+		return err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil && slices.ContainsFunc(md.Topics[0].Partitions,
+			func(p kafka.Partition) bool { return p.ID == 0 && p.Error == nil && p.Leader.Host != "" }), err
+	})
+	if err != nil {
+		return fmt.Errorf("kafkadlq: the progress topic %q has no leader yet: %w", topic, err)
 	}
+	return nil
 }

@@ -21,6 +21,7 @@
 package sqsdlq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,6 +37,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/dlq"
 	"github.com/idemq/idemq/internal/cfgerr"
+	"github.com/idemq/idemq/sources/internal/brokerkit"
 	"github.com/idemq/idemq/sources/sqssource"
 )
 
@@ -254,32 +256,20 @@ func (b *Broker) letterOf(m types.Message) *dlq.Letter {
 		}
 		return ""
 	}
-	l := &dlq.Letter{
-		ID:      aws.ToString(m.MessageId),
-		Reason:  attr(consumer.MetaReason),
-		Origin:  attr(sqssource.MetaOriginQueue),
-		Headers: map[string]string{},
-	}
-	if l.Origin == "" {
-		l.Origin = b.cfg.OriginQueueURL
-	}
-	l.Attempts, _ = strconv.Atoi(attr(consumer.MetaAttempts))
+	l := brokerkit.Letter(aws.ToString(m.MessageId), []byte(aws.ToString(m.Body)), attr)
+	l.Origin = cmp.Or(attr(sqssource.MetaOriginQueue), b.cfg.OriginQueueURL)
 	switch {
 	case b.cfg.KeyAttribute != "" && attr(b.cfg.KeyAttribute) != "":
 		l.Key = attr(b.cfg.KeyAttribute)
-	case attr(consumer.MetaKey) != "":
-		l.Key = attr(consumer.MetaKey)
+	case l.Key != "": // consumer.MetaKey
 	case m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)] != "":
 		l.Key = m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)]
 	default:
 		l.Key = attr(sqssource.MetaOriginMessageID)
 	}
-	if t, err := time.Parse(time.RFC3339Nano, attr(consumer.MetaDeadLetteredAt)); err == nil {
-		l.DeadLetteredAt = t
-	} else if ms, err := strconv.ParseInt(m.Attributes[string(types.MessageSystemAttributeNameSentTimestamp)], 10, 64); err == nil {
+	if ms, err := strconv.ParseInt(m.Attributes[string(types.MessageSystemAttributeNameSentTimestamp)], 10, 64); err == nil && l.DeadLetteredAt.IsZero() {
 		l.DeadLetteredAt = time.UnixMilli(ms).UTC()
 	}
-	l.Body, l.Size = dlq.Preview([]byte(aws.ToString(m.Body)))
 	for name, v := range m.MessageAttributes {
 		if !isMeta(name) && v.StringValue != nil {
 			l.Headers[name] = *v.StringValue
