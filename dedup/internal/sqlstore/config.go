@@ -30,9 +30,10 @@ var IdentRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // Settings are the Config fields pgdedup and sqldedup share, after their
 // defaults.
 type Settings struct {
-	// Schema is checked only when CheckSchema is set (SQLite has none).
+	// Postgres says the database is PostgreSQL, which has schemas: Schema
+	// is checked, and qualifies the tables, only then.
+	Postgres         bool
 	Schema           string
-	CheckSchema      bool
 	Table            string
 	Retention        time.Duration
 	CleanupInterval  time.Duration
@@ -41,7 +42,7 @@ type Settings struct {
 
 // Validate adds to l a configuration error for each invalid field of s.
 func (s Settings) Validate(l *cfgerr.List) {
-	if s.CheckSchema {
+	if s.Postgres {
 		validIdent(l, "Schema", s.Schema, MaxSchemaBytes)
 	}
 	validIdent(l, "Table", s.Table, MaxTableBytes)

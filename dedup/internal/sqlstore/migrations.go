@@ -1,6 +1,9 @@
 // Package sqlstore is the machinery shared by the SQL stores, dedup/pgdedup
 // and dedup/sqldedup, and by dedup/migrate: reading and rendering migration
-// files, and the janitor loops that delete expired records.
+// files, the claim algorithm, the configuration they share, and Store, the
+// statements of both stores that do not depend on the driver (failure
+// counts, cleanup and the janitor, the table's measurements and report, the
+// schema check) over a driver-neutral DB.
 package sqlstore
 
 import (

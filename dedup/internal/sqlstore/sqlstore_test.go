@@ -75,7 +75,7 @@ func TestCleanupStopsOnShortBatchBusyOrError(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			i := 0
-			n, err := Cleanup(context.Background(), 10, func(context.Context) (int64, bool, error) {
+			n, err := CleanupPaced(context.Background(), 10, 0, func(context.Context) (int64, bool, error) {
 				s := tc.steps[i]
 				i++
 				switch s {
@@ -87,7 +87,7 @@ func TestCleanupStopsOnShortBatchBusyOrError(t *testing.T) {
 				return s, false, nil
 			})
 			if n != tc.want || !errors.Is(err, tc.err) || i != len(tc.steps) {
-				t.Fatalf("Cleanup = %d, %v after %d calls; want %d, %v after %d", n, err, i, tc.want, tc.err, len(tc.steps))
+				t.Fatalf("CleanupPaced = %d, %v after %d calls; want %d, %v after %d", n, err, i, tc.want, tc.err, len(tc.steps))
 			}
 		})
 	}
@@ -145,7 +145,7 @@ func TestJanitorLogsCarryItsContext(t *testing.T) {
 		cancel()
 		return 0, errors.New("store gone")
 	}
-	if err := RunJanitor(ctx, Janitor{Interval: time.Millisecond, Log: rec.Logger(), Store: "test", Cleanup: cleanup}); err != nil {
+	if err := New("test", nil, Settings{Table: "t"}).RunJanitor(ctx, time.Millisecond, -1, rec.Logger(), cleanup); err != nil {
 		t.Fatal(err)
 	}
 	lines := rec.Find("test: expired records deleted")
