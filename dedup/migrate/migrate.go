@@ -103,12 +103,11 @@ func (c Config) validate(l *cfgerr.List) {
 	default:
 		l.Addf("Dialect", "unknown Dialect %q", c.Dialect)
 	}
-	if c.Schema != "" {
-		if c.Dialect == SQLite {
-			l.Addf("Schema", "%q: SQLite has no schemas", c.Schema)
-		} else if !sqlstore.IdentRE.MatchString(c.Schema) || len(c.Schema) > sqlstore.MaxSchemaBytes {
-			l.Addf("Schema", "%q is not a plain SQL identifier of at most %d bytes", c.Schema, sqlstore.MaxSchemaBytes)
-		}
+	switch {
+	case c.Schema != "" && c.Dialect == SQLite:
+		l.Addf("Schema", "%q: SQLite has no schemas", c.Schema)
+	case c.Schema != "":
+		sqlstore.ValidIdent(l, "Schema", c.Schema, sqlstore.MaxSchemaBytes)
 	}
 	if c.Partitioned && c.Dialect != Postgres {
 		l.Addf("Partitioned", "only PostgreSQL tables are partitioned")
@@ -116,8 +115,8 @@ func (c Config) validate(l *cfgerr.List) {
 	switch {
 	case c.Line == Outbox && c.Table != "":
 		l.Addf("Table", "%q: the outbox table is always %s", c.Table, OutboxTable)
-	case c.Line == Dedup && (!sqlstore.IdentRE.MatchString(c.Table) || len(c.Table) > sqlstore.MaxTableBytes):
-		l.Addf("Table", "%q is not a plain SQL identifier of at most %d bytes", c.Table, sqlstore.MaxTableBytes)
+	case c.Line == Dedup:
+		sqlstore.ValidIdent(l, "Table", c.Table, sqlstore.MaxTableBytes)
 	}
 }
 

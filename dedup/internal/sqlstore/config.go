@@ -43,9 +43,9 @@ type Settings struct {
 // Validate adds to l a configuration error for each invalid field of s.
 func (s Settings) Validate(l *cfgerr.List) {
 	if s.Postgres {
-		validIdent(l, "Schema", s.Schema, MaxSchemaBytes)
+		ValidIdent(l, "Schema", s.Schema, MaxSchemaBytes)
 	}
-	validIdent(l, "Table", s.Table, MaxTableBytes)
+	ValidIdent(l, "Table", s.Table, MaxTableBytes)
 	if s.Retention < MinRetention {
 		l.Addf("Retention", "%s is below %s", s.Retention, MinRetention)
 	}
@@ -57,7 +57,9 @@ func (s Settings) Validate(l *cfgerr.List) {
 	}
 }
 
-func validIdent(l *cfgerr.List, field, s string, max int) {
+// ValidIdent adds to l a configuration error for field unless its value s
+// is a plain SQL identifier (IdentRE) of at most max bytes.
+func ValidIdent(l *cfgerr.List, field, s string, max int) {
 	if !IdentRE.MatchString(s) || len(s) > max {
 		l.Addf(field, "%q is not a plain SQL identifier of at most %d bytes", s, max)
 	}
