@@ -6,14 +6,14 @@ import (
 	"time"
 )
 
-// CleanupPaced calls batch until it reports that another process is
+// cleanupPaced calls batch until it reports that another process is
 // cleaning (busy), fails, or deletes fewer than size records, and returns
 // how many records the calls deleted. Between two batches it pauses, so
 // that a backlog is deleted at most size records per pause (fewer, by the
 // batches' own time) and the cleaner leaves the database to the claims in
 // between. A pause of 0 or less means none. When ctx is done during a
 // pause, it returns the records deleted so far and ctx's error.
-func CleanupPaced(ctx context.Context, size int, pause time.Duration, batch func(ctx context.Context) (deleted int64, busy bool, err error)) (int64, error) {
+func cleanupPaced(ctx context.Context, size int, pause time.Duration, batch func(ctx context.Context) (deleted int64, busy bool, err error)) (int64, error) {
 	var total int64
 	for {
 		n, busy, err := batch(ctx)
@@ -49,13 +49,13 @@ LIMIT $1 FOR UPDATE SKIP LOCKED))`, []any{limit}
 }
 
 // Cleanup deletes expired records with batch, then expired failure counts,
-// each with CleanupPaced, and returns how many rows it deleted.
+// each with cleanupPaced, and returns how many rows it deleted.
 func (s *Store) Cleanup(ctx context.Context, pause time.Duration, batch func(ctx context.Context) (int64, bool, error)) (int64, error) {
-	n, err := CleanupPaced(ctx, s.batch, pause, batch)
+	n, err := cleanupPaced(ctx, s.batch, pause, batch)
 	if err != nil {
 		return n, err
 	}
-	m, err := CleanupPaced(ctx, s.batch, pause, s.cleanupFailures)
+	m, err := cleanupPaced(ctx, s.batch, pause, s.cleanupFailures)
 	return n + m, err
 }
 

@@ -75,7 +75,7 @@ func TestCleanupStopsOnShortBatchBusyOrError(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			i := 0
-			n, err := CleanupPaced(context.Background(), 10, 0, func(context.Context) (int64, bool, error) {
+			n, err := cleanupPaced(context.Background(), 10, 0, func(context.Context) (int64, bool, error) {
 				s := tc.steps[i]
 				i++
 				switch s {
@@ -87,7 +87,7 @@ func TestCleanupStopsOnShortBatchBusyOrError(t *testing.T) {
 				return s, false, nil
 			})
 			if n != tc.want || !errors.Is(err, tc.err) || i != len(tc.steps) {
-				t.Fatalf("CleanupPaced = %d, %v after %d calls; want %d, %v after %d", n, err, i, tc.want, tc.err, len(tc.steps))
+				t.Fatalf("cleanupPaced = %d, %v after %d calls; want %d, %v after %d", n, err, i, tc.want, tc.err, len(tc.steps))
 			}
 		})
 	}
@@ -98,21 +98,21 @@ func TestCleanupPacedPausesBetweenFullBatches(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	calls := 0
-	n, err := CleanupPaced(ctx, 10, time.Hour, func(context.Context) (int64, bool, error) {
+	n, err := cleanupPaced(ctx, 10, time.Hour, func(context.Context) (int64, bool, error) {
 		calls++
 		return 10, false, nil
 	})
 	if n != 10 || !errors.Is(err, context.DeadlineExceeded) || calls != 1 {
-		t.Fatalf("CleanupPaced = %d, %v after %d calls; want 10, %v after 1", n, err, calls, context.DeadlineExceeded)
+		t.Fatalf("cleanupPaced = %d, %v after %d calls; want 10, %v after 1", n, err, calls, context.DeadlineExceeded)
 	}
 	// No pause after a batch that was not full: the cleanup is over.
 	calls = 0
-	n, err = CleanupPaced(context.Background(), 10, time.Hour, func(context.Context) (int64, bool, error) {
+	n, err = cleanupPaced(context.Background(), 10, time.Hour, func(context.Context) (int64, bool, error) {
 		calls++
 		return 3, false, nil
 	})
 	if n != 3 || err != nil || calls != 1 {
-		t.Fatalf("CleanupPaced = %d, %v after %d calls; want 3, nil after 1", n, err, calls)
+		t.Fatalf("cleanupPaced = %d, %v after %d calls; want 3, nil after 1", n, err, calls)
 	}
 }
 
