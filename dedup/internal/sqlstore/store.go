@@ -1,3 +1,9 @@
+// Package sqlstore is the machinery shared by the SQL stores, dedup/pgdedup
+// and dedup/sqldedup: the claim algorithm, the configuration they share
+// (also checked by dedup/migrate), and Store, the statements of both stores
+// that do not depend on the driver (failure counts, cleanup and the
+// janitor, the table's measurements and report, the schema check) over a
+// driver-neutral DB.
 package sqlstore
 
 import (
