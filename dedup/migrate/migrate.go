@@ -103,12 +103,11 @@ func (c Config) validate(l *cfgerr.List) {
 	default:
 		l.Addf("Dialect", "unknown Dialect %q", c.Dialect)
 	}
-	if c.Schema != "" {
-		if c.Dialect == SQLite {
-			l.Addf("Schema", "%q: SQLite has no schemas", c.Schema)
-		} else if !sqlstore.IdentRE.MatchString(c.Schema) || len(c.Schema) > sqlstore.MaxSchemaBytes {
-			l.Addf("Schema", "%q is not a plain SQL identifier of at most %d bytes", c.Schema, sqlstore.MaxSchemaBytes)
-		}
+	switch {
+	case c.Schema != "" && c.Dialect == SQLite:
+		l.Addf("Schema", "%q: SQLite has no schemas", c.Schema)
+	case c.Schema != "":
+		sqlstore.ValidIdent(l, "Schema", c.Schema, sqlstore.MaxSchemaBytes)
 	}
 	if c.Partitioned && c.Dialect != Postgres {
 		l.Addf("Partitioned", "only PostgreSQL tables are partitioned")
@@ -116,8 +115,8 @@ func (c Config) validate(l *cfgerr.List) {
 	switch {
 	case c.Line == Outbox && c.Table != "":
 		l.Addf("Table", "%q: the outbox table is always %s", c.Table, OutboxTable)
-	case c.Line == Dedup && (!sqlstore.IdentRE.MatchString(c.Table) || len(c.Table) > sqlstore.MaxTableBytes):
-		l.Addf("Table", "%q is not a plain SQL identifier of at most %d bytes", c.Table, sqlstore.MaxTableBytes)
+	case c.Line == Dedup:
+		sqlstore.ValidIdent(l, "Table", c.Table, sqlstore.MaxTableBytes)
 	}
 }
 
@@ -158,22 +157,22 @@ func newPlan(field string, cfg Config) (*plan, error) {
 		return nil, err
 	}
 	dir := "sql/" + string(cfg.Line) + "/" + string(cfg.Dialect)
-	ms, err := sqlstore.Load(files, dir)
+	ms, err := load(files, dir)
 	if err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
 	if cfg.Partitioned {
-		more, err := sqlstore.Load(files, dir+"-partitioned")
+		more, err := load(files, dir+"-partitioned")
 		if err != nil {
 			return nil, fmt.Errorf("migrate: %w", err)
 		}
 		ms = append(ms, more...)
-		slices.SortFunc(ms, func(a, b sqlstore.Migration) int { return a.Version - b.Version })
+		slices.SortFunc(ms, func(a, b Migration) int { return a.Version - b.Version })
 	}
 	if len(ms) == 0 {
 		return nil, &idemq.ConfigError{Field: field, Reason: fmt.Sprintf("no %s migrations for %s", cfg.Line, cfg.Dialect)}
 	}
-	p := &plan{cfg: cfg, migrations: make([]Migration, 0, len(ms))}
+	p := &plan{cfg: cfg, migrations: ms}
 	qualify := func(name string) string {
 		if cfg.Schema == "" {
 			return quote(name)
@@ -208,8 +207,8 @@ func newPlan(field string, cfg Config) (*plan, error) {
 			p.enter = append(p.enter, "SET LOCAL search_path TO "+quote(cfg.Schema))
 		}
 	}
-	for _, m := range ms {
-		p.migrations = append(p.migrations, Migration{Version: m.Version, Name: m.Name, Up: render(m.Up), Down: render(m.Down)})
+	for i := range ms {
+		ms[i].Up, ms[i].Down = render(ms[i].Up), render(ms[i].Down)
 	}
 	return p, nil
 }

@@ -95,12 +95,9 @@ func (m *Migrator[TTx]) SQL() string { return m.p.script() }
 // may call it at start-up; of concurrent calls, only the first applies and
 // reports the migrations.
 func (m *Migrator[TTx]) Migrate(ctx context.Context) ([]Migration, error) {
-	if err := m.needDB(); err != nil {
-		return nil, err
-	}
-	tx, err := m.db.begin(ctx)
+	tx, err := m.begin(ctx, "")
 	if err != nil {
-		return nil, fmt.Errorf("migrate %s: %w", m.p.table, err)
+		return nil, err
 	}
 	defer m.db.rollback(ctx, tx) // safe after commit
 	applied, err := m.MigrateTx(ctx, tx)
@@ -217,13 +214,10 @@ func (m *Migrator[TTx]) Prepare(ctx context.Context) error {
 	if !p.cfg.Partitioned || p.cfg.Line != Dedup {
 		return nil
 	}
-	if err := m.needDB(); err != nil {
-		return err
-	}
 	table, name := quote(p.cfg.Schema)+"."+quote(p.cfg.Table), p.cfg.Table
-	tx, err := m.db.begin(ctx)
+	tx, err := m.begin(ctx, "prepare: ")
 	if err != nil {
-		return fmt.Errorf("migrate %s: prepare: %w", p.table, err)
+		return err
 	}
 	var unpartitioned, invalid bool
 	err = func() error {
@@ -266,12 +260,9 @@ END $$`,
 // program does not know (applied by a newer one) has only its Version and
 // Name.
 func (m *Migrator[TTx]) ExistingVersions(ctx context.Context) ([]Migration, error) {
-	if err := m.needDB(); err != nil {
-		return nil, err
-	}
-	tx, err := m.db.begin(ctx)
+	tx, err := m.begin(ctx, "")
 	if err != nil {
-		return nil, fmt.Errorf("migrate %s: %w", m.p.table, err)
+		return nil, err
 	}
 	defer m.db.rollback(ctx, tx)
 	p := m.p
@@ -304,11 +295,16 @@ func (m *Migrator[TTx]) ExistingVersions(ctx context.Context) ([]Migration, erro
 // Migrator was made without one.
 var errNoDB = errors.New("migrate: the Migrator has no database (NewSQL with nil)")
 
-func (m *Migrator[TTx]) needDB() error {
+// begin starts a transaction on the Migrator's database for what it is
+// doing (a prefix of its error), or returns errNoDB.
+func (m *Migrator[TTx]) begin(ctx context.Context, doing string) (tx TTx, err error) {
 	if m.db.isNil() {
-		return errNoDB
+		return tx, errNoDB
 	}
-	return nil
+	if tx, err = m.db.begin(ctx); err != nil {
+		err = fmt.Errorf("migrate %s: %s%w", m.p.table, doing, err)
+	}
+	return tx, err
 }
 
 // driver is what a Migrator needs of a database library.

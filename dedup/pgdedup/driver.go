@@ -5,13 +5,16 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/dedupdriver"
+	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
 // txDriver is the store's side of the transactional path's protocol
 // (dedupdriver.Tx), which the consumer.Runner drives.
-type txDriver struct{ *Store }
+type txDriver struct {
+	*Store
+	sqlstore.Common // what the drivers of the SQL stores share
+}
 
 // The driver implements the whole protocol, checked at compile time.
 var _ dedupdriver.Tx[pgx.Tx] = txDriver{}
@@ -19,7 +22,7 @@ var _ dedupdriver.Tx[pgx.Tx] = txDriver{}
 // Driver returns the store's driver, which consumer.Transactional takes the
 // store for. Only a wrapper of the store (to count, trace or inject faults)
 // needs to call it.
-func (s *Store) Driver() dedupdriver.Tx[pgx.Tx] { return txDriver{s} }
+func (s *Store) Driver() dedupdriver.Tx[pgx.Tx] { return txDriver{s, s.shared.Common()} }
 
 // Caps implements dedupdriver.Tx: pgdedup pipelines its begin and claim,
 // chains commits, and classifies PostgreSQL's errors.
@@ -33,10 +36,3 @@ func (s txDriver) Caps() dedupdriver.Caps {
 
 // CheckSchema implements dedupdriver.Tx: Store.CheckSchema.
 func (s txDriver) CheckSchema(ctx context.Context) error { return s.Store.CheckSchema(ctx) }
-
-// Durability implements dedupdriver.Tx: a PostgreSQL commit is durable, so there is
-// nothing to report: dedupdriver.ErrUnsupported
-// (Caps.Durability is false).
-func (txDriver) Durability(context.Context) (dedup.Durability, error) {
-	return dedup.Durability{}, dedupdriver.ErrUnsupported
-}

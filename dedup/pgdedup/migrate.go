@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/dedup/internal/sqlstore"
 	"github.com/idemq/idemq/dedup/migrate"
 )
 
@@ -33,15 +32,8 @@ func (s *Store) Migrate(ctx context.Context) error {
 // dedup.ErrNotMigrated) naming Migrate when they do not, and the database's
 // error when it could not be asked. The Runner calls it when Run starts.
 func (s *Store) CheckSchema(ctx context.Context) error {
-	_, err := s.db.Exec(ctx, sqlstore.SchemaProbe(s.q.table, s.failuresTable()))
-	switch {
-	case sqlstore.Undefined(err):
-		return &dedup.SchemaError{Table: s.cfg.Schema + "." + s.cfg.Table, Migrate: migrateHint, Err: err}
-	case err != nil:
-		return fmt.Errorf("pgdedup: check schema: %w", err)
-	}
-	if s.cfg.Partitioned {
-		return nil
+	if err := s.shared.CheckSchema(ctx); err != nil || s.cfg.Partitioned {
+		return err
 	}
 	// The claim of an unpartitioned table needs its key (scope, key).
 	switch p, err := s.partitioned(ctx, s.db); {
@@ -57,6 +49,3 @@ func (s *Store) CheckSchema(ctx context.Context) error {
 // errPartitioned is the cause CheckSchema gives when a store that is not
 // Config.Partitioned finds a partitioned table.
 var errPartitioned = errors.New("the table is partitioned by day")
-
-// migrateHint is how a missing table is created, for dedup.SchemaError.
-const migrateHint = "create it with pgdedup.Store.Migrate (or run `idemq migrate`, or dedup/migrate)"

@@ -119,10 +119,10 @@ func (c Config) WithDefaults() Config {
 // hand it to consumer.Transactional, which drives it through its Driver
 // (dedupdriver.Tx[pgx.Tx]). It is safe for concurrent use.
 type Store struct {
-	db    DB
-	cfg   Config
-	q     queries
-	stats sqlstore.TableStats // the janitor's latest measurement
+	db     DB
+	cfg    Config
+	q      queries
+	shared *sqlstore.Store // the statements pgdedup shares with sqldedup
 
 	results queuedResults // StoreResults' results, until their commit
 
@@ -137,14 +137,16 @@ func New(db DB, cfg Config) (*Store, error) {
 		l.Include(&idemq.ConfigError{Field: "pgdedup.New(db)", Reason: "nil"})
 	}
 	cfg = cfg.WithDefaults()
-	sqlstore.Settings{
-		Schema: cfg.Schema, CheckSchema: true, Table: cfg.Table, Retention: cfg.Retention,
+	set := sqlstore.Settings{
+		Postgres: true, Schema: cfg.Schema, Table: cfg.Table, Retention: cfg.Retention,
 		CleanupInterval: cfg.CleanupInterval, CleanupBatchSize: cfg.CleanupBatchSize,
-	}.Validate(&l)
+	}
+	set.Validate(&l)
 	if err := l.Err(); err != nil {
 		return nil, err
 	}
-	return &Store{db: db, cfg: cfg, q: newQueries(cfg.Schema, cfg.Table, cfg.Partitioned), retention: cfg.Retention.Microseconds()}, nil
+	return &Store{db: db, cfg: cfg, q: newQueries(cfg.Schema, cfg.Table, cfg.Partitioned), retention: cfg.Retention.Microseconds(),
+		shared: sqlstore.New("pgdedup", conn{db}, set)}, nil
 }
 
 // Config returns the store's configuration with defaults applied.
@@ -283,16 +285,9 @@ func (s *Store) noPartition(err *pgconn.PgError) bool {
 // dedup.StateDone for a duplicate, and a *dedup.MismatchError (matching
 // dedup.ErrPayloadMismatch) when key was processed with another payload.
 func (s *Store) MarkProcessedTx(ctx context.Context, tx pgx.Tx, scope, key string, payload []byte) (dedup.State, error) {
-	rec := dedup.Record{Key: key, PayloadHash: dedup.HashPayload(payload)}
-	claims, err := s.claim(ctx, tx, scope, []dedup.Record{rec})
-	if err != nil {
-		return 0, err
-	}
-	c := claims[0]
-	if c.State == dedup.StateMismatch {
-		return c.State, &dedup.MismatchError{Scope: scope, Key: key, Stored: c.StoredHash, Received: rec.PayloadHash}
-	}
-	return c.State, nil
+	return sqlstore.MarkProcessed(scope, key, payload, func(recs []dedup.Record) ([]dedup.Claim, error) {
+		return s.claim(ctx, tx, scope, recs)
+	})
 }
 
 // Inspect returns the record of key in scope, or dedup.ErrNotFound.

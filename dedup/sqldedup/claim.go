@@ -44,11 +44,7 @@ func (c sqlClaim) Insert(ctx context.Context, recs []dedup.Record) (map[string]b
 }
 
 func (c sqlClaim) Lookup(ctx context.Context, recs []dedup.Record) (map[string]sqlstore.Found, error) {
-	keys := make([]string, len(recs))
-	for i, r := range recs {
-		keys[i] = r.Key
-	}
-	query, args := c.s.q.selectClaims(c.scope, keys, time.Now())
+	query, args := c.s.q.selectClaims(c.scope, recs, time.Now())
 	rows, err := c.tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err

@@ -6,11 +6,15 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/dedupdriver"
+	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
 // txDriver is the store's side of the transactional path's protocol
 // (dedupdriver.Tx), which the consumer.Runner drives.
-type txDriver struct{ *Store }
+type txDriver struct {
+	*Store
+	sqlstore.Common // what the drivers of the SQL stores share
+}
 
 // The driver implements the whole protocol, checked at compile time.
 var _ dedupdriver.Tx[*sql.Tx] = txDriver{}
@@ -18,7 +22,7 @@ var _ dedupdriver.Tx[*sql.Tx] = txDriver{}
 // Driver returns the store's driver, which consumer.Transactional takes the
 // store for. Only a wrapper of the store (to count, trace or inject faults)
 // needs to call it.
-func (s *Store) Driver() dedupdriver.Tx[*sql.Tx] { return txDriver{s} }
+func (s *Store) Driver() dedupdriver.Tx[*sql.Tx] { return txDriver{s, s.shared.Common()} }
 
 // Caps implements dedupdriver.Tx: sqldedup classifies the errors of the
 // Postgres dialect's drivers and of SQLite, and sends each statement on its
@@ -57,10 +61,4 @@ func (txDriver) Ended(*sql.Tx) bool { return false }
 // (Caps.EndedTx is false).
 func (txDriver) ForgetEnded(context.Context, *sql.Tx, string, string, []string) error {
 	return dedupdriver.ErrUnsupported
-}
-
-// Durability implements dedupdriver.Tx: dedupdriver.ErrUnsupported
-// (Caps.Durability is false).
-func (txDriver) Durability(context.Context) (dedup.Durability, error) {
-	return dedup.Durability{}, dedupdriver.ErrUnsupported
 }

@@ -2,7 +2,6 @@ package sqldedup
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/idemq/idemq/dedup"
@@ -19,53 +18,14 @@ import (
 // handler-failure counts (see RecordFailure) are deleted the same way, after
 // the records.
 func (s *Store) Cleanup(ctx context.Context) (int64, error) {
-	n, err := sqlstore.Cleanup(ctx, s.cfg.CleanupBatchSize, s.cleanupBatch)
-	if err != nil {
-		return n, err
-	}
-	m, err := sqlstore.Cleanup(ctx, s.cfg.CleanupBatchSize, s.cleanupFailuresBatch)
-	return n + m, err
+	return s.shared.Cleanup(ctx, 0, s.cleanupBatch)
 }
 
+// cleanupBatch deletes a batch of expired records; on PostgreSQL in its own
+// transaction, unless another process holds the janitor's lock.
 func (s *Store) cleanupBatch(ctx context.Context) (deleted int64, busy bool, err error) {
-	query, args := s.q.cleanup(s.cfg.CleanupBatchSize, time.Now())
-	if s.cfg.Dialect != Postgres {
-		res, err := s.db.ExecContext(ctx, query, args...)
-		if err != nil {
-			return 0, false, fmt.Errorf("sqldedup: cleanup: %w", err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return 0, false, fmt.Errorf("sqldedup: cleanup: %w", err)
-		}
-		return n, false, nil
-	}
-
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return 0, false, fmt.Errorf("sqldedup: cleanup: %w", err)
-	}
-	defer tx.Rollback() // safe after commit
-	var locked bool
-	lockKey := "idemq.pgdedup.cleanup:" + s.q.table
-	if err := tx.QueryRowContext(ctx, `SELECT pg_try_advisory_xact_lock(hashtext($1))`, lockKey).Scan(&locked); err != nil {
-		return 0, false, fmt.Errorf("sqldedup: cleanup: %w", err)
-	}
-	if !locked {
-		return 0, true, nil
-	}
-	res, err := tx.ExecContext(ctx, query, args...)
-	if err != nil {
-		return 0, false, fmt.Errorf("sqldedup: cleanup: %w", err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return 0, false, fmt.Errorf("sqldedup: cleanup: %w", err)
-	}
-	if err := tx.Commit(); err != nil {
-		return 0, false, fmt.Errorf("sqldedup: cleanup: %w", err)
-	}
-	return n, false, nil
+	query, args := sqlstore.CleanupQuery(s.q.Postgres(), s.q.Table(), s.cfg.CleanupBatchSize, time.Now())
+	return s.shared.CleanupBatch(ctx, query, args...)
 }
 
 // RunJanitor calls Cleanup every Config.CleanupInterval until ctx is done,
@@ -74,35 +34,16 @@ func (s *Store) cleanupBatch(ctx context.Context) (deleted int64, busy bool, err
 // them from working at the same time. After a cleanup, at most once per
 // Config.StatsInterval, it measures the table for TableStats.
 func (s *Store) RunJanitor(ctx context.Context) error {
-	return sqlstore.RunJanitor(ctx, sqlstore.Janitor{Interval: s.cfg.CleanupInterval, Log: s.cfg.Logger, Store: "sqldedup",
-		Cleanup: s.Cleanup, Measure: s.measure, MeasureEvery: s.cfg.StatsInterval})
+	return s.shared.RunJanitor(ctx, s.cfg.CleanupInterval, s.cfg.StatsInterval, s.cfg.Logger, s.Cleanup)
 }
 
 // TableStats returns the janitor's latest measurement of the table (see
 // RunJanitor and Config.StatsInterval), and false before the first one. It
 // does not touch the database.
-func (s *Store) TableStats() (dedup.TableStats, bool) {
-	return s.stats.Get()
-}
+func (s *Store) TableStats() (dedup.TableStats, bool) { return s.shared.TableStats() }
 
-// measure counts the table's records per scope and finds each scope's
-// oldest, for TableStats.
-func (s *Store) measure(ctx context.Context) error {
-	rows, err := s.db.QueryContext(ctx, "SELECT scope, count(*), min("+s.q.micros("processed_at")+") FROM "+s.q.table+" GROUP BY scope ORDER BY scope")
-	if err != nil {
-		return fmt.Errorf("sqldedup: measure the table: %w", err)
-	}
-	defer rows.Close()
-	err = s.stats.Collect(rows, func(sc *dedup.ScopeStats) error {
-		var oldest int64
-		if err := rows.Scan(&sc.Scope, &sc.Records, &oldest); err != nil {
-			return err
-		}
-		sc.Oldest = time.UnixMicro(oldest)
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("sqldedup: measure the table: %w", err)
-	}
-	return nil
-}
+// Report reads the table's dedup.TableReport in statements that scan the
+// whole table; on SQLite the sizes are known only where the driver has the
+// dbstat table. It returns the database's error when the table does not
+// exist.
+func (s *Store) Report(ctx context.Context) (dedup.TableReport, error) { return s.shared.Report(ctx) }

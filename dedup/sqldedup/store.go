@@ -89,8 +89,9 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// validate reports every invalid field of c.
-func (c Config) validate() error {
+// validate reports every invalid field of c, and returns the fields that
+// sqlstore shares with pgdedup.
+func (c Config) validate() (sqlstore.Settings, error) {
 	l := cfgerr.List{Prefix: "sqldedup.Config."}
 	switch c.Dialect {
 	case Postgres: // Schema is checked with the fields pgdedup shares
@@ -103,11 +104,12 @@ func (c Config) validate() error {
 	default:
 		l.Addf("Dialect", "unknown value %q (want %q or %q)", c.Dialect, SQLite, Postgres)
 	}
-	sqlstore.Settings{
-		Schema: c.Schema, CheckSchema: c.Dialect == Postgres, Table: c.Table, Retention: c.Retention,
+	set := sqlstore.Settings{
+		Postgres: c.Dialect == Postgres, Schema: c.Schema, Table: c.Table, Retention: c.Retention,
 		CleanupInterval: c.CleanupInterval, CleanupBatchSize: c.CleanupBatchSize,
-	}.Validate(&l)
-	return l.Err()
+	}
+	set.Validate(&l)
+	return set, l.Err()
 }
 
 // Store is the database/sql deduplication store of the transactional path:
@@ -115,10 +117,10 @@ func (c Config) validate() error {
 // (dedupdriver.Tx[*sql.Tx]), so handlers receive the *sql.Tx that also
 // records their message. It is safe for concurrent use.
 type Store struct {
-	db    DB
-	cfg   Config
-	q     queries
-	stats sqlstore.TableStats // the janitor's latest measurement
+	db     DB
+	cfg    Config
+	q      queries
+	shared *sqlstore.Store // the statements sqldedup shares with pgdedup
 }
 
 // New returns a Store over db. It validates cfg; it does not touch the
@@ -129,11 +131,13 @@ func New(db DB, cfg Config) (*Store, error) {
 		l.Include(&idemq.ConfigError{Field: "sqldedup.New(db)", Reason: "nil"})
 	}
 	cfg = cfg.WithDefaults()
-	l.Include(cfg.validate())
+	set, err := cfg.validate()
+	l.Include(err)
 	if err := l.Err(); err != nil {
 		return nil, err
 	}
-	return &Store{db: db, cfg: cfg, q: newQueries(cfg.Dialect, cfg.Schema, cfg.Table)}, nil
+	shared := sqlstore.New("sqldedup", conn{querier{db}, db}, set)
+	return &Store{db: db, cfg: cfg, q: queries{shared}, shared: shared}, nil
 }
 
 // Config returns the store's configuration with defaults applied.
@@ -186,7 +190,7 @@ func (s *Store) checkOpen(ctx context.Context, tx *sql.Tx) error {
 	_, err := tx.ExecContext(ctx, `SAVEPOINT idemq_open; RELEASE SAVEPOINT idemq_open`)
 	var state interface{ SQLState() string }
 	switch {
-	case err == nil || (txDriver{s}).IsAborted(err):
+	case err == nil || (txDriver{Store: s}).IsAborted(err):
 		return nil
 	case errors.As(err, &state) && state.SQLState() == "25P01":
 		return fmt.Errorf("%w: %w", dedup.ErrTxRefused, errTxEnded)
@@ -232,16 +236,9 @@ func (s txDriver) Claim(ctx context.Context, tx *sql.Tx, scope string, recs []de
 // (or open the database with OpenSQLite), so that it takes the write lock
 // first.
 func (s *Store) MarkProcessedTx(ctx context.Context, tx *sql.Tx, scope, key string, payload []byte) (dedup.State, error) {
-	rec := dedup.Record{Key: key, PayloadHash: dedup.HashPayload(payload)}
-	claims, err := s.claim(ctx, tx, scope, []dedup.Record{rec})
-	if err != nil {
-		return 0, err
-	}
-	c := claims[0]
-	if c.State == dedup.StateMismatch {
-		return c.State, &dedup.MismatchError{Scope: scope, Key: key, Stored: c.StoredHash, Received: rec.PayloadHash}
-	}
-	return c.State, nil
+	return sqlstore.MarkProcessed(scope, key, payload, func(recs []dedup.Record) ([]dedup.Claim, error) {
+		return s.claim(ctx, tx, scope, recs)
+	})
 }
 
 // Inspect returns the record of key in scope, or dedup.ErrNotFound. An

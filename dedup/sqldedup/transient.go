@@ -83,7 +83,7 @@ func (s txDriver) IsAborted(err error) bool {
 // refused reports whether a commit error says the database refused the
 // transaction's content (see Commit).
 func (s *Store) refused(err error) bool {
-	if (txDriver{s}).IsTransient(err) {
+	if (txDriver{Store: s}).IsTransient(err) {
 		return false
 	}
 	var state interface{ SQLState() string }

@@ -122,3 +122,19 @@ func Claim(ctx context.Context, ops ClaimOps, recs []dedup.Record, chunk int) ([
 	}
 	return claims, nil
 }
+
+// MarkProcessed is MarkProcessedTx of the SQL stores: it claims the record
+// of key with payload's digest through claim, which runs in the caller's
+// transaction, and returns a *dedup.MismatchError for another payload.
+func MarkProcessed(scope, key string, payload []byte, claim func([]dedup.Record) ([]dedup.Claim, error)) (dedup.State, error) {
+	rec := dedup.Record{Key: key, PayloadHash: dedup.HashPayload(payload)}
+	claims, err := claim([]dedup.Record{rec})
+	if err != nil {
+		return 0, err
+	}
+	c := claims[0]
+	if c.State == dedup.StateMismatch {
+		return c.State, &dedup.MismatchError{Scope: scope, Key: key, Stored: c.StoredHash, Received: rec.PayloadHash}
+	}
+	return c.State, nil
+}

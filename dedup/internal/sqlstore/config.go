@@ -30,9 +30,10 @@ var IdentRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // Settings are the Config fields pgdedup and sqldedup share, after their
 // defaults.
 type Settings struct {
-	// Schema is checked only when CheckSchema is set (SQLite has none).
+	// Postgres says the database is PostgreSQL, which has schemas: Schema
+	// is checked, and qualifies the tables, only then.
+	Postgres         bool
 	Schema           string
-	CheckSchema      bool
 	Table            string
 	Retention        time.Duration
 	CleanupInterval  time.Duration
@@ -41,10 +42,10 @@ type Settings struct {
 
 // Validate adds to l a configuration error for each invalid field of s.
 func (s Settings) Validate(l *cfgerr.List) {
-	if s.CheckSchema {
-		validIdent(l, "Schema", s.Schema, MaxSchemaBytes)
+	if s.Postgres {
+		ValidIdent(l, "Schema", s.Schema, MaxSchemaBytes)
 	}
-	validIdent(l, "Table", s.Table, MaxTableBytes)
+	ValidIdent(l, "Table", s.Table, MaxTableBytes)
 	if s.Retention < MinRetention {
 		l.Addf("Retention", "%s is below %s", s.Retention, MinRetention)
 	}
@@ -56,7 +57,9 @@ func (s Settings) Validate(l *cfgerr.List) {
 	}
 }
 
-func validIdent(l *cfgerr.List, field, s string, max int) {
+// ValidIdent adds to l a configuration error for field unless its value s
+// is a plain SQL identifier (IdentRE) of at most max bytes.
+func ValidIdent(l *cfgerr.List, field, s string, max int) {
 	if !IdentRE.MatchString(s) || len(s) > max {
 		l.Addf(field, "%q is not a plain SQL identifier of at most %d bytes", s, max)
 	}

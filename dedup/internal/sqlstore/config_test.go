@@ -10,14 +10,14 @@ import (
 )
 
 func TestSettingsValidate(t *testing.T) {
-	ok := Settings{Schema: "public", CheckSchema: true, Table: "processed_messages", Retention: time.Second, CleanupBatchSize: 1}
+	ok := Settings{Schema: "public", Postgres: true, Table: "processed_messages", Retention: time.Second, CleanupBatchSize: 1}
 	for _, tc := range []struct {
 		name string
 		edit func(*Settings)
 		want []string
 	}{
 		{"valid", func(*Settings) {}, nil},
-		{"schema unchecked", func(s *Settings) { s.Schema, s.CheckSchema = "", false }, nil},
+		{"schema unchecked", func(s *Settings) { s.Schema, s.Postgres = "", false }, nil},
 		{"schema and table", func(s *Settings) { s.Schema, s.Table = "a.b", "x;y" }, []string{"Schema", "Table"}},
 		{"long names", func(s *Settings) {
 			s.Schema, s.Table = strings.Repeat("s", MaxSchemaBytes+1), strings.Repeat("t", MaxTableBytes+1)

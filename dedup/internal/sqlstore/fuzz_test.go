@@ -14,8 +14,8 @@ func FuzzRender(f *testing.F) {
 	ms, err := postgresMigrations()
 	if err == nil {
 		for _, m := range ms {
-			f.Add(m.Up, "seen")
-			f.Add(m.Down, "processed_messages_v2")
+			f.Add(m, "seen")
+			f.Add(m, "processed_messages_v2")
 		}
 	}
 	for _, s := range []string{

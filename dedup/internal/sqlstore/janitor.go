@@ -6,19 +6,14 @@ import (
 	"time"
 )
 
-// Cleanup calls batch until it reports that another process is cleaning
-// (busy), fails, or deletes fewer than size records, and returns how many
-// records the calls deleted.
-func Cleanup(ctx context.Context, size int, batch func(ctx context.Context) (deleted int64, busy bool, err error)) (int64, error) {
-	return CleanupPaced(ctx, size, 0, batch)
-}
-
-// CleanupPaced is Cleanup with a pause between two batches, so that a
-// backlog is deleted at most size records per pause (fewer, by the batches'
-// own time) and the cleaner leaves the database to the claims in between. A
-// pause of 0 or less means none. When ctx is done during a pause, it returns
-// the records deleted so far and ctx's error.
-func CleanupPaced(ctx context.Context, size int, pause time.Duration, batch func(ctx context.Context) (deleted int64, busy bool, err error)) (int64, error) {
+// cleanupPaced calls batch until it reports that another process is
+// cleaning (busy), fails, or deletes fewer than size records, and returns
+// how many records the calls deleted. Between two batches it pauses, so
+// that a backlog is deleted at most size records per pause (fewer, by the
+// batches' own time) and the cleaner leaves the database to the claims in
+// between. A pause of 0 or less means none. When ctx is done during a
+// pause, it returns the records deleted so far and ctx's error.
+func cleanupPaced(ctx context.Context, size int, pause time.Duration, batch func(ctx context.Context) (deleted int64, busy bool, err error)) (int64, error) {
 	var total int64
 	for {
 		n, busy, err := batch(ctx)
@@ -38,42 +33,90 @@ func CleanupPaced(ctx context.Context, size int, pause time.Duration, batch func
 	}
 }
 
-// Janitor is what RunJanitor does on every tick.
-type Janitor struct {
-	// Interval is the time between two cleanups.
-	Interval time.Duration
-	// Log receives failures and deletions, prefixed with Store.
-	Log   *slog.Logger
-	Store string
-	// Cleanup deletes expired records and returns how many.
-	Cleanup func(ctx context.Context) (int64, error)
-	// Measure, if set, measures the table after a cleanup, at most once per
-	// MeasureEvery (every cleanup when zero, never when negative).
-	Measure      func(ctx context.Context) error
-	MeasureEvery time.Duration
+// CleanupQuery returns the statement that deletes up to limit rows of the
+// table t (quoted and qualified) that expired at now, and its arguments.
+// On PostgreSQL the server's clock decides, and rows that a concurrent
+// transaction locked are skipped; SQLite, which has one writer at a time,
+// deletes the oldest first.
+func CleanupQuery(postgres bool, t string, limit int, now time.Time) (string, []any) {
+	if postgres {
+		return `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
+SELECT ctid FROM ` + t + ` WHERE expires_at <= now()
+LIMIT $1 FOR UPDATE SKIP LOCKED))`, []any{limit}
+	}
+	return `DELETE FROM ` + t + ` WHERE (scope, key) IN (SELECT scope, key FROM ` + t +
+		` WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)`, []any{now.UnixMicro(), limit}
 }
 
-// RunJanitor calls j.Cleanup every j.Interval until ctx is done, then
-// j.Measure when due, logging failures and deletions with the store's name
-// and ctx, and returns nil when ctx is done.
-func RunJanitor(ctx context.Context, j Janitor) error {
-	t := time.NewTicker(j.Interval)
+// Cleanup deletes expired records with batch, then expired failure counts,
+// each with cleanupPaced, and returns how many rows it deleted.
+func (s *Store) Cleanup(ctx context.Context, pause time.Duration, batch func(ctx context.Context) (int64, bool, error)) (int64, error) {
+	n, err := cleanupPaced(ctx, s.batch, pause, batch)
+	if err != nil {
+		return n, err
+	}
+	m, err := cleanupPaced(ctx, s.batch, pause, s.cleanupFailures)
+	return n + m, err
+}
+
+// LockKey is the key of the janitor's advisory lock on PostgreSQL: one
+// process cleans (or maintains the partitions of) a table at a time,
+// whichever of the two stores it runs.
+func (s *Store) LockKey() string { return "idemq.pgdedup.cleanup:" + s.quoted }
+
+// CleanupBatch runs query, which deletes a batch of expired records, and
+// returns how many it deleted. On PostgreSQL it runs in a transaction that
+// first takes the advisory lock of LockKey, and reports busy, deleting
+// nothing, when another process holds it.
+func (s *Store) CleanupBatch(ctx context.Context, query string, args ...any) (deleted int64, busy bool, err error) {
+	if !s.postgres {
+		n, err := s.db.Exec(ctx, query, args...)
+		return n, false, s.wrap("cleanup", err)
+	}
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return 0, false, s.wrap("cleanup", err)
+	}
+	defer tx.Rollback(ctx) // safe after commit
+	var locked bool
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtext($1))`, s.LockKey()).Scan(&locked); err != nil {
+		return 0, false, s.wrap("cleanup", err)
+	}
+	if !locked {
+		return 0, true, nil
+	}
+	n, err := tx.Exec(ctx, query, args...)
+	if err == nil {
+		err = tx.Commit(ctx)
+	}
+	if err != nil {
+		return 0, false, s.wrap("cleanup", err)
+	}
+	return n, false, nil
+}
+
+// RunJanitor calls cleanup every interval until ctx is done and, after a
+// cleanup, Measure at most once per measureEvery (after every cleanup when
+// zero, never when negative). It logs failures and deletions to log with
+// the store's name and ctx, and returns nil when ctx is done.
+func (s *Store) RunJanitor(ctx context.Context, interval, measureEvery time.Duration, log *slog.Logger, cleanup func(ctx context.Context) (int64, error)) error {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	var measured time.Time
 	for {
-		n, err := j.Cleanup(ctx)
+		n, err := cleanup(ctx)
 		switch {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil:
-			j.Log.WarnContext(ctx, j.Store+": cleanup failed", "err", err)
+			log.WarnContext(ctx, s.name+": cleanup failed", "err", err)
 		case n > 0:
-			j.Log.DebugContext(ctx, j.Store+": expired records deleted", "count", n)
+			log.DebugContext(ctx, s.name+": expired records deleted", "count", n)
 		}
-		if j.Measure != nil && j.MeasureEvery >= 0 && (measured.IsZero() || time.Since(measured) >= j.MeasureEvery) {
+		if measureEvery >= 0 && (measured.IsZero() || time.Since(measured) >= measureEvery) {
 			measured = time.Now()
-			if err := j.Measure(ctx); err != nil && ctx.Err() == nil {
-				j.Log.WarnContext(ctx, j.Store+": measuring the table failed", "err", err)
+			if err := s.Measure(ctx); err != nil && ctx.Err() == nil {
+				log.WarnContext(ctx, s.name+": measuring the table failed", "err", err)
 			}
 		}
 		select {

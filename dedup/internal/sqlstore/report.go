@@ -1,6 +1,7 @@
 package sqlstore
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -11,43 +12,49 @@ import (
 // ageBounds are the upper bounds of dedup.ScopeReport.Ages but the last.
 var ageBounds = []time.Duration{time.Minute, time.Hour, 24 * time.Hour, 7 * 24 * time.Hour}
 
-// ReportQuery returns the statement that reads a dedup.ScopeReport per
-// scope of table t (quoted, and qualified where the database has schemas)
-// at now, and its arguments: one row per scope, in scope order, that
-// ScanReport reads. Times cross the driver as Unix microseconds in both
-// dialects.
-func ReportQuery(postgres bool, t string, now time.Time) (string, []any) {
-	ph := func(n int) string {
-		if postgres {
-			return fmt.Sprintf("$%d", n)
-		}
-		return fmt.Sprintf("?%d", n)
+// Report reads the table's dedup.TableReport in statements that scan the
+// whole table. On SQLite the sizes are known only where the driver has the
+// dbstat table.
+func (s *Store) Report(ctx context.Context) (dedup.TableReport, error) {
+	r := dedup.TableReport{At: time.Now().UTC(), Table: s.display}
+	q, args := s.reportQuery(r.At)
+	rows, err := s.db.Query(ctx, q, args...)
+	if err != nil {
+		return r, s.wrap("report", err)
 	}
+	if err := closeRows(rows, scanReport(rows, &r)); err != nil {
+		return r, s.wrap("report", err)
+	}
+	if !s.postgres {
+		// Without dbstat in the driver the sizes stay unknown.
+		r.SizeKnown = s.db.QueryRow(ctx, sqliteSizeQuery, s.plain).Scan(&r.TableBytes, &r.IndexBytes) == nil
+		return r, nil
+	}
+	if err := s.db.QueryRow(ctx, postgresSizeQuery, s.quoted).Scan(&r.TableBytes, &r.IndexBytes); err != nil {
+		return r, s.wrap("report: size", err)
+	}
+	r.SizeKnown = true
+	return r, nil
+}
+
+// reportQuery returns the statement that reads a dedup.ScopeReport per
+// scope of the table at now, and its arguments: one row per scope, in
+// scope order, that scanReport reads.
+func (s *Store) reportQuery(now time.Time) (string, []any) {
 	var b strings.Builder
 	args := []any{now.UnixMicro()}
-	processed := "processed_at"
-	expires := "expires_at"
-	if postgres {
-		processed = "(extract(epoch FROM processed_at) * 1000000)::bigint"
-		expires = "(extract(epoch FROM expires_at) * 1000000)::bigint"
-	}
-	fmt.Fprintf(&b, "SELECT scope, count(*), min(%[1]s), max(%[1]s), count(*) FILTER (WHERE %[2]s <= %[3]s)", processed, expires, ph(1))
+	processed := s.Micros("processed_at")
+	fmt.Fprintf(&b, "SELECT scope, count(*), min(%[1]s), max(%[1]s), count(*) FILTER (WHERE %[2]s <= %[3]s)", processed, s.Micros("expires_at"), s.Ph(1))
 	for _, d := range ageBounds {
 		args = append(args, now.Add(-d).UnixMicro())
-		fmt.Fprintf(&b, ", count(*) FILTER (WHERE %s > %s)", processed, ph(len(args)))
+		fmt.Fprintf(&b, ", count(*) FILTER (WHERE %s > %s)", processed, s.Ph(len(args)))
 	}
-	b.WriteString(" FROM " + t + " GROUP BY scope ORDER BY scope")
+	b.WriteString(" FROM " + s.quoted + " GROUP BY scope ORDER BY scope")
 	return b.String(), args
 }
 
-// ScanRows is what ScanReport reads: *sql.Rows and pgx.Rows both are.
-type ScanRows interface {
-	Rows
-	Scan(dest ...any) error
-}
-
-// ScanReport reads the rows of ReportQuery into the scopes of r.
-func ScanReport(rows ScanRows, r *dedup.TableReport) error {
+// scanReport reads the rows of reportQuery into the scopes of r.
+func scanReport(rows ScanRows, r *dedup.TableReport) error {
 	r.Scopes = []dedup.ScopeReport{}
 	for rows.Next() {
 		var s dedup.ScopeReport
@@ -73,14 +80,14 @@ func ScanReport(rows ScanRows, r *dedup.TableReport) error {
 	return rows.Err()
 }
 
-// PostgresSizeQuery returns the sizes of table t (quoted and qualified), and
+// postgresSizeQuery returns the sizes of table t (quoted and qualified), and
 // of its indexes, in bytes (of its partitions, when it is partitioned); its
 // one argument is t.
-const PostgresSizeQuery = `SELECT sum(pg_table_size(r))::bigint, sum(pg_indexes_size(r))::bigint
+const postgresSizeQuery = `SELECT sum(pg_table_size(r))::bigint, sum(pg_indexes_size(r))::bigint
 FROM (SELECT to_regclass($1) UNION SELECT relid FROM pg_partition_tree(to_regclass($1))) AS t(r)`
 
-// SQLiteSizeQuery returns the sizes of table ?1 (unquoted), and of its
+// sqliteSizeQuery returns the sizes of table ?1 (unquoted), and of its
 // indexes, in bytes, from the dbstat table: an error where the driver was
 // built without it.
-const SQLiteSizeQuery = `SELECT (SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name = ?1),
+const sqliteSizeQuery = `SELECT (SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name = ?1),
 	(SELECT coalesce(sum(d.pgsize), 0) FROM dbstat d JOIN sqlite_master m ON m.name = d.name WHERE m.type = 'index' AND m.tbl_name = ?1)`

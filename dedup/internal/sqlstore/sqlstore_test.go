@@ -4,38 +4,27 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
-	"testing/fstest"
 	"time"
 
 	"github.com/idemq/idemq/internal/testenv"
 )
 
-func TestLoadOrdersAndSplits(t *testing.T) {
-	fsys := fstest.MapFS{
-		"m/002_b.sql": {Data: []byte("-- +goose Up\nB UP;\n-- +goose Down\nB DOWN;\n")},
-		"m/001_a.sql": {Data: []byte("-- header\n-- +goose Up\nA UP;\n-- +goose Down\nA DOWN;\n")},
-	}
-	ms, err := Load(fsys, "m")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(ms) != 2 || ms[0].Version != 1 || ms[0].Up != "A UP;" || ms[0].Down != "A DOWN;" || ms[1].Name != "002_b.sql" {
-		t.Fatalf("Load = %+v", ms)
-	}
-	for name, data := range map[string]string{"m/x_bad.sql": "-- +goose Up\n-- +goose Down\n", "m/003_c.sql": "no sections"} {
-		bad := fstest.MapFS{name: {Data: []byte(data)}}
-		if _, err := Load(bad, "m"); err == nil {
-			t.Errorf("Load accepted %s", name)
-		}
-	}
-}
-
 // postgresMigrations reads dedup/migrate's PostgreSQL files of the
-// processed-message table.
-func postgresMigrations() ([]Migration, error) {
-	return Load(os.DirFS("../../migrate/sql/dedup"), "postgres")
+// processed-message table, in version order.
+func postgresMigrations() ([]string, error) {
+	names, err := filepath.Glob("../../migrate/sql/dedup/postgres/*.sql")
+	var ms []string
+	for _, name := range names {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, string(b))
+	}
+	return ms, err
 }
 
 func TestPostgresMigrationsRender(t *testing.T) {
@@ -43,7 +32,7 @@ func TestPostgresMigrationsRender(t *testing.T) {
 	if err != nil || len(ms) == 0 {
 		t.Fatalf("Postgres() = %v, %v", ms, err)
 	}
-	got := Render(ms[0].Up, `"s"."seen"`, "seen", func(n string) string { return `"` + n + `"` })
+	got := Render(ms[0], `"s"."seen"`, "seen", func(n string) string { return `"` + n + `"` })
 	if strings.Contains(got, DefaultTable) || !strings.Contains(got, `"s"."seen"`) || !strings.Contains(got, `"seen_expires_at_idx"`) {
 		t.Fatalf("rendered:\n%s", got)
 	}
@@ -54,7 +43,7 @@ func TestFailureTableRendersInTheSchema(t *testing.T) {
 	if err != nil || len(ms) < 2 {
 		t.Fatalf("Postgres() = %v, %v", ms, err)
 	}
-	got := Render(ms[1].Up, `"s"."seen"`, "seen", func(n string) string { return `"` + n + `"` })
+	got := Render(ms[1], `"s"."seen"`, "seen", func(n string) string { return `"` + n + `"` })
 	if strings.Contains(got, DefaultTable) || !strings.Contains(got, `TABLE IF NOT EXISTS "s"."seen_failures"`) ||
 		!strings.Contains(got, `ON "s"."seen_failures"`) || !strings.Contains(got, `INDEX IF NOT EXISTS "seen_failures_expires_at_idx"`) {
 		t.Fatalf("rendered:\n%s", got)
@@ -75,7 +64,7 @@ func TestCleanupStopsOnShortBatchBusyOrError(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			i := 0
-			n, err := Cleanup(context.Background(), 10, func(context.Context) (int64, bool, error) {
+			n, err := cleanupPaced(context.Background(), 10, 0, func(context.Context) (int64, bool, error) {
 				s := tc.steps[i]
 				i++
 				switch s {
@@ -87,7 +76,7 @@ func TestCleanupStopsOnShortBatchBusyOrError(t *testing.T) {
 				return s, false, nil
 			})
 			if n != tc.want || !errors.Is(err, tc.err) || i != len(tc.steps) {
-				t.Fatalf("Cleanup = %d, %v after %d calls; want %d, %v after %d", n, err, i, tc.want, tc.err, len(tc.steps))
+				t.Fatalf("cleanupPaced = %d, %v after %d calls; want %d, %v after %d", n, err, i, tc.want, tc.err, len(tc.steps))
 			}
 		})
 	}
@@ -98,21 +87,21 @@ func TestCleanupPacedPausesBetweenFullBatches(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	calls := 0
-	n, err := CleanupPaced(ctx, 10, time.Hour, func(context.Context) (int64, bool, error) {
+	n, err := cleanupPaced(ctx, 10, time.Hour, func(context.Context) (int64, bool, error) {
 		calls++
 		return 10, false, nil
 	})
 	if n != 10 || !errors.Is(err, context.DeadlineExceeded) || calls != 1 {
-		t.Fatalf("CleanupPaced = %d, %v after %d calls; want 10, %v after 1", n, err, calls, context.DeadlineExceeded)
+		t.Fatalf("cleanupPaced = %d, %v after %d calls; want 10, %v after 1", n, err, calls, context.DeadlineExceeded)
 	}
 	// No pause after a batch that was not full: the cleanup is over.
 	calls = 0
-	n, err = CleanupPaced(context.Background(), 10, time.Hour, func(context.Context) (int64, bool, error) {
+	n, err = cleanupPaced(context.Background(), 10, time.Hour, func(context.Context) (int64, bool, error) {
 		calls++
 		return 3, false, nil
 	})
 	if n != 3 || err != nil || calls != 1 {
-		t.Fatalf("CleanupPaced = %d, %v after %d calls; want 3, nil after 1", n, err, calls)
+		t.Fatalf("cleanupPaced = %d, %v after %d calls; want 3, nil after 1", n, err, calls)
 	}
 }
 
@@ -145,7 +134,7 @@ func TestJanitorLogsCarryItsContext(t *testing.T) {
 		cancel()
 		return 0, errors.New("store gone")
 	}
-	if err := RunJanitor(ctx, Janitor{Interval: time.Millisecond, Log: rec.Logger(), Store: "test", Cleanup: cleanup}); err != nil {
+	if err := New("test", nil, Settings{Table: "t"}).RunJanitor(ctx, time.Millisecond, -1, rec.Logger(), cleanup); err != nil {
 		t.Fatal(err)
 	}
 	lines := rec.Find("test: expired records deleted")

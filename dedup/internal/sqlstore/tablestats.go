@@ -1,47 +1,43 @@
 package sqlstore
 
 import (
-	"sync/atomic"
+	"context"
 	"time"
 
 	"github.com/idemq/idemq/dedup"
 )
 
-// TableStats holds the janitor's latest measurement of a store's table. The
-// zero value holds none.
-type TableStats struct {
-	latest atomic.Pointer[dedup.TableStats]
-}
-
-// Get returns the latest measurement, and false before the first.
-func (t *TableStats) Get() (dedup.TableStats, bool) {
-	if st := t.latest.Load(); st != nil {
-		return *st, true
+// Measure counts the table's records per scope and finds each scope's
+// oldest, and makes them, when every row was read, the measurement that
+// TableStats returns.
+func (s *Store) Measure(ctx context.Context) error {
+	rows, err := s.db.Query(ctx, "SELECT scope, count(*), min("+s.Micros("processed_at")+") FROM "+s.quoted+" GROUP BY scope ORDER BY scope")
+	if err != nil {
+		return s.wrap("measure the table", err)
 	}
-	return dedup.TableStats{}, false
-}
-
-// Rows is what Collect reads: *sql.Rows and pgx.Rows both are.
-type Rows interface {
-	Next() bool
-	Err() error
-}
-
-// Collect reads one dedup.ScopeStats per row with scan and, when every row
-// was read, makes them, taken at now, the latest measurement.
-func (t *TableStats) Collect(rows Rows, scan func(*dedup.ScopeStats) error) error {
 	st := dedup.TableStats{Scopes: []dedup.ScopeStats{}}
 	for rows.Next() {
 		var sc dedup.ScopeStats
-		if err := scan(&sc); err != nil {
-			return err
+		var oldest int64
+		if err = rows.Scan(&sc.Scope, &sc.Records, &oldest); err != nil {
+			break
 		}
+		sc.Oldest = time.UnixMicro(oldest)
 		st.Scopes = append(st.Scopes, sc)
 	}
-	if err := rows.Err(); err != nil {
-		return err
+	if err := closeRows(rows, err); err != nil {
+		return s.wrap("measure the table", err)
 	}
 	st.At = time.Now()
-	t.latest.Store(&st)
+	s.stats.Store(&st)
 	return nil
+}
+
+// TableStats returns the latest measurement of Measure, and false before
+// the first one.
+func (s *Store) TableStats() (dedup.TableStats, bool) {
+	if st := s.stats.Load(); st != nil {
+		return *st, true
+	}
+	return dedup.TableStats{}, false
 }
