@@ -33,7 +33,10 @@
 // statement whose snapshot sees every commit the lock waited for, inserts
 // the keys that no partition holds. A redelivery on a later day, two claims
 // on either side of midnight, a stored result and a payload mismatch in an
-// older partition are found as in one table. The clock that dates a record,
+// older partition are found as in one table. Its statements are planned
+// for their arguments each time, never from a cached generic plan, which
+// would read a day's partition whole once the day fills it if it was made
+// while the partition was empty. The clock that dates a record,
 // and so chooses its partition, is Config.Now. docs/operations.md has the
 // measurements and the migration of an existing table.
 //

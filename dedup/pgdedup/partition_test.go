@@ -353,3 +353,116 @@ func TestPartitionDropKeepsLongerRetention(t *testing.T) {
 		t.Fatalf("the record a day after it expired: %v, want its partition dropped", err)
 	}
 }
+
+// TestPartitionClaimPlansForTheDaysRecords: a claim reads a day's partition
+// through its index once the day's records fill it, although the
+// connection ran the claim's statements many times while the partition
+// was empty (so that PostgreSQL could cache a generic plan that reads
+// the empty partition whole). pg_stat_xact_user_tables counts the rows the
+// claim's transaction read from the partition by sequential scan.
+func TestPartitionClaimPlansForTheDaysRecords(t *testing.T) {
+	ctx := testCtx(t)
+	clock := &testClock{t: day0.Add(12 * time.Hour)}
+	// One connection, so that every claim runs on the connection whose
+	// prepared statements were planned while tomorrow was empty.
+	s, pool := newStoreOn(t, pgdedup.Config{Partitioned: true, Retention: boundaryRetention, Now: clock.Now},
+		func(c *pgxpool.Config) { c.MaxConns = 1 })
+	if _, err := s.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	table := pgx.Identifier{s.Config().Schema, s.Config().Table}.Sanitize()
+	var tomorrow string
+	if err := pool.QueryRow(ctx, `SELECT c.oid::regclass::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = $1::regclass AND pg_get_expr(c.relpartbound, c.oid) LIKE '%FROM (''' || $2 || '%'`,
+		table, day0.AddDate(0, 0, 1).Format("2006-01-02")).Scan(&tomorrow); err != nil {
+		t.Fatalf("tomorrow's partition: %v", err)
+	}
+	// No autovacuum ANALYZE replaces a cached plan during the test; an
+	// operator's ANALYZE of the table (or vacuumdb's) records tomorrow's
+	// partition as empty.
+	if _, err := pool.Exec(ctx, `ALTER TABLE `+tomorrow+` SET (autovacuum_enabled = false)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `ANALYZE `+table); err != nil {
+		t.Fatal(err)
+	}
+	keys := func(prefix string, n int) []dedup.Record {
+		recs := make([]dedup.Record, n)
+		for i := range recs {
+			recs[i] = rec(fmt.Sprintf("%s-%03d", prefix, i), "body")
+		}
+		return recs
+	}
+	// Today: every statement of the claim runs more than five times, at
+	// batch 1 and 100, and a redelivery's lookup too.
+	for i := range 8 {
+		for _, n := range []int{1, 100} {
+			recs := keys(fmt.Sprintf("today-%d-%d", i, n), n)
+			if _, _, err := claimOn(ctx, s, "plans", nil, false, recs...); err != nil {
+				t.Fatal(err)
+			}
+			if _, cs, err := claimOn(ctx, s, "plans", nil, false, recs...); err != nil {
+				t.Fatal(err)
+			} else if err := allStates("redelivery", cs, dedup.StateDone); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Tomorrow's records fill its partition.
+	const filled = 20000
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (scope, key, payload_hash, processed_at, expires_at)
+SELECT 'plans', 'filled-' || g, sha256(g::text::bytea), $1::timestamptz, $1::timestamptz + interval '3 days' FROM generate_series(1, $2) g`,
+		day0.AddDate(0, 0, 1).Add(time.Hour), filled); err != nil {
+		t.Fatal(err)
+	}
+	clock.Set(day0.AddDate(0, 0, 1).Add(12 * time.Hour))
+	for _, n := range []int{1, 100} {
+		t.Run(fmt.Sprintf("batch %d", n), func(t *testing.T) {
+			recs := keys(fmt.Sprintf("tomorrow-%d", n), n)
+			before, err := seqRead(ctx, pool, tomorrow)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A claim, a redelivery's lookup in the same transaction, and a
+			// stored result.
+			tx, cs, err := claimOn(ctx, s, "plans", nil, true, append(recs, rec("filled-1", "x"))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = s.Driver().Rollback(ctx, tx) }()
+			if err := allStates("claim", cs[:n], dedup.StateNew); err != nil {
+				t.Fatal(err)
+			}
+			after, err := seqRead(ctx, tx, tomorrow)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if read := after - before; read > 0 {
+				t.Fatalf("the claim of %d keys read %d records of tomorrow's partition by sequential scan (it holds %d): a plan cached while it was empty", n, read, filled)
+			}
+		})
+	}
+}
+
+// seqRead returns the records read from partition by sequential scans so
+// far, those that this connection has not reported yet included (they stay
+// in its own statistics for up to a second), as seen on db's connection.
+func seqRead(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, partition string) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, `SELECT coalesce((SELECT seq_tup_read FROM pg_stat_user_tables WHERE relid = $1::regclass), 0)
++ coalesce((SELECT seq_tup_read FROM pg_stat_xact_user_tables WHERE relid = $1::regclass), 0)`, partition).Scan(&n)
+	return n, err
+}
+
+// allStates returns an error naming the first claim of cs whose state is
+// not want.
+func allStates(what string, cs []dedup.Claim, want dedup.State) error {
+	for _, c := range cs {
+		if c.State != want {
+			return fmt.Errorf("%s: key %q: state %v, want %v", what, c.Key, c.State, want)
+		}
+	}
+	return nil
+}

@@ -37,7 +37,7 @@ func (s txDriver) StoreResults(ctx context.Context, tx pgx.Tx, scope string, res
 		return nil
 	}
 	sql, args := s.resultArgs(scope, results)
-	if _, err := tx.Exec(ctx, sql, args...); err != nil {
+	if _, err := tx.Exec(ctx, sql, s.planned(args...)...); err != nil {
 		return fmt.Errorf("pgdedup: store results: %w", err)
 	}
 	return nil
@@ -113,17 +113,27 @@ func (q *queuedResults) take(tx pgx.Tx) []scopedResults {
 }
 
 // queueResults queues in b the statements that write rs, before the
-// COMMIT that b ends with.
-func (s *Store) queueResults(b *pgx.Batch, rs []scopedResults) {
+// COMMIT that b ends with (on a partitioned table after customPlans, which
+// the COMMIT ends), and returns how many it queued.
+func (s *Store) queueResults(b *pgx.Batch, rs []scopedResults) int {
+	if len(rs) == 0 {
+		return 0
+	}
+	n := len(rs)
+	if s.cfg.Partitioned {
+		b.Queue(customPlans)
+		n++
+	}
 	for _, r := range rs {
 		sql, args := s.resultArgs(r.scope, r.results)
 		b.Queue(sql, args...)
 	}
+	return n
 }
 
-// readResults reads the results of the n result statements at the head of
-// br. On an error the server skipped the rest of the batch (the COMMIT
-// with it), so the transaction is still open and has failed.
+// readResults reads the results of the n statements queueResults queued at
+// the head of br. On an error the server skipped the rest of the batch (the
+// COMMIT with it), so the transaction is still open and has failed.
 func readResults(br pgx.BatchResults, n int) error {
 	for range n {
 		if _, err := br.Exec(); err != nil {
@@ -141,7 +151,7 @@ func readResults(br pgx.BatchResults, n int) error {
 func (s *Store) commitWithResults(ctx context.Context, tx pgx.Tx, rs []scopedResults) error {
 	for _, r := range rs {
 		sql, args := s.resultArgs(r.scope, r.results)
-		if _, err := tx.Exec(ctx, sql, args...); err != nil {
+		if _, err := tx.Exec(ctx, sql, s.planned(args...)...); err != nil {
 			err = fmt.Errorf("pgdedup: store results: %w", err)
 			if rerr := tx.Rollback(context.WithoutCancel(ctx)); rerr != nil && !errors.Is(rerr, pgx.ErrTxClosed) {
 				err = errors.Join(err, rerr)

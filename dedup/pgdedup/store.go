@@ -222,7 +222,7 @@ func (s txDriver) ForgetEnded(ctx context.Context, tx pgx.Tx, scope, culprit str
 	if len(keys) == 0 {
 		return nil
 	}
-	if _, err := tx.Exec(ctx, s.q.forgetEnded, scope, culprit, keys); err != nil {
+	if _, err := tx.Exec(ctx, s.q.forgetEnded, s.planned(scope, culprit, keys)...); err != nil {
 		return fmt.Errorf("pgdedup: forget the records of an ended transaction: %w", err)
 	}
 	return nil
@@ -299,7 +299,7 @@ func (s *Store) Inspect(ctx context.Context, scope, key string) (dedup.Entry, er
 func (s *Store) InspectTx(ctx context.Context, db DBTX, scope, key string) (dedup.Entry, error) {
 	e := dedup.Entry{Scope: scope, Key: key}
 	var hash []byte
-	err := db.QueryRow(ctx, s.q.inspect, scope, key).Scan(&hash, &e.ProcessedAt, &e.ExpiresAt, &e.Result)
+	err := db.QueryRow(ctx, s.q.inspect, s.planned(scope, key)...).Scan(&hash, &e.ProcessedAt, &e.ExpiresAt, &e.Result)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return e, dedup.ErrNotFound
 	}
@@ -320,7 +320,7 @@ func (s *Store) Purge(ctx context.Context, scope, key string) (bool, error) {
 
 // PurgeTx is Purge inside the caller's transaction or connection.
 func (s *Store) PurgeTx(ctx context.Context, db DBTX, scope, key string) (bool, error) {
-	tag, err := db.Exec(ctx, s.q.unclaim, scope, key)
+	tag, err := db.Exec(ctx, s.q.unclaim, s.planned(scope, key)...)
 	if err != nil {
 		return false, fmt.Errorf("pgdedup: purge %q: %w", key, err)
 	}
