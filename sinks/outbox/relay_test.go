@@ -143,32 +143,44 @@ func TestRelayKeyWaitsForFailedRow(t *testing.T) {
 // Sent rows are kept for Retention and then deleted by Cleanup; with a
 // negative Retention they are deleted when sent.
 func TestRelayRetention(t *testing.T) {
-	ctx := context.Background()
-	pool := newPool(t)
-	insertPG(t, pool, outbox.Message{ID: "r1", Destination: "d"}, outbox.Message{ID: "r2", Destination: "d"})
-	cfg := testConfig()
-	cfg.Retention = time.Hour
-	r, err := outbox.NewRelay(pool, &recorder{}, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	drain(t, r)
-	if n, err := r.Cleanup(ctx); err != nil || n != 0 {
-		t.Fatalf("cleanup within retention deleted %d, %v", n, err)
-	}
-	cfg.Retention = time.Millisecond
-	r, _ = outbox.NewRelay(pool, &recorder{}, cfg)
-	time.Sleep(5 * time.Millisecond)
-	if n, err := r.Cleanup(ctx); err != nil || n != 2 {
-		t.Fatalf("cleanup after retention deleted %d, %v; want 2", n, err)
-	}
+	for _, d := range []string{"postgres", "sqlite"} {
+		t.Run(d, func(t *testing.T) {
+			ctx := context.Background()
+			var relay func(outbox.Config) *outbox.Relay
+			var insert func(msgs ...outbox.Message)
+			switch d {
+			case "postgres":
+				pool := newPool(t)
+				relay = func(cfg outbox.Config) *outbox.Relay { r, _ := outbox.NewRelay(pool, &recorder{}, cfg); return r }
+				insert = func(msgs ...outbox.Message) { insertPG(t, pool, msgs...) }
+			case "sqlite":
+				db := newSQLite(t)
+				relay = func(cfg outbox.Config) *outbox.Relay { r, _ := outbox.NewSQLiteRelay(db, &recorder{}, cfg); return r }
+				insert = func(msgs ...outbox.Message) { insertSQL(t, db, msgs...) }
+			}
+			insert(outbox.Message{ID: "r1", Destination: "d"}, outbox.Message{ID: "r2", Destination: "d"})
+			cfg := testConfig()
+			cfg.Retention = time.Hour
+			r := relay(cfg)
+			drain(t, r)
+			if n, err := r.Cleanup(ctx); err != nil || n != 0 {
+				t.Fatalf("cleanup within retention deleted %d, %v", n, err)
+			}
+			cfg.Retention = time.Millisecond
+			r = relay(cfg)
+			time.Sleep(5 * time.Millisecond)
+			if n, err := r.Cleanup(ctx); err != nil || n != 2 {
+				t.Fatalf("cleanup after retention deleted %d, %v; want 2", n, err)
+			}
 
-	cfg.Retention = -1
-	r, _ = outbox.NewRelay(pool, &recorder{}, cfg)
-	insertPG(t, pool, outbox.Message{ID: "r3", Destination: "d"})
-	drain(t, r)
-	if c, _ := r.Counts(ctx); c.Sent != 0 || c.Pending != 0 {
-		t.Fatalf("with negative retention: counts %+v, want no rows", c)
+			cfg.Retention = -1
+			r = relay(cfg)
+			insert(outbox.Message{ID: "r3", Destination: "d"})
+			drain(t, r)
+			if c, _ := r.Counts(ctx); c.Sent != 0 || c.Pending != 0 {
+				t.Fatalf("with negative retention: counts %+v, want no rows", c)
+			}
+		})
 	}
 }
 
