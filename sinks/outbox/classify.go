@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"sort"
+	"sync"
 	"syscall"
 )
 
@@ -54,6 +55,31 @@ func (m Message) SortedHeaders() []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// BatchResult is what a Publisher returns for errs, the outcomes of its
+// messages: nil when every one is nil, else a *BatchError of errs.
+func BatchResult(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return &BatchError{Errs: errs}
+		}
+	}
+	return nil
+}
+
+// PublishByDestination calls publish for each destination of msgs
+// (ByDestination), concurrently, with the indexes of its messages in msgs;
+// publish sets errs[i] to the outcome of msgs[i]. Once every call
+// returned, it returns BatchResult(errs).
+func PublishByDestination(msgs []Message, publish func(idx []int, errs []error)) error {
+	errs := make([]error, len(msgs))
+	var wg sync.WaitGroup
+	for _, idx := range ByDestination(msgs) {
+		wg.Go(func() { publish(idx, errs) })
+	}
+	wg.Wait()
+	return BatchResult(errs)
 }
 
 // ByDestination returns the indexes of msgs grouped by destination, in

@@ -308,12 +308,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
 		}
 	}
 	p.release(cc, broken)
-	for _, err := range errs {
-		if err != nil {
-			return &outbox.BatchError{Errs: errs}
-		}
-	}
-	return nil
+	return outbox.BatchResult(errs)
 }
 
 // isDone reports whether the broker's confirm (or the channel's close)

@@ -73,33 +73,19 @@ func New(c Client) (*Publisher, error) {
 // Publish sends msgs and returns once SQS accepted every one of them (nil)
 // or with an *outbox.BatchError.
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
-	errs := make([]error, len(msgs))
-	var wg sync.WaitGroup
-	for _, idx := range outbox.ByDestination(msgs) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			url, err := p.queueURL(ctx, msgs[idx[0]].Destination)
-			if err != nil {
-				for _, i := range idx {
-					errs[i] = err
-				}
-				return
-			}
-			// Batches go out one after another, so a FIFO group keeps its order.
-			for start := 0; start < len(idx); start += maxBatch {
-				part := idx[start:min(start+maxBatch, len(idx))]
-				p.send(ctx, url, msgs, part, errs)
-			}
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
+	return outbox.PublishByDestination(msgs, func(idx []int, errs []error) {
+		url, err := p.queueURL(ctx, msgs[idx[0]].Destination)
 		if err != nil {
-			return &outbox.BatchError{Errs: errs}
+			for _, i := range idx {
+				errs[i] = err
+			}
+			return
 		}
-	}
-	return nil
+		// Batches go out one after another, so a FIFO group keeps its order.
+		for start := 0; start < len(idx); start += maxBatch {
+			p.send(ctx, url, msgs, idx[start:min(start+maxBatch, len(idx))], errs)
+		}
+	})
 }
 
 // send sends msgs[idx] to url in one SendMessageBatch call and records each
