@@ -691,14 +691,12 @@ func jitter(d time.Duration) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-// sleep waits d or until ctx is done; it reports whether ctx is still live.
-func sleep(ctx context.Context, d time.Duration) bool {
+// sleep waits d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-		return false
 	case <-t.C:
-		return true
 	}
 }

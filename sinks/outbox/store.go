@@ -138,15 +138,17 @@ func scanClaimed(rs rows) ([]row, error) {
 	return out, err
 }
 
-// rows are the rows of a query: pgx.Rows and *sql.Rows fit.
+// rows are the rows of a query: pgx.Rows fits, and *sql.Rows in sqlRows.
 type rows interface {
 	Next() bool
 	Scan(dest ...any) error
 	Err() error
+	Close()
 }
 
-// eachRow calls each with the scan of every row of rs.
+// eachRow calls each with the scan of every row of rs, then closes rs.
 func eachRow(rs rows, each func(scan func(dest ...any) error) error) error {
+	defer rs.Close()
 	for rs.Next() {
 		if err := each(rs.Scan); err != nil {
 			return err
@@ -160,14 +162,22 @@ func eachRow(rs rows, each func(scan func(dest ...any) error) error) error {
 type runner interface {
 	// exec runs q and returns the number of rows it affected.
 	exec(ctx context.Context, q string, args ...any) (int64, error)
-	// query runs q and calls each for every row (eachRow).
-	query(ctx context.Context, q string, args []any, each func(scan func(dest ...any) error) error) error
+	query(ctx context.Context, q string, args ...any) (rows, error)
 }
 
 // sqlTable is the part of a store that is the same on both databases.
 type sqlTable struct {
 	dialect
 	run runner
+}
+
+// query runs q and calls each for every row (eachRow).
+func (t sqlTable) query(ctx context.Context, q string, args []any, each func(scan func(dest ...any) error) error) error {
+	rs, err := t.run.query(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	return eachRow(rs, each)
 }
 
 // cleanup deletes up to n rows sent more than retention ago and returns
@@ -179,7 +189,7 @@ func (t sqlTable) cleanup(ctx context.Context, retention time.Duration, n int) (
 }
 
 func (t sqlTable) counts(ctx context.Context) (c Counts, err error) {
-	err = t.run.query(ctx, countsSQL(t.dialect), nil, func(scan func(dest ...any) error) (err error) {
+	err = t.query(ctx, countsSQL(t.dialect), nil, func(scan func(dest ...any) error) (err error) {
 		c, err = scanCounts(scan)
 		return err
 	})
@@ -188,7 +198,7 @@ func (t sqlTable) counts(ctx context.Context) (c Counts, err error) {
 
 func (t sqlTable) failures(ctx context.Context, n int) ([]FailureGroup, error) {
 	var out []FailureGroup
-	err := t.run.query(ctx, failuresSQL(t.table), []any{n}, func(scan func(dest ...any) error) error {
+	err := t.query(ctx, failuresSQL(t.table), []any{n}, func(scan func(dest ...any) error) error {
 		var g FailureGroup
 		if err := scan(&g.Destination, &g.RoutingKey, &g.Error, &g.Failing, &g.Parked, &g.LastID); err != nil {
 			return err
@@ -217,7 +227,7 @@ func (t sqlTable) parked(ctx context.Context, ids []string, n int) ([]ParkedRow,
 		q += fmt.Sprintf(" LIMIT $%d", len(args))
 	}
 	var out []ParkedRow
-	err := t.run.query(ctx, q, args, func(scan func(dest ...any) error) error {
+	err := t.query(ctx, q, args, func(scan func(dest ...any) error) error {
 		var p ParkedRow
 		if err := scan(&p.ID, &p.Destination, &p.RoutingKey, &p.Key, &p.Attempts, &p.LastError, (*dbTime)(&p.Created)); err != nil {
 			return err

@@ -50,13 +50,8 @@ func (d pgDB) exec(ctx context.Context, q string, args ...any) (int64, error) {
 	return tag.RowsAffected(), err
 }
 
-func (d pgDB) query(ctx context.Context, q string, args []any, each func(scan func(dest ...any) error) error) error {
-	rs, err := d.pool.Query(ctx, q, args...)
-	if err != nil {
-		return err
-	}
-	defer rs.Close()
-	return eachRow(rs, each)
+func (d pgDB) query(ctx context.Context, q string, args ...any) (rows, error) {
+	return d.pool.Query(ctx, q, args...)
 }
 
 // claimBatch opens a transaction on a connection of its own and claims
@@ -91,7 +86,6 @@ func scanClaim(br pgx.BatchResults) ([]row, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rs.Close()
 	return scanClaimed(rs)
 }
 
@@ -123,17 +117,15 @@ func (c *pgClaim) finish(ctx context.Context, sent []int64, failed []failure, de
 	}
 	b.Queue(`COMMIT`)
 	br := c.conn.SendBatch(ctx, b)
+	var tag pgconn.CommandTag
 	var err error
-	for range b.Len() - 1 {
-		if _, err = br.Exec(); err != nil {
+	for range b.Len() {
+		if tag, err = br.Exec(); err != nil {
 			break
 		}
 	}
-	if err == nil {
-		var tag pgconn.CommandTag
-		if tag, err = br.Exec(); err == nil && tag.String() != "COMMIT" {
-			err = pgx.ErrTxCommitRollback // the transaction had failed: nothing recorded
-		}
+	if err == nil && tag.String() != "COMMIT" {
+		err = pgx.ErrTxCommitRollback // the transaction had failed: nothing recorded
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -161,11 +153,8 @@ func (s *pgStore) wait(ctx context.Context, d time.Duration) error {
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	_, err := s.listen.Conn().WaitForNotification(wctx)
-	switch {
-	case err == nil, wctx.Err() != nil && ctx.Err() == nil:
-		return nil // notified, or polled
-	case ctx.Err() != nil:
-		return nil
+	if err == nil || wctx.Err() != nil || ctx.Err() != nil {
+		return nil // notified, polled, or stopped
 	}
 	// The connection broke: drop it and listen again next time.
 	_ = s.listen.Conn().Close(context.Background())

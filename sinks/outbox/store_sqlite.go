@@ -38,23 +38,23 @@ func (d sqlDB) exec(ctx context.Context, q string, args ...any) (int64, error) {
 	return res.RowsAffected()
 }
 
-func (d sqlDB) query(ctx context.Context, q string, args []any, each func(scan func(dest ...any) error) error) error {
+func (d sqlDB) query(ctx context.Context, q string, args ...any) (rows, error) {
 	rs, err := d.db.QueryContext(ctx, q, args...)
-	if err != nil {
-		return err
-	}
-	defer rs.Close()
-	return eachRow(rs, each)
+	return sqlRows{rs}, err
 }
+
+// sqlRows are *sql.Rows as rows.
+type sqlRows struct{ *sql.Rows }
+
+func (r sqlRows) Close() { _ = r.Rows.Close() }
 
 // claimBatch reads the rows to publish, without locking them (only one
 // relay runs): the store is their claim.
 func (s *sqliteStore) claimBatch(ctx context.Context, n int) ([]row, claim, error) {
-	rs, err := s.db.QueryContext(ctx, s.claimSQL(), n)
+	rs, err := s.run.query(ctx, s.claimSQL(), n)
 	if err != nil {
 		return nil, nil, err
 	}
-	defer rs.Close()
 	rows, err := scanClaimed(rs)
 	return rows, s, err
 }

@@ -238,11 +238,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
 			headers[k] = v
 		}
 		headers[outbox.HeaderIdempotencyKey] = m.ID
-		routingKey := m.RoutingKey
-		if routingKey == "" {
-			routingKey = m.Key
-		}
-		dc, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, m.Destination, routingKey, true, false, amqp.Publishing{
+		dc, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, m.Destination, cmp.Or(m.RoutingKey, m.Key), true, false, amqp.Publishing{
 			MessageId:     m.ID,
 			CorrelationId: m.Headers[consumer.HeaderCorrelationID], // a reply's (outbox.Reply)
 			Headers:       headers,

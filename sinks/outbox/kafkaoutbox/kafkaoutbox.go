@@ -13,6 +13,7 @@
 package kafkaoutbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"time"
@@ -49,12 +50,8 @@ func New(cfg Config) (*Publisher, error) {
 	if len(cfg.Brokers) == 0 {
 		return nil, &idemq.ConfigError{Field: "kafkaoutbox.Config.Brokers", Reason: "required"}
 	}
-	if cfg.WriteTimeout == 0 {
-		cfg.WriteTimeout = 10 * time.Second
-	}
-	if cfg.Transport == nil {
-		cfg.Transport = &kafka.Transport{MetadataTTL: time.Second}
-	}
+	cfg.WriteTimeout = cmp.Or(cfg.WriteTimeout, 10*time.Second)
+	cfg.Transport = cmp.Or[kafka.RoundTripper](cfg.Transport, &kafka.Transport{MetadataTTL: time.Second})
 	return &Publisher{w: &kafka.Writer{
 		Addr:                   kafka.TCP(cfg.Brokers...),
 		Transport:              cfg.Transport,
