@@ -4,8 +4,9 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"net"
-	"sort"
+	"slices"
 	"sync"
 	"syscall"
 )
@@ -49,12 +50,7 @@ func (w *wrapped) Unwrap() []error { return []error{w.kind, w.err} }
 // SortedHeaders returns the names of m's headers in order, so that
 // publishers send headers in a stable order.
 func (m Message) SortedHeaders() []string {
-	names := make([]string, 0, len(m.Headers))
-	for k := range m.Headers {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	return names
+	return slices.Sorted(maps.Keys(m.Headers))
 }
 
 // BatchResult is what a Publisher returns for errs, the outcomes of its

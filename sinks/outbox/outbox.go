@@ -155,20 +155,18 @@ func PublishSQL(ctx context.Context, tx SQLQuerier, m Message) (string, error) {
 
 // Publish is the package-level Publish with the table in schema s.
 func (s Schema) Publish(ctx context.Context, tx PgxQuerier, m Message) (string, error) {
-	return s.insert(ctx, m, func(q string, args ...any) oneRow { return tx.QueryRow(ctx, q, args...) })
+	return s.insert(ctx, m, func(q string, args ...any) pgx.Row { return tx.QueryRow(ctx, q, args...) })
 }
 
 // PublishSQL is the package-level PublishSQL with the table in schema s.
 func (s Schema) PublishSQL(ctx context.Context, tx SQLQuerier, m Message) (string, error) {
-	return s.insert(ctx, m, func(q string, args ...any) oneRow { return tx.QueryRowContext(ctx, q, args...) })
+	return s.insert(ctx, m, func(q string, args ...any) pgx.Row { return tx.QueryRowContext(ctx, q, args...) })
 }
 
-// oneRow is the one row of a query: pgx.Row and *sql.Row fit.
-type oneRow interface{ Scan(dest ...any) error }
-
-// insert runs insertSQL for m with queryRow and returns the row's id,
-// after adding the trace context of ctx to m.Headers.
-func (s Schema) insert(ctx context.Context, m Message, queryRow func(q string, args ...any) oneRow) (string, error) {
+// insert runs insertSQL for m with queryRow (a *sql.Row is a pgx.Row too)
+// and returns the row's id, after adding the trace context of ctx to
+// m.Headers.
+func (s Schema) insert(ctx context.Context, m Message, queryRow func(q string, args ...any) pgx.Row) (string, error) {
 	var sourceKey *string
 	var id *string
 	if m.ID != "" {

@@ -517,6 +517,7 @@ func (r *Relay) publishBatch(ctx context.Context) (n int, record func() error, e
 	took := time.Since(start)
 	sent := make([]int64, 0, len(rows))
 	var failed []failure
+	parked := 0
 	var unavailable error
 	for i, row := range rows {
 		err := errAt(perr, i)
@@ -532,6 +533,9 @@ func (r *Relay) publishBatch(ctx context.Context) (n int, record func() error, e
 			f := failure{seq: row.seq, err: err.Error(), park: attempts >= r.cfg.MaxAttempts, nextRetry: r.backoff(attempts)}
 			r.failures.failed(ctx, row.msg, attempts, f.err, f.park, f.nextRetry)
 			failed = append(failed, f)
+			if f.park {
+				parked++
+			}
 		}
 	}
 	if len(r.hooks.send) > 0 {
@@ -543,16 +547,8 @@ func (r *Relay) publishBatch(ctx context.Context) (n int, record func() error, e
 			h.OnRelaySend(ctx, ids, dests, headers, start, took, perr)
 		}
 	}
-	if len(r.hooks.publish) > 0 {
-		parked := 0
-		for _, f := range failed {
-			if f.park {
-				parked++
-			}
-		}
-		for _, h := range r.hooks.publish {
-			h.OnRelayPublish(ctx, len(rows), len(sent), parked, took, perr)
-		}
+	for _, h := range r.hooks.publish {
+		h.OnRelayPublish(ctx, len(rows), len(sent), parked, took, perr)
 	}
 	if unavailable != nil {
 		err = fmt.Errorf("outbox: publish: %w", unavailable)

@@ -148,18 +148,12 @@ func (p *Publisher) release(cc *confirmChannel, broken bool) {
 // checkExchanges returns, for each destination of msgs not known to exist
 // on conn, nil once checked or the error of its check.
 func (p *Publisher) checkExchanges(conn *amqp.Connection, msgs []outbox.Message) map[string]error {
-	var out map[string]error
+	out := map[string]error{}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, m := range msgs {
-		if p.exchanges[m.Destination] && conn == p.conn {
+		if _, done := out[m.Destination]; done || p.exchanges[m.Destination] && conn == p.conn {
 			continue
-		}
-		if _, done := out[m.Destination]; done {
-			continue
-		}
-		if out == nil {
-			out = map[string]error{}
 		}
 		err := exchangeExists(conn, m.Destination)
 		if err == nil && conn == p.conn {
