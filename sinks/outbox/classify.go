@@ -53,17 +53,6 @@ func (m Message) SortedHeaders() []string {
 	return slices.Sorted(maps.Keys(m.Headers))
 }
 
-// BatchResult is what a Publisher returns for errs, the outcomes of its
-// messages: nil when every one is nil, else a *BatchError of errs.
-func BatchResult(errs []error) error {
-	for _, err := range errs {
-		if err != nil {
-			return &BatchError{Errs: errs}
-		}
-	}
-	return nil
-}
-
 // PublishByDestination calls publish for each destination of msgs
 // (ByDestination), concurrently, with the indexes of its messages in msgs;
 // publish sets errs[i] to the outcome of msgs[i]. Once every call

@@ -79,6 +79,17 @@ func (e *BatchError) Error() string {
 	return fmt.Sprintf("outbox: %d of %d messages failed, first: %v", n, len(e.Errs), first)
 }
 
+// BatchResult is what a Publisher returns for errs, the outcomes of its
+// messages: nil when every one is nil, else a *BatchError of errs.
+func BatchResult(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return &BatchError{Errs: errs}
+		}
+	}
+	return nil
+}
+
 // errAt returns the error of message i under the Publisher contract.
 func errAt(err error, i int) error {
 	var be *BatchError
