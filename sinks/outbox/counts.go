@@ -14,10 +14,7 @@ import (
 // oldest parked row (0 without one).
 func countsSQL(d dialect) string {
 	age := func(state int) string {
-		if d.postgres {
-			return fmt.Sprintf("coalesce((extract(epoch FROM now() - min(created_at) FILTER (WHERE state = %d)) * 1000)::bigint, 0)", state)
-		}
-		return fmt.Sprintf("coalesce(%s - min(created_at) FILTER (WHERE state = %d), 0)", sqliteNow, state)
+		return "coalesce(" + d.millisSince(fmt.Sprintf("min(created_at) FILTER (WHERE state = %d)", state)) + ", 0)"
 	}
 	return fmt.Sprintf(`SELECT count(*) FILTER (WHERE state = %[1]d), count(*) FILTER (WHERE state = %[1]d AND attempts > 0),
 		count(*) FILTER (WHERE state = %[2]d), count(*) FILTER (WHERE state = %[3]d), %[4]s, %[5]s FROM %[6]s`,
@@ -47,5 +44,9 @@ func (s Schema) Counts(ctx context.Context, db SQLQuerier, d migrate.Dialect) (C
 	case d != migrate.SQLite && d != migrate.Postgres:
 		return Counts{}, &idemq.ConfigError{Field: "outbox.Schema.Counts(d)", Reason: fmt.Sprintf("unknown dialect %q", d)}
 	}
-	return scanCounts(db.QueryRowContext(ctx, countsSQL(dialect{postgres: d == migrate.Postgres, table: s.table()})).Scan)
+	dl := sqlite
+	if d == migrate.Postgres {
+		dl = postgres(s.table())
+	}
+	return scanCounts(db.QueryRowContext(ctx, countsSQL(dl)).Scan)
 }

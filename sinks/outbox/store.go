@@ -12,64 +12,54 @@ import (
 // database. PostgreSQL keeps times as timestamptz and durations as
 // intervals; SQLite keeps both as (Unix) milliseconds.
 type dialect struct {
-	postgres bool
-	table    string // the outbox table's name, qualified with its schema
+	table string // the outbox table's name, qualified with its schema
+	now   string // the time now
+	// interval is the duration held by the parameter p, which holds
+	// duration's result.
+	interval func(p string) string
+	duration func(time.Duration) any
+	// millisSince is the number of milliseconds since the time t.
+	millisSince func(t string) string
+	// in is the condition that col is one of the values of the parameter
+	// p, which holds list's result for a []string or a []int64.
+	in   func(col, p string) string
+	list func(v any) any
+	// skipLocked locks the selected rows of alias, skipping those another
+	// transaction locked; SQLite has no row locks.
+	skipLocked func(alias string) string
+}
+
+// postgres is the dialect of PostgreSQL, over table.
+func postgres(table string) dialect {
+	return dialect{
+		table:       table,
+		now:         "now()",
+		interval:    func(p string) string { return "make_interval(secs => " + p + ")" },
+		duration:    func(d time.Duration) any { return d.Seconds() },
+		millisSince: func(t string) string { return "(extract(epoch FROM now() - " + t + ") * 1000)::bigint" },
+		in:          func(col, p string) string { return col + " = ANY(" + p + ")" },
+		list:        func(v any) any { return v },
+		skipLocked:  func(alias string) string { return "\nFOR UPDATE OF " + alias + " SKIP LOCKED" },
+	}
 }
 
 // sqliteNow is the time now on SQLite in Unix milliseconds, as the
 // migration's created_at default computes it.
 const sqliteNow = `CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)`
 
-// now is the time now.
-func (d dialect) now() string {
-	if d.postgres {
-		return "now()"
-	}
-	return sqliteNow
-}
-
-// interval is the duration held by the parameter p, as duration writes it.
-func (d dialect) interval(p string) string {
-	if d.postgres {
-		return "make_interval(secs => " + p + ")"
-	}
-	return p
-}
-
-// duration is the argument of interval for v.
-func (d dialect) duration(v time.Duration) any {
-	if d.postgres {
-		return v.Seconds()
-	}
-	return v.Milliseconds()
-}
-
-// in is the condition that col is one of the values of the parameter p,
-// which holds list's result.
-func (d dialect) in(col, p string) string {
-	if d.postgres {
-		return col + " = ANY(" + p + ")"
-	}
-	return col + " IN (SELECT value FROM json_each(" + p + "))"
-}
-
-// list is the argument of in for v, a []string or a []int64: a JSON array
-// on SQLite.
-func (d dialect) list(v any) any {
-	if d.postgres {
-		return v
-	}
-	b, _ := json.Marshal(v) // a slice of strings or numbers always encodes
-	return string(b)
-}
-
-// skipLocked locks the selected rows of alias, skipping those another
-// transaction locked (PostgreSQL); SQLite has no row locks.
-func (d dialect) skipLocked(alias string) string {
-	if d.postgres {
-		return "\nFOR UPDATE OF " + alias + " SKIP LOCKED"
-	}
-	return ""
+// sqlite is the dialect of SQLite, whose table is Table (no schemas).
+var sqlite = dialect{
+	table:       Table,
+	now:         sqliteNow,
+	interval:    func(p string) string { return p },
+	duration:    func(d time.Duration) any { return d.Milliseconds() },
+	millisSince: func(t string) string { return sqliteNow + " - " + t },
+	in:          func(col, p string) string { return col + " IN (SELECT value FROM json_each(" + p + "))" },
+	list: func(v any) any {
+		b, _ := json.Marshal(v) // a slice of strings or numbers always encodes
+		return string(b)
+	},
+	skipLocked: func(string) string { return "" },
 }
 
 // claimSQL selects the eligible rows: pending, due, and the oldest pending
@@ -80,7 +70,7 @@ func (d dialect) claimSQL() string {
 	return `SELECT o.seq, o.attempts, o.id, o.destination, o.partition_key, o.routing_key, o.headers, o.body
 FROM ` + d.table + ` o
 WHERE o.state = 0
-  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= ` + d.now() + `)
+  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= ` + d.now + `)
   AND (o.partition_key = '' OR NOT EXISTS (
         SELECT 1 FROM ` + d.table + ` p
         WHERE p.state = 0 AND p.partition_key = o.partition_key AND p.seq < o.seq))
@@ -100,7 +90,7 @@ type stmt struct {
 func (d dialect) finishSQL(sent []int64, failed []failure, deleteSent bool) []stmt {
 	var out []stmt
 	if len(sent) > 0 {
-		q := `UPDATE ` + d.table + ` SET state = 1, sent_at = ` + d.now() + ` WHERE ` + d.in("seq", "$1")
+		q := `UPDATE ` + d.table + ` SET state = 1, sent_at = ` + d.now + ` WHERE ` + d.in("seq", "$1")
 		if deleteSent {
 			q = `DELETE FROM ` + d.table + ` WHERE ` + d.in("seq", "$1")
 		}
@@ -112,7 +102,7 @@ func (d dialect) finishSQL(sent []int64, failed []failure, deleteSent bool) []st
 			state = stateParked
 		}
 		out = append(out, stmt{`UPDATE ` + d.table + ` SET attempts = attempts + 1, last_error = $2, state = $3,
-			next_attempt_at = ` + d.now() + ` + ` + d.interval("$4") + ` WHERE seq = $1`,
+			next_attempt_at = ` + d.now + ` + ` + d.interval("$4") + ` WHERE seq = $1`,
 			[]any{f.seq, f.err, state, d.duration(f.nextRetry)}})
 	}
 	return out
@@ -184,7 +174,7 @@ func (t sqlTable) query(ctx context.Context, q string, args []any, each func(sca
 // how many.
 func (t sqlTable) cleanup(ctx context.Context, retention time.Duration, n int) (int64, error) {
 	return t.run.exec(ctx, `DELETE FROM `+t.table+` WHERE seq IN (
-		SELECT c.seq FROM `+t.table+` c WHERE c.state = 1 AND c.sent_at < `+t.now()+` - `+t.interval("$1")+`
+		SELECT c.seq FROM `+t.table+` c WHERE c.state = 1 AND c.sent_at < `+t.now+` - `+t.interval("$1")+`
 		LIMIT $2`+t.skipLocked("c")+`)`, t.duration(retention), n)
 }
 

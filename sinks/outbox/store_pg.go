@@ -24,7 +24,7 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
 	if err := cfg.validate(invalid(pool == nil, "outbox.NewRelay(pool)", "required"), invalid(pub == nil, "outbox.NewRelay(pub)", "required")); err != nil {
 		return nil, err
 	}
-	st := &pgStore{sqlTable: sqlTable{dialect{postgres: true, table: cfg.Schema.table()}, pgDB{pool}}, pool: pool}
+	st := &pgStore{sqlTable: sqlTable{postgres(cfg.Schema.table()), pgDB{pool}}, pool: pool}
 	if cfg.Partitioned {
 		st.parts = &pgpart.Table{
 			DB: pool, Schema: string(cfg.Schema), Name: Table, LockKey: "idemq.outbox.cleanup:" + st.table,

@@ -18,7 +18,7 @@ func NewSQLiteRelay(db *sql.DB, pub Publisher, cfg Config) (*Relay, error) {
 		invalid(cfg.Schema != "", "outbox.Config.Schema", "SQLite has no schemas")); err != nil {
 		return nil, err
 	}
-	return newRelay(&sqliteStore{sqlTable{dialect{table: Table}, sqlDB{db}}, db}, pub, cfg, false), nil
+	return newRelay(&sqliteStore{sqlTable{sqlite, sqlDB{db}}, db}, pub, cfg, false), nil
 }
 
 // sqliteStore is the relay's store on SQLite; times are Unix milliseconds.
