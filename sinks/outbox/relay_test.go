@@ -92,6 +92,33 @@ func drain(t *testing.T, r *outbox.Relay) {
 	t.Fatal("relay never ran out of rows")
 }
 
+// relayUntil runs r until its counts satisfy done (within 10 s), then stops
+// it.
+func relayUntil(t *testing.T, r *outbox.Relay, done func(outbox.Counts) bool) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- r.Run(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := r.Counts(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done(c) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("counts %+v", c)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A row that fails holds back the later rows of its key until it is sent
 // (or parked), while other keys go on.
 func TestRelayKeyWaitsForFailedRow(t *testing.T) {
@@ -216,27 +243,7 @@ func TestSQLiteRelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := r.Counts(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c.Sent == 3 && c.Parked == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("counts %+v", c)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	relayUntil(t, r, func(c outbox.Counts) bool { return c.Sent == 3 && c.Parked == 1 })
 	if got := fmt.Sprint(pub.ids()); got != "[a1 a2 p2]" {
 		t.Fatalf("published %s, want [a1 a2 p2]", got)
 	}
