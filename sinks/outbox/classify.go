@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"net"
-	"sort"
+	"slices"
+	"sync"
 	"syscall"
 )
 
@@ -48,12 +50,21 @@ func (w *wrapped) Unwrap() []error { return []error{w.kind, w.err} }
 // SortedHeaders returns the names of m's headers in order, so that
 // publishers send headers in a stable order.
 func (m Message) SortedHeaders() []string {
-	names := make([]string, 0, len(m.Headers))
-	for k := range m.Headers {
-		names = append(names, k)
+	return slices.Sorted(maps.Keys(m.Headers))
+}
+
+// PublishByDestination calls publish for each destination of msgs
+// (ByDestination), concurrently, with the indexes of its messages in msgs;
+// publish sets errs[i] to the outcome of msgs[i]. Once every call
+// returned, it returns BatchResult(errs).
+func PublishByDestination(msgs []Message, publish func(idx []int, errs []error)) error {
+	errs := make([]error, len(msgs))
+	var wg sync.WaitGroup
+	for _, idx := range ByDestination(msgs) {
+		wg.Go(func() { publish(idx, errs) })
 	}
-	sort.Strings(names)
-	return names
+	wg.Wait()
+	return BatchResult(errs)
 }
 
 // ByDestination returns the indexes of msgs grouped by destination, in

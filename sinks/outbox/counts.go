@@ -9,20 +9,16 @@ import (
 	"github.com/idemq/idemq/dedup/migrate"
 )
 
-// countsSQL returns the statement that counts the rows of table t per
+// countsSQL returns the statement that counts the rows of the table per
 // state, with the ages in milliseconds of the oldest pending and the
-// oldest parked row (0 without one). On SQLite, whose times are Unix
-// milliseconds, its one argument is the time now in Unix milliseconds.
-func countsSQL(t string, postgres bool) string {
+// oldest parked row (0 without one).
+func countsSQL(d dialect) string {
 	age := func(state int) string {
-		if postgres {
-			return fmt.Sprintf("coalesce((extract(epoch FROM now() - min(created_at) FILTER (WHERE state = %d)) * 1000)::bigint, 0)", state)
-		}
-		return fmt.Sprintf("coalesce($1 - min(created_at) FILTER (WHERE state = %d), 0)", state)
+		return "coalesce(" + d.millisSince(fmt.Sprintf("min(created_at) FILTER (WHERE state = %d)", state)) + ", 0)"
 	}
 	return fmt.Sprintf(`SELECT count(*) FILTER (WHERE state = %[1]d), count(*) FILTER (WHERE state = %[1]d AND attempts > 0),
 		count(*) FILTER (WHERE state = %[2]d), count(*) FILTER (WHERE state = %[3]d), %[4]s, %[5]s FROM %[6]s`,
-		statePending, stateSent, stateParked, age(statePending), age(stateParked), t)
+		statePending, stateSent, stateParked, age(statePending), age(stateParked), d.table)
 }
 
 // scanCounts reads the row of countsSQL.
@@ -45,10 +41,12 @@ func (s Schema) Counts(ctx context.Context, db SQLQuerier, d migrate.Dialect) (C
 	switch {
 	case d == migrate.SQLite && s != "":
 		return Counts{}, &idemq.ConfigError{Field: "outbox.Schema", Reason: fmt.Sprintf("%q: SQLite has no schemas", string(s))}
-	case d == migrate.SQLite:
-		return scanCounts(db.QueryRowContext(ctx, countsSQL(Table, false), nowMillis()).Scan)
-	case d == migrate.Postgres:
-		return scanCounts(db.QueryRowContext(ctx, countsSQL(s.table(), true)).Scan)
+	case d != migrate.SQLite && d != migrate.Postgres:
+		return Counts{}, &idemq.ConfigError{Field: "outbox.Schema.Counts(d)", Reason: fmt.Sprintf("unknown dialect %q", d)}
 	}
-	return Counts{}, &idemq.ConfigError{Field: "outbox.Schema.Counts(d)", Reason: fmt.Sprintf("unknown dialect %q", d)}
+	dl := sqlite
+	if d == migrate.Postgres {
+		dl = postgres(s.table())
+	}
+	return scanCounts(db.QueryRowContext(ctx, countsSQL(dl)).Scan)
 }

@@ -130,27 +130,7 @@ func TestRelayMetrics(t *testing.T) {
 		t.Fatalf("before the relay ran: %+v, want 3 pending, 0 parked, an age, no publish", before)
 	}
 
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := r.Counts(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c.Sent == 2 && c.Parked == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("counts %+v", c)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	relayUntil(t, r, func(c outbox.Counts) bool { return c.Sent == 2 && c.Parked == 1 })
 
 	after := collectRelay(t, reader)
 	if after.pending != 0 || after.parked != 1 || after.oldest != 0 {

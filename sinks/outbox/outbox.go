@@ -155,33 +155,18 @@ func PublishSQL(ctx context.Context, tx SQLQuerier, m Message) (string, error) {
 
 // Publish is the package-level Publish with the table in schema s.
 func (s Schema) Publish(ctx context.Context, tx PgxQuerier, m Message) (string, error) {
-	args, err := insertArgs(ctx, &m)
-	if err != nil {
-		return "", err
-	}
-	var got string
-	if err := tx.QueryRow(ctx, insertSQL(s.table()), args...).Scan(&got); err != nil {
-		return "", fmt.Errorf("outbox: publish to %q: %w", m.Destination, err)
-	}
-	return got, nil
+	return s.insert(ctx, m, func(q string, args ...any) pgx.Row { return tx.QueryRow(ctx, q, args...) })
 }
 
 // PublishSQL is the package-level PublishSQL with the table in schema s.
 func (s Schema) PublishSQL(ctx context.Context, tx SQLQuerier, m Message) (string, error) {
-	args, err := insertArgs(ctx, &m)
-	if err != nil {
-		return "", err
-	}
-	var got string
-	if err := tx.QueryRowContext(ctx, insertSQL(s.table()), args...).Scan(&got); err != nil {
-		return "", fmt.Errorf("outbox: publish to %q: %w", m.Destination, err)
-	}
-	return got, nil
+	return s.insert(ctx, m, func(q string, args ...any) pgx.Row { return tx.QueryRowContext(ctx, q, args...) })
 }
 
-// insertArgs returns the arguments of insertSQL for m, adding the trace
-// context of ctx to m.Headers.
-func insertArgs(ctx context.Context, m *Message) ([]any, error) {
+// insert runs insertSQL for m with queryRow (a *sql.Row is a pgx.Row too)
+// and returns the row's id, after adding the trace context of ctx to
+// m.Headers.
+func (s Schema) insert(ctx context.Context, m Message, queryRow func(q string, args ...any) pgx.Row) (string, error) {
 	var sourceKey *string
 	var id *string
 	if m.ID != "" {
@@ -189,7 +174,7 @@ func insertArgs(ctx context.Context, m *Message) ([]any, error) {
 	} else {
 		k, ok := consumer.IdempotencyKey(ctx)
 		if !ok {
-			return nil, ErrNoID
+			return "", ErrNoID
 		}
 		sourceKey = &k
 	}
@@ -205,12 +190,15 @@ func insertArgs(ctx context.Context, m *Message) ([]any, error) {
 	if len(m.Headers) > 0 {
 		var err error
 		if headers, err = json.Marshal(m.Headers); err != nil {
-			return nil, fmt.Errorf("outbox: encode headers: %w", err)
+			return "", fmt.Errorf("outbox: encode headers: %w", err)
 		}
 	}
-	body := m.Body
-	if body == nil {
-		body = []byte{}
+	if m.Body == nil {
+		m.Body = []byte{}
 	}
-	return []any{id, sourceKey, m.Destination, m.Key, m.RoutingKey, string(headers), body}, nil
+	var got string
+	if err := queryRow(insertSQL(s.table()), id, sourceKey, m.Destination, m.Key, m.RoutingKey, string(headers), m.Body).Scan(&got); err != nil {
+		return "", fmt.Errorf("outbox: publish to %q: %w", m.Destination, err)
+	}
+	return got, nil
 }

@@ -79,6 +79,17 @@ func (e *BatchError) Error() string {
 	return fmt.Sprintf("outbox: %d of %d messages failed, first: %v", n, len(e.Errs), first)
 }
 
+// BatchResult is what a Publisher returns for errs, the outcomes of its
+// messages: nil when every one is nil, else a *BatchError of errs.
+func BatchResult(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return &BatchError{Errs: errs}
+		}
+	}
+	return nil
+}
+
 // errAt returns the error of message i under the Publisher contract.
 func errAt(err error, i int) error {
 	var be *BatchError
@@ -187,12 +198,12 @@ func (c Config) validate(args ...*idemq.ConfigError) error {
 	return l.Err()
 }
 
-// argError names a nil constructor argument, or returns nil.
-func argError(name string, isNil bool) *idemq.ConfigError {
-	if !isNil {
+// invalid returns the error of field for reason when bad, else nil.
+func invalid(bad bool, field, reason string) *idemq.ConfigError {
+	if !bad {
 		return nil
 	}
-	return &idemq.ConfigError{Field: name, Reason: "required"}
+	return &idemq.ConfigError{Field: field, Reason: reason}
 }
 
 // Row states.
@@ -217,9 +228,8 @@ type failure struct {
 	nextRetry time.Duration
 }
 
-// claim is a batch of rows held by one relay until finish or abort.
+// claim holds the rows of a claimed batch until finish or abort.
 type claim interface {
-	rows() []row
 	// finish marks sent rows sent (or deletes them) and records failures.
 	finish(ctx context.Context, sent []int64, failed []failure, deleteSent bool) error
 	// abort gives the rows back untouched.
@@ -230,11 +240,12 @@ type claim interface {
 type store interface {
 	// claimBatch claims up to n eligible rows: pending, due, and the oldest
 	// pending row of their partition key.
-	claimBatch(ctx context.Context, n int) (claim, error)
+	claimBatch(ctx context.Context, n int) ([]row, claim, error)
 	// wait returns when rows may have been inserted or after d.
 	wait(ctx context.Context, d time.Duration) error
-	// cleanup deletes up to n rows sent before cutoff and returns how many.
-	cleanup(ctx context.Context, cutoff time.Duration, n int) (int64, error)
+	// cleanup deletes up to n rows sent more than retention ago (or drops
+	// partitions) and returns how many.
+	cleanup(ctx context.Context, retention time.Duration, n int) (int64, error)
 	// counts returns the number of rows per state.
 	counts(ctx context.Context) (Counts, error)
 	// failures returns up to n groups of failed rows (failuresSQL).
@@ -290,19 +301,6 @@ FROM (SELECT destination, routing_key, last_error,
 JOIN ` + table + ` o ON o.seq = g.last_seq
 ORDER BY g.failing + g.parked DESC, g.last_seq DESC
 LIMIT $1`
-}
-
-// scanFailures reads the rows of failuresSQL.
-func scanFailures(next func() bool, scan func(dest ...any) error, rowsErr func() error) ([]FailureGroup, error) {
-	var out []FailureGroup
-	for next() {
-		var g FailureGroup
-		if err := scan(&g.Destination, &g.RoutingKey, &g.Error, &g.Failing, &g.Parked, &g.LastID); err != nil {
-			return nil, err
-		}
-		out = append(out, g)
-	}
-	return out, rowsErr()
 }
 
 // Counts are the numbers of outbox rows per state.
@@ -513,11 +511,10 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 // called (once) whatever the error; err is the claim's or the publish's
 // error (a failure of record is record's).
 func (r *Relay) publishBatch(ctx context.Context) (n int, record func() error, err error) {
-	c, err := r.st.claimBatch(ctx, r.cfg.BatchSize)
+	rows, c, err := r.st.claimBatch(ctx, r.cfg.BatchSize)
 	if err != nil {
 		return 0, nil, fmt.Errorf("outbox: claim: %w", err)
 	}
-	rows := c.rows()
 	if len(rows) == 0 {
 		c.abort(ctx)
 		return 0, nil, nil
@@ -531,6 +528,7 @@ func (r *Relay) publishBatch(ctx context.Context) (n int, record func() error, e
 	took := time.Since(start)
 	sent := make([]int64, 0, len(rows))
 	var failed []failure
+	parked := 0
 	var unavailable error
 	for i, row := range rows {
 		err := errAt(perr, i)
@@ -546,6 +544,9 @@ func (r *Relay) publishBatch(ctx context.Context) (n int, record func() error, e
 			f := failure{seq: row.seq, err: err.Error(), park: attempts >= r.cfg.MaxAttempts, nextRetry: r.backoff(attempts)}
 			r.failures.failed(ctx, row.msg, attempts, f.err, f.park, f.nextRetry)
 			failed = append(failed, f)
+			if f.park {
+				parked++
+			}
 		}
 	}
 	if len(r.hooks.send) > 0 {
@@ -557,16 +558,8 @@ func (r *Relay) publishBatch(ctx context.Context) (n int, record func() error, e
 			h.OnRelaySend(ctx, ids, dests, headers, start, took, perr)
 		}
 	}
-	if len(r.hooks.publish) > 0 {
-		parked := 0
-		for _, f := range failed {
-			if f.park {
-				parked++
-			}
-		}
-		for _, h := range r.hooks.publish {
-			h.OnRelayPublish(ctx, len(rows), len(sent), parked, took, perr)
-		}
+	for _, h := range r.hooks.publish {
+		h.OnRelayPublish(ctx, len(rows), len(sent), parked, took, perr)
 	}
 	if unavailable != nil {
 		err = fmt.Errorf("outbox: publish: %w", unavailable)
@@ -578,6 +571,10 @@ func (r *Relay) publishBatch(ctx context.Context) (n int, record func() error, e
 	// Record what the broker confirmed even when part of the batch hit an
 	// outage: the rows of the outage stay pending with no attempt counted.
 	return len(rows), func() error {
+		// The broker confirmed: record it even if ctx is being cancelled,
+		// so a shutting-down relay does not publish these rows again.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
 		if err := c.finish(ctx, sent, failed, r.cfg.Retention < 0); err != nil {
 			return fmt.Errorf("outbox: record publish: %w", err)
 		}
@@ -635,16 +632,16 @@ func (r *Relay) Unpark(ctx context.Context, ids ...string) (int64, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	n, err := r.st.unpark(ctx, ids)
-	if err != nil {
-		return n, fmt.Errorf("outbox: unpark: %w", err)
-	}
-	return n, nil
+	return r.unpark(ctx, ids)
 }
 
 // UnparkAll is Unpark for every parked row.
 func (r *Relay) UnparkAll(ctx context.Context) (int64, error) {
-	n, err := r.st.unpark(ctx, nil)
+	return r.unpark(ctx, nil)
+}
+
+func (r *Relay) unpark(ctx context.Context, ids []string) (int64, error) {
+	n, err := r.st.unpark(ctx, ids)
 	if err != nil {
 		return n, fmt.Errorf("outbox: unpark: %w", err)
 	}
@@ -701,14 +698,12 @@ func jitter(d time.Duration) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-// sleep waits d or until ctx is done; it reports whether ctx is still live.
-func sleep(ctx context.Context, d time.Duration) bool {
+// sleep waits d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-		return false
 	case <-t.C:
-		return true
 	}
 }

@@ -92,6 +92,33 @@ func drain(t *testing.T, r *outbox.Relay) {
 	t.Fatal("relay never ran out of rows")
 }
 
+// relayUntil runs r until its counts satisfy done (within 10 s), then stops
+// it.
+func relayUntil(t *testing.T, r *outbox.Relay, done func(outbox.Counts) bool) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- r.Run(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := r.Counts(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done(c) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("counts %+v", c)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A row that fails holds back the later rows of its key until it is sent
 // (or parked), while other keys go on.
 func TestRelayKeyWaitsForFailedRow(t *testing.T) {
@@ -143,32 +170,44 @@ func TestRelayKeyWaitsForFailedRow(t *testing.T) {
 // Sent rows are kept for Retention and then deleted by Cleanup; with a
 // negative Retention they are deleted when sent.
 func TestRelayRetention(t *testing.T) {
-	ctx := context.Background()
-	pool := newPool(t)
-	insertPG(t, pool, outbox.Message{ID: "r1", Destination: "d"}, outbox.Message{ID: "r2", Destination: "d"})
-	cfg := testConfig()
-	cfg.Retention = time.Hour
-	r, err := outbox.NewRelay(pool, &recorder{}, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	drain(t, r)
-	if n, err := r.Cleanup(ctx); err != nil || n != 0 {
-		t.Fatalf("cleanup within retention deleted %d, %v", n, err)
-	}
-	cfg.Retention = time.Millisecond
-	r, _ = outbox.NewRelay(pool, &recorder{}, cfg)
-	time.Sleep(5 * time.Millisecond)
-	if n, err := r.Cleanup(ctx); err != nil || n != 2 {
-		t.Fatalf("cleanup after retention deleted %d, %v; want 2", n, err)
-	}
+	for _, d := range []string{"postgres", "sqlite"} {
+		t.Run(d, func(t *testing.T) {
+			ctx := context.Background()
+			var relay func(outbox.Config) *outbox.Relay
+			var insert func(msgs ...outbox.Message)
+			switch d {
+			case "postgres":
+				pool := newPool(t)
+				relay = func(cfg outbox.Config) *outbox.Relay { r, _ := outbox.NewRelay(pool, &recorder{}, cfg); return r }
+				insert = func(msgs ...outbox.Message) { insertPG(t, pool, msgs...) }
+			case "sqlite":
+				db := newSQLite(t)
+				relay = func(cfg outbox.Config) *outbox.Relay { r, _ := outbox.NewSQLiteRelay(db, &recorder{}, cfg); return r }
+				insert = func(msgs ...outbox.Message) { insertSQL(t, db, msgs...) }
+			}
+			insert(outbox.Message{ID: "r1", Destination: "d"}, outbox.Message{ID: "r2", Destination: "d"})
+			cfg := testConfig()
+			cfg.Retention = time.Hour
+			r := relay(cfg)
+			drain(t, r)
+			if n, err := r.Cleanup(ctx); err != nil || n != 0 {
+				t.Fatalf("cleanup within retention deleted %d, %v", n, err)
+			}
+			cfg.Retention = time.Millisecond
+			r = relay(cfg)
+			time.Sleep(5 * time.Millisecond)
+			if n, err := r.Cleanup(ctx); err != nil || n != 2 {
+				t.Fatalf("cleanup after retention deleted %d, %v; want 2", n, err)
+			}
 
-	cfg.Retention = -1
-	r, _ = outbox.NewRelay(pool, &recorder{}, cfg)
-	insertPG(t, pool, outbox.Message{ID: "r3", Destination: "d"})
-	drain(t, r)
-	if c, _ := r.Counts(ctx); c.Sent != 0 || c.Pending != 0 {
-		t.Fatalf("with negative retention: counts %+v, want no rows", c)
+			cfg.Retention = -1
+			r = relay(cfg)
+			insert(outbox.Message{ID: "r3", Destination: "d"})
+			drain(t, r)
+			if c, _ := r.Counts(ctx); c.Sent != 0 || c.Pending != 0 {
+				t.Fatalf("with negative retention: counts %+v, want no rows", c)
+			}
+		})
 	}
 }
 
@@ -204,27 +243,7 @@ func TestSQLiteRelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := r.Counts(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c.Sent == 3 && c.Parked == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("counts %+v", c)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	relayUntil(t, r, func(c outbox.Counts) bool { return c.Sent == 3 && c.Parked == 1 })
 	if got := fmt.Sprint(pub.ids()); got != "[a1 a2 p2]" {
 		t.Fatalf("published %s, want [a1 a2 p2]", got)
 	}

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -22,10 +21,10 @@ import (
 // them.
 func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
 	cfg = cfg.WithDefaults()
-	if err := cfg.validate(argError("outbox.NewRelay(pool)", pool == nil), argError("outbox.NewRelay(pub)", pub == nil)); err != nil {
+	if err := cfg.validate(invalid(pool == nil, "outbox.NewRelay(pool)", "required"), invalid(pub == nil, "outbox.NewRelay(pub)", "required")); err != nil {
 		return nil, err
 	}
-	st := &pgStore{pool: pool, table: cfg.Schema.table()}
+	st := &pgStore{sqlTable: sqlTable{postgres(cfg.Schema.table()), pgDB{pool}}, pool: pool}
 	if cfg.Partitioned {
 		st.parts = &pgpart.Table{
 			DB: pool, Schema: string(cfg.Schema), Name: Table, LockKey: "idemq.outbox.cleanup:" + st.table,
@@ -37,54 +36,45 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg Config) (*Relay, error) {
 
 // pgStore is the relay's store on PostgreSQL.
 type pgStore struct {
+	sqlTable
 	pool   *pgxpool.Pool
-	table  string        // the outbox table's name, qualified with its schema
 	listen *pgxpool.Conn // the LISTEN connection, nil until the first wait
 	parts  *pgpart.Table // the table's partitions (Config.Partitioned), else nil
 }
 
-// claimSQL selects the eligible rows: pending, due, and the oldest pending
-// row of their key (rows without a key are not ordered); $1 is the most to
-// select. On PostgreSQL, rows another relay locked are skipped; their key's
-// later rows are not eligible, because the locked row is still pending.
-// On SQLite (one relay at a time), $2 is the time now in Unix milliseconds.
-func claimSQL(table string, postgres bool) string {
-	now, lock := "$2", ""
-	if postgres {
-		now, lock = "now()", "\nFOR UPDATE OF o SKIP LOCKED"
-	}
-	return `SELECT o.seq, o.attempts, o.id, o.destination, o.partition_key, o.routing_key, o.headers, o.body
-FROM ` + table + ` o
-WHERE o.state = 0
-  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= ` + now + `)
-  AND (o.partition_key = '' OR NOT EXISTS (
-        SELECT 1 FROM ` + table + ` p
-        WHERE p.state = 0 AND p.partition_key = o.partition_key AND p.seq < o.seq))
-ORDER BY o.seq
-LIMIT $1` + lock
+// pgDB runs statements on a pool.
+type pgDB struct{ pool *pgxpool.Pool }
+
+func (d pgDB) exec(ctx context.Context, q string, args ...any) (int64, error) {
+	tag, err := d.pool.Exec(ctx, q, args...)
+	return tag.RowsAffected(), err
+}
+
+func (d pgDB) query(ctx context.Context, q string, args ...any) (rows, error) {
+	return d.pool.Query(ctx, q, args...)
 }
 
 // claimBatch opens a transaction on a connection of its own and claims
 // the rows in it: BEGIN and the claim go out in one round trip.
-func (s *pgStore) claimBatch(ctx context.Context, n int) (claim, error) {
+func (s *pgStore) claimBatch(ctx context.Context, n int) ([]row, claim, error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
-	b.Queue(claimSQL(s.table, true), n)
+	b.Queue(s.claimSQL(), n)
 	br := conn.SendBatch(ctx, b)
-	out, err := scanClaim(br)
+	c := &pgClaim{conn: conn, dialect: s.dialect}
+	rows, err := scanClaim(br)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	c := &pgClaim{conn: conn, table: s.table, claimed: out}
 	if err != nil {
 		c.abort(ctx)
-		return nil, err
+		return nil, nil, err
 	}
-	return c, nil
+	return rows, c, nil
 }
 
 // scanClaim reads the results of BEGIN and claimSQL.
@@ -92,52 +82,20 @@ func scanClaim(br pgx.BatchResults) ([]row, error) {
 	if _, err := br.Exec(); err != nil {
 		return nil, err
 	}
-	rows, err := br.Query()
+	rs, err := br.Query()
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	return scanClaimed(rows.Next, rows.Scan, rows.Err)
-}
-
-// scanClaimed reads the rows of claimSQL.
-func scanClaimed(next func() bool, scan func(dest ...any) error, rowsErr func() error) ([]row, error) {
-	var out []row
-	for next() {
-		var r row
-		var headers string
-		if err := scan(&r.seq, &r.attempts, &r.msg.ID, &r.msg.Destination, &r.msg.Key, &r.msg.RoutingKey, &headers, &r.msg.Body); err != nil {
-			return nil, err
-		}
-		if err := decodeHeaders(headers, &r.msg); err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rowsErr()
-}
-
-// decodeHeaders decodes a row's headers column into m.Headers.
-func decodeHeaders(s string, m *Message) error {
-	if s == "" || s == "{}" {
-		return nil
-	}
-	if err := json.Unmarshal([]byte(s), &m.Headers); err != nil {
-		return fmt.Errorf("decode headers of %s: %w", m.ID, err)
-	}
-	return nil
+	return scanClaimed(rs)
 }
 
 // pgClaim is a claimed batch: its rows are locked by the transaction open
 // on conn until finish commits it or abort rolls it back; both give conn
 // back to the pool.
 type pgClaim struct {
-	conn    *pgxpool.Conn
-	table   string
-	claimed []row
+	dialect
+	conn *pgxpool.Conn
 }
-
-func (c *pgClaim) rows() []row { return c.claimed }
 
 func (c *pgClaim) abort(ctx context.Context) {
 	if c.conn == nil {
@@ -152,41 +110,22 @@ func (c *pgClaim) abort(ctx context.Context) {
 
 // finish records the outcome and commits in one round trip.
 func (c *pgClaim) finish(ctx context.Context, sent []int64, failed []failure, deleteSent bool) error {
-	// The broker confirmed: record it even if ctx is being cancelled, so a
-	// shutting-down relay does not publish these rows again.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
 	defer c.abort(ctx) // after a failure; a no-op after the commit
 	b := &pgx.Batch{}
-	if len(sent) > 0 {
-		if deleteSent {
-			b.Queue(`DELETE FROM `+c.table+` WHERE seq = ANY($1)`, sent)
-		} else {
-			b.Queue(`UPDATE `+c.table+` SET state = 1, sent_at = now() WHERE seq = ANY($1)`, sent)
-		}
-	}
-	for _, f := range failed {
-		state := statePending
-		if f.park {
-			state = stateParked
-		}
-		b.Queue(`UPDATE `+c.table+` SET attempts = attempts + 1, last_error = $2, state = $3,
-			next_attempt_at = now() + make_interval(secs => $4) WHERE seq = $1`,
-			f.seq, f.err, state, f.nextRetry.Seconds())
+	for _, st := range c.finishSQL(sent, failed, deleteSent) {
+		b.Queue(st.sql, st.args...)
 	}
 	b.Queue(`COMMIT`)
 	br := c.conn.SendBatch(ctx, b)
+	var tag pgconn.CommandTag
 	var err error
-	for range b.Len() - 1 {
-		if _, err = br.Exec(); err != nil {
+	for range b.Len() {
+		if tag, err = br.Exec(); err != nil {
 			break
 		}
 	}
-	if err == nil {
-		var tag pgconn.CommandTag
-		if tag, err = br.Exec(); err == nil && tag.String() != "COMMIT" {
-			err = pgx.ErrTxCommitRollback // the transaction had failed: nothing recorded
-		}
+	if err == nil && tag.String() != "COMMIT" {
+		err = pgx.ErrTxCommitRollback // the transaction had failed: nothing recorded
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -214,11 +153,8 @@ func (s *pgStore) wait(ctx context.Context, d time.Duration) error {
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	_, err := s.listen.Conn().WaitForNotification(wctx)
-	switch {
-	case err == nil, wctx.Err() != nil && ctx.Err() == nil:
-		return nil // notified, or polled
-	case ctx.Err() != nil:
-		return nil
+	if err == nil || wctx.Err() != nil || ctx.Err() != nil {
+		return nil // notified, polled, or stopped
 	}
 	// The connection broke: drop it and listen again next time.
 	_ = s.listen.Conn().Close(context.Background())
@@ -227,6 +163,8 @@ func (s *pgStore) wait(ctx context.Context, d time.Duration) error {
 	return err
 }
 
+// cleanup drops the partitions of a partitioned table (Config.Partitioned)
+// instead of deleting rows.
 func (s *pgStore) cleanup(ctx context.Context, retention time.Duration, n int) (int64, error) {
 	if s.parts != nil {
 		if p, err := s.parts.Partitioned(ctx, s.pool); err != nil || p {
@@ -237,13 +175,7 @@ func (s *pgStore) cleanup(ctx context.Context, retention time.Duration, n int) (
 			return dropped, err
 		}
 	}
-	tag, err := s.pool.Exec(ctx, `DELETE FROM `+s.table+` WHERE seq IN (
-		SELECT seq FROM `+s.table+` WHERE state = 1 AND sent_at < now() - make_interval(secs => $1)
-		LIMIT $2 FOR UPDATE SKIP LOCKED)`, retention.Seconds(), n)
-	if err != nil {
-		return 0, err
-	}
-	return tag.RowsAffected(), nil
+	return s.sqlTable.cleanup(ctx, retention, n)
 }
 
 // keptSQL finds a row of a partition ($1 the time now, $2 the retention in
@@ -266,51 +198,13 @@ func (s *pgStore) kept(ctx context.Context, tx pgx.Tx, partition string, now tim
 	return kept, err
 }
 
-func (s *pgStore) counts(ctx context.Context) (Counts, error) {
-	return scanCounts(s.pool.QueryRow(ctx, countsSQL(s.table, true)).Scan)
-}
-
-func (s *pgStore) failures(ctx context.Context, n int) ([]FailureGroup, error) {
-	rows, err := s.pool.Query(ctx, failuresSQL(s.table), n)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	return scanFailures(rows.Next, rows.Scan, rows.Err)
-}
-
-func (s *pgStore) parked(ctx context.Context, ids []string, n int) ([]ParkedRow, error) {
-	var limit *int
-	if n > 0 {
-		limit = &n
-	}
-	rows, err := s.pool.Query(ctx, `SELECT id, destination, routing_key, partition_key, attempts, coalesce(last_error, ''), created_at
-		FROM `+s.table+` WHERE state = 2 AND ($1::text[] IS NULL OR id = ANY($1))
-		ORDER BY seq LIMIT $2`, ids, limit)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedRow, error) {
-		var p ParkedRow
-		err := r.Scan(&p.ID, &p.Destination, &p.RoutingKey, &p.Key, &p.Attempts, &p.LastError, &p.Created)
-		return p, err
-	})
-}
-
+// unpark also wakes the relays: an update fires no insert trigger.
 func (s *pgStore) unpark(ctx context.Context, ids []string) (int64, error) {
-	tag, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET state = 0, attempts = 0, next_attempt_at = NULL
-		WHERE state = 2 AND ($1::text[] IS NULL OR id = ANY($1))`, ids)
-	if err != nil {
-		return 0, err
+	n, err := s.sqlTable.unpark(ctx, ids)
+	if err == nil && n > 0 {
+		_, err = s.pool.Exec(ctx, `SELECT pg_notify($1, '')`, Channel)
 	}
-	n := tag.RowsAffected()
-	if n > 0 {
-		// An update fires no insert trigger: wake the relays.
-		if _, err := s.pool.Exec(ctx, `SELECT pg_notify($1, '')`, Channel); err != nil {
-			return n, err
-		}
-	}
-	return n, nil
+	return n, err
 }
 
 func (s *pgStore) close() {

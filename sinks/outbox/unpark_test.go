@@ -93,6 +93,9 @@ func TestRelayUnpark(t *testing.T) {
 			if parked, err = slow.Parked(ctx, []string{"p2", "a2", "nope"}, 0); err != nil || parkedIDs(parked) != "[p2]" {
 				t.Fatalf("parked among p2, a2, nope: %+v, %v; want p2", parked, err)
 			}
+			if parked, err = slow.Parked(ctx, nil, 1); err != nil || parkedIDs(parked) != "[p1]" {
+				t.Fatalf("one parked row: %+v, %v; want p1", parked, err)
+			}
 
 			broken.Store(false)
 			if n, err := slow.Unpark(ctx, "p1", "a2", "nope"); err != nil || n != 1 {

@@ -195,12 +195,8 @@ func (s *Sink) Send(ctx context.Context, req Request) error {
 	if err != nil {
 		return fmt.Errorf("webhook: %w", err)
 	}
-	actx := ctx
-	if s.cfg.Timeout > 0 {
-		var cancel context.CancelFunc
-		actx, cancel = context.WithTimeout(ctx, s.cfg.Timeout)
-		defer cancel()
-	}
+	actx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
 	hr, err := http.NewRequestWithContext(actx, s.cfg.Method, s.cfg.URL, bytes.NewReader(req.Body))
 	if err != nil {
 		return consumer.Permanent(fmt.Errorf("webhook: building the request: %w", err))

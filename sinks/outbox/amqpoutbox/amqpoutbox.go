@@ -148,18 +148,12 @@ func (p *Publisher) release(cc *confirmChannel, broken bool) {
 // checkExchanges returns, for each destination of msgs not known to exist
 // on conn, nil once checked or the error of its check.
 func (p *Publisher) checkExchanges(conn *amqp.Connection, msgs []outbox.Message) map[string]error {
-	var out map[string]error
+	out := map[string]error{}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, m := range msgs {
-		if p.exchanges[m.Destination] && conn == p.conn {
+		if _, done := out[m.Destination]; done || p.exchanges[m.Destination] && conn == p.conn {
 			continue
-		}
-		if _, done := out[m.Destination]; done {
-			continue
-		}
-		if out == nil {
-			out = map[string]error{}
 		}
 		err := exchangeExists(conn, m.Destination)
 		if err == nil && conn == p.conn {
@@ -238,11 +232,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
 			headers[k] = v
 		}
 		headers[outbox.HeaderIdempotencyKey] = m.ID
-		routingKey := m.RoutingKey
-		if routingKey == "" {
-			routingKey = m.Key
-		}
-		dc, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, m.Destination, routingKey, true, false, amqp.Publishing{
+		dc, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, m.Destination, cmp.Or(m.RoutingKey, m.Key), true, false, amqp.Publishing{
 			MessageId:     m.ID,
 			CorrelationId: m.Headers[consumer.HeaderCorrelationID], // a reply's (outbox.Reply)
 			Headers:       headers,
@@ -308,12 +298,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
 		}
 	}
 	p.release(cc, broken)
-	for _, err := range errs {
-		if err != nil {
-			return &outbox.BatchError{Errs: errs}
-		}
-	}
-	return nil
+	return outbox.BatchResult(errs)
 }
 
 // isDone reports whether the broker's confirm (or the channel's close)

@@ -13,9 +13,9 @@
 package kafkaoutbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -50,12 +50,8 @@ func New(cfg Config) (*Publisher, error) {
 	if len(cfg.Brokers) == 0 {
 		return nil, &idemq.ConfigError{Field: "kafkaoutbox.Config.Brokers", Reason: "required"}
 	}
-	if cfg.WriteTimeout == 0 {
-		cfg.WriteTimeout = 10 * time.Second
-	}
-	if cfg.Transport == nil {
-		cfg.Transport = &kafka.Transport{MetadataTTL: time.Second}
-	}
+	cfg.WriteTimeout = cmp.Or(cfg.WriteTimeout, 10*time.Second)
+	cfg.Transport = cmp.Or[kafka.RoundTripper](cfg.Transport, &kafka.Transport{MetadataTTL: time.Second})
 	return &Publisher{w: &kafka.Writer{
 		Addr:                   kafka.TCP(cfg.Brokers...),
 		Transport:              cfg.Transport,
@@ -75,36 +71,23 @@ func New(cfg Config) (*Publisher, error) {
 // message was acknowledged by all in-sync replicas (nil) or with an
 // *outbox.BatchError.
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
-	errs := make([]error, len(msgs))
-	var wg sync.WaitGroup
-	for _, idx := range outbox.ByDestination(msgs) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			km := make([]kafka.Message, len(idx))
-			for j, i := range idx {
-				km[j] = toKafka(msgs[i])
-			}
-			err := p.w.WriteMessages(ctx, km...)
-			var werrs kafka.WriteErrors
-			if errors.As(err, &werrs) && len(werrs) == len(idx) {
-				for j, i := range idx {
-					errs[i] = classify(werrs[j])
-				}
-				return
-			}
-			for _, i := range idx {
-				errs[i] = classify(err)
-			}
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return &outbox.BatchError{Errs: errs}
+	return outbox.PublishByDestination(msgs, func(idx []int, errs []error) {
+		km := make([]kafka.Message, len(idx))
+		for j, i := range idx {
+			km[j] = toKafka(msgs[i])
 		}
-	}
-	return nil
+		err := p.w.WriteMessages(ctx, km...)
+		var werrs kafka.WriteErrors
+		if errors.As(err, &werrs) && len(werrs) == len(idx) {
+			for j, i := range idx {
+				errs[i] = classify(werrs[j])
+			}
+			return
+		}
+		for _, i := range idx {
+			errs[i] = classify(err)
+		}
+	})
 }
 
 // toKafka converts a row to a Kafka message.

@@ -22,6 +22,7 @@
 package sqsoutbox
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -73,33 +74,19 @@ func New(c Client) (*Publisher, error) {
 // Publish sends msgs and returns once SQS accepted every one of them (nil)
 // or with an *outbox.BatchError.
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
-	errs := make([]error, len(msgs))
-	var wg sync.WaitGroup
-	for _, idx := range outbox.ByDestination(msgs) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			url, err := p.queueURL(ctx, msgs[idx[0]].Destination)
-			if err != nil {
-				for _, i := range idx {
-					errs[i] = err
-				}
-				return
-			}
-			// Batches go out one after another, so a FIFO group keeps its order.
-			for start := 0; start < len(idx); start += maxBatch {
-				part := idx[start:min(start+maxBatch, len(idx))]
-				p.send(ctx, url, msgs, part, errs)
-			}
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
+	return outbox.PublishByDestination(msgs, func(idx []int, errs []error) {
+		url, err := p.queueURL(ctx, msgs[idx[0]].Destination)
 		if err != nil {
-			return &outbox.BatchError{Errs: errs}
+			for _, i := range idx {
+				errs[i] = err
+			}
+			return
 		}
-	}
-	return nil
+		// Batches go out one after another, so a FIFO group keeps its order.
+		for start := 0; start < len(idx); start += maxBatch {
+			p.send(ctx, url, msgs, idx[start:min(start+maxBatch, len(idx))], errs)
+		}
+	})
 }
 
 // send sends msgs[idx] to url in one SendMessageBatch call and records each
@@ -107,6 +94,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
 func (p *Publisher) send(ctx context.Context, url string, msgs []outbox.Message, idx []int, errs []error) {
 	fifo := strings.HasSuffix(url, ".fifo")
 	in := &sqs.SendMessageBatchInput{QueueUrl: aws.String(url)}
+	unconfirmed := make(map[string]int, len(idx)) // entry id -> index in msgs
 	for j, i := range idx {
 		e, err := entry(msgs[i], strconv.Itoa(j), fifo)
 		if err != nil {
@@ -114,6 +102,7 @@ func (p *Publisher) send(ctx context.Context, url string, msgs []outbox.Message,
 			continue
 		}
 		in.Entries = append(in.Entries, e)
+		unconfirmed[*e.Id] = i
 	}
 	if len(in.Entries) == 0 {
 		return
@@ -121,34 +110,26 @@ func (p *Publisher) send(ctx context.Context, url string, msgs []outbox.Message,
 	out, err := p.c.SendMessageBatch(ctx, in)
 	if err != nil {
 		err = classify(err)
-		for _, e := range in.Entries {
-			j, _ := strconv.Atoi(aws.ToString(e.Id))
-			errs[idx[j]] = err
+		for _, i := range unconfirmed {
+			errs[i] = err
 		}
 		return
 	}
 	for _, f := range out.Failed {
-		j, convErr := strconv.Atoi(aws.ToString(f.Id))
-		if convErr != nil || j >= len(idx) {
-			continue
+		if i, ok := unconfirmed[aws.ToString(f.Id)]; ok {
+			errs[i] = fmt.Errorf("sqsoutbox: %s: %s", aws.ToString(f.Code), aws.ToString(f.Message))
+			if !f.SenderFault {
+				errs[i] = outbox.Unavailable(errs[i]) // SQS's own failure: retry without counting
+			}
+			delete(unconfirmed, aws.ToString(f.Id))
 		}
-		err := fmt.Errorf("sqsoutbox: %s: %s", aws.ToString(f.Code), aws.ToString(f.Message))
-		if !f.SenderFault {
-			err = outbox.Unavailable(err) // SQS's own failure: retry without counting
-		}
-		errs[idx[j]] = err
+	}
+	for _, s := range out.Successful {
+		delete(unconfirmed, aws.ToString(s.Id))
 	}
 	// An entry neither in Successful nor in Failed was not confirmed.
-	ok := make(map[string]bool, len(out.Successful))
-	for _, s := range out.Successful {
-		ok[aws.ToString(s.Id)] = true
-	}
-	for _, e := range in.Entries {
-		id := aws.ToString(e.Id)
-		j, _ := strconv.Atoi(id)
-		if !ok[id] && errs[idx[j]] == nil {
-			errs[idx[j]] = errors.New("sqsoutbox: SQS did not confirm the message")
-		}
+	for _, i := range unconfirmed {
+		errs[i] = errors.New("sqsoutbox: SQS did not confirm the message")
 	}
 }
 
@@ -159,12 +140,8 @@ func entry(m outbox.Message, id string, fifo bool) (types.SendMessageBatchReques
 	}
 	e := types.SendMessageBatchRequestEntry{Id: aws.String(id), MessageBody: aws.String(string(m.Body))}
 	if fifo {
-		group := m.Key
-		if group == "" {
-			group = "default"
-		}
 		sum := sha256.Sum256([]byte(m.ID))
-		e.MessageGroupId = aws.String(group)
+		e.MessageGroupId = aws.String(cmp.Or(m.Key, "default"))
 		e.MessageDeduplicationId = aws.String(hex.EncodeToString(sum[:]))
 	} else if m.Key != "" {
 		attrs[outbox.HeaderPartitionKey] = stringAttr(m.Key)
