@@ -181,10 +181,7 @@ func countString(n int, more bool) string {
 // that a replay or purge of q is running: then nothing is read, since a
 // second reader would hide dead letters from it (SQS, RabbitMQ).
 func (c *Console) list(ctx context.Context, q *Queue, f dlq.Filter) (ls []*dlq.Letter, more, busy bool, err error) {
-	c.mu.Lock()
-	j := c.busy[q.Name]
-	c.mu.Unlock()
-	if j != nil {
+	if c.running(q) != nil {
 		return nil, false, true, nil
 	}
 	select {
@@ -193,10 +190,7 @@ func (c *Console) list(ctx context.Context, q *Queue, f dlq.Filter) (ls []*dlq.L
 		return nil, false, false, ctx.Err()
 	}
 	defer func() { <-c.scans[q.Name] }()
-	c.mu.Lock()
-	j = c.busy[q.Name]
-	c.mu.Unlock()
-	if j != nil {
+	if c.running(q) != nil {
 		return nil, false, true, nil
 	}
 	b, err := q.Open(ctx)
@@ -211,6 +205,13 @@ func (c *Console) list(ctx context.Context, q *Queue, f dlq.Filter) (ls []*dlq.L
 		c.log(ctx, slog.LevelWarn, "console: list dead letters", slog.String("queue", q.Name), slog.String("error", c.errText(err)))
 	}
 	return ls, more, false, err
+}
+
+// running returns the replay or purge of q that is running, or nil.
+func (c *Console) running(q *Queue) *job {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.busy[q.Name]
 }
 
 func (c *Console) queuePage(w http.ResponseWriter, r *http.Request) {
@@ -228,15 +229,12 @@ func (c *Console) queuePage(w http.ResponseWriter, r *http.Request) {
 	if group != "" {
 		ls = slices.DeleteFunc(slices.Clone(ls), func(l *dlq.Letter) bool { return normalizeReason(l.Reason) != group })
 	}
-	c.mu.Lock()
-	running := c.busy[q.Name]
-	c.mu.Unlock()
 	rows := make([]letterView, len(ls))
 	for i, l := range ls {
 		rows[i] = c.view(l)
 	}
 	c.render(w, r, http.StatusOK, "queue", q.Name+" — dead letters — idemq console", map[string]any{
-		"Queue": q, "Letters": rows, "Groups": groups, "More": more, "Busy": busy, "Running": running,
+		"Queue": q, "Letters": rows, "Groups": groups, "More": more, "Busy": busy, "Running": c.running(q),
 		"Error": c.errText(err), "Reason": f.Reason, "Key": f.Key, "Group": group, "Limit": c.cfg.ListLimit,
 		"Count": countString(len(ls), more),
 	})
