@@ -214,12 +214,7 @@ func (c *Console) running(q *Queue) *job {
 	return c.busy[q.Name]
 }
 
-func (c *Console) queuePage(w http.ResponseWriter, r *http.Request) {
-	q, err := c.queue(r)
-	if err != nil {
-		c.refuse(w, r, http.StatusNotFound, "no such dead-letter queue")
-		return
-	}
+func (c *Console) queuePage(w http.ResponseWriter, r *http.Request, q *Queue) {
 	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
 	defer cancel()
 	f := dlq.Filter{Reason: r.URL.Query().Get("reason"), Key: r.URL.Query().Get("key")}
@@ -240,12 +235,7 @@ func (c *Console) queuePage(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-func (c *Console) letterPage(w http.ResponseWriter, r *http.Request) {
-	q, err := c.queue(r)
-	if err != nil {
-		c.refuse(w, r, http.StatusNotFound, "no such dead-letter queue")
-		return
-	}
+func (c *Console) letterPage(w http.ResponseWriter, r *http.Request, q *Queue) {
 	id := r.URL.Query().Get("id")
 	if id == "" {
 		c.refuse(w, r, http.StatusBadRequest, "which dead letter? (id)")
