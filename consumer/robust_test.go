@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/consumertest"
 	"github.com/idemq/idemq/consumer/memsource"
+	"github.com/idemq/idemq/dedup/memdedup"
 )
 
 // until polls cond until it holds, failing the test after 30 s.
@@ -41,31 +43,31 @@ func (e *memEnv) settled() memsource.TopicStats {
 // downstream header: they are dead-lettered at once with ErrInvalidKey and
 // the handler never runs.
 func TestControlCharacterKeysAreDeadLettered(t *testing.T) {
-	e := newMemEnv(t, time.Second)
+	store := memStore(t)
 	bad := []string{"crlf\r\nX-Injected: 1", "line\nfeed", "tab\tkey", "del\x7f", "c1\u0085next", "esc\x1b[0m"}
+	var script []consumertest.Delivery
 	for _, k := range append(bad, "good") {
-		e.broker.Publish(e.topic, memsource.Outgoing{Key: k, Body: []byte("x")})
+		script = append(script, consumertest.Delivery{Key: k, Body: []byte("x")})
 	}
-	_, stop := e.run(e.broker.Source(e.topic), e.handler(nil), consumer.Config{Concurrency: 2})
-	st := e.settled()
-	stop()
-	if st.Deliveries != uint64(len(bad)+1) {
-		t.Fatalf("%d deliveries, want %d (no retries)", st.Deliveries, len(bad)+1)
+	rep := consumertest.ReplayTx(t, store, func(_ context.Context, tx *memdedup.Tx, msg *consumer.Message) error {
+		return tx.Add("effects/"+msg.Key, 1)
+	}, script, consumertest.Options{})
+	if rep.Deliveries != uint64(len(script)) {
+		t.Fatalf("%d deliveries, want %d (no retries)", rep.Deliveries, len(script))
 	}
-	dl := e.broker.DeadLetters(e.topic)
-	if len(dl) != len(bad) {
-		t.Fatalf("%d dead letters, want %d: %+v", len(dl), len(bad), dl)
+	if len(rep.DeadLetters) != len(bad) {
+		t.Fatalf("%d dead letters, want %d: %+v", len(rep.DeadLetters), len(bad), rep.DeadLetters)
 	}
-	for _, d := range dl {
+	for _, d := range rep.DeadLetters {
 		if !errors.Is(d.Err, consumer.ErrInvalidKey) {
 			t.Errorf("dead letter %q: %v, want ErrInvalidKey", d.Key, d.Err)
 		}
-		if e.called(d.Key) != 0 {
+		if rep.Calls[d.Key] != 0 {
 			t.Errorf("handler ran for invalid key %q", d.Key)
 		}
 	}
-	if e.called("good") != 1 || e.store.Value("effects/good") != 1 {
-		t.Fatalf("good: %d calls, %d effects, want 1 and 1", e.called("good"), e.store.Value("effects/good"))
+	if rep.Calls["good"] != 1 || rep.Committed["good"] != 1 || store.Value("effects/good") != 1 {
+		t.Fatalf("good: %d calls, %d effects, want 1 and 1", rep.Calls["good"], store.Value("effects/good"))
 	}
 }
 
