@@ -43,12 +43,8 @@ func (g *gatedAcks) Ack(ctx context.Context, msgs []*consumer.Message) error {
 // handled before that Ack returns, and what settled meanwhile leaves in
 // order, in one more Ack call. Before, the lane waited for each Ack.
 func TestLaneHandlesWhileAckInFlight(t *testing.T) {
-	store, err := memdedup.New(memdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := memsource.New(memsource.Config{VisibilityTimeout: time.Minute})
-	t.Cleanup(func() { b.Close() })
+	store := memStore(t)
+	b := memBroker(t, memsource.Config{VisibilityTimeout: time.Minute})
 	keys := []string{"a", "b", "c", "d"}
 	for _, k := range keys {
 		b.Publish("t", memsource.Outgoing{Key: k, Body: []byte("body-" + k)})
@@ -65,13 +61,7 @@ func TestLaneHandlesWhileAckInFlight(t *testing.T) {
 		}
 		return nil
 	})
-	r, err := consumer.NewRunner(src, path, consumer.Config{Name: "pipeline", Concurrency: 1, BatchSize: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	r, stop := startRunner(t, src, path, consumer.Config{Name: "pipeline", Concurrency: 1, BatchSize: 1})
 	select {
 	case <-all:
 	case <-time.After(30 * time.Second):
@@ -83,10 +73,7 @@ func TestLaneHandlesWhileAckInFlight(t *testing.T) {
 	if err := r.WaitIdle(context.Background(), 100*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 	src.mu.Lock()
 	defer src.mu.Unlock()
 	if got := slices.Concat(src.calls...); !slices.Equal(got, handled) {

@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"errors"
-	"runtime/debug"
 	"time"
 )
 
@@ -14,11 +13,6 @@ import (
 func (env *pathEnv) callBatch(ctx context.Context, jobs []*job, ti *TxInfo, fn func(ctx context.Context) error) (err error) {
 	for _, j := range jobs {
 		j.msg.setReturned(nil, false) // a batch run again starts with no results
-	}
-	if env.handlerTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, env.handlerTimeout)
-		defer cancel()
 	}
 	if ti != nil {
 		start := time.Now()
@@ -61,10 +55,5 @@ func (env *pathEnv) callBatch(ctx context.Context, jobs []*job, ti *TxInfo, fn f
 			}
 		}()
 	}
-	defer func() {
-		if v := recover(); v != nil {
-			err = &PanicError{Value: v, Stack: debug.Stack()}
-		}
-	}()
-	return fn(ctx)
+	return env.guard(ctx, fn)
 }

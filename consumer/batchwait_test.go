@@ -38,18 +38,10 @@ func (b *batchSizes) get() []int {
 // transactional path over an in-memory store, with BatchSize 10.
 func batchWaitRunner(t *testing.T, b *memsource.Broker, wait time.Duration, sizes *batchSizes) *consumer.Runner {
 	t.Helper()
-	store, err := memdedup.New(memdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil })
-	r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{
+	path := consumer.Transactional(memStore(t), func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil })
+	return newRunner(t, b.Source("t"), path, consumer.Config{
 		Name: "batch-wait", Concurrency: 1, BatchSize: 10, BatchWait: wait, Hooks: []consumer.Hook{sizes},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
 }
 
 func publishKeys(b *memsource.Broker, keys ...string) {
@@ -70,8 +62,7 @@ func TestBatchWaitFillsTheBatch(t *testing.T) {
 		{time.Minute, func(s []int) bool { return slices.Equal(s, []int{10}) }, "[10]"},
 		{0, func(s []int) bool { return len(s) >= 2 && s[0] == 1 }, "[1 ...]"},
 	} {
-		b := memsource.New(memsource.Config{VisibilityTimeout: 5 * time.Minute})
-		t.Cleanup(func() { b.Close() })
+		b := memBroker(t, memsource.Config{VisibilityTimeout: 5 * time.Minute})
 		sizes := new(batchSizes)
 		r := batchWaitRunner(t, b, tc.wait, sizes)
 		publishKeys(b, "k0")
@@ -92,8 +83,7 @@ func TestBatchWaitFillsTheBatch(t *testing.T) {
 
 // A batch that does not fill starts when BatchWait has passed.
 func TestBatchWaitStartsAPartialBatch(t *testing.T) {
-	b := memsource.New(memsource.Config{VisibilityTimeout: 5 * time.Minute})
-	t.Cleanup(func() { b.Close() })
+	b := memBroker(t, memsource.Config{VisibilityTimeout: 5 * time.Minute})
 	sizes := new(batchSizes)
 	r := batchWaitRunner(t, b, 50*time.Millisecond, sizes)
 	publishKeys(b, "a", "b", "c")
@@ -108,8 +98,7 @@ func TestBatchWaitStartsAPartialBatch(t *testing.T) {
 // Stopping the Runner ends a lane's wait: the message it holds is handled
 // at once, within the drain, not after BatchWait.
 func TestBatchWaitEndsWhenTheRunnerStops(t *testing.T) {
-	b := memsource.New(memsource.Config{VisibilityTimeout: 5 * time.Minute})
-	t.Cleanup(func() { b.Close() })
+	b := memBroker(t, memsource.Config{VisibilityTimeout: 5 * time.Minute})
 	sizes := new(batchSizes)
 	r := batchWaitRunner(t, b, time.Hour, sizes)
 	publishKeys(b, "a")
@@ -135,14 +124,10 @@ func TestBatchWaitEndsWhenTheRunnerStops(t *testing.T) {
 }
 
 func TestBatchWaitMustNotBeNegative(t *testing.T) {
-	b := memsource.New(memsource.Config{})
-	t.Cleanup(func() { b.Close() })
-	store, err := memdedup.New(memdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := memBroker(t, memsource.Config{})
+	store := memStore(t)
 	path := consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil })
-	_, err = consumer.NewRunner(b.Source("t"), path, consumer.Config{Name: "x", BatchWait: -time.Second})
+	_, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{Name: "x", BatchWait: -time.Second})
 	var ce *idemq.ConfigError
 	if !errors.As(err, &ce) || ce.Field != "BatchWait" {
 		t.Errorf("NewRunner with a negative BatchWait = %v, want a *idemq.ConfigError for BatchWait", err)

@@ -169,9 +169,7 @@ func (c Config) WithDefaults() Config {
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, DefaultDrainTimeout)
 	c.OutageThreshold = cmp.Or(c.OutageThreshold, DefaultOutageThreshold)
 	c.OutageReminder = cmp.Or(c.OutageReminder, DefaultOutageReminder)
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	c.Retry = c.Retry.WithDefaults()
 	return c
 }

@@ -143,7 +143,7 @@ func TestLockConflictRerunsOneMessagePerTransaction(t *testing.T) {
 	second := keys(10, "e")
 	f.publish(second...)
 	f.settled()
-	r.stop(t)
+	r.stop()
 	f.requireOnce(append(first, second...)...)
 	after := script.transactions()[len(txs):]
 	if len(after) != 1 || len(after[0]) != len(second) {
@@ -187,7 +187,7 @@ func TestLockConflictRerunHoldsPartitionOrder(t *testing.T) {
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, script.handler(f)),
 		consumer.Config{Concurrency: 1, BatchSize: 6, BatchWait: 2 * time.Second, Retry: quickRetry(1)})
 	st := f.settled()
-	r.stop(t)
+	r.stop()
 	mu.Lock()
 	defer mu.Unlock()
 	if inspectErr != nil {

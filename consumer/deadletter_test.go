@@ -20,31 +20,11 @@ import (
 // broker.
 func runMem(t *testing.T, cfg consumer.Config, h consumer.TxHandler[*memdedup.Tx], msgs ...memsource.Outgoing) *memsource.Broker {
 	t.Helper()
-	store, err := memdedup.New(memdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := memsource.New(memsource.Config{})
-	t.Cleanup(func() { b.Close() })
+	store := memStore(t)
+	b := memBroker(t, memsource.Config{})
 	b.Publish("t", msgs...)
-	if cfg.Name == "" {
-		cfg.Name = "test"
-	}
 	cfg.Retry.InitialBackoff, cfg.Retry.MaxBackoff = time.Millisecond, 5*time.Millisecond
-	r, err := consumer.NewRunner(b.Source("t"), consumer.Transactional(store, h), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	go func() {
-		if r.WaitIdle(ctx, 300*time.Millisecond) == nil {
-			cancel()
-		}
-	}()
-	if err := r.Run(ctx); err != nil {
-		t.Fatalf("Run = %v", err)
-	}
+	runIdle(t, newRunner(t, b.Source("t"), consumer.Transactional(store, h), cfg), 300*time.Millisecond)
 	return b
 }
 

@@ -20,20 +20,13 @@ import (
 func TestDefaultConfigBatchesWhatIsQueued(t *testing.T) {
 	run := func(t *testing.T, batchSize, n int) []int {
 		t.Helper()
-		b := memsource.New(memsource.Config{VisibilityTimeout: 5 * time.Minute})
-		t.Cleanup(func() { b.Close() })
-		store, err := memdedup.New(memdedup.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := memBroker(t, memsource.Config{VisibilityTimeout: 5 * time.Minute})
+		store := memStore(t)
 		sizes := new(batchSizes)
 		path := consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil })
-		r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{
+		r := newRunner(t, b.Source("t"), path, consumer.Config{
 			Name: "defaults", Concurrency: 1, BatchSize: batchSize, Hooks: []consumer.Hook{sizes},
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
 		for i := range n {
 			publishKeys(b, fmt.Sprintf("k%03d", i))
 		}

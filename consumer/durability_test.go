@@ -12,7 +12,6 @@ import (
 	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/dedupdriver"
-	"github.com/idemq/idemq/dedup/memdedup"
 	"github.com/idemq/idemq/internal/runtest"
 )
 
@@ -59,19 +58,12 @@ func TestRunChecksTheStoresDurability(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ms, err := memdedup.New(memdedup.Config{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			ms := memStore(t)
 			store := &durableLeases{Lease: ms.Leases().Driver(), d: tc.d, err: tc.err}
-			b := memsource.New(memsource.Config{})
-			defer b.Close()
+			b := memBroker(t, memsource.Config{})
 			var logs runtest.SyncBuffer
-			r, err := consumer.NewRunner(b.Source("in"), consumer.Leased(store, func(context.Context, *consumer.Message) error { return nil }, consumer.LeaseOptions{}),
+			r := newRunner(t, b.Source("in"), consumer.Leased(store, func(context.Context, *consumer.Message) error { return nil }, consumer.LeaseOptions{}),
 				consumer.Config{Name: "durability", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-			if err != nil {
-				t.Fatal(err)
-			}
 			b.Publish("in", memsource.Outgoing{Key: "k"})
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)

@@ -128,11 +128,6 @@ func (env *pathEnv) msgCtx(ctx context.Context, j *job) context.Context {
 func (env *pathEnv) call(ctx context.Context, j *job, fn func(ctx context.Context) error) (err error) {
 	ctx = withKeys(env.msgCtx(ctx, j), &j.msg.keys)
 	j.msg.setReturned(nil, false) // a run again starts with no result
-	if env.handlerTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, env.handlerTimeout)
-		defer cancel()
-	}
 	if len(env.obs.handlerStart) > 0 || len(env.obs.handlerEnd) > 0 {
 		for _, h := range env.obs.handlerStart {
 			ctx = h.OnHandlerStart(ctx, j.msg)
@@ -144,6 +139,17 @@ func (env *pathEnv) call(ctx context.Context, j *job, fn func(ctx context.Contex
 				h.OnHandlerEnd(ctx, j.msg, d, err)
 			}
 		}()
+	}
+	return env.guard(ctx, fn)
+}
+
+// guard runs a handler's call fn with the handler timeout, and turns its
+// panic into a *PanicError.
+func (env *pathEnv) guard(ctx context.Context, fn func(ctx context.Context) error) (err error) {
+	if env.handlerTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, env.handlerTimeout)
+		defer cancel()
 	}
 	defer func() {
 		if v := recover(); v != nil {

@@ -64,10 +64,7 @@ type attemptsEnv struct {
 
 func newAttemptsEnv(t *testing.T, extra int) *attemptsEnv {
 	t.Helper()
-	store, err := memdedup.New(memdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := memStore(t)
 	e := &attemptsEnv{broker: memsource.New(memsource.Config{VisibilityTimeout: 200 * time.Millisecond}), store: store}
 	t.Cleanup(func() { e.broker.Close() })
 	e.src = &crashedBefore{Source: e.broker.Source("t"), extra: extra}
@@ -135,10 +132,7 @@ func TestAttemptsCountHandlerFailuresNotDeliveries(t *testing.T) {
 				h := e.handler(1)
 				path = consumer.Transactional(e.store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error { return h(ctx, m) })
 			}
-			r, err := consumer.NewRunner(e.src, path, e.config(5))
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := newRunner(t, e.src, path, e.config(5))
 			runtest.RunUntil(t, e.settled, r)
 			st := e.broker.Stats("t")
 			if st.DeadLettered != 0 || st.Acks != 1 {
@@ -164,10 +158,7 @@ func TestMaxAttemptsCountsHandlerFailures(t *testing.T) {
 	e := newAttemptsEnv(t, 10)
 	h := e.handler(1 << 30)
 	path := consumer.Transactional(e.store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error { return h(ctx, m) })
-	r, err := consumer.NewRunner(e.src, path, e.config(3))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newRunner(t, e.src, path, e.config(3))
 	runtest.RunUntilUnless(t, e.settled, runtest.AtMost("handler calls before the dead letter", 3, e.handlerCalls), r)
 	if got := e.handlerCalls(); got != 3 {
 		t.Fatalf("handler ran %d times before the dead letter, want 3", got)
@@ -194,10 +185,7 @@ func TestFailedDeadLetterKeepsTheCount(t *testing.T) {
 	e.broker.Inject(memsource.Fault{Kind: memsource.DeadLetterError})
 	h := e.handler(1 << 30)
 	path := consumer.Transactional(e.store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error { return h(ctx, m) })
-	r, err := consumer.NewRunner(e.src, path, e.config(2))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newRunner(t, e.src, path, e.config(2))
 	runtest.RunUntilUnless(t, e.settled, runtest.AtMost("handler calls", 3, e.handlerCalls), r)
 	if got := e.handlerCalls(); got != 3 {
 		t.Fatalf("handler ran %d times, want 3 (2 failures, a failed dead letter, 1 more failure)", got)
@@ -221,10 +209,7 @@ func TestAnotherPayloadStartsTheCountAgain(t *testing.T) {
 	}
 	h := e.handler(1)
 	path := consumer.Transactional(e.store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error { return h(ctx, m) })
-	r, err := consumer.NewRunner(e.src, path, e.config(2))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newRunner(t, e.src, path, e.config(2))
 	runtest.RunUntil(t, e.settled, r)
 	if st := e.broker.Stats("t"); st.Acks != 1 || st.DeadLettered != 0 {
 		t.Fatalf("acked %d, dead-lettered %d; want the new payload retried after its own first failure and acked", st.Acks, st.DeadLettered)
@@ -248,10 +233,7 @@ func TestBatchCountsOnlyTheFailedMessage(t *testing.T) {
 	})
 	cfg := e.config(5)
 	cfg.BatchSize = 3
-	r, err := consumer.NewRunner(e.src, path, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newRunner(t, e.src, path, cfg)
 	runtest.RunUntil(t, func() bool { return e.broker.Stats("t").Acks == 3 }, r)
 	for key, want := range map[string]int{"k1": 0, "k2": 1, "k3": 0} {
 		if got := e.store.Failures("attempts", key); got != want {
@@ -267,10 +249,7 @@ func TestFailureCounterDownFallsBackToBrokerAttempts(t *testing.T) {
 	e.store.Inject(memdedup.Fault{Kind: memdedup.RecordFailureError, Times: -1})
 	h := e.handler(1 << 30)
 	path := consumer.Transactional(e.store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error { return h(ctx, m) })
-	r, err := consumer.NewRunner(e.src, path, e.config(5))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newRunner(t, e.src, path, e.config(5))
 	runtest.RunUntilUnless(t, e.settled, runtest.AtMost("handler calls (broker attempt 11 >= MaxAttempts 5)", 1, e.handlerCalls), r)
 	if got := e.handlerCalls(); got != 1 {
 		t.Fatalf("handler ran %d times, want 1 (broker attempt 11 >= MaxAttempts 5)", got)

@@ -50,19 +50,12 @@ func TestFencedSettleIsLeftToTheNewOwner(t *testing.T) {
 		{"retry", errors.New("flaky")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := memsource.New(memsource.Config{VisibilityTimeout: time.Minute})
-			t.Cleanup(func() { b.Close() })
-			store, err := memdedup.New(memdedup.Config{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			b := memBroker(t, memsource.Config{VisibilityTimeout: time.Minute})
+			store := memStore(t)
 			src := &fencedSource{Source: b.Source("t")}
 			hook := new(deadLetterHook)
 			path := consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return tc.err })
-			r, err := consumer.NewRunner(src, path, consumer.Config{Name: "fenced", Hooks: []consumer.Hook{hook}, Logger: runtest.Logger(t)})
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := newRunner(t, src, path, consumer.Config{Name: "fenced", Hooks: []consumer.Hook{hook}, Logger: runtest.Logger(t)})
 			publishKeys(b, "k1")
 			stop := runtest.Start(t, r)
 			runtest.WaitFor(t, runtest.Timeout, runtest.Say("the fenced settle"), func() bool {

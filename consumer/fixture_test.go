@@ -177,9 +177,6 @@ func (f *fixture) requireOnce(ks ...string) {
 }
 
 func (f *fixture) config(cfg consumer.Config) consumer.Config {
-	if cfg.Name == "" {
-		cfg.Name = "test"
-	}
 	if cfg.Retry.InitialBackoff == 0 {
 		cfg.Retry.InitialBackoff = 10 * time.Millisecond
 		cfg.Retry.MaxBackoff = 50 * time.Millisecond
@@ -190,42 +187,17 @@ func (f *fixture) config(cfg consumer.Config) consumer.Config {
 	return cfg
 }
 
-// running is a Runner started in the background.
+// running is a Runner started in the background; stop cancels it and
+// waits for Run to return (calling it again does nothing).
 type running struct {
 	*consumer.Runner
-	cancel context.CancelFunc
-	done   chan error
-	once   sync.Once
+	stop func()
 }
 
 func (f *fixture) start(src consumer.Source, path consumer.Path, cfg consumer.Config) *running {
 	f.t.Helper()
-	r, err := consumer.NewRunner(src, path, f.config(cfg))
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	rr := &running{Runner: r, cancel: cancel, done: make(chan error, 1)}
-	go func() { rr.done <- r.Run(ctx) }()
-	f.t.Cleanup(func() { rr.stop(f.t) })
-	return rr
-}
-
-// stop cancels the runner and waits for Run to return. Calling it again does
-// nothing.
-func (r *running) stop(t *testing.T) {
-	t.Helper()
-	r.once.Do(func() {
-		r.cancel()
-		select {
-		case err := <-r.done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatal("Run did not return within 30s of cancel")
-		}
-	})
+	r, stop := startRunner(f.t, src, path, f.config(cfg))
+	return &running{Runner: r, stop: stop}
 }
 
 // settled waits until the topic has nothing ready, in flight or pending.

@@ -13,23 +13,17 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup/memdedup"
+	"github.com/idemq/idemq/internal/runtest"
 )
 
 // HealthHandler serves liveness (always 200 while the process answers) and
 // readiness (Runner.Health as JSON, 200 when Ready, 503 otherwise) under
 // whatever prefix it is mounted at.
 func TestHealthHandler(t *testing.T) {
-	store, err := memdedup.New(memdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := memsource.New(memsource.Config{})
-	t.Cleanup(func() { b.Close() })
-	r, err := consumer.NewRunner(b.Source("orders"), consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
+	store := memStore(t)
+	b := memBroker(t, memsource.Config{})
+	r := newRunner(t, b.Source("orders"), consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
 		consumer.Config{Name: "health"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	mux := http.NewServeMux()
 	mux.Handle("/health/", http.StripPrefix("/health", consumer.HealthHandler(r)))
 	srv := httptest.NewServer(mux)
@@ -66,15 +60,7 @@ func TestHealthHandler(t *testing.T) {
 		t.Errorf("before Run: livez %d, want 200", code)
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	runtest.Start(t, r)
 	deadline := time.Now().Add(10 * time.Second)
 	for !r.Health().Ready {
 		if time.Now().After(deadline) {

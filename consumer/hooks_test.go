@@ -155,12 +155,8 @@ func (h *recordingHook) OnSettled(ctx context.Context, m *consumer.Message, s co
 // exhausted attempts. It returns the runner after it stopped.
 func hookScenario(t *testing.T, leased bool, hs ...consumer.Hook) *consumer.Runner {
 	t.Helper()
-	store, err := memdedup.New(memdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
-	t.Cleanup(func() { b.Close() })
+	store := memStore(t)
+	b := memBroker(t, memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 	b.Inject(memsource.Fault{Kind: memsource.CrashAfterCommit, Key: "drop"})
 	b.Inject(memsource.Fault{Kind: memsource.AckError, Key: "ackerr"})
 
@@ -187,13 +183,10 @@ func hookScenario(t *testing.T, leased bool, hs ...consumer.Hook) *consumer.Runn
 	} else {
 		path = consumer.Transactional(store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error { return h(ctx, m) })
 	}
-	r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{
+	r := newRunner(t, b.Source("t"), path, consumer.Config{
 		Name: "hooks", Concurrency: 1, BatchSize: 10, Hooks: hs,
 		Retry: consumer.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Jitter: -1},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, k := range []string{"a", "same", "same", "re", "drop", "ackerr", "retry", "perm", "max"} {
 		b.Publish("t", memsource.Outgoing{Key: k, Body: []byte("body-" + k)})
 	}
@@ -341,17 +334,9 @@ func BenchmarkHooks(b *testing.B) {
 		hooks []consumer.Hook
 	}{{"none", nil}, {"noop", []consumer.Hook{noopHook{}}}} {
 		b.Run(bc.name, func(b *testing.B) {
-			store, err := memdedup.New(memdedup.Config{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			br := memsource.New(memsource.Config{})
-			defer br.Close()
-			path := consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil })
-			r, err := consumer.NewRunner(br.Source("t"), path, consumer.Config{Name: "bench", Concurrency: 1, BatchSize: 100, Hooks: bc.hooks})
-			if err != nil {
-				b.Fatal(err)
-			}
+			br := memBroker(b, memsource.Config{})
+			path := consumer.Transactional(memStore(b), func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil })
+			r := newRunner(b, br.Source("t"), path, consumer.Config{Name: "bench", Concurrency: 1, BatchSize: 100, Hooks: bc.hooks})
 			msgs := make([]memsource.Outgoing, b.N)
 			for i := range msgs {
 				msgs[i] = memsource.Outgoing{Key: "k" + itoa(i), Body: []byte("body")}
@@ -415,12 +400,8 @@ func (h *outcomeAtHook) OnSettled(_ context.Context, m *consumer.Message, _ cons
 func TestCommitHookPrecedesOutcome(t *testing.T) {
 	for name, leased := range map[string]bool{"transactional": false, "leased": true} {
 		t.Run(name, func(t *testing.T) {
-			store, err := memdedup.New(memdedup.Config{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			b := memsource.New(memsource.Config{})
-			t.Cleanup(func() { b.Close() })
+			store := memStore(t)
+			b := memBroker(t, memsource.Config{})
 			result := func(_ context.Context, m *consumer.Message) ([]byte, error) { return []byte("r-" + m.Key), nil }
 			path := consumer.Leased(store.Leases(), consumer.Result(result), consumer.LeaseOptions{})
 			if !leased {
@@ -429,10 +410,7 @@ func TestCommitHookPrecedesOutcome(t *testing.T) {
 				}))
 			}
 			hook := &outcomeAtHook{atCommit: map[string]bool{}, atSettled: map[string]bool{}}
-			r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{Name: "outcome-at", Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{hook}})
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := newRunner(t, b.Source("t"), path, consumer.Config{Name: "outcome-at", Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{hook}})
 			keys := []string{"a", "b", "c"}
 			for _, k := range keys {
 				b.Publish("t", memsource.Outgoing{Key: k, Body: []byte("body-" + k)})

@@ -33,13 +33,10 @@ func (s horizonSource) RedeliveryHorizon(context.Context) (time.Duration, error)
 func runBriefly(t *testing.T, src horizonSource, path consumer.Path, allow bool) (string, error) {
 	t.Helper()
 	var logs runtest.SyncBuffer
-	r, err := consumer.NewRunner(src, path, consumer.Config{
+	r := newRunner(t, src, path, consumer.Config{
 		Name: "horizon", AllowShortRetention: allow,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -55,8 +52,7 @@ func runBriefly(t *testing.T, src horizonSource, path consumer.Path, allow bool)
 		}
 	}
 	cancel()
-	err = <-done
-	return logs.String(), err
+	return logs.String(), <-done
 }
 
 // The Runner compares the source's redelivery horizon with the store's

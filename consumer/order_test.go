@@ -94,7 +94,7 @@ func TestPartitionOrderHeldAcrossBatches(t *testing.T) {
 			}
 			r := f.start(f.broker.Source(f.topic), path, consumer.Config{Concurrency: 1, BatchSize: 3})
 			f.settled()
-			r.stop(t)
+			r.stop()
 			if dl := f.broker.DeadLetters(f.topic); len(dl) != 0 {
 				t.Fatalf("dead letters: %+v", dl)
 			}

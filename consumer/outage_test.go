@@ -107,7 +107,7 @@ func TestStoreOutageLogsNoLinePerMessage(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	r.stop(t)
+	r.stop()
 	t.Logf("%d store failures: %d lines \"message will be retried\", %d \"receiving paused\"",
 		r.Health().StoreFailures, len(rec.Find("message will be retried")), len(rec.Find("receiving paused")))
 	// Before the outage is declared, each failure may have its line.

@@ -213,12 +213,8 @@ func (p *leasePath) complete(ctx context.Context, env *pathEnv, j *job, token st
 		env.storeOut.failed(ctx, env.log, fmt.Errorf("idemq: mark key done: %w", err))
 		env.storeOut.warn(ctx, env.log, "marking key done failed; retrying",
 			slog.String(LogKeyKey, j.key), slog.Duration(LogKeyDelay, delay), slog.Any(LogKeyError, err))
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if sleep(ctx, delay); ctx.Err() != nil {
 			return fmt.Errorf("%w (gave up after one lease: %w)", err, ctx.Err())
-		case <-t.C:
 		}
 		delay = min(2*delay, time.Second)
 	}

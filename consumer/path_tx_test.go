@@ -66,7 +66,7 @@ func TestHandlerErrorsAreCountedAttempts(t *testing.T) {
 			r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, h),
 				consumer.Config{HandlerTimeout: 100 * time.Millisecond, Retry: quickRetry(2)})
 			f.settled()
-			r.stop(t)
+			r.stop()
 			dl := f.broker.DeadLetters(f.topic)
 			if len(dl) != 1 || !errors.Is(dl[0].Err, consumer.ErrMaxAttempts) {
 				t.Fatalf("dead letters = %+v, want k after its attempts", dl)
@@ -100,7 +100,7 @@ func TestPermanentWinsOverTransient(t *testing.T) {
 			}
 			r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, h), consumer.Config{Retry: quickRetry(5)})
 			f.settled()
-			r.stop(t)
+			r.stop()
 			dl := f.broker.DeadLetters(f.topic)
 			if len(dl) != 1 || f.calls("k") != 1 {
 				t.Fatalf("%d calls, dead letters %+v: want 1 call and 1 dead letter", f.calls("k"), dl)
@@ -124,7 +124,7 @@ func TestHandlerSerializationFailureIsNotCounted(t *testing.T) {
 			}
 			r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(fail)), consumer.Config{Retry: quickRetry(2)})
 			f.settled()
-			r.stop(t)
+			r.stop()
 			f.requireOnce("busy")
 			if dl := f.broker.DeadLetters(f.topic); len(dl) != 0 || f.calls("busy") != 5 {
 				t.Fatalf("%d calls, dead letters %+v: want 5 calls, none dead-lettered", f.calls("busy"), dl)
@@ -217,7 +217,7 @@ func TestSavepointFreeBatchDropsOnlyTheFailure(t *testing.T) {
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(store, f.handler(fail)),
 		consumer.Config{Concurrency: 1, BatchSize: 10, Retry: quickRetry(1)})
 	f.settled()
-	r.stop(t)
+	r.stop()
 	ok := slices.DeleteFunc(slices.Clone(ks), func(k string) bool { return k == "b004" })
 	f.requireOnce(ok...)
 	for _, k := range ok {
@@ -273,7 +273,7 @@ func TestSwallowedErrorBlamesOnlyTheCulprit(t *testing.T) {
 			r := f.start(f.broker.Source(f.topic), consumer.Transactional(store, h),
 				consumer.Config{Concurrency: 1, BatchSize: 7, Retry: quickRetry(1)})
 			f.settled()
-			r.stop(t)
+			r.stop()
 			innocent := slices.DeleteFunc(slices.Clone(ks), func(k string) bool { return k == poison })
 			f.requireOnce(innocent...)
 			dl := f.broker.DeadLetters(f.topic)
@@ -310,7 +310,7 @@ func TestFailedMessageHoldsItsPartitionUncounted(t *testing.T) {
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(fail)),
 		consumer.Config{Concurrency: 1, BatchSize: 6, BatchWait: 500 * time.Millisecond, Retry: quickRetry(2)})
 	f.settled()
-	r.stop(t)
+	r.stop()
 	f.requireOnce("p0", "p1", "p2", "p3", "p4", "p5")
 	rows, err := f.pool.Query(context.Background(), `SELECT body FROM `+f.table+` ORDER BY id`)
 	if err != nil {
@@ -342,8 +342,7 @@ func TestFailedMessageHoldsItsPartitionUncounted(t *testing.T) {
 func TestBatchMessageErrorRerunsWithoutTheNamedMessage(t *testing.T) {
 	f := newFixture(t)
 	// A broker of the test's own, whose deliveries do not expire under load.
-	broker := memsource.New(memsource.Config{VisibilityTimeout: time.Minute, Seed: 1})
-	t.Cleanup(func() { broker.Close() })
+	broker := memBroker(t, memsource.Config{VisibilityTimeout: time.Minute, Seed: 1})
 	const topic, culprit = "named", "n003"
 	ks := keys(8, "n")
 	for _, k := range ks {
@@ -390,7 +389,7 @@ func TestBatchMessageErrorRerunsWithoutTheNamedMessage(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	r.stop(t)
+	r.stop()
 	dl := broker.DeadLetters(topic)
 	if len(dl) != 1 || dl[0].Key != culprit || dl[0].Attempts != 2 {
 		t.Fatalf("dead letters %+v, want %s alone after 2 attempts", dl, culprit)
@@ -485,7 +484,7 @@ func TestTransactionalBatchFindsCulprit(t *testing.T) {
 		}
 	}
 	f.settled()
-	r.stop(t)
+	r.stop()
 	after := 0
 	for _, n := range seen {
 		after += n
@@ -526,7 +525,7 @@ func (f *fixture) refusedCommitOf(bad string, ks []string, store dedupdriver.TxS
 	f.publish(ks...)
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(store, f.handler(nil)), cfg)
 	f.settled()
-	r.stop(f.t)
+	r.stop()
 	f.requireOnce(slices.DeleteFunc(slices.Clone(ks), func(k string) bool { return k == bad })...)
 	dl := f.broker.DeadLetters(f.topic)
 	if len(dl) != 1 || dl[0].Key != bad || !errors.Is(dl[0].Err, dedup.ErrTxRefused) {
@@ -555,7 +554,7 @@ func TestChainedCommits(t *testing.T) {
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(store, f.handler(fail)),
 		consumer.Config{Concurrency: 2, BatchSize: 1, Retry: quickRetry(3)})
 	f.settled()
-	r.stop(t)
+	r.stop()
 	f.requireOnce(ks...)
 	if dl := f.broker.DeadLetters(f.topic); len(dl) > 0 {
 		t.Fatalf("dead letters: %+v", dl)
@@ -627,7 +626,7 @@ func TestBisectInfraFailureHoldsPartition(t *testing.T) {
 	r := f.start(f.broker.Source(f.topic), consumer.TransactionalBatch[pgx.Tx](store, h),
 		consumer.Config{Concurrency: 1, BatchSize: 2, BatchWait: 500 * time.Millisecond, Retry: quickRetry(3)})
 	f.settled()
-	r.stop(t)
+	r.stop()
 	rows, err := f.pool.Query(context.Background(), `SELECT key FROM `+f.table+` ORDER BY id`)
 	if err != nil {
 		t.Fatal(err)
@@ -699,7 +698,7 @@ func TestNoOpenTransactionWaitsOnDeadLetter(t *testing.T) {
 		innocent := slices.ContainsFunc(dead, func(k string) bool { return !strings.HasPrefix(k, "bad") })
 		return innocent || (st.Ready == 0 && st.InFlight == 0 && st.Pending == 0)
 	})
-	r.stop(t)
+	r.stop()
 	slices.Sort(dead)
 	if !slices.Equal(dead, bad) {
 		t.Fatalf("dead letters %v, want exactly %v", dead, bad)
@@ -729,7 +728,7 @@ func TestHandlerEndingTheTransactionIsBlamed(t *testing.T) {
 			r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, ender),
 				consumer.Config{Concurrency: 1, BatchSize: 3, BatchWait: 500 * time.Millisecond, Retry: quickRetry(1)})
 			f.settled()
-			r.stop(t)
+			r.stop()
 			var dead []string
 			for _, dl := range f.broker.DeadLetters(f.topic) {
 				dead = append(dead, dl.Key)

@@ -48,8 +48,7 @@ func TestConcurrencyMustFitThePool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := memsource.New(memsource.Config{})
-	t.Cleanup(func() { _ = b.Close() })
+	b := memBroker(t, memsource.Config{})
 	paths := map[string]consumer.Path{
 		"pgxpool":      consumer.Transactional(pg, func(context.Context, pgx.Tx, *consumer.Message) error { return nil }),
 		"database/sql": consumer.Transactional(sq, func(context.Context, *sql.Tx, *consumer.Message) error { return nil }),

@@ -38,12 +38,7 @@ var ErrResultUnsupported = errors.New("idemq: the store keeps no results")
 func TxResult[Tx any](h func(ctx context.Context, tx Tx, msg *Message) ([]byte, error)) TxHandler[Tx] {
 	return func(ctx context.Context, tx Tx, msg *Message) error {
 		msg.setReturned(nil, false)
-		b, err := h(ctx, tx, msg)
-		if err != nil {
-			return err
-		}
-		msg.setReturned(b, true)
-		return nil
+		return msg.keepResult(h(ctx, tx, msg))
 	}
 }
 
@@ -53,15 +48,7 @@ func TxResult[Tx any](h func(ctx context.Context, tx Tx, msg *Message) ([]byte, 
 // JSON. A result that does not encode fails the message permanently.
 func TxResultJSON[T, R, Tx any](h func(ctx context.Context, tx Tx, msg *Message, v T) (R, error)) TxHandler[Tx] {
 	return TxResult(func(ctx context.Context, tx Tx, msg *Message) ([]byte, error) {
-		v, err := decodeJSON[T](msg)
-		if err != nil {
-			return nil, err
-		}
-		res, err := h(ctx, tx, msg, v)
-		if err != nil {
-			return nil, err
-		}
-		return encodeResult(res)
+		return jsonResult(msg, func(v T) (R, error) { return h(ctx, tx, msg, v) })
 	})
 }
 
@@ -77,12 +64,7 @@ func TxResultJSON[T, R, Tx any](h func(ctx context.Context, tx Tx, msg *Message,
 func Result(h func(ctx context.Context, msg *Message) ([]byte, error)) Handler {
 	return func(ctx context.Context, msg *Message) error {
 		msg.setReturned(nil, false)
-		b, err := h(ctx, msg)
-		if err != nil {
-			return err
-		}
-		msg.setReturned(b, true)
-		return nil
+		return msg.keepResult(h(ctx, msg))
 	}
 }
 
@@ -91,15 +73,7 @@ func Result(h func(ctx context.Context, msg *Message) ([]byte, error)) Handler {
 // ErrMalformed), calls h, and stores its result encoded as JSON.
 func ResultJSON[T, R any](h func(ctx context.Context, msg *Message, v T) (R, error)) Handler {
 	return Result(func(ctx context.Context, msg *Message) ([]byte, error) {
-		v, err := decodeJSON[T](msg)
-		if err != nil {
-			return nil, err
-		}
-		res, err := h(ctx, msg, v)
-		if err != nil {
-			return nil, err
-		}
-		return encodeResult(res)
+		return jsonResult(msg, func(v T) (R, error) { return h(ctx, msg, v) })
 	})
 }
 
@@ -123,7 +97,26 @@ func (j *job) replay(result []byte) {
 	j.msg.res.value, j.msg.res.returned, j.msg.res.state = result, false, resultReplayed
 }
 
-func encodeResult[R any](res R) ([]byte, error) {
+// keepResult records b as m's result unless err is set, and returns err.
+func (m *Message) keepResult(b []byte, err error) error {
+	if err == nil {
+		m.setReturned(b, true)
+	}
+	return err
+}
+
+// jsonResult decodes m's body as JSON into a T, calls h with it and
+// encodes its result as JSON; a result that does not encode is a
+// permanent failure.
+func jsonResult[T, R any](m *Message, h func(v T) (R, error)) ([]byte, error) {
+	v, err := decodeJSON[T](m)
+	if err != nil {
+		return nil, err
+	}
+	res, err := h(v)
+	if err != nil {
+		return nil, err
+	}
 	b, err := json.Marshal(res)
 	if err != nil {
 		return nil, Permanent(fmt.Errorf("idemq: encoding result %T: %w", res, err))

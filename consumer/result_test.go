@@ -15,7 +15,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/dedup/memdedup"
+	"github.com/idemq/idemq/internal/runtest"
 )
 
 // outcomeSource records the Outcome of every message the runner
@@ -220,12 +220,8 @@ func TestOutcome(t *testing.T) {
 	})
 
 	t.Run("lease redelivery replays the stored result", func(t *testing.T) {
-		mem, err := memdedup.New(memdedup.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		broker := memsource.New(memsource.Config{VisibilityTimeout: 300 * time.Millisecond, Seed: 1})
-		t.Cleanup(func() { broker.Close() })
+		mem := memStore(t)
+		broker := memBroker(t, memsource.Config{VisibilityTimeout: 300 * time.Millisecond, Seed: 1})
 		broker.Inject(memsource.Fault{Kind: memsource.CrashAfterCommit, Key: "l"})
 		src := &outcomeSource{Source: broker.Source("mail")}
 		var mu sync.Mutex
@@ -236,19 +232,8 @@ func TestOutcome(t *testing.T) {
 			calls++
 			return map[string]string{"sent": fmt.Sprint(v["n"])}, nil
 		})
-		r, err := consumer.NewRunner(src, consumer.Leased(mem.Leases(), h, consumer.LeaseOptions{}), consumer.Config{Name: "test", Concurrency: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- r.Run(ctx) }()
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		})
+		r := newRunner(t, src, consumer.Leased(mem.Leases(), h, consumer.LeaseOptions{}), consumer.Config{Name: "test", Concurrency: 1})
+		runtest.Start(t, r)
 		broker.Publish("mail", memsource.Outgoing{Key: "l", Body: []byte(`{"n":7}`)})
 		deadline := time.Now().Add(30 * time.Second)
 		for len(src.outcomes()) < 2 {
@@ -277,31 +262,16 @@ func TestOutcome(t *testing.T) {
 	})
 
 	t.Run("lease oversize result marks the key done and dead-letters", func(t *testing.T) {
-		mem, err := memdedup.New(memdedup.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		broker := memsource.New(memsource.Config{VisibilityTimeout: 300 * time.Millisecond, Seed: 1})
-		t.Cleanup(func() { broker.Close() })
+		mem := memStore(t)
+		broker := memBroker(t, memsource.Config{VisibilityTimeout: 300 * time.Millisecond, Seed: 1})
 		var calls atomic.Int32
 		h := consumer.Result(func(ctx context.Context, msg *consumer.Message) ([]byte, error) {
 			calls.Add(1)
 			return []byte("12345"), nil
 		})
-		r, err := consumer.NewRunner(broker.Source("mail"), consumer.Leased(mem.Leases(), h, consumer.LeaseOptions{}),
+		r := newRunner(t, broker.Source("mail"), consumer.Leased(mem.Leases(), h, consumer.LeaseOptions{}),
 			consumer.Config{Name: "test", Concurrency: 1, MaxResultBytes: 4})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- r.Run(ctx) }()
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		})
+		runtest.Start(t, r)
 		broker.Publish("mail", memsource.Outgoing{Key: "big", Body: []byte("x")})
 		deadline := time.Now().Add(30 * time.Second)
 		for broker.Stats("mail").DeadLettered == 0 {

@@ -12,86 +12,10 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/consumertest"
 	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup/memdedup"
 )
-
-// memEnv is an in-memory broker and transactional store, for tests of the
-// runner's own routing.
-type memEnv struct {
-	t      *testing.T
-	broker *memsource.Broker
-	store  *memdedup.Store
-	topic  string
-
-	mu    sync.Mutex
-	calls map[string]int
-}
-
-func newMemEnv(t *testing.T, visibility time.Duration) *memEnv {
-	t.Helper()
-	ms, err := memdedup.New(memdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := memsource.New(memsource.Config{VisibilityTimeout: visibility, Seed: 1})
-	t.Cleanup(func() { _ = b.Close() })
-	return &memEnv{t: t, broker: b, store: ms, topic: "orders", calls: map[string]int{}}
-}
-
-// handler counts calls per message key, then returns fail's error.
-func (e *memEnv) handler(fail func(ctx context.Context, msg *consumer.Message) error) consumer.Path {
-	return consumer.Transactional(e.store, func(ctx context.Context, tx *memdedup.Tx, msg *consumer.Message) error {
-		e.mu.Lock()
-		e.calls[msg.Key]++
-		e.mu.Unlock()
-		if fail != nil {
-			return fail(ctx, msg)
-		}
-		return tx.Add("effects/"+msg.Key, 1)
-	})
-}
-
-func (e *memEnv) called(key string) int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.calls[key]
-}
-
-// run starts a runner on src and returns a stop function that cancels it and
-// waits for Run.
-func (e *memEnv) run(src consumer.Source, path consumer.Path, cfg consumer.Config) (*consumer.Runner, func()) {
-	e.t.Helper()
-	if cfg.Name == "" {
-		cfg.Name = "robust"
-	}
-	if cfg.Retry.InitialBackoff == 0 {
-		cfg.Retry.InitialBackoff, cfg.Retry.MaxBackoff = 5*time.Millisecond, 20*time.Millisecond
-	}
-	r, err := consumer.NewRunner(src, path, cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					e.t.Errorf("Run: %v", err)
-				}
-			case <-time.After(30 * time.Second):
-				e.t.Fatal("Run did not return within 30s of cancel")
-			}
-		})
-	}
-	e.t.Cleanup(stop)
-	return r, stop
-}
 
 // until polls cond until it holds, failing the test after 30 s.
 func until(t *testing.T, what string, cond func() bool) {
@@ -119,31 +43,31 @@ func (e *memEnv) settled() memsource.TopicStats {
 // downstream header: they are dead-lettered at once with ErrInvalidKey and
 // the handler never runs.
 func TestControlCharacterKeysAreDeadLettered(t *testing.T) {
-	e := newMemEnv(t, time.Second)
+	store := memStore(t)
 	bad := []string{"crlf\r\nX-Injected: 1", "line\nfeed", "tab\tkey", "del\x7f", "c1\u0085next", "esc\x1b[0m"}
+	var script []consumertest.Delivery
 	for _, k := range append(bad, "good") {
-		e.broker.Publish(e.topic, memsource.Outgoing{Key: k, Body: []byte("x")})
+		script = append(script, consumertest.Delivery{Key: k, Body: []byte("x")})
 	}
-	_, stop := e.run(e.broker.Source(e.topic), e.handler(nil), consumer.Config{Concurrency: 2})
-	st := e.settled()
-	stop()
-	if st.Deliveries != uint64(len(bad)+1) {
-		t.Fatalf("%d deliveries, want %d (no retries)", st.Deliveries, len(bad)+1)
+	rep := consumertest.ReplayTx(t, store, func(_ context.Context, tx *memdedup.Tx, msg *consumer.Message) error {
+		return tx.Add("effects/"+msg.Key, 1)
+	}, script, consumertest.Options{})
+	if rep.Deliveries != uint64(len(script)) {
+		t.Fatalf("%d deliveries, want %d (no retries)", rep.Deliveries, len(script))
 	}
-	dl := e.broker.DeadLetters(e.topic)
-	if len(dl) != len(bad) {
-		t.Fatalf("%d dead letters, want %d: %+v", len(dl), len(bad), dl)
+	if len(rep.DeadLetters) != len(bad) {
+		t.Fatalf("%d dead letters, want %d: %+v", len(rep.DeadLetters), len(bad), rep.DeadLetters)
 	}
-	for _, d := range dl {
+	for _, d := range rep.DeadLetters {
 		if !errors.Is(d.Err, consumer.ErrInvalidKey) {
 			t.Errorf("dead letter %q: %v, want ErrInvalidKey", d.Key, d.Err)
 		}
-		if e.called(d.Key) != 0 {
+		if rep.Calls[d.Key] != 0 {
 			t.Errorf("handler ran for invalid key %q", d.Key)
 		}
 	}
-	if e.called("good") != 1 || e.store.Value("effects/good") != 1 {
-		t.Fatalf("good: %d calls, %d effects, want 1 and 1", e.called("good"), e.store.Value("effects/good"))
+	if rep.Calls["good"] != 1 || rep.Committed["good"] != 1 || store.Value("effects/good") != 1 {
+		t.Fatalf("good: %d calls, %d effects, want 1 and 1", rep.Calls["good"], store.Value("effects/good"))
 	}
 }
 

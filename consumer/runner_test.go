@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/consumertest"
 	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/memdedup"
@@ -36,7 +37,7 @@ func TestAckOnlyAfterCommit(t *testing.T) {
 			f.publish(ks...)
 			r := f.start(src, consumer.Transactional[pgx.Tx](store, f.handler(nil)), consumer.Config{BatchSize: batch})
 			st := f.settled()
-			r.stop(t)
+			r.stop()
 			f.requireOnce(ks...)
 			if st.Acks != uint64(len(ks)) || st.DeadLettered != 0 {
 				t.Fatalf("broker stats %+v: want %d acks, no dead letters", st, len(ks))
@@ -65,41 +66,37 @@ func TestDeferredConstraintFailsCommit(t *testing.T) {
 	}
 	f.exec(`INSERT INTO ` + allowed + ` VALUES ('c')`)
 	f.settled()
-	r.stop(t)
+	r.stop()
 	f.requireOnce("a", "b", "c")
 	if r.Stats().CommitFailures == 0 {
 		t.Fatal("no commit failure counted")
 	}
 }
 
-// Invariant 3: redeliveries, concurrent duplicates and producer duplicates
-// never run the handler twice.
+// Invariant 3: redeliveries, concurrent duplicates, producer duplicates and
+// crashes after the commit never run the handler twice, with two workers
+// competing for the messages.
 func TestDuplicatesNeverRunTwice(t *testing.T) {
 	f := newFixture(t)
 	ks := keys(60, "d")
-	f.broker.Inject(memsource.Fault{Kind: memsource.Redelivered, Probability: 0.3, Times: -1})
-	f.broker.Inject(memsource.Fault{Kind: memsource.ConcurrentDuplicate, Probability: 0.3, Times: -1})
-	f.broker.Inject(memsource.Fault{Kind: memsource.CrashAfterCommit, Probability: 0.2, Times: -1})
-	f.publish(ks...)
-	f.publish(ks[:20]...) // the producer sends a third of them twice
-	path := consumer.Transactional(f.store, f.handler(nil))
-	// Two runners, as two worker processes, on competing sources.
-	r1 := f.start(f.broker.Source(f.topic), path, consumer.Config{BatchSize: 8})
-	r2 := f.start(f.broker.Source(f.topic), path, consumer.Config{BatchSize: 3, Concurrency: 2})
-	st := f.settled()
-	r1.stop(t)
-	r2.stop(t)
+	faults := []consumertest.FaultKind{consumertest.None, consumertest.Redelivered, consumertest.ConcurrentDuplicate,
+		consumertest.CrashAfterCommit, consumertest.ProducerDuplicate}
+	script := make([]consumertest.Delivery, len(ks))
+	for i, k := range ks {
+		script[i] = consumertest.Delivery{Key: k, Body: []byte("body-" + k), Fault: faults[i%len(faults)]}
+	}
+	rep := consumertest.ReplayTx(t, f.store, f.handler(nil), script, consumertest.Options{BatchSize: 8})
+	rep.RequireExactlyOnce(t)
 	f.requireOnce(ks...)
 	for _, k := range ks {
 		if n := f.calls(k); n != 1 {
 			t.Errorf("handler ran %d times for %s, want 1", n, k)
 		}
 	}
-	dups := r1.Stats().Duplicates + r2.Stats().Duplicates
-	if st.Redeliveries == 0 || dups == 0 {
-		t.Fatalf("the faults did not fire: %+v, duplicates %d", st, dups)
+	if rep.Duplicates == 0 {
+		t.Fatalf("the faults did not fire: %d deliveries, no duplicate absorbed", rep.Deliveries)
 	}
-	t.Logf("deliveries %d, redeliveries %d, duplicates absorbed %d", st.Deliveries, st.Redeliveries, dups)
+	t.Logf("deliveries %d, duplicates absorbed %d", rep.Deliveries, rep.Duplicates)
 }
 
 // Invariant 4: a failed handler leaves no record; its retry runs it again.
@@ -128,7 +125,7 @@ func TestFailedHandlerLeavesNoRecord(t *testing.T) {
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(fail)),
 		consumer.Config{Retry: consumer.RetryPolicy{MaxAttempts: 4, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}})
 	f.settled()
-	r.stop(t)
+	r.stop()
 	f.requireOnce("flaky", "panics")
 	if f.calls("flaky") != 3 || f.calls("panics") != 2 || f.calls("always") != 4 {
 		t.Fatalf("calls: flaky %d (want 3), panics %d (want 2), always %d (want 4)", f.calls("flaky"), f.calls("panics"), f.calls("always"))
@@ -157,7 +154,7 @@ func TestBatchSavepointIsolatesFailure(t *testing.T) {
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(fail)),
 		consumer.Config{Concurrency: 1, BatchSize: 10})
 	f.settled()
-	r.stop(t)
+	r.stop()
 	f.requireOnce(ks...)
 	for _, k := range ks {
 		if k == "b004" && f.calls(k) != 2 || f.calls(k) > 2 {
@@ -175,7 +172,7 @@ func TestPayloadMismatchIsDeadLettered(t *testing.T) {
 	f.settled()
 	f.broker.Publish(f.topic, memsource.Outgoing{Key: "order-1", Body: []byte(`{"amount":99}`)})
 	f.settled()
-	r.stop(t)
+	r.stop()
 	f.requireOnce("order-1")
 	dl := f.broker.DeadLetters(f.topic)
 	var mm *dedup.MismatchError
@@ -212,7 +209,7 @@ func TestBadInputIsDeadLetteredOnce(t *testing.T) {
 		KeyFunc: func(m *consumer.Message) (string, error) { return m.Key, nil },
 	})
 	st := f.settled()
-	r.stop(t)
+	r.stop()
 	f.requireOnce("good")
 	// A delivery left in flight past the fixture's visibility timeout (a
 	// loaded machine) comes back without being a retry: not counted.
@@ -247,7 +244,7 @@ func TestPermanentAndRetryAfter(t *testing.T) {
 	}
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(fail)), consumer.Config{})
 	f.settled()
-	r.stop(t)
+	r.stop()
 	f.requireOnce("later")
 	if f.calls("perm") != 1 || f.calls("later") != 2 {
 		t.Fatalf("calls perm %d (want 1), later %d (want 2)", f.calls("perm"), f.calls("later"))
@@ -263,7 +260,7 @@ func TestAckFailureAfterCommit(t *testing.T) {
 	f.publish(ks...)
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)), consumer.Config{})
 	f.settled()
-	r.stop(t)
+	r.stop()
 	f.requireOnce(ks...)
 	st := r.Stats()
 	if st.AckFailures == 0 || st.Duplicates == 0 {
@@ -284,7 +281,7 @@ func TestUnreachableBrokerIsRetried(t *testing.T) {
 	f.broker.Inject(memsource.Fault{Kind: memsource.ReceiveError, Times: 4})
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)), consumer.Config{})
 	f.settled()
-	r.stop(t)
+	r.stop()
 	f.requireOnce(keys(5, "u")...)
 	if got := r.Stats().ReceiveFailures; got != 4 {
 		t.Fatalf("ReceiveFailures = %d, want 4", got)
@@ -311,7 +308,7 @@ func TestStopDrainsInFlight(t *testing.T) {
 	<-started
 	<-started
 	go func() { time.Sleep(100 * time.Millisecond); close(release) }()
-	r.stop(t) // returns only after the in-flight handlers committed and acked
+	r.stop() // returns only after the in-flight handlers committed and acked
 	if err := src.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +320,7 @@ func TestStopDrainsInFlight(t *testing.T) {
 	// The rest is still with the broker and applied by the next worker.
 	r2 := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)), consumer.Config{})
 	f.settled()
-	r2.stop(t)
+	r2.stop()
 	f.requireOnce(ks...)
 }
 
@@ -337,7 +334,7 @@ func TestPartitionKeyOrder(t *testing.T) {
 	}
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)), consumer.Config{Concurrency: 3, BatchSize: 4})
 	f.settled()
-	r.stop(t)
+	r.stop()
 	rows, err := f.pool.Query(context.Background(), `SELECT body FROM `+f.table+` ORDER BY id`)
 	if err != nil {
 		t.Fatal(err)
@@ -363,10 +360,7 @@ func TestPartitionKeyOrder(t *testing.T) {
 // each of them, every one a *idemq.ConfigError matching idemq.ErrInvalidConfig.
 func TestConfigErrorsNameEveryField(t *testing.T) {
 	src := memsource.New(memsource.Config{}).Source("t")
-	ms, err := memdedup.New(memdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ms := memStore(t)
 	noop := func(context.Context, *consumer.Message) error { return nil }
 	cases := []struct {
 		name string
@@ -393,10 +387,7 @@ func TestConfigErrorsNameEveryField(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	src := memsource.New(memsource.Config{}).Source("t")
-	ms, err := memdedup.New(memdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ms := memStore(t)
 	noop := func(context.Context, *consumer.Message) error { return nil }
 	path := consumer.Leased(ms.Leases(), noop, consumer.LeaseOptions{})
 	cases := []consumer.Config{
@@ -429,10 +420,7 @@ func TestConfigValidation(t *testing.T) {
 			t.Errorf("%s: NewRunner = %v, want idemq.ErrInvalidConfig", name, err)
 		}
 	}
-	r, err := consumer.NewRunner(src, path, consumer.Config{Name: "x"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newRunner(t, src, path, consumer.Config{Name: "x"})
 	if c := r.Config(); c.Concurrency != consumer.DefaultConcurrency || c.Retry.MaxAttempts != 5 || c.Logger == nil {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
@@ -462,7 +450,7 @@ func TestTransientDatabaseErrorsAreNotDeadLettered(t *testing.T) {
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(fail)),
 		consumer.Config{Retry: consumer.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}})
 	f.settled()
-	r.stop(t)
+	r.stop()
 	f.requireOnce("busy")
 	if dl := f.broker.DeadLetters(f.topic); len(dl) != 0 {
 		t.Fatalf("dead-lettered after transient errors: %+v", dl)
@@ -488,7 +476,7 @@ func TestPartitionOrderKeptAfterFailure(t *testing.T) {
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(fail)),
 		consumer.Config{Concurrency: 1, BatchSize: 6, BatchWait: 500 * time.Millisecond})
 	f.settled()
-	r.stop(t)
+	r.stop()
 	f.requireOnce("p0", "p1", "p2", "p3", "p4", "p5")
 	rows, err := f.pool.Query(context.Background(), `SELECT body FROM `+f.table+` ORDER BY id`)
 	if err != nil {
@@ -541,7 +529,7 @@ func TestReleaserForFailuresThatAreNotTheMessages(t *testing.T) {
 	src := &releasingSource{Source: f.broker.Source(f.topic)}
 	r := f.start(src, consumer.Transactional(f.store, f.handler(fail)), consumer.Config{})
 	f.settled()
-	r.stop(t)
+	r.stop()
 	f.requireOnce("busy", "flaky")
 	if src.releases.Load() != 3 || src.retries.Load() != 2 {
 		t.Fatalf("releases %d (want 3, the serialization failures), retries %d (want 2, the handler errors)",
@@ -561,7 +549,7 @@ func TestWaitIdle(t *testing.T) {
 	if st := r.Stats(); st.Handled != uint64(len(ks)) {
 		t.Fatalf("WaitIdle returned with %d of %d handled", st.Handled, len(ks))
 	}
-	r.stop(t)
+	r.stop()
 	f.requireOnce(ks...)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -598,7 +586,7 @@ func TestFailingFirstStatementKeepsBatchMates(t *testing.T) {
 			}
 			r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, h), consumer.Config{Concurrency: 1, BatchSize: 3})
 			f.settled()
-			r.stop(t)
+			r.stop()
 			f.requireOnce("a", "b", "c")
 		})
 	}
@@ -614,7 +602,7 @@ func TestInvalidKeysAreDeadLettered(t *testing.T) {
 	}
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)), consumer.Config{BatchSize: 4, Concurrency: 1})
 	st := f.settled()
-	r.stop(t)
+	r.stop()
 	f.requireOnce("good")
 	// Redeliveries after an expired visibility timeout are not retries.
 	if st.Deliveries-st.Expired != 4 {
@@ -649,7 +637,7 @@ func TestPoisonedBatchIsSplit(t *testing.T) {
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, h),
 		consumer.Config{Concurrency: 1, BatchSize: 7, Retry: consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}})
 	f.settled()
-	r.stop(t)
+	r.stop()
 	f.requireOnce(ks...)
 	dl := f.broker.DeadLetters(f.topic)
 	if len(dl) != 1 || dl[0].Key != "poison" || !errors.Is(dl[0].Err, consumer.ErrMaxAttempts) {
@@ -667,10 +655,7 @@ func TestPoisonedBatchIsSplit(t *testing.T) {
 // MaxBackoff, so that no retry loops without a pause.
 func TestRetryPolicyRefusesNaNAndSaturates(t *testing.T) {
 	src := memsource.New(memsource.Config{}).Source("t")
-	ms, err := memdedup.New(memdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ms := memStore(t)
 	path := consumer.Leased(ms.Leases(), func(context.Context, *consumer.Message) error { return nil }, consumer.LeaseOptions{})
 	bad := map[string]consumer.RetryPolicy{
 		"NaN multiplier":   {Multiplier: math.NaN()},

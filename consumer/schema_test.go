@@ -27,16 +27,12 @@ func TestRunRefusesUnmigratedStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := memsource.New(memsource.Config{})
-	defer b.Close()
+	b := memBroker(t, memsource.Config{})
 	b.Publish("orders", memsource.Outgoing{Key: "k1"})
 	var logs runtest.SyncBuffer
-	r, err := consumer.NewRunner(b.Source("orders"),
+	r := newRunner(t, b.Source("orders"),
 		consumer.Transactional(store, func(context.Context, pgx.Tx, *consumer.Message) error { return nil }),
 		consumer.Config{Name: "billing", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	err = r.Run(ctx)

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/memsource"
@@ -16,34 +15,16 @@ import (
 // Run logs one INFO line at start saying what the worker consumes, with
 // which store and which key function.
 func TestRunLogsWhatItConsumes(t *testing.T) {
-	store, err := memdedup.New(memdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := memsource.New(memsource.Config{})
-	defer b.Close()
+	store := memStore(t)
+	b := memBroker(t, memsource.Config{})
 	var logs runtest.SyncBuffer
-	r, err := consumer.NewRunner(b.Source("orders"),
+	r := newRunner(t, b.Source("orders"),
 		consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
 		consumer.Config{Name: "billing", KeyFunc: consumer.RequireKey, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	stop := runtest.Start(t, r)
 	b.Publish("orders", memsource.Outgoing{Key: "k"})
-	for r.Stats().Handled < 1 {
-		select {
-		case err := <-done:
-			t.Fatalf("Run returned: %v", err)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("Run = %v", err)
-	}
+	runtest.WaitFor(t, runtest.Timeout, runtest.Say("the message handled"), func() bool { return r.Stats().Handled >= 1 })
+	stop()
 	var line string
 	for _, l := range strings.Split(logs.String(), "\n") {
 		if strings.Contains(l, "level=INFO") && strings.Contains(l, "consuming") {

@@ -50,31 +50,22 @@ func (p *txPath[Tx]) open(ctx context.Context, env *pathEnv, jobs []*job, l *lan
 // for it, in l.chain. err is the commit's: a failed claim after a commit
 // only leaves the next batch to begin on its own.
 func (p *txPath[Tx]) commit(ctx context.Context, env *pathEnv, tx Tx, l *lane) (chained bool, err error) {
-	if !p.caps.CommitChain || l == nil {
-		return false, p.drv.Commit(ctx, tx)
+	var next *prepared
+	// Settling a batch that does not settle quietly publishes a retry or a
+	// dead letter: a transaction chained now would idle through that
+	// broker I/O, and a server's idle_in_transaction_session_timeout would
+	// kill it under the next batch's first message.
+	if p.caps.CommitChain && l != nil && settlesQuietly(l.cur) {
+		next = env.takeAhead(ctx, l)
 	}
-	if !settlesQuietly(l.cur) {
-		// Settling this batch publishes a retry or a dead letter: a
-		// transaction chained now would idle through that broker I/O,
-		// and a server's idle_in_transaction_session_timeout would kill
-		// it under the next batch's first message.
-		return false, p.drv.Commit(ctx, tx)
-	}
-	next := env.takeAhead(ctx, l)
 	if next == nil || len(next.live) == 0 {
 		return false, p.drv.Commit(ctx, tx)
 	}
-	o := &openTx[Tx]{drv: p.drv, jobs: next.live, tx: tx}
-	var (
-		claims    []dedup.Claim
-		committed bool
-	)
-	o.start = env.obs.clock().now()
-	claims, committed, err = p.drv.CommitChain(ctx, tx, env.scope, dedupRecords(next.live))
-	o.end = env.obs.clock().now()
+	o := &openTx[Tx]{drv: p.drv, jobs: next.live, tx: tx, start: env.obs.clock().now()}
+	claims, committed, err := p.drv.CommitChain(ctx, tx, env.scope, dedupRecords(next.live))
+	o.claims, o.end = claims, env.obs.clock().now()
 	switch {
 	case err == nil:
-		o.claims = claims
 		l.chain = o
 		return true, nil
 	case committed:

@@ -126,15 +126,11 @@ func (h *keyEvents) check(t *testing.T, ks []string, failedErr error) (failed in
 // event per failed commit it was part of, none for a rolled-back
 // transaction, and one timed claim event; duplicates get a timed claim too.
 func TestTxHooksReportClaimsAndCommits(t *testing.T) {
-	store, err := memdedup.New(memdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := memStore(t)
 	// The batch's first transaction fails in the handler of "bad", its
 	// rerun without "bad" fails to commit, its retry commits.
 	store.Inject(memdedup.Fault{Kind: memdedup.CommitError})
-	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
-	t.Cleanup(func() { b.Close() })
+	b := memBroker(t, memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 
 	var mu sync.Mutex
 	calls := map[string]int{}
@@ -148,13 +144,10 @@ func TestTxHooksReportClaimsAndCommits(t *testing.T) {
 		return nil
 	})
 	rec := newKeyEvents()
-	r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{
+	r := newRunner(t, b.Source("t"), path, consumer.Config{
 		Name: "txhooks", Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{rec},
 		Retry: consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Jitter: -1},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ks := []string{"a", "b", "bad", "c", "d"}
 	for _, k := range ks {
 		b.Publish("t", memsource.Outgoing{Key: k, Body: []byte("body-" + k)})
@@ -217,7 +210,7 @@ func TestTxHooksRefusedCommitPostgres(t *testing.T) {
 	r := f.start(f.broker.Source(f.topic), consumer.Transactional(f.store, f.handler(nil)),
 		consumer.Config{Concurrency: 1, BatchSize: 8, Retry: quickRetry(1), Hooks: []consumer.Hook{rec}})
 	f.settled()
-	r.stop(t)
+	r.stop()
 	good := slices.DeleteFunc(slices.Clone(ks), func(k string) bool { return k == "d005" })
 	f.requireOnce(good...)
 	if failed := rec.check(t, good, dedup.ErrTxRefused); failed == 0 {
@@ -262,15 +255,11 @@ func (h *handlerErrs) OnBatch(_ context.Context, size int) {
 // duplicate), one successful commit event, and the batch is reported; so
 // that hooks such as otelidemq cover batch users.
 func TestTxBatchHooksMatchPerMessagePath(t *testing.T) {
-	store, err := memdedup.New(memdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := memStore(t)
 	// The batch's first transaction fails in the handler for "bad", its
 	// rerun without "bad" fails to commit, its retry commits.
 	store.Inject(memdedup.Fault{Kind: memdedup.CommitError})
-	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
-	t.Cleanup(func() { b.Close() })
+	b := memBroker(t, memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 
 	type order struct{ K string }
 	var mu sync.Mutex
@@ -291,13 +280,10 @@ func TestTxBatchHooksMatchPerMessagePath(t *testing.T) {
 		return nil
 	}))
 	rec := &handlerErrs{keyEvents: newKeyEvents(), errs: map[string][]error{}}
-	r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{
+	r := newRunner(t, b.Source("t"), path, consumer.Config{
 		Name: "txbatchhooks", Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{rec},
 		Retry: consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Jitter: -1},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ks := []string{"a", "b", "bad", "c", "d"}
 	for _, k := range ks {
 		b.Publish("t", memsource.Outgoing{Key: k, Body: []byte(`{"K":"` + k + `"}`)})
@@ -400,15 +386,11 @@ func (h *txEvents) OnHandlerStart(ctx context.Context, _ *consumer.Message) cont
 // HookTx still is), and ClaimInfo and CommitInfo say how many messages
 // their claim and commit covered.
 func TestHookTxReportsEachTransactionOnce(t *testing.T) {
-	store, err := memdedup.New(memdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := memStore(t)
 	// The first transaction fails in the handler for "bad", its rerun
 	// without "bad" fails to commit; the retries commit.
 	store.Inject(memdedup.Fault{Kind: memdedup.CommitError})
-	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
-	t.Cleanup(func() { b.Close() })
+	b := memBroker(t, memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 	type order struct{ K string }
 	var mu sync.Mutex
 	var calls, oneCalls, items int
@@ -431,13 +413,10 @@ func TestHookTxReportsEachTransactionOnce(t *testing.T) {
 	}))
 	plain := newKeyEvents()
 	txh := &txEvents{}
-	r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{
+	r := newRunner(t, b.Source("t"), path, consumer.Config{
 		Name: "hooktx", Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{plain, txh},
 		Retry: consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Jitter: -1},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ks := []string{"a", "b", "bad", "c", "d"}
 	for _, k := range ks {
 		b.Publish("t", memsource.Outgoing{Key: k, Body: []byte(`{"K":"` + k + `"}`)})

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -216,15 +217,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.ListLimit < 0 || c.ScrapeTimeout < 0 {
 		return c, &idemq.ConfigError{Field: "console.Config", Reason: "ListLimit and ScrapeTimeout must not be negative"}
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.ScrapeTimeout == 0 {
-		c.ScrapeTimeout = 2 * time.Second
-	}
-	if c.ListLimit == 0 {
-		c.ListLimit = 1000
-	}
+	c.Logger = cmp.Or(c.Logger, slog.Default())
+	c.ScrapeTimeout = cmp.Or(c.ScrapeTimeout, 2*time.Second)
+	c.ListLimit = cmp.Or(c.ListLimit, 1000)
 	if c.Client == nil {
 		c.Client = &http.Client{
 			Timeout:       c.ScrapeTimeout,

@@ -8,7 +8,6 @@ import (
 	"crypto/subtle"
 	"embed"
 	"encoding/base64"
-	"errors"
 	"html/template"
 	"io/fs"
 	"log/slog"
@@ -120,10 +119,10 @@ func (c *Console) routes() http.Handler {
 	mux.Handle("GET /static/{file}", http.StripPrefix("/static", c.static))
 	mux.HandleFunc("GET /{$}", c.overview)
 	mux.HandleFunc("GET /overview.json", c.overviewJSON)
-	mux.HandleFunc("GET /dlq/{queue}", c.queuePage)
-	mux.HandleFunc("GET /dlq/{queue}/letter", c.letterPage)
-	mux.HandleFunc("POST /dlq/{queue}/confirm", c.mutation(c.confirm))
-	mux.HandleFunc("POST /dlq/{queue}/run", c.mutation(c.run))
+	mux.HandleFunc("GET /dlq/{queue}", c.onQueue(c.queuePage))
+	mux.HandleFunc("GET /dlq/{queue}/letter", c.onQueue(c.letterPage))
+	mux.HandleFunc("POST /dlq/{queue}/confirm", c.mutation(c.onQueue(c.confirm)))
+	mux.HandleFunc("POST /dlq/{queue}/run", c.mutation(c.onQueue(c.run)))
 	mux.HandleFunc("GET /jobs/{job}", c.jobPage)
 	mux.HandleFunc("GET /jobs/{job}/progress.json", c.jobJSON)
 	mux.HandleFunc("GET /outbox", c.outboxPage)
@@ -289,19 +288,19 @@ func (c *Console) log(ctx context.Context, level slog.Level, msg string, attrs .
 	c.cfg.Logger.LogAttrs(ctx, level, c.scrub(msg), attrs...)
 }
 
-// errNoQueue is the error of a page about a queue the console does not
-// know.
-var errNoQueue = errors.New("console: no such queue")
-
-// queue returns the queue the request's path names.
-func (c *Console) queue(r *http.Request) (*Queue, error) {
-	name := r.PathValue("queue")
-	for i := range c.cfg.Queues {
-		if c.cfg.Queues[i].Name == name {
-			return &c.cfg.Queues[i], nil
+// onQueue serves h with the queue the request's path names, and refuses a
+// queue the console does not know.
+func (c *Console) onQueue(h func(w http.ResponseWriter, r *http.Request, q *Queue)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		name := r.PathValue("queue")
+		for i := range c.cfg.Queues {
+			if q := &c.cfg.Queues[i]; q.Name == name {
+				h(w, r, q)
+				return
+			}
 		}
+		c.refuse(w, r, http.StatusNotFound, "no such dead-letter queue")
 	}
-	return nil, errNoQueue
 }
 
 // readTimeout bounds the reading of a page's stores.

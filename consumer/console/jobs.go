@@ -68,12 +68,7 @@ func newID() string {
 // confirm selects the dead letters of a replay or purge (the checked IDs,
 // a group, or every one read) and shows how many will move, with the form
 // that runs it.
-func (c *Console) confirm(w http.ResponseWriter, r *http.Request) {
-	q, err := c.queue(r)
-	if err != nil {
-		c.refuse(w, r, http.StatusNotFound, "no such dead-letter queue")
-		return
-	}
+func (c *Console) confirm(w http.ResponseWriter, r *http.Request, q *Queue) {
 	action := r.PostFormValue("action")
 	if action != "replay" && action != "purge" {
 		c.refuse(w, r, http.StatusBadRequest, "action must be replay or purge")
@@ -116,18 +111,10 @@ func (c *Console) confirm(w http.ResponseWriter, r *http.Request) {
 }
 
 // run starts a confirmed plan and redirects to its progress page.
-func (c *Console) run(w http.ResponseWriter, r *http.Request) {
-	q, err := c.queue(r)
-	if err != nil {
-		c.refuse(w, r, http.StatusNotFound, "no such dead-letter queue")
-		return
-	}
+func (c *Console) run(w http.ResponseWriter, r *http.Request, q *Queue) {
 	c.mu.Lock()
 	p := c.plans[r.PostFormValue("plan")]
-	if p != nil && (p.Queue != q.Name || time.Since(p.Created) > planTTL) {
-		p = nil
-	}
-	if p == nil {
+	if p == nil || p.Queue != q.Name || time.Since(p.Created) > planTTL {
 		c.mu.Unlock()
 		c.refuse(w, r, http.StatusBadRequest, "this confirmation expired or was already used: select the dead letters again")
 		return

@@ -181,10 +181,7 @@ func countString(n int, more bool) string {
 // that a replay or purge of q is running: then nothing is read, since a
 // second reader would hide dead letters from it (SQS, RabbitMQ).
 func (c *Console) list(ctx context.Context, q *Queue, f dlq.Filter) (ls []*dlq.Letter, more, busy bool, err error) {
-	c.mu.Lock()
-	j := c.busy[q.Name]
-	c.mu.Unlock()
-	if j != nil {
+	if c.running(q) != nil {
 		return nil, false, true, nil
 	}
 	select {
@@ -193,10 +190,7 @@ func (c *Console) list(ctx context.Context, q *Queue, f dlq.Filter) (ls []*dlq.L
 		return nil, false, false, ctx.Err()
 	}
 	defer func() { <-c.scans[q.Name] }()
-	c.mu.Lock()
-	j = c.busy[q.Name]
-	c.mu.Unlock()
-	if j != nil {
+	if c.running(q) != nil {
 		return nil, false, true, nil
 	}
 	b, err := q.Open(ctx)
@@ -213,12 +207,14 @@ func (c *Console) list(ctx context.Context, q *Queue, f dlq.Filter) (ls []*dlq.L
 	return ls, more, false, err
 }
 
-func (c *Console) queuePage(w http.ResponseWriter, r *http.Request) {
-	q, err := c.queue(r)
-	if err != nil {
-		c.refuse(w, r, http.StatusNotFound, "no such dead-letter queue")
-		return
-	}
+// running returns the replay or purge of q that is running, or nil.
+func (c *Console) running(q *Queue) *job {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.busy[q.Name]
+}
+
+func (c *Console) queuePage(w http.ResponseWriter, r *http.Request, q *Queue) {
 	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
 	defer cancel()
 	f := dlq.Filter{Reason: r.URL.Query().Get("reason"), Key: r.URL.Query().Get("key")}
@@ -228,26 +224,18 @@ func (c *Console) queuePage(w http.ResponseWriter, r *http.Request) {
 	if group != "" {
 		ls = slices.DeleteFunc(slices.Clone(ls), func(l *dlq.Letter) bool { return normalizeReason(l.Reason) != group })
 	}
-	c.mu.Lock()
-	running := c.busy[q.Name]
-	c.mu.Unlock()
 	rows := make([]letterView, len(ls))
 	for i, l := range ls {
 		rows[i] = c.view(l)
 	}
 	c.render(w, r, http.StatusOK, "queue", q.Name+" — dead letters — idemq console", map[string]any{
-		"Queue": q, "Letters": rows, "Groups": groups, "More": more, "Busy": busy, "Running": running,
+		"Queue": q, "Letters": rows, "Groups": groups, "More": more, "Busy": busy, "Running": c.running(q),
 		"Error": c.errText(err), "Reason": f.Reason, "Key": f.Key, "Group": group, "Limit": c.cfg.ListLimit,
 		"Count": countString(len(ls), more),
 	})
 }
 
-func (c *Console) letterPage(w http.ResponseWriter, r *http.Request) {
-	q, err := c.queue(r)
-	if err != nil {
-		c.refuse(w, r, http.StatusNotFound, "no such dead-letter queue")
-		return
-	}
+func (c *Console) letterPage(w http.ResponseWriter, r *http.Request, q *Queue) {
 	id := r.URL.Query().Get("id")
 	if id == "" {
 		c.refuse(w, r, http.StatusBadRequest, "which dead letter? (id)")

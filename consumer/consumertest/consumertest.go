@@ -157,29 +157,13 @@ func ReplayTx[Tx any](t TB, store dedupdriver.TxStore[Tx], handler consumer.TxHa
 	opts = opts.withDefaults(t)
 	rep := &Report{Calls: map[string]int{}, Committed: map[string]int{}}
 	cs := &countingStore[Tx]{Tx: store.Driver(), pending: map[any][]string{}, report: rep}
-	fails := map[string]int{}
-	for _, d := range script {
-		if d.FailFirst > 0 {
-			fails[d.Key] = d.FailFirst
-		}
-	}
+	fails := failFirst(script)
 	h := func(ctx context.Context, tx Tx, msg *consumer.Message) error {
-		key, _ := consumer.DedupKey(ctx)
-		cs.mu.Lock()
-		rep.Calls[key]++
-		call := rep.Calls[key]
-		cs.mu.Unlock()
-		end := rep.running.start(key)
-		err := handler(ctx, tx, msg)
-		end()
-		if err != nil {
-			return err
+		key, err := rep.call(ctx, &cs.mu, fails, func() error { return handler(ctx, tx, msg) })
+		if err == nil {
+			cs.succeeded(tx, key)
 		}
-		if call <= fails[key] {
-			return errInjected
-		}
-		cs.succeeded(tx, key)
-		return nil
+		return err
 	}
 	replay(t, consumer.Transactional(cs, h), script, opts, rep)
 	return rep
@@ -194,31 +178,44 @@ func Replay(t TB, store dedupdriver.LeaseStore, handler consumer.Handler, lease 
 	opts = opts.withDefaults(t)
 	rep := &Report{Calls: map[string]int{}, Committed: map[string]int{}}
 	ls := &countingLeases{Lease: store.Driver(), report: rep}
+	fails := failFirst(script)
+	h := func(ctx context.Context, msg *consumer.Message) error {
+		_, err := rep.call(ctx, &ls.mu, fails, func() error { return handler(ctx, msg) })
+		return err
+	}
+	replay(t, consumer.Leased(ls, h, lease), script, opts, rep)
+	return rep
+}
+
+// failFirst returns the Delivery.FailFirst of each scripted key that has
+// one.
+func failFirst(script []Delivery) map[string]int {
 	fails := map[string]int{}
 	for _, d := range script {
 		if d.FailFirst > 0 {
 			fails[d.Key] = d.FailFirst
 		}
 	}
-	h := func(ctx context.Context, msg *consumer.Message) error {
-		key, _ := consumer.DedupKey(ctx)
-		ls.mu.Lock()
-		rep.Calls[key]++
-		call := rep.Calls[key]
-		ls.mu.Unlock()
-		end := rep.running.start(key)
-		err := handler(ctx, msg)
-		end()
-		if err != nil {
-			return err
-		}
-		if call <= fails[key] {
-			return errInjected
-		}
-		return nil
+	return fails
+}
+
+// call runs a handler's call run for the message in ctx: it counts the
+// call of its key in Calls (under mu, the lock of the counting driver),
+// says it is running, and fails the first fails[key] calls that succeeded
+// with errInjected. It returns the key.
+func (r *Report) call(ctx context.Context, mu *sync.Mutex, fails map[string]int, run func() error) (string, error) {
+	key, _ := consumer.DedupKey(ctx)
+	mu.Lock()
+	r.Calls[key]++
+	call := r.Calls[key]
+	mu.Unlock()
+	end := r.running.start(key)
+	err := run()
+	end()
+	if err == nil && call <= fails[key] {
+		err = errInjected
 	}
-	replay(t, consumer.Leased(ls, h, lease), script, opts, rep)
-	return rep
+	return key, err
 }
 
 func (o Options) withDefaults(t TB) Options {

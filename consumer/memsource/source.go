@@ -259,37 +259,41 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 // Retry hands msg back: it is delivered again, with Attempt increased, no
 // sooner than delay from now. Retrying a message already settled is a no-op.
 func (s *Source) Retry(ctx context.Context, msg *consumer.Message, delay time.Duration) error {
-	b, t := s.b, s.t
-	b.mu.Lock()
-	if err := s.usable(ctx); err != nil {
-		b.mu.Unlock()
-		return err
-	}
-	now := time.Now()
-	var events []Event
-	d, err := s.current(msg, now, &events)
-	if err == nil && d != nil {
-		m := d.Msg
-		if f := b.fire(ctx, RetryError, t, m); f != nil {
-			err = fmt.Errorf("memsource: retry of message %q: %w", m.ID, f.err())
-		} else {
-			t.queue.Retry(d, now, delay)
-			t.stats.Retries++
-			ev := b.event(EventRetry, t, s, m, d.Attempt, nil)
-			ev.Delay = delay
-			events = append(events, ev)
-		}
-	}
-	b.mu.Unlock()
-	b.emit(events...)
-	return err
+	return s.settle(ctx, msg, RetryError, "retry", func(d *delivery, now time.Time) Event {
+		s.t.queue.Retry(d, now, delay)
+		s.t.stats.Retries++
+		ev := s.b.event(EventRetry, s.t, s, d.Msg, d.Attempt, nil)
+		ev.Delay = delay
+		return ev
+	})
 }
 
 // DeadLetter moves msg to its topic's dead-letter list (see
 // Broker.DeadLetters) with reason and the delivery's attempt, and removes it
 // from the topic. Dead-lettering a message already settled is a no-op.
 func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason error) error {
-	b, t := s.b, s.t
+	return s.settle(ctx, msg, DeadLetterError, "dead-letter", func(d *delivery, now time.Time) Event {
+		if reason == nil {
+			reason = errors.New("memsource: dead-lettered without a reason")
+		}
+		m, t := d.Msg, s.t
+		out := m.Payload
+		t.dead = append(t.dead, DeadLetter{
+			ID: m.ID, Key: out.Key, Body: out.Body, Headers: out.Headers, PartitionKey: out.PartitionKey,
+			Reason: reason.Error(), Err: reason, Attempts: d.Attempt, At: now,
+		})
+		t.stats.DeadLettered++
+		t.queue.Settle(m)
+		return s.b.event(EventDeadLetter, t, s, m, d.Attempt, reason)
+	})
+}
+
+// settle applies a Retry or DeadLetter (what) of msg under the broker's
+// lock: apply changes the topic for the message's current delivery and
+// returns its event, unless fault fires (then the call fails) or the
+// message is already settled (a no-op).
+func (s *Source) settle(ctx context.Context, msg *consumer.Message, fault FaultKind, what string, apply func(d *delivery, now time.Time) Event) error {
+	b := s.b
 	b.mu.Lock()
 	if err := s.usable(ctx); err != nil {
 		b.mu.Unlock()
@@ -299,21 +303,10 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	var events []Event
 	d, err := s.current(msg, now, &events)
 	if err == nil && d != nil {
-		m := d.Msg
-		if f := b.fire(ctx, DeadLetterError, t, m); f != nil {
-			err = fmt.Errorf("memsource: dead-letter of message %q: %w", m.ID, f.err())
+		if f := b.fire(ctx, fault, s.t, d.Msg); f != nil {
+			err = fmt.Errorf("memsource: %s of message %q: %w", what, d.Msg.ID, f.err())
 		} else {
-			if reason == nil {
-				reason = errors.New("memsource: dead-lettered without a reason")
-			}
-			out := m.Payload
-			t.dead = append(t.dead, DeadLetter{
-				ID: m.ID, Key: out.Key, Body: out.Body, Headers: out.Headers, PartitionKey: out.PartitionKey,
-				Reason: reason.Error(), Err: reason, Attempts: d.Attempt, At: now,
-			})
-			t.stats.DeadLettered++
-			t.queue.Settle(m)
-			events = append(events, b.event(EventDeadLetter, t, s, m, d.Attempt, reason))
+			events = append(events, apply(d, now))
 		}
 	}
 	b.mu.Unlock()

@@ -1,7 +1,6 @@
 package otelidemq_test
 
 import (
-	"context"
 	"testing"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -11,7 +10,6 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/consumer/otelidemq"
-	"github.com/idemq/idemq/dedup/memdedup"
 )
 
 // attrSets returns the attribute sets of the data points of metric name.
@@ -56,15 +54,10 @@ func TestBrokerAttributesCopied(t *testing.T) {
 		MessageAttrs: []consumer.BrokerAttr{consumer.IntAttr("example.sequence", 9)},
 	}
 	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "config-group"})
-	store, _ := memdedup.New(memdedup.Config{})
-	b := memsource.New(memsource.Config{})
-	t.Cleanup(func() { b.Close() })
+	store := memStore(t)
+	b := memBroker(t, memsource.Config{})
 	b.Publish("orders", memsource.Outgoing{Key: "k1"}, memsource.Outgoing{Key: "k2"})
-	r, err := consumer.NewRunner(brokerSource{b.Source("orders"), broker}, consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
-		consumer.Config{Name: "c", Hooks: []consumer.Hook{tel.hook}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := tel.runner(t, brokerSource{b.Source("orders"), broker}, consumer.Transactional(store, succeed), consumer.Config{})
 	runIdle(t, r)
 
 	onSpan := []attribute.KeyValue{

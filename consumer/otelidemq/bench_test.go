@@ -37,8 +37,7 @@ func sdkHook(b *testing.B, perTx bool) consumer.Hook {
 // runBench publishes b.N messages to memsource and times a runner (batch
 // 100, one lane) handling them all.
 func runBench(b *testing.B, path consumer.Path, hooks []consumer.Hook) {
-	br := memsource.New(memsource.Config{})
-	defer br.Close()
+	br := memBroker(b, memsource.Config{})
 	r, err := consumer.NewRunner(br.Source("t"), path, consumer.Config{Name: "bench", Concurrency: 1, BatchSize: 100, Hooks: hooks})
 	if err != nil {
 		b.Fatal(err)
@@ -81,7 +80,7 @@ func BenchmarkOverhead(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			runBench(b, consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }), hooks[h](b))
+			runBench(b, consumer.Transactional(store, succeed), hooks[h](b))
 		})
 	}
 	for _, h := range []string{"none", "otel", "otel-pertx"} {

@@ -55,10 +55,7 @@ func brokerCtx(t *testing.T) context.Context {
 // key was handled, and returns its process span.
 func consumeOne(t *testing.T, tel *telemetry, src consumer.Source, name string) {
 	t.Helper()
-	store, err := memdedup.New(memdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := memStore(t)
 	handled := make(chan trace.SpanContext, 1)
 	path := consumer.Transactional(store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error {
 		select {
@@ -67,10 +64,7 @@ func consumeOne(t *testing.T, tel *telemetry, src consumer.Source, name string) 
 		}
 		return nil
 	})
-	r, err := consumer.NewRunner(src, path, consumer.Config{Name: name, Concurrency: 1, Hooks: []consumer.Hook{tel.hook}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := tel.runner(t, src, path, consumer.Config{Name: name, Concurrency: 1})
 	ctx, cancel := context.WithCancel(brokerCtx(t))
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()

@@ -1,7 +1,6 @@
 package otelidemq_test
 
 import (
-	"context"
 	"slices"
 	"testing"
 
@@ -11,7 +10,6 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/memsource"
 	"github.com/idemq/idemq/consumer/otelidemq"
-	"github.com/idemq/idemq/dedup/memdedup"
 )
 
 // The metrics follow the messaging conventions: a versioned scope with the
@@ -20,15 +18,10 @@ import (
 // messaging.client.operation.duration for acknowledgements.
 func TestMetricConventions(t *testing.T) {
 	tel := newTelemetry(t, otelidemq.Config{})
-	store, _ := memdedup.New(memdedup.Config{})
-	b := memsource.New(memsource.Config{})
-	t.Cleanup(func() { b.Close() })
+	store := memStore(t)
+	b := memBroker(t, memsource.Config{})
 	b.Publish("orders", memsource.Outgoing{Key: "k1"}, memsource.Outgoing{Key: "k2"})
-	r, err := consumer.NewRunner(b.Source("orders"), consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
-		consumer.Config{Name: "c", Hooks: []consumer.Hook{tel.hook}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := tel.runner(t, b.Source("orders"), consumer.Transactional(store, succeed), consumer.Config{})
 	runIdle(t, r)
 
 	rm := tel.metrics(t)
@@ -96,15 +89,10 @@ func TestUnmarkedRedeliveryDuplicateReasonUnknown(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tel := newTelemetry(t, otelidemq.Config{})
-			store, _ := memdedup.New(memdedup.Config{})
-			b := memsource.New(memsource.Config{})
-			t.Cleanup(func() { b.Close() })
+			store := memStore(t)
+			b := memBroker(t, memsource.Config{})
 			b.Publish("orders", memsource.Outgoing{Key: "k1"})
-			r, err := consumer.NewRunner(brokerSource{b.Source("orders"), c.broker}, consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
-				consumer.Config{Name: "c", Hooks: []consumer.Hook{tel.hook}})
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := tel.runner(t, brokerSource{b.Source("orders"), c.broker}, consumer.Transactional(store, succeed), consumer.Config{})
 			runIdle(t, r, func() { b.Publish("orders", memsource.Outgoing{Key: "k1"}) })
 			if st := r.Stats(); st.Duplicates != 1 {
 				t.Fatalf("stats %+v, want 1 duplicate", st)

@@ -41,16 +41,12 @@ func exceptionType(s sdktrace.ReadOnlySpan) (string, bool) {
 // handler's error, not the type of the wrapper around it.
 func TestFailedSpansNameTheirError(t *testing.T) {
 	tel := newTelemetry(t, otelidemq.Config{})
-	store, _ := memdedup.New(memdedup.Config{})
-	b := memsource.New(memsource.Config{})
-	t.Cleanup(func() { b.Close() })
+	store := memStore(t)
+	b := memBroker(t, memsource.Config{})
 	b.Publish("orders", memsource.Outgoing{Key: "k1"})
-	r, err := consumer.NewRunner(b.Source("orders"), consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error {
+	r := tel.runner(t, b.Source("orders"), consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error {
 		return consumer.Permanent(fmt.Errorf("charge: %w", &declinedError{}))
-	}), consumer.Config{Name: "c", Hooks: []consumer.Hook{tel.hook}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	}), consumer.Config{})
 	runIdle(t, r)
 	var process []sdktrace.ReadOnlySpan
 	for _, ss := range tel.processSpans() {
@@ -143,19 +139,14 @@ func TestMessageIDAttribute(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tel := newTelemetry(t, otelidemq.Config{})
-			store, _ := memdedup.New(memdedup.Config{})
-			b := memsource.New(memsource.Config{})
-			t.Cleanup(func() { b.Close() })
+			store := memStore(t)
+			b := memBroker(t, memsource.Config{})
 			b.Publish("orders", memsource.Outgoing{Key: "k1"})
 			var src consumer.Source = brokerSource{b.Source("orders"), c.broker}
 			if c.noID {
 				src = noIDSource{src}
 			}
-			r, err := consumer.NewRunner(src, consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
-				consumer.Config{Name: "c", Hooks: []consumer.Hook{tel.hook}})
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := tel.runner(t, src, consumer.Transactional(store, succeed), consumer.Config{})
 			runIdle(t, r)
 			var n int
 			for _, s := range tel.spans.Ended() {

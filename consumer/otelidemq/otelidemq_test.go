@@ -216,12 +216,8 @@ func runIdle(t *testing.T, r *consumer.Runner, between ...func()) {
 func TestProcessSpanParentedOnProducer(t *testing.T) {
 	parent, headers := producerSpan(t)
 	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "orders-consumer", ParentOnProducer: true})
-	store, err := memdedup.New(memdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond})
-	t.Cleanup(func() { b.Close() })
+	store := memStore(t)
+	b := memBroker(t, memsource.Config{VisibilityTimeout: 100 * time.Millisecond})
 	b.Inject(memsource.Fault{Kind: memsource.CrashAfterCommit})
 	ids := b.Publish("orders", memsource.Outgoing{Key: "k1", Body: []byte("b"), Headers: headers})
 
@@ -233,10 +229,7 @@ func TestProcessSpanParentedOnProducer(t *testing.T) {
 		handlerSpans = append(handlerSpans, trace.SpanContextFromContext(ctx))
 		return nil
 	}, consumer.LeaseOptions{})
-	r, err := consumer.NewRunner(b.Source("orders"), path, consumer.Config{Name: "orders-consumer", Concurrency: 1, Hooks: []consumer.Hook{tel.hook}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := tel.runner(t, b.Source("orders"), path, consumer.Config{Name: "orders-consumer", Concurrency: 1})
 	runIdle(t, r)
 	if st := r.Stats(); st.Handled != 1 || st.Duplicates != 1 {
 		t.Fatalf("stats %+v, want 1 handled and 1 duplicate (the dropped ack's redelivery)", st)
@@ -281,15 +274,10 @@ func TestProcessSpanParentedOnProducer(t *testing.T) {
 // A message without trace headers starts a new trace.
 func TestProcessSpanWithoutHeadersIsRoot(t *testing.T) {
 	tel := newTelemetry(t, otelidemq.Config{})
-	store, _ := memdedup.New(memdedup.Config{})
-	b := memsource.New(memsource.Config{})
-	t.Cleanup(func() { b.Close() })
+	store := memStore(t)
+	b := memBroker(t, memsource.Config{})
 	b.Publish("t", memsource.Outgoing{Key: "k"})
-	r, err := consumer.NewRunner(b.Source("t"), consumer.Transactional(store, func(context.Context, *memdedup.Tx, *consumer.Message) error { return nil }),
-		consumer.Config{Name: "c", Hooks: []consumer.Hook{tel.hook}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := tel.runner(t, b.Source("t"), consumer.Transactional(store, succeed), consumer.Config{})
 	runIdle(t, r)
 	for _, ss := range tel.processSpans() {
 		for _, s := range ss {
@@ -357,12 +345,8 @@ func TestMetricsMatchStats(t *testing.T) {
 	for name, leased := range map[string]bool{"transactional": false, "leased": true} {
 		t.Run(name, func(t *testing.T) {
 			tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "hooks"})
-			store, err := memdedup.New(memdedup.Config{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
-			t.Cleanup(func() { b.Close() })
+			store := memStore(t)
+			b := memBroker(t, memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 			b.Inject(memsource.Fault{Kind: memsource.CrashAfterCommit, Key: "drop"})
 			b.Inject(memsource.Fault{Kind: memsource.AckError, Key: "ackerr"})
 			var mu sync.Mutex
@@ -388,13 +372,10 @@ func TestMetricsMatchStats(t *testing.T) {
 			} else {
 				path = consumer.Transactional(store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error { return h(ctx, m) })
 			}
-			r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{
-				Name: "hooks", Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{tel.hook},
+			r := tel.runner(t, b.Source("t"), path, consumer.Config{
+				Name: "hooks", Concurrency: 1, BatchSize: 10,
 				Retry: consumer.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Jitter: -1},
 			})
-			if err != nil {
-				t.Fatal(err)
-			}
 			for _, k := range []string{"a", "same", "same", "re", "drop", "ackerr", "retry", "perm", "max"} {
 				b.Publish("t", memsource.Outgoing{Key: k, Body: []byte("body-" + k)})
 			}
@@ -472,13 +453,9 @@ func TestMetricsMatchStats(t *testing.T) {
 // none.
 func TestTransactionalSpans(t *testing.T) {
 	tel := newTelemetry(t, otelidemq.Config{ConsumerGroup: "tx"})
-	store, err := memdedup.New(memdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := memStore(t)
 	store.Inject(memdedup.Fault{Kind: memdedup.CommitError})
-	b := memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
-	t.Cleanup(func() { b.Close() })
+	b := memBroker(t, memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 	var mu sync.Mutex
 	calls := map[string]int{}
 	path := consumer.Transactional(store, func(ctx context.Context, _ *memdedup.Tx, m *consumer.Message) error {
@@ -490,17 +467,14 @@ func TestTransactionalSpans(t *testing.T) {
 		}
 		return nil
 	})
-	r, err := consumer.NewRunner(b.Source("t"), path, consumer.Config{
-		Name: "tx", Concurrency: 1, BatchSize: 10, Hooks: []consumer.Hook{tel.hook},
+	r := tel.runner(t, b.Source("t"), path, consumer.Config{
+		Name: "tx", Concurrency: 1, BatchSize: 10,
 		// The four messages share a transaction however the receiver
 		// hands them over (one at a time on a slow machine); the wait
 		// stays well inside the broker's visibility timeout.
 		BatchWait: 30 * time.Millisecond,
 		Retry:     consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Jitter: -1},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, k := range []string{"a", "b", "bad", "c"} {
 		b.Publish("t", memsource.Outgoing{Key: k, Body: []byte("body-" + k)})
 	}
@@ -642,10 +616,7 @@ func TestExtractAWSTraceHeader(t *testing.T) {
 // whose K is bad; calls returns how many times it ran.
 func batchRunner(t *testing.T, tel *telemetry, name, topic, bad string) (b *memsource.Broker, r *consumer.Runner, calls func() int) {
 	t.Helper()
-	store, err := memdedup.New(memdedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := memStore(t)
 	b = memsource.New(memsource.Config{VisibilityTimeout: 100 * time.Millisecond, Seed: 1})
 	t.Cleanup(func() { b.Close() })
 	type order struct{ K string }
@@ -663,16 +634,13 @@ func batchRunner(t *testing.T, tel *telemetry, name, topic, bad string) (b *mems
 		}
 		return nil
 	}))
-	r, err = consumer.NewRunner(b.Source(topic), path, consumer.Config{
+	r = tel.runner(t, b.Source(topic), path, consumer.Config{
 		// A short BatchWait gathers the messages published before Run into
 		// one batch (without it the lane may start with the first alone),
 		// well inside the broker's 100 ms visibility timeout.
-		Name: name, Concurrency: 1, BatchSize: 10, BatchWait: 20 * time.Millisecond, Hooks: []consumer.Hook{tel.hook},
+		Name: name, Concurrency: 1, BatchSize: 10, BatchWait: 20 * time.Millisecond,
 		Retry: consumer.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Jitter: -1},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	return b, r, func() int {
 		mu.Lock()
 		defer mu.Unlock()
