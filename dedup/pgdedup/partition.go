@@ -18,7 +18,8 @@ const (
 	// PartitionLockTimeout bounds the wait of each partition's DDL for its
 	// table lock (lock_timeout). A drop needs the table's exclusive lock,
 	// which claims queue behind while it waits: the timeout bounds that
-	// queue, and a drop that timed out is retried by the next Cleanup.
+	// queue. A step that timed out is tried twice more within the Cleanup,
+	// 50 to 250 ms apart, then by the next Cleanup.
 	PartitionLockTimeout = pgpart.LockTimeout
 )
 
