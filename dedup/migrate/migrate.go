@@ -66,9 +66,11 @@ type Config struct {
 	// Partitioned adds, on PostgreSQL, the migrations that partition the
 	// line's table by day: for Dedup, 004 (the processed-message table
 	// becomes the first partition, for dedup/pgdedup with
-	// Config.Partitioned); for Outbox, 003 (the outbox table becomes the
-	// first partition, for outbox.Config.Partitioned). Defaults to false:
-	// the table stays unpartitioned.
+	// Config.Partitioned) and 005 (the partitions' BRIN index on
+	// expires_at, through which the janitor finds a partition expired);
+	// for Outbox, 003 (the outbox table becomes the first partition, for
+	// outbox.Config.Partitioned). Defaults to false: the table stays
+	// unpartitioned.
 	Partitioned bool
 }
 

@@ -270,8 +270,8 @@ FROM generate_series(0, 9) AS i`); err != nil {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(applied) != 1 || applied[0].Version != 4 {
-		t.Fatalf("applied %+v, want version 4 alone", applied)
+	if len(applied) != 2 || applied[0].Version != 4 || applied[1].Version != 5 {
+		t.Fatalf("applied %+v, want versions 4 and 5", applied)
 	}
 	layout := func() (kind string, records, partitions int) {
 		t.Helper()
@@ -292,11 +292,28 @@ FROM pg_class AS c WHERE c.oid = $1::regclass`, table).Scan(&kind, &records, &pa
 VALUES ('s', 'later', '\x00', date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' + interval '2 days 1 hour', now() + interval '9 days')`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, part.AllVersions()[3].Down); err != nil {
+	// 005's index is the parent's, attached to 001's on the first
+	// partition rather than built beside it.
+	var brins, attached int
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE EXISTS (SELECT FROM pg_inherits WHERE inhrelid = c.oid))
+FROM pg_inherits AS p JOIN pg_index AS i ON i.indrelid = p.inhrelid JOIN pg_class AS c ON c.oid = i.indexrelid
+WHERE p.inhparent = $1::regclass AND c.relam = (SELECT oid FROM pg_am WHERE amname = 'brin')`, table).Scan(&brins, &attached); err != nil {
 		t.Fatal(err)
 	}
+	if brins != 2 || attached != 2 {
+		t.Fatalf("after 005: %d BRIN indexes on the partitions, %d of them the parent's; want 2, 2 (one each)", brins, attached)
+	}
+	for _, v := range []int{4, 3} {
+		if _, err := pool.Exec(ctx, part.AllVersions()[v].Down); err != nil {
+			t.Fatalf("%s's Down: %v", part.AllVersions()[v].Name, err)
+		}
+	}
+	var expiry bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_indexes WHERE schemaname = $1 AND tablename = 'processed_messages' AND indexname = 'processed_messages_expires_at_idx')`, schema).Scan(&expiry); err != nil || !expiry {
+		t.Fatalf("after the Downs, 001's expiry index: %v, %v; want it back", expiry, err)
+	}
 	if kind, records, partitions := layout(); kind != "r" || records != 11 || partitions != 0 {
-		t.Fatalf("after 004's Down: relkind %q, %d records, %d partitions; want r, 11, 0", kind, records, partitions)
+		t.Fatalf("after the Downs: relkind %q, %d records, %d partitions; want r, 11, 0", kind, records, partitions)
 	}
 	// The unpartitioned claim's ON CONFLICT (scope, key) has its key back.
 	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (scope, key, payload_hash, expires_at) VALUES ('s', 'k1', '\x00', now())

@@ -466,3 +466,72 @@ func allStates(what string, cs []dedup.Claim, want dedup.State) error {
 	}
 	return nil
 }
+
+// TestPartitionDropReadsNoExpiredRecord: the janitor finds that a
+// partition whose records all expired keeps nothing without reading it by
+// sequential scan: its BRIN index on expires_at (migration 005, which the
+// janitor's partitions get from the parent) leaves out every block range
+// that vacuum summarized. A transaction holds the partition while the
+// janitor runs, so that its drop times out and the statistics of the
+// reads outlive the check; once released, the partition goes.
+func TestPartitionDropReadsNoExpiredRecord(t *testing.T) {
+	ctx := testCtx(t)
+	clock := &testClock{t: day0.Add(12 * time.Hour)}
+	// One connection, whose statistics not yet reported seqRead sees.
+	s, pool := newStoreOn(t, pgdedup.Config{Partitioned: true, Retention: boundaryRetention, Now: clock.Now},
+		func(c *pgxpool.Config) { c.MaxConns = 1 })
+	if _, err := s.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	table := pgx.Identifier{s.Config().Schema, s.Config().Table}.Sanitize()
+	part := pgx.Identifier{s.Config().Schema, s.Config().Table + "_p" + day0.Format("20060102")}.Sanitize()
+	const records = 30000
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (scope, key, payload_hash, processed_at, expires_at)
+SELECT 'drop', 'k-' || g, sha256(g::text::bytea), $1::timestamptz + g * interval '1 second', $1::timestamptz + interval '3 days' + g * interval '1 second'
+FROM generate_series(1, $2) g`, day0, records); err != nil {
+		t.Fatal(err)
+	}
+	// As autovacuum does after a day's inserts (no ANALYZE: the check must
+	// not depend on the partition's statistics).
+	if _, err := pool.Exec(ctx, `VACUUM `+part); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Close(ctx) }()
+	hold, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hold.Exec(ctx, `LOCK TABLE `+part+` IN ACCESS SHARE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	before, err := seqRead(ctx, pool, part)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every record expired a day ago; the drop times out on the lock.
+	clock.Set(day0.AddDate(0, 0, 4).Add(12 * time.Hour))
+	if _, err := s.Cleanup(ctx); err == nil {
+		t.Fatal("Cleanup while a transaction holds the partition: nil error, want its drop timed out")
+	}
+	after, err := seqRead(ctx, pool, part)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if read := after - before; read > 0 {
+		t.Fatalf("the janitor read %d records of the expired partition by sequential scan (it holds %d)", read, records)
+	}
+	if err := hold.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var left bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, part).Scan(&left); err != nil || left {
+		t.Fatalf("the expired partition after Cleanup: exists %v, %v; want dropped", left, err)
+	}
+}

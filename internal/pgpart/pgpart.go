@@ -7,13 +7,16 @@ package pgpart
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 const (
@@ -23,9 +26,14 @@ const (
 	Ahead = 2
 	// LockTimeout bounds the wait of each partition's DDL for its table
 	// lock (lock_timeout). A drop needs the table's exclusive lock, which
-	// writers queue behind while it waits: the timeout bounds that queue,
-	// and a drop that timed out is retried by the next Maintain.
+	// writers queue behind while it waits: the timeout bounds that queue.
+	// A step that timed out is tried again, up to Retries times, within
+	// the same Maintain, then by the next Maintain.
 	LockTimeout = 100 * time.Millisecond
+	// Retries is how many more times Maintain tries a step that failed on
+	// LockTimeout (SQLSTATE 55P03), after a pause of 50 to 250 ms
+	// (jittered, so that the lock's holder and queue can move on).
+	Retries = 2
 	// maxSteps bounds the DDL steps of one Maintain.
 	maxSteps = 64
 )
@@ -116,16 +124,37 @@ func (t *Table) Partitioned(ctx context.Context, db interface {
 // the rows the dropped partitions held (as the planner's statistics
 // estimate them), and busy when another process holds the lock. A failed
 // or interrupted step leaves nothing behind (its transaction rolls back);
-// the next call does it again.
+// the next call does it again, and a step that timed out waiting for a
+// lock is tried again first (Retries).
 func (t *Table) Maintain(ctx context.Context) (dropped int64, busy bool, err error) {
+	retries := Retries
 	for range maxSteps {
 		n, done, busy, err := t.step(ctx)
 		dropped += n
+		if err != nil && retries > 0 && lockTimedOut(err) {
+			retries--
+			pause := time.NewTimer(50*time.Millisecond + rand.N(200*time.Millisecond))
+			select {
+			case <-ctx.Done():
+				pause.Stop()
+				return dropped, false, err
+			case <-pause.C:
+			}
+			continue
+		}
 		if err != nil || busy || done {
 			return dropped, busy, err
 		}
+		retries = Retries
 	}
 	return dropped, false, nil
+}
+
+// lockTimedOut reports whether err is a statement's lock_timeout (SQLSTATE
+// 55P03, lock_not_available).
+func lockTimedOut(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
 // step takes the advisory lock, lists the partitions, and creates or drops
