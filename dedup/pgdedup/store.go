@@ -72,8 +72,8 @@ type Config struct {
 	// discards everything.
 	Logger *slog.Logger
 	// Partitioned says that the table is partitioned by day of
-	// processed_at (dedup/migrate's migration 004, which Migrate applies
-	// when this is set). A claim then takes an advisory lock per key and
+	// processed_at (dedup/migrate's migrations 004 and 005, which Migrate
+	// applies when this is set). A claim then takes an advisory lock per key and
 	// records a key only when no partition holds it, and Cleanup creates
 	// partitions ahead and drops those whose every record expired, instead
 	// of deleting rows. A partitioned store also works on a table not yet
