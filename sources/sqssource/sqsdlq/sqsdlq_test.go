@@ -242,7 +242,7 @@ func TestSQSFIFOReplayKeepsKey(t *testing.T) {
 			t.Fatalf("replay %+v: %v", sel, err)
 		}
 		st := run(t, func(st consumer.Stats) bool { return st.Received >= uint64(res.Done) })
-		t.Logf("replay %d sent %d; the runner: %+v", round, res.Done, st)
+		t.Logf("replay %d sent %d (dead-letter queue then: %s); the runner: %+v", round, res.Done, queueCounts(ctx, c, dead), st)
 	}
 	if ls := dlqtest.List(t, b, dlq.Filter{}); len(ls) != 0 {
 		t.Errorf("%d dead letters left: %v", len(ls), dlqtest.KeysOf(ls))
@@ -250,8 +250,20 @@ func TestSQSFIFOReplayKeepsKey(t *testing.T) {
 	eff := db.Effects(t)
 	want := map[string]int{dlqtest.KeyOf(1): 1, dlqtest.KeyOf(2): 1, dlqtest.KeyOf(3): 1}
 	if !maps.Equal(eff, want) {
-		t.Errorf("effects by key %v, want %v", eff, want)
+		t.Errorf("effects by key %v, want %v (dead-letter queue: %s)", eff, want, queueCounts(ctx, c, dead))
 	}
+}
+
+// queueCounts describes how many messages the queue at url holds, visible
+// and in flight: a dead letter that a scan missed is either gone or hidden.
+func queueCounts(ctx context.Context, c *sqs.Client, url string) string {
+	out, err := c.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(url), AttributeNames: []types.QueueAttributeName{
+		types.QueueAttributeNameApproximateNumberOfMessages, types.QueueAttributeNameApproximateNumberOfMessagesNotVisible}})
+	if err != nil {
+		return err.Error()
+	}
+	return out.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessages)] + " visible, " +
+		out.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessagesNotVisible)] + " in flight"
 }
 
 // allowPolicyHTTP gives the queue queueURL the RedriveAllowPolicy policy in
