@@ -362,21 +362,10 @@ func TestPartitionDropKeepsLongerRetention(t *testing.T) {
 // claim's transaction read from the partition by sequential scan.
 func TestPartitionClaimPlansForTheDaysRecords(t *testing.T) {
 	ctx := testCtx(t)
-	clock := &testClock{t: day0.Add(12 * time.Hour)}
 	// One connection, so that every claim runs on the connection whose
 	// prepared statements were planned while tomorrow was empty.
-	s, pool := newStoreOn(t, pgdedup.Config{Partitioned: true, Retention: boundaryRetention, Now: clock.Now},
-		func(c *pgxpool.Config) { c.MaxConns = 1 })
-	if _, err := s.Cleanup(ctx); err != nil {
-		t.Fatal(err)
-	}
-	table := pgx.Identifier{s.Config().Schema, s.Config().Table}.Sanitize()
-	var tomorrow string
-	if err := pool.QueryRow(ctx, `SELECT c.oid::regclass::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-WHERE i.inhparent = $1::regclass AND pg_get_expr(c.relpartbound, c.oid) LIKE '%FROM (''' || $2 || '%'`,
-		table, day0.AddDate(0, 0, 1).Format("2006-01-02")).Scan(&tomorrow); err != nil {
-		t.Fatalf("tomorrow's partition: %v", err)
-	}
+	s, pool, clock, table := onePartitionedConn(t)
+	tomorrow := partitionOf(s, day0.AddDate(0, 0, 1))
 	// No autovacuum ANALYZE replaces a cached plan during the test; an
 	// operator's ANALYZE of the table (or vacuumdb's) records tomorrow's
 	// partition as empty.
@@ -444,6 +433,26 @@ SELECT 'plans', 'filled-' || g, sha256(g::text::bytea), $1::timestamptz, $1::tim
 	}
 }
 
+// onePartitionedConn returns a partitioned store over a pool of one
+// connection, its clock at noon on day0 and the janitor's partitions made,
+// with the clock and the table's quoted name.
+func onePartitionedConn(t *testing.T) (*pgdedup.Store, *pgxpool.Pool, *testClock, string) {
+	t.Helper()
+	clock := &testClock{t: day0.Add(12 * time.Hour)}
+	s, pool := newStoreOn(t, pgdedup.Config{Partitioned: true, Retention: boundaryRetention, Now: clock.Now},
+		func(c *pgxpool.Config) { c.MaxConns = 1 })
+	if _, err := s.Cleanup(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	return s, pool, clock, pgx.Identifier{s.Config().Schema, s.Config().Table}.Sanitize()
+}
+
+// partitionOf returns the quoted name of the janitor's partition of day
+// (<table>_pYYYYMMDD).
+func partitionOf(s *pgdedup.Store, day time.Time) string {
+	return pgx.Identifier{s.Config().Schema, s.Config().Table + "_p" + day.UTC().Format("20060102")}.Sanitize()
+}
+
 // seqRead returns the records read from partition by sequential scans so
 // far, those that this connection has not reported yet included (they stay
 // in its own statistics for up to a second), as seen on db's connection.
@@ -476,15 +485,9 @@ func allStates(what string, cs []dedup.Claim, want dedup.State) error {
 // reads outlive the check; once released, the partition goes.
 func TestPartitionDropReadsNoExpiredRecord(t *testing.T) {
 	ctx := testCtx(t)
-	clock := &testClock{t: day0.Add(12 * time.Hour)}
 	// One connection, whose statistics not yet reported seqRead sees.
-	s, pool := newStoreOn(t, pgdedup.Config{Partitioned: true, Retention: boundaryRetention, Now: clock.Now},
-		func(c *pgxpool.Config) { c.MaxConns = 1 })
-	if _, err := s.Cleanup(ctx); err != nil {
-		t.Fatal(err)
-	}
-	table := pgx.Identifier{s.Config().Schema, s.Config().Table}.Sanitize()
-	part := pgx.Identifier{s.Config().Schema, s.Config().Table + "_p" + day0.Format("20060102")}.Sanitize()
+	s, pool, clock, table := onePartitionedConn(t)
+	part := partitionOf(s, day0)
 	const records = 30000
 	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (scope, key, payload_hash, processed_at, expires_at)
 SELECT 'drop', 'k-' || g, sha256(g::text::bytea), $1::timestamptz + g * interval '1 second', $1::timestamptz + interval '3 days' + g * interval '1 second'
