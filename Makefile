@@ -118,7 +118,7 @@ bench-retention: ## pgdedup's janitor at full speed on a 10 M-row table: claims/
 SCALE ?= long
 
 .PHONY: bench-scale
-bench-scale: ## pgdedup at the documented load (80 M records, 8 days): claims/s, p50/p99, WAL/claim, bytes/record, each day's retention and dead tuples, empty vs DELETE janitor vs partitioned, goals checked; Redis memory per key (SCALE=short|long, BENCH_FLAGS).
+bench-scale: ## pgdedup at the documented load (80 M records, 8 days): claims/s, p50/p99, WAL/claim, bytes/record, each day's retention and dead tuples, empty vs partitioned (empty and filled) vs DELETE janitor, goals checked; Redis memory per key (SCALE=short|long, BENCH_FLAGS).
 	$(GO) -C cmd/internal run ./bench/scale -mode $(SCALE) $(BENCH_FLAGS)
 
 # Native fuzz targets, as package:Target; make fuzz runs each for FUZZTIME.

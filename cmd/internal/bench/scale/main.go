@@ -120,7 +120,7 @@ func main() {
 	flag.Float64Var(&o.postFactor, "post-factor", 2, "time of the primary key build and restart after the COPY, as a share of the COPY's, to date the first rollover")
 	flag.IntVar(&o.concurrency, "concurrency", 4, "Runner.Concurrency")
 	flag.IntVar(&o.batch, "batch", 100, "Runner.BatchSize")
-	layouts := flag.String("layouts", "empty,delete,partitioned", "layouts measured, in order, comma-separated: empty, delete, partitioned, partitioned-empty (the partitioned store on an empty table)")
+	layouts := flag.String("layouts", "empty,partitioned-empty,partitioned,delete", "layouts measured, in order, comma-separated: empty, partitioned-empty (the partitioned store on an empty table), partitioned, delete")
 	flag.StringVar(&o.sharedBuffers, "shared-buffers", "", "shared_buffers of the cluster of its own")
 	flag.DurationVar(&o.timeout, "timeout", 0, "give up the whole benchmark after this long")
 	flag.IntVar(&o.sqliteRecords, "sqlite-records", -1, "records claimed through sqldedup into a SQLite file of its own to measure its size per record, after the layouts (0: none; default: 100,000 short, 1 M long)")
