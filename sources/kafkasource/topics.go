@@ -1,6 +1,7 @@
 package kafkasource
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,8 +32,9 @@ type TopicSpec struct {
 func DeadLetterTopic(topic string) string { return topic + DefaultDeadLetterSuffix }
 
 // CreateTopics creates the topics through the cluster's controller and waits
-// until the brokers' metadata lists each of them with all its partitions led,
-// so that a consumer or producer started next finds them. A topic that
+// until the metadata of every broker of brokers that answers lists each of
+// them with all its partitions led, so that a consumer or producer started
+// next finds them, whichever broker it asks. A topic that
 // exists already is left as it is. dialer may be nil (kafka.DefaultDialer).
 // The context bounds the whole call.
 //
@@ -69,16 +71,36 @@ func CreateTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, t
 			return err
 		}
 		return nil
-	}, func(conn *kafka.Conn) (bool, error) {
-		// The metadata shows every partition with a leader.
-		for _, t := range topics {
-			parts, err := conn.ReadPartitions(t.Name)
-			if err != nil || len(parts) < t.Partitions || !allLed(parts) {
+	}, func(*kafka.Conn) (bool, error) {
+		// Each broker learns of a new topic on its own: a producer that
+		// asked one that had not yet was refused (Unknown Topic Or
+		// Partition). A broker that does not answer is not asked.
+		for _, b := range brokers {
+			conn, err := cmp.Or(dialer, kafka.DefaultDialer).DialContext(ctx, "tcp", b)
+			if err != nil {
+				continue
+			}
+			led, err := topicsLed(ctx, conn, topics)
+			_ = conn.Close()
+			if !led || err != nil {
 				return false, err
 			}
 		}
 		return true, nil
 	})
+}
+
+// topicsLed reports whether conn's broker's metadata shows every partition
+// of topics with a leader.
+func topicsLed(ctx context.Context, conn *kafka.Conn, topics []TopicSpec) (bool, error) {
+	setDeadline(ctx, conn)
+	for _, t := range topics {
+		parts, err := conn.ReadPartitions(t.Name)
+		if err != nil || len(parts) < t.Partitions || !allLed(parts) {
+			return false, err
+		}
+	}
+	return true, nil
 }
 
 // DeleteTopics deletes the topics through the cluster's controller and waits
