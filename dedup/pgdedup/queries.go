@@ -27,10 +27,9 @@ type queries struct {
 // arguments each time they run (custom plans), never from a plan cached
 // for the prepared statement. PostgreSQL caches a generic plan after five
 // executions, and one made while a day's partition was empty reads that
-// partition whole, for every key, once the day's records fill it: a claim
-// of 100 keys took 1.5 s against a partition of 200,000 records, and stays
-// that slow until an ANALYZE of the partition replaces the plan. A custom
-// plan costs about 0.1-0.5 ms of planning a statement. Statements sent on
+// partition whole, for every key, once the day's records fill it, until an
+// ANALYZE of the partition replaces the plan (docs/operations.md has the
+// figures). Statements sent on
 // their own are led by pgx.QueryExecModeExec (see planned); those pipelined
 // in a batch are put between customPlans and restorePlans, which change
 // plan_cache_mode for the transaction alone and put back the value it had.
