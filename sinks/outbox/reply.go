@@ -200,9 +200,6 @@ type ResendConfig struct {
 	Logger *slog.Logger
 }
 
-// DefaultResendTimeout is ResendConfig.Timeout's default.
-const DefaultResendTimeout = 5 * time.Second
-
 // Resender re-sends the stored reply of a duplicate request. Install it in
 // consumer.Config.Hooks of the runner whose handler is wrapped by Reply:
 // it is a consumer.HookClaimed, so the runner calls it for every
@@ -250,7 +247,7 @@ var _ consumer.HookClaimed = (*Resender)(nil)
 // re-send is one autocommitted statement). It fails with idemq.ErrInvalidConfig
 // when db is nil or cfg.Timeout is negative.
 func NewResender(db PgxQuerier, cfg ResendConfig) (*Resender, error) {
-	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultResendTimeout)
+	cfg.Timeout = cmp.Or(cfg.Timeout, 5*time.Second)
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	var l cfgerr.List
 	if cfgerr.IsNil(db) {
