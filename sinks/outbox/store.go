@@ -188,9 +188,9 @@ func (t sqlTable) failures(ctx context.Context, n int) ([]FailureGroup, error) {
 }
 
 // parkedWhere is the condition on the parked rows of ids (all of them
-// when ids is nil), and its arguments.
+// when ids is empty), and its arguments.
 func (t sqlTable) parkedWhere(ids []string) (string, []any) {
-	if ids == nil {
+	if len(ids) == 0 {
 		return "state = 2", nil
 	}
 	return "state = 2 AND " + t.in("id", "$1"), []any{t.list(ids)}
