@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -25,7 +26,7 @@ func Unavailable(err error) error {
 	if err == nil {
 		return nil
 	}
-	return &wrapped{kind: ErrUnavailable, err: err}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
 
 // NoDestination wraps err with ErrNoDestination (nil stays nil).
@@ -33,17 +34,8 @@ func NoDestination(err error) error {
 	if err == nil {
 		return nil
 	}
-	return &wrapped{kind: ErrNoDestination, err: err}
+	return fmt.Errorf("%w: %w", ErrNoDestination, err)
 }
-
-// wrapped is err marked with a sentinel kind, matched by errors.Is.
-type wrapped struct {
-	kind, err error
-}
-
-func (w *wrapped) Error() string { return w.kind.Error() + ": " + w.err.Error() }
-
-func (w *wrapped) Unwrap() []error { return []error{w.kind, w.err} }
 
 // PublishByDestination calls publish once per destination of msgs,
 // concurrently, with that destination's messages in msgs' order. Each call

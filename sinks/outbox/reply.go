@@ -3,7 +3,6 @@ package outbox
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,8 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
@@ -142,25 +139,20 @@ func (s Schema) putReply(ctx context.Context, db PgxQuerier, id string, msg *con
 	if msg.Broker.System == "rabbitmq" {
 		dest, routingKey = "", msg.ReplyTo // reply_to is a queue: the default exchange routes to it
 	}
-	h := map[string]string{}
+	var h map[string]string
 	if msg.CorrelationID != "" {
-		h[consumer.HeaderCorrelationID] = msg.CorrelationID
+		h = map[string]string{consumer.HeaderCorrelationID: msg.CorrelationID}
 	}
-	if trace.SpanContextFromContext(ctx).IsValid() {
-		propagation.TraceContext{}.Inject(ctx, propagation.MapCarrier(h)) // as Publish does
-	}
-	headers, err := json.Marshal(h)
-	if err != nil {
-		return fmt.Errorf("outbox: encode reply headers: %w", err)
-	}
+	headers := encodeHeaders(ctx, h) // with the trace context, as Publish does
 	if body == nil {
 		body = []byte{}
 	}
 	var got string
+	var err error
 	if rearmOnly {
-		err = db.QueryRow(ctx, rearmSQL(s.table()), id, dest, routingKey, string(headers)).Scan(&got)
+		err = db.QueryRow(ctx, rearmSQL(s.table()), id, dest, routingKey, headers).Scan(&got)
 	} else if err = db.QueryRow(ctx, replyLockSQL, id, s.table()).Scan(new(int)); err == nil {
-		err = db.QueryRow(ctx, replySQL(s.table()), id, dest, routingKey, string(headers), body).Scan(&got)
+		err = db.QueryRow(ctx, replySQL(s.table()), id, dest, routingKey, headers, body).Scan(&got)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		// No row for this destination: another destination's row, or (when
