@@ -57,8 +57,7 @@ const maxAttributes = 10
 // Publisher publishes outbox rows to SQS. It is safe for concurrent use.
 type Publisher struct {
 	c    Client
-	mu   sync.Mutex
-	urls map[string]string // queue name -> URL
+	urls sync.Map // queue name -> URL
 }
 
 var _ outbox.Publisher = (*Publisher)(nil)
@@ -68,7 +67,7 @@ func New(c Client) (*Publisher, error) {
 	if c == nil {
 		return nil, &idemq.ConfigError{Field: "sqsoutbox.New(c)", Reason: "required"}
 	}
-	return &Publisher{c: c, urls: map[string]string{}}, nil
+	return &Publisher{c: c}, nil
 }
 
 // Publish sends msgs and returns once SQS accepted every one of them (nil)
@@ -171,20 +170,15 @@ func (p *Publisher) queueURL(ctx context.Context, dest string) (string, error) {
 	if strings.Contains(dest, "://") {
 		return dest, nil
 	}
-	p.mu.Lock()
-	url, ok := p.urls[dest]
-	p.mu.Unlock()
-	if ok {
-		return url, nil
+	if url, ok := p.urls.Load(dest); ok {
+		return url.(string), nil
 	}
 	out, err := p.c.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(dest)})
 	if err != nil {
 		return "", classify(err)
 	}
-	url = aws.ToString(out.QueueUrl)
-	p.mu.Lock()
-	p.urls[dest] = url
-	p.mu.Unlock()
+	url := aws.ToString(out.QueueUrl)
+	p.urls.Store(dest, url)
 	return url, nil
 }
 
