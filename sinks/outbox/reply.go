@@ -147,12 +147,11 @@ func (s Schema) putReply(ctx context.Context, db PgxQuerier, id string, msg *con
 	if body == nil {
 		body = []byte{}
 	}
-	var got string
 	var err error
 	if rearmOnly {
-		err = db.QueryRow(ctx, rearmSQL(s.table()), id, dest, routingKey, headers).Scan(&got)
+		err = db.QueryRow(ctx, rearmSQL(s.table()), id, dest, routingKey, headers).Scan(new(string))
 	} else if err = db.QueryRow(ctx, replyLockSQL, id, s.table()).Scan(new(int)); err == nil {
-		err = db.QueryRow(ctx, replySQL(s.table()), id, dest, routingKey, headers, body).Scan(&got)
+		err = db.QueryRow(ctx, replySQL(s.table()), id, dest, routingKey, headers, body).Scan(new(string))
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		// No row for this destination: another destination's row, or (when
@@ -162,12 +161,8 @@ func (s Schema) putReply(ctx context.Context, db PgxQuerier, id string, msg *con
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			return nil
-		case err == nil:
-			first := firstDest
-			if firstKey != "" && firstDest == "" {
-				first = firstKey // a RabbitMQ queue, through the default exchange
-			}
-			return &replyToMismatch{id: id, replyTo: msg.ReplyTo, first: first}
+		case err == nil: // a RabbitMQ queue is the routing key of the default exchange
+			return &replyToMismatch{id: id, replyTo: msg.ReplyTo, first: cmp.Or(firstDest, firstKey)}
 		}
 	}
 	if err != nil {
