@@ -56,13 +56,10 @@ const HeaderIdempotencyKey = "idempotency-key"
 // MessageGroupId). Configure sqssource's PartitionKeyAttribute with it.
 const HeaderPartitionKey = "partition-key"
 
-// Errors returned by Publish.
-var (
-	// ErrNoID is returned by Publish for a message without an explicit ID
-	// outside a consumer's handler (a ctx with no consumer.IdempotencyKey),
-	// where no stable id can be derived.
-	ErrNoID = errors.New("outbox: message has no ID and ctx has no consuming message's idempotency key")
-)
+// ErrNoID is returned by Publish for a message without an explicit ID
+// outside a consumer's handler (a ctx with no consumer.IdempotencyKey),
+// where no stable id can be derived.
+var ErrNoID = errors.New("outbox: message has no ID and ctx has no consuming message's idempotency key")
 
 // Message is one message to publish after the transaction commits.
 type Message struct {

@@ -99,12 +99,10 @@ type Config struct {
 	// once. Defaults to 100.
 	BatchSize int
 	// Concurrency is the number of claim loops of a relay, each claiming
-	// and publishing its batches in a transaction of its own (PostgreSQL
-	// only: SQLite relays take 1). On PostgreSQL each loop also records a
-	// batch (update and commit) while it claims and publishes the next, so
-	// it uses up to two pool connections; more than one loop publishes
-	// batches in parallel. The rows of one key still go out one at a time,
-	// in order. Defaults to 1.
+	// and publishing its batches in a transaction of its own, in parallel
+	// (PostgreSQL only: SQLite relays take 1; NewRelay says what
+	// connections they use). The rows of one key still go out one at a
+	// time, in order. Defaults to 1.
 	Concurrency int
 	// PollInterval is how often the relay looks for rows without a
 	// notification (the only wake-up on SQLite, the fallback on
