@@ -3,10 +3,9 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
-	"maps"
 	"net"
-	"slices"
 	"sync"
 	"syscall"
 )
@@ -27,7 +26,7 @@ func Unavailable(err error) error {
 	if err == nil {
 		return nil
 	}
-	return &wrapped{kind: ErrUnavailable, err: err}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
 
 // NoDestination wraps err with ErrNoDestination (nil stays nil).
@@ -35,51 +34,33 @@ func NoDestination(err error) error {
 	if err == nil {
 		return nil
 	}
-	return &wrapped{kind: ErrNoDestination, err: err}
+	return fmt.Errorf("%w: %w", ErrNoDestination, err)
 }
 
-// wrapped is err marked with a sentinel kind, matched by errors.Is.
-type wrapped struct {
-	kind, err error
-}
-
-func (w *wrapped) Error() string { return w.kind.Error() + ": " + w.err.Error() }
-
-func (w *wrapped) Unwrap() []error { return []error{w.kind, w.err} }
-
-// SortedHeaders returns the names of m's headers in order, so that
-// publishers send headers in a stable order.
-func (m Message) SortedHeaders() []string {
-	return slices.Sorted(maps.Keys(m.Headers))
-}
-
-// PublishByDestination calls publish for each destination of msgs
-// (ByDestination), concurrently, with the indexes of its messages in msgs;
-// publish sets errs[i] to the outcome of msgs[i]. Once every call
-// returned, it returns BatchResult(errs).
-func PublishByDestination(msgs []Message, publish func(idx []int, errs []error)) error {
+// PublishByDestination calls publish once per destination of msgs,
+// concurrently, with that destination's messages in msgs' order. Each call
+// reports as Publisher.Publish does: nil, a *BatchError of its messages, or
+// an error for all of them. Once every call returned, it returns the
+// outcomes of msgs as BatchResult does.
+func PublishByDestination(msgs []Message, publish func(group []Message) error) error {
+	groups := map[string][]int{}
+	for i, m := range msgs {
+		groups[m.Destination] = append(groups[m.Destination], i)
+	}
 	errs := make([]error, len(msgs))
 	var wg sync.WaitGroup
-	for _, idx := range ByDestination(msgs) {
-		wg.Go(func() { publish(idx, errs) })
+	for _, idx := range groups {
+		wg.Go(func() {
+			group := make([]Message, len(idx))
+			for j, i := range idx {
+				group[j] = msgs[i]
+			}
+			err := publish(group)
+			for j, i := range idx {
+				errs[i] = errAt(err, j)
+			}
+		})
 	}
 	wg.Wait()
 	return BatchResult(errs)
-}
-
-// ByDestination returns the indexes of msgs grouped by destination, in
-// order of first appearance; each group keeps msgs' order.
-func ByDestination(msgs []Message) [][]int {
-	at := map[string]int{}
-	var groups [][]int
-	for i, m := range msgs {
-		g, ok := at[m.Destination]
-		if !ok {
-			g = len(groups)
-			at[m.Destination] = g
-			groups = append(groups, nil)
-		}
-		groups[g] = append(groups[g], i)
-	}
-	return groups
 }

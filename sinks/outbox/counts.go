@@ -21,16 +21,15 @@ func countsSQL(d dialect) string {
 		statePending, stateSent, stateParked, age(statePending), age(stateParked), d.table)
 }
 
-// scanCounts reads the row of countsSQL.
-func scanCounts(scan func(dest ...any) error) (Counts, error) {
-	var c Counts
+// scanCounts reads the row of countsSQL into c.
+func scanCounts(scan func(dest ...any) error, c *Counts) error {
 	var pending, parked int64
 	if err := scan(&c.Pending, &c.Failing, &c.Sent, &c.Parked, &pending, &parked); err != nil {
-		return Counts{}, err
+		return err
 	}
 	c.OldestPending = time.Duration(pending) * time.Millisecond
 	c.OldestParked = time.Duration(parked) * time.Millisecond
-	return c, nil
+	return nil
 }
 
 // Counts returns the number of rows per state of the outbox table in
@@ -48,5 +47,7 @@ func (s Schema) Counts(ctx context.Context, db SQLQuerier, d migrate.Dialect) (C
 	if d == migrate.Postgres {
 		dl = postgres(s.table())
 	}
-	return scanCounts(db.QueryRowContext(ctx, countsSQL(dl)).Scan)
+	var c Counts
+	err := scanCounts(db.QueryRowContext(ctx, countsSQL(dl)).Scan, &c)
+	return c, err
 }

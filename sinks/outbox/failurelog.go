@@ -9,15 +9,11 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// failureLog reports the rows whose publish failed, per destination,
-// without a line per row: the first failure of a destination is logged at
-// once (WARN, with the row, its attempt, its next try and the error), and
-// later ones at most once per Config.FailureReminder, with the number of
-// failures left out since. Parked rows are reported the same way at ERROR,
-// on a reminder of their own, so that the first park of a destination is
-// never hidden by its retries. Failures left out and not followed by
-// another line are summed up by flush once the reminder has passed. It is
-// safe for concurrent use.
+// failureLog logs the rows whose publish failed as Config.FailureReminder
+// says, per destination. Parks have a reminder of their own, so that the
+// first park of a destination is never hidden by its retries; flush sums
+// up the failures left out and not followed by another line once the
+// reminder has passed. It is safe for concurrent use.
 type failureLog struct {
 	log   *slog.Logger
 	every time.Duration

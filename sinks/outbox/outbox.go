@@ -56,13 +56,10 @@ const HeaderIdempotencyKey = "idempotency-key"
 // MessageGroupId). Configure sqssource's PartitionKeyAttribute with it.
 const HeaderPartitionKey = "partition-key"
 
-// Errors returned by Publish.
-var (
-	// ErrNoID is returned by Publish for a message without an explicit ID
-	// outside a consumer's handler (a ctx with no consumer.IdempotencyKey),
-	// where no stable id can be derived.
-	ErrNoID = errors.New("outbox: message has no ID and ctx has no consuming message's idempotency key")
-)
+// ErrNoID is returned by Publish for a message without an explicit ID
+// outside a consumer's handler (a ctx with no consumer.IdempotencyKey),
+// where no stable id can be derived.
+var ErrNoID = errors.New("outbox: message has no ID and ctx has no consuming message's idempotency key")
 
 // Message is one message to publish after the transaction commits.
 type Message struct {
@@ -164,8 +161,7 @@ func (s Schema) PublishSQL(ctx context.Context, tx SQLQuerier, m Message) (strin
 }
 
 // insert runs insertSQL for m with queryRow (a *sql.Row is a pgx.Row too)
-// and returns the row's id, after adding the trace context of ctx to
-// m.Headers.
+// and returns the row's id.
 func (s Schema) insert(ctx context.Context, m Message, queryRow func(q string, args ...any) pgx.Row) (string, error) {
 	var sourceKey *string
 	var id *string
@@ -178,27 +174,31 @@ func (s Schema) insert(ctx context.Context, m Message, queryRow func(q string, a
 		}
 		sourceKey = &k
 	}
-	if _, set := m.Headers["traceparent"]; !set && trace.SpanContextFromContext(ctx).IsValid() {
-		// The handler's span travels with the row, so the downstream
-		// consumer's spans join the message's trace.
-		h := make(map[string]string, len(m.Headers)+2)
-		maps.Copy(h, m.Headers)
-		propagation.TraceContext{}.Inject(ctx, propagation.MapCarrier(h))
-		m.Headers = h
-	}
-	headers := []byte("{}")
-	if len(m.Headers) > 0 {
-		var err error
-		if headers, err = json.Marshal(m.Headers); err != nil {
-			return "", fmt.Errorf("outbox: encode headers: %w", err)
-		}
-	}
 	if m.Body == nil {
 		m.Body = []byte{}
 	}
 	var got string
-	if err := queryRow(insertSQL(s.table()), id, sourceKey, m.Destination, m.Key, m.RoutingKey, string(headers), m.Body).Scan(&got); err != nil {
+	if err := queryRow(insertSQL(s.table()), id, sourceKey, m.Destination, m.Key, m.RoutingKey, encodeHeaders(ctx, m.Headers), m.Body).Scan(&got); err != nil {
 		return "", fmt.Errorf("outbox: publish to %q: %w", m.Destination, err)
 	}
 	return got, nil
+}
+
+// encodeHeaders returns h as the JSON of the headers column, with the W3C
+// trace context of ctx's span added unless h has a traceparent already:
+// the handler's span travels with the row, so the downstream consumer's
+// spans join its trace. h itself is left as it is.
+func encodeHeaders(ctx context.Context, h map[string]string) string {
+	if _, set := h["traceparent"]; !set && trace.SpanContextFromContext(ctx).IsValid() {
+		h = maps.Clone(h)
+		if h == nil {
+			h = map[string]string{}
+		}
+		propagation.TraceContext{}.Inject(ctx, propagation.MapCarrier(h))
+	}
+	if len(h) == 0 {
+		return "{}"
+	}
+	b, _ := json.Marshal(h) // a map of strings always encodes
+	return string(b)
 }

@@ -67,27 +67,21 @@ type BatchError struct {
 // Error summarises the failures.
 func (e *BatchError) Error() string {
 	n := 0
-	var first error
 	for _, err := range e.Errs {
 		if err != nil {
-			if first == nil {
-				first = err
-			}
 			n++
 		}
 	}
-	return fmt.Sprintf("outbox: %d of %d messages failed, first: %v", n, len(e.Errs), first)
+	return fmt.Sprintf("outbox: %d of %d messages failed, first: %v", n, len(e.Errs), cmp.Or(e.Errs...))
 }
 
 // BatchResult is what a Publisher returns for errs, the outcomes of its
 // messages: nil when every one is nil, else a *BatchError of errs.
 func BatchResult(errs []error) error {
-	for _, err := range errs {
-		if err != nil {
-			return &BatchError{Errs: errs}
-		}
+	if cmp.Or(errs...) == nil {
+		return nil
 	}
-	return nil
+	return &BatchError{Errs: errs}
 }
 
 // errAt returns the error of message i under the Publisher contract.
@@ -105,12 +99,10 @@ type Config struct {
 	// once. Defaults to 100.
 	BatchSize int
 	// Concurrency is the number of claim loops of a relay, each claiming
-	// and publishing its batches in a transaction of its own (PostgreSQL
-	// only: SQLite relays take 1). On PostgreSQL each loop also records a
-	// batch (update and commit) while it claims and publishes the next, so
-	// it uses up to two pool connections; more than one loop publishes
-	// batches in parallel. The rows of one key still go out one at a time,
-	// in order. Defaults to 1.
+	// and publishing its batches in a transaction of its own, in parallel
+	// (PostgreSQL only: SQLite relays take 1; NewRelay says what
+	// connections they use). The rows of one key still go out one at a
+	// time, in order. Defaults to 1.
 	Concurrency int
 	// PollInterval is how often the relay looks for rows without a
 	// notification (the only wake-up on SQLite, the fallback on
@@ -251,9 +243,9 @@ type store interface {
 	// failures returns up to n groups of failed rows (failuresSQL).
 	failures(ctx context.Context, n int) ([]FailureGroup, error)
 	// parked returns up to n parked rows (all with n 0), of ids only when
-	// ids is not nil, in seq order.
+	// ids is not empty, in seq order.
 	parked(ctx context.Context, ids []string, n int) ([]ParkedRow, error)
-	// unpark makes the parked rows of ids (all with ids nil) pending with
+	// unpark makes the parked rows of ids (all with no ids) pending with
 	// no attempt, and returns how many.
 	unpark(ctx context.Context, ids []string) (int64, error)
 	close()
@@ -330,29 +322,25 @@ type Counts struct {
 // inserted by transactions that commit out of seq order are published in
 // commit order if the older one was not visible yet). A row is marked sent
 // (or deleted, with a negative Retention) only after the Publisher reports
-// the broker's confirmation. A relay that dies between the confirmation
-// and the update leaves the rows pending, and the next relay publishes them
-// again with the same stable id: downstream idemq consumers absorb the
-// duplicate.
+// the broker's confirmation; a relay that dies in between leaves it
+// pending, and the next relay publishes it again with the same stable id,
+// which downstream idemq consumers absorb.
 //
-// On PostgreSQL several relays (and several claim loops of one relay, see
-// Config.Concurrency) can run at once: the claim locks rows with
-// FOR UPDATE SKIP LOCKED in a transaction held while the batch is
-// published and recorded, and a key whose oldest row is locked by one
-// relay has no eligible row for the others. For the same reason a claim
-// loop records one batch while it claims and publishes the next: the
-// next claim cannot take a row whose key's previous row is not yet
-// recorded. Relays wake on LISTEN/NOTIFY (a trigger
-// notifies at each committed insert) and poll every PollInterval as a
-// fallback. On SQLite run one relay per database; it polls.
+// On PostgreSQL several relays (and the claim loops of one relay, see
+// Config.Concurrency) can run at once: a claim locks its rows with
+// FOR UPDATE SKIP LOCKED until the batch is recorded, and a key whose
+// oldest row is locked has no eligible row for the others. Relays wake on
+// LISTEN/NOTIFY (a trigger notifies at each committed insert) and poll
+// every PollInterval as a fallback. On SQLite run one relay per database;
+// it polls.
 //
 // A failed publish counts an attempt for the row and retries it after an
-// exponential backoff; until then the rows after it in its key wait. After
+// exponential backoff while the later rows of its key wait. After
 // MaxAttempts the row is parked (state 2, with last_error) and its key
-// moves on; Unpark puts it back. Failures are logged per destination, at
-// most once per Config.FailureReminder, and Counts and Failures report
-// them. An outage (ErrUnavailable) counts nothing: the relay backs off and
-// retries the batch, so no row is ever dropped.
+// moves on; Unpark puts it back. Failures are logged per destination (see
+// Config.FailureReminder), and Counts and Failures report them. An outage
+// (ErrUnavailable) counts nothing: the relay backs off and retries the
+// batch, so no row is ever dropped.
 type Relay struct {
 	st       store
 	pub      Publisher
@@ -377,7 +365,10 @@ func newRelay(st store, pub Publisher, cfg Config, overlap bool) *Relay {
 // sent rows older than Retention every CleanupInterval.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.st.close()
-	w := &wakeup{ch: make(chan struct{})}
+	wake := make([]chan struct{}, r.cfg.Concurrency) // one per claim loop
+	for i := range wake {
+		wake[i] = make(chan struct{}, 1)
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() { r.cleanupLoop(ctx) })
 	wg.Go(func() {
@@ -387,18 +378,24 @@ func (r *Relay) Run(ctx context.Context) error {
 				sleep(ctx, r.cfg.PollInterval)
 			}
 			r.failures.flush(ctx)
-			w.signal()
+			for _, c := range wake {
+				select {
+				case c <- struct{}{}:
+				default: // a wake-up is pending already
+				}
+			}
 		}
 	})
-	for range r.cfg.Concurrency {
-		wg.Go(func() { r.claimLoop(ctx, w) })
+	for _, c := range wake {
+		wg.Go(func() { r.claimLoop(ctx, c) })
 	}
 	wg.Wait()
 	return nil
 }
 
 // claimLoop relays batches while there are rows, and waits for a wake-up
-// (a notification or PollInterval) when there are none.
+// (a notification or PollInterval) when there are none; a wake-up that
+// came during a claim stays pending, so none is missed.
 //
 // On a store whose claims lock their rows (PostgreSQL), the outcome of a
 // batch is recorded (update and commit) in the background while the loop
@@ -407,7 +404,7 @@ func (r *Relay) Run(ctx context.Context) error {
 // being recorded (they are locked) and the later rows of their keys (their
 // oldest row is still pending until the commit), so per-key order holds,
 // and rows are still marked only after the broker confirmed them.
-func (r *Relay) claimLoop(ctx context.Context, w *wakeup) {
+func (r *Relay) claimLoop(ctx context.Context, wake <-chan struct{}) {
 	var recording chan error // the outcome of the batch being recorded
 	waitRecording := func() (bool, error) {
 		if recording == nil {
@@ -426,7 +423,6 @@ func (r *Relay) claimLoop(ctx context.Context, w *wakeup) {
 	}()
 	outage := time.Duration(0)
 	for ctx.Err() == nil {
-		woken := w.next() // taken before the claim, so no wake-up is missed
 		n, record, err := r.publishBatch(ctx)
 		recorded, rerr := waitRecording()
 		switch {
@@ -442,54 +438,28 @@ func (r *Relay) claimLoop(ctx context.Context, w *wakeup) {
 		if err == nil {
 			err = rerr
 		}
-		switch {
-		case ctx.Err() != nil:
+		if ctx.Err() != nil {
 			return
-		case err != nil:
-			if outage == 0 {
-				outage = r.cfg.InitialBackoff
-			} else {
-				outage = min(2*outage, r.cfg.MaxBackoff)
-			}
+		}
+		if err != nil {
+			outage = min(max(2*outage, r.cfg.InitialBackoff), r.cfg.MaxBackoff)
 			r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outbox relay: publish failed, backing off",
 				slog.Duration(consumer.LogKeyDelay, outage), slog.Any(consumer.LogKeyError, err))
 			sleep(ctx, jitter(outage))
 			continue
-		case n > 0 || recorded:
-			// More rows may be waiting, or be eligible now that the
-			// previous batch is recorded.
-			outage = 0
-			continue
 		}
 		outage = 0
+		if n > 0 || recorded {
+			continue // more rows may be waiting, or be eligible now that the previous batch is recorded
+		}
 		t := time.NewTimer(r.cfg.PollInterval)
 		select {
 		case <-ctx.Done():
-		case <-woken:
+		case <-wake:
 		case <-t.C:
 		}
 		t.Stop()
 	}
-}
-
-// wakeup broadcasts "rows may have arrived" to idle claim loops.
-type wakeup struct {
-	mu sync.Mutex
-	ch chan struct{}
-}
-
-// next returns a channel closed at the next signal.
-func (w *wakeup) next() <-chan struct{} {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.ch
-}
-
-func (w *wakeup) signal() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	close(w.ch)
-	w.ch = make(chan struct{})
 }
 
 // RelayOnce claims one batch, publishes it and records the outcome. It
@@ -536,9 +506,7 @@ func (r *Relay) publishBatch(ctx context.Context) (n int, record func() error, e
 		case err == nil:
 			sent = append(sent, row.seq)
 		case errors.Is(err, ErrUnavailable) || ctx.Err() != nil:
-			if unavailable == nil {
-				unavailable = err
-			}
+			unavailable = cmp.Or(unavailable, err)
 		default:
 			attempts := row.attempts + 1
 			f := failure{seq: row.seq, err: err.Error(), park: attempts >= r.cfg.MaxAttempts, nextRetry: r.backoff(attempts)}
@@ -607,9 +575,6 @@ func (r *Relay) Failures(ctx context.Context, n int) ([]FailureGroup, error) {
 // ids is empty (all of them with n 0), oldest first: what Unpark (with the
 // same ids) or UnparkAll would put back.
 func (r *Relay) Parked(ctx context.Context, ids []string, n int) ([]ParkedRow, error) {
-	if ids != nil && len(ids) == 0 {
-		ids = nil
-	}
 	rows, err := r.st.parked(ctx, ids, n)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: parked rows: %w", err)
@@ -658,9 +623,6 @@ func (r *Relay) backoff(attempts int) time.Duration {
 }
 
 func (r *Relay) cleanupLoop(ctx context.Context) {
-	if r.cfg.Retention < 0 && !r.cfg.Partitioned {
-		return
-	}
 	t := time.NewTicker(r.cfg.CleanupInterval)
 	defer t.Stop()
 	for {

@@ -3,7 +3,6 @@ package outbox
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,8 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
@@ -45,27 +42,23 @@ func Reply(h func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) ([]byte
 
 // Reply adapts a transactional handler that answers requests. It is
 // consumer.TxResult (h's result is stored with the request's record, in
-// h's transaction) and, when the request asks for a reply
-// (msg.ReplyTo is set), it also publishes the result to msg.ReplyTo
-// through the outbox in the same transaction, so the reply exists if and
-// only if the effect committed. A request without ReplyTo is handled as
-// with TxResult alone.
+// h's transaction) and, when the request asks for a reply (msg.ReplyTo is
+// set), it also publishes the result to msg.ReplyTo through the outbox in
+// the same transaction, so the reply exists if and only if the effect
+// committed.
 //
-// The reply's id (its idempotency key on every broker, and its AMQP
-// message-id) is ReplyID; its header HeaderCorrelationID (and, on
-// RabbitMQ, its correlation_id property) carries msg.CorrelationID; its
-// body is the result. On RabbitMQ, ReplyTo names a queue and the reply goes
-// through the default exchange; on Kafka it is a topic and on SQS a queue
-// URL or name. Replies carry no partition key: they are not ordered.
+// The reply's id (its idempotency key on every broker) is ReplyID; its
+// header HeaderCorrelationID (and, on RabbitMQ, its correlation_id
+// property) carries msg.CorrelationID; its body is the result; it has no
+// partition key. On RabbitMQ, ReplyTo names a queue, reached through the
+// default exchange; on Kafka a topic, on SQS a queue URL or name. A
+// Resender re-sends it for a duplicate request, which never runs h.
 //
-// A duplicate request does not run h; a Resender, installed as a hook of
-// the same runner, re-sends the stored reply with the same id.
-//
-// A reply goes only to the ReplyTo of the request that wrote it. If the
-// reply's row exists for another destination (the request's record
-// expired and a new copy asks for the reply elsewhere), the handler fails
-// permanently with ErrReplyToMismatch: its writes roll back and the
-// message is dead-lettered.
+// A reply goes only to the ReplyTo of the request that wrote it: if its row
+// exists for another destination (the request's record expired and a new
+// copy asks for the reply elsewhere), the handler fails permanently with
+// ErrReplyToMismatch, so its writes roll back and the message is
+// dead-lettered.
 func (s Schema) Reply(h func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) ([]byte, error)) consumer.TxHandler[pgx.Tx] {
 	return consumer.TxResult(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) ([]byte, error) {
 		b, err := h(ctx, tx, msg)
@@ -146,25 +139,19 @@ func (s Schema) putReply(ctx context.Context, db PgxQuerier, id string, msg *con
 	if msg.Broker.System == "rabbitmq" {
 		dest, routingKey = "", msg.ReplyTo // reply_to is a queue: the default exchange routes to it
 	}
-	h := map[string]string{}
+	var h map[string]string
 	if msg.CorrelationID != "" {
-		h[consumer.HeaderCorrelationID] = msg.CorrelationID
+		h = map[string]string{consumer.HeaderCorrelationID: msg.CorrelationID}
 	}
-	if trace.SpanContextFromContext(ctx).IsValid() {
-		propagation.TraceContext{}.Inject(ctx, propagation.MapCarrier(h)) // as Publish does
-	}
-	headers, err := json.Marshal(h)
-	if err != nil {
-		return fmt.Errorf("outbox: encode reply headers: %w", err)
-	}
+	headers := encodeHeaders(ctx, h) // with the trace context, as Publish does
 	if body == nil {
 		body = []byte{}
 	}
-	var got string
+	var err error
 	if rearmOnly {
-		err = db.QueryRow(ctx, rearmSQL(s.table()), id, dest, routingKey, string(headers)).Scan(&got)
+		err = db.QueryRow(ctx, rearmSQL(s.table()), id, dest, routingKey, headers).Scan(new(string))
 	} else if err = db.QueryRow(ctx, replyLockSQL, id, s.table()).Scan(new(int)); err == nil {
-		err = db.QueryRow(ctx, replySQL(s.table()), id, dest, routingKey, string(headers), body).Scan(&got)
+		err = db.QueryRow(ctx, replySQL(s.table()), id, dest, routingKey, headers, body).Scan(new(string))
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		// No row for this destination: another destination's row, or (when
@@ -174,12 +161,8 @@ func (s Schema) putReply(ctx context.Context, db PgxQuerier, id string, msg *con
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			return nil
-		case err == nil:
-			first := firstDest
-			if firstKey != "" && firstDest == "" {
-				first = firstKey // a RabbitMQ queue, through the default exchange
-			}
-			return &replyToMismatch{id: id, replyTo: msg.ReplyTo, first: first}
+		case err == nil: // a RabbitMQ queue is the routing key of the default exchange
+			return &replyToMismatch{id: id, replyTo: msg.ReplyTo, first: cmp.Or(firstDest, firstKey)}
 		}
 	}
 	if err != nil {
@@ -200,45 +183,27 @@ type ResendConfig struct {
 	Logger *slog.Logger
 }
 
-// DefaultResendTimeout is ResendConfig.Timeout's default.
-const DefaultResendTimeout = 5 * time.Second
-
 // Resender re-sends the stored reply of a duplicate request. Install it in
-// consumer.Config.Hooks of the runner whose handler is wrapped by Reply:
-// it is a consumer.HookClaimed, so the runner calls it for every
-// duplicate, on the lane, before the duplicate is acknowledged. For a
-// duplicate with ReplyTo whose record holds a result (consumer.StoredResult), it
-// writes the reply again with the same id (ReplyID) and body, with the
-// duplicate's CorrelationID, in one statement on its database.
+// consumer.Config.Hooks of the runner whose handler is wrapped by Reply: as
+// a consumer.HookClaimed it runs for every duplicate, on the lane, before
+// the duplicate is acknowledged, so a worker that dies in between re-sends
+// on the redelivery. (A duplicate never reaches the handler, so Reply
+// cannot.)
 //
-// A re-send is recorded on the original reply's row (the outbox table's
-// id is unique, and the id is the reply's idempotency key): the row is put
-// back to pending, or inserted again from the stored result if the relay's
-// cleanup deleted it (not when the record holds no result: a nil result,
-// or a record written before results were stored).
+// For a duplicate with ReplyTo whose record holds a result
+// (consumer.StoredResult), one statement puts the reply's row (id ReplyID)
+// back to pending with the duplicate's CorrelationID, or inserts it again
+// from the stored result if the relay's cleanup deleted it; a record
+// without a result only re-arms a row that exists. Every copy of the reply
+// has the same id and body, which the requester's idemq consumer absorbs,
+// and repeats that arrive while it is pending coalesce into one publish.
+// A duplicate whose ReplyTo differs from the row's destination is refused
+// (one WARN line; the row is left as it is): while the row exists, the
+// reply goes only where the first request asked for it.
 //
-// A re-send goes only where the first reply went: a duplicate whose
-// ReplyTo differs from the destination of the reply's row is refused (one
-// WARN line with both; the row is left as it is, pending or sent), so a
-// copy of the request can neither take the reply away from the first
-// requester nor have it sent elsewhere. The row is what remembers the
-// first destination: once the relay's cleanup has deleted it (Retention
-// after the broker confirmed it; at once with a negative Retention), the
-// reply is inserted again towards the duplicate's ReplyTo.
-// Every broker message of a reply therefore has the same id and body, and
-// the requester's idemq consumer, whose deduplication key is that id,
-// absorbs the repeats; repeats of a request that arrive while its reply is
-// still pending coalesce into one publish.
-//
-// Why a hook and not the adapter: a duplicate never reaches the handler,
-// so Reply cannot see it; the hook runs before the ack, so a worker that
-// dies between the re-send and the ack gets the request again and re-sends
-// again. A re-send that fails (the database is unreachable within
-// Timeout) is logged and not retried: the reply of the first copy exists,
-// since its effect committed; the re-send only helps a requester that
-// lost it. Each re-send costs the lane one database round trip.
-//
-// A Resender is safe for concurrent use.
+// A re-send that fails within Timeout is logged and not retried: the first
+// reply exists, since its effect committed. Each re-send costs the lane one
+// database round trip. A Resender is safe for concurrent use.
 type Resender struct {
 	db  PgxQuerier
 	cfg ResendConfig
@@ -250,7 +215,7 @@ var _ consumer.HookClaimed = (*Resender)(nil)
 // re-send is one autocommitted statement). It fails with idemq.ErrInvalidConfig
 // when db is nil or cfg.Timeout is negative.
 func NewResender(db PgxQuerier, cfg ResendConfig) (*Resender, error) {
-	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultResendTimeout)
+	cfg.Timeout = cmp.Or(cfg.Timeout, 5*time.Second)
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	var l cfgerr.List
 	if cfgerr.IsNil(db) {

@@ -108,24 +108,19 @@ func (d dialect) finishSQL(sent []int64, failed []failure, deleteSent bool) []st
 	return out
 }
 
-// scanClaimed reads the rows of claimSQL.
-func scanClaimed(rs rows) ([]row, error) {
-	var out []row
-	err := eachRow(rs, func(scan func(dest ...any) error) error {
-		var r row
-		var headers string
-		if err := scan(&r.seq, &r.attempts, &r.msg.ID, &r.msg.Destination, &r.msg.Key, &r.msg.RoutingKey, &headers, &r.msg.Body); err != nil {
-			return err
-		}
-		if headers != "" && headers != "{}" {
-			if err := json.Unmarshal([]byte(headers), &r.msg.Headers); err != nil {
-				return fmt.Errorf("decode headers of %s: %w", r.msg.ID, err)
-			}
-		}
-		out = append(out, r)
+// scanClaimed reads a row of claimSQL into r.
+func scanClaimed(scan func(dest ...any) error, r *row) error {
+	var headers string
+	if err := scan(&r.seq, &r.attempts, &r.msg.ID, &r.msg.Destination, &r.msg.Key, &r.msg.RoutingKey, &headers, &r.msg.Body); err != nil {
+		return err
+	}
+	if headers == "" || headers == "{}" {
 		return nil
-	})
-	return out, err
+	}
+	if err := json.Unmarshal([]byte(headers), &r.msg.Headers); err != nil {
+		return fmt.Errorf("decode headers of %s: %w", r.msg.ID, err)
+	}
+	return nil
 }
 
 // rows are the rows of a query: pgx.Rows fits, and *sql.Rows in sqlRows.
@@ -136,15 +131,22 @@ type rows interface {
 	Close()
 }
 
-// eachRow calls each with the scan of every row of rs, then closes rs.
-func eachRow(rs rows, each func(scan func(dest ...any) error) error) error {
-	defer rs.Close()
-	for rs.Next() {
-		if err := each(rs.Scan); err != nil {
-			return err
-		}
+// scanAll reads every row of rs into a T with scan, given the row's Scan,
+// then closes rs; err is the error of the query that returned rs.
+func scanAll[T any](rs rows, err error, scan func(rowScan func(dest ...any) error, v *T) error) ([]T, error) {
+	if err != nil {
+		return nil, err
 	}
-	return rs.Err()
+	defer rs.Close()
+	var out []T
+	for rs.Next() {
+		var v T
+		if err := scan(rs.Scan, &v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rs.Err()
 }
 
 // runner runs statements outside a claim, on a pgx pool or a database/sql
@@ -161,15 +163,6 @@ type sqlTable struct {
 	run runner
 }
 
-// query runs q and calls each for every row (eachRow).
-func (t sqlTable) query(ctx context.Context, q string, args []any, each func(scan func(dest ...any) error) error) error {
-	rs, err := t.run.query(ctx, q, args...)
-	if err != nil {
-		return err
-	}
-	return eachRow(rs, each)
-}
-
 // cleanup deletes up to n rows sent more than retention ago and returns
 // how many.
 func (t sqlTable) cleanup(ctx context.Context, retention time.Duration, n int) (int64, error) {
@@ -178,31 +171,26 @@ func (t sqlTable) cleanup(ctx context.Context, retention time.Duration, n int) (
 		LIMIT $2`+t.skipLocked("c")+`)`, t.duration(retention), n)
 }
 
-func (t sqlTable) counts(ctx context.Context) (c Counts, err error) {
-	err = t.query(ctx, countsSQL(t.dialect), nil, func(scan func(dest ...any) error) (err error) {
-		c, err = scanCounts(scan)
-		return err
-	})
-	return c, err
+func (t sqlTable) counts(ctx context.Context) (Counts, error) {
+	rs, err := t.run.query(ctx, countsSQL(t.dialect))
+	c, err := scanAll(rs, err, scanCounts)
+	if err != nil {
+		return Counts{}, err
+	}
+	return c[0], nil // an aggregate without GROUP BY has one row
 }
 
 func (t sqlTable) failures(ctx context.Context, n int) ([]FailureGroup, error) {
-	var out []FailureGroup
-	err := t.query(ctx, failuresSQL(t.table), []any{n}, func(scan func(dest ...any) error) error {
-		var g FailureGroup
-		if err := scan(&g.Destination, &g.RoutingKey, &g.Error, &g.Failing, &g.Parked, &g.LastID); err != nil {
-			return err
-		}
-		out = append(out, g)
-		return nil
+	rs, err := t.run.query(ctx, failuresSQL(t.table), n)
+	return scanAll(rs, err, func(scan func(dest ...any) error, g *FailureGroup) error {
+		return scan(&g.Destination, &g.RoutingKey, &g.Error, &g.Failing, &g.Parked, &g.LastID)
 	})
-	return out, err
 }
 
 // parkedWhere is the condition on the parked rows of ids (all of them
-// when ids is nil), and its arguments.
+// when ids is empty), and its arguments.
 func (t sqlTable) parkedWhere(ids []string) (string, []any) {
-	if ids == nil {
+	if len(ids) == 0 {
 		return "state = 2", nil
 	}
 	return "state = 2 AND " + t.in("id", "$1"), []any{t.list(ids)}
@@ -216,16 +204,10 @@ func (t sqlTable) parked(ctx context.Context, ids []string, n int) ([]ParkedRow,
 		args = append(args, n)
 		q += fmt.Sprintf(" LIMIT $%d", len(args))
 	}
-	var out []ParkedRow
-	err := t.query(ctx, q, args, func(scan func(dest ...any) error) error {
-		var p ParkedRow
-		if err := scan(&p.ID, &p.Destination, &p.RoutingKey, &p.Key, &p.Attempts, &p.LastError, (*dbTime)(&p.Created)); err != nil {
-			return err
-		}
-		out = append(out, p)
-		return nil
+	rs, err := t.run.query(ctx, q, args...)
+	return scanAll(rs, err, func(scan func(dest ...any) error, p *ParkedRow) error {
+		return scan(&p.ID, &p.Destination, &p.RoutingKey, &p.Key, &p.Attempts, &p.LastError, (*dbTime)(&p.Created))
 	})
-	return out, err
 }
 
 func (t sqlTable) unpark(ctx context.Context, ids []string) (int64, error) {

@@ -83,10 +83,7 @@ func scanClaim(br pgx.BatchResults) ([]row, error) {
 		return nil, err
 	}
 	rs, err := br.Query()
-	if err != nil {
-		return nil, err
-	}
-	return scanClaimed(rs)
+	return scanAll(rs, err, scanClaimed)
 }
 
 // pgClaim is a claimed batch: its rows are locked by the transaction open

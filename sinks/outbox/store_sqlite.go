@@ -52,10 +52,7 @@ func (r sqlRows) Close() { _ = r.Rows.Close() }
 // relay runs): the store is their claim.
 func (s *sqliteStore) claimBatch(ctx context.Context, n int) ([]row, claim, error) {
 	rs, err := s.run.query(ctx, s.claimSQL(), n)
-	if err != nil {
-		return nil, nil, err
-	}
-	rows, err := scanClaimed(rs)
+	rows, err := scanAll(rs, err, scanClaimed)
 	return rows, s, err
 }
 

@@ -2,29 +2,27 @@
 // amqp091-go.
 //
 // Each row is published persistent and mandatory to the exchange named by
-// its Destination ("" is the default exchange) with its RoutingKey as the
-// routing key (its Key when RoutingKey is empty), its headers, and the stable id as the message-id property and the
-// "idempotency-key" header, which amqpsource reads (header first, then
-// message-id), so a downstream idemq consumer deduplicates the relay's
-// re-sends with no configuration. A row whose headers hold
+// its Destination ("" is the default exchange), routed by its RoutingKey
+// (else its Key), with its headers, and with the stable id as its
+// message-id property and its "idempotency-key" header, which amqpsource
+// reads, so a downstream idemq consumer deduplicates the relay's re-sends
+// with no configuration. A row whose headers hold
 // consumer.HeaderCorrelationID (a reply written by outbox.Reply) also
-// carries it as its correlation_id property. Each Publish call takes a confirm-mode
-// channel of its own (the Publisher keeps a free list on one connection),
-// publishes the whole batch, then waits for the confirms: a relay's
-// Concurrency publishes in parallel. A row is reported sent only after the
-// broker's ack. A message the broker returns as unroutable (mandatory) and
-// a missing exchange (checked passively before the first publish to it)
-// fail with outbox.ErrNoDestination; a nacked message fails with an attempt
-// counted; a channel that closes before a message's confirm, or a confirm
-// that does not come within ConfirmTimeout, fails it as an outage
-// (outbox.ErrUnavailable).
+// carries it as its correlation_id property.
+//
+// A row is reported sent only after the broker's ack. A message the broker
+// returns as unroutable and a missing exchange (checked passively before
+// the first publish to it) fail with outbox.ErrNoDestination; a nacked
+// message fails with an attempt counted; a channel that closes before a
+// message's confirm, or a confirm that does not come within
+// ConfirmTimeout, fails it as an outage (outbox.ErrUnavailable).
 //
 // Known limit: an exchange is checked once per connection. If it is deleted
 // afterwards, the broker closes the channel on the next publish to it; the
-// Publisher reports that batch as an outage (outbox.ErrUnavailable), drops
-// the channel and checks the exchanges again on the next call, so the row
-// is counted and parked from the next batch on, but the other rows of the
-// failing batch are re-sent.
+// Publisher reports that batch as an outage, drops the channel and checks
+// the exchanges again on the next call, so the row is counted and parked
+// from the next batch on, but the other rows of the failing batch are
+// re-sent.
 package amqpoutbox
 
 import (
@@ -185,13 +183,10 @@ func exchangeExists(conn *amqp.Connection, name string) error {
 	return nil
 }
 
-// Publish publishes msgs on a channel of its own and returns once the
-// broker confirmed every one of them (nil) or with an *outbox.BatchError.
-// All messages are sent before the first confirm is awaited. A message the
-// broker returned (mandatory, unroutable) or nacked fails with an attempt
-// counted; a channel or connection that closed before a message's confirm,
-// or a confirm that did not come within ConfirmTimeout, fails it as an
-// outage (outbox.ErrUnavailable).
+// Publish publishes msgs on a channel of its own, all of them before it
+// waits for the first confirm, and returns once the broker confirmed every
+// one of them (nil) or with an *outbox.BatchError (see the package's
+// outcomes).
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
 	cc, err := p.acquire()
 	if err != nil {
@@ -215,6 +210,16 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
 		if i, ok := byID[r.MessageId]; ok {
 			errs[i] = outbox.NoDestination(fmt.Errorf("amqpoutbox: returned by the broker: %d %s (exchange %q, routing key %q)",
 				r.ReplyCode, r.ReplyText, r.Exchange, r.RoutingKey))
+		}
+	}
+	drainReturns := func() {
+		for returns != nil {
+			select {
+			case r, ok := <-returns:
+				onReturn(r, ok)
+			default:
+				return
+			}
 		}
 	}
 	now := time.Now()
@@ -247,11 +252,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
 		}
 		confirms[i] = dc
 		byID[m.ID] = i
-		select {
-		case r, ok := <-returns:
-			onReturn(r, ok)
-		default:
-		}
+		drainReturns()
 	}
 	wctx, cancel := context.WithTimeout(ctx, p.cfg.ConfirmTimeout)
 	defer cancel()
@@ -259,20 +260,12 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
 		if dc == nil {
 			continue
 		}
-	wait:
-		for {
+		for !isDone(dc) && wctx.Err() == nil {
 			select {
 			case <-dc.Done():
-				break wait
-			default:
-			}
-			select {
-			case <-dc.Done():
-				break wait
 			case r, ok := <-returns:
 				onReturn(r, ok)
 			case <-wctx.Done():
-				break wait
 			}
 		}
 		switch {
@@ -289,14 +282,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
 			errs[i] = errors.New("amqpoutbox: broker nacked the message")
 		}
 	}
-	for drained := false; !drained && returns != nil; {
-		select {
-		case r, ok := <-returns:
-			onReturn(r, ok)
-		default:
-			drained = true
-		}
-	}
+	drainReturns()
 	p.release(cc, broken)
 	return outbox.BatchResult(errs)
 }

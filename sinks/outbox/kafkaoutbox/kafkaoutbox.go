@@ -16,6 +16,8 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -71,38 +73,35 @@ func New(cfg Config) (*Publisher, error) {
 // message was acknowledged by all in-sync replicas (nil) or with an
 // *outbox.BatchError.
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
-	return outbox.PublishByDestination(msgs, func(idx []int, errs []error) {
-		km := make([]kafka.Message, len(idx))
-		for j, i := range idx {
-			km[j] = toKafka(msgs[i])
+	return outbox.PublishByDestination(msgs, func(group []outbox.Message) error {
+		km := make([]kafka.Message, len(group))
+		for i, m := range group {
+			km[i] = toKafka(m)
 		}
 		err := p.w.WriteMessages(ctx, km...)
 		var werrs kafka.WriteErrors
-		if errors.As(err, &werrs) && len(werrs) == len(idx) {
-			for j, i := range idx {
-				errs[i] = classify(werrs[j])
+		if errors.As(err, &werrs) && len(werrs) == len(group) {
+			errs := make([]error, len(group))
+			for i, err := range werrs {
+				errs[i] = classify(err)
 			}
-			return
+			return outbox.BatchResult(errs)
 		}
-		for _, i := range idx {
-			errs[i] = classify(err)
-		}
+		return classify(err)
 	})
 }
 
-// toKafka converts a row to a Kafka message.
+// toKafka converts a row to a Kafka message; its headers go in name order.
 func toKafka(m outbox.Message) kafka.Message {
 	km := kafka.Message{Topic: m.Destination, Value: m.Body}
 	if m.Key != "" {
 		km.Key = []byte(m.Key)
 	}
-	km.Headers = make([]kafka.Header, 0, len(m.Headers)+1)
-	km.Headers = append(km.Headers, kafka.Header{Key: outbox.HeaderIdempotencyKey, Value: []byte(m.ID)})
-	for _, k := range m.SortedHeaders() {
-		if k == outbox.HeaderIdempotencyKey {
-			continue
+	km.Headers = []kafka.Header{{Key: outbox.HeaderIdempotencyKey, Value: []byte(m.ID)}}
+	for _, k := range slices.Sorted(maps.Keys(m.Headers)) {
+		if k != outbox.HeaderIdempotencyKey {
+			km.Headers = append(km.Headers, kafka.Header{Key: k, Value: []byte(m.Headers[k])})
 		}
-		km.Headers = append(km.Headers, kafka.Header{Key: k, Value: []byte(m.Headers[k])})
 	}
 	return km
 }

@@ -57,8 +57,7 @@ const maxAttributes = 10
 // Publisher publishes outbox rows to SQS. It is safe for concurrent use.
 type Publisher struct {
 	c    Client
-	mu   sync.Mutex
-	urls map[string]string // queue name -> URL
+	urls sync.Map // queue name -> URL
 }
 
 var _ outbox.Publisher = (*Publisher)(nil)
@@ -68,35 +67,35 @@ func New(c Client) (*Publisher, error) {
 	if c == nil {
 		return nil, &idemq.ConfigError{Field: "sqsoutbox.New(c)", Reason: "required"}
 	}
-	return &Publisher{c: c, urls: map[string]string{}}, nil
+	return &Publisher{c: c}, nil
 }
 
 // Publish sends msgs and returns once SQS accepted every one of them (nil)
 // or with an *outbox.BatchError.
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
-	return outbox.PublishByDestination(msgs, func(idx []int, errs []error) {
-		url, err := p.queueURL(ctx, msgs[idx[0]].Destination)
+	return outbox.PublishByDestination(msgs, func(group []outbox.Message) error {
+		url, err := p.queueURL(ctx, group[0].Destination)
 		if err != nil {
-			for _, i := range idx {
-				errs[i] = err
-			}
-			return
+			return err
 		}
 		// Batches go out one after another, so a FIFO group keeps its order.
-		for start := 0; start < len(idx); start += maxBatch {
-			p.send(ctx, url, msgs, idx[start:min(start+maxBatch, len(idx))], errs)
+		errs := make([]error, len(group))
+		for start := 0; start < len(group); start += maxBatch {
+			end := min(start+maxBatch, len(group))
+			p.send(ctx, url, group[start:end], errs[start:end])
 		}
+		return outbox.BatchResult(errs)
 	})
 }
 
-// send sends msgs[idx] to url in one SendMessageBatch call and records each
-// one's outcome in errs.
-func (p *Publisher) send(ctx context.Context, url string, msgs []outbox.Message, idx []int, errs []error) {
+// send sends msgs to url in one SendMessageBatch call and sets errs[i] to
+// the outcome of msgs[i].
+func (p *Publisher) send(ctx context.Context, url string, msgs []outbox.Message, errs []error) {
 	fifo := strings.HasSuffix(url, ".fifo")
 	in := &sqs.SendMessageBatchInput{QueueUrl: aws.String(url)}
-	unconfirmed := make(map[string]int, len(idx)) // entry id -> index in msgs
-	for j, i := range idx {
-		e, err := entry(msgs[i], strconv.Itoa(j), fifo)
+	unconfirmed := make(map[string]int, len(msgs)) // entry id -> index in msgs
+	for i, m := range msgs {
+		e, err := entry(m, strconv.Itoa(i), fifo)
 		if err != nil {
 			errs[i] = err
 			continue
@@ -146,11 +145,10 @@ func entry(m outbox.Message, id string, fifo bool) (types.SendMessageBatchReques
 	} else if m.Key != "" {
 		attrs[outbox.HeaderPartitionKey] = stringAttr(m.Key)
 	}
-	for _, k := range m.SortedHeaders() {
-		if _, taken := attrs[k]; taken {
-			continue
+	for k, v := range m.Headers {
+		if _, taken := attrs[k]; !taken {
+			attrs[k] = stringAttr(v)
 		}
-		attrs[k] = stringAttr(m.Headers[k])
 	}
 	if len(attrs) > maxAttributes {
 		return e, fmt.Errorf("sqsoutbox: message %s has %d attributes with its headers, SQS allows %d", m.ID, len(attrs), maxAttributes)
@@ -172,20 +170,15 @@ func (p *Publisher) queueURL(ctx context.Context, dest string) (string, error) {
 	if strings.Contains(dest, "://") {
 		return dest, nil
 	}
-	p.mu.Lock()
-	url, ok := p.urls[dest]
-	p.mu.Unlock()
-	if ok {
-		return url, nil
+	if url, ok := p.urls.Load(dest); ok {
+		return url.(string), nil
 	}
 	out, err := p.c.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(dest)})
 	if err != nil {
 		return "", classify(err)
 	}
-	url = aws.ToString(out.QueueUrl)
-	p.mu.Lock()
-	p.urls[dest] = url
-	p.mu.Unlock()
+	url := aws.ToString(out.QueueUrl)
+	p.urls.Store(dest, url)
 	return url, nil
 }
 
