@@ -347,20 +347,13 @@ func (h *Hook) attrsOf(k destKey, b *consumer.BrokerInfo) *destAttrs {
 	d.key, d.spanName, d.spanKVs = k, "process "+destination, spanKVs
 	d.spanOpt = trace.WithAttributes(spanKVs...)
 	d.batch = []metric.RecordOption{with(common)}
-	settleName := k.settle
-	if settleName == "" {
-		settleName = "ack"
-	}
-	settle := []attribute.KeyValue{AttrSystem.String(k.system), semconv.MessagingOperationName(settleName), semconv.MessagingOperationTypeSettle}
+	settle := []attribute.KeyValue{AttrSystem.String(k.system), semconv.MessagingOperationName(cmp.Or(k.settle, "ack")), semconv.MessagingOperationTypeSettle}
 	settle = append(settle, where...)
 	d.settleAny = []metric.RecordOption{with(settle)}
 	d.settle = []metric.RecordOption{with(settle, semconv.MessagingDestinationName(destination))}
 	h.lastDest.Store(d)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.dests == nil {
-		h.dests = map[destKey]*destAttrs{}
-	}
 	if len(h.dests) < maxDestinations {
 		h.dests[k] = d
 	}
@@ -396,6 +389,7 @@ func New(cfg Config) (*Hook, error) {
 		group:  cfg.ConsumerGroup,
 		parent: cfg.ParentOnProducer,
 		perTx:  cfg.SpanPerTransaction,
+		dests:  map[destKey]*destAttrs{},
 	}
 	var base []attribute.KeyValue
 	if cfg.System != "" {
