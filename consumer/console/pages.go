@@ -177,10 +177,13 @@ func countString(n int, more bool) string {
 	return fmt.Sprint(n)
 }
 
-// list reads up to ListLimit dead letters of q matching f. busy reports
-// that a replay or purge of q is running: then nothing is read, since a
-// second reader would hide dead letters from it (SQS, RabbitMQ).
+// list reads up to ListLimit dead letters of q matching f, within
+// readTimeout. busy reports that a replay or purge of q is running: then
+// nothing is read, since a second reader would hide dead letters from it
+// (SQS, RabbitMQ).
 func (c *Console) list(ctx context.Context, q *Queue, f dlq.Filter) (ls []*dlq.Letter, more, busy bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, readTimeout)
+	defer cancel()
 	if c.running(q) != nil {
 		return nil, false, true, nil
 	}
@@ -215,11 +218,9 @@ func (c *Console) running(q *Queue) *job {
 }
 
 func (c *Console) queuePage(w http.ResponseWriter, r *http.Request, q *Queue) {
-	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
-	defer cancel()
 	f := dlq.Filter{Reason: r.URL.Query().Get("reason"), Key: r.URL.Query().Get("key")}
 	group := r.URL.Query().Get("group")
-	ls, more, busy, err := c.list(ctx, q, f)
+	ls, more, busy, err := c.list(r.Context(), q, f)
 	groups := groupLetters(ls)
 	if group != "" {
 		ls = slices.DeleteFunc(slices.Clone(ls), func(l *dlq.Letter) bool { return normalizeReason(l.Reason) != group })
@@ -241,9 +242,7 @@ func (c *Console) letterPage(w http.ResponseWriter, r *http.Request, q *Queue) {
 		c.refuse(w, r, http.StatusBadRequest, "which dead letter? (id)")
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
-	defer cancel()
-	ls, _, busy, err := c.list(ctx, q, dlq.Filter{IDs: []string{id}})
+	ls, _, busy, err := c.list(r.Context(), q, dlq.Filter{IDs: []string{id}})
 	status := http.StatusOK
 	var views []letterView
 	for _, l := range ls {

@@ -112,14 +112,14 @@ func (c *Console) scrapeAll(ctx context.Context) []*WorkerStatus {
 				st = &WorkerStatus{Name: w.Name, URL: c.scrub(redact.String(w.URL))}
 				c.workers[w.Name] = st
 			}
-			st.Checked = now
+			st.Checked, st.Error = now, c.errText(err)
 			switch {
 			case err != nil:
-				st.State, st.Error = StateGone, c.errText(err)
+				st.State = StateGone
 			case rep.Ready:
-				st.State, st.Error, st.Report, st.LastSeen = StateReady, "", rep, now
+				st.State, st.Report, st.LastSeen = StateReady, rep, now
 			default:
-				st.State, st.Error, st.Report, st.LastSeen = StateNotReady, "", rep, now
+				st.State, st.Report, st.LastSeen = StateNotReady, rep, now
 			}
 			cp := *st
 			out[i] = &cp
