@@ -97,7 +97,7 @@ func (c *Console) confirm(w http.ResponseWriter, r *http.Request, q *Queue) {
 	c.plans[p.ID] = p
 	c.mu.Unlock()
 	c.render(w, r, http.StatusOK, "confirm", "Confirm "+action+" — idemq console", map[string]any{
-		"Queue": q, "Plan": p, "Count": len(p.IDs), "More": more && all, "Limit": c.cfg.ListLimit,
+		"Queue": q, "Plan": p, "Count": len(p.IDs), "More": more && all, "Limit": listLimit,
 	})
 }
 

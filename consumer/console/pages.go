@@ -177,7 +177,7 @@ func countString(n int, more bool) string {
 	return fmt.Sprint(n)
 }
 
-// list reads up to ListLimit dead letters of q matching f, within
+// list reads up to listLimit dead letters of q matching f, within
 // readTimeout. busy reports that a replay or purge of q is running: then
 // nothing is read, since a second reader would hide dead letters from it
 // (SQS, RabbitMQ).
@@ -202,7 +202,7 @@ func (c *Console) list(ctx context.Context, q *Queue, f dlq.Filter) (ls []*dlq.L
 		return nil, false, false, err
 	}
 	defer b.Close()
-	f.Limit = c.cfg.ListLimit
+	f.Limit = listLimit
 	ls, more, err = dlq.ListMore(ctx, b, f)
 	if err != nil {
 		c.log(ctx, slog.LevelWarn, "console: list dead letters", slog.String("queue", q.Name), slog.String("error", c.errText(err)))
@@ -231,7 +231,7 @@ func (c *Console) queuePage(w http.ResponseWriter, r *http.Request, q *Queue) {
 	}
 	c.render(w, r, http.StatusOK, "queue", q.Name+" — dead letters — idemq console", map[string]any{
 		"Queue": q, "Letters": rows, "Groups": groups, "More": more, "Busy": busy, "Running": c.running(q),
-		"Error": c.errText(err), "Reason": f.Reason, "Key": f.Key, "Group": group, "Limit": c.cfg.ListLimit,
+		"Error": c.errText(err), "Reason": f.Reason, "Key": f.Key, "Group": group, "Limit": listLimit,
 		"Count": countString(len(ls), more),
 	})
 }

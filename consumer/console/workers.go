@@ -66,6 +66,9 @@ type WorkerReport struct {
 	LastErrorAt time.Time `json:"last_error_at,omitzero"`
 }
 
+// noRedirects scrapes the workers: a redirect is not a health report.
+var noRedirects = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
 // maxReport bounds the bytes read from a worker's answer.
 const maxReport = 1 << 16
 
@@ -77,7 +80,7 @@ func (c *Console) scrape(ctx context.Context, w Worker) (*WorkerReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.cfg.Client.Do(req)
+	resp, err := noRedirects.Do(req)
 	if err != nil {
 		// The URL's error quotes the URL, which may carry a credential.
 		var ue *url.Error
