@@ -205,5 +205,5 @@ func (c *Console) jobJSON(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	writeJSON(w, j.state())
+	writeJSON(w, http.StatusOK, j.state())
 }

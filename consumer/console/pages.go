@@ -100,10 +100,11 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, nam
 	_, _ = w.Write(buf.Bytes())
 }
 
-// writeJSON answers v as JSON.
-func writeJSON(w http.ResponseWriter, v any) {
+// writeJSON answers v as JSON with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
 }
 
@@ -128,14 +129,9 @@ func (c *Console) overviewData(ctx context.Context) map[string]any {
 	for i := range c.cfg.Queues {
 		wg.Go(func() {
 			q := &c.cfg.Queues[i]
-			s := queueSummary{Name: q.Name, Broker: q.Broker}
 			ls, more, busy, err := c.list(ctx, q, dlq.Filter{})
-			s.Busy = busy
-			if err != nil {
-				s.Error = c.errText(err)
-			}
-			s.Count, s.More, s.Groups = len(ls), more, len(groupLetters(ls))
-			s.Display = countString(s.Count, s.More)
+			s := queueSummary{Name: q.Name, Broker: q.Broker, Count: len(ls), More: more, Groups: len(groupLetters(ls)),
+				Busy: busy, Error: c.errText(err), Display: countString(len(ls), more)}
 			if busy {
 				s.Display = "replay or purge running"
 			}
@@ -166,7 +162,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) overviewJSON(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, c.overviewData(r.Context()))
+	writeJSON(w, http.StatusOK, c.overviewData(r.Context()))
 }
 
 // countString is "12", or "1000+" when more were left unread.
@@ -197,13 +193,11 @@ func (c *Console) list(ctx context.Context, q *Queue, f dlq.Filter) (ls []*dlq.L
 		return nil, false, true, nil
 	}
 	b, err := q.Open(ctx)
-	if err != nil {
-		c.log(ctx, slog.LevelWarn, "console: open a dead-letter store", slog.String("queue", q.Name), slog.String("error", c.errText(err)))
-		return nil, false, false, err
+	if err == nil {
+		defer b.Close()
+		f.Limit = listLimit
+		ls, more, err = dlq.ListMore(ctx, b, f)
 	}
-	defer b.Close()
-	f.Limit = listLimit
-	ls, more, err = dlq.ListMore(ctx, b, f)
 	if err != nil {
 		c.log(ctx, slog.LevelWarn, "console: list dead letters", slog.String("queue", q.Name), slog.String("error", c.errText(err)))
 	}

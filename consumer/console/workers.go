@@ -137,7 +137,7 @@ func (c *Console) workersPage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) workersJSON(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, c.scrapeAll(r.Context()))
+	writeJSON(w, http.StatusOK, c.scrapeAll(r.Context()))
 }
 
 // WorkerReporter serves a runner's WorkerReport: its health, counters,
@@ -205,12 +205,11 @@ func (w *WorkerReporter) Handler(r *consumer.Runner) http.Handler {
 			return
 		}
 		rep := w.Report(req.Context(), r)
-		rw.Header().Set("Content-Type", "application/json")
-		rw.Header().Set("Cache-Control", "no-store")
+		status := http.StatusOK
 		if !rep.Ready {
-			rw.WriteHeader(http.StatusServiceUnavailable)
+			status = http.StatusServiceUnavailable
 		}
-		_ = json.NewEncoder(rw).Encode(rep)
+		writeJSON(rw, status, rep)
 	})
 }
 
