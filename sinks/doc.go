@@ -11,7 +11,8 @@
 //
 // A sink performs one attempt of an effect per call and leaves retrying to
 // the Runner, which retries with backoff, survives restarts (the broker holds
-// the message) and dead-letters after RetryPolicy.MaxAttempts. A sink's Send:
+// the message) and dead-letters after RetryPolicy.MaxAttempts. A sink's Send
+// is safe for concurrent use, and it:
 //
 //   - sends the idempotency key returned by Key, which is
 //     consumer.IdempotencyKey(ctx): the same on every attempt and every redelivery
@@ -27,9 +28,6 @@
 //     timeouts, throttling without a delay;
 //   - honours ctx: the runner cancels it when the lease is lost or the
 //     handler times out, and the sink must stop rather than send late.
-//
-// Sender captures this shape, and Handler turns a Sender into a
-// consumer.Handler for consumer.Leased.
 //
 // # Remaining duplicate window
 //

@@ -3,7 +3,6 @@ package sinks
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/idemq/idemq/consumer"
 )
@@ -29,26 +28,4 @@ func Key(ctx context.Context, explicit string) (string, error) {
 		return k, nil
 	}
 	return "", consumer.Permanent(ErrNoKey)
-}
-
-// Sender is the shape of every sink: Send performs one attempt of an effect
-// described by a request of type R, with the idempotency key from Key, and
-// classifies the outcome as the package documentation describes. Senders are
-// safe for concurrent use.
-type Sender[R any] interface {
-	Send(ctx context.Context, req R) error
-}
-
-// Handler returns a consumer.Handler for consumer.Leased that builds a
-// request from each message with build and sends it with s. An error from
-// build is returned as it is (wrap it with consumer.Permanent, or return an
-// error matching consumer.ErrMalformed, for input that can never be sent).
-func Handler[R any](s Sender[R], build func(ctx context.Context, msg *consumer.Message) (R, error)) consumer.Handler {
-	return func(ctx context.Context, msg *consumer.Message) error {
-		req, err := build(ctx, msg)
-		if err != nil {
-			return fmt.Errorf("sinks: building the request: %w", err)
-		}
-		return s.Send(ctx, req)
-	}
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"regexp"
 	"strings"
 	"time"
@@ -169,17 +168,14 @@ type Config struct {
 	// Logger receives a line per mutation and per failure to read a
 	// store. Defaults to slog.Default().
 	Logger *slog.Logger
-	// Client scrapes the workers. Defaults to a client without redirects
-	// and with ScrapeTimeout.
-	Client *http.Client
 	// ScrapeTimeout bounds each scrape of a worker: a worker that does not
 	// answer within it is shown as gone. Defaults to 2 s.
 	ScrapeTimeout time.Duration
-	// ListLimit is the most dead letters of a queue a page reads, groups
-	// and offers to select; a group's replay covers the letters read.
-	// Defaults to 1000.
-	ListLimit int
 }
+
+// listLimit is the most dead letters of a queue a page reads, groups and
+// offers to select; a group's replay covers the letters read.
+const listLimit = 1000
 
 // queueName is the form of a Queue.Name.
 var queueName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
@@ -214,17 +210,10 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Prefix != "" && (!strings.HasPrefix(c.Prefix, "/") || strings.HasSuffix(c.Prefix, "/") || strings.ContainsAny(c.Prefix, `"'<>?# `)) {
 		return c, &idemq.ConfigError{Field: "console.Config.Prefix", Reason: fmt.Sprintf("%q: want a path such as /idemq, without a trailing slash", c.Prefix)}
 	}
-	if c.ListLimit < 0 || c.ScrapeTimeout < 0 {
-		return c, &idemq.ConfigError{Field: "console.Config", Reason: "ListLimit and ScrapeTimeout must not be negative"}
+	if c.ScrapeTimeout < 0 {
+		return c, &idemq.ConfigError{Field: "console.Config.ScrapeTimeout", Reason: "must not be negative"}
 	}
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 	c.ScrapeTimeout = cmp.Or(c.ScrapeTimeout, 2*time.Second)
-	c.ListLimit = cmp.Or(c.ListLimit, 1000)
-	if c.Client == nil {
-		c.Client = &http.Client{
-			Timeout:       c.ScrapeTimeout,
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		}
-	}
 	return c, nil
 }

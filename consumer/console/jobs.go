@@ -1,7 +1,6 @@
 package console
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"log/slog"
@@ -27,16 +26,11 @@ type plan struct {
 	Created time.Time
 }
 
-// job is a replay or purge running or done.
+// job is a replay or purge running or done. Its ID, Queue, Action, Total
+// and Started do not change; mu guards the rest of its state.
 type job struct {
-	ID, Queue, Action string
-	Total             int
-	Started           time.Time
-
-	mu    sync.Mutex
-	done  int
-	ended time.Time
-	err   string
+	mu sync.Mutex
+	jobState
 }
 
 // jobState is a job's progress, for its page and progress.json.
@@ -55,8 +49,7 @@ type jobState struct {
 func (j *job) state() jobState {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return jobState{ID: j.ID, Queue: j.Queue, Action: j.Action, Total: j.Total, Done: j.done,
-		Running: j.ended.IsZero(), Error: j.err, Started: j.Started, Ended: j.ended}
+	return j.jobState
 }
 
 func newID() string {
@@ -79,9 +72,7 @@ func (c *Console) confirm(w http.ResponseWriter, r *http.Request, q *Queue) {
 		c.refuse(w, r, http.StatusBadRequest, "select dead letters, a group, or all")
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
-	defer cancel()
-	ls, more, busy, err := c.list(ctx, q, dlq.Filter{})
+	ls, more, busy, err := c.list(r.Context(), q, dlq.Filter{})
 	switch {
 	case busy:
 		c.refuse(w, r, http.StatusConflict, "a replay or purge of this queue is running: wait for it to end")
@@ -106,7 +97,7 @@ func (c *Console) confirm(w http.ResponseWriter, r *http.Request, q *Queue) {
 	c.plans[p.ID] = p
 	c.mu.Unlock()
 	c.render(w, r, http.StatusOK, "confirm", "Confirm "+action+" — idemq console", map[string]any{
-		"Queue": q, "Plan": p, "Count": len(p.IDs), "More": more && all, "Group": group, "Limit": c.cfg.ListLimit,
+		"Queue": q, "Plan": p, "Count": len(p.IDs), "More": more && all, "Limit": listLimit,
 	})
 }
 
@@ -125,7 +116,7 @@ func (c *Console) run(w http.ResponseWriter, r *http.Request, q *Queue) {
 		return
 	}
 	delete(c.plans, p.ID)
-	j := &job{ID: newID(), Queue: q.Name, Action: p.Action, Total: len(p.IDs), Started: time.Now()}
+	j := &job{jobState: jobState{ID: newID(), Queue: q.Name, Action: p.Action, Total: len(p.IDs), Started: time.Now(), Running: true}}
 	c.jobs[j.ID] = j
 	c.busy[q.Name] = j
 	c.wg.Add(1)
@@ -159,7 +150,7 @@ func (c *Console) execute(q *Queue, p *plan, j *job) {
 		defer b.Close()
 		o := dlq.Options{Failures: q.Failures, Scope: q.Scope, Progress: func(done int) {
 			j.mu.Lock()
-			j.done = done
+			j.Done = done
 			j.mu.Unlock()
 		}}
 		f := dlq.Filter{IDs: p.IDs}
@@ -170,16 +161,16 @@ func (c *Console) execute(q *Queue, p *plan, j *job) {
 			res, err = dlq.Purge(ctx, b, f, o)
 		}
 		j.mu.Lock()
-		j.done = res.Done
+		j.Done = res.Done
 		j.mu.Unlock()
 		return err
 	}()
 	j.mu.Lock()
-	j.ended = time.Now()
+	j.Running, j.Ended = false, time.Now()
 	if err != nil {
-		j.err = c.errText(err)
+		j.Error = c.errText(err)
 	}
-	st := jobState{Done: j.done, Error: j.err}
+	st := j.jobState
 	j.mu.Unlock()
 	c.mu.Lock()
 	delete(c.busy, q.Name)
@@ -188,7 +179,7 @@ func (c *Console) execute(q *Queue, p *plan, j *job) {
 	if st.Error != "" {
 		level = slog.LevelError
 	}
-	c.log(ctx, level, "console: "+p.Action+" ended", slog.String("queue", q.Name), slog.String("job", j.ID),
+	c.log(ctx, level, "console: "+p.Action+" ended", slog.String("queue", q.Name), slog.String("job", st.ID),
 		slog.Int("done", st.Done), slog.Int("selected", len(p.IDs)), slog.String("error", st.Error))
 }
 
@@ -214,5 +205,5 @@ func (c *Console) jobJSON(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	writeJSON(w, j.state())
+	writeJSON(w, http.StatusOK, j.state())
 }

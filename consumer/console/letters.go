@@ -30,14 +30,10 @@ type header struct{ Name, Value string }
 
 // view renders l for a page.
 func (c *Console) view(l *dlq.Letter) letterView {
+	body := l.Body[:min(len(l.Body), dlq.PreviewBytes)] // all of it, from a Broker that keeps the contract
 	v := letterView{
 		ID: l.ID, Key: c.scrub(l.Key), Reason: c.scrub(l.Reason), Group: normalizeReason(c.scrub(l.Reason)),
-		Origin: c.scrub(l.Origin), Attempts: l.Attempts, At: l.DeadLetteredAt, Size: l.Size, Shown: len(l.Body),
-	}
-	body := l.Body
-	if len(body) > maxBody {
-		body = body[:maxBody]
-		v.Shown = maxBody
+		Origin: c.scrub(l.Origin), Attempts: l.Attempts, At: l.DeadLetteredAt, Size: l.Size, Shown: len(body),
 	}
 	if printable(body) {
 		v.Text = c.scrub(string(body))
@@ -53,10 +49,6 @@ func (c *Console) view(l *dlq.Letter) letterView {
 	slices.SortFunc(v.Headers, func(a, b header) int { return strings.Compare(a.Name, b.Name) })
 	return v
 }
-
-// maxBody is the most bytes of a body a page shows (dlq.Letter.Body holds
-// dlq.PreviewBytes already).
-const maxBody = 4096
 
 // printable reports whether b is valid UTF-8 without control characters
 // other than tab, newline and carriage return.

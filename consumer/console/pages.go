@@ -100,10 +100,11 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, nam
 	_, _ = w.Write(buf.Bytes())
 }
 
-// writeJSON answers v as JSON.
-func writeJSON(w http.ResponseWriter, v any) {
+// writeJSON answers v as JSON with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
 }
 
@@ -128,14 +129,9 @@ func (c *Console) overviewData(ctx context.Context) map[string]any {
 	for i := range c.cfg.Queues {
 		wg.Go(func() {
 			q := &c.cfg.Queues[i]
-			s := queueSummary{Name: q.Name, Broker: q.Broker}
 			ls, more, busy, err := c.list(ctx, q, dlq.Filter{})
-			s.Busy = busy
-			if err != nil {
-				s.Error = c.errText(err)
-			}
-			s.Count, s.More, s.Groups = len(ls), more, len(groupLetters(ls))
-			s.Display = countString(s.Count, s.More)
+			s := queueSummary{Name: q.Name, Broker: q.Broker, Count: len(ls), More: more, Groups: len(groupLetters(ls)),
+				Busy: busy, Error: c.errText(err), Display: countString(len(ls), more)}
 			if busy {
 				s.Display = "replay or purge running"
 			}
@@ -166,7 +162,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) overviewJSON(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, c.overviewData(r.Context()))
+	writeJSON(w, http.StatusOK, c.overviewData(r.Context()))
 }
 
 // countString is "12", or "1000+" when more were left unread.
@@ -177,10 +173,13 @@ func countString(n int, more bool) string {
 	return fmt.Sprint(n)
 }
 
-// list reads up to ListLimit dead letters of q matching f. busy reports
-// that a replay or purge of q is running: then nothing is read, since a
-// second reader would hide dead letters from it (SQS, RabbitMQ).
+// list reads up to listLimit dead letters of q matching f, within
+// readTimeout. busy reports that a replay or purge of q is running: then
+// nothing is read, since a second reader would hide dead letters from it
+// (SQS, RabbitMQ).
 func (c *Console) list(ctx context.Context, q *Queue, f dlq.Filter) (ls []*dlq.Letter, more, busy bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, readTimeout)
+	defer cancel()
 	if c.running(q) != nil {
 		return nil, false, true, nil
 	}
@@ -194,13 +193,11 @@ func (c *Console) list(ctx context.Context, q *Queue, f dlq.Filter) (ls []*dlq.L
 		return nil, false, true, nil
 	}
 	b, err := q.Open(ctx)
-	if err != nil {
-		c.log(ctx, slog.LevelWarn, "console: open a dead-letter store", slog.String("queue", q.Name), slog.String("error", c.errText(err)))
-		return nil, false, false, err
+	if err == nil {
+		defer b.Close()
+		f.Limit = listLimit
+		ls, more, err = dlq.ListMore(ctx, b, f)
 	}
-	defer b.Close()
-	f.Limit = c.cfg.ListLimit
-	ls, more, err = dlq.ListMore(ctx, b, f)
 	if err != nil {
 		c.log(ctx, slog.LevelWarn, "console: list dead letters", slog.String("queue", q.Name), slog.String("error", c.errText(err)))
 	}
@@ -215,11 +212,9 @@ func (c *Console) running(q *Queue) *job {
 }
 
 func (c *Console) queuePage(w http.ResponseWriter, r *http.Request, q *Queue) {
-	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
-	defer cancel()
 	f := dlq.Filter{Reason: r.URL.Query().Get("reason"), Key: r.URL.Query().Get("key")}
 	group := r.URL.Query().Get("group")
-	ls, more, busy, err := c.list(ctx, q, f)
+	ls, more, busy, err := c.list(r.Context(), q, f)
 	groups := groupLetters(ls)
 	if group != "" {
 		ls = slices.DeleteFunc(slices.Clone(ls), func(l *dlq.Letter) bool { return normalizeReason(l.Reason) != group })
@@ -230,7 +225,7 @@ func (c *Console) queuePage(w http.ResponseWriter, r *http.Request, q *Queue) {
 	}
 	c.render(w, r, http.StatusOK, "queue", q.Name+" — dead letters — idemq console", map[string]any{
 		"Queue": q, "Letters": rows, "Groups": groups, "More": more, "Busy": busy, "Running": c.running(q),
-		"Error": c.errText(err), "Reason": f.Reason, "Key": f.Key, "Group": group, "Limit": c.cfg.ListLimit,
+		"Error": c.errText(err), "Reason": f.Reason, "Key": f.Key, "Group": group, "Limit": listLimit,
 		"Count": countString(len(ls), more),
 	})
 }
@@ -241,9 +236,7 @@ func (c *Console) letterPage(w http.ResponseWriter, r *http.Request, q *Queue) {
 		c.refuse(w, r, http.StatusBadRequest, "which dead letter? (id)")
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
-	defer cancel()
-	ls, _, busy, err := c.list(ctx, q, dlq.Filter{IDs: []string{id}})
+	ls, _, busy, err := c.list(r.Context(), q, dlq.Filter{IDs: []string{id}})
 	status := http.StatusOK
 	var views []letterView
 	for _, l := range ls {

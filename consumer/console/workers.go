@@ -66,6 +66,9 @@ type WorkerReport struct {
 	LastErrorAt time.Time `json:"last_error_at,omitzero"`
 }
 
+// noRedirects scrapes the workers: a redirect is not a health report.
+var noRedirects = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
 // maxReport bounds the bytes read from a worker's answer.
 const maxReport = 1 << 16
 
@@ -77,7 +80,7 @@ func (c *Console) scrape(ctx context.Context, w Worker) (*WorkerReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.cfg.Client.Do(req)
+	resp, err := noRedirects.Do(req)
 	if err != nil {
 		// The URL's error quotes the URL, which may carry a credential.
 		var ue *url.Error
@@ -112,14 +115,14 @@ func (c *Console) scrapeAll(ctx context.Context) []*WorkerStatus {
 				st = &WorkerStatus{Name: w.Name, URL: c.scrub(redact.String(w.URL))}
 				c.workers[w.Name] = st
 			}
-			st.Checked = now
+			st.Checked, st.Error = now, c.errText(err)
 			switch {
 			case err != nil:
-				st.State, st.Error = StateGone, c.errText(err)
+				st.State = StateGone
 			case rep.Ready:
-				st.State, st.Error, st.Report, st.LastSeen = StateReady, "", rep, now
+				st.State, st.Report, st.LastSeen = StateReady, rep, now
 			default:
-				st.State, st.Error, st.Report, st.LastSeen = StateNotReady, "", rep, now
+				st.State, st.Report, st.LastSeen = StateNotReady, rep, now
 			}
 			cp := *st
 			out[i] = &cp
@@ -134,7 +137,7 @@ func (c *Console) workersPage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) workersJSON(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, c.scrapeAll(r.Context()))
+	writeJSON(w, http.StatusOK, c.scrapeAll(r.Context()))
 }
 
 // WorkerReporter serves a runner's WorkerReport: its health, counters,
@@ -202,12 +205,11 @@ func (w *WorkerReporter) Handler(r *consumer.Runner) http.Handler {
 			return
 		}
 		rep := w.Report(req.Context(), r)
-		rw.Header().Set("Content-Type", "application/json")
-		rw.Header().Set("Cache-Control", "no-store")
+		status := http.StatusOK
 		if !rep.Ready {
-			rw.WriteHeader(http.StatusServiceUnavailable)
+			status = http.StatusServiceUnavailable
 		}
-		_ = json.NewEncoder(rw).Encode(rep)
+		writeJSON(rw, status, rep)
 	})
 }
 

@@ -106,16 +106,8 @@ func (f Filter) Match(l *Letter) bool {
 	if len(f.IDs) > 0 && !slices.Contains(f.IDs, l.ID) && (l.Key == "" || !slices.Contains(f.IDs, l.Key)) {
 		return false
 	}
-	if !f.Since.IsZero() || !f.Until.IsZero() {
-		if l.DeadLetteredAt.IsZero() {
-			return false
-		}
-		if !f.Since.IsZero() && l.DeadLetteredAt.Before(f.Since) {
-			return false
-		}
-		if !f.Until.IsZero() && !l.DeadLetteredAt.Before(f.Until) {
-			return false
-		}
+	if t := l.DeadLetteredAt; !f.Since.IsZero() || !f.Until.IsZero() {
+		return !t.IsZero() && !t.Before(f.Since) && (f.Until.IsZero() || t.Before(f.Until))
 	}
 	return true
 }

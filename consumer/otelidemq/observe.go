@@ -18,15 +18,11 @@ import (
 // broker or the database) during a metrics collection.
 const observeTimeout = 5 * time.Second
 
-// ObserveLag exports src's lag per partition as the idemq.kafka.lag gauge
-// (unit {message}; attributes messaging.system (Config.System, else the
-// PartitionLag's System, else "idemq"), messaging.destination.name the
-// topic, messaging.destination.partition.id the partition, and the consumer
-// group when Config.ConsumerGroup is set).
-// The lag is read from src at each metrics collection (kafkasource: one
-// request to the brokers, bounded by 5 s); a failed read is reported to the
-// SDK's error handler and observes nothing. Unregister the returned
-// registration when src closes.
+// ObserveLag exports src's lag per partition as the idemq.kafka.lag gauge,
+// with the attributes docs/observability.md lists. The lag is read from src
+// at each metrics collection (kafkasource: one request to the brokers,
+// bounded by 5 s); a failed read is reported to the SDK's error handler and
+// observes nothing. Unregister the returned registration when src closes.
 func (h *Hook) ObserveLag(src consumer.LagReporter) (metric.Registration, error) {
 	reg, err := h.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		ctx, cancel := context.WithTimeout(ctx, observeTimeout)
@@ -55,13 +51,11 @@ func (h *Hook) ObserveLag(src consumer.LagReporter) (metric.Registration, error)
 }
 
 // ObserveDedup exports the janitor's latest measurement of store's table
-// (dedup.TableStatsReporter: pgdedup and sqldedup, whose RunJanitor measures
-// every StatsInterval) as two gauges per scope (attribute idemq.dedup.scope):
-// idemq.dedup.records (unit {record}) and idemq.dedup.oldest_age (unit s, the
-// oldest record's age when the table was measured). A collection reads the
-// stored measurement and sends nothing to the database; before the first
-// measurement nothing is observed. Unregister the returned registration when
-// the store is no longer used.
+// (pgdedup and sqldedup: RunJanitor measures every StatsInterval) as the
+// gauges idemq.dedup.records and idemq.dedup.oldest_age per scope. A
+// collection reads the stored measurement and sends nothing to the
+// database; before the first measurement nothing is observed. Unregister
+// the returned registration when the store is no longer used.
 func (h *Hook) ObserveDedup(store dedup.TableStatsReporter) (metric.Registration, error) {
 	reg, err := h.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		st, ok := store.TableStats()

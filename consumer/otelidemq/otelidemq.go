@@ -84,13 +84,9 @@ const (
 )
 
 // DuplicateUnknown is the duplicate reason ("unknown") reported in place
-// of consumer.DuplicateProducer for a message whose source says its broker
-// does not mark every redelivery (consumer.BrokerInfo.UnmarkedRedeliveries,
-// as kafkasource does: a message fetched again after a rebalance or a lost
-// offset commit looks like a first delivery), so the runner cannot tell a
-// redelivery from a producer's re-send, and otelidemq does not guess.
-// Redeliveries such a source does recognise (Attempt above 1) stay
-// "redelivery".
+// of consumer.DuplicateProducer for a message whose broker does not mark
+// every redelivery (consumer.BrokerInfo.UnmarkedRedeliveries: kafkasource),
+// where the runner cannot tell a redelivery from a producer's re-send.
 const DuplicateUnknown consumer.DuplicateReason = 0
 
 // Span event names.
@@ -127,23 +123,16 @@ type Config struct {
 	// group the source reports.
 	ConsumerGroup string
 	// ParentOnProducer makes a message's process span a child of the
-	// producer's span found in its headers, as well as linked to it. The
-	// conventions make the link the default (a SHOULD) and parenting a
-	// MAY: parenting puts the consumer's work in the producer's trace,
-	// which a trace view shows as one tree, at the cost of traces that
+	// producer's span found in its headers, as well as linked to it: one
+	// trace tree from producer to consumer, at the cost of traces that
 	// never end for long-lived producers. Defaults to false: the process
 	// span is a root span linked to the producer's.
 	ParentOnProducer bool
 	// SpanPerTransaction makes one "process <destination>" span per
-	// transaction of the transactional path instead of one per message,
-	// the way the messaging conventions trace batch processing: the span
-	// is linked to the producer's span of every message the transaction
-	// claimed, and its children are the transaction's claim, batch handler
-	// call and commit. It is meant for TransactionalBatch at large
-	// batches, where a sampled span per message costs more than the
-	// runner's own work per message. Metrics are the same in both modes;
-	// see "Span per transaction" in the package documentation for what
-	// is not traced in this mode. Defaults to false: a span per message.
+	// transaction of the transactional path instead of one per message
+	// (see "Span per transaction" in the package documentation), for
+	// TransactionalBatch at large batches. Metrics are the same in both
+	// modes. Defaults to false: a span per message.
 	SpanPerTransaction bool
 }
 
@@ -158,11 +147,10 @@ type Hook struct {
 	group  string
 	parent bool // Config.ParentOnProducer
 	perTx  bool // Config.SpanPerTransaction
-	// The measurement options of a measurement without a message (system,
-	// if set, and group), as the variadic slices the instruments take, so
-	// that a measurement allocates nothing for them.
-	baseAdd []metric.AddOption
-	baseRec []metric.RecordOption
+	// noDest holds the options of a measurement made without a message:
+	// Config.System and Config.ConsumerGroup when set, but one with
+	// attributes of its own (a reason, an error) carries those alone.
+	noDest *destAttrs
 	// Span options built once.
 	kindOpt   trace.SpanStartOption
 	claimOpts [dedup.StateDone + 1]trace.SpanStartOption
@@ -200,9 +188,8 @@ type destKey struct {
 	group string
 	// dest is the source's messaging.destination.name, else empty.
 	dest  string
-	attrs [maxKeyAttrs]consumer.BrokerAttr
-	n     int
-	more  string // the attributes past maxKeyAttrs, as text
+	attrs [maxKeyAttrs]consumer.BrokerAttr // zero past len(Attrs)
+	more  string                           // the attributes past maxKeyAttrs, as text
 }
 
 // keyOf returns the destKey of m for system.
@@ -228,29 +215,10 @@ func (h *Hook) keyOf(system string, m *consumer.Message) destKey {
 		}
 		k.more += a.Key + "\x00" + a.Value()
 	}
-	k.n = min(len(b.Attrs), maxKeyAttrs)
 	if h.group != "" && (hasGroup || b.System == "") {
 		k.group = h.group
 	}
 	return k
-}
-
-// destination returns messaging.destination.name: the source's, else the
-// topic or queue.
-func (k *destKey) destination() string {
-	if k.dest != "" {
-		return k.dest
-	}
-	return k.topic
-}
-
-// brokerAttrs returns the destination's attributes: those of k, and those
-// past maxKeyAttrs from b, the BrokerInfo k was made of.
-func brokerAttrs(k *destKey, b *consumer.BrokerInfo) []consumer.BrokerAttr {
-	if len(b.Attrs) > maxKeyAttrs {
-		return b.Attrs
-	}
-	return k.attrs[:k.n]
 }
 
 // kv returns a as an OpenTelemetry attribute.
@@ -301,6 +269,38 @@ func with(kvs []attribute.KeyValue, extra ...attribute.KeyValue) metric.Measurem
 	return metric.WithAttributeSet(attribute.NewSet(append(kvs[:len(kvs):len(kvs)], extra...)...))
 }
 
+// newDest returns the destAttrs of the metric attributes kvs, whose
+// measurements without attributes of their own take opt.
+func newDest(kvs []attribute.KeyValue, opt metric.MeasurementOption) *destAttrs {
+	d := &destAttrs{kvs: kvs, add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}}
+	for o := range d.outcomes {
+		d.outcomes[o] = []metric.RecordOption{with(kvs, AttrOutcome.String(consumer.Outcome(o).String()))}
+	}
+	for r := range d.dups {
+		d.dups[r] = []metric.AddOption{with(kvs, AttrDuplicateReason.String(consumer.DuplicateReason(r).String()))}
+	}
+	for k := range d.retries {
+		d.retries[k] = []metric.AddOption{with(kvs, AttrRetryKind.String(consumer.RetryKind(k).String()))}
+	}
+	return d
+}
+
+// addWith returns the counter options of d's attributes and extra.
+func (d *destAttrs) addWith(extra ...attribute.KeyValue) []metric.AddOption {
+	if len(extra) == 0 {
+		return d.add
+	}
+	return []metric.AddOption{with(d.kvs, extra...)}
+}
+
+// recWith is addWith for histograms.
+func (d *destAttrs) recWith(extra ...attribute.KeyValue) []metric.RecordOption {
+	if len(extra) == 0 {
+		return d.rec
+	}
+	return []metric.RecordOption{with(d.kvs, extra...)}
+}
+
 // attrsOf returns the metric attributes of a destination: k, made of b.
 func (h *Hook) attrsOf(k destKey, b *consumer.BrokerInfo) *destAttrs {
 	if d := h.lastDest.Load(); d != nil && d.key == k {
@@ -313,14 +313,14 @@ func (h *Hook) attrsOf(k destKey, b *consumer.BrokerInfo) *destAttrs {
 		h.lastDest.Store(d)
 		return d
 	}
-	destination := k.destination()
+	destination := cmp.Or(k.dest, k.topic) // the source's name, else the topic or queue
 	// group and server: the attributes of every measurement of the
 	// destination but for its name and partition.
 	var where, dest, spanOnly []attribute.KeyValue
 	if k.group != "" {
 		where = append(where, semconv.MessagingConsumerGroupName(k.group))
 	}
-	for _, a := range brokerAttrs(&k, b) {
+	for _, a := range b.Attrs {
 		switch key := attribute.Key(a.Key); {
 		case a.Key == "" || key == semconv.MessagingDestinationNameKey:
 		case key == AttrConsumerGroup:
@@ -343,34 +343,17 @@ func (h *Hook) attrsOf(k destKey, b *consumer.BrokerInfo) *destAttrs {
 	kvs := append(common[:len(common):len(common)], semconv.MessagingDestinationName(destination))
 	kvs = append(kvs, dest...)
 	spanKVs := append(kvs[:len(kvs):len(kvs)], spanOnly...)
-	opt := with(kvs)
-	d = &destAttrs{key: k, spanName: "process " + destination, kvs: kvs, spanKVs: spanKVs,
-		add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt},
-		batch: []metric.RecordOption{with(common)}}
-	d.spanOpt = trace.WithAttributes(d.spanKVs...)
-	settleName := k.settle
-	if settleName == "" {
-		settleName = "ack"
-	}
-	settle := []attribute.KeyValue{AttrSystem.String(k.system), semconv.MessagingOperationName(settleName), semconv.MessagingOperationTypeSettle}
+	d = newDest(kvs, with(kvs))
+	d.key, d.spanName, d.spanKVs = k, "process "+destination, spanKVs
+	d.spanOpt = trace.WithAttributes(spanKVs...)
+	d.batch = []metric.RecordOption{with(common)}
+	settle := []attribute.KeyValue{AttrSystem.String(k.system), semconv.MessagingOperationName(cmp.Or(k.settle, "ack")), semconv.MessagingOperationTypeSettle}
 	settle = append(settle, where...)
 	d.settleAny = []metric.RecordOption{with(settle)}
 	d.settle = []metric.RecordOption{with(settle, semconv.MessagingDestinationName(destination))}
-	for o := range d.outcomes {
-		d.outcomes[o] = []metric.RecordOption{with(kvs, AttrOutcome.String(consumer.Outcome(o).String()))}
-	}
-	for r := range d.dups {
-		d.dups[r] = []metric.AddOption{with(kvs, AttrDuplicateReason.String(consumer.DuplicateReason(r).String()))}
-	}
-	for k := range d.retries {
-		d.retries[k] = []metric.AddOption{with(kvs, AttrRetryKind.String(consumer.RetryKind(k).String()))}
-	}
 	h.lastDest.Store(d)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.dests == nil {
-		h.dests = map[destKey]*destAttrs{}
-	}
 	if len(h.dests) < maxDestinations {
 		h.dests[k] = d
 	}
@@ -406,6 +389,7 @@ func New(cfg Config) (*Hook, error) {
 		group:  cfg.ConsumerGroup,
 		parent: cfg.ParentOnProducer,
 		perTx:  cfg.SpanPerTransaction,
+		dests:  map[destKey]*destAttrs{},
 	}
 	var base []attribute.KeyValue
 	if cfg.System != "" {
@@ -414,8 +398,8 @@ func New(cfg Config) (*Hook, error) {
 	if cfg.ConsumerGroup != "" {
 		base = append(base, AttrConsumerGroup.String(cfg.ConsumerGroup))
 	}
-	baseOpt := metric.WithAttributeSet(attribute.NewSet(base...))
-	h.baseAdd, h.baseRec = []metric.AddOption{baseOpt}, []metric.RecordOption{baseOpt}
+	h.noDest = newDest(nil, metric.WithAttributeSet(attribute.NewSet(base...)))
+	h.noDest.spanName, h.noDest.batch = "process", h.noDest.rec
 	h.kindOpt = trace.WithSpanKind(trace.SpanKindConsumer)
 	h.claimOpts[dedup.StateNew] = trace.WithAttributes(AttrClaim.String("new"))
 	h.claimOpts[dedup.StateDone] = trace.WithAttributes(AttrClaim.String("duplicate"))
@@ -440,27 +424,22 @@ func New(cfg Config) (*Hook, error) {
 	h.ackFailures = counter(MetricAckFailures, "{message}", "Messages whose acknowledgement failed after their effect was durable.")
 	h.leaseRefreshFail = counter(MetricLeaseRefreshFailures, "{failure}", "Lease refreshes that failed (the lease store was unreachable).")
 	h.leaseLost = counter(MetricLeaseLost, "{lease}", "Leases found lost while handling or waiting.")
-	var err error
-	h.inFlight, err = m.Int64UpDownCounter(MetricInFlight, metric.WithUnit("{message}"), metric.WithDescription("Messages received and not settled yet."))
-	errs = append(errs, err)
-	h.batchSize, err = m.Int64Histogram(MetricBatchSize, metric.WithUnit("{message}"), metric.WithDescription("Messages per batch formed by a lane."),
-		metric.WithExplicitBucketBoundaries(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000))
-	errs = append(errs, err)
 	h.processDur = seconds(MetricProcessDuration, "Time from receipt to settlement of a message.")
 	h.handlerDur = seconds(MetricHandlerDuration, "Handler run time, per attempt.")
 	h.commitDur = seconds(MetricCommitDuration, "Time to make a message's effect durable (commit, or mark done).")
-	h.clientDur = seconds(MetricOperationDuration, semconvClientDuration.Description())
+	h.clientDur = seconds(MetricOperationDuration, messagingconv.ClientOperationDuration{}.Description())
+	var e [5]error
+	h.inFlight, e[0] = m.Int64UpDownCounter(MetricInFlight, metric.WithUnit("{message}"), metric.WithDescription("Messages received and not settled yet."))
+	h.batchSize, e[1] = m.Int64Histogram(MetricBatchSize, metric.WithUnit("{message}"), metric.WithDescription("Messages per batch formed by a lane."),
+		metric.WithExplicitBucketBoundaries(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000))
 	h.meter = m
-	h.lag, err = m.Int64ObservableGauge(MetricKafkaLag, metric.WithUnit("{message}"),
+	h.lag, e[2] = m.Int64ObservableGauge(MetricKafkaLag, metric.WithUnit("{message}"),
 		metric.WithDescription("Messages of a partition at and after the first one the consumer has not settled (high watermark minus the next offset to commit)."))
-	errs = append(errs, err)
-	h.dedupRecords, err = m.Int64ObservableGauge(MetricDedupRecords, metric.WithUnit("{record}"),
+	h.dedupRecords, e[3] = m.Int64ObservableGauge(MetricDedupRecords, metric.WithUnit("{record}"),
 		metric.WithDescription("Records in the dedup table, by scope, at the janitor's latest measurement."))
-	errs = append(errs, err)
-	h.dedupOldest, err = m.Float64ObservableGauge(MetricDedupOldestAge, metric.WithUnit("s"),
+	h.dedupOldest, e[4] = m.Float64ObservableGauge(MetricDedupOldestAge, metric.WithUnit("s"),
 		metric.WithDescription("Age of the oldest record in the dedup table, by scope, at the janitor's latest measurement."))
-	errs = append(errs, err)
-	if err := errors.Join(errs...); err != nil {
+	if err := errors.Join(append(errs, e[:]...)...); err != nil {
 		return nil, fmt.Errorf("otelidemq: create instruments: %w", err)
 	}
 	return h, nil
@@ -470,9 +449,6 @@ func New(cfg Config) (*Hook, error) {
 // advise for messaging.process.duration and
 // messaging.client.operation.duration; idemq's own durations use them too.
 var durationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
-
-// semconvClientDuration names messaging.client.operation.duration.
-var semconvClientDuration messagingconv.ClientOperationDuration
 
 // withDefaults returns c with the providers and the propagator its fields
 // default to.
@@ -540,33 +516,20 @@ func stateOf(ctx context.Context) *state {
 	return s
 }
 
-// addOpts returns the counter options of the message in ctx: its
-// destination's attributes, plus extra.
-func (h *Hook) addOpts(ctx context.Context, extra ...attribute.KeyValue) []metric.AddOption {
-	s := stateOf(ctx)
-	switch {
-	case s == nil && len(extra) == 0:
-		return h.baseAdd
-	case s == nil:
-		return []metric.AddOption{metric.WithAttributes(extra...)}
-	case len(extra) == 0:
-		return s.dest.add
+// destOf returns the destination of the message in ctx, else h.noDest.
+func (h *Hook) destOf(ctx context.Context) *destAttrs {
+	if s := stateOf(ctx); s != nil {
+		return s.dest
 	}
-	return []metric.AddOption{with(s.dest.kvs, extra...)}
+	return h.noDest
 }
 
-// recOpts is addOpts for histograms.
-func (h *Hook) recOpts(ctx context.Context, extra ...attribute.KeyValue) []metric.RecordOption {
-	s := stateOf(ctx)
-	switch {
-	case s == nil && len(extra) == 0:
-		return h.baseRec
-	case s == nil:
-		return []metric.RecordOption{metric.WithAttributes(extra...)}
-	case len(extra) == 0:
-		return s.dest.rec
+// errAttrs returns the error.type of err, or nothing without an error.
+func errAttrs(err error) []attribute.KeyValue {
+	if err == nil {
+		return nil
 	}
-	return []metric.RecordOption{with(s.dest.kvs, extra...)}
+	return []attribute.KeyValue{AttrErrorType.String(errorType(err))}
 }
 
 // OnReceived starts the message's process span, parented on the producer's
@@ -608,11 +571,11 @@ func linkTo(ctx context.Context) trace.SpanStartOption {
 // message received but for its destination and partition (the hook is
 // given no message, and a lane's batch may mix destinations).
 func (h *Hook) OnBatch(ctx context.Context, size int) {
-	if d := h.lastDest.Load(); d != nil {
-		h.batchSize.Record(ctx, int64(size), d.batch...)
-		return
+	d := h.lastDest.Load()
+	if d == nil {
+		d = h.noDest
 	}
-	h.batchSize.Record(ctx, int64(size), h.baseRec...)
+	h.batchSize.Record(ctx, int64(size), d.batch...)
 }
 
 // OnClaimed adds a "claim" child span when the claim was timed and claimed
@@ -626,7 +589,6 @@ func (h *Hook) OnClaimed(ctx context.Context, m *consumer.Message, c consumer.Cl
 	if c.State != dedup.StateDone {
 		return
 	}
-	s := stateOf(ctx)
 	if c.Reason == consumer.DuplicateProducer && m != nil && m.Broker.UnmarkedRedeliveries {
 		// A redelivery the broker did not mark looks like the producer's
 		// re-send to the runner, so the reason is unknown.
@@ -636,11 +598,11 @@ func (h *Hook) OnClaimed(ctx context.Context, m *consumer.Message, c consumer.Cl
 	if !h.perTx {
 		trace.SpanFromContext(ctx).AddEvent(EventDuplicate, trace.WithAttributes(reason))
 	}
-	if s != nil && c.Reason >= 0 && int(c.Reason) < len(s.dest.dups) {
-		h.duplicates.Add(ctx, 1, s.dest.dups[c.Reason]...)
-		return
+	if d := h.destOf(ctx); c.Reason >= 0 && int(c.Reason) < len(d.dups) {
+		h.duplicates.Add(ctx, 1, d.dups[c.Reason]...)
+	} else {
+		h.duplicates.Add(ctx, 1, d.addWith(reason)...)
 	}
-	h.duplicates.Add(ctx, 1, h.addOpts(ctx, reason)...)
 }
 
 // OnHandlerStart starts the "handler" child span; the handler's context
@@ -656,11 +618,7 @@ func (h *Hook) OnHandlerStart(ctx context.Context, m *consumer.Message) context.
 // OnHandlerEnd ends the "handler" span, recording the handler's error, and
 // records its duration.
 func (h *Hook) OnHandlerEnd(ctx context.Context, m *consumer.Message, d time.Duration, err error) {
-	if err != nil {
-		h.handlerDur.Record(ctx, d.Seconds(), h.recOpts(ctx, AttrErrorType.String(errorType(err)))...)
-	} else {
-		h.handlerDur.Record(ctx, d.Seconds(), h.recOpts(ctx)...)
-	}
+	h.handlerDur.Record(ctx, d.Seconds(), h.destOf(ctx).recWith(errAttrs(err)...)...)
 	if h.perTx {
 		return
 	}
@@ -681,21 +639,18 @@ func (h *Hook) OnCommit(ctx context.Context, m *consumer.Message, c consumer.Com
 	if !h.perTx {
 		timedSpan(ctx, h.tracer, "commit", c.Start, c.End, c.Err)
 	}
-	h.commitDur.Record(ctx, c.End.Sub(c.Start).Seconds(), h.recOpts(ctx)...)
+	h.commitDur.Record(ctx, c.End.Sub(c.Start).Seconds(), h.destOf(ctx).rec...)
 }
 
-// OnTx makes the spans of the work a transaction does once for several
-// messages, following the messaging conventions for batches: a "claim" span
-// when it claimed more than one key, and a "handler" span (a batch
-// handler's call) and a "commit" span when more than one message was new.
-// Each is a root span (kind internal) linked to the process spans of the
-// messages it covered, with messaging.batch.message_count. The batch
-// handler's and the commit's durations are recorded once per transaction.
-// A transaction of one message gets child spans of its process span
-// instead, from the per-message events. With SpanPerTransaction, OnTx makes
-// the transaction's process span and its children instead (txProcess).
+// OnTx makes the root spans of the work a transaction does once for
+// several messages: a "claim" span when it claimed more than one key, and
+// a "handler" (a batch handler's call) and a "commit" span when more than
+// one message was new, each linked to the process spans of the messages it
+// covered; it records the batch handler's and the commit's durations once.
+// With SpanPerTransaction it makes the transaction's process span and its
+// children instead (txProcess).
 func (h *Hook) OnTx(ctx context.Context, t consumer.TxInfo) {
-	var d *destAttrs
+	d := h.noDest
 	if len(t.Claimed) > 0 {
 		if s := stateOf(t.Claimed[0]); s != nil {
 			d = s.dest
@@ -710,31 +665,18 @@ func (h *Hook) OnTx(ctx context.Context, t consumer.TxInfo) {
 	if len(t.New) <= 1 {
 		return
 	}
-	rec := h.baseRec
-	if d != nil {
-		rec = d.rec
-	}
 	var links []trace.Link
 	if !t.HandlerStart.IsZero() {
 		if !h.perTx {
 			links = h.txSpan(ctx, "handler", d, t.New, nil, t.HandlerStart, t.HandlerEnd, t.HandlerErr)
 		}
-		dur := t.HandlerEnd.Sub(t.HandlerStart).Seconds()
-		if t.HandlerErr != nil {
-			var kvs []attribute.KeyValue
-			if d != nil {
-				kvs = d.kvs
-			}
-			h.handlerDur.Record(ctx, dur, with(kvs, AttrErrorType.String(errorType(t.HandlerErr))))
-		} else {
-			h.handlerDur.Record(ctx, dur, rec...)
-		}
+		h.handlerDur.Record(ctx, t.HandlerEnd.Sub(t.HandlerStart).Seconds(), d.recWith(errAttrs(t.HandlerErr)...)...)
 	}
 	if c := t.Commit; !c.Start.IsZero() {
 		if !h.perTx {
 			h.txSpan(ctx, "commit", d, t.New, links, c.Start, c.End, c.Err)
 		}
-		h.commitDur.Record(ctx, c.End.Sub(c.Start).Seconds(), rec...)
+		h.commitDur.Record(ctx, c.End.Sub(c.Start).Seconds(), d.rec...)
 	}
 }
 
@@ -745,12 +687,8 @@ func (h *Hook) txSpan(ctx context.Context, name string, d *destAttrs, msgs []con
 	if links == nil {
 		links = linksTo(msgs)
 	}
-	var kvs []attribute.KeyValue
-	if d != nil {
-		kvs = d.kvs
-	}
-	attrs := make([]attribute.KeyValue, 0, len(kvs)+1)
-	attrs = append(append(attrs, kvs...), AttrBatchCount.Int(len(msgs)))
+	attrs := make([]attribute.KeyValue, 0, len(d.kvs)+1)
+	attrs = append(append(attrs, d.kvs...), AttrBatchCount.Int(len(msgs)))
 	timedSpan(ctx, h.tracer, name, start, end, err, trace.WithNewRoot(), trace.WithLinks(links...), trace.WithAttributes(attrs...))
 	return links
 }
@@ -823,14 +761,10 @@ func typeName(v any) string {
 	return t.PkgPath() + "." + t.Name()
 }
 
-// txProcess makes the process span of a transaction (SpanPerTransaction):
-// a root span of kind consumer from the start of its claim to the end of the
-// last work it did, linked to the producer's span of each message it
-// claimed (those that carried one), with messaging.batch.message_count the
-// number claimed, idemq.batch.new_count the number claimed as new, status
-// Error when its claim, batch handler or commit failed, and a "claim",
-// "handler" (a batch handler's call) and "commit" child span for what it
-// did.
+// txProcess makes the process span of a transaction (SpanPerTransaction)
+// from the start of its claim to the end of the last work it did, with a
+// child span for each of its claim, batch handler call and commit, as
+// "Span per transaction" in the package documentation describes.
 func (h *Hook) txProcess(ctx context.Context, d *destAttrs, t consumer.TxInfo) {
 	type step struct {
 		name       string
@@ -859,16 +793,10 @@ func (h *Hook) txProcess(ctx context.Context, d *destAttrs, t consumer.TxInfo) {
 	if start.IsZero() || len(t.Claimed) == 0 {
 		return
 	}
-	links := linksTo(t.Claimed)
-	name := "process"
-	var kvs []attribute.KeyValue
-	if d != nil {
-		name, kvs = d.spanName, d.spanKVs
-	}
-	attrs := make([]attribute.KeyValue, 0, len(kvs)+2)
-	attrs = append(append(attrs, kvs...), AttrBatchCount.Int(len(t.Claimed)), AttrBatchNew.Int(len(t.New)))
-	pctx, span := h.tracer.Start(ctx, name, trace.WithNewRoot(), h.kindOpt, trace.WithTimestamp(start),
-		trace.WithLinks(links...), trace.WithAttributes(attrs...))
+	attrs := make([]attribute.KeyValue, 0, len(d.spanKVs)+2)
+	attrs = append(append(attrs, d.spanKVs...), AttrBatchCount.Int(len(t.Claimed)), AttrBatchNew.Int(len(t.New)))
+	pctx, span := h.tracer.Start(ctx, d.spanName, trace.WithNewRoot(), h.kindOpt, trace.WithTimestamp(start),
+		trace.WithLinks(linksTo(t.Claimed)...), trace.WithAttributes(attrs...))
 	for _, st := range steps {
 		if st.start.IsZero() {
 			continue
@@ -901,7 +829,7 @@ func (h *Hook) systemOf(m *consumer.Message) string {
 // acknowledgement.
 func (h *Hook) OnAck(ctx context.Context, a consumer.AckInfo) {
 	if a.Err != nil {
-		h.ackFailures.Add(ctx, int64(len(a.Messages)), h.baseAdd...)
+		h.ackFailures.Add(ctx, int64(len(a.Messages)), h.noDest.add...)
 	}
 	if len(a.Messages) == 0 {
 		return
@@ -933,11 +861,11 @@ func (h *Hook) OnRetry(ctx context.Context, m *consumer.Message, kind consumer.R
 		}
 		trace.SpanFromContext(ctx).AddEvent(EventRetry, trace.WithAttributes(attrs...))
 	}
-	if s := stateOf(ctx); s != nil && kind > 0 && int(kind) < len(s.dest.retries) {
-		h.retries.Add(ctx, 1, s.dest.retries[kind]...)
-		return
+	if d := h.destOf(ctx); kind >= 0 && int(kind) < len(d.retries) {
+		h.retries.Add(ctx, 1, d.retries[kind]...)
+	} else {
+		h.retries.Add(ctx, 1, d.addWith(k)...)
 	}
-	h.retries.Add(ctx, 1, h.addOpts(ctx, k)...)
 }
 
 // OnDeadLetter adds a dead-letter event, sets the span's status to Error
@@ -952,7 +880,7 @@ func (h *Hook) OnDeadLetter(ctx context.Context, m *consumer.Message, reason con
 			span.SetStatus(codes.Error, err.Error())
 		}
 	}
-	h.deadLetters.Add(ctx, 1, h.addOpts(ctx, r)...)
+	h.deadLetters.Add(ctx, 1, h.destOf(ctx).addWith(r)...)
 }
 
 // OnLeaseLost adds a lease-lost event and counts it.
@@ -960,12 +888,12 @@ func (h *Hook) OnLeaseLost(ctx context.Context, m *consumer.Message, err error) 
 	if !h.perTx {
 		trace.SpanFromContext(ctx).AddEvent(EventLeaseLost)
 	}
-	h.leaseLost.Add(ctx, 1, h.addOpts(ctx)...)
+	h.leaseLost.Add(ctx, 1, h.destOf(ctx).add...)
 }
 
 // OnLeaseRefreshFailed counts a failed lease refresh.
 func (h *Hook) OnLeaseRefreshFailed(ctx context.Context, err error) {
-	h.leaseRefreshFail.Add(ctx, 1, h.baseAdd...)
+	h.leaseRefreshFail.Add(ctx, 1, h.noDest.add...)
 }
 
 // OnSettled ends the process span with the outcome and records the
@@ -1001,7 +929,7 @@ func (h *Hook) OnSettled(ctx context.Context, m *consumer.Message, s consumer.Se
 	switch s.Outcome {
 	case consumer.OutcomeRetried, consumer.OutcomeDeadLettered, consumer.OutcomeLeft:
 		if s.Err != nil {
-			opt = h.recOpts(ctx, outcome, AttrErrorType.String(errorType(s.Err)))
+			opt = st.dest.recWith(outcome, AttrErrorType.String(errorType(s.Err)))
 		}
 	}
 	h.processDur.Record(ctx, now.Sub(st.start).Seconds(), opt...)
@@ -1012,7 +940,8 @@ func (h *Hook) OnSettled(ctx context.Context, m *consumer.Message, s consumer.Se
 }
 
 // errorType names an error for the error.type attribute: the idemq
-// sentinel it matches, else its Go type.
+// sentinel it matches, else "permanent" for a permanent error, else
+// "_OTHER".
 func errorType(err error) string {
 	for _, s := range []struct {
 		err  error

@@ -21,87 +21,67 @@ const (
 	MetricOutboxPending       = "idemq.outbox.pending"
 	MetricOutboxParked        = "idemq.outbox.parked"
 	MetricOutboxOldestPending = "idemq.outbox.oldest_pending.age"
-	relayOutcomeSent          = "sent"
-	relayOutcomeParked        = "parked"
-	relayOutcomeRetried       = "retried"
-	relayOperationName        = "send"
 )
 
 // RelayHook measures and traces a transactional outbox relay
-// (sinks/outbox.Relay). Pass it in the relay's outbox.Config.Hooks; it
-// implements outbox.HookPublish, outbox.HookSend and outbox.HookCounts. It
-// is safe for concurrent use.
-//
-// Each publish of a batch is one "send <destination>" span of kind client
-// ("send" when the batch mixes destinations), linked to the trace context
-// every message was published from, and is counted by outcome
-// (messaging.client.sent.messages: sent, parked, retried) and timed
-// (messaging.client.operation.duration). The rows pending and parked and
-// the age of the oldest pending row are observable gauges read from the
-// outbox table at each collection. docs/observability.md ("Outbox relay")
-// lists every instrument and attribute.
-//
-// Config.System, when set, is the messaging.system attribute of every
-// measurement and span; Config.TracerProvider and Propagator make and
-// read the spans; Config.ConsumerGroup is not used. The gauges read the
-// counts of the last relay the hook was given to: use one RelayHook per
-// relay, or per outbox table.
+// (sinks/outbox.Relay), as docs/observability.md ("Outbox relay") lists:
+// pass it in the relay's outbox.Config.Hooks. Each publish of a batch is
+// one "send <destination>" span of kind client, linked to the trace
+// context every message was published from, counted by outcome and timed;
+// the outbox's backlog is read into gauges at each collection, from the
+// last relay the hook was given to: use one RelayHook per relay. It is
+// safe for concurrent use.
 type RelayHook struct {
-	tracer                trace.Tracer
-	prop                  propagation.TextMapPropagator
-	base                  metric.MeasurementOption
-	sent, parked, retried metric.MeasurementOption
-	sentCount             metric.Int64Counter
-	duration              metric.Float64Histogram
-	kvs                   []attribute.KeyValue
+	tracer                      trace.Tracer
+	prop                        propagation.TextMapPropagator
+	kvs                         []attribute.KeyValue // system, when set, and the operation name
+	send, sent, parked, retried metric.MeasurementOption
+	sentCount                   metric.Int64Counter
+	duration                    metric.Float64Histogram
 
 	mu     sync.Mutex
 	counts func(ctx context.Context) (pending, parked int64, oldestPending time.Duration, err error)
 }
 
-// NewRelayHook returns a RelayHook over cfg.MeterProvider (default
-// otel.GetMeterProvider()), or an error if an instrument cannot be created.
+// NewRelayHook returns a RelayHook, or an error if an instrument cannot be
+// created. It uses Config's providers, Propagator and System (the
+// messaging.system of every measurement and span, when set), not
+// ConsumerGroup.
 func NewRelayHook(cfg Config) (*RelayHook, error) {
 	cfg = cfg.withDefaults()
-	var kvs []attribute.KeyValue
+	var system []attribute.KeyValue
 	if cfg.System != "" {
-		kvs = append(kvs, AttrSystem.String(cfg.System))
+		system = append(system, AttrSystem.String(cfg.System))
 	}
-	with := func(extra ...attribute.KeyValue) metric.MeasurementOption {
-		return metric.WithAttributeSet(attribute.NewSet(append(kvs[:len(kvs):len(kvs)], extra...)...))
-	}
+	kvs := append(system, semconv.MessagingOperationName("send"))
 	h := &RelayHook{
 		tracer:  tracer(cfg.TracerProvider),
 		prop:    cfg.Propagator,
 		kvs:     kvs,
-		base:    with(AttrOperationName.String(relayOperationName)),
-		sent:    with(AttrOperationName.String(relayOperationName), AttrOutcome.String(relayOutcomeSent)),
-		parked:  with(AttrOperationName.String(relayOperationName), AttrOutcome.String(relayOutcomeParked)),
-		retried: with(AttrOperationName.String(relayOperationName), AttrOutcome.String(relayOutcomeRetried)),
+		send:    with(kvs),
+		sent:    with(kvs, AttrOutcome.String("sent")),
+		parked:  with(kvs, AttrOutcome.String("parked")),
+		retried: with(kvs, AttrOutcome.String("retried")),
 	}
 	m := meter(cfg.MeterProvider)
-	var errs []error
-	var err error
-	h.sentCount, err = m.Int64Counter(MetricSent, metric.WithUnit("{message}"),
+	var e [5]error
+	var pending, parked metric.Int64ObservableGauge
+	var age metric.Float64ObservableGauge
+	h.sentCount, e[0] = m.Int64Counter(MetricSent, metric.WithUnit("{message}"),
 		metric.WithDescription("Outbox rows the relay published, by idemq.outcome (sent, parked, retried)."))
-	errs = append(errs, err)
-	h.duration, err = m.Float64Histogram(MetricOperationDuration, metric.WithUnit("s"),
+	h.duration, e[1] = m.Float64Histogram(MetricOperationDuration, metric.WithUnit("s"),
 		metric.WithDescription("Time to publish one batch of outbox rows, until the broker confirmed it."),
 		metric.WithExplicitBucketBoundaries(durationBuckets...))
-	errs = append(errs, err)
-	pending, err := m.Int64ObservableGauge(MetricOutboxPending, metric.WithUnit("{message}"),
+	pending, e[2] = m.Int64ObservableGauge(MetricOutboxPending, metric.WithUnit("{message}"),
 		metric.WithDescription("Outbox rows waiting to be published (including rows waiting for a retry)."))
-	errs = append(errs, err)
-	parked, err := m.Int64ObservableGauge(MetricOutboxParked, metric.WithUnit("{message}"),
+	parked, e[3] = m.Int64ObservableGauge(MetricOutboxParked, metric.WithUnit("{message}"),
 		metric.WithDescription("Outbox rows parked after their last allowed attempt."))
-	errs = append(errs, err)
-	age, err := m.Float64ObservableGauge(MetricOutboxOldestPending, metric.WithUnit("s"),
+	age, e[4] = m.Float64ObservableGauge(MetricOutboxOldestPending, metric.WithUnit("s"),
 		metric.WithDescription("Age of the oldest pending outbox row (0 without one)."))
-	errs = append(errs, err)
-	if err := errors.Join(errs...); err != nil {
+	if err := errors.Join(e[:]...); err != nil {
 		return nil, fmt.Errorf("otelidemq: create relay instruments: %w", err)
 	}
-	gauges := metric.WithAttributeSet(attribute.NewSet(kvs...))
+	gauges := metric.WithAttributeSet(attribute.NewSet(system...))
 	if _, err := m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		h.mu.Lock()
 		counts := h.counts
@@ -135,10 +115,9 @@ func (h *RelayHook) OnRelayPublish(ctx context.Context, rows, sent, parked int, 
 	if retried := rows - sent - parked; retried > 0 {
 		h.sentCount.Add(ctx, int64(retried), h.retried)
 	}
-	opt := h.base
+	opt := h.send
 	if err != nil {
-		opt = metric.WithAttributes(append(h.kvs[:len(h.kvs):len(h.kvs)],
-			AttrOperationName.String(relayOperationName), AttrErrorType.String(errorType(err)))...)
+		opt = with(h.kvs, AttrErrorType.String(errorType(err)))
 	}
 	h.duration.Record(ctx, d.Seconds(), opt)
 }
@@ -154,10 +133,9 @@ func (h *RelayHook) OnRelaySend(ctx context.Context, ids, destinations []string,
 			links = append(links, trace.Link{SpanContext: sc})
 		}
 	}
-	attrs := make([]attribute.KeyValue, 0, len(h.kvs)+4)
-	attrs = append(attrs, h.kvs...)
-	attrs = append(attrs, semconv.MessagingOperationName(relayOperationName), semconv.MessagingOperationTypeSend)
-	name := relayOperationName
+	attrs := make([]attribute.KeyValue, 0, len(h.kvs)+3)
+	attrs = append(append(attrs, h.kvs...), semconv.MessagingOperationTypeSend)
+	name := "send"
 	if len(destinations) > 0 && !slices.ContainsFunc(destinations[1:], func(s string) bool { return s != destinations[0] }) {
 		name += " " + destinations[0]
 		attrs = append(attrs, semconv.MessagingDestinationName(destinations[0]))

@@ -23,10 +23,12 @@
 //	timeouts, network errors   retried with the runner's backoff
 //	other 4xx, 3xx             permanent: dead-lettered at once
 //	unsendable request         permanent (ErrInvalidHeader: a key or header
-//	                           with CR, LF or another control character)
+//	                           with CR, LF or another control character;
+//	                           sinks.ErrNoKey: no idempotency key)
 //
 // 409 Conflict is retried because receivers that implement idempotency keys
 // answer it while a request with the same key is still being processed.
+// An error for an answer carries a *StatusError (errors.As finds it).
 //
 // # Remaining duplicate window
 //

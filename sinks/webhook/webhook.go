@@ -144,8 +144,6 @@ type Sink struct {
 	endpoint string // the URL redacted (internal/redact), for errors and logs
 }
 
-var _ sinks.Sender[Request] = (*Sink)(nil)
-
 // New returns a Sink for cfg after WithDefaults, or an error matching
 // idemq.ErrInvalidConfig that names every bad field. It does not contact the
 // endpoint.
@@ -175,21 +173,10 @@ type Request struct {
 	Key string
 }
 
-// Send performs one attempt of req. It returns:
-//
-//   - nil for a 2xx answer;
-//   - an error wrapped with consumer.RetryAfter for 408, 409, 425, 429 and
-//     5xx answers with a Retry-After header (capped at Config.MaxRetryAfter),
-//     and a plain error for those answers without one, for transport errors
-//     and for timeouts: the runner retries them with backoff;
-//   - an error wrapped with consumer.Permanent for any other answer (other
-//     4xx, an unfollowed 3xx), for a missing key (sinks.ErrNoKey) and for a
-//     request that can never be sent (ErrInvalidHeader: a key or header with
-//     CR, LF or another control character; a request that cannot be built):
-//     the runner dead-letters the message.
-//
-// Errors for answers carry a *StatusError (use errors.As). Send never
-// retries by itself and never changes the key.
+// Send performs one attempt of req and returns nil, an error wrapped with
+// consumer.RetryAfter or consumer.Permanent, or a plain error (retried with
+// the runner's backoff), as "Outcomes" in the package documentation lists.
+// Send never retries by itself and never changes the key.
 func (s *Sink) Send(ctx context.Context, req Request) error {
 	key, err := sinks.Key(ctx, req.Key)
 	if err != nil {
@@ -237,14 +224,16 @@ func (s *Sink) Send(ctx context.Context, req Request) error {
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return nil
 	}
-	serr := &StatusError{
-		Method:     s.cfg.Method,
-		URL:        s.endpoint,
-		Key:        key,
-		StatusCode: resp.StatusCode,
-		Body:       strings.ToValidUTF8(string(snippet), "\uFFFD"),
+	serr := &StatusError{Method: s.cfg.Method, URL: s.endpoint, Key: key, StatusCode: resp.StatusCode,
+		Body: strings.ToValidUTF8(string(snippet), "\uFFFD"), Retryable: retryable(resp.StatusCode)}
+	if !serr.Retryable {
+		return consumer.Permanent(serr)
 	}
-	return Classify(serr, resp.Header, time.Now(), s.cfg.MaxRetryAfter)
+	if d, ok := ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok && d > 0 {
+		serr.RetryAfter = min(d, s.cfg.MaxRetryAfter)
+		return consumer.RetryAfter(serr.RetryAfter, serr)
+	}
+	return serr
 }
 
 // ErrInvalidHeader is matched by the error of Send for a header name or value
@@ -279,8 +268,8 @@ func isTokenRune(r rune) bool {
 }
 
 // Handler returns a consumer.Handler that sends each message's body as it is,
-// with the message's idempotency key. Use sinks.Handler or consumer.JSON to
-// build the body from the message instead.
+// with the message's idempotency key. To build the body from the message,
+// call Send from a handler of your own (consumer.JSON decodes it).
 func (s *Sink) Handler() consumer.Handler {
 	return func(ctx context.Context, msg *consumer.Message) error {
 		return s.Send(ctx, Request{Body: msg.Body})
@@ -288,8 +277,8 @@ func (s *Sink) Handler() consumer.Handler {
 }
 
 // StatusError is the error of a webhook answered with a status other than
-// 2xx. Send wraps it with consumer.Permanent or consumer.RetryAfter as
-// Classify decides; errors.As finds it through those wrappers.
+// 2xx. Send wraps it with consumer.Permanent or consumer.RetryAfter;
+// errors.As finds it through those wrappers.
 type StatusError struct {
 	Method     string
 	URL        string // scheme, user, host and port; password, path and query masked
@@ -313,38 +302,15 @@ func (e *StatusError) Error() string {
 	return msg
 }
 
-// Retryable reports whether an HTTP status means "try again later" for an
-// effect with an idempotency key: 408 Request Timeout, 409 Conflict (the
-// receiver is still processing a request with the same key), 425 Too Early,
-// 429 Too Many Requests and every 5xx. Every other non-2xx status is
-// permanent.
-func Retryable(status int) bool {
+// retryable reports whether an HTTP status means "try again later" for an
+// effect with an idempotency key: 408, 409 (the receiver is still
+// processing a request with the same key), 425, 429 and every 5xx.
+func retryable(status int) bool {
 	switch status {
 	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
 		return true
 	}
 	return status >= 500
-}
-
-// Classify sets e.Retryable and e.RetryAfter from e.StatusCode and the
-// response header h, and returns e wrapped the way the runner understands:
-// with consumer.RetryAfter for a retryable status with a positive
-// Retry-After (capped at maxDelay when it is positive), unwrapped for a retryable status without one,
-// and with consumer.Permanent otherwise. It is exported for other HTTP-based
-// sinks (SMS or payment vendors) that want the same classification.
-func Classify(e *StatusError, h http.Header, now time.Time, maxDelay time.Duration) error {
-	e.Retryable = Retryable(e.StatusCode)
-	if !e.Retryable {
-		return consumer.Permanent(e)
-	}
-	if d, ok := ParseRetryAfter(h.Get("Retry-After"), now); ok && d > 0 {
-		if maxDelay > 0 && d > maxDelay {
-			d = maxDelay
-		}
-		e.RetryAfter = d
-		return consumer.RetryAfter(d, e)
-	}
-	return e
 }
 
 // ParseRetryAfter parses a Retry-After header value, either delay-seconds or
