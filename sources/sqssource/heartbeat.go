@@ -35,18 +35,13 @@ func (s *Source) heartbeat() {
 		case <-s.closeCtx.Done():
 			return
 		case now := <-t.C:
-			s.extend(now)
+			for chunk := range slices.Chunk(s.due(now), MaxBatch) {
+				if s.closeCtx.Err() != nil {
+					return
+				}
+				s.extendBatch(chunk)
+			}
 		}
-	}
-}
-
-// extend extends every in-flight message that is due, as of now.
-func (s *Source) extend(now time.Time) {
-	for chunk := range slices.Chunk(s.due(now), MaxBatch) {
-		if s.closeCtx.Err() != nil {
-			return
-		}
-		s.extendBatch(chunk)
 	}
 }
 
