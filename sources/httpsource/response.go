@@ -134,7 +134,7 @@ func Reject(status int, detail string) error {
 // request, for its own answer alone, and so is what Lease encoded, for
 // the answer to a request whose Response the store refuses.
 func storedResponse(msg *consumer.Message, res Response, a adapter) ([]byte, error) {
-	p, _ := consumer.DeliveryOf(msg).Handle.(*pending)
+	p := pendingOf(msg)
 	keep := p != nil && p.replayCookies
 	b, cookies, err := encodeResponse(res, keep)
 	if p != nil {

@@ -390,12 +390,6 @@ func (p *pending) settle(a answer) {
 	close(p.done)
 }
 
-// refuse settles p with a and writes it to w.
-func refuse(w http.ResponseWriter, p *pending, a answer) {
-	p.settle(a)
-	write(w, <-p.answer)
-}
-
 func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key string, fp fingerprint) {
 	headers := make(map[string]string, len(r.Header))
 	for k, v := range r.Header {
@@ -417,7 +411,8 @@ func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key s
 		Broker:       consumer.BrokerInfo{System: "http"},
 	}, consumer.Delivery{Handle: p})
 	if a, ok := s.enqueue(msg); !ok {
-		refuse(w, p, a)
+		p.settle(a)
+		write(w, <-p.answer)
 		return
 	}
 	timer := time.AfterFunc(time.Until(p.deadline), func() {
@@ -454,13 +449,13 @@ func (s *Source) enqueue(msg *consumer.Message) (answer, bool) {
 	s.qmu.RLock()
 	defer s.qmu.RUnlock()
 	if s.isClosed {
-		return unavailable("the server is shutting down", 1), false
+		return unavailable("the server is shutting down"), false
 	}
 	select {
 	case s.queue <- msg:
 		return answer{}, true
 	default:
-		return unavailable("too many requests are waiting", 1), false
+		return unavailable("too many requests are waiting"), false
 	}
 }
 
@@ -495,8 +490,8 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 // request whose handler returned them, never to a replay.
 func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	for _, m := range msgs {
-		p, ok := consumer.DeliveryOf(m).Handle.(*pending)
-		if !ok {
+		p := pendingOf(m)
+		if p == nil {
 			continue
 		}
 		result, replayed, _ := consumer.StoredResult(m)
@@ -523,10 +518,9 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 // failures per key (consumer.RetryPolicy.MaxAttempts): past it, the answer
 // is the same 500.
 func (s *Source) Retry(_ context.Context, msg *consumer.Message, delay time.Duration) error {
-	if p, ok := consumer.DeliveryOf(msg).Handle.(*pending); ok {
-		secs := max(1, int(delay.Round(time.Second)/time.Second))
+	if p := pendingOf(msg); p != nil {
 		p.settle(answer{res: withRetryAfter(problemResponse(http.StatusInternalServerError,
-			"the request failed and nothing was stored; a retry with the same "+HeaderKey+" runs it again"), secs)})
+			"the request failed and nothing was stored; a retry with the same "+HeaderKey+" runs it again"), delay)})
 	}
 	return nil
 }
@@ -539,26 +533,17 @@ func (s *Source) Retry(_ context.Context, msg *consumer.Message, delay time.Dura
 // while the request waits, if its Timeout allows; else it is answered 503
 // with Retry-After.
 func (s *Source) Release(_ context.Context, msg *consumer.Message, delay time.Duration, reason error) error {
-	if errors.Is(reason, consumer.ErrKeyBusy) && !s.cfg.WaitInProgress {
-		if p, ok := consumer.DeliveryOf(msg).Handle.(*pending); ok {
-			p.settle(answer{res: problemResponse(http.StatusConflict, busyDetail)})
-		}
+	p := pendingOf(msg)
+	switch {
+	case p == nil:
 		return nil
-	}
-	s.again(msg, delay)
-	return nil
-}
-
-func (s *Source) again(msg *consumer.Message, delay time.Duration) {
-	p, ok := consumer.DeliveryOf(msg).Handle.(*pending)
-	if !ok {
-		return
-	}
-	if time.Now().Add(delay).After(p.deadline) {
-		secs := max(1, int(delay.Round(time.Second)/time.Second))
+	case errors.Is(reason, consumer.ErrKeyBusy) && !s.cfg.WaitInProgress:
+		p.settle(answer{res: problemResponse(http.StatusConflict, busyDetail)})
+		return nil
+	case time.Now().Add(delay).After(p.deadline):
 		p.settle(answer{res: withRetryAfter(problemResponse(http.StatusServiceUnavailable,
-			"the request could not be completed now; retry with the same "+HeaderKey), secs)})
-		return
+			"the request could not be completed now; retry with the same "+HeaderKey), delay)})
+		return nil
 	}
 	next := *msg
 	next.Redelivered = true
@@ -570,6 +555,7 @@ func (s *Source) again(msg *consumer.Message, delay time.Duration) {
 			p.settle(a)
 		}
 	})
+	return nil
 }
 
 // DeadLetter implements consumer.Source: the request is answered with the
@@ -581,8 +567,8 @@ func (s *Source) again(msg *consumer.Message, delay time.Duration) {
 // Response, so the request is answered with the Response itself, and a
 // retry gets 204 as a replay.
 func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason error) error {
-	p, ok := consumer.DeliveryOf(msg).Handle.(*pending)
-	if !ok {
+	p := pendingOf(msg)
+	if p == nil {
 		return nil
 	}
 	if errors.Is(reason, consumer.ErrResultTooLarge) || errors.Is(reason, consumer.ErrResultUnsupported) {
@@ -593,7 +579,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	res := problemResponse(status, detail)
 	if status >= 500 {
 		s.cfg.Logger.ErrorContext(ctx, "request failed", "key", msg.Key, "status", status, "err", reason)
-		res = withRetryAfter(res, 1) // nothing was stored: a retry runs the handler again
+		res = withRetryAfter(res, time.Second) // nothing was stored: a retry runs the handler again
 	}
 	p.settle(answer{res: res})
 	return nil
@@ -676,8 +662,8 @@ func (s *Source) Close() error {
 		for {
 			select {
 			case m := <-s.queue:
-				if p, ok := consumer.DeliveryOf(m).Handle.(*pending); ok {
-					p.settle(unavailable("the server is shutting down", 1))
+				if p := pendingOf(m); p != nil {
+					p.settle(unavailable("the server is shutting down"))
 				}
 			default:
 				return
@@ -698,8 +684,9 @@ func problemResponse(status int, detail string) Response {
 	return Response{Status: status, Header: http.Header{"Content-Type": {"application/problem+json"}}, Body: append(b, '\n')}
 }
 
-func withRetryAfter(res Response, secs int) Response {
-	res.Header.Set("Retry-After", strconv.Itoa(secs))
+// withRetryAfter adds Retry-After: d, in whole seconds, at least 1, to res.
+func withRetryAfter(res Response, d time.Duration) Response {
+	res.Header.Set("Retry-After", strconv.Itoa(max(1, int(d.Round(time.Second)/time.Second))))
 	return res
 }
 
@@ -707,7 +694,14 @@ func problem(w http.ResponseWriter, status int, detail string) {
 	write(w, answer{res: problemResponse(status, detail)})
 }
 
-// unavailable is a 503 answer with Retry-After: secs.
-func unavailable(detail string, secs int) answer {
-	return answer{res: withRetryAfter(problemResponse(http.StatusServiceUnavailable, detail), secs)}
+// unavailable is a 503 answer with Retry-After: 1.
+func unavailable(detail string) answer {
+	return answer{res: withRetryAfter(problemResponse(http.StatusServiceUnavailable, detail), time.Second)}
+}
+
+// pendingOf returns the request msg was made from, or nil for a message of
+// another source.
+func pendingOf(msg *consumer.Message) *pending {
+	p, _ := consumer.DeliveryOf(msg).Handle.(*pending)
+	return p
 }
