@@ -41,30 +41,24 @@ const (
 // UnsafeSharedKeySpace says that every caller shares one key space.
 type Config struct {
 	// Caller names who sent a request, for example the authenticated
-	// subject or tenant: keys are recorded as the caller and the key,
-	// encoded injectively, so that two callers' keys never collide and no
-	// caller can read another's stored response by sending the same key.
-	// An error answers 401 with its text as the problem detail; so does an
-	// empty caller, or one that is not UTF-8 or holds a control character,
-	// with a detail naming the caller. A caller of any length is accepted:
-	// the 1 KiB limit is the key's. Required: New fails without it, unless
+	// subject or tenant: keys are recorded per caller, encoded
+	// injectively, so that no caller can read another's stored response by
+	// sending the same key. An error answers 401 with its text as the
+	// problem detail; so does an empty caller, or one that is not UTF-8 or
+	// holds a control character. Required: New fails without it, unless
 	// UnsafeSharedKeySpace is set.
 	Caller func(r *http.Request) (string, error)
 
 	// UnsafeSharedKeySpace records every caller's keys in one key space,
 	// without a Caller: a caller who sends a key another caller used gets
-	// that caller's stored response (its body, and its Set-Cookie with
-	// ReplaySetCookie), or a 422 that tells him the key exists. Set it
-	// only when one client owns the endpoint (a single internal service),
-	// never for an endpoint that several callers share. Defaults to
+	// that caller's stored response, or a 422 that tells him the key
+	// exists. Set it only when one client owns the endpoint. Defaults to
 	// false: New fails without a Caller.
 	UnsafeSharedKeySpace bool
 
 	// ReplaySetCookie stores the Set-Cookie headers of a handler's
 	// Response with it and replays them to retries. Defaults to false: a
-	// Set-Cookie is sent to the request whose handler returned it, and
-	// neither stored nor replayed (a session cookie belongs to one
-	// answer, and the store is no place for it).
+	// Set-Cookie goes to the request whose handler returned it alone.
 	ReplaySetCookie bool
 
 	// KeyOptional accepts requests without an Idempotency-Key: each one
@@ -131,10 +125,7 @@ func (c Config) validate() error {
 // on the route of one endpoint (it is an http.Handler) and run a
 // consumer.Runner on it, with the endpoint's handler (Tx or Lease). Each
 // request waits until the runner settles its delivery and is answered from
-// the outcome: the handler's Response, or the stored one for a key seen
-// before, with Idempotent-Replayed: true. The requests share the runner's
-// lanes, batches (concurrent requests commit together), stores, hooks and
-// telemetry. See docs/http.md for every status it answers.
+// the outcome; docs/http.md lists every status it answers.
 //
 // Shut down in this order: http.Server.Shutdown (it waits for the requests
 // in flight, which wait for the runner), then cancel the runner's context.
@@ -170,18 +161,9 @@ type pending struct {
 	// the Response, read when the request is settled.
 	replayCookies bool     // Config.ReplaySetCookie
 	cookies       []string // Set-Cookie held back from the store
-	adapter       adapter  // which adapter ran the handler
+	tx            bool     // Tx or Respond encoded the Response: it commits with the effect
 	leased        []byte   // Lease's encoded Response: its effect happened
 }
-
-// adapter says which of the package's adapters ran a request's handler.
-type adapter uint8
-
-const (
-	adapterNone  adapter = iota // none (a handler of its own)
-	adapterTx                   // Tx or Respond: the Response commits with the effect
-	adapterLease                // Lease: the effect happened before the Response is stored
-)
 
 // answer is what a request is answered with.
 type answer struct {
@@ -217,8 +199,9 @@ var callerEscaper = strings.NewReplacer("%", "%25", ":", "%3A")
 // ServeHTTP implements http.Handler: it answers the request from the
 // outcome of its delivery.
 func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	key, ok := s.requestKey(w, r)
-	if !ok {
+	key, status, detail := s.requestKey(r)
+	if status != 0 {
+		problem(w, status, detail)
 		return
 	}
 	fp, err := readFingerprint(w, r, s.cfg.MaxBodyBytes)
@@ -234,20 +217,19 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	for {
 		p, busy := s.begin(key)
-		if busy != nil {
-			if !s.cfg.WaitInProgress {
-				problem(w, http.StatusConflict, busyDetail)
-				return
-			}
-			select {
-			case <-busy.done:
-				continue // now a duplicate: its replay
-			case <-r.Context().Done():
-				return
-			}
+		if busy == nil {
+			s.serve(w, r, p, key, fp)
+			return
 		}
-		s.serve(w, r, p, key, fp)
-		return
+		if !s.cfg.WaitInProgress {
+			problem(w, http.StatusConflict, busyDetail)
+			return
+		}
+		select {
+		case <-busy.done: // now a duplicate: its replay
+		case <-r.Context().Done():
+			return
+		}
 	}
 }
 
@@ -292,46 +274,40 @@ func readFingerprint(w http.ResponseWriter, r *http.Request, limit int64) (finge
 // busyDetail is the 409 problem's detail for a key in progress.
 const busyDetail = "a request with this " + HeaderKey + " is still being processed; retry later"
 
-// requestKey returns the key to record for r, or answers r and reports
-// false.
-func (s *Source) requestKey(w http.ResponseWriter, r *http.Request) (string, bool) {
-	key := r.Header.Get(HeaderKey)
+// requestKey returns the key to record for r, or the status and problem
+// detail that refuse r.
+func (s *Source) requestKey(r *http.Request) (key string, status int, detail string) {
+	key = r.Header.Get(HeaderKey)
 	if len(key) >= 2 && key[0] == '"' && key[len(key)-1] == '"' {
 		key = key[1 : len(key)-1] // the draft's sf-string form
 	}
 	if key == "" {
 		if !s.cfg.KeyOptional {
-			problem(w, http.StatusBadRequest, "the "+HeaderKey+" header is required")
-			return "", false
+			return "", http.StatusBadRequest, "the " + HeaderKey + " header is required"
 		}
 		key = fmt.Sprintf("generated:%d:%d", time.Now().UnixNano(), s.seq.Add(1))
 	}
 	if len(key) > consumer.MaxKeyBytes {
-		problem(w, http.StatusBadRequest, fmt.Sprintf("the %s is longer than %d bytes", HeaderKey, consumer.MaxKeyBytes))
-		return "", false
+		return "", http.StatusBadRequest, fmt.Sprintf("the %s is longer than %d bytes", HeaderKey, consumer.MaxKeyBytes)
 	}
 	if p := textProblem(key); p != "" {
-		problem(w, http.StatusBadRequest, "the "+HeaderKey+" "+p)
-		return "", false
+		return "", http.StatusBadRequest, "the " + HeaderKey + " " + p
 	}
-	if s.cfg.Caller != nil {
-		caller, err := s.cfg.Caller(r)
-		if err != nil {
-			problem(w, http.StatusUnauthorized, err.Error())
-			return "", false
-		}
-		if caller == "" {
-			problem(w, http.StatusUnauthorized, "the request names no caller")
-			return "", false
-		}
-		if p := textProblem(caller); p != "" {
-			s.cfg.Logger.WarnContext(r.Context(), "caller refused", "reason", p)
-			problem(w, http.StatusUnauthorized, "the caller "+p)
-			return "", false
-		}
-		key = callerKey(caller, key)
+	if s.cfg.Caller == nil {
+		return key, 0, ""
 	}
-	return key, true
+	caller, err := s.cfg.Caller(r)
+	switch {
+	case err != nil:
+		return "", http.StatusUnauthorized, err.Error()
+	case caller == "":
+		return "", http.StatusUnauthorized, "the request names no caller"
+	}
+	if p := textProblem(caller); p != "" {
+		s.cfg.Logger.WarnContext(r.Context(), "caller refused", "reason", p)
+		return "", http.StatusUnauthorized, "the caller " + p
+	}
+	return callerKey(caller, key), 0, ""
 }
 
 // textProblem says why a key or a caller cannot be recorded, or returns "":
@@ -482,12 +458,11 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 	return out, nil
 }
 
-// Ack implements consumer.Source: each request is answered with its
-// stored result (consumer.StoredResult): the handler's Response, or the stored
-// one with Idempotent-Replayed: true. A key settled without a stored
-// response (its handler returned none) is answered 204. The Set-Cookie
-// headers held back from the store (Config.ReplaySetCookie) go to the
-// request whose handler returned them, never to a replay.
+// Ack implements consumer.Source: each request is answered with its stored
+// result (consumer.StoredResult), marked Idempotent-Replayed: true on a
+// replay, or 204 when its handler returned none. The Set-Cookie headers
+// held back from the store go to the request whose handler returned them,
+// never to a replay.
 func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	for _, m := range msgs {
 		p := pendingOf(m)
@@ -512,11 +487,9 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 }
 
 // Retry implements consumer.Source: the handler failed and nothing was
-// stored, so the request is answered 500 at once (with Retry-After: the
-// delay the runner asked for), and the client's retry with the same key
-// runs the handler again. The runner's retry policy still counts the
-// failures per key (consumer.RetryPolicy.MaxAttempts): past it, the answer
-// is the same 500.
+// stored, so the request is answered 500 at once, with Retry-After: delay,
+// and the client's retry with the same key runs the handler again (the
+// runner's RetryPolicy.MaxAttempts still counts the failures per key).
 func (s *Source) Retry(_ context.Context, msg *consumer.Message, delay time.Duration) error {
 	if p := pendingOf(msg); p != nil {
 		p.settle(answer{res: withRetryAfter(problemResponse(http.StatusInternalServerError,
@@ -525,13 +498,10 @@ func (s *Source) Retry(_ context.Context, msg *consumer.Message, delay time.Dura
 	return nil
 }
 
-// Release implements consumer.Releaser: the request was not at fault. When
-// another instance is handling its key (reason matches consumer.ErrKeyBusy,
-// lease path) it is answered 409, as a key in progress at this instance is,
-// unless Config.WaitInProgress makes it wait. Otherwise (the database or
-// the lease store failed, or it waits) it is delivered again after delay,
-// while the request waits, if its Timeout allows; else it is answered 503
-// with Retry-After.
+// Release implements consumer.Releaser: the request was not at fault. It is
+// answered 409 when another instance handles its key (consumer.ErrKeyBusy,
+// lease path) unless Config.WaitInProgress; otherwise it is delivered again
+// after delay if its Timeout allows, else answered 503 with Retry-After.
 func (s *Source) Release(_ context.Context, msg *consumer.Message, delay time.Duration, reason error) error {
 	p := pendingOf(msg)
 	switch {
@@ -559,13 +529,11 @@ func (s *Source) Release(_ context.Context, msg *consumer.Message, delay time.Du
 }
 
 // DeadLetter implements consumer.Source: the request is answered with the
-// status the reason maps to (see docs/http.md), in an
-// application/problem+json body. Nothing was stored for it, except for a
-// Response the store cannot keep (over consumer.Config.MaxResultBytes or
-// the lease store's lower limit, or a store without results) on the lease
-// path: there the effect happened and its key is done without the
-// Response, so the request is answered with the Response itself, and a
-// retry gets 204 as a replay.
+// status its reason maps to (docs/http.md), and nothing was stored. A
+// Response the store could not keep (consumer.ErrResultTooLarge,
+// consumer.ErrResultUnsupported) fails the request on the transactional
+// path; on the lease path its effect happened and its key is done, so the
+// request is answered with the Response itself, and a retry gets 204.
 func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason error) error {
 	p := pendingOf(msg)
 	if p == nil {
@@ -589,22 +557,18 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 // (reason).
 func (s *Source) unkept(ctx context.Context, msg *consumer.Message, p *pending, reason error) {
 	s.cfg.Logger.ErrorContext(ctx, "response not stored", "key", msg.Key, "err", reason)
-	switch p.adapter {
-	case adapterLease:
-		// The effect happened and the key is done: the request gets its
-		// own Response, which no retry will see.
-		res, err := decodeResponse(p.leased)
-		if err != nil {
-			break
-		}
+	if p.tx {
+		p.settle(answer{res: problemResponse(http.StatusInternalServerError,
+			"the response is larger than the server can store, so nothing was done")})
+		return
+	}
+	// On the lease path the effect happened and the key is done: the
+	// request gets its own Response, which no retry will see.
+	if res, err := decodeResponse(p.leased); p.leased != nil && err == nil {
 		if len(p.cookies) > 0 {
 			res.Header["Set-Cookie"] = p.cookies
 		}
 		p.settle(answer{res: res})
-		return
-	case adapterTx:
-		p.settle(answer{res: problemResponse(http.StatusInternalServerError,
-			"the response is larger than the server can store, so nothing was done")})
 		return
 	}
 	p.settle(answer{res: problemResponse(http.StatusInternalServerError,
