@@ -19,15 +19,14 @@ import (
 // Ack deletes msgs from the queue with DeleteMessageBatch, 10 per call, and
 // returns once SQS answered for each. Concurrent Acks share calls: while a
 // call is in flight, the messages of other Acks wait for it and leave
-// together in the next, so that one message per Ack does
-// not cost one call per message. Entries that fail for a reason that is not the caller's
-// fault are sent again (Config.DeleteAttempts in all); the others, such as an
-// expired receipt handle (the message was received again meanwhile), are
-// reported at once. The error holds a *BatchError naming the entries that
-// were not deleted; those messages come back after their visibility timeout and
-// are recognised as duplicates. A message that this Source did not return
-// (ErrForeignMessage) does not stop the others from being deleted: the errors
-// are joined.
+// together in the next. Entries that fail for a reason that is not the
+// caller's fault are sent again (Config.DeleteAttempts in all); the others,
+// such as an expired receipt handle (the message was received again
+// meanwhile), are reported at once. The error holds a *BatchError naming
+// the entries that were not deleted; those messages come back after their
+// visibility timeout and are recognised as duplicates. A message that this
+// Source did not return (ErrForeignMessage) does not stop the others from
+// being deleted: the errors are joined.
 func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	if s.isClosed() {
 		return consumer.ErrClosed
