@@ -129,10 +129,11 @@ func Reject(status int, detail string) error {
 }
 
 // storedResponse encodes res, returned through Lease when lease, else
-// through Tx or Respond, as the response to msg is stored: without its Set-Cookie headers unless msg's Source replays
-// them (Config.ReplaySetCookie). Those held back are kept with the
-// request, for its own answer alone, and so is what Lease encoded, for
-// the answer to a request whose Response the store refuses.
+// through Tx or Respond, as the response to msg is stored: without its
+// Set-Cookie headers unless msg's Source replays them
+// (Config.ReplaySetCookie). Those held back are kept with the request, for
+// its own answer alone, and so is what Lease encoded, for the answer to a
+// request whose Response the store refuses.
 func storedResponse(msg *consumer.Message, res Response, lease bool) ([]byte, error) {
 	p := pendingOf(msg)
 	keep := p != nil && p.replayCookies

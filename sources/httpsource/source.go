@@ -154,7 +154,7 @@ type pending struct {
 	key      string
 	deadline time.Time
 	settled  atomic.Bool
-	answer   chan answer   // buffered 1; the first settle wins
+	answer   chan Response // buffered 1; the first settle wins
 	done     chan struct{} // closed when the request is settled
 
 	// Set by the handler's adapter (Tx, Lease, Respond) when it encodes
@@ -163,12 +163,6 @@ type pending struct {
 	cookies       []string // Set-Cookie held back from the store
 	tx            bool     // Tx or Respond encoded the Response: it commits with the effect
 	leased        []byte   // Lease's encoded Response: its effect happened
-}
-
-// answer is what a request is answered with.
-type answer struct {
-	res      Response
-	replayed bool
 }
 
 var (
@@ -204,7 +198,7 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		problem(w, status, detail)
 		return
 	}
-	fp, err := readFingerprint(w, r, s.cfg.MaxBodyBytes)
+	fp, body, err := readFingerprint(w, r, s.cfg.MaxBodyBytes)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -218,7 +212,7 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for {
 		p, busy := s.begin(key)
 		if busy == nil {
-			s.serve(w, r, p, key, fp)
+			s.serve(w, r, p, key, fp, body)
 			return
 		}
 		if !s.cfg.WaitInProgress {
@@ -233,40 +227,32 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// fingerprint is what identifies a request for its key's payload check
+// readFingerprint reads r's body, at most limit bytes, into r's
+// fingerprint, what identifies a request for its key's payload check
 // (consumer.Message.Fingerprint): the method and the target (the path with
 // its values, and the query) on one line, then the body. The method and
 // the escaped target hold no LF, so the first LF ends them and two
-// requests have equal fingerprints only if all three are equal.
-type fingerprint struct {
-	b    []byte
-	head int // where the body starts
-}
-
-// body returns the body, without room to append to it.
-func (f fingerprint) body() []byte { return f.b[f.head:len(f.b):len(f.b)] }
-
-// readFingerprint reads r's body, at most limit bytes, into r's
-// fingerprint: the body is not copied.
-func readFingerprint(w http.ResponseWriter, r *http.Request, limit int64) (fingerprint, error) {
+// requests have equal fingerprints only if all three are equal. body is
+// the fingerprint's tail, not a copy, without room to append to it.
+func readFingerprint(w http.ResponseWriter, r *http.Request, limit int64) (fp, body []byte, err error) {
 	head := r.Method + " " + r.URL.RequestURI() + "\n"
 	size := len(head) + 512
 	if n := r.ContentLength; n >= 0 && n <= limit {
 		size = len(head) + int(n) + 1 // +1: the read that finds EOF needs room
 	}
 	b := append(make([]byte, 0, size), head...)
-	body := http.MaxBytesReader(w, r.Body, limit)
+	rd := http.MaxBytesReader(w, r.Body, limit)
 	for {
 		if len(b) == cap(b) {
 			b = append(b, 0)[:len(b)]
 		}
-		n, err := body.Read(b[len(b):cap(b)])
+		n, err := rd.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]
 		if err == io.EOF {
-			return fingerprint{b: b, head: len(head)}, nil
+			return b, b[len(head):len(b):len(b)], nil
 		}
 		if err != nil {
-			return fingerprint{}, err
+			return nil, nil, err
 		}
 	}
 }
@@ -344,7 +330,7 @@ func (s *Source) begin(key string) (p, busy *pending) {
 	if q := s.inFlight[key]; q != nil {
 		return nil, q
 	}
-	p = &pending{src: s, key: key, answer: make(chan answer, 1), done: make(chan struct{}), deadline: time.Now().Add(s.cfg.Timeout),
+	p = &pending{src: s, key: key, answer: make(chan Response, 1), done: make(chan struct{}), deadline: time.Now().Add(s.cfg.Timeout),
 		replayCookies: s.cfg.ReplaySetCookie}
 	s.inFlight[key] = p
 	return p, nil
@@ -352,7 +338,7 @@ func (s *Source) begin(key string) (p, busy *pending) {
 
 // settle gives p its answer unless it has one, removes it from the
 // requests in flight and wakes its waiters.
-func (p *pending) settle(a answer) {
+func (p *pending) settle(a Response) {
 	if !p.settled.CompareAndSwap(false, true) {
 		return
 	}
@@ -366,7 +352,7 @@ func (p *pending) settle(a answer) {
 	close(p.done)
 }
 
-func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key string, fp fingerprint) {
+func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key string, fp, body []byte) {
 	headers := make(map[string]string, len(r.Header))
 	for k, v := range r.Header {
 		if len(v) > 0 {
@@ -376,8 +362,8 @@ func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key s
 	msg := consumer.Deliver(&consumer.Message{
 		ID:           "http-" + strconv.FormatUint(s.seq.Add(1), 10),
 		Key:          key,
-		Body:         fp.body(),
-		Fingerprint:  fp.b,
+		Body:         body,
+		Fingerprint:  fp,
 		Headers:      headers,
 		PartitionKey: key, // copies of a key share a lane: the later one is a duplicate
 		Topic:        r.Method + " " + r.URL.Path,
@@ -386,13 +372,13 @@ func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key s
 		Raw:          r,
 		Broker:       consumer.BrokerInfo{System: "http"},
 	}, consumer.Delivery{Handle: p})
-	if a, ok := s.enqueue(msg); !ok {
-		p.settle(a)
+	if refused := s.enqueue(msg); refused != "" {
+		p.settle(unavailable(refused))
 		write(w, <-p.answer)
 		return
 	}
 	timer := time.AfterFunc(time.Until(p.deadline), func() {
-		p.settle(answer{res: problemResponse(http.StatusServiceUnavailable, "the request was not settled in time; retry with the same "+HeaderKey)})
+		p.settle(problemResponse(http.StatusServiceUnavailable, "the request was not settled in time; retry with the same "+HeaderKey))
 	})
 	select {
 	case a := <-p.answer:
@@ -405,33 +391,30 @@ func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key s
 	}
 }
 
-// write writes a to w.
-func write(w http.ResponseWriter, a answer) {
+// write writes res to w.
+func write(w http.ResponseWriter, res Response) {
 	h := w.Header()
-	for k, v := range a.res.Header {
+	for k, v := range res.Header {
 		h[k] = v
 	}
-	if a.replayed {
-		h.Set(HeaderReplayed, "true")
-	}
-	h.Set("Content-Length", strconv.Itoa(len(a.res.Body)))
-	w.WriteHeader(a.res.Status)
-	_, _ = w.Write(a.res.Body)
+	h.Set("Content-Length", strconv.Itoa(len(res.Body)))
+	w.WriteHeader(res.Status)
+	_, _ = w.Write(res.Body)
 }
 
-// enqueue hands msg to the runner, or returns the answer that refuses it:
-// the source is closed, or its queue is full.
-func (s *Source) enqueue(msg *consumer.Message) (answer, bool) {
+// enqueue hands msg to the runner, or returns why it refuses it: the
+// source is closed, or its queue is full.
+func (s *Source) enqueue(msg *consumer.Message) (refused string) {
 	s.qmu.RLock()
 	defer s.qmu.RUnlock()
 	if s.isClosed {
-		return unavailable("the server is shutting down"), false
+		return "the server is shutting down"
 	}
 	select {
 	case s.queue <- msg:
-		return answer{}, true
+		return ""
 	default:
-		return unavailable("too many requests are waiting"), false
+		return "too many requests are waiting"
 	}
 }
 
@@ -470,18 +453,20 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 			continue
 		}
 		result, replayed, _ := consumer.StoredResult(m)
-		if result == nil {
-			p.settle(answer{res: Response{Status: http.StatusNoContent}, replayed: replayed})
-			continue
+		res := Response{Status: http.StatusNoContent, Header: http.Header{}}
+		if result != nil {
+			var err error
+			if res, err = decodeResponse(result); err != nil {
+				s.cfg.Logger.ErrorContext(ctx, "stored response unreadable", "key", m.Key, "err", err)
+				res = problemResponse(http.StatusInternalServerError, "the stored response cannot be read")
+			} else if !replayed && len(p.cookies) > 0 {
+				res.Header["Set-Cookie"] = p.cookies
+			}
 		}
-		res, err := decodeResponse(result)
-		if err != nil {
-			s.cfg.Logger.ErrorContext(ctx, "stored response unreadable", "key", m.Key, "err", err)
-			res = problemResponse(http.StatusInternalServerError, "the stored response cannot be read")
-		} else if !replayed && len(p.cookies) > 0 {
-			res.Header["Set-Cookie"] = p.cookies
+		if replayed {
+			res.Header.Set(HeaderReplayed, "true")
 		}
-		p.settle(answer{res: res, replayed: replayed})
+		p.settle(res)
 	}
 	return nil
 }
@@ -492,8 +477,8 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 // runner's RetryPolicy.MaxAttempts still counts the failures per key).
 func (s *Source) Retry(_ context.Context, msg *consumer.Message, delay time.Duration) error {
 	if p := pendingOf(msg); p != nil {
-		p.settle(answer{res: withRetryAfter(problemResponse(http.StatusInternalServerError,
-			"the request failed and nothing was stored; a retry with the same "+HeaderKey+" runs it again"), delay)})
+		p.settle(withRetryAfter(problemResponse(http.StatusInternalServerError,
+			"the request failed and nothing was stored; a retry with the same "+HeaderKey+" runs it again"), delay))
 	}
 	return nil
 }
@@ -508,11 +493,11 @@ func (s *Source) Release(_ context.Context, msg *consumer.Message, delay time.Du
 	case p == nil:
 		return nil
 	case errors.Is(reason, consumer.ErrKeyBusy) && !s.cfg.WaitInProgress:
-		p.settle(answer{res: problemResponse(http.StatusConflict, busyDetail)})
+		p.settle(problemResponse(http.StatusConflict, busyDetail))
 		return nil
 	case time.Now().Add(delay).After(p.deadline):
-		p.settle(answer{res: withRetryAfter(problemResponse(http.StatusServiceUnavailable,
-			"the request could not be completed now; retry with the same "+HeaderKey), delay)})
+		p.settle(withRetryAfter(problemResponse(http.StatusServiceUnavailable,
+			"the request could not be completed now; retry with the same "+HeaderKey), delay))
 		return nil
 	}
 	next := *msg
@@ -521,8 +506,8 @@ func (s *Source) Release(_ context.Context, msg *consumer.Message, delay time.Du
 		if p.settled.Load() {
 			return // out of time meanwhile
 		}
-		if a, ok := s.enqueue(&next); !ok {
-			p.settle(a)
+		if refused := s.enqueue(&next); refused != "" {
+			p.settle(unavailable(refused))
 		}
 	})
 	return nil
@@ -549,7 +534,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 		s.cfg.Logger.ErrorContext(ctx, "request failed", "key", msg.Key, "status", status, "err", reason)
 		res = withRetryAfter(res, time.Second) // nothing was stored: a retry runs the handler again
 	}
-	p.settle(answer{res: res})
+	p.settle(res)
 	return nil
 }
 
@@ -558,8 +543,8 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 func (s *Source) unkept(ctx context.Context, msg *consumer.Message, p *pending, reason error) {
 	s.cfg.Logger.ErrorContext(ctx, "response not stored", "key", msg.Key, "err", reason)
 	if p.tx {
-		p.settle(answer{res: problemResponse(http.StatusInternalServerError,
-			"the response is larger than the server can store, so nothing was done")})
+		p.settle(problemResponse(http.StatusInternalServerError,
+			"the response is larger than the server can store, so nothing was done"))
 		return
 	}
 	// On the lease path the effect happened and the key is done: the
@@ -568,11 +553,11 @@ func (s *Source) unkept(ctx context.Context, msg *consumer.Message, p *pending, 
 		if len(p.cookies) > 0 {
 			res.Header["Set-Cookie"] = p.cookies
 		}
-		p.settle(answer{res: res})
+		p.settle(res)
 		return
 	}
-	p.settle(answer{res: problemResponse(http.StatusInternalServerError,
-		"the response could not be stored; the operation may have completed: a retry with the same "+HeaderKey+" tells")})
+	p.settle(problemResponse(http.StatusInternalServerError,
+		"the response could not be stored; the operation may have completed: a retry with the same "+HeaderKey+" tells"))
 }
 
 // statusOf maps a dead-letter reason to a status and a problem detail.
@@ -655,12 +640,12 @@ func withRetryAfter(res Response, d time.Duration) Response {
 }
 
 func problem(w http.ResponseWriter, status int, detail string) {
-	write(w, answer{res: problemResponse(status, detail)})
+	write(w, problemResponse(status, detail))
 }
 
-// unavailable is a 503 answer with Retry-After: 1.
-func unavailable(detail string) answer {
-	return answer{res: withRetryAfter(problemResponse(http.StatusServiceUnavailable, detail), time.Second)}
+// unavailable is a 503 response with Retry-After: 1.
+func unavailable(detail string) Response {
+	return withRetryAfter(problemResponse(http.StatusServiceUnavailable, detail), time.Second)
 }
 
 // pendingOf returns the request msg was made from, or nil for a message of
