@@ -1,6 +1,7 @@
 package sqssource
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -84,12 +85,9 @@ func NewClient(ctx context.Context, endpoint string, optFns ...func(*config.Load
 		region = o.Region
 	})
 	if region == "" {
-		where := "the AWS endpoint"
-		if base != "" {
-			where = redact.String(base)
-		}
 		return nil, &idemq.ConfigError{Field: "sqssource.NewClient", Reason: fmt.Sprintf(
-			"no AWS region for %s: set AWS_REGION (or a profile's region, or pass config.WithRegion); a local emulator's endpoint (localhost, a loopback address or a single-label host) needs none", where)}
+			"no AWS region for %s: set AWS_REGION (or a profile's region, or pass config.WithRegion); a local emulator's endpoint (localhost, a loopback address or a single-label host) needs none",
+			cmp.Or(redact.String(base), "the AWS endpoint"))}
 	}
 	return c, nil
 }

@@ -89,11 +89,8 @@ type Config struct {
 	// MessageGroupId before the first of them is settled, so that the runner
 	// may handle them in one transaction: more throughput per group, but a
 	// message that fails and is retried is overtaken by the later messages
-	// of its group that were already received. When false, Receive hands out
-	// a group's next message only once the previous one is settled, and
-	// Retry returns the group's later messages to the queue, so a group's
-	// order holds across failures too. Ignored on standard queues. Defaults
-	// to false.
+	// of its group that were already received. Ignored on standard queues.
+	// Defaults to false (strict order; see the package documentation).
 	RelaxedFIFOOrder bool
 
 	// HeartbeatInterval is how often the visibility of in-flight messages

@@ -202,16 +202,6 @@ func (s *Source) deadLetterAttributes(ctx context.Context, h *handle, reason err
 // MaximumMessageSize attribute may set a lower limit.
 const MaxMessageSize = 262144
 
-// Reason lengths fitDeadLetter keeps before it drops other attributes.
-const (
-	// keepReasonBytes is kept of the reason before the original's own
-	// attributes are dropped.
-	keepReasonBytes = 256
-	// minReasonBytes is kept of the reason before the source's own
-	// attributes (key, queue, message id, attempts) are dropped.
-	minReasonBytes = 64
-)
-
 // attributeSize is what SQS counts for one message attribute: its name, data
 // type and value.
 func attributeSize(name string, v types.MessageAttributeValue) int {
@@ -229,10 +219,10 @@ func messageSize(body string, attrs map[string]types.MessageAttributeValue) int 
 
 // fitDeadLetter shrinks attrs, the attributes of a dead-letter copy of body,
 // until the copy fits in limit bytes. It drops the original's attributes
-// (largest first) while the reason would be cut below 256 bytes, then the key
-// attribute, MetaOriginQueue, MetaOriginMessageID, consumer.MetaAttempts and
-// consumer.MetaKey while it would be cut below 64 bytes, then cuts the reason to what is left (dropping it if
-// not one byte is). It returns the names it dropped and whether the reason
+// (largest first) while the reason would be cut below 256 bytes, then the
+// key attribute, MetaOriginQueue, MetaOriginMessageID, consumer.MetaAttempts
+// and consumer.MetaKey while it would be cut below 64 bytes, then cuts the
+// reason to what is left (dropping it if not one byte is). It returns the names it dropped and whether the reason
 // was cut, and false if not even the body alone fits.
 func fitDeadLetter(body string, attrs map[string]types.MessageAttributeValue, keyAttr string, limit int) (dropped []string, cut, ok bool) {
 	if messageSize(body, attrs) <= limit {
@@ -270,8 +260,8 @@ func fitDeadLetter(body string, attrs map[string]types.MessageAttributeValue, ke
 	slices.SortFunc(theirs, func(a, b string) int {
 		return cmp.Or(cmp.Compare(attributeSize(b, attrs[b]), attributeSize(a, attrs[a])), cmp.Compare(a, b))
 	})
-	drop(keepReasonBytes, theirs)
-	drop(minReasonBytes, []string{keyAttr, MetaOriginQueue, MetaOriginMessageID, consumer.MetaAttempts, consumer.MetaKey})
+	drop(256, theirs)
+	drop(64, []string{keyAttr, MetaOriginQueue, MetaOriginMessageID, consumer.MetaAttempts, consumer.MetaKey})
 	drop(1, theirs) // when there is no reason to keep
 
 	if hasReason {

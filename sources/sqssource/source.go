@@ -102,9 +102,8 @@ type handle struct {
 // dead-letter route: it returns ErrNoDeadLetterRoute when neither
 // cfg.DeadLetterQueueURL nor a redrive policy is set, a *idemq.ConfigError
 // when cfg.DeadLetterQueueURL's RedriveAllowPolicy does not allow the queue
-// as a source (see RedriveAllowPolicy), and a
-// *idemq.ConfigError for each invalid field of cfg (after WithDefaults),
-// all at once.
+// as a source, and a *idemq.ConfigError for each invalid field of cfg
+// (after WithDefaults), all at once.
 //
 // The heartbeat starts at once; Close stops it.
 func New(ctx context.Context, client Client, cfg Config) (*Source, error) {
@@ -261,9 +260,6 @@ func (s *Source) isClosed() bool {
 
 // requestContext bounds one settling call by Config.RequestTimeout.
 func (s *Source) requestContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if s.cfg.RequestTimeout <= 0 {
-		return context.WithCancel(ctx)
-	}
 	return context.WithTimeout(ctx, s.cfg.RequestTimeout)
 }
 
