@@ -51,12 +51,9 @@ type Config struct {
 
 	// KeyAttribute names a string message attribute that carries the
 	// message's deduplication key (for example "Idempotency-Key"), set by
-	// producers that may send one logical message more than once. Messages
-	// without it fall back to consumer.MetaKey (the key recorded for the
-	// original, on a dead letter replayed by sqsdlq), then to
-	// MessageDeduplicationId on FIFO queues and to the MessageId (through
-	// consumer.DefaultKey) on standard queues. Defaults to empty (no
-	// attribute).
+	// producers that may send one logical message more than once; the
+	// package documentation says what a message without it is keyed on.
+	// Defaults to empty (no attribute).
 	KeyAttribute string
 
 	// PartitionKeyAttribute names a string message attribute whose value

@@ -70,12 +70,10 @@
 // # Attempts
 //
 // Message.Attempt is ApproximateReceiveCount: it counts receives, not handler
-// failures. The runner uses it for its retry policy only when its store
-// cannot count handler failures (dedupdriver.Caps.FailureCount), or the
-// count cannot be written; so a crash loop does not dead-letter a message.
-// A redrive policy, however, counts every receive: with dead-lettering left
-// to it, give maxReceiveCount ample room above RetryPolicy.MaxAttempts, or
-// use Config.DeadLetterQueueURL.
+// failures, and the runner's retry policy counts handler failures whenever
+// its store can (docs/sources.md). A redrive policy, however, counts every
+// receive: with dead-lettering left to it, give maxReceiveCount ample room
+// above RetryPolicy.MaxAttempts, or use Config.DeadLetterQueueURL.
 //
 // # Ordering on FIFO queues
 //

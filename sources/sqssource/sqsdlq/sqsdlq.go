@@ -202,9 +202,6 @@ func (b *Broker) replay(ctx context.Context, m types.Message, l *dlq.Letter) err
 			attrs[name] = types.MessageAttributeValue{DataType: v.DataType, StringValue: v.StringValue, BinaryValue: v.BinaryValue}
 		}
 	}
-	// The copy carries the key the runner recorded, which sqssource reads
-	// after its KeyAttribute: the copy's MessageId, and on FIFO queues its
-	// deduplication id, are new.
 	if l.Key != "" && (b.cfg.KeyAttribute == "" || aws.ToString(attrs[b.cfg.KeyAttribute].StringValue) != l.Key) {
 		if len(attrs) >= sqssource.MaxMessageAttributes {
 			return fmt.Errorf("sqsdlq: replay %s to %s (the dead letter stays): its %d message attributes leave no room for the key attribute %s",
@@ -214,16 +211,11 @@ func (b *Broker) replay(ctx context.Context, m types.Message, l *dlq.Letter) err
 	}
 	in := &sqs.SendMessageInput{QueueUrl: aws.String(l.Origin), MessageBody: m.Body, MessageAttributes: attrs}
 	if strings.HasSuffix(l.Origin, ".fifo") {
-		group := m.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
-		if group == "" {
-			group = "idemq-replay"
-		}
-		in.MessageGroupId = aws.String(group)
-		// Unique per dead letter, not the key: a replay run again within
-		// SQS's deduplication interval is dropped by SQS itself, and the
-		// copy is never taken for the original (sent with the key as its
-		// deduplication id less than 5 minutes before, the copy would be
-		// dropped and lost).
+		in.MessageGroupId = aws.String(cmp.Or(m.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)], "idemq-replay"))
+		// Unique per dead letter, not the key: SQS drops a replay run again
+		// within its deduplication interval, but never takes the copy for
+		// the original (sent with the key less than 5 minutes before, the
+		// copy would be dropped and lost).
 		in.MessageDeduplicationId = m.MessageId
 	}
 	if _, err := b.cfg.Client.SendMessage(ctx, in); err != nil {
