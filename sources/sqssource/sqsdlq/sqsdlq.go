@@ -234,15 +234,9 @@ func (b *Broker) letterOf(m types.Message) *dlq.Letter {
 	}
 	l := brokerkit.Letter(aws.ToString(m.MessageId), []byte(aws.ToString(m.Body)), attr)
 	l.Origin = cmp.Or(attr(sqssource.MetaOriginQueue), b.cfg.OriginQueueURL)
-	switch {
-	case b.cfg.KeyAttribute != "" && attr(b.cfg.KeyAttribute) != "":
-		l.Key = attr(b.cfg.KeyAttribute)
-	case l.Key != "": // consumer.MetaKey
-	case m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)] != "":
-		l.Key = m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)]
-	default:
-		l.Key = attr(sqssource.MetaOriginMessageID)
-	}
+	// l.Key is consumer.MetaKey's. SQS names no attribute "".
+	l.Key = cmp.Or(attr(b.cfg.KeyAttribute), l.Key, m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)],
+		attr(sqssource.MetaOriginMessageID))
 	if ms, err := strconv.ParseInt(m.Attributes[string(types.MessageSystemAttributeNameSentTimestamp)], 10, 64); err == nil && l.DeadLetteredAt.IsZero() {
 		l.DeadLetteredAt = time.UnixMilli(ms).UTC()
 	}
