@@ -178,27 +178,20 @@ func (s *Source) changeVisibility(ctx context.Context, hs []*handle, d func(*han
 	if err != nil {
 		return nil, err
 	}
-	failed := make(map[int]EntryError, len(out.Failed))
+	if len(out.Failed) == 0 {
+		return hs, nil
+	}
+	ok := slices.Clone(hs)
+	be := &BatchError{Op: "ChangeMessageVisibilityBatch"}
 	for _, f := range out.Failed {
-		i, e, err := entryError("ChangeMessageVisibilityBatch", f, hs)
+		i, e, err := entryError(be.Op, f, hs)
 		if err != nil {
 			return nil, err
 		}
-		failed[i] = e
+		ok[i] = nil
+		be.Entries = append(be.Entries, e)
 	}
-	if len(failed) == 0 {
-		return hs, nil
-	}
-	ok := make([]*handle, 0, len(hs)-len(failed))
-	be := &BatchError{Op: "ChangeMessageVisibilityBatch"}
-	for i, h := range hs {
-		if e, bad := failed[i]; bad {
-			be.Entries = append(be.Entries, e)
-			continue
-		}
-		ok = append(ok, h)
-	}
-	return ok, be
+	return slices.DeleteFunc(ok, func(h *handle) bool { return h == nil }), be
 }
 
 // entryError returns the index among hs of the entry that f, from an op
