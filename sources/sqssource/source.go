@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/url"
 	"path"
 	"slices"
@@ -216,10 +217,7 @@ func (s *Source) Close() error {
 // release makes every tracked message visible again.
 func (s *Source) release() {
 	s.mu.Lock()
-	hs := make([]*handle, 0, len(s.inflight))
-	for h := range s.inflight {
-		hs = append(hs, h)
-	}
+	hs := slices.Collect(maps.Keys(s.inflight))
 	clear(s.inflight)
 	clear(s.active)
 	s.ready = nil
