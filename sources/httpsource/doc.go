@@ -12,16 +12,11 @@
 //	runner, _ := consumer.NewRunner(src, path, consumer.Config{Name: "charges"})
 //	mux.Handle("POST /charges", src)
 //
-// Keys belong to the caller that Config.Caller names (required; a shared key
-// space is the loudly named opt-in Config.UnsafeSharedKeySpace): another
-// caller's equal key is another operation and never shows this caller's
-// answer. The handler's Response is stored with the request's record in the same
-// transaction (or next to the lease path's done key), so a retried request
-// with the same key gets the original status, headers and body byte for
-// byte, marked Idempotent-Replayed: true, without running the handler. The
-// same key with a different body is answered 422, a key still in progress
-// 409 (or the request waits: Config.WaitInProgress), a missing key 400, and
-// every error body is application/problem+json. A failed handler stores
-// nothing, so the client's retry runs it again. docs/http.md is the
-// reference.
+// Keys belong to the caller that Config.Caller names. The handler's
+// Response is stored with the request's record in the same transaction (or
+// next to the lease path's done key), so a retried request with the same
+// key gets the original status, headers and body byte for byte, marked
+// Idempotent-Replayed: true, without running the handler; a failed handler
+// stores nothing, so the client's retry runs it again. docs/http.md is the
+// reference, with every status the source answers.
 package httpsource

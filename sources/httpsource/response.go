@@ -61,7 +61,7 @@ func Tx[T any](h func(ctx context.Context, tx T, msg *consumer.Message) (Respons
 		if err != nil {
 			return nil, err
 		}
-		return storedResponse(msg, res, adapterTx)
+		return storedResponse(msg, res, false)
 	})
 }
 
@@ -76,7 +76,7 @@ func Lease(h func(ctx context.Context, msg *consumer.Message) (Response, error))
 		if err != nil {
 			return nil, err
 		}
-		return storedResponse(msg, res, adapterLease)
+		return storedResponse(msg, res, true)
 	})
 }
 
@@ -88,7 +88,7 @@ func Lease(h func(ctx context.Context, msg *consumer.Message) (Response, error))
 // handler returns; a request whose handler set none is answered 204 No
 // Content. It fails only for an invalid status.
 func Respond(msg *consumer.Message, res Response) error {
-	b, err := storedResponse(msg, res, adapterTx)
+	b, err := storedResponse(msg, res, false)
 	if err != nil {
 		return err
 	}
@@ -128,18 +128,19 @@ func Reject(status int, detail string) error {
 	return consumer.Permanent(&RejectError{Status: status, Detail: detail})
 }
 
-// storedResponse encodes res, returned through a, as the response to msg
-// is stored: without its Set-Cookie headers unless msg's Source replays
-// them (Config.ReplaySetCookie). Those held back are kept with the
-// request, for its own answer alone, and so is what Lease encoded, for
-// the answer to a request whose Response the store refuses.
-func storedResponse(msg *consumer.Message, res Response, a adapter) ([]byte, error) {
-	p, _ := consumer.DeliveryOf(msg).Handle.(*pending)
+// storedResponse encodes res, returned through Lease when lease, else
+// through Tx or Respond, as the response to msg is stored: without its
+// Set-Cookie headers unless msg's Source replays them
+// (Config.ReplaySetCookie). Those held back are kept with the request, for
+// its own answer alone, and so is what Lease encoded, for the answer to a
+// request whose Response the store refuses.
+func storedResponse(msg *consumer.Message, res Response, lease bool) ([]byte, error) {
+	p := pendingOf(msg)
 	keep := p != nil && p.replayCookies
 	b, cookies, err := encodeResponse(res, keep)
 	if p != nil {
-		p.cookies, p.adapter, p.leased = cookies, a, nil
-		if a == adapterLease {
+		p.cookies, p.tx, p.leased = cookies, !lease, nil
+		if lease {
 			p.leased = b
 		}
 	}

@@ -41,30 +41,24 @@ const (
 // UnsafeSharedKeySpace says that every caller shares one key space.
 type Config struct {
 	// Caller names who sent a request, for example the authenticated
-	// subject or tenant: keys are recorded as the caller and the key,
-	// encoded injectively, so that two callers' keys never collide and no
-	// caller can read another's stored response by sending the same key.
-	// An error answers 401 with its text as the problem detail; so does an
-	// empty caller, or one that is not UTF-8 or holds a control character,
-	// with a detail naming the caller. A caller of any length is accepted:
-	// the 1 KiB limit is the key's. Required: New fails without it, unless
+	// subject or tenant: keys are recorded per caller, encoded
+	// injectively, so that no caller can read another's stored response by
+	// sending the same key. An error answers 401 with its text as the
+	// problem detail; so does an empty caller, or one that is not UTF-8 or
+	// holds a control character. Required: New fails without it, unless
 	// UnsafeSharedKeySpace is set.
 	Caller func(r *http.Request) (string, error)
 
 	// UnsafeSharedKeySpace records every caller's keys in one key space,
 	// without a Caller: a caller who sends a key another caller used gets
-	// that caller's stored response (its body, and its Set-Cookie with
-	// ReplaySetCookie), or a 422 that tells him the key exists. Set it
-	// only when one client owns the endpoint (a single internal service),
-	// never for an endpoint that several callers share. Defaults to
+	// that caller's stored response, or a 422 that tells him the key
+	// exists. Set it only when one client owns the endpoint. Defaults to
 	// false: New fails without a Caller.
 	UnsafeSharedKeySpace bool
 
 	// ReplaySetCookie stores the Set-Cookie headers of a handler's
 	// Response with it and replays them to retries. Defaults to false: a
-	// Set-Cookie is sent to the request whose handler returned it, and
-	// neither stored nor replayed (a session cookie belongs to one
-	// answer, and the store is no place for it).
+	// Set-Cookie goes to the request whose handler returned it alone.
 	ReplaySetCookie bool
 
 	// KeyOptional accepts requests without an Idempotency-Key: each one
@@ -131,10 +125,7 @@ func (c Config) validate() error {
 // on the route of one endpoint (it is an http.Handler) and run a
 // consumer.Runner on it, with the endpoint's handler (Tx or Lease). Each
 // request waits until the runner settles its delivery and is answered from
-// the outcome: the handler's Response, or the stored one for a key seen
-// before, with Idempotent-Replayed: true. The requests share the runner's
-// lanes, batches (concurrent requests commit together), stores, hooks and
-// telemetry. See docs/http.md for every status it answers.
+// the outcome; docs/http.md lists every status it answers.
 //
 // Shut down in this order: http.Server.Shutdown (it waits for the requests
 // in flight, which wait for the runner), then cancel the runner's context.
@@ -163,30 +154,15 @@ type pending struct {
 	key      string
 	deadline time.Time
 	settled  atomic.Bool
-	answer   chan answer   // buffered 1; the first settle wins
+	answer   chan Response // buffered 1; the first settle wins
 	done     chan struct{} // closed when the request is settled
 
 	// Set by the handler's adapter (Tx, Lease, Respond) when it encodes
 	// the Response, read when the request is settled.
 	replayCookies bool     // Config.ReplaySetCookie
 	cookies       []string // Set-Cookie held back from the store
-	adapter       adapter  // which adapter ran the handler
+	tx            bool     // Tx or Respond encoded the Response: it commits with the effect
 	leased        []byte   // Lease's encoded Response: its effect happened
-}
-
-// adapter says which of the package's adapters ran a request's handler.
-type adapter uint8
-
-const (
-	adapterNone  adapter = iota // none (a handler of its own)
-	adapterTx                   // Tx or Respond: the Response commits with the effect
-	adapterLease                // Lease: the effect happened before the Response is stored
-)
-
-// answer is what a request is answered with.
-type answer struct {
-	res      Response
-	replayed bool
 }
 
 var (
@@ -217,11 +193,12 @@ var callerEscaper = strings.NewReplacer("%", "%25", ":", "%3A")
 // ServeHTTP implements http.Handler: it answers the request from the
 // outcome of its delivery.
 func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	key, ok := s.requestKey(w, r)
-	if !ok {
+	key, status, detail := s.requestKey(r)
+	if status != 0 {
+		problem(w, status, detail)
 		return
 	}
-	fp, err := readFingerprint(w, r, s.cfg.MaxBodyBytes)
+	fp, body, err := readFingerprint(w, r, s.cfg.MaxBodyBytes)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -234,57 +211,48 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	for {
 		p, busy := s.begin(key)
-		if busy != nil {
-			if !s.cfg.WaitInProgress {
-				problem(w, http.StatusConflict, busyDetail)
-				return
-			}
-			select {
-			case <-busy.done:
-				continue // now a duplicate: its replay
-			case <-r.Context().Done():
-				return
-			}
+		if busy == nil {
+			s.serve(w, r, p, key, fp, body)
+			return
 		}
-		s.serve(w, r, p, key, fp)
-		return
+		if !s.cfg.WaitInProgress {
+			problem(w, http.StatusConflict, busyDetail)
+			return
+		}
+		select {
+		case <-busy.done: // now a duplicate: its replay
+		case <-r.Context().Done():
+			return
+		}
 	}
 }
 
-// fingerprint is what identifies a request for its key's payload check
+// readFingerprint reads r's body, at most limit bytes, into r's
+// fingerprint, what identifies a request for its key's payload check
 // (consumer.Message.Fingerprint): the method and the target (the path with
 // its values, and the query) on one line, then the body. The method and
 // the escaped target hold no LF, so the first LF ends them and two
-// requests have equal fingerprints only if all three are equal.
-type fingerprint struct {
-	b    []byte
-	head int // where the body starts
-}
-
-// body returns the body, without room to append to it.
-func (f fingerprint) body() []byte { return f.b[f.head:len(f.b):len(f.b)] }
-
-// readFingerprint reads r's body, at most limit bytes, into r's
-// fingerprint: the body is not copied.
-func readFingerprint(w http.ResponseWriter, r *http.Request, limit int64) (fingerprint, error) {
+// requests have equal fingerprints only if all three are equal. body is
+// the fingerprint's tail, not a copy, without room to append to it.
+func readFingerprint(w http.ResponseWriter, r *http.Request, limit int64) (fp, body []byte, err error) {
 	head := r.Method + " " + r.URL.RequestURI() + "\n"
 	size := len(head) + 512
 	if n := r.ContentLength; n >= 0 && n <= limit {
 		size = len(head) + int(n) + 1 // +1: the read that finds EOF needs room
 	}
 	b := append(make([]byte, 0, size), head...)
-	body := http.MaxBytesReader(w, r.Body, limit)
+	rd := http.MaxBytesReader(w, r.Body, limit)
 	for {
 		if len(b) == cap(b) {
 			b = append(b, 0)[:len(b)]
 		}
-		n, err := body.Read(b[len(b):cap(b)])
+		n, err := rd.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]
 		if err == io.EOF {
-			return fingerprint{b: b, head: len(head)}, nil
+			return b, b[len(head):len(b):len(b)], nil
 		}
 		if err != nil {
-			return fingerprint{}, err
+			return nil, nil, err
 		}
 	}
 }
@@ -292,46 +260,40 @@ func readFingerprint(w http.ResponseWriter, r *http.Request, limit int64) (finge
 // busyDetail is the 409 problem's detail for a key in progress.
 const busyDetail = "a request with this " + HeaderKey + " is still being processed; retry later"
 
-// requestKey returns the key to record for r, or answers r and reports
-// false.
-func (s *Source) requestKey(w http.ResponseWriter, r *http.Request) (string, bool) {
-	key := r.Header.Get(HeaderKey)
+// requestKey returns the key to record for r, or the status and problem
+// detail that refuse r.
+func (s *Source) requestKey(r *http.Request) (key string, status int, detail string) {
+	key = r.Header.Get(HeaderKey)
 	if len(key) >= 2 && key[0] == '"' && key[len(key)-1] == '"' {
 		key = key[1 : len(key)-1] // the draft's sf-string form
 	}
 	if key == "" {
 		if !s.cfg.KeyOptional {
-			problem(w, http.StatusBadRequest, "the "+HeaderKey+" header is required")
-			return "", false
+			return "", http.StatusBadRequest, "the " + HeaderKey + " header is required"
 		}
 		key = fmt.Sprintf("generated:%d:%d", time.Now().UnixNano(), s.seq.Add(1))
 	}
 	if len(key) > consumer.MaxKeyBytes {
-		problem(w, http.StatusBadRequest, fmt.Sprintf("the %s is longer than %d bytes", HeaderKey, consumer.MaxKeyBytes))
-		return "", false
+		return "", http.StatusBadRequest, fmt.Sprintf("the %s is longer than %d bytes", HeaderKey, consumer.MaxKeyBytes)
 	}
 	if p := textProblem(key); p != "" {
-		problem(w, http.StatusBadRequest, "the "+HeaderKey+" "+p)
-		return "", false
+		return "", http.StatusBadRequest, "the " + HeaderKey + " " + p
 	}
-	if s.cfg.Caller != nil {
-		caller, err := s.cfg.Caller(r)
-		if err != nil {
-			problem(w, http.StatusUnauthorized, err.Error())
-			return "", false
-		}
-		if caller == "" {
-			problem(w, http.StatusUnauthorized, "the request names no caller")
-			return "", false
-		}
-		if p := textProblem(caller); p != "" {
-			s.cfg.Logger.WarnContext(r.Context(), "caller refused", "reason", p)
-			problem(w, http.StatusUnauthorized, "the caller "+p)
-			return "", false
-		}
-		key = callerKey(caller, key)
+	if s.cfg.Caller == nil {
+		return key, 0, ""
 	}
-	return key, true
+	caller, err := s.cfg.Caller(r)
+	switch {
+	case err != nil:
+		return "", http.StatusUnauthorized, err.Error()
+	case caller == "":
+		return "", http.StatusUnauthorized, "the request names no caller"
+	}
+	if p := textProblem(caller); p != "" {
+		s.cfg.Logger.WarnContext(r.Context(), "caller refused", "reason", p)
+		return "", http.StatusUnauthorized, "the caller " + p
+	}
+	return callerKey(caller, key), 0, ""
 }
 
 // textProblem says why a key or a caller cannot be recorded, or returns "":
@@ -368,7 +330,7 @@ func (s *Source) begin(key string) (p, busy *pending) {
 	if q := s.inFlight[key]; q != nil {
 		return nil, q
 	}
-	p = &pending{src: s, key: key, answer: make(chan answer, 1), done: make(chan struct{}), deadline: time.Now().Add(s.cfg.Timeout),
+	p = &pending{src: s, key: key, answer: make(chan Response, 1), done: make(chan struct{}), deadline: time.Now().Add(s.cfg.Timeout),
 		replayCookies: s.cfg.ReplaySetCookie}
 	s.inFlight[key] = p
 	return p, nil
@@ -376,7 +338,7 @@ func (s *Source) begin(key string) (p, busy *pending) {
 
 // settle gives p its answer unless it has one, removes it from the
 // requests in flight and wakes its waiters.
-func (p *pending) settle(a answer) {
+func (p *pending) settle(a Response) {
 	if !p.settled.CompareAndSwap(false, true) {
 		return
 	}
@@ -390,13 +352,7 @@ func (p *pending) settle(a answer) {
 	close(p.done)
 }
 
-// refuse settles p with a and writes it to w.
-func refuse(w http.ResponseWriter, p *pending, a answer) {
-	p.settle(a)
-	write(w, <-p.answer)
-}
-
-func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key string, fp fingerprint) {
+func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key string, fp, body []byte) {
 	headers := make(map[string]string, len(r.Header))
 	for k, v := range r.Header {
 		if len(v) > 0 {
@@ -406,8 +362,8 @@ func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key s
 	msg := consumer.Deliver(&consumer.Message{
 		ID:           "http-" + strconv.FormatUint(s.seq.Add(1), 10),
 		Key:          key,
-		Body:         fp.body(),
-		Fingerprint:  fp.b,
+		Body:         body,
+		Fingerprint:  fp,
 		Headers:      headers,
 		PartitionKey: key, // copies of a key share a lane: the later one is a duplicate
 		Topic:        r.Method + " " + r.URL.Path,
@@ -416,12 +372,13 @@ func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key s
 		Raw:          r,
 		Broker:       consumer.BrokerInfo{System: "http"},
 	}, consumer.Delivery{Handle: p})
-	if a, ok := s.enqueue(msg); !ok {
-		refuse(w, p, a)
+	if refused := s.enqueue(msg); refused != "" {
+		p.settle(unavailable(refused))
+		write(w, <-p.answer)
 		return
 	}
 	timer := time.AfterFunc(time.Until(p.deadline), func() {
-		p.settle(answer{res: problemResponse(http.StatusServiceUnavailable, "the request was not settled in time; retry with the same "+HeaderKey)})
+		p.settle(problemResponse(http.StatusServiceUnavailable, "the request was not settled in time; retry with the same "+HeaderKey))
 	})
 	select {
 	case a := <-p.answer:
@@ -434,33 +391,30 @@ func (s *Source) serve(w http.ResponseWriter, r *http.Request, p *pending, key s
 	}
 }
 
-// write writes a to w.
-func write(w http.ResponseWriter, a answer) {
+// write writes res to w.
+func write(w http.ResponseWriter, res Response) {
 	h := w.Header()
-	for k, v := range a.res.Header {
+	for k, v := range res.Header {
 		h[k] = v
 	}
-	if a.replayed {
-		h.Set(HeaderReplayed, "true")
-	}
-	h.Set("Content-Length", strconv.Itoa(len(a.res.Body)))
-	w.WriteHeader(a.res.Status)
-	_, _ = w.Write(a.res.Body)
+	h.Set("Content-Length", strconv.Itoa(len(res.Body)))
+	w.WriteHeader(res.Status)
+	_, _ = w.Write(res.Body)
 }
 
-// enqueue hands msg to the runner, or returns the answer that refuses it:
-// the source is closed, or its queue is full.
-func (s *Source) enqueue(msg *consumer.Message) (answer, bool) {
+// enqueue hands msg to the runner, or returns why it refuses it: the
+// source is closed, or its queue is full.
+func (s *Source) enqueue(msg *consumer.Message) (refused string) {
 	s.qmu.RLock()
 	defer s.qmu.RUnlock()
 	if s.isClosed {
-		return unavailable("the server is shutting down", 1), false
+		return "the server is shutting down"
 	}
 	select {
 	case s.queue <- msg:
-		return answer{}, true
+		return ""
 	default:
-		return unavailable("too many requests are waiting", 1), false
+		return "too many requests are waiting"
 	}
 }
 
@@ -487,78 +441,64 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 	return out, nil
 }
 
-// Ack implements consumer.Source: each request is answered with its
-// stored result (consumer.StoredResult): the handler's Response, or the stored
-// one with Idempotent-Replayed: true. A key settled without a stored
-// response (its handler returned none) is answered 204. The Set-Cookie
-// headers held back from the store (Config.ReplaySetCookie) go to the
-// request whose handler returned them, never to a replay.
+// Ack implements consumer.Source: each request is answered with its stored
+// result (consumer.StoredResult), marked Idempotent-Replayed: true on a
+// replay, or 204 when its handler returned none. The Set-Cookie headers
+// held back from the store go to the request whose handler returned them,
+// never to a replay.
 func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	for _, m := range msgs {
-		p, ok := consumer.DeliveryOf(m).Handle.(*pending)
-		if !ok {
+		p := pendingOf(m)
+		if p == nil {
 			continue
 		}
 		result, replayed, _ := consumer.StoredResult(m)
-		if result == nil {
-			p.settle(answer{res: Response{Status: http.StatusNoContent}, replayed: replayed})
-			continue
+		res := Response{Status: http.StatusNoContent, Header: http.Header{}}
+		if result != nil {
+			var err error
+			if res, err = decodeResponse(result); err != nil {
+				s.cfg.Logger.ErrorContext(ctx, "stored response unreadable", "key", m.Key, "err", err)
+				res = problemResponse(http.StatusInternalServerError, "the stored response cannot be read")
+			} else if !replayed && len(p.cookies) > 0 {
+				res.Header["Set-Cookie"] = p.cookies
+			}
 		}
-		res, err := decodeResponse(result)
-		if err != nil {
-			s.cfg.Logger.ErrorContext(ctx, "stored response unreadable", "key", m.Key, "err", err)
-			res = problemResponse(http.StatusInternalServerError, "the stored response cannot be read")
-		} else if !replayed && len(p.cookies) > 0 {
-			res.Header["Set-Cookie"] = p.cookies
+		if replayed {
+			res.Header.Set(HeaderReplayed, "true")
 		}
-		p.settle(answer{res: res, replayed: replayed})
+		p.settle(res)
 	}
 	return nil
 }
 
 // Retry implements consumer.Source: the handler failed and nothing was
-// stored, so the request is answered 500 at once (with Retry-After: the
-// delay the runner asked for), and the client's retry with the same key
-// runs the handler again. The runner's retry policy still counts the
-// failures per key (consumer.RetryPolicy.MaxAttempts): past it, the answer
-// is the same 500.
+// stored, so the request is answered 500 at once, with Retry-After: delay,
+// and the client's retry with the same key runs the handler again (the
+// runner's RetryPolicy.MaxAttempts still counts the failures per key).
 func (s *Source) Retry(_ context.Context, msg *consumer.Message, delay time.Duration) error {
-	if p, ok := consumer.DeliveryOf(msg).Handle.(*pending); ok {
-		secs := max(1, int(delay.Round(time.Second)/time.Second))
-		p.settle(answer{res: withRetryAfter(problemResponse(http.StatusInternalServerError,
-			"the request failed and nothing was stored; a retry with the same "+HeaderKey+" runs it again"), secs)})
+	if p := pendingOf(msg); p != nil {
+		p.settle(withRetryAfter(problemResponse(http.StatusInternalServerError,
+			"the request failed and nothing was stored; a retry with the same "+HeaderKey+" runs it again"), delay))
 	}
 	return nil
 }
 
-// Release implements consumer.Releaser: the request was not at fault. When
-// another instance is handling its key (reason matches consumer.ErrKeyBusy,
-// lease path) it is answered 409, as a key in progress at this instance is,
-// unless Config.WaitInProgress makes it wait. Otherwise (the database or
-// the lease store failed, or it waits) it is delivered again after delay,
-// while the request waits, if its Timeout allows; else it is answered 503
-// with Retry-After.
+// Release implements consumer.Releaser: the request was not at fault. It is
+// answered 409 when another instance handles its key (consumer.ErrKeyBusy,
+// lease path) unless Config.WaitInProgress; otherwise it is delivered again
+// after delay if its Timeout allows, else answered 503 with Retry-After.
 func (s *Source) Release(_ context.Context, msg *consumer.Message, delay time.Duration, reason error) error {
-	if errors.Is(reason, consumer.ErrKeyBusy) && !s.cfg.WaitInProgress {
-		if p, ok := consumer.DeliveryOf(msg).Handle.(*pending); ok {
-			p.settle(answer{res: problemResponse(http.StatusConflict, busyDetail)})
-		}
+	p := pendingOf(msg)
+	switch {
+	case p == nil:
 		return nil
-	}
-	s.again(msg, delay)
-	return nil
-}
-
-func (s *Source) again(msg *consumer.Message, delay time.Duration) {
-	p, ok := consumer.DeliveryOf(msg).Handle.(*pending)
-	if !ok {
-		return
-	}
-	if time.Now().Add(delay).After(p.deadline) {
-		secs := max(1, int(delay.Round(time.Second)/time.Second))
-		p.settle(answer{res: withRetryAfter(problemResponse(http.StatusServiceUnavailable,
-			"the request could not be completed now; retry with the same "+HeaderKey), secs)})
-		return
+	case errors.Is(reason, consumer.ErrKeyBusy) && !s.cfg.WaitInProgress:
+		p.settle(problemResponse(http.StatusConflict, busyDetail))
+		return nil
+	case time.Now().Add(delay).After(p.deadline):
+		p.settle(withRetryAfter(problemResponse(http.StatusServiceUnavailable,
+			"the request could not be completed now; retry with the same "+HeaderKey), delay))
+		return nil
 	}
 	next := *msg
 	next.Redelivered = true
@@ -566,23 +506,22 @@ func (s *Source) again(msg *consumer.Message, delay time.Duration) {
 		if p.settled.Load() {
 			return // out of time meanwhile
 		}
-		if a, ok := s.enqueue(&next); !ok {
-			p.settle(a)
+		if refused := s.enqueue(&next); refused != "" {
+			p.settle(unavailable(refused))
 		}
 	})
+	return nil
 }
 
 // DeadLetter implements consumer.Source: the request is answered with the
-// status the reason maps to (see docs/http.md), in an
-// application/problem+json body. Nothing was stored for it, except for a
-// Response the store cannot keep (over consumer.Config.MaxResultBytes or
-// the lease store's lower limit, or a store without results) on the lease
-// path: there the effect happened and its key is done without the
-// Response, so the request is answered with the Response itself, and a
-// retry gets 204 as a replay.
+// status its reason maps to (docs/http.md), and nothing was stored. A
+// Response the store could not keep (consumer.ErrResultTooLarge,
+// consumer.ErrResultUnsupported) fails the request on the transactional
+// path; on the lease path its effect happened and its key is done, so the
+// request is answered with the Response itself, and a retry gets 204.
 func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason error) error {
-	p, ok := consumer.DeliveryOf(msg).Handle.(*pending)
-	if !ok {
+	p := pendingOf(msg)
+	if p == nil {
 		return nil
 	}
 	if errors.Is(reason, consumer.ErrResultTooLarge) || errors.Is(reason, consumer.ErrResultUnsupported) {
@@ -593,9 +532,9 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	res := problemResponse(status, detail)
 	if status >= 500 {
 		s.cfg.Logger.ErrorContext(ctx, "request failed", "key", msg.Key, "status", status, "err", reason)
-		res = withRetryAfter(res, 1) // nothing was stored: a retry runs the handler again
+		res = withRetryAfter(res, time.Second) // nothing was stored: a retry runs the handler again
 	}
-	p.settle(answer{res: res})
+	p.settle(res)
 	return nil
 }
 
@@ -603,26 +542,22 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 // (reason).
 func (s *Source) unkept(ctx context.Context, msg *consumer.Message, p *pending, reason error) {
 	s.cfg.Logger.ErrorContext(ctx, "response not stored", "key", msg.Key, "err", reason)
-	switch p.adapter {
-	case adapterLease:
-		// The effect happened and the key is done: the request gets its
-		// own Response, which no retry will see.
-		res, err := decodeResponse(p.leased)
-		if err != nil {
-			break
-		}
+	if p.tx {
+		p.settle(problemResponse(http.StatusInternalServerError,
+			"the response is larger than the server can store, so nothing was done"))
+		return
+	}
+	// On the lease path the effect happened and the key is done: the
+	// request gets its own Response, which no retry will see.
+	if res, err := decodeResponse(p.leased); p.leased != nil && err == nil {
 		if len(p.cookies) > 0 {
 			res.Header["Set-Cookie"] = p.cookies
 		}
-		p.settle(answer{res: res})
-		return
-	case adapterTx:
-		p.settle(answer{res: problemResponse(http.StatusInternalServerError,
-			"the response is larger than the server can store, so nothing was done")})
+		p.settle(res)
 		return
 	}
-	p.settle(answer{res: problemResponse(http.StatusInternalServerError,
-		"the response could not be stored; the operation may have completed: a retry with the same "+HeaderKey+" tells")})
+	p.settle(problemResponse(http.StatusInternalServerError,
+		"the response could not be stored; the operation may have completed: a retry with the same "+HeaderKey+" tells"))
 }
 
 // statusOf maps a dead-letter reason to a status and a problem detail.
@@ -676,8 +611,8 @@ func (s *Source) Close() error {
 		for {
 			select {
 			case m := <-s.queue:
-				if p, ok := consumer.DeliveryOf(m).Handle.(*pending); ok {
-					p.settle(unavailable("the server is shutting down", 1))
+				if p := pendingOf(m); p != nil {
+					p.settle(unavailable("the server is shutting down"))
 				}
 			default:
 				return
@@ -698,16 +633,24 @@ func problemResponse(status int, detail string) Response {
 	return Response{Status: status, Header: http.Header{"Content-Type": {"application/problem+json"}}, Body: append(b, '\n')}
 }
 
-func withRetryAfter(res Response, secs int) Response {
-	res.Header.Set("Retry-After", strconv.Itoa(secs))
+// withRetryAfter adds Retry-After: d, in whole seconds, at least 1, to res.
+func withRetryAfter(res Response, d time.Duration) Response {
+	res.Header.Set("Retry-After", strconv.Itoa(max(1, int(d.Round(time.Second)/time.Second))))
 	return res
 }
 
 func problem(w http.ResponseWriter, status int, detail string) {
-	write(w, answer{res: problemResponse(status, detail)})
+	write(w, problemResponse(status, detail))
 }
 
-// unavailable is a 503 answer with Retry-After: secs.
-func unavailable(detail string, secs int) answer {
-	return answer{res: withRetryAfter(problemResponse(http.StatusServiceUnavailable, detail), secs)}
+// unavailable is a 503 response with Retry-After: 1.
+func unavailable(detail string) Response {
+	return withRetryAfter(problemResponse(http.StatusServiceUnavailable, detail), time.Second)
+}
+
+// pendingOf returns the request msg was made from, or nil for a message of
+// another source.
+func pendingOf(msg *consumer.Message) *pending {
+	p, _ := consumer.DeliveryOf(msg).Handle.(*pending)
+	return p
 }

@@ -1,6 +1,7 @@
 package sqssource
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -34,22 +35,17 @@ const (
 const MaxRetryBackoff = 500 * time.Millisecond
 
 // NewClient returns an SQS client configured through the default
-// aws-sdk-go-v2 chain (environment, shared config and credentials files, web
-// identity, container and instance roles), adjusted by optFns (for example
-// config.WithRegion). A non-empty endpoint overrides the service endpoint,
-// for ElasticMQ or LocalStack; else the chain's endpoint is used
-// (AWS_ENDPOINT_URL_SQS, AWS_ENDPOINT_URL, a profile's endpoint_url). An
-// endpoint that is not an absolute URL is a *idemq.ConfigError, which shows
-// it redacted (internal/redact).
+// aws-sdk-go-v2 chain, adjusted by optFns (for example config.WithRegion).
+// A non-empty endpoint overrides the chain's endpoint (AWS_ENDPOINT_URL_SQS,
+// AWS_ENDPOINT_URL, a profile's endpoint_url); one that is not an absolute
+// URL is a *idemq.ConfigError, which shows it redacted (internal/redact).
 //
-// For a local endpoint (LocalEndpoint: an emulator), what the chain leaves
-// unset is filled in: the region with LocalRegion, and the credentials, when
-// the chain would ask the EC2 instance metadata service for them (nothing
-// else is configured), with LocalAccessKeyID and LocalSecretAccessKey. So
-// AWS_ENDPOINT_URL_SQS=http://localhost:9324 alone is enough, and no call
-// waits for an instance metadata service that is not there. Configured
-// values always win. For any other endpoint a missing region is a
-// *idemq.ConfigError at once, naming AWS_REGION.
+// For a local endpoint (LocalEndpoint: an emulator), a region the chain
+// leaves unset is LocalRegion, and credentials it would ask the EC2
+// instance metadata service for are LocalAccessKeyID and
+// LocalSecretAccessKey, so that no call waits for a metadata service that
+// is not there; configured values win. For any other endpoint a missing
+// region is a *idemq.ConfigError at once, naming AWS_REGION.
 //
 // The client's retries of a failed call wait at most MaxRetryBackoff
 // between attempts (the SDK's default grows to 20 s), so that a call made
@@ -89,12 +85,9 @@ func NewClient(ctx context.Context, endpoint string, optFns ...func(*config.Load
 		region = o.Region
 	})
 	if region == "" {
-		where := "the AWS endpoint"
-		if base != "" {
-			where = redact.String(base)
-		}
 		return nil, &idemq.ConfigError{Field: "sqssource.NewClient", Reason: fmt.Sprintf(
-			"no AWS region for %s: set AWS_REGION (or a profile's region, or pass config.WithRegion); a local emulator's endpoint (localhost, a loopback address or a single-label host) needs none", where)}
+			"no AWS region for %s: set AWS_REGION (or a profile's region, or pass config.WithRegion); a local emulator's endpoint (localhost, a loopback address or a single-label host) needs none",
+			cmp.Or(redact.String(base), "the AWS endpoint"))}
 	}
 	return c, nil
 }

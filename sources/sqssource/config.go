@@ -41,38 +41,28 @@ type Config struct {
 	QueueURL string
 
 	// DeadLetterQueueURL is the queue that DeadLetter sends poison messages
-	// to, with the reason in the message attributes consumer.MetaReason,
-	// consumer.MetaAttempts, MetaOriginQueue and MetaOriginMessageID, before it deletes the
-	// original. It must be a FIFO queue if and only if QueueURL is one.
-	//
-	// When it is empty, dead-lettering is left to the queue's redrive
-	// policy: DeadLetter makes the message visible again after RedriveDelay
-	// and SQS
-	// moves it to the policy's dead-letter queue once its receive count
-	// passes maxReceiveCount. The reason is then only logged. New fails with
-	// ErrNoDeadLetterRoute when the queue has no redrive policy either.
-	// Defaults to empty (redrive policy).
+	// to, with the reason in message attributes, before it deletes the
+	// original. It must be a FIFO queue if and only if QueueURL is one, and
+	// its RedriveAllowPolicy must allow QueueURL as a source. When it is
+	// empty, dead-lettering is left to the queue's redrive policy (see
+	// DeadLetter), and New fails with ErrNoDeadLetterRoute when the queue
+	// has none. Defaults to empty (redrive policy).
 	DeadLetterQueueURL string
 
 	// KeyAttribute names a string message attribute that carries the
 	// message's deduplication key (for example "Idempotency-Key"), set by
-	// producers that may send one logical message more than once. Messages
-	// without it fall back to consumer.MetaKey (the key recorded for the
-	// original, on a dead letter replayed by sqsdlq), then to
-	// MessageDeduplicationId on FIFO queues and to the MessageId (through
-	// consumer.DefaultKey) on standard queues. Defaults to empty (no
-	// attribute).
+	// producers that may send one logical message more than once; the
+	// package documentation says what a message without it is keyed on.
+	// Defaults to empty (no attribute).
 	KeyAttribute string
 
 	// PartitionKeyAttribute names a string message attribute whose value
-	// becomes Message.PartitionKey on standard queues. The runner handles
-	// messages with one partition key in one lane, one after another: use
-	// it, for example, with the id of the row a message updates, so that
-	// concurrent batches never lock the same rows in crossing orders
-	// (deadlocks). Standard queues do not keep order, so this serializes
-	// without ordering. On FIFO queues PartitionKey is always the
-	// MessageGroupId and this field is ignored. Defaults to empty (no
-	// partition key).
+	// becomes Message.PartitionKey on standard queues: the runner handles
+	// the messages of one partition key one after another, so that, keyed
+	// on the id of the row a message updates, concurrent batches never lock
+	// the same rows in crossing orders (deadlocks). It serializes without
+	// ordering. Ignored on FIFO queues, where PartitionKey is the
+	// MessageGroupId. Defaults to empty (no partition key).
 	PartitionKeyAttribute string
 
 	// VisibilityTimeout is how long a received message stays hidden from
@@ -96,23 +86,19 @@ type Config struct {
 	// MessageGroupId before the first of them is settled, so that the runner
 	// may handle them in one transaction: more throughput per group, but a
 	// message that fails and is retried is overtaken by the later messages
-	// of its group that were already received. When false, Receive hands out
-	// a group's next message only once the previous one is settled, and
-	// Retry returns the group's later messages to the queue, so a group's
-	// order holds across failures too. Ignored on standard queues. Defaults
-	// to false.
+	// of its group that were already received. Ignored on standard queues.
+	// Defaults to false (strict order; see the package documentation).
 	RelaxedFIFOOrder bool
 
 	// HeartbeatInterval is how often the visibility of in-flight messages
-	// (received and not yet settled) is extended: every tick, each message
-	// that has been in flight for at least half an interval since its last
-	// extension is made invisible for another VisibilityTimeout, with one
-	// ChangeMessageVisibilityBatch call per 10 messages. It must be at most
-	// half of VisibilityTimeout. A negative value disables the heartbeat: a
-	// message still in flight when its visibility timeout passes is
-	// delivered again, to this or another consumer, while the first
-	// delivery is still being handled (the transactional path still applies
-	// its effect once). Defaults to VisibilityTimeout / 3.
+	// (received and not yet settled) is extended: every tick, each one whose
+	// visibility timeout started at least half an interval ago is made
+	// invisible for another VisibilityTimeout, 10 per
+	// ChangeMessageVisibilityBatch call. It must be at most half of
+	// VisibilityTimeout. A negative value disables the heartbeat: a message
+	// still in flight when its visibility timeout passes is delivered again
+	// while the first delivery is still being handled (the transactional
+	// path still applies its effect once). Defaults to VisibilityTimeout / 3.
 	HeartbeatInterval time.Duration
 
 	// MaxExtension is the hard limit of the heartbeat: a message is never
@@ -134,12 +120,10 @@ type Config struct {
 
 	// RedriveDelay is how long DeadLetter keeps a message hidden before it
 	// becomes visible again when dead-lettering is left to the queue's
-	// redrive policy (DeadLetterQueueURL empty), and when writing a dead
-	// letter to DeadLetterQueueURL or deleting the original failed. With
-	// maxReceiveCount above the runner's RetryPolicy.MaxAttempts, a poison
-	// message is received and handled once more per RedriveDelay until SQS
-	// moves it, instead of back to back. Rounded up to whole seconds, at
-	// most 12 h; negative means at once. Defaults to 30 s.
+	// redrive policy, or when writing a dead letter to DeadLetterQueueURL or
+	// deleting the original failed: a poison message is then handled once
+	// per RedriveDelay until SQS moves it, not back to back. Rounded up to
+	// whole seconds, at most 12 h; negative means at once. Defaults to 30 s.
 	RedriveDelay time.Duration
 
 	// ReleaseTimeout bounds how long Close spends making the messages still

@@ -18,18 +18,11 @@ import (
 )
 
 // Message attributes that DeadLetter adds to the copy it sends to
-// Config.DeadLetterQueueURL: consumer.MetaReason, the error that sent the
-// message there (at most 2 KiB of its text, a longer one cut and ending with
-// " ...(truncated)"; characters SQS refuses in an attribute (control
-// characters, invalid UTF-8, U+FFFE, U+FFFF) are written as Go escapes
-// (\x01)), consumer.MetaAttempts, the number of attempts made (a Number
-// attribute), consumer.MetaKey, the key the runner recorded (unless the
-// Config.KeyAttribute attribute holds it already), and the SQS fields below.
-//
-// A replayed copy (sqsdlq) carries consumer.MetaKey, which Receive reads as
-// the key of a message without the Config.KeyAttribute attribute: the copy's
-// MessageId, and on FIFO queues its MessageDeduplicationId, are new, but its
-// key is the one recorded for the original.
+// Config.DeadLetterQueueURL, beside consumer.MetaReason (at most 2 KiB of
+// the error's text, characters SQS refuses written as Go escapes),
+// consumer.MetaAttempts (a Number attribute) and consumer.MetaKey (the key
+// the runner recorded, unless the Config.KeyAttribute attribute holds it),
+// which Receive reads as the key of a replayed copy (sqsdlq).
 const (
 	// MetaOriginQueue holds the URL of the queue the message came from.
 	MetaOriginQueue = "idemq-source-queue"
@@ -51,42 +44,33 @@ const fifoDeadLetterGroup = "idemq-dead-letters"
 // DeadLetter routes msg to the dead-letter queue.
 //
 // With Config.DeadLetterQueueURL it sends a copy there (same body, its
-// message attributes, plus consumer.MetaReason, consumer.MetaAttempts,
-// MetaOriginQueue, MetaOriginMessageID and consumer.MetaKey; on FIFO queues the same MessageGroupId and the original
-// MessageId as MessageDeduplicationId), and deletes the original only after
-// the send succeeded. Until both succeeded the original stays in flight (its
-// visibility extended and, on a FIFO queue, its group blocked). If either
-// fails, the original is made visible again after Config.RedriveDelay, like
-// a retry (in strict FIFO order the later messages of its group that were
-// already received go back to the queue to follow it), and DeadLetter
-// returns the error. If the delete failed, the original is then delivered
-// and dead-lettered again, and the dead-letter queue holds two copies (a FIFO
-// dead-letter queue drops the second within its 5-minute deduplication
-// interval). SQS allows 10 message attributes: if the original has more than
-// fit beside the five above, the configured KeyAttribute is kept first, then
-// the others in name order, and the rest is dropped (and logged).
+// message attributes plus those above; on FIFO queues the same
+// MessageGroupId and the original MessageId as MessageDeduplicationId), and
+// deletes the original only after the send succeeded. Until both succeeded
+// the original stays in flight (its visibility extended and, on a FIFO
+// queue, its group blocked). If either fails, DeadLetter returns the error
+// and hands the original back like a retry, visible after
+// Config.RedriveDelay; if the delete failed, it is then dead-lettered
+// again, and the dead-letter queue holds two copies (a FIFO dead-letter
+// queue drops the second within its 5-minute deduplication interval).
 //
-// The copy must fit in the dead-letter queue's MaximumMessageSize (read at
-// New; 256 KiB at most), body and attributes together, so a message near the
-// limit would otherwise never be dead-lettered. The copy is cut to fit: the
-// original's attributes are dropped (largest first) before the reason is cut
-// below 256 bytes, then the key attribute, queue, message id, attempts and
-// consumer.MetaKey before it is cut below 64 bytes, then the reason is cut to what is left
-// (a maximum-size message keeps only as many bytes of reason as its own
-// attributes took). What was cut is logged at WARN; the Runner logs the full
-// reason. A body larger than the dead-letter queue's limit goes to the
-// queue's redrive policy if it has one (logged at ERROR), else DeadLetter
-// fails and the original comes back after Config.RedriveDelay.
+// The copy must fit in SQS's 10 message attributes and in the dead-letter
+// queue's MaximumMessageSize (read at New), body and attributes together.
+// The configured KeyAttribute is kept first, then the original's other
+// attributes in name order; to fit the size, the original's attributes are
+// dropped (largest first) before the reason is cut below 256 bytes, then
+// the source's own before it is cut below 64 bytes, then the reason is cut
+// to what is left. What was dropped or cut is logged at WARN. A body larger
+// than the limit goes to the queue's redrive policy if it has one (logged
+// at ERROR), else DeadLetter fails and the original comes back after
+// Config.RedriveDelay.
 //
-// Without it, the queue's redrive policy does the work: DeadLetter makes the
-// message visible again after Config.RedriveDelay, and SQS moves it to the
-// policy's dead-letter queue once it has been received maxReceiveCount times.
-// Until then it is received and handled again after each RedriveDelay, up to
-// the runner's MaxAttempts times with its retry backoff when the runner's
-// store counts handler failures (the count starts afresh after each
-// hand-over; see the package documentation, "Attempts"). A handler that
-// fails does not commit, so this repeats no effect. The reason is logged,
-// not stored.
+// Without Config.DeadLetterQueueURL, the queue's redrive policy does the
+// work: DeadLetter logs the reason and makes the message visible again
+// after Config.RedriveDelay, and SQS moves it to the policy's dead-letter
+// queue once it has been received maxReceiveCount times (docs/sources.md
+// says how often it is handled meanwhile). A handler that fails does not
+// commit, so this repeats no effect.
 func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason error) error {
 	if s.isClosed() {
 		return consumer.ErrClosed
@@ -120,7 +104,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	if attrs == nil {
 		s.log.WarnContext(ctx, "message left to the queue's redrive policy", consumer.LogKeyID, h.id,
 			consumer.LogKeyAttempt, attempts, "max_receive_count", s.maxReceiveCount, consumer.LogKeyError, reason)
-		if err := s.setVisibility(ctx, h, s.redriveDelay(h)); err != nil {
+		if err := s.setVisibility(ctx, h, h.within(s.cfg.RedriveDelay)); err != nil {
 			return fmt.Errorf("sqssource: dead letter %s through the redrive policy: %w", h.id, err)
 		}
 		s.stats.deadLettered.Add(1)
@@ -135,11 +119,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 		MessageAttributes: attrs,
 	}
 	if s.fifo {
-		group := msg.PartitionKey
-		if group == "" {
-			group = fifoDeadLetterGroup
-		}
-		in.MessageGroupId = aws.String(group)
+		in.MessageGroupId = aws.String(cmp.Or(msg.PartitionKey, fifoDeadLetterGroup))
 		in.MessageDeduplicationId = aws.String(h.id)
 	}
 	sctx, cancel := s.requestContext(ctx)
@@ -160,10 +140,10 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	return nil
 }
 
-// redriveDelay is Config.RedriveDelay, bounded by what is left of h's
-// 12-hour visibility limit.
-func (s *Source) redriveDelay(h *handle) time.Duration {
-	return min(max(s.cfg.RedriveDelay, 0), MaxVisibility-time.Since(h.receivedAt)-time.Second)
+// within bounds a visibility delay of h to what is left of its 12-hour
+// visibility limit; a negative d is 0.
+func (h *handle) within(d time.Duration) time.Duration {
+	return min(max(d, 0), MaxVisibility-time.Since(h.receivedAt)-time.Second)
 }
 
 // handBack hands h back to the queue after a failed dead-letter attempt: it
@@ -171,7 +151,7 @@ func (s *Source) redriveDelay(h *handle) time.Duration {
 // later messages of its group go back to follow it. A failure is logged: h
 // then comes back when its current visibility timeout ends.
 func (s *Source) handBack(ctx context.Context, h *handle) {
-	if err := s.setVisibility(ctx, h, s.redriveDelay(h)); err != nil {
+	if err := s.setVisibility(ctx, h, h.within(s.cfg.RedriveDelay)); err != nil {
 		s.log.WarnContext(ctx, "handing back a message that was not dead-lettered failed; it returns after its visibility timeout",
 			consumer.LogKeyID, h.id, consumer.LogKeyError, err)
 	}
@@ -215,4 +195,95 @@ func (s *Source) deadLetterAttributes(ctx context.Context, h *handle, reason err
 		s.log.WarnContext(ctx, "dead letter has too many message attributes; some were dropped", consumer.LogKeyID, h.id, "dropped", dropped)
 	}
 	return attrs
+}
+
+// MaxMessageSize is the largest message SQS accepts, in bytes: the body plus
+// every message attribute's name, data type and value (256 KiB). A queue's
+// MaximumMessageSize attribute may set a lower limit.
+const MaxMessageSize = 262144
+
+// attributeSize is what SQS counts for one message attribute: its name, data
+// type and value.
+func attributeSize(name string, v types.MessageAttributeValue) int {
+	return len(name) + len(aws.ToString(v.DataType)) + len(aws.ToString(v.StringValue)) + len(v.BinaryValue)
+}
+
+// messageSize is what SQS counts for a message: the body and the attributes.
+func messageSize(body string, attrs map[string]types.MessageAttributeValue) int {
+	n := len(body)
+	for name, v := range attrs {
+		n += attributeSize(name, v)
+	}
+	return n
+}
+
+// fitDeadLetter shrinks attrs, the attributes of a dead-letter copy of body,
+// until the copy fits in limit bytes. It drops the original's attributes
+// (largest first) while the reason would be cut below 256 bytes, then the
+// key attribute, MetaOriginQueue, MetaOriginMessageID, consumer.MetaAttempts
+// and consumer.MetaKey while it would be cut below 64 bytes, then cuts the
+// reason to what is left (dropping it if not one byte is). It returns the names it dropped and whether the reason
+// was cut, and false if not even the body alone fits.
+func fitDeadLetter(body string, attrs map[string]types.MessageAttributeValue, keyAttr string, limit int) (dropped []string, cut, ok bool) {
+	if messageSize(body, attrs) <= limit {
+		return nil, false, true
+	}
+	reason, hasReason := attrs[consumer.MetaReason]
+	text := aws.ToString(reason.StringValue)
+	delete(attrs, consumer.MetaReason)
+	reasonOverhead := 0
+	if hasReason {
+		reasonOverhead = attributeSize(consumer.MetaReason, types.MessageAttributeValue{DataType: reason.DataType})
+	}
+	// room is what is left for the reason's text.
+	room := func() int { return limit - messageSize(body, attrs) - reasonOverhead }
+	drop := func(floor int, names []string) {
+		for _, name := range names {
+			if room() >= min(len(text), floor) {
+				return
+			}
+			if _, has := attrs[name]; has {
+				delete(attrs, name)
+				dropped = append(dropped, name)
+			}
+		}
+	}
+
+	var theirs []string
+	for name := range attrs {
+		switch name {
+		case consumer.MetaAttempts, MetaOriginQueue, MetaOriginMessageID, consumer.MetaKey, keyAttr:
+		default:
+			theirs = append(theirs, name)
+		}
+	}
+	slices.SortFunc(theirs, func(a, b string) int {
+		return cmp.Or(cmp.Compare(attributeSize(b, attrs[b]), attributeSize(a, attrs[a])), cmp.Compare(a, b))
+	})
+	drop(256, theirs)
+	drop(64, []string{keyAttr, MetaOriginQueue, MetaOriginMessageID, consumer.MetaAttempts, consumer.MetaKey})
+	drop(1, theirs) // when there is no reason to keep
+
+	if hasReason {
+		switch n := room(); {
+		case n >= len(text):
+			attrs[consumer.MetaReason] = reason
+		case n >= 1: // SQS refuses an empty String attribute
+			attrs[consumer.MetaReason] = types.MessageAttributeValue{DataType: reason.DataType, StringValue: aws.String(metatext.Cut(text, n))}
+			cut = true
+		default:
+			dropped = append(dropped, consumer.MetaReason)
+		}
+	}
+	return dropped, cut, messageSize(body, attrs) <= limit
+}
+
+// parseMaximumMessageSize reads a queue's MaximumMessageSize attribute; an
+// absent or unreadable one is MaxMessageSize.
+func parseMaximumMessageSize(v string) int {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > MaxMessageSize {
+		return MaxMessageSize
+	}
+	return n
 }

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-
-	"github.com/idemq/idemq"
 )
 
 // Sentinel errors of the package. Match them with errors.Is.
@@ -19,12 +17,6 @@ var (
 	// message that this Source did not receive.
 	ErrForeignMessage = errors.New("sqssource: message was not received by this source")
 )
-
-// configError returns a *idemq.ConfigError, which matches
-// idemq.ErrInvalidConfig, for a field of Config.
-func configError(field, reason string) error {
-	return &idemq.ConfigError{Field: "sqssource.Config." + field, Reason: reason}
-}
 
 // EntryError is one entry that SQS refused in a batch call.
 type EntryError struct {

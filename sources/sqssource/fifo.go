@@ -1,38 +1,23 @@
 package sqssource
 
-import (
-	"slices"
-
-	"github.com/idemq/idemq/consumer"
-)
-
-// In strict FIFO order (a FIFO queue without Config.RelaxedFIFOOrder), a
-// group's messages are handed out one at a time: take skips a group while
-// Source.active holds its message, and untrack frees the group once that
-// message is settled. A message that goes back to the queue (Retry, a failed
-// dead letter) takes the later messages of its group still in the ready
-// buffer with it (untrackWithFollowers), so that SQS delivers them again after it.
+import "github.com/idemq/idemq/consumer"
 
 // take removes up to max messages from the ready buffer and returns them. In
 // strict FIFO order it takes at most one message per group, and none of a
 // group whose previous message is still being handled. s.mu must be held.
 func (s *Source) take(max int) []*consumer.Message {
-	if !s.strictOrder() {
-		n := min(max, len(s.ready))
-		out := slices.Clone(s.ready[:n])
-		clear(s.ready[:n])
-		s.ready = s.ready[n:]
-		return out
-	}
+	strict := s.strictOrder()
 	var out []*consumer.Message
 	keep := s.ready[:0]
 	for _, m := range s.ready {
 		h := consumer.DeliveryOf(m).Handle.(*handle)
-		if len(out) == max || s.active[h.group] != nil {
+		if len(out) == max || strict && s.active[h.group] != nil {
 			keep = append(keep, m)
 			continue
 		}
-		s.active[h.group] = h
+		if strict {
+			s.active[h.group] = h
+		}
 		out = append(out, m)
 	}
 	clear(s.ready[len(keep):])
@@ -63,20 +48,14 @@ func (s *Source) untrackLocked(h *handle) {
 	}
 }
 
-// untrackWithFollowers stops tracking h, which goes back to the queue, and, in strict
-// FIFO order, also the messages of its group waiting in the ready buffer,
-// which it returns: they must go back too, to follow h.
+// untrackWithFollowers stops tracking h, which goes back to the queue, and,
+// in strict FIFO order, also the messages of its group waiting in the ready
+// buffer, which it removes from there and returns: they must go back too,
+// to follow h.
 func (s *Source) untrackWithFollowers(h *handle) []*handle {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.untrackLocked(h)
-	return s.detachFollowers(h)
-}
-
-// detachFollowers removes the messages of h's group from the ready buffer,
-// stops tracking them and returns them (strict FIFO order only). s.mu must
-// be held.
-func (s *Source) detachFollowers(h *handle) []*handle {
 	if !s.strictOrder() {
 		return nil
 	}

@@ -9,24 +9,15 @@ import (
 )
 
 // heartbeat extends the visibility of in-flight messages every
-// Config.HeartbeatInterval until Close.
-//
-// The runner does not tell a source when a handler starts or ends, but the
-// source knows that a message is in flight from the moment ReceiveMessage
-// returns it until Ack, Retry or DeadLetter settles it (or Close releases
-// it). That span covers the time a message waits in the runner for its turn,
-// its handler, and its commit. So on every tick each in-flight message whose
-// visibility timeout started at least half an interval ago is made invisible
-// for another VisibilityTimeout from now, ten messages per
-// ChangeMessageVisibilityBatch call. With an interval of at most half the
-// visibility timeout, a message is extended at the latest 1.5 intervals
-// after its timeout started, while at least a quarter of it is left.
-//
-// The hard limit is Config.MaxExtension, counted from the receive: the last
-// extension only reaches that limit, and afterwards the message is left to
-// become visible again, so a stuck handler cannot hide a message for ever.
-// A message whose receipt handle SQS refuses (it was received again, or
-// deleted) is no longer extended either.
+// Config.HeartbeatInterval until Close. The runner does not say when a
+// handler starts, so a message is in flight from the moment ReceiveMessage
+// returns it until Ack, Retry or DeadLetter settles it: the span covers its
+// wait for a lane, its handler and its commit. With an interval of at most
+// half the visibility timeout, a message is extended at the latest 1.5
+// intervals after its timeout started, while at least a quarter of it is
+// left. Past Config.MaxExtension from its receive, or once SQS refuses its
+// receipt handle (it was received again, or deleted), a message is no
+// longer extended, so a stuck handler cannot hide it for ever.
 func (s *Source) heartbeat() {
 	t := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer t.Stop()
@@ -35,18 +26,13 @@ func (s *Source) heartbeat() {
 		case <-s.closeCtx.Done():
 			return
 		case now := <-t.C:
-			s.extend(now)
+			for chunk := range slices.Chunk(s.due(now), MaxBatch) {
+				if s.closeCtx.Err() != nil {
+					return
+				}
+				s.extendBatch(chunk)
+			}
 		}
-	}
-}
-
-// extend extends every in-flight message that is due, as of now.
-func (s *Source) extend(now time.Time) {
-	for chunk := range slices.Chunk(s.due(now), MaxBatch) {
-		if s.closeCtx.Err() != nil {
-			return
-		}
-		s.extendBatch(chunk)
 	}
 }
 

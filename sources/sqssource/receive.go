@@ -1,6 +1,7 @@
 package sqssource
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -26,19 +27,13 @@ var systemAttributes = []types.MessageSystemAttributeName{
 }
 
 // Receive returns up to max received messages, waiting (long polling) until
-// at least one is available, ctx is done or the Source is closed. It keeps up
-// to Config.MaxReceivers ReceiveMessage calls in flight (one per 10
-// messages), and starts the next ones before it returns, so that receiving
-// overlaps with handling. Every call asks for 10 messages (the most SQS
-// returns at once, for the price of one), and a new call starts only while
-// fewer than max are buffered or being received, so at most max+9 messages
-// wait ahead of the caller, their visibility extended by the heartbeat. A call still in flight when Receive returns is not
-// cancelled, since SQS may already have hidden the messages it returns: its
-// messages are kept in flight, with their visibility extended, for the next
-// Receive. Close cancels the calls still in flight; messages that SQS had
-// already hidden for such a call are lost to this Source and stay invisible
-// until their VisibilityTimeout ends (up to one VisibilityTimeout of delay,
-// no loss). Messages of calls that completed are released by Close.
+// at least one is available, ctx is done or the Source is closed. It keeps
+// up to Config.MaxReceivers ReceiveMessage calls of 10 messages in flight
+// while fewer than max messages are buffered or being received (so at most
+// max+9 wait ahead of the caller, their visibility extended), and starts
+// the next ones before it returns, so that receiving overlaps with
+// handling. The messages of a call still in flight when Receive returns
+// are kept for the next Receive.
 //
 // Receive returns ctx's error (wrapped) when ctx is done, consumer.ErrClosed
 // after Close, and the error of a failed ReceiveMessage call when no message
@@ -86,18 +81,18 @@ func (s *Source) prefetch(max int) {
 	want := min((max+MaxBatch-1)/MaxBatch, s.cfg.MaxReceivers)
 	for s.polls < want && len(s.ready)+s.polls*MaxBatch < max {
 		s.polls++
-		s.bg.Go(func() { s.poll(MaxBatch) })
+		s.bg.Go(s.poll)
 	}
 }
 
-// poll makes one ReceiveMessage call for up to count messages and hands its
+// poll makes one ReceiveMessage call for up to 10 messages and hands its
 // result to Receive.
-func (s *Source) poll(count int) {
+func (s *Source) poll() {
 	ctx, cancel := context.WithTimeout(s.closeCtx, s.cfg.WaitTime+s.cfg.RequestTimeout)
 	defer cancel()
 	in := &sqs.ReceiveMessageInput{
 		QueueUrl:                    aws.String(s.cfg.QueueURL),
-		MaxNumberOfMessages:         int32(count),
+		MaxNumberOfMessages:         MaxBatch,
 		WaitTimeSeconds:             int32(s.cfg.WaitTime / time.Second),
 		VisibilityTimeout:           int32(s.cfg.VisibilityTimeout / time.Second),
 		MessageSystemAttributeNames: systemAttributes,
@@ -161,23 +156,17 @@ func (s *Source) message(h *handle, now time.Time) *consumer.Message {
 	}
 	// The X-Ray trace header rides along for tracing hooks (otelidemq),
 	// unless a message attribute of that name exists.
-	if v, ok := m.Attributes[string(types.MessageSystemAttributeNameAWSTraceHeader)]; ok && v != "" {
-		if _, taken := headers[string(types.MessageSystemAttributeNameAWSTraceHeader)]; !taken {
-			headers[string(types.MessageSystemAttributeNameAWSTraceHeader)] = v
-		}
+	const trace = string(types.MessageSystemAttributeNameAWSTraceHeader)
+	if _, taken := headers[trace]; !taken && m.Attributes[trace] != "" {
+		headers[trace] = m.Attributes[trace]
 	}
-	key := ""
-	if s.cfg.KeyAttribute != "" {
-		key = headers[s.cfg.KeyAttribute]
+	var dedupID string
+	if s.fifo {
+		dedupID = m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)]
 	}
-	if key == "" {
-		// A replayed dead letter (sqsdlq) carries the key the runner
-		// recorded for the original.
-		key = headers[consumer.MetaKey]
-	}
-	if key == "" && s.fifo {
-		key = m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)]
-	}
+	// A replayed dead letter (sqsdlq) carries the key the runner recorded
+	// for the original in consumer.MetaKey. SQS names no attribute "".
+	key := cmp.Or(headers[s.cfg.KeyAttribute], headers[consumer.MetaKey], dedupID)
 	partition := h.group
 	if !s.fifo && s.cfg.PartitionKeyAttribute != "" {
 		partition = headers[s.cfg.PartitionKeyAttribute]

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/url"
 	"path"
 	"slices"
@@ -39,16 +40,10 @@ var _ Client = (*sqs.Client)(nil)
 
 var _ consumer.Source = (*Source)(nil)
 
-// Source receives messages from one SQS queue for a consumer.Runner. It
-// implements consumer.Source: it deletes a message only when Ack is called
-// (after the runner's transaction committed), keeps the visibility of every
-// received, unsettled message extended (the heartbeat), retries by changing
-// the visibility timeout, and dead-letters to Config.DeadLetterQueueURL or
-// through the queue's redrive policy.
-//
-// Message values it returns carry the SQS types.Message in Raw, the
-// MessageId in ID, ApproximateReceiveCount in Attempt and, on FIFO queues, the
-// MessageGroupId in PartitionKey.
+// Source receives messages from one SQS queue for a consumer.Runner (see
+// the package documentation). The messages it returns carry the SQS
+// types.Message in Raw, the MessageId in ID and ApproximateReceiveCount in
+// Attempt.
 //
 // A Source is safe for concurrent use. Close it after the Runner using it
 // has returned.
@@ -108,9 +103,8 @@ type handle struct {
 // dead-letter route: it returns ErrNoDeadLetterRoute when neither
 // cfg.DeadLetterQueueURL nor a redrive policy is set, a *idemq.ConfigError
 // when cfg.DeadLetterQueueURL's RedriveAllowPolicy does not allow the queue
-// as a source (see RedriveAllowPolicy), and a
-// *idemq.ConfigError for each invalid field of cfg (after WithDefaults),
-// all at once.
+// as a source, and a *idemq.ConfigError for each invalid field of cfg
+// (after WithDefaults), all at once.
 //
 // The heartbeat starts at once; Close stops it.
 func New(ctx context.Context, client Client, cfg Config) (*Source, error) {
@@ -152,18 +146,21 @@ func New(ctx context.Context, client Client, cfg Config) (*Source, error) {
 			return nil, err
 		}
 		s.deadLetterLimit = parseMaximumMessageSize(dl[string(types.QueueAttributeNameMaximumMessageSize)])
+		configError := func(reason string) error {
+			return &idemq.ConfigError{Field: "sqssource.Config.DeadLetterQueueURL", Reason: reason}
+		}
 		if dlFIFO := dl[string(types.QueueAttributeNameFifoQueue)] == "true"; dlFIFO != s.fifo {
-			return nil, configError("DeadLetterQueueURL", fmt.Sprintf("FIFO is %v for the dead-letter queue but %v for the queue", dlFIFO, s.fifo))
+			return nil, configError(fmt.Sprintf("FIFO is %v for the dead-letter queue but %v for the queue", dlFIFO, s.fifo))
 		}
 		// A dead-letter queue that allows one source queue is moved whole
 		// to it by a message-move task (sqsdlq): dead letters of another
 		// queue would go there too.
 		allow, err := ParseRedriveAllowPolicy(dl[string(types.QueueAttributeNameRedriveAllowPolicy)])
 		if err != nil {
-			return nil, configError("DeadLetterQueueURL", err.Error())
+			return nil, configError(err.Error())
 		}
 		if arn := attrs[string(types.QueueAttributeNameQueueArn)]; !allow.Allows(arn) {
-			return nil, configError("DeadLetterQueueURL", fmt.Sprintf("the dead-letter queue's RedriveAllowPolicy does not allow queue %s as a source", arn))
+			return nil, configError(fmt.Sprintf("the dead-letter queue's RedriveAllowPolicy does not allow queue %s as a source", arn))
 		}
 	case s.maxReceiveCount == 0:
 		return nil, fmt.Errorf("%w (queue %s)", ErrNoDeadLetterRoute, s.queueName)
@@ -196,13 +193,14 @@ func (s *Source) String() string {
 	return "sqs " + (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
 }
 
-// Close stops receiving and the heartbeat, waits for the ReceiveMessage calls
-// in flight, and makes every message received but not settled visible again
-// at once (within Config.ReleaseTimeout), so that other consumers receive it
-// without waiting for its visibility timeout. Calls to Receive blocked in
-// Close's time return consumer.ErrClosed, and so do all methods afterwards.
-// Close is safe to call more than once and concurrently; it always returns
-// nil.
+// Close stops receiving and the heartbeat, cancels the ReceiveMessage calls
+// in flight (messages SQS had already hidden for one come back after their
+// VisibilityTimeout), and makes every message received but not settled
+// visible again at once (within Config.ReleaseTimeout), so that other
+// consumers receive it without waiting for its visibility timeout. Calls to
+// Receive blocked in Close's time return consumer.ErrClosed, and so do all
+// methods afterwards. Close is safe to call more than once and
+// concurrently; it always returns nil.
 func (s *Source) Close() error {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()
@@ -219,10 +217,7 @@ func (s *Source) Close() error {
 // release makes every tracked message visible again.
 func (s *Source) release() {
 	s.mu.Lock()
-	hs := make([]*handle, 0, len(s.inflight))
-	for h := range s.inflight {
-		hs = append(hs, h)
-	}
+	hs := slices.Collect(maps.Keys(s.inflight))
 	clear(s.inflight)
 	clear(s.active)
 	s.ready = nil
@@ -263,9 +258,6 @@ func (s *Source) isClosed() bool {
 
 // requestContext bounds one settling call by Config.RequestTimeout.
 func (s *Source) requestContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if s.cfg.RequestTimeout <= 0 {
-		return context.WithCancel(ctx)
-	}
 	return context.WithTimeout(ctx, s.cfg.RequestTimeout)
 }
 
@@ -328,4 +320,32 @@ func queueName(queueURL string) string {
 		return path.Base(u.Path)
 	}
 	return queueURL
+}
+
+// DefaultMessageRetention is SQS's default MessageRetentionPeriod (4 days),
+// assumed when a queue does not report its own.
+const DefaultMessageRetention = 4 * 24 * time.Hour
+
+var _ consumer.HorizonReporter = (*Source)(nil)
+
+// RedeliveryHorizon returns the queue's MessageRetentionPeriod, read with
+// GetQueueAttributes: SQS may deliver a message until it is that old, so a
+// dedup record must be kept at least that long for every redelivery to be
+// recognised. The Runner calls it when Run starts (see
+// consumer.HorizonReporter). A queue that does not report the attribute is
+// taken to have SQS's default, DefaultMessageRetention.
+func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, error) {
+	attrs, err := s.queueAttributes(ctx, s.cfg.QueueURL, types.QueueAttributeNameMessageRetentionPeriod)
+	if err != nil {
+		return 0, err
+	}
+	v := attrs[string(types.QueueAttributeNameMessageRetentionPeriod)]
+	if v == "" {
+		return DefaultMessageRetention, nil
+	}
+	secs, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || secs < 0 {
+		return 0, fmt.Errorf("sqssource: queue %s: MessageRetentionPeriod %q is not a number of seconds", s.queueName, v)
+	}
+	return time.Duration(secs) * time.Second, nil
 }

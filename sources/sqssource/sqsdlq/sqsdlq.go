@@ -1,23 +1,17 @@
 // Package sqsdlq is the dlq.Broker of an SQS dead-letter queue (sqssource's
 // Config.DeadLetterQueueURL, or a queue's redrive-policy dead-letter queue).
 //
-// A scan receives the dead letters with a visibility timeout
-// (Config.ScanVisibility), so no other consumer of the dead-letter queue
-// sees them meanwhile, and makes the ones it keeps visible again when it
-// ends. A replay sends the copy to the origin queue and deletes the dead
-// letter only after SendMessage succeeded; if the process dies between the
-// two, the dead letter reappears after Config.ScanVisibility and the next
-// replay sends it again, which the runner absorbs as a duplicate of its key.
-//
-// The copy keeps the key the runner recorded for the original: it carries
-// it in the consumer.MetaKey attribute (unless Config.KeyAttribute holds it
-// already), which sqssource reads after its KeyAttribute. The copy's
-// MessageId is new, and so is its MessageDeduplicationId on a FIFO queue
-// (the dead letter's MessageId: SQS drops a second copy of one dead letter
-// sent within its 5-minute deduplication interval, and never drops the copy
-// as a duplicate of the original). A dead letter whose key was not recorded
-// (a redrive policy moved it from a standard queue keyed on the MessageId)
-// is replayed with a new key.
+// A scan hides the dead letters it receives for Config.ScanVisibility and
+// makes the ones it keeps visible again when it ends. A replay deletes a
+// dead letter only after SendMessage to its origin succeeded; if the
+// process dies between the two, the next replay sends it again, which the
+// runner absorbs as a duplicate of its key: the copy carries the key
+// recorded for the original in consumer.MetaKey (unless Config.KeyAttribute
+// holds it), which sqssource reads, since the copy's MessageId, and on FIFO
+// queues its MessageDeduplicationId (the dead letter's MessageId), are new.
+// A dead letter whose key was not recorded (a redrive policy moved it from a
+// standard queue keyed on the MessageId) is replayed with a new key.
+// docs/operations.md describes replays and the message-move task.
 package sqsdlq
 
 import (
@@ -25,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -108,15 +103,6 @@ func (b *Broker) Close() error { return nil }
 var metaAttrs = []string{consumer.MetaReason, consumer.MetaAttempts, sqssource.MetaOriginQueue, sqssource.MetaOriginMessageID,
 	consumer.MetaKey, consumer.MetaDeadLetteredAt}
 
-func isMeta(name string) bool {
-	for _, m := range metaAttrs {
-		if m == name {
-			return true
-		}
-	}
-	return false
-}
-
 // Scan implements dlq.Broker, in the order SQS returns the dead letters
 // (oldest first on FIFO queues, roughly so on standard ones). It ends when
 // a receive returns nothing, or only dead letters it saw already (a scan
@@ -193,16 +179,14 @@ func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (
 // release makes the kept dead letters visible again.
 func (b *Broker) release(ctx context.Context, kept []types.ChangeMessageVisibilityBatchRequestEntry) error {
 	var errs []error
-	for len(kept) > 0 {
-		n := min(len(kept), 10)
+	for chunk := range slices.Chunk(kept, sqssource.MaxBatch) {
 		out, err := b.cfg.Client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{
-			QueueUrl: aws.String(b.cfg.QueueURL), Entries: kept[:n]})
+			QueueUrl: aws.String(b.cfg.QueueURL), Entries: chunk})
 		if err != nil {
 			errs = append(errs, err)
 		} else if len(out.Failed) > 0 {
 			errs = append(errs, fmt.Errorf("%d entries failed, the first: %s", len(out.Failed), aws.ToString(out.Failed[0].Message)))
 		}
-		kept = kept[n:]
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("sqsdlq: make the kept dead letters visible again (they reappear after %s): %w", b.cfg.ScanVisibility, errors.Join(errs...))
@@ -214,13 +198,10 @@ func (b *Broker) release(ctx context.Context, kept []types.ChangeMessageVisibili
 func (b *Broker) replay(ctx context.Context, m types.Message, l *dlq.Letter) error {
 	attrs := map[string]types.MessageAttributeValue{}
 	for name, v := range m.MessageAttributes {
-		if !isMeta(name) {
+		if !slices.Contains(metaAttrs, name) {
 			attrs[name] = types.MessageAttributeValue{DataType: v.DataType, StringValue: v.StringValue, BinaryValue: v.BinaryValue}
 		}
 	}
-	// The copy carries the key the runner recorded, which sqssource reads
-	// after its KeyAttribute: the copy's MessageId, and on FIFO queues its
-	// deduplication id, are new.
 	if l.Key != "" && (b.cfg.KeyAttribute == "" || aws.ToString(attrs[b.cfg.KeyAttribute].StringValue) != l.Key) {
 		if len(attrs) >= sqssource.MaxMessageAttributes {
 			return fmt.Errorf("sqsdlq: replay %s to %s (the dead letter stays): its %d message attributes leave no room for the key attribute %s",
@@ -230,16 +211,11 @@ func (b *Broker) replay(ctx context.Context, m types.Message, l *dlq.Letter) err
 	}
 	in := &sqs.SendMessageInput{QueueUrl: aws.String(l.Origin), MessageBody: m.Body, MessageAttributes: attrs}
 	if strings.HasSuffix(l.Origin, ".fifo") {
-		group := m.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
-		if group == "" {
-			group = "idemq-replay"
-		}
-		in.MessageGroupId = aws.String(group)
-		// Unique per dead letter, not the key: a replay run again within
-		// SQS's deduplication interval is dropped by SQS itself, and the
-		// copy is never taken for the original (sent with the key as its
-		// deduplication id less than 5 minutes before, the copy would be
-		// dropped and lost).
+		in.MessageGroupId = aws.String(cmp.Or(m.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)], "idemq-replay"))
+		// Unique per dead letter, not the key: SQS drops a replay run again
+		// within its deduplication interval, but never takes the copy for
+		// the original (sent with the key less than 5 minutes before, the
+		// copy would be dropped and lost).
 		in.MessageDeduplicationId = m.MessageId
 	}
 	if _, err := b.cfg.Client.SendMessage(ctx, in); err != nil {
@@ -258,20 +234,14 @@ func (b *Broker) letterOf(m types.Message) *dlq.Letter {
 	}
 	l := brokerkit.Letter(aws.ToString(m.MessageId), []byte(aws.ToString(m.Body)), attr)
 	l.Origin = cmp.Or(attr(sqssource.MetaOriginQueue), b.cfg.OriginQueueURL)
-	switch {
-	case b.cfg.KeyAttribute != "" && attr(b.cfg.KeyAttribute) != "":
-		l.Key = attr(b.cfg.KeyAttribute)
-	case l.Key != "": // consumer.MetaKey
-	case m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)] != "":
-		l.Key = m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)]
-	default:
-		l.Key = attr(sqssource.MetaOriginMessageID)
-	}
+	// l.Key is consumer.MetaKey's. SQS names no attribute "".
+	l.Key = cmp.Or(attr(b.cfg.KeyAttribute), l.Key, m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)],
+		attr(sqssource.MetaOriginMessageID))
 	if ms, err := strconv.ParseInt(m.Attributes[string(types.MessageSystemAttributeNameSentTimestamp)], 10, 64); err == nil && l.DeadLetteredAt.IsZero() {
 		l.DeadLetteredAt = time.UnixMilli(ms).UTC()
 	}
 	for name, v := range m.MessageAttributes {
-		if !isMeta(name) && v.StringValue != nil {
+		if !slices.Contains(metaAttrs, name) && v.StringValue != nil {
 			l.Headers[name] = *v.StringValue
 		}
 	}
@@ -288,19 +258,12 @@ func (b *Broker) letterOf(m types.Message) *dlq.Letter {
 // dead letter comes from one queue: the dead-letter queue's
 // RedriveAllowPolicy allows exactly one source queue (byQueue), no other
 // queue names it in a redrive policy (ListDeadLetterSourceQueues), and
-// destinationURL, when it is not "", is that queue. sqssource.New refuses a
-// Config.DeadLetterQueueURL whose RedriveAllowPolicy does not allow its
-// queue, so idemq's own dead letters keep to it; a program that sends to
-// the dead-letter queue directly must too. Otherwise MoveAll moves nothing
-// and returns an error wrapping ErrNativeUnsafe, and an endpoint without
-// message-move tasks gives one wrapping ErrNativeUnsupported: replay with
-// Scan (dlq.Replay). SQS's default RedriveAllowPolicy (allowAll) and
-// ElasticMQ (which keeps no RedriveAllowPolicy) always get
-// ErrNativeUnsafe.
-//
-// The moved messages keep every attribute, idemq's dead-letter metadata
-// included (the runner ignores it, and reads the recorded key from
-// consumer.MetaKey).
+// destinationURL, when it is not "", is that queue. Otherwise it moves
+// nothing and returns an error wrapping ErrNativeUnsafe (always so with
+// SQS's default allowAll, and on ElasticMQ); an endpoint without
+// message-move tasks gives one wrapping ErrNativeUnsupported. Scan
+// (dlq.Replay) replays those. The moved messages keep every attribute,
+// idemq's dead-letter metadata included (the runner ignores it).
 func (b *Broker) MoveAll(ctx context.Context, destinationURL string, progress func(moved int)) (int, error) {
 	attrs, err := b.attributes(ctx, b.cfg.QueueURL, types.QueueAttributeNameQueueArn, types.QueueAttributeNameRedriveAllowPolicy)
 	if err != nil {
@@ -311,10 +274,7 @@ func (b *Broker) MoveAll(ctx context.Context, destinationURL string, progress fu
 	for p := sqs.NewListDeadLetterSourceQueuesPaginator(b.cfg.Client, &sqs.ListDeadLetterSourceQueuesInput{QueueUrl: aws.String(b.cfg.QueueURL)}); p.HasMorePages(); {
 		out, err := p.NextPage(ctx)
 		if err != nil {
-			if unsupported(err) {
-				return 0, fmt.Errorf("%w: %w", ErrNativeUnsupported, err)
-			}
-			return 0, fmt.Errorf("sqsdlq: the queues that name %s as their dead-letter queue: %w", b.cfg.QueueURL, err)
+			return 0, nativeErr(err, "the queues that name "+b.cfg.QueueURL+" as their dead-letter queue")
 		}
 		for _, u := range out.QueueUrls {
 			arn, err := b.arn(ctx, u)
@@ -336,10 +296,7 @@ func (b *Broker) MoveAll(ctx context.Context, destinationURL string, progress fu
 	}
 	out, err := b.cfg.Client.StartMessageMoveTask(ctx, &sqs.StartMessageMoveTaskInput{SourceArn: aws.String(src), DestinationArn: aws.String(dst)})
 	if err != nil {
-		if unsupported(err) {
-			return 0, fmt.Errorf("%w: %w", ErrNativeUnsupported, err)
-		}
-		return 0, fmt.Errorf("sqsdlq: start the message-move task: %w", err)
+		return 0, nativeErr(err, "start the message-move task")
 	}
 	for {
 		lt, err := b.cfg.Client.ListMessageMoveTasks(ctx, &sqs.ListMessageMoveTasksInput{SourceArn: aws.String(src), MaxResults: aws.Int32(10)})
@@ -415,16 +372,16 @@ func (b *Broker) arn(ctx context.Context, url string) (string, error) {
 	return attrs[string(types.QueueAttributeNameQueueArn)], nil
 }
 
-// unsupported reports an error that says the endpoint lacks the operation.
-func unsupported(err error) bool {
+// nativeErr wraps err, the error of a call to what, in ErrNativeUnsupported
+// when it says that the endpoint lacks the operation.
+func nativeErr(err error, what string) error {
 	var ae smithy.APIError
 	if errors.As(err, &ae) {
-		switch c := ae.ErrorCode(); {
-		case c == "UnsupportedOperation", c == "InvalidAction", strings.Contains(c, "Unknown"), strings.Contains(c, "NotImplemented"):
-			return true
+		c, msg := ae.ErrorCode(), strings.ToLower(ae.ErrorMessage())
+		if c == "UnsupportedOperation" || c == "InvalidAction" || strings.Contains(c, "Unknown") || strings.Contains(c, "NotImplemented") ||
+			strings.Contains(msg, "not supported") || strings.Contains(msg, "unknown") {
+			return fmt.Errorf("%w: %w", ErrNativeUnsupported, err)
 		}
-		return strings.Contains(strings.ToLower(ae.ErrorMessage()), "not supported") ||
-			strings.Contains(strings.ToLower(ae.ErrorMessage()), "unknown")
 	}
-	return false
+	return fmt.Errorf("sqsdlq: %s: %w", what, err)
 }
