@@ -22,12 +22,13 @@ import (
 func (s *Store) Cleanup(ctx context.Context) (int64, error) {
 	batch := s.cleanupBatch
 	if s.cfg.Partitioned {
-		p, err := s.partitioned(ctx, s.db)
+		parts := s.parts()
+		p, err := parts.Partitioned(ctx, s.db)
 		if err != nil {
 			return 0, fmt.Errorf("pgdedup: cleanup: %w", err)
 		}
 		if p {
-			batch = s.maintainPartitions
+			batch = parts.Maintain
 		}
 	}
 	return s.shared.Cleanup(ctx, s.cfg.CleanupPause, batch)
@@ -38,10 +39,6 @@ func (s *Store) Cleanup(ctx context.Context) (int64, error) {
 func (s *Store) cleanupBatch(ctx context.Context) (deleted int64, busy bool, err error) {
 	return s.shared.CleanupBatch(ctx, s.q.cleanup, s.cfg.CleanupBatchSize, s.cfg.Now())
 }
-
-// lockKey is the key of the janitor's advisory lock: one process cleans
-// (or maintains the partitions of) a table at a time.
-func (s *Store) lockKey() string { return s.shared.LockKey() }
 
 // RunJanitor calls Cleanup every Config.CleanupInterval until ctx is done,
 // logging failures, and returns nil when ctx is done. Run it in its own

@@ -36,7 +36,7 @@ const (
 // index the check is still the scan that the first unexpired record ends.
 func (s *Store) parts() *pgpart.Table {
 	return &pgpart.Table{
-		DB: s.db, Schema: s.cfg.Schema, Name: s.cfg.Table, LockKey: s.lockKey(),
+		DB: s.db, Schema: s.cfg.Schema, Name: s.cfg.Table, LockKey: s.shared.LockKey(),
 		Retention: s.cfg.Retention, Now: s.cfg.Now, Prefix: "pgdedup", Logger: s.cfg.Logger,
 		Kept: func(ctx context.Context, tx pgx.Tx, partition string, now time.Time) (kept bool, err error) {
 			if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off`); err != nil {
@@ -46,17 +46,4 @@ func (s *Store) parts() *pgpart.Table {
 			return kept, err
 		},
 	}
-}
-
-// partitioned reports whether the store's table is partitioned: the
-// janitor of a partitioned store on a table not yet partitioned deletes
-// rows.
-func (s *Store) partitioned(ctx context.Context, db DBTX) (bool, error) {
-	return s.parts().Partitioned(ctx, db)
-}
-
-// maintainPartitions creates and drops the table's partitions
-// (pgpart.Table.Maintain).
-func (s *Store) maintainPartitions(ctx context.Context) (dropped int64, busy bool, err error) {
-	return s.parts().Maintain(ctx)
 }

@@ -234,7 +234,7 @@ func (s txDriver) ForgetEnded(ctx context.Context, tx pgx.Tx, scope, culprit str
 // for that transaction's outcome. An expired record (older than Retention,
 // not yet deleted by the janitor) counts as absent and is claimed anew.
 func (s txDriver) Claim(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, error) {
-	return s.claim(ctx, tx, scope, recs)
+	return s.claim(ctx, tx, scope, recs, nil)
 }
 
 // IsTransient implements dedupdriver.Tx. Only typed driver errors
@@ -286,7 +286,7 @@ func (s *Store) noPartition(err *pgconn.PgError) bool {
 // dedup.ErrPayloadMismatch) when key was processed with another payload.
 func (s *Store) MarkProcessedTx(ctx context.Context, tx pgx.Tx, scope, key string, payload []byte) (dedup.State, error) {
 	return sqlstore.MarkProcessed(scope, key, payload, func(recs []dedup.Record) ([]dedup.Claim, error) {
-		return s.claim(ctx, tx, scope, recs)
+		return s.claim(ctx, tx, scope, recs, nil)
 	})
 }
 
