@@ -136,7 +136,7 @@ func New(db DB, cfg Config) (*Store, error) {
 	if err := l.Err(); err != nil {
 		return nil, err
 	}
-	shared := sqlstore.New("sqldedup", conn{querier{db}, db}, set)
+	shared := sqlstore.New("sqldedup", conn{q: db}, set)
 	return &Store{db: db, cfg: cfg, q: queries{shared}, shared: shared}, nil
 }
 
