@@ -141,7 +141,7 @@ func (m *Migrator[TTx]) MigrateTx(ctx context.Context, tx TTx) ([]Migration, err
 			return nil, fmt.Errorf("migrate %s: %w", p.table, err)
 		}
 	}
-	done, err := m.db.versions(ctx, tx, `SELECT version, name FROM `+p.versions+` ORDER BY version`)
+	done, err := m.versions(ctx, tx)
 	if err != nil {
 		return nil, fmt.Errorf("migrate %s: %w", p.table, err)
 	}
@@ -177,7 +177,7 @@ func (m *Migrator[TTx]) apply(ctx context.Context, tx TTx, mg Migration) error {
 	}
 	for _, stmt := range splitStatements(mg.Up) {
 		if c := addColumn.FindStringSubmatch(stmt); c != nil {
-			has, err := m.db.exists(ctx, tx, `SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2`, c[1], c[2])
+			has, err := m.exists(ctx, tx, `SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2`, c[1], c[2])
 			if err != nil {
 				return err
 			}
@@ -222,10 +222,10 @@ func (m *Migrator[TTx]) Prepare(ctx context.Context) error {
 	var unpartitioned, invalid bool
 	err = func() error {
 		defer m.db.rollback(ctx, tx)
-		if unpartitioned, err = m.db.exists(ctx, tx, `SELECT coalesce((SELECT relkind = 'r' FROM pg_class WHERE oid = to_regclass($1)), false)`, table); err != nil {
+		if unpartitioned, err = m.exists(ctx, tx, `SELECT coalesce((SELECT relkind = 'r' FROM pg_class WHERE oid = to_regclass($1)), false)`, table); err != nil {
 			return err
 		}
-		invalid, err = m.db.exists(ctx, tx, `SELECT coalesce((SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)), false)`,
+		invalid, err = m.exists(ctx, tx, `SELECT coalesce((SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)), false)`,
 			quote(p.cfg.Schema)+"."+quote(name+"_partition_idx"))
 		return err
 	}()
@@ -272,14 +272,14 @@ func (m *Migrator[TTx]) ExistingVersions(ctx context.Context) ([]Migration, erro
 		probe = `SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?1`
 		name = p.versions[1 : len(p.versions)-1] // unquoted: SQLite has no schema
 	}
-	ok, err := m.db.exists(ctx, tx, probe, name)
+	ok, err := m.exists(ctx, tx, probe, name)
 	if err != nil {
 		return nil, fmt.Errorf("migrate %s: %w", p.table, err)
 	}
 	if !ok {
 		return nil, nil
 	}
-	done, err := m.db.versions(ctx, tx, `SELECT version, name FROM `+p.versions+` ORDER BY version`)
+	done, err := m.versions(ctx, tx)
 	if err != nil {
 		return nil, fmt.Errorf("migrate %s: %w", p.table, err)
 	}
@@ -289,6 +289,37 @@ func (m *Migrator[TTx]) ExistingVersions(ctx context.Context) ([]Migration, erro
 		}
 	}
 	return done, nil
+}
+
+// exists runs query, which returns one boolean, in tx.
+func (m *Migrator[TTx]) exists(ctx context.Context, tx TTx, query string, args ...any) (bool, error) {
+	var ok bool
+	err := m.db.scan(ctx, tx, query, &ok, args...)
+	return ok, err
+}
+
+// versions reads the versions table in tx, in version order: in one row,
+// so that a pgx transaction needs no Query.
+func (m *Migrator[TTx]) versions(ctx context.Context, tx TTx) ([]Migration, error) {
+	agg := `string_agg(version::text || ' ' || name, E'\n')`
+	if m.p.cfg.Dialect == SQLite {
+		agg = `group_concat(version || ' ' || name, char(10))`
+	}
+	var all string
+	if err := m.db.scan(ctx, tx, `SELECT coalesce(`+agg+`, '') FROM `+m.p.versions, &all); err != nil {
+		return nil, err
+	}
+	var out []Migration
+	for line := range strings.Lines(all) {
+		num, name, _ := strings.Cut(strings.TrimSpace(line), " ")
+		v, err := strconv.Atoi(num)
+		if err != nil {
+			return nil, fmt.Errorf("versions table: %q: %w", line, err)
+		}
+		out = append(out, Migration{Version: v, Name: name})
+	}
+	slices.SortFunc(out, func(a, b Migration) int { return a.Version - b.Version })
+	return out, nil
 }
 
 // errNoDB is returned by the methods that need a database when the
@@ -314,8 +345,8 @@ type driver[TTx any] interface {
 	commit(ctx context.Context, tx TTx) error
 	rollback(ctx context.Context, tx TTx)
 	exec(ctx context.Context, tx TTx, sql string, args ...any) error
-	exists(ctx context.Context, tx TTx, sql string, args ...any) (bool, error)
-	versions(ctx context.Context, tx TTx, sql string) ([]Migration, error)
+	// scan reads the one column of the first row of sql into dest.
+	scan(ctx context.Context, tx TTx, sql string, dest any, args ...any) error
 	// execNoTx runs sql outside a transaction, when the database can.
 	execNoTx(ctx context.Context, sql string) error
 }
@@ -341,30 +372,8 @@ func (pgxDriver[TTx, Tag, Row]) exec(ctx context.Context, tx TTx, sql string, ar
 	return err
 }
 
-func (pgxDriver[TTx, Tag, Row]) exists(ctx context.Context, tx TTx, sql string, args ...any) (bool, error) {
-	var ok bool
-	err := tx.QueryRow(ctx, sql, args...).Scan(&ok)
-	return ok, err
-}
-
-// versions reads the rows of query (version, name) as one row, as
-// PgxTx offers no Query.
-func (pgxDriver[TTx, Tag, Row]) versions(ctx context.Context, tx TTx, query string) ([]Migration, error) {
-	var all string
-	q := `SELECT coalesce(string_agg(v.version::text || ' ' || v.name, E'\n' ORDER BY v.version), '') FROM (` + query + `) AS v`
-	if err := tx.QueryRow(ctx, q).Scan(&all); err != nil {
-		return nil, err
-	}
-	var out []Migration
-	for line := range strings.Lines(all) {
-		num, name, _ := strings.Cut(strings.TrimSpace(line), " ")
-		v, err := strconv.Atoi(num)
-		if err != nil {
-			return nil, fmt.Errorf("versions table: %q: %w", line, err)
-		}
-		out = append(out, Migration{Version: v, Name: name})
-	}
-	return out, nil
+func (pgxDriver[TTx, Tag, Row]) scan(ctx context.Context, tx TTx, sql string, dest any, args ...any) error {
+	return tx.QueryRow(ctx, sql, args...).Scan(dest)
 }
 
 func (d pgxDriver[TTx, Tag, Row]) execNoTx(ctx context.Context, sql string) error {
@@ -404,27 +413,8 @@ func (sqlDriver) exec(ctx context.Context, tx *sql.Tx, query string, args ...any
 	return err
 }
 
-func (sqlDriver) exists(ctx context.Context, tx *sql.Tx, query string, args ...any) (bool, error) {
-	var ok bool
-	err := tx.QueryRowContext(ctx, query, args...).Scan(&ok)
-	return ok, err
-}
-
-func (sqlDriver) versions(ctx context.Context, tx *sql.Tx, query string) ([]Migration, error) {
-	rows, err := tx.QueryContext(ctx, query)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []Migration
-	for rows.Next() {
-		var m Migration
-		if err := rows.Scan(&m.Version, &m.Name); err != nil {
-			return nil, err
-		}
-		out = append(out, m)
-	}
-	return out, rows.Err()
+func (sqlDriver) scan(ctx context.Context, tx *sql.Tx, query string, dest any, args ...any) error {
+	return tx.QueryRowContext(ctx, query, args...).Scan(dest)
 }
 
 // Compile-time check that the database/sql driver fits.
