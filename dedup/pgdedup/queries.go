@@ -50,21 +50,23 @@ func (s *Store) planned(args ...any) []any {
 
 func newQueries(schema, table string, partitioned bool) queries {
 	t := pgx.Identifier{schema, table}.Sanitize()
+	// The claim's inserts, of many keys through unnest (in key order, so
+	// that concurrent claims lock in that order) and of one key (a batch
+	// of 1: no unnest and no sort for the server to run).
+	insert := `INSERT INTO ` + t + ` (scope, key, payload_hash, processed_at, expires_at)
+SELECT $1, `
+	times := `$5::timestamptz, $5 + $4 * interval '1 microsecond'`
+	many, one := insert+`u.k, u.h, `+times+`
+FROM unnest($2::text[], $3::bytea[]) AS u(k, h)`, insert+`$2, $3, `+times
 	q := queries{
 		table: t,
-		// Rows are inserted in key order, so concurrent claims lock in
-		// that order. ON CONFLICT DO NOTHING waits for an uncommitted
-		// conflicting row and then skips it if it committed.
-		claimInsert: `INSERT INTO ` + t + ` (scope, key, payload_hash, processed_at, expires_at)
-SELECT $1, u.k, u.h, $5::timestamptz, $5 + $4 * interval '1 microsecond'
-FROM unnest($2::text[], $3::bytea[]) AS u(k, h)
+		// ON CONFLICT DO NOTHING waits for an uncommitted conflicting row
+		// and then skips it if it committed.
+		claimInsert: many + `
 ORDER BY u.k
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING key`,
-		// The same for one key (a batch of 1): no unnest and no sort for
-		// the server to run.
-		claimInsertOne: `INSERT INTO ` + t + ` (scope, key, payload_hash, processed_at, expires_at)
-VALUES ($1, $2, $3, $5::timestamptz, $5 + $4 * interval '1 microsecond')
+		claimInsertOne: one + `
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING key`,
 		// A new statement, so a new snapshot: it sees the commits the
@@ -107,14 +109,11 @@ LIMIT $1 FOR UPDATE SKIP LOCKED))`,
 		q.lockOne = `SELECT pg_advisory_xact_lock(hashtext($1), hashtext($2))`
 		q.lockMany = `SELECT count(pg_advisory_xact_lock(l.s, l.k)) FROM (
 SELECT DISTINCT hashtext($1) AS s, hashtext(k) AS k FROM unnest($2::text[]) AS k ORDER BY 1, 2 OFFSET 0) AS l`
-		q.claimInsert = `INSERT INTO ` + t + ` (scope, key, payload_hash, processed_at, expires_at)
-SELECT $1, u.k, u.h, $5::timestamptz, $5 + $4 * interval '1 microsecond'
-FROM unnest($2::text[], $3::bytea[]) AS u(k, h)
+		q.claimInsert = many + `
 WHERE NOT EXISTS (SELECT FROM ` + t + ` AS p WHERE p.scope = $1 AND p.key = u.k)
 ORDER BY u.k
 RETURNING key`
-		q.claimInsertOne = `INSERT INTO ` + t + ` (scope, key, payload_hash, processed_at, expires_at)
-SELECT $1, $2, $3, $5::timestamptz, $5 + $4 * interval '1 microsecond'
+		q.claimInsertOne = one + `
 WHERE NOT EXISTS (SELECT FROM ` + t + ` WHERE scope = $1 AND key = $2)
 RETURNING key`
 	}
