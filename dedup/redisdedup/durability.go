@@ -146,21 +146,19 @@ func infoField(text, name string) (string, bool) {
 
 // settings formats p's settings as Redis names them.
 func (p persistence) settings() string {
-	var b strings.Builder
-	if p.addr != "" {
-		b.WriteString(p.addr + ": ")
-	}
+	s := "appendonly=no"
 	if p.appendOnly {
-		b.WriteString("appendonly=yes")
-	} else {
-		b.WriteString("appendonly=no")
+		s = "appendonly=yes"
 	}
 	if p.configErr != nil {
-		b.WriteString(" appendfsync=? save=? (" + p.configErr.Error() + ")")
-		return b.String()
+		s += " appendfsync=? save=? (" + p.configErr.Error() + ")"
+	} else {
+		s += " appendfsync=" + p.fsync + " save=" + strconv.Quote(p.save)
 	}
-	b.WriteString(" appendfsync=" + p.fsync + " save=" + strconv.Quote(p.save))
-	return b.String()
+	if p.addr != "" {
+		s = p.addr + ": " + s
+	}
+	return s
 }
 
 // loss says how a write p acknowledged can be lost, or "".
