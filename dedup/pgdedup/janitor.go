@@ -24,7 +24,9 @@ import (
 // counts the records of the partitions dropped as the planner's statistics
 // estimate them.
 func (s *Store) Cleanup(ctx context.Context) (int64, error) {
-	batch := s.cleanupBatch
+	batch := func(ctx context.Context) (int64, bool, error) { // the records expired by the store's clock
+		return s.shared.CleanupBatch(ctx, s.q.cleanup, s.cfg.CleanupBatchSize, s.cfg.Now())
+	}
 	if s.cfg.Partitioned {
 		parts := s.parts()
 		p, err := parts.Partitioned(ctx, s.db)
@@ -36,12 +38,6 @@ func (s *Store) Cleanup(ctx context.Context) (int64, error) {
 		}
 	}
 	return s.shared.Cleanup(ctx, s.cfg.CleanupPause, batch)
-}
-
-// cleanupBatch deletes, in its own transaction, a batch of expired records
-// by the store's clock, unless another process holds the janitor's lock.
-func (s *Store) cleanupBatch(ctx context.Context) (deleted int64, busy bool, err error) {
-	return s.shared.CleanupBatch(ctx, s.q.cleanup, s.cfg.CleanupBatchSize, s.cfg.Now())
 }
 
 // RunJanitor calls Cleanup every Config.CleanupInterval until ctx is done,
