@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -106,15 +107,9 @@ func (s *Store) pipeline(ctx context.Context, script *redis.Script, keys []strin
 			return nil
 		})
 		s.reloadOn(err)
-		noScript := false
-		for _, cmd := range cmds {
-			if isNoScript(cmd.Err()) {
-				noScript = true
-				break
-			}
-		}
-		if !noScript || try > 0 {
-			if err != nil && !errors.Is(err, redis.Nil) && !hasCmdErr(cmds, err) {
+		if try > 0 || !slices.ContainsFunc(cmds, func(c *redis.Cmd) bool { return isNoScript(c.Err()) }) {
+			cmdErr := slices.ContainsFunc(cmds, func(c *redis.Cmd) bool { return errors.Is(err, c.Err()) })
+			if err != nil && !errors.Is(err, redis.Nil) && !cmdErr { // the pipeline's own failure
 				return nil, err
 			}
 			return cmds, nil
@@ -127,16 +122,4 @@ func (s *Store) pipeline(ctx context.Context, script *redis.Script, keys []strin
 
 func isNoScript(err error) bool {
 	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
-}
-
-// hasCmdErr reports whether err, returned by Pipelined, is the error of one
-// of the commands (reported per command) rather than a failure of the
-// pipeline as a whole.
-func hasCmdErr(cmds []*redis.Cmd, err error) bool {
-	for _, cmd := range cmds {
-		if errors.Is(err, cmd.Err()) {
-			return true
-		}
-	}
-	return false
 }

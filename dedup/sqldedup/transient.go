@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"slices"
 	"strings"
 
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
@@ -85,10 +86,5 @@ func (s *Store) refused(err error) bool {
 		return coded.Code()&0xff == sqliteConstraint
 	}
 	msg := strings.ToLower(err.Error())
-	for _, m := range failedTxCommit {
-		if strings.Contains(msg, m) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(failedTxCommit, func(m string) bool { return strings.Contains(msg, m) })
 }
