@@ -66,10 +66,8 @@ func (txDriver) ForgetEnded(context.Context, *sql.Tx, string, string, []string) 
 // DB. consumer.NewRunner uses it to refuse a Concurrency the pool cannot
 // serve (see dedupdriver.Caps.Pool).
 //
-// A SQLite store reports 0: OpenSQLite limits its pool to one connection on
-// purpose (SQLite has one writer), and the runner's batches queue for it. A
-// handler on SQLite must therefore do all its database work through the
-// transaction it is given; a query on the *sql.DB would wait for ever.
+// A SQLite store reports 0: OpenSQLite's one connection is on purpose (see
+// OpenSQLite), and the runner's batches queue for it.
 func (s txDriver) PoolSize() int {
 	if s.cfg.Dialect != Postgres {
 		return 0
