@@ -159,3 +159,37 @@ func (e *MismatchError) Is(target error) bool { return target == ErrPayloadMisma
 // swallowed), or a deferred constraint failed. Nothing was committed. Any other commit error leaves the
 // outcome unknown and says nothing about the messages.
 var ErrTxRefused = errors.New("dedup: commit refused")
+
+// Result is the outcome a handler returned for one key, stored with the
+// key's record so that a later delivery of the key (a redelivery, a retried
+// request) gets the original answer instead of running the effect again.
+// It lives and expires with the record (the store's retention).
+type Result struct {
+	Key   string
+	Value []byte
+}
+
+// ErrResultTooLarge is matched by the error of a store (or of the runner)
+// refusing a result above its size limit. Nothing is stored for the key by
+// the call that failed.
+var ErrResultTooLarge = errors.New("dedup: result too large")
+
+// Durability is what a store read of its server's persistence settings:
+// the answer of its driver's Durability (dedupdriver.Caps.Durability).
+type Durability struct {
+	// Settings are the settings read, as the server names them, for logs
+	// and errors: "appendonly=yes appendfsync=everysec".
+	Settings string
+	// Loss says how a write the server acknowledged can be lost (by a
+	// restart of the server, a crash of it or of its machine), or could be,
+	// when a setting that matters could not be read; empty when the
+	// settings read rule that out.
+	Loss string
+}
+
+// ErrNotDurable is matched by the error of a store's Durability (see
+// dedupdriver.Caps.Durability) set to refuse
+// a server that can lose the writes it acknowledged (see
+// redisdedup.Config.RequireDurable). The error is a *idemq.ConfigError
+// that states the settings read.
+var ErrNotDurable = errors.New("dedup: the store's server can lose acknowledged writes")

@@ -18,7 +18,7 @@ import (
 // use; so are concurrent Migrate calls from several processes (see
 // Migrate).
 type Migrator[TTx any] struct {
-	p  *plan
+	*plan
 	db driver[TTx]
 }
 
@@ -51,7 +51,7 @@ func NewPgx[TTx PgxTx[Tag, Row], Tag any, Row interface{ Scan(dest ...any) error
 	if err != nil {
 		return nil, err
 	}
-	return &Migrator[TTx]{p: p, db: pgxDriver[TTx, Tag, Row]{db: db}}, nil
+	return &Migrator[TTx]{plan: p, db: pgxDriver[TTx, Tag, Row]{db: db}}, nil
 }
 
 // SQLBeginner is what NewSQL needs of database/sql: *sql.DB and *sql.Conn
@@ -68,25 +68,25 @@ func NewSQL(db SQLBeginner, cfg Config) (*Migrator[*sql.Tx], error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Migrator[*sql.Tx]{p: p, db: sqlDriver{db: db}}, nil
+	return &Migrator[*sql.Tx]{plan: p, db: sqlDriver{db: db}}, nil
 }
 
 // Config returns the Migrator's configuration, with its defaults filled in.
-func (m *Migrator[TTx]) Config() Config { return m.p.cfg }
+func (m *Migrator[TTx]) Config() Config { return m.cfg }
 
 // Table returns the migrated table's name as messages give it:
 // schema-qualified when it has a schema.
-func (m *Migrator[TTx]) Table() string { return m.p.table }
+func (m *Migrator[TTx]) Table() string { return m.table }
 
 // AllVersions returns every migration of the line, rendered for the
 // Config, in version order.
-func (m *Migrator[TTx]) AllVersions() []Migration { return slices.Clone(m.p.migrations) }
+func (m *Migrator[TTx]) AllVersions() []Migration { return slices.Clone(m.migrations) }
 
 // SQL returns the SQL that Migrate applies to an empty database, rendered
 // for the Config, for review or for another migration tool: the schema
 // statements (PostgreSQL), then the Up section of every migration. It does
 // not include the versions table that Migrate keeps.
-func (m *Migrator[TTx]) SQL() string { return m.p.script() }
+func (m *Migrator[TTx]) SQL() string { return m.script() }
 
 // Migrate applies, in one transaction, every migration not yet applied, and
 // returns them in version order: none when the table was up to date.
@@ -105,7 +105,7 @@ func (m *Migrator[TTx]) Migrate(ctx context.Context) ([]Migration, error) {
 		return nil, err
 	}
 	if err := m.db.commit(ctx, tx); err != nil {
-		return nil, fmt.Errorf("migrate %s: commit: %w", m.p.table, err)
+		return nil, fmt.Errorf("migrate %s: commit: %w", m.table, err)
 	}
 	return applied, nil
 }
@@ -115,18 +115,17 @@ func (m *Migrator[TTx]) Migrate(ctx context.Context) ([]Migration, error) {
 // is applied until tx commits. On PostgreSQL the Outbox line with a Schema
 // sets tx's search_path to it (SET LOCAL).
 func (m *Migrator[TTx]) MigrateTx(ctx context.Context, tx TTx) ([]Migration, error) {
-	p := m.p
 	var steps []string
-	if p.cfg.Dialect == Postgres {
-		steps = append(steps, `SELECT pg_advisory_xact_lock(hashtext('`+p.lockKey+`'))`)
-		steps = append(steps, p.enter...)
-		steps = append(steps, `CREATE TABLE IF NOT EXISTS `+p.versions+` (
+	if m.cfg.Dialect == Postgres {
+		steps = append(steps, `SELECT pg_advisory_xact_lock(hashtext('`+m.lockKey+`'))`)
+		steps = append(steps, m.enter...)
+		steps = append(steps, `CREATE TABLE IF NOT EXISTS `+m.versions+` (
     version    integer     PRIMARY KEY,
     name       text        NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()
 )`)
 	} else {
-		steps = append(steps, `CREATE TABLE IF NOT EXISTS `+p.versions+` (
+		steps = append(steps, `CREATE TABLE IF NOT EXISTS `+m.versions+` (
     version    INTEGER PRIMARY KEY,
     name       TEXT    NOT NULL,
     applied_at TEXT    NOT NULL DEFAULT CURRENT_TIMESTAMP
@@ -134,34 +133,34 @@ func (m *Migrator[TTx]) MigrateTx(ctx context.Context, tx TTx) ([]Migration, err
 			// A write as the first data statement takes SQLite's write
 			// lock, so concurrent migrations in deferred transactions
 			// serialise instead of failing on upgrade.
-			`DELETE FROM `+p.versions+` WHERE version < 0`)
+			`DELETE FROM `+m.versions+` WHERE version < 0`)
 	}
 	for _, q := range steps {
 		if err := m.db.exec(ctx, tx, q); err != nil {
-			return nil, fmt.Errorf("migrate %s: %w", p.table, err)
+			return nil, fmt.Errorf("migrate %s: %w", m.table, err)
 		}
 	}
-	done, err := m.db.versions(ctx, tx, `SELECT version, name FROM `+p.versions+` ORDER BY version`)
+	done, err := m.readVersions(ctx, tx)
 	if err != nil {
-		return nil, fmt.Errorf("migrate %s: %w", p.table, err)
+		return nil, fmt.Errorf("migrate %s: %w", m.table, err)
 	}
 	var pending []Migration
-	for _, mg := range p.migrations {
+	for _, mg := range m.migrations {
 		if !slices.ContainsFunc(done, func(d Migration) bool { return d.Version == mg.Version }) {
 			pending = append(pending, mg)
 		}
 	}
 	ph1, ph2 := "$1", "$2"
-	if p.cfg.Dialect == SQLite {
+	if m.cfg.Dialect == SQLite {
 		ph1, ph2 = "?1", "?2"
 	}
-	insert := `INSERT INTO ` + p.versions + ` (version, name) VALUES (` + ph1 + `, ` + ph2 + `)`
+	insert := `INSERT INTO ` + m.versions + ` (version, name) VALUES (` + ph1 + `, ` + ph2 + `)`
 	for _, mg := range pending {
 		if err := m.apply(ctx, tx, mg); err != nil {
-			return nil, fmt.Errorf("migrate %s: %s: %w", p.table, mg.Name, err)
+			return nil, fmt.Errorf("migrate %s: %s: %w", m.table, mg.Name, err)
 		}
 		if err := m.db.exec(ctx, tx, insert, mg.Version, mg.Name); err != nil {
-			return nil, fmt.Errorf("migrate %s: %s: %w", p.table, mg.Name, err)
+			return nil, fmt.Errorf("migrate %s: %s: %w", m.table, mg.Name, err)
 		}
 	}
 	return pending, nil
@@ -172,12 +171,12 @@ func (m *Migrator[TTx]) MigrateTx(ctx context.Context, tx TTx) ([]Migration, err
 // exists is skipped (SQLite has no ADD COLUMN IF NOT EXISTS, and a table
 // made before the versions table was kept may have it).
 func (m *Migrator[TTx]) apply(ctx context.Context, tx TTx, mg Migration) error {
-	if m.p.cfg.Dialect == Postgres {
+	if m.cfg.Dialect == Postgres {
 		return m.db.exec(ctx, tx, mg.Up)
 	}
 	for _, stmt := range splitStatements(mg.Up) {
 		if c := addColumn.FindStringSubmatch(stmt); c != nil {
-			has, err := m.db.exists(ctx, tx, `SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2`, c[1], c[2])
+			has, err := m.exists(ctx, tx, `SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2`, c[1], c[2])
 			if err != nil {
 				return err
 			}
@@ -210,11 +209,10 @@ func (m *Migrator[TTx]) apply(ctx context.Context, tx TTx, mg Migration) error {
 // transaction. An index left invalid by an interrupted build is dropped and
 // built again.
 func (m *Migrator[TTx]) Prepare(ctx context.Context) error {
-	p := m.p
-	if !p.cfg.Partitioned || p.cfg.Line != Dedup {
+	if !m.cfg.Partitioned || m.cfg.Line != Dedup {
 		return nil
 	}
-	table, name := quote(p.cfg.Schema)+"."+quote(p.cfg.Table), p.cfg.Table
+	table, name := quote(m.cfg.Schema)+"."+quote(m.cfg.Table), m.cfg.Table
 	tx, err := m.begin(ctx, "prepare: ")
 	if err != nil {
 		return err
@@ -222,11 +220,11 @@ func (m *Migrator[TTx]) Prepare(ctx context.Context) error {
 	var unpartitioned, invalid bool
 	err = func() error {
 		defer m.db.rollback(ctx, tx)
-		if unpartitioned, err = m.db.exists(ctx, tx, `SELECT coalesce((SELECT relkind = 'r' FROM pg_class WHERE oid = to_regclass($1)), false)`, table); err != nil {
+		if unpartitioned, err = m.exists(ctx, tx, `SELECT coalesce((SELECT relkind = 'r' FROM pg_class WHERE oid = to_regclass($1)), false)`, table); err != nil {
 			return err
 		}
-		invalid, err = m.db.exists(ctx, tx, `SELECT coalesce((SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)), false)`,
-			quote(p.cfg.Schema)+"."+quote(name+"_partition_idx"))
+		invalid, err = m.exists(ctx, tx, `SELECT coalesce((SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)), false)`,
+			quote(m.cfg.Schema)+"."+quote(name+"_partition_idx"))
 		return err
 	}()
 	if err != nil || !unpartitioned {
@@ -234,7 +232,7 @@ func (m *Migrator[TTx]) Prepare(ctx context.Context) error {
 	}
 	var steps []string
 	if invalid {
-		steps = append(steps, `DROP INDEX CONCURRENTLY IF EXISTS `+quote(p.cfg.Schema)+"."+quote(name+"_partition_idx"))
+		steps = append(steps, `DROP INDEX CONCURRENTLY IF EXISTS `+quote(m.cfg.Schema)+"."+quote(name+"_partition_idx"))
 	}
 	bound := quote(name + "_partition_bound")
 	steps = append(steps,
@@ -249,7 +247,7 @@ END $$`,
 		`ALTER TABLE `+table+` VALIDATE CONSTRAINT `+bound)
 	for _, q := range steps {
 		if err := m.db.execNoTx(ctx, q); err != nil {
-			return fmt.Errorf("migrate %s: prepare: %w", p.table, err)
+			return fmt.Errorf("migrate %s: prepare: %w", m.table, err)
 		}
 	}
 	return nil
@@ -265,30 +263,60 @@ func (m *Migrator[TTx]) ExistingVersions(ctx context.Context) ([]Migration, erro
 		return nil, err
 	}
 	defer m.db.rollback(ctx, tx)
-	p := m.p
 	probe := `SELECT to_regclass($1) IS NOT NULL`
-	name := p.versions
-	if p.cfg.Dialect == SQLite {
+	name := m.versions
+	if m.cfg.Dialect == SQLite {
 		probe = `SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?1`
-		name = p.versions[1 : len(p.versions)-1] // unquoted: SQLite has no schema
+		name = m.versions[1 : len(m.versions)-1] // unquoted: SQLite has no schema
 	}
-	ok, err := m.db.exists(ctx, tx, probe, name)
+	ok, err := m.exists(ctx, tx, probe, name)
 	if err != nil {
-		return nil, fmt.Errorf("migrate %s: %w", p.table, err)
+		return nil, fmt.Errorf("migrate %s: %w", m.table, err)
 	}
 	if !ok {
 		return nil, nil
 	}
-	done, err := m.db.versions(ctx, tx, `SELECT version, name FROM `+p.versions+` ORDER BY version`)
+	done, err := m.readVersions(ctx, tx)
 	if err != nil {
-		return nil, fmt.Errorf("migrate %s: %w", p.table, err)
+		return nil, fmt.Errorf("migrate %s: %w", m.table, err)
 	}
 	for i, d := range done {
-		if j := slices.IndexFunc(p.migrations, func(mg Migration) bool { return mg.Version == d.Version }); j >= 0 {
-			done[i] = p.migrations[j]
+		if j := slices.IndexFunc(m.migrations, func(mg Migration) bool { return mg.Version == d.Version }); j >= 0 {
+			done[i] = m.migrations[j]
 		}
 	}
 	return done, nil
+}
+
+// exists runs query, which returns one boolean, in tx.
+func (m *Migrator[TTx]) exists(ctx context.Context, tx TTx, query string, args ...any) (bool, error) {
+	var ok bool
+	err := m.db.scan(ctx, tx, query, &ok, args...)
+	return ok, err
+}
+
+// readVersions reads the versions table in tx, in version order: in one row,
+// so that a pgx transaction needs no Query.
+func (m *Migrator[TTx]) readVersions(ctx context.Context, tx TTx) ([]Migration, error) {
+	agg := `string_agg(version::text || ' ' || name, E'\n')`
+	if m.cfg.Dialect == SQLite {
+		agg = `group_concat(version || ' ' || name, char(10))`
+	}
+	var all string
+	if err := m.db.scan(ctx, tx, `SELECT coalesce(`+agg+`, '') FROM `+m.versions, &all); err != nil {
+		return nil, err
+	}
+	var out []Migration
+	for line := range strings.Lines(all) {
+		num, name, _ := strings.Cut(strings.TrimSpace(line), " ")
+		v, err := strconv.Atoi(num)
+		if err != nil {
+			return nil, fmt.Errorf("versions table: %q: %w", line, err)
+		}
+		out = append(out, Migration{Version: v, Name: name})
+	}
+	slices.SortFunc(out, func(a, b Migration) int { return a.Version - b.Version })
+	return out, nil
 }
 
 // errNoDB is returned by the methods that need a database when the
@@ -302,7 +330,7 @@ func (m *Migrator[TTx]) begin(ctx context.Context, doing string) (tx TTx, err er
 		return tx, errNoDB
 	}
 	if tx, err = m.db.begin(ctx); err != nil {
-		err = fmt.Errorf("migrate %s: %s%w", m.p.table, doing, err)
+		err = fmt.Errorf("migrate %s: %s%w", m.table, doing, err)
 	}
 	return tx, err
 }
@@ -314,8 +342,8 @@ type driver[TTx any] interface {
 	commit(ctx context.Context, tx TTx) error
 	rollback(ctx context.Context, tx TTx)
 	exec(ctx context.Context, tx TTx, sql string, args ...any) error
-	exists(ctx context.Context, tx TTx, sql string, args ...any) (bool, error)
-	versions(ctx context.Context, tx TTx, sql string) ([]Migration, error)
+	// scan reads the one column of the first row of sql into dest.
+	scan(ctx context.Context, tx TTx, sql string, dest any, args ...any) error
 	// execNoTx runs sql outside a transaction, when the database can.
 	execNoTx(ctx context.Context, sql string) error
 }
@@ -341,30 +369,8 @@ func (pgxDriver[TTx, Tag, Row]) exec(ctx context.Context, tx TTx, sql string, ar
 	return err
 }
 
-func (pgxDriver[TTx, Tag, Row]) exists(ctx context.Context, tx TTx, sql string, args ...any) (bool, error) {
-	var ok bool
-	err := tx.QueryRow(ctx, sql, args...).Scan(&ok)
-	return ok, err
-}
-
-// versions reads the rows of query (version, name) as one row, as
-// PgxTx offers no Query.
-func (pgxDriver[TTx, Tag, Row]) versions(ctx context.Context, tx TTx, query string) ([]Migration, error) {
-	var all string
-	q := `SELECT coalesce(string_agg(v.version::text || ' ' || v.name, E'\n' ORDER BY v.version), '') FROM (` + query + `) AS v`
-	if err := tx.QueryRow(ctx, q).Scan(&all); err != nil {
-		return nil, err
-	}
-	var out []Migration
-	for line := range strings.Lines(all) {
-		num, name, _ := strings.Cut(strings.TrimSpace(line), " ")
-		v, err := strconv.Atoi(num)
-		if err != nil {
-			return nil, fmt.Errorf("versions table: %q: %w", line, err)
-		}
-		out = append(out, Migration{Version: v, Name: name})
-	}
-	return out, nil
+func (pgxDriver[TTx, Tag, Row]) scan(ctx context.Context, tx TTx, sql string, dest any, args ...any) error {
+	return tx.QueryRow(ctx, sql, args...).Scan(dest)
 }
 
 func (d pgxDriver[TTx, Tag, Row]) execNoTx(ctx context.Context, sql string) error {
@@ -404,27 +410,8 @@ func (sqlDriver) exec(ctx context.Context, tx *sql.Tx, query string, args ...any
 	return err
 }
 
-func (sqlDriver) exists(ctx context.Context, tx *sql.Tx, query string, args ...any) (bool, error) {
-	var ok bool
-	err := tx.QueryRowContext(ctx, query, args...).Scan(&ok)
-	return ok, err
-}
-
-func (sqlDriver) versions(ctx context.Context, tx *sql.Tx, query string) ([]Migration, error) {
-	rows, err := tx.QueryContext(ctx, query)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []Migration
-	for rows.Next() {
-		var m Migration
-		if err := rows.Scan(&m.Version, &m.Name); err != nil {
-			return nil, err
-		}
-		out = append(out, m)
-	}
-	return out, rows.Err()
+func (sqlDriver) scan(ctx context.Context, tx *sql.Tx, query string, dest any, args ...any) error {
+	return tx.QueryRowContext(ctx, query, args...).Scan(dest)
 }
 
 // Compile-time check that the database/sql driver fits.

@@ -8,8 +8,9 @@ import (
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
-// conn adapts the store's DB, or a transaction, to sqlstore.DB, which runs
-// the statements pgdedup shares with sqldedup.
+// conn adapts the store's DB, or a transaction it began (a pgx.Tx is a DB
+// too), to sqlstore.DB and sqlstore.Tx, which run the statements pgdedup
+// shares with sqldedup.
 type conn struct{ db DB }
 
 func (c conn) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
@@ -31,17 +32,11 @@ func (c conn) Begin(ctx context.Context) (sqlstore.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return txConn{conn{tx}, tx}, nil
+	return conn{tx}, nil
 }
 
-// txConn is a transaction of conn.
-type txConn struct {
-	conn
-	tx pgx.Tx
-}
-
-func (t txConn) Commit(ctx context.Context) error   { return t.tx.Commit(ctx) }
-func (t txConn) Rollback(ctx context.Context) error { return t.tx.Rollback(ctx) }
+func (c conn) Commit(ctx context.Context) error   { return c.db.(pgx.Tx).Commit(ctx) }
+func (c conn) Rollback(ctx context.Context) error { return c.db.(pgx.Tx).Rollback(ctx) }
 
 // closer gives pgx.Rows the Close of sqlstore.ScanRows, which returns the
 // error that ended the rows.

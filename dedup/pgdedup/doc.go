@@ -26,63 +26,51 @@
 // # Partitioned table
 //
 // With Config.Partitioned the table is partitioned by day (UTC) of
-// processed_at (dedup/migrate's migration 004), and the janitor drops a
-// day's partition instead of deleting rows. PostgreSQL enforces a unique
-// key only within a partition, so the claim does it: it takes a
-// transaction-scoped advisory lock per key (in one order), then, in a later
-// statement whose snapshot sees every commit the lock waited for, inserts
-// the keys that no partition holds. A redelivery on a later day, two claims
-// on either side of midnight, a stored result and a payload mismatch in an
-// older partition are found as in one table. Its statements are planned
-// for their arguments each time, never from a cached generic plan, which
-// would read a day's partition whole once the day fills it if it was made
-// while the partition was empty. The clock that dates a record,
-// and so chooses its partition, is Config.Now. docs/operations.md has the
-// measurements and the migration of an existing table.
+// processed_at (dedup/migrate's migrations 004 and 005), and the janitor
+// drops a day's partition instead of deleting rows. PostgreSQL enforces a
+// unique key only within a partition, so the claim does it: under a
+// transaction-scoped advisory lock per key (taken in one order), a later
+// statement inserts the keys that no partition holds. A redelivery on a
+// later day, two claims on either side of midnight, a stored result and a
+// payload mismatch in an older partition are found as in one table. The
+// clock that dates a record, and so chooses its partition, is Config.Now.
+// docs/operations.md#partitioned-dedup-table-postgresql has the claim, its
+// plans, the measurements and the migration of an existing table.
 //
 // # Round trips
 //
 // With a *pgxpool.Pool or a *pgx.Conn, BeginClaim sends BEGIN and the claim's
-// insert in one pipelined round trip (pgx.Batch.BeginTx). CommitChain sends
-// COMMIT AND CHAIN and the next batch's claim in one round trip on the same
-// connection: the Runner uses it when a lane's next batch is already queued,
-// so a busy lane at batch size 1 costs two round trips per message (the
-// commit with the next claim, the handler's statement), and an idle one
-// three (BEGIN and claim, the handler's statement, COMMIT). The results
-// handlers return (StoreResults) are written by a statement pipelined with
-// COMMIT AND CHAIN when the runner chains transactions (no round trip of
-// their own), or sent just before a plain COMMIT (one).
-// A batch takes no savepoints (see dedupdriver.Tx), so it
-// takes one transaction ID however many messages it holds. Commit reports a
-// commit the database refused for the transaction's content with
+// insert in one pipelined round trip (pgx.Batch.BeginTx), and CommitChain
+// sends COMMIT AND CHAIN with the next batch's claim, and the results
+// handlers return (StoreResults), in one round trip on the same connection
+// (docs/guarantees.md#how-it-works counts the round trips per message). A
+// batch takes no savepoints (see dedupdriver.Tx), so it takes one
+// transaction ID however many messages it holds. Commit reports a commit
+// the database refused for the transaction's content with
 // dedup.ErrTxRefused, and IsAborted recognises the statements refused after
 // an earlier failure (SQLSTATE 25P02), so that the runner can find the
 // message at fault.
 //
 // # Retention
 //
-// Records expire after Config.Retention (8 days by default, above the default
-// retention of SQS queues and Kafka topics; the store reports it to the
-// Runner, which refuses to start when its source's broker keeps messages
-// longer). An expired record no longer deduplicates; RunJanitor drops the
-// partitions whose records all expired (Config.Partitioned), or deletes expired records in small
-// batches, skipping rows that are locked, under an advisory lock so that one
-// process cleans at a time, with a pause (Config.CleanupPause) between two
-// batches so that a backlog does not starve the claims. Every
-// Config.StatsInterval (5 min) it also measures the table after its cleanup
-// (records per scope, the oldest record), which Store.TableStats returns
-// without a query and otelidemq's Hook.ObserveDedup exports as gauges.
+// Records expire after Config.Retention (8 days by default; the store reports
+// it to the Runner, which refuses to start when its source's broker keeps
+// messages longer). An expired record no longer deduplicates. RunJanitor
+// drops the partitions whose records all expired (Config.Partitioned), or
+// deletes expired records in small batches, skipping locked rows, under an
+// advisory lock so that one process cleans at a time, with Config.CleanupPause
+// between two batches; every Config.StatsInterval it also measures the table
+// for Store.TableStats.
 //
 // # Handler failures
 //
-// The store counts handler failures (dedupdriver.Caps.FailureCount): when a handler fails, the runner
-// counts the failure with one upsert into the table Config.Table + "_failures"
-// (migration 002), on the pool and after the failed transaction rolled back,
-// so the count survives the rollback and the happy path never writes it. A
-// count belongs to the key and its payload digest (another payload starts
-// again at 1), is deleted by ForgetFailures when the runner dead-letters the
-// message, and otherwise expires Config.Retention after its last failure;
-// Cleanup (the janitor) deletes expired counts with the expired records.
+// The store counts handler failures (dedupdriver.Caps.FailureCount) in the
+// table Config.Table + "_failures" (migration 002): one upsert after a
+// failed transaction rolled back, so the count survives the rollback and
+// the happy path never writes it. A count belongs to the key and its payload
+// digest, is deleted when the runner dead-letters the message, and
+// otherwise expires Config.Retention after its last failure; the janitor
+// deletes it then.
 //
 // # Schema
 //

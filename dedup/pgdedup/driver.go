@@ -1,9 +1,8 @@
 package pgdedup
 
 import (
-	"context"
-
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup/dedupdriver"
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
@@ -34,5 +33,14 @@ func (s txDriver) Caps() dedupdriver.Caps {
 	}
 }
 
-// CheckSchema implements dedupdriver.Tx: Store.CheckSchema.
-func (s txDriver) CheckSchema(ctx context.Context) error { return s.Store.CheckSchema(ctx) }
+// PoolSize returns the MaxConns of the *pgxpool.Pool behind the store (4 or
+// the number of CPUs, whichever is larger, unless the pool's configuration or
+// its pool_max_conns connection-string parameter says otherwise), or 0 for
+// any other DB. consumer.NewRunner uses it to refuse a Concurrency the pool
+// cannot serve (see dedupdriver.Caps.Pool).
+func (s txDriver) PoolSize() int {
+	if p, ok := s.db.(*pgxpool.Pool); ok {
+		return int(p.Config().MaxConns)
+	}
+	return 0
+}

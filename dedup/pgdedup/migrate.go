@@ -36,7 +36,7 @@ func (s *Store) CheckSchema(ctx context.Context) error {
 		return err
 	}
 	// The claim of an unpartitioned table needs its key (scope, key).
-	switch p, err := s.partitioned(ctx, s.db); {
+	switch p, err := s.parts().Partitioned(ctx, s.db); {
 	case err != nil:
 		return fmt.Errorf("pgdedup: check schema: %w", err)
 	case p:

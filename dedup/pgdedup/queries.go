@@ -50,21 +50,23 @@ func (s *Store) planned(args ...any) []any {
 
 func newQueries(schema, table string, partitioned bool) queries {
 	t := pgx.Identifier{schema, table}.Sanitize()
+	// The claim's inserts, of many keys through unnest (in key order, so
+	// that concurrent claims lock in that order) and of one key (a batch
+	// of 1: no unnest and no sort for the server to run).
+	insert := `INSERT INTO ` + t + ` (scope, key, payload_hash, processed_at, expires_at)
+SELECT $1, `
+	times := `$5::timestamptz, $5 + $4 * interval '1 microsecond'`
+	many, one := insert+`u.k, u.h, `+times+`
+FROM unnest($2::text[], $3::bytea[]) AS u(k, h)`, insert+`$2, $3, `+times
 	q := queries{
 		table: t,
-		// Rows are inserted in key order, so concurrent claims lock in
-		// that order. ON CONFLICT DO NOTHING waits for an uncommitted
-		// conflicting row and then skips it if it committed.
-		claimInsert: `INSERT INTO ` + t + ` (scope, key, payload_hash, processed_at, expires_at)
-SELECT $1, u.k, u.h, $5::timestamptz, $5 + $4 * interval '1 microsecond'
-FROM unnest($2::text[], $3::bytea[]) AS u(k, h)
+		// ON CONFLICT DO NOTHING waits for an uncommitted conflicting row
+		// and then skips it if it committed.
+		claimInsert: many + `
 ORDER BY u.k
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING key`,
-		// The same for one key (a batch of 1): no unnest and no sort for
-		// the server to run.
-		claimInsertOne: `INSERT INTO ` + t + ` (scope, key, payload_hash, processed_at, expires_at)
-VALUES ($1, $2, $3, $5::timestamptz, $5 + $4 * interval '1 microsecond')
+		claimInsertOne: one + `
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING key`,
 		// A new statement, so a new snapshot: it sees the commits the
@@ -107,22 +109,22 @@ LIMIT $1 FOR UPDATE SKIP LOCKED))`,
 		q.lockOne = `SELECT pg_advisory_xact_lock(hashtext($1), hashtext($2))`
 		q.lockMany = `SELECT count(pg_advisory_xact_lock(l.s, l.k)) FROM (
 SELECT DISTINCT hashtext($1) AS s, hashtext(k) AS k FROM unnest($2::text[]) AS k ORDER BY 1, 2 OFFSET 0) AS l`
-		q.claimInsert = `INSERT INTO ` + t + ` (scope, key, payload_hash, processed_at, expires_at)
-SELECT $1, u.k, u.h, $5::timestamptz, $5 + $4 * interval '1 microsecond'
-FROM unnest($2::text[], $3::bytea[]) AS u(k, h)
+		q.claimInsert = many + `
 WHERE NOT EXISTS (SELECT FROM ` + t + ` AS p WHERE p.scope = $1 AND p.key = u.k)
 ORDER BY u.k
 RETURNING key`
-		q.claimInsertOne = `INSERT INTO ` + t + ` (scope, key, payload_hash, processed_at, expires_at)
-SELECT $1, $2, $3, $5::timestamptz, $5 + $4 * interval '1 microsecond'
+		q.claimInsertOne = one + `
 WHERE NOT EXISTS (SELECT FROM ` + t + ` WHERE scope = $1 AND key = $2)
 RETURNING key`
 	}
 	return q
 }
 
-func (s *Store) claim(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, error) {
-	cs, err := sqlstore.Claim(ctx, pgClaim{s: s, tx: tx, scope: scope}, recs, 0)
+// claim runs the claim algorithm on recs in tx. inserted, when not nil, is
+// what the first insert returned, already sent (with BEGIN or COMMIT AND
+// CHAIN).
+func (s *Store) claim(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record, inserted map[string]bool) ([]dedup.Claim, error) {
+	cs, err := sqlstore.Claim(ctx, &pgClaim{s: s, tx: tx, scope: scope, first: inserted}, recs, 0)
 	if err != nil {
 		return nil, fmt.Errorf("pgdedup: %w", err)
 	}
@@ -134,19 +136,14 @@ type pgClaim struct {
 	s     *Store
 	tx    pgx.Tx
 	scope string
+	first map[string]bool // the result of an insert already sent, for the first Insert
 }
 
-func (c pgClaim) Insert(ctx context.Context, recs []dedup.Record) (map[string]bool, error) {
-	if c.s.q.lockOne == "" {
-		sql, args := c.s.insertArgs(c.scope, recs)
-		rows, err := c.tx.Query(ctx, sql, args...)
-		if err != nil {
-			return nil, err
-		}
-		return collectKeys(rows, recs)
+func (c *pgClaim) Insert(ctx context.Context, recs []dedup.Record) (map[string]bool, error) {
+	if first := c.first; first != nil {
+		c.first = nil
+		return first, nil
 	}
-	// A partitioned table's insert, after the keys' locks, with custom
-	// plans: one round trip.
 	b := &pgx.Batch{}
 	c.s.queueInsert(b, c.scope, recs)
 	br := c.tx.SendBatch(ctx, b)
@@ -240,7 +237,7 @@ func collectKeys(rows pgx.Rows, recs []dedup.Record) (map[string]bool, error) {
 	return inserted, rows.Err()
 }
 
-func (c pgClaim) Lookup(ctx context.Context, recs []dedup.Record) (map[string]sqlstore.Found, error) {
+func (c *pgClaim) Lookup(ctx context.Context, recs []dedup.Record) (map[string]sqlstore.Found, error) {
 	keys := make([]string, len(recs))
 	for i, r := range recs {
 		keys[i] = r.Key
@@ -265,15 +262,24 @@ func (c pgClaim) Lookup(ctx context.Context, recs []dedup.Record) (map[string]sq
 	return found, err
 }
 
-func (c pgClaim) Renew(ctx context.Context, r dedup.Record) error {
+func (c *pgClaim) Renew(ctx context.Context, r dedup.Record) error {
 	_, err := c.tx.Exec(ctx, c.s.q.claimRenew, c.s.planned(c.scope, r.Key, r.PayloadHash[:], c.s.retention, c.s.cfg.Now())...)
 	return err
 }
 
-// batchSender is a DB that can begin a transaction inside a pipelined
-// batch (pgx.Batch.BeginTx): *pgxpool.Pool and *pgx.Conn.
-type batchSender interface {
+// sender returns the store's DB when it can begin a transaction inside a
+// pipelined batch (pgx.Batch.BeginTx): a *pgxpool.Pool or a *pgx.Conn; nil
+// for any other DB.
+func (s *Store) sender() interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+} {
+	switch d := s.db.(type) {
+	case *pgxpool.Pool:
+		return d
+	case *pgx.Conn:
+		return d
+	}
+	return nil
 }
 
 // BeginClaim implements dedupdriver.Tx: BEGIN and the claim's insert go
@@ -282,43 +288,37 @@ type batchSender interface {
 // Keys already recorded need one more statement, as in Claim. On an error
 // the transaction is rolled back and its connection released.
 func (s txDriver) BeginClaim(ctx context.Context, scope string, recs []dedup.Record) (pgx.Tx, []dedup.Claim, error) {
-	var db batchSender
-	switch d := s.db.(type) {
-	case *pgxpool.Pool:
-		db = d
-	case *pgx.Conn:
-		db = d
-	}
-	if db == nil || len(recs) == 0 {
-		tx, err := s.Begin(ctx)
-		if err != nil {
+	var (
+		tx       pgx.Tx
+		inserted map[string]bool
+		err      error
+	)
+	if db := s.sender(); db == nil || len(recs) == 0 {
+		if tx, err = s.Begin(ctx); err != nil {
 			return nil, nil, err
 		}
-		cs, err := s.claim(ctx, tx, scope, recs)
+	} else {
+		b := &pgx.Batch{}
+		b.BeginTx(pgx.TxOptions{})
+		s.queueInsert(b, scope, recs)
+		br := db.SendBatch(ctx, b)
+		tx = br.Tx()
+		if _, err = br.Exec(); err == nil {
+			inserted, err = s.readInsert(br, recs)
+		}
+		err = closeBatch(br, err)
+		if tx == nil {
+			return nil, nil, errors.Join(err, errors.New("pgdedup: the batch began no transaction"))
+		}
 		if err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
-			return nil, nil, err
+			return nil, nil, fmt.Errorf("pgdedup: begin and claim: %w", err)
 		}
-		return tx, cs, nil
 	}
-
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
-	s.queueInsert(b, scope, recs)
-	br := db.SendBatch(ctx, b)
-	tx := br.Tx()
-	inserted, err := s.readBeginClaim(br, recs)
-	if tx == nil {
-		return nil, nil, errors.Join(err, errors.New("pgdedup: the batch began no transaction"))
-	}
+	cs, err := s.claim(ctx, tx, scope, recs, inserted)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return nil, nil, fmt.Errorf("pgdedup: begin and claim: %w", err)
-	}
-	cs, err := sqlstore.Claim(ctx, &preInserted{pgClaim: pgClaim{s: s.Store, tx: tx, scope: scope}, first: inserted}, recs, 0)
-	if err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return nil, nil, fmt.Errorf("pgdedup: %w", err)
+		return nil, nil, err
 	}
 	return tx, cs, nil
 }
@@ -354,11 +354,8 @@ func (s txDriver) CommitChain(ctx context.Context, tx pgx.Tx, scope string, recs
 	if err = closeBatch(br, err); err != nil {
 		return nil, true, fmt.Errorf("pgdedup: claim after commit: %w", err)
 	}
-	cs, err := sqlstore.Claim(ctx, &preInserted{pgClaim: pgClaim{s: s.Store, tx: tx, scope: scope}, first: inserted}, recs, 0)
-	if err != nil {
-		return nil, true, fmt.Errorf("pgdedup: %w", err)
-	}
-	return cs, true, nil
+	cs, err := s.claim(ctx, tx, scope, recs, inserted)
+	return cs, true, err
 }
 
 // closeBatch closes br and returns err joined with the error of Close,
@@ -373,28 +370,4 @@ func closeBatch(br pgx.BatchResults, err error) error {
 		return err
 	}
 	return errors.Join(err, cerr)
-}
-
-// readBeginClaim reads the results of a BEGIN and claim batch: the keys
-// the insert recorded.
-func (s *Store) readBeginClaim(br pgx.BatchResults, recs []dedup.Record) (map[string]bool, error) {
-	if _, err := br.Exec(); err != nil {
-		return nil, closeBatch(br, err)
-	}
-	inserted, err := s.readInsert(br, recs)
-	return inserted, closeBatch(br, err)
-}
-
-// preInserted is a claim whose first insert was already sent (with BEGIN).
-type preInserted struct {
-	pgClaim
-	first map[string]bool
-}
-
-func (c *preInserted) Insert(ctx context.Context, recs []dedup.Record) (map[string]bool, error) {
-	if first := c.first; first != nil {
-		c.first = nil
-		return first, nil
-	}
-	return c.pgClaim.Insert(ctx, recs)
 }

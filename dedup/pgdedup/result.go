@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup"
 )
@@ -32,7 +31,7 @@ func (s txDriver) StoreResults(ctx context.Context, tx pgx.Tx, scope string, res
 	if len(results) == 0 {
 		return nil
 	}
-	if s.pipelined() {
+	if s.sender() != nil {
 		s.results.queue(tx, scope, results)
 		return nil
 	}
@@ -41,16 +40,6 @@ func (s txDriver) StoreResults(ctx context.Context, tx pgx.Tx, scope string, res
 		return fmt.Errorf("pgdedup: store results: %w", err)
 	}
 	return nil
-}
-
-// pipelined reports whether the store's DB pipelines statements in batches
-// (a *pgxpool.Pool or a *pgx.Conn): then results wait for the commit.
-func (s *Store) pipelined() bool {
-	switch s.db.(type) {
-	case *pgxpool.Pool, *pgx.Conn:
-		return true
-	}
-	return false
 }
 
 // resultArgs returns the statement that writes results and its arguments:

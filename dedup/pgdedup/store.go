@@ -25,7 +25,7 @@ type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// DBTX is what the *Tx functions need: pgx.Tx, *pgx.Conn and *pgxpool.Pool
+// DBTX is the statements part of DB: pgx.Tx, *pgx.Conn and *pgxpool.Pool
 // all satisfy it (as does sqlc's generated DBTX).
 type DBTX interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -234,23 +234,18 @@ func (s txDriver) ForgetEnded(ctx context.Context, tx pgx.Tx, scope, culprit str
 // for that transaction's outcome. An expired record (older than Retention,
 // not yet deleted by the janitor) counts as absent and is claimed anew.
 func (s txDriver) Claim(ctx context.Context, tx pgx.Tx, scope string, recs []dedup.Record) ([]dedup.Claim, error) {
-	return s.claim(ctx, tx, scope, recs)
+	return s.claim(ctx, tx, scope, recs, nil)
 }
 
-// IsTransient implements dedupdriver.Tx. Only typed driver errors
-// are transient: a *pgconn.PgError whose SQLSTATE is a serialization
-// failure or deadlock (40001, 40P01), a connection exception (class 08), a
-// session terminated for idling in a transaction (25P03) or a server
-// shutting down or starting (57P01-57P03); a *pgconn.ConnectError; and
-// a pgconn error for a statement that was never sent. Anything else is the
-// message's own failure, counted against its attempts: a constraint
-// violation, a bad value, a context deadline or cancellation (a handler past
-// its HandlerTimeout), and errors of other libraries (*url.Error,
-// *net.DNSError, io.ErrUnexpectedEOF from a decoder), even when they
-// implement net.Error. A record refused for want of a partition (23514
-// naming the store's table and no constraint, Config.Partitioned) is
-// transient too: the janitor, not the message, is at fault, and creates it
-// on its next run. It is safe for concurrent use.
+// IsTransient implements dedupdriver.Tx. Only typed driver errors are
+// transient: a *pgconn.PgError whose SQLSTATE names a condition of the
+// database (sqlstore.PostgresTransient), a *pgconn.ConnectError, and a
+// pgconn error for a statement that was never sent. Anything else is the
+// message's own failure, counted against its attempts, even a context
+// deadline (a handler past its HandlerTimeout) or another library's error
+// that implements net.Error. A record refused for want of a partition
+// (noPartition) is transient too: the janitor, not the message, is at
+// fault, and creates it on its next run. It is safe for concurrent use.
 func (s txDriver) IsTransient(err error) bool {
 	if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return false
@@ -286,20 +281,15 @@ func (s *Store) noPartition(err *pgconn.PgError) bool {
 // dedup.ErrPayloadMismatch) when key was processed with another payload.
 func (s *Store) MarkProcessedTx(ctx context.Context, tx pgx.Tx, scope, key string, payload []byte) (dedup.State, error) {
 	return sqlstore.MarkProcessed(scope, key, payload, func(recs []dedup.Record) ([]dedup.Claim, error) {
-		return s.claim(ctx, tx, scope, recs)
+		return s.claim(ctx, tx, scope, recs, nil)
 	})
 }
 
 // Inspect returns the record of key in scope, or dedup.ErrNotFound.
 func (s *Store) Inspect(ctx context.Context, scope, key string) (dedup.Entry, error) {
-	return s.InspectTx(ctx, s.db, scope, key)
-}
-
-// InspectTx is Inspect inside the caller's transaction or connection.
-func (s *Store) InspectTx(ctx context.Context, db DBTX, scope, key string) (dedup.Entry, error) {
 	e := dedup.Entry{Scope: scope, Key: key}
 	var hash []byte
-	err := db.QueryRow(ctx, s.q.inspect, s.planned(scope, key)...).Scan(&hash, &e.ProcessedAt, &e.ExpiresAt, &e.Result)
+	err := s.db.QueryRow(ctx, s.q.inspect, s.planned(scope, key)...).Scan(&hash, &e.ProcessedAt, &e.ExpiresAt, &e.Result)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return e, dedup.ErrNotFound
 	}
@@ -315,12 +305,7 @@ func (s *Store) InspectTx(ctx context.Context, db DBTX, scope, key string) (dedu
 // Purge deletes the record of key in scope, so that its next delivery runs
 // the handler again. It reports whether a record existed.
 func (s *Store) Purge(ctx context.Context, scope, key string) (bool, error) {
-	return s.PurgeTx(ctx, s.db, scope, key)
-}
-
-// PurgeTx is Purge inside the caller's transaction or connection.
-func (s *Store) PurgeTx(ctx context.Context, db DBTX, scope, key string) (bool, error) {
-	tag, err := db.Exec(ctx, s.q.unclaim, s.planned(scope, key)...)
+	tag, err := s.db.Exec(ctx, s.q.unclaim, s.planned(scope, key)...)
 	if err != nil {
 		return false, fmt.Errorf("pgdedup: purge %q: %w", key, err)
 	}

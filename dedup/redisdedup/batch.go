@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -20,30 +21,23 @@ import (
 // with the same tokens is safe (a claim by the holding token reports
 // StateNew again), and unused leases expire.
 func (s *Store) ClaimBatch(ctx context.Context, scope string, recs []dedup.Record, tokens []string, lease time.Duration) ([]dedup.Claim, error) {
-	if len(recs) != len(tokens) {
-		return nil, fmt.Errorf("redisdedup: claim batch: %w: %d records, %d tokens", ErrInvalidArgument, len(recs), len(tokens))
-	}
-	args := make([][]any, len(recs))
 	keys := make([]string, len(recs))
 	for i, rec := range recs {
-		ms, err := checkArgs(rec.Key, tokens[i], "lease", lease)
-		if err != nil {
-			return nil, fmt.Errorf("redisdedup: claim batch: %w", err)
-		}
-		keys[i] = s.RedisKey(scope, rec.Key)
-		args[i] = []any{tokens[i], rec.PayloadHash.String(), ms}
+		keys[i] = rec.Key
 	}
-	cmds, err := s.pipeline(ctx, claimScript, keys, args)
+	cmds, err := s.runBatch(ctx, "claim", claimScript, scope, keys, tokens, "lease", lease, func(i int, ms int64) []any {
+		return []any{tokens[i], recs[i].PayloadHash.String(), ms}
+	})
 	if err != nil {
-		return nil, fmt.Errorf("redisdedup: claim batch of %d: %w", len(recs), err)
+		return nil, err
 	}
 	claims := make([]dedup.Claim, len(recs))
 	for i, cmd := range cmds {
 		res, err := cmd.Slice()
 		if err != nil {
-			return nil, fmt.Errorf("redisdedup: claim %q: %w", recs[i].Key, err)
+			return nil, fmt.Errorf("redisdedup: claim %q: %w", keys[i], err)
 		}
-		if claims[i], err = parseClaim(recs[i].Key, res); err != nil {
+		if claims[i], err = parseClaim(keys[i], res); err != nil {
 			return nil, err
 		}
 	}
@@ -56,22 +50,11 @@ func (s *Store) ClaimBatch(ctx context.Context, scope string, recs []dedup.Recor
 // non-nil second result means the call as a whole failed and the outcome of
 // every key is unknown; calling it again with the same tokens is safe.
 func (s *Store) CompleteBatch(ctx context.Context, scope string, keys, tokens []string, retention time.Duration) ([]error, error) {
-	if len(keys) != len(tokens) {
-		return nil, fmt.Errorf("redisdedup: complete batch: %w: %d keys, %d tokens", ErrInvalidArgument, len(keys), len(tokens))
-	}
-	names := make([]string, len(keys))
-	args := make([][]any, len(keys))
-	for i, key := range keys {
-		ms, err := checkArgs(key, tokens[i], "retention", retention)
-		if err != nil {
-			return nil, fmt.Errorf("redisdedup: complete batch: %w", err)
-		}
-		names[i] = s.RedisKey(scope, key)
-		args[i] = []any{tokens[i], ms, "0"}
-	}
-	cmds, err := s.pipeline(ctx, completeScript, names, args)
+	cmds, err := s.runBatch(ctx, "complete", completeScript, scope, keys, tokens, "retention", retention, func(i int, ms int64) []any {
+		return []any{tokens[i], ms, "0"}
+	})
 	if err != nil {
-		return nil, fmt.Errorf("redisdedup: complete batch of %d: %w", len(keys), err)
+		return nil, err
 	}
 	results := make([]error, len(keys))
 	for i, cmd := range cmds {
@@ -84,6 +67,30 @@ func (s *Store) CompleteBatch(ctx context.Context, scope string, keys, tokens []
 		}
 	}
 	return results, nil
+}
+
+// runBatch checks the arguments of a batch of op, whose duration d is what,
+// and runs script on the record of each key, pipelined, with the arguments
+// argv returns for the key's index and d in milliseconds.
+func (s *Store) runBatch(ctx context.Context, op string, script *redis.Script, scope string, keys, tokens []string, what string, d time.Duration, argv func(i int, ms int64) []any) ([]*redis.Cmd, error) {
+	if len(keys) != len(tokens) {
+		return nil, fmt.Errorf("redisdedup: %s batch: %w: %d keys, %d tokens", op, ErrInvalidArgument, len(keys), len(tokens))
+	}
+	names := make([]string, len(keys))
+	args := make([][]any, len(keys))
+	for i, key := range keys {
+		ms, err := checkArgs(key, tokens[i], what, d)
+		if err != nil {
+			return nil, fmt.Errorf("redisdedup: %s batch: %w", op, err)
+		}
+		names[i] = s.RedisKey(scope, key)
+		args[i] = argv(i, ms)
+	}
+	cmds, err := s.pipeline(ctx, script, names, args)
+	if err != nil {
+		return nil, fmt.Errorf("redisdedup: %s batch of %d: %w", op, len(keys), err)
+	}
+	return cmds, nil
 }
 
 // pipeline runs script once per key in one pipeline and returns the
@@ -100,15 +107,9 @@ func (s *Store) pipeline(ctx context.Context, script *redis.Script, keys []strin
 			return nil
 		})
 		s.reloadOn(err)
-		noScript := false
-		for _, cmd := range cmds {
-			if isNoScript(cmd.Err()) {
-				noScript = true
-				break
-			}
-		}
-		if !noScript || try > 0 {
-			if err != nil && !errors.Is(err, redis.Nil) && !hasCmdErr(cmds, err) {
+		if try > 0 || !slices.ContainsFunc(cmds, func(c *redis.Cmd) bool { return isNoScript(c.Err()) }) {
+			cmdErr := slices.ContainsFunc(cmds, func(c *redis.Cmd) bool { return errors.Is(err, c.Err()) })
+			if err != nil && !errors.Is(err, redis.Nil) && !cmdErr { // the pipeline's own failure
 				return nil, err
 			}
 			return cmds, nil
@@ -121,16 +122,4 @@ func (s *Store) pipeline(ctx context.Context, script *redis.Script, keys []strin
 
 func isNoScript(err error) bool {
 	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
-}
-
-// hasCmdErr reports whether err, returned by Pipelined, is the error of one
-// of the commands (reported per command) rather than a failure of the
-// pipeline as a whole.
-func hasCmdErr(cmds []*redis.Cmd, err error) bool {
-	for _, cmd := range cmds {
-		if errors.Is(err, cmd.Err()) {
-			return true
-		}
-	}
-	return false
 }

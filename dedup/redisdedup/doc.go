@@ -44,30 +44,23 @@
 //
 // Beyond the lease operations, the store offers ClaimBatch and CompleteBatch,
 // which pipeline many keys in one round trip (each key still atomic on its
-// own), and CompleteWithResult and Result, which keep a result (a
-// downstream id, a response) with a done key for later deliveries to read.
+// own), and CompleteWithResult, which keeps a result (a downstream id, a
+// response) with a done key for later deliveries' claims to return.
 // Its size limit is the runner's consumer.Config.MaxResultBytes (64 KiB) by
 // default; Config.MaxResultBytes may lower it, and a result over it fails
 // with dedup.ErrResultTooLarge.
 //
 // # Redis Cluster and Sentinel
 //
-// Both are tested against real deployments (the services script's
-// redis-cluster and redis-sentinel profiles): the lease-store conformance
-// suite passes on each, and a lease survives the failover of the primary
-// that held it once the replica had it.
-//
 // Every script touches one key, and a key's record and failure count share a
 // hash tag, so every call is single-slot and ClaimBatch and CompleteBatch
 // pipeline keys of any slots. When a call fails, the store asks a
-// redis.ClusterClient to reload its slot map: go-redis does that on its own
-// only on MOVED and READONLY replies and every ClusterStateReloadInterval
-// (60 s by default), so after a master died it kept calling the dead address
-// and leases expired unrefreshed. With the reload, a failover
-// (cluster-node-timeout 2 s in the tests) interrupts refreshes for a few
-// seconds. Replication is asynchronous: a lease or a done mark written just
-// before the master died and not yet replicated is lost with it, which opens
-// the same window as a restart without persistence (see below).
+// redis.ClusterClient to reload its slot map, which go-redis otherwise does
+// only every ClusterStateReloadInterval (60 s): long enough for leases to
+// expire after a master died. Both deployments pass the conformance suite,
+// and a lease the replica had received survives a failover; one not yet
+// replicated is lost with the master (docs/guarantees.md has the measured
+// failovers).
 //
 // # Guarantee
 //
@@ -94,27 +87,14 @@
 // downstream system as its idempotency key (sinks/webhook sends it as an
 // Idempotency-Key header), and the repetition is absorbed there.
 //
-// Redis durability widens the window. Without persistence (no AOF, no RDB), a
-// Redis restart forgets every lease and every done record: messages
-// redelivered afterwards run their effects again (with the same key, so a
-// downstream that deduplicates still absorbs them). With appendonly yes and
-// appendfsync everysec (or no), a crash of Redis's machine loses the writes
-// not yet synced, about the last second; a crash of the Redis process alone
-// leaves them to the kernel, which writes them (TestCompletedKeysAcrossACrash:
-// of the keys completed before a SIGKILL, none was lost with everysec, no or
-// always, all of them without persistence). With appendfsync always, Redis
-// acknowledges a write only after its fsync.
-// Replication is asynchronous: after a Sentinel or Cluster failover, writes the
-// old primary had not yet replicated are lost in the same way. Effects that
-// must never repeat belong on the transactional path, or must carry the key
-// downstream.
-//
-// The store says which applies: Durability reads INFO persistence and CONFIG
-// GET appendfsync and save (of every master of a Cluster) and describes the
-// loss, and the Runner calls it once when Run starts, logs one WARN when
-// acknowledged records can be lost and reports it in Health.StoreLoss. A
-// Redis with CONFIG disabled or renamed cannot show appendfsync, and is
-// reported as possibly losing them. With Config.RequireDurable the Runner
-// refuses to start instead (a *idemq.ConfigError matching
-// dedup.ErrNotDurable) unless appendonly is yes and appendfsync always.
+// Redis durability widens the window: a record Redis acknowledged and then
+// lost (a restart without persistence, a machine crash with appendfsync
+// everysec or no, a failover to a replica that had not received it) is a
+// processed key forgotten, whose next delivery runs the effect again. Effects
+// that must never repeat belong on the transactional path, or must carry the
+// key downstream. Durability reads the settings (of every master of a
+// Cluster) and says which loss applies; the Runner calls it once when Run
+// starts, logs one WARN and reports it in Health.StoreLoss, or, with
+// Config.RequireDurable, refuses to start. docs/guarantees.md#redis-durability
+// has the table of settings and the measured losses.
 package redisdedup

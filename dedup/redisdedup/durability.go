@@ -29,13 +29,10 @@ type persistence struct {
 
 // Durability reads the persistence settings of Redis (of every master of a
 // Cluster) and says, in Durability.Loss, how a record the store wrote and
-// Redis acknowledged can be lost: with the append-only file off, by a
-// restart or crash of Redis (every record since the last RDB snapshot);
-// with appendfsync everysec or no, by a crash of Redis's machine (about the
-// last second of records, or what the kernel had not written yet). Loss is
-// empty with appendonly yes and appendfsync always. When CONFIG GET is
-// refused (disabled, renamed, denied by an ACL), it reads INFO persistence
-// alone and says that appendfsync could not be read.
+// Redis acknowledged can be lost: empty only with appendonly yes and
+// appendfsync always (docs/guarantees.md#redis-durability has the table).
+// When CONFIG GET is refused (disabled, renamed, denied by an ACL), it reads
+// INFO persistence alone and says that appendfsync could not be read.
 //
 // With Config.RequireDurable, a Loss is returned with an error: a
 // *idemq.ConfigError matching dedup.ErrNotDurable. Other errors are
@@ -146,21 +143,19 @@ func infoField(text, name string) (string, bool) {
 
 // settings formats p's settings as Redis names them.
 func (p persistence) settings() string {
-	var b strings.Builder
-	if p.addr != "" {
-		b.WriteString(p.addr + ": ")
-	}
+	s := "appendonly=no"
 	if p.appendOnly {
-		b.WriteString("appendonly=yes")
-	} else {
-		b.WriteString("appendonly=no")
+		s = "appendonly=yes"
 	}
 	if p.configErr != nil {
-		b.WriteString(" appendfsync=? save=? (" + p.configErr.Error() + ")")
-		return b.String()
+		s += " appendfsync=? save=? (" + p.configErr.Error() + ")"
+	} else {
+		s += " appendfsync=" + p.fsync + " save=" + strconv.Quote(p.save)
 	}
-	b.WriteString(" appendfsync=" + p.fsync + " save=" + strconv.Quote(p.save))
-	return b.String()
+	if p.addr != "" {
+		s = p.addr + ": " + s
+	}
+	return s
 }
 
 // loss says how a write p acknowledged can be lost, or "".

@@ -30,8 +30,8 @@ func TestResultLimit(t *testing.T) {
 		if err := s.CompleteWithResult(ctx, scope, "k", tok, time.Hour, result); err != nil {
 			t.Fatalf("CompleteWithResult of %d bytes: %v", len(result), err)
 		}
-		if got, err := s.Result(ctx, scope, "k"); err != nil || !bytes.Equal(got, result) {
-			t.Fatalf("Result = %d bytes, %v; want the %d stored", len(got), err, len(result))
+		if e, err := s.Inspect(ctx, scope, "k"); err != nil || !bytes.Equal(e.Result, result) {
+			t.Fatalf("Inspect: result of %d bytes, %v; want the %d stored", len(e.Result), err, len(result))
 		}
 	})
 

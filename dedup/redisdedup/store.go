@@ -217,12 +217,12 @@ func (s *Store) runHeld(ctx context.Context, op string, script *redis.Script, sc
 // must then be treated as unknown. Completing a key token already completed
 // succeeds again without changing it.
 func (s *Store) Complete(ctx context.Context, scope, key, token string, retention time.Duration) error {
-	return s.complete(ctx, scope, key, token, retention, nil, false)
+	return s.complete(ctx, scope, key, token, retention, "0")
 }
 
 // CompleteWithResult is Complete that also stores result (at most
-// Config.MaxResultBytes, 64 KiB by default) with the record, for Result,
-// and Claim's Claim.Result, to return to later deliveries of the key: a
+// Config.MaxResultBytes, 64 KiB by default) with the record, for Claim's
+// Claim.Result (and Inspect's Entry.Result) to return to later deliveries of the key: a
 // downstream id, a status, a response. Larger results fail with an error
 // matching both ErrInvalidArgument and dedup.ErrResultTooLarge before
 // reaching Redis, and the key stays held by token. It implements
@@ -232,19 +232,17 @@ func (s *Store) CompleteWithResult(ctx context.Context, scope, key, token string
 		return fmt.Errorf("redisdedup: complete %q: %w: %w: result has %d bytes, limit %d",
 			key, ErrInvalidArgument, dedup.ErrResultTooLarge, len(result), s.cfg.MaxResultBytes)
 	}
-	return s.complete(ctx, scope, key, token, retention, result, true)
+	return s.complete(ctx, scope, key, token, retention, "1", result)
 }
 
-func (s *Store) complete(ctx context.Context, scope, key, token string, retention time.Duration, result []byte, withResult bool) error {
+// complete runs completeScript with its arguments after the retention:
+// "0", or "1" and the result.
+func (s *Store) complete(ctx context.Context, scope, key, token string, retention time.Duration, result ...any) error {
 	ms, err := checkArgs(key, token, "retention", retention)
 	if err != nil {
 		return fmt.Errorf("redisdedup: complete: %w", err)
 	}
-	args := []any{token, ms, "0"}
-	if withResult {
-		args = []any{token, ms, "1", result}
-	}
-	return s.runHeld(ctx, "complete", completeScript, scope, key, args...)
+	return s.runHeld(ctx, "complete", completeScript, scope, key, append([]any{token, ms}, result...)...)
 }
 
 // Abandon deletes the lease token holds on key after a failed effect, so
@@ -311,25 +309,6 @@ func (s *Store) Inspect(ctx context.Context, scope, key string) (dedup.Entry, er
 		return dedup.Entry{}, fmt.Errorf("redisdedup: inspect %q: unexpected state %q", key, state)
 	}
 	return e, nil
-}
-
-// Result returns the result stored with key by CompleteWithResult, or nil if
-// the key was completed without one. It returns an error matching
-// dedup.ErrNotFound unless the key is done.
-func (s *Store) Result(ctx context.Context, scope, key string) ([]byte, error) {
-	vals, err := s.rdb.HMGet(ctx, s.RedisKey(scope, key), "s", "r").Result()
-	s.reloadOn(err)
-	if err != nil {
-		return nil, fmt.Errorf("redisdedup: result %q: %w", key, err)
-	}
-	if state, _ := vals[0].(string); state != "d" {
-		return nil, fmt.Errorf("redisdedup: result %q: %w", key, dedup.ErrNotFound)
-	}
-	r, ok := vals[1].(string)
-	if !ok {
-		return nil, nil
-	}
-	return []byte(r), nil
 }
 
 // RedisKey returns the name of the Redis hash that holds key in scope, for

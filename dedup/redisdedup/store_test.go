@@ -172,8 +172,8 @@ func TestCompleteWithResult(t *testing.T) {
 	if _, err := s.Claim(ctx, scope, dedup.Record{Key: "k", PayloadHash: h}, tok, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Result(ctx, scope, "k"); !errors.Is(err, dedup.ErrNotFound) {
-		t.Fatalf("Result of a key in progress: err = %v, want ErrNotFound", err)
+	if e, err := s.Inspect(ctx, scope, "k"); err != nil || !e.InProgress || e.Result != nil {
+		t.Fatalf("Inspect of a key in progress = %+v, %v; want in progress without a result", e, err)
 	}
 	err := s.CompleteWithResult(ctx, scope, "k", tok, time.Hour, []byte("far more than sixteen bytes"))
 	if !errors.Is(err, redisdedup.ErrInvalidArgument) {
@@ -182,9 +182,8 @@ func TestCompleteWithResult(t *testing.T) {
 	if err := s.CompleteWithResult(ctx, scope, "k", tok, time.Hour, []byte("msg-id 7")); err != nil {
 		t.Fatalf("CompleteWithResult: %v", err)
 	}
-	got, err := s.Result(ctx, scope, "k")
-	if err != nil || string(got) != "msg-id 7" {
-		t.Fatalf("Result = %q, %v; want the stored result", got, err)
+	if e, err := s.Inspect(ctx, scope, "k"); err != nil || string(e.Result) != "msg-id 7" {
+		t.Fatalf("Inspect: result %q, %v; want the stored result", e.Result, err)
 	}
 
 	tok2 := token()
@@ -194,8 +193,8 @@ func TestCompleteWithResult(t *testing.T) {
 	if err := s.Complete(ctx, scope, "plain", tok2, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.Result(ctx, scope, "plain"); err != nil || got != nil {
-		t.Fatalf("Result of a key completed without one = %q, %v; want nil, nil", got, err)
+	if e, err := s.Inspect(ctx, scope, "plain"); err != nil || e.Result != nil {
+		t.Fatalf("Inspect of a key completed without a result: %q, %v; want nil, nil", e.Result, err)
 	}
 }
 

@@ -7,11 +7,15 @@ import (
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
-// querier adapts a Querier to sqlstore.Querier, which runs the statements
-// sqldedup shares with pgdedup.
-type querier struct{ q Querier }
+// conn adapts the store's DB, or a transaction it began (tx), to
+// sqlstore.DB and sqlstore.Tx, which run the statements sqldedup shares
+// with pgdedup.
+type conn struct {
+	q  Querier
+	tx *sql.Tx
+}
 
-func (c querier) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+func (c conn) Exec(ctx context.Context, query string, args ...any) (int64, error) {
 	res, err := c.q.ExecContext(ctx, query, args...)
 	if err != nil {
 		return 0, err
@@ -19,7 +23,7 @@ func (c querier) Exec(ctx context.Context, query string, args ...any) (int64, er
 	return res.RowsAffected()
 }
 
-func (c querier) Query(ctx context.Context, query string, args ...any) (sqlstore.ScanRows, error) {
+func (c conn) Query(ctx context.Context, query string, args ...any) (sqlstore.ScanRows, error) {
 	rows, err := c.q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
@@ -27,29 +31,17 @@ func (c querier) Query(ctx context.Context, query string, args ...any) (sqlstore
 	return rows, nil
 }
 
-func (c querier) QueryRow(ctx context.Context, query string, args ...any) sqlstore.Row {
+func (c conn) QueryRow(ctx context.Context, query string, args ...any) sqlstore.Row {
 	return c.q.QueryRowContext(ctx, query, args...)
 }
 
-// conn adapts the store's DB to sqlstore.DB.
-type conn struct {
-	querier
-	db DB
-}
-
 func (c conn) Begin(ctx context.Context) (sqlstore.Tx, error) {
-	tx, err := c.db.BeginTx(ctx, nil)
+	tx, err := c.q.(DB).BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
-	return txConn{querier{tx}, tx}, nil
+	return conn{tx, tx}, nil
 }
 
-// txConn is a transaction of conn.
-type txConn struct {
-	querier
-	tx *sql.Tx
-}
-
-func (t txConn) Commit(context.Context) error   { return t.tx.Commit() }
-func (t txConn) Rollback(context.Context) error { return t.tx.Rollback() }
+func (c conn) Commit(context.Context) error   { return c.tx.Commit() }
+func (c conn) Rollback(context.Context) error { return c.tx.Rollback() }

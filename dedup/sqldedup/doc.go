@@ -29,43 +29,26 @@
 // dedup/pgdedup, so both stores can share one table.
 //
 // SQLite: a database has one writer at a time, and that is how claims are
-// serialised. OpenSQLite opens the file with BEGIN IMMEDIATE transactions
-// (the write lock is taken at Begin, so a transaction never fails halfway on
-// a lock upgrade), a busy timeout (a writer in another process is waited for,
-// not failed), WAL (readers never block the writer) and synchronous=FULL (a
-// commit is on disk before the message is acknowledged), and it limits the
-// pool to one connection, so the runner's concurrent batches queue in
-// database/sql instead of polling the file lock. Concurrency above 1 is safe
-// but does not add write throughput; raise Config.BatchSize instead. Opened
-// any other way, the store stays correct: the first statement of the
-// runner's transaction is Claim's insert, which takes the write lock (waiting
-// for it as long as the busy timeout allows); without a busy timeout a
-// contended claim fails with SQLITE_BUSY and the runner retries the batch
-// later, without counting it against the messages.
+// serialised. OpenSQLite opens the file so that a transaction takes the
+// write lock at Begin, waits for a writer in another process, and is on disk
+// before the message is acknowledged (SQLiteDSN lists the settings), with one
+// connection, so the runner's concurrent batches queue in database/sql:
+// Concurrency above 1 is safe but does not add write throughput; raise
+// Config.BatchSize instead. Opened any other way, the store stays correct:
+// Claim's insert, the first statement of the runner's transaction, takes
+// the write lock, and without a busy timeout a contended claim fails with
+// SQLITE_BUSY, which the runner retries without counting it against the
+// messages.
 //
-// # Retention
+// # Retention and handler failures
 //
-// Records expire after Config.Retention (8 days by default, above the default
-// retention of SQS queues and Kafka topics; the store reports it to the
-// Runner, which refuses to start when its source's broker keeps messages
-// longer). An expired record no longer deduplicates and is claimed anew;
-// RunJanitor deletes expired records in small batches (on PostgreSQL
-// skipping locked rows, under an advisory lock so that one process cleans at
-// a time). Every
-// Config.StatsInterval (5 min) it also measures the table after its cleanup
-// (records per scope, the oldest record), which Store.TableStats returns
-// without a query and otelidemq's Hook.ObserveDedup exports as gauges.
-//
-// # Handler failures
-//
-// The store counts handler failures (dedupdriver.Caps.FailureCount): when a handler fails, the runner
-// counts the failure with one upsert into the table Config.Table + "_failures"
-// (migration 002, both dialects), after the failed transaction rolled back,
-// so the count survives the rollback and the happy path never writes it. A
-// count belongs to the key and its payload digest (another payload starts
-// again at 1), is deleted by ForgetFailures when the runner dead-letters the
-// message, and otherwise expires Config.Retention after its last failure;
-// Cleanup (the janitor) deletes expired counts with the expired records.
+// As in dedup/pgdedup: records expire after Config.Retention (8 days by
+// default), RunJanitor deletes expired records in small batches (on
+// PostgreSQL skipping locked rows, under an advisory lock so that one
+// process cleans at a time) and measures the table every
+// Config.StatsInterval for Store.TableStats, and handler failures are
+// counted in the table Config.Table + "_failures" (migration 002, both
+// dialects), written only after a failed transaction rolled back.
 //
 // # Schema
 //

@@ -3,6 +3,7 @@ package sqldedup
 import (
 	"context"
 	"database/sql"
+	"fmt"
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/dedupdriver"
@@ -34,9 +35,6 @@ func (s txDriver) Caps() dedupdriver.Caps {
 	}
 }
 
-// CheckSchema implements dedupdriver.Tx: Store.CheckSchema.
-func (s txDriver) CheckSchema(ctx context.Context) error { return s.Store.CheckSchema(ctx) }
-
 // BeginClaim implements dedupdriver.Tx: database/sql cannot pipeline, so it
 // returns dedupdriver.ErrUnsupported (Caps.BeginClaim is false).
 func (txDriver) BeginClaim(context.Context, string, []dedup.Record) (*sql.Tx, []dedup.Claim, error) {
@@ -61,4 +59,37 @@ func (txDriver) Ended(*sql.Tx) bool { return false }
 // (Caps.EndedTx is false).
 func (txDriver) ForgetEnded(context.Context, *sql.Tx, string, string, []string) error {
 	return dedupdriver.ErrUnsupported
+}
+
+// PoolSize returns the MaxOpenConnections of the *sql.DB behind a Postgres
+// store (0, the database/sql default, means no limit), or 0 for any other
+// DB. consumer.NewRunner uses it to refuse a Concurrency the pool cannot
+// serve (see dedupdriver.Caps.Pool).
+//
+// A SQLite store reports 0: OpenSQLite's one connection is on purpose (see
+// OpenSQLite), and the runner's batches queue for it.
+func (s txDriver) PoolSize() int {
+	if s.cfg.Dialect != Postgres {
+		return 0
+	}
+	if db, ok := s.db.(interface{ Stats() sql.DBStats }); ok {
+		return db.Stats().MaxOpenConnections
+	}
+	return 0
+}
+
+// StoreResults implements dedupdriver.Tx: it writes each result into the
+// record of its key, claimed in tx, one statement per result (database/sql
+// has no portable array parameter). The result column (migration 003) is
+// NULL for records without one. The store has no size limit of its own
+// below the database's (1 GB for PostgreSQL's bytea and SQLite's default
+// SQLITE_MAX_LENGTH): the runner's consumer.Config.MaxResultBytes is the
+// limit.
+func (s txDriver) StoreResults(ctx context.Context, tx *sql.Tx, scope string, results []dedup.Result) error {
+	for _, r := range results {
+		if _, err := tx.ExecContext(ctx, s.q.storeResult(), scope, r.Key, r.Value); err != nil {
+			return fmt.Errorf("sqldedup: store result of %q: %w", r.Key, err)
+		}
+	}
+	return nil
 }

@@ -2,10 +2,8 @@ package sqldedup
 
 import (
 	"context"
-	"time"
 
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/dedup/internal/sqlstore"
 )
 
 // Cleanup deletes expired records in batches of Config.CleanupBatchSize, each
@@ -18,14 +16,7 @@ import (
 // handler-failure counts (see RecordFailure) are deleted the same way, after
 // the records.
 func (s *Store) Cleanup(ctx context.Context) (int64, error) {
-	return s.shared.Cleanup(ctx, 0, s.cleanupBatch)
-}
-
-// cleanupBatch deletes a batch of expired records; on PostgreSQL in its own
-// transaction, unless another process holds the janitor's lock.
-func (s *Store) cleanupBatch(ctx context.Context) (deleted int64, busy bool, err error) {
-	query, args := sqlstore.CleanupQuery(s.q.Postgres(), s.q.Table(), s.cfg.CleanupBatchSize, time.Now())
-	return s.shared.CleanupBatch(ctx, query, args...)
+	return s.shared.Cleanup(ctx, 0, nil)
 }
 
 // RunJanitor calls Cleanup every Config.CleanupInterval until ctx is done,

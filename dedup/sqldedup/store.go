@@ -22,7 +22,7 @@ type DB interface {
 	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
 }
 
-// Querier is what the *Tx functions need: *sql.Tx, *sql.DB and *sql.Conn
+// Querier is the statements part of DB: *sql.Tx, *sql.DB and *sql.Conn
 // all satisfy it (as do sqlx's types and sqlc's generated DBTX).
 type Querier interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
@@ -136,7 +136,7 @@ func New(db DB, cfg Config) (*Store, error) {
 	if err := l.Err(); err != nil {
 		return nil, err
 	}
-	shared := sqlstore.New("sqldedup", conn{querier{db}, db}, set)
+	shared := sqlstore.New("sqldedup", conn{q: db}, set)
 	return &Store{db: db, cfg: cfg, q: queries{shared}, shared: shared}, nil
 }
 
@@ -245,17 +245,12 @@ func (s *Store) MarkProcessedTx(ctx context.Context, tx *sql.Tx, scope, key stri
 // expired record that the janitor has not deleted yet is returned with its
 // past ExpiresAt.
 func (s *Store) Inspect(ctx context.Context, scope, key string) (dedup.Entry, error) {
-	return s.InspectTx(ctx, s.db, scope, key)
-}
-
-// InspectTx is Inspect inside the caller's transaction or connection.
-func (s *Store) InspectTx(ctx context.Context, q Querier, scope, key string) (dedup.Entry, error) {
 	e := dedup.Entry{Scope: scope, Key: key}
 	var (
 		hash               []byte
 		processed, expires int64
 	)
-	err := q.QueryRowContext(ctx, s.q.inspect(), scope, key).Scan(&hash, &processed, &expires, &e.Result)
+	err := s.db.QueryRowContext(ctx, s.q.inspect(), scope, key).Scan(&hash, &processed, &expires, &e.Result)
 	if errors.Is(err, sql.ErrNoRows) {
 		return e, dedup.ErrNotFound
 	}

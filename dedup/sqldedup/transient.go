@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"slices"
 	"strings"
 
 	"github.com/idemq/idemq/dedup/internal/sqlstore"
@@ -17,26 +18,16 @@ const (
 	sqliteLocked = 6 // SQLITE_LOCKED: a conflict inside one connection
 )
 
-// IsTransient implements dedupdriver.Tx. It reports whether err, returned inside one of the store's
-// transactions, is a passing database condition that says nothing about the
-// message, so that a runner retries it without counting it against the
-// message's attempts:
-//
-//   - SQLite: SQLITE_BUSY and SQLITE_LOCKED (and their extended codes), from
-//     drivers whose error has a Code() int method, as modernc.org/sqlite's;
-//   - PostgreSQL: deadlock (40P01), serialization failure (40001),
-//     connection exceptions (class 08), a session terminated for idling
-//     in a transaction (25P03) and a server shutting down or starting
-//     (57P01-57P03), from drivers whose error has a SQLState()
-//     string method, as pgx's and lib/pq's;
-//   - any dialect: driver.ErrBadConn and sql.ErrConnDone.
-//
-// Anything else is the message's own failure, counted against its attempts:
-// a context deadline or cancellation (a handler past its HandlerTimeout), and
-// errors of other libraries (*url.Error, *net.DNSError, io.ErrUnexpectedEOF),
-// even when they implement net.Error.
-//
-// It is safe for concurrent use.
+// IsTransient implements dedupdriver.Tx. It reports whether err, returned
+// inside one of the store's transactions, is a passing database condition
+// that says nothing about the message, so that a runner retries it without
+// counting it against the message's attempts: SQLite's SQLITE_BUSY and
+// SQLITE_LOCKED (and their extended codes) from drivers whose error has a
+// Code() int method, as modernc.org/sqlite's; a PostgreSQL SQLSTATE that
+// sqlstore.PostgresTransient names, from drivers whose error has a
+// SQLState() string method, as pgx's and lib/pq's; and driver.ErrBadConn
+// and sql.ErrConnDone. Anything else, a context deadline included, is the
+// message's own failure. It is safe for concurrent use.
 func (s txDriver) IsTransient(err error) bool {
 	if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return false
@@ -95,10 +86,5 @@ func (s *Store) refused(err error) bool {
 		return coded.Code()&0xff == sqliteConstraint
 	}
 	msg := strings.ToLower(err.Error())
-	for _, m := range failedTxCommit {
-		if strings.Contains(msg, m) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(failedTxCommit, func(m string) bool { return strings.Contains(msg, m) })
 }

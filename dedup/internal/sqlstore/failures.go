@@ -71,7 +71,7 @@ func (Common) Durability(context.Context) (dedup.Durability, error) {
 // cleanupFailures deletes up to a batch of expired failure counts in one
 // statement.
 func (s *Store) cleanupFailures(ctx context.Context) (deleted int64, busy bool, err error) {
-	query, args := CleanupQuery(s.postgres, s.failures, s.batch, time.Now())
+	query, args := cleanupQuery(s.postgres, s.failures, s.batch, time.Now())
 	n, err := s.db.Exec(ctx, query, args...)
 	return n, false, s.wrap("cleanup of failure counts", err)
 }

@@ -33,12 +33,12 @@ func cleanupPaced(ctx context.Context, size int, pause time.Duration, batch func
 	}
 }
 
-// CleanupQuery returns the statement that deletes up to limit rows of the
+// cleanupQuery returns the statement that deletes up to limit rows of the
 // table t (quoted and qualified) that expired at now, and its arguments.
 // On PostgreSQL the server's clock decides, and rows that a concurrent
 // transaction locked are skipped; SQLite, which has one writer at a time,
 // deletes the oldest first.
-func CleanupQuery(postgres bool, t string, limit int, now time.Time) (string, []any) {
+func cleanupQuery(postgres bool, t string, limit int, now time.Time) (string, []any) {
 	if postgres {
 		return `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
 SELECT ctid FROM ` + t + ` WHERE expires_at <= now()
@@ -49,8 +49,16 @@ LIMIT $1 FOR UPDATE SKIP LOCKED))`, []any{limit}
 }
 
 // Cleanup deletes expired records with batch, then expired failure counts,
-// each with cleanupPaced, and returns how many rows it deleted.
+// each with cleanupPaced, and returns how many rows it deleted. A nil
+// batch deletes the records that expired by the database's clock (see
+// cleanupQuery), under the lock of CleanupBatch.
 func (s *Store) Cleanup(ctx context.Context, pause time.Duration, batch func(ctx context.Context) (int64, bool, error)) (int64, error) {
+	if batch == nil {
+		batch = func(ctx context.Context) (int64, bool, error) {
+			query, args := cleanupQuery(s.postgres, s.quoted, s.batch, time.Now())
+			return s.CleanupBatch(ctx, query, args...)
+		}
+	}
 	n, err := cleanupPaced(ctx, s.batch, pause, batch)
 	if err != nil {
 		return n, err
