@@ -53,7 +53,7 @@ type Config struct {
 
 	// AMQP is passed to amqp091.DialConfig for every connection (TLS, SASL,
 	// vhost, heartbeat, client properties). Its Recovery field must be nil:
-	// the Source reconnects by itself (see the package documentation). Its
+	// the Source reconnects by itself (docs/sources.md says why). Its
 	// Dial defaults to a TCP dialer bounded by ConnectTimeout that Close
 	// interrupts; its Heartbeat defaults to 10 s.
 	AMQP amqp.Config
@@ -142,7 +142,7 @@ type Config struct {
 	// queues are classic queues, which dead-letter an expired copy at most
 	// once. A retried message is then LOST, without an error anywhere, when
 	// the broker stops or crashes while its copy expires, or when Queue
-	// refuses the copy or no longer exists (see the package documentation).
+	// refuses the copy or no longer exists (see docs/sources.md).
 	// Set it only for a broker without quorum queues or at-least-once dead-lettering
 	// (RabbitMQ before 3.10, or another AMQP 0.9.1 broker), where New fails
 	// otherwise, or where losing a retried message is acceptable. Classic
