@@ -14,10 +14,6 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// minRetryQueueVersion is the first RabbitMQ release whose quorum queues
-// support message TTLs and at-least-once dead-lettering (3.10.0).
-var minRetryQueueVersion = [2]int{3, 10}
-
 // RetryQueueDefaults returns the arguments every retry queue gets unless
 // Config.ClassicRetryQueues is set: a quorum queue that dead-letters its
 // expired copies back to Queue at least once. With "x-dead-letter-strategy"
@@ -67,7 +63,9 @@ func (c Config) retryRedeclareEvery(bucket time.Duration) (time.Duration, error)
 
 // checkBroker reports, as a *idemq.ConfigError, a broker that cannot run the
 // configured retry queues: at-least-once retry queues need RabbitMQ 3.10 or
-// later. props are the server properties of connection.start.
+// later, the first release whose quorum queues support message TTLs and
+// at-least-once dead-lettering. props are the server properties of
+// connection.start.
 func (c Config) checkBroker(props amqp.Table) error {
 	if c.ClassicRetryQueues {
 		return nil
@@ -75,11 +73,10 @@ func (c Config) checkBroker(props amqp.Table) error {
 	product, _ := props["product"].(string)
 	version, _ := props["version"].(string)
 	major, minor, ok := parseVersion(version)
-	if !strings.EqualFold(product, "RabbitMQ") || !ok ||
-		major < minRetryQueueVersion[0] || (major == minRetryQueueVersion[0] && minor < minRetryQueueVersion[1]) {
+	if !strings.EqualFold(product, "RabbitMQ") || !ok || major < 3 || (major == 3 && minor < 10) {
 		return &idemq.ConfigError{Field: "amqpsource.Config.ClassicRetryQueues", Reason: fmt.Sprintf(
-			"the broker is %q version %q; at-least-once retry queues (quorum queues with x-message-ttl and x-dead-letter-strategy at-least-once) need RabbitMQ %d.%d or later: upgrade the broker, or set ClassicRetryQueues to accept that a retried message is lost when the broker stops while its copy expires",
-			product, version, minRetryQueueVersion[0], minRetryQueueVersion[1])}
+			"the broker is %q version %q; at-least-once retry queues (quorum queues with x-message-ttl and x-dead-letter-strategy at-least-once) need RabbitMQ 3.10 or later: upgrade the broker, or set ClassicRetryQueues to accept that a retried message is lost when the broker stops while its copy expires",
+			product, version)}
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"sync"
@@ -72,10 +73,8 @@ type session struct {
 
 // declaration declares the queue a publish goes to: before the first publish
 // to it on a confirm channel, and again before a publish when the last
-// declaration is older than every (when every is positive). RabbitMQ deletes
-// a queue with "x-expires" that long after its last declaration, consumer or
-// basic.get, whatever it holds, and publishing to it does not count: a retry
-// queue, which has no consumer, must be declared again while copies go in.
+// declaration is older than every (when every is positive; see
+// Config.retryRedeclareEvery).
 type declaration struct {
 	run   func(*amqp.Channel) error
 	every time.Duration
@@ -225,8 +224,12 @@ func (s *Source) supervise(base context.Context, sess *session) {
 var errDeliveriesClosed = errors.New("amqpsource: delivery channel closed")
 
 // forward hands sess's deliveries to Receive until the session dies or the
-// source closes, and returns why it stopped.
+// source closes, and returns why it stopped. It takes the next delivery only
+// once Receive has taken the one before (out is nil while none waits).
 func (s *Source) forward(sess *session) error {
+	var next inbound
+	var out chan<- inbound
+	deliveries := sess.deliveries
 	for {
 		select {
 		case <-s.closing:
@@ -237,20 +240,14 @@ func (s *Source) forward(sess *session) error {
 			return closeCause("channel", e)
 		case tag := <-sess.cancelled:
 			return fmt.Errorf("amqpsource: broker cancelled consumer %q (queue deleted?)", tag)
-		case d, ok := <-sess.deliveries:
+		case d, ok := <-deliveries:
 			if !ok {
 				return errDeliveriesClosed
 			}
 			sess.track(d.DeliveryTag)
-			select {
-			case s.in <- inbound{sess: sess, d: d}:
-			case <-s.closing:
-				return nil
-			case e := <-sess.connClosed:
-				return closeCause("connection", e)
-			case e := <-sess.chClosed:
-				return closeCause("channel", e)
-			}
+			next, out, deliveries = inbound{sess: sess, d: d}, s.in, nil
+		case out <- next:
+			out, deliveries = nil, sess.deliveries
 		}
 	}
 }
@@ -403,13 +400,11 @@ func (s *session) flushLocked(now int64) (wait time.Duration, err error) {
 		}
 		s.pending = slices.Delete(s.pending, 0, prefix)
 	}
-	held, oldest := 0, int64(0)
+	held, oldest := 0, int64(math.MaxInt64)
 	for _, t := range s.pending {
 		if at := s.settled[t]; at != 0 {
 			held++
-			if oldest == 0 || at < oldest {
-				oldest = at
-			}
+			oldest = min(oldest, at)
 		}
 	}
 	flushNow := s.flushNow
@@ -422,24 +417,20 @@ func (s *session) flushLocked(now int64) (wait time.Duration, err error) {
 			return left, nil
 		}
 	}
-	sent := 0
-	for i, t := range s.pending {
-		if s.settled[t] == 0 {
-			continue
-		}
-		if err = s.ch.Ack(t, false); err != nil {
+	kept := s.pending[:0]
+	for _, t := range s.pending {
+		if err == nil && s.settled[t] != 0 {
+			if err = s.ch.Ack(t, false); err == nil {
+				s.stats.ackFrames.Add(1)
+				s.stats.acked.Add(1)
+				delete(s.settled, t)
+				continue
+			}
 			err = fmt.Errorf("%w: %w", ErrStaleDelivery, err)
-			break
 		}
-		s.stats.ackFrames.Add(1)
-		s.stats.acked.Add(1)
-		delete(s.settled, t)
-		s.pending[i] = 0 // delivery tags start at 1
-		sent++
+		kept = append(kept, t)
 	}
-	if sent > 0 {
-		s.pending = slices.DeleteFunc(s.pending, func(t uint64) bool { return t == 0 })
-	}
+	s.pending = kept
 	return 0, err
 }
 

@@ -1,6 +1,7 @@
 package amqpsource
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -83,22 +84,16 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	u, _ := amqp.ParseURI(cfg.URL) // validate parsed it
 	s := &Source{
-		cfg:     cfg,
-		log:     cfg.Logger.With(consumer.LogKeyQueue, cfg.Queue),
-		in:      make(chan inbound, cfg.Prefetch),
-		closing: make(chan struct{}),
-		broker:  consumer.BrokerInfo{System: systemRabbitMQ},
-	}
-	s.brokerAttrs.queue = cfg.Queue
-	s.desc = "rabbitmq queue=" + cfg.Queue
-	if u, err := amqp.ParseURI(cfg.URL); err == nil {
-		s.broker.ServerAddress, s.broker.ServerPort = u.Host, u.Port
-		vhost := u.Vhost
-		if cfg.AMQP.Vhost != "" {
-			vhost = cfg.AMQP.Vhost
-		}
-		s.desc = fmt.Sprintf("rabbitmq %s vhost=%s queue=%s", net.JoinHostPort(u.Host, strconv.Itoa(u.Port)), vhost, cfg.Queue)
+		cfg:         cfg,
+		log:         cfg.Logger.With(consumer.LogKeyQueue, cfg.Queue),
+		in:          make(chan inbound, cfg.Prefetch),
+		closing:     make(chan struct{}),
+		broker:      consumer.BrokerInfo{System: systemRabbitMQ, ServerAddress: u.Host, ServerPort: u.Port},
+		brokerAttrs: brokerAttrs{queue: cfg.Queue},
+		desc: fmt.Sprintf("rabbitmq %s vhost=%s queue=%s",
+			net.JoinHostPort(u.Host, strconv.Itoa(u.Port)), cmp.Or(cfg.AMQP.Vhost, u.Vhost), cfg.Queue),
 	}
 	first, err := s.dial(ctx)
 	if err != nil {
@@ -178,18 +173,14 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case in := <-s.in:
-			if m := s.accept(in, time.Now()); m != nil {
-				out = append(out, m)
-			}
+			out = s.accept(out, in, time.Now())
 		}
 	}
 	now := time.Now()
 	for len(out) < max {
 		select {
 		case in := <-s.in:
-			if m := s.accept(in, now); m != nil {
-				out = append(out, m)
-			}
+			out = s.accept(out, in, now)
 		default:
 			return out, nil
 		}
@@ -197,22 +188,23 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 	return out, nil
 }
 
-func (s *Source) accept(in inbound, now time.Time) *consumer.Message {
+// accept appends in's message to out, unless in's channel died: the broker
+// redelivers it.
+func (s *Source) accept(out []*consumer.Message, in inbound, now time.Time) []*consumer.Message {
 	if !in.sess.alive() {
 		s.stats.staleDropped.Add(1)
-		return nil
+		return out
 	}
-	return s.toMessage(in.sess, in.d, now)
+	return append(out, s.toMessage(in.sess, in.d, now))
 }
 
 // Ack acknowledges msgs on the channel each was delivered on, after their
 // effects are durable. It records the acknowledgements and returns; a
 // background loop per channel sends them, so that the acknowledgements of
-// concurrent Ack calls share frames: the oldest unacknowledged deliveries of
-// a channel that are all settled go out as one multiple-ack, and a
-// multiple-ack never covers a delivery that was not passed to Ack (a settled
-// delivery behind an unsettled one is acknowledged on its own). Close sends every recorded acknowledgement before it closes the
-// connection. Messages of a channel that has died since are not acknowledged
+// concurrent Ack calls share frames (see Config.AckHold), and a multiple-ack
+// never covers a delivery that was not passed to Ack. Close sends every
+// recorded acknowledgement before it closes the connection. Messages of a
+// channel that has died since are not acknowledged
 // (their tags are invalid); Ack then returns an error matching
 // ErrStaleDelivery, which is harmless: the broker redelivers them and
 // deduplication absorbs the redelivery. The same holds for a recorded
@@ -266,12 +258,10 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 // Config.PublishTimeout, the publishing channel closes), msg is not
 // acknowledged and Retry returns the error; msg is then handed back to its
 // queue (basic.reject with requeue) after a hold, so that it neither keeps a
-// prefetch slot nor loops hot. The hold is the longer of the retry delay
-// (rounded up to the ladder) and a backoff that starts at 1 s and doubles
-// while copies keep failing in a row, but at most Config.UnroutableDelay: msg
-// may come back before delay, and without HeaderRetries increased (on a
-// quorum queue the requeue counts in x-delivery-count, so Attempt grows). If
-// its channel dies first, the broker requeues it. If the channel dies between
+// prefetch slot nor loops hot: the longer of the retry delay and a backoff
+// from 1 s that doubles while copies keep failing, at most
+// Config.UnroutableDelay. msg may so come back before delay, without
+// HeaderRetries increased. If the channel dies between
 // the confirm and the acknowledgement, both the copy and the original come
 // back; deduplication runs the handler at most once for them.
 func (s *Source) Retry(ctx context.Context, msg *consumer.Message, delay time.Duration) error {
@@ -394,13 +384,10 @@ const requeueBackoff = time.Second
 
 // copyFailed handles err, a retry or dead-letter copy of h that was not
 // published. Unless h's channel is dead (the broker has requeued h then), it
-// hands h back to its queue after a hold of floor or longer: left
-// unacknowledged on a live channel, h would keep a prefetch slot until the
-// channel closes (the broker's consumer_timeout), and once Prefetch
-// deliveries were stuck so, nothing would be consumed any more. The hold
-// keeps a copy that fails every time (a refused declaration, a resource
-// alarm) from looping hot; it is at most Config.UnroutableDelay, so that the
-// broker does not close the channel for a delivery held too long.
+// hands h back to its queue after a hold of floor or longer, at most
+// Config.UnroutableDelay: left unacknowledged, h would keep a prefetch slot
+// until the broker's consumer_timeout, and the hold keeps a copy that fails
+// every time from looping hot (docs/sources.md, "A copy that fails").
 func (s *Source) copyFailed(ctx context.Context, h *handle, err error, floor time.Duration) error {
 	if errors.Is(err, ErrStaleDelivery) || !h.sess.alive() {
 		return err

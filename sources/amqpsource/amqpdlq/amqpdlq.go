@@ -13,6 +13,7 @@
 package amqpdlq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -66,9 +67,7 @@ func New(cfg Config) (*Broker, error) {
 	if err := l.Err(); err != nil {
 		return nil, err
 	}
-	if cfg.KeyHeader == "" {
-		cfg.KeyHeader = amqpsource.DefaultKeyHeader
-	}
+	cfg.KeyHeader = cmp.Or(cfg.KeyHeader, amqpsource.DefaultKeyHeader)
 	if cfg.PublishTimeout <= 0 {
 		cfg.PublishTimeout = 10 * time.Second
 	}
@@ -257,18 +256,10 @@ func (b *Broker) letterOf(d amqp.Delivery) *dlq.Letter {
 	}
 	l := brokerkit.Letter(d.MessageId, d.Body, str)
 	l.Reason = amqpsource.DeadLetterReason(d.Headers)
-	l.Origin = str(amqpsource.MetaOriginQueue)
+	l.Origin = cmp.Or(str(amqpsource.MetaOriginQueue), str("x-first-death-queue"))
+	l.Key = cmp.Or(l.Key, str(b.cfg.KeyHeader), d.MessageId)
 	if l.ID == "" {
 		l.ID = digestID(d)
-	}
-	if l.Origin == "" {
-		l.Origin = str("x-first-death-queue")
-	}
-	if l.Key == "" {
-		l.Key = str(b.cfg.KeyHeader)
-	}
-	if l.Key == "" {
-		l.Key = d.MessageId
 	}
 	for k := range d.Headers {
 		if !isMeta(k) {
