@@ -266,14 +266,9 @@ type Topology struct {
 	QueueArgs amqp.Table
 }
 
-// Default values used by Config.WithDefaults.
+// Defaults and bounds of Config and Topology that users may refer to; the
+// other defaults are stated in the fields' documentation.
 const (
-	DefaultConnectTimeout    = 10 * time.Second
-	DefaultHeartbeat         = 10 * time.Second
-	DefaultUnroutableDelay   = time.Minute
-	DefaultPublishTimeout    = 30 * time.Second
-	DefaultReconnectDelay    = 200 * time.Millisecond
-	DefaultMaxReconnectDelay = 500 * time.Millisecond
 	// DefaultAckHold is Config.AckHold's default: a few batch commits of a
 	// Runner at BatchSize 100 on a small machine.
 	DefaultAckHold = 20 * time.Millisecond
@@ -299,8 +294,8 @@ func PrefetchFor(rc consumer.Config) int {
 // WithDefaults returns a copy of c with every zero field set to its default.
 // It does not modify c.AMQP's maps.
 func (c Config) WithDefaults() Config {
-	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, DefaultConnectTimeout)
-	c.AMQP.Heartbeat = cmp.Or(c.AMQP.Heartbeat, DefaultHeartbeat)
+	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, 10*time.Second)
+	c.AMQP.Heartbeat = cmp.Or(c.AMQP.Heartbeat, 10*time.Second)
 	if c.AMQP.Properties == nil {
 		p := amqp.NewConnectionProperties()
 		p.SetClientConnectionName("idemq amqpsource " + c.Queue)
@@ -311,10 +306,10 @@ func (c Config) WithDefaults() Config {
 	c.KeyHeader = cmp.Or(c.KeyHeader, DefaultKeyHeader)
 	c.RetryQueuePrefix = cmp.Or(c.RetryQueuePrefix, c.Queue+".retry.")
 	c.DeadLetterRoutingKey = cmp.Or(c.DeadLetterRoutingKey, c.Queue+".dlq")
-	c.UnroutableDelay = cmp.Or(c.UnroutableDelay, DefaultUnroutableDelay)
-	c.PublishTimeout = cmp.Or(c.PublishTimeout, DefaultPublishTimeout)
-	c.ReconnectDelay = cmp.Or(c.ReconnectDelay, DefaultReconnectDelay)
-	c.MaxReconnectDelay = cmp.Or(c.MaxReconnectDelay, max(DefaultMaxReconnectDelay, c.ReconnectDelay))
+	c.UnroutableDelay = cmp.Or(c.UnroutableDelay, time.Minute)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, 30*time.Second)
+	c.ReconnectDelay = cmp.Or(c.ReconnectDelay, 200*time.Millisecond)
+	c.MaxReconnectDelay = cmp.Or(c.MaxReconnectDelay, max(500*time.Millisecond, c.ReconnectDelay))
 	if c.Declare != nil {
 		t := c.Declare.withDefaults(c.Queue)
 		c.Declare = &t

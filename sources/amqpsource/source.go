@@ -108,9 +108,6 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 	return s, nil
 }
 
-// Config returns the source's configuration with defaults applied.
-func (s *Source) Config() Config { return s.cfg }
-
 // Stats counts what a Source did since New. Every field only grows.
 type Stats struct {
 	// Reconnects is the number of times the connection or channel dropped
