@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"strconv"
 	"strings"
 	"time"
 
@@ -72,25 +71,14 @@ func (c Config) checkBroker(props amqp.Table) error {
 	}
 	product, _ := props["product"].(string)
 	version, _ := props["version"].(string)
-	major, minor, ok := parseVersion(version)
-	if !strings.EqualFold(product, "RabbitMQ") || !ok || major < 3 || (major == 3 && minor < 10) {
+	var major, minor int // of "3.10.8", "4.1.0-rc.1"
+	_, err := fmt.Sscanf(version, "%d.%d", &major, &minor)
+	if !strings.EqualFold(product, "RabbitMQ") || err != nil || major < 3 || (major == 3 && minor < 10) {
 		return &idemq.ConfigError{Field: "amqpsource.Config.ClassicRetryQueues", Reason: fmt.Sprintf(
 			"the broker is %q version %q; at-least-once retry queues (quorum queues with x-message-ttl and x-dead-letter-strategy at-least-once) need RabbitMQ 3.10 or later: upgrade the broker, or set ClassicRetryQueues to accept that a retried message is lost when the broker stops while its copy expires",
 			product, version)}
 	}
 	return nil
-}
-
-// parseVersion reads the major and minor numbers of a version such as
-// "3.10.8" or "4.1.0-rc.1".
-func parseVersion(v string) (major, minor int, ok bool) {
-	parts := strings.SplitN(v, ".", 3)
-	if len(parts) < 2 {
-		return 0, 0, false
-	}
-	major, err1 := strconv.Atoi(parts[0])
-	minor, err2 := strconv.Atoi(strings.TrimFunc(parts[1], func(r rune) bool { return r < '0' || r > '9' }))
-	return major, minor, err1 == nil && err2 == nil
 }
 
 // DeadLetterReason returns why a message in the dead-letter queue was

@@ -32,9 +32,7 @@ type session struct {
 	chClosed   chan *amqp.Error
 	cancelled  chan string
 
-	dead      chan struct{}
-	deadOnce  sync.Once
-	closeOnce sync.Once
+	dead chan struct{} // closed by kill
 
 	// ackMu guards pending and settled and serialises acknowledgements, so
 	// that a multiple-ack never covers a tag that was not passed to Ack.
@@ -71,15 +69,6 @@ type session struct {
 	declared  map[string]time.Time // when each retry queue was last declared on pub
 }
 
-// declaration declares the queue a publish goes to: before the first publish
-// to it on a confirm channel, and again before a publish when the last
-// declaration is older than every (when every is positive; see
-// Config.retryRedeclareEvery).
-type declaration struct {
-	run   func(*amqp.Channel) error
-	every time.Duration
-}
-
 // dial opens a connection and a consuming channel, declares the topology if
 // configured, and starts consuming.
 func (s *Source) dial(ctx context.Context) (*session, error) {
@@ -103,7 +92,6 @@ func (s *Source) dial(ctx context.Context) (*session, error) {
 		sess.holdFor, sess.holdMax = s.cfg.AckHold, s.cfg.Prefetch/2
 	}
 	fail := func(what string, err error) (*session, error) {
-		sess.deadOnce.Do(func() { close(sess.dead) })
 		_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
 		return nil, fmt.Errorf("amqpsource: %s: %w", what, err)
 	}
@@ -129,10 +117,7 @@ func (s *Source) dial(ctx context.Context) (*session, error) {
 	if err != nil {
 		return fail(fmt.Sprintf("consume queue %q", s.cfg.Queue), err)
 	}
-	s.mu.Lock()
-	s.gen++
-	sess.gen = s.gen
-	s.mu.Unlock()
+	sess.gen = s.gen.Add(1)
 	go sess.ackLoop()
 	return sess, nil
 }
@@ -221,8 +206,6 @@ func (s *Source) supervise(base context.Context, sess *session) {
 	}
 }
 
-var errDeliveriesClosed = errors.New("amqpsource: delivery channel closed")
-
 // forward hands sess's deliveries to Receive until the session dies or the
 // source closes, and returns why it stopped. It takes the next delivery only
 // once Receive has taken the one before (out is nil while none waits).
@@ -242,7 +225,7 @@ func (s *Source) forward(sess *session) error {
 			return fmt.Errorf("amqpsource: broker cancelled consumer %q (queue deleted?)", tag)
 		case d, ok := <-deliveries:
 			if !ok {
-				return errDeliveriesClosed
+				return errors.New("amqpsource: delivery channel closed")
 			}
 			sess.track(d.DeliveryTag)
 			next, out, deliveries = inbound{sess: sess, d: d}, s.in, nil
@@ -271,7 +254,8 @@ func (s *session) alive() bool {
 
 // kill sends the acknowledgements still owed (if the channel is alive),
 // marks the session dead and closes its connection. The broker puts every
-// unacknowledged delivery of the session back in its queue.
+// unacknowledged delivery of the session back in its queue. It is called
+// once per session.
 func (s *session) kill() {
 	s.ackMu.Lock()
 	if s.alive() {
@@ -279,14 +263,11 @@ func (s *session) kill() {
 			s.ackFailedLocked()
 		}
 	}
-	s.deadOnce.Do(func() { close(s.dead) })
+	close(s.dead)
 	s.ackMu.Unlock()
-	s.closeOnce.Do(func() {
-		// An error means the connection was closed already (the broker
-		// dropped it) or the close handshake timed out; either way the
-		// socket is closed.
-		_ = s.conn.CloseDeadline(time.Now().Add(closeTimeout))
-	})
+	// An error means the connection was closed already (the broker dropped
+	// it) or the close handshake timed out; either way the socket is closed.
+	_ = s.conn.CloseDeadline(time.Now().Add(closeTimeout))
 }
 
 // track records a tag forwarded towards Receive.
@@ -477,12 +458,14 @@ func (s *session) requeue(tag uint64) (bool, error) {
 }
 
 // publish publishes p with the mandatory flag on the session's confirm
-// channel and waits for the broker's confirm. decl, when not nil, declares
-// the queue named key first (see declaration). A copy the broker
+// channel and waits for the broker's confirm. retryArgs, when not nil,
+// declares the retry queue named key with them first: before the first
+// publish to it on this confirm channel, and again once every has passed
+// since (every > 0; see Config.retryRedeclareEvery). A copy the broker
 // returns as unroutable, or whose exchange does not exist, yields
 // ErrUnroutable; a publishing channel closed before the confirm yields
 // ErrPublishChannelClosed.
-func (s *session) publish(ctx context.Context, exchange, key string, p amqp.Publishing, decl *declaration) error {
+func (s *session) publish(ctx context.Context, exchange, key string, p amqp.Publishing, retryArgs amqp.Table, every time.Duration) error {
 	s.pubMu.Lock()
 	defer s.pubMu.Unlock()
 	if !s.alive() {
@@ -492,12 +475,12 @@ func (s *session) publish(ctx context.Context, exchange, key string, p amqp.Publ
 	if err != nil {
 		return err
 	}
-	if decl != nil {
+	if retryArgs != nil {
 		last, ok := s.declared[key]
-		if now := time.Now(); !ok || (decl.every > 0 && now.Sub(last) >= decl.every) {
-			if err := decl.run(ch); err != nil {
+		if now := time.Now(); !ok || (every > 0 && now.Sub(last) >= every) {
+			if _, err := ch.QueueDeclare(key, true, false, false, false, retryArgs); err != nil {
 				s.dropConfirmChannel()
-				return err
+				return retryDeclareError(key, err)
 			}
 			s.declared[key] = now
 		}
@@ -588,12 +571,4 @@ func (s *session) dropConfirmChannel() {
 		_ = s.pub.Close()
 		s.pub = nil
 	}
-}
-
-// publishContext bounds ctx by timeout unless it has an earlier deadline.
-func publishContext(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
-	if d, ok := ctx.Deadline(); ok && time.Until(d) <= timeout {
-		return context.WithCancel(ctx)
-	}
-	return context.WithTimeout(ctx, timeout)
 }

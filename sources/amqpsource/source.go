@@ -51,9 +51,7 @@ type Source struct {
 	brokerAttrs brokerAttrs
 	desc        string // String's
 
-	mu  sync.Mutex
-	gen uint64 // generation of the newest session
-
+	gen   atomic.Uint64 // generation of the newest session
 	stats counters
 	// copyFailures counts the retry and dead-letter copies that failed in a
 	// row; it grows the hold before their originals are requeued.
@@ -211,11 +209,7 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	if s.isClosing() {
 		return consumer.ErrClosed
 	}
-	type group struct {
-		sess *session
-		tags []uint64
-	}
-	var groups []group
+	groups := make(map[*session][]uint64, 1) // a reconnect adds one
 	var errs []error
 	for _, m := range msgs {
 		h, err := s.handleOf(m)
@@ -223,21 +217,14 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 			errs = append(errs, err)
 			continue
 		}
-		i := 0
-		for i < len(groups) && groups[i].sess != h.sess {
-			i++
-		}
-		if i == len(groups) {
-			groups = append(groups, group{sess: h.sess})
-		}
-		groups[i].tags = append(groups[i].tags, h.tag)
+		groups[h.sess] = append(groups[h.sess], h.tag)
 	}
-	for _, g := range groups {
-		if err := g.sess.ack(g.tags, true); err != nil {
+	for sess, tags := range groups {
+		if err := sess.ack(tags, true); err != nil {
 			if errors.Is(err, ErrStaleDelivery) {
-				s.stats.staleSettles.Add(uint64(len(g.tags)))
+				s.stats.staleSettles.Add(uint64(len(tags)))
 			}
-			errs = append(errs, fmt.Errorf("amqpsource: ack %d message(s) of channel generation %d: %w", len(g.tags), g.sess.gen, err))
+			errs = append(errs, fmt.Errorf("amqpsource: ack %d message(s) of channel generation %d: %w", len(tags), sess.gen, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -286,19 +273,13 @@ func (s *Source) retry(ctx context.Context, h *handle, attempt int, delay time.D
 	p := copyOf(h.d)
 	p.Headers[HeaderRetries] = int64(max(attempt, 1))
 
-	ctx, cancel := publishContext(ctx, s.cfg.PublishTimeout)
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout) // or ctx's earlier deadline
 	defer cancel()
 	every, err := s.cfg.retryRedeclareEvery(bucket)
 	if err != nil {
 		return s.copyFailed(ctx, h, fmt.Errorf("amqpsource: retry: %w", err), bucket)
 	}
-	decl := &declaration{every: every, run: func(ch *amqp.Channel) error {
-		if _, err := ch.QueueDeclare(queue, true, false, false, false, s.cfg.retryQueueArgs(bucket)); err != nil {
-			return retryDeclareError(queue, err)
-		}
-		return nil
-	}}
-	if err := h.sess.publish(ctx, "", queue, p, decl); err != nil {
+	if err := h.sess.publish(ctx, "", queue, p, s.cfg.retryQueueArgs(bucket), every); err != nil {
 		return s.copyFailed(ctx, h, fmt.Errorf("amqpsource: retry: %w", err), bucket)
 	}
 	s.copyFailures.Store(0)
@@ -348,9 +329,9 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 		p.Headers[consumer.MetaKey] = metatext.Clean(key, consumer.MaxKeyBytes)
 	}
 
-	pctx, cancel := publishContext(ctx, s.cfg.PublishTimeout)
+	pctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout) // or ctx's earlier deadline
 	defer cancel()
-	err = h.sess.publish(pctx, s.cfg.DeadLetterExchange, s.cfg.DeadLetterRoutingKey, p, nil)
+	err = h.sess.publish(pctx, s.cfg.DeadLetterExchange, s.cfg.DeadLetterRoutingKey, p, nil, 0)
 	switch {
 	case errors.Is(err, ErrUnroutable):
 		s.stats.unroutable.Add(1)
@@ -405,14 +386,7 @@ func (s *Source) copyFailed(ctx context.Context, h *handle, err error, floor tim
 // dies first (the broker then requeues it itself). Until then h's tag stays
 // pending, so that no multiple-ack covers it. Its log lines carry ctx.
 func (s *Source) handBackLater(ctx context.Context, h *handle, hold time.Duration) {
-	go func() {
-		t := time.NewTimer(hold)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-h.sess.dead:
-			return
-		}
+	time.AfterFunc(hold, func() {
 		sent, err := h.sess.requeue(h.tag)
 		switch {
 		case err != nil:
@@ -423,7 +397,7 @@ func (s *Source) handBackLater(ctx context.Context, h *handle, hold time.Duratio
 			s.log.DebugContext(ctx, "delivery whose copy failed returned to the queue",
 				logKeyGeneration, h.sess.gen, consumer.LogKeyID, h.d.MessageId, consumer.LogKeyDelay, hold)
 		}
-	}()
+	})
 }
 
 // String names the source for logs (the Runner's start line): its broker's
