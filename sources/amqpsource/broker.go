@@ -14,12 +14,10 @@ import (
 )
 
 // RetryQueueDefaults returns the arguments every retry queue gets unless
-// Config.ClassicRetryQueues is set: a quorum queue that dead-letters its
-// expired copies back to Queue at least once. With "x-dead-letter-strategy"
-// "at-least-once" the retry queue keeps each expired copy until Queue has
-// confirmed it, so a broker restart at that moment, a full Queue or a missing
-// Queue delays the copy instead of dropping it; RabbitMQ requires "x-overflow"
-// "reject-publish" for that strategy. Each call returns a new map.
+// Config.ClassicRetryQueues is set: a quorum queue that keeps each expired
+// copy until Queue has confirmed it ("x-dead-letter-strategy"
+// "at-least-once", which requires "x-overflow" "reject-publish"). Each call
+// returns a new map.
 func RetryQueueDefaults() amqp.Table {
 	return amqp.Table{
 		"x-queue-type":           QueueTypeQuorum,

@@ -39,38 +39,27 @@
 //     dead session send nothing (ErrStaleDelivery), and deliveries of a dead
 //     session still buffered in the client are dropped before Receive
 //     returns them.
-//   - Delayed retry without losing the message. Retry publishes a copy to a
-//     durable retry queue whose message TTL is the delay (rounded up, never
-//     early) and whose dead-letter route leads back to the queue, and
-//     acknowledges the original only after the broker confirmed the copy.
-//     The copy carries HeaderRetries. Retry queues are quorum queues with
-//     at-least-once dead-lettering (RetryQueueDefaults): a broker restart
-//     while copies expire loses none of them. New refuses a broker that
-//     cannot do this (RabbitMQ before 3.10, or not RabbitMQ) with a
-//     *idemq.ConfigError on Config.ClassicRetryQueues, the explicit opt-out.
-//   - A copy that fails does not pin its delivery: the original is not
-//     acknowledged, and is handed back to its queue after a hold of at most
-//     Config.UnroutableDelay (see Source.Retry), so it neither keeps a
-//     prefetch slot nor loops hot.
-//   - Dead letters carry their reason. DeadLetter publishes a copy to
-//     Config.DeadLetterExchange / DeadLetterRoutingKey (default: the queue
-//     "<queue>.dlq" through the default exchange) with consumer.MetaReason,
-//     consumer.MetaAttempts, MetaOriginQueue, consumer.MetaKey and
-//     consumer.MetaDeadLetteredAt, and acknowledges the original only after
-//     the broker confirmed the copy. A copy whose destination does not exist
-//     parks the message in a retry queue for Config.UnroutableDelay: never
-//     dropped, never a hot loop.
+//   - Retry and DeadLetter acknowledge the original only after the broker
+//     confirmed its copy. Retry's copy waits in a retry queue whose TTL is
+//     the delay (rounded up, never early) and whose dead-letter route leads
+//     back to the queue; retry queues are quorum queues with at-least-once
+//     dead-lettering (RetryQueueDefaults), so a broker restart while copies
+//     expire loses none. New refuses a broker that cannot do this (RabbitMQ
+//     before 3.10, or not RabbitMQ) unless Config.ClassicRetryQueues opts
+//     out. DeadLetter's copy carries its reason, MetaOriginQueue and the
+//     consumer.Meta* headers. A copy that fails leaves the original
+//     unacknowledged, handed back to its queue after a hold of at most
+//     Config.UnroutableDelay; a dead letter whose destination does not exist
+//     is parked in a retry queue: never dropped, never a hot loop.
 //   - Deduplication key: the Config.KeyHeader header, else the message-id
 //     property. A message with neither has an empty Key and ID, so the
 //     runner dead-letters it with consumer.ErrMissingKey, unless
 //     Config.BodyHashKey opts into the body's SHA-256 as the key.
 //   - Attempt counts every delivery the Source can know of: 1 + the retry
-//     trips (HeaderRetries) + the broker's x-delivery-count (quorum queues,
-//     which count deliveries returned unsettled, such as those of a consumer
-//     that crashed). The runner's RetryPolicy.MaxAttempts counts handler
-//     failures instead when its store counts them
-//     (dedupdriver.Caps.FailureCount), so a crash loop does not dead-letter
-//     a message; Attempt decides only when the store cannot count.
+//     trips (HeaderRetries) + the broker's x-delivery-count (quorum queues).
+//     The runner's RetryPolicy.MaxAttempts counts handler failures instead
+//     when its store can (dedupdriver.Caps.FailureCount), so a crash loop
+//     does not dead-letter a message.
 //   - The broker's delivery limit does not dead-letter before idemq would:
 //     handler failures never count toward a quorum queue's x-delivery-limit,
 //     which Config.Declare sets to Topology.DeliveryLimit (100) with the

@@ -129,7 +129,7 @@ func (s *Source) connect(ctx context.Context) (*amqp.Connection, error) {
 	if ac.Dial != nil {
 		return amqp.DialConfig(s.cfg.URL, ac)
 	}
-	var stops []func() bool
+	var stop func() bool
 	ac.Dial = func(network, addr string) (net.Conn, error) {
 		d := net.Dialer{Timeout: s.cfg.ConnectTimeout}
 		c, err := d.DialContext(ctx, network, addr)
@@ -143,11 +143,11 @@ func (s *Source) connect(ctx context.Context) (*amqp.Connection, error) {
 			_ = c.Close()
 			return nil, err
 		}
-		stops = append(stops, context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) }))
+		stop = context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
 		return c, nil
 	}
 	conn, err := amqp.DialConfig(s.cfg.URL, ac)
-	for _, stop := range stops {
+	if stop != nil {
 		stop()
 	}
 	return conn, err
@@ -319,11 +319,8 @@ func (s *session) ack(tags []uint64, hold bool) error {
 func (s *session) clock() int64 { return int64(time.Since(s.born)) + 1 }
 
 // ackLoop sends the acknowledgements recorded by ack until the session
-// dies. Each pass sends what flushLocked finds owed, so the
-// acknowledgements that several Ack calls (of concurrent lanes) record while
-// a pass runs share a frame, and no worker waits for a socket write. When a
-// pass holds acknowledgements back, a timer runs the next pass at the end of
-// the hold.
+// dies, so that those recorded while a pass runs share a frame and no worker
+// waits for a socket write. A timer runs the next pass when a hold ends.
 func (s *session) ackLoop() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -355,16 +352,12 @@ func (s *session) ackLoop() {
 
 // flushLocked sends the acknowledgements owed: one multiple-ack (or a
 // single ack) for the longest settled prefix of pending, then the settled
-// tags behind an unsettled one. Those are held back while there are at most
-// holdMax of them, the oldest was recorded less than holdFor before now and
-// no acknowledgement that must not wait was recorded (flushNow),
-// so that the multiple-ack of a later pass covers them once the tags ahead
-// are settled (concurrent lanes settle interleaved tags); past either bound,
-// or when now is 0 (the session is ending), each goes out as a single ack,
-// so that a slow delivery ahead does not keep their prefetch slots. wait is
-// how long the hold may still last (0 when nothing is held). A send error
-// means the channel is closing: what was not sent is redelivered by the
-// broker.
+// tags behind an unsettled one, each as a single ack, unless it holds them
+// back for a later multiple-ack (Config.AckHold): while there are at most
+// holdMax of them, the oldest was recorded less than holdFor before now,
+// now is not 0 (the session is ending) and flushNow is not set. wait is how
+// long the hold may still last (0 when nothing is held). A send error means
+// the channel is closing: the broker redelivers what was not sent.
 func (s *session) flushLocked(now int64) (wait time.Duration, err error) {
 	prefix := 0
 	for prefix < len(s.pending) && s.settled[s.pending[prefix]] != 0 {
@@ -507,7 +500,16 @@ func (s *session) publish(ctx context.Context, exchange, key string, p amqp.Publ
 			delete(s.declared, key) // a retry queue deleted under us is declared again
 			return fmt.Errorf("%w: exchange %q key %q: %d %s", ErrUnroutable, exchange, key, r.ReplyCode, r.ReplyText)
 		}
-		cause := s.pubCloseCause()
+		// The client hands the broker's reason for closing the channel to
+		// the buffered NotifyClose channel before it closes s.returns.
+		var cause error = amqp.ErrClosed
+		select {
+		case e, ok := <-s.pubClosed:
+			if ok && e != nil {
+				cause = e
+			}
+		default:
+		}
 		s.dropConfirmChannel()
 		if acked {
 			// Confirmed before the channel closed, and not returned.
@@ -547,21 +549,6 @@ func (s *session) confirmChannel() (*amqp.Channel, error) {
 	s.pub = ch
 	s.declared = make(map[string]time.Time)
 	return ch, nil
-}
-
-// pubCloseCause returns why the publishing channel closed, as far as the
-// client said. The client hands the broker's reason to the buffered
-// NotifyClose channel before it closes the returns channel. The caller holds
-// pubMu.
-func (s *session) pubCloseCause() error {
-	select {
-	case e, ok := <-s.pubClosed:
-		if ok && e != nil {
-			return e
-		}
-	default:
-	}
-	return amqp.ErrClosed
 }
 
 // dropConfirmChannel closes the publishing channel after a failure; the next

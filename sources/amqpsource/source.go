@@ -154,9 +154,6 @@ func (s *Source) Stats() Stats {
 // waits for the reconnect. Deliveries of a channel that died before they were
 // returned are dropped: the broker redelivers them.
 func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, error) {
-	if max < 1 {
-		max = 1
-	}
 	if s.isClosing() {
 		return nil, consumer.ErrClosed
 	}
@@ -256,13 +253,11 @@ func (s *Source) Retry(ctx context.Context, msg *consumer.Message, delay time.Du
 	if err != nil {
 		return err
 	}
-	if err := s.retry(ctx, h, h.attempt, delay); err != nil {
-		if errors.Is(err, ErrStaleDelivery) {
-			s.stats.staleSettles.Add(1)
-		}
-		return err
+	err = s.retry(ctx, h, h.attempt, delay)
+	if errors.Is(err, ErrStaleDelivery) {
+		s.stats.staleSettles.Add(1)
 	}
-	return nil
+	return err
 }
 
 // retry publishes h's retry copy and acknowledges h. If the copy is not
