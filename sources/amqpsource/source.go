@@ -45,11 +45,8 @@ type Source struct {
 	once    sync.Once
 	wg      sync.WaitGroup
 
-	// broker is the BrokerInfo of every message, but for its attributes,
-	// which brokerAttrs adds.
-	broker      consumer.BrokerInfo
-	brokerAttrs brokerAttrs
-	desc        string // String's
+	broker broker
+	desc   string // String's
 
 	gen   atomic.Uint64 // generation of the newest session
 	stats counters
@@ -84,12 +81,11 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	u, _ := amqp.ParseURI(cfg.URL) // validate parsed it
 	s := &Source{
-		cfg:         cfg,
-		log:         cfg.Logger.With(consumer.LogKeyQueue, cfg.Queue),
-		in:          make(chan inbound, cfg.Prefetch),
-		closing:     make(chan struct{}),
-		broker:      consumer.BrokerInfo{System: systemRabbitMQ, ServerAddress: u.Host, ServerPort: u.Port},
-		brokerAttrs: brokerAttrs{queue: cfg.Queue},
+		cfg:     cfg,
+		log:     cfg.Logger.With(consumer.LogKeyQueue, cfg.Queue),
+		in:      make(chan inbound, cfg.Prefetch),
+		closing: make(chan struct{}),
+		broker:  broker{queue: cfg.Queue, base: consumer.BrokerInfo{System: systemRabbitMQ, ServerAddress: u.Host, ServerPort: u.Port}},
 		desc: fmt.Sprintf("rabbitmq %s vhost=%s queue=%s",
 			net.JoinHostPort(u.Host, strconv.Itoa(u.Port)), cmp.Or(cfg.AMQP.Vhost, u.Vhost), cfg.Queue),
 	}
@@ -242,9 +238,9 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 // prefetch slot nor loops hot: the longer of the retry delay and a backoff
 // from 1 s that doubles while copies keep failing, at most
 // Config.UnroutableDelay. msg may so come back before delay, without
-// HeaderRetries increased. If the channel dies between
-// the confirm and the acknowledgement, both the copy and the original come
-// back; deduplication runs the handler at most once for them.
+// HeaderRetries increased. If the channel dies between the confirm and the
+// acknowledgement, both the copy and the original come back; deduplication
+// runs the handler at most once for them.
 func (s *Source) Retry(ctx context.Context, msg *consumer.Message, delay time.Duration) error {
 	if s.isClosing() {
 		return consumer.ErrClosed
@@ -286,9 +282,9 @@ func (s *Source) retry(ctx context.Context, h *handle, attempt int, delay time.D
 
 // DeadLetter publishes a copy of msg to Config.DeadLetterExchange with
 // routing key Config.DeadLetterRoutingKey, with the reason in the
-// consumer.MetaReason header and the attempt count, queue, key and time in the other
-// Header* headers, waits for the broker's confirm, and only then acknowledges
-// msg. The reason (at most 4 KiB, a longer one ending with
+// consumer.MetaReason header and the attempt count, queue, key and time in
+// the other Meta* headers, waits for the broker's confirm, and only then
+// acknowledges msg. The reason (at most 4 KiB, a longer one ending with
 // " ...(truncated)"), queue and key are written as internal/metatext.Clean
 // makes them, the same text on every broker: characters outside the XML 1.0
 // range and invalid UTF-8 become Go escapes (\x01).
@@ -297,11 +293,8 @@ func (s *Source) retry(ctx context.Context, h *handle, attempt int, delay time.D
 // as unroutable, or the exchange is missing), msg goes to the retry queue for
 // Config.UnroutableDelay instead, so it is neither lost nor looped hot, and
 // DeadLetter returns an error matching ErrUnroutable. If the copy cannot be
-// published at all (a negative confirm, no confirm within
-// Config.PublishTimeout, a publishing channel the broker closes), or cannot
-// be parked either, msg is not acknowledged: it is handed back to its queue
-// (basic.reject with requeue) after a hold, as after a failed Retry, at most
-// Config.UnroutableDelay.
+// published at all, or cannot be parked either, msg is not acknowledged: it
+// is handed back to its queue after a hold, as after a failed Retry.
 func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason error) error {
 	if s.isClosing() {
 		return consumer.ErrClosed
@@ -350,11 +343,6 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	return nil
 }
 
-// requeueBackoff is the first hold of a delivery whose retry or dead-letter
-// copy failed, beyond the retry delay; it doubles with each copy that fails
-// in a row, up to Config.UnroutableDelay.
-const requeueBackoff = time.Second
-
 // copyFailed handles err, a retry or dead-letter copy of h that was not
 // published. Unless h's channel is dead (the broker has requeued h then), it
 // hands h back to its queue after a hold of floor or longer, at most
@@ -367,7 +355,7 @@ func (s *Source) copyFailed(ctx context.Context, h *handle, err error, floor tim
 	}
 	n := s.copyFailures.Add(1)
 	backoff := consumer.RetryPolicy{
-		InitialBackoff: requeueBackoff,
+		InitialBackoff: time.Second, // doubles with each copy that fails in a row
 		MaxBackoff:     s.cfg.UnroutableDelay,
 		Multiplier:     2,
 		Jitter:         0.2,

@@ -107,7 +107,7 @@ func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (
 	returns := pub.NotifyReturn(make(chan amqp.Return, 1))
 	// The dead letters kept go back to the queue before Scan returns, so
 	// that the next scan finds them: a rejection of all of them, then a
-	// wait (bounded by requeueWait) until the queue counts them again. A
+	// wait (waitCounted) until the queue counts them again. A
 	// quorum queue applies the rejection after it confirmed the channel's
 	// close, and a connection closed with them unacknowledged requeues them
 	// later still.
@@ -156,19 +156,15 @@ func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (
 	return done, nil
 }
 
-// requeueWait bounds how long a scan waits for the dead letters it kept
-// to be counted in their queue again.
-const requeueWait = 5 * time.Second
-
-// waitCounted waits, at most requeueWait, until queue holds at least n
-// messages ready.
+// waitCounted waits, at most 5 s, until queue holds at least n messages
+// ready: the dead letters a scan kept are counted in their queue again.
 func waitCounted(conn *amqp.Connection, queue string, n int) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return
 	}
 	defer ch.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), requeueWait)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = brokerkit.Poll(ctx, 20*time.Millisecond, func() (bool, error) {
 		q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
