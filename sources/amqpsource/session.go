@@ -126,36 +126,33 @@ func (s *Source) dial(ctx context.Context) (*session, error) {
 // the handshake are bounded by ConnectTimeout and abandoned when ctx is done.
 func (s *Source) connect(ctx context.Context) (*amqp.Connection, error) {
 	ac := s.cfg.AMQP
-	if ac.Dial != nil {
-		return amqp.DialConfig(s.cfg.URL, ac)
-	}
-	var stop func() bool
-	ac.Dial = func(network, addr string) (net.Conn, error) {
-		d := net.Dialer{Timeout: s.cfg.ConnectTimeout}
-		c, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
+	stop := func() bool { return false }
+	defer func() { stop() }()
+	if ac.Dial == nil {
+		ac.Dial = func(network, addr string) (net.Conn, error) {
+			d := net.Dialer{Timeout: s.cfg.ConnectTimeout}
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// Heartbeats start after the handshake; until then a deadline
+			// keeps a dead server from stalling the dial. The client clears
+			// it once the connection is open.
+			if err := c.SetDeadline(time.Now().Add(s.cfg.ConnectTimeout)); err != nil {
+				_ = c.Close()
+				return nil, err
+			}
+			stop = context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+			return c, nil
 		}
-		// Heartbeats start after the handshake; until then a deadline keeps
-		// a dead server from stalling the dial. The client clears it once
-		// the connection is open.
-		if err := c.SetDeadline(time.Now().Add(s.cfg.ConnectTimeout)); err != nil {
-			_ = c.Close()
-			return nil, err
-		}
-		stop = context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
-		return c, nil
 	}
-	conn, err := amqp.DialConfig(s.cfg.URL, ac)
-	if stop != nil {
-		stop()
-	}
-	return conn, err
+	return amqp.DialConfig(s.cfg.URL, ac)
 }
 
 // supervise forwards deliveries of the current session and, when it dies,
-// reconnects with backoff until Close. Its log lines carry base's values.
-func (s *Source) supervise(base context.Context, sess *session) {
+// reconnects with backoff until Close, which cancels ctx. Its log lines
+// carry ctx's values.
+func (s *Source) supervise(ctx context.Context, sess *session) {
 	defer s.wg.Done()
 	backoff := consumer.RetryPolicy{
 		MaxAttempts:    1,
@@ -164,12 +161,6 @@ func (s *Source) supervise(base context.Context, sess *session) {
 		Multiplier:     2,
 		Jitter:         0.2,
 	}
-	ctx, cancel := context.WithCancel(base)
-	defer cancel()
-	go func() {
-		<-s.closing
-		cancel()
-	}()
 	failures := 0
 	var warnings brokerkit.Warnings
 	for {

@@ -41,7 +41,8 @@ type Source struct {
 
 	// in carries deliveries from the session forwarder to Receive.
 	in      chan inbound
-	closing chan struct{}
+	closing <-chan struct{}
+	stop    context.CancelFunc // closes closing
 	once    sync.Once
 	wg      sync.WaitGroup
 
@@ -80,11 +81,13 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 		return nil, err
 	}
 	u, _ := amqp.ParseURI(cfg.URL) // validate parsed it
+	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
 	s := &Source{
 		cfg:     cfg,
 		log:     cfg.Logger.With(consumer.LogKeyQueue, cfg.Queue),
 		in:      make(chan inbound, cfg.Prefetch),
-		closing: make(chan struct{}),
+		closing: bg.Done(),
+		stop:    stop,
 		broker:  broker{queue: cfg.Queue, base: consumer.BrokerInfo{System: systemRabbitMQ, ServerAddress: u.Host, ServerPort: u.Port}},
 		desc: fmt.Sprintf("rabbitmq %s vhost=%s queue=%s",
 			net.JoinHostPort(u.Host, strconv.Itoa(u.Port)), cmp.Or(cfg.AMQP.Vhost, u.Vhost), cfg.Queue),
@@ -98,7 +101,7 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 		return nil, err
 	}
 	s.wg.Add(1)
-	go s.supervise(context.WithoutCancel(ctx), first)
+	go s.supervise(bg, first)
 	return s, nil
 }
 
@@ -397,7 +400,7 @@ func (s *Source) String() string { return s.desc }
 // Config.ConnectTimeout.
 func (s *Source) Close() error {
 	s.once.Do(func() {
-		close(s.closing)
+		s.stop()
 		s.wg.Wait()
 	})
 	return nil
