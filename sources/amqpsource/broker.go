@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"strconv"
 	"strings"
 	"time"
 
@@ -14,17 +13,11 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// minRetryQueueVersion is the first RabbitMQ release whose quorum queues
-// support message TTLs and at-least-once dead-lettering (3.10.0).
-var minRetryQueueVersion = [2]int{3, 10}
-
 // RetryQueueDefaults returns the arguments every retry queue gets unless
-// Config.ClassicRetryQueues is set: a quorum queue that dead-letters its
-// expired copies back to Queue at least once. With "x-dead-letter-strategy"
-// "at-least-once" the retry queue keeps each expired copy until Queue has
-// confirmed it, so a broker restart at that moment, a full Queue or a missing
-// Queue delays the copy instead of dropping it; RabbitMQ requires "x-overflow"
-// "reject-publish" for that strategy. Each call returns a new map.
+// Config.ClassicRetryQueues is set: a quorum queue that keeps each expired
+// copy until Queue has confirmed it ("x-dead-letter-strategy"
+// "at-least-once", which requires "x-overflow" "reject-publish"). Each call
+// returns a new map.
 func RetryQueueDefaults() amqp.Table {
 	return amqp.Table{
 		"x-queue-type":           QueueTypeQuorum,
@@ -67,33 +60,23 @@ func (c Config) retryRedeclareEvery(bucket time.Duration) (time.Duration, error)
 
 // checkBroker reports, as a *idemq.ConfigError, a broker that cannot run the
 // configured retry queues: at-least-once retry queues need RabbitMQ 3.10 or
-// later. props are the server properties of connection.start.
+// later, the first release whose quorum queues support message TTLs and
+// at-least-once dead-lettering. props are the server properties of
+// connection.start.
 func (c Config) checkBroker(props amqp.Table) error {
 	if c.ClassicRetryQueues {
 		return nil
 	}
 	product, _ := props["product"].(string)
 	version, _ := props["version"].(string)
-	major, minor, ok := parseVersion(version)
-	if !strings.EqualFold(product, "RabbitMQ") || !ok ||
-		major < minRetryQueueVersion[0] || (major == minRetryQueueVersion[0] && minor < minRetryQueueVersion[1]) {
+	var major, minor int // of "3.10.8", "4.1.0-rc.1"
+	_, err := fmt.Sscanf(version, "%d.%d", &major, &minor)
+	if !strings.EqualFold(product, "RabbitMQ") || err != nil || major < 3 || (major == 3 && minor < 10) {
 		return &idemq.ConfigError{Field: "amqpsource.Config.ClassicRetryQueues", Reason: fmt.Sprintf(
-			"the broker is %q version %q; at-least-once retry queues (quorum queues with x-message-ttl and x-dead-letter-strategy at-least-once) need RabbitMQ %d.%d or later: upgrade the broker, or set ClassicRetryQueues to accept that a retried message is lost when the broker stops while its copy expires",
-			product, version, minRetryQueueVersion[0], minRetryQueueVersion[1])}
+			"the broker is %q version %q; at-least-once retry queues (quorum queues with x-message-ttl and x-dead-letter-strategy at-least-once) need RabbitMQ 3.10 or later: upgrade the broker, or set ClassicRetryQueues to accept that a retried message is lost when the broker stops while its copy expires",
+			product, version)}
 	}
 	return nil
-}
-
-// parseVersion reads the major and minor numbers of a version such as
-// "3.10.8" or "4.1.0-rc.1".
-func parseVersion(v string) (major, minor int, ok bool) {
-	parts := strings.SplitN(v, ".", 3)
-	if len(parts) < 2 {
-		return 0, 0, false
-	}
-	major, err1 := strconv.Atoi(parts[0])
-	minor, err2 := strconv.Atoi(strings.TrimFunc(parts[1], func(r rune) bool { return r < '0' || r > '9' }))
-	return major, minor, err1 == nil && err2 == nil
 }
 
 // DeadLetterReason returns why a message in the dead-letter queue was

@@ -53,7 +53,7 @@ type Config struct {
 
 	// AMQP is passed to amqp091.DialConfig for every connection (TLS, SASL,
 	// vhost, heartbeat, client properties). Its Recovery field must be nil:
-	// the Source reconnects by itself (see the package documentation). Its
+	// the Source reconnects by itself (docs/sources.md says why). Its
 	// Dial defaults to a TCP dialer bounded by ConnectTimeout that Close
 	// interrupts; its Heartbeat defaults to 10 s.
 	AMQP amqp.Config
@@ -70,19 +70,15 @@ type Config struct {
 	Prefetch int
 
 	// AckHold is how long an acknowledgement may wait for a multiple-ack.
-	// Concurrent lanes settle interleaved delivery tags, and a multiple-ack
-	// covers only the settled run at the head of the channel: a delivery
+	// A multiple-ack covers only the settled run at the head of the
+	// channel, and concurrent lanes settle interleaved tags: a delivery
 	// settled behind one still being handled waits for it, up to AckHold,
-	// so that one frame acknowledges both; past AckHold, or while more than
-	// half of Prefetch would wait, the waiting deliveries are acknowledged
-	// one frame each, so that a slow delivery ahead never keeps more than
-	// half of the prefetch slots. RabbitMQ's queue handles acknowledgements
-	// frame by frame, and fewer frames leave it more time to deliver
-	// (docs/performance.md has the measurements). Waiting happens only
-	// after the commit and only widens the redelivery window of a crash,
-	// which the deduplication record absorbs; Close sends every waiting
-	// acknowledgement, and so does the acknowledgement of an original by
-	// Retry or DeadLetter, whose copy is out already. Defaults to
+	// so that one frame acknowledges both (fewer frames leave RabbitMQ's
+	// queue more time to deliver; docs/performance.md). Past AckHold, or
+	// while more than half of Prefetch would wait, the waiting deliveries
+	// are acknowledged one frame each. Waiting only widens the redelivery
+	// window of a crash, which the deduplication record absorbs; Close, and
+	// Retry or DeadLetter acknowledging an original, end it. Defaults to
 	// DefaultAckHold (20 ms); negative sends each acknowledgement in the
 	// loop's next pass; at most MaxAckHold.
 	AckHold time.Duration
@@ -127,14 +123,9 @@ type Config struct {
 	// not weaken the at-least-once trip back to Queue: New rejects an
 	// "x-queue-type" other than "quorum", an "x-dead-letter-strategy" other
 	// than "at-least-once", an "x-overflow" other than "reject-publish", and
-	// any "x-expires" (a quorum retry queue keeps an expired copy until Queue
-	// confirms it, which can take longer than any expiry while Queue is
-	// unavailable, and the broker deletes an expiring queue with what it
-	// holds). With ClassicRetryQueues, "x-expires" (milliseconds, an
-	// integer) is allowed: the source then declares a retry queue again
-	// while it puts copies in it, so that the queue outlives them, and
-	// refuses a retry delay not shorter than x-expires (the message is handed
-	// back, as after a failed copy).
+	// any "x-expires". With ClassicRetryQueues, "x-expires" (milliseconds,
+	// an integer) is allowed, and a retry whose delay is not shorter is
+	// handed back as after a failed copy (docs/sources.md explains both).
 	// Defaults to none.
 	RetryQueueArgs amqp.Table
 
@@ -142,7 +133,7 @@ type Config struct {
 	// queues are classic queues, which dead-letter an expired copy at most
 	// once. A retried message is then LOST, without an error anywhere, when
 	// the broker stops or crashes while its copy expires, or when Queue
-	// refuses the copy or no longer exists (see the package documentation).
+	// refuses the copy or no longer exists (see docs/sources.md).
 	// Set it only for a broker without quorum queues or at-least-once dead-lettering
 	// (RabbitMQ before 3.10, or another AMQP 0.9.1 broker), where New fails
 	// otherwise, or where losing a retried message is acceptable. Classic
@@ -211,24 +202,17 @@ type Topology struct {
 	QueueType string
 
 	// DeliveryLimit is the quorum queue's x-delivery-limit: a message
-	// returned to the queue unsettled more often than this (the consumer
-	// crashed, stopped or lost its connection while holding it, each time)
-	// is dead-lettered by the broker to the dead-letter destination, with
+	// returned to the queue unsettled more often than this (its consumer
+	// crashed, stopped or lost its connection while holding it, or a failed
+	// copy handed it back) is dead-lettered by the broker, with
 	// "delivery_limit" in its x-first-death-reason header (DeadLetterReason
-	// reads it) and none of the Header* headers idemq sets.
-	//
-	// Handler failures do not count here: a failed attempt is retried
-	// through a retry queue as a new copy, whose delivery count starts at
-	// 0, and the Runner dead-letters it after consumer.RetryPolicy
-	// MaxAttempts handler failures. Only unsettled returns count: crashes,
-	// restarts, dropped connections, and hand-backs after a failed retry
-	// copy. The limit is the only guard against a message that kills the
-	// process before its handler can fail (the Runner never sees an error
-	// for it), so it should exist, but sit far above what restarts and
-	// deploys do to an innocent message held in the prefetch window.
-	// Ignored for classic queues. Defaults to DefaultDeliveryLimit (100);
-	// negative sets no x-delivery-limit argument, so the broker's default
-	// applies (no limit before RabbitMQ 4.0, 20 since).
+	// reads it). Handler failures do not count: a failed attempt is retried
+	// as a new copy, whose delivery count starts at 0. The limit is the only
+	// guard against a message that kills the process before its handler can
+	// fail, so it should exist, but sit far above what restarts and deploys
+	// do to an innocent message. Ignored for classic queues. Defaults to
+	// DefaultDeliveryLimit (100); negative sets no x-delivery-limit, so the
+	// broker's default applies (no limit before RabbitMQ 4.0, 20 since).
 	DeliveryLimit int
 
 	// Exchange, when not empty, is declared and Queue is bound to it with
@@ -266,14 +250,9 @@ type Topology struct {
 	QueueArgs amqp.Table
 }
 
-// Default values used by Config.WithDefaults.
+// Defaults and bounds of Config and Topology that users may refer to; the
+// other defaults are stated in the fields' documentation.
 const (
-	DefaultConnectTimeout    = 10 * time.Second
-	DefaultHeartbeat         = 10 * time.Second
-	DefaultUnroutableDelay   = time.Minute
-	DefaultPublishTimeout    = 30 * time.Second
-	DefaultReconnectDelay    = 200 * time.Millisecond
-	DefaultMaxReconnectDelay = 500 * time.Millisecond
 	// DefaultAckHold is Config.AckHold's default: a few batch commits of a
 	// Runner at BatchSize 100 on a small machine.
 	DefaultAckHold = 20 * time.Millisecond
@@ -299,8 +278,8 @@ func PrefetchFor(rc consumer.Config) int {
 // WithDefaults returns a copy of c with every zero field set to its default.
 // It does not modify c.AMQP's maps.
 func (c Config) WithDefaults() Config {
-	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, DefaultConnectTimeout)
-	c.AMQP.Heartbeat = cmp.Or(c.AMQP.Heartbeat, DefaultHeartbeat)
+	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, 10*time.Second)
+	c.AMQP.Heartbeat = cmp.Or(c.AMQP.Heartbeat, 10*time.Second)
 	if c.AMQP.Properties == nil {
 		p := amqp.NewConnectionProperties()
 		p.SetClientConnectionName("idemq amqpsource " + c.Queue)
@@ -311,26 +290,22 @@ func (c Config) WithDefaults() Config {
 	c.KeyHeader = cmp.Or(c.KeyHeader, DefaultKeyHeader)
 	c.RetryQueuePrefix = cmp.Or(c.RetryQueuePrefix, c.Queue+".retry.")
 	c.DeadLetterRoutingKey = cmp.Or(c.DeadLetterRoutingKey, c.Queue+".dlq")
-	c.UnroutableDelay = cmp.Or(c.UnroutableDelay, DefaultUnroutableDelay)
-	c.PublishTimeout = cmp.Or(c.PublishTimeout, DefaultPublishTimeout)
-	c.ReconnectDelay = cmp.Or(c.ReconnectDelay, DefaultReconnectDelay)
-	c.MaxReconnectDelay = cmp.Or(c.MaxReconnectDelay, max(DefaultMaxReconnectDelay, c.ReconnectDelay))
+	c.UnroutableDelay = cmp.Or(c.UnroutableDelay, time.Minute)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, 30*time.Second)
+	c.ReconnectDelay = cmp.Or(c.ReconnectDelay, 200*time.Millisecond)
+	c.MaxReconnectDelay = cmp.Or(c.MaxReconnectDelay, max(500*time.Millisecond, c.ReconnectDelay))
 	if c.Declare != nil {
-		t := c.Declare.withDefaults(c.Queue)
+		t := *c.Declare
+		t.QueueType = cmp.Or(t.QueueType, QueueTypeQuorum)
+		t.DeliveryLimit = cmp.Or(t.DeliveryLimit, DefaultDeliveryLimit)
+		t.ExchangeKind = cmp.Or(t.ExchangeKind, amqp.ExchangeDirect)
+		if t.Exchange != "" && len(t.BindingKeys) == 0 {
+			t.BindingKeys = []string{c.Queue}
+		}
 		c.Declare = &t
 	}
 	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return c
-}
-
-func (t Topology) withDefaults(queue string) Topology {
-	t.QueueType = cmp.Or(t.QueueType, QueueTypeQuorum)
-	t.DeliveryLimit = cmp.Or(t.DeliveryLimit, DefaultDeliveryLimit)
-	t.ExchangeKind = cmp.Or(t.ExchangeKind, amqp.ExchangeDirect)
-	if t.Exchange != "" && len(t.BindingKeys) == 0 {
-		t.BindingKeys = []string{queue}
-	}
-	return t
 }
 
 // validate reports every invalid field of c.

@@ -19,10 +19,8 @@ var _ consumer.HorizonReporter = (*Source)(nil)
 // unsettled message for ever. The Source cannot read the arguments of a
 // queue it did not declare (AMQP 0.9.1 does not return them, and a policy
 // may set a TTL too): for a queue declared by operations (Declare nil) it
-// returns an error matching consumer.ErrHorizonUnknown. The Runner refuses
-// a TTL longer than the dedup store's retention, notes an unbounded horizon
-// at INFO and warns about an unknown one (see consumer.HorizonReporter).
-// The retry queues' TTLs do not count: a message only enters one after its
+// returns an error matching consumer.ErrHorizonUnknown (see
+// consumer.HorizonReporter for what the Runner does). The retry queues' TTLs do not count: a message only enters one after its
 // handler failed, which left no record.
 func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, error) {
 	if s.cfg.Declare == nil {

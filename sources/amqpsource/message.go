@@ -52,7 +52,6 @@ func (s *Source) toMessage(sess *session, d amqp.Delivery, now time.Time) *consu
 	if s.cfg.PartitionKeyHeader != "" {
 		partition, _ = stringHeader(d.Headers[s.cfg.PartitionKeyHeader])
 	}
-	broker := s.brokerAttrs.set(s.broker, d.Exchange, d.RoutingKey, d.DeliveryTag)
 	return consumer.Deliver(&consumer.Message{
 		ID:            d.MessageId,
 		Key:           key,
@@ -66,7 +65,7 @@ func (s *Source) toMessage(sess *session, d amqp.Delivery, now time.Time) *consu
 		CorrelationID: d.CorrelationId,
 		ReceivedAt:    now,
 		Raw:           d,
-		Broker:        broker,
+		Broker:        s.broker.info(d.Exchange, d.RoutingKey, d.DeliveryTag),
 	}, consumer.Delivery{Handle: &handle{src: s, sess: sess, tag: d.DeliveryTag, attempt: attempt, d: d}})
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"sync"
@@ -31,9 +32,7 @@ type session struct {
 	chClosed   chan *amqp.Error
 	cancelled  chan string
 
-	dead      chan struct{}
-	deadOnce  sync.Once
-	closeOnce sync.Once
+	dead chan struct{} // closed by kill
 
 	// ackMu guards pending and settled and serialises acknowledgements, so
 	// that a multiple-ack never covers a tag that was not passed to Ack.
@@ -70,17 +69,6 @@ type session struct {
 	declared  map[string]time.Time // when each retry queue was last declared on pub
 }
 
-// declaration declares the queue a publish goes to: before the first publish
-// to it on a confirm channel, and again before a publish when the last
-// declaration is older than every (when every is positive). RabbitMQ deletes
-// a queue with "x-expires" that long after its last declaration, consumer or
-// basic.get, whatever it holds, and publishing to it does not count: a retry
-// queue, which has no consumer, must be declared again while copies go in.
-type declaration struct {
-	run   func(*amqp.Channel) error
-	every time.Duration
-}
-
 // dial opens a connection and a consuming channel, declares the topology if
 // configured, and starts consuming.
 func (s *Source) dial(ctx context.Context) (*session, error) {
@@ -104,7 +92,6 @@ func (s *Source) dial(ctx context.Context) (*session, error) {
 		sess.holdFor, sess.holdMax = s.cfg.AckHold, s.cfg.Prefetch/2
 	}
 	fail := func(what string, err error) (*session, error) {
-		sess.deadOnce.Do(func() { close(sess.dead) })
 		_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
 		return nil, fmt.Errorf("amqpsource: %s: %w", what, err)
 	}
@@ -130,10 +117,7 @@ func (s *Source) dial(ctx context.Context) (*session, error) {
 	if err != nil {
 		return fail(fmt.Sprintf("consume queue %q", s.cfg.Queue), err)
 	}
-	s.mu.Lock()
-	s.gen++
-	sess.gen = s.gen
-	s.mu.Unlock()
+	sess.gen = s.gen.Add(1)
 	go sess.ackLoop()
 	return sess, nil
 }
@@ -142,36 +126,33 @@ func (s *Source) dial(ctx context.Context) (*session, error) {
 // the handshake are bounded by ConnectTimeout and abandoned when ctx is done.
 func (s *Source) connect(ctx context.Context) (*amqp.Connection, error) {
 	ac := s.cfg.AMQP
-	if ac.Dial != nil {
-		return amqp.DialConfig(s.cfg.URL, ac)
-	}
-	var stops []func() bool
-	ac.Dial = func(network, addr string) (net.Conn, error) {
-		d := net.Dialer{Timeout: s.cfg.ConnectTimeout}
-		c, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
+	stop := func() bool { return false }
+	defer func() { stop() }()
+	if ac.Dial == nil {
+		ac.Dial = func(network, addr string) (net.Conn, error) {
+			d := net.Dialer{Timeout: s.cfg.ConnectTimeout}
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// Heartbeats start after the handshake; until then a deadline
+			// keeps a dead server from stalling the dial. The client clears
+			// it once the connection is open.
+			if err := c.SetDeadline(time.Now().Add(s.cfg.ConnectTimeout)); err != nil {
+				_ = c.Close()
+				return nil, err
+			}
+			stop = context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+			return c, nil
 		}
-		// Heartbeats start after the handshake; until then a deadline keeps
-		// a dead server from stalling the dial. The client clears it once
-		// the connection is open.
-		if err := c.SetDeadline(time.Now().Add(s.cfg.ConnectTimeout)); err != nil {
-			_ = c.Close()
-			return nil, err
-		}
-		stops = append(stops, context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) }))
-		return c, nil
 	}
-	conn, err := amqp.DialConfig(s.cfg.URL, ac)
-	for _, stop := range stops {
-		stop()
-	}
-	return conn, err
+	return amqp.DialConfig(s.cfg.URL, ac)
 }
 
 // supervise forwards deliveries of the current session and, when it dies,
-// reconnects with backoff until Close. Its log lines carry base's values.
-func (s *Source) supervise(base context.Context, sess *session) {
+// reconnects with backoff until Close, which cancels ctx. Its log lines
+// carry ctx's values.
+func (s *Source) supervise(ctx context.Context, sess *session) {
 	defer s.wg.Done()
 	backoff := consumer.RetryPolicy{
 		MaxAttempts:    1,
@@ -180,12 +161,6 @@ func (s *Source) supervise(base context.Context, sess *session) {
 		Multiplier:     2,
 		Jitter:         0.2,
 	}
-	ctx, cancel := context.WithCancel(base)
-	defer cancel()
-	go func() {
-		<-s.closing
-		cancel()
-	}()
 	failures := 0
 	var warnings brokerkit.Warnings
 	for {
@@ -222,11 +197,13 @@ func (s *Source) supervise(base context.Context, sess *session) {
 	}
 }
 
-var errDeliveriesClosed = errors.New("amqpsource: delivery channel closed")
-
 // forward hands sess's deliveries to Receive until the session dies or the
-// source closes, and returns why it stopped.
+// source closes, and returns why it stopped. It takes the next delivery only
+// once Receive has taken the one before (out is nil while none waits).
 func (s *Source) forward(sess *session) error {
+	var next inbound
+	var out chan<- inbound
+	deliveries := sess.deliveries
 	for {
 		select {
 		case <-s.closing:
@@ -237,20 +214,14 @@ func (s *Source) forward(sess *session) error {
 			return closeCause("channel", e)
 		case tag := <-sess.cancelled:
 			return fmt.Errorf("amqpsource: broker cancelled consumer %q (queue deleted?)", tag)
-		case d, ok := <-sess.deliveries:
+		case d, ok := <-deliveries:
 			if !ok {
-				return errDeliveriesClosed
+				return errors.New("amqpsource: delivery channel closed")
 			}
 			sess.track(d.DeliveryTag)
-			select {
-			case s.in <- inbound{sess: sess, d: d}:
-			case <-s.closing:
-				return nil
-			case e := <-sess.connClosed:
-				return closeCause("connection", e)
-			case e := <-sess.chClosed:
-				return closeCause("channel", e)
-			}
+			next, out, deliveries = inbound{sess: sess, d: d}, s.in, nil
+		case out <- next:
+			out, deliveries = nil, sess.deliveries
 		}
 	}
 }
@@ -274,7 +245,8 @@ func (s *session) alive() bool {
 
 // kill sends the acknowledgements still owed (if the channel is alive),
 // marks the session dead and closes its connection. The broker puts every
-// unacknowledged delivery of the session back in its queue.
+// unacknowledged delivery of the session back in its queue. It is called
+// once per session.
 func (s *session) kill() {
 	s.ackMu.Lock()
 	if s.alive() {
@@ -282,14 +254,11 @@ func (s *session) kill() {
 			s.ackFailedLocked()
 		}
 	}
-	s.deadOnce.Do(func() { close(s.dead) })
+	close(s.dead)
 	s.ackMu.Unlock()
-	s.closeOnce.Do(func() {
-		// An error means the connection was closed already (the broker
-		// dropped it) or the close handshake timed out; either way the
-		// socket is closed.
-		_ = s.conn.CloseDeadline(time.Now().Add(closeTimeout))
-	})
+	// An error means the connection was closed already (the broker dropped
+	// it) or the close handshake timed out; either way the socket is closed.
+	_ = s.conn.CloseDeadline(time.Now().Add(closeTimeout))
 }
 
 // track records a tag forwarded towards Receive.
@@ -341,11 +310,8 @@ func (s *session) ack(tags []uint64, hold bool) error {
 func (s *session) clock() int64 { return int64(time.Since(s.born)) + 1 }
 
 // ackLoop sends the acknowledgements recorded by ack until the session
-// dies. Each pass sends what flushLocked finds owed, so the
-// acknowledgements that several Ack calls (of concurrent lanes) record while
-// a pass runs share a frame, and no worker waits for a socket write. When a
-// pass holds acknowledgements back, a timer runs the next pass at the end of
-// the hold.
+// dies, so that those recorded while a pass runs share a frame and no worker
+// waits for a socket write. A timer runs the next pass when a hold ends.
 func (s *session) ackLoop() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -377,16 +343,12 @@ func (s *session) ackLoop() {
 
 // flushLocked sends the acknowledgements owed: one multiple-ack (or a
 // single ack) for the longest settled prefix of pending, then the settled
-// tags behind an unsettled one. Those are held back while there are at most
-// holdMax of them, the oldest was recorded less than holdFor before now and
-// no acknowledgement that must not wait was recorded (flushNow),
-// so that the multiple-ack of a later pass covers them once the tags ahead
-// are settled (concurrent lanes settle interleaved tags); past either bound,
-// or when now is 0 (the session is ending), each goes out as a single ack,
-// so that a slow delivery ahead does not keep their prefetch slots. wait is
-// how long the hold may still last (0 when nothing is held). A send error
-// means the channel is closing: what was not sent is redelivered by the
-// broker.
+// tags behind an unsettled one, each as a single ack, unless it holds them
+// back for a later multiple-ack (Config.AckHold): while there are at most
+// holdMax of them, the oldest was recorded less than holdFor before now,
+// now is not 0 (the session is ending) and flushNow is not set. wait is how
+// long the hold may still last (0 when nothing is held). A send error means
+// the channel is closing: the broker redelivers what was not sent.
 func (s *session) flushLocked(now int64) (wait time.Duration, err error) {
 	prefix := 0
 	for prefix < len(s.pending) && s.settled[s.pending[prefix]] != 0 {
@@ -403,13 +365,11 @@ func (s *session) flushLocked(now int64) (wait time.Duration, err error) {
 		}
 		s.pending = slices.Delete(s.pending, 0, prefix)
 	}
-	held, oldest := 0, int64(0)
+	held, oldest := 0, int64(math.MaxInt64)
 	for _, t := range s.pending {
 		if at := s.settled[t]; at != 0 {
 			held++
-			if oldest == 0 || at < oldest {
-				oldest = at
-			}
+			oldest = min(oldest, at)
 		}
 	}
 	flushNow := s.flushNow
@@ -422,24 +382,20 @@ func (s *session) flushLocked(now int64) (wait time.Duration, err error) {
 			return left, nil
 		}
 	}
-	sent := 0
-	for i, t := range s.pending {
-		if s.settled[t] == 0 {
-			continue
-		}
-		if err = s.ch.Ack(t, false); err != nil {
+	kept := s.pending[:0]
+	for _, t := range s.pending {
+		if err == nil && s.settled[t] != 0 {
+			if err = s.ch.Ack(t, false); err == nil {
+				s.stats.ackFrames.Add(1)
+				s.stats.acked.Add(1)
+				delete(s.settled, t)
+				continue
+			}
 			err = fmt.Errorf("%w: %w", ErrStaleDelivery, err)
-			break
 		}
-		s.stats.ackFrames.Add(1)
-		s.stats.acked.Add(1)
-		delete(s.settled, t)
-		s.pending[i] = 0 // delivery tags start at 1
-		sent++
+		kept = append(kept, t)
 	}
-	if sent > 0 {
-		s.pending = slices.DeleteFunc(s.pending, func(t uint64) bool { return t == 0 })
-	}
+	s.pending = kept
 	return 0, err
 }
 
@@ -486,12 +442,14 @@ func (s *session) requeue(tag uint64) (bool, error) {
 }
 
 // publish publishes p with the mandatory flag on the session's confirm
-// channel and waits for the broker's confirm. decl, when not nil, declares
-// the queue named key first (see declaration). A copy the broker
+// channel and waits for the broker's confirm. retryArgs, when not nil,
+// declares the retry queue named key with them first: before the first
+// publish to it on this confirm channel, and again once every has passed
+// since (every > 0; see Config.retryRedeclareEvery). A copy the broker
 // returns as unroutable, or whose exchange does not exist, yields
 // ErrUnroutable; a publishing channel closed before the confirm yields
 // ErrPublishChannelClosed.
-func (s *session) publish(ctx context.Context, exchange, key string, p amqp.Publishing, decl *declaration) error {
+func (s *session) publish(ctx context.Context, exchange, key string, p amqp.Publishing, retryArgs amqp.Table, every time.Duration) error {
 	s.pubMu.Lock()
 	defer s.pubMu.Unlock()
 	if !s.alive() {
@@ -501,12 +459,12 @@ func (s *session) publish(ctx context.Context, exchange, key string, p amqp.Publ
 	if err != nil {
 		return err
 	}
-	if decl != nil {
+	if retryArgs != nil {
 		last, ok := s.declared[key]
-		if now := time.Now(); !ok || (decl.every > 0 && now.Sub(last) >= decl.every) {
-			if err := decl.run(ch); err != nil {
+		if now := time.Now(); !ok || (every > 0 && now.Sub(last) >= every) {
+			if _, err := ch.QueueDeclare(key, true, false, false, false, retryArgs); err != nil {
 				s.dropConfirmChannel()
-				return err
+				return retryDeclareError(key, err)
 			}
 			s.declared[key] = now
 		}
@@ -533,7 +491,16 @@ func (s *session) publish(ctx context.Context, exchange, key string, p amqp.Publ
 			delete(s.declared, key) // a retry queue deleted under us is declared again
 			return fmt.Errorf("%w: exchange %q key %q: %d %s", ErrUnroutable, exchange, key, r.ReplyCode, r.ReplyText)
 		}
-		cause := s.pubCloseCause()
+		// The client hands the broker's reason for closing the channel to
+		// the buffered NotifyClose channel before it closes s.returns.
+		var cause error = amqp.ErrClosed
+		select {
+		case e, ok := <-s.pubClosed:
+			if ok && e != nil {
+				cause = e
+			}
+		default:
+		}
 		s.dropConfirmChannel()
 		if acked {
 			// Confirmed before the channel closed, and not returned.
@@ -575,21 +542,6 @@ func (s *session) confirmChannel() (*amqp.Channel, error) {
 	return ch, nil
 }
 
-// pubCloseCause returns why the publishing channel closed, as far as the
-// client said. The client hands the broker's reason to the buffered
-// NotifyClose channel before it closes the returns channel. The caller holds
-// pubMu.
-func (s *session) pubCloseCause() error {
-	select {
-	case e, ok := <-s.pubClosed:
-		if ok && e != nil {
-			return e
-		}
-	default:
-	}
-	return amqp.ErrClosed
-}
-
 // dropConfirmChannel closes the publishing channel after a failure; the next
 // publish opens a new one. The caller holds pubMu.
 func (s *session) dropConfirmChannel() {
@@ -597,12 +549,4 @@ func (s *session) dropConfirmChannel() {
 		_ = s.pub.Close()
 		s.pub = nil
 	}
-}
-
-// publishContext bounds ctx by timeout unless it has an earlier deadline.
-func publishContext(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
-	if d, ok := ctx.Deadline(); ok && time.Until(d) <= timeout {
-		return context.WithCancel(ctx)
-	}
-	return context.WithTimeout(ctx, timeout)
 }

@@ -1,6 +1,7 @@
 package amqpsource
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -40,19 +41,15 @@ type Source struct {
 
 	// in carries deliveries from the session forwarder to Receive.
 	in      chan inbound
-	closing chan struct{}
+	closing <-chan struct{}
+	stop    context.CancelFunc // closes closing
 	once    sync.Once
 	wg      sync.WaitGroup
 
-	// broker is the BrokerInfo of every message, but for its attributes,
-	// which brokerAttrs adds.
-	broker      consumer.BrokerInfo
-	brokerAttrs brokerAttrs
-	desc        string // String's
+	broker broker
+	desc   string // String's
 
-	mu  sync.Mutex
-	gen uint64 // generation of the newest session
-
+	gen   atomic.Uint64 // generation of the newest session
 	stats counters
 	// copyFailures counts the retry and dead-letter copies that failed in a
 	// row; it grows the hold before their originals are requeued.
@@ -83,22 +80,17 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	u, _ := amqp.ParseURI(cfg.URL) // validate parsed it
+	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
 	s := &Source{
 		cfg:     cfg,
 		log:     cfg.Logger.With(consumer.LogKeyQueue, cfg.Queue),
 		in:      make(chan inbound, cfg.Prefetch),
-		closing: make(chan struct{}),
-		broker:  consumer.BrokerInfo{System: systemRabbitMQ},
-	}
-	s.brokerAttrs.queue = cfg.Queue
-	s.desc = "rabbitmq queue=" + cfg.Queue
-	if u, err := amqp.ParseURI(cfg.URL); err == nil {
-		s.broker.ServerAddress, s.broker.ServerPort = u.Host, u.Port
-		vhost := u.Vhost
-		if cfg.AMQP.Vhost != "" {
-			vhost = cfg.AMQP.Vhost
-		}
-		s.desc = fmt.Sprintf("rabbitmq %s vhost=%s queue=%s", net.JoinHostPort(u.Host, strconv.Itoa(u.Port)), vhost, cfg.Queue)
+		closing: bg.Done(),
+		stop:    stop,
+		broker:  broker{queue: cfg.Queue, base: consumer.BrokerInfo{System: systemRabbitMQ, ServerAddress: u.Host, ServerPort: u.Port}},
+		desc: fmt.Sprintf("rabbitmq %s vhost=%s queue=%s",
+			net.JoinHostPort(u.Host, strconv.Itoa(u.Port)), cmp.Or(cfg.AMQP.Vhost, u.Vhost), cfg.Queue),
 	}
 	first, err := s.dial(ctx)
 	if err != nil {
@@ -109,12 +101,9 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 		return nil, err
 	}
 	s.wg.Add(1)
-	go s.supervise(context.WithoutCancel(ctx), first)
+	go s.supervise(bg, first)
 	return s, nil
 }
-
-// Config returns the source's configuration with defaults applied.
-func (s *Source) Config() Config { return s.cfg }
 
 // Stats counts what a Source did since New. Every field only grows.
 type Stats struct {
@@ -164,9 +153,6 @@ func (s *Source) Stats() Stats {
 // waits for the reconnect. Deliveries of a channel that died before they were
 // returned are dropped: the broker redelivers them.
 func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, error) {
-	if max < 1 {
-		max = 1
-	}
 	if s.isClosing() {
 		return nil, consumer.ErrClosed
 	}
@@ -178,18 +164,14 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case in := <-s.in:
-			if m := s.accept(in, time.Now()); m != nil {
-				out = append(out, m)
-			}
+			out = s.accept(out, in, time.Now())
 		}
 	}
 	now := time.Now()
 	for len(out) < max {
 		select {
 		case in := <-s.in:
-			if m := s.accept(in, now); m != nil {
-				out = append(out, m)
-			}
+			out = s.accept(out, in, now)
 		default:
 			return out, nil
 		}
@@ -197,22 +179,23 @@ func (s *Source) Receive(ctx context.Context, max int) ([]*consumer.Message, err
 	return out, nil
 }
 
-func (s *Source) accept(in inbound, now time.Time) *consumer.Message {
+// accept appends in's message to out, unless in's channel died: the broker
+// redelivers it.
+func (s *Source) accept(out []*consumer.Message, in inbound, now time.Time) []*consumer.Message {
 	if !in.sess.alive() {
 		s.stats.staleDropped.Add(1)
-		return nil
+		return out
 	}
-	return s.toMessage(in.sess, in.d, now)
+	return append(out, s.toMessage(in.sess, in.d, now))
 }
 
 // Ack acknowledges msgs on the channel each was delivered on, after their
 // effects are durable. It records the acknowledgements and returns; a
 // background loop per channel sends them, so that the acknowledgements of
-// concurrent Ack calls share frames: the oldest unacknowledged deliveries of
-// a channel that are all settled go out as one multiple-ack, and a
-// multiple-ack never covers a delivery that was not passed to Ack (a settled
-// delivery behind an unsettled one is acknowledged on its own). Close sends every recorded acknowledgement before it closes the
-// connection. Messages of a channel that has died since are not acknowledged
+// concurrent Ack calls share frames (see Config.AckHold), and a multiple-ack
+// never covers a delivery that was not passed to Ack. Close sends every
+// recorded acknowledgement before it closes the connection. Messages of a
+// channel that has died since are not acknowledged
 // (their tags are invalid); Ack then returns an error matching
 // ErrStaleDelivery, which is harmless: the broker redelivers them and
 // deduplication absorbs the redelivery. The same holds for a recorded
@@ -222,11 +205,7 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 	if s.isClosing() {
 		return consumer.ErrClosed
 	}
-	type group struct {
-		sess *session
-		tags []uint64
-	}
-	var groups []group
+	groups := make(map[*session][]uint64, 1) // a reconnect adds one
 	var errs []error
 	for _, m := range msgs {
 		h, err := s.handleOf(m)
@@ -234,21 +213,14 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 			errs = append(errs, err)
 			continue
 		}
-		i := 0
-		for i < len(groups) && groups[i].sess != h.sess {
-			i++
-		}
-		if i == len(groups) {
-			groups = append(groups, group{sess: h.sess})
-		}
-		groups[i].tags = append(groups[i].tags, h.tag)
+		groups[h.sess] = append(groups[h.sess], h.tag)
 	}
-	for _, g := range groups {
-		if err := g.sess.ack(g.tags, true); err != nil {
+	for sess, tags := range groups {
+		if err := sess.ack(tags, true); err != nil {
 			if errors.Is(err, ErrStaleDelivery) {
-				s.stats.staleSettles.Add(uint64(len(g.tags)))
+				s.stats.staleSettles.Add(uint64(len(tags)))
 			}
-			errs = append(errs, fmt.Errorf("amqpsource: ack %d message(s) of channel generation %d: %w", len(g.tags), g.sess.gen, err))
+			errs = append(errs, fmt.Errorf("amqpsource: ack %d message(s) of channel generation %d: %w", len(tags), sess.gen, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -266,14 +238,12 @@ func (s *Source) Ack(ctx context.Context, msgs []*consumer.Message) error {
 // Config.PublishTimeout, the publishing channel closes), msg is not
 // acknowledged and Retry returns the error; msg is then handed back to its
 // queue (basic.reject with requeue) after a hold, so that it neither keeps a
-// prefetch slot nor loops hot. The hold is the longer of the retry delay
-// (rounded up to the ladder) and a backoff that starts at 1 s and doubles
-// while copies keep failing in a row, but at most Config.UnroutableDelay: msg
-// may come back before delay, and without HeaderRetries increased (on a
-// quorum queue the requeue counts in x-delivery-count, so Attempt grows). If
-// its channel dies first, the broker requeues it. If the channel dies between
-// the confirm and the acknowledgement, both the copy and the original come
-// back; deduplication runs the handler at most once for them.
+// prefetch slot nor loops hot: the longer of the retry delay and a backoff
+// from 1 s that doubles while copies keep failing, at most
+// Config.UnroutableDelay. msg may so come back before delay, without
+// HeaderRetries increased. If the channel dies between the confirm and the
+// acknowledgement, both the copy and the original come back; deduplication
+// runs the handler at most once for them.
 func (s *Source) Retry(ctx context.Context, msg *consumer.Message, delay time.Duration) error {
 	if s.isClosing() {
 		return consumer.ErrClosed
@@ -282,13 +252,11 @@ func (s *Source) Retry(ctx context.Context, msg *consumer.Message, delay time.Du
 	if err != nil {
 		return err
 	}
-	if err := s.retry(ctx, h, h.attempt, delay); err != nil {
-		if errors.Is(err, ErrStaleDelivery) {
-			s.stats.staleSettles.Add(1)
-		}
-		return err
+	err = s.retry(ctx, h, h.attempt, delay)
+	if errors.Is(err, ErrStaleDelivery) {
+		s.stats.staleSettles.Add(1)
 	}
-	return nil
+	return err
 }
 
 // retry publishes h's retry copy and acknowledges h. If the copy is not
@@ -299,19 +267,13 @@ func (s *Source) retry(ctx context.Context, h *handle, attempt int, delay time.D
 	p := copyOf(h.d)
 	p.Headers[HeaderRetries] = int64(max(attempt, 1))
 
-	ctx, cancel := publishContext(ctx, s.cfg.PublishTimeout)
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout) // or ctx's earlier deadline
 	defer cancel()
 	every, err := s.cfg.retryRedeclareEvery(bucket)
 	if err != nil {
 		return s.copyFailed(ctx, h, fmt.Errorf("amqpsource: retry: %w", err), bucket)
 	}
-	decl := &declaration{every: every, run: func(ch *amqp.Channel) error {
-		if _, err := ch.QueueDeclare(queue, true, false, false, false, s.cfg.retryQueueArgs(bucket)); err != nil {
-			return retryDeclareError(queue, err)
-		}
-		return nil
-	}}
-	if err := h.sess.publish(ctx, "", queue, p, decl); err != nil {
+	if err := h.sess.publish(ctx, "", queue, p, s.cfg.retryQueueArgs(bucket), every); err != nil {
 		return s.copyFailed(ctx, h, fmt.Errorf("amqpsource: retry: %w", err), bucket)
 	}
 	s.copyFailures.Store(0)
@@ -323,9 +285,9 @@ func (s *Source) retry(ctx context.Context, h *handle, attempt int, delay time.D
 
 // DeadLetter publishes a copy of msg to Config.DeadLetterExchange with
 // routing key Config.DeadLetterRoutingKey, with the reason in the
-// consumer.MetaReason header and the attempt count, queue, key and time in the other
-// Header* headers, waits for the broker's confirm, and only then acknowledges
-// msg. The reason (at most 4 KiB, a longer one ending with
+// consumer.MetaReason header and the attempt count, queue, key and time in
+// the other Meta* headers, waits for the broker's confirm, and only then
+// acknowledges msg. The reason (at most 4 KiB, a longer one ending with
 // " ...(truncated)"), queue and key are written as internal/metatext.Clean
 // makes them, the same text on every broker: characters outside the XML 1.0
 // range and invalid UTF-8 become Go escapes (\x01).
@@ -334,11 +296,8 @@ func (s *Source) retry(ctx context.Context, h *handle, attempt int, delay time.D
 // as unroutable, or the exchange is missing), msg goes to the retry queue for
 // Config.UnroutableDelay instead, so it is neither lost nor looped hot, and
 // DeadLetter returns an error matching ErrUnroutable. If the copy cannot be
-// published at all (a negative confirm, no confirm within
-// Config.PublishTimeout, a publishing channel the broker closes), or cannot
-// be parked either, msg is not acknowledged: it is handed back to its queue
-// (basic.reject with requeue) after a hold, as after a failed Retry, at most
-// Config.UnroutableDelay.
+// published at all, or cannot be parked either, msg is not acknowledged: it
+// is handed back to its queue after a hold, as after a failed Retry.
 func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason error) error {
 	if s.isClosing() {
 		return consumer.ErrClosed
@@ -361,9 +320,9 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 		p.Headers[consumer.MetaKey] = metatext.Clean(key, consumer.MaxKeyBytes)
 	}
 
-	pctx, cancel := publishContext(ctx, s.cfg.PublishTimeout)
+	pctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout) // or ctx's earlier deadline
 	defer cancel()
-	err = h.sess.publish(pctx, s.cfg.DeadLetterExchange, s.cfg.DeadLetterRoutingKey, p, nil)
+	err = h.sess.publish(pctx, s.cfg.DeadLetterExchange, s.cfg.DeadLetterRoutingKey, p, nil, 0)
 	switch {
 	case errors.Is(err, ErrUnroutable):
 		s.stats.unroutable.Add(1)
@@ -387,27 +346,19 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 	return nil
 }
 
-// requeueBackoff is the first hold of a delivery whose retry or dead-letter
-// copy failed, beyond the retry delay; it doubles with each copy that fails
-// in a row, up to Config.UnroutableDelay.
-const requeueBackoff = time.Second
-
 // copyFailed handles err, a retry or dead-letter copy of h that was not
 // published. Unless h's channel is dead (the broker has requeued h then), it
-// hands h back to its queue after a hold of floor or longer: left
-// unacknowledged on a live channel, h would keep a prefetch slot until the
-// channel closes (the broker's consumer_timeout), and once Prefetch
-// deliveries were stuck so, nothing would be consumed any more. The hold
-// keeps a copy that fails every time (a refused declaration, a resource
-// alarm) from looping hot; it is at most Config.UnroutableDelay, so that the
-// broker does not close the channel for a delivery held too long.
+// hands h back to its queue after a hold of floor or longer, at most
+// Config.UnroutableDelay: left unacknowledged, h would keep a prefetch slot
+// until the broker's consumer_timeout, and the hold keeps a copy that fails
+// every time from looping hot (docs/sources.md, "A copy that fails").
 func (s *Source) copyFailed(ctx context.Context, h *handle, err error, floor time.Duration) error {
 	if errors.Is(err, ErrStaleDelivery) || !h.sess.alive() {
 		return err
 	}
 	n := s.copyFailures.Add(1)
 	backoff := consumer.RetryPolicy{
-		InitialBackoff: requeueBackoff,
+		InitialBackoff: time.Second, // doubles with each copy that fails in a row
 		MaxBackoff:     s.cfg.UnroutableDelay,
 		Multiplier:     2,
 		Jitter:         0.2,
@@ -421,14 +372,7 @@ func (s *Source) copyFailed(ctx context.Context, h *handle, err error, floor tim
 // dies first (the broker then requeues it itself). Until then h's tag stays
 // pending, so that no multiple-ack covers it. Its log lines carry ctx.
 func (s *Source) handBackLater(ctx context.Context, h *handle, hold time.Duration) {
-	go func() {
-		t := time.NewTimer(hold)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-h.sess.dead:
-			return
-		}
+	time.AfterFunc(hold, func() {
 		sent, err := h.sess.requeue(h.tag)
 		switch {
 		case err != nil:
@@ -439,7 +383,7 @@ func (s *Source) handBackLater(ctx context.Context, h *handle, hold time.Duratio
 			s.log.DebugContext(ctx, "delivery whose copy failed returned to the queue",
 				logKeyGeneration, h.sess.gen, consumer.LogKeyID, h.d.MessageId, consumer.LogKeyDelay, hold)
 		}
-	}()
+	})
 }
 
 // String names the source for logs (the Runner's start line): its broker's
@@ -456,7 +400,7 @@ func (s *Source) String() string { return s.desc }
 // Config.ConnectTimeout.
 func (s *Source) Close() error {
 	s.once.Do(func() {
-		close(s.closing)
+		s.stop()
 		s.wg.Wait()
 	})
 	return nil

@@ -1,7 +1,6 @@
 package amqpsource
 
 import (
-	"strings"
 	"sync/atomic"
 
 	"github.com/idemq/idemq/consumer"
@@ -23,38 +22,38 @@ type destAttrs struct {
 	attrs                []consumer.BrokerAttr
 }
 
-// brokerAttrs makes the consumer.BrokerInfo attributes of the deliveries
-// from queue, keeping the latest destination's for the next delivery.
-type brokerAttrs struct {
+// broker makes the consumer.BrokerInfo of the deliveries from queue: base
+// with the attributes of their destination and delivery, keeping the latest
+// destination's for the next delivery.
+type broker struct {
+	base  consumer.BrokerInfo
 	queue string
 	last  atomic.Pointer[destAttrs]
 }
 
-// set returns b with the attributes of delivery tag, published to exchange
-// with routingKey: messaging.destination.name "{exchange}:{routing
-// key}:{queue}" (leaving out an empty part, and the routing key when it is
-// the queue's name), messaging.rabbitmq.destination.routing_key when there
+// info returns base with the attributes of delivery tag, published to
+// exchange with routingKey: messaging.destination.name "{exchange}:{routing
+// key}:{queue}" (leaving out an empty exchange or routing key, and the
+// routing key when it is the queue's name), messaging.rabbitmq.destination.routing_key when there
 // is one, and messaging.rabbitmq.message.delivery_tag when tag is not 0.
-func (c *brokerAttrs) set(b consumer.BrokerInfo, exchange, routingKey string, tag uint64) consumer.BrokerInfo {
+func (c *broker) info(exchange, routingKey string, tag uint64) consumer.BrokerInfo {
 	d := c.last.Load()
 	if d == nil || d.exchange != exchange || d.routingKey != routingKey {
-		parts := make([]string, 0, 3)
-		if exchange != "" {
-			parts = append(parts, exchange)
-		}
+		dest := c.queue
 		if routingKey != "" && routingKey != c.queue {
-			parts = append(parts, routingKey)
+			dest = routingKey + ":" + dest
 		}
-		if c.queue != "" {
-			parts = append(parts, c.queue)
+		if exchange != "" {
+			dest = exchange + ":" + dest
 		}
 		d = &destAttrs{exchange: exchange, routingKey: routingKey,
-			attrs: []consumer.BrokerAttr{consumer.StringAttr(attrDestination, strings.Join(parts, ":"))}}
+			attrs: []consumer.BrokerAttr{consumer.StringAttr(attrDestination, dest)}}
 		if routingKey != "" {
 			d.attrs = append(d.attrs, consumer.StringAttr(attrRoutingKey, routingKey))
 		}
 		c.last.Store(d)
 	}
+	b := c.base
 	b.Attrs = d.attrs
 	if tag > 0 {
 		b.MessageAttrs = []consumer.BrokerAttr{consumer.IntAttr(attrDeliveryTag, int64(tag))}

@@ -31,7 +31,7 @@ func TestBrokerAttrs(t *testing.T) {
 	if systemRabbitMQ != semconv.MessagingSystemRabbitMQ.Value.AsString() {
 		t.Errorf("system %q, semconv says %q", systemRabbitMQ, semconv.MessagingSystemRabbitMQ.Value.AsString())
 	}
-	c := &brokerAttrs{queue: "q"}
+	c := &broker{base: consumer.BrokerInfo{System: systemRabbitMQ}, queue: "q"}
 	for _, tc := range []struct {
 		exchange, routingKey string
 		tag                  uint64
@@ -48,7 +48,7 @@ func TestBrokerAttrs(t *testing.T) {
 			[]attribute.KeyValue{semconv.MessagingRabbitMQMessageDeliveryTag(3)}},
 		{"x", "", 0, []attribute.KeyValue{semconv.MessagingDestinationName("x:q")}, nil},
 	} {
-		b := c.set(consumer.BrokerInfo{System: systemRabbitMQ}, tc.exchange, tc.routingKey, tc.tag)
+		b := c.info(tc.exchange, tc.routingKey, tc.tag)
 		if got := otelAttrs(b.Attrs); !slices.Equal(got, tc.attrs) {
 			t.Errorf("%q %q: Attrs %v, want %v", tc.exchange, tc.routingKey, got, tc.attrs)
 		}

@@ -13,6 +13,7 @@
 package amqpdlq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -66,9 +67,7 @@ func New(cfg Config) (*Broker, error) {
 	if err := l.Err(); err != nil {
 		return nil, err
 	}
-	if cfg.KeyHeader == "" {
-		cfg.KeyHeader = amqpsource.DefaultKeyHeader
-	}
+	cfg.KeyHeader = cmp.Or(cfg.KeyHeader, amqpsource.DefaultKeyHeader)
 	if cfg.PublishTimeout <= 0 {
 		cfg.PublishTimeout = 10 * time.Second
 	}
@@ -108,7 +107,7 @@ func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (
 	returns := pub.NotifyReturn(make(chan amqp.Return, 1))
 	// The dead letters kept go back to the queue before Scan returns, so
 	// that the next scan finds them: a rejection of all of them, then a
-	// wait (bounded by requeueWait) until the queue counts them again. A
+	// wait (waitCounted) until the queue counts them again. A
 	// quorum queue applies the rejection after it confirmed the channel's
 	// close, and a connection closed with them unacknowledged requeues them
 	// later still.
@@ -157,19 +156,15 @@ func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (
 	return done, nil
 }
 
-// requeueWait bounds how long a scan waits for the dead letters it kept
-// to be counted in their queue again.
-const requeueWait = 5 * time.Second
-
-// waitCounted waits, at most requeueWait, until queue holds at least n
-// messages ready.
+// waitCounted waits, at most 5 s, until queue holds at least n messages
+// ready: the dead letters a scan kept are counted in their queue again.
 func waitCounted(conn *amqp.Connection, queue string, n int) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return
 	}
 	defer ch.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), requeueWait)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = brokerkit.Poll(ctx, 20*time.Millisecond, func() (bool, error) {
 		q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
@@ -257,18 +252,10 @@ func (b *Broker) letterOf(d amqp.Delivery) *dlq.Letter {
 	}
 	l := brokerkit.Letter(d.MessageId, d.Body, str)
 	l.Reason = amqpsource.DeadLetterReason(d.Headers)
-	l.Origin = str(amqpsource.MetaOriginQueue)
+	l.Origin = cmp.Or(str(amqpsource.MetaOriginQueue), str("x-first-death-queue"))
+	l.Key = cmp.Or(l.Key, str(b.cfg.KeyHeader), d.MessageId)
 	if l.ID == "" {
 		l.ID = digestID(d)
-	}
-	if l.Origin == "" {
-		l.Origin = str("x-first-death-queue")
-	}
-	if l.Key == "" {
-		l.Key = str(b.cfg.KeyHeader)
-	}
-	if l.Key == "" {
-		l.Key = d.MessageId
 	}
 	for k := range d.Headers {
 		if !isMeta(k) {
