@@ -174,8 +174,8 @@ type Config struct {
 	// others. It is how long a killed or frozen consumer's partitions stall,
 	// and how long a live member may go without heartbeating (a
 	// stop-the-world stall, a CPU-starved container, a network blip) before
-	// it is evicted and the group rebalances for nothing. See "Session
-	// timeout" in the package documentation. The broker refuses values outside
+	// it is evicted and the group rebalances for nothing; docs/sources.md
+	// ("Session timeout") has the trade-off. The broker refuses values outside
 	// group.min.session.timeout.ms (6 s by default) and
 	// group.max.session.timeout.ms. Defaults to DefaultSessionTimeout (10 s).
 	SessionTimeout time.Duration
