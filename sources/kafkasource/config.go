@@ -286,10 +286,7 @@ func (c Config) WithDefaults() Config {
 
 // deadLetterTopic returns the dead-letter topic for messages of topic.
 func (c Config) deadLetterTopic(topic string) string {
-	if c.DeadLetterTopic != "" {
-		return c.DeadLetterTopic
-	}
-	return topic + DefaultDeadLetterSuffix
+	return cmp.Or(c.DeadLetterTopic, DeadLetterTopic(topic))
 }
 
 // maxTopicLength is Kafka's limit on topic names.

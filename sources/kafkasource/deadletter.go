@@ -48,17 +48,9 @@ func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason e
 		return err
 	}
 	s.mu.Lock()
-	switch {
-	case s.closed:
+	if err := s.unsettledLocked(ctx, e, "dead letter"); err != nil {
 		s.mu.Unlock()
-		return consumer.ErrClosed
-	case e.settled:
-		s.mu.Unlock()
-		return fmt.Errorf("kafkasource: dead-letter of %s: %w", msg.ID, ErrSettled)
-	case s.endedLocked(e):
-		s.dropLocked(ctx, e, "dead letter")
-		s.mu.Unlock()
-		return fmt.Errorf("kafkasource: dead letter of %s: %w", msg.ID, consumer.ErrFenced)
+		return err
 	}
 	km := e.km
 	s.mu.Unlock()

@@ -247,9 +247,5 @@ const maxFetchBackoff = 500 * time.Millisecond
 // fetchBackoff is the pause after the n-th consecutive fetch failure:
 // 100 ms doubling up to maxFetchBackoff.
 func fetchBackoff(n int) time.Duration {
-	d := 100 * time.Millisecond
-	for i := 1; i < n && d < maxFetchBackoff; i++ {
-		d *= 2
-	}
-	return min(d, maxFetchBackoff)
+	return min(100*time.Millisecond<<min(max(n-1, 0), 10), maxFetchBackoff)
 }

@@ -174,6 +174,8 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 	if err := rc.Validate(); err != nil {
 		return nil, &idemq.ConfigError{Field: "kafkasource.Config", Reason: "rejected by kafka-go", Err: err}
 	}
+	transport := transportFor(cfg.Dialer)
+	client := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: transport}
 	var missing []string // topics that do not exist (yet): see watchTopics
 	checked := false
 	if cfg.ConnectTimeout >= 0 {
@@ -182,9 +184,8 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 		if err == nil {
 			// Before the reader starts: its group's metadata requests
 			// may create the topics on brokers that auto-create them.
-			c := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: transportFor(cfg.Dialer)}
 			var merr error
-			missing, merr = missingTopics(pctx, c, cfg.Topics)
+			missing, merr = missingTopics(pctx, client, cfg.Topics)
 			checked = merr == nil
 		}
 		cancel()
@@ -201,14 +202,13 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 	}()
 	reader := kafka.NewReader(rc)
 
-	transport := transportFor(cfg.Dialer)
 	s := &Source{
 		cfg:       cfg,
 		log:       cfg.Logger.With(logKeyGroup, cfg.GroupID),
 		reader:    reader,
 		transport: transport,
-		client:    &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: transport},
-		broker:    brokerInfo(cfg.GroupID, cfg.Brokers[0]),
+		client:    client,
+		broker:    brokerInfo(cfg.Brokers[0]),
 		dlq: &kafka.Writer{
 			Addr:         kafka.TCP(cfg.Brokers...),
 			Balancer:     &kafka.Hash{},

@@ -18,31 +18,28 @@ const (
 )
 
 // brokerInfo returns the consumer.BrokerInfo of the messages of a source
-// of group reading from the bootstrap address server: system "kafka", an
+// reading from the bootstrap address server: system "kafka", an
 // acknowledgement named "commit", IDs made of topic, partition and offset,
 // and redeliveries after a rebalance unmarked.
-func brokerInfo(group, server string) consumer.BrokerInfo {
+func brokerInfo(server string) consumer.BrokerInfo {
 	return consumer.BrokerInfo{System: systemKafka, SettleName: settleOperation,
 		SyntheticID: true, UnmarkedRedeliveries: true}.WithServer(server)
 }
 
-// messageBroker returns b for the message at offset of partition, with key
-// (the Kafka message key, empty for none): the destination's attributes
-// messaging.consumer.group.name (when group is set) and
+// messageBroker returns b for the message of group at offset of partition,
+// with key (the Kafka message key, empty for none): the destination's
+// attributes messaging.consumer.group.name and
 // messaging.destination.partition.id, and the message's own
 // messaging.kafka.offset and messaging.kafka.message.key (when it has one).
 // One allocation holds them all.
 func messageBroker(b consumer.BrokerInfo, group string, partition int, offset int64, key string) consumer.BrokerInfo {
-	attrs := make([]consumer.BrokerAttr, 0, 4)
-	if group != "" {
-		attrs = append(attrs, consumer.StringAttr(attrGroup, group))
-	}
-	attrs = append(attrs, consumer.StringAttr(attrPartition, strconv.Itoa(partition)))
-	n := len(attrs)
+	attrs := make([]consumer.BrokerAttr, 2, 4)
+	attrs[0] = consumer.StringAttr(attrGroup, group)
+	attrs[1] = consumer.StringAttr(attrPartition, strconv.Itoa(partition))
 	attrs = append(attrs, consumer.IntAttr(attrOffset, offset))
 	if key != "" {
 		attrs = append(attrs, consumer.StringAttr(attrMessageKey, key))
 	}
-	b.Attrs, b.MessageAttrs = attrs[:n:n], attrs[n:]
+	b.Attrs, b.MessageAttrs = attrs[:2:2], attrs[2:]
 	return b
 }

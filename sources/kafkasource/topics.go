@@ -96,7 +96,7 @@ func topicsLed(ctx context.Context, conn *kafka.Conn, topics []TopicSpec) (bool,
 	setDeadline(ctx, conn)
 	for _, t := range topics {
 		parts, err := conn.ReadPartitions(t.Name)
-		if err != nil || len(parts) < t.Partitions || !allLed(parts) {
+		if err != nil || len(parts) < t.Partitions || slices.ContainsFunc(parts, func(p kafka.Partition) bool { return p.Leader.Host == "" }) {
 			return false, err
 		}
 	}
@@ -174,15 +174,6 @@ func onController(ctx context.Context, dialer *kafka.Dialer, brokers []string, w
 		return fmt.Errorf("kafkasource: %s: waiting for the metadata to show it: %w", what, err)
 	}
 	return nil
-}
-
-func allLed(parts []kafka.Partition) bool {
-	for _, p := range parts {
-		if p.Leader.Host == "" {
-			return false
-		}
-	}
-	return true
 }
 
 func setDeadline(ctx context.Context, c *kafka.Conn) {
