@@ -45,7 +45,7 @@ func pingOne(ctx context.Context, d *kafka.Dialer, addr string) error {
 	if deadline, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(deadline)
 	} else {
-		_ = conn.SetDeadline(time.Now().Add(DefaultConnectTimeout))
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
 	}
 	if _, err := conn.Brokers(); err != nil {
 		return fmt.Errorf("metadata: %w", err)

@@ -28,8 +28,8 @@ type TopicSpec struct {
 }
 
 // DeadLetterTopic returns the name of topic's default dead-letter topic,
-// topic + DefaultDeadLetterSuffix.
-func DeadLetterTopic(topic string) string { return topic + DefaultDeadLetterSuffix }
+// topic + ".dlq".
+func DeadLetterTopic(topic string) string { return topic + ".dlq" }
 
 // CreateTopics creates the topics through the cluster's controller and waits
 // until the metadata of every broker of brokers that answers lists each of
