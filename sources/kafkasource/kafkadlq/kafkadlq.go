@@ -15,6 +15,7 @@
 package kafkadlq
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -120,24 +121,17 @@ func New(cfg Config) (*Broker, error) {
 	if err := l.Err(); err != nil {
 		return nil, err
 	}
-	if cfg.Group == "" {
-		cfg.Group = DefaultGroup
-	}
-	if cfg.ProgressTopic == "" {
-		cfg.ProgressTopic = ProgressTopic(cfg.Topic)
-	}
-	if cfg.KeyHeader == "" {
-		cfg.KeyHeader = kafkasource.DefaultKeyHeader
-	}
+	cfg.Group = cmp.Or(cfg.Group, DefaultGroup)
+	cfg.ProgressTopic = cmp.Or(cfg.ProgressTopic, ProgressTopic(cfg.Topic))
+	cfg.KeyHeader = cmp.Or(cfg.KeyHeader, kafkasource.DefaultKeyHeader)
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Second
 	}
-	var own *kafka.Transport
+	b := &Broker{cfg: cfg}
 	if cfg.Transport == nil {
-		own = &kafka.Transport{}
-		cfg.Transport = own
+		b.own = &kafka.Transport{}
+		b.cfg.Transport = b.own
 	}
-	b := &Broker{cfg: cfg, own: own}
 	b.connect()
 	return b, nil
 }
@@ -165,8 +159,7 @@ func (b *Broker) refresh() error {
 	if b.own == nil {
 		return nil
 	}
-	err := b.writer.Close()
-	b.own.CloseIdleConnections()
+	err := b.Close()
 	b.own = &kafka.Transport{}
 	b.cfg.Transport = b.own
 	b.connect()
@@ -235,11 +228,11 @@ func (b *Broker) partitions(ctx context.Context) ([]*partitionState, error) {
 		return nil, err
 	}
 	of, err := b.client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: b.cfg.Group, Topics: map[string][]int{b.cfg.Topic: ids}})
+	if err == nil {
+		err = of.Error
+	}
 	if err != nil {
 		return nil, fmt.Errorf("kafkadlq: committed offsets of group %q: %w", b.cfg.Group, err)
-	}
-	if of.Error != nil {
-		return nil, fmt.Errorf("kafkadlq: committed offsets of group %q: %w", b.cfg.Group, of.Error)
 	}
 	states := make(map[int]*partitionState, len(ids))
 	for _, id := range ids {
