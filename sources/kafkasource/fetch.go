@@ -66,7 +66,6 @@ func (s *Source) drain(first *consumer.Message, limit int) []*consumer.Message {
 // fetchLoop fetches messages while fewer than MaxUncommitted are retained and
 // fewer than MaxInFlight are unsettled and not held, until ctx is cancelled.
 func (s *Source) fetchLoop(ctx context.Context) {
-	defer close(s.fetchDone)
 	failures := 0
 	var warnings brokerkit.Warnings
 	for {

@@ -44,7 +44,6 @@ func (c *counters) abandon(member string) {
 // leaveAbandoned leaves the group with each member kafka-go gave up (see
 // leavingFormat), until ctx is cancelled (Close).
 func (s *Source) leaveAbandoned(ctx context.Context) {
-	defer close(s.leaveDone)
 	for {
 		select {
 		case <-ctx.Done():

@@ -80,8 +80,7 @@ type Source struct {
 	errs chan error
 
 	fetchCancel context.CancelFunc
-	fetchDone   chan struct{}
-	leaveDone   chan struct{} // leaveAbandoned returned
+	background  sync.WaitGroup // fetchLoop and leaveAbandoned
 	closing     chan struct{}
 	closeOnce   sync.Once
 	closeErr    error
@@ -223,21 +222,19 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 			Logger:       kafkaLogger(cfg.Logger, slog.LevelDebug),
 			ErrorLogger:  kafkaLogger(cfg.Logger, slog.LevelWarn),
 		},
-		slots:     make(chan struct{}, cfg.MaxInFlight),
-		retained:  make(chan struct{}, cfg.MaxUncommitted),
-		ready:     make(chan *consumer.Message, cfg.MaxUncommitted),
-		errs:      make(chan error, 1),
-		fetchDone: make(chan struct{}),
-		leaveDone: make(chan struct{}),
-		closing:   make(chan struct{}),
-		ledger:    newLedger(),
-		timers:    make(map[*entry]*time.Timer),
-		stats:     stats,
+		slots:    make(chan struct{}, cfg.MaxInFlight),
+		retained: make(chan struct{}, cfg.MaxUncommitted),
+		ready:    make(chan *consumer.Message, cfg.MaxUncommitted),
+		errs:     make(chan error, 1),
+		closing:  make(chan struct{}),
+		ledger:   newLedger(),
+		timers:   make(map[*entry]*time.Timer),
+		stats:    stats,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.fetchCancel = cancel
-	go s.fetchLoop(ctx)
-	go s.leaveAbandoned(ctx)
+	s.background.Go(func() { s.fetchLoop(ctx) })
+	s.background.Go(func() { s.leaveAbandoned(ctx) })
 	go s.watchTopics(ctx, missing, checked)
 	return s, nil
 }
@@ -313,8 +310,7 @@ func (s *Source) close() error {
 	s.mu.Unlock()
 
 	s.fetchCancel()
-	<-s.fetchDone
-	<-s.leaveDone
+	s.background.Wait()
 
 	var errs []error
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CommitTimeout)

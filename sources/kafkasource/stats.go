@@ -124,38 +124,34 @@ func (s *Source) Lag(ctx context.Context) ([]consumer.PartitionLag, error) {
 		s.mu.Unlock()
 		return nil, consumer.ErrClosed
 	}
-	var lags []consumer.PartitionLag
-	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
-	for tp, next := range s.ledger.next(gen) {
-		// Lag holds the next offset until the high watermark is known.
-		lags = append(lags, consumer.PartitionLag{System: systemKafka, Topic: tp.topic, Partition: tp.partition, Lag: next})
-		req.Topics[tp.topic] = append(req.Topics[tp.topic], kafka.LastOffsetOf(tp.partition))
-	}
+	next := s.ledger.next(gen)
 	s.mu.Unlock()
-	if len(lags) == 0 {
+	if len(next) == 0 {
 		return nil, nil
 	}
 
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
+	for tp := range next {
+		req.Topics[tp.topic] = append(req.Topics[tp.topic], kafka.LastOffsetOf(tp.partition))
+	}
 	resp, err := s.client.ListOffsets(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("kafkasource: list the high watermarks: %w", err)
 	}
-	hwm := map[topicPartition]int64{}
+	lags := make([]consumer.PartitionLag, 0, len(next))
 	for topic, parts := range resp.Topics {
 		for _, po := range parts {
 			if po.Error != nil {
 				return nil, fmt.Errorf("kafkasource: high watermark of %s/%d: %w", topic, po.Partition, po.Error)
 			}
-			hwm[topicPartition{topic, po.Partition}] = po.LastOffset
+			if n, ok := next[topicPartition{topic, po.Partition}]; ok {
+				delete(next, topicPartition{topic, po.Partition})
+				lags = append(lags, consumer.PartitionLag{System: systemKafka, Topic: topic, Partition: po.Partition, Lag: max(po.LastOffset-n, 0)})
+			}
 		}
 	}
-	for i := range lags {
-		l := &lags[i]
-		last, ok := hwm[topicPartition{l.Topic, l.Partition}]
-		if !ok {
-			return nil, fmt.Errorf("kafkasource: no high watermark returned for %s/%d", l.Topic, l.Partition)
-		}
-		l.Lag = max(last-l.Lag, 0)
+	if len(next) > 0 {
+		return nil, fmt.Errorf("kafkasource: no high watermark returned for %d partition(s)", len(next))
 	}
 	slices.SortFunc(lags, func(a, b consumer.PartitionLag) int {
 		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
