@@ -163,13 +163,11 @@ type Config struct {
 
 	// SessionTimeout is how long the group coordinator waits without a
 	// heartbeat before it evicts a member and gives its partitions to the
-	// others. It is how long a killed or frozen consumer's partitions stall,
-	// and how long a live member may go without heartbeating (a
-	// stop-the-world stall, a CPU-starved container, a network blip) before
-	// it is evicted and the group rebalances for nothing; docs/sources.md
-	// ("Session timeout") has the trade-off. The broker refuses values outside
-	// group.min.session.timeout.ms (6 s by default) and
-	// group.max.session.timeout.ms. Defaults to 10 s.
+	// others: how long a killed consumer's partitions stall, and how long a
+	// live member may freeze before it is evicted for nothing
+	// (docs/sources.md, "Session timeout", has the trade-off). The broker
+	// refuses values outside group.min.session.timeout.ms (6 s by default)
+	// and group.max.session.timeout.ms. Defaults to 10 s.
 	SessionTimeout time.Duration
 
 	// HeartbeatInterval is how often the member heartbeats; it is also how

@@ -49,15 +49,12 @@ var (
 )
 
 // Source is a consumer.Source over Kafka topics, read by a consumer group
-// with kafka-go's Reader (FetchMessage, and CommitMessages queued to the
-// reader's periodic commit loop).
-//
-// It commits, for each partition, only the contiguous prefix of fetched
-// messages that were acknowledged or dead-lettered, and only while the
-// newest of them was fetched in the group generation that is current; see
-// the package documentation for the exact guarantees and the duplicate
-// window. Create one with New; it is safe for concurrent use, as
-// consumer.Source requires.
+// with kafka-go's Reader. It commits, for each partition, only the
+// contiguous prefix of fetched messages that were acknowledged or
+// dead-lettered, and only while the newest of them was fetched in the
+// current group generation; the package documentation states the
+// guarantees and the duplicate window. Create one with New; it is safe for
+// concurrent use.
 type Source struct {
 	cfg       Config
 	log       *slog.Logger
