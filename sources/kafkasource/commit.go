@@ -14,18 +14,12 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// requestCommit hands the settled prefix of every partition that advanced
-// since the last request to the reader's commit loop, for partitions whose
-// newest passed message belongs to the current group generation. It does not
-// wait for the broker: kafka-go merges the requests of a generation and
-// commits the highest offset of each partition every Config.CommitInterval,
-// again when the generation ends (a rebalance revokes the partitions) and
-// when the reader closes. A failed commit keeps its offsets for the next
-// tick.
-//
-// It returns an error only when the request could not be queued (ctx done or
-// the reader closed); the partitions stay dirty and the next request carries
-// them.
+// requestCommit queues to the reader's commit loop the settled prefix of
+// every partition that advanced since the last request and whose newest
+// passed message belongs to the current group generation; kafka-go merges
+// the requests and commits as Ack says. It returns an error only when the
+// request could not be queued (ctx done or the reader closed); the
+// partitions then stay dirty and the next request carries them.
 func (s *Source) requestCommit(ctx context.Context) error {
 	gen := s.observeGeneration(ctx)
 
@@ -86,7 +80,10 @@ func readerLogger(l *slog.Logger, c *counters) kafka.Logger {
 			c.joins.Add(1)
 		case format == leavingFormat && len(args) == 2:
 			if member, ok := args[1].(string); ok && member != "" {
-				c.abandon(member)
+				select { // never blocks kafka-go's group goroutine
+				case c.abandoned <- member:
+				default: // left to its session timeout
+				}
 			}
 		}
 		if debug != nil {

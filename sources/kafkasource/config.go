@@ -41,10 +41,6 @@ const (
 // level and counts the message in Stats.DeadLetterStuck.
 const deadLetterStuckAfter = 3
 
-// DefaultDeadLetterSuffix is appended to a topic's name to name its
-// dead-letter topic when Config.DeadLetterTopic is empty.
-const DefaultDeadLetterSuffix = ".dlq"
-
 // Ordering says which messages the runner handles one after another.
 type Ordering int
 
@@ -126,15 +122,11 @@ type Config struct {
 	Ordering Ordering
 
 	// MaxInFlight bounds the messages fetched and not yet settled that are
-	// handed out by Receive or waiting for a retry. When it is reached,
-	// fetching pauses. Messages held behind a retried message of the same
-	// key (see the package documentation) do not count, so that one retried
-	// key (with OrderByPartition: one retried partition) does not stop the
-	// other partitions; MaxUncommitted bounds them. A message released from
-	// the hold is handed out without waiting for a free slot, so the settled
-	// count can exceed MaxInFlight by the held messages. Keep it at least
-	// 2 × BatchSize × Concurrency of the runner, or lanes go idle. Defaults
-	// to 1000.
+	// handed out by Receive or waiting for a retry: fetching pauses when it
+	// is reached. Messages held behind a retried message of their key do
+	// not count (MaxUncommitted bounds them), and are handed out without
+	// waiting for a free slot when released. Keep it at least 2 × BatchSize
+	// × Concurrency of the runner, or lanes go idle. Defaults to 1000.
 	MaxInFlight int
 
 	// MaxUncommitted bounds the messages fetched and not yet passed by their
@@ -171,19 +163,17 @@ type Config struct {
 
 	// SessionTimeout is how long the group coordinator waits without a
 	// heartbeat before it evicts a member and gives its partitions to the
-	// others. It is how long a killed or frozen consumer's partitions stall,
-	// and how long a live member may go without heartbeating (a
-	// stop-the-world stall, a CPU-starved container, a network blip) before
-	// it is evicted and the group rebalances for nothing. See "Session
-	// timeout" in the package documentation. The broker refuses values outside
-	// group.min.session.timeout.ms (6 s by default) and
-	// group.max.session.timeout.ms. Defaults to DefaultSessionTimeout (10 s).
+	// others: how long a killed consumer's partitions stall, and how long a
+	// live member may freeze before it is evicted for nothing
+	// (docs/sources.md, "Session timeout", has the trade-off). The broker
+	// refuses values outside group.min.session.timeout.ms (6 s by default)
+	// and group.max.session.timeout.ms. Defaults to 10 s.
 	SessionTimeout time.Duration
 
 	// HeartbeatInterval is how often the member heartbeats; it is also how
 	// soon a member learns that a rebalance started, so it adds up to one
 	// interval to the stall after a kill. Must be below
-	// SessionTimeout. Defaults to DefaultHeartbeatInterval (1 s).
+	// SessionTimeout. Defaults to 1 s.
 	HeartbeatInterval time.Duration
 
 	// RebalanceTimeout is how long the coordinator waits for every member to
@@ -193,16 +183,13 @@ type Config struct {
 	// JoinGroupBackoff is the delay before rejoining the group after an
 	// error, such as the coordinator being unreachable: it bounds how long
 	// the Source takes to rejoin once the broker answers again. Defaults
-	// to DefaultJoinGroupBackoff (200 ms).
+	// to 200 ms.
 	JoinGroupBackoff time.Duration
 
-	// CommitInterval is how often the settled offsets are committed. Ack
-	// only records them; a background loop commits the highest settled
-	// prefix of each partition at most once per interval, and always when
-	// the group rebalances (before the generation ends) and on Close. A
-	// crash loses at most the last CommitInterval of commits: those
-	// messages are redelivered, and the deduplication record absorbs them.
-	// Defaults to 1 s.
+	// CommitInterval is how often the settled offsets are committed (and
+	// always when the group rebalances and on Close). A crash loses at most
+	// the last CommitInterval of commits: those messages are redelivered,
+	// and the deduplication record absorbs them. Defaults to 1 s.
 	CommitInterval time.Duration
 
 	// CommitTimeout bounds queueing an offset commit (Ack, DeadLetter) and
@@ -213,8 +200,7 @@ type Config struct {
 	// DeadLetterTopic is the topic every dead-lettered message is written
 	// to. The topic must exist unless the cluster creates topics
 	// automatically (CreateTopics creates it). Defaults to each consumed
-	// topic's own "<topic>.dlq" (see DeadLetterTopic and
-	// DefaultDeadLetterSuffix).
+	// topic's own "<topic>.dlq" (see DeadLetterTopic).
 	DeadLetterTopic string
 
 	// DeadLetterTimeout bounds one dead-letter write when the caller's
@@ -222,15 +208,9 @@ type Config struct {
 	DeadLetterTimeout time.Duration
 
 	// DeadLetterRetryDelay is how long a message whose dead-letter write
-	// failed waits before it is handed out again. It stays uncommitted
-	// meanwhile, so nothing is lost, but its partition's commit cannot pass
-	// it until a write succeeds: a write that can never succeed (a missing
-	// topic the cluster does not create, a denied ACL, a copy larger than
-	// 1 MiB or the topic's max.message.bytes) holds the partition's commit
-	// for good, and fetching stops once MaxUncommitted messages are
-	// retained. Such a message is logged at Error level from its
-	// deadLetterStuckAfter-th failed write on, and counted in
-	// Stats.DeadLetterStuck. Defaults to 5 s.
+	// failed waits, uncommitted, before it is handed out again (see
+	// Source.DeadLetter for what a write that never succeeds blocks).
+	// Defaults to 5 s.
 	DeadLetterRetryDelay time.Duration
 
 	// Logger receives the source's logs (rebalances, skipped stale
@@ -240,56 +220,34 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Default values used by Config.WithDefaults.
-const (
-	DefaultMaxInFlight          = 1000
-	DefaultMaxUncommitted       = 10000
-	DefaultQueueCapacity        = 100
-	DefaultMinBytes             = 1
-	DefaultMaxBytes             = 1 << 20
-	DefaultMaxWait              = time.Second
-	DefaultSessionTimeout       = 10 * time.Second
-	DefaultHeartbeatInterval    = time.Second
-	DefaultRebalanceTimeout     = 30 * time.Second
-	DefaultJoinGroupBackoff     = 200 * time.Millisecond
-	DefaultCommitInterval       = time.Second
-	DefaultCommitTimeout        = 10 * time.Second
-	DefaultDeadLetterTimeout    = 10 * time.Second
-	DefaultDeadLetterRetryDelay = 5 * time.Second
-	DefaultConnectTimeout       = 5 * time.Second
-)
-
 // WithDefaults returns a copy of c with every zero field set to its default.
 // It does not copy the Brokers and Topics slices.
 func (c Config) WithDefaults() Config {
 	c.Dialer = cmp.Or(c.Dialer, kafka.DefaultDialer)
 	c.StartOffset = cmp.Or(c.StartOffset, kafka.FirstOffset)
-	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, DefaultConnectTimeout)
+	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, 5*time.Second)
 	c.KeyHeader = cmp.Or(c.KeyHeader, DefaultKeyHeader)
-	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
-	c.MaxUncommitted = cmp.Or(c.MaxUncommitted, max(DefaultMaxUncommitted, c.MaxInFlight))
-	c.QueueCapacity = cmp.Or(c.QueueCapacity, DefaultQueueCapacity)
-	c.MinBytes = cmp.Or(c.MinBytes, DefaultMinBytes)
-	c.MaxBytes = cmp.Or(c.MaxBytes, DefaultMaxBytes)
-	c.MaxWait = cmp.Or(c.MaxWait, DefaultMaxWait)
-	c.SessionTimeout = cmp.Or(c.SessionTimeout, DefaultSessionTimeout)
-	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
-	c.RebalanceTimeout = cmp.Or(c.RebalanceTimeout, DefaultRebalanceTimeout)
-	c.JoinGroupBackoff = cmp.Or(c.JoinGroupBackoff, DefaultJoinGroupBackoff)
-	c.CommitInterval = cmp.Or(c.CommitInterval, DefaultCommitInterval)
-	c.CommitTimeout = cmp.Or(c.CommitTimeout, DefaultCommitTimeout)
-	c.DeadLetterTimeout = cmp.Or(c.DeadLetterTimeout, DefaultDeadLetterTimeout)
-	c.DeadLetterRetryDelay = cmp.Or(c.DeadLetterRetryDelay, DefaultDeadLetterRetryDelay)
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, 1000)
+	c.MaxUncommitted = cmp.Or(c.MaxUncommitted, max(10000, c.MaxInFlight))
+	c.QueueCapacity = cmp.Or(c.QueueCapacity, 100)
+	c.MinBytes = cmp.Or(c.MinBytes, 1)
+	c.MaxBytes = cmp.Or(c.MaxBytes, 1<<20)
+	c.MaxWait = cmp.Or(c.MaxWait, time.Second)
+	c.SessionTimeout = cmp.Or(c.SessionTimeout, 10*time.Second)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, time.Second)
+	c.RebalanceTimeout = cmp.Or(c.RebalanceTimeout, 30*time.Second)
+	c.JoinGroupBackoff = cmp.Or(c.JoinGroupBackoff, 200*time.Millisecond)
+	c.CommitInterval = cmp.Or(c.CommitInterval, time.Second)
+	c.CommitTimeout = cmp.Or(c.CommitTimeout, 10*time.Second)
+	c.DeadLetterTimeout = cmp.Or(c.DeadLetterTimeout, 10*time.Second)
+	c.DeadLetterRetryDelay = cmp.Or(c.DeadLetterRetryDelay, 5*time.Second)
 	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return c
 }
 
 // deadLetterTopic returns the dead-letter topic for messages of topic.
 func (c Config) deadLetterTopic(topic string) string {
-	if c.DeadLetterTopic != "" {
-		return c.DeadLetterTopic
-	}
-	return topic + DefaultDeadLetterSuffix
+	return cmp.Or(c.DeadLetterTopic, DeadLetterTopic(topic))
 }
 
 // maxTopicLength is Kafka's limit on topic names.

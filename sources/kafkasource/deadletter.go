@@ -15,50 +15,38 @@ import (
 )
 
 // DeadLetter writes a copy of msg to the dead-letter topic
-// (Config.DeadLetterTopic, by default "<topic>.dlq") with the original key, value and
-// headers plus consumer.MetaReason, consumer.MetaAttempts, MetaOriginTopic,
-// MetaOriginPartition, MetaOriginOffset, MetaGroup, consumer.MetaKey and
-// consumer.MetaDeadLetteredAt, waits until every in-sync replica has it, and only
-// then settles msg and requests its commit as Ack does. A message fetched in
-// a consumer-group generation that has ended is not written: its partition's
-// owner in the new generation fetches it again and routes it (Retry and
-// Release drop such a message too, and so does a pending retry when it comes
-// due); Stats.StaleSettlesDropped counts them, and the dropped Retry,
-// Release or DeadLetter returns an error matching consumer.ErrFenced, so
-// that the runner does not count a dead letter that was never written.
+// (Config.DeadLetterTopic, by default "<topic>.dlq"): the original key,
+// value and headers plus consumer.MetaReason (cut to maxReasonBytes),
+// consumer.MetaAttempts, MetaOriginTopic, MetaOriginPartition,
+// MetaOriginOffset, MetaGroup, consumer.MetaKey and
+// consumer.MetaDeadLetteredAt, their text made fit for every broker by
+// internal/metatext.Clean. It waits until every in-sync replica has the
+// copy, and only then settles msg and requests its commit as Ack does; a
+// commit failure after that is only logged, since the copy is durable.
 //
-// consumer.MetaReason is cut to maxReasonBytes. The reason, key and group are
-// written as internal/metatext.Clean makes them, the same text on every
-// broker: characters outside the XML 1.0 range and invalid UTF-8 become Go
-// escapes (\x01).
+// A message fetched in a consumer-group generation that has ended is not
+// written: DeadLetter, like Retry, Release and a pending retry that comes
+// due, drops it (Stats.StaleSettlesDropped) and returns an error matching
+// consumer.ErrFenced, and the partition's owner in the new generation
+// routes it.
 //
-// If the write fails, the error is returned and msg stays uncommitted and is
-// handed out again after Config.DeadLetterRetryDelay (the runner will route
-// it again), so nothing is lost; but its partition's commit cannot pass it
-// until a write succeeds, and a write that never succeeds (a missing topic,
-// a denied ACL, a copy too large) blocks that commit for good and stops
-// fetching once Config.MaxUncommitted messages are retained. From the
+// If the write fails, the error is returned and msg stays uncommitted and
+// is handed out again after Config.DeadLetterRetryDelay, so nothing is
+// lost; but its partition's commit cannot pass it until a write succeeds.
+// A write that never succeeds (a missing topic, a denied ACL, a copy too
+// large) blocks that commit for good and stops fetching once
+// Config.MaxUncommitted messages are retained; from the
 // deadLetterStuckAfter-th consecutive failure on, each failure is logged at
-// Error level; Stats.DeadLetterStuck counts such messages. A commit failure after a successful write is
-// only logged: the copy is durable, and a redelivery would write a second
-// copy with the same origin headers.
+// Error level and Stats.DeadLetterStuck counts the message.
 func (s *Source) DeadLetter(ctx context.Context, msg *consumer.Message, reason error) error {
 	e, err := s.entryOf(msg)
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
-	switch {
-	case s.closed:
+	if err := s.unsettledLocked(ctx, e, "dead letter"); err != nil {
 		s.mu.Unlock()
-		return consumer.ErrClosed
-	case e.settled:
-		s.mu.Unlock()
-		return fmt.Errorf("kafkasource: dead-letter of %s: %w", msg.ID, ErrSettled)
-	case s.endedLocked(e):
-		s.dropLocked(ctx, e, "dead letter")
-		s.mu.Unlock()
-		return fmt.Errorf("kafkasource: dead letter of %s: %w", msg.ID, consumer.ErrFenced)
+		return err
 	}
 	km := e.km
 	s.mu.Unlock()

@@ -25,6 +25,7 @@ type ledger struct {
 	// dirty holds the partitions whose settled prefix advanced since
 	// committable last ran.
 	dirty map[*partition]struct{}
+	// holds has a hold per key with a blocker; never one for the key "".
 	holds map[string]*hold
 }
 
@@ -102,9 +103,6 @@ func (l *ledger) record(tp topicPartition, e *entry) (held bool) {
 	e.part = p
 	p.fetchGen = e.gen
 	p.queue = append(p.queue, e)
-	if e.holdKey == "" {
-		return false
-	}
 	h := l.holds[e.holdKey]
 	if h == nil {
 		return false
@@ -197,7 +195,7 @@ func (l *ledger) unblock(e *entry) []*entry {
 // wait records that e's redelivery timer started (due at e.due), when its
 // key is held.
 func (l *ledger) wait(e *entry) {
-	if h := l.holds[e.holdKey]; e.holdKey != "" && h != nil {
+	if h := l.holds[e.holdKey]; h != nil {
 		h.waiting = append(h.waiting, e)
 	}
 }
@@ -205,7 +203,7 @@ func (l *ledger) wait(e *entry) {
 // unwait removes e from its key's messages waiting for a redelivery.
 func (l *ledger) unwait(e *entry) {
 	h := l.holds[e.holdKey]
-	if e.holdKey == "" || h == nil {
+	if h == nil {
 		return
 	}
 	if i := slices.Index(h.waiting, e); i >= 0 {
@@ -219,7 +217,7 @@ func (l *ledger) unwait(e *entry) {
 // message must not overtake an earlier one.
 func (l *ledger) due(e *entry, now time.Time) []*entry {
 	h := l.holds[e.holdKey]
-	if e.holdKey == "" || h == nil {
+	if h == nil {
 		return []*entry{e}
 	}
 	var due []*entry
@@ -246,15 +244,15 @@ func (l *ledger) due(e *entry, now time.Time) []*entry {
 func (l *ledger) committable(gen int64) (commit, stale []prefix) {
 	for p := range l.dirty {
 		delete(l.dirty, p)
-		last := p.durableUpTo()
+		pf := prefix{topicPartition: p.topicPartition, last: p.durableUpTo(), prev: p.committed, part: p}
 		switch {
-		case last < p.committed:
+		case pf.last < p.committed:
 			// Nothing new (or behind what this source requested before).
 		case p.doneGen != gen:
-			stale = append(stale, prefix{topicPartition: p.topicPartition, last: last, prev: p.committed, part: p})
+			stale = append(stale, pf)
 		default:
-			commit = append(commit, prefix{topicPartition: p.topicPartition, last: last, prev: p.committed, part: p})
-			p.committed = last + 1
+			commit = append(commit, pf)
+			p.committed = pf.last + 1
 		}
 	}
 	return commit, stale
@@ -289,11 +287,10 @@ func (l *ledger) next(gen int64) map[topicPartition]int64 {
 		if p.fetchGen != gen {
 			continue // fetched before the latest rebalance: maybe another member's now
 		}
-		next := p.durableUpTo() + 1
-		if p.durableUpTo() < 0 && len(p.queue) > 0 {
-			next = p.queue[0].offset
+		out[tp] = p.durableUpTo() + 1
+		if out[tp] == 0 && len(p.queue) > 0 {
+			out[tp] = p.queue[0].offset
 		}
-		out[tp] = next
 	}
 	return out
 }

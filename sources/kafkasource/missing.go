@@ -23,29 +23,28 @@ var ErrTopicNotFound = errors.New("kafkasource: topic does not exist")
 // topics.
 const topicCheckInterval = 2 * time.Second
 
-// watchTopics reports missing, the topics New found missing (checked: New
-// looked them up), then looks
-// the source's topics up again every topicCheckInterval until all of them
-// exist. It reports the missing ones through Receive (s.errs) and a WARN
-// line, the first at once and then one per consumer.DefaultOutageReminder.
-// A failed lookup (no broker reachable) is left to the fetch loop to report.
+// watchTopics looks the source's topics up every topicCheckInterval until
+// all of them exist, starting with missing, the topics New found missing
+// when checked (New looked them up). It reports the missing ones through
+// Receive (s.errs) and a WARN line, the first at once and then one per
+// consumer.DefaultOutageReminder, and makes the group rebalance once they
+// appear. A failed lookup (no broker reachable) is left to the fetch loop
+// to report.
 func (s *Source) watchTopics(ctx context.Context, missing []string, checked bool) {
-	if checked && len(missing) == 0 {
-		return
-	}
 	var warnedAt time.Time
-	for first := true; ; first = false {
+	for {
 		var err error
-		if !first || !checked {
+		if !checked {
 			missing, err = missingTopics(ctx, s.client, s.cfg.Topics)
 		}
+		checked = false
 		switch {
-		case err == nil && len(missing) == 0 && (!first || !checked):
+		case err == nil && len(missing) == 0:
 			if !warnedAt.IsZero() {
 				s.rejoin(ctx)
 			}
 			return
-		case err == nil && len(missing) > 0:
+		case err == nil:
 			err = fmt.Errorf("%w: %q: create it (or enable auto.create.topics.enable on the brokers); nothing is received from it until it exists", ErrTopicNotFound, missing)
 			if warnedAt.IsZero() || time.Since(warnedAt) >= consumer.DefaultOutageReminder {
 				warnedAt = time.Now()

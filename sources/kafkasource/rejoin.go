@@ -32,19 +32,9 @@ const (
 	leaveInterval = 100 * time.Millisecond
 )
 
-// abandon queues member, which kafka-go gave up, for leaveAbandoned. It
-// never blocks: it runs in kafka-go's group goroutine.
-func (c *counters) abandon(member string) {
-	select {
-	case c.abandoned <- member:
-	default:
-	}
-}
-
 // leaveAbandoned leaves the group with each member kafka-go gave up (see
 // leavingFormat), until ctx is cancelled (Close).
 func (s *Source) leaveAbandoned(ctx context.Context) {
-	defer close(s.leaveDone)
 	for {
 		select {
 		case <-ctx.Done():

@@ -74,17 +74,27 @@ func (s *Source) handBack(msg *consumer.Message, attempt int, delay time.Duratio
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.unsettledLocked(context.Background(), e, "retry"); err != nil {
+		return err
+	}
+	s.ledger.block(e)
+	s.handBackLocked(e, attempt, delay)
+	return nil
+}
+
+// unsettledLocked returns nil when e may still be retried or dead-lettered
+// (what names which), else consumer.ErrClosed, ErrSettled, or
+// consumer.ErrFenced for a message of an ended generation, which it drops.
+func (s *Source) unsettledLocked(ctx context.Context, e *entry, what string) error {
 	switch {
 	case s.closed:
 		return consumer.ErrClosed
 	case e.settled:
-		return fmt.Errorf("kafkasource: retry of %s: %w", msg.ID, ErrSettled)
+		return fmt.Errorf("kafkasource: %s of %s: %w", what, e.id, ErrSettled)
 	case s.endedLocked(e):
-		s.dropLocked(context.Background(), e, "retry")
-		return fmt.Errorf("kafkasource: retry of %s: %w", msg.ID, consumer.ErrFenced)
+		s.dropLocked(ctx, e, what)
+		return fmt.Errorf("kafkasource: %s of %s: %w", what, e.id, consumer.ErrFenced)
 	}
-	s.ledger.block(e)
-	s.handBackLocked(e, attempt, delay)
 	return nil
 }
 

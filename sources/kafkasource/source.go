@@ -41,18 +41,20 @@ var (
 	// ErrSettled reports a Retry or DeadLetter of a message that was
 	// already acknowledged or dead-lettered. Nothing is done.
 	ErrSettled = errors.New("kafkasource: message already settled")
+
+	// ErrUnreachable is matched by the error of New and Ping when none of
+	// Config.Brokers answered; the error also carries each broker's dial or
+	// request error.
+	ErrUnreachable = errors.New("kafkasource: no broker reachable")
 )
 
 // Source is a consumer.Source over Kafka topics, read by a consumer group
-// with kafka-go's Reader (FetchMessage, and CommitMessages queued to the
-// reader's periodic commit loop).
-//
-// It commits, for each partition, only the contiguous prefix of fetched
-// messages that were acknowledged or dead-lettered, and only while the
-// newest of them was fetched in the group generation that is current; see
-// the package documentation for the exact guarantees and the duplicate
-// window. Create one with New; it is safe for concurrent use, as
-// consumer.Source requires.
+// with kafka-go's Reader. It commits, for each partition, only the
+// contiguous prefix of fetched messages that were acknowledged or
+// dead-lettered, and only while the newest of them was fetched in the
+// current group generation; the package documentation states the
+// guarantees and the duplicate window. Create one with New; it is safe for
+// concurrent use.
 type Source struct {
 	cfg       Config
 	log       *slog.Logger
@@ -75,8 +77,7 @@ type Source struct {
 	errs chan error
 
 	fetchCancel context.CancelFunc
-	fetchDone   chan struct{}
-	leaveDone   chan struct{} // leaveAbandoned returned
+	background  sync.WaitGroup // fetchLoop and leaveAbandoned
 	closing     chan struct{}
 	closeOnce   sync.Once
 	closeErr    error
@@ -174,6 +175,8 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 	if err := rc.Validate(); err != nil {
 		return nil, &idemq.ConfigError{Field: "kafkasource.Config", Reason: "rejected by kafka-go", Err: err}
 	}
+	transport := transportFor(cfg.Dialer)
+	client := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: transport}
 	var missing []string // topics that do not exist (yet): see watchTopics
 	checked := false
 	if cfg.ConnectTimeout >= 0 {
@@ -182,9 +185,8 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 		if err == nil {
 			// Before the reader starts: its group's metadata requests
 			// may create the topics on brokers that auto-create them.
-			c := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: transportFor(cfg.Dialer)}
 			var merr error
-			missing, merr = missingTopics(pctx, c, cfg.Topics)
+			missing, merr = missingTopics(pctx, client, cfg.Topics)
 			checked = merr == nil
 		}
 		cancel()
@@ -201,14 +203,13 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 	}()
 	reader := kafka.NewReader(rc)
 
-	transport := transportFor(cfg.Dialer)
 	s := &Source{
 		cfg:       cfg,
 		log:       cfg.Logger.With(logKeyGroup, cfg.GroupID),
 		reader:    reader,
 		transport: transport,
-		client:    &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: transport},
-		broker:    brokerInfo(cfg.GroupID, cfg.Brokers[0]),
+		client:    client,
+		broker:    brokerInfo(cfg.Brokers[0]),
 		dlq: &kafka.Writer{
 			Addr:         kafka.TCP(cfg.Brokers...),
 			Balancer:     &kafka.Hash{},
@@ -218,21 +219,19 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 			Logger:       kafkaLogger(cfg.Logger, slog.LevelDebug),
 			ErrorLogger:  kafkaLogger(cfg.Logger, slog.LevelWarn),
 		},
-		slots:     make(chan struct{}, cfg.MaxInFlight),
-		retained:  make(chan struct{}, cfg.MaxUncommitted),
-		ready:     make(chan *consumer.Message, cfg.MaxUncommitted),
-		errs:      make(chan error, 1),
-		fetchDone: make(chan struct{}),
-		leaveDone: make(chan struct{}),
-		closing:   make(chan struct{}),
-		ledger:    newLedger(),
-		timers:    make(map[*entry]*time.Timer),
-		stats:     stats,
+		slots:    make(chan struct{}, cfg.MaxInFlight),
+		retained: make(chan struct{}, cfg.MaxUncommitted),
+		ready:    make(chan *consumer.Message, cfg.MaxUncommitted),
+		errs:     make(chan error, 1),
+		closing:  make(chan struct{}),
+		ledger:   newLedger(),
+		timers:   make(map[*entry]*time.Timer),
+		stats:    stats,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.fetchCancel = cancel
-	go s.fetchLoop(ctx)
-	go s.leaveAbandoned(ctx)
+	s.background.Go(func() { s.fetchLoop(ctx) })
+	s.background.Go(func() { s.leaveAbandoned(ctx) })
 	go s.watchTopics(ctx, missing, checked)
 	return s, nil
 }
@@ -245,6 +244,45 @@ func (s *Source) Config() Config { return s.cfg }
 // 127.0.0.1:9092 topics=orders group=billing". It holds no credentials.
 func (s *Source) String() string {
 	return "kafka " + strings.Join(s.cfg.Brokers, ",") + " topics=" + strings.Join(s.cfg.Topics, ",") + " group=" + s.cfg.GroupID
+}
+
+// Ping checks that at least one of Config.Brokers accepts a connection and
+// answers a metadata request before ctx is done. New does the same check,
+// bounded by Config.ConnectTimeout; Ping serves health checks later on. A
+// nil error says nothing about the consumer group or the topics.
+func (s *Source) Ping(ctx context.Context) error { return ping(ctx, s.cfg) }
+
+// ping dials the brokers of cfg in turn until one answers a metadata request.
+func ping(ctx context.Context, cfg Config) error {
+	errs := make([]error, 0, len(cfg.Brokers))
+	for _, addr := range cfg.Brokers {
+		err := pingOne(ctx, cfg.Dialer, addr)
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return fmt.Errorf("%w (%d broker(s) tried): %w", ErrUnreachable, len(errs), errors.Join(errs...))
+}
+
+func pingOne(ctx context.Context, d *kafka.Dialer, addr string) error {
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if deadline, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(deadline)
+	} else {
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	}
+	if _, err := conn.Brokers(); err != nil {
+		return fmt.Errorf("metadata: %w", err)
+	}
+	return nil
 }
 
 // Close stops fetching, commits the settled prefixes (bounded by
@@ -269,8 +307,7 @@ func (s *Source) close() error {
 	s.mu.Unlock()
 
 	s.fetchCancel()
-	<-s.fetchDone
-	<-s.leaveDone
+	s.background.Wait()
 
 	var errs []error
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CommitTimeout)

@@ -59,8 +59,8 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 func TestConfigDefaults(t *testing.T) {
 	c := kafkasource.Config{}.WithDefaults()
 	if c.Dialer != kafka.DefaultDialer || c.StartOffset != kafka.FirstOffset || c.KeyHeader != kafkasource.DefaultKeyHeader ||
-		c.MaxInFlight != kafkasource.DefaultMaxInFlight || c.SessionTimeout != kafkasource.DefaultSessionTimeout ||
-		c.CommitTimeout != kafkasource.DefaultCommitTimeout || c.Logger == nil || c.Ordering != kafkasource.OrderByKey {
+		c.MaxInFlight != 1000 || c.SessionTimeout != 10*time.Second ||
+		c.CommitTimeout != 10*time.Second || c.Logger == nil || c.Ordering != kafkasource.OrderByKey {
 		t.Fatalf("WithDefaults left a zero field: %+v", c)
 	}
 }

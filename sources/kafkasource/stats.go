@@ -1,8 +1,15 @@
 package kafkasource
 
 import (
+	"cmp"
 	"context"
+	"fmt"
+	"slices"
 	"sync/atomic"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemq/idemq/consumer"
 )
 
 // Stats counts what a Source did since it was created. Every counter only
@@ -98,4 +105,56 @@ func (s *Source) Stats() Stats {
 		Held:                held,
 		Uncommitted:         uncommitted,
 	}
+}
+
+var _ consumer.LagReporter = (*Source)(nil)
+
+// Lag returns, for each partition the source fetched from in the current
+// consumer-group generation, the number of messages at and after the first
+// one not settled: the partition's high watermark, read from the brokers
+// with one ListOffsets request bounded by ctx, minus the next offset the
+// source will commit. A partition the group has assigned to this source but
+// from which nothing was fetched since the latest rebalance (an idle
+// partition) is not listed. Lag is safe for concurrent use; it returns
+// consumer.ErrClosed after Close.
+func (s *Source) Lag(ctx context.Context) ([]consumer.PartitionLag, error) {
+	gen := s.observeGeneration(ctx)
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, consumer.ErrClosed
+	}
+	next := s.ledger.next(gen)
+	s.mu.Unlock()
+	if len(next) == 0 {
+		return nil, nil
+	}
+
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
+	for tp := range next {
+		req.Topics[tp.topic] = append(req.Topics[tp.topic], kafka.LastOffsetOf(tp.partition))
+	}
+	resp, err := s.client.ListOffsets(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("kafkasource: list the high watermarks: %w", err)
+	}
+	lags := make([]consumer.PartitionLag, 0, len(next))
+	for topic, parts := range resp.Topics {
+		for _, po := range parts {
+			if po.Error != nil {
+				return nil, fmt.Errorf("kafkasource: high watermark of %s/%d: %w", topic, po.Partition, po.Error)
+			}
+			if n, ok := next[topicPartition{topic, po.Partition}]; ok {
+				delete(next, topicPartition{topic, po.Partition})
+				lags = append(lags, consumer.PartitionLag{System: systemKafka, Topic: topic, Partition: po.Partition, Lag: max(po.LastOffset-n, 0)})
+			}
+		}
+	}
+	if len(next) > 0 {
+		return nil, fmt.Errorf("kafkasource: no high watermark returned for %d partition(s)", len(next))
+	}
+	slices.SortFunc(lags, func(a, b consumer.PartitionLag) int {
+		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
+	return lags, nil
 }

@@ -26,7 +26,7 @@ func otelAttrs(attrs []consumer.BrokerAttr) []attribute.KeyValue {
 // A message's BrokerInfo carries the attributes of the semantic conventions
 // the telemetry follows, with the destination's apart from the message's.
 func TestMessageBroker(t *testing.T) {
-	b := messageBroker(brokerInfo("g", "127.0.0.1:9092"), "g", 3, 42, "order-7")
+	b := messageBroker(brokerInfo("127.0.0.1:9092"), "g", 3, 42, "order-7")
 	if b.System != semconv.MessagingSystemKafka.Value.AsString() || b.ServerAddress != "127.0.0.1" || b.ServerPort != 9092 ||
 		b.SettleName != "commit" || !b.SyntheticID || !b.UnmarkedRedeliveries {
 		t.Errorf("broker %+v", b)
@@ -42,9 +42,9 @@ func TestMessageBroker(t *testing.T) {
 			t.Errorf("%s %v, want %v", c.what, c.got, c.want)
 		}
 	}
-	// Without a group or a key.
-	b = messageBroker(brokerInfo("", "127.0.0.1:9092"), "", 0, 7, "")
-	if got, want := otelAttrs(append(b.Attrs, b.MessageAttrs...)), []attribute.KeyValue{semconv.MessagingDestinationPartitionID("0"), semconv.MessagingKafkaOffset(7)}; !slices.Equal(got, want) {
+	// Without a key.
+	b = messageBroker(brokerInfo("127.0.0.1:9092"), "g", 0, 7, "")
+	if got, want := otelAttrs(append(b.Attrs, b.MessageAttrs...)), []attribute.KeyValue{semconv.MessagingConsumerGroupName("g"), semconv.MessagingDestinationPartitionID("0"), semconv.MessagingKafkaOffset(7)}; !slices.Equal(got, want) {
 		t.Errorf("attributes %v, want %v", got, want)
 	}
 }

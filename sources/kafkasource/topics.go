@@ -28,8 +28,8 @@ type TopicSpec struct {
 }
 
 // DeadLetterTopic returns the name of topic's default dead-letter topic,
-// topic + DefaultDeadLetterSuffix.
-func DeadLetterTopic(topic string) string { return topic + DefaultDeadLetterSuffix }
+// topic + ".dlq".
+func DeadLetterTopic(topic string) string { return topic + ".dlq" }
 
 // CreateTopics creates the topics through the cluster's controller and waits
 // until the metadata of every broker of brokers that answers lists each of
@@ -45,7 +45,6 @@ func CreateTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, t
 	if len(brokers) == 0 {
 		return &idemq.ConfigError{Field: "kafkasource.CreateTopics(brokers)", Reason: "required"}
 	}
-	topics = slices.Clone(topics)
 	configs := make([]kafka.TopicConfig, 0, len(topics))
 	for i, t := range topics {
 		if t.Name == "" {
@@ -54,12 +53,8 @@ func CreateTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, t
 		if t.Partitions < 0 || t.ReplicationFactor < 0 {
 			return &idemq.ConfigError{Field: "kafkasource.TopicSpec", Reason: fmt.Sprintf("topic %q: negative partitions or replication factor", t.Name)}
 		}
-		topics[i].Partitions = max(t.Partitions, 1)
-		topics[i].ReplicationFactor = max(t.ReplicationFactor, 1)
 		configs = append(configs, kafka.TopicConfig{
-			Topic:             t.Name,
-			NumPartitions:     topics[i].Partitions,
-			ReplicationFactor: topics[i].ReplicationFactor,
+			Topic: t.Name, NumPartitions: max(t.Partitions, 1), ReplicationFactor: max(t.ReplicationFactor, 1),
 		})
 	}
 	if len(configs) == 0 {
@@ -80,7 +75,7 @@ func CreateTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, t
 			if err != nil {
 				continue
 			}
-			led, err := topicsLed(ctx, conn, topics)
+			led, err := topicsLed(ctx, conn, configs)
 			_ = conn.Close()
 			if !led || err != nil {
 				return false, err
@@ -92,11 +87,11 @@ func CreateTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, t
 
 // topicsLed reports whether conn's broker's metadata shows every partition
 // of topics with a leader.
-func topicsLed(ctx context.Context, conn *kafka.Conn, topics []TopicSpec) (bool, error) {
+func topicsLed(ctx context.Context, conn *kafka.Conn, topics []kafka.TopicConfig) (bool, error) {
 	setDeadline(ctx, conn)
 	for _, t := range topics {
-		parts, err := conn.ReadPartitions(t.Name)
-		if err != nil || len(parts) < t.Partitions || !allLed(parts) {
+		parts, err := conn.ReadPartitions(t.Topic)
+		if err != nil || len(parts) < t.NumPartitions || slices.ContainsFunc(parts, func(p kafka.Partition) bool { return p.Leader.Host == "" }) {
 			return false, err
 		}
 	}
@@ -174,15 +169,6 @@ func onController(ctx context.Context, dialer *kafka.Dialer, brokers []string, w
 		return fmt.Errorf("kafkasource: %s: waiting for the metadata to show it: %w", what, err)
 	}
 	return nil
-}
-
-func allLed(parts []kafka.Partition) bool {
-	for _, p := range parts {
-		if p.Leader.Host == "" {
-			return false
-		}
-	}
-	return true
 }
 
 func setDeadline(ctx context.Context, c *kafka.Conn) {

@@ -3,31 +3,19 @@
 //
 // A topic is a log: a dead letter cannot be deleted from it. What was
 // replayed or purged is recorded per partition and per progress name
-// (Config.Group) as an offset, before which every dead letter is done, and
-// the offsets after it that are done too (a replay or purge of a selection
-// leaves the dead letters it did not select in place). The record goes to
-// the progress topic (Config.ProgressTopic, "<topic>.progress"), a
-// compacted topic that keeps the last record of each partition for as long
-// as the topic exists, and is mirrored as the committed offsets of the
-// consumer group Config.Group, which monitoring tools show as its lag.
-// Committed offsets alone would not do: Kafka deletes those of a group
-// without members after offsets.retention.minutes (7 days by default), and
-// what was replayed would then be listed and replayed again. The committed
-// offsets are read only for a partition the progress topic has no record
-// of (progress recorded before the progress topic existed).
-//
-// The record follows each replayed copy's acknowledgement by every in-sync
-// replica, so a replay interrupted at any point goes on where it stopped
-// when run again; at most the copy sent just before the interruption is
-// sent again, and the runner absorbs it as a duplicate of its key.
-//
-// A replayed copy keeps its key: a dead letter whose message had no key
-// header was keyed by the runner on the origin's topic/partition/offset,
-// which a copy at another offset would not share, so the copy carries the
-// recorded key (consumer.MetaKey) in Config.KeyHeader.
+// (Config.Group), after every in-sync replica acknowledged each replayed
+// copy, in the compacted progress topic (Config.ProgressTopic), and
+// mirrored as the committed offsets of the consumer group Config.Group. So
+// a replay interrupted at any point goes on where it stopped when run
+// again; at most the copy sent just before the interruption is sent again,
+// and the runner absorbs it as a duplicate of its key. A replayed copy
+// keeps its key: one whose message had no key header carries the key the
+// runner recorded (consumer.MetaKey) in Config.KeyHeader.
+// docs/operations.md ("Dead letters") describes the progress record.
 package kafkadlq
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -133,24 +121,17 @@ func New(cfg Config) (*Broker, error) {
 	if err := l.Err(); err != nil {
 		return nil, err
 	}
-	if cfg.Group == "" {
-		cfg.Group = DefaultGroup
-	}
-	if cfg.ProgressTopic == "" {
-		cfg.ProgressTopic = ProgressTopic(cfg.Topic)
-	}
-	if cfg.KeyHeader == "" {
-		cfg.KeyHeader = kafkasource.DefaultKeyHeader
-	}
+	cfg.Group = cmp.Or(cfg.Group, DefaultGroup)
+	cfg.ProgressTopic = cmp.Or(cfg.ProgressTopic, ProgressTopic(cfg.Topic))
+	cfg.KeyHeader = cmp.Or(cfg.KeyHeader, kafkasource.DefaultKeyHeader)
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Second
 	}
-	var own *kafka.Transport
+	b := &Broker{cfg: cfg}
 	if cfg.Transport == nil {
-		own = &kafka.Transport{}
-		cfg.Transport = own
+		b.own = &kafka.Transport{}
+		b.cfg.Transport = b.own
 	}
-	b := &Broker{cfg: cfg, own: own}
 	b.connect()
 	return b, nil
 }
@@ -178,8 +159,7 @@ func (b *Broker) refresh() error {
 	if b.own == nil {
 		return nil
 	}
-	err := b.writer.Close()
-	b.own.CloseIdleConnections()
+	err := b.Close()
 	b.own = &kafka.Transport{}
 	b.cfg.Transport = b.own
 	b.connect()
@@ -239,34 +219,24 @@ func (b *Broker) partitions(ctx context.Context) ([]*partitionState, error) {
 		return nil, fmt.Errorf("kafkadlq: dead-letter topic %q: %w", b.cfg.Topic, errors.Join(errors.New("not found"), terr))
 	}
 	var ids []int
-	var reqs []kafka.OffsetRequest
 	for _, p := range md.Topics[0].Partitions {
 		ids = append(ids, p.ID)
-		reqs = append(reqs, kafka.FirstOffsetOf(p.ID), kafka.LastOffsetOf(p.ID))
 	}
 	slices.Sort(ids)
-	lo, err := b.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{b.cfg.Topic: reqs}})
+	bounds, err := b.bounds(ctx, b.cfg.Topic, ids...)
 	if err != nil {
-		return nil, fmt.Errorf("kafkadlq: offsets of %q: %w", b.cfg.Topic, err)
+		return nil, err
 	}
 	of, err := b.client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: b.cfg.Group, Topics: map[string][]int{b.cfg.Topic: ids}})
+	if err == nil {
+		err = of.Error
+	}
 	if err != nil {
 		return nil, fmt.Errorf("kafkadlq: committed offsets of group %q: %w", b.cfg.Group, err)
 	}
-	if of.Error != nil {
-		return nil, fmt.Errorf("kafkadlq: committed offsets of group %q: %w", b.cfg.Group, of.Error)
-	}
 	states := make(map[int]*partitionState, len(ids))
 	for _, id := range ids {
-		states[id] = &partitionState{id: id}
-	}
-	for _, po := range lo.Topics[b.cfg.Topic] {
-		if po.Error != nil {
-			return nil, fmt.Errorf("kafkadlq: offsets of %q partition %d: %w", b.cfg.Topic, po.Partition, po.Error)
-		}
-		if s := states[po.Partition]; s != nil {
-			s.first, s.last = po.FirstOffset, po.LastOffset
-		}
+		states[id] = &partitionState{id: id, first: bounds[id].FirstOffset, last: bounds[id].LastOffset}
 	}
 	for _, fp := range of.Topics[b.cfg.Topic] {
 		if fp.Error != nil {
@@ -551,12 +521,16 @@ func (b *Broker) readProgress(ctx context.Context) (map[int]progressRecord, erro
 	if err := md.Topics[0].Error; err != nil {
 		return nil, fmt.Errorf("kafkadlq: progress topic %q: %w", b.cfg.ProgressTopic, err)
 	}
-	first, last, err := b.progressOffsets(ctx)
+	bounds, err := b.bounds(ctx, b.cfg.ProgressTopic, 0)
 	if err != nil {
 		return nil, err
 	}
+	po, ok := bounds[0]
+	if !ok {
+		return nil, fmt.Errorf("kafkadlq: offsets of the progress topic %q: no answer for partition 0", b.cfg.ProgressTopic)
+	}
 	out := map[int]progressRecord{}
-	err = b.read(ctx, b.cfg.ProgressTopic, 0, first, last, func(m kafka.Message) (bool, error) {
+	err = b.read(ctx, b.cfg.ProgressTopic, 0, po.FirstOffset, po.LastOffset, func(m kafka.Message) (bool, error) {
 		var rec progressRecord
 		if json.Unmarshal(m.Value, &rec) == nil && rec.Topic == b.cfg.Topic && rec.Group == b.cfg.Group {
 			out[rec.Partition] = rec
@@ -569,24 +543,25 @@ func (b *Broker) readProgress(ctx context.Context) (map[int]progressRecord, erro
 	return out, nil
 }
 
-// progressOffsets returns the first offset of the progress topic and its
-// end.
-func (b *Broker) progressOffsets(ctx context.Context) (first, last int64, err error) {
-	lo, err := b.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
-		b.cfg.ProgressTopic: {kafka.FirstOffsetOf(0), kafka.LastOffsetOf(0)}}})
+// bounds returns the first offset and the end of the partitions ids of
+// topic; a partition the broker did not answer for has none (0, 0).
+func (b *Broker) bounds(ctx context.Context, topic string, ids ...int) (map[int]kafka.PartitionOffsets, error) {
+	var reqs []kafka.OffsetRequest
+	for _, id := range ids {
+		reqs = append(reqs, kafka.FirstOffsetOf(id), kafka.LastOffsetOf(id))
+	}
+	lo, err := b.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
 	if err != nil {
-		return 0, 0, fmt.Errorf("kafkadlq: offsets of the progress topic %q: %w", b.cfg.ProgressTopic, err)
+		return nil, fmt.Errorf("kafkadlq: offsets of %q: %w", topic, err)
 	}
-	for _, po := range lo.Topics[b.cfg.ProgressTopic] {
-		if po.Partition != 0 {
-			continue
-		}
+	out := make(map[int]kafka.PartitionOffsets, len(ids))
+	for _, po := range lo.Topics[topic] {
 		if po.Error != nil {
-			return 0, 0, fmt.Errorf("kafkadlq: offsets of the progress topic %q: %w", b.cfg.ProgressTopic, po.Error)
+			return nil, fmt.Errorf("kafkadlq: offsets of %q partition %d: %w", topic, po.Partition, po.Error)
 		}
-		return po.FirstOffset, po.LastOffset, nil
+		out[po.Partition] = po
 	}
-	return 0, 0, fmt.Errorf("kafkadlq: offsets of the progress topic %q: no answer for partition 0", b.cfg.ProgressTopic)
+	return out, nil
 }
 
 // ensureProgressTopic creates the progress topic when it does not exist,

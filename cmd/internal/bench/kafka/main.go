@@ -569,7 +569,7 @@ func (b *bench) runnerOn(ctx context.Context, topic, name string, n, batch int, 
 	src, err := kafkasource.New(ctx, kafkasource.Config{
 		Brokers: b.brokers, Topics: []string{topic}, GroupID: group,
 		HeartbeatInterval: time.Second, SessionTimeout: 10 * time.Second,
-		MaxInFlight:    max(kafkasource.DefaultMaxInFlight, 4*batch*b.concurrency),
+		MaxInFlight:    max(kafkasource.Config{}.WithDefaults().MaxInFlight, 4*batch*b.concurrency),
 		CommitInterval: b.commitInterval,
 		Logger:         b.log,
 	})
