@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/idemq/idemq/dedup"
@@ -69,17 +68,7 @@ const (
 )
 
 // String returns "redelivery", "concurrent" or "producer".
-func (r DuplicateReason) String() string {
-	switch r {
-	case DuplicateRedelivery:
-		return "redelivery"
-	case DuplicateConcurrent:
-		return "concurrent"
-	case DuplicateProducer:
-		return "producer"
-	}
-	return "unknown"
-}
+func (r DuplicateReason) String() string { return nameOf(r, "redelivery", "concurrent", "producer") }
 
 // ClaimInfo describes the claim of one message's key.
 type ClaimInfo struct {
@@ -222,14 +211,15 @@ const (
 )
 
 // String returns "handler" or "infrastructure".
-func (k RetryKind) String() string {
-	switch k {
-	case RetryHandler:
-		return "handler"
-	case RetryInfrastructure:
-		return "infrastructure"
+func (k RetryKind) String() string { return nameOf(k, "handler", "infrastructure") }
+
+// nameOf returns the name of v, an enumeration counted from 1 in the order
+// of names, or "unknown".
+func nameOf[E ~int](v E, names ...string) string {
+	if v < 1 || int(v) > len(names) {
+		return "unknown"
 	}
-	return "unknown"
+	return names[v-1]
 }
 
 // HookRetry is called once per message the runner hands back for a later
@@ -333,20 +323,14 @@ type observer struct {
 	leaseLost   []HookLeaseLost
 	refreshFail []HookLeaseRefreshFailed
 	settled     []HookSettled
-	// claims keeps the claim of each job in flight for the HookClaimed
-	// hooks; nil without them, so that a runner without them records
-	// nothing.
-	claims *claimLog
+	// timed: a hook reports when a claim, a commit or a transaction
+	// happened (HookClaimed, HookCommit, HookTx), so the paths read the
+	// time (see now).
+	timed bool
 }
 
-// claimLog holds the last claim of each job in flight until the job is
-// settled (see observer.onClaimed). It is safe for concurrent use.
-type claimLog struct {
-	mu sync.Mutex
-	m  map[*job]claimRecord
-}
-
-// claimRecord is the last claim of one job's key.
+// claimRecord is the last claim of one job's key, kept on the job for the
+// HookClaimed hooks (see observer.noteClaim).
 type claimRecord struct {
 	start, end time.Time
 	n          int  // keys claimed together (ClaimInfo.Messages)
@@ -358,9 +342,7 @@ func resolveHooks(hs []Hook) observer {
 	for _, x := range hs {
 		collect(&h.received, x)
 		collect(&h.batch, x)
-		if collect(&h.claimed, x) && h.claims == nil {
-			h.claims = &claimLog{m: map[*job]claimRecord{}}
-		}
+		collect(&h.claimed, x)
 		isTx := collect(&h.tx, x)
 		if collect(&h.handlerStart, x) && !isTx {
 			collect(&h.batchStart, x)
@@ -376,6 +358,7 @@ func resolveHooks(hs []Hook) observer {
 		collect(&h.refreshFail, x)
 		collect(&h.settled, x)
 	}
+	h.timed = len(h.claimed) > 0 || len(h.tx) > 0 || len(h.commit) > 0
 	return h
 }
 
@@ -424,13 +407,10 @@ func (obs *observer) onSettled(j *job, o Outcome, size int, err error) {
 // onClaimed reports the claim of j, if it had one, to the HookClaimed
 // hooks.
 func (obs *observer) onClaimed(j *job) {
-	if obs.claims == nil {
+	if len(obs.claimed) == 0 {
 		return
 	}
-	obs.claims.mu.Lock()
-	rec := obs.claims.m[j]
-	delete(obs.claims.m, j)
-	obs.claims.mu.Unlock()
+	rec := j.claim
 	c := ClaimInfo{Start: rec.start, End: rec.end, Messages: rec.n}
 	switch {
 	case j.out == outDuplicate:

@@ -39,7 +39,8 @@ type job struct {
 	// ctx is the message's context: the receive context without its
 	// cancellation, or what HookReceived returned (see hooks.go).
 	ctx      context.Context
-	follower bool // the same key came earlier in the batch
+	follower bool        // the same key came earlier in the batch
+	claim    claimRecord // its last claim, for HookClaimed (observer.noteClaim)
 }
 
 func (j *job) set(o fate, err error) { j.out, j.err = o, err }

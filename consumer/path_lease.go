@@ -97,7 +97,7 @@ func (p *leasePath) process(ctx context.Context, env *pathEnv, batch []*job, l *
 
 func (p *leasePath) abandonLease(ctx context.Context, env *pathEnv, key, token string) {
 	if err := p.drv.Abandon(ctx, env.scope, key, token); err != nil {
-		env.storeOut.warn(ctx, env.log, "abandoning the lease failed; it expires by itself",
+		env.storeOut.line(ctx, env.log, slog.LevelWarn, "abandoning the lease failed; it expires by itself",
 			slog.String(LogKeyKey, key), slog.Any(LogKeyError, err))
 	}
 }
@@ -148,9 +148,9 @@ func (p *leasePath) safeUntil(confirmed time.Time) time.Time {
 // key is new, and settles it.
 func (p *leasePath) one(ctx context.Context, env *pathEnv, j *job, pc *preclaim) {
 	var r leaseRun
-	r.ev.claimStart = env.obs.clock().now()
+	r.ev.claimStart = env.obs.now()
 	token, c, confirmed, err := p.claim(ctx, env, j, pc)
-	r.ev.claimEnd = env.obs.clock().now()
+	r.ev.claimEnd = env.obs.now()
 	r.claim, r.claimErr = c, err
 	if err == nil {
 		env.infraOK()
@@ -186,7 +186,7 @@ func (p *leasePath) run(ctx context.Context, env *pathEnv, j *job, token string,
 			j.msg.res.err = rerr
 		}
 		// The lease is still refreshed while the key is marked done.
-		start := env.obs.clock().now()
+		start := env.obs.now()
 		r.cerr = p.complete(ctx, env, j, token, v)
 		r.ev.commit = commitInfo(start, 1, r.cerr)
 	}
@@ -211,7 +211,7 @@ func (p *leasePath) complete(ctx context.Context, env *pathEnv, j *job, token st
 			return err
 		}
 		env.storeOut.failed(ctx, env.log, fmt.Errorf("idemq: mark key done: %w", err))
-		env.storeOut.warn(ctx, env.log, "marking key done failed; retrying",
+		env.storeOut.line(ctx, env.log, slog.LevelWarn, "marking key done failed; retrying",
 			slog.String(LogKeyKey, j.key), slog.Duration(LogKeyDelay, delay), slog.Any(LogKeyError, err))
 		if sleep(ctx, delay); ctx.Err() != nil {
 			return fmt.Errorf("%w (gave up after one lease: %w)", err, ctx.Err())

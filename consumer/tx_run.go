@@ -77,7 +77,7 @@ func (p *txPath[Tx]) try(ctx context.Context, env *pathEnv, jobs []*job, l *lane
 	if res, failed := p.storeResults(ctx, env, tx, fresh); failed {
 		return res
 	}
-	commitStart := env.obs.clock().now()
+	commitStart := env.obs.now()
 	chained, err = p.commit(ctx, env, tx, l)
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrCommit, err)
