@@ -154,17 +154,12 @@ func (o *outage) report(ctx context.Context, log *slog.Logger, err error) {
 	}
 }
 
-// warn logs a WARN line about a single failure of the dependency (one
+// line logs a line at level about a single failure of the dependency (one
 // failed transaction, one failed Receive): every one until the outage is
 // reported, then at most one per Config.OutageReminder while it lasts, as
 // the outage's ERROR line and its reminders speak for the others. The next
 // line logged counts those left out under LogKeySuppressed. Count the
 // failure (fail, failed) before calling it.
-func (o *outage) warn(ctx context.Context, log *slog.Logger, msg string, attrs ...slog.Attr) {
-	o.line(ctx, log, slog.LevelWarn, msg, attrs...)
-}
-
-// line is warn at level.
 func (o *outage) line(ctx context.Context, log *slog.Logger, level slog.Level, msg string, attrs ...slog.Attr) {
 	o.mu.Lock()
 	now := time.Now()

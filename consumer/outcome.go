@@ -19,19 +19,8 @@ const (
 	OutcomeLeft
 )
 
-// String returns the outcome's name.
+// String returns the outcome's name: "handled", "duplicate", "retried",
+// "dead_lettered" or "left".
 func (o Outcome) String() string {
-	switch o {
-	case OutcomeHandled:
-		return "handled"
-	case OutcomeDuplicate:
-		return "duplicate"
-	case OutcomeRetried:
-		return "retried"
-	case OutcomeDeadLettered:
-		return "dead_lettered"
-	case OutcomeLeft:
-		return "left"
-	}
-	return "unknown"
+	return nameOf(o, "handled", "duplicate", "retried", "dead_lettered", "left")
 }

@@ -201,7 +201,7 @@ func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
 			}
 			r.stats.receiveFailures.Add(1)
 			delay := min(r.cfg.Retry.Backoff(r.receiveOut.failed(ctx, r.log, err)), outageProbe)
-			r.receiveOut.warn(ctx, r.log, "receive failed", slog.Any(LogKeyError, err), slog.Duration(LogKeyDelay, delay))
+			r.receiveOut.line(ctx, r.log, slog.LevelWarn, "receive failed", slog.Any(LogKeyError, err), slog.Duration(LogKeyDelay, delay))
 			sleep(ctx, delay)
 			continue
 		}

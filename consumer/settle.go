@@ -176,7 +176,7 @@ func (s *settler) settleFailed(ctx context.Context, j *job) Outcome {
 		}
 		s.env.stats.settleFailures.Add(1)
 		s.out.failed(ctx, s.env.log, err)
-		s.out.warn(ctx, s.env.log, "retry failed; the broker will redeliver", slog.String(LogKeyID, m.ID), slog.Any(LogKeyError, err))
+		s.out.line(ctx, s.env.log, slog.LevelWarn, "retry failed; the broker will redeliver", slog.String(LogKeyID, m.ID), slog.Any(LogKeyError, err))
 		return OutcomeLeft
 	}
 	s.env.stats.retried.Add(1)
