@@ -208,3 +208,13 @@ func (l *lane) abandon(ctx context.Context) {
 		l.chain = nil
 	}
 }
+
+// sleep waits for d, or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -329,14 +329,6 @@ type observer struct {
 	timed bool
 }
 
-// claimRecord is the last claim of one job's key, kept on the job for the
-// HookClaimed hooks (see observer.noteClaim).
-type claimRecord struct {
-	start, end time.Time
-	n          int  // keys claimed together (ClaimInfo.Messages)
-	isNew      bool // the key was claimed as new
-}
-
 func resolveHooks(hs []Hook) observer {
 	var h observer
 	for _, x := range hs {
@@ -451,4 +443,29 @@ func (obs *observer) onDeadLetter(j *job, cause error) {
 	for _, h := range obs.deadLetter {
 		h.OnDeadLetter(j.ctx, j.msg, reason, cause)
 	}
+}
+
+// Outcome is how the runner settled a message (see HookSettled).
+type Outcome int
+
+// Outcomes.
+const (
+	// OutcomeHandled: the handler ran, its effect is durable, and the
+	// message was acknowledged (or the ack failed; see SettleInfo.Err).
+	OutcomeHandled Outcome = iota + 1
+	// OutcomeDuplicate: the key was processed before; acknowledged.
+	OutcomeDuplicate
+	// OutcomeRetried: handed back for a later attempt.
+	OutcomeRetried
+	// OutcomeDeadLettered: moved to the dead-letter route.
+	OutcomeDeadLettered
+	// OutcomeLeft: left to the broker, which redelivers it (a failed
+	// Retry or DeadLetter, a drain cut short, nothing decided).
+	OutcomeLeft
+)
+
+// String returns the outcome's name: "handled", "duplicate", "retried",
+// "dead_lettered" or "left".
+func (o Outcome) String() string {
+	return nameOf(o, "handled", "duplicate", "retried", "dead_lettered", "left")
 }

@@ -73,3 +73,11 @@ func dedupRecords(jobs []*job) []dedup.Record {
 	}
 	return recs
 }
+
+// claimRecord is the last claim of one job's key, kept on the job for the
+// HookClaimed hooks (see observer.noteClaim).
+type claimRecord struct {
+	start, end time.Time
+	n          int  // keys claimed together (ClaimInfo.Messages)
+	isNew      bool // the key was claimed as new
+}
