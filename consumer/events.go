@@ -45,7 +45,6 @@ func (obs *observer) onCommit(jobs []*job, c CommitInfo) {
 	}
 }
 
-// onTx reports a transaction to the HookTx hooks.
 func (obs *observer) onTx(ctx context.Context, t *TxInfo) {
 	for _, h := range obs.tx {
 		h.OnTx(ctx, *t)
@@ -62,29 +61,4 @@ func jobCtxs(ctx context.Context, jobs []*job) []context.Context {
 		}
 	}
 	return cs
-}
-
-// leaseEvents is what the hooks hear of one message of the lease path,
-// told at one point (onLease) before the message gets its outcome.
-type leaseEvents struct {
-	claimStart, claimEnd time.Time // zero when nothing is timed (observer.now)
-	claimNew             bool
-	commit               CommitInfo // marking the key done; zero when nothing is timed
-	lost                 error      // its lease was lost (queued or handling)
-}
-
-// onLease records the claim of j for the HookClaimed hooks and reports the
-// marking of its key done and a lost lease to their hooks.
-func (obs *observer) onLease(j *job, ev *leaseEvents) {
-	if !ev.claimStart.IsZero() {
-		obs.noteClaim(j, ev.claimStart, ev.claimEnd, 1, ev.claimNew)
-	}
-	if !ev.commit.Start.IsZero() {
-		obs.onCommit([]*job{j}, ev.commit)
-	}
-	if ev.lost != nil {
-		for _, h := range obs.leaseLost {
-			h.OnLeaseLost(j.ctx, j.msg, ev.lost)
-		}
-	}
 }
