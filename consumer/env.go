@@ -100,16 +100,13 @@ type pathEnv struct {
 }
 
 // infraDelay counts a failure of the store and returns the retry delay,
-// growing with the run of such failures (not with the message's attempts,
-// which these failures do not count) up to outageProbe, so that the
-// messages sent back come again soon after the store answers; while the
-// outage lasts, receiving is paused (awaitStore). handle logs the outage
-// once it lasts.
+// growing with the run of such failures (which are not attempts) up to
+// outageProbe, so that the messages sent back come again soon after the
+// store answers.
 func (env *pathEnv) infraDelay() time.Duration {
 	return min(env.retry.Backoff(env.storeOut.fail()), outageProbe)
 }
 
-// infraOK ends a run of store failures.
 func (env *pathEnv) infraOK() { env.storeOut.succeed() }
 
 // msgCtx returns ctx seen through the message context of j when a

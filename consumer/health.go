@@ -44,11 +44,9 @@ const outageProbe = 500 * time.Millisecond
 // probeTimeout bounds one probe of the store (a stalled connection).
 const probeTimeout = 5 * time.Second
 
-// outage follows the consecutive failures of one dependency and makes an
-// outage visible: once Config.OutageThreshold calls in a row failed, one
-// ERROR line names the dependency and the error, reminders follow at most
-// every Config.OutageReminder while it lasts, and one INFO line reports the
-// recovery. It is safe for concurrent use.
+// outage follows the consecutive failures of one dependency and logs its
+// outage as Config.OutageThreshold and Config.OutageReminder say. It is
+// safe for concurrent use.
 type outage struct {
 	dep       string
 	threshold int
@@ -89,7 +87,6 @@ func (o *outage) fail() int {
 	return o.streak
 }
 
-// succeed ends a run of failures.
 func (o *outage) succeed() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -196,7 +193,6 @@ func (o *outage) probed() {
 	o.answered = true
 }
 
-// streakLen returns the current number of consecutive failures.
 func (o *outage) streakLen() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()

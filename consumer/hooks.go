@@ -354,7 +354,6 @@ func resolveHooks(hs []Hook) observer {
 	return h
 }
 
-// collect appends x to *hs if x implements H, and reports whether it does.
 func collect[H any](hs *[]H, x Hook) bool {
 	v, ok := x.(H)
 	if ok {
@@ -389,15 +388,12 @@ func (c overlay) Value(k any) any {
 	return c.Context.Value(k)
 }
 
-// onSettled reports the outcome of j to the HookSettled hooks.
 func (obs *observer) onSettled(j *job, o Outcome, size int, err error) {
 	for _, h := range obs.settled {
 		h.OnSettled(j.ctx, j.msg, SettleInfo{Outcome: o, BatchSize: size, Err: err})
 	}
 }
 
-// onClaimed reports the claim of j, if it had one, to the HookClaimed
-// hooks.
 func (obs *observer) onClaimed(j *job) {
 	if len(obs.claimed) == 0 {
 		return
@@ -417,24 +413,18 @@ func (obs *observer) onClaimed(j *job) {
 	}
 }
 
-// onRefreshFailed reports a failed lease refresh to the
-// HookLeaseRefreshFailed hooks.
 func (obs *observer) onRefreshFailed(ctx context.Context, err error) {
 	for _, h := range obs.refreshFail {
 		h.OnLeaseRefreshFailed(ctx, err)
 	}
 }
 
-// onRetry reports j, handed back for a later attempt after delay, to the
-// HookRetry hooks.
 func (obs *observer) onRetry(j *job, kind RetryKind, delay time.Duration) {
 	for _, h := range obs.retry {
 		h.OnRetry(j.ctx, j.msg, kind, delay, j.err)
 	}
 }
 
-// onDeadLetter reports j, dead-lettered for cause, to the HookDeadLetter
-// hooks.
 func (obs *observer) onDeadLetter(j *job, cause error) {
 	if len(obs.deadLetter) == 0 {
 		return

@@ -65,7 +65,6 @@ func (j *job) attempt() int {
 	return j.msg.Attempt
 }
 
-// dedupRecords returns the dedup records of jobs.
 func dedupRecords(jobs []*job) []dedup.Record {
 	recs := make([]dedup.Record, len(jobs))
 	for i, j := range jobs {

@@ -148,7 +148,6 @@ func (q *queuedLeases) refresh(ctx context.Context, env *pathEnv, drv dedupdrive
 	}
 }
 
-// newToken returns a fresh lease token.
 func newToken() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])

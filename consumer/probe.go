@@ -12,7 +12,6 @@ import (
 	"github.com/idemq/idemq/dedup"
 )
 
-// probe begins a transaction and rolls it back.
 func (p *txPath[Tx]) probe(ctx context.Context, _ string) error {
 	tx, err := p.drv.Begin(ctx)
 	if err != nil {
@@ -28,7 +27,6 @@ func (p *txPath[Tx]) probe(ctx context.Context, _ string) error {
 // (the scope is the runner's, and a key never starts with a NUL: validKey).
 const probeKey = "\x00idemq-probe"
 
-// probe inspects a key that no message has.
 func (p *leasePath) probe(ctx context.Context, scope string) error {
 	if _, err := p.drv.Inspect(ctx, scope, probeKey); err != nil && !errors.Is(err, dedup.ErrNotFound) {
 		return fmt.Errorf("idemq: probe: %w", err)
@@ -37,11 +35,9 @@ func (p *leasePath) probe(ctx context.Context, scope string) error {
 }
 
 // checkSchema asks the store of path (when its driver checks schemas) and
-// every hook of cfg that implements
-// dedup.SchemaChecker whether its tables exist, and returns an error
-// wrapping the first *dedup.SchemaError. Any other error (the database is
-// down) is logged and left to the outage handling: Run starts, and its
-// first messages find out.
+// every hook of cfg that implements dedup.SchemaChecker whether its tables
+// exist (see Run). Any other error (the database is down) is logged and
+// left to the outage handling.
 func checkSchema(ctx context.Context, path Path, cfg Config, log *slog.Logger) error {
 	var checkers []dedup.SchemaChecker
 	if path.driverCaps().SchemaCheck {
@@ -77,12 +73,10 @@ const (
 	LogKeyStoreSettings = "store_settings"
 )
 
-// storeDurability asks the store of path, once when Run starts, whether its
-// server can lose the records it acknowledged (see
-// dedupdriver.Caps.Durability), and returns the loss, which Run keeps for
-// Health.StoreLoss. It logs one WARN when it can, or when the settings could
-// not be read; it returns the store's refusal (an error matching
-// dedup.ErrNotDurable).
+// storeDurability asks the store of path whether its server can lose the
+// records it acknowledged (see dedupdriver.Caps.Durability) and returns the
+// loss, for Health.StoreLoss, or the store's refusal. It logs one WARN when
+// it can, or when the settings could not be read.
 func storeDurability(ctx context.Context, path Path, log *slog.Logger) (string, error) {
 	if !path.driverCaps().Durability {
 		return "", nil

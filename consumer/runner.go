@@ -508,14 +508,11 @@ func (r *Runner) WaitIdle(ctx context.Context, idle time.Duration) error {
 	return r.stats.waitIdle(ctx, idle)
 }
 
-// awaitStore holds the receive loop while the store is down (back-pressure):
-// once its outage is declared (Config.OutageThreshold failures in a row),
-// a message received would only fail and go back to the broker, so the
-// runner receives nothing and probes the store every outageProbe until it
-// answers; it then receives again, and the next message handled ends the
-// outage or, failing, pauses receiving again. The messages the lanes hold
-// meanwhile are handled (and retried) as usual. It returns false when ctx
-// is done.
+// awaitStore holds the receive loop while the store's outage is declared
+// (back-pressure, see Config.OutageThreshold), probing the store every
+// outageProbe until it answers; the next message handled then ends the
+// outage or, failing, pauses receiving again. It returns false when ctx is
+// done.
 func (r *Runner) awaitStore(ctx context.Context) bool {
 	if !r.storeOut.down() {
 		return true
@@ -540,12 +537,9 @@ func (r *Runner) awaitStore(ctx context.Context) bool {
 	return ctx.Err() == nil
 }
 
-// fitPool checks cfg.Concurrency against the connection pool of path's store.
-// Each lane holds a connection for its whole transaction, and the handler's
-// own queries outside the transaction, the retention janitor and the rest of
-// the process need at least one more, so the pool must be larger than
-// Concurrency. An unset Concurrency (explicit is false) is lowered to fit
-// instead of failing.
+// fitPool checks cfg.Concurrency against the connection pool of path's
+// store, which must be larger (its error says why). An unset Concurrency
+// (explicit is false) is lowered to fit instead of failing.
 func fitPool(path Path, cfg *Config, explicit bool) error {
 	size := path.poolSize()
 	if size <= 0 || cfg.Concurrency < size {

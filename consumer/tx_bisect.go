@@ -5,7 +5,6 @@ import (
 	"errors"
 )
 
-// process settles every job of batch in the lane's partition order.
 func (p *txPath[Tx]) process(ctx context.Context, env *pathEnv, batch []*job, l *lane) {
 	p.runAll(ctx, env, &l.order, batch, l)
 }
@@ -64,13 +63,10 @@ func (p *txPath[Tx]) runAll(ctx context.Context, env *pathEnv, ord *order, jobs 
 }
 
 // runEach settles every job of jobs one message per transaction, in order,
-// after their transaction failed on a lock conflict (see conflicted): no
-// attempt is counted for that failure. A message that fails on its own is
-// blamed as in runAll (a conflict again is retried without counting an
-// attempt), and the later messages of its partition are held behind it. A
-// failure of the store that is no lock conflict settles the rest as runAll
-// does. No commit is chained: the lane's next batch begins its own
-// transaction, at full size.
+// after their transaction failed on a lock conflict (see conflicted and
+// Transactional). A message that fails on its own is blamed as in runAll;
+// a failure of the store that is no lock conflict settles the rest as
+// runAll does. No commit is chained.
 func (p *txPath[Tx]) runEach(ctx context.Context, env *pathEnv, ord *order, jobs []*job) {
 	for {
 		// A failed job stays first in jobs until this call, which holds
