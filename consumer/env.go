@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"runtime/debug"
 	"time"
@@ -163,8 +164,9 @@ func (env *pathEnv) backoff(j *job) time.Duration {
 	if j.delay > 0 {
 		return j.delay
 	}
-	if d, ok := retryDelay(j.err); ok {
-		return d
+	var ra *retryAfterError
+	if errors.As(j.err, &ra) {
+		return ra.delay
 	}
 	return env.retry.Backoff(j.attempt())
 }

@@ -123,15 +123,6 @@ func RetryAfter(delay time.Duration, err error) error {
 	return &retryAfterError{delay: delay, err: err}
 }
 
-// retryDelay returns the delay requested with RetryAfter, if any.
-func retryDelay(err error) (time.Duration, bool) {
-	var r *retryAfterError
-	if errors.As(err, &r) {
-		return r.delay, true
-	}
-	return 0, false
-}
-
 // DeadLetterError is the reason handed to Source.DeadLetter. It carries the
 // attempt count (the handler failures counted by the store, else the broker's
 // delivery count) and the final error, which wraps the sentinel that explains

@@ -63,16 +63,6 @@ func checkSchema(ctx context.Context, path Path, cfg Config, log *slog.Logger) e
 	return nil
 }
 
-// Log attribute keys of the durability check.
-const (
-	// LogKeyStoreLoss says how the store's server can lose the records it
-	// acknowledged (dedup.Durability.Loss).
-	LogKeyStoreLoss = "store_loss"
-	// LogKeyStoreSettings are the persistence settings the store read
-	// (dedup.Durability.Settings).
-	LogKeyStoreSettings = "store_settings"
-)
-
 // storeDurability asks the store of path whether its server can lose the
 // records it acknowledged (see dedupdriver.Caps.Durability) and returns the
 // loss, for Health.StoreLoss, or the store's refusal. It logs one WARN when
