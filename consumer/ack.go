@@ -108,7 +108,7 @@ func (a *acker) ack(ctx context.Context, bs []ackBatch) {
 		// redelivery is recognised as a duplicate.
 		a.env.stats.ackFailures.Add(uint64(len(msgs)))
 		a.out.failed(ctx, log, err)
-		a.out.warn(ctx, log, "ack failed after commit; redeliveries will be deduplicated",
+		a.out.line(ctx, log, slog.LevelWarn, "ack failed after commit; redeliveries will be deduplicated",
 			slog.Int(LogKeyCount, len(msgs)), slog.Any(LogKeyError, err))
 		return
 	}

@@ -35,23 +35,20 @@ type Config struct {
 	Concurrency int
 
 	// BatchSize is the largest number of messages handled in one database
-	// transaction, without savepoints: when a handler fails, the
-	// transaction is rolled back and rerun without it. A lane never waits
-	// for a batch to fill (unless BatchWait says so): it takes the messages
-	// already queued for it, up to BatchSize, so an idle worker handles a
-	// lone message at once in a transaction of its own, and a worker with
-	// a backlog shares one transaction ID, one claim and one commit among
-	// up to BatchSize messages. Defaults to 100 (DefaultBatchSize).
+	// transaction, without savepoints (see Transactional for a failure in
+	// a batch). A lane never waits for a batch to fill (unless BatchWait
+	// says so): it takes the messages already queued for it, up to
+	// BatchSize, so an idle worker handles a lone message at once in a
+	// transaction of its own, and a worker with a backlog shares one
+	// transaction ID, one claim and one commit among up to BatchSize
+	// messages. Defaults to 100 (DefaultBatchSize).
 	//
 	// The trade-off: a batch holds the row locks of all its handlers until
 	// it commits. Handlers of different lanes that write the same rows in
-	// different orders wait on each other and deadlock; a deadlock is
-	// retried without counting an attempt (the deadlocked batch reruns one
-	// message per transaction), but under such contention a batch runs
-	// slower than one message per transaction. Give such
-	// messages a PartitionKey (the rows they write, so that one lane
-	// serializes them; the sources fill it from the Kafka key, an AMQP
-	// header or the SQS FIFO group), or set BatchSize to 1. A failing
+	// different orders deadlock, and although a deadlock costs no attempt,
+	// under such contention a batch runs slower than one message per
+	// transaction. Give such messages a PartitionKey (the rows they write,
+	// so that one lane serializes them), or set BatchSize to 1. A failing
 	// handler also reruns the messages before it in its batch, and each
 	// lane buffers up to BatchSize messages received ahead.
 	// docs/performance.md has the measurements.
@@ -60,14 +57,11 @@ type Config struct {
 	// BatchWait is how long a lane with fewer than BatchSize messages queued
 	// waits for more before it starts the batch, counted from the moment it
 	// took the batch's first message. 0 (the default) starts a batch with
-	// whatever is queued, without waiting. Brokers that hand out few messages per call fill
-	// batches slowly: SQS returns at most 10 per ReceiveMessage, which the
-	// Runner spreads over Concurrency lanes, so at BatchSize 100 a lane
-	// that keeps up starts transactions of a few messages each; a wait of a
-	// few tens of milliseconds gathers more per transaction (the SQS
-	// benchmark prints the messages per transaction). It adds up to
-	// BatchWait to the latency of a message that arrives alone.
-	// Ignored at BatchSize 1.
+	// whatever is queued, without waiting. Brokers that hand out few
+	// messages per call (SQS: at most 10, spread over Concurrency lanes)
+	// fill batches slowly; a wait of a few tens of milliseconds gathers more
+	// per transaction, and adds up to BatchWait to the latency of a message
+	// that arrives alone. Ignored at BatchSize 1.
 	BatchWait time.Duration
 
 	// HandlerTimeout bounds one handler call; its context is cancelled when

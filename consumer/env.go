@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"runtime/debug"
 	"time"
@@ -100,16 +101,13 @@ type pathEnv struct {
 }
 
 // infraDelay counts a failure of the store and returns the retry delay,
-// growing with the run of such failures (not with the message's attempts,
-// which these failures do not count) up to outageProbe, so that the
-// messages sent back come again soon after the store answers; while the
-// outage lasts, receiving is paused (awaitStore). handle logs the outage
-// once it lasts.
+// growing with the run of such failures (which are not attempts) up to
+// outageProbe, so that the messages sent back come again soon after the
+// store answers.
 func (env *pathEnv) infraDelay() time.Duration {
 	return min(env.retry.Backoff(env.storeOut.fail()), outageProbe)
 }
 
-// infraOK ends a run of store failures.
 func (env *pathEnv) infraOK() { env.storeOut.succeed() }
 
 // msgCtx returns ctx seen through the message context of j when a
@@ -166,8 +164,9 @@ func (env *pathEnv) backoff(j *job) time.Duration {
 	if j.delay > 0 {
 		return j.delay
 	}
-	if d, ok := retryDelay(j.err); ok {
-		return d
+	var ra *retryAfterError
+	if errors.As(j.err, &ra) {
+		return ra.delay
 	}
 	return env.retry.Backoff(j.attempt())
 }
@@ -206,5 +205,15 @@ func (l *lane) abandon(ctx context.Context) {
 	if l.chain != nil {
 		l.chain.abandon(ctx)
 		l.chain = nil
+	}
+}
+
+// sleep waits for d, or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
 	}
 }

@@ -123,15 +123,6 @@ func RetryAfter(delay time.Duration, err error) error {
 	return &retryAfterError{delay: delay, err: err}
 }
 
-// retryDelay returns the delay requested with RetryAfter, if any.
-func retryDelay(err error) (time.Duration, bool) {
-	var r *retryAfterError
-	if errors.As(err, &r) {
-		return r.delay, true
-	}
-	return 0, false
-}
-
 // DeadLetterError is the reason handed to Source.DeadLetter. It carries the
 // attempt count (the handler failures counted by the store, else the broker's
 // delivery count) and the final error, which wraps the sentinel that explains
@@ -182,3 +173,22 @@ func attempts(n int) string {
 
 // Unwrap returns the final error.
 func (e *DeadLetterError) Unwrap() error { return e.Err }
+
+// Dead-letter metadata (Meta*): the names of the headers (Kafka, AMQP) or message
+// attributes (SQS) that every source writes on a dead-lettered copy, so that
+// a tool reading a dead-letter destination finds the same names whatever the
+// broker. These are the only names of this metadata: a source adds its
+// broker's own fields (kafkasource.MetaOriginTopic, amqpsource.MetaOriginQueue,
+// sqssource.MetaOriginQueue, ...) under the same Meta prefix.
+const (
+	// MetaReason holds the dead-letter reason: the text of the error
+	// passed to Source.DeadLetter.
+	MetaReason = "idemq-reason"
+	// MetaAttempts holds the number of attempts made, in decimal.
+	MetaAttempts = "idemq-attempts"
+	// MetaKey holds the deduplication key of the message, when it has
+	// one.
+	MetaKey = "idemq-key"
+	// MetaDeadLetteredAt holds when the message was dead-lettered (RFC 3339).
+	MetaDeadLetteredAt = "idemq-dead-lettered-at"
+)

@@ -44,11 +44,9 @@ const outageProbe = 500 * time.Millisecond
 // probeTimeout bounds one probe of the store (a stalled connection).
 const probeTimeout = 5 * time.Second
 
-// outage follows the consecutive failures of one dependency and makes an
-// outage visible: once Config.OutageThreshold calls in a row failed, one
-// ERROR line names the dependency and the error, reminders follow at most
-// every Config.OutageReminder while it lasts, and one INFO line reports the
-// recovery. It is safe for concurrent use.
+// outage follows the consecutive failures of one dependency and logs its
+// outage as Config.OutageThreshold and Config.OutageReminder say. It is
+// safe for concurrent use.
 type outage struct {
 	dep       string
 	threshold int
@@ -89,7 +87,6 @@ func (o *outage) fail() int {
 	return o.streak
 }
 
-// succeed ends a run of failures.
 func (o *outage) succeed() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -154,17 +151,12 @@ func (o *outage) report(ctx context.Context, log *slog.Logger, err error) {
 	}
 }
 
-// warn logs a WARN line about a single failure of the dependency (one
+// line logs a line at level about a single failure of the dependency (one
 // failed transaction, one failed Receive): every one until the outage is
 // reported, then at most one per Config.OutageReminder while it lasts, as
 // the outage's ERROR line and its reminders speak for the others. The next
 // line logged counts those left out under LogKeySuppressed. Count the
 // failure (fail, failed) before calling it.
-func (o *outage) warn(ctx context.Context, log *slog.Logger, msg string, attrs ...slog.Attr) {
-	o.line(ctx, log, slog.LevelWarn, msg, attrs...)
-}
-
-// line is warn at level.
 func (o *outage) line(ctx context.Context, log *slog.Logger, level slog.Level, msg string, attrs ...slog.Attr) {
 	o.mu.Lock()
 	now := time.Now()
@@ -201,7 +193,6 @@ func (o *outage) probed() {
 	o.answered = true
 }
 
-// streakLen returns the current number of consecutive failures.
 func (o *outage) streakLen() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()

@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/idemq/idemq/dedup"
@@ -69,17 +68,7 @@ const (
 )
 
 // String returns "redelivery", "concurrent" or "producer".
-func (r DuplicateReason) String() string {
-	switch r {
-	case DuplicateRedelivery:
-		return "redelivery"
-	case DuplicateConcurrent:
-		return "concurrent"
-	case DuplicateProducer:
-		return "producer"
-	}
-	return "unknown"
-}
+func (r DuplicateReason) String() string { return nameOf(r, "redelivery", "concurrent", "producer") }
 
 // ClaimInfo describes the claim of one message's key.
 type ClaimInfo struct {
@@ -222,14 +211,15 @@ const (
 )
 
 // String returns "handler" or "infrastructure".
-func (k RetryKind) String() string {
-	switch k {
-	case RetryHandler:
-		return "handler"
-	case RetryInfrastructure:
-		return "infrastructure"
+func (k RetryKind) String() string { return nameOf(k, "handler", "infrastructure") }
+
+// nameOf returns the name of v, an enumeration counted from 1 in the order
+// of names, or "unknown".
+func nameOf[E ~int](v E, names ...string) string {
+	if v < 1 || int(v) > len(names) {
+		return "unknown"
 	}
-	return "unknown"
+	return names[v-1]
 }
 
 // HookRetry is called once per message the runner hands back for a later
@@ -333,24 +323,10 @@ type observer struct {
 	leaseLost   []HookLeaseLost
 	refreshFail []HookLeaseRefreshFailed
 	settled     []HookSettled
-	// claims keeps the claim of each job in flight for the HookClaimed
-	// hooks; nil without them, so that a runner without them records
-	// nothing.
-	claims *claimLog
-}
-
-// claimLog holds the last claim of each job in flight until the job is
-// settled (see observer.onClaimed). It is safe for concurrent use.
-type claimLog struct {
-	mu sync.Mutex
-	m  map[*job]claimRecord
-}
-
-// claimRecord is the last claim of one job's key.
-type claimRecord struct {
-	start, end time.Time
-	n          int  // keys claimed together (ClaimInfo.Messages)
-	isNew      bool // the key was claimed as new
+	// timed: a hook reports when a claim, a commit or a transaction
+	// happened (HookClaimed, HookCommit, HookTx), so the paths read the
+	// time (see now).
+	timed bool
 }
 
 func resolveHooks(hs []Hook) observer {
@@ -358,9 +334,7 @@ func resolveHooks(hs []Hook) observer {
 	for _, x := range hs {
 		collect(&h.received, x)
 		collect(&h.batch, x)
-		if collect(&h.claimed, x) && h.claims == nil {
-			h.claims = &claimLog{m: map[*job]claimRecord{}}
-		}
+		collect(&h.claimed, x)
 		isTx := collect(&h.tx, x)
 		if collect(&h.handlerStart, x) && !isTx {
 			collect(&h.batchStart, x)
@@ -376,10 +350,10 @@ func resolveHooks(hs []Hook) observer {
 		collect(&h.refreshFail, x)
 		collect(&h.settled, x)
 	}
+	h.timed = len(h.claimed) > 0 || len(h.tx) > 0 || len(h.commit) > 0
 	return h
 }
 
-// collect appends x to *hs if x implements H, and reports whether it does.
 func collect[H any](hs *[]H, x Hook) bool {
 	v, ok := x.(H)
 	if ok {
@@ -414,23 +388,17 @@ func (c overlay) Value(k any) any {
 	return c.Context.Value(k)
 }
 
-// onSettled reports the outcome of j to the HookSettled hooks.
 func (obs *observer) onSettled(j *job, o Outcome, size int, err error) {
 	for _, h := range obs.settled {
 		h.OnSettled(j.ctx, j.msg, SettleInfo{Outcome: o, BatchSize: size, Err: err})
 	}
 }
 
-// onClaimed reports the claim of j, if it had one, to the HookClaimed
-// hooks.
 func (obs *observer) onClaimed(j *job) {
-	if obs.claims == nil {
+	if len(obs.claimed) == 0 {
 		return
 	}
-	obs.claims.mu.Lock()
-	rec := obs.claims.m[j]
-	delete(obs.claims.m, j)
-	obs.claims.mu.Unlock()
+	rec := j.claim
 	c := ClaimInfo{Start: rec.start, End: rec.end, Messages: rec.n}
 	switch {
 	case j.out == outDuplicate:
@@ -445,24 +413,18 @@ func (obs *observer) onClaimed(j *job) {
 	}
 }
 
-// onRefreshFailed reports a failed lease refresh to the
-// HookLeaseRefreshFailed hooks.
 func (obs *observer) onRefreshFailed(ctx context.Context, err error) {
 	for _, h := range obs.refreshFail {
 		h.OnLeaseRefreshFailed(ctx, err)
 	}
 }
 
-// onRetry reports j, handed back for a later attempt after delay, to the
-// HookRetry hooks.
 func (obs *observer) onRetry(j *job, kind RetryKind, delay time.Duration) {
 	for _, h := range obs.retry {
 		h.OnRetry(j.ctx, j.msg, kind, delay, j.err)
 	}
 }
 
-// onDeadLetter reports j, dead-lettered for cause, to the HookDeadLetter
-// hooks.
 func (obs *observer) onDeadLetter(j *job, cause error) {
 	if len(obs.deadLetter) == 0 {
 		return
@@ -471,4 +433,29 @@ func (obs *observer) onDeadLetter(j *job, cause error) {
 	for _, h := range obs.deadLetter {
 		h.OnDeadLetter(j.ctx, j.msg, reason, cause)
 	}
+}
+
+// Outcome is how the runner settled a message (see HookSettled).
+type Outcome int
+
+// Outcomes.
+const (
+	// OutcomeHandled: the handler ran, its effect is durable, and the
+	// message was acknowledged (or the ack failed; see SettleInfo.Err).
+	OutcomeHandled Outcome = iota + 1
+	// OutcomeDuplicate: the key was processed before; acknowledged.
+	OutcomeDuplicate
+	// OutcomeRetried: handed back for a later attempt.
+	OutcomeRetried
+	// OutcomeDeadLettered: moved to the dead-letter route.
+	OutcomeDeadLettered
+	// OutcomeLeft: left to the broker, which redelivers it (a failed
+	// Retry or DeadLetter, a drain cut short, nothing decided).
+	OutcomeLeft
+)
+
+// String returns the outcome's name: "handled", "duplicate", "retried",
+// "dead_lettered" or "left".
+func (o Outcome) String() string {
+	return nameOf(o, "handled", "duplicate", "retried", "dead_lettered", "left")
 }

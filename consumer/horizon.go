@@ -54,12 +54,6 @@ var ErrHorizonUnknown = errors.New("idemq: redelivery horizon unknown")
 // Run.
 const horizonTimeout = 10 * time.Second
 
-// Log attribute keys of the retention check.
-const (
-	LogKeyHorizon   = "redelivery_horizon"
-	LogKeyRetention = "dedup_retention"
-)
-
 // checkRetention compares the redelivery horizon of src with the retention
 // of the store of path (see HorizonReporter); allowShort is
 // Config.AllowShortRetention.

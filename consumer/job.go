@@ -39,7 +39,8 @@ type job struct {
 	// ctx is the message's context: the receive context without its
 	// cancellation, or what HookReceived returned (see hooks.go).
 	ctx      context.Context
-	follower bool // the same key came earlier in the batch
+	follower bool        // the same key came earlier in the batch
+	claim    claimRecord // its last claim, for HookClaimed (observer.noteClaim)
 }
 
 func (j *job) set(o fate, err error) { j.out, j.err = o, err }
@@ -64,11 +65,18 @@ func (j *job) attempt() int {
 	return j.msg.Attempt
 }
 
-// dedupRecords returns the dedup records of jobs.
 func dedupRecords(jobs []*job) []dedup.Record {
 	recs := make([]dedup.Record, len(jobs))
 	for i, j := range jobs {
 		recs[i] = dedup.Record{Key: j.key, PayloadHash: j.hash}
 	}
 	return recs
+}
+
+// claimRecord is the last claim of one job's key, kept on the job for the
+// HookClaimed hooks (see observer.noteClaim).
+type claimRecord struct {
+	start, end time.Time
+	n          int  // keys claimed together (ClaimInfo.Messages)
+	isNew      bool // the key was claimed as new
 }

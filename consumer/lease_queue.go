@@ -85,7 +85,7 @@ func claimQueued(ctx context.Context, env *pathEnv, drv dedupdriver.Lease, caps 
 	sent := time.Now()
 	cs, err := drv.ClaimBatch(ctx, env.scope, dedupRecords(batch), tokens, lease)
 	if err != nil || len(cs) != len(batch) {
-		env.storeOut.warn(ctx, env.log, "batch claim failed; claiming one by one",
+		env.storeOut.line(ctx, env.log, slog.LevelWarn, "batch claim failed; claiming one by one",
 			slog.Int(LogKeyCount, len(batch)), slog.Any(LogKeyError, err))
 		return q
 	}
@@ -148,7 +148,6 @@ func (q *queuedLeases) refresh(ctx context.Context, env *pathEnv, drv dedupdrive
 	}
 }
 
-// newToken returns a fresh lease token.
 func newToken() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])

@@ -27,4 +27,14 @@ const (
 	// LogKeyElapsed is how long something took: the drain, on the line
 	// "stopped".
 	LogKeyElapsed = "elapsed"
+	// LogKeyHorizon and LogKeyRetention are the source's redelivery horizon
+	// and the store's retention, on the lines of the retention check.
+	LogKeyHorizon   = "redelivery_horizon"
+	LogKeyRetention = "dedup_retention"
+	// LogKeyStoreLoss says how the store's server can lose the records it
+	// acknowledged (dedup.Durability.Loss).
+	LogKeyStoreLoss = "store_loss"
+	// LogKeyStoreSettings are the persistence settings the store read
+	// (dedup.Durability.Settings).
+	LogKeyStoreSettings = "store_settings"
 )

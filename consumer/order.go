@@ -144,7 +144,6 @@ func (o *order) inTurn(jobs []*job, run func(i int, j *job, held bool)) {
 	}
 }
 
-// allPending reports whether no job of jobs has an outcome yet.
 func allPending(jobs []*job) bool {
 	for _, j := range jobs {
 		if j.out != outNone {
@@ -179,7 +178,6 @@ func (e *heldError) Error() string {
 	return fmt.Sprintf("idemq: held behind message %q of partition %q", e.ahead, e.partition)
 }
 
-// isHeldBehind reports whether err is a heldError.
 func isHeldBehind(err error) bool {
 	var he *heldError
 	return errors.As(err, &he)

@@ -97,20 +97,15 @@ func (p *leasePath) process(ctx context.Context, env *pathEnv, batch []*job, l *
 
 func (p *leasePath) abandonLease(ctx context.Context, env *pathEnv, key, token string) {
 	if err := p.drv.Abandon(ctx, env.scope, key, token); err != nil {
-		env.storeOut.warn(ctx, env.log, "abandoning the lease failed; it expires by itself",
+		env.storeOut.line(ctx, env.log, slog.LevelWarn, "abandoning the lease failed; it expires by itself",
 			slog.String(LogKeyKey, key), slog.Any(LogKeyError, err))
 	}
 }
 
-// claim returns the claim of j: the one made for its batch, or a new one.
-//
-// A batch claim is used as it is only while its lease is known to last:
-// when its last confirmed claim or refresh is older than Lease minus
-// RefreshInterval (refreshes failed while earlier messages ran), the lease
-// may have expired and another worker may own the key, so the key is claimed
-// again under the same token. That returns StateNew only if this token still
-// holds the key or nobody took it meanwhile; otherwise the message is not
-// run (another worker holds it, or it is done).
+// claim returns the claim of j: the one made for its batch while its lease
+// is known to last (safeUntil), else a new one under the same token, which
+// is StateNew only if this token still holds the key or nobody took it
+// meanwhile.
 func (p *leasePath) claim(ctx context.Context, env *pathEnv, j *job, pc *preclaim) (token string, c dedup.Claim, confirmed time.Time, err error) {
 	if pc != nil && pc.ok {
 		if pc.lost != nil {
@@ -148,14 +143,13 @@ func (p *leasePath) safeUntil(confirmed time.Time) time.Time {
 // key is new, and settles it.
 func (p *leasePath) one(ctx context.Context, env *pathEnv, j *job, pc *preclaim) {
 	var r leaseRun
-	r.ev.claimStart = env.obs.clock().now()
+	r.claimStart = env.obs.now()
 	token, c, confirmed, err := p.claim(ctx, env, j, pc)
-	r.ev.claimEnd = env.obs.clock().now()
+	r.claimEnd = env.obs.now()
 	r.claim, r.claimErr = c, err
 	if err == nil {
 		env.infraOK()
 		if c.State == dedup.StateNew {
-			r.ev.claimNew = true
 			p.run(ctx, env, j, token, confirmed, &r)
 		}
 	}
@@ -163,14 +157,16 @@ func (p *leasePath) one(ctx context.Context, env *pathEnv, j *job, pc *preclaim)
 }
 
 // leaseRun is what happened to one message on the lease path, for
-// settleLease.
+// settleLease, which tells the hooks at one point.
 type leaseRun struct {
-	claim    dedup.Claim
-	claimErr error
-	err      error       // the handler's
-	cerr     error       // marking the key done
-	lost     error       // why the lease was lost while the handler ran
-	ev       leaseEvents // what the hooks hear of it
+	claim                dedup.Claim
+	claimErr             error
+	claimStart, claimEnd time.Time  // zero when nothing is timed (observer.now)
+	err                  error      // the handler's
+	cerr                 error      // marking the key done
+	commit               CommitInfo // marking the key done; zero when nothing is timed
+	lost                 error      // why the lease was lost while the handler ran
+	lostEv               error      // a lease lost, queued or handling, for HookLeaseLost
 }
 
 // run runs j's handler under the lease of token, marks the key done if it
@@ -186,9 +182,9 @@ func (p *leasePath) run(ctx context.Context, env *pathEnv, j *job, token string,
 			j.msg.res.err = rerr
 		}
 		// The lease is still refreshed while the key is marked done.
-		start := env.obs.clock().now()
+		start := env.obs.now()
 		r.cerr = p.complete(ctx, env, j, token, v)
-		r.ev.commit = commitInfo(start, 1, r.cerr)
+		r.commit = commitInfo(start, 1, r.cerr)
 	}
 	r.lost = stop()
 	if r.err != nil && r.lost == nil {
@@ -211,7 +207,7 @@ func (p *leasePath) complete(ctx context.Context, env *pathEnv, j *job, token st
 			return err
 		}
 		env.storeOut.failed(ctx, env.log, fmt.Errorf("idemq: mark key done: %w", err))
-		env.storeOut.warn(ctx, env.log, "marking key done failed; retrying",
+		env.storeOut.line(ctx, env.log, slog.LevelWarn, "marking key done failed; retrying",
 			slog.String(LogKeyKey, j.key), slog.Duration(LogKeyDelay, delay), slog.Any(LogKeyError, err))
 		if sleep(ctx, delay); ctx.Err() != nil {
 			return fmt.Errorf("%w (gave up after one lease: %w)", err, ctx.Err())
@@ -249,7 +245,7 @@ func (p *leasePath) settleLease(env *pathEnv, j *job, r *leaseRun) {
 	case r.claimErr != nil:
 		j.set(outRetryInfra, r.claimErr)
 		if errors.Is(r.claimErr, dedup.ErrLeaseLost) {
-			j.delay, r.ev.lost = p.opts.InProgressDelay, r.claimErr
+			j.delay, r.lostEv = p.opts.InProgressDelay, r.claimErr
 		} else {
 			j.delay = env.infraDelay()
 		}
@@ -280,11 +276,19 @@ func (p *leasePath) settleLease(env *pathEnv, j *job, r *leaseRun) {
 		// Another worker may own the key now: record nothing under this
 		// token and let the retry find out what happened.
 		j.set(outRetryInfra, fmt.Errorf("idemq: lease of key %q lost while handling: %w", j.key, r.lost))
-		j.delay, r.ev.lost = p.opts.InProgressDelay, r.lost
+		j.delay, r.lostEv = p.opts.InProgressDelay, r.lost
 	default:
 		env.failure(j, r.err)
 	}
-	env.obs.onLease(j, &r.ev)
+	env.obs.noteClaim(j, r.claimStart, r.claimEnd, 1, r.claimErr == nil && r.claim.State == dedup.StateNew)
+	if !r.commit.Start.IsZero() {
+		env.obs.onCommit([]*job{j}, r.commit)
+	}
+	if r.lostEv != nil {
+		for _, h := range env.obs.leaseLost {
+			h.OnLeaseLost(j.ctx, j.msg, r.lostEv)
+		}
+	}
 	if j.out == outAck {
 		j.handled()
 	}

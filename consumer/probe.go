@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
+	"runtime"
+	"strings"
 
 	"github.com/idemq/idemq/dedup"
 )
 
-// probe begins a transaction and rolls it back.
 func (p *txPath[Tx]) probe(ctx context.Context, _ string) error {
 	tx, err := p.drv.Begin(ctx)
 	if err != nil {
@@ -25,7 +27,6 @@ func (p *txPath[Tx]) probe(ctx context.Context, _ string) error {
 // (the scope is the runner's, and a key never starts with a NUL: validKey).
 const probeKey = "\x00idemq-probe"
 
-// probe inspects a key that no message has.
 func (p *leasePath) probe(ctx context.Context, scope string) error {
 	if _, err := p.drv.Inspect(ctx, scope, probeKey); err != nil && !errors.Is(err, dedup.ErrNotFound) {
 		return fmt.Errorf("idemq: probe: %w", err)
@@ -34,11 +35,9 @@ func (p *leasePath) probe(ctx context.Context, scope string) error {
 }
 
 // checkSchema asks the store of path (when its driver checks schemas) and
-// every hook of cfg that implements
-// dedup.SchemaChecker whether its tables exist, and returns an error
-// wrapping the first *dedup.SchemaError. Any other error (the database is
-// down) is logged and left to the outage handling: Run starts, and its
-// first messages find out.
+// every hook of cfg that implements dedup.SchemaChecker whether its tables
+// exist (see Run). Any other error (the database is down) is logged and
+// left to the outage handling.
 func checkSchema(ctx context.Context, path Path, cfg Config, log *slog.Logger) error {
 	var checkers []dedup.SchemaChecker
 	if path.driverCaps().SchemaCheck {
@@ -64,22 +63,10 @@ func checkSchema(ctx context.Context, path Path, cfg Config, log *slog.Logger) e
 	return nil
 }
 
-// Log attribute keys of the durability check.
-const (
-	// LogKeyStoreLoss says how the store's server can lose the records it
-	// acknowledged (dedup.Durability.Loss).
-	LogKeyStoreLoss = "store_loss"
-	// LogKeyStoreSettings are the persistence settings the store read
-	// (dedup.Durability.Settings).
-	LogKeyStoreSettings = "store_settings"
-)
-
-// storeDurability asks the store of path, once when Run starts, whether its
-// server can lose the records it acknowledged (see
-// dedupdriver.Caps.Durability), and returns the loss, which Run keeps for
-// Health.StoreLoss. It logs one WARN when it can, or when the settings could
-// not be read; it returns the store's refusal (an error matching
-// dedup.ErrNotDurable).
+// storeDurability asks the store of path whether its server can lose the
+// records it acknowledged (see dedupdriver.Caps.Durability) and returns the
+// loss, for Health.StoreLoss, or the store's refusal. It logs one WARN when
+// it can, or when the settings could not be read.
 func storeDurability(ctx context.Context, path Path, log *slog.Logger) (string, error) {
 	if !path.driverCaps().Durability {
 		return "", nil
@@ -99,4 +86,54 @@ func storeDurability(ctx context.Context, path Path, log *slog.Logger) (string, 
 			slog.String(LogKeyStoreLoss, d.Loss), slog.String(LogKeyStoreSettings, d.Settings))
 	}
 	return d.Loss, nil
+}
+
+func (p *txPath[Tx]) describe() (string, string) {
+	if p.bh != nil {
+		return "transactional-batch", typeName(p.store)
+	}
+	return "transactional", typeName(p.store)
+}
+
+func (p *leasePath) describe() (string, string) { return "lease", typeName(p.store) }
+
+// logStart logs at Info what a runner with cfg consumes (the source's
+// String, else its type), through which path and store, and with which key
+// function. log names the consumer already.
+func logStart(ctx context.Context, log *slog.Logger, cfg Config, source Source, path Path) {
+	kind, store := path.describe()
+	src := typeName(source)
+	if s, ok := source.(fmt.Stringer); ok {
+		src = s.String()
+	}
+	log.LogAttrs(ctx, slog.LevelInfo, "consuming",
+		slog.String("source", src),
+		slog.String("path", kind),
+		slog.String("store", store),
+		slog.String("key", funcName(cfg.KeyFunc)),
+		slog.Int("concurrency", cfg.Concurrency),
+		slog.Int("batch_size", cfg.BatchSize))
+}
+
+// typeName is v's dynamic type, like "*pgdedup.Store".
+func typeName(v any) string {
+	if v == nil {
+		return "<nil>"
+	}
+	return reflect.TypeOf(v).String()
+}
+
+// funcName is the name of a function value without its module path, like
+// "consumer.DefaultKey"; closures are named after their enclosing function.
+func funcName(f any) string {
+	v := reflect.ValueOf(f)
+	if v.Kind() != reflect.Func || v.IsNil() {
+		return "<nil>"
+	}
+	fn := runtime.FuncForPC(v.Pointer())
+	if fn == nil {
+		return "<unknown>"
+	}
+	name := fn.Name()
+	return name[strings.LastIndex(name, "/")+1:]
 }

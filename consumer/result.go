@@ -97,7 +97,6 @@ func (j *job) replay(result []byte) {
 	j.msg.res.value, j.msg.res.returned, j.msg.res.state = result, false, resultReplayed
 }
 
-// keepResult records b as m's result unless err is set, and returns err.
 func (m *Message) keepResult(b []byte, err error) error {
 	if err == nil {
 		m.setReturned(b, true)

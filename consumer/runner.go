@@ -201,7 +201,7 @@ func (r *Runner) receive(ctx context.Context, lanes []chan *job) error {
 			}
 			r.stats.receiveFailures.Add(1)
 			delay := min(r.cfg.Retry.Backoff(r.receiveOut.failed(ctx, r.log, err)), outageProbe)
-			r.receiveOut.warn(ctx, r.log, "receive failed", slog.Any(LogKeyError, err), slog.Duration(LogKeyDelay, delay))
+			r.receiveOut.line(ctx, r.log, slog.LevelWarn, "receive failed", slog.Any(LogKeyError, err), slog.Duration(LogKeyDelay, delay))
 			sleep(ctx, delay)
 			continue
 		}
@@ -459,15 +459,6 @@ func validKey(key string) error {
 	return nil
 }
 
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
-}
-
 // Health returns the runner's current health. It is safe to call at any time
 // from any goroutine. A readiness probe serves Ready; the counts say which
 // dependency is at fault, and the same outages are logged (ERROR when they
@@ -517,14 +508,11 @@ func (r *Runner) WaitIdle(ctx context.Context, idle time.Duration) error {
 	return r.stats.waitIdle(ctx, idle)
 }
 
-// awaitStore holds the receive loop while the store is down (back-pressure):
-// once its outage is declared (Config.OutageThreshold failures in a row),
-// a message received would only fail and go back to the broker, so the
-// runner receives nothing and probes the store every outageProbe until it
-// answers; it then receives again, and the next message handled ends the
-// outage or, failing, pauses receiving again. The messages the lanes hold
-// meanwhile are handled (and retried) as usual. It returns false when ctx
-// is done.
+// awaitStore holds the receive loop while the store's outage is declared
+// (back-pressure, see Config.OutageThreshold), probing the store every
+// outageProbe until it answers; the next message handled then ends the
+// outage or, failing, pauses receiving again. It returns false when ctx is
+// done.
 func (r *Runner) awaitStore(ctx context.Context) bool {
 	if !r.storeOut.down() {
 		return true
@@ -547,4 +535,23 @@ func (r *Runner) awaitStore(ctx context.Context) bool {
 		}
 	}
 	return ctx.Err() == nil
+}
+
+// fitPool checks cfg.Concurrency against the connection pool of path's
+// store, which must be larger (its error says why). An unset Concurrency
+// (explicit is false) is lowered to fit instead of failing.
+func fitPool(path Path, cfg *Config, explicit bool) error {
+	size := path.poolSize()
+	if size <= 0 || cfg.Concurrency < size {
+		return nil
+	}
+	if !explicit && size >= 2 {
+		cfg.Concurrency = size - 1
+		return nil
+	}
+	return &idemq.ConfigError{Field: "Concurrency", Reason: fmt.Sprintf(
+		"%d lanes need a connection pool of at least %d connections (one per lane, each held for its whole transaction, "+
+			"plus at least one for the handler's queries outside its transaction and the retention janitor); "+
+			"the store's pool has %d: raise the pool size (pgxpool: pool_max_conns or Config.MaxConns; "+
+			"database/sql: SetMaxOpenConns) or lower Concurrency", cfg.Concurrency, cfg.Concurrency+1, size)}
 }

@@ -176,7 +176,7 @@ func (s *settler) settleFailed(ctx context.Context, j *job) Outcome {
 		}
 		s.env.stats.settleFailures.Add(1)
 		s.out.failed(ctx, s.env.log, err)
-		s.out.warn(ctx, s.env.log, "retry failed; the broker will redeliver", slog.String(LogKeyID, m.ID), slog.Any(LogKeyError, err))
+		s.out.line(ctx, s.env.log, slog.LevelWarn, "retry failed; the broker will redeliver", slog.String(LogKeyID, m.ID), slog.Any(LogKeyError, err))
 		return OutcomeLeft
 	}
 	s.env.stats.retried.Add(1)
@@ -225,13 +225,11 @@ func (s *settler) deadLetter(ctx context.Context, j *job, cause error) Outcome {
 const failureCountTimeout = 5 * time.Second
 
 // countFailure records the handler failure of j in the path's store and sets
-// j.failures to the key's failure count, which the retry policy then uses
-// instead of the broker's delivery count: deliveries to consumers that
-// crashed or were killed are not the message's fault. It is called once per
-// handler failure, after the failed transaction ended, and only then: the
-// happy path never pays for it. Without a counter, or when counting fails
-// (the store is down), j keeps the broker's count, and the failure to count
-// is logged. It returns j.attempt().
+// j.failures to the key's count, which the retry policy uses instead of the
+// broker's (see RetryPolicy.MaxAttempts). It runs once per handler failure,
+// after the failed transaction: the happy path never pays for it. Without a
+// counter, or when counting fails, j keeps the broker's count and the
+// failure to count is logged. It returns j.attempt().
 func (s *settler) countFailure(ctx context.Context, j *job) int {
 	if s.counter == nil {
 		return j.attempt()

@@ -50,7 +50,6 @@ type counters struct {
 	left atomic.Uint64
 }
 
-// snapshot returns the counters as Stats.
 func (c *counters) snapshot() Stats {
 	return Stats{
 		Received:        c.received.Load(),

@@ -5,7 +5,6 @@ import (
 	"errors"
 )
 
-// process settles every job of batch in the lane's partition order.
 func (p *txPath[Tx]) process(ctx context.Context, env *pathEnv, batch []*job, l *lane) {
 	p.runAll(ctx, env, &l.order, batch, l)
 }
@@ -59,6 +58,35 @@ func (p *txPath[Tx]) runAll(ctx context.Context, env *pathEnv, ord *order, jobs 
 			env.log.DebugContext(ctx, "transaction failed without naming a message; splitting it",
 				LogKeyCount, len(res.suspects), LogKeyError, res.err)
 			p.runAll(ctx, env, ord, res.suspects[:len(res.suspects)/2], nil)
+		}
+	}
+}
+
+// runEach settles every job of jobs one message per transaction, in order,
+// after their transaction failed on a lock conflict (see conflicted and
+// Transactional). A message that fails on its own is blamed as in runAll;
+// a failure of the store that is no lock conflict settles the rest as
+// runAll does. No commit is chained.
+func (p *txPath[Tx]) runEach(ctx context.Context, env *pathEnv, ord *order, jobs []*job) {
+	for {
+		// A failed job stays first in jobs until this call, which holds
+		// the later jobs of its partition and drops it.
+		jobs = ord.pending(jobs)
+		if len(jobs) == 0 {
+			return
+		}
+		res := p.try(ctx, env, jobs[:1], nil)
+		switch {
+		case res.err == nil:
+			env.infraOK()
+		case res.culprit != nil || len(res.suspects) > 0:
+			// The message failed on its own (its culprit or only suspect).
+			p.blame(ctx, env, ord, jobs[0], res.err)
+		case p.conflicted(res.err):
+			p.infra(ctx, env, ord, jobs[:1], res.err) // its commit
+		default:
+			p.infra(ctx, env, ord, jobs, res.err)
+			return
 		}
 	}
 }

@@ -27,7 +27,7 @@ func (o *openTx[Tx]) abandon(ctx context.Context) {
 
 // open returns a transaction that claimed the keys of jobs: the lane's
 // chained one when it was chained for these jobs, else a new one. The claim
-// is timed for the hooks that report it (observer.clock).
+// is timed for the hooks that report it (observer.now).
 func (p *txPath[Tx]) open(ctx context.Context, env *pathEnv, jobs []*job, l *lane) *openTx[Tx] {
 	if l != nil && l.chain != nil {
 		o, ok := l.chain.(*openTx[Tx])
@@ -38,9 +38,9 @@ func (p *txPath[Tx]) open(ctx context.Context, env *pathEnv, jobs []*job, l *lan
 		l.abandon(ctx) // its claims would block ours
 	}
 	o := &openTx[Tx]{drv: p.drv, jobs: jobs}
-	o.start = env.obs.clock().now()
+	o.start = env.obs.now()
 	o.tx, o.claims, o.err = p.beginClaim(ctx, env.scope, dedupRecords(jobs))
-	o.end = env.obs.clock().now()
+	o.end = env.obs.now()
 	return o
 }
 
@@ -61,9 +61,9 @@ func (p *txPath[Tx]) commit(ctx context.Context, env *pathEnv, tx Tx, l *lane) (
 	if next == nil || len(next.live) == 0 {
 		return false, p.drv.Commit(ctx, tx)
 	}
-	o := &openTx[Tx]{drv: p.drv, jobs: next.live, tx: tx, start: env.obs.clock().now()}
+	o := &openTx[Tx]{drv: p.drv, jobs: next.live, tx: tx, start: env.obs.now()}
 	claims, committed, err := p.drv.CommitChain(ctx, tx, env.scope, dedupRecords(next.live))
-	o.claims, o.end = claims, env.obs.clock().now()
+	o.claims, o.end = claims, env.obs.now()
 	switch {
 	case err == nil:
 		l.chain = o

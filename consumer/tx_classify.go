@@ -98,7 +98,7 @@ func (p *txPath[Tx]) infra(ctx context.Context, env *pathEnv, ord *order, jobs [
 		}
 		n++
 	}
-	env.storeOut.warn(ctx, env.log, "transaction failed; its messages will be retried", slog.Int(LogKeyCount, n), slog.Any(LogKeyError, err))
+	env.storeOut.line(ctx, env.log, slog.LevelWarn, "transaction failed; its messages will be retried", slog.Int(LogKeyCount, n), slog.Any(LogKeyError, err))
 }
 
 // conflicted reports whether err, a transaction's failure, is a lock
