@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +15,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/sources/internal/brokerkit"
+	"github.com/idemq/idemq/sources/kafkasource/internal/kafkadial"
 )
 
 // Log attribute keys of the source, besides the Runner's (consumer.LogKey*).
@@ -175,7 +175,7 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 	if err := rc.Validate(); err != nil {
 		return nil, &idemq.ConfigError{Field: "kafkasource.Config", Reason: "rejected by kafka-go", Err: err}
 	}
-	transport := transportFor(cfg.Dialer)
+	transport := kafkadial.Transport(cfg.Dialer)
 	client := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: transport}
 	var missing []string // topics that do not exist (yet): see watchTopics
 	checked := false
@@ -333,30 +333,6 @@ func (s *Source) close() error {
 
 func (s *Source) entryOf(m *consumer.Message) (*entry, error) {
 	return brokerkit.Handle(m, ErrForeignMessage, func(e *entry) bool { return e.src == s })
-}
-
-// transportFor builds the dead-letter writer's transport from the dialer, so
-// that TLS, SASL, the client id and the dial function apply to it too.
-func transportFor(d *kafka.Dialer) *kafka.Transport {
-	t := &kafka.Transport{
-		ClientID:    d.ClientID,
-		TLS:         d.TLS,
-		SASL:        d.SASLMechanism,
-		DialTimeout: d.Timeout,
-	}
-	if d.DialFunc != nil {
-		t.Dial = d.DialFunc
-	} else {
-		nd := &net.Dialer{
-			Timeout:       d.Timeout,
-			Deadline:      d.Deadline,
-			LocalAddr:     d.LocalAddr,
-			FallbackDelay: d.FallbackDelay,
-			KeepAlive:     d.KeepAlive,
-		}
-		t.Dial = nd.DialContext
-	}
-	return t
 }
 
 // kafkaLogger adapts l to kafka-go's Logger at level, or returns nil (no

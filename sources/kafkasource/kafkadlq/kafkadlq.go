@@ -32,6 +32,7 @@ import (
 	"github.com/idemq/idemq/internal/cfgerr"
 	"github.com/idemq/idemq/sources/internal/brokerkit"
 	"github.com/idemq/idemq/sources/kafkasource"
+	"github.com/idemq/idemq/sources/kafkasource/internal/kafkadial"
 )
 
 // DefaultGroup is the consumer group that records replay and purge progress
@@ -82,14 +83,18 @@ type Config struct {
 	// cluster has brokers, up to 3); an existing one must keep its records
 	// (ErrProgressNotDurable). Defaults to ProgressTopic(Topic).
 	ProgressTopic string
-	// Dialer connects to the brokers (TLS, SASL). Defaults to
-	// kafka.DefaultDialer.
+	// Dialer opens every connection to the brokers: its TLS,
+	// SASLMechanism, ClientID, Timeout and DialFunc (or net settings)
+	// apply to the reads of dead letters and, unless Transport is set, to
+	// the admin requests, the replayed copies and the progress records
+	// too. Defaults to kafka.DefaultDialer.
 	Dialer *kafka.Dialer
-	// Transport carries the admin requests, the replayed copies and the
-	// progress records (TLS, SASL). A transport caches metadata: one given
-	// here does not know a topic created after its last refresh (every
-	// MetadataTTL). Defaults to a transport of the Broker's own, renewed at
-	// each Scan.
+	// Transport, when set, carries the admin requests, the replayed
+	// copies and the progress records instead of a transport made from
+	// Dialer: it must then carry the same TLS and SASL settings itself. A
+	// transport caches metadata: one given here does not know a topic
+	// created after its last refresh (every MetadataTTL). Defaults to a
+	// transport of the Broker's own made from Dialer, renewed at each Scan.
 	Transport kafka.RoundTripper
 	// Timeout bounds each request and each read of a dead letter. Defaults
 	// to 10 s.
@@ -124,12 +129,13 @@ func New(cfg Config) (*Broker, error) {
 	cfg.Group = cmp.Or(cfg.Group, DefaultGroup)
 	cfg.ProgressTopic = cmp.Or(cfg.ProgressTopic, ProgressTopic(cfg.Topic))
 	cfg.KeyHeader = cmp.Or(cfg.KeyHeader, kafkasource.DefaultKeyHeader)
+	cfg.Dialer = cmp.Or(cfg.Dialer, kafka.DefaultDialer)
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Second
 	}
 	b := &Broker{cfg: cfg}
 	if cfg.Transport == nil {
-		b.own = &kafka.Transport{}
+		b.own = kafkadial.Transport(cfg.Dialer)
 		b.cfg.Transport = b.own
 	}
 	b.connect()
@@ -152,15 +158,15 @@ func (b *Broker) connect() {
 }
 
 // refresh replaces the Broker's own transport (none given in Config) by a
-// new one, whose metadata is the cluster's current one: a transport
-// answers metadata from a cache, and would not know a progress topic that
-// another process created since.
+// new one made from the Dialer, whose metadata is the cluster's current
+// one: a transport answers metadata from a cache, and would not know a
+// progress topic that another process created since.
 func (b *Broker) refresh() error {
 	if b.own == nil {
 		return nil
 	}
 	err := b.Close()
-	b.own = &kafka.Transport{}
+	b.own = kafkadial.Transport(b.cfg.Dialer)
 	b.cfg.Transport = b.own
 	b.connect()
 	return err

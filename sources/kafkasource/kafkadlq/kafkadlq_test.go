@@ -2,6 +2,7 @@ package kafkadlq_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol/produce"
+	"github.com/segmentio/kafka-go/sasl/plain"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/dlq"
@@ -40,6 +42,67 @@ func TestHelperReplayChild(t *testing.T) {
 func TestNewRefusesMissingFields(t *testing.T) {
 	_, err := kafkadlq.New(kafkadlq.Config{})
 	dlqtest.CheckMissingFields(t, err, "kafkadlq.Config.Brokers", "kafkadlq.Config.Topic")
+}
+
+// Without a Transport, the admin requests, the replayed copies and the
+// progress records go through a transport made from the Dialer: its TLS,
+// SASL mechanism, client id and timeout.
+func TestTransportFromDialer(t *testing.T) {
+	d := &kafka.Dialer{TLS: &tls.Config{ServerName: "kafka.example"}, SASLMechanism: plain.Mechanism{Username: "u", Password: "p"},
+		ClientID: "dlq-tool", Timeout: 3 * time.Second}
+	b, err := kafkadlq.New(kafkadlq.Config{Brokers: []string{"127.0.0.1:1"}, Topic: "orders.dlq", Dialer: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	client, writer := kafkadlq.Transports(b)
+	for name, rt := range map[string]kafka.RoundTripper{"admin client": client, "writer": writer} {
+		tr, ok := rt.(*kafka.Transport)
+		if !ok {
+			t.Fatalf("the %s's transport is a %T", name, rt)
+		}
+		if tr.TLS != d.TLS || tr.SASL != d.SASLMechanism || tr.ClientID != d.ClientID || tr.DialTimeout != d.Timeout {
+			t.Errorf("the %s's transport has TLS %p, SASL %v, client id %q, dial timeout %v; want the dialer's %p, %v, %q, %v",
+				name, tr.TLS, tr.SASL, tr.ClientID, tr.DialTimeout, d.TLS, d.SASLMechanism, d.ClientID, d.Timeout)
+		}
+	}
+}
+
+// Every connection a replay opens, after the Scan that renews the
+// transport, goes through the Dialer: here the only way to the brokers.
+func TestKafkaReplayDialsThroughDialer(t *testing.T) {
+	brokers, topic, dead := kafkaTopics(t, "idemq-dlq-dialer")
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: dead, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), dlqtest.WaitTimeout)
+	defer cancel()
+	if err := w.WriteMessages(ctx, kafka.Message{Value: []byte("x"), Headers: []kafka.Header{
+		{Key: consumer.MetaKey, Value: []byte("k-1")}, {Key: kafkasource.MetaOriginTopic, Value: []byte(topic)},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing listens on port 1: only the dialer knows the way.
+	var dials atomic.Int64
+	d := &kafka.Dialer{Timeout: 10 * time.Second, DialFunc: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		if addr == "127.0.0.1:1" {
+			addr = brokers[0]
+		}
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}}
+	b, err := kafkadlq.New(kafkadlq.Config{Brokers: []string{"127.0.0.1:1"}, Topic: dead, Group: runtest.UniqueName(t, "g"), Dialer: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if res, err := dlq.Replay(ctx, b, dlq.Filter{}, dlq.Options{}); err != nil || res.Done != 1 {
+		t.Fatalf("replay through the dialer: %+v, %v; want 1 done", res, err)
+	}
+	if last := brokerenv.LastOffset(t, brokers, topic, 0); last != 1 || dials.Load() == 0 {
+		t.Errorf("the origin holds %d copies after %d dials, want 1", last, dials.Load())
+	}
 }
 
 // killingTransport SIGKILLs the process as it is about to record the
