@@ -2,7 +2,8 @@
 // Config.DeadLetterQueueURL, or a queue's redrive-policy dead-letter queue).
 //
 // A scan hides the dead letters it receives for Config.ScanVisibility and
-// makes the ones it keeps visible again when it ends. A replay deletes a
+// makes the ones it did not remove visible again when it ends, stopped by
+// an error or a cancelled ctx included. A replay deletes a
 // dead letter only after SendMessage to its origin succeeded; if the
 // process dies between the two, the next replay sends it again, which the
 // runner absorbs as a duplicate of its key: the copy carries the key
@@ -109,6 +110,12 @@ var metaAttrs = []string{consumer.MetaReason, consumer.MetaAttempts, sqssource.M
 // longer than Config.ScanVisibility comes round to them again).
 func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (done int, err error) {
 	var kept []types.ChangeMessageVisibilityBatchRequestEntry
+	keep := func(ms ...types.Message) {
+		for _, m := range ms {
+			kept = append(kept, types.ChangeMessageVisibilityBatchRequestEntry{
+				Id: aws.String(strconv.Itoa(len(kept))), ReceiptHandle: m.ReceiptHandle, VisibilityTimeout: 0})
+		}
+	}
 	defer func() {
 		if rerr := b.release(context.WithoutCancel(ctx), kept); rerr != nil {
 			err = errors.Join(err, rerr)
@@ -134,14 +141,12 @@ func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (
 		for _, m := range out.Messages {
 			wrapped = wrapped && seen[aws.ToString(m.MessageId)]
 		}
+		// A failed replay or delete (a cancelled ctx included) keeps the
+		// rest of the batch too, so that release shows it again at once.
 		for i, m := range out.Messages {
 			id := aws.ToString(m.MessageId)
-			keep := func() {
-				kept = append(kept, types.ChangeMessageVisibilityBatchRequestEntry{
-					Id: aws.String(strconv.Itoa(len(kept))), ReceiptHandle: m.ReceiptHandle, VisibilityTimeout: 0})
-			}
 			if seen[id] {
-				keep()
+				keep(m)
 				continue
 			}
 			seen[id] = true
@@ -150,24 +155,21 @@ func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (
 			switch act {
 			case dlq.ActionReplay:
 				if err := b.replay(ctx, m, l); err != nil {
-					keep()
+					keep(out.Messages[i:]...)
 					return done, err
 				}
 				fallthrough
 			case dlq.ActionPurge:
 				if _, err := b.cfg.Client.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(b.cfg.QueueURL), ReceiptHandle: m.ReceiptHandle}); err != nil {
-					keep()
+					keep(out.Messages[i:]...)
 					return done, fmt.Errorf("sqsdlq: delete dead letter %s (a replayed copy is sent again by the next replay): %w", id, err)
 				}
 				done++
 			case dlq.ActionStop:
-				for _, rest := range out.Messages[i:] {
-					m = rest
-					keep()
-				}
+				keep(out.Messages[i:]...)
 				return done, nil
 			default:
-				keep()
+				keep(m)
 			}
 		}
 		if wrapped {
@@ -176,14 +178,25 @@ func (b *Broker) Scan(ctx context.Context, visit func(*dlq.Letter) dlq.Action) (
 	}
 }
 
-// release makes the kept dead letters visible again.
+// releaseTimeout bounds each request of release, which runs after the
+// scan's ctx may have been cancelled.
+const releaseTimeout = 10 * time.Second
+
+// release makes the kept dead letters visible again. It stops at the first
+// request that times out: the endpoint does not answer, and the dead
+// letters left reappear after Config.ScanVisibility.
 func (b *Broker) release(ctx context.Context, kept []types.ChangeMessageVisibilityBatchRequestEntry) error {
 	var errs []error
 	for chunk := range slices.Chunk(kept, sqssource.MaxBatch) {
-		out, err := b.cfg.Client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{
+		rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+		out, err := b.cfg.Client.ChangeMessageVisibilityBatch(rctx, &sqs.ChangeMessageVisibilityBatchInput{
 			QueueUrl: aws.String(b.cfg.QueueURL), Entries: chunk})
+		cancel()
 		if err != nil {
 			errs = append(errs, err)
+			if errors.Is(err, context.DeadlineExceeded) {
+				break
+			}
 		} else if len(out.Failed) > 0 {
 			errs = append(errs, fmt.Errorf("%d entries failed, the first: %s", len(out.Failed), aws.ToString(out.Failed[0].Message)))
 		}

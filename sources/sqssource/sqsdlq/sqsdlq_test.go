@@ -457,3 +457,129 @@ func TestSQSMoveAllToTheOnlySource(t *testing.T) {
 		t.Errorf("refunds holds %q, want nothing", got)
 	}
 }
+
+// failHTTP fails the fail-th request of the operation op (such as
+// "SendMessage") without sending it.
+type failHTTP struct {
+	op    string
+	fail  int64
+	calls atomic.Int64
+}
+
+func (f *failHTTP) Do(r *http.Request) (*http.Response, error) {
+	if r.Header.Get("X-Amz-Target") == "AmazonSQS."+f.op && f.calls.Add(1) == f.fail {
+		return nil, errors.New("injected failure")
+	}
+	return http.DefaultClient.Do(r)
+}
+
+// A scan that a failed replay or delete, or a cancelled ctx, stops halfway
+// through a receive makes every dead letter of it that it did not replay visible
+// again at once, not after Config.ScanVisibility: a list or replay run
+// right after sees them all.
+func TestSQSScanReleasesTheRestOfABatch(t *testing.T) {
+	endpoint := testenv.SQSEndpoint(t)
+	for _, c := range []struct {
+		name string
+		// scan replays the dead letters of b until it fails.
+		scan func(ctx context.Context, b *sqsdlq.Broker) (int, error)
+		// The fail-th request of op fails.
+		op     string
+		fail   int64
+		copies int // in the origin queue after the scan
+	}{
+		{"replay fails", replayAll, "SendMessage", 2, 1},
+		// The second dead letter's copy was sent: the next replay sends
+		// it again.
+		{"delete fails", replayAll, "DeleteMessage", 2, 2},
+		{"ctx cancelled", func(ctx context.Context, b *sqsdlq.Broker) (int, error) {
+			ctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			visits := 0
+			return b.Scan(ctx, func(*dlq.Letter) dlq.Action {
+				if visits++; visits == 2 {
+					cancel()
+				}
+				return dlq.ActionReplay
+			})
+		}, "", 0, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rg := newMoveRig(t, endpoint, false)
+			const letters = 4
+			for range letters {
+				rg.deadLetter(t, rg.orders)
+			}
+			fc := sqsClient(endpoint, func(o *sqs.Options) {
+				o.HTTPClient, o.Retryer = &failHTTP{op: c.op, fail: c.fail}, aws.NopRetryer{}
+			})
+			// The default ScanVisibility (60 s), longer than the test
+			// waits.
+			b, err := sqsdlq.New(sqsdlq.Config{Client: fc, QueueURL: rg.dead})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), dlqtest.WaitTimeout)
+			defer cancel()
+			done, err := c.scan(ctx, b)
+			if err == nil || done != 1 {
+				t.Fatalf("scan: %d done, %v; want 1 done and an error", done, err)
+			}
+			t.Logf("scan stopped: %v", err)
+			if ls := dlqtest.List(t, openSQSDLQ(t, rg.c, rg.dead, 0), dlq.Filter{}); len(ls) != letters-done {
+				t.Errorf("%d dead letters listed after the scan, want %d (dead-letter queue: %s)", len(ls), letters-done, queueCounts(ctx, rg.c, rg.dead))
+			}
+			if got := rg.holds(t, rg.orders); len(got) != c.copies {
+				t.Errorf("orders holds %q, want %d copies", got, c.copies)
+			}
+		})
+	}
+}
+
+func replayAll(ctx context.Context, b *sqsdlq.Broker) (int, error) {
+	res, err := dlq.Replay(ctx, b, dlq.Filter{}, dlq.Options{})
+	return res.Done, err
+}
+
+// hangReleaseHTTP never answers ChangeMessageVisibilityBatch: it returns
+// when the request's ctx ends.
+type hangReleaseHTTP struct{}
+
+func (hangReleaseHTTP) Do(r *http.Request) (*http.Response, error) {
+	if r.Header.Get("X-Amz-Target") == "AmazonSQS.ChangeMessageVisibilityBatch" {
+		<-r.Context().Done()
+		return nil, r.Context().Err()
+	}
+	return http.DefaultClient.Do(r)
+}
+
+// A scan whose ctx is cancelled still releases what it kept, but not for
+// ever when the endpoint does not answer: it gives up at the first request
+// that times out, and reports that the rest reappear later.
+func TestSQSScanReleaseIsBounded(t *testing.T) {
+	endpoint := testenv.SQSEndpoint(t)
+	rg := newMoveRig(t, endpoint, false)
+	const letters = 2*sqssource.MaxBatch + 1 // three release requests
+	for range letters {
+		rg.deadLetter(t, rg.orders)
+	}
+	b := openSQSDLQ(t, sqsClient(endpoint, func(o *sqs.Options) { o.HTTPClient = hangReleaseHTTP{} }), rg.dead, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	visits := 0
+	start := time.Now()
+	_, err := b.Scan(ctx, func(*dlq.Letter) dlq.Action {
+		if visits++; visits == letters {
+			cancel()
+		}
+		return dlq.ActionKeep
+	})
+	took := time.Since(start)
+	t.Logf("scan took %s: %v", took, err)
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("scan: %v; want the cancelled ctx and the release's timeout", err)
+	}
+	if took > 20*time.Second {
+		t.Errorf("scan took %s; want the release to give up after its first timeout", took)
+	}
+}
