@@ -41,7 +41,7 @@ type Config struct {
 	// BatchSize, so an idle worker handles a lone message at once in a
 	// transaction of its own, and a worker with a backlog shares one
 	// transaction ID, one claim and one commit among up to BatchSize
-	// messages. Defaults to 100 (DefaultBatchSize).
+	// messages. Defaults to 100.
 	//
 	// The trade-off: a batch holds the row locks of all its handlers until
 	// it commits. Handlers of different lanes that write the same rows in
@@ -138,31 +138,19 @@ type Config struct {
 	Hooks []Hook
 }
 
-// Default values used by Config.WithDefaults.
-const (
-	DefaultConcurrency     = 4
-	DefaultBatchSize       = 100
-	DefaultHandlerTimeout  = 30 * time.Second
-	DefaultMaxMessageBytes = 4 << 20
-	DefaultMaxResultBytes  = 64 << 10
-	DefaultDrainTimeout    = 30 * time.Second
-	DefaultOutageThreshold = 3
-	DefaultOutageReminder  = time.Minute
-)
-
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
-	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
-	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, DefaultHandlerTimeout)
+	c.Concurrency = cmp.Or(c.Concurrency, 4)
+	c.BatchSize = cmp.Or(c.BatchSize, 100)
+	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, 30*time.Second)
 	if c.KeyFunc == nil {
 		c.KeyFunc = DefaultKey
 	}
-	c.MaxMessageBytes = cmp.Or(c.MaxMessageBytes, DefaultMaxMessageBytes)
-	c.MaxResultBytes = cmp.Or(c.MaxResultBytes, DefaultMaxResultBytes)
-	c.DrainTimeout = cmp.Or(c.DrainTimeout, DefaultDrainTimeout)
-	c.OutageThreshold = cmp.Or(c.OutageThreshold, DefaultOutageThreshold)
-	c.OutageReminder = cmp.Or(c.OutageReminder, DefaultOutageReminder)
+	c.MaxMessageBytes = cmp.Or(c.MaxMessageBytes, 4<<20)
+	c.MaxResultBytes = cmp.Or(c.MaxResultBytes, 64<<10)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, 30*time.Second)
+	c.OutageThreshold = cmp.Or(c.OutageThreshold, 3)
+	c.OutageReminder = cmp.Or(c.OutageReminder, time.Minute)
 	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	c.Retry = c.Retry.WithDefaults()
 	return c

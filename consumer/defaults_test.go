@@ -15,7 +15,7 @@ import (
 
 // The default config batches what is queued and nothing more: a lone
 // message is a batch of its own, a backlog shares transactions of up to
-// DefaultBatchSize, and BatchSize 1 still gives one transaction per
+// 100 (Config.BatchSize's default), and BatchSize 1 still gives one transaction per
 // message.
 func TestDefaultConfigBatchesWhatIsQueued(t *testing.T) {
 	run := func(t *testing.T, batchSize, n int) []int {
@@ -42,9 +42,9 @@ func TestDefaultConfigBatchesWhatIsQueued(t *testing.T) {
 	})
 	t.Run("backlog", func(t *testing.T) {
 		s := run(t, 0, 300)
-		if len(s) == 300 || slices.Max(s) > consumer.DefaultBatchSize {
-			t.Fatalf("300 queued messages ran in %d batches, the largest of %d: the default config must share transactions among queued messages, up to %d each",
-				len(s), slices.Max(s), consumer.DefaultBatchSize)
+		if len(s) == 300 || slices.Max(s) > 100 {
+			t.Fatalf("300 queued messages ran in %d batches, the largest of %d: the default config must share transactions among queued messages, up to 100 each",
+				len(s), slices.Max(s))
 		}
 	})
 	t.Run("batch size 1", func(t *testing.T) {

@@ -421,7 +421,7 @@ func TestConfigValidation(t *testing.T) {
 		}
 	}
 	r := newRunner(t, src, path, consumer.Config{Name: "x"})
-	if c := r.Config(); c.Concurrency != consumer.DefaultConcurrency || c.Retry.MaxAttempts != 5 || c.Logger == nil {
+	if c := r.Config(); c.Concurrency != 4 || c.Retry.MaxAttempts != 5 || c.Logger == nil {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
 }

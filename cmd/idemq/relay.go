@@ -71,7 +71,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&cfg.PollInterval, "poll", time.Second, "poll interval (the fallback of LISTEN/NOTIFY on PostgreSQL)")
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", 10, "failed publishes after which a row is parked")
 	fs.DurationVar(&cfg.Retention, "retention", 24*time.Hour, "how long sent rows are kept; negative deletes them when sent")
-	fs.DurationVar(&cfg.FailureReminder, "failure-reminder", outbox.DefaultFailureReminder, "least time between two log lines about one destination's failed publishes")
+	fs.DurationVar(&cfg.FailureReminder, "failure-reminder", time.Minute, "least time between two log lines about one destination's failed publishes")
 	fs.StringVar((*string)(&cfg.Schema), "schema", "", "PostgreSQL schema of the outbox table (default: the first of the search path)")
 	pos, err := parse(fs, args)
 	if err != nil {

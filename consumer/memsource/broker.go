@@ -1,6 +1,7 @@
 package memsource
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,9 +33,6 @@ var (
 	ErrInjected = errors.New("memsource: injected fault")
 )
 
-// DefaultVisibilityTimeout is the default Config.VisibilityTimeout.
-const DefaultVisibilityTimeout = 30 * time.Second
-
 // Config configures a Broker. The zero value is usable.
 type Config struct {
 	// VisibilityTimeout is how long a received message stays invisible
@@ -58,12 +56,8 @@ type Config struct {
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	if c.VisibilityTimeout == 0 {
-		c.VisibilityTimeout = DefaultVisibilityTimeout
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.VisibilityTimeout = cmp.Or(c.VisibilityTimeout, 30*time.Second)
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return c
 }
 

@@ -87,14 +87,12 @@ type Config struct {
 	Now func() time.Time
 }
 
-// Defaults used by Config.WithDefaults.
+// The default schema and table (Config.Schema, Config.Table): the names that
+// dedup/migrate, the idemq command and SQL of your own refer to when they
+// are not set.
 const (
-	DefaultSchema           = "public"
-	DefaultTable            = "processed_messages"
-	DefaultCleanupInterval  = time.Minute
-	DefaultCleanupBatchSize = 1000
-	DefaultStatsInterval    = 5 * time.Minute
-	DefaultCleanupPause     = 10 * time.Millisecond
+	DefaultSchema = "public"
+	DefaultTable  = "processed_messages"
 )
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -102,10 +100,10 @@ func (c Config) WithDefaults() Config {
 	c.Schema = cmp.Or(c.Schema, DefaultSchema)
 	c.Table = cmp.Or(c.Table, DefaultTable)
 	c.Retention = cmp.Or(c.Retention, dedup.DefaultRetention)
-	c.CleanupInterval = cmp.Or(c.CleanupInterval, DefaultCleanupInterval)
-	c.CleanupBatchSize = cmp.Or(c.CleanupBatchSize, DefaultCleanupBatchSize)
-	c.StatsInterval = cmp.Or(c.StatsInterval, DefaultStatsInterval)
-	c.CleanupPause = cmp.Or(c.CleanupPause, DefaultCleanupPause)
+	c.CleanupInterval = cmp.Or(c.CleanupInterval, time.Minute)
+	c.CleanupBatchSize = cmp.Or(c.CleanupBatchSize, 1000)
+	c.StatsInterval = cmp.Or(c.StatsInterval, 5*time.Minute)
+	c.CleanupPause = cmp.Or(c.CleanupPause, 10*time.Millisecond)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -455,8 +455,8 @@ func TestCleanupPausesBetweenBatches(t *testing.T) {
 }
 
 func TestCleanupPauseDefault(t *testing.T) {
-	if got := (pgdedup.Config{}).WithDefaults().CleanupPause; got != pgdedup.DefaultCleanupPause || got <= 0 {
-		t.Fatalf("default CleanupPause = %s, want DefaultCleanupPause (%s), above 0", got, pgdedup.DefaultCleanupPause)
+	if got := (pgdedup.Config{}).WithDefaults().CleanupPause; got != 10*time.Millisecond {
+		t.Fatalf("default CleanupPause = %s, want the documented 10ms", got)
 	}
 }
 

@@ -16,9 +16,9 @@ import (
 // dead-letters (dedup.ErrResultTooLarge), storing nothing.
 func TestResultLimit(t *testing.T) {
 	t.Run("the runner's by default", func(t *testing.T) {
-		if redisdedup.DefaultMaxResultBytes != consumer.DefaultMaxResultBytes {
-			t.Errorf("redisdedup.DefaultMaxResultBytes = %d, want consumer.DefaultMaxResultBytes (%d)",
-				redisdedup.DefaultMaxResultBytes, consumer.DefaultMaxResultBytes)
+		runner := consumer.Config{}.WithDefaults().MaxResultBytes
+		if got := (redisdedup.Config{}).WithDefaults().MaxResultBytes; got != runner {
+			t.Errorf("default MaxResultBytes = %d, want the runner's default (%d)", got, runner)
 		}
 		s, _ := newStore(t, redisdedup.Config{})
 		ctx := testContext(t)
@@ -26,7 +26,7 @@ func TestResultLimit(t *testing.T) {
 		if _, err := s.Claim(ctx, scope, dedup.Record{Key: "k", PayloadHash: h}, tok, time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		result := bytes.Repeat([]byte{'r'}, consumer.DefaultMaxResultBytes) // the largest the runner passes on
+		result := bytes.Repeat([]byte{'r'}, runner) // the largest the runner passes on
 		if err := s.CompleteWithResult(ctx, scope, "k", tok, time.Hour, result); err != nil {
 			t.Fatalf("CompleteWithResult of %d bytes: %v", len(result), err)
 		}

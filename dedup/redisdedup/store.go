@@ -16,13 +16,9 @@ import (
 	"github.com/idemq/idemq/internal/cfgerr"
 )
 
-// Default values used by Config.WithDefaults. DefaultMaxResultBytes is the
-// runner's default limit (consumer.DefaultMaxResultBytes), so that the
-// runner's Config.MaxResultBytes is the one limit a user meets.
-const (
-	DefaultPrefix         = "idemq:"
-	DefaultMaxResultBytes = 64 << 10
-)
+// DefaultPrefix is Config.Prefix's default: the start of the name of every
+// Redis key the store writes, as operators see them in Redis.
+const DefaultPrefix = "idemq:"
 
 // Sentinel errors of the store. Match them with errors.Is.
 var (
@@ -71,7 +67,9 @@ type Config struct {
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
 	c.Prefix = cmp.Or(c.Prefix, DefaultPrefix)
-	c.MaxResultBytes = cmp.Or(c.MaxResultBytes, DefaultMaxResultBytes)
+	// The runner's default consumer.Config.MaxResultBytes, so that the
+	// runner's is the one limit a user meets.
+	c.MaxResultBytes = cmp.Or(c.MaxResultBytes, 64<<10)
 	c.FailureRetention = cmp.Or(c.FailureRetention, dedup.DefaultRetention)
 	return c
 }

@@ -87,7 +87,7 @@ func TestNewValidatesConfig(t *testing.T) {
 	if err != nil {
 		t.Fatalf("New with the zero Config: %v", err)
 	}
-	if got := s.Config(); got.Prefix != redisdedup.DefaultPrefix || got.MaxResultBytes != redisdedup.DefaultMaxResultBytes {
+	if got := s.Config(); got.Prefix != redisdedup.DefaultPrefix || got.MaxResultBytes != 64<<10 {
 		t.Fatalf("defaults not applied: %+v", got)
 	}
 }

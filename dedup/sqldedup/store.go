@@ -63,13 +63,12 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Defaults used by Config.WithDefaults.
+// The default schema (Postgres only) and table (Config.Schema,
+// Config.Table): the names that dedup/migrate, the idemq command and SQL of
+// your own refer to when they are not set.
 const (
-	DefaultSchema           = "public"
-	DefaultTable            = "processed_messages"
-	DefaultCleanupInterval  = time.Minute
-	DefaultCleanupBatchSize = 1000
-	DefaultStatsInterval    = 5 * time.Minute
+	DefaultSchema = "public"
+	DefaultTable  = "processed_messages"
 )
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -80,9 +79,9 @@ func (c Config) WithDefaults() Config {
 	}
 	c.Table = cmp.Or(c.Table, DefaultTable)
 	c.Retention = cmp.Or(c.Retention, dedup.DefaultRetention)
-	c.CleanupInterval = cmp.Or(c.CleanupInterval, DefaultCleanupInterval)
-	c.CleanupBatchSize = cmp.Or(c.CleanupBatchSize, DefaultCleanupBatchSize)
-	c.StatsInterval = cmp.Or(c.StatsInterval, DefaultStatsInterval)
+	c.CleanupInterval = cmp.Or(c.CleanupInterval, time.Minute)
+	c.CleanupBatchSize = cmp.Or(c.CleanupBatchSize, 1000)
+	c.StatsInterval = cmp.Or(c.StatsInterval, 5*time.Minute)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

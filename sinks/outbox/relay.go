@@ -150,9 +150,6 @@ type Config struct {
 	Schema Schema
 }
 
-// DefaultFailureReminder is Config.FailureReminder's default.
-const DefaultFailureReminder = time.Minute
-
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
 	c.BatchSize = cmp.Or(c.BatchSize, 100)
@@ -163,7 +160,7 @@ func (c Config) WithDefaults() Config {
 	c.MaxBackoff = cmp.Or(c.MaxBackoff, 30*time.Second)
 	c.Retention = cmp.Or(c.Retention, 24*time.Hour)
 	c.CleanupInterval = cmp.Or(c.CleanupInterval, time.Minute)
-	c.FailureReminder = cmp.Or(c.FailureReminder, DefaultFailureReminder)
+	c.FailureReminder = cmp.Or(c.FailureReminder, time.Minute)
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }

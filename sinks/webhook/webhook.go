@@ -22,14 +22,9 @@ import (
 	"github.com/idemq/idemq/sinks"
 )
 
-// Default values used by Config.WithDefaults.
-const (
-	DefaultMethod        = http.MethodPost
-	DefaultContentType   = "application/json"
-	DefaultKeyHeader     = "Idempotency-Key"
-	DefaultTimeout       = 10 * time.Second
-	DefaultMaxRetryAfter = time.Hour
-)
+// DefaultKeyHeader is Config.KeyHeader's default: the request header a
+// receiver reads the idempotency key from.
+const DefaultKeyHeader = "Idempotency-Key"
 
 // errorBodyBytes is how much of a failed response's body an error quotes;
 // drainBytes is how much of any response is read so the connection can be
@@ -91,11 +86,11 @@ type Config struct {
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	c.Method = cmp.Or(c.Method, DefaultMethod)
-	c.ContentType = cmp.Or(c.ContentType, DefaultContentType)
+	c.Method = cmp.Or(c.Method, http.MethodPost)
+	c.ContentType = cmp.Or(c.ContentType, "application/json")
 	c.KeyHeader = cmp.Or(c.KeyHeader, DefaultKeyHeader)
-	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
-	c.MaxRetryAfter = cmp.Or(c.MaxRetryAfter, DefaultMaxRetryAfter)
+	c.Timeout = cmp.Or(c.Timeout, 10*time.Second)
+	c.MaxRetryAfter = cmp.Or(c.MaxRetryAfter, time.Hour)
 	if c.Client == nil {
 		c.Client = &http.Client{
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },

@@ -50,7 +50,7 @@ func TestNewValidatesConfig(t *testing.T) {
 	}
 	s := newSink(t, webhook.Config{URL: "http://127.0.0.1/hook"})
 	got := s.Config()
-	if got.Method != http.MethodPost || got.KeyHeader != "Idempotency-Key" || got.Timeout != webhook.DefaultTimeout ||
+	if got.Method != http.MethodPost || got.KeyHeader != "Idempotency-Key" || got.Timeout != 10*time.Second ||
 		got.ContentType != "application/json" || got.Client == nil || got.Logger == nil {
 		t.Fatalf("defaults not applied: %+v", got)
 	}

@@ -30,13 +30,6 @@ const (
 	HeaderReplayed = "Idempotent-Replayed"
 )
 
-// Default values used by Config.WithDefaults.
-const (
-	DefaultMaxBodyBytes = 1 << 20
-	DefaultTimeout      = 30 * time.Second
-	DefaultQueue        = 1024
-)
-
 // Config configures a Source. Caller is required, unless
 // UnsafeSharedKeySpace says that every caller shares one key space.
 type Config struct {
@@ -94,9 +87,9 @@ type Config struct {
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, DefaultMaxBodyBytes)
-	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
-	c.Queue = cmp.Or(c.Queue, DefaultQueue)
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, 1<<20)
+	c.Timeout = cmp.Or(c.Timeout, 30*time.Second)
+	c.Queue = cmp.Or(c.Queue, 1024)
 	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return c
 }

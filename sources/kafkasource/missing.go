@@ -27,7 +27,7 @@ const topicCheckInterval = 2 * time.Second
 // all of them exist, starting with missing, the topics New found missing
 // when checked (New looked them up). It reports the missing ones through
 // Receive (s.errs) and a WARN line, the first at once and then one per
-// consumer.DefaultOutageReminder, and makes the group rebalance once they
+// brokerkit.Reminder, and makes the group rebalance once they
 // appear. A failed lookup (no broker reachable) is left to the fetch loop
 // to report.
 func (s *Source) watchTopics(ctx context.Context, missing []string, checked bool) {
@@ -46,7 +46,7 @@ func (s *Source) watchTopics(ctx context.Context, missing []string, checked bool
 			return
 		case err == nil:
 			err = fmt.Errorf("%w: %q: create it (or enable auto.create.topics.enable on the brokers); nothing is received from it until it exists", ErrTopicNotFound, missing)
-			if warnedAt.IsZero() || time.Since(warnedAt) >= consumer.DefaultOutageReminder {
+			if warnedAt.IsZero() || time.Since(warnedAt) >= brokerkit.Reminder {
 				warnedAt = time.Now()
 				s.log.WarnContext(ctx, "topic missing", consumer.LogKeyError, err)
 			}

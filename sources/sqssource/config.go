@@ -21,18 +21,6 @@ const (
 	MaxVisibility = 12 * time.Hour
 )
 
-// Default values used by Config.WithDefaults.
-const (
-	DefaultVisibilityTimeout = 30 * time.Second
-	DefaultWaitTime          = MaxWaitTime
-	DefaultMaxReceivers      = 4
-	DefaultMaxExtension      = 15 * time.Minute
-	DefaultRequestTimeout    = 30 * time.Second
-	DefaultDeleteAttempts    = 3
-	DefaultReleaseTimeout    = 5 * time.Second
-	DefaultRedriveDelay      = 30 * time.Second
-)
-
 // Config configures a Source. QueueURL is required; every other field has a
 // usable zero value that WithDefaults fills in.
 type Config struct {
@@ -139,15 +127,15 @@ type Config struct {
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	c.VisibilityTimeout = cmp.Or(c.VisibilityTimeout, DefaultVisibilityTimeout)
-	c.WaitTime = cmp.Or(c.WaitTime, DefaultWaitTime)
-	c.MaxReceivers = cmp.Or(c.MaxReceivers, DefaultMaxReceivers)
+	c.VisibilityTimeout = cmp.Or(c.VisibilityTimeout, 30*time.Second)
+	c.WaitTime = cmp.Or(c.WaitTime, MaxWaitTime)
+	c.MaxReceivers = cmp.Or(c.MaxReceivers, 4)
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, c.VisibilityTimeout/3)
-	c.MaxExtension = cmp.Or(c.MaxExtension, DefaultMaxExtension)
-	c.RequestTimeout = cmp.Or(c.RequestTimeout, DefaultRequestTimeout)
-	c.DeleteAttempts = cmp.Or(c.DeleteAttempts, DefaultDeleteAttempts)
-	c.ReleaseTimeout = cmp.Or(c.ReleaseTimeout, DefaultReleaseTimeout)
-	c.RedriveDelay = cmp.Or(c.RedriveDelay, DefaultRedriveDelay)
+	c.MaxExtension = cmp.Or(c.MaxExtension, 15*time.Minute)
+	c.RequestTimeout = cmp.Or(c.RequestTimeout, 30*time.Second)
+	c.DeleteAttempts = cmp.Or(c.DeleteAttempts, 3)
+	c.ReleaseTimeout = cmp.Or(c.ReleaseTimeout, 5*time.Second)
+	c.RedriveDelay = cmp.Or(c.RedriveDelay, 30*time.Second)
 	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return c
 }

@@ -67,21 +67,25 @@ func Poll(ctx context.Context, interval time.Duration, check func() (bool, error
 
 // Warnings limits the warnings of a failure that repeats, for example a
 // broker that cannot be reached: the first few failures in a row are each
-// logged, then one a consumer.DefaultOutageReminder (the runner reports the
-// outage, and the attempts come often). The zero value is ready to use; it
+// logged, then one a Reminder (the runner reports the outage, and the
+// attempts come often). The zero value is ready to use; it
 // is not safe for concurrent use.
 type Warnings struct {
 	last time.Time
 }
 
 // warnEach is how many failures in a row are each logged before the lines
-// are limited to one a consumer.DefaultOutageReminder.
+// are limited to one a Reminder.
 const warnEach = 3
+
+// Reminder is the least time between two limited warnings of one failure:
+// the runner's default consumer.Config.OutageReminder.
+var Reminder = consumer.Config{}.WithDefaults().OutageReminder
 
 // Due reports whether the failures-th failure in a row is to be logged,
 // and if so notes that it is.
 func (w *Warnings) Due(failures int) bool {
-	if failures > warnEach && time.Since(w.last) < consumer.DefaultOutageReminder {
+	if failures > warnEach && time.Since(w.last) < Reminder {
 		return false
 	}
 	w.last = time.Now()

@@ -256,7 +256,8 @@ type janitorSetting struct {
 
 // parseJanitor parses [batch/]pause; pause is none, default or a duration.
 func parseJanitor(s string) (janitorSetting, error) {
-	js := janitorSetting{batch: pgdedup.DefaultCleanupBatchSize}
+	def := pgdedup.Config{}.WithDefaults()
+	js := janitorSetting{batch: def.CleanupBatchSize}
 	if b, p, ok := strings.Cut(s, "/"); ok {
 		n, err := strconv.Atoi(b)
 		if err != nil || n < 1 {
@@ -268,7 +269,7 @@ func parseJanitor(s string) (janitorSetting, error) {
 	case "none":
 		js.pause = -1
 	case "default":
-		js.pause = pgdedup.DefaultCleanupPause
+		js.pause = def.CleanupPause
 	default:
 		d, err := time.ParseDuration(s)
 		if err != nil || d <= 0 {
