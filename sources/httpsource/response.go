@@ -106,7 +106,9 @@ func Request(msg *consumer.Message) *http.Request {
 // RejectError is the error of Reject: a refusal with a 4xx status that
 // stores nothing.
 type RejectError struct {
+	// Status is the 4xx status the request is answered with.
 	Status int
+	// Detail is the problem's detail member, shown to the caller.
 	Detail string
 }
 
