@@ -173,7 +173,9 @@ func waitCounted(conn *amqp.Connection, queue string, n int) {
 }
 
 // replay publishes the copy of d to its origin queue and waits for the
-// broker's confirm.
+// broker's confirm. The copy has no user-id property, as amqpsource's own
+// copies (copyOf): the broker refuses a user-id other than the connection's
+// user, and a dead letter another user published carries that user's.
 func (b *Broker) replay(ctx context.Context, pub *amqp.Channel, returns <-chan amqp.Return, d amqp.Delivery, l *dlq.Letter) error {
 	headers := amqp.Table{}
 	for k, v := range d.Headers {
@@ -185,7 +187,7 @@ func (b *Broker) replay(ctx context.Context, pub *amqp.Channel, returns <-chan a
 		Headers: headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
 		DeliveryMode: amqp.Persistent, Priority: d.Priority, CorrelationId: d.CorrelationId,
 		ReplyTo: d.ReplyTo, MessageId: d.MessageId, Timestamp: d.Timestamp, Type: d.Type,
-		UserId: d.UserId, AppId: d.AppId, Body: d.Body,
+		AppId: d.AppId, Body: d.Body,
 	}
 	pctx, cancel := context.WithTimeout(ctx, b.cfg.PublishTimeout)
 	defer cancel()

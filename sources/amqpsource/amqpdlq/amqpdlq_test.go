@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"net"
+	"os/exec"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -174,4 +175,85 @@ func openAMQPSource(t *testing.T, cfg amqpsource.Config) consumer.Source {
 	}
 	t.Cleanup(func() { _ = src.Close() })
 	return src
+}
+
+// A dead letter that another user published with its user-id property is
+// replayed without it: the broker refuses a user-id other than the
+// publishing connection's user (406 PRECONDITION_FAILED), so a copy keeping
+// it would never reach the origin queue.
+func TestReplayDropsAnotherUsersUserID(t *testing.T) {
+	url := testenv.AMQPURL(t)
+	queue := runtest.UniqueName(t, "idemq-dlq-userid")
+	cfg := amqpsource.Config{URL: url, Queue: queue, Declare: &amqpsource.Topology{}}
+	dead := amqpsource.DeadLetterQueue(cfg)
+	brokerenv.DeleteQueuesAtCleanup(t, url, queue, dead)
+	if err := openAMQPSource(t, cfg).Close(); err != nil { // declares the queues
+		t.Fatal(err)
+	}
+
+	// User other publishes the message with its own user-id; the broker
+	// dead-letters it when the consumer rejects it, properties kept.
+	other, otherURL := otherUser(t, url)
+	withChannel(t, otherURL, func(ctx context.Context, ch *amqp.Channel) {
+		publishConfirmed(ctx, t, ch, queue, amqp.Publishing{
+			DeliveryMode: amqp.Persistent, MessageId: "id-1", UserId: other, Body: []byte("b"),
+		})
+	})
+	withChannel(t, url, func(ctx context.Context, ch *amqp.Channel) {
+		d, ok, err := ch.Get(queue, false)
+		if err != nil || !ok {
+			t.Fatalf("get from %s: ok %v, %v", queue, ok, err)
+		}
+		if err := d.Reject(false); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	b := openAMQPDLQ(t, url, dead, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var n int
+	var err error
+	for n == 0 && err == nil && ctx.Err() == nil { // the dead letter arrives
+		n, err = b.Scan(ctx, func(*dlq.Letter) dlq.Action { return dlq.ActionReplay })
+	}
+	if err != nil || n != 1 {
+		t.Fatalf("Scan = %d, %v; want the dead letter replayed", n, err)
+	}
+	withChannel(t, url, func(ctx context.Context, ch *amqp.Channel) {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil || !ok {
+			t.Fatalf("get the replayed copy from %s: ok %v, %v", queue, ok, err)
+		}
+		if d.MessageId != "id-1" || d.UserId != "" {
+			t.Errorf("replayed copy has MessageId %q, UserId %q; want id-1 and no user-id", d.MessageId, d.UserId)
+		}
+	})
+}
+
+// otherUser adds a user with every permission on url's virtual host, with
+// rabbitmqctl on the broker's host, and deletes it when t ends. It returns
+// the user's name and url with its credentials.
+func otherUser(t *testing.T, url string) (name, userURL string) {
+	t.Helper()
+	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
+		t.Skip("rabbitmqctl not found: cannot add a second user to the broker")
+	}
+	uri, err := amqp.ParseURI(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uri.Username, uri.Password = runtest.UniqueName(t, "idemq-other"), "idemq-other-secret"
+	ctl := func(args ...string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if out, err := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("rabbitmqctl %v: %v\n%s", args, err, out)
+		}
+	}
+	ctl("add_user", uri.Username, uri.Password)
+	t.Cleanup(func() { ctl("delete_user", uri.Username) })
+	ctl("set_permissions", "-p", uri.Vhost, uri.Username, ".*", ".*", ".*")
+	return uri.Username, uri.String()
 }
