@@ -77,7 +77,7 @@ type Source struct {
 	errs chan error
 
 	fetchCancel context.CancelFunc
-	background  sync.WaitGroup // fetchLoop and leaveAbandoned
+	background  sync.WaitGroup // fetchLoop, leaveAbandoned and watchTopics
 	closing     chan struct{}
 	closeOnce   sync.Once
 	closeErr    error
@@ -232,12 +232,9 @@ func New(ctx context.Context, cfg Config) (src *Source, err error) {
 	s.fetchCancel = cancel
 	s.background.Go(func() { s.fetchLoop(ctx) })
 	s.background.Go(func() { s.leaveAbandoned(ctx) })
-	go s.watchTopics(ctx, missing, checked)
+	s.background.Go(func() { s.watchTopics(ctx, missing, checked) })
 	return s, nil
 }
-
-// Config returns the source's configuration with defaults applied.
-func (s *Source) Config() Config { return s.cfg }
 
 // String names the source for logs (the Runner's start line): its
 // bootstrap addresses, topics and consumer group, like "kafka
