@@ -72,10 +72,7 @@ func TestTransportFromDialer(t *testing.T) {
 // transport, goes through the Dialer: here the only way to the brokers.
 func TestKafkaReplayDialsThroughDialer(t *testing.T) {
 	brokers, topic, dead := kafkaTopics(t, "idemq-dlq-dialer")
-	tr := &kafka.Transport{}
-	defer tr.CloseIdleConnections()
-	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: dead, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
-	defer w.Close()
+	w := testWriter(t, brokers, dead)
 	ctx, cancel := context.WithTimeout(context.Background(), dlqtest.WaitTimeout)
 	defer cancel()
 	if err := w.WriteMessages(ctx, kafka.Message{Value: []byte("x"), Headers: []kafka.Header{
@@ -181,6 +178,19 @@ func TestKafka(t *testing.T) {
 	})
 }
 
+// testWriter returns a writer to topic that every write waits for all
+// replicas of, closed with its connections when the test ends.
+func testWriter(t *testing.T, brokers []string, topic string) *kafka.Writer {
+	t.Helper()
+	tr := &kafka.Transport{}
+	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: topic, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	t.Cleanup(func() {
+		_ = w.Close()
+		tr.CloseIdleConnections()
+	})
+	return w
+}
+
 // kafkaTopics creates a one-partition origin topic and its dead-letter
 // topic, deleted (with the progress topic) at cleanup.
 func kafkaTopics(t *testing.T, prefix string) (brokers []string, topic, dead string) {
@@ -205,10 +215,7 @@ func kafkaTopics(t *testing.T, prefix string) (brokers []string, topic, dead str
 func TestKafkaKeylessReplayedTwice(t *testing.T) {
 	brokers, topic, dead := kafkaTopics(t, "idemq-dlq-keyless")
 	db := dlqtest.NewEffectsDB(t)
-	tr := &kafka.Transport{}
-	defer tr.CloseIdleConnections()
-	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: topic, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
-	defer w.Close()
+	w := testWriter(t, brokers, topic)
 	ctx, cancel := context.WithTimeout(context.Background(), dlqtest.WaitTimeout)
 	defer cancel()
 	if err := w.WriteMessages(ctx, kafka.Message{Value: []byte(`{"order":1}`), Headers: []kafka.Header{{Key: "tenant", Value: []byte("acme")}}}); err != nil {
@@ -270,10 +277,7 @@ func TestKafkaKeylessReplayedTwice(t *testing.T) {
 // replayed.
 func TestKafkaProgressOutlivesGroupOffsets(t *testing.T) {
 	brokers, topic, dead := kafkaTopics(t, "idemq-dlq-expiry")
-	tr := &kafka.Transport{}
-	defer tr.CloseIdleConnections()
-	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: dead, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
-	defer w.Close()
+	w := testWriter(t, brokers, dead)
 	ctx, cancel := context.WithTimeout(context.Background(), dlqtest.WaitTimeout)
 	defer cancel()
 	var msgs []kafka.Message
@@ -300,7 +304,7 @@ func TestKafkaProgressOutlivesGroupOffsets(t *testing.T) {
 	if res, err := dlq.Purge(ctx, b, dlq.Filter{Key: "k-3"}, dlq.Options{}); err != nil || res.Done != 1 {
 		t.Fatalf("purge k-3: %+v, %v", res, err)
 	}
-	c := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: tr}
+	c := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: w.Transport}
 	resp, err := c.DeleteGroups(ctx, &kafka.DeleteGroupsRequest{GroupIDs: []string{group}})
 	if err != nil || resp.Errors[group] != nil {
 		t.Fatalf("delete group %s: %v, %v", group, err, resp.Errors)
@@ -331,10 +335,7 @@ func openKafkaDLQGroup(t *testing.T, brokers []string, topic, group string) *kaf
 // partitions was replayed or purged under group.
 func rewindProgress(t *testing.T, brokers []string, dead, group string, partitions ...int) {
 	t.Helper()
-	tr := &kafka.Transport{}
-	defer tr.CloseIdleConnections()
-	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: kafkadlq.ProgressTopic(dead), RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
-	defer w.Close()
+	w := testWriter(t, brokers, kafkadlq.ProgressTopic(dead))
 	var msgs []kafka.Message
 	for _, p := range partitions {
 		msgs = append(msgs, kafka.Message{
@@ -359,10 +360,7 @@ func TestKafkaProgressTopicNotDurable(t *testing.T) {
 	if err := kafkasource.CreateTopics(ctx, nil, brokers, kafkasource.TopicSpec{Name: kafkadlq.ProgressTopic(dead)}); err != nil {
 		t.Fatal(err)
 	}
-	tr := &kafka.Transport{}
-	defer tr.CloseIdleConnections()
-	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: dead, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
-	defer w.Close()
+	w := testWriter(t, brokers, dead)
 	if err := w.WriteMessages(ctx, kafka.Message{Value: []byte("x"), Headers: []kafka.Header{
 		{Key: consumer.MetaKey, Value: []byte("k-1")}, {Key: kafkasource.MetaOriginTopic, Value: []byte(topic)},
 	}}); err != nil {
